@@ -1,0 +1,99 @@
+# ringlm - one binary, `ringlm`, built from a static library of our own code (build/<variant>/libringlm.a)
+# and the pinned ggml (scripts/ggml.sh; GGML_PREFIX=/path uses an installed ggml instead).
+#
+#   make            release build -> ./ringlm
+#   make asan       AddressSanitizer + UBSan build -> build/asan/ringlm
+#   make test       the test suite against ./ringlm
+#   make check      the test suite against the release and the sanitizer builds (what CI runs)
+#   make demo       the main job as it stands
+#   make oracle     the llama.cpp oracle (tests/oracle), linked with the prebuilt libllama
+
+CC      ?= cc
+CSTD    := -std=c11 -D_GNU_SOURCE
+# Messages are cut to their buffers on purpose (err.h), so format truncation is not a bug here.
+WARN    := -Wall -Wextra -Werror -Wno-unused-parameter -Wno-format-truncation
+PKGS    := libsodium libzmq libmicrohttpd libcjson libpcre2-8
+CFLAGS_release := -O2 -g -march=native
+CFLAGS_asan    := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+LDFLAGS_asan   := -fsanitize=address,undefined
+
+GGML_MK := build/ggml.mk
+-include $(GGML_MK)
+
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+LIB_SRC  := $(sort $(wildcard src/base/*.c src/gguf/*.c src/model/*.c src/text/*.c src/ring/*.c \
+                             src/spec/*.c src/trust/*.c src/serve/*.c src/tools/*.c))
+CLI_SRC  := $(sort $(wildcard src/cli/*.c))
+UNIT_SRC := $(sort $(wildcard tests/unit/*.c))
+TOOL_SRC := $(sort $(wildcard tests/tools/*.c))
+
+.PHONY: all asan test check demo oracle clean units_release units_asan
+all: ringlm
+
+$(GGML_MK): scripts/ggml.sh scripts/pins.env
+	@mkdir -p build
+	scripts/ggml.sh > $@.tmp && mv $@.tmp $@
+
+# $(1) = variant (release | asan)
+define variant
+OBJ_$(1) := $$(patsubst %.c,build/$(1)/%.o,$$(LIB_SRC))
+CLI_OBJ_$(1) := $$(patsubst %.c,build/$(1)/%.o,$$(CLI_SRC))
+build/$(1)/%.o: %.c $(GGML_MK)
+	@mkdir -p $$(dir $$@)
+	@echo "  CC [$(1)] $$<"
+	@$$(CC) $$(CSTD) $$(WARN) $$(CFLAGS_$(1)) -I$$(GGML_INC) $$(PKG_CFLAGS) -MMD -MP -c $$< -o $$@
+build/$(1)/libringlm.a: $$(OBJ_$(1))
+	@rm -f $$@
+	@ar rcs $$@ $$^
+build/$(1)/ringlm: $$(CLI_OBJ_$(1)) build/$(1)/libringlm.a
+	@echo "  LD [$(1)] $$@"
+	@$$(CC) $$(LDFLAGS_$(1)) -o $$@ $$^ $$(GGML_LIBS) $$(PKG_LIBS) -lm -lpthread
+build/$(1)/unit/%: tests/unit/%.c build/$(1)/libringlm.a
+	@mkdir -p $$(dir $$@)
+	@echo "  LD [$(1)] $$@"
+	@$$(CC) $$(CSTD) $$(WARN) $$(CFLAGS_$(1)) -I$$(GGML_INC) -Isrc $$(PKG_CFLAGS) $$(LDFLAGS_$(1)) -o $$@ $$< \
+	    build/$(1)/libringlm.a $$(GGML_LIBS) $$(PKG_LIBS) -lm -lpthread
+build/$(1)/tools/%: tests/tools/%.c build/$(1)/libringlm.a
+	@mkdir -p $$(dir $$@)
+	@echo "  LD [$(1)] $$@"
+	@$$(CC) $$(CSTD) $$(WARN) $$(CFLAGS_$(1)) -I$$(GGML_INC) -Isrc $$(PKG_CFLAGS) $$(LDFLAGS_$(1)) -o $$@ $$< \
+	    build/$(1)/libringlm.a $$(GGML_LIBS) $$(PKG_LIBS) -lm -lpthread
+units_$(1): $$(patsubst tests/unit/%.c,build/$(1)/unit/%,$$(UNIT_SRC)) \
+            $$(patsubst tests/tools/%.c,build/$(1)/tools/%,$$(TOOL_SRC))
+-include $$(OBJ_$(1):.o=.d) $$(CLI_OBJ_$(1):.o=.d)
+endef
+$(eval $(call variant,release))
+$(eval $(call variant,asan))
+
+# corpus_blob.c embeds the corpus with .incbin, which -MMD cannot see.
+$(foreach v,release asan,build/$(v)/src/tools/corpus_blob.o): $(wildcard data/corpus/*.txt)
+
+ringlm: build/release/ringlm
+	cp $< $@
+
+asan: build/asan/ringlm units_asan
+
+oracle: $(GGML_MK)
+	$(MAKE) -C tests/oracle LLAMA_SRC=$(LLAMA_SRC)
+
+test: ringlm units_release oracle
+	RINGLM_BUILD=build/release tests/run.sh
+
+# The release suite, then the same suite against the sanitizer build (compiled only after the first passes).
+check:
+	$(MAKE) test
+	$(MAKE) asan
+	RINGLM_BUILD=build/asan tests/run.sh
+
+# The main job as it stands: synthesize a small K3 model, describe it, and have llama.cpp load it.
+demo: ringlm oracle
+	@mkdir -p build/demo
+	@[ -f build/demo/tiny.gguf ] || ./ringlm synth --config tiny --seed 1 -o build/demo/tiny.gguf
+	./ringlm inspect build/demo/tiny.gguf
+	tests/oracle/oracle info -m build/demo/tiny.gguf | head -12
+
+clean:
+	rm -rf build ringlm
+	$(MAKE) -C tests/oracle clean

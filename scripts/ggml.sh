@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Prints make variables (GGML_INC, GGML_LIBS, LLAMA_SRC) for the pinned ggml.
+#
+# With GGML_PREFIX set, uses that installed ggml (PREFIX/include/ggml.h, PREFIX/lib/libggml*).
+# Otherwise fetches node-llama-cpp from npm, checks the tarball's sha256, clones the llama.cpp git bundle
+# it ships and builds only ggml (CPU backend) into ${XDG_CACHE_HOME:-$HOME/.cache}/ringlm/ggml-<version>.
+# A finished cache is reused, so a second run takes no time. Progress goes to stderr.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/pins.env"
+
+if [ -n "${GGML_PREFIX:-}" ]; then
+    [ -f "$GGML_PREFIX/include/ggml.h" ] || { echo "ggml.sh: GGML_PREFIX=$GGML_PREFIX has no include/ggml.h" >&2; exit 1; }
+    [ -f "$GGML_PREFIX/include/gguf.h" ] || { echo "ggml.sh: GGML_PREFIX=$GGML_PREFIX has no include/gguf.h" >&2; exit 1; }
+    ls "$GGML_PREFIX"/lib/libggml-base.* >/dev/null 2>&1 || { echo "ggml.sh: no libggml-base in $GGML_PREFIX/lib" >&2; exit 1; }
+    echo "GGML_INC := $GGML_PREFIX/include"
+    echo "GGML_LIBS := -L$GGML_PREFIX/lib -Wl,-rpath,$GGML_PREFIX/lib -lggml -lggml-cpu -lggml-base"
+    echo "LLAMA_SRC :="
+    exit 0
+fi
+
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/ringlm/ggml-$NLC_VERSION-$LLAMA_COMMIT"
+if [ ! -f "$cache/.done" ]; then
+    echo "ggml.sh: building pinned ggml into $cache (once; about 2 minutes)" >&2
+    rm -rf "$cache" && mkdir -p "$cache"
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    (cd "$work" && npm pack --silent "node-llama-cpp@$NLC_VERSION" >/dev/null)
+    tgz="$work/node-llama-cpp-$NLC_VERSION.tgz"
+    got=$(sha256sum "$tgz" | cut -d' ' -f1)
+    if [ "$got" != "$NLC_SHA256" ]; then
+        echo "ggml.sh: sha256 of node-llama-cpp-$NLC_VERSION.tgz is $got, expected $NLC_SHA256; refusing it" >&2
+        exit 1
+    fi
+    tar xzf "$tgz" -C "$work" package/llama/gitRelease.bundle
+    git clone -q "$work/package/llama/gitRelease.bundle" "$cache/llama.cpp" 2>/dev/null
+    head=$(git -C "$cache/llama.cpp" rev-parse --short=7 HEAD)
+    [ "$head" = "$LLAMA_COMMIT" ] || { echo "ggml.sh: bundle is at $head, expected $LLAMA_COMMIT" >&2; exit 1; }
+    cmake -S "$cache/llama.cpp" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+        -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON >"$cache/cmake.log" 2>&1 \
+        || { echo "ggml.sh: cmake configure failed, see $cache/cmake.log" >&2; exit 1; }
+    cmake --build "$cache/build" --target ggml -j"$(nproc)" >>"$cache/cmake.log" 2>&1 \
+        || { echo "ggml.sh: ggml build failed, see $cache/cmake.log" >&2; exit 1; }
+    mkdir -p "$cache/include" "$cache/lib"
+    cp "$cache"/llama.cpp/ggml/include/*.h "$cache/include/"
+    cp "$cache"/build/ggml/src/libggml*.a "$cache/lib/"
+    touch "$cache/.done"
+fi
+echo "GGML_INC := $cache/include"
+echo "GGML_LIBS := $cache/lib/libggml.a $cache/lib/libggml-cpu.a $cache/lib/libggml-base.a -lstdc++ -fopenmp"
+echo "LLAMA_SRC := $cache/llama.cpp"

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the system packages ringlm builds and tests with (Debian). Run as root; safe to re-run.
+set -euo pipefail
+pkgs=(
+    build-essential cmake git pkg-config ca-certificates curl   # toolchain; cmake builds the pinned ggml
+    nodejs npm                                                  # npm fetches the pinned llama.cpp source and oracle
+    libsodium-dev      # node keys, Ed25519 receipts, BLAKE2b hashes
+    libzmq3-dev        # ring links: framing, reconnection, heartbeats, CURVE encryption
+    libmicrohttpd-dev  # the OpenAI-compatible HTTP server
+    libcjson-dev       # JSON: configs, API bodies, metrics
+    libpcre2-dev       # tokenizer pre-split
+    python3            # test helpers
+)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# node/npm may come from elsewhere (nvm, nodesource): accept working binaries.
+if command -v node >/dev/null && command -v npm >/dev/null; then
+    tmp=(); for p in "${missing[@]}"; do [[ $p == nodejs || $p == npm ]] || tmp+=("$p"); done; missing=("${tmp[@]+"${tmp[@]}"}")
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "install-deps: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+echo "install-deps: all packages present" >&2

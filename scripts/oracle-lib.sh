@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Prints the directory holding the prebuilt llama.cpp libraries the oracle (tests/oracle) links with.
+#
+# Fetches @node-llama-cpp/linux-x64 from npm (the CPU build node-llama-cpp ships for x86-64 Linux),
+# checks the tarball's sha256 against scripts/pins.env and unpacks its shared libraries into
+# ${XDG_CACHE_HOME:-$HOME/.cache}/ringlm/oracle-<version>/lib. A finished cache is reused, so a second run
+# takes no time and needs no network. ORACLE_TGZ=/path/to/node-llama-cpp-linux-x64-<version>.tgz uses an
+# already downloaded tarball instead of npm (it is checked all the same). Progress goes to stderr.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/pins.env"
+
+pkg="@node-llama-cpp/linux-x64@$NLC_VERSION"
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/ringlm/oracle-$NLC_VERSION"
+if [ ! -f "$cache/.done" ]; then
+    case "$(uname -s)-$(uname -m)" in
+        Linux-x86_64) ;;
+        *) echo "oracle-lib.sh: the pinned prebuilt libllama is for Linux x86-64 only, not $(uname -s)-$(uname -m)" >&2
+           exit 1 ;;
+    esac
+    echo "oracle-lib.sh: fetching $pkg into $cache (once)" >&2
+    rm -rf "$cache" && mkdir -p "$cache"
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    if [ -n "${ORACLE_TGZ:-}" ]; then
+        [ -f "$ORACLE_TGZ" ] || { echo "oracle-lib.sh: ORACLE_TGZ=$ORACLE_TGZ does not exist" >&2; exit 1; }
+        tgz="$ORACLE_TGZ"
+    else
+        (cd "$work" && npm pack --silent "$pkg" >/dev/null) \
+            || { echo "oracle-lib.sh: npm pack $pkg failed" >&2; exit 1; }
+        tgz="$work/node-llama-cpp-linux-x64-$NLC_VERSION.tgz"
+        [ -f "$tgz" ] || { echo "oracle-lib.sh: npm pack did not produce $(basename "$tgz")" >&2; exit 1; }
+    fi
+    got=$(sha256sum "$tgz" | cut -d' ' -f1)
+    if [ "$got" != "$NLC_LINUX_X64_SHA256" ]; then
+        echo "oracle-lib.sh: sha256 of $(basename "$tgz") is $got, expected $NLC_LINUX_X64_SHA256" \
+             "(NLC_LINUX_X64_SHA256 in scripts/pins.env); refusing it" >&2
+        exit 1
+    fi
+    tar xzf "$tgz" -C "$work" package/bins/linux-x64
+    # All the shared libraries, the libggml-cpu-<cpu>.so variants included: libggml loads the best one for
+    # this CPU at run time from a directory the oracle names (ggml_backend_load_all_from_path).
+    mkdir -p "$cache/lib"
+    cp "$work"/package/bins/linux-x64/lib*.so "$cache/lib/"
+    for f in libllama.v0.4.0.so libggml.v0.4.0.so libggml-base.so; do
+        [ -f "$cache/lib/$f" ] || { echo "oracle-lib.sh: $pkg has no bins/linux-x64/$f" >&2; exit 1; }
+    done
+    ls "$cache"/lib/libggml-cpu-*.so >/dev/null 2>&1 \
+        || { echo "oracle-lib.sh: $pkg has no libggml-cpu-*.so backend" >&2; exit 1; }
+    touch "$cache/.done"
+fi
+echo "$cache/lib"

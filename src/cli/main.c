@@ -1,0 +1,44 @@
+/* ringlm - run Kimi K3 across a ring of machines. git-style subcommands. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+#define RINGLM_VERSION "0.1.0"
+
+typedef struct cli_cmd {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *help;
+} cli_cmd;
+
+static const cli_cmd cli_cmds[] = {
+    {"synth", cmd_synth, "write a kimi-k3 GGUF with seeded random weights"},
+    {"inspect", cmd_inspect, "print a model file's architecture, sizes and memory needs"},
+    {"compare", cmd_compare, "compare two logits files (ours and llama.cpp's)"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "ringlm %s - Kimi K3 across a ring of machines\n\nusage: ringlm <command> [options]\n\n", RINGLM_VERSION);
+    for (size_t i = 0; i < sizeof cli_cmds / sizeof cli_cmds[0]; i++) {
+        fprintf(f, "  %-10s %s\n", cli_cmds[i].name, cli_cmds[i].help);
+    }
+    fprintf(f, "\n`ringlm <command> --help` describes each command.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
+        printf("ringlm %s\n", RINGLM_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof cli_cmds / sizeof cli_cmds[0]; i++) {
+        if (strcmp(argv[1], cli_cmds[i].name) == 0) return cli_cmds[i].run(argc - 1, argv + 1);
+    }
+    fprintf(stderr, "ringlm: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,60 @@
+#include "k3_memory.h"
+
+#include <stdio.h>
+#include <string.h>
+
+size_t k3_layer_weight_bytes(const mf_model *m, uint32_t il) {
+    char prefix[32];
+    int n = snprintf(prefix, sizeof prefix, "blk.%u.", il);
+    size_t bytes = 0;
+    for (int i = 0; i < m->n_tensor; i++) {
+        if (strncmp(m->tensors[i].name, prefix, (size_t)n) == 0) bytes += m->tensors[i].nbytes;
+    }
+    return bytes;
+}
+
+static size_t k3_named_bytes(const mf_model *m, const char *name) {
+    const mf_tensor *t = mf_find(m, name);
+    return t ? t->nbytes : 0;
+}
+
+size_t k3_range_weight_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b) {
+    size_t bytes = 0;
+    for (uint32_t il = a; il < b && il < hp->n_layer; il++) bytes += k3_layer_weight_bytes(m, il);
+    if (a == 0) bytes += k3_named_bytes(m, "token_embd.weight");
+    if (b >= hp->n_layer) {
+        bytes += k3_named_bytes(m, "output.weight") + k3_named_bytes(m, "output_norm.weight") +
+                 k3_named_bytes(m, "output_res_score.weight");
+    }
+    return bytes;
+}
+
+size_t k3_range_kda_state_bytes(const k3_hparams *hp, uint32_t a, uint32_t b) {
+    const size_t di = k3_d_inner(hp), dk = hp->kda_head_dim;
+    const size_t conv = 3 * (size_t)(hp->conv_kernel - 1) * di * sizeof(float);
+    const size_t delta = (size_t)hp->n_head * dk * dk * sizeof(float);
+    size_t bytes = 0;
+    for (uint32_t il = a; il < b && il < hp->n_layer; il++) {
+        if (!hp->is_mla[il]) bytes += conv + delta;
+    }
+    return bytes;
+}
+
+size_t k3_range_mla_bytes_per_token(const k3_hparams *hp, uint32_t a, uint32_t b, size_t elem_size) {
+    size_t per_layer = (size_t)(hp->kv_lora_rank + hp->rope_dim) * elem_size, bytes = 0;
+    for (uint32_t il = a; il < b && il < hp->n_layer; il++) {
+        if (hp->is_mla[il]) bytes += per_layer;
+    }
+    return bytes;
+}
+
+size_t k3_boundary_floats(const k3_hparams *hp, uint32_t il) {
+    return (size_t)hp->n_embd * (1 + k3_n_banked_before(hp, il));
+}
+
+size_t k3_range_total_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, uint32_t n_seq,
+                            uint32_t n_ctx) {
+    return k3_range_weight_bytes(m, hp, a, b) +
+           (size_t)n_seq * (k3_range_kda_state_bytes(hp, a, b) +
+                            (size_t)n_ctx * k3_range_mla_bytes_per_token(hp, a, b, sizeof(float)));
+}

@@ -1,0 +1,33 @@
+/* k3_memory.h - the sizes a planner needs: weights of any layer range, per-sequence state, cache per
+ * token, and the boundary state that crosses a cut between stages (spec §6). */
+#ifndef RINGLM_K3_MEMORY_H
+#define RINGLM_K3_MEMORY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../gguf/model_file.h"
+#include "k3_hparams.h"
+
+/* Weight bytes a stage running layers [a, b) maps: its blk.N.* tensors, plus token_embd when a == 0 and
+ * the output tensors (output, output_norm, output_res_score) when b == n_layer. */
+size_t k3_range_weight_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b);
+
+/* Weight bytes of one layer's blk.N.* tensors. */
+size_t k3_layer_weight_bytes(const mf_model *m, uint32_t il);
+
+/* Recurrent state of the KDA layers in [a, b) for one sequence (f32 conv windows + delta matrices);
+ * constant in context length. */
+size_t k3_range_kda_state_bytes(const k3_hparams *hp, uint32_t a, uint32_t b);
+
+/* MLA latent cache bytes per token for the MLA layers in [a, b), with elem_size 4 (f32) or 2 (f16). */
+size_t k3_range_mla_bytes_per_token(const k3_hparams *hp, uint32_t a, uint32_t b, size_t elem_size);
+
+/* f32 values per token in the boundary state entering layer il (hidden stream + banked checkpoints). */
+size_t k3_boundary_floats(const k3_hparams *hp, uint32_t il);
+
+/* Total for holding [a, b) with n_seq sequences of up to n_ctx tokens each (f32 cache). */
+size_t k3_range_total_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, uint32_t n_seq,
+                            uint32_t n_ctx);
+
+#endif

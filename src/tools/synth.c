@@ -1,0 +1,337 @@
+#include "synth.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ggml.h"
+#include "gguf.h"
+#include "synth_vocab.h"
+
+/* ---- weights ------------------------------------------------------------------------------------
+ *
+ * Scales (documented in docs/synth.md): a matrix W {K, N} (K inputs) gets uniform values with standard
+ * deviation gain/sqrt(K), so each output of a matmul on an O(1) input is O(1). Layers that write into the
+ * residual stream use gain 0.5, so the stream grows slowly with depth; ResMix restarts it at every bank.
+ * Norm weights are 1 +- 0.1. The LM head has std logit_scale/sqrt(d): logits of a normed state then have
+ * std logit_scale (5), which makes the output distribution peaked - greedy decoding has clear winners and
+ * is stable against rounding. KDA's decay parameters follow Kimi-Linear's initialisation ranges. */
+
+static uint64_t synth_mix(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+static uint64_t synth_name_hash(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ULL;
+    return h;
+}
+
+/* Uniform in [-1, 1) from (stream, index). */
+static inline float synth_u(uint64_t stream, int64_t i) {
+    uint64_t r = synth_mix(stream ^ synth_mix((uint64_t)i));
+    return (float)((double)(r >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0);
+}
+
+static bool synth_ends(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* The init recipe of a K3 tensor, from its name and kind. */
+static void synth_k3_init(const synth_config *c, const k3_tensor_spec *t, synth_tensor *out) {
+    const float d = (float)c->hp.n_embd;
+    const char *n = t->name;
+    out->init = SYNTH_INIT_MATRIX;
+    out->scale = 1.0f;
+    if (strstr(n, "norm.weight")) {
+        out->init = SYNTH_INIT_NORM;
+    } else if (strstr(n, "res_score")) {
+        out->init = SYNTH_INIT_UNIFORM;
+        out->scale = 1.0f / sqrtf(d);
+    } else if (synth_ends(n, "ssm_a")) {
+        out->init = SYNTH_INIT_SSM_A;
+    } else if (strstr(n, "ssm_dt.bias")) {
+        out->init = SYNTH_INIT_DT_BIAS;
+    } else if (strstr(n, "conv1d")) {
+        out->init = SYNTH_INIT_UNIFORM;
+        out->scale = 0.35f;
+    } else if (strstr(n, "exp_probs_b")) {
+        out->init = SYNTH_INIT_UNIFORM;
+        out->scale = 0.03f;
+    } else if (strcmp(n, "token_embd.weight") == 0) {
+        out->scale = 1.0f;
+    } else if (strcmp(n, "output.weight") == 0) {
+        out->scale = c->logit_scale / sqrtf(d);
+    } else {
+        bool writes_residual = strstr(n, "attn_output") || strstr(n, "ffn_down") || strstr(n, "ffn_routed_up");
+        out->scale = (writes_residual ? 0.5f : 1.0f) / sqrtf((float)t->ne[0]);
+    }
+}
+
+/* Fills dst with elements [start, start+n) of a tensor whose values come from `stream`. */
+static void synth_fill(const synth_tensor *t, uint64_t stream, int64_t start, int64_t n, float *dst) {
+    const float sq3 = 1.7320508f; /* uniform [-1,1) has std 1/sqrt(3) */
+    for (int64_t i = 0; i < n; i++) {
+        float u = synth_u(stream, start + i);
+        float v;
+        switch (t->init) {
+        case SYNTH_INIT_NORM: v = 1.0f + 0.1f * u; break;
+        case SYNTH_INIT_SSM_A: v = -(1.0f + 7.5f * (u + 1.0f)); break; /* A = -exp(A_log), A in (-16, -1) */
+        case SYNTH_INIT_DT_BIAS: v = -1.0f + u; break;                 /* (-2, 0): mostly slow decay */
+        case SYNTH_INIT_ZERO: v = 0.0f; break;
+        default: v = t->scale * sq3 * u; break;                         /* MATRIX, UNIFORM: std = scale */
+        }
+        dst[i] = v;
+    }
+}
+
+/* ---- writing ----------------------------------------------------------------------------------- */
+
+typedef struct synth_job {
+    const synth_tensor *t;
+    uint64_t stream;
+    int type;
+    int64_t ne0;
+    int64_t row0, nrows;
+    float *src;
+    uint8_t *dst;
+} synth_job;
+
+static void *synth_job_run(void *arg) {
+    synth_job *j = arg;
+    synth_fill(j->t, j->stream, j->row0 * j->ne0, j->nrows * j->ne0, j->src);
+    ggml_quantize_chunk((enum ggml_type)j->type, j->src, j->dst, 0, j->nrows, j->ne0, NULL);
+    return NULL;
+}
+
+/* Generates and writes one tensor in chunks of rows, split across threads. */
+static int synth_tensor_data(FILE *f, const synth_tensor *t, uint64_t seed, int n_threads, rl_err *err) {
+    const int type = t->type;
+    const uint64_t stream = synth_mix(seed ^ synth_name_hash(t->name));
+    const int64_t ne0 = t->ne[0];
+    const int64_t nrows = t->ne[1] * t->ne[2] * t->ne[3];
+    const size_t row_size = ggml_row_size((enum ggml_type)type, ne0);
+    int64_t chunk = (1 << 20) / ne0; /* about 4 MiB of f32 per thread */
+    if (chunk < 1) chunk = 1;
+    if (n_threads < 1) n_threads = 1;
+    if (n_threads > 16) n_threads = 16;
+    float *src = malloc((size_t)(chunk * ne0) * sizeof(float) * (size_t)n_threads);
+    uint8_t *dst = malloc((size_t)chunk * row_size * (size_t)n_threads);
+    if (!src || !dst) {
+        free(src);
+        free(dst);
+        return rl_errf(err, "out of memory generating %s", t->name);
+    }
+    int rc = 0;
+    for (int64_t r = 0; r < nrows && rc == 0; r += chunk * n_threads) {
+        synth_job jobs[16];
+        pthread_t th[16];
+        int nj = 0;
+        for (int k = 0; k < n_threads; k++) {
+            int64_t r0 = r + k * chunk;
+            if (r0 >= nrows) break;
+            jobs[nj] = (synth_job){t, stream, type, ne0, r0, nrows - r0 < chunk ? nrows - r0 : chunk,
+                                   src + (size_t)(k * chunk * ne0), dst + (size_t)k * (size_t)chunk * row_size};
+            nj++;
+        }
+        int started = 0;
+        for (int k = 1; k < nj; k++) {
+            if (pthread_create(&th[k], NULL, synth_job_run, &jobs[k]) != 0) break;
+            started = k;
+        }
+        synth_job_run(&jobs[0]);
+        for (int k = started + 1; k < nj; k++) synth_job_run(&jobs[k]); /* threads that failed to start */
+        for (int k = 1; k <= started; k++) pthread_join(th[k], NULL);
+        for (int k = 0; k < nj && rc == 0; k++) {
+            size_t bytes = (size_t)jobs[k].nrows * row_size;
+            if (fwrite(jobs[k].dst, 1, bytes, f) != bytes) rc = rl_errf(err, "write failed: %s", strerror(errno));
+        }
+    }
+    free(src);
+    free(dst);
+    return rc;
+}
+
+static void synth_progress(bool on, size_t done, size_t total) {
+    if (!on || total == 0) return;
+    int w = 40, fill = (int)((double)done / (double)total * w);
+    fprintf(stderr, "\rsynth [");
+    for (int i = 0; i < w; i++) fputc(i < fill ? '#' : ' ', stderr);
+    fprintf(stderr, "] %3d%% %7.1f MiB", (int)(100.0 * (double)done / (double)total), (double)done / 1048576.0);
+    if (done == total) fputc('\n', stderr);
+    fflush(stderr);
+}
+
+static int synth_zero_pad(FILE *f, long target, rl_err *err) {
+    long pos = ftell(f);
+    if (pos < 0 || pos > target) return rl_errf(err, "internal error: file offset %ld beyond %ld", pos, target);
+    for (; pos < target; pos++) {
+        if (fputc(0, f) == EOF) return rl_errf(err, "write failed: %s", strerror(errno));
+    }
+    return 0;
+}
+
+int synth_emit(struct gguf_context *meta, const synth_tensor *tensors, int n_tensors, const synth_opts *o,
+               rl_err *err) {
+    struct ggml_context *tctx = NULL;
+    struct gguf_context **g = NULL;
+    int n_split = o->n_split < 1 ? 1 : o->n_split;
+    int rc = -1;
+    char *path = NULL;
+    if (n_split > n_tensors) n_split = n_tensors;
+
+    /* Tensor descriptors (no data) for the gguf tensor tables. */
+    struct ggml_init_params ip = {.mem_size = (size_t)(n_tensors + 1) * ggml_tensor_overhead(), .mem_buffer = NULL,
+                                  .no_alloc = true};
+    tctx = ggml_init(ip);
+    g = calloc((size_t)n_split, sizeof *g);
+    if (!tctx || !g) {
+        rl_errf(err, "out of memory");
+        goto done;
+    }
+    for (int s = 0; s < n_split; s++) {
+        g[s] = gguf_init_empty();
+        if (s == 0) gguf_set_kv(g[0], meta); /* metadata lives in the first file */
+        if (n_split > 1) {
+            gguf_set_val_u16(g[s], "split.no", (uint16_t)s);
+            gguf_set_val_u16(g[s], "split.count", (uint16_t)n_split);
+            gguf_set_val_i32(g[s], "split.tensors.count", n_tensors);
+        }
+    }
+    size_t total = 0;
+    for (int i = 0; i < n_tensors; i++) {
+        const synth_tensor *st = &tensors[i];
+        if (st->ne[0] % ggml_blck_size((enum ggml_type)st->type) != 0) {
+            rl_errf(err, "tensor %s: row of %lld does not fit %s blocks", st->name, (long long)st->ne[0],
+                    ggml_type_name((enum ggml_type)st->type));
+            goto done;
+        }
+        struct ggml_tensor *t = ggml_new_tensor(tctx, (enum ggml_type)st->type, st->n_dims, st->ne);
+        ggml_set_name(t, st->name);
+        gguf_add_tensor(g[(int)((int64_t)i * n_split / n_tensors)], t);
+        total += ggml_nbytes(t);
+    }
+    if (o->dry_run) {
+        printf("%d tensors, %zu bytes of tensor data (%.2f GiB)\n", n_tensors, total, (double)total / (1 << 30));
+        for (int t = 0; t < GGML_TYPE_COUNT; t++) {
+            size_t bytes = 0;
+            int n = 0;
+            for (int i = 0; i < n_tensors; i++) {
+                if (tensors[i].type != t) continue;
+                n++;
+                bytes += ggml_row_size((enum ggml_type)t, tensors[i].ne[0]) *
+                         (size_t)(tensors[i].ne[1] * tensors[i].ne[2] * tensors[i].ne[3]);
+            }
+            if (n) printf("  %-8s %5d tensors %14zu bytes\n", ggml_type_name((enum ggml_type)t), n, bytes);
+        }
+        rc = 0;
+        goto done;
+    }
+
+    size_t out_len = strlen(o->out) + 32;
+    path = malloc(out_len);
+    if (!path) {
+        rl_errf(err, "out of memory");
+        goto done;
+    }
+    size_t done_bytes = 0;
+    int first = 0;
+    for (int s = 0; s < n_split; s++) {
+        if (n_split == 1) {
+            snprintf(path, out_len, "%s", o->out);
+        } else {
+            size_t n = strlen(o->out);
+            int stem = (n > 5 && strcmp(o->out + n - 5, ".gguf") == 0) ? (int)n - 5 : (int)n;
+            snprintf(path, out_len, "%.*s-%05d-of-%05d.gguf", stem, o->out, s + 1, n_split);
+        }
+        FILE *f = fopen(path, "wb");
+        if (!f) {
+            rl_errf(err, "cannot create %s: %s", path, strerror(errno));
+            goto done;
+        }
+        int frc = gguf_write_to_file_ptr(g[s], f, true) ? 0 : rl_errf(err, "cannot write metadata to %s", path);
+        /* A context built in memory has no data offset yet: tensor data starts after the metadata, padded to
+         * the alignment (gguf_write_to_file lays a file out the same way). */
+        size_t al = gguf_get_alignment(g[s]);
+        size_t data_off = (gguf_get_meta_size(g[s]) + al - 1) / al * al;
+        int64_t nt = gguf_get_n_tensors(g[s]);
+        for (int64_t i = 0; i < nt && frc == 0; i++) {
+            frc = synth_zero_pad(f, (long)(data_off + gguf_get_tensor_offset(g[s], i)), err);
+            if (frc == 0) frc = synth_tensor_data(f, &tensors[first + i], o->seed, o->n_threads, err);
+            done_bytes += gguf_get_tensor_size(g[s], i);
+            synth_progress(o->progress, done_bytes, total);
+        }
+        /* Pad the last tensor like gguf_write_to_file does, so the file size is a multiple of alignment. */
+        if (frc == 0 && nt > 0) {
+            size_t end = data_off + gguf_get_tensor_offset(g[s], nt - 1) + gguf_get_tensor_size(g[s], nt - 1);
+            frc = synth_zero_pad(f, (long)((end + al - 1) / al * al), err);
+        }
+        if (fclose(f) != 0 && frc == 0) frc = rl_errf(err, "cannot write %s: %s", path, strerror(errno));
+        if (frc != 0) {
+            remove(path); /* never leave a half-written model behind */
+            goto done;
+        }
+        first += (int)nt;
+    }
+    rc = 0;
+done:
+    free(path);
+    if (g) {
+        for (int s = 0; s < n_split; s++) {
+            if (g[s]) gguf_free(g[s]);
+        }
+        free(g);
+    }
+    if (tctx) ggml_free(tctx);
+    return rc;
+}
+
+int synth_write(const synth_config *c, const synth_opts *o, rl_err *err) {
+    k3_tensor_spec *spec = NULL;
+    int n_spec = 0;
+    sv_vocab vocab;
+    memset(&vocab, 0, sizeof vocab);
+    synth_tensor *plan = NULL;
+    struct gguf_context *meta = NULL;
+    int rc = -1;
+
+    if (k3_manifest(&c->hp, &spec, &n_spec, err) != 0) return -1;
+    if (sv_build(&vocab, (int32_t)c->hp.n_vocab, err) != 0) goto done;
+    meta = gguf_init_empty();
+    k3_hparams_write(&c->hp, meta);
+    char desc[160];
+    snprintf(desc, sizeof desc, "ringlm synth --config %s --seed %llu", c->name, (unsigned long long)o->seed);
+    gguf_set_val_str(meta, "general.name", "ringlm synthetic K3");
+    gguf_set_val_str(meta, "general.description", desc);
+    gguf_set_val_u32(meta, "general.quantization_version", GGML_QNT_VERSION);
+    if (sv_write_gguf(&vocab, meta, err) != 0) goto done;
+
+    plan = calloc((size_t)n_spec, sizeof *plan);
+    if (!plan) {
+        rl_errf(err, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < n_spec; i++) {
+        synth_tensor *t = &plan[i];
+        snprintf(t->name, sizeof t->name, "%s", spec[i].name);
+        t->n_dims = spec[i].n_dims;
+        memcpy(t->ne, spec[i].ne, sizeof t->ne);
+        t->type = synth_tensor_type(c, &spec[i]);
+        synth_k3_init(c, &spec[i], t);
+    }
+    if (o->dry_run) printf("config %s: ", c->name);
+    rc = synth_emit(meta, plan, n_spec, o, err);
+done:
+    if (meta) gguf_free(meta);
+    free(plan);
+    sv_free(&vocab);
+    free(spec);
+    return rc;
+}

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# `ringlm synth` and `ringlm inspect`: determinism, split sets, presets, config errors, the numbers inspect prints.
+. "$(dirname "$0")/lib.sh"
+S() { "$RINGLM" synth --no-progress "$@"; }
+
+check "same seed, same bytes" bash -c "$(printf '%q ' "$RINGLM") synth --no-progress -o $WORK/a.gguf --seed 5 &&
+    $(printf '%q ' "$RINGLM") synth --no-progress -o $WORK/b.gguf --seed 5 && cmp $WORK/a.gguf $WORK/b.gguf"
+S -o "$WORK/c.gguf" --seed 6
+check "other seed, other bytes" bash -c "! cmp -s $WORK/a.gguf $WORK/c.gguf"
+S -o "$WORK/a1.gguf" --seed 5 --threads 1
+check "thread count does not change the bytes" cmp "$WORK/a.gguf" "$WORK/a1.gguf"
+
+# A split set is the same model as one file: same tensors, same parameters, same metadata.
+S -o "$WORK/sp.gguf" --seed 5 --split 4
+check "split set of 4 files written" test -f "$WORK/sp-00004-of-00004.gguf"
+"$RINGLM" inspect --kv "$WORK/a.gguf" | grep -v '^n_kv' >"$WORK/one.kv"
+"$RINGLM" inspect --kv "$WORK/sp-00001-of-00004.gguf" | grep -v '^n_kv' >"$WORK/split.kv"
+check "split set inspects like the single file" diff "$WORK/one.kv" "$WORK/split.kv"
+check "llama.cpp loads the split set" "$ORACLE" info -m "$WORK/sp-00001-of-00004.gguf"
+check "llama.cpp: split set has the single file's tensor count" \
+    test "$(grep '^n_params' "$WORK/out")" = "$(grep '^n_params' "$WORK/one.kv")"
+
+# Presets and sizes.
+S --dry-run --config medium >"$WORK/medium.txt"
+check "medium preset is at least 1 GiB" awk 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "bytes") b = $(i-1) } END { exit !(b >= 1073741824) }' "$WORK/medium.txt"
+check "medium experts are q4_K (69 tensors: 3 x 23 MoE layers)" grep -Eq "^ +q4_K +69 tensors" "$WORK/medium.txt"
+S -o "$WORK/draft.gguf" --config tiny --draft k3
+"$RINGLM" inspect --kv "$WORK/draft.gguf" >"$WORK/draft.kv"
+check "k3 draft shares the target vocabulary" test "$(grep '^n_vocab' "$WORK/draft.kv")" = "$(grep '^n_vocab' "$WORK/one.kv")"
+check "k3 draft is much smaller" test "$(stat -c %s "$WORK/draft.gguf")" -lt "$(( $(stat -c %s "$WORK/a.gguf") / 4 ))"
+check "llama.cpp loads the k3 draft" "$ORACLE" info -m "$WORK/draft.gguf"
+
+# inspect's numbers, checked against the spec's formulas for the tiny preset
+# (d 256, H 4, Dk 64, Kc 4, 4 KDA + 2 MLA layers, kv_lora 128 + rope 32).
+"$RINGLM" inspect "$WORK/a.gguf" >"$WORK/inspect.txt"
+kda=$(( 4 * (3 * 3 * 256 * 4 + 4 * 64 * 64 * 4) ))
+check "KDA state per sequence" grep -q "KDA conv + recurrent state: $(awk -v b=$kda 'BEGIN { printf "%.1f KiB", b / 1024 }')" "$WORK/inspect.txt"
+check "MLA cache per token" grep -q "MLA latent cache: $(( 2 * 160 * 4 )) bytes per token (f32), $(( 2 * 160 * 2 ))" "$WORK/inspect.txt"
+check "boundary grows with banks" grep -Eq "^ +5 MLA +MoE +[^ ]* +[0-9.]+ [KM]iB +$(( 256 * 4 ))$" "$WORK/inspect.txt"
+"$RINGLM" inspect "$WORK/a.gguf" --range 2:4 --seqs 2 --ctx 100 >"$WORK/range.txt"
+check "range sizing is printed" grep -q "layers \[2, 4): weights .* (2 seq x 100 tokens, f32 cache)" "$WORK/range.txt"
+check_fails "range beyond the model" "beyond the model's 6 layers" "$RINGLM" inspect "$WORK/a.gguf" --range 2:9
+
+# Config errors.
+echo '{"base": "tiny", "n_layer": 4, "pattern": "KKKK"}' >"$WORK/nomla.json"
+check_fails "config without MLA layer" "at least one KDA and one MLA" "$RINGLM" synth -o "$WORK/x.gguf" --config "$WORK/nomla.json"
+echo '{"base": "tiny", "n_layers": 4}' >"$WORK/typo.json"
+check_fails "config with unknown field" 'unknown field "n_layers"' "$RINGLM" synth -o "$WORK/x.gguf" --config "$WORK/typo.json"
+echo '{"base": "tiny", ' >"$WORK/broken.json"
+check_fails "config that is not JSON" "not a JSON object" "$RINGLM" synth -o "$WORK/x.gguf" --config "$WORK/broken.json"
+check_fails "unknown preset" "unknown config 'huge'" "$RINGLM" synth -o "$WORK/x.gguf" --config huge
+check_fails "unwritable output" "cannot create" "$RINGLM" synth -o /nonexistent/x.gguf
+check "no partial file left behind" test ! -e /nonexistent/x.gguf
+finish
