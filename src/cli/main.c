@@ -16,6 +16,7 @@ static const cli_cmd cli_cmds[] = {
     {"synth", cmd_synth, "write a kimi-k3 GGUF with seeded random weights"},
     {"inspect", cmd_inspect, "print a model file's architecture, sizes and memory needs"},
     {"compare", cmd_compare, "compare two logits files (ours and llama.cpp's)"},
+    {"logits", cmd_logits, "write the logits of a token sequence (same format as the oracle)"},
 };
 
 static void usage(FILE *f) {

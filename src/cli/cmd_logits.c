@@ -1,0 +1,136 @@
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../model/k3_forward.h"
+#include "../model/logits_file.h"
+#include "cli.h"
+
+static void logits_usage(FILE *f) {
+    fprintf(f, "usage: ringlm logits -m MODEL.gguf --tokens 1,2,3 [--mode batch|step] [--chunk N] [--threads N] -o OUT.bin\n\n"
+               "Writes the logits of every position (the oracle's file format, src/model/logits_file.h).\n"
+               "batch: all tokens in one forward pass (or --chunk N tokens per pass); step: one token per pass.\n");
+}
+
+/* Parses "1,2,3" into a malloc'ed array. */
+static int parse_tokens(const char *s, int32_t **out, int *n) {
+    int cap = 16, k = 0;
+    int32_t *v = malloc((size_t)cap * sizeof *v);
+    if (!v) return -1;
+    while (*s) {
+        char *end;
+        long x = strtol(s, &end, 10);
+        if (end == s || x < 0 || x > 0x7fffffff) {
+            free(v);
+            return -1;
+        }
+        if (k == cap) {
+            int32_t *nv = realloc(v, (size_t)(cap *= 2) * sizeof *v);
+            if (!nv) {
+                free(v);
+                return -1;
+            }
+            v = nv;
+        }
+        v[k++] = (int32_t)x;
+        s = end;
+        if (*s == ',') s++;
+        else if (*s) {
+            free(v);
+            return -1;
+        }
+    }
+    *out = v;
+    *n = k;
+    return k > 0 ? 0 : -1;
+}
+
+int cmd_logits(int argc, char **argv) {
+    const char *model = NULL, *out = NULL, *mode = "batch", *toks = NULL;
+    int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), chunk = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            logits_usage(stdout);
+            return 0;
+        } else if (strcmp(a, "-m") == 0 && v) {
+            model = v, i++;
+        } else if (strcmp(a, "-o") == 0 && v) {
+            out = v, i++;
+        } else if (strcmp(a, "--tokens") == 0 && v) {
+            toks = v, i++;
+        } else if (strcmp(a, "--mode") == 0 && v && (strcmp(v, "batch") == 0 || strcmp(v, "step") == 0)) {
+            mode = v, i++;
+        } else if (strcmp(a, "--chunk") == 0 && v && cli_parse_int(v, &chunk) == 0 && chunk > 0) {
+            i++;
+        } else if (strcmp(a, "--threads") == 0 && v && cli_parse_int(v, &threads) == 0 && threads > 0) {
+            i++;
+        } else {
+            fprintf(stderr, "ringlm logits: unknown or bad option '%s'\n", a);
+            logits_usage(stderr);
+            return 2;
+        }
+    }
+    int32_t *tokens = NULL;
+    int n = 0;
+    if (!model || !out || !toks) {
+        logits_usage(stderr);
+        return 2;
+    }
+    if (parse_tokens(toks, &tokens, &n) != 0) {
+        fprintf(stderr, "ringlm logits: bad --tokens '%s' (comma-separated ids)\n", toks);
+        return 2;
+    }
+    rl_err err = {{0}};
+    mf_model m;
+    k3_hparams hp;
+    k3_engine e;
+    k3_state st;
+    int rc = 1;
+    if (k3_open(&m, &hp, model, &err) != 0) {
+        fprintf(stderr, "ringlm logits: %s\n", err.msg);
+        free(tokens);
+        return 1;
+    }
+    if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, threads, &err) != 0) goto fail_model;
+    if (k3_state_init(&st, &hp, 0, hp.n_layer, (uint32_t)n, &err) != 0) goto fail_engine;
+    float *logits = malloc((size_t)n * hp.n_vocab * sizeof(float));
+    if (!logits) {
+        rl_errf(&err, "out of memory");
+        goto fail_state;
+    }
+    bool step = strcmp(mode, "step") == 0;
+    int chunk_n = step ? 1 : chunk > 0 ? chunk : n;
+    for (int i = 0; i < n; i += chunk_n) {
+        int per = i + chunk_n > n ? n - i : chunk_n;
+        k3_state *sp = &st;
+        uint32_t nt = (uint32_t)per;
+        int32_t *rows = malloc((size_t)per * sizeof *rows);
+        for (int r = 0; r < per; r++) rows[r] = r;
+        k3_batch b = {.n_seqs = 1, .seqs = &sp, .n_tokens = &nt, .tokens = tokens + i, .n_logits = per, .logit_rows = rows};
+        k3_output o;
+        int frc = k3_forward(&e, &b, &o, &err);
+        free(rows);
+        if (frc != 0) {
+            free(logits);
+            goto fail_state;
+        }
+        memcpy(logits + (size_t)i * hp.n_vocab, o.logits, (size_t)per * hp.n_vocab * sizeof(float));
+        k3_output_free(&o);
+    }
+    lf_header h = {.n_vocab = (int32_t)hp.n_vocab, .n_rows = n, .tokens = tokens};
+    snprintf(h.source, sizeof h.source, "ringlm");
+    snprintf(h.mode, sizeof h.mode, "%s", mode);
+    rc = lf_write(out, &h, logits, &err) == 0 ? 0 : 1;
+    free(logits);
+fail_state:
+    k3_state_free(&st);
+fail_engine:
+    k3_engine_free(&e);
+fail_model:
+    if (rc != 0) fprintf(stderr, "ringlm logits: %s\n", err.msg);
+    mf_close(&m);
+    free(tokens);
+    return rc;
+}

@@ -1,0 +1,472 @@
+/* k3_forward.c - the K3 graph for a layer range, read top to bottom like spec §5.1.
+ *
+ * The op sequence mirrors llama.cpp's kimi-k3 graph (same ggml ops in the same order), so the two agree to
+ * rounding. Projections, routing and experts run batched over every token of every sequence; the causal
+ * parts (KDA short conv and delta rule, MLA attention) run per sequence on views of the batch, each on its
+ * own state. */
+#include "k3_forward.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "ggml.h"
+
+int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, int n_threads,
+                   rl_err *err) {
+    memset(e, 0, sizeof *e);
+    e->hp = *hp;
+    e->a = a;
+    e->b = b;
+    e->n_threads = n_threads > 0 ? n_threads : 1;
+    if (k3_weights_bind(&e->w, m, hp, a, b, err) != 0) return -1;
+    e->backend = ggml_backend_cpu_init();
+    if (!e->backend) {
+        k3_engine_free(e);
+        return rl_errf(err, "cannot start the ggml CPU backend");
+    }
+    ggml_backend_cpu_set_n_threads(e->backend, e->n_threads);
+    e->galloc = ggml_gallocr_new(ggml_backend_cpu_buffer_type());
+    if (!e->galloc) {
+        k3_engine_free(e);
+        return rl_errf(err, "cannot create the graph allocator");
+    }
+    return 0;
+}
+
+void k3_engine_free(k3_engine *e) {
+    if (e->galloc) ggml_gallocr_free(e->galloc);
+    if (e->backend) ggml_backend_free(e->backend);
+    k3_weights_free(&e->w);
+    free(e->mask_buf);
+    memset(e, 0, sizeof *e);
+}
+
+void k3_output_free(k3_output *o) {
+    k3_boundary_free(&o->out);
+    free(o->logits);
+    memset(o, 0, sizeof *o);
+}
+
+/* ---- graph building ---------------------------------------------------------------------------- */
+
+typedef struct k3_seq_view {
+    k3_state *st;
+    uint32_t off, n; /* token range in the batch */
+    struct ggml_tensor *mask; /* [n_past + n, n] f32, 0 or -inf (MLA causal mask) */
+} k3_seq_view;
+
+typedef struct k3_graph {
+    struct ggml_context *ctx;
+    struct ggml_cgraph *gf;
+    const k3_hparams *hp;
+    k3_seq_view *seqs;
+    int n_seqs;
+    int64_t T; /* tokens in the batch */
+    struct ggml_tensor *stack; /* banked checkpoints [d, n_ckpt, T], NULL while empty */
+} k3_graph;
+
+static struct ggml_tensor *k3_norm(k3_graph *g, struct ggml_tensor *x, struct ggml_tensor *w) {
+    return ggml_mul(g->ctx, ggml_rms_norm(g->ctx, x, g->hp->rms_eps), w);
+}
+
+/* SiTU(gate, up) = beta*tanh(gate/beta)*sigmoid(gate) * lb*tanh(up/lb)   (lb <= 0: up unchanged) */
+static struct ggml_tensor *k3_situ(k3_graph *g, struct ggml_tensor *gate, struct ggml_tensor *up) {
+    const float beta = g->hp->situ_beta, lb = g->hp->situ_linear_beta;
+    struct ggml_context *c = g->ctx;
+    struct ggml_tensor *a = ggml_scale(c, ggml_tanh(c, ggml_scale(c, gate, 1.0f / beta)), beta);
+    a = ggml_mul(c, a, ggml_sigmoid(c, gate));
+    if (lb > 0.0f) up = ggml_scale(c, ggml_tanh(c, ggml_scale(c, up, 1.0f / lb)), lb);
+    return ggml_mul(c, a, up);
+}
+
+/* ResMix (spec §5.2): softmax over the scores of [checkpoints..., cur] mixes the raw candidates. */
+static struct ggml_tensor *k3_res_mix(k3_graph *g, struct ggml_tensor *cur, struct ggml_tensor *score_w) {
+    if (!g->stack) return cur;
+    struct ggml_context *c = g->ctx;
+    const int64_t n_ckpt = g->stack->ne[1], T = g->T;
+    const float eps = g->hp->rms_eps;
+    struct ggml_tensor *sc_src = ggml_sum_rows(c, ggml_mul(c, ggml_rms_norm(c, g->stack, eps), score_w));
+    sc_src = ggml_reshape_2d(c, sc_src, n_ckpt, T);
+    struct ggml_tensor *sc_cur = ggml_sum_rows(c, ggml_mul(c, ggml_rms_norm(c, cur, eps), score_w)); /* [1, T] */
+    struct ggml_tensor *probs = ggml_soft_max(c, ggml_concat(c, sc_src, sc_cur, 0));                 /* [n+1, T] */
+    struct ggml_tensor *p_src = ggml_cont(c, ggml_view_2d(c, probs, n_ckpt, T, probs->nb[1], 0));
+    struct ggml_tensor *p_cur = ggml_cont(c, ggml_view_2d(c, probs, 1, T, probs->nb[1], probs->nb[0] * n_ckpt));
+    return ggml_add(c, ggml_dsv4_hc_pre(c, g->stack, p_src), ggml_mul(c, cur, p_cur));
+}
+
+static void k3_res_push(k3_graph *g, struct ggml_tensor *h) {
+    struct ggml_tensor *ck = ggml_reshape_3d(g->ctx, h, h->ne[0], 1, g->T);
+    g->stack = g->stack ? ggml_concat(g->ctx, g->stack, ck, 1) : ck;
+}
+
+/* Concatenates per-sequence results [X, n_s] along tokens into [X, T]. */
+static struct ggml_tensor *k3_join(k3_graph *g, struct ggml_tensor **parts) {
+    struct ggml_tensor *r = parts[0];
+    for (int s = 1; s < g->n_seqs; s++) r = ggml_concat(g->ctx, r, parts[s], 1);
+    return r;
+}
+
+/* Columns [off, off+n) of a 2-D [X, T] tensor. */
+static struct ggml_tensor *k3_cols(k3_graph *g, struct ggml_tensor *x, uint32_t off, uint32_t n) {
+    return ggml_view_2d(g->ctx, x, x->ne[0], n, x->nb[1], off * x->nb[1]);
+}
+
+/* KDA short conv for one of q/k/v (which = 0/1/2) of one sequence; updates that window of its state. */
+static struct ggml_tensor *k3_conv(k3_graph *g, const k3_seq_view *sv, int il_rel, int which,
+                                   struct ggml_tensor *proj, struct ggml_tensor *conv_w) {
+    struct ggml_context *c = g->ctx;
+    struct ggml_tensor *st = sv->st->conv[il_rel]; /* {Kc-1, Di, 3} */
+    const int64_t kc1 = st->ne[0], di = st->ne[1], n = sv->n;
+    struct ggml_tensor *win = ggml_view_2d(c, st, kc1, di, st->nb[1], (size_t)which * st->nb[2]);
+    struct ggml_tensor *x = k3_cols(g, proj, sv->off, sv->n);                 /* [Di, n] */
+    struct ggml_tensor *cx = ggml_concat(c, win, ggml_transpose(c, x), 0);   /* [Kc-1+n, Di] */
+    /* The new window is the last Kc-1 inputs. */
+    ggml_build_forward_expand(g->gf, ggml_cpy(c, ggml_view_2d(c, cx, kc1, di, cx->nb[1], n * cx->nb[0]), win));
+    struct ggml_tensor *y = ggml_ssm_conv(c, ggml_reshape_3d(c, cx, kc1 + n, di, 1),
+                                          ggml_reshape_2d(c, conv_w, kc1 + 1, di)); /* [Di, n, 1] */
+    return ggml_silu(c, ggml_reshape_2d(c, y, di, n));
+}
+
+static struct ggml_tensor *k3_kda(k3_graph *g, const k3_layer_w *L, int il_rel, struct ggml_tensor *xn) {
+    struct ggml_context *c = g->ctx;
+    const k3_hparams *hp = g->hp;
+    const int64_t H = hp->n_head, Dk = hp->kda_head_dim, T = g->T;
+    struct ggml_tensor *pq = ggml_mul_mat(c, L->wq, xn), *pk = ggml_mul_mat(c, L->wk, xn),
+                       *pv = ggml_mul_mat(c, L->wv, xn);
+
+    /* Decay gate: lb * sigmoid(-(f * A)) with the bound, softplus(f) * A without (spec §5.3). */
+    struct ggml_tensor *gt = ggml_add(c, ggml_mul_mat(c, L->f_b, ggml_mul_mat(c, L->f_a, xn)), L->dt_b);
+    struct ggml_tensor *A = ggml_reshape_3d(c, L->ssm_a, 1, H, 1);
+    if (isfinite(hp->kda_gate_lb)) {
+        gt = ggml_mul(c, ggml_reshape_3d(c, gt, Dk, H, T), A);
+        gt = ggml_scale(c, ggml_sigmoid(c, ggml_scale(c, gt, -1.0f)), hp->kda_gate_lb);
+    } else {
+        gt = ggml_mul(c, ggml_reshape_3d(c, ggml_softplus(c, gt), Dk, H, T), A);
+    }
+    struct ggml_tensor *beta = ggml_sigmoid(c, ggml_reshape_3d(c, ggml_mul_mat(c, L->beta, xn), 1, H, T));
+
+    struct ggml_tensor **outs = calloc((size_t)g->n_seqs, sizeof *outs);
+    for (int s = 0; s < g->n_seqs; s++) {
+        const k3_seq_view *sv = &g->seqs[s];
+        const int64_t n = sv->n;
+        struct ggml_tensor *q = k3_conv(g, sv, il_rel, 0, pq, L->conv_q);
+        struct ggml_tensor *k = k3_conv(g, sv, il_rel, 1, pk, L->conv_k);
+        struct ggml_tensor *v = k3_conv(g, sv, il_rel, 2, pv, L->conv_v);
+        q = ggml_l2_norm(c, ggml_reshape_4d(c, q, Dk, H, n, 1), hp->rms_eps);
+        k = ggml_l2_norm(c, ggml_reshape_4d(c, k, Dk, H, n, 1), hp->rms_eps);
+        v = ggml_reshape_4d(c, v, Dk, H, n, 1);
+        struct ggml_tensor *gs = ggml_view_4d(c, gt, Dk, H, n, 1, gt->nb[1], gt->nb[2], gt->nb[2] * n,
+                                              gt->nb[2] * sv->off);
+        struct ggml_tensor *bs = ggml_view_4d(c, beta, 1, H, n, 1, beta->nb[1], beta->nb[2], beta->nb[2] * n,
+                                              beta->nb[2] * sv->off);
+        struct ggml_tensor *state = sv->st->delta[il_rel]; /* {Dk, Dk, H} */
+        struct ggml_tensor *s4 = ggml_reshape_4d(c, state, Dk, Dk, H, 1);
+        struct ggml_tensor *o = ggml_gated_delta_net(c, q, k, v, gs, bs, s4, 1);
+        /* Packed output: n rows of attention [Dk*H], then the final state [Dk*Dk*H]. */
+        ggml_build_forward_expand(g->gf, ggml_cpy(c, ggml_view_1d(c, o, Dk * Dk * H, o->nb[1] * n),
+                                                  ggml_view_1d(c, state, Dk * Dk * H, 0)));
+        outs[s] = ggml_view_2d(c, o, Dk * H, n, o->nb[1], 0);
+    }
+    struct ggml_tensor *o = g->n_seqs == 1 ? ggml_cont(c, outs[0]) : k3_join(g, outs);
+    free(outs);
+
+    /* Per-head output norm, full-rank sigmoid gate, output projection. */
+    struct ggml_tensor *gate = ggml_reshape_3d(c, ggml_mul_mat(c, L->ssm_g, xn), Dk, H, T);
+    struct ggml_tensor *normed = k3_norm(g, ggml_reshape_3d(c, o, Dk, H, T), L->ssm_norm);
+    struct ggml_tensor *gated = ggml_mul(c, normed, ggml_sigmoid(c, gate));
+    return ggml_mul_mat(c, L->wo, ggml_cont_2d(c, gated, Dk * H, T));
+}
+
+static struct ggml_tensor *k3_mla(k3_graph *g, const k3_layer_w *L, int il_rel, struct ggml_tensor *xn) {
+    struct ggml_context *c = g->ctx;
+    const k3_hparams *hp = g->hp;
+    const int64_t H = hp->n_head, T = g->T, rkv = hp->kv_lora_rank, dr = hp->rope_dim, dq = hp->mla_k_dim,
+                  dn = dq - dr, dv = hp->mla_v_dim, dk = rkv + dr;
+    const float kq_scale = 1.0f / sqrtf((float)dq);
+
+    struct ggml_tensor *qf = L->q_a ? ggml_mul_mat(c, L->q_b, k3_norm(g, ggml_mul_mat(c, L->q_a, xn), L->q_a_norm))
+                                    : ggml_mul_mat(c, L->q, xn); /* [H*dq, T] */
+    struct ggml_tensor *kv = ggml_mul_mat(c, L->kv_a, xn);       /* [rkv+dr, T] */
+    struct ggml_tensor *ckv = k3_norm(g, ggml_view_2d(c, kv, rkv, T, kv->nb[1], 0), L->kv_a_norm);
+    struct ggml_tensor *k_pe = ggml_view_2d(c, kv, dr, T, kv->nb[1], (size_t)rkv * kv->nb[0]); /* raw, unrotated */
+    struct ggml_tensor *knew = ggml_concat(c, ckv, k_pe, 0);                                    /* [rkv+dr, T] */
+
+    /* Absorbed query: q_nope through attn_k_b into the latent space, then [latent | pe]. */
+    struct ggml_tensor *q_nope = ggml_view_3d(c, qf, dn, H, T, qf->nb[0] * dq, qf->nb[0] * dq * H, 0);
+    struct ggml_tensor *q_pe = ggml_view_3d(c, qf, dr, H, T, qf->nb[0] * dq, qf->nb[0] * dq * H, qf->nb[0] * dn);
+    struct ggml_tensor *qa = ggml_mul_mat(c, L->k_b, ggml_permute(c, q_nope, 0, 2, 1, 3)); /* [rkv, T, H] */
+    struct ggml_tensor *Q = ggml_concat(c, ggml_permute(c, qa, 0, 2, 1, 3), q_pe, 0);      /* [dk, H, T] */
+
+    struct ggml_tensor **outs = calloc((size_t)g->n_seqs, sizeof *outs);
+    for (int s = 0; s < g->n_seqs; s++) {
+        const k3_seq_view *sv = &g->seqs[s];
+        struct ggml_tensor *cache = sv->st->kcache[il_rel]; /* {dk, n_ctx} */
+        const int64_t n = sv->n, n_kv = sv->st->n_past + sv->n;
+        /* Store this batch's keys first; the reads below come later in graph order. */
+        ggml_build_forward_expand(g->gf, ggml_cpy(c, k3_cols(g, knew, sv->off, sv->n),
+                                                  ggml_view_2d(c, cache, dk, n, cache->nb[1],
+                                                               cache->nb[1] * sv->st->n_past)));
+        struct ggml_tensor *q = ggml_permute(c, ggml_view_3d(c, Q, dk, H, n, Q->nb[1], Q->nb[2], Q->nb[2] * sv->off),
+                                             0, 2, 1, 3);                                   /* [dk, n, H] */
+        struct ggml_tensor *k = ggml_view_2d(c, cache, dk, n_kv, cache->nb[1], 0);         /* [dk, n_kv] */
+        struct ggml_tensor *kq = ggml_mul_mat(c, k, q);                                     /* [n_kv, n, H] */
+        ggml_mul_mat_set_prec(kq, GGML_PREC_F32);
+        kq = ggml_soft_max_ext(c, kq, sv->mask, kq_scale, 0.0f);
+        struct ggml_tensor *v = ggml_cont(c, ggml_transpose(c, ggml_view_2d(c, cache, rkv, n_kv, cache->nb[1], 0)));
+        struct ggml_tensor *kqv = ggml_mul_mat(c, v, kq);   /* [rkv, n, H] */
+        kqv = ggml_mul_mat(c, L->v_b, kqv);                 /* [dv, n, H]: back from the latent, per head */
+        outs[s] = ggml_cont_2d(c, ggml_permute(c, kqv, 0, 2, 1, 3), dv * H, n);
+    }
+    struct ggml_tensor *o = k3_join(g, outs);
+    free(outs);
+    if (L->gate) o = ggml_mul(c, o, ggml_sigmoid(c, ggml_mul_mat(c, L->gate, xn)));
+    return ggml_mul_mat(c, L->wo, o);
+}
+
+static struct ggml_tensor *k3_moe(k3_graph *g, const k3_layer_w *L, struct ggml_tensor *xn) {
+    struct ggml_context *c = g->ctx;
+    const k3_hparams *hp = g->hp;
+    const int64_t E = hp->n_expert, K = hp->n_expert_used, T = g->T;
+
+    /* Routing on the full-width input: sigmoid probabilities; the bias only chooses (spec §5.5). */
+    struct ggml_tensor *probs = ggml_sigmoid(c, ggml_mul_mat(c, L->gate_inp, xn)); /* [E, T] */
+    struct ggml_tensor *sel = ggml_argsort_top_k(c, ggml_add(c, probs, L->probs_b), (int)K); /* [K, T] */
+    struct ggml_tensor *w = ggml_get_rows(c, ggml_reshape_3d(c, probs, 1, E, T), sel);      /* [1, K, T] */
+    if (hp->expert_weights_norm) {
+        struct ggml_tensor *w2 = ggml_reshape_2d(c, w, K, T);
+        struct ggml_tensor *sum = ggml_clamp(c, ggml_sum_rows(c, w2), 6.103515625e-5f, INFINITY);
+        w = ggml_reshape_3d(c, ggml_div(c, w2, sum), 1, K, T);
+    }
+    if (hp->expert_weights_scale != 0.0f && hp->expert_weights_scale != 1.0f) {
+        w = ggml_scale(c, w, hp->expert_weights_scale);
+    }
+    ggml_build_forward_expand(g->gf, w);
+
+    struct ggml_tensor *xl = L->routed_down ? ggml_mul_mat(c, L->routed_down, xn) : xn;
+    const int64_t dl = xl->ne[0];
+    xl = ggml_reshape_3d(c, xl, dl, 1, T);
+    struct ggml_tensor *up = ggml_mul_mat_id(c, L->up_exps, xl, sel);     /* [Fe, K, T] */
+    struct ggml_tensor *gate = ggml_mul_mat_id(c, L->gate_exps, xl, sel); /* [Fe, K, T] */
+    struct ggml_tensor *ex = ggml_mul_mat_id(c, L->down_exps, k3_situ(g, gate, up), sel); /* [dl, K, T] */
+    ex = ggml_mul(c, ex, w);
+    ggml_build_forward_expand(g->gf, ex);
+    /* Sum in top-k order: ((e0 + e1) + e2) + ... as llama.cpp does. */
+    struct ggml_tensor *m = ggml_view_2d(c, ex, dl, T, ex->nb[2], 0);
+    for (int64_t i = 1; i < K; i++) m = ggml_add(c, m, ggml_view_2d(c, ex, dl, T, ex->nb[2], (size_t)i * ex->nb[1]));
+    if (K == 1) m = ggml_cont(c, m);
+    if (L->routed_norm) m = k3_norm(g, m, L->routed_norm);
+    if (L->routed_up) m = ggml_mul_mat(c, L->routed_up, m);
+    if (L->gate_sh) {
+        struct ggml_tensor *sh = k3_situ(g, ggml_mul_mat(c, L->gate_sh, xn), ggml_mul_mat(c, L->up_sh, xn));
+        m = ggml_add(c, m, ggml_mul_mat(c, L->down_sh, sh));
+    }
+    return m;
+}
+
+/* ---- running a batch --------------------------------------------------------------------------- */
+
+static int k3_check_batch(const k3_engine *e, const k3_batch *bt, int64_t *T, rl_err *err) {
+    if (bt->n_seqs < 1) return rl_errf(err, "empty batch");
+    *T = 0;
+    for (int s = 0; s < bt->n_seqs; s++) {
+        const k3_state *st = bt->seqs[s];
+        if (!st || st->a != e->a || st->b != e->b) return rl_errf(err, "sequence %d: state is for another layer range", s);
+        if (bt->n_tokens[s] < 1) return rl_errf(err, "sequence %d: no tokens", s);
+        if ((uint64_t)st->n_past + bt->n_tokens[s] > st->n_ctx) {
+            return rl_errf(err, "sequence %d: %u + %u tokens exceed its context of %u", s, st->n_past,
+                           bt->n_tokens[s], st->n_ctx);
+        }
+        for (int t = 0; t < s; t++) {
+            if (bt->seqs[t] == st) return rl_errf(err, "sequence %d appears twice in one batch", s);
+        }
+        *T += bt->n_tokens[s];
+    }
+    if (*T > (1 << 20)) return rl_errf(err, "batch of %lld tokens is too large", (long long)*T);
+    if (e->a == 0) {
+        if (!bt->tokens) return rl_errf(err, "the first stage needs token ids");
+        for (int64_t i = 0; i < *T; i++) {
+            if (bt->tokens[i] < 0 || (uint32_t)bt->tokens[i] >= e->hp.n_vocab) {
+                return rl_errf(err, "token id %d out of range (vocabulary %u)", bt->tokens[i], e->hp.n_vocab);
+            }
+        }
+    } else {
+        if (!bt->in) return rl_errf(err, "a middle stage needs the boundary state");
+        if (bt->in->n_tokens != *T || bt->in->n_embd != e->hp.n_embd ||
+            bt->in->n_ckpt != k3_n_banked_before(&e->hp, e->a)) {
+            return rl_errf(err, "boundary state is %u tokens x %u checkpoints, expected %lld x %u", bt->in->n_tokens,
+                           bt->in->n_ckpt, (long long)*T, k3_n_banked_before(&e->hp, e->a));
+        }
+    }
+    if (e->b == e->hp.n_layer) {
+        if (bt->n_logits < 0 || bt->n_logits > *T) return rl_errf(err, "%d logit rows for %lld tokens", bt->n_logits, (long long)*T);
+        for (int i = 0; i < bt->n_logits; i++) {
+            if (bt->logit_rows[i] < 0 || bt->logit_rows[i] >= *T) return rl_errf(err, "logit row %d out of range", bt->logit_rows[i]);
+        }
+    }
+    return 0;
+}
+
+int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
+    memset(out, 0, sizeof *out);
+    const k3_hparams *hp = &e->hp;
+    int64_t T = 0;
+    if (k3_check_batch(e, bt, &T, err) != 0) return -1;
+    const bool last = e->b == hp->n_layer;
+    const int64_t d = hp->n_embd;
+
+    size_t n_nodes = 2048 + (size_t)(e->b - e->a) * (256 + 96 * (size_t)bt->n_seqs);
+    struct ggml_init_params ip = {.mem_size = n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false),
+                                  .mem_buffer = NULL, .no_alloc = true};
+    k3_graph g = {.ctx = ggml_init(ip), .hp = hp, .n_seqs = bt->n_seqs, .T = T};
+    g.seqs = calloc((size_t)bt->n_seqs, sizeof *g.seqs);
+    if (!g.ctx || !g.seqs) {
+        if (g.ctx) ggml_free(g.ctx);
+        free(g.seqs);
+        return rl_errf(err, "out of memory building the graph");
+    }
+    struct ggml_context *c = g.ctx;
+    g.gf = ggml_new_graph_custom(c, n_nodes, false);
+
+    bool any_mla = false;
+    for (uint32_t il = e->a; il < e->b; il++) any_mla |= hp->is_mla[il];
+    uint32_t off = 0;
+    for (int s = 0; s < bt->n_seqs; s++) {
+        k3_seq_view *sv = &g.seqs[s];
+        sv->st = bt->seqs[s];
+        sv->off = off;
+        sv->n = bt->n_tokens[s];
+        off += sv->n;
+        if (any_mla) {
+            sv->mask = ggml_new_tensor_2d(c, GGML_TYPE_F32, sv->st->n_past + sv->n, sv->n);
+            ggml_set_input(sv->mask);
+        }
+    }
+
+    /* Input: embeddings, or the boundary state from the previous stage. */
+    struct ggml_tensor *inp_tok = NULL, *inp_h = NULL, *inp_stack = NULL, *inp_rows = NULL, *h;
+    if (e->a == 0) {
+        inp_tok = ggml_new_tensor_1d(c, GGML_TYPE_I32, T);
+        ggml_set_input(inp_tok);
+        h = ggml_get_rows(c, e->w.tok_embd, inp_tok);
+    } else {
+        inp_h = ggml_new_tensor_2d(c, GGML_TYPE_F32, d, T);
+        ggml_set_input(inp_h);
+        h = inp_h;
+        if (bt->in->n_ckpt) {
+            inp_stack = ggml_new_tensor_3d(c, GGML_TYPE_F32, d, bt->in->n_ckpt, T);
+            ggml_set_input(inp_stack);
+            g.stack = inp_stack;
+        }
+    }
+
+    for (uint32_t il = e->a; il < e->b; il++) {
+        const k3_layer_w *L = &e->w.layers[il - e->a];
+        const int rel = (int)(il - e->a);
+        /* Mixer half: mix over the bank, bank the RAW stream at checkpoint layers, restart from the output. */
+        struct ggml_tensor *x = hp->attn_res_block ? k3_res_mix(&g, h, L->attn_res_score) : h;
+        bool banked = hp->attn_res_block && il % hp->attn_res_block == 0;
+        if (banked) k3_res_push(&g, h);
+        struct ggml_tensor *xn = k3_norm(&g, x, L->attn_norm);
+        ggml_build_forward_expand(g.gf, xn);
+        struct ggml_tensor *a = hp->is_mla[il] ? k3_mla(&g, L, rel, xn) : k3_kda(&g, L, rel, xn);
+        h = banked ? a : ggml_add(c, h, a);
+        /* FFN half. */
+        struct ggml_tensor *y = hp->attn_res_block ? k3_res_mix(&g, h, L->ffn_res_score) : h;
+        struct ggml_tensor *yn = k3_norm(&g, y, L->ffn_norm);
+        struct ggml_tensor *f;
+        if (!k3_is_moe(hp, il)) {
+            f = ggml_mul_mat(c, L->ffn_down, k3_situ(&g, ggml_mul_mat(c, L->ffn_gate, yn), ggml_mul_mat(c, L->ffn_up, yn)));
+        } else {
+            f = k3_moe(&g, L, yn);
+        }
+        h = ggml_add(c, h, f);
+    }
+
+    struct ggml_tensor *logits = NULL, *out_h = NULL, *out_stack = NULL;
+    if (last) {
+        struct ggml_tensor *z = hp->attn_res_block ? k3_res_mix(&g, h, e->w.output_res_score) : h;
+        if (bt->n_logits > 0) {
+            if (bt->n_logits < T) {
+                inp_rows = ggml_new_tensor_1d(c, GGML_TYPE_I32, bt->n_logits);
+                ggml_set_input(inp_rows);
+                z = ggml_get_rows(c, z, inp_rows);
+            }
+            logits = ggml_mul_mat(c, e->w.output, k3_norm(&g, z, e->w.output_norm));
+            ggml_set_output(logits);
+            ggml_build_forward_expand(g.gf, logits);
+        } else {
+            ggml_build_forward_expand(g.gf, h); /* states still advance */
+        }
+    } else {
+        out_h = ggml_cont(c, h);
+        ggml_set_output(out_h);
+        ggml_build_forward_expand(g.gf, out_h);
+        if (g.stack) {
+            out_stack = ggml_cont(c, g.stack);
+            ggml_set_output(out_stack);
+            ggml_build_forward_expand(g.gf, out_stack);
+        }
+    }
+
+    int rc = 0;
+    if (!ggml_gallocr_alloc_graph(e->galloc, g.gf)) {
+        rc = rl_errf(err, "cannot allocate compute memory for %lld tokens", (long long)T);
+        goto done;
+    }
+    if (inp_tok) ggml_backend_tensor_set(inp_tok, bt->tokens, 0, (size_t)T * sizeof(int32_t));
+    if (inp_h) ggml_backend_tensor_set(inp_h, bt->in->h, 0, ggml_nbytes(inp_h));
+    if (inp_stack) ggml_backend_tensor_set(inp_stack, bt->in->ckpt, 0, ggml_nbytes(inp_stack));
+    if (inp_rows) ggml_backend_tensor_set(inp_rows, bt->logit_rows, 0, (size_t)bt->n_logits * sizeof(int32_t));
+    for (int s = 0; s < bt->n_seqs && any_mla; s++) {
+        /* Causal mask: the token at position p sees cached positions 0..p of its own sequence. */
+        k3_seq_view *sv = &g.seqs[s];
+        size_t n_kv = sv->st->n_past + sv->n, need = n_kv * sv->n;
+        if (need > e->mask_cap) {
+            float *p = realloc(e->mask_buf, need * sizeof(float));
+            if (!p) {
+                rc = rl_errf(err, "out of memory for the attention mask");
+                goto done;
+            }
+            e->mask_buf = p;
+            e->mask_cap = need;
+        }
+        for (uint32_t t = 0; t < sv->n; t++) {
+            size_t p = sv->st->n_past + t;
+            for (size_t j = 0; j < n_kv; j++) e->mask_buf[t * n_kv + j] = j <= p ? 0.0f : -INFINITY;
+        }
+        ggml_backend_tensor_set(sv->mask, e->mask_buf, 0, need * sizeof(float));
+    }
+    if (ggml_backend_graph_compute(e->backend, g.gf) != GGML_STATUS_SUCCESS) {
+        rc = rl_errf(err, "ggml graph compute failed");
+        goto done;
+    }
+    for (int s = 0; s < bt->n_seqs; s++) bt->seqs[s]->n_past += bt->n_tokens[s];
+
+    if (logits) {
+        out->n_logits = bt->n_logits;
+        out->logits = malloc(ggml_nbytes(logits));
+        if (!out->logits) {
+            rc = rl_errf(err, "out of memory for logits");
+            goto done;
+        }
+        ggml_backend_tensor_get(logits, out->logits, 0, ggml_nbytes(logits));
+    }
+    if (out_h) {
+        uint32_t n_ckpt = out_stack ? (uint32_t)out_stack->ne[1] : 0;
+        if (k3_boundary_alloc(&out->out, (uint32_t)T, (uint32_t)d, n_ckpt, err) != 0) {
+            rc = -1;
+            goto done;
+        }
+        ggml_backend_tensor_get(out_h, out->out.h, 0, ggml_nbytes(out_h));
+        if (out_stack) ggml_backend_tensor_get(out_stack, out->out.ckpt, 0, ggml_nbytes(out_stack));
+    }
+done:
+    if (rc != 0) k3_output_free(out);
+    ggml_free(c);
+    free(g.seqs);
+    return rc;
+}

@@ -1,0 +1,58 @@
+/* k3_forward.h - our K3 forward pass on ggml, for one layer range [a, b) (spec §5).
+ *
+ * An engine binds the range's weights and runs batches: several sequences at once, any number of tokens
+ * each (prefill chunks or single decode steps), each sequence with its own k3_state. Input is token ids
+ * (a == 0) or the boundary state entering layer a; output is the boundary state at b, plus logits for the
+ * asked-for rows when b == n_layer. One machine is the range [0, n_layer). */
+#ifndef RINGLM_K3_FORWARD_H
+#define RINGLM_K3_FORWARD_H
+
+#include <stdint.h>
+
+#include "../base/err.h"
+#include "../gguf/model_file.h"
+#include "k3_boundary.h"
+#include "k3_hparams.h"
+#include "k3_state.h"
+#include "k3_weights.h"
+
+struct ggml_backend;
+struct ggml_gallocr;
+
+typedef struct k3_engine {
+    k3_hparams hp;
+    k3_weights w;
+    uint32_t a, b;
+    int n_threads;
+    struct ggml_backend *backend;
+    struct ggml_gallocr *galloc;
+    float *mask_buf; /* scratch for attention masks */
+    size_t mask_cap;
+} k3_engine;
+
+int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, int n_threads,
+                   rl_err *err);
+void k3_engine_free(k3_engine *e);
+
+typedef struct k3_batch {
+    int n_seqs;
+    k3_state **seqs;          /* one state per sequence, all distinct, for this engine's range */
+    const uint32_t *n_tokens; /* tokens of each sequence in this batch (>= 1) */
+    const int32_t *tokens;    /* a == 0: the tokens, sequence after sequence */
+    const k3_boundary *in;    /* a > 0: the boundary state of the same tokens, same order */
+    int n_logits;             /* b == n_layer: how many rows need logits */
+    const int32_t *logit_rows;/* their indices in the batch (0 .. total-1) */
+} k3_batch;
+
+typedef struct k3_output {
+    k3_boundary out; /* b < n_layer: boundary entering layer b (allocated here) */
+    float *logits;   /* b == n_layer: n_logits rows of n_vocab (malloc'ed here) */
+    int n_logits;
+} k3_output;
+
+/* Runs the batch, advances every sequence's position. On error no state has advanced ... unless the
+ * compute itself failed (it cannot on CPU once the graph is built). */
+int k3_forward(k3_engine *e, const k3_batch *batch, k3_output *out, rl_err *err);
+void k3_output_free(k3_output *o);
+
+#endif

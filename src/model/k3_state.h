@@ -1,0 +1,49 @@
+/* k3_state.h - what one sequence keeps between forward calls, for the layers of one range (spec §6).
+ *
+ * KDA layers: the short-conv windows (3 x (Kc-1) x Di f32) and the delta-rule matrices (H x Dk x Dk f32),
+ * constant in length. MLA layers: the latent cache, (kv_lora + rope) f32 per token, up to n_ctx tokens.
+ * A snapshot holds the KDA state and the position; restoring it rolls the sequence back (the MLA cache
+ * needs no copy: rows past the restored position are simply overwritten later). */
+#ifndef RINGLM_K3_STATE_H
+#define RINGLM_K3_STATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../base/err.h"
+#include "k3_hparams.h"
+
+struct ggml_context;
+struct ggml_tensor;
+struct ggml_backend_buffer;
+
+typedef struct k3_state {
+    uint32_t a, b;    /* layer range */
+    uint32_t n_ctx;   /* cache capacity in tokens */
+    uint32_t n_past;  /* tokens processed so far */
+    struct ggml_tensor **conv;   /* [il - a]: {(Kc-1), Di, 3} f32 (q, k, v windows), NULL on MLA layers */
+    struct ggml_tensor **delta;  /* [il - a]: {Dk, Dk, H} f32, NULL on MLA layers */
+    struct ggml_tensor **kcache; /* [il - a]: {kv_lora + rope, n_ctx} f32, NULL on KDA layers */
+    struct ggml_context *ctx;
+    struct ggml_backend_buffer *buf;
+} k3_state;
+
+/* Allocates zeroed state (a fresh sequence). */
+int k3_state_init(k3_state *s, const k3_hparams *hp, uint32_t a, uint32_t b, uint32_t n_ctx, rl_err *err);
+void k3_state_free(k3_state *s);
+/* Forgets everything: the sequence starts again at position 0. */
+void k3_state_reset(k3_state *s);
+size_t k3_state_bytes(const k3_state *s);
+
+typedef struct k3_snapshot {
+    uint32_t n_past;
+    size_t n_bytes;
+    uint8_t *kda; /* conv and delta tensors of every KDA layer, concatenated */
+} k3_snapshot;
+
+int k3_state_snapshot(const k3_state *s, k3_snapshot *snap, rl_err *err); /* (re)uses snap->kda */
+/* Rolls back to the snapshot's position. The snapshot stays valid (it can be restored again). */
+int k3_state_restore(k3_state *s, const k3_snapshot *snap, rl_err *err);
+void k3_snapshot_free(k3_snapshot *snap);
+
+#endif

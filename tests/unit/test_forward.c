@@ -1,0 +1,298 @@
+/* test_forward - the forward pass's own invariants, on synthesized models (no oracle needed):
+ *   chunked prefill == one batch; several sequences in one batch == each alone; snapshot/restore ==
+ *   a fresh run of the kept tokens; [0,k) then [k,n) through a serialized boundary == [0,n) bit for bit;
+ *   bad batches are refused with a message. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/k3_forward.h"
+#include "tools/synth.h"
+#include "tools/synth_config.h"
+
+static int n_fail, n_pass;
+#define CHECK(cond, ...)                                                                                              \
+    do {                                                                                                              \
+        if (cond) {                                                                                                   \
+            n_pass++;                                                                                                 \
+            printf("ok - ");                                                                                          \
+        } else {                                                                                                      \
+            n_fail++;                                                                                                 \
+            printf("not ok - ");                                                                                      \
+        }                                                                                                             \
+        printf(__VA_ARGS__);                                                                                          \
+        printf("\n");                                                                                                 \
+    } while (0)
+
+typedef struct fx {
+    mf_model m;
+    k3_hparams hp;
+    k3_engine e;
+} fx;
+
+static uint64_t rs = 12345;
+static int32_t rnd_tok(uint32_t v) {
+    rs = rs * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (int32_t)((rs >> 33) % (v - 256)); /* stay below the special-token region */
+}
+
+/* Runs n tokens of one sequence in chunks (chunk <= 0: one batch); returns logits of every position. */
+static float *run_chunks(k3_engine *e, k3_state *st, const int32_t *tok, int n, int chunk) {
+    const uint32_t V = e->hp.n_vocab;
+    float *all = malloc((size_t)n * V * sizeof(float));
+    if (chunk <= 0) chunk = n;
+    for (int i = 0; i < n; i += chunk) {
+        uint32_t nt = (uint32_t)(i + chunk > n ? n - i : chunk);
+        int32_t rows[4096];
+        for (uint32_t r = 0; r < nt; r++) rows[r] = (int32_t)r;
+        k3_batch b = {.n_seqs = 1, .seqs = &st, .n_tokens = &nt, .tokens = tok + i, .n_logits = (int)nt, .logit_rows = rows};
+        k3_output o;
+        rl_err err;
+        if (k3_forward(e, &b, &o, &err) != 0) {
+            fprintf(stderr, "forward failed: %s\n", err.msg);
+            exit(1);
+        }
+        memcpy(all + (size_t)i * V, o.logits, (size_t)nt * V * sizeof(float));
+        k3_output_free(&o);
+    }
+    return all;
+}
+
+static double rel_diff(const float *a, const float *b, size_t n) {
+    double md = 0, ma = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (d > md || isnan(d)) md = isnan(d) ? INFINITY : d;
+        if (fabs(a[i]) > ma) ma = fabs(a[i]);
+    }
+    return ma > 0 ? md / ma : md;
+}
+
+static int open_fx(fx *f, const char *path, int threads) {
+    rl_err err;
+    if (k3_open(&f->m, &f->hp, path, &err) != 0 ||
+        k3_engine_init(&f->e, &f->m, &f->hp, 0, f->hp.n_layer, threads, &err) != 0) {
+        fprintf(stderr, "%s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* strict: check the chunked / multi-sequence / snapshot invariants to 1e-4. They hold for f32 weights and
+ * (here, exactly) for q8_0. With k-quants, activations are requantized to q8_K before every matmul, so a
+ * one-ulp difference from a different attention tiling (a 7-token chunk vs a 40-token batch) can cross a
+ * rounding boundary and then flip an expert choice: the random-weight model diverges from that token on.
+ * llama.cpp's own batch and step modes show the same effect on such files (docs/numerics.md). For those
+ * types only the range-cutting invariant, which keeps every batch shape, is checked bit for bit. */
+static void test_model(const char *cfg_name, const char *type, const char *dir, int strict) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s-%s.gguf", dir, cfg_name, type);
+    synth_config c;
+    rl_err err;
+    if (synth_config_load(&c, cfg_name, &err) != 0) {
+        fprintf(stderr, "%s\n", err.msg);
+        exit(1);
+    }
+    c.type = synth_type_parse(type);
+    c.n_over = 0;
+    synth_opts so = {.out = path, .seed = 3, .n_split = 1, .n_threads = 2};
+    if (synth_write(&c, &so, &err) != 0) {
+        fprintf(stderr, "%s\n", err.msg);
+        exit(1);
+    }
+    fx f;
+    if (open_fx(&f, path, 2) != 0) exit(1);
+    const k3_hparams *hp = &f.hp;
+    const uint32_t V = hp->n_vocab, L = hp->n_layer;
+    enum { N = 40 };
+    int32_t tok[N], tok2[N];
+    for (int i = 0; i < N; i++) tok[i] = rnd_tok(V), tok2[i] = rnd_tok(V);
+
+    k3_state st;
+    k3_state_init(&st, hp, 0, L, 64, &err);
+    float *plain = run_chunks(&f.e, &st, tok, N, 0);
+
+    /* Chunked prefill, several chunk sizes, and token by token. */
+    int chunks[] = {1, 3, 7, 16};
+    if (!strict) goto cut;
+    for (size_t i = 0; i < sizeof chunks / sizeof chunks[0]; i++) {
+        k3_state_reset(&st);
+        float *ch = run_chunks(&f.e, &st, tok, N, chunks[i]);
+        double r = rel_diff(plain, ch, (size_t)N * V);
+        CHECK(r <= 1e-4, "%s/%s: prefill in chunks of %d == one batch (rel %.2g)", cfg_name, type, chunks[i], r);
+        free(ch);
+    }
+
+    /* Two sequences in one batch (25 + 13 tokens), then five decode steps of both per batch, against each
+     * sequence run alone on the same schedule (a 25- or 13-token prefill, then single steps). The same
+     * schedule matters: a prefill of another length tiles the attention matmuls differently, and on a
+     * near-tie in routing that alone can change a token's experts (see the k-quant note above). */
+    {
+        float *ref[2];
+        const int32_t *src[2] = {tok, tok2};
+        const int pre[2] = {25, 13};
+        for (int q = 0; q < 2; q++) {
+            k3_state s1;
+            k3_state_init(&s1, hp, 0, L, 64, &err);
+            ref[q] = malloc((size_t)(pre[q] + 5) * V * sizeof(float));
+            float *p = run_chunks(&f.e, &s1, src[q], pre[q], 0);
+            memcpy(ref[q], p, (size_t)pre[q] * V * sizeof(float));
+            free(p);
+            for (int s = 0; s < 5; s++) {
+                p = run_chunks(&f.e, &s1, src[q] + pre[q] + s, 1, 0);
+                memcpy(ref[q] + (size_t)(pre[q] + s) * V, p, (size_t)V * sizeof(float));
+                free(p);
+            }
+            k3_state_free(&s1);
+        }
+        k3_state sa, sb;
+        k3_state_init(&sa, hp, 0, L, 64, &err);
+        k3_state_init(&sb, hp, 0, L, 64, &err);
+        k3_state *seqs[2] = {&sa, &sb};
+        uint32_t nts[2] = {25, 13};
+        int32_t in[38], rows[38];
+        memcpy(in, tok, 25 * sizeof *in);
+        memcpy(in + 25, tok2, 13 * sizeof *in);
+        for (int r = 0; r < 38; r++) rows[r] = r;
+        k3_batch b = {.n_seqs = 2, .seqs = seqs, .n_tokens = nts, .tokens = in, .n_logits = 38, .logit_rows = rows};
+        k3_output o;
+        int rc = k3_forward(&f.e, &b, &o, &err);
+        double ra = rc ? 1 : rel_diff(ref[0], o.logits, (size_t)25 * V);
+        double rb = rc ? 1 : rel_diff(ref[1], o.logits + (size_t)25 * V, (size_t)13 * V);
+        CHECK(rc == 0 && ra <= 1e-4 && rb <= 1e-4, "%s/%s: two sequences (25 + 13 tokens) in one batch == alone (rel %.2g, %.2g)",
+              cfg_name, type, ra, rb);
+        if (rc == 0) k3_output_free(&o);
+        double worst = 0;
+        for (int s = 0; s < 5; s++) {
+            uint32_t one[2] = {1, 1};
+            int32_t t2[2] = {tok[25 + s], tok2[13 + s]}, r2[2] = {0, 1};
+            k3_batch d = {.n_seqs = 2, .seqs = seqs, .n_tokens = one, .tokens = t2, .n_logits = 2, .logit_rows = r2};
+            if (k3_forward(&f.e, &d, &o, &err) != 0) {
+                worst = INFINITY;
+                break;
+            }
+            worst = fmax(worst, rel_diff(ref[0] + (size_t)(25 + s) * V, o.logits, V));
+            worst = fmax(worst, rel_diff(ref[1] + (size_t)(13 + s) * V, o.logits + V, V));
+            k3_output_free(&o);
+        }
+        CHECK(worst <= 1e-4, "%s/%s: batched decode of two sequences == alone (rel %.2g)", cfg_name, type, worst);
+        free(ref[0]);
+        free(ref[1]);
+        k3_state_free(&sa);
+        k3_state_free(&sb);
+    }
+
+    /* Snapshot at 20, run 8 other tokens, restore, run the real continuation: equals the plain run. */
+    {
+        k3_state_reset(&st);
+        float *p = run_chunks(&f.e, &st, tok, 20, 0);
+        free(p);
+        k3_snapshot snap = {0};
+        k3_state_snapshot(&st, &snap, &err);
+        p = run_chunks(&f.e, &st, tok2, 8, 3);
+        free(p);
+        k3_state_restore(&st, &snap, &err);
+        CHECK(st.n_past == 20, "%s/%s: restore returns to position 20", cfg_name, type);
+        float *rest = run_chunks(&f.e, &st, tok + 20, N - 20, 0);
+        /* Compare with the plain run's rows 20..39: chunked at 20, so use the chunk tolerance. */
+        double r = rel_diff(plain + (size_t)20 * V, rest, (size_t)(N - 20) * V);
+        CHECK(r <= 1e-4, "%s/%s: snapshot, diverge, restore, continue == never diverged (rel %.2g)", cfg_name, type, r);
+        /* Restoring twice works (speculation may reject twice from the same point). */
+        k3_state_restore(&st, &snap, &err);
+        float *again = run_chunks(&f.e, &st, tok + 20, N - 20, 0);
+        CHECK(memcmp(rest, again, (size_t)(N - 20) * V * sizeof(float)) == 0, "%s/%s: a second restore gives the same bits",
+              cfg_name, type);
+        free(rest);
+        free(again);
+        k3_snapshot_free(&snap);
+    }
+
+cut:
+    /* Cutting the range: [0,k) then [k,n) through a serialized f32 boundary == [0,n), bit for bit. */
+    for (uint32_t k = 1; k < L; k++) {
+        k3_engine e1, e2;
+        k3_state s1, s2, s0;
+        k3_engine_init(&e1, &f.m, hp, 0, k, 2, &err);
+        k3_engine_init(&e2, &f.m, hp, k, L, 2, &err);
+        k3_state_init(&s1, hp, 0, k, 64, &err);
+        k3_state_init(&s2, hp, k, L, 64, &err);
+        k3_state_init(&s0, hp, 0, L, 64, &err);
+        float *ref = run_chunks(&f.e, &s0, tok, N, 0);
+        uint32_t nt = N;
+        int32_t rows[N];
+        for (int r = 0; r < N; r++) rows[r] = r;
+        k3_state *p1 = &s1, *p2 = &s2;
+        k3_batch b1 = {.n_seqs = 1, .seqs = &p1, .n_tokens = &nt, .tokens = tok};
+        k3_output o1, o2;
+        int ok = k3_forward(&e1, &b1, &o1, &err) == 0;
+        size_t wire = k3_boundary_wire_size(&o1.out, K3_WIRE_F32);
+        uint8_t *buf = malloc(wire);
+        k3_boundary_encode(&o1.out, K3_WIRE_F32, buf);
+        k3_boundary in;
+        ok = ok && k3_boundary_decode(&in, buf, wire, 4096, hp->n_embd, &err) == 0;
+        ok = ok && in.n_ckpt == k3_n_banked_before(hp, k);
+        k3_batch b2 = {.n_seqs = 1, .seqs = &p2, .n_tokens = &nt, .in = &in, .n_logits = N, .logit_rows = rows};
+        ok = ok && k3_forward(&e2, &b2, &o2, &err) == 0;
+        CHECK(ok && memcmp(ref, o2.logits, (size_t)N * V * sizeof(float)) == 0,
+              "%s/%s: [0,%u) + [%u,%u) through the wire == [0,%u) bit for bit (%u checkpoints cross)", cfg_name, type, k,
+              k, L, L, k3_n_banked_before(hp, k));
+        /* Bad boundary input is refused. */
+        if (k == 1) {
+            CHECK(k3_boundary_decode(&in, buf, wire - 1, 4096, hp->n_embd, &err) != 0, "%s/%s: short boundary refused: %s",
+                  cfg_name, type, err.msg);
+            buf[0] = 'X';
+            CHECK(k3_boundary_decode(&in, buf, wire, 4096, hp->n_embd, &err) != 0, "%s/%s: bad boundary magic refused",
+                  cfg_name, type);
+        }
+        free(buf);
+        free(ref);
+        k3_boundary_free(&in);
+        k3_output_free(&o1);
+        k3_output_free(&o2);
+        k3_state_free(&s0);
+        k3_state_free(&s1);
+        k3_state_free(&s2);
+        k3_engine_free(&e1);
+        k3_engine_free(&e2);
+    }
+
+    /* Bad batches. */
+    {
+        k3_state_reset(&st);
+        uint32_t nt = 65;
+        int32_t big[65] = {0};
+        k3_state *sp = &st;
+        k3_batch b = {.n_seqs = 1, .seqs = &sp, .n_tokens = &nt, .tokens = big};
+        k3_output o;
+        CHECK(k3_forward(&f.e, &b, &o, &err) != 0 && strstr(err.msg, "exceed its context"), "context overflow refused: %s", err.msg);
+        nt = 1;
+        big[0] = (int32_t)V;
+        CHECK(k3_forward(&f.e, &b, &o, &err) != 0 && strstr(err.msg, "out of range"), "token id out of range refused: %s",
+              err.msg);
+        k3_state *twice[2] = {&st, &st};
+        uint32_t n2[2] = {1, 1};
+        int32_t t2[2] = {1, 2};
+        k3_batch d = {.n_seqs = 2, .seqs = twice, .n_tokens = n2, .tokens = t2};
+        CHECK(k3_forward(&f.e, &d, &o, &err) != 0 && strstr(err.msg, "twice"), "same sequence twice refused: %s", err.msg);
+        CHECK(st.n_past == 0, "refused batches do not advance the state");
+    }
+    free(plain);
+    k3_state_free(&st);
+    k3_engine_free(&f.e);
+    mf_close(&f.m);
+    unlink(path);
+}
+
+int main(void) {
+    char dir[] = "/tmp/ringlm-fwd-XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    test_model("tiny", "f32", dir, 1);
+    test_model("tiny", "q8_0", dir, 1);
+    test_model("small", "f32", dir, 1);
+    test_model("small", "q4_K", dir, 0);
+    rmdir(dir);
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
