@@ -8,9 +8,11 @@
 #include "cli.h"
 
 static void logits_usage(FILE *f) {
-    fprintf(f, "usage: ringlm logits -m MODEL.gguf --tokens 1,2,3 [--mode batch|step] [--chunk N] [--threads N] -o OUT.bin\n\n"
+    fprintf(f, "usage: ringlm logits -m MODEL.gguf --tokens 1,2,3 [--mode batch|step] [--chunk N | --prefill N]\n"
+               "                     [--threads N] -o OUT.bin\n\n"
                "Writes the logits of every position (the oracle's file format, src/model/logits_file.h).\n"
-               "batch: all tokens in one forward pass (or --chunk N tokens per pass); step: one token per pass.\n");
+               "batch: all tokens in one forward pass (or --chunk N tokens per pass); step: one token per pass;\n"
+               "--prefill N: N tokens in one pass, then one token per pass (a prompt, then decode steps).\n");
 }
 
 /* Parses "1,2,3" into a malloc'ed array. */
@@ -48,7 +50,7 @@ static int parse_tokens(const char *s, int32_t **out, int *n) {
 
 int cmd_logits(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *mode = "batch", *toks = NULL;
-    int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), chunk = 0;
+    int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), chunk = 0, prefill = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -63,6 +65,8 @@ int cmd_logits(int argc, char **argv) {
         } else if (strcmp(a, "--mode") == 0 && v && (strcmp(v, "batch") == 0 || strcmp(v, "step") == 0)) {
             mode = v, i++;
         } else if (strcmp(a, "--chunk") == 0 && v && cli_parse_int(v, &chunk) == 0 && chunk > 0) {
+            i++;
+        } else if (strcmp(a, "--prefill") == 0 && v && cli_parse_int(v, &prefill) == 0 && prefill > 0) {
             i++;
         } else if (strcmp(a, "--threads") == 0 && v && cli_parse_int(v, &threads) == 0 && threads > 0) {
             i++;
@@ -94,7 +98,8 @@ int cmd_logits(int argc, char **argv) {
         return 1;
     }
     if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, threads, &err) != 0) goto fail_model;
-    if (k3_state_init(&st, &hp, 0, hp.n_layer, (uint32_t)n, &err) != 0) goto fail_engine;
+    /* Context rounded up to 256 tokens, as the oracle sizes llama.cpp's. */
+    if (k3_state_init(&st, &hp, 0, hp.n_layer, ((uint32_t)n + 255u) / 256u * 256u, &err) != 0) goto fail_engine;
     float *logits = malloc((size_t)n * hp.n_vocab * sizeof(float));
     if (!logits) {
         rl_errf(&err, "out of memory");
@@ -103,6 +108,8 @@ int cmd_logits(int argc, char **argv) {
     bool step = strcmp(mode, "step") == 0;
     int chunk_n = step ? 1 : chunk > 0 ? chunk : n;
     for (int i = 0; i < n; i += chunk_n) {
+        /* --prefill N: the first N tokens in one pass, then one token per pass (prompt, then decode). */
+        if (prefill > 0) chunk_n = i == 0 ? prefill : 1;
         int per = i + chunk_n > n ? n - i : chunk_n;
         k3_state *sp = &st;
         uint32_t nt = (uint32_t)per;
@@ -121,7 +128,8 @@ int cmd_logits(int argc, char **argv) {
     }
     lf_header h = {.n_vocab = (int32_t)hp.n_vocab, .n_rows = n, .tokens = tokens};
     snprintf(h.source, sizeof h.source, "ringlm");
-    snprintf(h.mode, sizeof h.mode, "%s", mode);
+    if (prefill > 0) snprintf(h.mode, sizeof h.mode, "prefill%d", prefill < n ? prefill : n);
+    else snprintf(h.mode, sizeof h.mode, "%s", mode);
     rc = lf_write(out, &h, logits, &err) == 0 ? 0 : 1;
     free(logits);
 fail_state:

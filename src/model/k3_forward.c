@@ -56,8 +56,19 @@ void k3_output_free(k3_output *o) {
 typedef struct k3_seq_view {
     k3_state *st;
     uint32_t off, n; /* token range in the batch */
-    struct ggml_tensor *mask; /* [n_past + n, n] f32, 0 or -inf (MLA causal mask) */
+    uint32_t n_kv;   /* cache rows attention reads: n_past + n, padded (k3_n_kv) */
+    struct ggml_tensor *mask; /* [n_kv, n] f32, 0 or -inf (MLA causal mask) */
 } k3_seq_view;
+
+/* Attention reads the cache padded to a multiple of 256 rows (at least 256, at most the capacity), the
+ * masked rows contributing exact zeros. llama.cpp pads its cache view the same way, so both run matmuls of
+ * the same shapes and round the same: on quantized models, where activations are requantized to 8 bits
+ * before every matmul, a one-ulp difference from another tiling can otherwise cross a rounding boundary
+ * and flip an expert choice (docs/numerics.md). Rows past n_past + n hold zeros or stale finite values. */
+static uint32_t k3_n_kv(const k3_state *st, uint32_t n) {
+    uint32_t used = st->n_past + n, pad = (used + 255u) / 256u * 256u;
+    return pad < st->n_ctx ? pad : st->n_ctx;
+}
 
 typedef struct k3_graph {
     struct ggml_context *ctx;
@@ -205,7 +216,7 @@ static struct ggml_tensor *k3_mla(k3_graph *g, const k3_layer_w *L, int il_rel, 
     for (int s = 0; s < g->n_seqs; s++) {
         const k3_seq_view *sv = &g->seqs[s];
         struct ggml_tensor *cache = sv->st->kcache[il_rel]; /* {dk, n_ctx} */
-        const int64_t n = sv->n, n_kv = sv->st->n_past + sv->n;
+        const int64_t n = sv->n, n_kv = sv->n_kv;
         /* Store this batch's keys first; the reads below come later in graph order. */
         ggml_build_forward_expand(g->gf, ggml_cpy(c, k3_cols(g, knew, sv->off, sv->n),
                                                   ggml_view_2d(c, cache, dk, n, cache->nb[1],
@@ -340,8 +351,9 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
         sv->off = off;
         sv->n = bt->n_tokens[s];
         off += sv->n;
+        sv->n_kv = k3_n_kv(sv->st, sv->n);
         if (any_mla) {
-            sv->mask = ggml_new_tensor_2d(c, GGML_TYPE_F32, sv->st->n_past + sv->n, sv->n);
+            sv->mask = ggml_new_tensor_2d(c, GGML_TYPE_F32, sv->n_kv, sv->n);
             ggml_set_input(sv->mask);
         }
     }
@@ -424,7 +436,7 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
     for (int s = 0; s < bt->n_seqs && any_mla; s++) {
         /* Causal mask: the token at position p sees cached positions 0..p of its own sequence. */
         k3_seq_view *sv = &g.seqs[s];
-        size_t n_kv = sv->st->n_past + sv->n, need = n_kv * sv->n;
+        size_t n_kv = sv->n_kv, need = n_kv * sv->n;
         if (need > e->mask_cap) {
             float *p = realloc(e->mask_buf, need * sizeof(float));
             if (!p) {

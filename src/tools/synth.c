@@ -64,7 +64,7 @@ static void synth_k3_init(const synth_config *c, const k3_tensor_spec *t, synth_
         out->scale = 0.35f;
     } else if (strstr(n, "exp_probs_b")) {
         out->init = SYNTH_INIT_UNIFORM;
-        out->scale = 0.03f;
+        out->scale = c->router_bias;
     } else if (strcmp(n, "token_embd.weight") == 0) {
         out->scale = 1.0f;
     } else if (strcmp(n, "output.weight") == 0) {

@@ -37,6 +37,7 @@ static void synth_defaults(synth_config *c) {
     c->type = GGML_TYPE_F32;
     c->type_k_b = GGML_TYPE_F32;
     c->logit_scale = 5.0f;
+    c->router_bias = 0.03f;
 }
 
 static int synth_preset(synth_config *c, const char *name) {
@@ -222,7 +223,8 @@ static const char *synth_known_keys[] = {
     "conv_kernel", "kda_gate_lb", "q_lora_rank", "kv_lora_rank", "mla_nope_dim", "rope_dim", "mla_v_dim",
     "n_ff", "n_ff_exp", "n_expert", "n_expert_used", "n_expert_shared", "n_dense_lead", "n_expert_latent",
     "expert_weights_norm", "expert_weights_scale", "situ_beta", "situ_linear_beta", "attn_res_block",
-    "mla_gate", "shared_experts", "routed_norm", "pattern", "type", "type_k_b", "types", "logit_scale", NULL};
+    "mla_gate", "shared_experts", "routed_norm", "pattern", "type", "type_k_b", "types", "logit_scale", "router_bias",
+    NULL};
 
 static int synth_config_json(synth_config *c, const char *path, rl_err *err) {
     char *text = synth_slurp(path, err);
@@ -319,6 +321,11 @@ static int synth_config_json(synth_config *c, const char *path, rl_err *err) {
             rc = synth_json_type(it, it->string, &o->type, err);
             c->n_over++;
         }
+    }
+    const cJSON *rb = cJSON_GetObjectItemCaseSensitive(root, "router_bias");
+    if (rc == 0 && rb) {
+        if (!cJSON_IsNumber(rb) || rb->valuedouble < 0) rc = rl_errf(err, "config: router_bias must be >= 0");
+        else c->router_bias = (float)rb->valuedouble;
     }
     const cJSON *ls = cJSON_GetObjectItemCaseSensitive(root, "logit_scale");
     if (rc == 0 && ls) {

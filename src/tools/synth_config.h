@@ -25,6 +25,7 @@ typedef struct synth_config {
     synth_type_override over[SYNTH_MAX_OVERRIDES];
     int n_over;
     float logit_scale; /* std of the logits: larger = more peaked output distribution */
+    float router_bias; /* std of the selection bias exp_probs_b: larger = fewer near-ties in top-k */
 } synth_config;
 
 /* Loads a preset by name, or a JSON file by path (anything containing '/' or ending in .json). */

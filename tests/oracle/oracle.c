@@ -95,12 +95,16 @@ typedef struct args {
     const char *out;
     const char *file;
     int threads;
+    int prefill; /* logits: first N tokens in one decode, then one per decode (0 = as --mode says) */
+    int n_gen;   /* generate: tokens to generate */
     bool special;
     bool verbose;
 } args;
 
 static const char usage[] =
     "usage: oracle logits   -m MODEL.gguf --tokens 1,2,3 [--mode batch|step] -o OUT.bin [--threads N]\n"
+    "       oracle logits   -m MODEL.gguf --tokens 1,2,3 --prefill N -o OUT.bin   (N in one decode, then steps)\n"
+    "       oracle generate -m MODEL.gguf --tokens 1,2,3 -n N [--threads N]   (greedy; prints the new ids)\n"
     "       oracle tokenize -m MODEL.gguf --file STRINGS.txt [-o OUT.txt] [--special]\n"
     "       oracle info     -m MODEL.gguf\n"
     "       any command: [--verbose] shows llama.cpp's log on stderr\n";
@@ -115,7 +119,7 @@ static int parse_int(const char *s, long lo, long hi, long *out) {
 }
 
 /* Which options each command takes, so a misplaced one is an error rather than silently ignored. */
-enum { C_LOGITS = 1, C_TOKENIZE = 2, C_INFO = 4, C_ALL = 7 };
+enum { C_LOGITS = 1, C_TOKENIZE = 2, C_INFO = 4, C_GENERATE = 8, C_ALL = 15 };
 
 static int parse_args(int argc, char **argv, args *a, rl_err *err) {
     memset(a, 0, sizeof *a);
@@ -127,6 +131,7 @@ static int parse_args(int argc, char **argv, args *a, rl_err *err) {
     if (strcmp(a->cmd, "logits") == 0) cmd = C_LOGITS;
     else if (strcmp(a->cmd, "tokenize") == 0) cmd = C_TOKENIZE;
     else if (strcmp(a->cmd, "info") == 0) cmd = C_INFO;
+    else if (strcmp(a->cmd, "generate") == 0) cmd = C_GENERATE;
     else return rl_errf(err, "unknown command \"%s\"", a->cmd);
 
     static const struct {
@@ -134,9 +139,10 @@ static int parse_args(int argc, char **argv, args *a, rl_err *err) {
         int cmds;
         bool has_value;
     } opts[] = {
-        {"-m", "--model", C_ALL, true},       {"--tokens", NULL, C_LOGITS, true},
+        {"-m", "--model", C_ALL, true},       {"--tokens", NULL, C_LOGITS | C_GENERATE, true},
         {"--mode", NULL, C_LOGITS, true},     {"-o", "--out", C_LOGITS | C_TOKENIZE, true},
-        {"--threads", NULL, C_LOGITS, true},  {"--file", NULL, C_TOKENIZE, true},
+        {"--threads", NULL, C_LOGITS | C_GENERATE, true},  {"--file", NULL, C_TOKENIZE, true},
+        {"--prefill", NULL, C_LOGITS, true},  {"-n", NULL, C_GENERATE, true},
         {"--special", NULL, C_TOKENIZE, false}, {"--verbose", NULL, C_ALL, false},
     };
     for (int i = 2; i < argc; i++) {
@@ -160,7 +166,12 @@ static int parse_args(int argc, char **argv, args *a, rl_err *err) {
         else if (strcmp(name, "--file") == 0) a->file = v;
         else if (strcmp(name, "--special") == 0) a->special = true;
         else if (strcmp(name, "--verbose") == 0) a->verbose = true;
-        else if (strcmp(name, "--threads") == 0) {
+        else if (strcmp(name, "--prefill") == 0 || strcmp(name, "-n") == 0) {
+            long t;
+            if (parse_int(v, 1, 1 << 20, &t) < 0) return rl_errf(err, "%s \"%s\": want a positive number", name, v);
+            if (name[1] == 'n') a->n_gen = (int)t;
+            else a->prefill = (int)t;
+        } else if (strcmp(name, "--threads") == 0) {
             long t;
             if (parse_int(v, 1, 1024, &t) < 0) return rl_errf(err, "--threads \"%s\": want a number 1..1024", v);
             a->threads = (int)t;
@@ -174,6 +185,7 @@ static int parse_args(int argc, char **argv, args *a, rl_err *err) {
             return rl_errf(err, "logits: --mode \"%s\": want batch or step", a->mode);
         }
     }
+    if (cmd == C_GENERATE && (!a->tokens || a->n_gen <= 0)) return rl_errf(err, "generate: --tokens and -n are required");
     if (cmd == C_TOKENIZE && !a->file) return rl_errf(err, "tokenize: --file STRINGS.txt is required");
     return 0;
 }
@@ -354,20 +366,18 @@ static int cmd_logits(const args *a, rl_err *err) {
         goto done;
     }
     bool step = strcmp(a->mode, "step") == 0;
-    batch = llama_batch_init(step ? 1 : n, 0, 1);
+    /* First chunk: all tokens (batch), one (step), or --prefill N; then one token per decode. */
+    int first = a->prefill > 0 ? (a->prefill < n ? a->prefill : n) : step ? 1 : n;
+    batch = llama_batch_init(first, 0, 1);
     have_batch = true;
-    if (step) {
-        for (int i = 0; i < n; i++) {
-            if (decode_rows(ctx, &batch, tokens, i, 1, n_vocab, logits + (size_t)i * (size_t)n_vocab, err) < 0) {
-                goto done;
-            }
-        }
-    } else if (decode_rows(ctx, &batch, tokens, 0, n, n_vocab, logits, err) < 0) {
-        goto done;
+    if (decode_rows(ctx, &batch, tokens, 0, first, n_vocab, logits, err) < 0) goto done;
+    for (int i = first; i < n; i++) {
+        if (decode_rows(ctx, &batch, tokens, i, 1, n_vocab, logits + (size_t)i * (size_t)n_vocab, err) < 0) goto done;
     }
     lf_header h = {.n_vocab = n_vocab, .n_rows = n, .tokens = tokens};
     snprintf(h.source, sizeof h.source, "llama.cpp");
-    snprintf(h.mode, sizeof h.mode, "%s", a->mode);
+    if (a->prefill > 0) snprintf(h.mode, sizeof h.mode, "prefill%d", first);
+    else snprintf(h.mode, sizeof h.mode, "%s", a->mode);
     if (lf_write(a->out, &h, logits, err) < 0) goto done;
     ret = 0;
 done:
@@ -610,6 +620,65 @@ done:
     return ret;
 }
 
+
+/* ---- generate ---------------------------------------------------------------------------------- */
+
+/* Greedy generation: the prompt in one decode, then argmax (first index on ties) one token at a time. */
+static int cmd_generate(const args *a, rl_err *err) {
+    int32_t *tokens = NULL;
+    int n = 0, ret = -1;
+    struct llama_model *model = NULL;
+    struct llama_context *ctx = NULL;
+    struct llama_batch batch = {0};
+    bool have_batch = false;
+    float *row = NULL;
+    if (parse_tokens(a->tokens, &tokens, &n, err) < 0) return -1;
+    int32_t *all = realloc(tokens, (size_t)(n + a->n_gen) * sizeof *all);
+    if (!all) {
+        free(tokens);
+        return rl_errf(err, "out of memory");
+    }
+    tokens = all;
+    if (!(model = load_model(a->model, false, false, err))) goto done;
+    int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] >= n_vocab) {
+            rl_errf(err, "token %d is out of range: the vocabulary has %d tokens", (int)tokens[i], n_vocab);
+            goto done;
+        }
+    }
+    if (!(ctx = new_context(model, n + a->n_gen, a->threads, err))) goto done;
+    batch = llama_batch_init(n, 0, 1);
+    have_batch = true;
+    row = malloc((size_t)n * (size_t)n_vocab * sizeof(float));
+    if (!row) {
+        rl_errf(err, "out of memory");
+        goto done;
+    }
+    int first = n, count = n;
+    for (int g = 0; g < a->n_gen; g++) {
+        if (decode_rows(ctx, &batch, tokens, first - count, count, n_vocab, row, err) < 0) goto done;
+        const float *last = row + (size_t)(count - 1) * (size_t)n_vocab;
+        int best = 0;
+        for (int j = 1; j < n_vocab; j++) {
+            if (last[j] > last[best]) best = j;
+        }
+        tokens[first] = best;
+        printf("%s%d", g ? "," : "", best);
+        first++;
+        count = 1;
+    }
+    printf("\n");
+    ret = 0;
+done:
+    if (have_batch) llama_batch_free(batch);
+    free(row);
+    if (ctx) llama_free(ctx);
+    if (model) llama_model_free(model);
+    free(tokens);
+    return ret;
+}
+
 /* ---- main -------------------------------------------------------------------------------------- */
 
 int main(int argc, char **argv) {
@@ -630,6 +699,7 @@ int main(int argc, char **argv) {
     if (rc == 0) {
         if (strcmp(a.cmd, "logits") == 0) rc = cmd_logits(&a, &err);
         else if (strcmp(a.cmd, "tokenize") == 0) rc = cmd_tokenize(&a, &err);
+        else if (strcmp(a.cmd, "generate") == 0) rc = cmd_generate(&a, &err);
         else rc = cmd_info(&a, &err);
         llama_backend_free();
     }

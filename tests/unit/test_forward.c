@@ -240,10 +240,11 @@ cut:
               k, L, L, k3_n_banked_before(hp, k));
         /* Bad boundary input is refused. */
         if (k == 1) {
-            CHECK(k3_boundary_decode(&in, buf, wire - 1, 4096, hp->n_embd, &err) != 0, "%s/%s: short boundary refused: %s",
+            k3_boundary bad;
+            CHECK(k3_boundary_decode(&bad, buf, wire - 1, 4096, hp->n_embd, &err) != 0, "%s/%s: short boundary refused: %s",
                   cfg_name, type, err.msg);
             buf[0] = 'X';
-            CHECK(k3_boundary_decode(&in, buf, wire, 4096, hp->n_embd, &err) != 0, "%s/%s: bad boundary magic refused",
+            CHECK(k3_boundary_decode(&bad, buf, wire, 4096, hp->n_embd, &err) != 0, "%s/%s: bad boundary magic refused",
                   cfg_name, type);
         }
         free(buf);
