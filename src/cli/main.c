@@ -13,10 +13,12 @@ typedef struct cli_cmd {
 } cli_cmd;
 
 static const cli_cmd cli_cmds[] = {
+    {"run", cmd_run, "generate text from a prompt on this machine"},
     {"synth", cmd_synth, "write a kimi-k3 GGUF with seeded random weights"},
     {"inspect", cmd_inspect, "print a model file's architecture, sizes and memory needs"},
     {"compare", cmd_compare, "compare two logits files (ours and llama.cpp's)"},
     {"logits", cmd_logits, "write the logits of a token sequence (same format as the oracle)"},
+    {"tokenize", cmd_tokenize, "print the token ids of a text"},
 };
 
 static void usage(FILE *f) {

@@ -108,3 +108,27 @@ void k3_weights_free(k3_weights *w) {
     free(w->layers);
     memset(w, 0, sizeof *w);
 }
+
+size_t k3_weights_prefault(const k3_weights *w, bool progress) {
+    size_t total = 0, done = 0;
+    for (struct ggml_tensor *t = ggml_get_first_tensor(w->ctx); t; t = ggml_get_next_tensor(w->ctx, t)) {
+        total += ggml_nbytes(t);
+    }
+    volatile uint8_t sink = 0;
+    int last_pct = -1;
+    for (struct ggml_tensor *t = ggml_get_first_tensor(w->ctx); t; t = ggml_get_next_tensor(w->ctx, t)) {
+        const volatile uint8_t *p = t->data;
+        size_t n = ggml_nbytes(t);
+        for (size_t i = 0; i < n; i += 4096) sink ^= p[i];
+        done += n;
+        int pct = total ? (int)(100.0 * (double)done / (double)total) : 100;
+        if (progress && pct != last_pct) {
+            last_pct = pct;
+            fprintf(stderr, "\rloading [%-40.*s] %3d%% %8.1f MiB", pct * 40 / 100,
+                    "########################################", pct, (double)done / 1048576.0);
+            if (done == total) fputc('\n', stderr);
+        }
+    }
+    (void)sink;
+    return total;
+}

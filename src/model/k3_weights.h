@@ -5,6 +5,9 @@
 #ifndef RINGLM_K3_WEIGHTS_H
 #define RINGLM_K3_WEIGHTS_H
 
+#include <stdbool.h>
+#include <stddef.h>
+
 #include "../base/err.h"
 #include "../gguf/model_file.h"
 #include "k3_hparams.h"
@@ -37,5 +40,9 @@ typedef struct k3_weights {
 
 int k3_weights_bind(k3_weights *w, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, rl_err *err);
 void k3_weights_free(k3_weights *w);
+
+/* Reads every page of the bound tensors once, so the first forward pass does not stall on page faults
+ * (and timings measure compute). With progress, draws a bar on stderr. Returns the bytes touched. */
+size_t k3_weights_prefault(const k3_weights *w, bool progress);
 
 #endif

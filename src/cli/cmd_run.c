@@ -1,0 +1,255 @@
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cJSON.h>
+
+#include "../gen/generate.h"
+#include "../text/chat.h"
+#include "cli.h"
+
+static void run_usage(FILE *f) {
+    fprintf(f,
+            "usage: ringlm run -m MODEL.gguf (-p PROMPT | --tokens 1,2,3) [-n N] [--chat] [--system TEXT]\n"
+            "                  [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
+            "                  [--presence-penalty P] [--frequency-penalty F] [--seed S] [--threads N]\n"
+            "                  [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n\n"
+            "Streams the generated text to stdout, then prints one metrics line on stderr.\n"
+            "  -n N          tokens to generate (default 128; -1 = until the context is full)\n"
+            "  --chat        wrap the prompt as a user turn in the model's chat format\n"
+            "  --temp 0      greedy decoding (default 0.8 with top-k 40, top-p 0.95, min-p 0.05)\n"
+            "  --ids         print the generated token ids (comma-separated) instead of text\n");
+}
+
+typedef struct run_out {
+    bool ids;
+    int n;
+} run_out;
+
+static int run_on_token(void *user, int32_t id, const char *text, size_t len) {
+    run_out *o = user;
+    if (o->ids) {
+        if (id >= 0) printf("%s%d", o->n++ ? "," : "", id);
+    } else if (len) {
+        fwrite(text, 1, len, stdout);
+    }
+    fflush(stdout);
+    return 0;
+}
+
+static int run_write_metrics(const char *path, const gen_metrics *m, rl_err *err) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "prompt_tokens", m->prompt_tokens);
+    cJSON_AddNumberToObject(j, "generated_tokens", m->generated_tokens);
+    cJSON_AddNumberToObject(j, "prefill_tok_s", m->prefill_tok_s);
+    cJSON_AddNumberToObject(j, "ttft_s", m->ttft_s);
+    cJSON_AddNumberToObject(j, "decode_tok_s", m->decode_tok_s);
+    cJSON_AddNumberToObject(j, "peak_rss_bytes", (double)m->peak_rss_bytes);
+    cJSON_AddStringToObject(j, "stop_reason", m->stop_reason ? m->stop_reason : "");
+    char *s = cJSON_Print(j);
+    cJSON_Delete(j);
+    FILE *f = s ? fopen(path, "w") : NULL;
+    int rc = 0;
+    if (!f || fputs(s, f) < 0 || fputc('\n', f) == EOF) rc = rl_errf(err, "cannot write %s", path);
+    if (f && fclose(f) != 0) rc = rl_errf(err, "cannot write %s", path);
+    free(s);
+    return rc;
+}
+
+static int parse_float(const char *s, float *out) {
+    char *end;
+    float v = strtof(s, &end);
+    if (end == s || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+/* Parses "1,2,3"; returns the count or -1. */
+static long parse_ids(const char *s, int32_t **out) {
+    size_t cap = 16, n = 0;
+    int32_t *v = malloc(cap * sizeof *v);
+    while (v && *s) {
+        char *end;
+        long x = strtol(s, &end, 10);
+        if (end == s || x < 0 || x > 0x7fffffff) break;
+        if (n == cap) {
+            int32_t *nv = realloc(v, (cap *= 2) * sizeof *v);
+            if (!nv) break;
+            v = nv;
+        }
+        v[n++] = (int32_t)x;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') break;
+    }
+    if (!v || *s || n == 0) {
+        free(v);
+        return -1;
+    }
+    *out = v;
+    return (long)n;
+}
+
+int cmd_run(int argc, char **argv) {
+    const char *model = NULL, *prompt = NULL, *ids_arg = NULL, *metrics = NULL, *system = NULL;
+    int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), ctx = 4096, chunk = 512;
+    bool chat = false, ids = false, progress = isatty(2);
+    gen_params gp = {.n_predict = 128};
+    unsigned long long seed = 0xC0FFEE;
+    gp.smp = smp_params_default(seed);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            run_usage(stdout);
+            return 0;
+        }
+        /* Switches first; everything else takes the next argument as its value. */
+        if (strcmp(a, "--chat") == 0) {
+            chat = true;
+            continue;
+        }
+        if (strcmp(a, "--ids") == 0) {
+            ids = true;
+            continue;
+        }
+        if (strcmp(a, "--ignore-eos") == 0) {
+            gp.ignore_eog = true;
+            continue;
+        }
+        if (strcmp(a, "--progress") == 0) {
+            progress = true;
+            continue;
+        }
+        const char *v = i + 1 < argc ? argv[++i] : NULL;
+        int bad = v == NULL;
+        if (bad) {
+        } else if (strcmp(a, "-m") == 0) {
+            model = v;
+        } else if (strcmp(a, "-p") == 0) {
+            prompt = v;
+        } else if (strcmp(a, "--system") == 0) {
+            system = v;
+        } else if (strcmp(a, "--tokens") == 0) {
+            ids_arg = v;
+        } else if (strcmp(a, "--metrics-json") == 0) {
+            metrics = v;
+        } else if (strcmp(a, "-n") == 0) {
+            bad = cli_parse_int(v, &gp.n_predict);
+        } else if (strcmp(a, "--threads") == 0) {
+            bad = cli_parse_int(v, &threads) || threads < 1;
+        } else if (strcmp(a, "--ctx") == 0) {
+            bad = cli_parse_int(v, &ctx) || ctx < 8;
+        } else if (strcmp(a, "--chunk") == 0) {
+            bad = cli_parse_int(v, &chunk) || chunk < 1;
+        } else if (strcmp(a, "--seed") == 0) {
+            bad = cli_parse_u64(v, &seed);
+            gp.smp.seed = seed;
+        } else if (strcmp(a, "--temp") == 0) {
+            bad = parse_float(v, &gp.smp.temperature);
+        } else if (strcmp(a, "--top-k") == 0) {
+            bad = cli_parse_int(v, &gp.smp.top_k);
+        } else if (strcmp(a, "--top-p") == 0) {
+            bad = parse_float(v, &gp.smp.top_p);
+        } else if (strcmp(a, "--min-p") == 0) {
+            bad = parse_float(v, &gp.smp.min_p);
+        } else if (strcmp(a, "--repeat-penalty") == 0) {
+            bad = parse_float(v, &gp.smp.repeat_penalty);
+        } else if (strcmp(a, "--presence-penalty") == 0) {
+            bad = parse_float(v, &gp.smp.presence_penalty);
+        } else if (strcmp(a, "--frequency-penalty") == 0) {
+            bad = parse_float(v, &gp.smp.frequency_penalty);
+        } else {
+            bad = 1;
+        }
+        if (bad) {
+            fprintf(stderr, "ringlm run: unknown or bad option '%s'\n", a);
+            run_usage(stderr);
+            return 2;
+        }
+    }
+    if (!model || (!prompt == !ids_arg)) {
+        fprintf(stderr, "ringlm run: -m MODEL and exactly one of -p PROMPT or --tokens are required\n");
+        run_usage(stderr);
+        return 2;
+    }
+    gp.n_ctx = (uint32_t)ctx;
+    gp.chunk = (uint32_t)chunk;
+
+    /* Ctrl-C: block SIGINT and let the loop poll for it between steps, so it stops cleanly. */
+    sigset_t sigint;
+    sigemptyset(&sigint);
+    sigaddset(&sigint, SIGINT);
+    sigprocmask(SIG_BLOCK, &sigint, NULL);
+
+    rl_err err = {{0}};
+    mf_model m;
+    k3_hparams hp;
+    k3_engine e;
+    tok_tokenizer tok;
+    int32_t *toks = NULL;
+    size_t n_toks = 0;
+    char *text = NULL;
+    int rc = 1;
+    bool have_tok = false, have_engine = false;
+    if (k3_open(&m, &hp, model, &err) != 0) goto out_noclose;
+    if (tok_load(&tok, &m, &err) != 0) goto out;
+    have_tok = true;
+    if (ids_arg) {
+        long n = parse_ids(ids_arg, &toks);
+        if (n < 0) {
+            rl_errf(&err, "bad --tokens '%s' (comma-separated ids)", ids_arg);
+            goto out;
+        }
+        n_toks = (size_t)n;
+        for (size_t i = 0; i < n_toks; i++) {
+            if ((uint32_t)toks[i] >= hp.n_vocab) {
+                rl_errf(&err, "token id %d out of range (vocabulary %u)", toks[i], hp.n_vocab);
+                goto out;
+            }
+        }
+    } else {
+        const char *src = prompt;
+        size_t src_len = strlen(prompt);
+        bool special = false;
+        if (chat) {
+            chat_format fmt;
+            if (chat_detect_model(&m, &fmt, &err) != 0) goto out;
+            chat_msg msgs[2];
+            int nm = 0;
+            memset(msgs, 0, sizeof msgs);
+            if (system) msgs[nm].role = CHAT_SYSTEM, msgs[nm++].content = system;
+            msgs[nm].role = CHAT_USER, msgs[nm++].content = prompt;
+            chat_opts co = chat_opts_default();
+            if (chat_render(fmt, msgs, nm, &co, &text, &src_len, &err) != 0) goto out;
+            src = text;
+            special = true; /* the chat markers are special tokens */
+        }
+        if (tok_encode(&tok, src, src_len, special, &toks, &n_toks, &err) != 0) goto out;
+    }
+    if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, threads, &err) != 0) goto out;
+    have_engine = true;
+    k3_weights_prefault(&e.w, progress && m.tensor_bytes > (64u << 20));
+
+    run_out ro = {.ids = ids};
+    gen_metrics gm;
+    if (gen_run(&e, &tok, toks, n_toks, &gp, run_on_token, &ro, &gm, &err) != 0) goto out;
+    printf(ids ? "\n" : "");
+    fflush(stdout);
+    fprintf(stderr,
+            "\n[ringlm] prompt %d tokens, prefill %.1f tok/s, ttft %.3f s, generated %d tokens, decode %.2f tok/s, "
+            "peak rss %.1f MiB, stop: %s\n",
+            gm.prompt_tokens, gm.prefill_tok_s, gm.ttft_s, gm.generated_tokens, gm.decode_tok_s,
+            (double)gm.peak_rss_bytes / 1048576.0, gm.stop_reason);
+    if (metrics && run_write_metrics(metrics, &gm, &err) != 0) goto out;
+    rc = 0;
+out:
+    if (have_engine) k3_engine_free(&e);
+    if (have_tok) tok_free(&tok);
+    mf_close(&m);
+out_noclose:
+    if (rc != 0) fprintf(stderr, "ringlm run: %s\n", err.msg);
+    free(toks);
+    free(text);
+    return rc;
+}

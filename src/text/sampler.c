@@ -1,0 +1,238 @@
+/* sampler.c - the sampling chain of sampler.h. */
+#include "sampler.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- RNG: xoshiro256**, seeded through splitmix64 so that any seed (0 included) gives a good state ---- */
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl64(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t rng_next(uint64_t s[4]) {
+    uint64_t r = rotl64(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl64(s[3], 45);
+    return r;
+}
+
+static double rng_uniform(uint64_t s[4]) { return (double)(rng_next(s) >> 11) * 0x1.0p-53; } /* [0, 1) */
+
+static void rng_seed(smp_sampler *s) {
+    uint64_t x = s->p.seed;
+    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+}
+
+/* ---- setup ---- */
+
+smp_params smp_params_default(uint64_t seed) {
+    return (smp_params){.seed = seed, .temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,
+                        .repeat_penalty = 1.0f, .frequency_penalty = 0.0f, .presence_penalty = 0.0f,
+                        .penalty_last_n = 64};
+}
+
+int smp_init(smp_sampler *s, const smp_params *p, int32_t n_vocab, rl_err *err) {
+    memset(s, 0, sizeof *s);
+    if (n_vocab <= 0) return rl_errf(err, "sampler: vocabulary size %d", n_vocab);
+    if (p->penalty_last_n < -1) return rl_errf(err, "sampler: penalty_last_n %d (use -1 for all)", p->penalty_last_n);
+    if (!(p->repeat_penalty > 0)) return rl_errf(err, "sampler: repeat_penalty %g must be > 0", p->repeat_penalty);
+    if (isnan(p->temperature) || isnan(p->top_p) || isnan(p->min_p) || isnan(p->frequency_penalty) ||
+        isnan(p->presence_penalty))
+        return rl_errf(err, "sampler: a parameter is NaN");
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    s->count = calloc((size_t)n_vocab, sizeof *s->count);
+    s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
+    if (p->penalty_last_n > 0) {
+        s->hist_cap = (size_t)p->penalty_last_n;
+        s->hist = malloc(s->hist_cap * sizeof *s->hist);
+    }
+    if (!s->count || !s->cand || (p->penalty_last_n > 0 && !s->hist)) {
+        smp_free(s);
+        return rl_errf(err, "sampler: out of memory for %d tokens", n_vocab);
+    }
+    rng_seed(s);
+    return 0;
+}
+
+void smp_free(smp_sampler *s) {
+    free(s->hist);
+    free(s->count);
+    free(s->cand);
+    memset(s, 0, sizeof *s);
+}
+
+void smp_reset(smp_sampler *s) {
+    memset(s->count, 0, (size_t)s->n_vocab * sizeof *s->count);
+    s->hist_n = s->hist_head = 0;
+    rng_seed(s);
+}
+
+void smp_accept(smp_sampler *s, int32_t tok) {
+    if (s->p.penalty_last_n == 0 || tok < 0 || tok >= s->n_vocab) return;
+    if (s->p.penalty_last_n < 0) { /* unbounded history */
+        if (s->hist_n == s->hist_cap) {
+            size_t c = s->hist_cap ? 2 * s->hist_cap : 256;
+            int32_t *nh = realloc(s->hist, c * sizeof *nh);
+            if (!nh) return; /* keep counting what fits; the window only gets shorter */
+            s->hist = nh;
+            s->hist_cap = c;
+        }
+        s->hist[s->hist_n++] = tok;
+        s->count[tok]++;
+        return;
+    }
+    if (s->hist_n == s->hist_cap) { /* full ring: the oldest token leaves the window */
+        s->count[s->hist[s->hist_head]]--;
+        s->hist[s->hist_head] = tok;
+        s->hist_head = (s->hist_head + 1) % s->hist_cap;
+    } else {
+        s->hist[(s->hist_head + s->hist_n) % s->hist_cap] = tok;
+        s->hist_n++;
+    }
+    s->count[tok]++;
+}
+
+/* ---- the chain ---- */
+
+/* higher logit first; equal logits: lower id first */
+static int cand_before(const smp_cand *a, const smp_cand *b) {
+    return a->logit > b->logit || (a->logit == b->logit && a->id < b->id);
+}
+
+static int cand_cmp(const void *x, const void *y) {
+    const smp_cand *a = x, *b = y;
+    return cand_before(a, b) ? -1 : cand_before(b, a) ? 1 : 0;
+}
+
+/* Moves the k best candidates to the front of c[0..n) (in no particular order): quickselect with Hoare's
+ * partition. cand_before is a strict total order (ids are unique), so every round makes progress. */
+static void select_top(smp_cand *c, size_t n, size_t k) {
+    size_t lo = 0, hi = n; /* the k best of [lo, hi) still have to reach the front of it */
+    while (k > 0 && k < hi - lo) {
+        smp_cand pivot = c[lo + (hi - 1 - lo) / 2]; /* lower middle: the split point never lands on hi */
+        size_t i = lo, j = hi - 1;
+        for (;;) {
+            while (cand_before(&c[i], &pivot)) i++;
+            while (cand_before(&pivot, &c[j])) j--;
+            if (i >= j) break;
+            smp_cand t = c[i];
+            c[i] = c[j];
+            c[j] = t;
+            i++;
+            j--;
+        }
+        size_t left = j + 1 - lo; /* [lo, j] are all at least as good as [j + 1, hi) */
+        if (k < left) {
+            hi = j + 1;
+        } else if (k > left) {
+            k -= left;
+            lo = j + 1;
+        } else {
+            break;
+        }
+    }
+}
+
+static bool penalties_on(const smp_params *p) {
+    return p->penalty_last_n != 0 &&
+           !(p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f);
+}
+
+/* softmax of c[0..n) into c[].p; c sorted or not */
+static void softmax(smp_cand *c, size_t n) {
+    float mx = -INFINITY;
+    for (size_t i = 0; i < n; i++) mx = c[i].logit > mx ? c[i].logit : mx;
+    double sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        c[i].p = mx == -INFINITY ? 1.0f : expf(c[i].logit - mx);
+        sum += c[i].p;
+    }
+    for (size_t i = 0; i < n; i++) c[i].p = (float)(c[i].p / sum);
+}
+
+void smp_filter(smp_sampler *s, const float *logits, size_t *n_out) {
+    const smp_params *p = &s->p;
+    smp_cand *c = s->cand;
+    size_t n = (size_t)s->n_vocab;
+    for (size_t i = 0; i < n; i++) c[i] = (smp_cand){(int32_t)i, isnan(logits[i]) ? -INFINITY : logits[i], 0};
+
+    /* 1. penalties */
+    if (penalties_on(p)) {
+        for (size_t i = 0; i < n; i++) {
+            int32_t k = s->count[i];
+            if (!k) continue;
+            c[i].logit = c[i].logit <= 0 ? c[i].logit * p->repeat_penalty : c[i].logit / p->repeat_penalty;
+            c[i].logit -= (float)k * p->frequency_penalty + p->presence_penalty;
+        }
+    }
+    /* 2. top-k */
+    if (p->top_k > 0 && (size_t)p->top_k < n) {
+        select_top(c, n, (size_t)p->top_k);
+        n = (size_t)p->top_k;
+    }
+    if (p->top_k > 0 || p->top_p < 1.0f) {
+        qsort(c, n, sizeof *c, cand_cmp);
+    }
+    /* 3. top-p */
+    if (p->top_p < 1.0f) {
+        softmax(c, n);
+        float cum = 0;
+        for (size_t i = 0; i < n; i++) {
+            cum += c[i].p;
+            if (cum >= p->top_p) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    /* 4. min-p */
+    if (p->min_p > 0.0f && n > 1) {
+        float mx = -INFINITY;
+        for (size_t i = 0; i < n; i++) mx = c[i].logit > mx ? c[i].logit : mx;
+        float thr = mx + logf(p->min_p);
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++)
+            if (c[i].logit >= thr) c[m++] = c[i]; /* keeps the order */
+        n = m ? m : 1;
+    }
+    /* 5. temperature */
+    if (p->temperature <= 0.0f) {
+        size_t best = 0;
+        for (size_t i = 1; i < n; i++)
+            if (cand_before(&c[i], &c[best])) best = i;
+        c[0] = c[best];
+        n = 1;
+    } else if (p->temperature != 1.0f) {
+        for (size_t i = 0; i < n; i++) c[i].logit /= p->temperature;
+    }
+    *n_out = n;
+}
+
+int32_t smp_sample(smp_sampler *s, const float *logits) {
+    size_t n;
+    smp_filter(s, logits, &n);
+    if (n == 1) return s->cand[0].id;
+    softmax(s->cand, n);
+    double u = rng_uniform(s->rng), cum = 0;
+    for (size_t i = 0; i < n; i++) {
+        cum += s->cand[i].p;
+        if (u < cum) return s->cand[i].id;
+    }
+    /* rounding left u above the total: the last token with any mass */
+    for (size_t i = n; i-- > 0;)
+        if (s->cand[i].p > 0) return s->cand[i].id;
+    return s->cand[0].id;
+}

@@ -1,0 +1,72 @@
+/* sampler.h - picking the next token from a row of logits.
+ *
+ * One fixed chain, in the order of llama.cpp's default sampler chain (common/common.h, minus the samplers
+ * ringlm does not have):
+ *
+ *   1. penalties  over the last penalty_last_n accepted tokens, a token seen c > 0 times gets
+ *                 logit = logit <= 0 ? logit * repeat_penalty : logit / repeat_penalty,
+ *                 then logit -= c * frequency_penalty + presence_penalty       (llama_sampler_penalties)
+ *   2. top-k      keep the k highest logits (k <= 0: off)
+ *   3. top-p      keep the smallest prefix of the sorted tokens whose softmax mass reaches p (p >= 1: off)
+ *   4. min-p      keep tokens with p_i >= min_p * p_max, i.e. logit >= max + ln(min_p) (min_p <= 0: off)
+ *   5. temperature  divide the logits by T; T <= 0 keeps only the highest (greedy)
+ *   6. sample     softmax over what is left and draw with the sampler's own RNG
+ *
+ * So top-p and min-p look at the distribution before temperature, as in llama.cpp. Each filter keeps at
+ * least one token. Ties are broken towards the lower token id, so results never depend on sort stability.
+ * NaN logits count as -inf. The RNG (xoshiro256** seeded by splitmix64) lives in the sampler: the same
+ * seed and the same inputs give the same tokens; nothing is global. It is not llama.cpp's mt19937, so
+ * sampled (non-greedy) tokens are not expected to equal llama.cpp's. */
+#ifndef RINGLM_SAMPLER_H
+#define RINGLM_SAMPLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../base/err.h"
+
+typedef struct smp_params {
+    uint64_t seed;
+    float temperature;       /* <= 0: greedy */
+    int32_t top_k;           /* <= 0: off */
+    float top_p;             /* >= 1: off */
+    float min_p;             /* <= 0: off */
+    float repeat_penalty;    /* 1: off */
+    float frequency_penalty; /* 0: off */
+    float presence_penalty;  /* 0: off */
+    int32_t penalty_last_n;  /* how many recent accepted tokens the penalties see; 0: off; -1: all of them */
+} smp_params;
+
+typedef struct smp_cand {
+    int32_t id;
+    float logit;
+    float p;
+} smp_cand;
+
+typedef struct smp_sampler {
+    smp_params p;
+    int32_t n_vocab;
+    uint64_t rng[4];
+    int32_t *hist;     /* recent accepted tokens: a ring of penalty_last_n, or everything for -1 */
+    size_t hist_n, hist_cap, hist_head;
+    int32_t *count;    /* [n_vocab] occurrences of each token in hist */
+    smp_cand *cand;    /* [n_vocab] scratch */
+} smp_sampler;
+
+/* llama.cpp's defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, no penalties (last_n 64). */
+smp_params smp_params_default(uint64_t seed);
+
+int smp_init(smp_sampler *s, const smp_params *p, int32_t n_vocab, rl_err *err);
+void smp_free(smp_sampler *s);
+/* Forgets the history and restarts the RNG from the seed. */
+void smp_reset(smp_sampler *s);
+/* Adds a token to the penalty history (the caller decides whether prompt tokens count). */
+void smp_accept(smp_sampler *s, int32_t token);
+/* Picks a token from logits[n_vocab] (left unchanged). Does not accept it. */
+int32_t smp_sample(smp_sampler *s, const float *logits);
+
+/* Runs steps 1-5 only: *n_out candidates survive in s->cand (sorted by logit, highest first, unless no
+ * step needed an order), with logits as modified. For tests and for inspecting a distribution. */
+void smp_filter(smp_sampler *s, const float *logits, size_t *n_out);
+
+#endif

@@ -1,0 +1,717 @@
+/* test_text - tokenizer, detokenizer, chat formatting and samplers (src/text), without the oracle.
+ *
+ * The tokenizer runs on a vocabulary built in memory the way `ringlm synth` builds it (1024 tokens); its
+ * token ids are compared with llama.cpp's by tests/t_tokenizer.sh, so here it is round trips, special
+ * tokens, invalid UTF-8, load errors and the streaming detokenizer. The chat expectations below were
+ * rendered by llama.cpp's own Jinja engine (common_chat_templates_apply) from Kimi-K3.jinja, ringlm synth's
+ * template, Kimi-K2-Instruct.jinja and Kimi-K2-Thinking.jinja on the same conversations. The samplers are
+ * checked on logits whose answer is known. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf.h"
+#include "text/chat.h"
+#include "text/sampler.h"
+#include "text/tokenizer.h"
+#include "tools/synth_vocab.h"
+
+static int n_fail, n_pass;
+#define CHECK(cond, ...)                                                                                              \
+    do {                                                                                                              \
+        if (cond) {                                                                                                   \
+            n_pass++;                                                                                                 \
+            printf("ok - ");                                                                                          \
+        } else {                                                                                                      \
+            n_fail++;                                                                                                 \
+            printf("not ok - ");                                                                                      \
+        }                                                                                                             \
+        printf(__VA_ARGS__);                                                                                          \
+        printf("\n");                                                                                                 \
+    } while (0)
+
+/* strict UTF-8 check (RFC 3629: no overlongs, no surrogates, nothing above U+10FFFF) */
+static int utf8_valid(const char *str, size_t n) {
+    const unsigned char *s = (const unsigned char *)str;
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i];
+        size_t k;
+        unsigned lo = 0x80, hi = 0xBF;
+        if (c < 0x80) { i++; continue; }
+        else if (c >= 0xC2 && c <= 0xDF) k = 2;
+        else if (c >= 0xE0 && c <= 0xEF) { k = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
+        else if (c >= 0xF0 && c <= 0xF4) { k = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
+        else return 0;
+        if (i + k > n) return 0;
+        if (s[i + 1] < lo || s[i + 1] > hi) return 0;
+        for (size_t j = 2; j < k; j++)
+            if ((s[i + j] & 0xC0) != 0x80) return 0;
+        i += k;
+    }
+    return 1;
+}
+
+/* encode then decode; 1 if the bytes come back unchanged */
+static int round_trip(const tok_tokenizer *t, const char *s, size_t n, bool special) {
+    int32_t *ids;
+    size_t ni, dl;
+    char *d = NULL;
+    rl_err err;
+    if (tok_encode(t, s, n, special, &ids, &ni, &err)) return 0;
+    int ok = tok_decode(t, ids, ni, special, false, &d, &dl, &err) == 0 && dl == n && memcmp(d, s, n) == 0;
+    free(ids);
+    free(d);
+    return ok;
+}
+
+static int decodes_to(const tok_tokenizer *t, const char *s, size_t n, const char *want, size_t wn) {
+    int32_t *ids;
+    size_t ni, dl;
+    char *d = NULL;
+    rl_err err;
+    if (tok_encode(t, s, n, false, &ids, &ni, &err)) return 0;
+    int ok = tok_decode(t, ids, ni, false, false, &d, &dl, &err) == 0 && dl == wn && memcmp(d, want, wn) == 0;
+    free(ids);
+    free(d);
+    return ok;
+}
+
+/* the corpus file's escapes (\\ \n \r \t \xHH), in place; -1 on a bad escape */
+static long unescape(char *s, size_t len) {
+    size_t o = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] != '\\') {
+            s[o++] = s[i];
+            continue;
+        }
+        if (++i >= len) return -1;
+        char c = s[i];
+        if (c == '\\') s[o++] = '\\';
+        else if (c == 'n') s[o++] = '\n';
+        else if (c == 'r') s[o++] = '\r';
+        else if (c == 't') s[o++] = '\t';
+        else if (c == 'x' && i + 2 < len + 1) {
+            char hx[3] = {s[i + 1], i + 2 < len ? s[i + 2] : 0, 0};
+            s[o++] = (char)strtol(hx, NULL, 16);
+            i += 2;
+        } else return -1;
+    }
+    return (long)o;
+}
+
+static void test_tokenizer(const tok_tokenizer *t) {
+    rl_err err;
+    int32_t *ids;
+    size_t n;
+
+    /* round trips over the shared corpus (the valid UTF-8 lines) */
+    const char *root = getenv("ROOT");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tests/data/tokenizer_strings.txt", root ? root : ".");
+    FILE *f = fopen(path, "rb");
+    CHECK(f != NULL, "corpus %s opens", path);
+    if (f) {
+        char *line = NULL;
+        size_t cap = 0;
+        ssize_t got;
+        int total = 0, valid = 0, ok_plain = 0, ok_special = 0;
+        while ((got = getline(&line, &cap, f)) >= 0) {
+            size_t ll = (size_t)got;
+            if (ll && line[ll - 1] == '\n') ll--;
+            long ul = unescape(line, ll);
+            total++;
+            if (ul < 0 || !utf8_valid(line, (size_t)ul)) continue;
+            valid++;
+            ok_plain += round_trip(t, line, (size_t)ul, false);
+            ok_special += round_trip(t, line, (size_t)ul, true);
+        }
+        free(line);
+        fclose(f);
+        CHECK(total >= 220 && valid >= 180, "corpus has %d strings, %d valid UTF-8", total, valid);
+        CHECK(ok_plain == valid, "decode(encode(s)) == s for %d/%d valid strings (parse_special off)", ok_plain, valid);
+        CHECK(ok_special == valid, "decode(encode(s)) == s for %d/%d valid strings (parse_special on, specials rendered)",
+              ok_special, valid);
+    }
+
+    /* invalid UTF-8 as llama.cpp reads it */
+    CHECK(decodes_to(t, "\xff", 1, "\xef\xbf\xbd", 3), "an invalid byte becomes U+FFFD");
+    CHECK(decodes_to(t, "\xe4\xb8", 2, "\xef\xbf\xbd\xef\xbf\xbd", 6), "a truncated sequence: one U+FFFD per byte");
+    CHECK(decodes_to(t, "\xc0\xaf", 2, "/", 1), "an overlong '/' is read as '/'");
+    CHECK(decodes_to(t, "a\xed\xa0\x80z", 5, "a\xed\xa0\x80z", 5), "a surrogate passes through unchanged");
+    CHECK(decodes_to(t, "\xf7\xbf\xbf\xbf", 4, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd", 12),
+          "a sequence above U+10FFFF (llama.cpp aborts) becomes 4 x U+FFFD");
+    CHECK(tok_encode(t, "", 0, true, &ids, &n, &err) == 0 && n == 0, "the empty string has no tokens");
+    free(ids);
+    CHECK(tok_encode(t, "a\0b", 3, false, &ids, &n, &err) == 0 && n == 3 && ids[1] == 0, "NUL bytes are text (byte token 0)");
+    free(ids);
+
+    /* special tokens */
+    int32_t open = tok_find(t, "<|open|>", 8), eom = tok_find(t, "<|end_of_msg|>", 14);
+    CHECK(open == t->n_vocab - 256 + 3 && (tok_attr(t, open) & TOK_ATTR_CONTROL), "<|open|> is CONTROL id %d", open);
+    CHECK(tok_encode(t, "<|open|>", 8, true, &ids, &n, &err) == 0 && n == 1 && ids[0] == open,
+          "parse_special: <|open|> is one token");
+    free(ids);
+    CHECK(tok_encode(t, "<|open|>", 8, false, &ids, &n, &err) == 0 && n > 1, "no parse_special: <|open|> is text (%zu tokens)", n);
+    free(ids);
+    CHECK(tok_encode(t, "x<|open|><|sep|>y", 17, true, &ids, &n, &err) == 0 && n == 4 && ids[1] == open &&
+              ids[2] == tok_find(t, "<|sep|>", 7),
+          "specials between text: x, <|open|>, <|sep|>, y");
+    free(ids);
+    const char *p;
+    size_t pl;
+    CHECK(tok_piece(t, open, false, &p, &pl) == 0 && pl == 0, "a control token renders as nothing without special");
+    CHECK(tok_piece(t, open, true, &p, &pl) == 0 && pl == 8 && memcmp(p, "<|open|>", 8) == 0, "... and as its text with special");
+    CHECK(tok_piece(t, t->n_vocab, true, &p, &pl) == -1, "a piece for an id out of range is refused");
+    CHECK(t->eos_id == eom && tok_is_eog(t, eom), "EOS is <|end_of_msg|> and ends generation");
+    CHECK(tok_is_eog(t, tok_find(t, "[EOT]", 5)) && tok_is_eog(t, tok_find(t, "[EOS]", 5)), "[EOT] and [EOS] end generation");
+    CHECK(!t->add_bos && t->bos_id == t->n_vocab - 256, "no automatic BOS; BOS is [BOS]");
+    int32_t bad = t->n_vocab + 5;
+    char *d;
+    CHECK(tok_decode(t, &bad, 1, false, false, &d, &pl, &err) != 0 && strstr(err.msg, "outside the vocabulary"),
+          "decoding an unknown id fails: %s", err.msg);
+}
+
+/* a gguf with just the tokenizer keys the test sets */
+static int load_with(const char *model, const char *pre, bool bad_types, rl_err *err) {
+    struct gguf_context *g = gguf_init_empty();
+    if (model) gguf_set_val_str(g, "tokenizer.ggml.model", model);
+    if (pre) gguf_set_val_str(g, "tokenizer.ggml.pre", pre);
+    const char *toks[3] = {"a", "b", "ab"};
+    gguf_set_arr_str(g, "tokenizer.ggml.tokens", toks, 3);
+    if (bad_types) {
+        float ty[3] = {1, 1, 1};
+        gguf_set_arr_data(g, "tokenizer.ggml.token_type", GGUF_TYPE_FLOAT32, ty, 3);
+    }
+    tok_tokenizer t;
+    int rc = tok_load_gguf(&t, g, err);
+    if (rc == 0) tok_free(&t);
+    gguf_free(g);
+    return rc;
+}
+
+static void test_load_errors(void) {
+    rl_err err;
+    CHECK(load_with(NULL, "kimi-k2", false, &err) != 0 && strstr(err.msg, "no tokenizer.ggml.model"), "no model: %s", err.msg);
+    CHECK(load_with("llama", "kimi-k2", false, &err) != 0 && strstr(err.msg, "'llama' is not supported"),
+          "SentencePiece model refused: %s", err.msg);
+    CHECK(load_with("gpt2", "llama3", false, &err) != 0 && strstr(err.msg, "pre-tokenizer 'llama3' is not supported"),
+          "other pre-tokenizer refused: %s", err.msg);
+    CHECK(load_with("gpt2", NULL, false, &err) != 0 && strstr(err.msg, "no tokenizer.ggml.pre"), "missing pre-tokenizer: %s", err.msg);
+    CHECK(load_with("gpt2", "kimi-k2", true, &err) != 0 && strstr(err.msg, "token_type"), "token types of the wrong type: %s", err.msg);
+    CHECK(load_with("gpt2", "kimi-k2", false, &err) == 0, "a 3-token kimi-k2 vocabulary without merges loads");
+}
+
+static void test_stream(const tok_tokenizer *t) {
+    static const char *const strs[] = {"", "a", "\xe4", "\xe4\xb8", "\xe4\xb8\xad", "a\xf0\x9f\x98", "\xff",
+                                       "\xe0\x80", "\xed\xa0", "\x80\x80\x80", "\xc3", "\xf4\x90"};
+    static const size_t lens[] = {0, 1, 1, 2, 3, 4, 1, 2, 2, 3, 1, 2};
+    static const size_t want[] = {0, 1, 0, 0, 3, 1, 1, 2, 2, 3, 0, 2};
+    int ok = 1;
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        size_t got = tok_utf8_safe_prefix(strs[i], lens[i]);
+        if (got != want[i]) {
+            printf("# safe prefix of case %zu: %zu, want %zu\n", i, got, want[i]);
+            ok = 0;
+        }
+    }
+    CHECK(ok, "safe prefix holds back exactly the unfinished, still valid sequences");
+
+    static const char text[] = "h\xc3\xa9llo \xe4\xb8\x96\xe7\x95\x8c \xf0\x9f\x98\x80!";
+    size_t tn = sizeof text - 1;
+    tok_stream s;
+    rl_err err;
+    const char *out;
+    size_t on;
+    char acc[256];
+    size_t an = 0;
+    int chunks_valid = 1, held_mid = 0;
+    tok_stream_init(&s, t, false);
+    for (size_t i = 0; i < tn; i++) {
+        tok_stream_push_bytes(&s, text + i, 1, &out, &on, &err);
+        chunks_valid &= utf8_valid(out, on);
+        if (i == 7 && on == 0) held_mid = 1; /* first byte of 世 */
+        memcpy(acc + an, out, on);
+        an += on;
+    }
+    tok_stream_flush(&s, &out, &on);
+    CHECK(held_mid && chunks_valid && on == 0 && an == tn && memcmp(acc, text, tn) == 0,
+          "byte-by-byte stream: split characters are held back, every chunk is whole UTF-8, nothing is lost");
+
+    int32_t *ids;
+    size_t n;
+    tok_encode(t, text, tn, false, &ids, &n, &err);
+    an = 0;
+    chunks_valid = 1;
+    int held = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *pc;
+        size_t pn;
+        tok_piece(t, ids[i], false, &pc, &pn);
+        tok_stream_push(&s, ids[i], &out, &on, &err);
+        chunks_valid &= utf8_valid(out, on);
+        held |= !utf8_valid(pc, pn);
+        memcpy(acc + an, out, on);
+        an += on;
+    }
+    free(ids);
+    tok_stream_flush(&s, &out, &on);
+    CHECK(held && chunks_valid && on == 0 && an == tn && memcmp(acc, text, tn) == 0,
+          "token stream (%zu tokens, some ending mid-character): every chunk is whole UTF-8, the text is complete", n);
+
+    tok_stream_push_bytes(&s, "\xff", 1, &out, &on, &err);
+    CHECK(on == 1 && (unsigned char)out[0] == 0xFF, "a byte that can never be valid is passed on at once");
+    tok_stream_push_bytes(&s, "ab\xe4\xb8", 4, &out, &on, &err);
+    CHECK(on == 2, "'ab' goes out, the start of a character waits");
+    tok_stream_flush(&s, &out, &on);
+    CHECK(on == 2 && memcmp(out, "\xe4\xb8", 2) == 0, "flush hands out the unfinished bytes");
+    tok_stream_free(&s);
+}
+
+/* ---- chat ---------------------------------------------------------------------------------------- */
+
+static const char EXP_T1[] =
+    "<|open|>message role=\"system\" type=\"thinking-effort\"<|sep|>`thinking_effort` guides on how much to think in your thinking channel (not including the response channel), supported values include `low`, `medium`, `high`, and `max`.\n"
+    "Now the system is invoked with `thinking_effort=max`.<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"system\"<|sep|>You are helpful.<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"user\"<|sep|>Hi there<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>The user greets.<|close|>think<|sep|><|open|>response<|sep|>Hello! How can I help?<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"user\"<|sep|>What is the weather in Paris?<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|><|close|>think<|sep|><|open|>response<|sep|><|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|><|open|>argument key=\"city\" type=\"string\"<|sep|>Paris<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"tool\" tool=\"get_weather\" index=\"1\"<|sep|>{\"temp\": 21}<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|><|close|>think<|sep|><|open|>response<|sep|>It is 21 degrees.<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"user\"<|sep|>Thanks<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>";
+static const char EXP_T2[] =
+    "<|open|>message role=\"system\"<|sep|>You are helpful.<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"user\"<|sep|>Hi there<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>Hello! How can I help?<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"user\"<|sep|>What is the weather in Paris?<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|><|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|><|open|>argument key=\"city\" type=\"string\"<|sep|>Paris<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"tool\" tool=\"get_weather\" index=\"1\"<|sep|>{\"temp\": 21}<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>It is 21 degrees.<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"user\"<|sep|>Thanks<|close|>message<|sep|><|end_of_msg|>";
+static const char EXP_T3[] =
+    "<|open|>message role=\"system\"<|sep|>You are helpful.<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"user\"<|sep|>Hi there<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>The user greets.<|close|>think<|sep|><|open|>response<|sep|>Hello! How can I help?<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"user\"<|sep|>What is the weather in Paris?<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|><|close|>think<|sep|><|open|>response<|sep|><|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|><|open|>json type=\"object\"<|sep|>{\"city\": \"Paris\"}<|close|>json<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"tool\" tool=\"get_weather\" index=\"1\"<|sep|>{\"temp\": 21}<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|><|close|>think<|sep|><|open|>response<|sep|>It is 21 degrees.<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"user\"<|sep|>Thanks<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>";
+static const char EXP_T4[] =
+    "<|open|>message role=\"system\"<|sep|>You are helpful.<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"user\"<|sep|>Hi there<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>Hello! How can I help?<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"user\"<|sep|>What is the weather in Paris?<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|><|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|><|open|>json type=\"object\"<|sep|>{\"city\": \"Paris\"}<|close|>json<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"tool\" tool=\"get_weather\" index=\"1\"<|sep|>{\"temp\": 21}<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>It is 21 degrees.<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"user\"<|sep|>Thanks<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|>";
+static const char EXP_T5[] =
+    "<|im_system|>system<|im_middle|>You are helpful.<|im_end|>"
+    "<|im_user|>user<|im_middle|>Hi there<|im_end|>"
+    "<|im_assistant|>assistant<|im_middle|>Hello! How can I help?<|im_end|>"
+    "<|im_user|>user<|im_middle|>What is the weather in Paris?<|im_end|>"
+    "<|im_assistant|>assistant<|im_middle|><|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>"
+    "<|im_system|>get_weather<|im_middle|>## Return of functions.get_weather:0\n"
+    "{\"temp\": 21}<|im_end|>"
+    "<|im_assistant|>assistant<|im_middle|>It is 21 degrees.<|im_end|>"
+    "<|im_user|>user<|im_middle|>Thanks<|im_end|>"
+    "<|im_assistant|>assistant<|im_middle|>";
+static const char EXP_T6[] =
+    "<|im_system|>system<|im_middle|>You are helpful.<|im_end|>"
+    "<|im_user|>user<|im_middle|>Hi there<|im_end|>"
+    "<|im_assistant|>assistant<|im_middle|><think></think>Hello! How can I help?<|im_end|>"
+    "<|im_user|>user<|im_middle|>What is the weather in Paris?<|im_end|>"
+    "<|im_assistant|>assistant<|im_middle|><think></think><|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>"
+    "<|im_system|>get_weather<|im_middle|>## Return of functions.get_weather:0\n"
+    "{\"temp\": 21}<|im_end|>"
+    "<|im_assistant|>assistant<|im_middle|><think></think>It is 21 degrees.<|im_end|>"
+    "<|im_user|>user<|im_middle|>Thanks<|im_end|>"
+    "<|im_assistant|>assistant<|im_middle|>";
+static const char EXP_T7[] =
+    "<|open|>message role=\"system\" type=\"thinking-effort\"<|sep|>`thinking_effort` guides on how much to think in your thinking channel (not including the response channel), supported values include `low`, `medium`, `high`, and `max`.\n"
+    "Now the system is invoked with `thinking_effort=low`.<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"user\" name=\"bob\"<|sep|>Hi & \"you\"<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|><|close|>think<|sep|><|open|>response<|sep|>Sure<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"f&quot;x\" index=\"1\"<|sep|><|open|>argument key=\"s\" type=\"string\"<|sep|>x\"y\xc3""\xa9""<|close|>argument<|sep|><|open|>argument key=\"n\" type=\"number\"<|sep|>5<|close|>argument<|sep|><|open|>argument key=\"f\" type=\"number\"<|sep|>2.5<|close|>argument<|sep|><|open|>argument key=\"e\" type=\"number\"<|sep|>1000<|close|>argument<|sep|><|open|>argument key=\"b\" type=\"boolean\"<|sep|>true<|close|>argument<|sep|><|open|>argument key=\"z\" type=\"null\"<|sep|>null<|close|>argument<|sep|><|open|>argument key=\"o\" type=\"object\"<|sep|>{\"k\": [1, 2.5, \"w\"], \"a\": {}}<|close|>argument<|sep|><|open|>argument key=\"l\" type=\"array\"<|sep|>[]<|close|>argument<|sep|><|open|>argument key=\"u\" type=\"string\"<|sep|>\xc3""\xbc""<|close|>argument<|sep|><|close|>call<|sep|><|open|>call tool=\"g\" index=\"2\"<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"tool\" tool=\"f&quot;x\" index=\"1\"<|sep|>ra<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"tool\" tool=\"g\" index=\"2\"<|sep|>rb<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>";
+static const char EXP_T8[] =
+    "<|open|>message role=\"user\"<|sep|>Hi & \"you\"<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>   <|close|>think<|sep|><|open|>response<|sep|>Sure<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"f\"x\" index=\"1\"<|sep|><|open|>json type=\"object\"<|sep|>{\"s\": \"x\\\"y\xc3""\xa9""\", \"n\": 5, \"f\": 2.5, \"e\": 1000, \"b\": true, \"z\": null, \"o\": {\"k\": [1, 2.5, \"w\"], \"a\": {}}, \"l\": [], \"u\": \"\xc3""\xbc""\"}<|close|>json<|sep|><|close|>call<|sep|><|open|>call tool=\"g\" index=\"2\"<|sep|><|open|>json type=\"object\"<|sep|>{}<|close|>json<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"tool\" index=\"1\"<|sep|>rb<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"tool\" index=\"2\"<|sep|>ra<|close|>message<|sep|><|end_of_msg|>";
+static const char EXP_T9[] =
+    "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>"
+    "\n"
+    "<|im_user|>bob<|im_middle|>Hi & \"you\"<|im_end|>"
+    "<|im_assistant|>assistant<|im_middle|>Sure<|tool_calls_section_begin|><|tool_call_begin|>functions.f\"x:0<|tool_call_argument_begin|>{\"s\": \"x\\\"y\xc3""\xa9""\", \"n\": 5, \"f\": 2.5, \"e\": 1000, \"b\": true, \"z\": null, \"o\": {\"k\": [1, 2.5, \"w\"], \"a\": {}}, \"l\": [], \"u\": \"\xc3""\xbc""\"}<|tool_call_end|><|tool_call_begin|>functions.g:1<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|><|im_end|>"
+    "<|im_system|>tool<|im_middle|>## Return of functions.f\"x:0\n"
+    "rb<|im_end|>"
+    "<|im_system|>tool<|im_middle|>## Return of functions.g:1\n"
+    "ra<|im_end|>"
+    "<|im_assistant|>assistant<|im_middle|>";
+static const char EXP_T10[] =
+    "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>"
+    "<|im_user|>user<|im_middle|>Solve it<|im_end|>"
+    "<|im_assistant|>assistant<|im_middle|><think></think>a1<|im_end|>"
+    "<|im_user|>user<|im_middle|>Now call f<|im_end|>"
+    "<|im_assistant|>assistant<|im_middle|><think>r2</think><|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"q\": [1, \"two\"]}<|tool_call_end|><|tool_calls_section_end|><|im_end|>"
+    "<|im_system|>f<|im_middle|>## Return of functions.f:0\n"
+    "ok<|im_end|>"
+    "<|im_assistant|>assistant<|im_middle|>";
+static const char EXP_T11[] =
+    "<|open|>message role=\"system\" type=\"thinking-effort\"<|sep|>`thinking_effort` guides on how much to think in your thinking channel (not including the response channel), supported values include `low`, `medium`, `high`, and `max`.\n"
+    "Now the system is invoked with `thinking_effort=max`.<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"user\"<|sep|>go<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|><|close|>think<|sep|><|open|>response<|sep|>calling<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"alpha\" index=\"1\"<|sep|><|open|>argument key=\"a\" type=\"number\"<|sep|>1<|close|>argument<|sep|><|close|>call<|sep|><|open|>call tool=\"beta\" index=\"2\"<|sep|><|open|>argument key=\"b\" type=\"string\"<|sep|>x<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"tool\" tool=\"alpha\" index=\"1\"<|sep|>first<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"tool\" tool=\"beta\" index=\"2\"<|sep|>second<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"user\"<|sep|>and?<|close|>message<|sep|><|end_of_msg|>"
+    "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>";
+static const char EXP_T12[] =
+    "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>"
+    "\n"
+    "<|im_user|>user<|im_middle|>Hi<|im_end|>"
+    "<|im_assistant|>assistant<|im_middle|>";
+
+static const chat_tool_call m1_calls[] = {{"call_1", "get_weather", "{\"city\": \"Paris\"}"}};
+static const chat_msg conv_m1[] = {
+    {.role = CHAT_SYSTEM, .content = "You are helpful."},
+    {.role = CHAT_USER, .content = "Hi there"},
+    {.role = CHAT_ASSISTANT, .content = "Hello! How can I help?", .reasoning = "The user greets."},
+    {.role = CHAT_USER, .content = "What is the weather in Paris?"},
+    {.role = CHAT_ASSISTANT, .content = "", .tool_calls = m1_calls, .n_tool_calls = 1},
+    {.role = CHAT_TOOL, .content = "{\"temp\": 21}", .name = "get_weather", .tool_call_id = "call_1"},
+    {.role = CHAT_ASSISTANT, .content = "It is 21 degrees."},
+    {.role = CHAT_USER, .content = "Thanks"},
+};
+/* names with characters to escape, whitespace-only reasoning, every JSON value type, results out of order */
+static const chat_tool_call m6_calls[] = {
+    {"a", "f\"x",
+     "{\"s\": \"x\\\"y\\u00e9\", \"n\": 5, \"f\": 2.50, \"e\": 1e3, \"b\": true, \"z\": null, "
+     "\"o\": {\"k\": [1, 2.5, \"w\"], \"a\": {}}, \"l\": [], \"u\": \"\xc3\xbc\"}"},
+    {"b", "g", "{}"},
+};
+static const chat_msg conv_m6[] = {
+    {.role = CHAT_USER, .content = "Hi & \"you\"", .name = "bob"},
+    {.role = CHAT_ASSISTANT, .content = "Sure", .reasoning = "   ", .tool_calls = m6_calls, .n_tool_calls = 2},
+    {.role = CHAT_TOOL, .content = "rb", .tool_call_id = "b"},
+    {.role = CHAT_TOOL, .content = "ra", .tool_call_id = "a"},
+};
+static const chat_tool_call e_calls[] = {{"x1", "f", "{\"q\": [1, \"two\"]}"}};
+static const chat_msg conv_e[] = {
+    {.role = CHAT_USER, .content = "Solve it"},
+    {.role = CHAT_ASSISTANT, .content = "a1", .reasoning = "r1"},
+    {.role = CHAT_USER, .content = "Now call f"},
+    {.role = CHAT_ASSISTANT, .content = "", .reasoning = "r2", .tool_calls = e_calls, .n_tool_calls = 1},
+    {.role = CHAT_TOOL, .content = "ok", .name = "f", .tool_call_id = "x1"},
+};
+/* tool results with neither id nor name: K3 names them after the calls, in order */
+static const chat_tool_call c_calls[] = {{"p", "alpha", "{\"a\": 1}"}, {"q", "beta", "{\"b\": \"x\"}"}};
+static const chat_msg conv_c[] = {
+    {.role = CHAT_USER, .content = "go"},
+    {.role = CHAT_ASSISTANT, .content = "calling", .tool_calls = c_calls, .n_tool_calls = 2},
+    {.role = CHAT_TOOL, .content = "first"},
+    {.role = CHAT_TOOL, .content = "second"},
+    {.role = CHAT_USER, .content = "and?"},
+};
+static const chat_msg conv_m2[] = {{.role = CHAT_USER, .content = "Hi"}};
+
+typedef struct chat_case {
+    const char *name;
+    chat_format fmt;
+    const chat_msg *msgs;
+    int n;
+    bool gen, thinking;
+    const char *effort;
+    const char *want;
+} chat_case;
+
+#define CONV(c) c, (int)(sizeof c / sizeof c[0])
+static const chat_case chat_cases[] = {
+    {"K3, thinking (default effort max)", CHAT_FMT_K3, CONV(conv_m1), true, true, NULL, EXP_T1},
+    {"K3, thinking off, no generation prompt", CHAT_FMT_K3, CONV(conv_m1), false, false, NULL, EXP_T2},
+    {"K3 lite (synth), thinking", CHAT_FMT_K3_LITE, CONV(conv_m1), true, true, NULL, EXP_T3},
+    {"K3 lite (synth), thinking off", CHAT_FMT_K3_LITE, CONV(conv_m1), true, false, NULL, EXP_T4},
+    {"K2 instruct", CHAT_FMT_K2, CONV(conv_m1), true, true, NULL, EXP_T5},
+    {"K2 thinking", CHAT_FMT_K2_THINKING, CONV(conv_m1), true, true, NULL, EXP_T6},
+    {"K3: names, escaping, argument tags, results reordered by id, effort low", CHAT_FMT_K3, CONV(conv_m6), true,
+     true, "low", EXP_T7},
+    {"K3 lite: arguments re-serialized like tojson", CHAT_FMT_K3_LITE, CONV(conv_m6), false, true, NULL, EXP_T8},
+    {"K2 instruct: named user, default system prompt + newline, queued call ids", CHAT_FMT_K2, CONV(conv_m6), true,
+     true, NULL, EXP_T9},
+    {"K2 thinking: history loses its reasoning, the suffix keeps it", CHAT_FMT_K2_THINKING, CONV(conv_e), true, true,
+     NULL, EXP_T10},
+    {"K3: tool results named by call order", CHAT_FMT_K3, CONV(conv_c), true, true, NULL, EXP_T11},
+    {"K2 instruct: one user message", CHAT_FMT_K2, CONV(conv_m2), true, true, NULL, EXP_T12},
+};
+
+static void test_chat(const tok_tokenizer *t) {
+    rl_err err;
+    char *out;
+    size_t n;
+    for (size_t i = 0; i < sizeof chat_cases / sizeof chat_cases[0]; i++) {
+        const chat_case *c = &chat_cases[i];
+        chat_opts o = {.add_generation_prompt = c->gen, .thinking = c->thinking, .thinking_effort = c->effort};
+        int rc = chat_render(c->fmt, c->msgs, c->n, &o, &out, &n, &err);
+        int ok = rc == 0 && n == strlen(c->want) && strcmp(out, c->want) == 0;
+        CHECK(ok, "chat %s", c->name);
+        if (!ok) {
+            size_t k = 0;
+            while (rc == 0 && out[k] && out[k] == c->want[k]) k++;
+            printf("# %s\n# first difference at byte %zu:\n# got:  %.80s\n# want: %.80s\n", rc ? err.msg : "", k,
+                   rc ? "" : out + k, c->want + k);
+        }
+        if (rc == 0) free(out);
+    }
+
+    /* the rendered prompt tokenizes into the markers' special ids */
+    chat_opts o = chat_opts_default();
+    chat_render(CHAT_FMT_K3_LITE, conv_m2, 1, &o, &out, &n, &err);
+    int32_t *ids;
+    size_t ni;
+    tok_encode(t, out, n, true, &ids, &ni, &err);
+    int32_t open = tok_find(t, "<|open|>", 8), sep = tok_find(t, "<|sep|>", 7), eom = tok_find(t, "<|end_of_msg|>", 14);
+    int n_open = 0, n_sep = 0, n_eom = 0;
+    for (size_t i = 0; i < ni; i++) {
+        n_open += ids[i] == open;
+        n_sep += ids[i] == sep;
+        n_eom += ids[i] == eom;
+    }
+    CHECK(ids[0] == open && n_open == 3 && n_sep == 4 && n_eom == 1 && ids[ni - 1] == sep,
+          "a rendered prompt tokenizes (parse_special) into <|open|> x3, <|sep|> x4, <|end_of_msg|> x1");
+    free(ids);
+    free(out);
+
+    /* detection */
+    chat_format f;
+    CHECK(chat_detect(sv_chat_template(), &f, &err) == 0 && f == CHAT_FMT_K3_LITE, "ringlm synth's template is K3 lite");
+    CHECK(chat_detect("{{'<|open|>'}}{{'<|close|>'}}{{'<|end_of_msg|>'}}{% if thinking_effort %}{% endif %}", &f, &err) == 0 &&
+              f == CHAT_FMT_K3,
+          "a K3 template with thinking_effort is the full K3 format");
+    CHECK(chat_detect("<|im_user|>user<|im_middle|>", &f, &err) == 0 && f == CHAT_FMT_K2, "<|im_middle|> is K2");
+    CHECK(chat_detect("<|im_middle|><think></think>", &f, &err) == 0 && f == CHAT_FMT_K2_THINKING, "... with <think> K2 thinking");
+    CHECK(chat_detect(NULL, &f, &err) == 0 && f == CHAT_FMT_K3, "no template: K3 (what llama.cpp's converter embeds)");
+    CHECK(chat_detect("{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}", &f, &err) != 0 &&
+              strstr(err.msg, "not a Kimi template"),
+          "a ChatML template is refused: %s", err.msg);
+
+    /* what the templates raise on */
+    chat_msg orphan[] = {{.role = CHAT_USER, .content = "x"}, {.role = CHAT_TOOL, .content = "r"}};
+    CHECK(chat_render(CHAT_FMT_K3, orphan, 2, &o, &out, &n, &err) != 0 && strstr(err.msg, "resolvable tool name"),
+          "K3: a tool result without name or call: %s", err.msg);
+    chat_tool_call arr = {"i", "f", "[1, 2]"}, notjson = {"i", "f", "{oops"};
+    chat_msg a1[] = {{.role = CHAT_ASSISTANT, .content = "", .tool_calls = &arr, .n_tool_calls = 1}};
+    CHECK(chat_render(CHAT_FMT_K3, a1, 1, &o, &out, &n, &err) != 0 && strstr(err.msg, "must be a mapping"),
+          "K3: array arguments: %s", err.msg);
+    a1[0].tool_calls = &notjson;
+    CHECK(chat_render(CHAT_FMT_K3_LITE, a1, 1, &o, &out, &n, &err) != 0 && strstr(err.msg, "not valid JSON"),
+          "arguments that are not JSON (llama.cpp refuses them too): %s", err.msg);
+    chat_opts med = o;
+    med.thinking_effort = "medium";
+    CHECK(chat_render(CHAT_FMT_K3, conv_m2, 1, &med, &out, &n, &err) != 0 && strstr(err.msg, "thinking_effort=medium"),
+          "K3: thinking_effort medium is refused like the template does: %s", err.msg);
+    med.thinking_effort = "none";
+    CHECK(chat_render(CHAT_FMT_K3, conv_m2, 1, &med, &out, &n, &err) == 0 &&
+              strcmp(out, "<|open|>message role=\"user\"<|sep|>Hi<|close|>message<|sep|><|end_of_msg|>"
+                          "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>") == 0,
+          "K3: thinking_effort none drops the effort message");
+    free(out);
+}
+
+/* ---- samplers ------------------------------------------------------------------------------------ */
+
+static smp_params plain(uint64_t seed) {
+    return (smp_params){.seed = seed, .temperature = 1.0f, .top_p = 1.0f, .repeat_penalty = 1.0f, .penalty_last_n = 64};
+}
+
+/* counts of sampled ids over n draws */
+static void draw(smp_sampler *s, const float *lg, int n, int *count) {
+    for (int i = 0; i < n; i++) count[smp_sample(s, lg)]++;
+}
+
+static void test_sampler(void) {
+    rl_err err;
+    smp_sampler s, s2;
+    smp_params p;
+
+    float lg[6] = {0.5f, 2.0f, -1.0f, 1.99f, NAN, 0.0f};
+    p = plain(1);
+    p.temperature = 0.0f;
+    smp_init(&s, &p, 6, &err);
+    CHECK(smp_sample(&s, lg) == 1, "greedy (temperature 0) picks the argmax; NaN counts as -inf");
+    smp_free(&s);
+    p.temperature = 1e-7f;
+    smp_init(&s, &p, 6, &err);
+    int cnt[6] = {0};
+    draw(&s, lg, 200, cnt);
+    CHECK(cnt[1] == 200, "temperature -> 0 behaves as greedy (200/200 draws)");
+    smp_free(&s);
+    float tie[3] = {1.0f, 3.0f, 3.0f};
+    p.temperature = 0.0f;
+    smp_init(&s, &p, 3, &err);
+    CHECK(smp_sample(&s, tie) == 1, "greedy ties go to the lower id");
+    smp_free(&s);
+
+    /* top-k = 1 is greedy, on random rows */
+    enum { V = 50000 };
+    float *row = malloc(V * sizeof *row);
+    uint64_t r = 7;
+    int same = 1;
+    p = plain(3);
+    p.top_k = 1;
+    smp_init(&s, &p, V, &err);
+    for (int rep = 0; rep < 20; rep++) {
+        int best = 0;
+        for (int i = 0; i < V; i++) {
+            r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+            row[i] = (float)((r >> 40) % 100000) / 1000.0f;
+            if (row[i] > row[best]) best = i;
+        }
+        same &= smp_sample(&s, row) == best;
+    }
+    smp_free(&s);
+    CHECK(same, "top-k 1 equals greedy on 20 random rows of %d", V);
+
+    /* top-k selects exactly the k best (quickselect vs a full sort) */
+    p = plain(3);
+    p.top_k = 40;
+    smp_init(&s, &p, V, &err);
+    size_t nk;
+    smp_filter(&s, row, &nk);
+    int kth_ok = nk == 40;
+    for (size_t i = 0; i + 1 < nk; i++) kth_ok &= s.cand[i].logit >= s.cand[i + 1].logit;
+    int above = 0; /* how many logits are strictly above the 40th kept one: must be < 40 */
+    for (int i = 0; i < V; i++) above += row[i] > s.cand[nk - 1].logit;
+    CHECK(kth_ok && above < 40, "top-k 40 keeps the 40 highest, sorted");
+    smp_free(&s);
+    free(row);
+
+    /* same seed, same tokens; another seed, other tokens */
+    float flat[16];
+    for (int i = 0; i < 16; i++) flat[i] = (float)(i % 4) * 0.1f;
+    p = plain(42);
+    smp_init(&s, &p, 16, &err);
+    smp_init(&s2, &p, 16, &err);
+    int eq = 1;
+    int32_t seq1[200];
+    for (int i = 0; i < 200; i++) {
+        seq1[i] = smp_sample(&s, flat);
+        eq &= seq1[i] == smp_sample(&s2, flat);
+    }
+    CHECK(eq, "same seed: the same 200 tokens");
+    smp_free(&s2);
+    p.seed = 43;
+    smp_init(&s2, &p, 16, &err);
+    int diff = 0;
+    for (int i = 0; i < 200; i++) diff += seq1[i] != smp_sample(&s2, flat);
+    CHECK(diff > 50, "another seed: another sequence (%d of 200 differ)", diff);
+    smp_reset(&s);
+    eq = 1;
+    for (int i = 0; i < 200; i++) eq &= seq1[i] == smp_sample(&s, flat);
+    CHECK(eq, "reset restarts the RNG from the seed");
+    smp_free(&s);
+    smp_free(&s2);
+
+    /* top-p and min-p cut the tail: p = 0.5, 0.3, 0.15, 0.05 */
+    float pr[4] = {logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f)};
+    int c4[4] = {0};
+    size_t nf;
+    p = plain(5);
+    p.top_p = 0.75f;
+    smp_init(&s, &p, 4, &err);
+    smp_filter(&s, pr, &nf);
+    draw(&s, pr, 3000, c4);
+    CHECK(nf == 2 && c4[2] == 0 && c4[3] == 0 && c4[0] > c4[1] && c4[1] > 0,
+          "top-p 0.75 keeps {0.5, 0.3}: draws %d %d %d %d", c4[0], c4[1], c4[2], c4[3]);
+    smp_free(&s);
+    p = plain(5);
+    p.min_p = 0.2f;
+    memset(c4, 0, sizeof c4);
+    smp_init(&s, &p, 4, &err);
+    smp_filter(&s, pr, &nf);
+    draw(&s, pr, 3000, c4);
+    CHECK(nf == 3 && c4[3] == 0 && c4[2] > 0, "min-p 0.2 drops p < 0.1 only: draws %d %d %d %d", c4[0], c4[1], c4[2], c4[3]);
+    smp_free(&s);
+    p = plain(5);
+    p.top_p = 0.9f;
+    p.temperature = 100.0f; /* flattening after the cut must not bring the tail back */
+    memset(c4, 0, sizeof c4);
+    smp_init(&s, &p, 4, &err);
+    draw(&s, pr, 3000, c4);
+    CHECK(c4[3] == 0 && c4[2] > 700, "top-p runs before temperature: draws %d %d %d %d", c4[0], c4[1], c4[2], c4[3]);
+    smp_free(&s);
+
+    /* penalties */
+    float pen[4] = {2.0f, 1.9f, -1.0f, -1.1f};
+    p = plain(1);
+    p.temperature = 0.0f;
+    p.repeat_penalty = 1.5f;
+    smp_init(&s, &p, 4, &err);
+    CHECK(smp_sample(&s, pen) == 0, "no history: no penalty");
+    smp_accept(&s, 0);
+    CHECK(smp_sample(&s, pen) == 1, "repeat penalty 1.5: 2.0 / 1.5 < 1.9, token 1 wins");
+    smp_accept(&s, 2);
+    s.p.temperature = 1.0f;
+    s.p.top_k = 4; /* to read the order */
+    smp_filter(&s, pen, &nf);
+    CHECK(nf == 4 && s.cand[0].id == 1 && s.cand[1].id == 0 && s.cand[2].id == 3 && s.cand[3].id == 2 &&
+              fabsf(s.cand[3].logit + 1.5f) < 1e-6f,
+          "a negative logit is multiplied: -1.0 * 1.5 falls below -1.1");
+    smp_free(&s);
+    float pp[2] = {2.0f, 1.5f};
+    p = plain(1);
+    p.temperature = 0.0f;
+    p.presence_penalty = 1.0f;
+    p.penalty_last_n = 2;
+    smp_init(&s, &p, 2, &err);
+    smp_accept(&s, 0);
+    CHECK(smp_sample(&s, pp) == 1, "presence penalty 1.0: 2.0 - 1 < 1.5");
+    smp_accept(&s, 1);
+    smp_accept(&s, 1);
+    CHECK(smp_sample(&s, pp) == 0, "a token older than penalty_last_n (2) is no longer penalized");
+    smp_free(&s);
+    p.presence_penalty = 0.0f;
+    p.frequency_penalty = 0.3f;
+    p.penalty_last_n = -1;
+    smp_init(&s, &p, 2, &err);
+    smp_accept(&s, 0);
+    CHECK(smp_sample(&s, pp) == 0, "frequency penalty 0.3 x 1: 1.7 still beats 1.5");
+    smp_accept(&s, 0);
+    CHECK(smp_sample(&s, pp) == 1, "frequency penalty 0.3 x 2: 1.4 loses to 1.5 (window -1 = all)");
+    smp_free(&s);
+    p = plain(1);
+    p.repeat_penalty = 0.0f;
+    CHECK(smp_init(&s, &p, 2, &err) != 0 && strstr(err.msg, "repeat_penalty"), "a zero repeat penalty is refused: %s", err.msg);
+}
+
+int main(void) {
+    rl_err err;
+    sv_vocab v;
+    if (sv_build(&v, 1024, &err)) {
+        fprintf(stderr, "sv_build: %s\n", err.msg);
+        return 1;
+    }
+    struct gguf_context *g = gguf_init_empty();
+    tok_tokenizer t;
+    if (sv_write_gguf(&v, g, &err) || tok_load_gguf(&t, g, &err)) {
+        fprintf(stderr, "vocabulary: %s\n", err.msg);
+        return 1;
+    }
+    gguf_free(g);
+    sv_free(&v);
+    test_tokenizer(&t);
+    test_load_errors();
+    test_stream(&t);
+    test_chat(&t);
+    test_sampler();
+    tok_free(&t);
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
