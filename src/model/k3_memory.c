@@ -58,3 +58,29 @@ size_t k3_range_total_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a,
            (size_t)n_seq * (k3_range_kda_state_bytes(hp, a, b) +
                             (size_t)n_ctx * k3_range_mla_bytes_per_token(hp, a, b, sizeof(float)));
 }
+
+size_t k3_range_active_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b) {
+    size_t bytes = 0;
+    char prefix[32];
+    for (int i = 0; i < m->n_tensor; i++) {
+        const mf_tensor *t = &m->tensors[i];
+        unsigned il;
+        bool in_range = false;
+        if (sscanf(t->name, "blk.%u.", &il) == 1) {
+            snprintf(prefix, sizeof prefix, "blk.%u.", il);
+            in_range = il >= a && il < b && strncmp(t->name, prefix, strlen(prefix)) == 0;
+        } else if (strcmp(t->name, "token_embd.weight") == 0) {
+            if (a == 0) bytes += t->nbytes / (size_t)(t->ne[1] ? t->ne[1] : 1); /* one row */
+            continue;
+        } else {
+            in_range = b >= hp->n_layer; /* output tensors */
+        }
+        if (!in_range) continue;
+        if (strstr(t->name, "_exps.") && hp->n_expert) {
+            bytes += (size_t)((double)t->nbytes * hp->n_expert_used / hp->n_expert);
+        } else {
+            bytes += t->nbytes;
+        }
+    }
+    return bytes;
+}

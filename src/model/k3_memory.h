@@ -26,6 +26,10 @@ size_t k3_range_mla_bytes_per_token(const k3_hparams *hp, uint32_t a, uint32_t b
 /* f32 values per token in the boundary state entering layer il (hidden stream + banked checkpoints). */
 size_t k3_boundary_floats(const k3_hparams *hp, uint32_t il);
 
+/* Weight bytes one token reads in [a, b): every tensor, except that routed experts count k/E of their bytes
+ * and the embedding one row. Divided into memory bandwidth, this bounds decode speed. */
+size_t k3_range_active_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b);
+
 /* Total for holding [a, b) with n_seq sequences of up to n_ctx tokens each (f32 cache). */
 size_t k3_range_total_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, uint32_t n_seq,
                             uint32_t n_ctx);

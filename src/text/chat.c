@@ -414,7 +414,10 @@ static int k2_calls(sb *b, const chat_msg *m, k2_state *st, rl_err *err) {
         sb_add(&b_id, "functions.");
         sb_add(&b_id, tc->name);
         sb_addf(&b_id, ":%d", st->counter++);
-        if (b_id.oom) return rl_errf(err, "chat: out of memory");
+        if (b_id.oom) {
+            free(b_id.p);
+            return rl_errf(err, "chat: out of memory");
+        }
         if (st->q_n == st->q_cap) {
             int nc = st->q_cap ? 2 * st->q_cap : 8;
             char **nq = realloc(st->queue, (size_t)nc * sizeof *nq);

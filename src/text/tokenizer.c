@@ -343,7 +343,6 @@ static int32_t tk_find_named(const tok_tokenizer *t, const char *const *names) {
     int32_t best = -1;
     for (int i = 0; names[i]; i++) {
         int32_t id = tk_map_get(&t->by_text, names[i], strlen(names[i]));
-        /* by_text maps a duplicated text to its last id, as llama.cpp's token_to_id does */
         if (id >= 0 && (best < 0 || id < best)) best = id;
     }
     return best;
@@ -454,7 +453,13 @@ int tok_load_gguf(tok_tokenizer *t, const struct gguf_context *g, rl_err *err) {
         } else { /* llama.cpp renames empty tokens so that every text is unique and non-empty */
             l = (size_t)snprintf(t->text_pool + off, pool - off, "[EMPTY_%zu]", i);
         }
-        tk_map_put(&t->by_text, t->text_pool + off, l, (int32_t)i, true); /* later duplicate wins */
+        int32_t dup = tk_map_get(&t->by_text, t->text_pool + off, l);
+        if (dup >= 0) { /* llama.cpp asserts that every text is unique and aborts */
+            rl_errf(err, "tokenizer: tokens %d and %zu have the same text '%.80s'; llama.cpp refuses such a "
+                         "vocabulary", dup, i, t->text_pool + off);
+            goto fail;
+        }
+        tk_map_put(&t->by_text, t->text_pool + off, l, (int32_t)i, true);
         off += l + 1;
     }
     t->text_off[nv] = (uint32_t)off;

@@ -57,7 +57,7 @@ typedef struct tok_tokenizer {
     char *piece_pool;       /* decoded bytes of every token as rendered with special = true */
     uint32_t *piece_off;    /* [n_vocab + 1] */
     uint8_t *eog;           /* [n_vocab] 1 = ends generation (llama.cpp's special_eog_ids) */
-    tok_map by_text;        /* token text -> id (a text that occurs twice maps to the later id) */
+    tok_map by_text;        /* token text -> id (texts are unique: a vocabulary with a repeated text is refused) */
     char *merge_pool;
     int32_t n_merges;
     tok_map merges;         /* "left right" (mapped form) -> rank; the first of duplicate merges wins */

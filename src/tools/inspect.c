@@ -30,6 +30,8 @@ static void inspect_kv(FILE *out, const mf_model *m, const k3_hparams *hp) {
             hp->n_expert, hp->n_expert_used, hp->n_expert_shared, hp->n_ff_exp, hp->n_expert_latent);
     fprintf(out, "n_dense_lead %u\nattn_res_block %u\nq_lora_rank %u\nkv_lora_rank %u\n", hp->n_dense_lead,
             hp->attn_res_block, hp->q_lora_rank, hp->kv_lora_rank);
+    fprintf(out, "weight_bytes %zu\nactive_bytes_per_token %zu\n", m->tensor_bytes,
+            k3_range_active_bytes(m, hp, 0, hp->n_layer));
     fprintf(out, "mla_layers");
     for (uint32_t i = 0; i < hp->n_layer; i++) {
         if (hp->is_mla[i]) fprintf(out, " %u", i);
@@ -101,6 +103,8 @@ void inspect_print(FILE *out, const mf_model *m, const k3_hparams *hp, const ins
     inspect_mib(b, sizeof b, k3_range_weight_bytes(m, hp, hp->n_layer, hp->n_layer));
     fprintf(out, "  globals: embedding %s (first stage), output %s (last stage)\n", a, b);
 
+    inspect_mib(a, sizeof a, k3_range_active_bytes(m, hp, 0, hp->n_layer));
+    fprintf(out, "  active weights per token: %s (experts counted at top-%u of %u)\n", a, hp->n_expert_used, hp->n_expert);
     fprintf(out, "\nper-sequence state\n");
     inspect_mib(a, sizeof a, k3_range_kda_state_bytes(hp, 0, hp->n_layer));
     fprintf(out, "  KDA conv + recurrent state: %s per sequence (constant in length)\n", a);

@@ -159,12 +159,16 @@ static int synth_tensor_data(FILE *f, const synth_tensor *t, uint64_t seed, int 
     return rc;
 }
 
-static void synth_progress(bool on, size_t done, size_t total) {
+/* Redraws the bar only when the whole percentage changes (*last holds the previous one). */
+static void synth_progress(bool on, size_t done, size_t total, int *last) {
     if (!on || total == 0) return;
-    int w = 40, fill = (int)((double)done / (double)total * w);
+    int pct = (int)(100.0 * (double)done / (double)total);
+    if (pct == *last) return;
+    *last = pct;
+    int w = 40, fill = pct * w / 100;
     fprintf(stderr, "\rsynth [");
     for (int i = 0; i < w; i++) fputc(i < fill ? '#' : ' ', stderr);
-    fprintf(stderr, "] %3d%% %7.1f MiB", (int)(100.0 * (double)done / (double)total), (double)done / 1048576.0);
+    fprintf(stderr, "] %3d%% %7.1f MiB", pct, (double)done / 1048576.0);
     if (done == total) fputc('\n', stderr);
     fflush(stderr);
 }
@@ -242,7 +246,7 @@ int synth_emit(struct gguf_context *meta, const synth_tensor *tensors, int n_ten
         goto done;
     }
     size_t done_bytes = 0;
-    int first = 0;
+    int first = 0, last_pct = -1;
     for (int s = 0; s < n_split; s++) {
         if (n_split == 1) {
             snprintf(path, out_len, "%s", o->out);
@@ -266,7 +270,7 @@ int synth_emit(struct gguf_context *meta, const synth_tensor *tensors, int n_ten
             frc = synth_zero_pad(f, (long)(data_off + gguf_get_tensor_offset(g[s], i)), err);
             if (frc == 0) frc = synth_tensor_data(f, &tensors[first + i], o->seed, o->n_threads, err);
             done_bytes += gguf_get_tensor_size(g[s], i);
-            synth_progress(o->progress, done_bytes, total);
+            synth_progress(o->progress, done_bytes, total, &last_pct);
         }
         /* Pad the last tensor like gguf_write_to_file does, so the file size is a multiple of alignment. */
         if (frc == 0 && nt > 0) {

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ggml-backend.h"
 #include "llama.h"
@@ -105,6 +106,8 @@ static const char usage[] =
     "usage: oracle logits   -m MODEL.gguf --tokens 1,2,3 [--mode batch|step] -o OUT.bin [--threads N]\n"
     "       oracle logits   -m MODEL.gguf --tokens 1,2,3 --prefill N -o OUT.bin   (N in one decode, then steps)\n"
     "       oracle generate -m MODEL.gguf --tokens 1,2,3 -n N [--threads N]   (greedy; prints the new ids)\n"
+    "       oracle bench    -m MODEL.gguf --tokens 1,2,3 -n N [--threads N]   (prefill, then N decode steps;\n"
+    "                       prints JSON with prefill_tok_s and decode_tok_s)\n"
     "       oracle tokenize -m MODEL.gguf --file STRINGS.txt [-o OUT.txt] [--special]\n"
     "       oracle info     -m MODEL.gguf\n"
     "       any command: [--verbose] shows llama.cpp's log on stderr\n";
@@ -119,7 +122,7 @@ static int parse_int(const char *s, long lo, long hi, long *out) {
 }
 
 /* Which options each command takes, so a misplaced one is an error rather than silently ignored. */
-enum { C_LOGITS = 1, C_TOKENIZE = 2, C_INFO = 4, C_GENERATE = 8, C_ALL = 15 };
+enum { C_LOGITS = 1, C_TOKENIZE = 2, C_INFO = 4, C_GENERATE = 8, C_BENCH = 16, C_ALL = 31 };
 
 static int parse_args(int argc, char **argv, args *a, rl_err *err) {
     memset(a, 0, sizeof *a);
@@ -132,6 +135,7 @@ static int parse_args(int argc, char **argv, args *a, rl_err *err) {
     else if (strcmp(a->cmd, "tokenize") == 0) cmd = C_TOKENIZE;
     else if (strcmp(a->cmd, "info") == 0) cmd = C_INFO;
     else if (strcmp(a->cmd, "generate") == 0) cmd = C_GENERATE;
+    else if (strcmp(a->cmd, "bench") == 0) cmd = C_BENCH;
     else return rl_errf(err, "unknown command \"%s\"", a->cmd);
 
     static const struct {
@@ -139,10 +143,10 @@ static int parse_args(int argc, char **argv, args *a, rl_err *err) {
         int cmds;
         bool has_value;
     } opts[] = {
-        {"-m", "--model", C_ALL, true},       {"--tokens", NULL, C_LOGITS | C_GENERATE, true},
+        {"-m", "--model", C_ALL, true},       {"--tokens", NULL, C_LOGITS | C_GENERATE | C_BENCH, true},
         {"--mode", NULL, C_LOGITS, true},     {"-o", "--out", C_LOGITS | C_TOKENIZE, true},
-        {"--threads", NULL, C_LOGITS | C_GENERATE, true},  {"--file", NULL, C_TOKENIZE, true},
-        {"--prefill", NULL, C_LOGITS, true},  {"-n", NULL, C_GENERATE, true},
+        {"--threads", NULL, C_LOGITS | C_GENERATE | C_BENCH, true},  {"--file", NULL, C_TOKENIZE, true},
+        {"--prefill", NULL, C_LOGITS, true},  {"-n", NULL, C_GENERATE | C_BENCH, true},
         {"--special", NULL, C_TOKENIZE, false}, {"--verbose", NULL, C_ALL, false},
     };
     for (int i = 2; i < argc; i++) {
@@ -185,7 +189,7 @@ static int parse_args(int argc, char **argv, args *a, rl_err *err) {
             return rl_errf(err, "logits: --mode \"%s\": want batch or step", a->mode);
         }
     }
-    if (cmd == C_GENERATE && (!a->tokens || a->n_gen <= 0)) return rl_errf(err, "generate: --tokens and -n are required");
+    if ((cmd == C_GENERATE || cmd == C_BENCH) && (!a->tokens || a->n_gen <= 0)) return rl_errf(err, "generate: --tokens and -n are required");
     if (cmd == C_TOKENIZE && !a->file) return rl_errf(err, "tokenize: --file STRINGS.txt is required");
     return 0;
 }
@@ -624,7 +628,15 @@ done:
 /* ---- generate ---------------------------------------------------------------------------------- */
 
 /* Greedy generation: the prompt in one decode, then argmax (first index on ties) one token at a time. */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* generate (and bench, which times it instead of printing the tokens). */
 static int cmd_generate(const args *a, rl_err *err) {
+    const bool bench = strcmp(a->cmd, "bench") == 0;
     int32_t *tokens = NULL;
     int n = 0, ret = -1;
     struct llama_model *model = NULL;
@@ -656,6 +668,7 @@ static int cmd_generate(const args *a, rl_err *err) {
         goto done;
     }
     int first = n, count = n;
+    double t0 = now_s(), t_prefill = 0;
     for (int g = 0; g < a->n_gen; g++) {
         if (decode_rows(ctx, &batch, tokens, first - count, count, n_vocab, row, err) < 0) goto done;
         const float *last = row + (size_t)(count - 1) * (size_t)n_vocab;
@@ -664,11 +677,20 @@ static int cmd_generate(const args *a, rl_err *err) {
             if (last[j] > last[best]) best = j;
         }
         tokens[first] = best;
-        printf("%s%d", g ? "," : "", best);
+        if (g == 0) t_prefill = now_s();
+        if (!bench) printf("%s%d", g ? "," : "", best);
         first++;
         count = 1;
     }
-    printf("\n");
+    if (bench) {
+        /* Decode: a->n_gen - 1 single-token decodes after the prompt's (as ringlm run counts them). */
+        double t_end = now_s();
+        printf("{\"prompt_tokens\": %d, \"generated_tokens\": %d, \"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f, "
+               "\"threads\": %d}\n", n, a->n_gen, n / (t_prefill - t0),
+               a->n_gen > 1 ? (a->n_gen - 1) / (t_end - t_prefill) : 0.0, a->threads);
+    } else {
+        printf("\n");
+    }
     ret = 0;
 done:
     if (have_batch) llama_batch_free(batch);
@@ -699,7 +721,7 @@ int main(int argc, char **argv) {
     if (rc == 0) {
         if (strcmp(a.cmd, "logits") == 0) rc = cmd_logits(&a, &err);
         else if (strcmp(a.cmd, "tokenize") == 0) rc = cmd_tokenize(&a, &err);
-        else if (strcmp(a.cmd, "generate") == 0) rc = cmd_generate(&a, &err);
+        else if (strcmp(a.cmd, "generate") == 0 || strcmp(a.cmd, "bench") == 0) rc = cmd_generate(&a, &err);
         else rc = cmd_info(&a, &err);
         llama_backend_free();
     }

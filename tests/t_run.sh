@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# ringlm run end to end: text, chat, metrics JSON, sampling determinism, Ctrl-C, and bad input.
+. "$(dirname "$0")/lib.sh"
+f=$(model full-f32 k3-full f32)
+
+check "run streams text" "$RINGLM" run -m "$f" -p "The quick brown fox" -n 16 --temp 0 --ignore-eos
+test -s "$WORK/out" && check "text reached stdout" true
+"$RINGLM" run -m "$f" -p "Hello" -n 8 --temp 0 --ignore-eos --metrics-json "$WORK/m.json" >/dev/null 2>"$WORK/err"
+for k in prompt_tokens generated_tokens prefill_tok_s ttft_s decode_tok_s peak_rss_bytes; do
+    check "metrics JSON has $k" grep -q "\"$k\"" "$WORK/m.json"
+done
+check "metrics line on stderr" grep -q "prefill .* tok/s, ttft .* decode .* tok/s, peak rss" "$WORK/err"
+check "generated_tokens is 8" grep -Eq '"generated_tokens":[[:space:]]*8,' "$WORK/m.json"
+check "chat prompt renders and runs" "$RINGLM" run -m "$f" -p "What is 2+2?" --chat --system "Be brief." -n 8 --temp 0
+
+# Sampling: same seed, same tokens; another seed, other tokens.
+s() { "$RINGLM" run -m "$f" -p "Once upon a time" -n 24 --temp 1.0 --top-k 0 --top-p 1 --min-p 0 --ignore-eos --ids --seed "$1" 2>/dev/null; }
+check "same seed, same tokens" test "$(s 7)" = "$(s 7)"
+check "other seed, other tokens" test "$(s 7)" != "$(s 8)"
+
+# Ctrl-C stops cleanly between steps: exit 0, stop reason "interrupted".
+"$RINGLM" run -m "$f" -p "x" -n -1 --ctx 100000 --temp 0 --ignore-eos --metrics-json "$WORK/int.json" >/dev/null 2>&1 &
+pid=$!
+sleep 1
+kill -INT $pid
+rc=0; wait $pid || rc=$?
+check "Ctrl-C: exit 0" test $rc = 0
+check "Ctrl-C: stop reason interrupted" grep -q '"stop_reason":[[:space:]]*"interrupted"' "$WORK/int.json"
+
+# Bad input.
+check_fails "missing model" "cannot open" "$RINGLM" run -m "$WORK/none.gguf" -p hi
+check_fails "prompt longer than the context" "does not fit the context" "$RINGLM" run -m "$f" -p "$(printf 'word %.0s' $(seq 200))" --ctx 16
+check_fails "token id out of range" "out of range" "$RINGLM" run -m "$f" --tokens 1,2,99999
+rc=0; "$RINGLM" run -m "$f" -p hi --bogus >/dev/null 2>&1 || rc=$?
+check "unknown option: usage error (exit 2)" test $rc = 2
+finish
