@@ -70,8 +70,9 @@ $(eval $(call variant,asan))
 # corpus_blob.c embeds the corpus with .incbin, which -MMD cannot see.
 $(foreach v,release asan,build/$(v)/src/tools/corpus_blob.o): $(wildcard data/corpus/*.txt)
 
+# Copy then rename: the rename works even while a `ringlm node` is running the old binary.
 ringlm: build/release/ringlm
-	cp $< $@
+	@cp $< $@.tmp && mv -f $@.tmp $@
 
 asan: build/asan/ringlm units_asan
 

@@ -5,11 +5,12 @@
 
 #include "../model/k3_forward.h"
 #include "../model/logits_file.h"
+#include "../ring/coord.h"
 #include "cli.h"
 
 static void logits_usage(FILE *f) {
     fprintf(f, "usage: ringlm logits -m MODEL.gguf --tokens 1,2,3 [--mode batch|step] [--chunk N | --prefill N]\n"
-               "                     [--threads N] -o OUT.bin\n\n"
+               "                     [--threads N] [--ring ring.conf --key coord.key [--wire f32|f16|bf16]] -o OUT.bin\n\n"
                "Writes the logits of every position (the oracle's file format, src/model/logits_file.h).\n"
                "batch: all tokens in one forward pass (or --chunk N tokens per pass); step: one token per pass;\n"
                "--prefill N: N tokens in one pass, then one token per pass (a prompt, then decode steps).\n");
@@ -49,7 +50,8 @@ static int parse_tokens(const char *s, int32_t **out, int *n) {
 }
 
 int cmd_logits(int argc, char **argv) {
-    const char *model = NULL, *out = NULL, *mode = "batch", *toks = NULL;
+    const char *model = NULL, *out = NULL, *mode = "batch", *toks = NULL, *ring_path = NULL, *key_path = NULL;
+    const char *wire = "f32";
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), chunk = 0, prefill = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -60,6 +62,12 @@ int cmd_logits(int argc, char **argv) {
             model = v, i++;
         } else if (strcmp(a, "-o") == 0 && v) {
             out = v, i++;
+        } else if (strcmp(a, "--ring") == 0 && v) {
+            ring_path = v, i++;
+        } else if (strcmp(a, "--key") == 0 && v) {
+            key_path = v, i++;
+        } else if (strcmp(a, "--wire") == 0 && v) {
+            wire = v, i++;
         } else if (strcmp(a, "--tokens") == 0 && v) {
             toks = v, i++;
         } else if (strcmp(a, "--mode") == 0 && v && (strcmp(v, "batch") == 0 || strcmp(v, "step") == 0)) {
@@ -96,6 +104,49 @@ int cmd_logits(int argc, char **argv) {
         fprintf(stderr, "ringlm logits: %s\n", err.msg);
         free(tokens);
         return 1;
+    }
+    if (ring_path) {
+        /* Through the ring: the same chunks, every position's logits returned by the last stage. */
+        ring_conf conf;
+        rk_identity id;
+        ring_coord ring;
+        float *all = malloc((size_t)n * hp.n_vocab * sizeof(float));
+        if (!all || !key_path || ring_conf_load(&conf, ring_path, &err) != 0 || rk_load(&id, key_path, &err) != 0) {
+            if (!key_path) rl_errf(&err, "--ring needs --key");
+            free(all);
+            goto fail_model;
+        }
+        ring_opts ro = ring_opts_default();
+        ro.n_ctx = ((uint32_t)n + 255u) / 256u * 256u;
+        ro.wire = strcmp(wire, "f16") == 0 ? 1 : strcmp(wire, "bf16") == 0 ? 2 : 0;
+        ro.quiet = true;
+        if (ring_open(&ring, &conf, &id, &m, &hp, &ro, &err) != 0) {
+            free(all);
+            goto fail_model;
+        }
+        bool stp = strcmp(mode, "step") == 0;
+        smp_params greedy = smp_params_default(0);
+        greedy.temperature = 0;
+        int cn = stp ? 1 : chunk > 0 ? chunk : n;
+        int frc = 0;
+        for (int i = 0; i < n && frc == 0; i += cn) {
+            if (prefill > 0) cn = i == 0 ? prefill : 1;
+            int per = i + cn > n ? n - i : cn;
+            ring_seq_req rq = {.seq_id = 1, .pos = (uint32_t)i, .n = (uint32_t)per, .tokens = tokens + i,
+                               .flags = RF_SEQ_ALL_LOGITS | (i == 0 ? RF_SEQ_NEW : 0),
+                               .logits = all + (size_t)i * hp.n_vocab, .smp = ring_sampling(&greedy)};
+            frc = ring_step(&ring, &rq, 1, &err);
+        }
+        ring_close(&ring);
+        if (frc == 0) {
+            lf_header h = {.n_vocab = (int32_t)hp.n_vocab, .n_rows = n, .tokens = tokens};
+            snprintf(h.source, sizeof h.source, "ringlm-ring");
+            if (prefill > 0) snprintf(h.mode, sizeof h.mode, "prefill%d", prefill < n ? prefill : n);
+            else snprintf(h.mode, sizeof h.mode, "%s", mode);
+            rc = lf_write(out, &h, all, &err) == 0 ? 0 : 1;
+        }
+        free(all);
+        goto fail_model;
     }
     if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, threads, &err) != 0) goto fail_model;
     /* Context rounded up to 256 tokens, as the oracle sizes llama.cpp's. */

@@ -7,6 +7,7 @@
 #include <cJSON.h>
 
 #include "../gen/generate.h"
+#include "../ring/coord.h"
 #include "../text/chat.h"
 #include "cli.h"
 
@@ -15,12 +16,15 @@ static void run_usage(FILE *f) {
             "usage: ringlm run -m MODEL.gguf (-p PROMPT | --tokens 1,2,3) [-n N] [--chat] [--system TEXT]\n"
             "                  [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
             "                  [--presence-penalty P] [--frequency-penalty F] [--seed S] [--threads N]\n"
-            "                  [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n\n"
+            "                  [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
+            "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16]]\n\n"
             "Streams the generated text to stdout, then prints one metrics line on stderr.\n"
             "  -n N          tokens to generate (default 128; -1 = until the context is full)\n"
             "  --chat        wrap the prompt as a user turn in the model's chat format\n"
             "  --temp 0      greedy decoding (default 0.8 with top-k 40, top-p 0.95, min-p 0.05)\n"
-            "  --ids         print the generated token ids (comma-separated) instead of text\n");
+            "  --ids         print the generated token ids (comma-separated) instead of text\n"
+            "  --ring FILE   run across the nodes in FILE (\"HOST:PORT PUBKEY_HEX [mem=GB]\" per line) as the\n"
+            "                coordinator with identity --key; prints the plan and per-stage timings\n");
 }
 
 typedef struct run_out {
@@ -39,8 +43,9 @@ static int run_on_token(void *user, int32_t id, const char *text, size_t len) {
     return 0;
 }
 
-static int run_write_metrics(const char *path, const gen_metrics *m, rl_err *err) {
+static int run_write_metrics(const char *path, const gen_metrics *m, cJSON *ring, rl_err *err) {
     cJSON *j = cJSON_CreateObject();
+    if (ring) cJSON_AddItemToObject(j, "ring", ring);
     cJSON_AddNumberToObject(j, "prompt_tokens", m->prompt_tokens);
     cJSON_AddNumberToObject(j, "generated_tokens", m->generated_tokens);
     cJSON_AddNumberToObject(j, "prefill_tok_s", m->prefill_tok_s);
@@ -93,6 +98,7 @@ static long parse_ids(const char *s, int32_t **out) {
 
 int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *ids_arg = NULL, *metrics = NULL, *system = NULL;
+    const char *ring_path = NULL, *key_path = NULL, *wire = "f32";
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), ctx = 4096, chunk = 512;
     bool chat = false, ids = false, progress = isatty(2);
     gen_params gp = {.n_predict = 128};
@@ -130,6 +136,13 @@ int cmd_run(int argc, char **argv) {
             prompt = v;
         } else if (strcmp(a, "--system") == 0) {
             system = v;
+        } else if (strcmp(a, "--ring") == 0) {
+            ring_path = v;
+        } else if (strcmp(a, "--key") == 0) {
+            key_path = v;
+        } else if (strcmp(a, "--wire") == 0) {
+            wire = v;
+            bad = strcmp(v, "f32") && strcmp(v, "f16") && strcmp(v, "bf16");
         } else if (strcmp(a, "--tokens") == 0) {
             ids_arg = v;
         } else if (strcmp(a, "--metrics-json") == 0) {
@@ -171,6 +184,10 @@ int cmd_run(int argc, char **argv) {
     if (!model || (!prompt == !ids_arg)) {
         fprintf(stderr, "ringlm run: -m MODEL and exactly one of -p PROMPT or --tokens are required\n");
         run_usage(stderr);
+        return 2;
+    }
+    if (ring_path && !key_path) {
+        fprintf(stderr, "ringlm run: --ring needs --key (the coordinator's identity, from ringlm keygen)\n");
         return 2;
     }
     gp.n_ctx = (uint32_t)ctx;
@@ -227,13 +244,32 @@ int cmd_run(int argc, char **argv) {
         }
         if (tok_encode(&tok, src, src_len, special, &toks, &n_toks, &err) != 0) goto out;
     }
-    if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, threads, &err) != 0) goto out;
-    have_engine = true;
-    k3_weights_prefault(&e.w, progress && m.tensor_bytes > (64u << 20));
-
     run_out ro = {.ids = ids};
     gen_metrics gm;
-    if (gen_run(&e, &tok, toks, n_toks, &gp, run_on_token, &ro, &gm, &err) != 0) goto out;
+    cJSON *ring_json = NULL;
+    if (ring_path) {
+        ring_conf conf;
+        rk_identity id;
+        ring_coord rc;
+        if (ring_conf_load(&conf, ring_path, &err) != 0 || rk_load(&id, key_path, &err) != 0) goto out;
+        ring_opts ro_ = ring_opts_default();
+        ro_.n_ctx = (uint32_t)ctx;
+        ro_.wire = strcmp(wire, "f16") == 0 ? 1 : strcmp(wire, "bf16") == 0 ? 2 : 0;
+        if (ring_open(&rc, &conf, &id, &m, &hp, &ro_, &err) != 0) goto out;
+        int grc = ring_generate(&rc, &tok, toks, n_toks, &gp, run_on_token, &ro, &gm, &err);
+        if (grc == 0) {
+            fprintf(stderr, "\n");
+            ring_print_stats(&rc, stderr);
+            ring_json = ring_stats_json(&rc);
+        }
+        ring_close(&rc);
+        if (grc != 0) goto out;
+    } else {
+        if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, threads, &err) != 0) goto out;
+        have_engine = true;
+        k3_weights_prefault(&e.w, progress && m.tensor_bytes > (64u << 20));
+        if (gen_run(&e, &tok, toks, n_toks, &gp, run_on_token, &ro, &gm, &err) != 0) goto out;
+    }
     printf(ids ? "\n" : "");
     fflush(stdout);
     fprintf(stderr,
@@ -241,7 +277,8 @@ int cmd_run(int argc, char **argv) {
             "peak rss %.1f MiB, stop: %s\n",
             gm.prompt_tokens, gm.prefill_tok_s, gm.ttft_s, gm.generated_tokens, gm.decode_tok_s,
             (double)gm.peak_rss_bytes / 1048576.0, gm.stop_reason);
-    if (metrics && run_write_metrics(metrics, &gm, &err) != 0) goto out;
+    if (metrics && run_write_metrics(metrics, &gm, ring_json, &err) != 0) goto out;
+    if (!metrics) cJSON_Delete(ring_json);
     rc = 0;
 out:
     if (have_engine) k3_engine_free(&e);

@@ -1,0 +1,583 @@
+#include "coord.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cJSON.h>
+#include <sodium.h>
+#include <zmq.h>
+
+#include "../gguf/file_hash.h"
+#include "../model/k3_memory.h"
+
+ring_opts ring_opts_default(void) {
+    return (ring_opts){.n_ctx = 4096, .wire = 0, .connect_s = 5, .load_s = 600, .dead_s = 5, .step_s = 120};
+}
+
+int ring_conf_load(ring_conf *c, const char *path, rl_err *err) {
+    memset(c, 0, sizeof *c);
+    FILE *f = fopen(path, "r");
+    if (!f) return rl_errf(err, "cannot open ring config %s: %s", path, strerror(errno));
+    char line[1024];
+    int lineno = 0, rc = 0;
+    while (rc == 0 && fgets(line, sizeof line, f)) {
+        lineno++;
+        char *hash = strchr(line, '#');
+        if (hash) *hash = 0;
+        char addr[256], key[256], extra[256];
+        int k = sscanf(line, "%255s %255s %255s", addr, key, extra);
+        if (k <= 0) continue;
+        if (k < 2) {
+            rc = rl_errf(err, "%s:%d: expected \"HOST:PORT PUBLIC_KEY_HEX [mem=GB]\"", path, lineno);
+            break;
+        }
+        if (c->n == PLAN_MAX_NODES) {
+            rc = rl_errf(err, "%s: more than %d nodes", path, PLAN_MAX_NODES);
+            break;
+        }
+        ring_node_conf *nc = &c->nodes[c->n];
+        if (strlen(addr) >= sizeof nc->addr || !strchr(addr, ':')) {
+            rc = rl_errf(err, "%s:%d: bad address '%s' (HOST:PORT)", path, lineno, addr);
+            break;
+        }
+        snprintf(nc->addr, sizeof nc->addr, "%s", addr);
+        if (rk_peer_parse(&nc->key, key, err) != 0) {
+            rc = rl_err_prefix(err, "%s:%d", path, lineno);
+            break;
+        }
+        if (k == 3) {
+            char *end;
+            if (strncmp(extra, "mem=", 4) != 0 || (nc->mem_gb = strtod(extra + 4, &end)) <= 0 || *end) {
+                rc = rl_errf(err, "%s:%d: unknown option '%s' (mem=GB)", path, lineno, extra);
+                break;
+            }
+        }
+        for (int j = 0; j < c->n; j++) {
+            if (strcmp(c->nodes[j].addr, nc->addr) == 0) rc = rl_errf(err, "%s:%d: %s is listed twice", path, lineno, addr);
+        }
+        c->n++;
+    }
+    fclose(f);
+    if (rc == 0 && c->n == 0) rc = rl_errf(err, "%s lists no nodes", path);
+    return rc;
+}
+
+static double mono(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int ring_send(ring_coord *rc, int node, int type, uint64_t step, const rf_header *hh, const void *payload,
+                     size_t plen, const void *stamps, size_t slen, rl_err *err) {
+    rf_header h0 = {.type = (uint16_t)type, .ring_id = rc->ring_id, .step_id = step, .payload_bytes = plen};
+    const rf_header *h = hh ? hh : &h0;
+    size_t hl = rf_header_size(h->n_seqs);
+    uint8_t *hb = malloc(hl);
+    if (!hb) return rl_errf(err, "out of memory");
+    rf_header_encode(h, hb);
+    const void *parts[3] = {hb, payload ? payload : "", stamps ? stamps : ""};
+    size_t lens[3] = {hl, plen, slen};
+    /* INFO requests are retried by the caller; everything else waits a while for the link. */
+    int r = type == RF_INFO_REQ || type == RF_PING ? zs_send(rc->nodes[node].sock, parts, lens, stamps ? 3 : 2, true, err)
+                                                   : zs_send_wait(rc->nodes[node].sock, parts, lens, stamps ? 3 : 2,
+                                                                  (int)(rc->o.dead_s * 1000), err);
+    free(hb);
+    if (r != 0) {
+        zs_monitor_poll(&rc->nodes[node].mon);
+        return rl_errf(err, "cannot reach node %s%s%s", rc->conf.nodes[node].addr,
+                       rc->nodes[node].mon.last[0] ? ": " : "", rc->nodes[node].mon.last);
+    }
+    return 0;
+}
+
+/* Waits for one message of `want` type (from any node, or from `only` if >= 0). Answers nothing itself,
+ * but notes PONGs, pings every node each second and fails on ERROR, on a node silent for dead_s, or
+ * after timeout_s. *from is the node index the message came from. */
+static int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const bool *watch, int *from, zs_parts *out,
+                     rf_header *h, rl_err *err) {
+    double t0 = mono();
+    for (;;) {
+        double now = mono();
+        if (now - t0 > timeout_s) return rl_errf(err, "no %s within %.0f s", rf_type_name(want), timeout_s);
+        if (watch && now - rc->last_ping >= 1.0) {
+            rc->last_ping = now;
+            for (int i = 0; i < rc->conf.n; i++) {
+                if (watch[i]) {
+                    rl_err e2;
+                    ring_send(rc, i, RF_PING, 0, NULL, NULL, 0, NULL, 0, &e2);
+                }
+            }
+        }
+        for (int i = 0; watch && i < rc->conf.n; i++) {
+            if (watch[i] && now - rc->nodes[i].last_seen > rc->o.dead_s) {
+                zs_monitor_poll(&rc->nodes[i].mon);
+                return rl_errf(err, "node %s stopped responding (nothing for %.0f s)%s%s", rc->conf.nodes[i].addr,
+                               rc->o.dead_s, rc->nodes[i].mon.last[0] ? ": " : "", rc->nodes[i].mon.last);
+            }
+        }
+        zmq_pollitem_t items[PLAN_MAX_NODES];
+        for (int i = 0; i < rc->conf.n; i++) items[i] = (zmq_pollitem_t){rc->nodes[i].sock, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(items, rc->conf.n, 100) < 0 && errno != EINTR) {
+            return rl_errf(err, "poll failed: %s", zmq_strerror(errno));
+        }
+        sigset_t pend;
+        if (sigpending(&pend) == 0 && sigismember(&pend, SIGINT)) return rl_errf(err, "interrupted");
+        for (int i = 0; i < rc->conf.n; i++) {
+            if (!(items[i].revents & ZMQ_POLLIN)) continue;
+            for (;;) {
+                zs_parts p;
+                int r = zs_recv(rc->nodes[i].sock, &p, err);
+                if (r == 1) break;
+                if (r < 0) return -1;
+                rc->nodes[i].last_seen = mono();
+                rl_err e2;
+                if (p.n < 2 || rf_header_decode(h, p.data[0], p.len[0], &e2) != 0) {
+                    zs_parts_free(&p);
+                    return rl_errf(err, "node %s sent a malformed frame: %s", rc->conf.nodes[i].addr,
+                                   p.n < 2 ? "too few parts" : e2.msg);
+                }
+                if (h->type == RF_ERROR) {
+                    cJSON *j = cJSON_ParseWithLength(p.data[1], p.len[1]);
+                    const cJSON *msg = j ? cJSON_GetObjectItemCaseSensitive(j, "msg") : NULL;
+                    rl_errf(err, "node %s: %s", rc->conf.nodes[i].addr,
+                            cJSON_IsString(msg) ? msg->valuestring : "(unreadable error)");
+                    cJSON_Delete(j);
+                    zs_parts_free(&p);
+                    return -1;
+                }
+                if (h->type == want && (only < 0 || only == i)) {
+                    *from = i;
+                    *out = p;
+                    return 0;
+                }
+                zs_parts_free(&p); /* PONGs and late answers */
+            }
+        }
+        for (int i = 0; i < rc->conf.n; i++) zs_monitor_poll(&rc->nodes[i].mon);
+    }
+}
+
+static const char *jstr(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, const mf_model *m, const k3_hparams *hp,
+              const ring_opts *o, rl_err *err) {
+    memset(rc, 0, sizeof *rc);
+    rc->conf = *conf;
+    rc->id = id;
+    rc->o = *o;
+    rc->hp = *hp;
+    randombytes_buf(&rc->ring_id, sizeof rc->ring_id);
+    rc->next_step = 1;
+    rc->next_seq = 1;
+    if (fh_model_hash(m, rc->model_hash, err) != 0) return -1;
+    rc->zctx = zmq_ctx_new();
+    if (!rc->zctx) return rl_errf(err, "cannot create a ZeroMQ context");
+    char rid[80];
+    snprintf(rid, sizeof rid, "coord-%.16s", id->pk_hex);
+    for (int i = 0; i < conf->n; i++) {
+        rc->nodes[i].sock = zs_client(rc->zctx, conf->nodes[i].addr, id, conf->nodes[i].key.curve_pk_z85, rid, err);
+        if (!rc->nodes[i].sock) {
+            rl_err_prefix(err, "node %s", conf->nodes[i].addr);
+            ring_close(rc);
+            return -1;
+        }
+        char name[16];
+        snprintf(name, sizeof name, "n%d", i);
+        zs_monitor_start(&rc->nodes[i].mon, rc->zctx, rc->nodes[i].sock, name, err);
+    }
+    /* INFO from everyone. ZeroMQ connects in the background: we send now and wait. */
+    for (int i = 0; i < conf->n; i++) {
+        rl_err e2;
+        ring_send(rc, i, RF_INFO_REQ, 0, NULL, NULL, 0, NULL, 0, &e2); /* may fail until connected: retried below */
+    }
+    bool got[PLAN_MAX_NODES] = {0};
+    double t0 = mono(), last_send = t0;
+    int n_got = 0;
+    while (n_got < conf->n) {
+        if (mono() - t0 > o->connect_s) {
+            for (int i = 0; i < conf->n; i++) {
+                if (got[i]) continue;
+                zs_monitor_poll(&rc->nodes[i].mon);
+                rl_errf(err, "node %s did not answer within %.0f s: %s", conf->nodes[i].addr, o->connect_s,
+                        rc->nodes[i].mon.last[0] ? rc->nodes[i].mon.last : "unreachable");
+                break;
+            }
+            ring_close(rc);
+            return -1;
+        }
+        if (mono() - last_send > 0.5) { /* IMMEDIATE sockets drop what they cannot deliver yet: resend */
+            last_send = mono();
+            for (int i = 0; i < conf->n; i++) {
+                rl_err e2;
+                if (!got[i]) ring_send(rc, i, RF_INFO_REQ, 0, NULL, NULL, 0, NULL, 0, &e2);
+            }
+        }
+        zs_parts p;
+        rf_header h;
+        int from;
+        rl_err e2;
+        if (ring_wait(rc, RF_INFO, -1, 0.2, NULL, &from, &p, &h, &e2) != 0) {
+            if (strncmp(e2.msg, "no ", 3) == 0) continue; /* just the short timeout */
+            *err = e2;
+            ring_close(rc);
+            return -1;
+        }
+        if (!got[from]) {
+            cJSON *j = cJSON_ParseWithLength(p.data[1], p.len[1]);
+            const cJSON *mem = j ? cJSON_GetObjectItemCaseSensitive(j, "mem_bytes") : NULL;
+            const cJSON *sp = j ? cJSON_GetObjectItemCaseSensitive(j, "speed_bps") : NULL;
+            const cJSON *models = j ? cJSON_GetObjectItemCaseSensitive(j, "models") : NULL;
+            rc->nodes[from].mem_bytes = cJSON_IsNumber(mem) ? (uint64_t)mem->valuedouble : 0;
+            rc->nodes[from].speed = cJSON_IsNumber(sp) && sp->valuedouble > 0 ? sp->valuedouble : 1e9;
+            const cJSON *it;
+            cJSON_ArrayForEach(it, models) {
+                const char *hsh = jstr(it, "hash");
+                if (hsh && strcmp(hsh, rc->model_hash) == 0) rc->nodes[from].has_model = true;
+            }
+            cJSON_Delete(j);
+            got[from] = true;
+            rc->nodes[from].last_seen = mono();
+            n_got++;
+        }
+        zs_parts_free(&p);
+    }
+    /* Plan over the nodes that hold the model. */
+    plan_model pm;
+    memset(&pm, 0, sizeof pm);
+    pm.n_layer = hp->n_layer;
+    pm.n_seq = 1;
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        pm.layer_bytes[il] = k3_layer_weight_bytes(m, il);
+        pm.layer_active[il] = k3_range_active_bytes(m, hp, il, il + 1) - (il == 0 ? k3_range_active_bytes(m, hp, 0, 0) : 0);
+        pm.layer_state[il] = k3_range_kda_state_bytes(hp, il, il + 1) +
+                             (uint64_t)o->n_ctx * k3_range_mla_bytes_per_token(hp, il, il + 1, 4);
+    }
+    pm.first_bytes = k3_range_weight_bytes(m, hp, 0, 0);
+    pm.last_bytes = k3_range_weight_bytes(m, hp, hp->n_layer, hp->n_layer);
+    pm.last_active = pm.last_bytes;
+    for (int i = 0; i < conf->n; i++) {
+        plan_node *pn = &rc->pnodes[i];
+        snprintf(pn->name, sizeof pn->name, "%s", conf->nodes[i].addr);
+        pn->mem_bytes = rc->nodes[i].mem_bytes;
+        if (conf->nodes[i].mem_gb > 0 && (uint64_t)(conf->nodes[i].mem_gb * 1073741824.0) < pn->mem_bytes) {
+            pn->mem_bytes = (uint64_t)(conf->nodes[i].mem_gb * 1073741824.0);
+        }
+        if (!rc->nodes[i].has_model) pn->mem_bytes = 0; /* cannot serve without the file */
+        pn->speed = rc->nodes[i].speed;
+    }
+    if (plan_make(&pm, rc->pnodes, conf->n, 0.10, &rc->plan, err) != 0) {
+        for (int i = 0; i < conf->n; i++) {
+            if (!rc->nodes[i].has_model) {
+                rl_err_prefix(err, "node %s does not hold model %.16s... (no fetch yet; copy the file into its --models "
+                                   "folder)", conf->nodes[i].addr, rc->model_hash);
+                break;
+            }
+        }
+        ring_close(rc);
+        return -1;
+    }
+    if (!o->quiet) plan_print(&rc->plan, rc->pnodes, stderr);
+    /* Assign, last stage first, so every downstream neighbour trusts its upstream before it connects. */
+    for (int s = rc->plan.n_stages - 1; s >= 0; s--) {
+        const plan_stage *st = &rc->plan.stages[s];
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "model_hash", rc->model_hash);
+        cJSON_AddNumberToObject(j, "a", st->a);
+        cJSON_AddNumberToObject(j, "b", st->b);
+        cJSON_AddNumberToObject(j, "stage", s);
+        cJSON_AddNumberToObject(j, "n_stages", rc->plan.n_stages);
+        cJSON_AddNumberToObject(j, "n_ctx", o->n_ctx);
+        cJSON_AddStringToObject(j, "wire", o->wire == 1 ? "f16" : o->wire == 2 ? "bf16" : "f32");
+        if (s > 0) cJSON_AddStringToObject(j, "upstream", conf->nodes[rc->plan.stages[s - 1].node].key.pk_hex);
+        if (s + 1 < rc->plan.n_stages) {
+            const ring_node_conf *nx = &conf->nodes[rc->plan.stages[s + 1].node];
+            cJSON *nj = cJSON_AddObjectToObject(j, "next");
+            cJSON_AddStringToObject(nj, "addr", nx->addr);
+            cJSON_AddStringToObject(nj, "pubkey", nx->key.pk_hex);
+        }
+        char *js = cJSON_PrintUnformatted(j);
+        cJSON_Delete(j);
+        int r = js ? ring_send(rc, st->node, RF_ASSIGN, 0, NULL, js, strlen(js), NULL, 0, err) : rl_errf(err, "out of memory");
+        free(js);
+        if (r != 0) {
+            ring_close(rc);
+            return -1;
+        }
+        zs_parts p;
+        rf_header h;
+        int from;
+        if (ring_wait(rc, RF_READY, st->node, o->load_s, NULL, &from, &p, &h, err) != 0) {
+            rl_err_prefix(err, "loading layers [%u, %u) on %s", st->a, st->b, conf->nodes[st->node].addr);
+            ring_close(rc);
+            return -1;
+        }
+        zs_parts_free(&p);
+    }
+    return 0;
+}
+
+void ring_close(ring_coord *rc) {
+    for (int i = 0; i < rc->conf.n; i++) {
+        if (rc->nodes[i].sock) {
+            zmq_socket_monitor(rc->nodes[i].sock, NULL, 0);
+            zs_monitor_stop(&rc->nodes[i].mon);
+            zmq_close(rc->nodes[i].sock);
+        }
+    }
+    if (rc->zctx) zmq_ctx_term(rc->zctx);
+    rc->zctx = NULL;
+}
+
+int ring_step(ring_coord *rc, ring_seq_req *reqs, int n_reqs, rl_err *err) {
+    if (n_reqs < 1 || n_reqs > RF_MAX_SEQS) return rl_errf(err, "bad number of sequences %d", n_reqs);
+    rf_header *h = calloc(1, sizeof *h);
+    if (!h) return rl_errf(err, "out of memory");
+    h->type = RF_FORWARD;
+    h->ring_id = rc->ring_id;
+    h->step_id = rc->next_step++;
+    h->n_seqs = (uint32_t)n_reqs;
+    size_t total = 0;
+    for (int i = 0; i < n_reqs; i++) {
+        h->seqs[i] = (rf_seq){.seq_id = reqs[i].seq_id, .pos = reqs[i].pos, .n_tokens = reqs[i].n,
+                              .flags = reqs[i].flags, .smp = reqs[i].smp};
+        total += reqs[i].n;
+    }
+    int32_t *toks = malloc(total * 4 + 1);
+    if (!toks) {
+        free(h);
+        return rl_errf(err, "out of memory");
+    }
+    size_t off = 0;
+    for (int i = 0; i < n_reqs; i++) {
+        memcpy(toks + off, reqs[i].tokens, reqs[i].n * 4);
+        off += reqs[i].n;
+    }
+    h->payload_bytes = total * 4;
+    uint8_t sb[8];
+    rf_stamps_encode(NULL, 0, sb);
+    double t_send = rf_now(), t0 = mono();
+    int first = rc->plan.stages[0].node;
+    int r = ring_send(rc, first, RF_FORWARD, h->step_id, h, toks, total * 4, sb, rf_stamps_size(0), err);
+    free(toks);
+    if (r != 0) {
+        free(h);
+        return -1;
+    }
+    bool watch[PLAN_MAX_NODES] = {0};
+    for (int s = 0; s < rc->plan.n_stages; s++) watch[rc->plan.stages[s].node] = true;
+    int last = rc->plan.stages[rc->plan.n_stages - 1].node, from;
+    zs_parts p;
+    rf_header *rh = calloc(1, sizeof *rh);
+    for (;;) {
+        if (!rh || ring_wait(rc, RF_RESULT, last, rc->o.step_s, watch, &from, &p, rh, err) != 0) {
+            free(h);
+            free(rh);
+            return -1;
+        }
+        if (rh->step_id == h->step_id) break;
+        zs_parts_free(&p); /* a late answer to an abandoned step */
+    }
+    double t_recv = rf_now();
+    rc->traversal_s += mono() - t0;
+    rc->traversals++;
+    int rc_ = 0;
+    size_t want = (size_t)n_reqs * 4;
+    for (int i = 0; i < n_reqs; i++) {
+        if (reqs[i].flags & RF_SEQ_ALL_LOGITS) want += (size_t)reqs[i].n * rc->hp.n_vocab * 4;
+    }
+    if (rh->n_seqs != (uint32_t)n_reqs || p.len[1] != want) {
+        rc_ = rl_errf(err, "last stage returned %zu bytes for %u sequences, expected %zu for %d", p.len[1], rh->n_seqs,
+                      want, n_reqs);
+    } else {
+        const uint8_t *pl = p.data[1];
+        size_t lo = (size_t)n_reqs * 4;
+        for (int i = 0; i < n_reqs; i++) {
+            memcpy(&reqs[i].token, pl + i * 4, 4);
+            if (reqs[i].flags & RF_SEQ_ALL_LOGITS) {
+                size_t nb = (size_t)reqs[i].n * rc->hp.n_vocab * 4;
+                if (reqs[i].logits) memcpy(reqs[i].logits, pl + lo, nb);
+                lo += nb;
+            }
+        }
+        /* Per-hop timings from the stamps: queue and compute are local to each node; wire is the gap
+         * between one hop's send and the next hop's receive (exact on one machine, clock-skewed across). */
+        rf_stamp st[RF_MAX_STAMPS];
+        uint32_t ns = 0;
+        rl_err e2;
+        if (p.n >= 3 && rf_stamps_decode(st, &ns, p.data[2], p.len[2], &e2) == 0 && ns == (uint32_t)rc->plan.n_stages) {
+            double prev_send = t_send;
+            for (uint32_t s = 0; s < ns; s++) {
+                ring_stage_stats *ss = &rc->stats[s];
+                ss->queue_s += st[s].t_start - st[s].t_recv;
+                ss->compute_s += st[s].t_end - st[s].t_start;
+                ss->wire_s += fmax(0.0, st[s].t_recv - prev_send);
+                ss->n++;
+                prev_send = st[s].t_send;
+            }
+            rc->stats[ns].wire_s += fmax(0.0, t_recv - prev_send);
+            rc->stats[ns].n++;
+        }
+    }
+    zs_parts_free(&p);
+    free(h);
+    free(rh);
+    return rc_;
+}
+
+int ring_free_seqs(ring_coord *rc, const uint64_t *ids, int n, rl_err *err) {
+    rf_header *h = calloc(1, sizeof *h);
+    if (!h) return rl_errf(err, "out of memory");
+    h->type = RF_FREE;
+    h->ring_id = rc->ring_id;
+    h->step_id = rc->next_step++;
+    h->n_seqs = (uint32_t)(n > RF_MAX_SEQS ? RF_MAX_SEQS : n);
+    for (uint32_t i = 0; i < h->n_seqs; i++) h->seqs[i].seq_id = ids[i];
+    uint8_t sb[8];
+    rf_stamps_encode(NULL, 0, sb);
+    int r = ring_send(rc, rc->plan.stages[0].node, RF_FREE, h->step_id, h, NULL, 0, sb, rf_stamps_size(0), err);
+    free(h);
+    return r;
+}
+
+static double gen_mono(void) { return mono(); }
+
+rf_sampling ring_sampling(const smp_params *p) {
+    return (rf_sampling){.temperature = p->temperature, .top_p = p->top_p, .min_p = p->min_p,
+                         .repeat_penalty = p->repeat_penalty, .presence_penalty = p->presence_penalty,
+                         .frequency_penalty = p->frequency_penalty, .top_k = p->top_k,
+                         .penalty_last_n = p->penalty_last_n, .seed = p->seed};
+}
+
+int ring_generate(ring_coord *rc, const tok_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
+                  const gen_params *p, gen_token_cb cb, void *user, gen_metrics *m, rl_err *err) {
+    memset(m, 0, sizeof *m);
+    m->prompt_tokens = (int)n_prompt;
+    m->stop_reason = "length";
+    if (n_prompt == 0) return rl_errf(err, "empty prompt");
+    if (n_prompt >= rc->o.n_ctx) {
+        return rl_errf(err, "prompt of %zu tokens does not fit the context of %u", n_prompt, rc->o.n_ctx);
+    }
+    uint64_t seq = rc->next_seq++;
+    rf_sampling smp = ring_sampling(&p->smp);
+    tok_stream ts;
+    tok_stream_init(&ts, tok, false);
+    int rc_ = 0;
+    double t0 = gen_mono(), t_first = 0;
+    uint32_t chunk = p->chunk ? p->chunk : (uint32_t)n_prompt, pos = 0;
+    int32_t next = -1;
+    for (size_t i = 0; i < n_prompt && rc_ == 0; i += chunk) {
+        uint32_t n = (uint32_t)(n_prompt - i < chunk ? n_prompt - i : chunk);
+        bool lastc = i + n == n_prompt;
+        ring_seq_req rq = {.seq_id = seq, .pos = pos, .n = n, .tokens = prompt + i, .smp = smp,
+                           .flags = (i == 0 ? RF_SEQ_NEW : 0) | (lastc ? 0 : RF_SEQ_NO_SAMPLE)};
+        rc_ = ring_step(rc, &rq, 1, err);
+        pos += n;
+        next = rq.token;
+    }
+    m->prefill_s = gen_mono() - t0;
+    for (int g = 0; rc_ == 0 && (p->n_predict < 0 || g < p->n_predict); g++) {
+        int32_t id = next;
+        if (id < 0) {
+            rc_ = rl_errf(err, "the last stage returned no token");
+            break;
+        }
+        m->generated_tokens++;
+        if (g == 0) {
+            t_first = gen_mono();
+            m->ttft_s = t_first - t0;
+        }
+        if (!p->ignore_eog && tok_is_eog(tok, id)) {
+            m->stop_reason = "eog";
+            break;
+        }
+        const char *text;
+        size_t len;
+        if (tok_stream_push(&ts, id, &text, &len, err) != 0) {
+            rc_ = -1;
+            break;
+        }
+        if (cb && cb(user, id, text, len) != 0) {
+            m->stop_reason = "callback";
+            break;
+        }
+        sigset_t pend;
+        if (sigpending(&pend) == 0 && sigismember(&pend, SIGINT)) {
+            m->stop_reason = "interrupted";
+            break;
+        }
+        if (p->n_predict >= 0 && g + 1 >= p->n_predict) break;
+        if (pos + 1 > rc->o.n_ctx) {
+            m->stop_reason = "context";
+            break;
+        }
+        ring_seq_req rq = {.seq_id = seq, .pos = pos, .n = 1, .tokens = &id, .smp = smp};
+        rc_ = ring_step(rc, &rq, 1, err);
+        pos++;
+        next = rq.token;
+    }
+    if (rc_ == 0 && cb) {
+        const char *text;
+        size_t len;
+        tok_stream_flush(&ts, &text, &len);
+        if (len) cb(user, -1, text, len);
+    }
+    if (m->generated_tokens > 0) {
+        m->decode_s = gen_mono() - t_first;
+        if (m->generated_tokens > 1 && m->decode_s > 0) m->decode_tok_s = (m->generated_tokens - 1) / m->decode_s;
+    }
+    if (m->prefill_s > 0) m->prefill_tok_s = (double)n_prompt / m->prefill_s;
+    m->peak_rss_bytes = gen_peak_rss();
+    tok_stream_free(&ts);
+    rl_err e2;
+    ring_free_seqs(rc, &seq, 1, &e2);
+    return rc_;
+}
+
+void ring_print_stats(const ring_coord *rc, FILE *f) {
+    fprintf(f, "%-6s %-22s %-10s %10s %10s %10s\n", "stage", "node", "layers", "queue ms", "compute ms", "wire ms");
+    for (int s = 0; s < rc->plan.n_stages; s++) {
+        const ring_stage_stats *ss = &rc->stats[s];
+        double n = ss->n ? (double)ss->n : 1;
+        char layers[32];
+        snprintf(layers, sizeof layers, "%u-%u", rc->plan.stages[s].a, rc->plan.stages[s].b - 1);
+        fprintf(f, "%-6d %-22s %-10s %10.3f %10.3f %10.3f\n", s, rc->conf.nodes[rc->plan.stages[s].node].addr, layers,
+                1e3 * ss->queue_s / n, 1e3 * ss->compute_s / n, 1e3 * ss->wire_s / n);
+    }
+    const ring_stage_stats *ret = &rc->stats[rc->plan.n_stages];
+    fprintf(f, "%-6s %-22s %-10s %10s %10s %10.3f\n", "return", "coordinator", "", "", "",
+            ret->n ? 1e3 * ret->wire_s / (double)ret->n : 0.0);
+    fprintf(f, "traversal: %.3f ms on average over %ld traversals\n",
+            rc->traversals ? 1e3 * rc->traversal_s / (double)rc->traversals : 0.0, rc->traversals);
+}
+
+cJSON *ring_stats_json(const ring_coord *rc) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON *a = cJSON_AddArrayToObject(o, "stages");
+    for (int s = 0; s < rc->plan.n_stages; s++) {
+        const ring_stage_stats *ss = &rc->stats[s];
+        double n = ss->n ? (double)ss->n : 1;
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "node", rc->conf.nodes[rc->plan.stages[s].node].addr);
+        cJSON_AddNumberToObject(j, "layer_start", rc->plan.stages[s].a);
+        cJSON_AddNumberToObject(j, "layer_end", rc->plan.stages[s].b);
+        cJSON_AddNumberToObject(j, "queue_ms", 1e3 * ss->queue_s / n);
+        cJSON_AddNumberToObject(j, "compute_ms", 1e3 * ss->compute_s / n);
+        cJSON_AddNumberToObject(j, "wire_ms", 1e3 * ss->wire_s / n);
+        cJSON_AddItemToArray(a, j);
+    }
+    const ring_stage_stats *ret = &rc->stats[rc->plan.n_stages];
+    cJSON_AddNumberToObject(o, "return_wire_ms", ret->n ? 1e3 * ret->wire_s / (double)ret->n : 0.0);
+    cJSON_AddNumberToObject(o, "traversal_ms", rc->traversals ? 1e3 * rc->traversal_s / (double)rc->traversals : 0.0);
+    cJSON_AddNumberToObject(o, "traversals", (double)rc->traversals);
+    return o;
+}

@@ -1,0 +1,119 @@
+/* coord.h - the coordinator: plans the ring, assigns layer ranges, drives sequences through it.
+ *
+ * Data path: coordinator -> stage 0 -> ... -> last stage -> coordinator (the last stage answers directly,
+ * over the coordinator's own connection to it). Liveness: every node is pinged each second while a
+ * request waits; a node silent for `dead_s` fails the request with its name, and any node's ERROR fails
+ * it with the node's message. Nothing waits forever. */
+#ifndef RINGLM_COORD_H
+#define RINGLM_COORD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "../base/err.h"
+#include "../gen/generate.h"
+#include "../gguf/model_file.h"
+#include "../model/k3_hparams.h"
+#include "../text/tokenizer.h"
+#include "../trust/keys.h"
+#include "frame.h"
+#include "plan.h"
+#include "zsock.h"
+
+typedef struct ring_node_conf {
+    char addr[128];  /* HOST:PORT */
+    rk_peer key;
+    double mem_gb;   /* optional cap from ring.conf (0 = what the node reports) */
+} ring_node_conf;
+
+typedef struct ring_conf {
+    int n;
+    ring_node_conf nodes[PLAN_MAX_NODES];
+} ring_conf;
+
+/* ring.conf: one node per line, "HOST:PORT PUBLIC_KEY_HEX [mem=GB]"; '#' starts a comment. */
+int ring_conf_load(ring_conf *c, const char *path, rl_err *err);
+
+typedef struct ring_opts {
+    uint32_t n_ctx;       /* per-sequence context on every node */
+    int wire;             /* enum k3_wire_dtype for boundary states */
+    double connect_s;     /* how long to wait for INFO from every node */
+    double load_s;        /* how long to wait for every node to load its range */
+    double dead_s;        /* a node silent this long is declared dead */
+    double step_s;        /* no result for this long fails the request */
+    bool quiet;           /* do not print the plan */
+} ring_opts;
+
+ring_opts ring_opts_default(void);
+
+typedef struct ring_stage_stats {
+    double compute_s, queue_s, wire_s; /* sums over traversals */
+    long n;
+} ring_stage_stats;
+
+typedef struct ring_node_state {
+    void *sock;
+    zs_monitor mon;
+    uint64_t mem_bytes;
+    double speed;
+    double last_seen;
+    bool has_model;
+} ring_node_state;
+
+typedef struct ring_coord {
+    void *zctx;
+    const rk_identity *id;
+    ring_conf conf;
+    ring_opts o;
+    ring_node_state nodes[PLAN_MAX_NODES];
+    plan_node pnodes[PLAN_MAX_NODES];
+    plan_result plan;
+    k3_hparams hp;
+    char model_hash[65];
+    uint64_t ring_id, next_step, next_seq;
+    double last_ping;
+    ring_stage_stats stats[PLAN_MAX_NODES + 1]; /* [n_stages] = the return hop */
+    double traversal_s;
+    long traversals;
+} ring_coord;
+
+/* Connects, asks every node for INFO, plans, prints the plan, assigns ranges and waits until all are
+ * loaded. Fails with a message naming the node and the reason (unreachable, refused our key, lacks the
+ * model, too little memory for the plan, ...). */
+int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, const mf_model *m,
+              const k3_hparams *hp, const ring_opts *o, rl_err *err);
+void ring_close(ring_coord *rc);
+
+/* One sequence's turn through the ring: sends `n` tokens of sequence `seq` at position `pos` and waits
+ * for the result. flags: RF_SEQ_*. On return *token is the sampled token (or -1) and, with
+ * RF_SEQ_ALL_LOGITS, logits holds n rows of n_vocab (caller's buffer). */
+typedef struct ring_seq_req {
+    uint64_t seq_id;
+    uint32_t pos, n;
+    uint32_t flags;
+    const int32_t *tokens;
+    rf_sampling smp;
+    int32_t token;  /* out */
+    float *logits;  /* out, optional */
+} ring_seq_req;
+
+/* Sampling parameters for the wire (the last stage samples). */
+rf_sampling ring_sampling(const smp_params *p);
+
+/* Several sequences in one FORWARD frame (batched through every stage). */
+int ring_step(ring_coord *rc, ring_seq_req *reqs, int n_reqs, rl_err *err);
+
+/* Forgets sequences on every node. */
+int ring_free_seqs(ring_coord *rc, const uint64_t *ids, int n, rl_err *err);
+
+/* The same contract as gen_run, over the ring. */
+int ring_generate(ring_coord *rc, const tok_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
+                  const gen_params *p, gen_token_cb cb, void *user, gen_metrics *m, rl_err *err);
+
+/* Per-stage figures so far: a table on f, and a JSON array (cJSON *) for --metrics-json. */
+void ring_print_stats(const ring_coord *rc, FILE *f);
+struct cJSON;
+struct cJSON *ring_stats_json(const ring_coord *rc);
+
+#endif

@@ -1,0 +1,159 @@
+#include "frame.h"
+
+#include <string.h>
+#include <time.h>
+
+/* Little-endian writers and readers: the wire format never depends on the host. */
+static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8); }
+static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint32_t get32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+static uint64_t get64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+static void putf(uint8_t *p, float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    put32(p, u);
+}
+static float getf(const uint8_t *p) {
+    uint32_t u = get32(p);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static void putd(uint8_t *p, double d) {
+    uint64_t u;
+    memcpy(&u, &d, 8);
+    put64(p, u);
+}
+static double getd(const uint8_t *p) {
+    uint64_t u = get64(p);
+    double d;
+    memcpy(&d, &u, 8);
+    return d;
+}
+
+#define RF_FIXED 40   /* magic .. payload_bytes */
+#define RF_SEQ_SIZE 60
+
+size_t rf_header_size(uint32_t n_seqs) { return RF_FIXED + (size_t)n_seqs * RF_SEQ_SIZE; }
+
+void rf_header_encode(const rf_header *h, uint8_t *b) {
+    memcpy(b, "RLM1", 4);
+    put16(b + 4, RF_VERSION);
+    put16(b + 6, h->type);
+    put64(b + 8, h->ring_id);
+    put64(b + 16, h->step_id);
+    put32(b + 24, h->flags);
+    put32(b + 28, h->n_seqs);
+    put64(b + 32, h->payload_bytes);
+    for (uint32_t i = 0; i < h->n_seqs; i++) {
+        uint8_t *p = b + RF_FIXED + (size_t)i * RF_SEQ_SIZE;
+        const rf_seq *s = &h->seqs[i];
+        put64(p, s->seq_id);
+        put32(p + 8, s->pos);
+        put32(p + 12, s->n_tokens);
+        put32(p + 16, s->flags);
+        putf(p + 20, s->smp.temperature);
+        putf(p + 24, s->smp.top_p);
+        putf(p + 28, s->smp.min_p);
+        putf(p + 32, s->smp.repeat_penalty);
+        putf(p + 36, s->smp.presence_penalty);
+        putf(p + 40, s->smp.frequency_penalty);
+        put32(p + 44, (uint32_t)s->smp.top_k);
+        put32(p + 48, (uint32_t)s->smp.penalty_last_n);
+        put64(p + 52, s->smp.seed);
+    }
+}
+
+int rf_header_decode(rf_header *h, const uint8_t *b, size_t len, rl_err *err) {
+    memset(h, 0, offsetof(rf_header, seqs));
+    if (len < RF_FIXED) return rl_errf(err, "frame header of %zu bytes is too short", len);
+    if (memcmp(b, "RLM1", 4) != 0) return rl_errf(err, "frame has bad magic (not a ringlm peer?)");
+    h->version = get16(b + 4);
+    if (h->version != RF_VERSION) {
+        return rl_errf(err, "protocol version mismatch: peer speaks %u, we speak %u", h->version, RF_VERSION);
+    }
+    h->type = get16(b + 6);
+    if (h->type < 1 || h->type > RF_TYPE_MAX) return rl_errf(err, "unknown frame type %u", h->type);
+    h->ring_id = get64(b + 8);
+    h->step_id = get64(b + 16);
+    h->flags = get32(b + 24);
+    h->n_seqs = get32(b + 28);
+    h->payload_bytes = get64(b + 32);
+    if (h->n_seqs > RF_MAX_SEQS) return rl_errf(err, "frame lists %u sequences (limit %d)", h->n_seqs, RF_MAX_SEQS);
+    if (len != rf_header_size(h->n_seqs)) {
+        return rl_errf(err, "frame header is %zu bytes, %u sequences need %zu", len, h->n_seqs, rf_header_size(h->n_seqs));
+    }
+    for (uint32_t i = 0; i < h->n_seqs; i++) {
+        const uint8_t *p = b + RF_FIXED + (size_t)i * RF_SEQ_SIZE;
+        rf_seq *s = &h->seqs[i];
+        s->seq_id = get64(p);
+        s->pos = get32(p + 8);
+        s->n_tokens = get32(p + 12);
+        s->flags = get32(p + 16);
+        s->smp.temperature = getf(p + 20);
+        s->smp.top_p = getf(p + 24);
+        s->smp.min_p = getf(p + 28);
+        s->smp.repeat_penalty = getf(p + 32);
+        s->smp.presence_penalty = getf(p + 36);
+        s->smp.frequency_penalty = getf(p + 40);
+        s->smp.top_k = (int32_t)get32(p + 44);
+        s->smp.penalty_last_n = (int32_t)get32(p + 48);
+        s->smp.seed = get64(p + 52);
+    }
+    return 0;
+}
+
+#define RF_STAMP_SIZE 40
+
+size_t rf_stamps_size(uint32_t n) { return 4 + (size_t)n * RF_STAMP_SIZE; }
+
+void rf_stamps_encode(const rf_stamp *s, uint32_t n, uint8_t *b) {
+    put32(b, n);
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t *p = b + 4 + (size_t)i * RF_STAMP_SIZE;
+        put32(p, s[i].stage);
+        put32(p + 4, s[i].n_tokens);
+        putd(p + 8, s[i].t_recv);
+        putd(p + 16, s[i].t_start);
+        putd(p + 24, s[i].t_end);
+        putd(p + 32, s[i].t_send);
+    }
+}
+
+int rf_stamps_decode(rf_stamp *s, uint32_t *n, const uint8_t *b, size_t len, rl_err *err) {
+    if (len < 4) return rl_errf(err, "stamps frame too short");
+    *n = get32(b);
+    if (*n > RF_MAX_STAMPS || len != rf_stamps_size(*n)) return rl_errf(err, "stamps frame malformed");
+    for (uint32_t i = 0; i < *n; i++) {
+        const uint8_t *p = b + 4 + (size_t)i * RF_STAMP_SIZE;
+        s[i].stage = get32(p);
+        s[i].n_tokens = get32(p + 4);
+        s[i].t_recv = getd(p + 8);
+        s[i].t_start = getd(p + 16);
+        s[i].t_end = getd(p + 24);
+        s[i].t_send = getd(p + 32);
+    }
+    return 0;
+}
+
+const char *rf_type_name(int type) {
+    static const char *names[] = {"?", "INFO_REQ", "INFO", "ASSIGN", "READY", "FORWARD", "RESULT",
+                                  "PING", "PONG", "ERROR", "FREE"};
+    return type >= 1 && type <= RF_TYPE_MAX ? names[type] : "?";
+}
+
+double rf_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}

@@ -1,0 +1,98 @@
+/* frame.h - the messages between coordinator and nodes, and between neighbouring nodes.
+ *
+ * A message is a ZeroMQ multipart message: [header][payload][stamps]. The header is a fixed
+ * little-endian struct followed by one entry per sequence; the payload depends on the type; the stamps
+ * frame carries per-hop timings (FORWARD and RESULT only). Every field is checked on receipt: a frame
+ * of the wrong size, magic, version, type or counts is refused with a message, never trusted.
+ *
+ *   header: "RLM1" | u16 version | u16 type | u64 ring_id | u64 step_id | u32 flags | u32 n_seqs
+ *           | u64 payload_bytes | then n_seqs x rf_seq (below)
+ *
+ * Types and payloads:
+ *   INFO_REQ   coord -> node    (empty)
+ *   INFO       node -> coord    JSON: mem_bytes, threads, backend, speed_gbs, models [{name, hash, bytes}]
+ *   ASSIGN     coord -> node    JSON: model hash, layer range, next hop, allowed upstream key, n_ctx, ...
+ *   READY      node -> coord    JSON: what was loaded, resident bytes
+ *   FORWARD    prev -> node     stage 0: int32 tokens; later stages: boundary state (k3_boundary wire form)
+ *   RESULT     last -> coord    int32 token per sequence (n_seqs), then f32 logits when asked
+ *   PING/PONG  coord <-> node   liveness (empty)
+ *   ERROR      node -> coord    JSON: msg
+ *   FREE       coord -> node    forget the listed sequences (forwarded down the ring)
+ */
+#ifndef RINGLM_FRAME_H
+#define RINGLM_FRAME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../base/err.h"
+
+#define RF_VERSION 1
+#define RF_MAX_SEQS 256
+#define RF_MAX_STAMPS 64
+
+enum rf_type {
+    RF_INFO_REQ = 1,
+    RF_INFO = 2,
+    RF_ASSIGN = 3,
+    RF_READY = 4,
+    RF_FORWARD = 5,
+    RF_RESULT = 6,
+    RF_PING = 7,
+    RF_PONG = 8,
+    RF_ERROR = 9,
+    RF_FREE = 10,
+    RF_TYPE_MAX = 10
+};
+
+/* Per-sequence flags. */
+enum {
+    RF_SEQ_NEW = 1,        /* the sequence starts here (pos must be 0): allocate fresh state */
+    RF_SEQ_ALL_LOGITS = 2, /* return the logits of every position of this sequence, not a token */
+    RF_SEQ_NO_SAMPLE = 4,  /* prefill chunk: no token wanted */
+};
+
+/* Sampling parameters travel with every sequence entry; the last stage samples. */
+typedef struct rf_sampling {
+    float temperature, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
+    int32_t top_k, penalty_last_n;
+    uint64_t seed;
+} rf_sampling;
+
+typedef struct rf_seq {
+    uint64_t seq_id;
+    uint32_t pos;      /* position of the first token in this message */
+    uint32_t n_tokens;
+    uint32_t flags;
+    rf_sampling smp;
+} rf_seq;
+
+typedef struct rf_header {
+    uint16_t version, type;
+    uint64_t ring_id, step_id;
+    uint32_t flags;
+    uint32_t n_seqs;
+    uint64_t payload_bytes;
+    rf_seq seqs[RF_MAX_SEQS];
+} rf_header;
+
+/* One hop's timing, CLOCK_REALTIME seconds (comparable across machines only with synced clocks; the
+ * durations queue = start - recv, compute = end - start are local and always meaningful). */
+typedef struct rf_stamp {
+    uint32_t stage;
+    uint32_t n_tokens;
+    double t_recv, t_start, t_end, t_send;
+} rf_stamp;
+
+size_t rf_header_size(uint32_t n_seqs);
+void rf_header_encode(const rf_header *h, uint8_t *buf); /* buf: rf_header_size(h->n_seqs) bytes */
+int rf_header_decode(rf_header *h, const uint8_t *buf, size_t len, rl_err *err);
+
+size_t rf_stamps_size(uint32_t n);
+void rf_stamps_encode(const rf_stamp *s, uint32_t n, uint8_t *buf);
+int rf_stamps_decode(rf_stamp *s, uint32_t *n, const uint8_t *buf, size_t len, rl_err *err);
+
+const char *rf_type_name(int type);
+double rf_now(void); /* CLOCK_REALTIME in seconds */
+
+#endif

@@ -1,0 +1,33 @@
+/* node.h - `ringlm node`: one machine of the ring.
+ *
+ * Listens (ZeroMQ ROUTER, CURVE) for its coordinator(s) and its upstream neighbour. Answers INFO with its
+ * memory, a measured speed and the models it holds (by content hash); on ASSIGN maps its layer range of
+ * the named model and connects to its downstream neighbour; then runs FORWARD frames: the sequences'
+ * tokens or boundary state in, its layers, boundary state out to the next node (or, on the last stage,
+ * sampled tokens / logits straight back to the coordinator). Keeps each sequence's state for its layers.
+ * Never trusts a frame: a malformed one is answered with ERROR and dropped. */
+#ifndef RINGLM_NODE_H
+#define RINGLM_NODE_H
+
+#include <stdbool.h>
+
+#include "../base/err.h"
+#include "../trust/keys.h"
+
+#define NODE_MAX_ALLOW 16
+
+typedef struct node_opts {
+    const char *listen;      /* HOST:PORT */
+    rk_identity id;
+    rk_peer allow[NODE_MAX_ALLOW];
+    int n_allow;
+    const char *models_dir;  /* GGUF files this node holds (may be NULL) */
+    double mem_gb;           /* memory offered; 0 = what the OS reports available */
+    int threads;
+    bool verbose;
+} node_opts;
+
+/* Runs until SIGINT or SIGTERM (the caller blocks both; they are polled). */
+int node_run(const node_opts *o, rl_err *err);
+
+#endif

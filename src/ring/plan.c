@@ -1,0 +1,363 @@
+/* plan.c - the layer cut: an exact dynamic program over (nodes considered, layers covered).
+ *
+ * A plan is a sequence of stages on strictly increasing node indices, each stage a non-empty contiguous
+ * layer range, together covering [0, n_layer). Its cost is the slowest stage (that bounds the ring's
+ * tokens per second once it is pipelined); ties go to fewer stages (one hop less per token), then to
+ * memory spread evenly over the nodes.
+ *
+ * The order of preference is lexicographic, and a lexicographic (max, count, ...) does not decompose:
+ * a prefix with a smaller max but more stages can lose once a later, slower stage hides that max. So the
+ * plan is made in three passes, each of which does decompose (its value combines monotonically):
+ *   1. minimize the max stage time                                            -> T*
+ *   2. only stages with time <= T*: minimize (stages, max memory share)       -> S*, M*
+ *   3. only stages with time <= T* and share <= M*: minimize (stages, -min memory share)
+ * Pass 3 still finds S* stages (pass 2's plan is admissible there and pass 3 cannot do better), so its
+ * plan is optimal for the whole order. Every stage metric is computed by the same function in every
+ * pass, so comparing with T* and M* is exact in floating point. */
+#include "plan.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KIB 1024.0
+#define MIB (1024.0 * 1024.0)
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+/* Everything a stage's cost needs, with prefix sums so a stage costs O(1). The totals are checked for
+ * 64-bit overflow up front, so no difference of prefix sums (and no stage total) can wrap. */
+typedef struct cost_ctx {
+    const plan_model *m;
+    const plan_node *nodes;
+    int n_nodes;
+    uint32_t n;
+    double headroom;
+    uint64_t pre_raw[PLAN_MAX_LAYERS + 1];    /* weights + n_seq * state of layers [0, i) */
+    uint64_t pre_active[PLAN_MAX_LAYERS + 1]; /* bytes read per token in layers [0, i) */
+} cost_ctx;
+
+/* Memory a stage with `raw` bytes needs once headroom is added, rounded up to a byte (saturating).
+ * headroom arrives as a double and 0.1 is not exact in binary: 10 GiB * 0.1 comes out a hair above 1 GiB,
+ * and a plain ceil would add a byte, so ten 1 GiB layers would not fit an 11 GiB node at 10%. A product
+ * within 1e-12 (relative) of a whole number counts as that number. */
+static uint64_t need_of(uint64_t raw, double headroom) {
+    long double x = (long double)raw * (long double)headroom, whole = roundl(x);
+    if (fabsl(x - whole) <= x * 1e-12L) x = whole;
+    long double extra = ceill(x);
+    if ((long double)raw + extra >= 18446744073709551615.0L) return UINT64_MAX;
+    return raw + (uint64_t)extra;
+}
+
+static uint64_t stage_raw(const cost_ctx *c, uint32_t a, uint32_t b) {
+    uint64_t raw = c->pre_raw[b] - c->pre_raw[a];
+    if (a == 0) raw += c->m->first_bytes;
+    if (b == c->n) raw += c->m->last_bytes;
+    return raw;
+}
+
+static double stage_time(const cost_ctx *c, int node, uint32_t a, uint32_t b) {
+    uint64_t active = c->pre_active[b] - c->pre_active[a];
+    if (b == c->n) active += c->m->last_active;
+    return (double)active / c->nodes[node].speed;
+}
+
+/* Fills a stage for layers [a, b) on `node`; returns whether it fits the node's memory. */
+static int stage_eval(const cost_ctx *c, int node, uint32_t a, uint32_t b, plan_stage *s) {
+    s->node = node;
+    s->a = a;
+    s->b = b;
+    s->mem_bytes = need_of(stage_raw(c, a, b), c->headroom);
+    s->time = stage_time(c, node, a, b);
+    return s->mem_bytes <= c->nodes[node].mem_bytes;
+}
+
+/* Share of the node's memory the stage uses; only called for stages that fit, so mem_bytes > 0 or the
+ * need is 0 too (a node with no memory can only hold a stage that needs nothing). */
+static double stage_share(const cost_ctx *c, const plan_stage *s) {
+    uint64_t mem = c->nodes[s->node].mem_bytes;
+    return mem ? (double)s->mem_bytes / (double)mem : 0.0;
+}
+
+enum dp_metric { DP_TIME, DP_SHARE, DP_NEG_SHARE };
+
+typedef struct dp_spec {
+    int count_stages;      /* compare the stage count before the metric */
+    enum dp_metric metric; /* minimized as the max over the stages */
+    double max_time;       /* only stages this fast (INFINITY: no limit) */
+    double max_share;      /* only stages using at most this share of their node (INFINITY: no limit) */
+} dp_spec;
+
+/* Best plan covering layers [0, k) with nodes [0, j). from: the first layer of the last stage, which then
+ * runs on node j-1; DP_SKIP: node j-1 is not used; DP_NONE: no plan. */
+#define DP_SKIP (-1)
+#define DP_NONE (-2)
+typedef struct dp_cell {
+    int stages;
+    int from;
+    double v;
+} dp_cell;
+
+static int dp_better(const dp_spec *sp, int s1, double v1, int s2, double v2) {
+    if (sp->count_stages && s1 != s2) return s1 < s2;
+    return v1 < v2;
+}
+
+/* t has (n_nodes + 1) * (n + 1) cells. O(n_nodes * n^2) stage evaluations at most; the inner loop stops
+ * as soon as a longer stage stops fitting, since memory and time only grow as the stage grows. */
+static void dp_run(const cost_ctx *c, const dp_spec *sp, dp_cell *t) {
+    const uint32_t w = c->n + 1;
+    for (uint32_t k = 0; k <= c->n; k++) t[k] = (dp_cell){0, k == 0 ? DP_SKIP : DP_NONE, -INFINITY};
+    for (int j = 1; j <= c->n_nodes; j++) {
+        const int node = j - 1;
+        const dp_cell *prev = t + (size_t)(j - 1) * w;
+        dp_cell *row = t + (size_t)j * w;
+        for (uint32_t k = 0; k <= c->n; k++) {
+            /* leaving the node out comes first, so a tie keeps the node free */
+            dp_cell best = prev[k];
+            if (best.from != DP_NONE) best.from = DP_SKIP;
+            for (uint32_t a = k; a-- > 0;) {
+                plan_stage s;
+                if (!stage_eval(c, node, a, k, &s) || s.time > sp->max_time) break;
+                const double share = stage_share(c, &s);
+                if (share > sp->max_share) break;
+                if (prev[a].from == DP_NONE) continue;
+                const double mv = sp->metric == DP_TIME ? s.time : sp->metric == DP_SHARE ? share : -share;
+                const int cs = prev[a].stages + 1;
+                const double cv = prev[a].v > mv ? prev[a].v : mv;
+                if (best.from == DP_NONE || dp_better(sp, cs, cv, best.stages, best.v))
+                    best = (dp_cell){cs, (int)a, cv};
+            }
+            row[k] = best;
+        }
+    }
+}
+
+/* "9.1 GiB" / "512.0 MiB" / "12.0 KiB" / "100 B" with `dec` decimals. */
+static void fmt_bytes(char *buf, size_t n, uint64_t v, int dec) {
+    if ((double)v >= GIB)
+        snprintf(buf, n, "%.*f GiB", dec, (double)v / GIB);
+    else if ((double)v >= MIB)
+        snprintf(buf, n, "%.*f MiB", dec, (double)v / MIB);
+    else if ((double)v >= KIB)
+        snprintf(buf, n, "%.*f KiB", dec, (double)v / KIB);
+    else
+        snprintf(buf, n, "%llu B", (unsigned long long)v);
+}
+
+/* Formats two sizes that a message compares so that they never read the same when they differ
+ * ("needs 8.0 GiB ... offers 8.0 GiB" would say nothing): more decimals, then exact bytes. */
+static void fmt_pair(char *ba, char *bb, size_t n, uint64_t a, uint64_t b) {
+    for (int dec = 1; dec <= 3; dec++) {
+        fmt_bytes(ba, n, a, dec);
+        fmt_bytes(bb, n, b, dec);
+        if (a == b || strcmp(ba, bb) != 0) return;
+    }
+    snprintf(ba, n, "%llu bytes", (unsigned long long)a);
+    snprintf(bb, n, "%llu bytes", (unsigned long long)b);
+}
+
+/* names are fixed arrays that a caller may fill to the brim, without a terminator */
+static int name_len(const plan_node *nd) { return (int)strnlen(nd->name, sizeof nd->name); }
+
+/* The smallest need of layer i in any plan: alone in its stage, with the embedding / head it must carry. */
+static uint64_t layer_alone_need(const cost_ctx *c, uint32_t i) {
+    return need_of(stage_raw(c, i, i + 1), c->headroom);
+}
+
+/* Called when pass 1 found no plan: say why, as precisely as the numbers allow. */
+static int explain_infeasible(const cost_ctx *c, const dp_cell *t, uint64_t weights, uint64_t state, rl_err *err) {
+    uint64_t offered = 0, largest = 0;
+    for (int i = 0; i < c->n_nodes; i++) {
+        uint64_t mb = c->nodes[i].mem_bytes;
+        offered = offered + mb < offered ? UINT64_MAX : offered + mb;
+        if (mb > largest) largest = mb;
+    }
+    /* the layer that overflows the largest node by the most, if any does */
+    int worst = -1;
+    uint64_t worst_need = 0;
+    for (uint32_t i = 0; i < c->n; i++) {
+        uint64_t nd = layer_alone_need(c, i);
+        if (nd > largest && nd > worst_need) {
+            worst = (int)i;
+            worst_need = nd;
+        }
+    }
+    char s_worst[64] = "", s_largest[64] = "", layer_msg[256] = "";
+    if (worst >= 0) {
+        const char *with = c->n == 1                     ? " (with the embedding and the output head)"
+                           : worst == 0                  ? " (with the embedding)"
+                           : (uint32_t)worst == c->n - 1 ? " (with the output head)"
+                                                         : "";
+        fmt_pair(s_worst, s_largest, sizeof s_worst, worst_need, largest);
+        snprintf(layer_msg, sizeof layer_msg, "layer %d%s needs %s, more than any node offers (largest: %s)", worst,
+                 with, s_worst, s_largest);
+    }
+
+    /* Too little memory in all comes first: no cut helps then. A huge layer is named as well, since adding
+     * nodes of the same size would not be enough. */
+    const uint64_t total_need = need_of(weights + state, c->headroom);
+    if (total_need > offered) {
+        char s_need[64], s_off[64], s_w[64], s_st[64], detail[256];
+        fmt_pair(s_need, s_off, sizeof s_need, total_need, offered);
+        fmt_bytes(s_w, sizeof s_w, weights, 1);
+        fmt_bytes(s_st, sizeof s_st, state, 1);
+        int len = snprintf(detail, sizeof detail, "weights %s", s_w);
+        if (state && len > 0 && (size_t)len < sizeof detail)
+            len += snprintf(detail + len, sizeof detail - (size_t)len, " + state %s", s_st);
+        if (c->headroom > 0 && len > 0 && (size_t)len < sizeof detail)
+            snprintf(detail + len, sizeof detail - (size_t)len, " + %g%% headroom", c->headroom * 100.0);
+        return rl_errf(err, "ring too small: the model needs %s (%s) but the %d node%s offer%s %s in all%s%s", s_need,
+                       detail, c->n_nodes, c->n_nodes == 1 ? "" : "s", c->n_nodes == 1 ? "s" : "", s_off,
+                       worst >= 0 ? "; also " : "", layer_msg);
+    }
+    if (worst >= 0) return rl_errf(err, "%s", layer_msg);
+
+    /* Enough memory in all and every layer fits somewhere: the ring order and contiguity are the
+     * problem. Report how far the ordered nodes get. */
+    const dp_cell *last = t + (size_t)c->n_nodes * (c->n + 1);
+    uint32_t reach = 0;
+    for (uint32_t k = 0; k <= c->n; k++)
+        if (last[k].from != DP_NONE) reach = k;
+    char s_need[64], s_off[64];
+    fmt_pair(s_need, s_off, sizeof s_need, total_need, offered);
+    return rl_errf(err,
+                   "ring cannot hold the model in contiguous stages: it needs %s and the %d node%s offer%s %s in "
+                   "all, but in ring order they hold at most layers 0-%u of %u (no node after those has room for "
+                   "layer %u; reorder the ring or add memory)",
+                   s_need, c->n_nodes, c->n_nodes == 1 ? "" : "s", c->n_nodes == 1 ? "s" : "", s_off,
+                   reach ? reach - 1 : 0, c->n, reach);
+}
+
+int plan_make(const plan_model *m, const plan_node *nodes, int n_nodes, double headroom, plan_result *out,
+              rl_err *err) {
+    if (!m || !nodes || !out) return rl_errf(err, "plan: missing model, nodes or result");
+    if (n_nodes <= 0) return rl_errf(err, "plan: no nodes in the ring");
+    if (n_nodes > PLAN_MAX_NODES) return rl_errf(err, "plan: %d nodes, at most %d supported", n_nodes, PLAN_MAX_NODES);
+    if (m->n_layer == 0) return rl_errf(err, "plan: the model has no layers");
+    if (m->n_layer > PLAN_MAX_LAYERS)
+        return rl_errf(err, "plan: the model has %u layers, at most %d supported", m->n_layer, PLAN_MAX_LAYERS);
+    if (!(headroom >= 0) || !isfinite(headroom)) return rl_errf(err, "plan: headroom %g must be >= 0", headroom);
+    for (int i = 0; i < n_nodes; i++)
+        if (!(nodes[i].speed > 0) || !isfinite(nodes[i].speed))
+            return rl_errf(err, "plan: node %d (%.*s) has speed %g, must be a finite number > 0", i,
+                           name_len(&nodes[i]), nodes[i].name, nodes[i].speed);
+
+    /* on the heap: the context is ~4 KiB and the table up to ~270 KiB */
+    cost_ctx *c = calloc(1, sizeof *c);
+    dp_cell *t = malloc(sizeof *t * (size_t)(n_nodes + 1) * (m->n_layer + 1));
+    if (!c || !t) {
+        free(c);
+        free(t);
+        return rl_errf(err, "plan: out of memory");
+    }
+    c->m = m;
+    c->nodes = nodes;
+    c->n_nodes = n_nodes;
+    c->n = m->n_layer;
+    c->headroom = headroom;
+
+    /* Weights and state separately for the message. Every term is unsigned, so once the grand totals
+     * fit 64 bits every prefix sum and every stage total does too. */
+    uint64_t weights = 0, state = 0, active = 0, total_raw = 0;
+    int ovf = __builtin_add_overflow(m->first_bytes, m->last_bytes, &weights) ||
+              __builtin_add_overflow(0, m->last_active, &active);
+    for (uint32_t i = 0; i < c->n && !ovf; i++) {
+        uint64_t st;
+        ovf = __builtin_mul_overflow((uint64_t)m->n_seq, m->layer_state[i], &st) ||
+              __builtin_add_overflow(weights, m->layer_bytes[i], &weights) ||
+              __builtin_add_overflow(state, st, &state) ||
+              __builtin_add_overflow(active, m->layer_active[i], &active);
+        c->pre_raw[i + 1] = c->pre_raw[i] + m->layer_bytes[i] + st;
+        c->pre_active[i + 1] = c->pre_active[i] + m->layer_active[i];
+    }
+    if (ovf || __builtin_add_overflow(weights, state, &total_raw)) {
+        free(c);
+        free(t);
+        return rl_errf(err, "plan: the model's sizes overflow 64 bits");
+    }
+
+    const uint32_t w = c->n + 1;
+    const dp_cell *goal = t + (size_t)n_nodes * w + c->n;
+    /* pass 1: the smallest max stage time */
+    dp_spec sp = {0, DP_TIME, INFINITY, INFINITY};
+    dp_run(c, &sp, t);
+    if (goal->from == DP_NONE) {
+        int rc = explain_infeasible(c, t, weights, state, err);
+        free(c);
+        free(t);
+        return rc;
+    }
+    const double best_time = goal->v;
+    /* pass 2: fewest stages at that time, then the smallest largest memory share */
+    sp = (dp_spec){1, DP_SHARE, best_time, INFINITY};
+    dp_run(c, &sp, t);
+    const double best_share = goal->v;
+    /* pass 3: same count and largest share, then the largest smallest share */
+    sp = (dp_spec){1, DP_NEG_SHARE, best_time, best_share};
+    dp_run(c, &sp, t);
+
+    /* walk back from the goal; stages come out last first */
+    memset(out, 0, sizeof *out);
+    out->n_nodes = n_nodes;
+    plan_stage rev[PLAN_MAX_NODES];
+    int ns = 0;
+    uint32_t k = c->n;
+    for (int j = n_nodes; k > 0 && j > 0; j--) {
+        const dp_cell *cell = t + (size_t)j * w + k;
+        if (cell->from == DP_SKIP) continue;
+        stage_eval(c, j - 1, (uint32_t)cell->from, k, &rev[ns++]);
+        k = (uint32_t)cell->from;
+    }
+    for (int i = 0; i < ns; i++) {
+        out->stages[i] = rev[ns - 1 - i];
+        if (out->stages[i].time > out->max_time) out->max_time = out->stages[i].time;
+    }
+    out->n_stages = ns;
+    free(c);
+    free(t);
+    return 0;
+}
+
+void plan_print(const plan_result *r, const plan_node *nodes, FILE *f) {
+    if (!r || !nodes || !f) return;
+    char nn[32];
+    snprintf(nn, sizeof nn, "%d node%s", r->n_stages, r->n_stages == 1 ? "" : "s");
+    int wn = (int)strlen(nn);
+    for (int i = 0; i < r->n_stages; i++) {
+        int l = name_len(&nodes[r->stages[i].node]);
+        if (l > wn) wn = l;
+    }
+    fprintf(f, "%-5s  %-*s  %-16s  %12s  %12s\n", "stage", wn, "node", "layers", "memory", "ms/token");
+    uint64_t mem_total = 0;
+    double time_total = 0;
+    for (int i = 0; i < r->n_stages; i++) {
+        const plan_stage *s = &r->stages[i];
+        const plan_node *nd = &nodes[s->node];
+        char lay[48], mem[32];
+        snprintf(lay, sizeof lay, "%u-%u (%u)", s->a, s->b - 1, s->b - s->a);
+        fmt_bytes(mem, sizeof mem, s->mem_bytes, 1);
+        fprintf(f, "%5d  %-*.*s  %-16s  %12s  %12.3f\n", i, wn, name_len(nd), nd->name, lay, mem, s->time * 1e3);
+        mem_total = mem_total + s->mem_bytes < mem_total ? UINT64_MAX : mem_total + s->mem_bytes;
+        time_total += s->time;
+    }
+    /* the total time is one token's trip through the ring; the slowest stage bounds the pipelined rate */
+    char lay[48] = "", mem[32];
+    if (r->n_stages > 0)
+        snprintf(lay, sizeof lay, "%u-%u (%u)", r->stages[0].a, r->stages[r->n_stages - 1].b - 1,
+                 r->stages[r->n_stages - 1].b - r->stages[0].a);
+    fmt_bytes(mem, sizeof mem, mem_total, 1);
+    fprintf(f, "%-5s  %-*s  %-16s  %12s  %12.3f  (slowest stage %.3f ms", "total", wn, nn, lay, mem, time_total * 1e3,
+            r->max_time * 1e3);
+    if (r->max_time > 0) fprintf(f, ": at most %.1f tokens/s pipelined", 1.0 / r->max_time);
+    fprintf(f, ")\n");
+
+    /* the nodes the plan does not use, so an operator sees they were considered */
+    int first = 1, si = 0;
+    for (int i = 0; i < r->n_nodes; i++) {
+        while (si < r->n_stages && r->stages[si].node < i) si++;
+        if (si < r->n_stages && r->stages[si].node == i) continue;
+        fprintf(f, "%s%.*s", first ? "not used: " : ", ", name_len(&nodes[i]), nodes[i].name);
+        first = 0;
+    }
+    if (!first) fprintf(f, "\n");
+}

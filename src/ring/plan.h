@@ -1,0 +1,64 @@
+/* plan.h - cutting a model into contiguous layer ranges, one per node of the ring.
+ *
+ * Minimizes the slowest stage's time per token under every node's memory limit (with headroom for
+ * per-sequence state), keeping the ring order as given (stage i runs on node i, or a node is skipped when
+ * the plan does not need it). A ring too small for the model is an error that names the shortfall. */
+#ifndef RINGLM_PLAN_H
+#define RINGLM_PLAN_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include <stdint.h>
+
+#include "../base/err.h"
+
+#define PLAN_MAX_NODES 64
+#define PLAN_MAX_LAYERS 256
+
+typedef struct plan_model {
+    uint32_t n_layer;
+    uint64_t layer_bytes[PLAN_MAX_LAYERS];  /* weights of each layer (k3_layer_weight_bytes) */
+    uint64_t layer_active[PLAN_MAX_LAYERS]; /* weight bytes one token reads in each layer (cost model) */
+    uint64_t layer_state[PLAN_MAX_LAYERS];  /* per-sequence state of each layer at the planned context */
+    uint64_t first_bytes, last_bytes;       /* extra on the first stage (embedding) / last (LM head, norms) */
+    uint64_t last_active;                   /* LM head bytes read per token on the last stage */
+    uint32_t n_seq;                         /* sequences to hold state for */
+} plan_model;
+
+typedef struct plan_node {
+    char name[64];        /* for messages: "host:port" */
+    uint64_t mem_bytes;   /* memory the node offers for weights + state */
+    double speed;         /* relative throughput (bytes of weights processed per second); > 0 */
+} plan_node;
+
+typedef struct plan_stage {
+    int node;             /* index into the nodes array */
+    uint32_t a, b;        /* layer range [a, b) */
+    uint64_t mem_bytes;   /* weights + state + headroom this stage needs */
+    double time;          /* estimated seconds per token */
+} plan_stage;
+
+typedef struct plan_result {
+    int n_stages;
+    plan_stage stages[PLAN_MAX_NODES];
+    double max_time;      /* the slowest stage */
+    int n_nodes;          /* nodes the plan chose from (added: lets plan_print name the ones left out) */
+} plan_result;
+
+/* headroom: fraction of extra memory kept free on every stage (e.g. 0.10 for compute buffers).
+ *
+ * A stage's need is raw + ceil(raw * headroom) bytes (a product within 1e-12 of a whole number counts as
+ * that number, so 10% of 10 GiB is exactly 1 GiB despite 0.1's binary error), where raw = its layers'
+ * weights + n_seq * their state (+ first_bytes on the first stage, + last_bytes on the last); it fits when
+ * need <= node.mem_bytes. Among the plans with the smallest max_time it picks the fewest stages, then the
+ * smallest largest share of a node's memory in use (need / mem_bytes), then the largest smallest share
+ * (so the memory, and with uniform layers the time, is spread evenly). Returns -1 with a message for bad
+ * input or when the ring cannot hold the model. */
+int plan_make(const plan_model *m, const plan_node *nodes, int n_nodes, double headroom, plan_result *out,
+              rl_err *err);
+
+/* Human-readable table: one line per stage with node, layers, memory and estimated time, a total line and
+ * (when r->n_nodes says there were more) the nodes left out. */
+void plan_print(const plan_result *r, const plan_node *nodes, FILE *f);
+
+#endif

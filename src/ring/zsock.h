@@ -1,0 +1,73 @@
+/* zsock.h - ZeroMQ sockets with CURVE, and the allowlist that decides who may connect.
+ *
+ * Every link is encrypted and mutually authenticated (ZeroMQ CURVE): a client must know the server's
+ * public key, and the server accepts a client only if its key is on the allowlist, which a ZAP handler
+ * thread checks for every handshake. Refused keys are logged with the peer's address. */
+#ifndef RINGLM_ZSOCK_H
+#define RINGLM_ZSOCK_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../base/err.h"
+#include "../trust/keys.h"
+
+#define ZS_MAX_ALLOW 64
+
+typedef struct zs_allowlist {
+    pthread_mutex_t mu;
+    int n;
+    uint8_t curve_pk[ZS_MAX_ALLOW][32];
+    char label[ZS_MAX_ALLOW][24]; /* "coordinator", "upstream" */
+} zs_allowlist;
+
+/* The ZAP handler thread for one ZeroMQ context. */
+typedef struct zs_auth {
+    void *zctx;
+    zs_allowlist allow;
+    pthread_t thread;
+    void *rep;
+    bool running;
+    bool log;
+} zs_auth;
+
+int zs_auth_start(zs_auth *a, void *zctx, rl_err *err);
+void zs_auth_stop(zs_auth *a);
+void zs_auth_allow(zs_auth *a, const uint8_t curve_pk[32], const char *label);
+/* Removes every key with this label (e.g. the previous upstream neighbour). */
+void zs_auth_forget(zs_auth *a, const char *label);
+
+/* A ROUTER bound to "tcp://HOST:PORT", CURVE server with the given identity. */
+void *zs_server(void *zctx, const char *host_port, const rk_identity *id, rl_err *err);
+/* A DEALER connected to "tcp://HOST:PORT", CURVE client that expects server_curve_z85. */
+void *zs_client(void *zctx, const char *host_port, const rk_identity *id, const char *server_curve_z85,
+                const char *routing_id, rl_err *err);
+
+/* Multipart send/receive of up to 4 frames. zs_recv allocates each part (free with zs_parts_free). */
+typedef struct zs_parts {
+    int n;
+    void *data[5];
+    size_t len[5];
+} zs_parts;
+
+int zs_send(void *sock, const void *const *data, const size_t *len, int n, bool dontwait, rl_err *err);
+/* Waits up to timeout_ms for the socket to have a connected peer ready to take a message, then sends.
+ * (Our client sockets queue nothing for absent peers, so without a peer a send fails at once.) */
+int zs_send_wait(void *sock, const void *const *data, const size_t *len, int n, int timeout_ms, rl_err *err);
+/* Waits up to timeout_ms until the socket can send (a peer is connected and handshaken). */
+bool zs_wait_writable(void *sock, int timeout_ms);
+int zs_recv(void *sock, zs_parts *p, rl_err *err); /* non-blocking: returns 1 when nothing is waiting */
+void zs_parts_free(zs_parts *p);
+
+/* Describes why a client socket's connection failed, if a monitor event says so (else ""). */
+typedef struct zs_monitor {
+    void *pair;
+    char last[160];
+} zs_monitor;
+int zs_monitor_start(zs_monitor *m, void *zctx, void *sock, const char *name, rl_err *err);
+void zs_monitor_poll(zs_monitor *m); /* drains events, keeps a description of the last failure */
+void zs_monitor_stop(zs_monitor *m);
+
+#endif

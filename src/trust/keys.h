@@ -1,0 +1,36 @@
+/* keys.h - node and coordinator identities.
+ *
+ * One Ed25519 key pair per machine (libsodium). Its public key, 64 hex characters, is the name other
+ * machines know it by (ring.conf, --allow, receipts). The CURVE key pair ZeroMQ uses for encryption and
+ * mutual authentication is derived from it (Ed25519 -> X25519), so one file and one public key serve both.
+ *
+ * Key file: two lines, "ringlm-key 1" and the 64-byte secret key in hex; created with mode 0600. */
+#ifndef RINGLM_KEYS_H
+#define RINGLM_KEYS_H
+
+#include <stdint.h>
+
+#include "../base/err.h"
+
+typedef struct rk_identity {
+    uint8_t sign_pk[32], sign_sk[64];   /* Ed25519 */
+    uint8_t curve_pk[32], curve_sk[32]; /* X25519, for ZeroMQ CURVE */
+    char pk_hex[65];                    /* sign_pk in hex */
+    char curve_pk_z85[41], curve_sk_z85[41];
+} rk_identity;
+
+int rk_generate(rk_identity *id, rl_err *err);
+int rk_save(const rk_identity *id, const char *path, rl_err *err); /* refuses to overwrite */
+int rk_load(rk_identity *id, const char *path, rl_err *err);
+
+/* A peer known by its public key: parses 64 hex chars and derives its CURVE public key (Z85). */
+typedef struct rk_peer {
+    uint8_t sign_pk[32];
+    uint8_t curve_pk[32];
+    char pk_hex[65];
+    char curve_pk_z85[41];
+} rk_peer;
+
+int rk_peer_parse(rk_peer *p, const char *hex, rl_err *err);
+
+#endif

@@ -1,0 +1,427 @@
+/* test_plan - the layer cut (src/ring/plan): hand-made rings whose answer is known, the error messages,
+ * and a seeded property check against a brute force over every node subset and every cut position.
+ *
+ * The brute force recomputes memory and time from plan.h's documented definitions on its own (need = raw
+ * + ceil(raw * headroom), time = active / speed), so it checks the dynamic program, not a copy of it. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ring/plan.h"
+
+static int n_fail, n_pass;
+#define CHECK(cond, ...)                                                                                              \
+    do {                                                                                                              \
+        if (cond) {                                                                                                   \
+            n_pass++;                                                                                                 \
+            printf("ok - ");                                                                                          \
+        } else {                                                                                                      \
+            n_fail++;                                                                                                 \
+            printf("not ok - ");                                                                                      \
+        }                                                                                                             \
+        printf(__VA_ARGS__);                                                                                          \
+        printf("\n");                                                                                                 \
+    } while (0)
+
+#define GiB (1024ull * 1024 * 1024)
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint64_t rng(void) { /* xorshift64*: reproducible inputs from a fixed seed */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 0x2545F4914F6CDD1DULL;
+}
+static uint64_t rng_in(uint64_t lo, uint64_t hi) { return lo + rng() % (hi - lo + 1); }
+
+/* a model of n uniform layers: `bytes` weights and `bytes` read per token each, no state, no extras */
+static void uniform_model(plan_model *m, uint32_t n, uint64_t bytes) {
+    memset(m, 0, sizeof *m);
+    m->n_layer = n;
+    for (uint32_t i = 0; i < n; i++) m->layer_bytes[i] = m->layer_active[i] = bytes;
+}
+
+static void set_node(plan_node *nd, const char *name, uint64_t mem, double speed) {
+    memset(nd, 0, sizeof *nd);
+    snprintf(nd->name, sizeof nd->name, "%s", name);
+    nd->mem_bytes = mem;
+    nd->speed = speed;
+}
+
+/* ---- the reference definitions (plan.h), written out independently ---- */
+
+static uint64_t ref_need(const plan_model *m, uint32_t a, uint32_t b, double headroom) {
+    uint64_t raw = 0;
+    for (uint32_t i = a; i < b; i++) raw += m->layer_bytes[i] + (uint64_t)m->n_seq * m->layer_state[i];
+    if (a == 0) raw += m->first_bytes;
+    if (b == m->n_layer) raw += m->last_bytes;
+    /* plan.h: a product within 1e-12 of a whole number is that number (0.1 is not exact in binary) */
+    long double x = (long double)raw * (long double)headroom;
+    if (fabsl(x - roundl(x)) <= x * 1e-12L) x = roundl(x);
+    return raw + (uint64_t)ceill(x);
+}
+
+static double ref_time(const plan_model *m, uint32_t a, uint32_t b, double speed) {
+    uint64_t act = 0;
+    for (uint32_t i = a; i < b; i++) act += m->layer_active[i];
+    if (b == m->n_layer) act += m->last_active;
+    return (double)act / speed;
+}
+
+static int close_to(double x, double y) { return fabs(x - y) <= 1e-12 * fmax(fabs(x), fabs(y)); }
+
+/* Structural checks every plan must pass: contiguous cover in ring order, every limit respected, the
+ * reported numbers right. Returns NULL or a short reason. */
+static const char *check_valid(const plan_model *m, const plan_node *nodes, int n_nodes, double headroom,
+                               const plan_result *r) {
+    if (r->n_stages < 1 || r->n_stages > n_nodes) return "stage count out of range";
+    if (r->n_nodes != n_nodes) return "n_nodes not recorded";
+    uint32_t at = 0;
+    int prev_node = -1;
+    double mx = 0;
+    for (int i = 0; i < r->n_stages; i++) {
+        const plan_stage *s = &r->stages[i];
+        if (s->a != at || s->b <= s->a || s->b > m->n_layer) return "not a contiguous cover";
+        if (s->node <= prev_node || s->node >= n_nodes) return "nodes not in ring order";
+        uint64_t need = ref_need(m, s->a, s->b, headroom);
+        if (s->mem_bytes != need) return "stage memory misreported";
+        if (need > nodes[s->node].mem_bytes) return "stage over its node's memory";
+        if (!close_to(s->time, ref_time(m, s->a, s->b, nodes[s->node].speed))) return "stage time misreported";
+        if (s->time > mx) mx = s->time;
+        at = s->b;
+        prev_node = s->node;
+    }
+    if (at != m->n_layer) return "layers not all covered";
+    if (!close_to(r->max_time, mx)) return "max_time is not the slowest stage";
+    return NULL;
+}
+
+/* Brute force over every node subset (in ring order) and every way to cut the layers into that many
+ * non-empty ranges, ranking plans the way plan.h documents: max time, stages, largest memory share,
+ * then smallest memory share (larger is better). Returns whether any plan fits. */
+typedef struct ref_best {
+    double time, max_share, min_share;
+    int stages;
+} ref_best;
+
+static int ref_plan(const plan_model *m, const plan_node *nodes, int n_nodes, double headroom, ref_best *best) {
+    const uint32_t n = m->n_layer;
+    int found = 0;
+    for (unsigned sub = 1; sub < (1u << n_nodes); sub++) {
+        int used[PLAN_MAX_NODES], k = 0;
+        for (int i = 0; i < n_nodes; i++)
+            if (sub & (1u << i)) used[k++] = i;
+        if ((uint32_t)k > n) continue;
+        /* cut positions: a bit set at i means a stage ends after layer i (i < n - 1) */
+        for (unsigned cuts = 0; cuts < (1u << (n - 1)); cuts++) {
+            if (__builtin_popcount(cuts) != k - 1) continue;
+            uint32_t a = 0;
+            int st = 0, fits = 1;
+            double t = 0, hi = 0, lo = INFINITY;
+            for (uint32_t i = 0; i < n && fits; i++) {
+                if (i == n - 1 || (cuts & (1u << i))) {
+                    const plan_node *nd = &nodes[used[st++]];
+                    uint64_t need = ref_need(m, a, i + 1, headroom);
+                    if (need > nd->mem_bytes) fits = 0;
+                    double share = nd->mem_bytes ? (double)need / (double)nd->mem_bytes : 0.0;
+                    t = fmax(t, ref_time(m, a, i + 1, nd->speed));
+                    hi = fmax(hi, share);
+                    lo = fmin(lo, share);
+                    a = i + 1;
+                }
+            }
+            if (!fits) continue;
+            ref_best c = {t, hi, lo, k};
+            int better = !found || c.time < best->time ||
+                         (c.time == best->time &&
+                          (c.stages < best->stages ||
+                           (c.stages == best->stages &&
+                            (c.max_share < best->max_share ||
+                             (c.max_share == best->max_share && c.min_share > best->min_share)))));
+            if (better) *best = c;
+            found = 1;
+        }
+    }
+    return found;
+}
+
+static void result_shares(const plan_node *nodes, const plan_result *r, double *hi, double *lo) {
+    *hi = 0;
+    *lo = INFINITY;
+    for (int i = 0; i < r->n_stages; i++) {
+        uint64_t mem = nodes[r->stages[i].node].mem_bytes;
+        double s = mem ? (double)r->stages[i].mem_bytes / (double)mem : 0.0;
+        *hi = fmax(*hi, s);
+        *lo = fmin(*lo, s);
+    }
+}
+
+/* A random case: uneven or uniform layers, optional state, embedding, head and headroom, and nodes that
+ * each offer 30%..250% of an even share of the model (some much less), so both outcomes occur. */
+static void random_case(plan_model *m, plan_node *nodes, int *n_nodes, double *headroom, uint32_t max_layers,
+                        int max_nodes) {
+    memset(m, 0, sizeof *m);
+    m->n_layer = (uint32_t)rng_in(1, max_layers);
+    int uniform = rng() % 3 == 0;
+    uint64_t ub = rng_in(1, 100);
+    for (uint32_t i = 0; i < m->n_layer; i++) {
+        m->layer_bytes[i] = uniform ? ub : rng_in(1, 100);
+        m->layer_active[i] = rng() % 2 ? m->layer_bytes[i] : rng_in(0, 100);
+        m->layer_state[i] = rng() % 2 ? 0 : rng_in(0, 10);
+    }
+    m->n_seq = (uint32_t)rng_in(0, 3);
+    m->first_bytes = rng() % 2 ? 0 : rng_in(0, 60);
+    m->last_bytes = rng() % 2 ? 0 : rng_in(0, 60);
+    m->last_active = rng() % 2 ? 0 : rng_in(0, 200);
+    static const double hr[] = {0, 0.1, 0.25, 0.5};
+    *headroom = hr[rng() % 4];
+    *n_nodes = (int)rng_in(1, (uint64_t)max_nodes);
+    uint64_t total = ref_need(m, 0, m->n_layer, *headroom);
+    uint64_t scale = rng_in(30, 250);
+    int same_speed = rng() % 3 == 0; /* equal speeds make ties, which exercise the tie-breaks */
+    for (int i = 0; i < *n_nodes; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "n%d:7000", i);
+        uint64_t mem = total * scale / 100 / (uint64_t)*n_nodes;
+        mem = rng() % 4 == 0 ? rng_in(0, mem + 1) : rng_in(mem / 2, mem + mem / 2 + 1);
+        double speed = same_speed ? 1.0 : (double)rng_in(1, 4) * (rng() % 2 ? 1.0 : 0.75);
+        set_node(&nodes[i], name, mem, speed);
+    }
+}
+
+int main(void) {
+    static plan_model m; /* ~6 KiB: static keeps it off small stacks */
+    plan_node nodes[PLAN_MAX_NODES];
+    plan_result r;
+    rl_err err = {{0}};
+
+    /* one node takes everything */
+    uniform_model(&m, 10, GiB);
+    m.first_bytes = 2 * GiB;
+    m.last_bytes = 3 * GiB;
+    m.last_active = GiB;
+    set_node(&nodes[0], "solo:7000", 100 * GiB, 1e9);
+    int rc = plan_make(&m, nodes, 1, 0.1, &r, &err);
+    CHECK(rc == 0 && r.n_stages == 1 && r.stages[0].node == 0 && r.stages[0].a == 0 && r.stages[0].b == 10,
+          "one node takes all 10 layers");
+    CHECK(rc == 0 && r.stages[0].mem_bytes == ref_need(&m, 0, 10, 0.1) &&
+              r.stages[0].mem_bytes == 15 * GiB + 3 * GiB / 2,
+          "its memory is (weights + embedding + head) * 1.1");
+    CHECK(rc == 0 && close_to(r.max_time, 11.0 * GiB / 1e9), "its time is (layers + head) / speed");
+
+    /* equal nodes split a uniform model evenly */
+    uniform_model(&m, 93, GiB);
+    for (int i = 0; i < 4; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "eq%d:7000", i);
+        set_node(&nodes[i], name, 64 * GiB, 1e9);
+    }
+    rc = plan_make(&m, nodes, 4, 0.1, &r, &err);
+    int cnt[4] = {0}, n23 = 0, n24 = 0;
+    for (int i = 0; rc == 0 && i < r.n_stages && i < 4; i++) cnt[i] = (int)(r.stages[i].b - r.stages[i].a);
+    for (int i = 0; i < 4; i++) n23 += cnt[i] == 23, n24 += cnt[i] == 24;
+    CHECK(rc == 0 && r.n_stages == 4 && n23 == 3 && n24 == 1, "93 layers on 4 equal nodes: %d/%d/%d/%d", cnt[0], cnt[1],
+          cnt[2], cnt[3]);
+    CHECK(rc == 0 && check_valid(&m, nodes, 4, 0.1, &r) == NULL, "... a valid plan");
+
+    /* twice the speed, about twice the layers */
+    uniform_model(&m, 90, GiB);
+    set_node(&nodes[0], "slow:7000", 200 * GiB, 1e9);
+    set_node(&nodes[1], "fast:7000", 200 * GiB, 2e9);
+    rc = plan_make(&m, nodes, 2, 0.0, &r, &err);
+    CHECK(rc == 0 && r.n_stages == 2 && r.stages[0].b - r.stages[0].a == 30 && r.stages[1].b - r.stages[1].a == 60,
+          "speeds 1:2 over 90 layers -> 30/60 (got %u/%u)", rc == 0 ? r.stages[0].b - r.stages[0].a : 0,
+          rc == 0 && r.n_stages > 1 ? r.stages[1].b - r.stages[1].a : 0);
+    uniform_model(&m, 100, GiB);
+    set_node(&nodes[0], "a:7000", 200 * GiB, 1e9);
+    set_node(&nodes[1], "b:7000", 200 * GiB, 2e9);
+    set_node(&nodes[2], "c:7000", 200 * GiB, 1e9);
+    rc = plan_make(&m, nodes, 3, 0.0, &r, &err);
+    CHECK(rc == 0 && r.n_stages == 3 && r.stages[1].b - r.stages[1].a == 50 && r.stages[0].b - r.stages[0].a == 25,
+          "speeds 1:2:1 over 100 layers -> 25/50/25");
+
+    /* memory-limited nodes get fewer layers even if fast */
+    uniform_model(&m, 40, GiB);
+    set_node(&nodes[0], "fast-small:7000", 11 * GiB, 10e9); /* 10 layers * 1.1 */
+    set_node(&nodes[1], "slow-big:7000", 100 * GiB, 1e9);
+    rc = plan_make(&m, nodes, 2, 0.1, &r, &err);
+    CHECK(rc == 0 && r.n_stages == 2 && r.stages[0].b == 10 && r.stages[0].mem_bytes <= 11 * GiB,
+          "a fast node with room for 10 layers gets exactly 10 (got %u)", rc == 0 ? r.stages[0].b : 0);
+    CHECK(rc == 0 && check_valid(&m, nodes, 2, 0.1, &r) == NULL, "... a valid plan");
+
+    /* a node too small for any layer is skipped */
+    uniform_model(&m, 12, GiB);
+    set_node(&nodes[0], "big-a:7000", 20 * GiB, 1e9);
+    set_node(&nodes[1], "tiny:7000", GiB / 2, 5e9);
+    set_node(&nodes[2], "big-b:7000", 20 * GiB, 1e9);
+    rc = plan_make(&m, nodes, 3, 0.1, &r, &err);
+    CHECK(rc == 0 && r.n_stages == 2 && r.stages[0].node == 0 && r.stages[1].node == 2 && r.stages[0].b == 6,
+          "a node too small for one layer is skipped, the others split 6/6");
+    {
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        if (f && rc == 0) plan_print(&r, nodes, f);
+        if (f) fclose(f);
+        CHECK(buf && strstr(buf, "big-a:7000") && strstr(buf, "big-b:7000") && strstr(buf, "0-5 (6)") &&
+                  strstr(buf, "6-11 (6)") && strstr(buf, "total") && strstr(buf, "not used: tiny:7000"),
+              "plan_print: stages, ranges, total and the node left out");
+        if (buf) printf("%s", buf);
+        free(buf);
+    }
+
+    /* fewer stages when more would not lower the max: the head dominates the last stage */
+    uniform_model(&m, 4, GiB);
+    m.last_active = 100 * GiB;
+    for (int i = 0; i < 3; i++) set_node(&nodes[i], "eq:7000", 64 * GiB, 1e9);
+    rc = plan_make(&m, nodes, 3, 0.0, &r, &err);
+    CHECK(rc == 0 && r.n_stages == 2 && r.stages[r.n_stages - 1].b - r.stages[r.n_stages - 1].a == 1,
+          "a large head: 2 stages, the head's stage with one layer");
+
+    /* infeasible total memory: both numbers */
+    uniform_model(&m, 10, GiB);
+    m.n_seq = 4;
+    for (int i = 0; i < 10; i++) m.layer_state[i] = GiB / 16;
+    for (int i = 0; i < 3; i++) set_node(&nodes[i], "small:7000", 2 * GiB, 1e9);
+    rc = plan_make(&m, nodes, 3, 0.2, &r, &err);
+    printf("# %s\n", err.msg);
+    CHECK(rc == -1 && strstr(err.msg, "ring too small: the model needs 15.0 GiB") &&
+              strstr(err.msg, "weights 10.0 GiB") && strstr(err.msg, "state 2.5 GiB") &&
+              strstr(err.msg, "20% headroom") && strstr(err.msg, "3 nodes offer 6.0 GiB"),
+          "too little memory in all: the message names what is needed and what is offered");
+
+    /* one layer larger than any node, though the total would do */
+    uniform_model(&m, 20, GiB);
+    m.layer_bytes[17] = 9 * GiB;
+    for (int i = 0; i < 4; i++) set_node(&nodes[i], "n8:7000", 8 * GiB, 1e9);
+    rc = plan_make(&m, nodes, 4, 0.0, &r, &err);
+    printf("# %s\n", err.msg);
+    CHECK(rc == -1 && strstr(err.msg, "layer 17 needs 9.0 GiB, more than any node offers (largest: 8.0 GiB)") &&
+              !strstr(err.msg, "ring too small"),
+          "one huge layer: the message says it needs more than any node");
+
+    /* ... and when both are true, both are said */
+    rc = plan_make(&m, nodes, 2, 0.0, &r, &err);
+    CHECK(rc == -1 && strstr(err.msg, "ring too small") && strstr(err.msg, "layer 17 needs"),
+          "too little in all and a huge layer: both in the message");
+
+    /* enough in all, every layer fits somewhere, but not in contiguous ring order */
+    uniform_model(&m, 3, 6 * GiB);
+    for (int i = 0; i < 2; i++) set_node(&nodes[i], "n10:7000", 10 * GiB, 1e9);
+    rc = plan_make(&m, nodes, 2, 0.0, &r, &err);
+    printf("# %s\n", err.msg);
+    CHECK(rc == -1 && strstr(err.msg, "contiguous") && strstr(err.msg, "layers 0-1 of 3"),
+          "3 layers of 6 GiB on 2 nodes of 10 GiB: contiguity is the problem");
+    uniform_model(&m, 2, GiB);
+    m.layer_bytes[0] = 8 * GiB; /* fits only the big node, which then has no room for layer 1 */
+    m.layer_bytes[1] = 4 * GiB;
+    set_node(&nodes[0], "small:7000", 5 * GiB, 1e9);
+    set_node(&nodes[1], "big:7000", 10 * GiB, 1e9);
+    rc = plan_make(&m, nodes, 2, 0.0, &r, &err);
+    printf("# %s\n", err.msg);
+    CHECK(rc == -1 && strstr(err.msg, "contiguous") && strstr(err.msg, "layers 0-0 of 2"),
+          "the big node first in the ring would be needed: ring order is the problem");
+
+    /* bad inputs */
+    uniform_model(&m, 4, GiB);
+    set_node(&nodes[0], "ok:7000", 64 * GiB, 1e9);
+    CHECK(plan_make(&m, nodes, 0, 0.1, &r, &err) == -1 && strstr(err.msg, "no nodes"), "0 nodes: %s", err.msg);
+    CHECK(plan_make(&m, nodes, PLAN_MAX_NODES + 1, 0.1, &r, &err) == -1 && strstr(err.msg, "at most"),
+          "too many nodes: %s", err.msg);
+    set_node(&nodes[0], "zero:7000", 64 * GiB, 0.0);
+    CHECK(plan_make(&m, nodes, 1, 0.1, &r, &err) == -1 && strstr(err.msg, "zero:7000") && strstr(err.msg, "speed"),
+          "speed 0: %s", err.msg);
+    set_node(&nodes[0], "nan:7000", 64 * GiB, NAN);
+    CHECK(plan_make(&m, nodes, 1, 0.1, &r, &err) == -1 && strstr(err.msg, "speed"), "speed NaN: %s", err.msg);
+    set_node(&nodes[0], "ok:7000", 64 * GiB, 1e9);
+    CHECK(plan_make(&m, nodes, 1, NAN, &r, &err) == -1 && strstr(err.msg, "headroom"), "headroom NaN: %s", err.msg);
+    CHECK(plan_make(&m, nodes, 1, -0.5, &r, &err) == -1 && strstr(err.msg, "headroom"), "headroom < 0: %s", err.msg);
+    m.n_layer = 0;
+    CHECK(plan_make(&m, nodes, 1, 0.1, &r, &err) == -1 && strstr(err.msg, "no layers"), "0 layers: %s", err.msg);
+    m.n_layer = PLAN_MAX_LAYERS + 1;
+    CHECK(plan_make(&m, nodes, 1, 0.1, &r, &err) == -1 && strstr(err.msg, "at most"), "too many layers: %s", err.msg);
+    uniform_model(&m, 4, UINT64_MAX / 2);
+    CHECK(plan_make(&m, nodes, 1, 0.1, &r, &err) == -1 && strstr(err.msg, "overflow"), "sizes past 64 bits: %s",
+          err.msg);
+    uniform_model(&m, 4, GiB);
+    CHECK(plan_make(&m, nodes, 1, 0.1, &r, NULL) == 0, "err may be NULL");
+
+    /* property: small cases against the brute force */
+    int n_cases = 400, n_feasible = 0, bad_valid = 0, bad_feas = 0, bad_time = 0, bad_stages = 0, bad_share = 0;
+    for (int it = 0; it < n_cases; it++) {
+        int nn;
+        double hr;
+        random_case(&m, nodes, &nn, &hr, 10, 4);
+        ref_best best = {0, 0, 0, 0};
+        int ref_ok = ref_plan(&m, nodes, nn, hr, &best);
+        err.msg[0] = 0;
+        rc = plan_make(&m, nodes, nn, hr, &r, &err);
+        if ((rc == 0) != ref_ok) {
+            if (bad_feas++ < 3)
+                printf("# case %d: plan rc %d, brute force %s (%s)\n", it, rc, ref_ok ? "fits" : "none", err.msg);
+            continue;
+        }
+        if (rc != 0) {
+            if (err.msg[0] == 0) bad_feas++;
+            continue;
+        }
+        n_feasible++;
+        const char *why = check_valid(&m, nodes, nn, hr, &r);
+        if (why) {
+            if (bad_valid++ < 3) printf("# case %d: %s\n", it, why);
+            continue;
+        }
+        double hi, lo;
+        result_shares(nodes, &r, &hi, &lo);
+        if (!close_to(r.max_time, best.time)) {
+            if (bad_time++ < 3) printf("# case %d: max_time %.17g, brute force %.17g\n", it, r.max_time, best.time);
+        } else if (r.n_stages != best.stages) {
+            if (bad_stages++ < 3) printf("# case %d: %d stages, brute force %d\n", it, r.n_stages, best.stages);
+        } else if (!close_to(hi, best.max_share) || !close_to(lo, best.min_share)) {
+            if (bad_share++ < 3)
+                printf("# case %d: shares %.6f..%.6f, brute force %.6f..%.6f\n", it, lo, hi, best.min_share,
+                       best.max_share);
+        }
+    }
+    CHECK(n_feasible > n_cases / 4 && n_feasible < n_cases, "random small cases: %d of %d fit (both kinds present)",
+          n_feasible, n_cases);
+    CHECK(bad_feas == 0, "plan fits exactly when the brute force finds a plan, and says why when not (%d wrong)",
+          bad_feas);
+    CHECK(bad_valid == 0, "every plan covers the layers in ring order within every node's memory (%d wrong)",
+          bad_valid);
+    CHECK(bad_time == 0, "max_time equals the brute force's optimum (%d wrong)", bad_time);
+    CHECK(bad_stages == 0, "ties: the fewest stages (%d wrong)", bad_stages);
+    CHECK(bad_share == 0, "ties: the most even memory (%d wrong)", bad_share);
+
+    /* property: large cases stay valid, and the worst case is quick */
+    int big_bad = 0, big_fit = 0;
+    clock_t t0 = clock();
+    for (int it = 0; it < 60; it++) {
+        int nn;
+        double hr;
+        random_case(&m, nodes, &nn, &hr, PLAN_MAX_LAYERS, PLAN_MAX_NODES);
+        err.msg[0] = 0;
+        rc = plan_make(&m, nodes, nn, hr, &r, &err);
+        if (rc == 0) {
+            big_fit++;
+            const char *why = check_valid(&m, nodes, nn, hr, &r);
+            if (why && big_bad++ < 3) printf("# large case %d: %s\n", it, why);
+        } else if (err.msg[0] == 0) {
+            big_bad++;
+        }
+    }
+    CHECK(big_bad == 0 && big_fit > 0, "random large cases: %d fit, all valid", big_fit);
+    uniform_model(&m, PLAN_MAX_LAYERS, GiB);
+    for (int i = 0; i < PLAN_MAX_NODES; i++) set_node(&nodes[i], "max:7000", 1000 * GiB, 1e9 * (1 + i % 3));
+    clock_t t1 = clock();
+    rc = plan_make(&m, nodes, PLAN_MAX_NODES, 0.1, &r, &err);
+    double sec = (double)(clock() - t1) / CLOCKS_PER_SEC;
+    CHECK(rc == 0 && check_valid(&m, nodes, PLAN_MAX_NODES, 0.1, &r) == NULL && sec < 2.0,
+          "256 layers on 64 nodes: %d stages in %.3f s (random large cases %.3f s)", r.n_stages, sec,
+          (double)(t1 - t0) / CLOCKS_PER_SEC);
+
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
