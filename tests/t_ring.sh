@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The ring on loopback: rings of 1-4 nodes give the same logits (f32 wire) and greedy tokens as one
+# machine; nodes refuse unknown keys; a killed node is reported within bounded time and the others keep
+# serving; garbage sent to a node's port does not hurt it.
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/ring_lib.sh"
+
+mkdir -p "$RING/models"
+for c in "full-f32 k3-full f32" "small-f32 small f32" "lean-q8_0 k3-lean q8_0"; do
+    read -r name config type <<<"$c"
+    ln -sf "$(model "$name" "$config" "$type")" "$RING/models/$name.gguf"
+done
+ring_keys 4
+for i in 1 2 3 4; do ring_start $i "$RING/models" || exit 1; done
+K=(--key "$RING/coord.key")
+
+toks() { awk -v s="$1" -v v="$2" -v n="$3" 'BEGIN { x = s; for (i = 0; i < n; i++) {
+             x = (x * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), int(x / 65536) % v } }'; }
+
+for name in full-f32 small-f32 lean-q8_0; do
+    m=$RING/models/$name.gguf
+    V=$("$RINGLM" inspect --kv "$m" | awk '$1 == "n_vocab" { print $2 }')
+    t=$(toks 11 $((V - 256)) 40)
+    p=$(toks 5 $((V - 256)) 12)
+    "$RINGLM" logits -m "$m" --tokens "$t" --prefill 24 -o "$WORK/local.bin"
+    "$RINGLM" run -m "$m" --tokens "$p" -n 24 --temp 0 --ignore-eos --ids >"$WORK/local.ids" 2>/dev/null
+    for n in 1 2 3 4; do
+        ring_conf "$WORK/ring$n.conf" $(seq $n)
+        "$RINGLM" logits -m "$m" --tokens "$t" --prefill 24 --ring "$WORK/ring$n.conf" "${K[@]}" -o "$WORK/ring.bin"
+        check "$name, $n-node ring: logits equal one machine bit for bit" \
+            "$RINGLM" compare "$WORK/local.bin" "$WORK/ring.bin" --tol 0
+        "$RINGLM" run -m "$m" --tokens "$p" -n 24 --temp 0 --ignore-eos --ids --ring "$WORK/ring$n.conf" "${K[@]}" \
+            >"$WORK/ring.ids" 2>"$WORK/ring.err"
+        check "$name, $n-node ring: same greedy tokens" diff "$WORK/local.ids" "$WORK/ring.ids"
+    done
+done
+check "the run prints the plan and per-stage timings" grep -q "traversal:" "$WORK/ring.err"
+m=$RING/models/full-f32.gguf
+"$RINGLM" run -m "$m" -p "hello" -n 4 --temp 0 --ring "$WORK/ring4.conf" "${K[@]}" --metrics-json "$WORK/m.json" \
+    >/dev/null 2>&1
+check "metrics JSON carries per-stage figures" grep -q '"compute_ms"' "$WORK/m.json"
+"$RINGLM" logits -m "$m" --tokens "$(toks 3 700 16)" --ring "$WORK/ring3.conf" "${K[@]}" --wire f16 -o "$WORK/f16.bin"
+"$RINGLM" logits -m "$m" --tokens "$(toks 3 700 16)" -o "$WORK/l16.bin"
+check "f16 wire: logits within 1e-2 of f32 (rounding of the boundary state)" \
+    "$RINGLM" compare "$WORK/l16.bin" "$WORK/f16.bin" --tol 1e-2
+
+# An unknown coordinator key is refused, by name, and the node logs the refusal.
+"$RINGLM" keygen -o "$WORK/stranger.key" >/dev/null
+check_fails "unknown coordinator key refused" "refused our key|did not answer" \
+    "$RINGLM" run -m "$m" -p hi -n 2 --ring "$WORK/ring1.conf" --key "$WORK/stranger.key"
+check "the node logged the refusal" grep -q "refused a connection" "$RING/n1.log"
+# A ring.conf whose key does not match the node: the handshake fails, named.
+sed "s/ [0-9a-f]*$/ $(cat "$RING/n2.pub")/" "$WORK/ring1.conf" >"$WORK/wrongkey.conf"
+check_fails "wrong node key in ring.conf" "handshake|did not answer" \
+    "$RINGLM" run -m "$m" -p hi -n 2 --ring "$WORK/wrongkey.conf" "${K[@]}"
+check_fails "unreachable node" "did not answer within" \
+    "$RINGLM" run -m "$m" -p hi -n 2 --ring <(echo "127.0.0.1:$(ring_free_port) $(cat "$RING/n1.pub")") "${K[@]}"
+
+# Garbage and truncated frames at a node's port: it keeps serving.
+python3 - "${RING_PORT[1]}" <<'PY'
+import os, socket, sys
+port = int(sys.argv[1])
+for n in (1, 7, 64, 1000, 100000):
+    s = socket.create_connection(("127.0.0.1", port)); s.sendall(os.urandom(n)); s.close()
+s = socket.create_connection(("127.0.0.1", port)); s.sendall(b"\xff" + b"\x00" * 8 + b"\x7f"); s.close()  # a ZMTP greeting, cut
+PY
+check "node 1 still alive after garbage" kill -0 "${RING_PID[1]}"
+"$RINGLM" run -m "$m" --tokens "$(toks 5 700 12)" -n 8 --temp 0 --ignore-eos --ids --ring "$WORK/ring1.conf" "${K[@]}" \
+    >"$WORK/after.ids" 2>/dev/null
+"$RINGLM" run -m "$m" --tokens "$(toks 5 700 12)" -n 8 --temp 0 --ignore-eos --ids >"$WORK/after-local.ids" 2>/dev/null
+check "node 1 still serves correctly after garbage" diff "$WORK/after-local.ids" "$WORK/after.ids"
+
+# A node killed mid-generation: the request fails within bounded time naming the node; the others live.
+"$RINGLM" run -m "$m" -p x -n -1 --ctx 100000 --temp 0 --ignore-eos --ring "$WORK/ring3.conf" "${K[@]}" \
+    >/dev/null 2>"$WORK/kill.err" &
+run_pid=$!
+sleep 2
+kill -9 "${RING_PID[2]}"
+start=$(date +%s)
+rc=0; wait $run_pid || rc=$?
+took=$(( $(date +%s) - start ))
+check "killed node: the run fails (exit 1)" test $rc = 1
+check "killed node: within 15 s (took ${took}s)" test $took -le 15
+check "killed node: the error names it" grep -q "127.0.0.1:${RING_PORT[2]}" "$WORK/kill.err"
+check "the surviving nodes keep running" bash -c "kill -0 ${RING_PID[1]} && kill -0 ${RING_PID[3]}"
+ring_start 2 "$RING/models" && check "the killed node restarts" true
+"$RINGLM" run -m "$m" --tokens "$(toks 5 700 12)" -n 8 --temp 0 --ignore-eos --ids --ring "$WORK/ring3.conf" "${K[@]}" \
+    >"$WORK/again.ids" 2>"$WORK/again.err" || cat "$WORK/again.err"
+check "once the ring is whole again it serves the next request" diff "$WORK/after-local.ids" "$WORK/again.ids"
+finish
