@@ -34,6 +34,10 @@ for name in full-f32 small-f32 lean-q8_0; do
         check "$name, $n-node ring: same greedy tokens" diff "$WORK/local.ids" "$WORK/ring.ids"
     done
 done
+for n in 1 3; do
+    check "two sequences at once in shared frames, $n-node ring" "$TOOLS/ring_pair" -m "$RING/models/small-f32.gguf" \
+        --ring "$WORK/ring$n.conf" "${K[@]}"
+done
 check "the run prints the plan and per-stage timings" grep -q "traversal:" "$WORK/ring.err"
 m=$RING/models/full-f32.gguf
 "$RINGLM" run -m "$m" -p "hello" -n 4 --temp 0 --ring "$WORK/ring4.conf" "${K[@]}" --metrics-json "$WORK/m.json" \
