@@ -32,7 +32,7 @@ TOOL_SRC := $(sort $(wildcard tests/tools/*.c))
 .PHONY: all asan test check demo oracle clean units_release units_asan
 all: ringlm
 
-$(GGML_MK): scripts/ggml.sh scripts/pins.env
+$(GGML_MK): scripts/ggml.sh scripts/ggml-variant.sh scripts/pins.env
 	@mkdir -p build
 	scripts/ggml.sh > $@.tmp && mv $@.tmp $@
 

@@ -338,8 +338,18 @@ void ring_close(ring_coord *rc) {
     rc->zctx = NULL;
 }
 
-int ring_step(ring_coord *rc, ring_seq_req *reqs, int n_reqs, rl_err *err) {
+static struct ring_pending *ring_find_pending(ring_coord *rc, uint64_t step) {
+    for (int i = 0; i < rc->n_pending; i++) {
+        if (rc->pending[i].step_id == step) return &rc->pending[i];
+    }
+    return NULL;
+}
+
+int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *step_id, rl_err *err) {
     if (n_reqs < 1 || n_reqs > RF_MAX_SEQS) return rl_errf(err, "bad number of sequences %d", n_reqs);
+    if (rc->n_pending == (int)(sizeof rc->pending / sizeof rc->pending[0])) {
+        return rl_errf(err, "too many frames in flight (%d)", rc->n_pending);
+    }
     rf_header *h = calloc(1, sizeof *h);
     if (!h) return rl_errf(err, "out of memory");
     h->type = RF_FORWARD;
@@ -365,41 +375,79 @@ int ring_step(ring_coord *rc, ring_seq_req *reqs, int n_reqs, rl_err *err) {
     h->payload_bytes = total * 4;
     uint8_t sb[8];
     rf_stamps_encode(NULL, 0, sb);
-    double t_send = rf_now(), t0 = mono();
-    int first = rc->plan.stages[0].node;
-    int r = ring_send(rc, first, RF_FORWARD, h->step_id, h, toks, total * 4, sb, rf_stamps_size(0), err);
+    struct ring_pending *pd = &rc->pending[rc->n_pending];
+    memset(pd, 0, sizeof *pd);
+    pd->step_id = h->step_id;
+    pd->t_send_real = rf_now();
+    pd->t_send_mono = mono();
+    int r = ring_send(rc, rc->plan.stages[0].node, RF_FORWARD, h->step_id, h, toks, total * 4, sb, rf_stamps_size(0), err);
     free(toks);
-    if (r != 0) {
-        free(h);
-        return -1;
+    if (r == 0) {
+        rc->n_pending++;
+        *step_id = h->step_id;
     }
+    free(h);
+    return r;
+}
+
+/* Takes the timings out of a result's stamps. */
+static void ring_account(ring_coord *rc, const zs_parts *p, const struct ring_pending *pd, double t_recv_real) {
+    rf_stamp st[RF_MAX_STAMPS];
+    uint32_t ns = 0;
+    rl_err e2;
+    if (p->n < 3 || rf_stamps_decode(st, &ns, p->data[2], p->len[2], &e2) != 0 || ns != (uint32_t)rc->plan.n_stages) return;
+    double prev_send = pd->t_send_real;
+    for (uint32_t s = 0; s < ns; s++) {
+        ring_stage_stats *ss = &rc->stats[s];
+        ss->queue_s += st[s].t_start - st[s].t_recv;
+        ss->compute_s += st[s].t_end - st[s].t_start;
+        ss->wire_s += fmax(0.0, st[s].t_recv - prev_send);
+        ss->n++;
+        prev_send = st[s].t_send;
+    }
+    rc->stats[ns].wire_s += fmax(0.0, t_recv_real - prev_send);
+    rc->stats[ns].n++;
+}
+
+int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_reqs, rl_err *err) {
+    struct ring_pending *pd = ring_find_pending(rc, step_id);
+    if (!pd) return rl_errf(err, "step %" PRIu64 " is not in flight", step_id);
     bool watch[PLAN_MAX_NODES] = {0};
     for (int s = 0; s < rc->plan.n_stages; s++) watch[rc->plan.stages[s].node] = true;
     int last = rc->plan.stages[rc->plan.n_stages - 1].node, from;
-    zs_parts p;
     rf_header *rh = calloc(1, sizeof *rh);
-    for (;;) {
-        if (!rh || ring_wait(rc, RF_RESULT, last, rc->o.step_s, watch, &from, &p, rh, err) != 0) {
-            free(h);
+    if (!rh) return rl_errf(err, "out of memory");
+    while (!pd->done) {
+        zs_parts p;
+        if (ring_wait(rc, RF_RESULT, last, rc->o.step_s, watch, &from, &p, rh, err) != 0) {
             free(rh);
             return -1;
         }
-        if (rh->step_id == h->step_id) break;
-        zs_parts_free(&p); /* a late answer to an abandoned step */
+        struct ring_pending *other = ring_find_pending(rc, rh->step_id);
+        if (!other || other->done) { /* an answer to a step nobody waits for */
+            zs_parts_free(&p);
+            continue;
+        }
+        other->done = true;
+        other->parts = p;
+        rc->traversal_s += mono() - other->t_send_mono;
+        rc->traversals++;
+        ring_account(rc, &p, other, rf_now());
     }
-    double t_recv = rf_now();
-    rc->traversal_s += mono() - t0;
-    rc->traversals++;
+    free(rh);
+    zs_parts *p = &pd->parts;
     int rc_ = 0;
     size_t want = (size_t)n_reqs * 4;
     for (int i = 0; i < n_reqs; i++) {
         if (reqs[i].flags & RF_SEQ_ALL_LOGITS) want += (size_t)reqs[i].n * rc->hp.n_vocab * 4;
     }
-    if (rh->n_seqs != (uint32_t)n_reqs || p.len[1] != want) {
-        rc_ = rl_errf(err, "last stage returned %zu bytes for %u sequences, expected %zu for %d", p.len[1], rh->n_seqs,
-                      want, n_reqs);
+    rf_header *h2 = calloc(1, sizeof *h2);
+    rl_err e2;
+    if (!h2 || rf_header_decode(h2, p->data[0], p->len[0], &e2) != 0 || h2->n_seqs != (uint32_t)n_reqs ||
+        p->len[1] != want) {
+        rc_ = rl_errf(err, "last stage returned %zu bytes, expected %zu for %d sequences", p->len[1], want, n_reqs);
     } else {
-        const uint8_t *pl = p.data[1];
+        const uint8_t *pl = p->data[1];
         size_t lo = (size_t)n_reqs * 4;
         for (int i = 0; i < n_reqs; i++) {
             memcpy(&reqs[i].token, pl + i * 4, 4);
@@ -409,29 +457,17 @@ int ring_step(ring_coord *rc, ring_seq_req *reqs, int n_reqs, rl_err *err) {
                 lo += nb;
             }
         }
-        /* Per-hop timings from the stamps: queue and compute are local to each node; wire is the gap
-         * between one hop's send and the next hop's receive (exact on one machine, clock-skewed across). */
-        rf_stamp st[RF_MAX_STAMPS];
-        uint32_t ns = 0;
-        rl_err e2;
-        if (p.n >= 3 && rf_stamps_decode(st, &ns, p.data[2], p.len[2], &e2) == 0 && ns == (uint32_t)rc->plan.n_stages) {
-            double prev_send = t_send;
-            for (uint32_t s = 0; s < ns; s++) {
-                ring_stage_stats *ss = &rc->stats[s];
-                ss->queue_s += st[s].t_start - st[s].t_recv;
-                ss->compute_s += st[s].t_end - st[s].t_start;
-                ss->wire_s += fmax(0.0, st[s].t_recv - prev_send);
-                ss->n++;
-                prev_send = st[s].t_send;
-            }
-            rc->stats[ns].wire_s += fmax(0.0, t_recv - prev_send);
-            rc->stats[ns].n++;
-        }
     }
-    zs_parts_free(&p);
-    free(h);
-    free(rh);
+    free(h2);
+    zs_parts_free(p);
+    *pd = rc->pending[--rc->n_pending]; /* unordered removal */
     return rc_;
+}
+
+int ring_step(ring_coord *rc, ring_seq_req *reqs, int n_reqs, rl_err *err) {
+    uint64_t step;
+    if (ring_submit(rc, reqs, n_reqs, &step, err) != 0) return -1;
+    return ring_collect(rc, step, reqs, n_reqs, err);
 }
 
 int ring_free_seqs(ring_coord *rc, const uint64_t *ids, int n, rl_err *err) {
@@ -475,14 +511,30 @@ int ring_generate(ring_coord *rc, const tok_tokenizer *tok, const int32_t *promp
     double t0 = gen_mono(), t_first = 0;
     uint32_t chunk = p->chunk ? p->chunk : (uint32_t)n_prompt, pos = 0;
     int32_t next = -1;
-    for (size_t i = 0; i < n_prompt && rc_ == 0; i += chunk) {
-        uint32_t n = (uint32_t)(n_prompt - i < chunk ? n_prompt - i : chunk);
-        bool lastc = i + n == n_prompt;
-        ring_seq_req rq = {.seq_id = seq, .pos = pos, .n = n, .tokens = prompt + i, .smp = smp,
-                           .flags = (i == 0 ? RF_SEQ_NEW : 0) | (lastc ? 0 : RF_SEQ_NO_SAMPLE)};
-        rc_ = ring_step(rc, &rq, 1, err);
-        pos += n;
-        next = rq.token;
+    /* Prefill: every chunk is submitted before any result is awaited, so the stages work on different
+     * chunks at once (stage 0 on chunk k+1 while stage 1 has chunk k). */
+    size_t n_chunks = (n_prompt + chunk - 1) / chunk;
+    if (n_chunks > 32) n_chunks = 32; /* at most this many in flight; the rest follow as results return */
+    ring_seq_req rqs[32];
+    uint64_t steps[32];
+    size_t sent = 0, got = 0, i_next = 0;
+    while (rc_ == 0 && got * (size_t)chunk < n_prompt) {
+        while (rc_ == 0 && i_next < n_prompt && sent - got < n_chunks) {
+            uint32_t n = (uint32_t)(n_prompt - i_next < chunk ? n_prompt - i_next : chunk);
+            bool lastc = i_next + n == n_prompt;
+            ring_seq_req *rq = &rqs[sent % 32];
+            *rq = (ring_seq_req){.seq_id = seq, .pos = pos, .n = n, .tokens = prompt + i_next, .smp = smp,
+                                 .flags = (i_next == 0 ? RF_SEQ_NEW : 0) | (lastc ? 0 : RF_SEQ_NO_SAMPLE)};
+            rc_ = ring_submit(rc, rq, 1, &steps[sent % 32], err);
+            pos += n;
+            i_next += n;
+            sent++;
+        }
+        if (rc_ == 0) {
+            rc_ = ring_collect(rc, steps[got % 32], &rqs[got % 32], 1, err);
+            next = rqs[got % 32].token;
+            got++;
+        }
     }
     m->prefill_s = gen_mono() - t0;
     for (int g = 0; rc_ == 0 && (p->n_predict < 0 || g < p->n_predict); g++) {

@@ -74,6 +74,14 @@ typedef struct ring_coord {
     uint64_t ring_id, next_step, next_seq;
     double last_ping;
     ring_stage_stats stats[PLAN_MAX_NODES + 1]; /* [n_stages] = the return hop */
+    /* Steps in flight: submit time, and results that arrived before their collect. */
+    struct ring_pending {
+        uint64_t step_id;
+        double t_send_real, t_send_mono;
+        bool done;
+        zs_parts parts;
+    } pending[64];
+    int n_pending;
     double traversal_s;
     long traversals;
 } ring_coord;
@@ -101,7 +109,14 @@ typedef struct ring_seq_req {
 /* Sampling parameters for the wire (the last stage samples). */
 rf_sampling ring_sampling(const smp_params *p);
 
-/* Several sequences in one FORWARD frame (batched through every stage). */
+/* Several sequences in one FORWARD frame (batched through every stage): submit, then collect.
+ * Frames in flight are processed by every stage in the order they were submitted, so a sequence may
+ * have several frames in the ring at once (a chunked prefill fills the pipeline) and frames of other
+ * sequences overlap in different stages. ring_step = submit + collect. */
+int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *step_id, rl_err *err);
+/* Waits for that step's result and fills reqs[].token / .logits (the same reqs as submitted). Results
+ * of other steps that arrive meanwhile are kept for their own collect. */
+int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_reqs, rl_err *err);
 int ring_step(ring_coord *rc, ring_seq_req *reqs, int n_reqs, rl_err *err);
 
 /* Forgets sequences on every node. */

@@ -1,0 +1,63 @@
+# shellcheck shell=bash disable=SC2034
+# Sourced by scripts/ggml.sh and scripts/llama-tools.sh (not run): sets `variant` (the CPU variant's name,
+# part of both cache paths) and `cmake_cpu` (the ggml CMake flags for it), so that ggml and llama.cpp's
+# own tools (our benchmark peers) are built with the same CPU kernels.
+#
+# Which CPU kernels to build. llama.cpp's prebuilt library (our oracle) ships one CPU backend per x86
+# "variant" and loads the best-scoring one this CPU supports. We build ggml with the flags of that same
+# variant, so our kernels are the oracle's kernels: on quantized models, where activations are requantized
+# to 8 bits before every matmul, even a different SIMD path (say AVX-VNNI vs AVX512-VNNI) rounds a tie
+# differently now and then, and a random-weight MoE amplifies that into visible differences. With the
+# same variant our logits match llama.cpp's bit for bit on every quant type we test (docs/numerics.md).
+# RINGLM_GGML_NATIVE=1 builds with -march=native instead.
+ggml_variant() {
+    local flags
+    flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+    has() { [[ $flags == *" $1 "* ]]; }
+    # name, then features (ggml CMake names); scores as ggml-cpu/arch/x86/cpu-feats.cpp weighs them
+    local variants=(
+        "x64" "sse42 SSE42" "sandybridge SSE42 AVX" "ivybridge SSE42 AVX F16C" "piledriver SSE42 AVX F16C FMA"
+        "haswell SSE42 AVX F16C FMA AVX2 BMI2" "skylakex SSE42 AVX F16C FMA AVX2 BMI2 AVX512"
+        "cannonlake SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VBMI"
+        "cascadelake SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VNNI"
+        "icelake SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VBMI AVX512_VNNI"
+        "cooperlake SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VNNI AVX512_BF16"
+        "zen4 SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VBMI AVX512_VNNI AVX512_BF16"
+        "alderlake SSE42 AVX F16C FMA AVX2 BMI2 AVX_VNNI"
+        "sapphirerapids SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VBMI AVX512_VNNI AVX512_BF16 AMX_TILE AMX_INT8")
+    local best="" best_score=-1 v f score ok
+    for v in "${variants[@]}"; do
+        set -- $v
+        local name=$1; shift
+        score=1; ok=1
+        for f in "$@"; do
+            case $f in
+                FMA) has fma && score=$((score + 1)) || ok=0 ;;
+                F16C) has f16c && score=$((score + 2)) || ok=0 ;;
+                SSE42) has sse4_2 && score=$((score + 4)) || ok=0 ;;
+                BMI2) has bmi2 && score=$((score + 8)) || ok=0 ;;
+                AVX) has avx && score=$((score + 16)) || ok=0 ;;
+                AVX2) has avx2 && score=$((score + 32)) || ok=0 ;;
+                AVX_VNNI) has avx_vnni && score=$((score + 64)) || ok=0 ;;
+                AVX512) { has avx512f && has avx512cd && has avx512vl && has avx512dq && has avx512bw; } &&
+                        score=$((score + 128)) || ok=0 ;;
+                AVX512_VBMI) has avx512vbmi && score=$((score + 256)) || ok=0 ;;
+                AVX512_BF16) has avx512_bf16 && score=$((score + 512)) || ok=0 ;;
+                AVX512_VNNI) has avx512_vnni && score=$((score + 1024)) || ok=0 ;;
+                AMX_TILE) has amx_tile || ok=0 ;;
+                AMX_INT8) has amx_int8 && score=$((score + 2048)) || ok=0 ;;
+            esac
+        done
+        if [ $ok = 1 ] && [ $score -gt $best_score ]; then best=$v; best_score=$score; fi
+    done
+    echo "$best"
+}
+cmake_cpu=(-DGGML_NATIVE=ON)
+variant=native
+if [ "${RINGLM_GGML_NATIVE:-0}" != 1 ] && [ "$(uname -m)" = x86_64 ] && [ -r /proc/cpuinfo ]; then
+    read -ra _ggml_feats <<<"$(ggml_variant)"
+    variant=${_ggml_feats[0]}
+    cmake_cpu=(-DGGML_NATIVE=OFF)
+    for f in "${_ggml_feats[@]:1}"; do cmake_cpu+=("-DGGML_$f=ON"); done
+    unset _ggml_feats f
+fi
