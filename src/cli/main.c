@@ -21,6 +21,7 @@ static const cli_cmd cli_cmds[] = {
     {"compare", cmd_compare, "compare two logits files (ours and llama.cpp's)"},
     {"logits", cmd_logits, "write the logits of a token sequence (same format as the oracle)"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
+    {"relay", cmd_relay, "forward TCP with added delay and a bandwidth cap (tests, benchmarks)"},
 };
 
 static void usage(FILE *f) {
