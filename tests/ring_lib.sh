@@ -23,7 +23,7 @@ ring_start() {
     [ -n "$port" ] || port=$(ring_free_port) # a restarted node keeps its address
     RING_PORT[$i]=$port
     "$RINGLM" node --listen "127.0.0.1:$port" --key "$RING/n$i.key" --allow "$(cat "$RING/coord.pub")" \
-        --models "$dir" --threads 1 "$@" >"$RING/n$i.log" 2>&1 &
+        --models "$dir" --threads 1 --speed 10 "$@" >"$RING/n$i.log" 2>&1 &   # fixed speed: stable plans
     RING_PID[$i]=$!
     for _ in $(seq 100); do
         grep -q "ready:" "$RING/n$i.log" && return 0

@@ -91,4 +91,24 @@ ring_start 2 "$RING/models" && check "the killed node restarts" true
 "$RINGLM" run -m "$m" --tokens "$(toks 5 700 12)" -n 8 --temp 0 --ignore-eos --ids --ring "$WORK/ring3.conf" "${K[@]}" \
     >"$WORK/again.ids" 2>"$WORK/again.err" || cat "$WORK/again.err"
 check "once the ring is whole again it serves the next request" diff "$WORK/after-local.ids" "$WORK/again.ids"
+
+# A node without the model: the coordinator streams it its layers, it keeps them by content hash, and
+# the next run (even after a restart) uses the kept copy.
+mkdir -p "$RING/empty"
+ring_keys_extra() { "$RINGLM" keygen -o "$RING/n5.key" >"$RING/n5.pub"; }
+ring_keys_extra
+ring_start 5 "$RING/empty" --cache "$RING/cache5" || exit 1
+ring_conf "$WORK/fetch.conf" 1 5
+m=$RING/models/small-f32.gguf
+t=$(toks 21 1700 24)
+"$RINGLM" logits -m "$m" --tokens "$t" --prefill 16 -o "$WORK/fl.bin"
+"$RINGLM" logits -m "$m" --tokens "$t" --prefill 16 --ring "$WORK/fetch.conf" "${K[@]}" -o "$WORK/fr.bin" 2>"$WORK/fetch.err"
+check "layers were streamed to the node without the model" grep -q "streaming layers" "$WORK/fetch.err"
+check "streamed layers give the same logits" "$RINGLM" compare "$WORK/fl.bin" "$WORK/fr.bin" --tol 0
+check "the node kept them by content hash" bash -c "ls $RING/cache5/*-*-*.gguf"
+kill "${RING_PID[5]}"; wait "${RING_PID[5]}" 2>/dev/null || true
+ring_start 5 "$RING/empty" --cache "$RING/cache5" || exit 1
+"$RINGLM" logits -m "$m" --tokens "$t" --prefill 16 --ring "$WORK/fetch.conf" "${K[@]}" -o "$WORK/fr2.bin" 2>"$WORK/fetch2.err"
+check "after a restart the kept copy is used (nothing streamed)" bash -c "! grep -q 'streaming layers' $WORK/fetch2.err"
+check "and gives the same logits" "$RINGLM" compare "$WORK/fl.bin" "$WORK/fr2.bin" --tol 0
 finish

@@ -9,9 +9,11 @@
 
 static void node_usage(FILE *f) {
     fprintf(f, "usage: ringlm node --listen HOST:PORT --key node.key --allow COORD_PUBKEY_HEX[,...]\n"
-               "                   [--models DIR] [--mem GB] [--threads N] [--verbose]\n\n"
+               "                   [--models DIR] [--cache DIR] [--mem GB] [--speed GB/s] [--threads N] [--verbose]\n\n"
                "Serves its share of a model to the coordinators it trusts. Links are encrypted and mutually\n"
-               "authenticated (ZeroMQ CURVE); a key not on the list is refused and logged.\n");
+               "authenticated (ZeroMQ CURVE); a key not on the list is refused and logged. Layers of a model\n"
+               "it does not hold are streamed by the coordinator and kept in --cache (default\n"
+               "~/.cache/ringlm/node-<key>) by content hash for next time.\n");
 }
 
 int cmd_node(int argc, char **argv) {
@@ -38,7 +40,9 @@ int cmd_node(int argc, char **argv) {
         else if (strcmp(a, "--key") == 0) key = v;
         else if (strcmp(a, "--allow") == 0) allow = v;
         else if (strcmp(a, "--models") == 0) o.models_dir = v;
+        else if (strcmp(a, "--cache") == 0) o.cache_dir = v;
         else if (strcmp(a, "--mem") == 0) o.mem_gb = atof(v);
+        else if (strcmp(a, "--speed") == 0) o.speed_gbs = atof(v);
         else if (strcmp(a, "--threads") == 0 && cli_parse_int(v, &o.threads) == 0 && o.threads > 0) {
         } else {
             fprintf(stderr, "ringlm node: unknown or bad option '%s'\n", a);

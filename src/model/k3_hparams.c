@@ -300,22 +300,32 @@ static void k3_shape_str(char *buf, size_t n, const int64_t *ne) {
              (long long)ne[3]);
 }
 
-int k3_check_tensors(k3_hparams *hp, const mf_model *m, rl_err *err) {
-    /* Optional tensors: layer-wide switches, detected from the first layer that could hold them. */
+/* Is manifest entry t needed by a stage running [a, b)? */
+static bool k3_in_range(const k3_hparams *hp, const k3_tensor_spec *t, uint32_t a, uint32_t b) {
+    if (t->layer >= 0) return (uint32_t)t->layer >= a && (uint32_t)t->layer < b;
+    if (strcmp(t->name, "token_embd.weight") == 0) return a == 0;
+    return b == hp->n_layer; /* output, output_norm, output_res_score */
+}
+
+int k3_check_tensors_range(k3_hparams *hp, const mf_model *m, uint32_t a, uint32_t b, bool allow_extra, rl_err *err) {
+    if (a >= b || b > hp->n_layer) return rl_errf(err, "bad layer range [%u, %u) for %u layers", a, b, hp->n_layer);
+    /* Optional tensors: layer-wide switches, detected from the first layer in range that could hold them. */
     hp->has_mla_gate = hp->has_shexp = hp->has_routed_norm = false;
     char name[80];
-    for (uint32_t il = 0; il < hp->n_layer; il++) {
+    for (uint32_t il = a; il < b; il++) {
         if (hp->is_mla[il]) {
             snprintf(name, sizeof name, "blk.%u.attn_gate.weight", il);
             hp->has_mla_gate = mf_find(m, name) != NULL;
             break;
         }
     }
-    if (hp->n_dense_lead < hp->n_layer) {
-        snprintf(name, sizeof name, "blk.%u.ffn_gate_shexp.weight", hp->n_dense_lead);
+    for (uint32_t il = a; il < b; il++) {
+        if (!k3_is_moe(hp, il)) continue;
+        snprintf(name, sizeof name, "blk.%u.ffn_gate_shexp.weight", il);
         hp->has_shexp = mf_find(m, name) != NULL;
-        snprintf(name, sizeof name, "blk.%u.ffn_routed_norm.weight", hp->n_dense_lead);
+        snprintf(name, sizeof name, "blk.%u.ffn_routed_norm.weight", il);
         hp->has_routed_norm = hp->n_expert_latent && mf_find(m, name) != NULL;
+        break;
     }
     k3_tensor_spec *spec;
     int n;
@@ -323,6 +333,7 @@ int k3_check_tensors(k3_hparams *hp, const mf_model *m, rl_err *err) {
     int rc = 0;
     char want[96], got[96];
     for (int i = 0; i < n && rc == 0; i++) {
+        if (!k3_in_range(hp, &spec[i], a, b)) continue;
         const mf_tensor *t = mf_find(m, spec[i].name);
         if (!t) {
             rc = rl_errf(err, "missing tensor '%s'", spec[i].name);
@@ -342,11 +353,27 @@ int k3_check_tensors(k3_hparams *hp, const mf_model *m, rl_err *err) {
     /* Every tensor in the file must be one we know: a stray tensor means a different model layout. */
     for (int j = 0; j < m->n_tensor && rc == 0; j++) {
         bool known = false;
-        for (int i = 0; i < n && !known; i++) known = strcmp(spec[i].name, m->tensors[j].name) == 0;
+        for (int i = 0; i < n && !known; i++) {
+            known = strcmp(spec[i].name, m->tensors[j].name) == 0 && (allow_extra || k3_in_range(hp, &spec[i], a, b));
+        }
         if (!known) rc = rl_errf(err, "unexpected tensor '%s' for this K3 configuration", m->tensors[j].name);
     }
     free(spec);
     return rc;
+}
+
+int k3_check_tensors(k3_hparams *hp, const mf_model *m, rl_err *err) {
+    return k3_check_tensors_range(hp, m, 0, hp->n_layer, false, err);
+}
+
+int k3_open_range(mf_model *m, k3_hparams *hp, const char *path, uint32_t a, uint32_t b, rl_err *err) {
+    if (mf_open(m, path, err) != 0) return -1;
+    if (k3_hparams_read(hp, m, err) != 0 || k3_check_tensors_range(hp, m, a, b, true, err) != 0) {
+        rl_err_prefix(err, "%s", path);
+        mf_close(m);
+        return -1;
+    }
+    return 0;
 }
 
 int k3_open(mf_model *m, k3_hparams *hp, const char *path, rl_err *err) {

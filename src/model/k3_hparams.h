@@ -109,7 +109,14 @@ int k3_manifest(const k3_hparams *hp, k3_tensor_spec **out, int *n_out, rl_err *
  * an allowed type, and that the file has no unexpected tensors. */
 int k3_check_tensors(k3_hparams *hp, const mf_model *m, rl_err *err);
 
+/* The same for the tensors a stage running layers [a, b) needs: blk.a .. blk.(b-1), token_embd when
+ * a == 0, the output tensors when b == n_layer. A file may hold more (a whole model) or exactly these (a
+ * range file a node was streamed). Optional tensors are detected from layers inside the range. */
+int k3_check_tensors_range(k3_hparams *hp, const mf_model *m, uint32_t a, uint32_t b, bool allow_extra, rl_err *err);
+
 /* Opens a K3 file and runs all of the above: the one call every command uses. */
 int k3_open(mf_model *m, k3_hparams *hp, const char *path, rl_err *err);
+/* Opens a file that must hold at least layers [a, b) (a whole model or a range file). */
+int k3_open_range(mf_model *m, k3_hparams *hp, const char *path, uint32_t a, uint32_t b, rl_err *err);
 
 #endif

@@ -42,6 +42,7 @@ typedef struct ring_opts {
     double load_s;        /* how long to wait for every node to load its range */
     double dead_s;        /* a node silent this long is declared dead */
     double step_s;        /* no result for this long fails the request */
+    bool no_fetch;        /* refuse to stream layers to nodes that lack the model */
     bool quiet;           /* do not print the plan */
 } ring_opts;
 
@@ -58,7 +59,9 @@ typedef struct ring_node_state {
     uint64_t mem_bytes;
     double speed;
     double last_seen;
-    bool has_model;
+    bool has_model;   /* holds the whole model file */
+    int n_ranges;     /* layer ranges of it the node was streamed before */
+    uint32_t range_a[16], range_b[16];
 } ring_node_state;
 
 typedef struct ring_coord {

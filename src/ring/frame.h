@@ -18,6 +18,11 @@
  *   PING/PONG  coord <-> node   liveness (empty)
  *   ERROR      node -> coord    JSON: msg
  *   FREE       coord -> node    forget the listed sequences (forwarded down the ring)
+ *   FETCH_BEGIN coord -> node   JSON {model_hash, a, b, file_bytes} then a second payload part: the GGUF
+ *                               header of a range file (the model's metadata, only layers [a, b)'s tensors)
+ *   FETCH_DATA coord -> node    the next bytes of that file's data section (step_id = chunk index)
+ *   FETCH_ACK  node -> coord    chunk step_id is written (flow control: the coordinator keeps few in flight)
+ *   FETCH_END  coord -> node    JSON {blake2b}: the node checks the whole file's hash, keeps it, says READY
  */
 #ifndef RINGLM_FRAME_H
 #define RINGLM_FRAME_H
@@ -42,7 +47,11 @@ enum rf_type {
     RF_PONG = 8,
     RF_ERROR = 9,
     RF_FREE = 10,
-    RF_TYPE_MAX = 10
+    RF_FETCH_BEGIN = 11,
+    RF_FETCH_DATA = 12,
+    RF_FETCH_ACK = 13,
+    RF_FETCH_END = 14,
+    RF_TYPE_MAX = 14
 };
 
 /* Per-sequence flags. */

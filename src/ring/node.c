@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include <cJSON.h>
+#include <sodium.h>
+#include <sys/stat.h>
 #include <zmq.h>
 
 #include "ggml-cpu.h"
@@ -28,9 +30,23 @@
 
 typedef struct node_model {
     char path[1024];
-    char hash[65];
+    char hash[65];      /* content hash of the whole model this file holds (or holds a range of) */
     uint64_t bytes;
+    bool range;         /* a streamed range file: layers [a, b) only */
+    uint32_t a, b;
 } node_model;
+
+/* A range file being received (FETCH_BEGIN .. FETCH_END). */
+typedef struct node_fetch {
+    bool active;
+    FILE *f;
+    char tmp[1100], final[1100];
+    char hash[65];
+    uint32_t a, b;
+    uint64_t expect, written;
+    crypto_generichash_state h;
+    int last_pct;
+} node_fetch;
 
 typedef struct node_seq {
     bool used;
@@ -49,6 +65,8 @@ typedef struct node {
     size_t coord_id_len;
     node_model models[NODE_MAX_MODELS];
     int n_models;
+    char cache_dir[1024];
+    node_fetch fetch;
     double speed; /* bytes of weights per second in a matrix-vector product */
     /* the assignment */
     bool loaded;
@@ -103,6 +121,29 @@ static void node_scan_models(node *n) {
             continue;
         }
         n->n_models++;
+    }
+    closedir(d);
+}
+
+/* Range files from earlier runs: "<model hash>-<a>-<b>.gguf" in the cache folder. */
+static void node_scan_cache(node *n) {
+    DIR *d = opendir(n->cache_dir);
+    if (!d) return;
+    struct dirent *de;
+    while ((de = readdir(d)) && n->n_models < NODE_MAX_MODELS) {
+        char hash[65];
+        unsigned a, b;
+        char tail[8];
+        if (strlen(de->d_name) < 70 || sscanf(de->d_name, "%64[0-9a-f]-%u-%u%7s", hash, &a, &b, tail) != 4 ||
+            strcmp(tail, ".gguf") != 0 || b <= a) {
+            continue;
+        }
+        node_model *nm = &n->models[n->n_models++];
+        snprintf(nm->path, sizeof nm->path, "%s/%s", n->cache_dir, de->d_name);
+        snprintf(nm->hash, sizeof nm->hash, "%s", hash);
+        nm->range = true;
+        nm->a = a;
+        nm->b = b;
     }
     closedir(d);
 }
@@ -196,6 +237,10 @@ static void node_info(node *n) {
         cJSON_AddStringToObject(m, "name", base ? base + 1 : n->models[i].path);
         cJSON_AddStringToObject(m, "hash", n->models[i].hash);
         cJSON_AddNumberToObject(m, "bytes", (double)n->models[i].bytes);
+        if (n->models[i].range) {
+            cJSON_AddNumberToObject(m, "a", n->models[i].a);
+            cJSON_AddNumberToObject(m, "b", n->models[i].b);
+        }
         cJSON_AddItemToArray(ms, m);
     }
     char *s = cJSON_PrintUnformatted(j);
@@ -249,8 +294,16 @@ static void node_assign(node *n, uint64_t step, const char *json, size_t len) {
         goto done;
     }
     const char *path = NULL;
-    for (int i = 0; i < n->n_models; i++) {
-        if (strcmp(n->models[i].hash, hash) == 0) path = n->models[i].path;
+    bool range_file = false;
+    for (int i = 0; i < n->n_models && !path; i++) {
+        if (strcmp(n->models[i].hash, hash) == 0 && !n->models[i].range) path = n->models[i].path;
+    }
+    for (int i = 0; i < n->n_models && !path; i++) {
+        const node_model *nm = &n->models[i];
+        if (nm->range && strcmp(nm->hash, hash) == 0 && nm->a <= (uint32_t)a && nm->b >= (uint32_t)b) {
+            path = nm->path;
+            range_file = true;
+        }
     }
     if (!path) {
         node_error(n, step, "model %.16s... is not among this node's models (--models %s)", hash,
@@ -262,7 +315,8 @@ static void node_assign(node *n, uint64_t step, const char *json, size_t len) {
     node_drop_seqs(n);
     if (!same) {
         node_unload(n);
-        if (k3_open(&n->m, &n->hp, path, &err) != 0) {
+        if ((range_file ? k3_open_range(&n->m, &n->hp, path, (uint32_t)a, (uint32_t)b, &err)
+                        : k3_open(&n->m, &n->hp, path, &err)) != 0) {
             node_error(n, step, "%s", err.msg);
             goto done;
         }
@@ -554,6 +608,136 @@ static void node_free(node *n, const zs_parts *p, const rf_header *h) {
     }
 }
 
+
+/* ---- fetch: a coordinator streams this node the layers it lacks ---------------------------------- */
+
+/* mkdir -p */
+static int node_mkdirs(const char *path) {
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(tmp, 0700) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(tmp, 0700) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+static void node_fetch_abort(node *n) {
+    if (n->fetch.f) fclose(n->fetch.f);
+    if (n->fetch.active) unlink(n->fetch.tmp);
+    memset(&n->fetch, 0, sizeof n->fetch);
+}
+
+static void node_fetch_begin(node *n, uint64_t step, const zs_parts *p) {
+    node_fetch_abort(n);
+    node_fetch *f = &n->fetch;
+    cJSON *j = p->n >= 4 ? cJSON_ParseWithLength(p->data[2], p->len[2]) : NULL;
+    const char *hash = jstr(j, "model_hash");
+    double a = jnum(j, "a", -1), b = jnum(j, "b", -1), bytes = jnum(j, "file_bytes", -1);
+    if (!hash || strlen(hash) != 64 || strspn(hash, "0123456789abcdef") != 64 || a < 0 || b <= a || bytes <= 0 ||
+        p->len[3] > bytes) {
+        cJSON_Delete(j);
+        node_error(n, step, "FETCH_BEGIN lacks a valid model_hash, layer range or size");
+        return;
+    }
+    if (node_mkdirs(n->cache_dir) != 0) {
+        cJSON_Delete(j);
+        node_error(n, step, "cannot create the cache folder %s: %s", n->cache_dir, strerror(errno));
+        return;
+    }
+    snprintf(f->hash, sizeof f->hash, "%s", hash);
+    f->a = (uint32_t)a;
+    f->b = (uint32_t)b;
+    f->expect = (uint64_t)bytes;
+    cJSON_Delete(j);
+    snprintf(f->final, sizeof f->final, "%s/%s-%u-%u.gguf", n->cache_dir, f->hash, f->a, f->b);
+    snprintf(f->tmp, sizeof f->tmp, "%s.part", f->final);
+    f->f = fopen(f->tmp, "wb");
+    if (!f->f) {
+        node_error(n, step, "cannot write %s: %s", f->tmp, strerror(errno));
+        return;
+    }
+    f->active = true;
+    f->last_pct = -1;
+    crypto_generichash_init(&f->h, NULL, 0, 32);
+    /* The header travels with FETCH_BEGIN; the data section follows in FETCH_DATA chunks. */
+    if (fwrite(p->data[3], 1, p->len[3], f->f) != p->len[3]) {
+        node_error(n, step, "cannot write %s", f->tmp);
+        node_fetch_abort(n);
+        return;
+    }
+    crypto_generichash_update(&f->h, p->data[3], p->len[3]);
+    f->written = p->len[3];
+    node_log(n, "receiving layers [%u, %u) of %.12s... (%.1f MiB)", f->a, f->b, f->hash, (double)f->expect / 1048576.0);
+    node_reply(n, RF_FETCH_ACK, step, NULL, 0);
+}
+
+static void node_fetch_data(node *n, uint64_t step, const zs_parts *p) {
+    node_fetch *f = &n->fetch;
+    if (!f->active) {
+        node_error(n, step, "FETCH_DATA without FETCH_BEGIN");
+        return;
+    }
+    if (f->written + p->len[2] > f->expect || fwrite(p->data[2], 1, p->len[2], f->f) != p->len[2]) {
+        node_error(n, step, "fetched data overruns the announced %" PRIu64 " bytes, or cannot be written", f->expect);
+        node_fetch_abort(n);
+        return;
+    }
+    crypto_generichash_update(&f->h, p->data[2], p->len[2]);
+    f->written += p->len[2];
+    int pct = (int)(100.0 * (double)f->written / (double)f->expect);
+    if (pct / 10 != f->last_pct / 10) {
+        f->last_pct = pct;
+        fprintf(stderr, "\rringlm node %s: receiving [%-20.*s] %3d%%", n->o->listen, pct / 5, "####################", pct);
+        if (pct == 100) fputc('\n', stderr);
+    }
+    node_reply(n, RF_FETCH_ACK, step, NULL, 0);
+}
+
+static void node_fetch_end(node *n, uint64_t step, const zs_parts *p) {
+    node_fetch *f = &n->fetch;
+    if (!f->active) {
+        node_error(n, step, "FETCH_END without FETCH_BEGIN");
+        return;
+    }
+    cJSON *j = cJSON_ParseWithLength(p->data[2], p->len[2]);
+    const char *want = jstr(j, "blake2b");
+    unsigned char out[32];
+    char got[65];
+    crypto_generichash_final(&f->h, out, 32);
+    sodium_bin2hex(got, sizeof got, out, 32);
+    bool ok = want && strcmp(want, got) == 0 && f->written == f->expect;
+    cJSON_Delete(j);
+    if (!ok) {
+        node_error(n, step, "fetched range file is corrupt (%" PRIu64 " of %" PRIu64 " bytes, hash %s)", f->written,
+                   f->expect, want && strcmp(want, got) == 0 ? "ok" : "mismatch");
+        node_fetch_abort(n);
+        return;
+    }
+    int bad = fflush(f->f) != 0 || fsync(fileno(f->f)) != 0;
+    bad |= fclose(f->f) != 0;
+    f->f = NULL;
+    if (bad || rename(f->tmp, f->final) != 0) {
+        node_error(n, step, "cannot keep %s: %s", f->final, strerror(errno));
+        node_fetch_abort(n);
+        return;
+    }
+    if (n->n_models < NODE_MAX_MODELS) {
+        node_model *nm = &n->models[n->n_models++];
+        snprintf(nm->path, sizeof nm->path, "%s", f->final);
+        snprintf(nm->hash, sizeof nm->hash, "%s", f->hash);
+        nm->range = true;
+        nm->a = f->a;
+        nm->b = f->b;
+        nm->bytes = f->expect;
+    }
+    node_log(n, "kept layers [%u, %u) in %s", f->a, f->b, f->final);
+    memset(f, 0, sizeof *f);
+    node_reply(n, RF_READY, step, "{\"fetched\":true}", 16);
+}
+
 /* ---- main loop --------------------------------------------------------------------------------- */
 
 static bool node_stop_pending(void) {
@@ -575,8 +759,13 @@ int node_run(const node_opts *o, rl_err *err) {
     for (int i = 0; i < o->n_allow; i++) zs_auth_allow(&n->auth, o->allow[i].curve_pk, "coordinator");
     n->router = zs_server(n->zctx, o->listen, &o->id, err);
     if (!n->router) goto done_auth;
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (o->cache_dir) snprintf(n->cache_dir, sizeof n->cache_dir, "%s", o->cache_dir);
+    else if (xdg) snprintf(n->cache_dir, sizeof n->cache_dir, "%s/ringlm/node-%.16s", xdg, o->id.pk_hex);
+    else snprintf(n->cache_dir, sizeof n->cache_dir, "%s/.cache/ringlm/node-%.16s", home ? home : "/tmp", o->id.pk_hex);
     node_scan_models(n);
-    n->speed = node_probe_speed(o->threads);
+    node_scan_cache(n);
+    n->speed = o->speed_gbs > 0 ? o->speed_gbs * 1e9 : node_probe_speed(o->threads);
     node_log(n, "ready: key %s, %d model(s), %.1f GB/s matrix-vector, %d threads", o->id.pk_hex, n->n_models,
              n->speed / 1e9, o->threads);
     while (!node_stop_pending()) {
@@ -616,7 +805,7 @@ int node_run(const node_opts *o, rl_err *err) {
                 zs_parts_free(&p);
                 continue;
             }
-            if (h->type == RF_INFO_REQ || h->type == RF_ASSIGN || h->type == RF_PING) {
+            if (h->type == RF_INFO_REQ || h->type == RF_ASSIGN || h->type == RF_PING || h->type == RF_FETCH_BEGIN) {
                 /* Only a coordinator sends these; remember where to send results and errors. */
                 n->coord_id_len = p.len[0] < sizeof n->coord_id ? p.len[0] : sizeof n->coord_id;
                 memcpy(n->coord_id, p.data[0], n->coord_id_len);
@@ -627,6 +816,9 @@ int node_run(const node_opts *o, rl_err *err) {
             case RF_PING: node_reply(n, RF_PONG, h->step_id, NULL, 0); break;
             case RF_FORWARD: node_forward(n, &p, h); break;
             case RF_FREE: node_free(n, &p, h); break;
+            case RF_FETCH_BEGIN: node_fetch_begin(n, h->step_id, &p); break;
+            case RF_FETCH_DATA: node_fetch_data(n, h->step_id, &p); break;
+            case RF_FETCH_END: node_fetch_end(n, h->step_id, &p); break;
             default: node_error(n, h->step_id, "unexpected %s frame", rf_type_name(h->type)); break;
             }
             free(h);
@@ -636,6 +828,7 @@ int node_run(const node_opts *o, rl_err *err) {
     node_log(n, "stopping");
     rc = 0;
 done_sock:
+    node_fetch_abort(n);
     node_unload(n);
     if (n->next) zmq_close(n->next);
     zmq_close(n->router);

@@ -22,7 +22,9 @@ typedef struct node_opts {
     rk_peer allow[NODE_MAX_ALLOW];
     int n_allow;
     const char *models_dir;  /* GGUF files this node holds (may be NULL) */
+    const char *cache_dir;   /* where streamed layer ranges are kept (NULL: ~/.cache/ringlm/node-<key>) */
     double mem_gb;           /* memory offered; 0 = what the OS reports available */
+    double speed_gbs;        /* matrix-vector speed to report; 0 = measure it (a short probe) */
     int threads;
     bool verbose;
 } node_opts;
