@@ -8,6 +8,8 @@
 
 #include "../gen/generate.h"
 #include "../ring/coord.h"
+#include "../spec/spec_gen.h"
+#include "../spec/verify_ring.h"
 #include "../text/chat.h"
 #include "cli.h"
 
@@ -17,14 +19,17 @@ static void run_usage(FILE *f) {
             "                  [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
             "                  [--presence-penalty P] [--frequency-penalty F] [--seed S] [--threads N]\n"
             "                  [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
-            "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16]]\n\n"
+            "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16]]\n"
+            "                  [--draft none|ngram|DRAFT.gguf [--draft-n K] [--draft-fixed]]\n\n"
             "Streams the generated text to stdout, then prints one metrics line on stderr.\n"
             "  -n N          tokens to generate (default 128; -1 = until the context is full)\n"
             "  --chat        wrap the prompt as a user turn in the model's chat format\n"
             "  --temp 0      greedy decoding (default 0.8 with top-k 40, top-p 0.95, min-p 0.05)\n"
             "  --ids         print the generated token ids (comma-separated) instead of text\n"
             "  --ring FILE   run across the nodes in FILE (\"HOST:PORT PUBKEY_HEX [mem=GB]\" per line) as the\n"
-            "                coordinator with identity --key; prints the plan and per-stage timings\n");
+            "                coordinator with identity --key; prints the plan and per-stage timings\n"
+            "  --draft D     speculative decoding: ngram (prompt lookup) or a small draft model sharing the\n"
+            "                vocabulary; up to --draft-n tokens (default 7) verified per target pass\n");
 }
 
 typedef struct run_out {
@@ -43,8 +48,15 @@ static int run_on_token(void *user, int32_t id, const char *text, size_t len) {
     return 0;
 }
 
-static int run_write_metrics(const char *path, const gen_metrics *m, cJSON *ring, rl_err *err) {
+static int run_write_metrics(const char *path, const gen_metrics *m, cJSON *ring, const spec_metrics *sm, rl_err *err) {
     cJSON *j = cJSON_CreateObject();
+    if (sm) {
+        cJSON_AddNumberToObject(j, "acceptance_rate", sm->acceptance_rate);
+        cJSON_AddNumberToObject(j, "tokens_per_traversal", sm->tokens_per_traversal);
+        cJSON_AddNumberToObject(j, "draft_s", sm->draft_s);
+        cJSON_AddNumberToObject(j, "verify_s", sm->verify_s);
+        cJSON_AddNumberToObject(j, "traversals", (double)sm->traversals);
+    }
     if (ring) cJSON_AddItemToObject(j, "ring", ring);
     cJSON_AddNumberToObject(j, "prompt_tokens", m->prompt_tokens);
     cJSON_AddNumberToObject(j, "generated_tokens", m->generated_tokens);
@@ -98,7 +110,9 @@ static long parse_ids(const char *s, int32_t **out) {
 
 int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *ids_arg = NULL, *metrics = NULL, *system = NULL;
-    const char *ring_path = NULL, *key_path = NULL, *wire = "f32";
+    const char *ring_path = NULL, *key_path = NULL, *wire = "f32", *draft = NULL;
+    int draft_n = 7;
+    bool draft_fixed = false;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), ctx = 4096, chunk = 512;
     bool chat = false, ids = false, progress = isatty(2);
     gen_params gp = {.n_predict = 128};
@@ -127,6 +141,10 @@ int cmd_run(int argc, char **argv) {
             progress = true;
             continue;
         }
+        if (strcmp(a, "--draft-fixed") == 0) {
+            draft_fixed = true;
+            continue;
+        }
         const char *v = i + 1 < argc ? argv[++i] : NULL;
         int bad = v == NULL;
         if (bad) {
@@ -138,6 +156,10 @@ int cmd_run(int argc, char **argv) {
             system = v;
         } else if (strcmp(a, "--ring") == 0) {
             ring_path = v;
+        } else if (strcmp(a, "--draft") == 0) {
+            draft = v;
+        } else if (strcmp(a, "--draft-n") == 0) {
+            bad = cli_parse_int(v, &draft_n) || draft_n < 1 || draft_n > SPEC_MAX_DRAFT;
         } else if (strcmp(a, "--key") == 0) {
             key_path = v;
         } else if (strcmp(a, "--wire") == 0) {
@@ -247,7 +269,25 @@ int cmd_run(int argc, char **argv) {
     run_out ro = {.ids = ids};
     gen_metrics gm;
     cJSON *ring_json = NULL;
-    if (ring_path) {
+    spec_metrics smx;
+    bool spec = draft && strcmp(draft, "none") != 0;
+    spec_drafter drafter;
+    memset(&drafter, 0, sizeof drafter);
+    if (spec && spec_drafter_open(&drafter, draft, hp.n_vocab, (uint32_t)ctx, threads, &gp.smp, &err) != 0) goto out;
+    spec_params spp = {.k_max = draft_n, .adaptive = !draft_fixed};
+    if (spec && !ring_path) {
+        if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, threads, &err) != 0) {
+            spec_drafter_close(&drafter);
+            goto out;
+        }
+        have_engine = true;
+        k3_weights_prefault(&e.w, progress && m.tensor_bytes > (64u << 20));
+        spec_local sl = {.e = &e, .n_ctx = (uint32_t)ctx, .chunk = (uint32_t)chunk};
+        spec_verifier v = spec_verifier_local(&sl);
+        int src = spec_run(&v, &drafter, &tok, toks, n_toks, &gp, &spp, run_on_token, &ro, &gm, &smx, &err);
+        spec_drafter_close(&drafter);
+        if (src != 0) goto out;
+    } else if (ring_path) {
         ring_conf conf;
         rk_identity id;
         ring_coord rc;
@@ -255,8 +295,19 @@ int cmd_run(int argc, char **argv) {
         ring_opts ro_ = ring_opts_default();
         ro_.n_ctx = (uint32_t)ctx;
         ro_.wire = strcmp(wire, "f16") == 0 ? 1 : strcmp(wire, "bf16") == 0 ? 2 : 0;
-        if (ring_open(&rc, &conf, &id, &m, &hp, &ro_, &err) != 0) goto out;
-        int grc = ring_generate(&rc, &tok, toks, n_toks, &gp, run_on_token, &ro, &gm, &err);
+        if (ring_open(&rc, &conf, &id, &m, &hp, &ro_, &err) != 0) {
+            if (spec) spec_drafter_close(&drafter);
+            goto out;
+        }
+        int grc;
+        if (spec) {
+            spec_ring sr = {.rc = &rc, .chunk = (uint32_t)chunk};
+            spec_verifier v = spec_verifier_ring(&sr);
+            grc = spec_run(&v, &drafter, &tok, toks, n_toks, &gp, &spp, run_on_token, &ro, &gm, &smx, &err);
+            spec_drafter_close(&drafter);
+        } else {
+            grc = ring_generate(&rc, &tok, toks, n_toks, &gp, run_on_token, &ro, &gm, &err);
+        }
         if (grc == 0) {
             fprintf(stderr, "\n");
             ring_print_stats(&rc, stderr);
@@ -277,7 +328,12 @@ int cmd_run(int argc, char **argv) {
             "peak rss %.1f MiB, stop: %s\n",
             gm.prompt_tokens, gm.prefill_tok_s, gm.ttft_s, gm.generated_tokens, gm.decode_tok_s,
             (double)gm.peak_rss_bytes / 1048576.0, gm.stop_reason);
-    if (metrics && run_write_metrics(metrics, &gm, ring_json, &err) != 0) goto out;
+    if (spec) {
+        fprintf(stderr, "[ringlm] speculative (%s): acceptance %.1f%%, %.2f tokens per target pass (%ld passes), "
+                        "draft %.3f s, verify %.3f s\n",
+                draft, 100 * smx.acceptance_rate, smx.tokens_per_traversal, smx.traversals, smx.draft_s, smx.verify_s);
+    }
+    if (metrics && run_write_metrics(metrics, &gm, ring_json, spec ? &smx : NULL, &err) != 0) goto out;
     if (!metrics) cJSON_Delete(ring_json);
     rc = 0;
 out:

@@ -55,6 +55,7 @@ void k3_output_free(k3_output *o) {
 
 typedef struct k3_seq_view {
     k3_state *st;
+    bool keep_rb;    /* keep rollback copies of this block */
     uint32_t off, n; /* token range in the batch */
     uint32_t n_kv;   /* cache rows attention reads: n_past + n, padded (k3_n_kv) */
     struct ggml_tensor *mask; /* [n_kv, n] f32, 0 or -inf (MLA causal mask) */
@@ -70,7 +71,16 @@ static uint32_t k3_n_kv(const k3_state *st, uint32_t n) {
     return pad < st->n_ctx ? pad : st->n_ctx;
 }
 
+/* A tensor region to copy to host memory after the compute (rollback copies). */
+typedef struct k3_readback {
+    struct ggml_tensor *t;
+    size_t offset, size;
+    void *dst;
+} k3_readback;
+
 typedef struct k3_graph {
+    k3_readback *rb;
+    int n_rb, cap_rb;
     struct ggml_context *ctx;
     struct ggml_cgraph *gf;
     const k3_hparams *hp;
@@ -79,6 +89,18 @@ typedef struct k3_graph {
     int64_t T; /* tokens in the batch */
     struct ggml_tensor *stack; /* banked checkpoints [d, n_ckpt, T], NULL while empty */
 } k3_graph;
+
+static void k3_readback_add(k3_graph *g, struct ggml_tensor *t, size_t offset, size_t size, void *dst) {
+    if (g->n_rb == g->cap_rb) {
+        int cap = g->cap_rb ? g->cap_rb * 2 : 64;
+        k3_readback *nb = realloc(g->rb, (size_t)cap * sizeof *nb);
+        if (!nb) return; /* checked after the build: n_rb stays short and the batch fails */
+        g->rb = nb;
+        g->cap_rb = cap;
+    }
+    ggml_set_output(t); /* the allocator must not reuse its memory before we read it */
+    g->rb[g->n_rb++] = (k3_readback){t, offset, size, dst};
+}
 
 static struct ggml_tensor *k3_norm(k3_graph *g, struct ggml_tensor *x, struct ggml_tensor *w) {
     return ggml_mul(g->ctx, ggml_rms_norm(g->ctx, x, g->hp->rms_eps), w);
@@ -135,6 +157,10 @@ static struct ggml_tensor *k3_conv(k3_graph *g, const k3_seq_view *sv, int il_re
     struct ggml_tensor *win = ggml_view_2d(c, st, kc1, di, st->nb[1], (size_t)which * st->nb[2]);
     struct ggml_tensor *x = k3_cols(g, proj, sv->off, sv->n);                 /* [Di, n] */
     struct ggml_tensor *cx = ggml_concat(c, win, ggml_transpose(c, x), 0);   /* [Kc-1+n, Di] */
+    if (sv->keep_rb) {
+        k3_readback_add(g, cx, 0, ggml_nbytes(cx),
+                        (char *)sv->st->rb_conv[il_rel] + (size_t)which * ggml_nbytes(cx));
+    }
     /* The new window is the last Kc-1 inputs. */
     ggml_build_forward_expand(g->gf, ggml_cpy(c, ggml_view_2d(c, cx, kc1, di, cx->nb[1], n * cx->nb[0]), win));
     struct ggml_tensor *y = ggml_ssm_conv(c, ggml_reshape_3d(c, cx, kc1 + n, di, 1),
@@ -176,7 +202,12 @@ static struct ggml_tensor *k3_kda(k3_graph *g, const k3_layer_w *L, int il_rel, 
                                               beta->nb[2] * sv->off);
         struct ggml_tensor *state = sv->st->delta[il_rel]; /* {Dk, Dk, H} */
         struct ggml_tensor *s4 = ggml_reshape_4d(c, state, Dk, Dk, H, 1);
-        struct ggml_tensor *o = ggml_gated_delta_net(c, q, k, v, gs, bs, s4, 1);
+        /* With rollback, the op also writes the state after each of the n tokens (slot s = s tokens back). */
+        struct ggml_tensor *o = ggml_gated_delta_net(c, q, k, v, gs, bs, s4, sv->keep_rb ? n : 1);
+        if (sv->keep_rb) {
+            k3_readback_add(g, o, o->nb[1] * (size_t)n, (size_t)n * (size_t)(Dk * Dk * H) * sizeof(float),
+                            sv->st->rb_delta[il_rel]);
+        }
         /* Packed output: n rows of attention [Dk*H], then the final state [Dk*Dk*H]. */
         ggml_build_forward_expand(g->gf, ggml_cpy(c, ggml_view_1d(c, o, Dk * Dk * H, o->nb[1] * n),
                                                   ggml_view_1d(c, state, Dk * Dk * H, 0)));
@@ -348,6 +379,12 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
     for (int s = 0; s < bt->n_seqs; s++) {
         k3_seq_view *sv = &g.seqs[s];
         sv->st = bt->seqs[s];
+        sv->keep_rb = bt->keep_rollback && bt->keep_rollback[s];
+        if (sv->keep_rb && k3_state_rb_reserve(sv->st, bt->n_tokens[s], err) != 0) {
+            ggml_free(g.ctx);
+            free(g.seqs);
+            return -1;
+        }
         sv->off = off;
         sv->n = bt->n_tokens[s];
         off += sv->n;
@@ -456,7 +493,13 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
         rc = rl_errf(err, "ggml graph compute failed");
         goto done;
     }
-    for (int s = 0; s < bt->n_seqs; s++) bt->seqs[s]->n_past += bt->n_tokens[s];
+    for (int i = 0; i < g.n_rb; i++) ggml_backend_tensor_get(g.rb[i].t, g.rb[i].dst, g.rb[i].offset, g.rb[i].size);
+    for (int s = 0; s < bt->n_seqs; s++) {
+        k3_state *st = bt->seqs[s];
+        st->rb_n = g.seqs[s].keep_rb ? bt->n_tokens[s] : 0; /* any other step invalidates an older block */
+        st->rb_start = st->n_past;
+        st->n_past += bt->n_tokens[s];
+    }
 
     if (logits) {
         out->n_logits = bt->n_logits;
@@ -480,5 +523,6 @@ done:
     if (rc != 0) k3_output_free(out);
     ggml_free(c);
     free(g.seqs);
+    free(g.rb);
     return rc;
 }

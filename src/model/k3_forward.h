@@ -40,6 +40,8 @@ typedef struct k3_batch {
     const uint32_t *n_tokens; /* tokens of each sequence in this batch (>= 1) */
     const int32_t *tokens;    /* a == 0: the tokens, sequence after sequence */
     const k3_boundary *in;    /* a > 0: the boundary state of the same tokens, same order */
+    const uint8_t *keep_rollback; /* per sequence (NULL = none): keep what k3_state_rollback needs to return
+                                   * to any position inside this batch's tokens (speculative verification) */
     int n_logits;             /* b == n_layer: how many rows need logits */
     const int32_t *logit_rows;/* their indices in the batch (0 .. total-1) */
 } k3_batch;

@@ -26,6 +26,13 @@ typedef struct k3_state {
     struct ggml_tensor **kcache; /* [il - a]: {kv_lora + rope, n_ctx} f32, NULL on KDA layers */
     struct ggml_context *ctx;
     struct ggml_backend_buffer *buf;
+    /* Rollback of the last block run with keep_rollback (speculative verification): for every KDA layer,
+     * the delta state after each of the block's tokens and the short-conv inputs of the block, so the
+     * sequence can return to any position inside the block without recomputing anything. */
+    uint32_t rb_start, rb_n;  /* the block's first position and length; rb_n == 0: nothing kept */
+    float **rb_delta;         /* [il - a]: rb_n slots of Dk*Dk*H, slot s = the state after rb_n - s tokens */
+    float **rb_conv;          /* [il - a]: 3 x (Kc-1+rb_n) x Di: the conv inputs (old window, then the block) */
+    uint32_t rb_cap;          /* tokens the rollback buffers hold */
 } k3_state;
 
 /* Allocates zeroed state (a fresh sequence). */
@@ -42,8 +49,16 @@ typedef struct k3_snapshot {
 } k3_snapshot;
 
 int k3_state_snapshot(const k3_state *s, k3_snapshot *snap, rl_err *err); /* (re)uses snap->kda */
+
+/* Returns the sequence to position `pos` inside the last block kept for rollback (rb_start < pos <=
+ * rb_start + rb_n): KDA state and conv windows from the kept copies, the MLA cache by truncation. Cheap.
+ * Fails if pos is outside that block. */
+int k3_state_rollback(k3_state *s, uint32_t pos, rl_err *err);
 /* Rolls back to the snapshot's position. The snapshot stays valid (it can be restored again). */
 int k3_state_restore(k3_state *s, const k3_snapshot *snap, rl_err *err);
 void k3_snapshot_free(k3_snapshot *snap);
+
+/* For the forward pass: grows the rollback buffers to hold a block of n tokens. */
+int k3_state_rb_reserve(k3_state *s, uint32_t n, rl_err *err);
 
 #endif

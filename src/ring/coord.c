@@ -77,19 +77,27 @@ static double mono(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+static int ring_send4(ring_coord *rc, int node, int type, uint64_t step, const rf_header *hh, const void *payload,
+                      size_t plen, const void *stamps, size_t slen, const void *extra, size_t elen, rl_err *err);
 static int ring_send(ring_coord *rc, int node, int type, uint64_t step, const rf_header *hh, const void *payload,
                      size_t plen, const void *stamps, size_t slen, rl_err *err) {
+    return ring_send4(rc, node, type, step, hh, payload, plen, stamps, slen, NULL, 0, err);
+}
+
+static int ring_send4(ring_coord *rc, int node, int type, uint64_t step, const rf_header *hh, const void *payload,
+                      size_t plen, const void *stamps, size_t slen, const void *extra, size_t elen, rl_err *err) {
     rf_header h0 = {.type = (uint16_t)type, .ring_id = rc->ring_id, .step_id = step, .payload_bytes = plen};
     const rf_header *h = hh ? hh : &h0;
     size_t hl = rf_header_size(h->n_seqs);
     uint8_t *hb = malloc(hl);
     if (!hb) return rl_errf(err, "out of memory");
     rf_header_encode(h, hb);
-    const void *parts[3] = {hb, payload ? payload : "", stamps ? stamps : ""};
-    size_t lens[3] = {hl, plen, slen};
+    const void *parts[4] = {hb, payload ? payload : "", stamps ? stamps : "", extra};
+    size_t lens[4] = {hl, plen, slen, elen};
+    int np = extra ? 4 : stamps ? 3 : 2;
     /* INFO requests are retried by the caller; everything else waits a while for the link. */
-    int r = type == RF_INFO_REQ || type == RF_PING ? zs_send(rc->nodes[node].sock, parts, lens, stamps ? 3 : 2, true, err)
-                                                   : zs_send_wait(rc->nodes[node].sock, parts, lens, stamps ? 3 : 2,
+    int r = type == RF_INFO_REQ || type == RF_PING ? zs_send(rc->nodes[node].sock, parts, lens, np, true, err)
+                                                   : zs_send_wait(rc->nodes[node].sock, parts, lens, np,
                                                                   (int)(rc->o.dead_s * 1000), err);
     free(hb);
     if (r != 0) {
@@ -539,7 +547,20 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
     pd->step_id = h->step_id;
     pd->t_send_real = rf_now();
     pd->t_send_mono = mono();
-    int r = ring_send(rc, rc->plan.stages[0].node, RF_FORWARD, h->step_id, h, toks, total * 4, sb, rf_stamps_size(0), err);
+    /* The drafts' distributions, if any sequence carries them, ride in a 4th part to the last stage. */
+    size_t qlen = 0;
+    for (int i = 0; i < n_reqs; i++) qlen += (reqs[i].flags & RF_SEQ_HAS_Q) ? reqs[i].q_len : 0;
+    uint8_t *qb = qlen ? malloc(qlen) : NULL;
+    size_t qo = 0;
+    for (int i = 0; qb && i < n_reqs; i++) {
+        if (!(reqs[i].flags & RF_SEQ_HAS_Q)) continue;
+        memcpy(qb + qo, reqs[i].q, reqs[i].q_len);
+        qo += reqs[i].q_len;
+    }
+    int r = qlen && !qb ? rl_errf(err, "out of memory")
+                        : ring_send4(rc, rc->plan.stages[0].node, RF_FORWARD, h->step_id, h, toks, total * 4, sb,
+                                     rf_stamps_size(0), qb, qlen, err);
+    free(qb);
     free(toks);
     if (r == 0) {
         rc->n_pending++;
@@ -600,6 +621,15 @@ int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_req
     for (int i = 0; i < n_reqs; i++) {
         if (reqs[i].flags & RF_SEQ_ALL_LOGITS) want += (size_t)reqs[i].n * rc->hp.n_vocab * 4;
     }
+    size_t n_committed = 0;
+    if (p->len[1] >= (size_t)n_reqs * 4) {
+        for (int i = 0; i < n_reqs; i++) {
+            int32_t c;
+            memcpy(&c, (const uint8_t *)p->data[1] + i * 4, 4);
+            if (reqs[i].flags & RF_SEQ_VERIFY) n_committed += c > 0 && c <= 32 ? (size_t)c : 1000000;
+        }
+    }
+    want += n_committed * 4;
     rf_header *h2 = calloc(1, sizeof *h2);
     rl_err e2;
     if (!h2 || rf_header_decode(h2, p->data[0], p->len[0], &e2) != 0 || h2->n_seqs != (uint32_t)n_reqs ||
@@ -615,6 +645,11 @@ int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_req
                 if (reqs[i].logits) memcpy(reqs[i].logits, pl + lo, nb);
                 lo += nb;
             }
+        }
+        for (int i = 0; i < n_reqs; i++) { /* committed tokens of VERIFY sequences, after the logits */
+            if (!(reqs[i].flags & RF_SEQ_VERIFY)) continue;
+            memcpy(reqs[i].committed, pl + lo, (size_t)reqs[i].token * 4);
+            lo += (size_t)reqs[i].token * 4;
         }
     }
     free(h2);

@@ -107,6 +107,9 @@ typedef struct ring_seq_req {
     rf_sampling smp;
     int32_t token;  /* out */
     float *logits;  /* out, optional */
+    const void *q;  /* RF_SEQ_HAS_Q: this sequence's share of the q part */
+    size_t q_len;
+    int32_t committed[32]; /* out, RF_SEQ_VERIFY: accepted drafts + correction (token = count) */
 } ring_seq_req;
 
 /* Sampling parameters for the wire (the last stage samples). */

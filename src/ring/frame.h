@@ -14,7 +14,12 @@
  *   ASSIGN     coord -> node    JSON: model hash, layer range, next hop, allowed upstream key, n_ctx, ...
  *   READY      node -> coord    JSON: what was loaded, resident bytes
  *   FORWARD    prev -> node     stage 0: int32 tokens; later stages: boundary state (k3_boundary wire form)
- *   RESULT     last -> coord    int32 token per sequence (n_seqs), then f32 logits when asked
+ *   RESULT     last -> coord    int32 per sequence (the token; for VERIFY the number committed), then f32
+ *                               logits when asked, then the committed tokens of every VERIFY sequence
+ *
+ * A FORWARD whose sequence position is behind the node's rolls that sequence back first (speculation:
+ * the rejected part of the last verified block). FORWARD may carry a 4th part with the drafts'
+ * distributions (RF_SEQ_HAS_Q): per VERIFY sequence, per draft, u32 n then n x (i32 id, f32 p).
  *   PING/PONG  coord <-> node   liveness (empty)
  *   ERROR      node -> coord    JSON: msg
  *   FREE       coord -> node    forget the listed sequences (forwarded down the ring)
@@ -59,6 +64,9 @@ enum {
     RF_SEQ_NEW = 1,        /* the sequence starts here (pos must be 0): allocate fresh state */
     RF_SEQ_ALL_LOGITS = 2, /* return the logits of every position of this sequence, not a token */
     RF_SEQ_NO_SAMPLE = 4,  /* prefill chunk: no token wanted */
+    RF_SEQ_VERIFY = 8,     /* the tokens are [last, drafts...]: keep rollback copies; the last stage accepts
+                            * the longest matching prefix and returns the committed tokens */
+    RF_SEQ_HAS_Q = 16,     /* the drafts' distributions travel in an extra part (speculative sampling) */
 };
 
 /* Sampling parameters travel with every sequence entry; the last stage samples. */

@@ -22,6 +22,7 @@
 #include "../gguf/file_hash.h"
 #include "../model/k3_forward.h"
 #include "../model/k3_memory.h"
+#include "../spec/accept.h"
 #include "../text/sampler.h"
 #include "frame.h"
 #include "zsock.h"
@@ -413,6 +414,15 @@ static node_seq *node_find_seq(node *n, uint64_t id, bool create) {
     return free_slot;
 }
 
+#define SPEC_BLOCK_MAX 32
+
+/* Index of sequence i's first token in the frame's token list. */
+static uint32_t node_seq_offset(const rf_header *h, uint32_t i) {
+    uint32_t off = 0;
+    for (uint32_t k = 0; k < i; k++) off += h->seqs[k].n_tokens;
+    return off;
+}
+
 static void node_free_seq(node_seq *q) {
     k3_state_free(&q->st);
     if (q->has_smp) smp_free(&q->smp);
@@ -456,6 +466,7 @@ static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
     }
     k3_state *states[RF_MAX_SEQS];
     uint32_t ntok[RF_MAX_SEQS];
+    uint8_t keep[RF_MAX_SEQS] = {0};
     int32_t *rows = malloc((total + 1) * sizeof *rows);
     int n_rows = 0;
     bool last = n->b == n->hp.n_layer;
@@ -493,20 +504,28 @@ static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
                     goto out;
                 }
             }
+        } else if (s->pos < q->st.n_past) {
+            /* Speculation: the last verified block was only partly accepted; drop the rest. */
+            if (k3_state_rollback(&q->st, s->pos, &err) != 0) {
+                node_error(n, h->step_id, "sequence %" PRIu64 ": %s", s->seq_id, err.msg);
+                goto out;
+            }
         } else if (s->pos != q->st.n_past) {
             node_error(n, h->step_id, "sequence %" PRIu64 " is at position %u here, the frame says %u", s->seq_id,
                        q->st.n_past, s->pos);
             goto out;
         }
+        keep[i] = (s->flags & RF_SEQ_VERIFY) != 0;
         states[i] = &q->st;
         ntok[i] = s->n_tokens;
         if (last) {
-            if (s->flags & RF_SEQ_ALL_LOGITS) {
+            if (s->flags & (RF_SEQ_ALL_LOGITS | RF_SEQ_VERIFY)) {
                 for (uint32_t t = 0; t < s->n_tokens; t++) rows[n_rows++] = (int32_t)(off + t);
             } else if (!(s->flags & RF_SEQ_NO_SAMPLE)) {
                 rows[n_rows++] = (int32_t)(off + s->n_tokens - 1);
             }
-            if (q->has_smp) {
+            /* Penalty history follows the inputs; a VERIFY block's inputs are accepted as they are judged. */
+            if (q->has_smp && !(s->flags & RF_SEQ_VERIFY)) {
                 for (uint32_t t = 0; t < s->n_tokens; t++) smp_accept(&q->smp, tokens[off + t]);
             }
         }
@@ -514,6 +533,7 @@ static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
     }
     double t_start = rf_now();
     k3_batch b = {.n_seqs = (int)h->n_seqs, .seqs = states, .n_tokens = ntok, .tokens = tokens, .in = n->a > 0 ? &in : NULL,
+                  .keep_rollback = keep,
                   .n_logits = last ? n_rows : 0, .logit_rows = rows};
     k3_output o;
     if (k3_forward(&n->e, &b, &o, &err) != 0) {
@@ -534,12 +554,58 @@ static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
             k3_boundary_encode(&o.out, (enum k3_wire_dtype)n->wire, payload + total * 4);
         }
     } else {
-        /* One sampled token per sequence (-1 if none was asked), then the logits rows that were asked. */
+        /* One int32 per sequence (the sampled token, -1 if none was asked, or for VERIFY the number of
+         * committed tokens), then the logits rows that were asked, then the committed tokens. */
         size_t n_logit_floats = 0;
         for (uint32_t i = 0; i < h->n_seqs; i++) {
             if (h->seqs[i].flags & RF_SEQ_ALL_LOGITS) n_logit_floats += (size_t)h->seqs[i].n_tokens * n->hp.n_vocab;
         }
-        plen = h->n_seqs * 4 + n_logit_floats * 4;
+        int32_t committed[RF_MAX_SEQS][SPEC_BLOCK_MAX];
+        int n_comm[RF_MAX_SEQS] = {0};
+        size_t n_comm_total = 0;
+        /* The drafts' distributions (RF_SEQ_HAS_Q) from the 4th part, parsed per VERIFY sequence. */
+        const uint8_t *qp = p->n > 4 ? p->data[4] : NULL, *qend = qp ? qp + p->len[4] : NULL;
+        int row0 = 0;
+        for (uint32_t i = 0; i < h->n_seqs; i++) {
+            const rf_seq *s = &h->seqs[i];
+            int nrows = (s->flags & (RF_SEQ_ALL_LOGITS | RF_SEQ_VERIFY)) ? (int)s->n_tokens
+                        : !(s->flags & RF_SEQ_NO_SAMPLE) ? 1 : 0;
+            if (s->flags & RF_SEQ_VERIFY) {
+                node_seq *q = node_find_seq(n, s->seq_id, false);
+                int k = (int)s->n_tokens - 1;
+                spec_q qs[SPEC_BLOCK_MAX];
+                int32_t qid[SPEC_BLOCK_MAX][64];
+                float qpr[SPEC_BLOCK_MAX][64];
+                bool have_q = (s->flags & RF_SEQ_HAS_Q) != 0;
+                for (int d = 0; have_q && d < k; d++) {
+                    uint32_t cnt;
+                    if (!qp || qp + 4 > qend) break;
+                    memcpy(&cnt, qp, 4);
+                    qp += 4;
+                    if (cnt > 64 || qp + cnt * 8 > qend) {
+                        have_q = false;
+                        break;
+                    }
+                    for (uint32_t c = 0; c < cnt; c++) {
+                        memcpy(&qid[d][c], qp + c * 8, 4);
+                        memcpy(&qpr[d][c], qp + c * 8 + 4, 4);
+                    }
+                    qp += cnt * 8;
+                    qs[d] = (spec_q){.n = (int)cnt, .id = qid[d], .p = qpr[d]};
+                }
+                if (k + 1 > SPEC_BLOCK_MAX || !q || !q->has_smp || ((s->flags & RF_SEQ_HAS_Q) && !have_q)) {
+                    k3_output_free(&o);
+                    node_error(n, h->step_id, "VERIFY block for sequence %" PRIu64 " is malformed", s->seq_id);
+                    goto out;
+                }
+                n_comm[i] = spec_accept(&q->smp, o.logits + (size_t)row0 * n->hp.n_vocab, (int32_t)n->hp.n_vocab,
+                                        tokens + node_seq_offset(h, i), k, have_q ? qs : NULL,
+                                        committed[i]);
+                n_comm_total += (size_t)n_comm[i];
+            }
+            row0 += nrows;
+        }
+        plen = h->n_seqs * 4 + n_logit_floats * 4 + n_comm_total * 4;
         payload = malloc(plen);
         int row = 0;
         size_t lo = 0;
@@ -548,6 +614,16 @@ static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
             int32_t tok = -1;
             node_seq *q = node_find_seq(n, s->seq_id, false);
             const float *lrow = NULL;
+            if (s->flags & RF_SEQ_VERIFY) {
+                memcpy(payload + i * 4, &n_comm[i], 4);
+                if (s->flags & RF_SEQ_ALL_LOGITS) {
+                    memcpy(payload + h->n_seqs * 4 + lo * 4, o.logits + (size_t)row * n->hp.n_vocab,
+                           (size_t)s->n_tokens * n->hp.n_vocab * 4);
+                    lo += (size_t)s->n_tokens * n->hp.n_vocab;
+                }
+                row += (int)s->n_tokens;
+                continue;
+            }
             if (s->flags & RF_SEQ_ALL_LOGITS) {
                 memcpy(payload + h->n_seqs * 4 + lo * 4, o.logits + (size_t)row * n->hp.n_vocab,
                        (size_t)s->n_tokens * n->hp.n_vocab * 4);
@@ -560,6 +636,11 @@ static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
             }
             if (lrow && q && q->has_smp) tok = smp_sample(&q->smp, lrow);
             memcpy(payload + i * 4, &tok, 4);
+        }
+        for (uint32_t i = 0; payload && i < h->n_seqs; i++) {
+            if (!n_comm[i]) continue;
+            memcpy(payload + h->n_seqs * 4 + lo * 4, committed[i], (size_t)n_comm[i] * 4);
+            lo += (size_t)n_comm[i];
         }
         oh.type = RF_RESULT;
     }
@@ -576,9 +657,9 @@ static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
         rf_header_encode(&oh, hb);
         rf_stamps_encode(stamps, n_stamps, sb);
         if (!last) {
-            const void *parts[3] = {hb, payload, sb};
-            size_t lens[3] = {hl, plen, sl};
-            if (zs_send_wait(n->next, parts, lens, 3, 5000, &err) != 0) {
+            const void *parts[4] = {hb, payload, sb, p->n > 4 ? p->data[4] : NULL};
+            size_t lens[4] = {hl, plen, sl, p->n > 4 ? p->len[4] : 0};
+            if (zs_send_wait(n->next, parts, lens, p->n > 4 ? 4 : 3, 5000, &err) != 0) {
                 node_error(n, h->step_id, "stage %d cannot reach the next stage: %s", n->stage + 1, err.msg);
             }
         } else {

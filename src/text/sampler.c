@@ -236,3 +236,5 @@ int32_t smp_sample(smp_sampler *s, const float *logits) {
         if (s->cand[i].p > 0) return s->cand[i].id;
     return s->cand[0].id;
 }
+
+double smp_uniform(smp_sampler *s) { return rng_uniform(s->rng); }

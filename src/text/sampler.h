@@ -65,6 +65,10 @@ void smp_accept(smp_sampler *s, int32_t token);
 /* Picks a token from logits[n_vocab] (left unchanged). Does not accept it. */
 int32_t smp_sample(smp_sampler *s, const float *logits);
 
+/* A uniform draw in [0, 1) from the sampler's own RNG (speculative acceptance draws from the same
+ * stream, so a seed still fixes the whole output). */
+double smp_uniform(smp_sampler *s);
+
 /* Runs steps 1-5 only: *n_out candidates survive in s->cand (sorted by logit, highest first, unless no
  * step needed an order), with logits as modified. For tests and for inspecting a distribution. */
 void smp_filter(smp_sampler *s, const float *logits, size_t *n_out);

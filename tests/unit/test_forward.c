@@ -209,6 +209,45 @@ static void test_model(const char *cfg_name, const char *type, const char *dir, 
         k3_snapshot_free(&snap);
     }
 
+    /* Speculative rollback: a 6-token block kept for rollback, then back to 20 + j, then 6 more tokens,
+     * equals a run that never saw the rejected tokens (prefill 20, then j, then the 6). */
+    for (uint32_t j = 1; j <= 6; j++) {
+        k3_state_reset(&st);
+        float *p = run_chunks(&f.e, &st, tok, 20, 0);
+        free(p);
+        uint32_t nb = 6;
+        uint8_t keep = 1;
+        int32_t rows[6] = {0, 1, 2, 3, 4, 5};
+        int32_t block[6];
+        memcpy(block, tok + 20, j * sizeof *block);                 /* accepted part */
+        memcpy(block + j, tok2, (6 - j) * sizeof *block);          /* rejected drafts */
+        k3_state *sp = &st;
+        k3_batch b = {.n_seqs = 1, .seqs = &sp, .n_tokens = &nb, .tokens = block, .keep_rollback = &keep, .n_logits = 6,
+                      .logit_rows = rows};
+        k3_output o;
+        int ok = k3_forward(&f.e, &b, &o, &err) == 0;
+        if (ok) k3_output_free(&o);
+        ok = ok && k3_state_rollback(&st, 20 + j, &err) == 0 && st.n_past == 20 + j;
+        float *after = ok ? run_chunks(&f.e, &st, tok + 20 + j, 6, 0) : NULL;
+        k3_state ref;
+        k3_state_init(&ref, hp, 0, L, 64, &err);
+        p = run_chunks(&f.e, &ref, tok, 20, 0);
+        free(p);
+        p = run_chunks(&f.e, &ref, tok + 20, (int)j, 0);
+        free(p);
+        float *want = run_chunks(&f.e, &ref, tok + 20 + j, 6, 0);
+        double r = after ? rel_diff(want, after, (size_t)6 * V) : 1;
+        CHECK(ok && r <= 1e-4, "%s/%s: keep 6, roll back to +%u, continue == never saw the rest (rel %.2g)%s", cfg_name,
+              type, j, r, ok ? "" : err.msg);
+        free(after);
+        free(want);
+        k3_state_free(&ref);
+    }
+    {
+        uint32_t before = st.n_past;
+        CHECK(k3_state_rollback(&st, before - 3, &err) != 0, "rollback outside the kept block refused: %s", err.msg);
+    }
+
 cut:
     /* Cutting the range: [0,k) then [k,n) through a serialized f32 boundary == [0,n), bit for bit. */
     for (uint32_t k = 1; k < L; k++) {

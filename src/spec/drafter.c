@@ -1,0 +1,150 @@
+#include "drafter.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int spec_drafter_open(spec_drafter *d, const char *spec, uint32_t target_vocab, uint32_t n_ctx, int threads,
+                      const smp_params *sp, rl_err *err) {
+    memset(d, 0, sizeof *d);
+    d->pending = -1;
+    if (!spec || strcmp(spec, "none") == 0) return 0;
+    if (strcmp(spec, "ngram") == 0) {
+        d->kind = SPEC_NGRAM;
+        return 0;
+    }
+    if (k3_open(&d->m, &d->hp, spec, err) != 0) return rl_err_prefix(err, "draft model");
+    if (d->hp.n_vocab != target_vocab) {
+        mf_close(&d->m);
+        return rl_errf(err, "draft model %s has a vocabulary of %u tokens, the target %u: they must share one", spec,
+                       d->hp.n_vocab, target_vocab);
+    }
+    if (k3_engine_init(&d->e, &d->m, &d->hp, 0, d->hp.n_layer, threads, err) != 0 ||
+        k3_state_init(&d->st, &d->hp, 0, d->hp.n_layer, n_ctx, err) != 0 ||
+        smp_init(&d->smp, sp, (int32_t)d->hp.n_vocab, err) != 0) {
+        mf_close(&d->m);
+        return rl_err_prefix(err, "draft model");
+    }
+    d->kind = SPEC_MODEL;
+    return 0;
+}
+
+void spec_drafter_close(spec_drafter *d) {
+    if (d->kind == SPEC_MODEL) {
+        smp_free(&d->smp);
+        k3_snapshot_free(&d->snap);
+        k3_state_free(&d->st);
+        k3_engine_free(&d->e);
+        mf_close(&d->m);
+    }
+    memset(d, 0, sizeof *d);
+}
+
+/* Feeds tokens to the draft model; returns the last row's logits in *row (malloc'ed) if asked. */
+static int spec_feed(spec_drafter *d, const int32_t *t, uint32_t n, float **row, rl_err *err) {
+    if (d->st.n_past + n > d->st.n_ctx) return rl_errf(err, "draft model context of %u is full", d->st.n_ctx);
+    k3_state *sp = &d->st;
+    int32_t last = (int32_t)n - 1;
+    k3_batch b = {.n_seqs = 1, .seqs = &sp, .n_tokens = &n, .tokens = t, .n_logits = row ? 1 : 0, .logit_rows = &last};
+    k3_output o;
+    if (k3_forward(&d->e, &b, &o, err) != 0) return -1;
+    if (row) {
+        *row = o.logits;
+        o.logits = NULL;
+    }
+    k3_output_free(&o);
+    return 0;
+}
+
+int spec_drafter_begin(spec_drafter *d, const int32_t *prompt, size_t n, rl_err *err) {
+    if (d->kind != SPEC_MODEL) return 0;
+    k3_state_reset(&d->st);
+    smp_reset(&d->smp);
+    for (size_t i = 0; i < n; i++) smp_accept(&d->smp, prompt[i]);
+    d->pending = n ? prompt[n - 1] : -1;
+    if (n > 1) return spec_feed(d, prompt, (uint32_t)(n - 1), NULL, err);
+    return 0;
+}
+
+/* Prompt lookup: the most recent earlier match of the last g tokens, longest g first. */
+static int spec_ngram(const int32_t *h, size_t n, int k, int32_t *draft) {
+    for (int g = 4; g >= 1; g--) {
+        if ((size_t)g >= n) continue;
+        const int32_t *key = h + n - g;
+        for (size_t start = n - g; start-- > 0;) { /* candidate match at [start, start+g) */
+            if (memcmp(h + start, key, (size_t)g * sizeof *h) != 0) continue;
+            int m = 0;
+            for (size_t j = start + g; j < n && m < k; j++) draft[m++] = h[j];
+            if (m > 0) return m;
+        }
+    }
+    return 0;
+}
+
+int spec_drafter_propose(spec_drafter *d, const int32_t *history, size_t n, int k, int32_t *draft, int *n_draft,
+                         const spec_q **qs, rl_err *err) {
+    *n_draft = 0;
+    *qs = NULL;
+    if (k > SPEC_MAX_DRAFT) k = SPEC_MAX_DRAFT;
+    if (d->kind == SPEC_NONE || k <= 0) return 0;
+    if (d->kind == SPEC_NGRAM) {
+        *n_draft = spec_ngram(history, n, k, draft);
+        return 0;
+    }
+    /* MODEL: snapshot, feed the pending token, then draft one token at a time. */
+    if (d->pending < 0) return 0;
+    if (k3_state_snapshot(&d->st, &d->snap, err) != 0) return -1;
+    int32_t t = d->pending;
+    const bool sampling = d->smp.p.temperature > 0.0f;
+    for (int i = 0; i < k; i++) {
+        float *row = NULL;
+        if (spec_feed(d, &t, 1, &row, err) != 0) return -1;
+        if (sampling) {
+            /* Draw from the drafter's filtered distribution and keep it (top 64) for the acceptance test. */
+            size_t nc = 0;
+            smp_filter(&d->smp, row, &nc);
+            float mx = -INFINITY;
+            for (size_t c = 0; c < nc; c++) mx = fmaxf(mx, d->smp.cand[c].logit);
+            double sum = 0;
+            for (size_t c = 0; c < nc; c++) sum += (d->smp.cand[c].p = expf(d->smp.cand[c].logit - mx));
+            int keep = nc < 64 ? (int)nc : 64;
+            double u = smp_uniform(&d->smp), acc = 0;
+            size_t chosen = 0;
+            for (size_t c = 0; c < nc; c++) {
+                acc += d->smp.cand[c].p / sum;
+                if (u < acc) {
+                    chosen = c;
+                    break;
+                }
+            }
+            t = d->smp.cand[chosen].id;
+            for (int c = 0; c < keep; c++) {
+                d->q_id[i][c] = d->smp.cand[c].id;
+                d->q_p[i][c] = (float)(d->smp.cand[c].p / sum);
+            }
+            if (chosen >= (size_t)keep) { /* a rare tail draw: make sure its q is known */
+                d->q_id[i][keep - 1] = t;
+                d->q_p[i][keep - 1] = (float)(d->smp.cand[chosen].p / sum);
+            }
+            d->q[i] = (spec_q){.n = keep, .id = d->q_id[i], .p = d->q_p[i]};
+        } else {
+            t = smp_sample(&d->smp, row);
+        }
+        free(row);
+        draft[(*n_draft)++] = t;
+    }
+    if (sampling) *qs = d->q;
+    return k3_state_restore(&d->st, &d->snap, err);
+}
+
+int spec_drafter_commit(spec_drafter *d, const int32_t *committed, int n, rl_err *err) {
+    if (d->kind != SPEC_MODEL || n <= 0) return 0;
+    /* The model has seen everything before `pending`; feed pending + all committed but the last. */
+    int32_t buf[SPEC_MAX_DRAFT + 2];
+    int m = 0;
+    buf[m++] = d->pending;
+    for (int i = 0; i < n - 1; i++) buf[m++] = committed[i];
+    for (int i = 0; i < n; i++) smp_accept(&d->smp, committed[i]);
+    d->pending = committed[n - 1];
+    return spec_feed(d, buf, (uint32_t)m, NULL, err);
+}

@@ -1,0 +1,58 @@
+/* drafter.h - proposing the next k tokens cheaply, to be verified by the target in one pass.
+ *
+ *   NGRAM  prompt lookup: find the most recent earlier occurrence of the context's last n tokens
+ *          (n = 4 down to 1) and propose what followed it. No model; shines when the output repeats the
+ *          input (editing code, quoting a document).
+ *   MODEL  a small model with the same vocabulary, run here: greedy at temperature 0, else sampled from
+ *          its own (filtered) distribution, which is returned for speculative sampling. Its state is
+ *          snapshotted before drafting and restored after, then the committed tokens are fed. */
+#ifndef RINGLM_DRAFTER_H
+#define RINGLM_DRAFTER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../base/err.h"
+#include "../gguf/model_file.h"
+#include "../model/k3_forward.h"
+#include "../text/sampler.h"
+#include "accept.h"
+
+#define SPEC_MAX_DRAFT 16
+
+typedef enum spec_kind { SPEC_NONE, SPEC_NGRAM, SPEC_MODEL } spec_kind;
+
+typedef struct spec_drafter {
+    spec_kind kind;
+    /* MODEL */
+    mf_model m;
+    k3_hparams hp;
+    k3_engine e;
+    k3_state st;
+    k3_snapshot snap;
+    smp_sampler smp;
+    int32_t pending;     /* the last committed token, not yet fed to the draft model (-1: none) */
+    /* the drafted distribution of the last draft, for speculative sampling */
+    int32_t q_id[SPEC_MAX_DRAFT][64];
+    float q_p[SPEC_MAX_DRAFT][64];
+    spec_q q[SPEC_MAX_DRAFT];
+} spec_drafter;
+
+/* "ngram", "none", or a GGUF path (a K3-architecture draft model sharing the target's vocabulary). */
+int spec_drafter_open(spec_drafter *d, const char *spec, uint32_t target_vocab, uint32_t n_ctx, int threads,
+                      const smp_params *sp, rl_err *err);
+void spec_drafter_close(spec_drafter *d);
+
+/* Starts a sequence: the model drafter prefills the prompt except its last token. */
+int spec_drafter_begin(spec_drafter *d, const int32_t *prompt, size_t n, rl_err *err);
+
+/* Proposes up to k tokens following history[0..n) (history = prompt + everything committed; its last
+ * token is the one the target will run first). *n_draft may be 0. *qs is set to the drafted distributions
+ * (MODEL with sampling) or NULL. */
+int spec_drafter_propose(spec_drafter *d, const int32_t *history, size_t n, int k, int32_t *draft, int *n_draft,
+                         const spec_q **qs, rl_err *err);
+
+/* Tells the drafter which tokens were committed after the last proposal (accepted drafts + correction). */
+int spec_drafter_commit(spec_drafter *d, const int32_t *committed, int n, rl_err *err);
+
+#endif

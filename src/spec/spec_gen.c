@@ -1,0 +1,196 @@
+#include "spec_gen.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double spec_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
+             const gen_params *p, const spec_params *sp, gen_token_cb cb, void *user, gen_metrics *m,
+             spec_metrics *sm, rl_err *err) {
+    memset(m, 0, sizeof *m);
+    memset(sm, 0, sizeof *sm);
+    m->prompt_tokens = (int)n_prompt;
+    m->stop_reason = "length";
+    if (n_prompt == 0) return rl_errf(err, "empty prompt");
+    if (n_prompt >= p->n_ctx) return rl_errf(err, "prompt of %zu tokens does not fit the context of %u", n_prompt, p->n_ctx);
+    size_t cap = n_prompt + (p->n_predict > 0 ? (size_t)p->n_predict : p->n_ctx) + SPEC_MAX_DRAFT + 2;
+    int32_t *hist = malloc(cap * sizeof *hist);
+    if (!hist) return rl_errf(err, "out of memory");
+    memcpy(hist, prompt, n_prompt * sizeof *hist);
+    size_t n_hist = n_prompt;
+    tok_stream ts;
+    tok_stream_init(&ts, tok, false);
+    int rc = 0, k = sp->k_max > SPEC_MAX_DRAFT ? SPEC_MAX_DRAFT : sp->k_max;
+    if (k < 1) k = 1;
+    double t0 = spec_now(), t_first = 0;
+    int32_t last;
+    if (v->begin(v->ctx, prompt, n_prompt, &p->smp, &last, err) != 0 || spec_drafter_begin(d, prompt, n_prompt, err) != 0 ||
+        spec_drafter_commit(d, &last, 1, err) != 0) {
+        rc = -1;
+        goto done;
+    }
+    m->prefill_s = spec_now() - t0;
+    uint32_t pos = (uint32_t)n_prompt; /* where `last` goes */
+    int32_t out[SPEC_MAX_DRAFT + 1];
+    int n_out = 1;
+    out[0] = last;
+    bool stop = false;
+    while (!stop) {
+        /* Emit what was just committed. */
+        for (int i = 0; i < n_out && !stop; i++) {
+            int32_t id = out[i];
+            hist[n_hist++] = id;
+            m->generated_tokens++;
+            if (m->generated_tokens == 1) {
+                t_first = spec_now();
+                m->ttft_s = t_first - t0;
+            }
+            if (!p->ignore_eog && tok_is_eog(tok, id)) {
+                m->stop_reason = "eog";
+                stop = true;
+                break;
+            }
+            const char *text;
+            size_t len;
+            if (tok_stream_push(&ts, id, &text, &len, err) != 0) {
+                rc = -1;
+                goto done;
+            }
+            if (cb && cb(user, id, text, len) != 0) {
+                m->stop_reason = "callback";
+                stop = true;
+            }
+            if (p->n_predict >= 0 && m->generated_tokens >= p->n_predict) stop = true;
+        }
+        sigset_t pend;
+        if (!stop && sigpending(&pend) == 0 && sigismember(&pend, SIGINT)) {
+            m->stop_reason = "interrupted";
+            stop = true;
+        }
+        if (stop) break;
+        /* Draft, bounded by what is left to generate and the context. */
+        int kk = k;
+        if (p->n_predict >= 0 && p->n_predict - m->generated_tokens - 1 < kk) kk = p->n_predict - m->generated_tokens - 1;
+        if ((int64_t)p->n_ctx - (int64_t)pos - 1 < kk) kk = (int)((int64_t)p->n_ctx - (int64_t)pos - 1);
+        if (pos + 1 > p->n_ctx) {
+            m->stop_reason = "context";
+            break;
+        }
+        int32_t block[SPEC_MAX_DRAFT + 1];
+        int n_draft = 0;
+        const spec_q *qs = NULL;
+        double td = spec_now();
+        if (kk > 0 && spec_drafter_propose(d, hist, n_hist, kk, block + 1, &n_draft, &qs, err) != 0) {
+            rc = -1;
+            break;
+        }
+        sm->draft_s += spec_now() - td;
+        block[0] = hist[n_hist - 1];
+        double tv = spec_now();
+        if (v->verify(v->ctx, pos, block, n_draft + 1, qs, out, &n_out, err) != 0) {
+            rc = -1;
+            break;
+        }
+        sm->verify_s += spec_now() - tv;
+        sm->traversals++;
+        sm->drafted += n_draft;
+        sm->accepted += n_out - 1;
+        sm->committed += n_out;
+        pos += (uint32_t)n_out;
+        if (spec_drafter_commit(d, out, n_out, err) != 0) {
+            rc = -1;
+            break;
+        }
+        if (sp->adaptive && n_draft > 0) {
+            if (n_out - 1 == n_draft && k < sp->k_max) k++;
+            else if (2 * (n_out - 1) < n_draft && k > 1) k--;
+        }
+    }
+    if (rc == 0 && cb) {
+        const char *text;
+        size_t len;
+        tok_stream_flush(&ts, &text, &len);
+        if (len) cb(user, -1, text, len);
+    }
+    if (m->generated_tokens > 0) {
+        m->decode_s = spec_now() - t_first;
+        if (m->generated_tokens > 1 && m->decode_s > 0) m->decode_tok_s = (m->generated_tokens - 1) / m->decode_s;
+    }
+    if (m->prefill_s > 0) m->prefill_tok_s = (double)n_prompt / m->prefill_s;
+    sm->acceptance_rate = sm->drafted ? (double)sm->accepted / (double)sm->drafted : 0;
+    sm->tokens_per_traversal = sm->traversals ? (double)sm->committed / (double)sm->traversals : 0;
+done:
+    m->peak_rss_bytes = gen_peak_rss();
+    if (v->end) v->end(v->ctx);
+    tok_stream_free(&ts);
+    free(hist);
+    return rc;
+}
+
+/* ---- the local verifier ------------------------------------------------------------------------ */
+
+static int local_forward(spec_local *l, const int32_t *t, uint32_t n, bool keep, int n_logits, float **logits,
+                         rl_err *err) {
+    k3_state *sp = &l->st;
+    int32_t rows[SPEC_MAX_DRAFT + 1];
+    for (int i = 0; i < n_logits; i++) rows[i] = (int32_t)n - n_logits + i;
+    uint8_t kp = keep;
+    k3_batch b = {.n_seqs = 1, .seqs = &sp, .n_tokens = &n, .tokens = t, .keep_rollback = &kp, .n_logits = n_logits,
+                  .logit_rows = rows};
+    k3_output o;
+    if (k3_forward(l->e, &b, &o, err) != 0) return -1;
+    if (logits) {
+        *logits = o.logits;
+        o.logits = NULL;
+    }
+    k3_output_free(&o);
+    return 0;
+}
+
+static int local_begin(void *ctx, const int32_t *prompt, size_t n, const smp_params *sp, int32_t *first, rl_err *err) {
+    spec_local *l = ctx;
+    if (k3_state_init(&l->st, &l->e->hp, 0, l->e->hp.n_layer, l->n_ctx, err) != 0) return -1;
+    l->have_st = true;
+    if (smp_init(&l->smp, sp, (int32_t)l->e->hp.n_vocab, err) != 0) return -1;
+    l->have_smp = true;
+    for (size_t i = 0; i < n; i++) smp_accept(&l->smp, prompt[i]);
+    uint32_t chunk = l->chunk ? l->chunk : (uint32_t)n;
+    float *row = NULL;
+    for (size_t i = 0; i < n; i += chunk) {
+        uint32_t c = (uint32_t)(n - i < chunk ? n - i : chunk);
+        bool lastc = i + c == n;
+        if (local_forward(l, prompt + i, c, false, lastc ? 1 : 0, lastc ? &row : NULL, err) != 0) return -1;
+    }
+    *first = smp_sample(&l->smp, row); /* accepted when it is run, as the next block's first input */
+    free(row);
+    return 0;
+}
+
+static int local_verify(void *ctx, uint32_t pos, const int32_t *tokens, int n, const spec_q *qs, int32_t *out,
+                        int *n_out, rl_err *err) {
+    spec_local *l = ctx;
+    if (l->st.n_past != pos && k3_state_rollback(&l->st, pos, err) != 0) return -1;
+    float *logits = NULL;
+    if (local_forward(l, tokens, (uint32_t)n, n > 1, n, &logits, err) != 0) return -1;
+    *n_out = spec_accept(&l->smp, logits, (int32_t)l->e->hp.n_vocab, tokens, n - 1, qs, out);
+    free(logits);
+    return 0;
+}
+
+static void local_end(void *ctx) {
+    spec_local *l = ctx;
+    if (l->have_st) k3_state_free(&l->st);
+    if (l->have_smp) smp_free(&l->smp);
+    l->have_st = l->have_smp = false;
+}
+
+spec_verifier spec_verifier_local(spec_local *l) {
+    return (spec_verifier){.ctx = l, .begin = local_begin, .verify = local_verify, .end = local_end};
+}

@@ -1,0 +1,56 @@
+/* spec_gen.h - speculative decoding: draft k tokens, verify them in one target pass, keep what matches.
+ *
+ * The target side is a verifier: on one machine (spec_verifier_local) or through the ring (the last stage
+ * accepts, every stage rolls back what was rejected). Over a network a target pass costs one trip around
+ * the ring, so every extra token accepted per pass is nearly free. Greedy output equals plain greedy
+ * decoding; sampled output has the target's distribution (accept.h). The draft length adapts: it grows
+ * after a fully accepted block and shrinks when less than half is kept. */
+#ifndef RINGLM_SPEC_GEN_H
+#define RINGLM_SPEC_GEN_H
+
+#include <stdbool.h>
+
+#include "../gen/generate.h"
+#include "drafter.h"
+
+typedef struct spec_verifier {
+    void *ctx;
+    /* Prefills the prompt; returns the first sampled token (the next block's first input). */
+    int (*begin)(void *ctx, const int32_t *prompt, size_t n, const smp_params *sp, int32_t *first, rl_err *err);
+    /* Runs tokens[0..n) at position pos (tokens[0] is the last committed token, the rest are drafts) and
+     * returns the committed tokens (accepted drafts, then the correction or bonus token). The sequence is
+     * valid up to pos + *n_out afterwards; the verifier rolls back the rest before its next call. */
+    int (*verify)(void *ctx, uint32_t pos, const int32_t *tokens, int n, const spec_q *qs, int32_t *out, int *n_out,
+                  rl_err *err);
+    void (*end)(void *ctx);
+} spec_verifier;
+
+typedef struct spec_params {
+    int k_max;     /* longest draft (<= SPEC_MAX_DRAFT) */
+    bool adaptive; /* adapt the draft length to the acceptance */
+} spec_params;
+
+typedef struct spec_metrics {
+    long drafted, accepted, traversals, committed;
+    double draft_s, verify_s;
+    double acceptance_rate;      /* accepted / drafted */
+    double tokens_per_traversal; /* committed / verifier passes (the prefill's pass not counted) */
+} spec_metrics;
+
+int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
+             const gen_params *p, const spec_params *sp, gen_token_cb cb, void *user, gen_metrics *m,
+             spec_metrics *sm, rl_err *err);
+
+/* The verifier on one machine: a whole-model engine, one sequence. */
+typedef struct spec_local {
+    k3_engine *e;
+    uint32_t n_ctx;
+    uint32_t chunk;
+    k3_state st;
+    smp_sampler smp;
+    bool have_st, have_smp;
+} spec_local;
+
+spec_verifier spec_verifier_local(spec_local *l);
+
+#endif

@@ -1,0 +1,76 @@
+#include "verify_ring.h"
+
+#include <string.h>
+
+static int ring_begin(void *ctx, const int32_t *prompt, size_t n, const smp_params *sp, int32_t *first, rl_err *err) {
+    spec_ring *r = ctx;
+    r->seq = r->rc->next_seq++;
+    r->smp = ring_sampling(sp);
+    uint32_t chunk = r->chunk ? r->chunk : (uint32_t)n;
+    /* Pipelined prefill: submit every chunk, then collect in order (at most 32 in flight). */
+    ring_seq_req rq[32];
+    uint64_t steps[32];
+    size_t sent = 0, got = 0, i_next = 0;
+    uint32_t pos = 0;
+    while (i_next < n || got < sent) {
+        while (i_next < n && sent - got < 32) {
+            uint32_t c = (uint32_t)(n - i_next < chunk ? n - i_next : chunk);
+            bool lastc = i_next + c == n;
+            ring_seq_req *q = &rq[sent % 32];
+            memset(q, 0, sizeof *q);
+            *q = (ring_seq_req){.seq_id = r->seq, .pos = pos, .n = c, .tokens = prompt + i_next, .smp = r->smp,
+                                .flags = (i_next == 0 ? RF_SEQ_NEW : 0) | (lastc ? 0 : RF_SEQ_NO_SAMPLE)};
+            if (ring_submit(r->rc, q, 1, &steps[sent % 32], err) != 0) return -1;
+            pos += c;
+            i_next += c;
+            sent++;
+        }
+        if (ring_collect(r->rc, steps[got % 32], &rq[got % 32], 1, err) != 0) return -1;
+        *first = rq[got % 32].token;
+        got++;
+    }
+    return 0;
+}
+
+static int ring_verify(void *ctx, uint32_t pos, const int32_t *tokens, int n, const spec_q *qs, int32_t *out,
+                       int *n_out, rl_err *err) {
+    spec_ring *r = ctx;
+    /* Drafts' distributions, packed as the last stage expects them: per draft, n then (id, p) pairs. */
+    uint8_t qbuf[SPEC_MAX_DRAFT * (4 + 64 * 8)];
+    size_t ql = 0;
+    for (int d = 0; qs && d < n - 1; d++) {
+        uint32_t cnt = (uint32_t)qs[d].n;
+        memcpy(qbuf + ql, &cnt, 4);
+        ql += 4;
+        for (uint32_t c = 0; c < cnt; c++) {
+            memcpy(qbuf + ql, &qs[d].id[c], 4);
+            memcpy(qbuf + ql + 4, &qs[d].p[c], 4);
+            ql += 8;
+        }
+    }
+    ring_seq_req rq;
+    memset(&rq, 0, sizeof rq);
+    rq.seq_id = r->seq;
+    rq.pos = pos;
+    rq.n = (uint32_t)n;
+    rq.tokens = tokens;
+    rq.smp = r->smp;
+    rq.flags = RF_SEQ_VERIFY | (qs ? RF_SEQ_HAS_Q : 0);
+    rq.q = qbuf;
+    rq.q_len = ql;
+    if (ring_step(r->rc, &rq, 1, err) != 0) return -1;
+    if (rq.token < 1 || rq.token > n) return rl_errf(err, "the last stage committed %d tokens of a %d-token block", rq.token, n);
+    memcpy(out, rq.committed, (size_t)rq.token * sizeof *out);
+    *n_out = rq.token;
+    return 0;
+}
+
+static void ring_end(void *ctx) {
+    spec_ring *r = ctx;
+    rl_err e;
+    ring_free_seqs(r->rc, &r->seq, 1, &e);
+}
+
+spec_verifier spec_verifier_ring(spec_ring *r) {
+    return (spec_verifier){.ctx = r, .begin = ring_begin, .verify = ring_verify, .end = ring_end};
+}
