@@ -309,23 +309,28 @@ static bool k3_in_range(const k3_hparams *hp, const k3_tensor_spec *t, uint32_t 
 
 int k3_check_tensors_range(k3_hparams *hp, const mf_model *m, uint32_t a, uint32_t b, bool allow_extra, rl_err *err) {
     if (a >= b || b > hp->n_layer) return rl_errf(err, "bad layer range [%u, %u) for %u layers", a, b, hp->n_layer);
-    /* Optional tensors: layer-wide switches, detected from the first layer in range that could hold them. */
+    /* Optional tensors are layer-wide switches. Detect them from the first layer present in the file that
+     * could hold them, scanning from the range's start and wrapping around: a range file holds only its
+     * own layers, and a whole file opened for a range without MLA layers still has attn_gate elsewhere. */
     hp->has_mla_gate = hp->has_shexp = hp->has_routed_norm = false;
+    bool found_mla = false, found_moe = false;
     char name[80];
-    for (uint32_t il = a; il < b; il++) {
-        if (hp->is_mla[il]) {
+    for (uint32_t k = 0; k < hp->n_layer && (!found_mla || !found_moe); k++) {
+        uint32_t il = (a + k) % hp->n_layer;
+        snprintf(name, sizeof name, "blk.%u.attn_norm.weight", il);
+        if (!found_mla && hp->is_mla[il] && mf_find(m, name)) {
             snprintf(name, sizeof name, "blk.%u.attn_gate.weight", il);
             hp->has_mla_gate = mf_find(m, name) != NULL;
-            break;
+            found_mla = true;
         }
-    }
-    for (uint32_t il = a; il < b; il++) {
-        if (!k3_is_moe(hp, il)) continue;
-        snprintf(name, sizeof name, "blk.%u.ffn_gate_shexp.weight", il);
-        hp->has_shexp = mf_find(m, name) != NULL;
-        snprintf(name, sizeof name, "blk.%u.ffn_routed_norm.weight", il);
-        hp->has_routed_norm = hp->n_expert_latent && mf_find(m, name) != NULL;
-        break;
+        snprintf(name, sizeof name, "blk.%u.ffn_gate_inp.weight", il);
+        if (!found_moe && k3_is_moe(hp, il) && mf_find(m, name)) {
+            snprintf(name, sizeof name, "blk.%u.ffn_gate_shexp.weight", il);
+            hp->has_shexp = mf_find(m, name) != NULL;
+            snprintf(name, sizeof name, "blk.%u.ffn_routed_norm.weight", il);
+            hp->has_routed_norm = hp->n_expert_latent && mf_find(m, name) != NULL;
+            found_moe = true;
+        }
     }
     k3_tensor_spec *spec;
     int n;

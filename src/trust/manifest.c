@@ -1,0 +1,234 @@
+#include "manifest.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#include "gguf.h"
+
+bool mfst_tensor_in_range(const char *name, uint32_t a, uint32_t b, uint32_t n_layer) {
+    unsigned il;
+    if (sscanf(name, "blk.%u.", &il) == 1) return il >= a && il < b;
+    if (strcmp(name, "token_embd.weight") == 0) return a == 0;
+    return b == n_layer;
+}
+
+/* ---- canonical serialization into a running hash ---- */
+
+static void h_bytes(crypto_generichash_state *h, const void *p, size_t n) { crypto_generichash_update(h, p, n); }
+static void h_le(crypto_generichash_state *h, uint64_t v, int width) {
+    uint8_t b[8];
+    for (int i = 0; i < width; i++) b[i] = (uint8_t)(v >> (8 * i));
+    crypto_generichash_update(h, b, (size_t)width);
+}
+static void h_u32(crypto_generichash_state *h, uint32_t v) { h_le(h, v, 4); }
+static void h_u64(crypto_generichash_state *h, uint64_t v) { h_le(h, v, 8); }
+static void h_str(crypto_generichash_state *h, const char *s, int len_width) {
+    size_t n = strlen(s);
+    h_le(h, n, len_width);
+    h_bytes(h, s, n);
+}
+
+static int scalar_width(enum gguf_type t) {
+    switch (t) {
+    case GGUF_TYPE_UINT8:
+    case GGUF_TYPE_INT8:
+    case GGUF_TYPE_BOOL: return 1;
+    case GGUF_TYPE_UINT16:
+    case GGUF_TYPE_INT16: return 2;
+    case GGUF_TYPE_UINT32:
+    case GGUF_TYPE_INT32:
+    case GGUF_TYPE_FLOAT32: return 4;
+    case GGUF_TYPE_UINT64:
+    case GGUF_TYPE_INT64:
+    case GGUF_TYPE_FLOAT64: return 8;
+    default: return 0;
+    }
+}
+
+/* One scalar from host memory, little-endian. Values are read through memcpy of their own width, so the
+ * bits hashed are the stored bits (floats included) on any host; bools are normalized to 0 or 1. */
+static void h_scalar(crypto_generichash_state *h, enum gguf_type t, const void *p) {
+    int w = scalar_width(t);
+    uint64_t v = 0;
+    if (w == 1) {
+        uint8_t x;
+        memcpy(&x, p, 1);
+        v = t == GGUF_TYPE_BOOL ? (x != 0) : x;
+    } else if (w == 2) {
+        uint16_t x;
+        memcpy(&x, p, 2);
+        v = x;
+    } else if (w == 4) {
+        uint32_t x;
+        memcpy(&x, p, 4);
+        v = x;
+    } else {
+        memcpy(&v, p, 8);
+    }
+    h_le(h, v, w);
+}
+
+static bool key_excluded(const char *k) { return strncmp(k, "split.", 6) == 0 || strncmp(k, "ringlm.", 7) == 0; }
+
+typedef struct key_ref {
+    const char *key;
+    int64_t id;
+} key_ref;
+
+static int key_cmp(const void *a, const void *b) {
+    return strcmp(((const key_ref *)a)->key, ((const key_ref *)b)->key);
+}
+
+static int hash_meta(crypto_generichash_state *h, const struct gguf_context *g, rl_err *err) {
+    int64_t n_kv = gguf_get_n_kv(g);
+    key_ref *keys = calloc((size_t)n_kv + 1, sizeof *keys);
+    if (!keys) return rl_errf(err, "out of memory");
+    size_t n = 0;
+    for (int64_t i = 0; i < n_kv; i++) {
+        const char *k = gguf_get_key(g, i);
+        if (!key_excluded(k)) keys[n++] = (key_ref){k, i};
+    }
+    qsort(keys, n, sizeof *keys, key_cmp);
+    int rc = 0;
+    h_u64(h, n);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        int64_t id = keys[i].id;
+        enum gguf_type t = gguf_get_kv_type(g, id);
+        h_str(h, keys[i].key, 4);
+        h_u32(h, (uint32_t)t);
+        if (t == GGUF_TYPE_STRING) {
+            h_str(h, gguf_get_val_str(g, id), 8);
+        } else if (t == GGUF_TYPE_ARRAY) {
+            enum gguf_type at = gguf_get_arr_type(g, id);
+            size_t an = gguf_get_arr_n(g, id);
+            h_u32(h, (uint32_t)at);
+            h_u64(h, an);
+            if (at == GGUF_TYPE_STRING) {
+                for (size_t j = 0; j < an; j++) h_str(h, gguf_get_arr_str(g, id, j), 8);
+            } else if (scalar_width(at)) {
+                const uint8_t *d = gguf_get_arr_data(g, id);
+                int w = scalar_width(at);
+                for (size_t j = 0; j < an; j++) h_scalar(h, at, d + j * (size_t)w);
+            } else {
+                rc = rl_errf(err, "metadata key %s: an array of %s cannot be hashed", keys[i].key, gguf_type_name(at));
+            }
+        } else if (scalar_width(t)) {
+            h_scalar(h, t, gguf_get_val_data(g, id));
+        } else {
+            rc = rl_errf(err, "metadata key %s has unknown type %d", keys[i].key, (int)t);
+        }
+    }
+    free(keys);
+    return rc;
+}
+
+/* ---- tensor data hashes, in parallel ---- */
+
+typedef struct item {
+    const mf_tensor *t;
+    uint8_t hash[32];
+} item;
+
+typedef struct work {
+    item *items; /* sorted by size, largest first (balances the threads) */
+    int n;
+    atomic_int next;
+} work;
+
+static void *hash_worker(void *arg) {
+    work *w = arg;
+    for (int i; (i = atomic_fetch_add(&w->next, 1)) < w->n;) {
+        crypto_generichash(w->items[i].hash, 32, w->items[i].t->data, w->items[i].t->nbytes, NULL, 0);
+    }
+    return NULL;
+}
+
+static int by_size_desc(const void *a, const void *b) {
+    size_t x = ((const item *)a)->t->nbytes, y = ((const item *)b)->t->nbytes;
+    return x > y ? -1 : x < y;
+}
+
+static int by_name(const void *a, const void *b) {
+    return strcmp(((const item *)a)->t->name, ((const item *)b)->t->name);
+}
+
+int mfst_range_hash_threads(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, int n_threads,
+                            uint8_t out[32], rl_err *err) {
+    if (sodium_init() < 0) return rl_errf(err, "libsodium failed to initialise");
+    const uint32_t L = hp->n_layer;
+    if (a >= b || b > L) return rl_errf(err, "layer range [%u, %u) is not inside the model's %u layers", a, b, L);
+    item *items = calloc((size_t)m->n_tensor + 1, sizeof *items);
+    bool *seen = calloc(b - a, 1);
+    int n = 0, rc = -1;
+    if (!items || !seen) {
+        rl_errf(err, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < m->n_tensor; i++) {
+        const mf_tensor *t = &m->tensors[i];
+        if (!mfst_tensor_in_range(t->name, a, b, L)) continue;
+        unsigned il;
+        if (sscanf(t->name, "blk.%u.", &il) == 1) seen[il - a] = true;
+        items[n++].t = t;
+    }
+    for (uint32_t il = a; il < b; il++) {
+        if (!seen[il - a]) {
+            rl_errf(err, "the file holds no tensor of layer %u (needed for layers [%u, %u))", il, a, b);
+            goto done;
+        }
+    }
+
+    /* Data hashes first (the cost), largest tensors first across the threads. */
+    qsort(items, (size_t)n, sizeof *items, by_size_desc);
+    work w = {.items = items, .n = n};
+    atomic_init(&w.next, 0);
+    if (n_threads <= 0) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = c < 1 ? 1 : c > 8 ? 8 : (int)c;
+    }
+    if (n_threads > 64) n_threads = 64;
+    if (n_threads > n) n_threads = n;
+    pthread_t th[64];
+    int started = 0;
+    for (int i = 1; i < n_threads; i++) {
+        if (pthread_create(&th[started], NULL, hash_worker, &w) == 0) started++;
+    }
+    hash_worker(&w); /* this thread works too, so a failed pthread_create only costs speed */
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+
+    /* Then the canonical serialization, tensors in name order. */
+    qsort(items, (size_t)n, sizeof *items, by_name);
+    crypto_generichash_state h;
+    crypto_generichash_init(&h, NULL, 0, 32);
+    h_bytes(&h, "RLMF", 4);
+    h_u32(&h, MFST_VERSION);
+    h_u32(&h, a);
+    h_u32(&h, b);
+    h_u32(&h, L);
+    if (hash_meta(&h, m->meta, err) != 0) goto done;
+    h_u64(&h, (uint64_t)n);
+    for (int k = 0; k < n; k++) {
+        const mf_tensor *t = items[k].t;
+        h_str(&h, t->name, 4);
+        h_u32(&h, (uint32_t)t->type);
+        for (int d = 0; d < 4; d++) h_u64(&h, (uint64_t)(d < t->n_dims ? t->ne[d] : 1));
+        h_u64(&h, t->nbytes);
+        h_bytes(&h, items[k].hash, 32);
+    }
+    crypto_generichash_final(&h, out, 32);
+    rc = 0;
+done:
+    free(items);
+    free(seen);
+    return rc;
+}
+
+int mfst_range_hash(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, uint8_t out[32], rl_err *err) {
+    return mfst_range_hash_threads(m, hp, a, b, 0, out, err);
+}
