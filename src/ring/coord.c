@@ -20,7 +20,11 @@
 #include "gguf.h"
 
 ring_opts ring_opts_default(void) {
-    return (ring_opts){.n_ctx = 4096, .wire = 0, .connect_s = 5, .load_s = 600, .dead_s = 5, .step_s = 120};
+    /* A dead process or a dropped network is noticed by the link itself: a closed connection at once, and
+     * ZeroMQ's transport heartbeats (answered by its I/O thread even while a node computes) close a silent
+     * link within 5 s. dead_s only bounds a node that is connected but makes no progress: a node working
+     * through a queue of prefill chunks answers no application ping until it is done, so it is generous. */
+    return (ring_opts){.n_ctx = 4096, .wire = 0, .connect_s = 5, .load_s = 600, .dead_s = 60, .step_s = 300};
 }
 
 int ring_conf_load(ring_conf *c, const char *path, rl_err *err) {
@@ -127,7 +131,12 @@ static int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const
             }
         }
         for (int i = 0; watch && i < rc->conf.n; i++) {
-            if (watch[i] && now - rc->nodes[i].last_seen > rc->o.dead_s) {
+            if (!watch[i]) continue;
+            zs_monitor_poll(&rc->nodes[i].mon);
+            if (rc->nodes[i].mon.disconnected) {
+                return rl_errf(err, "lost node %s: %s", rc->conf.nodes[i].addr, rc->nodes[i].mon.last);
+            }
+            if (now - rc->nodes[i].last_seen > rc->o.dead_s) {
                 zs_monitor_poll(&rc->nodes[i].mon);
                 return rl_errf(err, "node %s stopped responding (nothing for %.0f s)%s%s", rc->conf.nodes[i].addr,
                                rc->o.dead_s, rc->nodes[i].mon.last[0] ? ": " : "", rc->nodes[i].mon.last);
@@ -371,7 +380,7 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
             ring_close(rc);
             return -1;
         }
-        if (mono() - last_send > 0.5) { /* IMMEDIATE sockets drop what they cannot deliver yet: resend */
+        if (mono() - last_send > 0.1) { /* IMMEDIATE sockets drop what they cannot deliver yet: resend */
             last_send = mono();
             for (int i = 0; i < conf->n; i++) {
                 rl_err e2;

@@ -866,6 +866,7 @@ int node_run(const node_opts *o, rl_err *err) {
         for (;;) {
             zs_parts p;
             rl_err e2;
+            if (node_stop_pending()) break; /* a queue of frames must not delay a stop */
             int r = zs_recv(n->router, &p, &e2);
             if (r != 0) break;
             rf_header *h = malloc(sizeof *h);

@@ -286,6 +286,11 @@ void zs_monitor_poll(zs_monitor *m) {
             break;
         case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
             m->last[0] = 0;
+            m->disconnected = false;
+            break;
+        case ZMQ_EVENT_DISCONNECTED:
+            m->disconnected = true;
+            snprintf(m->last, sizeof m->last, "its connection closed (the process died or the network dropped)");
             break;
         default:
             break;

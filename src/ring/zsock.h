@@ -65,6 +65,7 @@ void zs_parts_free(zs_parts *p);
 typedef struct zs_monitor {
     void *pair;
     char last[160];
+    bool disconnected; /* the peer's connection closed since the last successful handshake */
 } zs_monitor;
 int zs_monitor_start(zs_monitor *m, void *zctx, void *sock, const char *name, rl_err *err);
 void zs_monitor_poll(zs_monitor *m); /* drains events, keeps a description of the last failure */
