@@ -56,9 +56,10 @@ static int spec_feed(spec_drafter *d, const int32_t *t, uint32_t n, float **row,
     return 0;
 }
 
-int spec_drafter_begin(spec_drafter *d, const int32_t *prompt, size_t n, rl_err *err) {
+int spec_drafter_begin(spec_drafter *d, const int32_t *prompt, size_t n, uint64_t seed, rl_err *err) {
     if (d->kind != SPEC_MODEL) return 0;
     k3_state_reset(&d->st);
+    d->smp.p.seed = seed ^ 0x9e3779b97f4a7c15ULL; /* a stream of its own, fixed by the request's seed */
     smp_reset(&d->smp);
     for (size_t i = 0; i < n; i++) smp_accept(&d->smp, prompt[i]);
     d->pending = n ? prompt[n - 1] : -1;

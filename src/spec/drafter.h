@@ -43,8 +43,10 @@ int spec_drafter_open(spec_drafter *d, const char *spec, uint32_t target_vocab, 
                       const smp_params *sp, rl_err *err);
 void spec_drafter_close(spec_drafter *d);
 
-/* Starts a sequence: the model drafter prefills the prompt except its last token. */
-int spec_drafter_begin(spec_drafter *d, const int32_t *prompt, size_t n, rl_err *err);
+/* Starts a sequence: the model drafter prefills the prompt except its last token and reseeds its sampler
+ * from the request's seed (same seed, same drafts; speculative sampling needs each draft to be a fresh
+ * draw from the drafter's distribution). */
+int spec_drafter_begin(spec_drafter *d, const int32_t *prompt, size_t n, uint64_t seed, rl_err *err);
 
 /* Proposes up to k tokens following history[0..n) (history = prompt + everything committed; its last
  * token is the one the target will run first). *n_draft may be 0. *qs is set to the drafted distributions

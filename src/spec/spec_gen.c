@@ -31,7 +31,7 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
     if (k < 1) k = 1;
     double t0 = spec_now(), t_first = 0;
     int32_t last;
-    if (v->begin(v->ctx, prompt, n_prompt, &p->smp, &last, err) != 0 || spec_drafter_begin(d, prompt, n_prompt, err) != 0 ||
+    if (v->begin(v->ctx, prompt, n_prompt, &p->smp, &last, err) != 0 || spec_drafter_begin(d, prompt, n_prompt, p->smp.seed, err) != 0 ||
         spec_drafter_commit(d, &last, 1, err) != 0) {
         rc = -1;
         goto done;

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Speculative decoding through the ring: for 20 prompts, each drafter (n-gram; a draft model that agrees
+# often: the target's own q8_0 copy) and rings of 1 and 3 nodes, greedy output equals plain greedy
+# decoding on one machine. Also: metrics keys, and the draft model must share the vocabulary.
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/ring_lib.sh"
+
+mkdir -p "$RING/models"
+target=$(model full-f32 k3-full f32)
+self8=$(model full-q8_0 k3-full q8_0)
+ln -sf "$target" "$RING/models/target.gguf"
+ring_keys 3
+for i in 1 2 3; do ring_start $i "$RING/models" || exit 1; done
+ring_conf "$WORK/ring1.conf" 1
+ring_conf "$WORK/ring3.conf" 1 2 3
+K=(--key "$RING/coord.key")
+
+prompt() { # 24 ids whose second half repeats part of the first, so prompt lookup has matches
+    awk -v s="$1" 'BEGIN { x = s * 7919 + 17; for (i = 0; i < 12; i++) { x = (x * 1103515245 + 12345) % 2147483648;
+        t[i] = int(x / 65536) % 700 } for (i = 12; i < 24; i++) t[i] = t[i - 12 + s % 3];
+        for (i = 0; i < 24; i++) printf "%s%d", (i ? "," : ""), t[i] }'
+}
+
+for d in ngram "$self8"; do
+    name=$([ "$d" = ngram ] && echo n-gram || echo "q8_0 self-draft")
+    for n in 1 3; do
+        same=0
+        for pr in $(seq 20); do
+            p=$(prompt "$pr")
+            "$RINGLM" run -m "$target" --tokens "$p" -n 20 --temp 0 --ignore-eos --ids >"$WORK/plain" 2>/dev/null
+            "$RINGLM" run -m "$target" --tokens "$p" -n 20 --temp 0 --ignore-eos --ids --draft "$d" \
+                --ring "$WORK/ring$n.conf" "${K[@]}" --metrics-json "$WORK/m.json" >"$WORK/spec" 2>"$WORK/err" || cat "$WORK/err"
+            cmp -s "$WORK/plain" "$WORK/spec" && same=$((same + 1))
+        done
+        check "$name through a $n-node ring: 20/20 prompts give the plain greedy tokens ($same/20)" test $same = 20
+    done
+done
+for k in acceptance_rate tokens_per_traversal draft_s verify_s; do
+    check "metrics JSON has $k" grep -q "\"$k\"" "$WORK/m.json"
+done
+check "a partly accepting draft was exercised (0 < acceptance < 1)" \
+    awk -F'[:,]' '/acceptance_rate/ { v = $2 + 0 } END { exit !(v > 0 && v < 1) }' "$WORK/m.json"
+"$RINGLM" synth --no-progress --config '{"base":"tiny","n_vocab":2048}' -o "$WORK/other.gguf" 2>/dev/null ||
+    "$RINGLM" synth --no-progress --config small --draft k3 -o "$WORK/other.gguf"
+check_fails "a draft model with another vocabulary is refused" "vocabulary" \
+    "$RINGLM" run -m "$target" -p hi -n 4 --draft "$WORK/other.gguf"
+finish

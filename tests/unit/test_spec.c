@@ -1,0 +1,198 @@
+/* test_spec - speculative decoding on one machine, in process.
+ *   1. Greedy: for 20 prompts and each drafter (n-gram, a draft model that agrees often: the target's own
+ *      q8_0 copy, and one that rarely does: the small k3 draft), the speculative output equals plain
+ *      greedy decoding token for token.
+ *   2. Sampling preserves the target's distribution: over many seeds, the tokens at generation steps 1
+ *      and 2 (step 0 is sampled before any drafting) have the same distribution with and without
+ *      speculation (two-sample chi-square on the common tokens, and total variation distance). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gen/generate.h"
+#include "spec/spec_gen.h"
+#include "tools/synth.h"
+#include "tools/synth_config.h"
+
+static int n_fail, n_pass;
+#define CHECK(cond, ...)                                                                                              \
+    do {                                                                                                              \
+        if (cond) n_pass++, printf("ok - ");                                                                          \
+        else n_fail++, printf("not ok - ");                                                                           \
+        printf(__VA_ARGS__);                                                                                          \
+        printf("\n");                                                                                                 \
+    } while (0)
+
+typedef struct collect {
+    int32_t ids[256];
+    int n;
+} collect;
+
+static int on_tok(void *u, int32_t id, const char *t, size_t l) {
+    (void)t, (void)l;
+    collect *c = u;
+    if (id >= 0 && c->n < 256) c->ids[c->n++] = id;
+    return 0;
+}
+
+static void synth(const char *cfg, const char *type, const char *path, const char *draft_kind) {
+    synth_config c;
+    rl_err err;
+    if (synth_config_load(&c, cfg, &err) != 0) exit(1);
+    if (draft_kind) {
+        uint32_t v = c.hp.n_vocab;
+        synth_config_load(&c, "draft", &err);
+        c.hp.n_vocab = v;
+    }
+    c.type = synth_type_parse(type);
+    c.n_over = 0;
+    synth_opts o = {.out = path, .seed = 1, .n_split = 1, .n_threads = 2};
+    if (synth_write(&c, &o, &err) != 0) {
+        fprintf(stderr, "%s\n", err.msg);
+        exit(1);
+    }
+}
+
+int main(void) {
+    char dir[] = "/tmp/ringlm-spec-XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    char target[128], self8[128], small[128];
+    snprintf(target, sizeof target, "%s/t.gguf", dir);
+    snprintf(self8, sizeof self8, "%s/d8.gguf", dir);
+    snprintf(small, sizeof small, "%s/ds.gguf", dir);
+    synth("tiny", "f32", target, NULL);
+    synth("tiny", "q8_0", self8, NULL);
+    synth("tiny", "f32", small, "k3");
+    rl_err err;
+    mf_model m;
+    k3_hparams hp;
+    k3_engine e;
+    tok_tokenizer tok;
+    if (k3_open(&m, &hp, target, &err) != 0 || k3_engine_init(&e, &m, &hp, 0, hp.n_layer, 2, &err) != 0 ||
+        tok_load(&tok, &m, &err) != 0) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    const uint32_t V = hp.n_vocab;
+    gen_params gp = {.n_predict = 24, .n_ctx = 256, .ignore_eog = true};
+    gp.smp = smp_params_default(1);
+    gp.smp.temperature = 0;
+    spec_params sp = {.k_max = 5, .adaptive = true};
+    const char *drafters[3] = {"ngram", self8, small};
+    const char *names[3] = {"n-gram", "q8_0 self-draft", "k3 draft"};
+
+    /* 1. Greedy equivalence; prompts that repeat themselves, so n-gram has something to find. */
+    for (int dk = 0; dk < 3; dk++) {
+        int same = 0;
+        double acc = 0, tpt = 0;
+        for (int pr = 0; pr < 20; pr++) {
+            int32_t prompt[24];
+            uint64_t x = (uint64_t)pr * 7919 + 1;
+            for (int i = 0; i < 12; i++) prompt[i] = (int32_t)((x = x * 6364136223846793005ULL + 1) >> 40) % (int32_t)(V - 256);
+            for (int i = 12; i < 24; i++) prompt[i] = prompt[i - 12 + (pr % 3)]; /* a partial repeat */
+            collect plain = {0}, spec = {0};
+            gen_metrics gm;
+            spec_metrics sm;
+            if (gen_run(&e, &tok, prompt, 24, &gp, on_tok, &plain, &gm, &err) != 0) return 1;
+            spec_drafter d;
+            if (spec_drafter_open(&d, drafters[dk], V, 256, 2, &gp.smp, &err) != 0) {
+                fprintf(stderr, "%s\n", err.msg);
+                return 1;
+            }
+            spec_local sl = {.e = &e, .n_ctx = 256};
+            spec_verifier v = spec_verifier_local(&sl);
+            int rc = spec_run(&v, &d, &tok, prompt, 24, &gp, &sp, on_tok, &spec, &gm, &sm, &err);
+            spec_drafter_close(&d);
+            same += rc == 0 && plain.n == spec.n && memcmp(plain.ids, spec.ids, (size_t)plain.n * 4) == 0;
+            acc += sm.acceptance_rate;
+            tpt += sm.tokens_per_traversal;
+        }
+        CHECK(same == 20, "greedy, %s: %d/20 prompts give exactly the plain greedy tokens (acceptance %.0f%%, %.2f tokens per pass)",
+              names[dk], same, 5 * acc, tpt / 20);
+    }
+
+    /* 2. Sampling distribution: N seeds each, tokens at steps 1 and 2, for a draft close to the target
+     * (most drafts accepted) and an unrelated one (most rejected, so the residual draw carries it). */
+    enum { N = 600 };
+    gen_params gs = gp;
+    gs.n_predict = 3;
+    gs.smp = smp_params_default(0);
+    gs.smp.temperature = 1.0f;
+    gs.smp.top_k = 0;
+    gs.smp.top_p = 1.0f;
+    gs.smp.min_p = 0.0f;
+    int32_t prompt[8] = {5, 17, 300, 2, 99, 64, 128, 700};
+    int *hp_[2], *hs_[2];
+    for (int k = 0; k < 2; k++) hp_[k] = calloc(V, sizeof(int)), hs_[k] = calloc(V, sizeof(int));
+    for (int s = 0; s < N; s++) { /* the plain reference once */
+        collect a = {0};
+        gen_metrics gm;
+        gs.smp.seed = (uint64_t)s + 1;
+        if (gen_run(&e, &tok, prompt, 8, &gs, on_tok, &a, &gm, &err) != 0) return 1;
+        for (int k = 0; k < 2; k++) {
+            if (a.n > k + 1) hp_[k][a.ids[k + 1]]++;
+        }
+    }
+    const char *sdraft[2] = {self8, small};
+    for (int dk = 0; dk < 2; dk++) {
+        for (int k = 0; k < 2; k++) memset(hs_[k], 0, V * sizeof(int));
+        long drafted = 0, accepted = 0;
+        spec_drafter d;
+        smp_params dsp = gs.smp;
+        dsp.seed = 77;
+        if (spec_drafter_open(&d, sdraft[dk], V, 256, 2, &dsp, &err) != 0) return 1;
+        for (int s = 0; s < N; s++) {
+            collect b = {0};
+            gen_metrics gm;
+            spec_metrics sm;
+            spec_local sl = {.e = &e, .n_ctx = 256};
+            spec_verifier v = spec_verifier_local(&sl);
+            gs.smp.seed = (uint64_t)s + 1000003; /* independent of the plain runs */
+            if (spec_run(&v, &d, &tok, prompt, 8, &gs, &sp, on_tok, &b, &gm, &sm, &err) != 0) return 1;
+            drafted += sm.drafted;
+            accepted += sm.accepted;
+            for (int k = 0; k < 2; k++) {
+                if (b.n > k + 1) hs_[k][b.ids[k + 1]]++;
+            }
+        }
+        spec_drafter_close(&d);
+        for (int k = 0; k < 2; k++) {
+            /* Two-sample chi-square over tokens seen at least 10 times in total; the rest pooled. */
+            double chi = 0, tv = 0;
+            int df = -1, pool_a = 0, pool_b = 0;
+            for (uint32_t t = 0; t < V; t++) {
+                int x = hp_[k][t], y = hs_[k][t];
+                tv += fabs((double)x - y) / (2.0 * N);
+                if (x + y < 10) {
+                    pool_a += x, pool_b += y;
+                    continue;
+                }
+                chi += (double)(x - y) * (x - y) / (x + y);
+                df++;
+            }
+            if (pool_a + pool_b > 0) {
+                chi += (double)(pool_a - pool_b) * (pool_a - pool_b) / (pool_a + pool_b);
+                df++;
+            }
+            /* Chi-square upper 0.1% point (Wilson-Hilferty). */
+            double z = 3.09, crit = df * pow(1 - 2.0 / (9 * df) + z * sqrt(2.0 / (9 * df)), 3);
+            CHECK(chi < crit, "sampling with the %s, step %d: same distribution as plain sampling (chi2 %.1f < %.1f, %d dof, TV %.3f)",
+                  names[dk + 1], k + 1, chi, crit, df, tv);
+        }
+        CHECK(drafted > 0 && (dk == 1 || accepted > 0) && accepted < drafted,
+              "sampling with the %s exercised %s (%ld of %ld drafts accepted)", names[dk + 1],
+              dk == 0 ? "acceptance and rejection" : "rejection and the residual draw", accepted, drafted);
+    }
+    for (int k = 0; k < 2; k++) free(hp_[k]), free(hs_[k]);
+    tok_free(&tok);
+    k3_engine_free(&e);
+    mf_close(&m);
+    unlink(target);
+    unlink(self8);
+    unlink(small);
+    rmdir(dir);
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
