@@ -10,6 +10,7 @@ pkgs=(
     libcjson-dev       # JSON: configs, API bodies, metrics
     libpcre2-dev       # tokenizer pre-split
     python3            # test helpers
+    chromium           # tests/t_serve_clients.sh: loads the `ringlm serve` chat page headless and checks the streamed reply
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -9,6 +9,7 @@ int cmd_compare(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_run(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 int cmd_keygen(int argc, char **argv);
 int cmd_node(int argc, char **argv);
 int cmd_relay(int argc, char **argv);

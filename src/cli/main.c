@@ -14,6 +14,7 @@ typedef struct cli_cmd {
 
 static const cli_cmd cli_cmds[] = {
     {"run", cmd_run, "generate text from a prompt on this machine"},
+    {"serve", cmd_serve, "serve an OpenAI-compatible HTTP API (continuous batching)"},
     {"node", cmd_node, "serve a share of a model to a trusted coordinator"},
     {"keygen", cmd_keygen, "make a node or coordinator identity"},
     {"synth", cmd_synth, "write a kimi-k3 GGUF with seeded random weights"},

@@ -1,0 +1,191 @@
+/* ringlm serve: the OpenAI-compatible HTTP server on one machine (src/serve/, docs/serve.md). */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../serve/http.h"
+#include "../serve/scheduler.h"
+#include "cli.h"
+
+static void serve_usage(FILE *f) {
+    fprintf(f,
+            "usage: ringlm serve -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
+            "                    [--parallel N] [--ctx N] [--queue N] [--threads N] [--chunk N]\n"
+            "                    [--max-body BYTES] [--drain SECONDS] [--quiet]\n\n"
+            "Serves the model over an OpenAI-compatible HTTP API (docs/serve.md):\n"
+            "  POST /v1/chat/completions, POST /v1/completions (streamed with \"stream\": true),\n"
+            "  GET /v1/models, GET /health, GET /metrics (Prometheus), GET / (a chat page).\n"
+            "Requests share the model by continuous batching: each step runs one decode token of every\n"
+            "running request and a prompt chunk of newly arrived ones in a single forward pass.\n\n"
+            "  --host H       address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)\n"
+            "  --port P       port (default 8080; 0 = any free port, printed at start)\n"
+            "  --api-key KEY  require \"Authorization: Bearer KEY\" on /v1/* (default: no key)\n"
+            "  --parallel N   sequences generated at once (default 4); each holds a --ctx state\n"
+            "  --ctx N        context of each sequence, prompt + generated tokens (default 4096)\n"
+            "  --queue N      requests that may wait for a free sequence (default 16); more get 429\n"
+            "  --threads N    compute threads (default: all cores)\n"
+            "  --chunk N      prompt tokens per step over all new requests (default 256)\n"
+            "  --max-body B   largest request body in bytes (default 1048576); larger gets 413\n"
+            "  --drain S      on SIGINT/SIGTERM, let running requests finish for up to S seconds\n"
+            "                 (default 30), then cancel them; a second signal cancels at once\n"
+            "  --quiet        no log line per request\n\n"
+            "Runs on this machine. Serving from a ring of nodes (--ring ring.conf --key coord.key) is\n"
+            "coming: the scheduler already talks to its model through a backend interface for it.\n");
+}
+
+static double serve_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The model's id: the file's name without its directories. */
+static const char *serve_model_id(const char *path) {
+    const char *s = strrchr(path, '/');
+    return s && s[1] ? s + 1 : path;
+}
+
+int cmd_serve(int argc, char **argv) {
+    const char *model = NULL, *host = "127.0.0.1", *api_key = NULL;
+    int port = 8080, parallel = 4, ctx = 4096, queue = 16, chunk = 256, drain = 30;
+    int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned long long max_body = 1u << 20;
+    bool quiet = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            serve_usage(stdout);
+            return 0;
+        }
+        if (strcmp(a, "--quiet") == 0) {
+            quiet = true;
+            continue;
+        }
+        if (strcmp(a, "--ring") == 0 || strcmp(a, "--key") == 0) {
+            fprintf(stderr, "ringlm serve: %s: serving from a ring is not available yet; ringlm serve runs the model "
+                            "on this machine (use ringlm run --ring for a ring)\n", a);
+            return 2;
+        }
+        const char *v = i + 1 < argc ? argv[++i] : NULL;
+        int bad = v == NULL;
+        if (bad) {
+        } else if (strcmp(a, "-m") == 0) {
+            model = v;
+        } else if (strcmp(a, "--host") == 0) {
+            host = v;
+        } else if (strcmp(a, "--api-key") == 0) {
+            api_key = v;
+            bad = !*v;
+        } else if (strcmp(a, "--port") == 0) {
+            bad = cli_parse_int(v, &port) || port < 0 || port > 65535;
+        } else if (strcmp(a, "--parallel") == 0) {
+            bad = cli_parse_int(v, &parallel) || parallel < 1 || parallel > 256;
+        } else if (strcmp(a, "--ctx") == 0) {
+            bad = cli_parse_int(v, &ctx) || ctx < 8;
+        } else if (strcmp(a, "--queue") == 0) {
+            bad = cli_parse_int(v, &queue) || queue < 0 || queue > 100000;
+        } else if (strcmp(a, "--threads") == 0) {
+            bad = cli_parse_int(v, &threads) || threads < 1;
+        } else if (strcmp(a, "--chunk") == 0) {
+            bad = cli_parse_int(v, &chunk) || chunk < 1;
+        } else if (strcmp(a, "--drain") == 0) {
+            bad = cli_parse_int(v, &drain) || drain < 0;
+        } else if (strcmp(a, "--max-body") == 0) {
+            bad = cli_parse_u64(v, &max_body) || max_body < 1024;
+        } else {
+            bad = 1;
+        }
+        if (bad) {
+            fprintf(stderr, "ringlm serve: unknown or bad option '%s'\n", a);
+            serve_usage(stderr);
+            return 2;
+        }
+    }
+    if (!model) {
+        fprintf(stderr, "ringlm serve: -m MODEL is required\n");
+        serve_usage(stderr);
+        return 2;
+    }
+
+    /* SIGINT/SIGTERM are blocked here, before any thread exists, so every thread inherits the mask and the
+     * signals stay pending until this thread takes them with sigwaitinfo: shutdown then runs as ordinary
+     * code, with no handler and no global flag. SIGPIPE too: a client that hangs up must not kill us. */
+    sigset_t stop_sigs, blocked;
+    sigemptyset(&stop_sigs);
+    sigaddset(&stop_sigs, SIGINT);
+    sigaddset(&stop_sigs, SIGTERM);
+    blocked = stop_sigs;
+    sigaddset(&blocked, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &blocked, NULL);
+
+    rl_err err = {{0}};
+    mf_model m;
+    k3_hparams hp;
+    k3_engine e;
+    tok_tokenizer tok;
+    sch_backend be;
+    sch_sched s;
+    http_server h;
+    bool have_tok = false, have_engine = false, have_sched = false;
+    int rc = 1;
+    if (k3_open(&m, &hp, model, &err) != 0) goto out_noclose;
+    if (tok_load(&tok, &m, &err) != 0) goto out;
+    have_tok = true;
+    chat_format fmt = CHAT_FMT_K3;
+    rl_err chat_err = {{0}};
+    bool have_chat = chat_detect_model(&m, &fmt, &chat_err) == 0;
+    if (!have_chat) fprintf(stderr, "ringlm serve: warning: /v1/chat/completions disabled: %s\n", chat_err.msg);
+    if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, threads, &err) != 0) goto out;
+    have_engine = true;
+    k3_weights_prefault(&e.w, isatty(2) && m.tensor_bytes > (64u << 20));
+    if (sch_backend_local(&be, &e, parallel, (uint32_t)ctx, &err) != 0) goto out;
+    sch_config sc = {.queue_cap = queue, .chunk = (uint32_t)chunk};
+    if (sch_init(&s, &be, &tok, &sc, &err) != 0) {
+        be.free(be.impl);
+        goto out;
+    }
+    have_sched = true;
+    if (sch_start(&s, &err) != 0) goto out;
+    http_config hc = {.host = host, .port = port, .api_key = api_key, .body_limit = (size_t)max_body,
+                      .model_id = serve_model_id(model), .have_chat = have_chat, .chat_fmt = fmt,
+                      .chat_err = chat_err.msg, .max_connections = 64 + 2 * (parallel + queue), .quiet = quiet};
+    if (http_start(&h, &hc, &s, &tok, &err) != 0) goto out;
+    fprintf(stderr,
+            "ringlm serve: listening on http://%s%s%s:%d  (model %s, %d sequences x %d tokens, queue %d, %d threads%s)\n",
+            strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", h.port, hc.model_id, parallel, ctx, queue,
+            threads, api_key ? ", API key required" : "");
+
+    int sig;
+    do sig = sigwaitinfo(&stop_sigs, NULL);
+    while (sig < 0 && errno == EINTR);
+    fprintf(stderr, "ringlm serve: %s: not accepting connections; letting running requests finish (up to %d s)\n",
+            strsignal(sig), drain);
+    http_quiesce(&h);
+    sch_close(&s);
+    double deadline = serve_now() + drain;
+    const struct timespec zero = {0, 0};
+    /* Idle means every response has been sent to the end, not merely generated. */
+    while (!http_wait_idle(&h, 0.1)) {
+        if (serve_now() >= deadline || sigtimedwait(&stop_sigs, NULL, &zero) > 0) {
+            fprintf(stderr, "ringlm serve: cancelling the requests still running\n");
+            break;
+        }
+    }
+    sch_cancel_all(&s);
+    http_wait_idle(&h, 5); /* cancelled streams still send their closing error event */
+    http_stop(&h); /* waits for every connection's thread: their requests have all ended now */
+    fprintf(stderr, "ringlm serve: stopped\n");
+    rc = 0;
+out:
+    if (have_sched) sch_free(&s); /* frees the backend too */
+    if (have_engine) k3_engine_free(&e);
+    if (have_tok) tok_free(&tok);
+    mf_close(&m);
+out_noclose:
+    if (rc != 0) fprintf(stderr, "ringlm serve: %s\n", err.msg);
+    return rc;
+}

@@ -1,0 +1,1222 @@
+#include "http.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cJSON.h>
+#include <microhttpd.h>
+
+/* ---- small helpers ------------------------------------------------------------------------------------ */
+
+typedef struct http_buf {
+    char *p;
+    size_t len, cap;
+} http_buf;
+
+static int hb_add(http_buf *b, const char *s, size_t n) {
+    if (b->len + n + 1 > b->cap) {
+        size_t nc = b->cap ? b->cap : 256;
+        while (nc < b->len + n + 1) nc *= 2;
+        char *np = realloc(b->p, nc);
+        if (!np) return -1;
+        b->p = np;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+    return 0;
+}
+
+static int hb_printf(http_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int hb_printf(http_buf *b, const char *fmt, ...) {
+    char tmp[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0) return -1;
+    if ((size_t)n < sizeof tmp) return hb_add(b, tmp, (size_t)n);
+    char *big = malloc((size_t)n + 1);
+    if (!big) return -1;
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    int rc = hb_add(b, big, (size_t)n);
+    free(big);
+    return rc;
+}
+
+static uint64_t http_random64(void) {
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) {
+        /* getrandom cannot fail this way on Linux >= 3.17 with a small buffer; the clock will do. */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        v = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec;
+    }
+    return v;
+}
+
+/* True when the peer closed its end (or the socket broke). */
+static bool http_client_gone(int fd) {
+    if (fd < 0) return false;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+static int http_conn_fd(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+static void http_log(const http_server *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void http_log(const http_server *h, const char *fmt, ...) {
+    if (h->cfg.quiet) return;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "ringlm serve: %s\n", line);
+}
+
+/* ---- responses ---------------------------------------------------------------------------------------- */
+
+static void http_count(http_server *h, int ep, int status) {
+    pthread_mutex_lock(&h->mu);
+    int i = 0;
+    while (i < HTTP_MAX_CODES && h->codes[i] && h->codes[i] != status) i++;
+    if (i < HTTP_MAX_CODES) {
+        h->codes[i] = status;
+        h->counts[ep][i]++;
+    }
+    pthread_mutex_unlock(&h->mu);
+}
+
+/* Per request (one call chain of the access handler). */
+typedef struct http_conn {
+    http_server *h;
+    int ep;
+    http_buf body;
+    bool too_large;
+    bool answered;
+} http_conn;
+
+static enum MHD_Result http_queue(http_conn *hc, struct MHD_Connection *c, int status, struct MHD_Response *r) {
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
+    enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    http_count(hc->h, hc->ep, status);
+    hc->answered = true;
+    return rc;
+}
+
+/* Takes ownership of body (malloc'ed). */
+static enum MHD_Result http_send(http_conn *hc, struct MHD_Connection *c, int status, const char *type, char *body,
+                                 size_t len) {
+    struct MHD_Response *r = MHD_create_response_from_buffer_with_free_callback(len, body, free);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", type);
+    return http_queue(hc, c, status, r);
+}
+
+static enum MHD_Result http_send_json(http_conn *hc, struct MHD_Connection *c, int status, cJSON *j) {
+    char *s = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (!s) return MHD_NO;
+    size_t n = strlen(s);
+    char *t = realloc(s, n + 2); /* a final newline reads better with curl */
+    if (t) s = t, s[n++] = '\n', s[n] = 0;
+    return http_send(hc, c, status, "application/json", s, n);
+}
+
+static cJSON *http_error_json(const char *msg, const char *type, const char *param, const char *code) {
+    cJSON *j = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(j, "error");
+    cJSON_AddStringToObject(e, "message", msg);
+    cJSON_AddStringToObject(e, "type", type);
+    if (param) cJSON_AddStringToObject(e, "param", param);
+    else cJSON_AddNullToObject(e, "param");
+    if (code) cJSON_AddStringToObject(e, "code", code);
+    else cJSON_AddNullToObject(e, "code");
+    return j;
+}
+
+/* What went wrong with a request: everything an OpenAI error body carries. */
+typedef struct http_fail {
+    int status;
+    const char *type, *code;
+    char param[64];
+    char msg[768];
+} http_fail;
+
+static int http_failf(http_fail *f, int status, const char *type, const char *code, const char *param, const char *fmt,
+                      ...) __attribute__((format(printf, 6, 7)));
+static int http_failf(http_fail *f, int status, const char *type, const char *code, const char *param, const char *fmt,
+                      ...) {
+    f->status = status;
+    f->type = type;
+    f->code = code;
+    snprintf(f->param, sizeof f->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(f->msg, sizeof f->msg, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* 400 invalid_request_error about one field. */
+#define BAD(f, param, ...) http_failf((f), 400, "invalid_request_error", NULL, (param), __VA_ARGS__)
+
+static enum MHD_Result http_send_fail(http_conn *hc, struct MHD_Connection *c, const http_fail *f) {
+    struct MHD_Response *r;
+    cJSON *j = http_error_json(f->msg, f->type, f->param[0] ? f->param : NULL, f->code);
+    char *s = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (!s) return MHD_NO;
+    size_t n = strlen(s);
+    char *t = realloc(s, n + 2);
+    if (t) s = t, s[n++] = '\n', s[n] = 0;
+    r = MHD_create_response_from_buffer_with_free_callback(n, s, free);
+    if (!r) {
+        free(s);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    if (f->status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    if (f->status == 429) MHD_add_response_header(r, "Retry-After", "1");
+    if (f->status == 405) {
+        MHD_add_response_header(r, "Allow", hc->ep == HTTP_EP_CHAT || hc->ep == HTTP_EP_COMPLETIONS ? "POST, OPTIONS"
+                                                                                                : "GET, HEAD, OPTIONS");
+    }
+    http_log(hc->h, "%d %s", f->status, f->msg);
+    return http_queue(hc, c, f->status, r);
+}
+
+static enum MHD_Result http_send_error(http_conn *hc, struct MHD_Connection *c, int status, const char *type,
+                                       const char *code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+static enum MHD_Result http_send_error(http_conn *hc, struct MHD_Connection *c, int status, const char *type,
+                                       const char *code, const char *param, const char *fmt, ...) {
+    http_fail f = {.status = status, .type = type, .code = code};
+    snprintf(f.param, sizeof f.param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(f.msg, sizeof f.msg, fmt, ap);
+    va_end(ap);
+    return http_send_fail(hc, c, &f);
+}
+
+/* ---- request fields ---------------------------------------------------------------------------------- */
+
+static bool http_absent(const cJSON *v) { return !v || cJSON_IsNull(v); }
+
+/* A number field in [lo, hi]; absent or null leaves *out alone. */
+static int http_get_num(const cJSON *j, const char *name, double lo, double hi, double *out, http_fail *f) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, name);
+    if (http_absent(v)) return 0;
+    if (!cJSON_IsNumber(v)) return BAD(f, name, "'%s' must be a number", name);
+    if (!(v->valuedouble >= lo && v->valuedouble <= hi)) {
+        return BAD(f, name, "'%s' is %g; it must be between %g and %g", name, v->valuedouble, lo, hi);
+    }
+    *out = v->valuedouble;
+    return 0;
+}
+
+static int http_get_int(const cJSON *j, const char *name, double lo, double hi, long long *out, http_fail *f) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, name);
+    if (http_absent(v)) return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(long long)v->valuedouble) {
+        return BAD(f, name, "'%s' must be an integer", name);
+    }
+    if (!(v->valuedouble >= lo && v->valuedouble <= hi)) {
+        return BAD(f, name, "'%s' is %.0f; it must be between %.0f and %.0f", name, v->valuedouble, lo, hi);
+    }
+    *out = (long long)v->valuedouble;
+    return 0;
+}
+
+static int http_get_bool(const cJSON *j, const char *name, bool *out, http_fail *f) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, name);
+    if (http_absent(v)) return 0;
+    if (!cJSON_IsBool(v)) return BAD(f, name, "'%s' must be true or false", name);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+/* Strings that must outlive the parse (joined content parts), freed with the job. */
+typedef struct http_strs {
+    char **v;
+    int n, cap;
+} http_strs;
+
+static char *http_keep(http_strs *s, char *p) {
+    if (!p) return NULL;
+    if (s->n == s->cap) {
+        int nc = s->cap ? s->cap * 2 : 8;
+        char **nv = realloc(s->v, (size_t)nc * sizeof *nv);
+        if (!nv) {
+            free(p);
+            return NULL;
+        }
+        s->v = nv;
+        s->cap = nc;
+    }
+    return s->v[s->n++] = p;
+}
+
+static void http_strs_free(http_strs *s) {
+    for (int i = 0; i < s->n; i++) free(s->v[i]);
+    free(s->v);
+}
+
+/* One parsed completion request. */
+typedef struct http_job {
+    bool chat, stream, include_usage;
+    sch_params p;
+    int32_t *prompt;
+    size_t n_prompt;
+    http_strs strs;
+} http_job;
+
+static void http_job_free(http_job *jb) {
+    free(jb->prompt);
+    http_strs_free(&jb->strs);
+}
+
+/* The fields both endpoints share: sampling, limits, stop, stream. OpenAI's defaults where absent
+ * (temperature 1, top_p 1, no penalties), top_k / min_p off unless asked for. */
+static int http_parse_common(const http_server *h, const cJSON *j, http_job *jb, http_fail *f) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "model");
+    if (!http_absent(v)) {
+        if (!cJSON_IsString(v)) return BAD(f, "model", "'model' must be a string");
+        if (strcmp(v->valuestring, h->model_id) != 0) {
+            return http_failf(f, 400, "invalid_request_error", "model_not_found", "model",
+                              "model '%s' is not served here; this server serves '%s'", v->valuestring, h->model_id);
+        }
+    }
+    smp_params *sp = &jb->p.smp;
+    *sp = smp_params_default(http_random64());
+    sp->temperature = 1.0f;
+    sp->top_k = 0;
+    sp->top_p = 1.0f;
+    sp->min_p = 0.0f;
+    double d;
+    long long ll;
+    if ((d = sp->temperature, http_get_num(j, "temperature", 0, 2, &d, f)) != 0) return -1;
+    sp->temperature = (float)d;
+    if ((d = sp->top_p, http_get_num(j, "top_p", 0, 1, &d, f)) != 0) return -1;
+    sp->top_p = (float)d;
+    if ((d = sp->min_p, http_get_num(j, "min_p", 0, 1, &d, f)) != 0) return -1;
+    sp->min_p = (float)d;
+    if ((ll = sp->top_k, http_get_int(j, "top_k", 0, 1e9, &ll, f)) != 0) return -1;
+    sp->top_k = (int32_t)ll;
+    if ((d = 0, http_get_num(j, "presence_penalty", -2, 2, &d, f)) != 0) return -1;
+    sp->presence_penalty = (float)d;
+    if ((d = 0, http_get_num(j, "frequency_penalty", -2, 2, &d, f)) != 0) return -1;
+    sp->frequency_penalty = (float)d;
+    if ((d = sp->repeat_penalty, http_get_num(j, "repeat_penalty", 0.01, 100, &d, f)) != 0) return -1;
+    sp->repeat_penalty = (float)d;
+    ll = 0;
+    v = cJSON_GetObjectItemCaseSensitive(j, "seed");
+    if (!http_absent(v)) {
+        if (http_get_int(j, "seed", -9.2e18, 9.2e18, &ll, f) != 0) return -1;
+        sp->seed = (uint64_t)ll;
+    }
+    ll = 0;
+    if (http_get_int(j, "max_tokens", 1, 1e9, &ll, f) != 0) return -1;
+    if (jb->chat && http_get_int(j, "max_completion_tokens", 1, 1e9, &ll, f) != 0) return -1;
+    jb->p.max_tokens = (int)ll;
+    if (!jb->chat && ll == 0) jb->p.max_tokens = 16; /* OpenAI's default for /v1/completions */
+    if (http_get_bool(j, "ignore_eos", &jb->p.ignore_eos, f) != 0) return -1;
+    if (http_get_bool(j, "stream", &jb->stream, f) != 0) return -1;
+    v = cJSON_GetObjectItemCaseSensitive(j, "stream_options");
+    if (!http_absent(v)) {
+        if (!cJSON_IsObject(v)) return BAD(f, "stream_options", "'stream_options' must be an object");
+        if (http_get_bool(v, "include_usage", &jb->include_usage, f) != 0) {
+            snprintf(f->param, sizeof f->param, "stream_options.include_usage");
+            return -1;
+        }
+    }
+    ll = 1;
+    if (http_get_int(j, "n", 1, 1, &ll, f) != 0) {
+        return BAD(f, "n", "'n' must be 1: one choice per request is supported");
+    }
+    v = cJSON_GetObjectItemCaseSensitive(j, "stop");
+    if (cJSON_IsString(v)) {
+        jb->p.stop[jb->p.n_stop++] = v->valuestring;
+    } else if (cJSON_IsArray(v)) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, v) {
+            if (!cJSON_IsString(e)) return BAD(f, "stop", "'stop' must be a string or an array of strings");
+            if (jb->p.n_stop == SCH_MAX_STOP) return BAD(f, "stop", "at most %d stop strings are supported", SCH_MAX_STOP);
+            jb->p.stop[jb->p.n_stop++] = e->valuestring;
+        }
+    } else if (!http_absent(v)) {
+        return BAD(f, "stop", "'stop' must be a string or an array of strings");
+    }
+    /* Asked-for features we do not have: say so rather than silently ignore them. */
+    v = cJSON_GetObjectItemCaseSensitive(j, "logprobs");
+    if (!http_absent(v) && !cJSON_IsFalse(v)) return BAD(f, "logprobs", "'logprobs' is not supported");
+    v = cJSON_GetObjectItemCaseSensitive(j, "tools");
+    if (!http_absent(v) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0)) {
+        return BAD(f, "tools", "tool declarations are not supported");
+    }
+    v = cJSON_GetObjectItemCaseSensitive(j, "echo");
+    if (!http_absent(v) && !cJSON_IsFalse(v)) return BAD(f, "echo", "'echo' is not supported");
+    v = cJSON_GetObjectItemCaseSensitive(j, "suffix");
+    if (!http_absent(v) && !(cJSON_IsString(v) && !*v->valuestring)) return BAD(f, "suffix", "'suffix' is not supported");
+    ll = 1;
+    if (http_get_int(j, "best_of", 1, 1, &ll, f) != 0) return BAD(f, "best_of", "'best_of' must be 1");
+    return 0;
+}
+
+/* A message's content: a string, null, or an array of {"type": "text", "text": ...} parts (joined). */
+static int http_content(const cJSON *v, const char *param, const char **out, http_strs *strs, http_fail *f) {
+    *out = NULL;
+    if (http_absent(v)) return 0;
+    if (cJSON_IsString(v)) {
+        *out = v->valuestring;
+        return 0;
+    }
+    if (!cJSON_IsArray(v)) return BAD(f, param, "'%s' must be a string or an array of text parts", param);
+    http_buf b = {0};
+    const cJSON *part;
+    cJSON_ArrayForEach(part, v) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsObject(part) || !cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0 || !cJSON_IsString(x)) {
+            free(b.p);
+            return BAD(f, param, "'%s': only parts of type \"text\" with a string \"text\" are supported", param);
+        }
+        if (hb_add(&b, x->valuestring, strlen(x->valuestring)) != 0) {
+            free(b.p);
+            return http_failf(f, 500, "server_error", NULL, NULL, "out of memory");
+        }
+    }
+    if (!b.p && hb_add(&b, "", 0) != 0) return http_failf(f, 500, "server_error", NULL, NULL, "out of memory");
+    *out = http_keep(strs, b.p);
+    return *out ? 0 : http_failf(f, 500, "server_error", NULL, NULL, "out of memory");
+}
+
+/* messages -> chat_msg[] -> the model's chat format -> tokens (special markers parsed). */
+static int http_parse_chat(const http_server *h, const cJSON *j, http_job *jb, http_fail *f) {
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
+    if (!msgs) return BAD(f, "messages", "'messages' is required");
+    if (!cJSON_IsArray(msgs)) return BAD(f, "messages", "'messages' must be an array");
+    int n = cJSON_GetArraySize(msgs);
+    if (n == 0) return BAD(f, "messages", "'messages' must not be empty");
+    if (!h->cfg.have_chat) {
+        return http_failf(f, 400, "invalid_request_error", "chat_template_unsupported", "messages",
+                          "this model's chat template is not supported (%s); use /v1/completions", h->chat_err);
+    }
+    chat_msg *cm = calloc((size_t)n, sizeof *cm);
+    chat_tool_call *calls = NULL;
+    int n_calls_total = 0, rc = -1;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+        if (cJSON_IsArray(tc)) n_calls_total += cJSON_GetArraySize(tc);
+    }
+    if (n_calls_total) calls = calloc((size_t)n_calls_total, sizeof *calls);
+    if (!cm || (n_calls_total && !calls)) {
+        rc = http_failf(f, 500, "server_error", NULL, NULL, "out of memory");
+        goto out;
+    }
+    int i = 0, ci = 0;
+    char param[64];
+    cJSON_ArrayForEach(m, msgs) {
+        chat_msg *o = &cm[i];
+        snprintf(param, sizeof param, "messages[%d]", i);
+        if (!cJSON_IsObject(m)) {
+            BAD(f, param, "'%s' must be an object", param);
+            goto out;
+        }
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        snprintf(param, sizeof param, "messages[%d].role", i);
+        if (!cJSON_IsString(role)) {
+            BAD(f, param, "'%s' is required and must be a string", param);
+            goto out;
+        }
+        const char *r = role->valuestring;
+        if (strcmp(r, "system") == 0 || strcmp(r, "developer") == 0) o->role = CHAT_SYSTEM;
+        else if (strcmp(r, "user") == 0) o->role = CHAT_USER;
+        else if (strcmp(r, "assistant") == 0) o->role = CHAT_ASSISTANT;
+        else if (strcmp(r, "tool") == 0) o->role = CHAT_TOOL;
+        else {
+            BAD(f, param, "'%s' is '%s'; expected system, developer, user, assistant or tool", param, r);
+            goto out;
+        }
+        snprintf(param, sizeof param, "messages[%d].content", i);
+        if (http_content(cJSON_GetObjectItemCaseSensitive(m, "content"), param, &o->content, &jb->strs, f) != 0) goto out;
+        struct {
+            const char *key;
+            const char **dst;
+        } opt[] = {{"name", &o->name}, {"tool_call_id", &o->tool_call_id}, {"reasoning_content", &o->reasoning}};
+        for (size_t k = 0; k < sizeof opt / sizeof *opt; k++) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, opt[k].key);
+            if (http_absent(v)) continue;
+            snprintf(param, sizeof param, "messages[%d].%s", i, opt[k].key);
+            if (!cJSON_IsString(v)) {
+                BAD(f, param, "'%s' must be a string", param);
+                goto out;
+            }
+            *opt[k].dst = v->valuestring;
+        }
+        const cJSON *tcs = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+        if (!http_absent(tcs)) {
+            snprintf(param, sizeof param, "messages[%d].tool_calls", i);
+            if (!cJSON_IsArray(tcs)) {
+                BAD(f, param, "'%s' must be an array", param);
+                goto out;
+            }
+            o->tool_calls = calls + ci;
+            const cJSON *tc;
+            cJSON_ArrayForEach(tc, tcs) {
+                const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
+                const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+                const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+                const cJSON *id = cJSON_GetObjectItemCaseSensitive(tc, "id");
+                if (!cJSON_IsObject(fn) || !cJSON_IsString(name) || !(http_absent(args) || cJSON_IsString(args))) {
+                    BAD(f, param, "'%s': each call needs function.name (string) and optional function.arguments (string)",
+                        param);
+                    goto out;
+                }
+                calls[ci].name = name->valuestring;
+                calls[ci].arguments = cJSON_IsString(args) ? args->valuestring : NULL;
+                calls[ci].id = cJSON_IsString(id) ? id->valuestring : NULL;
+                ci++;
+                o->n_tool_calls++;
+            }
+        }
+        i++;
+    }
+    chat_opts co = chat_opts_default();
+    char *text = NULL;
+    size_t len = 0;
+    rl_err err = {{0}};
+    if (chat_render(h->cfg.chat_fmt, cm, n, &co, &text, &len, &err) != 0) {
+        BAD(f, "messages", "cannot render the conversation: %s", err.msg);
+        goto out;
+    }
+    if (tok_encode(h->tok, text, len, true, &jb->prompt, &jb->n_prompt, &err) != 0) {
+        free(text);
+        http_failf(f, 500, "server_error", NULL, NULL, "cannot tokenize the conversation: %s", err.msg);
+        goto out;
+    }
+    free(text);
+    rc = 0;
+out:
+    free(cm);
+    free(calls);
+    return rc;
+}
+
+/* prompt: a string, [string], [token ids] or [[token ids]] (one prompt per request). Text is tokenized as
+ * `ringlm run -p` does (special markers are not parsed), so the same prompt gives the same tokens. */
+static int http_parse_prompt(const http_server *h, const cJSON *j, http_job *jb, http_fail *f) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+    if (!v) return BAD(f, "prompt", "'prompt' is required");
+    if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 &&
+        (cJSON_IsString(cJSON_GetArrayItem(v, 0)) || cJSON_IsArray(cJSON_GetArrayItem(v, 0)))) {
+        v = cJSON_GetArrayItem(v, 0);
+    }
+    rl_err err = {{0}};
+    if (cJSON_IsString(v)) {
+        if (tok_encode(h->tok, v->valuestring, strlen(v->valuestring), false, &jb->prompt, &jb->n_prompt, &err) != 0) {
+            return http_failf(f, 500, "server_error", NULL, NULL, "cannot tokenize the prompt: %s", err.msg);
+        }
+        return 0;
+    }
+    if (!cJSON_IsArray(v)) return BAD(f, "prompt", "'prompt' must be a string, or an array of token ids");
+    int n = cJSON_GetArraySize(v);
+    jb->prompt = malloc((size_t)(n ? n : 1) * sizeof *jb->prompt);
+    if (!jb->prompt) return http_failf(f, 500, "server_error", NULL, NULL, "out of memory");
+    const cJSON *e;
+    cJSON_ArrayForEach(e, v) {
+        if (!cJSON_IsNumber(e) || e->valuedouble != (double)(int32_t)e->valuedouble || e->valuedouble < 0 ||
+            e->valuedouble >= h->tok->n_vocab) {
+            return BAD(f, "prompt", "'prompt' must be one string or one array of token ids in [0, %d)", h->tok->n_vocab);
+        }
+        jb->prompt[jb->n_prompt++] = (int32_t)e->valuedouble;
+    }
+    return 0;
+}
+
+/* ---- completion responses ----------------------------------------------------------------------------- */
+
+static void http_new_id(http_server *h, bool chat, char *id, size_t n) {
+    pthread_mutex_lock(&h->mu);
+    uint64_t k = h->next_id++;
+    pthread_mutex_unlock(&h->mu);
+    snprintf(id, n, "%s-%016llx%08llx", chat ? "chatcmpl" : "cmpl", (unsigned long long)h->id_base,
+             (unsigned long long)k);
+}
+
+static cJSON *http_usage(int n_prompt, int n_gen) {
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", n_gen);
+    cJSON_AddNumberToObject(u, "total_tokens", n_prompt + n_gen);
+    return u;
+}
+
+/* The object every response and chunk starts with. */
+static cJSON *http_envelope(const http_server *h, const char *id, const char *object, time_t created) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "id", id);
+    cJSON_AddStringToObject(j, "object", object);
+    cJSON_AddNumberToObject(j, "created", (double)created);
+    cJSON_AddStringToObject(j, "model", h->model_id);
+    cJSON_AddStringToObject(j, "system_fingerprint", "ringlm");
+    return j;
+}
+
+/* One choice: chat message / chat delta / completion text. text NULL = no content key (chat deltas). */
+static cJSON *http_choice(bool chat, bool delta, bool role, const char *text, const char *finish) {
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", 0);
+    if (chat) {
+        cJSON *m = cJSON_AddObjectToObject(c, delta ? "delta" : "message");
+        if (role) cJSON_AddStringToObject(m, "role", "assistant");
+        if (text) cJSON_AddStringToObject(m, "content", text);
+    } else {
+        cJSON_AddStringToObject(c, "text", text ? text : "");
+    }
+    cJSON_AddNullToObject(c, "logprobs");
+    if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
+    else cJSON_AddNullToObject(c, "finish_reason");
+    return c;
+}
+
+/* OpenAI has no "cancelled"/"error" finish reason: those never reach a client as one. */
+static const char *http_finish_reason(sch_finish fin) { return fin == SCH_FIN_LENGTH ? "length" : "stop"; }
+
+/* A streamed response in progress: owns the request and the SSE bytes not yet handed to MHD. */
+typedef struct http_stream {
+    http_server *h;
+    sch_request *r;
+    int fd;
+    bool chat, include_usage, ended;
+    char id[64];
+    time_t created;
+    double t0;
+    http_buf out;
+    size_t off;
+} http_stream;
+
+static void http_sse(http_stream *st, cJSON *j) {
+    if (st->include_usage && !cJSON_GetObjectItemCaseSensitive(j, "usage")) cJSON_AddNullToObject(j, "usage");
+    char *s = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (!s) return;
+    hb_add(&st->out, "data: ", 6);
+    hb_add(&st->out, s, strlen(s));
+    hb_add(&st->out, "\n\n", 2);
+    free(s);
+}
+
+static void http_sse_chunk(http_stream *st, bool role, const char *text, const char *finish) {
+    cJSON *j = http_envelope(st->h, st->id, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
+    cJSON *ch = cJSON_AddArrayToObject(j, "choices");
+    cJSON_AddItemToArray(ch, http_choice(st->chat, true, role, text, finish));
+    http_sse(st, j);
+}
+
+static void http_sse_end(http_stream *st, const sch_update *u) {
+    if (u->fin == SCH_FIN_ERROR || u->fin == SCH_FIN_CANCELLED) {
+        /* Headers (200) are long gone: the error travels in the stream, as OpenAI's does. */
+        const char *msg = u->fin == SCH_FIN_ERROR ? u->err : "the request was cancelled (the server is shutting down)";
+        cJSON *e = http_error_json(msg, "server_error", NULL, u->fin == SCH_FIN_ERROR ? "internal_error" : "cancelled");
+        char *s = cJSON_PrintUnformatted(e);
+        cJSON_Delete(e);
+        if (s) {
+            hb_printf(&st->out, "data: %s\n\n", s);
+            free(s);
+        }
+    } else {
+        http_sse_chunk(st, false, st->chat ? NULL : "", http_finish_reason(u->fin));
+        if (st->include_usage) {
+            cJSON *j = http_envelope(st->h, st->id, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
+            cJSON_AddArrayToObject(j, "choices");
+            cJSON_AddItemToObject(j, "usage", http_usage(u->n_prompt, u->n_gen));
+            http_sse(st, j);
+        }
+    }
+    hb_add(&st->out, "data: [DONE]\n\n", 14);
+    http_log(st->h, "%s stream: prompt %d, completion %d tokens, %s, %.2f s", st->chat ? "chat" : "completion",
+             u->n_prompt, u->n_gen, sch_finish_name(u->fin), sch_now() - st->t0);
+}
+
+static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    http_stream *st = cls;
+    while (st->off == st->out.len) {
+        st->off = st->out.len = 0;
+        if (st->ended) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (http_client_gone(st->fd)) {
+            sch_cancel(st->r);
+            http_log(st->h, "client went away mid-stream; request cancelled");
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        sch_update u;
+        sch_request_wait(st->r, 100, &u);
+        if (u.text) {
+            http_sse_chunk(st, false, u.text, NULL);
+            free(u.text);
+        }
+        if (u.fin != SCH_RUNNING) {
+            http_sse_end(st, &u);
+            st->ended = true;
+        }
+    }
+    size_t n = st->out.len - st->off < max ? st->out.len - st->off : max;
+    memcpy(buf, st->out.p + st->off, n);
+    st->off += n;
+    return (ssize_t)n;
+}
+
+static void http_stream_free(void *cls) {
+    http_stream *st = cls;
+    sch_cancel(st->r); /* no-op when it finished; frees the slot when the connection died first */
+    sch_request_release(st->r);
+    free(st->out.p);
+    free(st);
+}
+
+/* ---- the completion endpoints ------------------------------------------------------------------------- */
+
+static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, bool chat) {
+    http_server *h = hc->h;
+    http_fail f = {0};
+    http_job jb = {.chat = chat};
+    enum MHD_Result ret;
+    sch_request *r = NULL;
+    rl_err err = {{0}};
+    const char *perr = NULL;
+    /* hb_add keeps the body NUL-terminated; counting the NUL lets cJSON refuse trailing garbage. */
+    cJSON *j = cJSON_ParseWithLengthOpts(hc->body.p ? hc->body.p : "", hc->body.len + 1, &perr, true);
+    if (!j) {
+        size_t at = perr && hc->body.p ? (size_t)(perr - hc->body.p) : 0;
+        BAD(&f, NULL, "the body is not valid JSON (error near byte %zu)", at);
+        goto fail;
+    }
+    if (!cJSON_IsObject(j)) {
+        BAD(&f, NULL, "the body must be a JSON object");
+        goto fail;
+    }
+    if (http_parse_common(h, j, &jb, &f) != 0) goto fail;
+    if ((chat ? http_parse_chat(h, j, &jb, &f) : http_parse_prompt(h, j, &jb, &f)) != 0) goto fail;
+    if (jb.n_prompt >= h->n_ctx) {
+        http_failf(&f, 400, "invalid_request_error", "context_length_exceeded", chat ? "messages" : "prompt",
+                   "the prompt has %zu tokens but the context holds %u, and at least one token must be generated",
+                   jb.n_prompt, h->n_ctx);
+        goto fail;
+    }
+    if (jb.n_prompt == 0) {
+        BAD(&f, chat ? "messages" : "prompt", "the prompt is empty");
+        goto fail;
+    }
+    r = sch_request_new(jb.prompt, jb.n_prompt, &jb.p, &err);
+    if (!r) {
+        http_failf(&f, 500, "server_error", NULL, NULL, "%s", err.msg);
+        goto fail;
+    }
+    switch (sch_submit(h->s, r, &err)) {
+    case SCH_OK: break;
+    case SCH_QUEUE_FULL: http_failf(&f, 429, "rate_limit_error", "queue_full", NULL, "server busy: %s", err.msg); goto fail;
+    case SCH_CLOSED: http_failf(&f, 503, "server_error", "shutting_down", NULL, "%s", err.msg); goto fail;
+    case SCH_BAD_PROMPT: BAD(&f, chat ? "messages" : "prompt", "%s", err.msg); goto fail;
+    }
+    cJSON_Delete(j);
+    j = NULL;
+    char id[64];
+    http_new_id(h, chat, id, sizeof id);
+    time_t created = time(NULL);
+    double t0 = sch_now();
+
+    if (jb.stream) {
+        http_stream *st = calloc(1, sizeof *st);
+        if (!st) {
+            sch_cancel(r);
+            http_failf(&f, 500, "server_error", NULL, NULL, "out of memory");
+            goto fail;
+        }
+        *st = (http_stream){.h = h, .r = r, .fd = http_conn_fd(c), .chat = chat, .include_usage = jb.include_usage,
+                            .created = created, .t0 = t0};
+        snprintf(st->id, sizeof st->id, "%s", id);
+        if (chat) http_sse_chunk(st, true, "", NULL); /* OpenAI's first chunk: the role */
+        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, http_stream_read, st,
+                                                                      http_stream_free);
+        if (!resp) {
+            http_stream_free(st);
+            http_job_free(&jb);
+            return MHD_NO;
+        }
+        r = NULL; /* the stream owns it now */
+        MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+        MHD_add_response_header(resp, "Cache-Control", "no-cache");
+        MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+        http_job_free(&jb);
+        return http_queue(hc, c, 200, resp);
+    }
+
+    /* Not streamed: wait for the whole text, watching for the client to hang up meanwhile. */
+    int fd = http_conn_fd(c);
+    http_buf text = {0};
+    sch_update u;
+    for (;;) {
+        sch_request_wait(r, 100, &u);
+        if (u.text) {
+            hb_add(&text, u.text, u.len);
+            free(u.text);
+        }
+        if (u.fin != SCH_RUNNING) break;
+        if (http_client_gone(fd)) {
+            sch_cancel(r);
+            sch_request_release(r);
+            free(text.p);
+            http_job_free(&jb);
+            http_log(h, "client went away while waiting; request cancelled");
+            return MHD_NO; /* nobody to answer */
+        }
+    }
+    sch_request_release(r);
+    r = NULL;
+    http_job_free(&jb);
+    if (u.fin == SCH_FIN_ERROR || u.fin == SCH_FIN_CANCELLED) {
+        free(text.p);
+        if (u.fin == SCH_FIN_ERROR) {
+            return http_send_error(hc, c, 500, "server_error", "internal_error", NULL, "generation failed: %s", u.err);
+        }
+        return http_send_error(hc, c, 503, "server_error", "shutting_down", NULL,
+                               "the request was cancelled: the server is shutting down");
+    }
+    cJSON *resp = http_envelope(h, id, chat ? "chat.completion" : "text_completion", created);
+    cJSON *ch = cJSON_AddArrayToObject(resp, "choices");
+    cJSON_AddItemToArray(ch, http_choice(chat, false, true, text.p ? text.p : "", http_finish_reason(u.fin)));
+    cJSON_AddItemToObject(resp, "usage", http_usage(u.n_prompt, u.n_gen));
+    free(text.p);
+    http_log(h, "%s: prompt %d, completion %d tokens, %s, %.2f s", chat ? "chat" : "completion", u.n_prompt, u.n_gen,
+             sch_finish_name(u.fin), sch_now() - t0);
+    return http_send_json(hc, c, 200, resp);
+
+fail:
+    cJSON_Delete(j);
+    if (r) sch_request_release(r);
+    http_job_free(&jb);
+    ret = http_send_fail(hc, c, &f);
+    return ret;
+}
+
+/* ---- the other endpoints ------------------------------------------------------------------------------ */
+
+static cJSON *http_model_obj(const http_server *h) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", h->model_id);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)h->created);
+    cJSON_AddStringToObject(m, "owned_by", "ringlm");
+    cJSON_AddNumberToObject(m, "context_length", h->n_ctx);
+    return m;
+}
+
+static enum MHD_Result http_health(http_conn *hc, struct MHD_Connection *c) {
+    http_server *h = hc->h;
+    sch_metrics m;
+    sch_metrics_get(h->s, &m);
+    pthread_mutex_lock(&h->mu);
+    bool closing = h->closing;
+    pthread_mutex_unlock(&h->mu);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "status", closing ? "shutting_down" : "ok");
+    cJSON_AddStringToObject(j, "model", h->model_id);
+    cJSON_AddStringToObject(j, "backend", m.backend ? m.backend : "");
+    cJSON *sl = cJSON_AddObjectToObject(j, "slots");
+    cJSON_AddNumberToObject(sl, "total", m.n_slots);
+    cJSON_AddNumberToObject(sl, "active", m.active);
+    cJSON_AddNumberToObject(sl, "queued", m.queued);
+    cJSON_AddNumberToObject(sl, "queue_capacity", m.queue_cap);
+    cJSON_AddNumberToObject(sl, "context", h->n_ctx);
+    cJSON *nodes = cJSON_AddArrayToObject(j, "nodes");
+    for (int i = 0; i < m.n_nodes; i++) {
+        cJSON *n = cJSON_CreateObject();
+        cJSON_AddStringToObject(n, "name", m.nodes[i].name);
+        cJSON_AddStringToObject(n, "addr", m.nodes[i].addr);
+        cJSON *l = cJSON_AddArrayToObject(n, "layers");
+        cJSON_AddItemToArray(l, cJSON_CreateNumber(m.nodes[i].layer_a));
+        cJSON_AddItemToArray(l, cJSON_CreateNumber(m.nodes[i].layer_b));
+        cJSON_AddStringToObject(n, "status", m.nodes[i].up ? "up" : "down");
+        cJSON_AddItemToArray(nodes, n);
+    }
+    return http_send_json(hc, c, closing ? 503 : 200, j);
+}
+
+/* Prometheus label values escape backslash, quote and newline. */
+static void http_label(http_buf *b, const char *s) {
+    for (; *s; s++) {
+        if (*s == '\\' || *s == '"') hb_printf(b, "\\%c", *s);
+        else if (*s == '\n') hb_add(b, "\\n", 2);
+        else hb_add(b, s, 1);
+    }
+}
+
+static void http_family(http_buf *b, const char *name, const char *type, const char *help) {
+    hb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void http_hist(http_buf *b, const char *name, const char *help, const sch_hist *hs) {
+    http_family(b, name, "histogram", help);
+    uint64_t cum = 0;
+    for (int i = 0; i < hs->n; i++) {
+        cum += hs->count[i];
+        hb_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, hs->le[i], (unsigned long long)cum);
+    }
+    cum += hs->count[hs->n];
+    hb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, (unsigned long long)cum, name,
+              hs->sum, name, (unsigned long long)hs->total);
+}
+
+static enum MHD_Result http_metrics(http_conn *hc, struct MHD_Connection *c) {
+    static const char *const ep_names[HTTP_EP_COUNT] = {"/v1/chat/completions", "/v1/completions", "/v1/models",
+                                                        "/health", "/metrics", "/", "other"};
+    http_server *h = hc->h;
+    sch_metrics m;
+    sch_metrics_get(h->s, &m);
+    int codes[HTTP_MAX_CODES];
+    uint64_t counts[HTTP_EP_COUNT][HTTP_MAX_CODES];
+    pthread_mutex_lock(&h->mu);
+    memcpy(codes, h->codes, sizeof codes);
+    memcpy(counts, h->counts, sizeof counts);
+    pthread_mutex_unlock(&h->mu);
+
+    http_buf b = {0};
+    http_family(&b, "ringlm_http_requests_total", "counter", "HTTP requests answered, by endpoint and status code.");
+    for (int e = 0; e < HTTP_EP_COUNT; e++) {
+        for (int i = 0; i < HTTP_MAX_CODES && codes[i]; i++) {
+            if (counts[e][i]) {
+                hb_printf(&b, "ringlm_http_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n", ep_names[e], codes[i],
+                          (unsigned long long)counts[e][i]);
+            }
+        }
+    }
+    http_family(&b, "ringlm_requests_finished_total", "counter", "Generation requests ended, by reason.");
+    for (int f = SCH_FIN_STOP; f <= SCH_FIN_ERROR; f++) {
+        hb_printf(&b, "ringlm_requests_finished_total{reason=\"%s\"} %llu\n", sch_finish_name((sch_finish)f),
+                  (unsigned long long)m.finished[f]);
+    }
+    http_family(&b, "ringlm_prompt_tokens_total", "counter", "Prompt tokens processed.");
+    hb_printf(&b, "ringlm_prompt_tokens_total %llu\n", (unsigned long long)m.prompt_tokens);
+    http_family(&b, "ringlm_generated_tokens_total", "counter", "Tokens generated.");
+    hb_printf(&b, "ringlm_generated_tokens_total %llu\n", (unsigned long long)m.gen_tokens);
+    http_hist(&b, "ringlm_time_to_first_token_seconds", "From a request's arrival to its first generated token.",
+              &m.ttft);
+    http_hist(&b, "ringlm_inter_token_latency_seconds", "Between consecutive generated tokens of one request.", &m.itl);
+    http_hist(&b, "ringlm_step_duration_seconds", "One batched forward step (all sequences together).", &m.step_s);
+    http_family(&b, "ringlm_steps_total", "counter", "Batched forward steps.");
+    hb_printf(&b, "ringlm_steps_total %llu\n", (unsigned long long)m.steps);
+    http_family(&b, "ringlm_step_tokens_total", "counter", "Tokens carried by all steps (decode and prefill).");
+    hb_printf(&b, "ringlm_step_tokens_total %llu\n", (unsigned long long)m.step_tokens);
+    http_family(&b, "ringlm_busy_seconds_total", "counter", "Seconds spent inside forward steps.");
+    hb_printf(&b, "ringlm_busy_seconds_total %.6f\n", m.busy_s);
+    http_family(&b, "ringlm_sequences_active", "gauge", "Sequences holding a slot (prefilling or generating).");
+    hb_printf(&b, "ringlm_sequences_active %d\n", m.active);
+    http_family(&b, "ringlm_sequences_queued", "gauge", "Requests waiting for a slot.");
+    hb_printf(&b, "ringlm_sequences_queued %d\n", m.queued);
+    http_family(&b, "ringlm_sequence_slots", "gauge", "Sequences that can run at once (--parallel).");
+    hb_printf(&b, "ringlm_sequence_slots %d\n", m.n_slots);
+    http_family(&b, "ringlm_queue_capacity", "gauge", "Requests that may wait for a slot (--queue).");
+    hb_printf(&b, "ringlm_queue_capacity %d\n", m.queue_cap);
+    http_family(&b, "ringlm_context_tokens", "gauge", "Context capacity of each sequence (--ctx).");
+    hb_printf(&b, "ringlm_context_tokens %u\n", h->n_ctx);
+    /* Per node / per stage: one machine is one node running stage 0 with every layer; a ring fills in more. */
+    int up = 0;
+    for (int i = 0; i < m.n_nodes; i++) up += m.nodes[i].up;
+    http_family(&b, "ringlm_nodes_up", "gauge", "Nodes answering.");
+    hb_printf(&b, "ringlm_nodes_up %d\n", up);
+    http_family(&b, "ringlm_nodes_down", "gauge", "Nodes not answering.");
+    hb_printf(&b, "ringlm_nodes_down %d\n", m.n_nodes - up);
+    http_family(&b, "ringlm_node_up", "gauge", "1 when the node answers, by node.");
+    for (int i = 0; i < m.n_nodes; i++) {
+        hb_add(&b, "ringlm_node_up{node=\"", 21);
+        http_label(&b, m.nodes[i].name);
+        hb_add(&b, "\",addr=\"", 8);
+        http_label(&b, m.nodes[i].addr);
+        hb_printf(&b, "\",stage=\"%d\",layers=\"%u-%u\"} %d\n", i, m.nodes[i].layer_a, m.nodes[i].layer_b, m.nodes[i].up);
+    }
+    http_family(&b, "ringlm_stage_compute_seconds_total", "counter", "Seconds each stage spent computing.");
+    for (int i = 0; i < m.n_nodes; i++) {
+        hb_printf(&b, "ringlm_stage_compute_seconds_total{stage=\"%d\",node=\"", i);
+        http_label(&b, m.nodes[i].name);
+        hb_printf(&b, "\"} %.6f\n", m.nodes[i].compute_s);
+    }
+    http_family(&b, "ringlm_stage_steps_total", "counter", "Forward passes each stage ran.");
+    for (int i = 0; i < m.n_nodes; i++) {
+        hb_printf(&b, "ringlm_stage_steps_total{stage=\"%d\",node=\"", i);
+        http_label(&b, m.nodes[i].name);
+        hb_printf(&b, "\"} %llu\n", (unsigned long long)m.nodes[i].steps);
+    }
+    http_family(&b, "ringlm_info", "gauge", "The served model and backend.");
+    hb_add(&b, "ringlm_info{model=\"", 19);
+    http_label(&b, h->model_id);
+    hb_printf(&b, "\",backend=\"%s\"} 1\n", m.backend ? m.backend : "");
+    if (!b.p) return MHD_NO;
+    return http_send(hc, c, 200, "text/plain; version=0.0.4; charset=utf-8", b.p, b.len);
+}
+
+/* ---- routing ------------------------------------------------------------------------------------------ */
+
+/* Constant-time comparison: the time a wrong key takes says nothing about how much of it was right. */
+static bool http_key_ok(const http_server *h, struct MHD_Connection *c) {
+    if (!h->api_key) return true;
+    const char *a = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!a || strncasecmp(a, "Bearer ", 7) != 0) return false;
+    a += 7;
+    while (*a == ' ') a++;
+    size_t la = strlen(a), lk = strlen(h->api_key);
+    unsigned char diff = la != lk;
+    for (size_t i = 0; i < lk; i++) diff |= (unsigned char)(a[i < la ? i : 0] ^ h->api_key[i]);
+    return diff == 0;
+}
+
+static int http_route(const char *url) {
+    if (strcmp(url, "/v1/chat/completions") == 0) return HTTP_EP_CHAT;
+    if (strcmp(url, "/v1/completions") == 0) return HTTP_EP_COMPLETIONS;
+    if (strcmp(url, "/v1/models") == 0 || strncmp(url, "/v1/models/", 11) == 0) return HTTP_EP_MODELS;
+    if (strcmp(url, "/health") == 0) return HTTP_EP_HEALTH;
+    if (strcmp(url, "/metrics") == 0) return HTTP_EP_METRICS;
+    if (strcmp(url, "/") == 0 || strcmp(url, "/index.html") == 0) return HTTP_EP_PAGE;
+    return HTTP_EP_OTHER;
+}
+
+static enum MHD_Result http_get(http_conn *hc, struct MHD_Connection *c, const char *url) {
+    http_server *h = hc->h;
+    switch (hc->ep) {
+    case HTTP_EP_MODELS: {
+        if (strcmp(url, "/v1/models") == 0) {
+            cJSON *j = cJSON_CreateObject();
+            cJSON_AddStringToObject(j, "object", "list");
+            cJSON_AddItemToArray(cJSON_AddArrayToObject(j, "data"), http_model_obj(h));
+            return http_send_json(hc, c, 200, j);
+        }
+        if (strcmp(url + 11, h->model_id) == 0) return http_send_json(hc, c, 200, http_model_obj(h));
+        return http_send_error(hc, c, 404, "invalid_request_error", "model_not_found", "model",
+                               "model '%s' is not served here; this server serves '%s'", url + 11, h->model_id);
+    }
+    case HTTP_EP_HEALTH: return http_health(hc, c);
+    case HTTP_EP_METRICS: return http_metrics(hc, c);
+    case HTTP_EP_PAGE: {
+        size_t n;
+        const char *page = http_page_html(&n);
+        struct MHD_Response *r = MHD_create_response_from_buffer(n, (void *)page, MHD_RESPMEM_PERSISTENT);
+        if (!r) return MHD_NO;
+        MHD_add_response_header(r, "Content-Type", "text/html; charset=utf-8");
+        return http_queue(hc, c, 200, r);
+    }
+    default: return MHD_NO;
+    }
+}
+
+static enum MHD_Result http_handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    (void)version;
+    http_server *h = cls;
+    http_conn *hc = *con_cls;
+    if (!hc) {
+        /* First call: headers only. Everything decidable without the body is answered now, so a request
+         * we will refuse never has its body read (nor, with Expect: 100-continue, even sent). */
+        hc = calloc(1, sizeof *hc);
+        if (!hc) return MHD_NO;
+        hc->h = h;
+        hc->ep = http_route(url);
+        *con_cls = hc;
+        pthread_mutex_lock(&h->mu);
+        h->inflight++;
+        pthread_mutex_unlock(&h->mu);
+        bool post = hc->ep == HTTP_EP_CHAT || hc->ep == HTTP_EP_COMPLETIONS;
+        if (strcmp(method, "OPTIONS") == 0) { /* CORS preflight: browsers on other origins may call us */
+            struct MHD_Response *r = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
+            if (!r) return MHD_NO;
+            MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+            MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+            MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
+            return http_queue(hc, c, 204, r);
+        }
+        if (hc->ep == HTTP_EP_OTHER) {
+            return http_send_error(hc, c, 404, "invalid_request_error", "not_found", NULL, "no such endpoint: %s %s",
+                                   method, url);
+        }
+        bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+        if (post ? strcmp(method, "POST") != 0 : !get) {
+            return http_send_error(hc, c, 405, "invalid_request_error", "method_not_allowed", NULL,
+                                   "%s does not accept %s; use %s", url, method, post ? "POST" : "GET");
+        }
+        if ((post || hc->ep == HTTP_EP_MODELS) && !http_key_ok(h, c)) {
+            return http_send_error(hc, c, 401, "invalid_request_error", "invalid_api_key", NULL,
+                                   "missing or wrong API key: send the header \"Authorization: Bearer KEY\"");
+        }
+        if (!post) return http_get(hc, c, url);
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > h->cfg.body_limit) {
+            return http_send_error(hc, c, 413, "invalid_request_error", "request_too_large", NULL,
+                                   "the body has %s bytes; the limit is %zu", cl, h->cfg.body_limit);
+        }
+        return MHD_YES;
+    }
+    if (hc->answered) { /* already refused: drop whatever body still arrives */
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (hc->body.len + *upload_size > h->cfg.body_limit) hc->too_large = true;
+        if (!hc->too_large && hb_add(&hc->body, upload, *upload_size) != 0) hc->too_large = true;
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (hc->too_large) {
+        return http_send_error(hc, c, 413, "invalid_request_error", "request_too_large", NULL,
+                               "the body is over the limit of %zu bytes", h->cfg.body_limit);
+    }
+    return http_completion(hc, c, hc->ep == HTTP_EP_CHAT);
+}
+
+/* Called once a response is completely sent, or the connection died: the request is over. */
+static void http_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)c, (void)toe;
+    http_server *h = cls;
+    http_conn *hc = *con_cls;
+    if (!hc) return;
+    pthread_mutex_lock(&h->mu);
+    if (--h->inflight == 0) pthread_cond_broadcast(&h->idle);
+    pthread_mutex_unlock(&h->mu);
+    free(hc->body.p);
+    free(hc);
+    *con_cls = NULL;
+}
+
+static void http_mhd_log(void *cls, const char *fmt, va_list ap) {
+    const http_server *h = cls;
+    if (h->cfg.quiet) return;
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    size_t n = strlen(line);
+    while (n && line[n - 1] == '\n') line[--n] = 0;
+    fprintf(stderr, "ringlm serve: http: %s\n", line);
+}
+
+/* ---- start and stop ----------------------------------------------------------------------------------- */
+
+int http_start(http_server *h, const http_config *cfg, sch_sched *s, const tok_tokenizer *tok, rl_err *err) {
+    memset(h, 0, sizeof *h);
+    h->listen_fd = -1;
+    h->cfg = *cfg;
+    h->s = s;
+    h->tok = tok;
+    h->n_ctx = s->be.n_ctx;
+    h->created = time(NULL);
+    h->id_base = http_random64();
+    h->model_id = strdup(cfg->model_id);
+    h->api_key = cfg->api_key ? strdup(cfg->api_key) : NULL;
+    h->chat_err = strdup(cfg->chat_err ? cfg->chat_err : "");
+    if (!h->model_id || (cfg->api_key && !h->api_key) || !h->chat_err) {
+        free(h->model_id), free(h->api_key), free(h->chat_err);
+        return rl_errf(err, "out of memory");
+    }
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->idle, NULL);
+
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
+    char port[16];
+    snprintf(port, sizeof port, "%d", cfg->port);
+    int gai = getaddrinfo(cfg->host, port, &hints, &ai);
+    if (gai != 0) {
+        rl_errf(err, "cannot resolve --host %s: %s", cfg->host, gai_strerror(gai));
+        goto fail;
+    }
+    /* The socket is ours, so a failure can say why (address in use, not ours, ...); MHD takes it over. */
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    if (fd < 0) {
+        rl_errf(err, "cannot create a socket for %s: %s", cfg->host, strerror(errno));
+        freeaddrinfo(ai);
+        goto fail;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one); /* restart at once after a stop */
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+        rl_errf(err, "cannot listen on %s port %d: %s", cfg->host, cfg->port, strerror(errno));
+        close(fd);
+        freeaddrinfo(ai);
+        goto fail;
+    }
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC |
+                     MHD_USE_ERROR_LOG;
+    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    freeaddrinfo(ai);
+    h->d = MHD_start_daemon(flags, 0, NULL, NULL, http_handle, h,
+                            MHD_OPTION_EXTERNAL_LOGGER, http_mhd_log, h, /* first, or MHD logs some on its own */
+                            MHD_OPTION_LISTEN_SOCKET, fd,
+                            MHD_OPTION_NOTIFY_COMPLETED, http_completed, h,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->max_connections > 0 ? cfg->max_connections : 64),
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                            MHD_OPTION_END);
+    if (!h->d) {
+        close(fd);
+        rl_errf(err, "cannot start the HTTP server on %s port %d", cfg->host, cfg->port);
+        goto fail;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
+    h->port = di ? di->port : cfg->port;
+    return 0;
+fail:
+    pthread_cond_destroy(&h->idle);
+    pthread_mutex_destroy(&h->mu);
+    free(h->model_id), free(h->api_key), free(h->chat_err);
+    memset(h, 0, sizeof *h);
+    return -1;
+}
+
+void http_quiesce(http_server *h) {
+    if (!h->d) return;
+    pthread_mutex_lock(&h->mu);
+    h->closing = true;
+    pthread_mutex_unlock(&h->mu);
+    if (h->listen_fd < 0) h->listen_fd = MHD_quiesce_daemon(h->d);
+}
+
+bool http_wait_idle(http_server *h, double timeout_s) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    double t = (double)dl.tv_sec + (double)dl.tv_nsec * 1e-9 + timeout_s;
+    dl.tv_sec = (time_t)t;
+    dl.tv_nsec = (long)((t - (double)dl.tv_sec) * 1e9);
+    pthread_mutex_lock(&h->mu);
+    while (h->inflight > 0) {
+        if (pthread_cond_timedwait(&h->idle, &h->mu, &dl) == ETIMEDOUT) break;
+    }
+    bool idle = h->inflight == 0;
+    pthread_mutex_unlock(&h->mu);
+    return idle;
+}
+
+void http_stop(http_server *h) {
+    if (!h->d) return;
+    MHD_stop_daemon(h->d);
+    if (h->listen_fd >= 0) close(h->listen_fd);
+    pthread_cond_destroy(&h->idle);
+    pthread_mutex_destroy(&h->mu);
+    free(h->model_id), free(h->api_key), free(h->chat_err);
+    memset(h, 0, sizeof *h);
+}

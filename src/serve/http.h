@@ -1,0 +1,79 @@
+/* http.h - the OpenAI-compatible HTTP front of `ringlm serve` (libmicrohttpd + cJSON).
+ *
+ * Endpoints (docs/serve.md has the fields and error cases):
+ *   POST /v1/chat/completions   messages -> the model's chat format -> tokens; streamed (SSE) or not
+ *   POST /v1/completions        prompt text (or token ids) as is; streamed or not
+ *   GET  /v1/models             the one served model; GET /v1/models/ID the same for its id
+ *   GET  /health                {"status": "ok", "nodes": [...]} (503 "shutting_down" while stopping)
+ *   GET  /metrics               Prometheus text
+ *   GET  /                      a self-contained chat page
+ *
+ * Every connection gets its own thread (MHD_USE_THREAD_PER_CONNECTION): a completion handler submits to
+ * the scheduler and then waits for its text, which is simplest to write as blocking code. The thread
+ * count is bounded by the connection limit. While it waits, the thread watches its socket for a hang-up
+ * so that a client that goes away frees its sequence slot at the scheduler's next step. */
+#ifndef RINGLM_HTTP_H
+#define RINGLM_HTTP_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../base/err.h"
+#include "../text/chat.h"
+#include "../text/tokenizer.h"
+#include "scheduler.h"
+
+typedef struct http_config {
+    const char *host;      /* address to listen on (name or literal, IPv4 or IPv6) */
+    int port;              /* 0: any free port (http_port tells which) */
+    const char *api_key;   /* NULL: no key; else the /v1 endpoints need "Authorization: Bearer KEY" */
+    size_t body_limit;     /* request bodies above this get 413 */
+    const char *model_id;  /* what /v1/models lists and the `model` field must equal */
+    bool have_chat;        /* the model's chat template is one we render */
+    chat_format chat_fmt;
+    const char *chat_err;  /* why not, when !have_chat */
+    int max_connections;
+    bool quiet;            /* no per-request log lines on stderr */
+} http_config;
+
+/* Requests answered, by endpoint and status (for /metrics). */
+enum { HTTP_EP_CHAT, HTTP_EP_COMPLETIONS, HTTP_EP_MODELS, HTTP_EP_HEALTH, HTTP_EP_METRICS, HTTP_EP_PAGE,
+       HTTP_EP_OTHER, HTTP_EP_COUNT };
+#define HTTP_MAX_CODES 16
+
+typedef struct http_server {
+    struct MHD_Daemon *d;
+    int listen_fd;          /* after quiesce: ours to close */
+    int port;
+    http_config cfg;
+    char *model_id, *api_key, *chat_err;
+    sch_sched *s;
+    const tok_tokenizer *tok;
+    uint32_t n_ctx;
+    time_t created;
+    uint64_t id_base;
+    pthread_mutex_t mu;     /* guards what follows */
+    pthread_cond_t idle;    /* signalled when inflight drops to 0 */
+    uint64_t next_id;
+    int inflight;           /* requests between their first byte and the end of their response */
+    bool closing;
+    int codes[HTTP_MAX_CODES];
+    uint64_t counts[HTTP_EP_COUNT][HTTP_MAX_CODES];
+} http_server;
+
+/* Starts listening. s and tok must outlive the server. */
+int http_start(http_server *h, const http_config *cfg, sch_sched *s, const tok_tokenizer *tok, rl_err *err);
+/* Stops accepting connections; open ones go on (and /health answers 503 on them). */
+void http_quiesce(http_server *h);
+/* Waits until no request is in progress (every response completely sent), at most timeout_s; true if so. */
+bool http_wait_idle(http_server *h, double timeout_s);
+/* Closes every connection, waits for their threads and frees the server. Cancel the scheduler's requests
+ * first, or this waits for them to finish. */
+void http_stop(http_server *h);
+
+/* The chat page (page.c). */
+const char *http_page_html(size_t *len);
+
+#endif

@@ -1,0 +1,697 @@
+#include "scheduler.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+double sch_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+const char *sch_finish_name(sch_finish f) {
+    switch (f) {
+    case SCH_FIN_STOP: return "stop";
+    case SCH_FIN_LENGTH: return "length";
+    case SCH_FIN_CANCELLED: return "cancelled";
+    case SCH_FIN_ERROR: return "error";
+    default: return "running";
+    }
+}
+
+/* ---- the local backend ------------------------------------------------------------------------------ */
+
+typedef struct sch_local {
+    k3_engine *e;
+    int n_slots;
+    k3_state *st;        /* [n_slots] */
+    smp_sampler *smp;    /* [n_slots] */
+    bool *has_smp;       /* [n_slots] */
+    /* batch scratch */
+    k3_state **seqs;     /* [n_slots] */
+    uint32_t *ntok;      /* [n_slots] */
+    int32_t *rows;       /* [n_slots] */
+    int32_t *tokens;
+    size_t tokens_cap;
+    sch_node_stat node;
+} sch_local;
+
+static int sch_local_step(void *impl, sch_step *steps, int n, rl_err *err) {
+    sch_local *L = impl;
+    const int32_t n_vocab = (int32_t)L->e->hp.n_vocab;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += steps[i].n_tokens;
+    if (total > L->tokens_cap) {
+        int32_t *t = realloc(L->tokens, total * sizeof *t);
+        if (!t) return rl_errf(err, "out of memory for a batch of %zu tokens", total);
+        L->tokens = t;
+        L->tokens_cap = total;
+    }
+    int n_rows = 0;
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        sch_step *sp = &steps[i];
+        if (sp->slot < 0 || sp->slot >= L->n_slots) return rl_errf(err, "slot %d out of range", sp->slot);
+        if (sp->begin) {
+            k3_state_reset(&L->st[sp->slot]);
+            if (L->has_smp[sp->slot]) smp_free(&L->smp[sp->slot]);
+            L->has_smp[sp->slot] = false;
+            if (smp_init(&L->smp[sp->slot], sp->smp, n_vocab, err) != 0) return -1;
+            L->has_smp[sp->slot] = true;
+        } else if (!L->has_smp[sp->slot]) {
+            return rl_errf(err, "slot %d continues a sequence that never began", sp->slot);
+        }
+        L->seqs[i] = &L->st[sp->slot];
+        L->ntok[i] = sp->n_tokens;
+        memcpy(L->tokens + off, sp->tokens, sp->n_tokens * sizeof(int32_t));
+        off += sp->n_tokens;
+        if (sp->sample) L->rows[n_rows++] = (int32_t)(off - 1);
+    }
+    k3_batch b = {.n_seqs = n, .seqs = L->seqs, .n_tokens = L->ntok, .tokens = L->tokens, .n_logits = n_rows,
+                  .logit_rows = L->rows};
+    k3_output o;
+    double t0 = sch_now();
+    if (k3_forward(L->e, &b, &o, err) != 0) return -1;
+    L->node.compute_s += sch_now() - t0;
+    L->node.steps++;
+    int r = 0;
+    for (int i = 0; i < n; i++) {
+        sch_step *sp = &steps[i];
+        smp_sampler *smp = &L->smp[sp->slot];
+        /* The penalty history sees every token of the sequence, prompt included, as gen_run's does. */
+        for (uint32_t t = 0; t < sp->n_tokens; t++) smp_accept(smp, sp->tokens[t]);
+        if (sp->sample) sp->token = smp_sample(smp, o.logits + (size_t)r++ * (size_t)n_vocab);
+    }
+    k3_output_free(&o);
+    return 0;
+}
+
+static void sch_local_end(void *impl, int slot) {
+    (void)impl;
+    (void)slot; /* states are reused: the next begin resets them */
+}
+
+static int sch_local_nodes(void *impl, sch_node_stat *out, int max) {
+    sch_local *L = impl;
+    if (max < 1) return 0;
+    out[0] = L->node;
+    return 1;
+}
+
+static void sch_local_free(void *impl) {
+    sch_local *L = impl;
+    if (!L) return;
+    for (int i = 0; i < L->n_slots; i++) {
+        if (L->st && L->st[i].ctx) k3_state_free(&L->st[i]);
+        if (L->has_smp && L->has_smp[i]) smp_free(&L->smp[i]);
+    }
+    free(L->st);
+    free(L->smp);
+    free(L->has_smp);
+    free(L->seqs);
+    free(L->ntok);
+    free(L->rows);
+    free(L->tokens);
+    free(L);
+}
+
+int sch_backend_local(sch_backend *be, k3_engine *e, int n_slots, uint32_t n_ctx, rl_err *err) {
+    memset(be, 0, sizeof *be);
+    if (n_slots < 1) return rl_errf(err, "need at least one sequence slot");
+    if (e->a != 0 || e->b != e->hp.n_layer) return rl_errf(err, "the local backend needs an engine for the whole model");
+    sch_local *L = calloc(1, sizeof *L);
+    if (!L) return rl_errf(err, "out of memory");
+    L->e = e;
+    L->n_slots = n_slots;
+    L->st = calloc((size_t)n_slots, sizeof *L->st);
+    L->smp = calloc((size_t)n_slots, sizeof *L->smp);
+    L->has_smp = calloc((size_t)n_slots, sizeof *L->has_smp);
+    L->seqs = calloc((size_t)n_slots, sizeof *L->seqs);
+    L->ntok = calloc((size_t)n_slots, sizeof *L->ntok);
+    L->rows = calloc((size_t)n_slots, sizeof *L->rows);
+    if (!L->st || !L->smp || !L->has_smp || !L->seqs || !L->ntok || !L->rows) {
+        sch_local_free(L);
+        return rl_errf(err, "out of memory");
+    }
+    for (int i = 0; i < n_slots; i++) {
+        if (k3_state_init(&L->st[i], &e->hp, 0, e->hp.n_layer, n_ctx, err) != 0) {
+            rl_err_prefix(err, "sequence state %d of %d (%u tokens each)", i + 1, n_slots, n_ctx);
+            sch_local_free(L);
+            return -1;
+        }
+    }
+    snprintf(L->node.name, sizeof L->node.name, "local");
+    snprintf(L->node.addr, sizeof L->node.addr, "local");
+    L->node.layer_a = 0;
+    L->node.layer_b = e->hp.n_layer;
+    L->node.up = true;
+    be->impl = L;
+    be->n_slots = n_slots;
+    be->n_ctx = n_ctx;
+    be->n_vocab = e->hp.n_vocab;
+    be->kind = "local";
+    be->step = sch_local_step;
+    be->end = sch_local_end;
+    be->nodes = sch_local_nodes;
+    be->free = sch_local_free;
+    return 0;
+}
+
+/* ---- histograms -------------------------------------------------------------------------------------- */
+
+static void sch_hist_init(sch_hist *h, const double *le, int n) {
+    memset(h, 0, sizeof *h);
+    h->n = n < SCH_HIST_MAX ? n : SCH_HIST_MAX;
+    memcpy(h->le, le, (size_t)h->n * sizeof *le);
+}
+
+static void sch_hist_add(sch_hist *h, double v) {
+    int i = 0;
+    while (i < h->n && v > h->le[i]) i++;
+    h->count[i]++;
+    h->sum += v;
+    h->total++;
+}
+
+/* ---- requests ---------------------------------------------------------------------------------------- */
+
+sch_request *sch_request_new(const int32_t *prompt, size_t n_prompt, const sch_params *p, rl_err *err) {
+    sch_request *r = calloc(1, sizeof *r);
+    if (!r) {
+        rl_errf(err, "out of memory");
+        return NULL;
+    }
+    r->refs = 1;
+    r->slot = -1;
+    r->p = *p;
+    r->p.n_stop = 0;
+    if (pthread_cond_init(&r->cond, NULL) != 0) {
+        free(r);
+        rl_errf(err, "cannot create a condition variable");
+        return NULL;
+    }
+    r->prompt = malloc((n_prompt ? n_prompt : 1) * sizeof *r->prompt);
+    if (!r->prompt) goto oom;
+    if (n_prompt) memcpy(r->prompt, prompt, n_prompt * sizeof *prompt);
+    r->n_prompt = n_prompt;
+    for (int i = 0; i < p->n_stop && i < SCH_MAX_STOP; i++) {
+        if (!p->stop[i] || !*p->stop[i]) continue; /* an empty stop string would match everywhere */
+        char *c = strdup(p->stop[i]);
+        if (!c) goto oom;
+        r->p.stop[r->p.n_stop++] = c;
+    }
+    return r;
+oom:
+    r->refs = 1;
+    sch_request_release(r);
+    rl_errf(err, "out of memory");
+    return NULL;
+}
+
+static void sch_request_destroy(sch_request *r) {
+    for (int i = 0; i < r->p.n_stop; i++) free((char *)r->p.stop[i]);
+    pthread_cond_destroy(&r->cond);
+    free(r->prompt);
+    free(r->out);
+    free(r->hold);
+    free(r);
+}
+
+void sch_request_release(sch_request *r) {
+    if (!r) return;
+    if (!r->s) { /* never submitted: nobody else holds it */
+        sch_request_destroy(r);
+        return;
+    }
+    sch_sched *s = r->s;
+    pthread_mutex_lock(&s->mu);
+    int left = --r->refs;
+    pthread_mutex_unlock(&s->mu);
+    if (left == 0) sch_request_destroy(r);
+}
+
+void sch_cancel(sch_request *r) {
+    if (!r || !r->s) return;
+    sch_sched *s = r->s;
+    pthread_mutex_lock(&s->mu);
+    if (r->fin == SCH_RUNNING && !r->cancelled) {
+        r->cancelled = true;
+        pthread_cond_signal(&s->cond);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+bool sch_request_wait(sch_request *r, int timeout_ms, sch_update *u) {
+    memset(u, 0, sizeof *u);
+    sch_sched *s = r->s;
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+    pthread_mutex_lock(&s->mu);
+    while (r->out_len == 0 && r->fin == SCH_RUNNING) {
+        if (pthread_cond_timedwait(&r->cond, &s->mu, &dl) == ETIMEDOUT) break;
+    }
+    bool news = r->out_len > 0 || r->fin != SCH_RUNNING;
+    if (r->out_len > 0) {
+        /* Hand over the buffer itself; the scheduler starts a new one. */
+        u->text = r->out;
+        u->len = r->out_len;
+        r->out = NULL;
+        r->out_len = r->out_cap = 0;
+    }
+    u->fin = r->fin;
+    u->n_prompt = (int)r->n_prompt;
+    u->n_gen = r->n_gen;
+    memcpy(u->err, r->err, sizeof u->err);
+    pthread_mutex_unlock(&s->mu);
+    return news;
+}
+
+/* ---- text out ---------------------------------------------------------------------------------------- */
+
+static int sch_buf_append(char **buf, size_t *len, size_t *cap, const char *src, size_t n) {
+    if (*len + n + 1 > *cap) {
+        size_t nc = *cap ? *cap : 64;
+        while (nc < *len + n + 1) nc *= 2;
+        char *nb = realloc(*buf, nc);
+        if (!nb) return -1;
+        *buf = nb;
+        *cap = nc;
+    }
+    memcpy(*buf + *len, src, n);
+    *len += n;
+    (*buf)[*len] = 0;
+    return 0;
+}
+
+/* Length of the valid UTF-8 sequence at s[0..n), or 0 if the bytes there are not one (WHATWG decoder rules:
+ * no overlongs, no surrogates, nothing above U+10FFFF). *bad gets how many bytes one U+FFFD replaces (the
+ * maximal subpart), so the output equals what a browser or Python's errors='replace' would show. */
+static size_t sch_utf8_len(const unsigned char *s, size_t n, size_t *bad) {
+    unsigned char c = s[0];
+    size_t need;
+    unsigned char lo = 0x80, hi = 0xBF;
+    *bad = 1;
+    if (c < 0x80) return 1;
+    if (c >= 0xC2 && c <= 0xDF) need = 1;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        need = 2;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        need = 3;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+    } else {
+        return 0;
+    }
+    for (size_t i = 1; i <= need; i++) {
+        if (i >= n || s[i] < lo || s[i] > hi) {
+            *bad = i;
+            return 0;
+        }
+        lo = 0x80, hi = 0xBF;
+    }
+    return need + 1;
+}
+
+/* Appends text to the request's output as valid UTF-8: the API speaks JSON, which must be UTF-8, and a
+ * random-weight model can emit lone byte tokens. Called with the scheduler's mutex held. */
+static void sch_emit(sch_request *r, const char *text, size_t len) {
+    static const char repl[] = "\xEF\xBF\xBD";
+    const unsigned char *u = (const unsigned char *)text;
+    size_t i = 0, run = 0;
+    bool changed = false;
+    while (i < len) {
+        size_t bad, k = sch_utf8_len(u + i, len - i, &bad);
+        if (k) {
+            i += k;
+            continue;
+        }
+        changed = true;
+        if (i > run) sch_buf_append(&r->out, &r->out_len, &r->out_cap, text + run, i - run);
+        sch_buf_append(&r->out, &r->out_len, &r->out_cap, repl, 3);
+        i += bad;
+        run = i;
+    }
+    if (!changed) {
+        if (len) sch_buf_append(&r->out, &r->out_len, &r->out_cap, text, len);
+    } else if (len > run) {
+        sch_buf_append(&r->out, &r->out_len, &r->out_cap, text + run, len - run);
+    }
+    if (len) pthread_cond_signal(&r->cond);
+}
+
+/* New text from the detokenizer: emit what cannot be part of a stop string, hold back the rest. Returns
+ * true when a stop string matched (the text before it is emitted, the match and what follows are not). */
+static bool sch_text(sch_request *r, const char *text, size_t len) {
+    if (r->p.n_stop == 0) {
+        sch_emit(r, text, len);
+        return false;
+    }
+    if (len && sch_buf_append(&r->hold, &r->hold_len, &r->hold_cap, text, len) != 0) {
+        sch_emit(r, text, len); /* no memory to hold it back: better to show it than to lose it */
+        return false;
+    }
+    size_t first = (size_t)-1;
+    for (int i = 0; i < r->p.n_stop; i++) {
+        const char *m = memmem(r->hold, r->hold_len, r->p.stop[i], strlen(r->p.stop[i]));
+        if (m && (size_t)(m - r->hold) < first) first = (size_t)(m - r->hold);
+    }
+    if (first != (size_t)-1) {
+        sch_emit(r, r->hold, first);
+        r->hold_len = 0;
+        return true;
+    }
+    /* Keep the longest tail that is a proper prefix of some stop string: it may complete later. */
+    size_t keep = 0;
+    for (int i = 0; i < r->p.n_stop; i++) {
+        size_t sl = strlen(r->p.stop[i]);
+        for (size_t k = sl - 1 < r->hold_len ? sl - 1 : r->hold_len; k > keep; k--) {
+            if (memcmp(r->hold + r->hold_len - k, r->p.stop[i], k) == 0) {
+                keep = k;
+                break;
+            }
+        }
+    }
+    sch_emit(r, r->hold, r->hold_len - keep);
+    memmove(r->hold, r->hold + r->hold_len - keep, keep);
+    r->hold_len = keep;
+    return false;
+}
+
+/* ---- the scheduler thread ---------------------------------------------------------------------------- */
+
+/* Ends a request: frees its slot, wakes its waiter and drops the scheduler's reference. With `flush`, what
+ * the detokenizer and the stop matcher still hold is real output and goes out first (not after a stop
+ * string matched: what follows the match is never shown). Mutex held. */
+static void sch_finish_req(sch_sched *s, sch_request *r, sch_finish fin, const char *msg, bool flush) {
+    if (r->slot >= 0) {
+        if (flush) {
+            const char *text;
+            size_t len;
+            tok_stream_flush(&r->ts, &text, &len);
+            if (len) sch_buf_append(&r->hold, &r->hold_len, &r->hold_cap, text, len);
+            if (r->hold_len) sch_emit(r, r->hold, r->hold_len);
+        }
+        r->hold_len = 0;
+        tok_stream_free(&r->ts);
+        s->be.end(s->be.impl, r->slot);
+        s->slots[r->slot] = NULL;
+        s->n_active--;
+        r->slot = -1;
+    }
+    r->fin = fin;
+    if (msg) snprintf(r->err, sizeof r->err, "%s", msg);
+    s->m.finished[fin]++;
+    pthread_cond_broadcast(&r->cond);
+    /* Zero only when the submitter let go first (cancel, then release): nobody can be waiting on it. */
+    if (--r->refs == 0) sch_request_destroy(r);
+    if (s->n_active == 0 && s->n_queued == 0) pthread_cond_broadcast(&s->idle);
+}
+
+static void sch_reap(sch_sched *s) {
+    for (sch_request **pp = &s->q_head, *prev = NULL; *pp;) {
+        sch_request *r = *pp;
+        if (!r->cancelled) {
+            prev = r;
+            pp = &r->next;
+            continue;
+        }
+        *pp = r->next;
+        if (s->q_tail == r) s->q_tail = prev;
+        s->n_queued--;
+        r->next = NULL;
+        sch_finish_req(s, r, SCH_FIN_CANCELLED, NULL, false);
+    }
+    for (int i = 0; i < s->be.n_slots; i++) {
+        if (s->slots[i] && s->slots[i]->cancelled) sch_finish_req(s, s->slots[i], SCH_FIN_CANCELLED, NULL, false);
+    }
+}
+
+static void sch_admit(sch_sched *s) {
+    for (int i = 0; i < s->be.n_slots && s->q_head; i++) {
+        if (s->slots[i]) continue;
+        sch_request *r = s->q_head;
+        s->q_head = r->next;
+        if (!s->q_head) s->q_tail = NULL;
+        r->next = NULL;
+        s->n_queued--;
+        r->slot = i;
+        r->n_fed = 0;
+        tok_stream_init(&r->ts, s->tok, false);
+        s->slots[i] = r;
+        s->n_active++;
+    }
+}
+
+/* Handles a freshly sampled token. Mutex held. */
+static void sch_on_token(sch_sched *s, sch_request *r, int32_t id, double now) {
+    r->n_gen++;
+    s->m.gen_tokens++;
+    if (r->n_gen == 1) sch_hist_add(&s->m.ttft, now - r->t_arrival);
+    else sch_hist_add(&s->m.itl, now - r->t_last);
+    r->t_last = now;
+    r->last = id;
+    if (!r->p.ignore_eos && tok_is_eog(s->tok, id)) {
+        sch_finish_req(s, r, SCH_FIN_STOP, NULL, true);
+        return;
+    }
+    const char *text;
+    size_t len;
+    rl_err err;
+    if (tok_stream_push(&r->ts, id, &text, &len, &err) != 0) {
+        sch_finish_req(s, r, SCH_FIN_ERROR, err.msg, false);
+        return;
+    }
+    if (sch_text(r, text, len)) {
+        sch_finish_req(s, r, SCH_FIN_STOP, NULL, false);
+        return;
+    }
+    if (r->p.max_tokens > 0 && r->n_gen >= r->p.max_tokens) {
+        sch_finish_req(s, r, SCH_FIN_LENGTH, NULL, true);
+        return;
+    }
+    /* Fed so far: the prompt and every sampled token but this one; the next step feeds this one. */
+    if (r->n_prompt + (size_t)r->n_gen + 1 > s->be.n_ctx) sch_finish_req(s, r, SCH_FIN_LENGTH, NULL, true);
+}
+
+static void *sch_main(void *arg) {
+    sch_sched *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        sch_reap(s);
+        sch_admit(s);
+        if (s->n_active == 0) {
+            if (s->stopping && s->n_queued == 0) break;
+            pthread_cond_wait(&s->cond, &s->mu);
+            continue;
+        }
+        /* Decode tokens first (every generating sequence moves each step), then prompt chunks, oldest
+         * request first, within the step's prompt budget. */
+        int n = 0;
+        uint32_t budget = s->cfg.chunk;
+        for (int i = 0; i < s->be.n_slots; i++) {
+            sch_request *r = s->slots[i];
+            if (!r || r->n_fed < r->n_prompt) continue;
+            s->steps[n] = (sch_step){.slot = i, .n_tokens = 1, .tokens = &r->last, .sample = true};
+            s->step_req[n++] = r;
+        }
+        for (;;) {
+            sch_request *best = NULL;
+            for (int i = 0; i < s->be.n_slots; i++) {
+                sch_request *r = s->slots[i];
+                bool taken = false;
+                for (int k = 0; k < n && !taken; k++) taken = s->step_req[k] == r;
+                if (r && !taken && r->n_fed < r->n_prompt && (!best || r->t_arrival < best->t_arrival)) best = r;
+            }
+            if (!best || budget == 0) break;
+            size_t left = best->n_prompt - best->n_fed;
+            uint32_t k = left < budget ? (uint32_t)left : budget;
+            s->steps[n] = (sch_step){.slot = best->slot, .begin = best->n_fed == 0, .smp = &best->p.smp,
+                                     .n_tokens = k, .tokens = best->prompt + best->n_fed,
+                                     .sample = best->n_fed + k == best->n_prompt};
+            s->step_req[n++] = best;
+            budget -= k;
+        }
+        pthread_mutex_unlock(&s->mu);
+
+        /* The requests in this step stay in their slots while the mutex is released: only this thread
+         * removes them, and a cancel merely marks them. */
+        rl_err err = {{0}};
+        double t0 = sch_now();
+        int rc = s->be.step(s->be.impl, s->steps, n, &err);
+        double t1 = sch_now();
+        sch_node_stat nodes[SCH_MAX_NODES];
+        int n_nodes = s->be.nodes(s->be.impl, nodes, SCH_MAX_NODES);
+
+        pthread_mutex_lock(&s->mu);
+        s->m.steps++;
+        s->m.busy_s += t1 - t0;
+        sch_hist_add(&s->m.step_s, t1 - t0);
+        s->m.n_nodes = n_nodes;
+        memcpy(s->m.nodes, nodes, (size_t)n_nodes * sizeof *nodes);
+        for (int k = 0; k < n; k++) {
+            sch_request *r = s->step_req[k];
+            sch_step *sp = &s->steps[k];
+            if (rc != 0) {
+                sch_finish_req(s, r, SCH_FIN_ERROR, err.msg, false);
+                continue;
+            }
+            s->m.step_tokens += sp->n_tokens;
+            if (r->n_fed < r->n_prompt) {
+                r->n_fed += sp->n_tokens;
+                s->m.prompt_tokens += sp->n_tokens;
+            }
+            if (r->cancelled) continue; /* reaped at the top of the loop */
+            if (sp->sample) sch_on_token(s, r, sp->token, t1);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* ---- setup and control ------------------------------------------------------------------------------- */
+
+int sch_init(sch_sched *s, const sch_backend *be, const tok_tokenizer *tok, const sch_config *cfg, rl_err *err) {
+    memset(s, 0, sizeof *s);
+    s->be = *be;
+    s->tok = tok;
+    s->cfg = *cfg;
+    if (s->cfg.chunk < 1) s->cfg.chunk = 1;
+    if (s->cfg.queue_cap < 0) s->cfg.queue_cap = 0;
+    s->slots = calloc((size_t)be->n_slots, sizeof *s->slots);
+    /* A step holds at most one entry per slot. */
+    s->steps = calloc((size_t)be->n_slots, sizeof *s->steps);
+    s->step_req = calloc((size_t)be->n_slots, sizeof *s->step_req);
+    if (!s->slots || !s->steps || !s->step_req) {
+        free(s->slots);
+        free(s->steps);
+        free(s->step_req);
+        return rl_errf(err, "out of memory");
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cond, NULL);
+    pthread_cond_init(&s->idle, NULL);
+    static const double ttft_le[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+    static const double itl_le[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
+    sch_hist_init(&s->m.ttft, ttft_le, (int)(sizeof ttft_le / sizeof *ttft_le));
+    sch_hist_init(&s->m.itl, itl_le, (int)(sizeof itl_le / sizeof *itl_le));
+    sch_hist_init(&s->m.step_s, itl_le, (int)(sizeof itl_le / sizeof *itl_le));
+    s->m.n_slots = be->n_slots;
+    s->m.queue_cap = s->cfg.queue_cap;
+    s->m.backend = be->kind;
+    s->m.n_nodes = be->nodes(be->impl, s->m.nodes, SCH_MAX_NODES);
+    return 0;
+}
+
+int sch_start(sch_sched *s, rl_err *err) {
+    int rc = pthread_create(&s->thread, NULL, sch_main, s);
+    if (rc != 0) return rl_errf(err, "cannot start the scheduler thread: %s", strerror(rc));
+    s->started = true;
+    return 0;
+}
+
+void sch_close(sch_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    s->closed = true;
+    pthread_mutex_unlock(&s->mu);
+}
+
+bool sch_wait_idle(sch_sched *s, double timeout_s) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    double t = (double)dl.tv_sec + (double)dl.tv_nsec * 1e-9 + timeout_s;
+    dl.tv_sec = (time_t)t;
+    dl.tv_nsec = (long)((t - (double)dl.tv_sec) * 1e9);
+    pthread_mutex_lock(&s->mu);
+    while (s->n_active + s->n_queued > 0) {
+        if (pthread_cond_timedwait(&s->idle, &s->mu, &dl) == ETIMEDOUT) break;
+    }
+    bool idle = s->n_active + s->n_queued == 0;
+    pthread_mutex_unlock(&s->mu);
+    return idle;
+}
+
+void sch_cancel_all(sch_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    for (sch_request *r = s->q_head; r; r = r->next) r->cancelled = true;
+    for (int i = 0; i < s->be.n_slots; i++) {
+        if (s->slots[i]) s->slots[i]->cancelled = true;
+    }
+    pthread_cond_signal(&s->cond);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void sch_free(sch_sched *s) {
+    if (s->started) {
+        pthread_mutex_lock(&s->mu);
+        s->closed = s->stopping = true;
+        pthread_cond_signal(&s->cond);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+    }
+    if (s->be.free) s->be.free(s->be.impl);
+    pthread_cond_destroy(&s->cond);
+    pthread_cond_destroy(&s->idle);
+    pthread_mutex_destroy(&s->mu);
+    free(s->slots);
+    free(s->steps);
+    free(s->step_req);
+    memset(s, 0, sizeof *s);
+}
+
+sch_submit_rc sch_submit(sch_sched *s, sch_request *r, rl_err *err) {
+    if (r->n_prompt == 0) {
+        rl_errf(err, "the prompt is empty");
+        return SCH_BAD_PROMPT;
+    }
+    if (r->n_prompt >= s->be.n_ctx) {
+        rl_errf(err, "the prompt has %zu tokens but the context holds %u (and at least one must be generated)",
+                r->n_prompt, s->be.n_ctx);
+        return SCH_BAD_PROMPT;
+    }
+    for (size_t i = 0; i < r->n_prompt; i++) {
+        if (r->prompt[i] < 0 || (uint32_t)r->prompt[i] >= s->be.n_vocab) {
+            rl_errf(err, "token id %d at position %zu is outside the vocabulary of %u", r->prompt[i], i, s->be.n_vocab);
+            return SCH_BAD_PROMPT;
+        }
+    }
+    pthread_mutex_lock(&s->mu);
+    if (s->closed) {
+        pthread_mutex_unlock(&s->mu);
+        rl_errf(err, "the server is shutting down");
+        return SCH_CLOSED;
+    }
+    /* Full when every slot is taken and the queue too. Counting slots not yet claimed by the scheduler
+     * thread keeps the answer independent of how quickly it picks requests up. */
+    if (s->n_active + s->n_queued >= s->be.n_slots + s->cfg.queue_cap) {
+        pthread_mutex_unlock(&s->mu);
+        rl_errf(err, "all %d sequence slots are busy and %d requests are already waiting", s->be.n_slots,
+                s->n_queued);
+        return SCH_QUEUE_FULL;
+    }
+    r->s = s;
+    r->refs++;
+    r->t_arrival = sch_now();
+    if (s->q_tail) s->q_tail->next = r;
+    else s->q_head = r;
+    s->q_tail = r;
+    s->n_queued++;
+    pthread_cond_signal(&s->cond);
+    pthread_mutex_unlock(&s->mu);
+    return SCH_OK;
+}
+
+void sch_metrics_get(sch_sched *s, sch_metrics *m) {
+    pthread_mutex_lock(&s->mu);
+    *m = s->m;
+    m->active = s->n_active;
+    m->queued = s->n_queued;
+    pthread_mutex_unlock(&s->mu);
+}

@@ -1,0 +1,236 @@
+/* scheduler.h - continuous batching: many generation requests share one model, one forward pass per step.
+ *
+ * One scheduler thread owns the backend (the model). Requests arrive from any thread (sch_submit) into a
+ * bounded queue; the thread admits them into free slots (at most n_slots sequences at once, each with its
+ * own state of n_ctx tokens) and loops:
+ *
+ *   1. drop cancelled requests (a client that went away) and free their slots;
+ *   2. fill free slots from the queue, oldest first;
+ *   3. build ONE batch: a decode token for every sequence that is generating, plus prefill chunks of
+ *      sequences still reading their prompt (oldest first, at most `chunk` prompt tokens per step in all);
+ *   4. one backend step over that batch; every sequence that asked for it gets its next token;
+ *   5. per request: stop checks (end-of-generation token, stop strings, max_tokens, context full), text
+ *      through a UTF-8-safe streaming detokenizer, and the new text appended to the request where the
+ *      thread that submitted it waits for it (sch_request_wait).
+ *
+ * So a new request starts its prefill at the next step instead of waiting for others to finish, and
+ * running streams keep getting a token every step while it does.
+ *
+ * The scheduler knows nothing of HTTP: text in, text and a finish reason out. It knows nothing of where
+ * the model runs either: every forward pass goes through an sch_backend (below). sch_backend_local runs
+ * it on this machine with a k3_engine; a ring backend can take its place without touching this file. */
+#ifndef RINGLM_SCHEDULER_H
+#define RINGLM_SCHEDULER_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../base/err.h"
+#include "../model/k3_forward.h"
+#include "../text/sampler.h"
+#include "../text/tokenizer.h"
+
+/* ---- the backend contract ----------------------------------------------------------------------------
+ *
+ * A backend holds n_slots sequences, addressed by slot index, each able to hold n_ctx tokens, and the
+ * sampler of each (sampling happens where the logits are: on a ring that is the last stage, so the
+ * sampler travels with the sequence rather than living here).
+ *
+ * step(): runs one forward pass over n entries, each a distinct slot with >= 1 tokens. An entry with
+ * `begin` starts a fresh sequence in its slot (position 0, empty state) and a fresh sampler built from
+ * *smp; later entries of that slot continue where the previous one stopped. Every token given to a
+ * sequence also enters its sampler's penalty history, in order (the prompt counts, as in gen_run). An
+ * entry with `sample` gets the token sampled from the logits after its last token in `token`. Returns 0,
+ * or -1 with err set; after a failure the scheduler gives up the sequences of that batch (it ends them and
+ * fails their requests), so a backend need not roll anything back.
+ *
+ * end(): the sequence in `slot` is finished or abandoned; the slot's next entry will have `begin`.
+ * nodes(): what /health and /metrics show per node (fills up to max, returns the count).
+ *
+ * All three are called from the scheduler thread only, never concurrently. */
+typedef struct sch_step {
+    int slot;
+    bool begin;
+    const smp_params *smp; /* read when begin */
+    uint32_t n_tokens;
+    const int32_t *tokens;
+    bool sample;
+    int32_t token; /* out, when sample */
+} sch_step;
+
+typedef struct sch_node_stat {
+    char name[64];
+    char addr[128];        /* where it is ("local" for this process) */
+    uint32_t layer_a, layer_b;
+    bool up;
+    double compute_s;      /* seconds spent computing forward passes, in total */
+    uint64_t steps;        /* forward passes */
+} sch_node_stat;
+
+#define SCH_MAX_NODES 64
+
+typedef struct sch_backend {
+    void *impl;
+    int n_slots;
+    uint32_t n_ctx;
+    uint32_t n_vocab; /* token ids must be below this (checked at submit: one bad id would fail a batch) */
+    const char *kind; /* "local", later "ring" */
+    int (*step)(void *impl, sch_step *steps, int n, rl_err *err);
+    void (*end)(void *impl, int slot);
+    int (*nodes)(void *impl, sch_node_stat *out, int max);
+    void (*free)(void *impl);
+} sch_backend;
+
+/* The one-machine backend: n_slots states of n_ctx tokens each on a k3_engine for the whole model
+ * (allocated here, so an impossible --parallel x --ctx fails at start, not under load). The engine stays
+ * the caller's and must outlive the backend. */
+int sch_backend_local(sch_backend *be, k3_engine *e, int n_slots, uint32_t n_ctx, rl_err *err);
+
+/* ---- requests ---------------------------------------------------------------------------------------- */
+
+typedef enum sch_finish {
+    SCH_RUNNING = 0,
+    SCH_FIN_STOP,      /* end-of-generation token or a stop string */
+    SCH_FIN_LENGTH,    /* max_tokens reached or the context is full */
+    SCH_FIN_CANCELLED, /* sch_cancel, or cancelled at shutdown */
+    SCH_FIN_ERROR,     /* the backend failed; the message is in the request */
+} sch_finish;
+
+#define SCH_MAX_STOP 16
+
+typedef struct sch_params {
+    smp_params smp;
+    int max_tokens;          /* tokens to generate at most; <= 0: until the context is full */
+    bool ignore_eos;         /* keep going past end-of-generation tokens (they render as nothing) */
+    const char *stop[SCH_MAX_STOP]; /* stop strings (copied by sch_request_new); the match is not returned */
+    int n_stop;
+} sch_params;
+
+struct sch_sched;
+
+/* Shared between the thread that submits it and the scheduler thread; fields below "scheduler only" are
+ * touched by the scheduler thread alone, everything else under the scheduler's mutex. */
+typedef struct sch_request {
+    struct sch_sched *s;
+    int32_t *prompt;
+    size_t n_prompt;
+    sch_params p;            /* stop strings owned by the request */
+    double t_arrival;
+    pthread_cond_t cond;     /* signalled when out/fin change */
+    int refs;                /* the submitter's and, once submitted, the scheduler's */
+    bool cancelled;
+    sch_finish fin;
+    char err[256];
+    char *out;               /* text produced and not yet taken by sch_request_wait */
+    size_t out_len, out_cap;
+    int n_gen;               /* completion tokens so far */
+    struct sch_request *next;/* queue link */
+    /* scheduler only */
+    int slot;                /* -1 while queued */
+    size_t n_fed;            /* prompt tokens given to the backend so far */
+    int32_t last;            /* the last sampled token (fed at the next step) */
+    double t_last;           /* when the last token was sampled */
+    tok_stream ts;
+    char *hold;              /* text held back because it may be the start of a stop string */
+    size_t hold_len, hold_cap;
+} sch_request;
+
+/* What sch_request_wait hands over: new text (malloc'ed, NUL-terminated, NULL when none; free() it) and,
+ * once fin != SCH_RUNNING, the end. */
+typedef struct sch_update {
+    char *text;
+    size_t len;
+    sch_finish fin;
+    int n_prompt, n_gen;
+    char err[256];
+} sch_update;
+
+/* ---- the scheduler ----------------------------------------------------------------------------------- */
+
+typedef struct sch_config {
+    int queue_cap;  /* requests that may wait for a slot; more are refused (SCH_QUEUE_FULL) */
+    uint32_t chunk; /* prompt tokens per step, over all prefilling sequences */
+} sch_config;
+
+/* Histogram with fixed upper bounds (seconds), Prometheus-style cumulative on output. */
+#define SCH_HIST_MAX 16
+typedef struct sch_hist {
+    int n;                        /* bounds in use */
+    double le[SCH_HIST_MAX];
+    uint64_t count[SCH_HIST_MAX + 1]; /* per bucket, not cumulative; [n] = above the last bound */
+    double sum;
+    uint64_t total;
+} sch_hist;
+
+typedef struct sch_metrics {
+    uint64_t prompt_tokens, gen_tokens;  /* processed / sampled, in total */
+    uint64_t steps, step_tokens;         /* forward passes, and the tokens they carried */
+    uint64_t finished[SCH_FIN_ERROR + 1];/* requests by finish reason */
+    double busy_s;                       /* seconds inside backend steps */
+    int active, queued, n_slots, queue_cap;
+    sch_hist ttft, itl, step_s;
+    int n_nodes;
+    sch_node_stat nodes[SCH_MAX_NODES];
+    const char *backend;
+} sch_metrics;
+
+typedef struct sch_sched {
+    sch_backend be;
+    const tok_tokenizer *tok;
+    sch_config cfg;
+    pthread_mutex_t mu;
+    pthread_cond_t cond;       /* wakes the scheduler thread: a new request, a cancel, stop */
+    pthread_cond_t idle;       /* signalled when nothing is active or queued */
+    pthread_t thread;
+    bool started, closed, stopping;
+    sch_request *q_head, *q_tail;
+    int n_queued, n_active;
+    sch_request **slots;       /* [n_slots] */
+    sch_metrics m;
+    /* step scratch (scheduler thread only) */
+    sch_step *steps;
+    sch_request **step_req;
+} sch_sched;
+
+/* Takes over the backend (sch_free frees it). tok must outlive the scheduler. */
+int sch_init(sch_sched *s, const sch_backend *be, const tok_tokenizer *tok, const sch_config *cfg, rl_err *err);
+int sch_start(sch_sched *s, rl_err *err);
+/* Refuses new requests from now on (sch_submit returns SCH_CLOSED); running ones go on. */
+void sch_close(sch_sched *s);
+/* Waits until nothing is active or queued, at most timeout_s; returns true when idle. */
+bool sch_wait_idle(sch_sched *s, double timeout_s);
+/* Cancels everything queued or running. */
+void sch_cancel_all(sch_sched *s);
+/* Stops the thread once nothing is running (call sch_close and sch_cancel_all first to make that soon),
+ * then frees everything, the backend too. Every submitted request must have been released before: they
+ * wait on the scheduler's mutex. */
+void sch_free(sch_sched *s);
+
+/* A request for the given prompt (copied) and parameters (stop strings copied). NULL on no memory. */
+sch_request *sch_request_new(const int32_t *prompt, size_t n_prompt, const sch_params *p, rl_err *err);
+
+typedef enum sch_submit_rc { SCH_OK = 0, SCH_QUEUE_FULL, SCH_CLOSED, SCH_BAD_PROMPT } sch_submit_rc;
+/* Queues the request. SCH_BAD_PROMPT: empty, a token id outside the vocabulary, or no room left in the
+ * context to generate (err says which).
+ * On anything but SCH_OK the request was not taken; the caller still releases it. */
+sch_submit_rc sch_submit(sch_sched *s, sch_request *r, rl_err *err);
+
+/* Waits up to timeout_ms for new text or the end; returns true when *u holds something new (text, or
+ * u->fin set), false on timeout. After fin is reported, further calls report it again at once. */
+bool sch_request_wait(sch_request *r, int timeout_ms, sch_update *u);
+/* The submitter no longer wants the result: the scheduler drops it at its next step. */
+void sch_cancel(sch_request *r);
+/* Drops the caller's reference (before or after submit); the last one frees the request. */
+void sch_request_release(sch_request *r);
+
+/* A consistent copy of the counters (any thread). */
+void sch_metrics_get(sch_sched *s, sch_metrics *m);
+
+const char *sch_finish_name(sch_finish f); /* "stop", "length", "cancelled", "error" */
+
+/* Seconds on a monotonic clock. */
+double sch_now(void);
+
+#endif

@@ -1,0 +1,293 @@
+#!/usr/bin/env bash
+# ringlm serve end to end, over 127.0.0.1 with curl: response shapes and token counts, greedy output equal
+# to `ringlm run`, streaming (SSE), seeds, stop strings, continuous batching (concurrent streams equal their
+# sequential results), a client hanging up frees its slot, queue full -> 429, every error case, /metrics,
+# /health, the chat page, and SIGTERM (drains, exits 0).
+. "$(dirname "$0")/lib.sh"
+f=$(model full-f32 k3-full f32)
+MODEL_ID=$(basename "$f")
+CT=(--max-time 60 -s)   # every curl is bounded
+declare -A SRV_PID SRV_URL
+stop_all() { for k in "${!SRV_PID[@]}"; do kill -9 "${SRV_PID[$k]}" 2>/dev/null || true; done; }
+trap 'stop_all; [ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"' EXIT
+
+# start NAME [serve options]: starts a server on a free port (--port 0; it prints the port), waits for /health.
+start() {
+    local name=$1; shift
+    "$RINGLM" serve -m "$f" --port 0 --threads 1 "$@" 2>"$WORK/$name.log" &
+    SRV_PID[$name]=$!
+    for _ in $(seq 600); do
+        local url; url=$(grep -so 'http://127\.0\.0\.1:[0-9]*' "$WORK/$name.log" | head -1 || true)
+        if [ -n "$url" ] && curl -s --max-time 2 -o /dev/null "$url/health"; then SRV_URL[$name]=$url; return 0; fi
+        kill -0 "${SRV_PID[$name]}" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "server $name did not start:"; cat "$WORK/$name.log"; exit 1
+}
+
+# A small JSON/SSE checker: py FILE 'python expression over d (the JSON) or raw (the bytes)'.
+cat >"$WORK/check.py" <<'EOF'
+import json, os, sys
+W = os.path.dirname(os.path.abspath(__file__))
+def load(name):
+    """A JSON file in the work folder (expected texts are kept as JSON strings in NAME.exp)."""
+    return json.load(open(os.path.join(W, name), encoding="utf-8"))
+def sse(raw):
+    """Parses an SSE body: returns the decoded chunks; asserts the framing and the final [DONE]."""
+    text = raw.decode()
+    assert text.endswith("data: [DONE]\n\n"), "stream does not end with data: [DONE]"
+    events = text.split("\n\n")[:-1]
+    assert all(e.startswith("data: ") for e in events), "an event without data:"
+    return [json.loads(e[6:]) for e in events[:-1]]
+def content(chunks, chat=True):
+    out = ""
+    for c in chunks:
+        for ch in c["choices"]:
+            out += (ch["delta"].get("content") or "") if chat else ch["text"]
+    return out
+def is_error(d):
+    e = d["error"]
+    return set(e) == {"message", "type", "param", "code"} and isinstance(e["message"], str) and e["message"] \
+        and isinstance(e["type"], str)
+raw = open(sys.argv[1], "rb").read()
+try:
+    d = json.loads(raw)
+except ValueError:
+    d = None
+ok = eval(sys.argv[2])
+if not ok:
+    print("check failed:", sys.argv[2], "\n  on:", raw[:600])
+    sys.exit(1)
+EOF
+py() { python3 "$WORK/check.py" "$@"; }
+# post NAME PATH JSON [curl args]: body to $WORK/NAME.json, status to $WORK/NAME.code
+post() {
+    local name=$1 path=$2 body=$3; shift 3
+    curl "${CT[@]}" -o "$WORK/$name.json" -w '%{http_code}' -H 'Content-Type: application/json' \
+        --data-binary "$body" "$@" "$URL$path" >"$WORK/$name.code" || true
+}
+code_is() { test "$(cat "$WORK/$1.code")" = "$2"; }
+# run_text NAME ARGS: the text `ringlm run` prints, as the API shows it (invalid UTF-8 replaced the
+# WHATWG/Python way), as a JSON string in $WORK/NAME.exp.
+run_text() { local name=$1; shift
+             "$RINGLM" run -m "$f" --temp 0 --ignore-eos --threads 1 "$@" 2>/dev/null |
+             python3 -c 'import sys, json; json.dump(sys.stdin.buffer.read().decode("utf-8", "replace"), sys.stdout)' >"$WORK/$name.exp"; }
+metric() { curl "${CT[@]}" "$URL/metrics" | awk -v k="$1" '$1 == k { print $2 }'; }
+
+start main
+URL=${SRV_URL[main]}
+
+# ---- shapes, usage, and equality with ringlm run ---------------------------------------------------------
+P="The quick brown fox"
+post cmpl /v1/completions "{\"model\":\"$MODEL_ID\",\"prompt\":\"$P\",\"max_tokens\":24,\"temperature\":0,\"ignore_eos\":true}"
+check "completion: 200" code_is cmpl 200
+n_prompt=$("$RINGLM" tokenize -m "$f" "$P" | tr ',' '\n' | grep -c .)
+check "completion: shape" py "$WORK/cmpl.json" "d['object'] == 'text_completion' and d['id'].startswith('cmpl-') and \
+    isinstance(d['created'], int) and d['model'] == '$MODEL_ID' and len(d['choices']) == 1 and \
+    d['choices'][0]['index'] == 0 and isinstance(d['choices'][0]['text'], str) and d['choices'][0]['finish_reason'] == 'length'"
+check "completion: usage = real token counts ($n_prompt + 24)" py "$WORK/cmpl.json" \
+    "d['usage'] == {'prompt_tokens': $n_prompt, 'completion_tokens': 24, 'total_tokens': $n_prompt + 24}"
+run_text want -p "$P" -n 24
+want="load('want.exp')"
+check "completion: temperature 0 text = ringlm run's" py "$WORK/cmpl.json" "d['choices'][0]['text'] == $want"
+
+Q="What is two plus two?"
+post chat /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"$Q\"}],\"max_completion_tokens\":20,\"temperature\":0,\"ignore_eos\":true}"
+"$RINGLM" run -m "$f" -p "$Q" --chat -n 20 --temp 0 --ignore-eos --threads 1 --metrics-json "$WORK/chat_run.json" >/dev/null 2>&1
+chat_prompt=$(python3 -c "import json; print(json.load(open('$WORK/chat_run.json'))['prompt_tokens'])")
+check "chat: 200" code_is chat 200
+check "chat: shape" py "$WORK/chat.json" "d['object'] == 'chat.completion' and d['id'].startswith('chatcmpl-') and \
+    d['model'] == '$MODEL_ID' and d['choices'][0]['message']['role'] == 'assistant' and \
+    isinstance(d['choices'][0]['message']['content'], str) and d['choices'][0]['finish_reason'] == 'length'"
+check "chat: usage = real token counts ($chat_prompt + 20)" py "$WORK/chat.json" \
+    "d['usage'] == {'prompt_tokens': $chat_prompt, 'completion_tokens': 20, 'total_tokens': $chat_prompt + 20}"
+run_text want_chat -p "$Q" --chat -n 20
+want_chat="load('want_chat.exp')"
+check "chat: temperature 0 text = ringlm run --chat's" py "$WORK/chat.json" "d['choices'][0]['message']['content'] == $want_chat"
+post chat_parts /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"What is two \"},{\"type\":\"text\",\"text\":\"plus two?\"}]}],\"max_tokens\":20,\"temperature\":0,\"ignore_eos\":true}"
+check "chat: content as text parts = the same text" py "$WORK/chat_parts.json" "d['choices'][0]['message']['content'] == $want_chat"
+
+# ---- streaming -------------------------------------------------------------------------------------------
+post chat_sse /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"$Q\"}],\"max_tokens\":20,\"temperature\":0,\"ignore_eos\":true,\"stream\":true,\"stream_options\":{\"include_usage\":true}}" -N
+check "chat stream: 200" code_is chat_sse 200
+check "chat stream: SSE chunks, ends with [DONE]" py "$WORK/chat_sse.json" "len(sse(raw)) >= 3"
+check "chat stream: first delta has the role, chunks are chat.completion.chunk" py "$WORK/chat_sse.json" \
+    "sse(raw)[0]['choices'][0]['delta']['role'] == 'assistant' and all(c['object'] == 'chat.completion.chunk' for c in sse(raw))"
+check "chat stream: text = the non-streamed text" py "$WORK/chat_sse.json" "content(sse(raw)) == $want_chat"
+check "chat stream: finish_reason, then a usage chunk" py "$WORK/chat_sse.json" \
+    "sse(raw)[-2]['choices'][0]['finish_reason'] == 'length' and sse(raw)[-1]['choices'] == [] and \
+     sse(raw)[-1]['usage'] == {'prompt_tokens': $chat_prompt, 'completion_tokens': 20, 'total_tokens': $chat_prompt + 20}"
+post cmpl_sse /v1/completions "{\"prompt\":\"$P\",\"max_tokens\":24,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}" -N
+check "completion stream: text = ringlm run's, no usage chunk unless asked" py "$WORK/cmpl_sse.json" \
+    "content(sse(raw), False) == $want and sse(raw)[-1]['choices'][0]['finish_reason'] == 'length' and \
+     all('usage' not in c for c in sse(raw))"
+
+# ---- sampling --------------------------------------------------------------------------------------------
+seeded() { post "seed$1_$2" /v1/completions "{\"prompt\":\"Once upon a time\",\"max_tokens\":24,\"temperature\":1,\"seed\":$1,\"ignore_eos\":true}"
+           python3 -c "import json; print(json.dumps(json.load(open('$WORK/seed$1_$2.json'))['choices'][0]['text']))"; }
+a=$(seeded 7 a); b=$(seeded 7 b); c=$(seeded 8 c)
+check "seed: same seed at temperature 1, same text" test "$a" = "$b"
+check "seed: another seed, another text" test "$a" != "$c"
+
+# ---- stop strings ----------------------------------------------------------------------------------------
+# A stop string taken from inside the greedy text: the reply is the text before its first occurrence.
+stop=$(python3 -c "
+import json, re; t = json.load(open('$WORK/want.exp'))
+m = [x for x in re.finditer(r'[A-Za-z]{2,}', t) if x.start() > 0]
+print(m[len(m) // 2].group(0) if m else '')")
+if [ -n "$stop" ]; then
+    python3 -c "import json; t = json.load(open('$WORK/want.exp')); json.dump(t[:t.find('$stop')], open('$WORK/stop.exp', 'w'))"
+    exp="load('stop.exp')"
+    post stop1 /v1/completions "{\"prompt\":\"$P\",\"max_tokens\":24,\"temperature\":0,\"stop\":\"$stop\"}"
+    check "stop string '$stop': text before it, finish_reason stop" py "$WORK/stop1.json" \
+        "d['choices'][0]['text'] == $exp and d['choices'][0]['finish_reason'] == 'stop'"
+    post stop2 /v1/completions "{\"prompt\":\"$P\",\"max_tokens\":24,\"temperature\":0,\"stop\":[\"zzzzqq\",\"$stop\"],\"stream\":true}" -N
+    check "stop strings (array, streamed): the same" py "$WORK/stop2.json" \
+        "content(sse(raw), False) == $exp and sse(raw)[-1]['choices'][0]['finish_reason'] == 'stop'"
+else
+    check "greedy text has a word to stop at" false
+fi
+post stop3 /v1/completions "{\"prompt\":\"$P\",\"max_tokens\":24,\"temperature\":0,\"ignore_eos\":true,\"stop\":[\"never in this text\"]}"
+check "stop string that never occurs: full text" py "$WORK/stop3.json" "d['choices'][0]['text'] == $want"
+
+# ---- continuous batching: 4 concurrent streams each equal their sequential result -------------------------
+prompts=("The quick brown fox" "Once upon a time" "In the beginning" "Hello world, this is a longer prompt for the test")
+for i in 0 1 2 3; do
+    post "seq$i" /v1/completions "{\"prompt\":\"${prompts[$i]}\",\"max_tokens\":32,\"temperature\":0,\"ignore_eos\":true}"
+done
+steps0=$(metric ringlm_steps_total); gen0=$(metric ringlm_generated_tokens_total)
+pids=()
+for i in 0 1 2 3; do
+    post "par$i" /v1/completions "{\"prompt\":\"${prompts[$i]}\",\"max_tokens\":32,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}" -N &
+    pids+=($!)
+done
+wait "${pids[@]}"
+for i in 0 1 2 3; do
+    check "concurrent stream $i = its sequential result" py "$WORK/par$i.json" \
+        "content(sse(raw), False) == load('seq$i.json')['choices'][0]['text']"
+done
+steps1=$(metric ringlm_steps_total); gen1=$(metric ringlm_generated_tokens_total)
+check "the 4 streams shared steps ($((steps1 - steps0)) steps for $((gen1 - gen0)) tokens)" \
+    test $((steps1 - steps0)) -lt $((gen1 - gen0))
+
+# ---- a client that hangs up frees its slot ---------------------------------------------------------------
+start small --parallel 2 --queue 0
+URL=${SRV_URL[small]}
+long='{"prompt":"x","max_tokens":100000,"temperature":0,"ignore_eos":true,"stream":true}'
+# until_metric NAME VALUE: waits (10 s at most) for a gauge to read VALUE.
+until_metric() { for _ in $(seq 200); do [ "$(metric "$1")" = "$2" ] && return 0; sleep 0.05; done; return 1; }
+pids=()
+for i in 1 2; do
+    curl -s -N --max-time 60 -o /dev/null -H 'Content-Type: application/json' --data-binary "$long" "$URL/v1/completions" &
+    pids+=($!)
+done
+check "two long streams hold both slots" until_metric ringlm_sequences_active 2
+post busy /v1/completions '{"prompt":"x","max_tokens":4}'
+check "a third request meanwhile: 429 (no queue)" code_is busy 429
+kill "${pids[@]}"   # the clients hang up mid-stream
+wait "${pids[@]}" || true
+freed=0
+for _ in $(seq 100); do [ "$(metric ringlm_sequences_active)" = 0 ] && { freed=1; break; }; sleep 0.1; done
+check "clients hung up: slots freed" test $freed = 1
+check "hung-up requests counted as cancelled" test "$(curl "${CT[@]}" "$URL/metrics" | awk '/^ringlm_requests_finished_total\{reason="cancelled"\}/ { print $2 }')" = 2
+pids=()
+for i in 1 2; do post "after$i" /v1/completions '{"prompt":"x","max_tokens":8,"ignore_eos":true}' & pids+=($!); done
+wait "${pids[@]}"
+check "then 2 (--parallel) requests run" bash -c "grep -qx 200 '$WORK/after1.code' && grep -qx 200 '$WORK/after2.code'"
+check "... and complete" py "$WORK/after2.json" "d['usage']['completion_tokens'] == 8"
+
+# ---- queue full: --parallel 1 --queue 1 ------------------------------------------------------------------
+start q1 --parallel 1 --queue 1
+URL=${SRV_URL[q1]}
+pids=()
+for i in 1 2; do
+    curl -s -N --max-time 60 -o /dev/null -H 'Content-Type: application/json' --data-binary "$long" "$URL/v1/completions" &
+    pids+=($!)
+    until_metric ringlm_sequences_queued $((i - 1)) && until_metric ringlm_sequences_active 1 || true
+done
+check "queue: 1 running, 1 waiting" test "$(metric ringlm_sequences_active) $(metric ringlm_sequences_queued)" = "1 1"
+post full /v1/completions '{"prompt":"x","max_tokens":4}'
+check "queue full: 429" code_is full 429
+check "queue full: OpenAI error body" py "$WORK/full.json" "is_error(d) and d['error']['code'] == 'queue_full'"
+kill "${pids[@]}"
+wait "${pids[@]}" || true
+check "queue: the waiting request was dropped when its client left" until_metric ringlm_sequences_queued 0
+
+# ---- errors: status and OpenAI's error shape --------------------------------------------------------------
+start auth --api-key sekrit --ctx 64 --max-body 65536
+URL=${SRV_URL[auth]}
+K=(-H 'Authorization: Bearer sekrit')
+err_case() { # DESC STATUS PARAM-or-"" NAME PATH BODY [curl args]
+    local desc=$1 status=$2 param=$3 name=$4 path=$5 body=$6; shift 6
+    post "$name" "$path" "$body" "$@"
+    local pexpr="True"; [ -n "$param" ] && pexpr="d['error']['param'] == '$param'"
+    check "$desc -> $status" bash -c "test \"\$(cat '$WORK/$name.code')\" = $status && python3 '$WORK/check.py' '$WORK/$name.json' \"is_error(d) and $pexpr\""
+}
+err_case "no API key" 401 "" e_nokey /v1/completions '{"prompt":"hi"}'
+err_case "wrong API key" 401 "" e_badkey /v1/completions '{"prompt":"hi"}' -H 'Authorization: Bearer nope'
+post e_goodkey /v1/completions '{"prompt":"hi","max_tokens":2}' "${K[@]}"
+check "right API key -> 200" code_is e_goodkey 200
+err_case "malformed JSON" 400 "" e_json /v1/completions '{"prompt": "hi",' "${K[@]}"
+err_case "body not an object" 400 "" e_arr /v1/completions '[1,2]' "${K[@]}"
+err_case "missing prompt" 400 prompt e_noprompt /v1/completions '{"max_tokens":2}' "${K[@]}"
+err_case "missing messages" 400 messages e_nomsgs /v1/chat/completions '{"max_tokens":2}' "${K[@]}"
+err_case "messages not an array" 400 messages e_msgtype /v1/chat/completions '{"messages":"hi"}' "${K[@]}"
+err_case "message without role" 400 "messages[0].role" e_role /v1/chat/completions '{"messages":[{"content":"hi"}]}' "${K[@]}"
+err_case "temperature mistyped" 400 temperature e_temp /v1/completions '{"prompt":"hi","temperature":"hot"}' "${K[@]}"
+err_case "max_tokens mistyped" 400 max_tokens e_max /v1/completions '{"prompt":"hi","max_tokens":1.5}' "${K[@]}"
+err_case "stream mistyped" 400 stream e_stream /v1/completions '{"prompt":"hi","stream":"yes"}' "${K[@]}"
+err_case "stop mistyped" 400 stop e_stop /v1/completions '{"prompt":"hi","stop":[1]}' "${K[@]}"
+err_case "top_p out of range" 400 top_p e_topp /v1/completions '{"prompt":"hi","top_p":3}' "${K[@]}"
+err_case "unknown model" 400 model e_model /v1/completions '{"prompt":"hi","model":"gpt-4"}' "${K[@]}"
+check "unknown model: code model_not_found" py "$WORK/e_model.json" "d['error']['code'] == 'model_not_found'"
+err_case "prompt longer than the context" 400 prompt e_ctx /v1/completions \
+    "{\"prompt\":\"$(printf 'word %.0s' $(seq 100))\"}" "${K[@]}"
+check "prompt too long: code context_length_exceeded" py "$WORK/e_ctx.json" "d['error']['code'] == 'context_length_exceeded'"
+err_case "chat prompt longer than the context" 400 messages e_ctx2 /v1/chat/completions \
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"$(printf 'word %.0s' $(seq 100))\"}]}" "${K[@]}"
+python3 -c "import json; print(json.dumps({'prompt': 'a' * 70000}))" >"$WORK/big.json"
+err_case "body over the limit" 413 "" e_big /v1/completions "@$WORK/big.json" "${K[@]}"
+err_case "unknown path" 404 "" e_404 /v1/nothing '{}' "${K[@]}"
+curl "${CT[@]}" -o "$WORK/e_405.json" -w '%{http_code}' "${K[@]}" "$URL/v1/completions" >"$WORK/e_405.code" || true
+check "GET on a POST endpoint -> 405" bash -c "test \"\$(cat '$WORK/e_405.code')\" = 405 && python3 '$WORK/check.py' '$WORK/e_405.json' 'is_error(d)'"
+err_case "POST on /health" 405 "" e_405b /health '{}'
+check "/health needs no key" curl "${CT[@]}" -f "$URL/health"
+check "the completion length is bounded by the context" bash -c "
+    curl -s --max-time 60 -H 'Authorization: Bearer sekrit' --data-binary '{\"prompt\":\"hi\",\"max_tokens\":1000,\"ignore_eos\":true}' '$URL/v1/completions' >'$WORK/ctxfull.json' &&
+    python3 '$WORK/check.py' '$WORK/ctxfull.json' \"d['choices'][0]['finish_reason'] == 'length' and d['usage']['total_tokens'] == 64\""
+
+# ---- health, models, metrics, page -----------------------------------------------------------------------
+URL=${SRV_URL[main]}
+curl "${CT[@]}" "$URL/health" >"$WORK/health.json"
+check "/health: ok with one local node" py "$WORK/health.json" \
+    "d['status'] == 'ok' and len(d['nodes']) == 1 and d['nodes'][0]['status'] == 'up'"
+curl "${CT[@]}" "$URL/v1/models" >"$WORK/models.json"
+check "/v1/models lists the model" py "$WORK/models.json" "d['object'] == 'list' and [m['id'] for m in d['data']] == ['$MODEL_ID']"
+curl "${CT[@]}" "$URL/metrics" >"$WORK/metrics.txt"
+for fam in ringlm_http_requests_total ringlm_prompt_tokens_total ringlm_generated_tokens_total \
+           ringlm_time_to_first_token_seconds ringlm_inter_token_latency_seconds ringlm_sequences_active \
+           ringlm_sequences_queued ringlm_stage_compute_seconds_total ringlm_nodes_up ringlm_nodes_down; do
+    check "/metrics has $fam" grep -q "^# TYPE $fam " "$WORK/metrics.txt"
+done
+check "/metrics: completions counted by status" grep -q '^ringlm_http_requests_total{endpoint="/v1/completions",status="200"} [1-9]' "$WORK/metrics.txt"
+check "/metrics: histogram buckets end with +Inf" grep -q '^ringlm_time_to_first_token_seconds_bucket{le="+Inf"} [1-9]' "$WORK/metrics.txt"
+check "/metrics: 1 node up" grep -qx 'ringlm_nodes_up 1' "$WORK/metrics.txt"
+curl "${CT[@]}" "$URL/" >"$WORK/page.html"
+check "GET / is the chat page" grep -q "/v1/chat/completions" "$WORK/page.html"
+
+# ---- SIGTERM: running requests finish, then exit 0 ---------------------------------------------------------
+post drain /v1/completions '{"prompt":"x","max_tokens":200,"temperature":0,"ignore_eos":true,"stream":true}' -N &
+cpid=$!
+for _ in $(seq 100); do [ -s "$WORK/drain.json" ] && break; sleep 0.05; done   # in flight: its first chunk is here
+kill -TERM "${SRV_PID[main]}"
+rc=0; wait "${SRV_PID[main]}" || rc=$?
+unset 'SRV_PID[main]'
+wait $cpid || true
+check "SIGTERM: exit 0" test $rc = 0
+check "SIGTERM: the running stream finished first" py "$WORK/drain.json" \
+    "sse(raw)[-1]['choices'][0]['finish_reason'] == 'length' and len(content(sse(raw), False)) > 0"
+for k in small q1 auth; do
+    kill -INT "${SRV_PID[$k]}"; rc=0; wait "${SRV_PID[$k]}" || rc=$?; unset "SRV_PID[$k]"
+    check "SIGINT ($k): exit 0" test $rc = 0
+done
+finish

@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# ringlm serve with real clients, over 127.0.0.1:
+#   - the official `openai` npm package (v4) on Node: models, chat and completions, streamed and not, an
+#     error mapped to its exception type; results equal what curl gets;
+#   - the chat page in headless chromium, driven over the DevTools protocol (--remote-debugging-pipe, no
+#     extra packages): /?prompt=...&autosend=1 sends a message, the streamed reply must appear in the page
+#     chunk by chunk and equal the API's answer to the same request; a screenshot is taken.
+# The openai package is installed into build/npm-openai once (npm registry); chromium comes from
+# scripts/install-deps.sh. Either missing and not installable: the part is reported as skipped.
+. "$(dirname "$0")/lib.sh"
+f=$(model full-f32 k3-full f32)
+MODEL_ID=$(basename "$f")
+declare -A SRV_PID SRV_URL
+stop_all() { for k in "${!SRV_PID[@]}"; do kill -9 "${SRV_PID[$k]}" 2>/dev/null || true; done; }
+trap 'stop_all; rm -rf "$WORK"' EXIT
+
+start() {
+    local name=$1; shift
+    "$RINGLM" serve -m "$f" --port 0 --threads 1 "$@" 2>"$WORK/$name.log" &
+    SRV_PID[$name]=$!
+    for _ in $(seq 600); do
+        local url; url=$(grep -so 'http://127\.0\.0\.1:[0-9]*' "$WORK/$name.log" | head -1 || true)
+        if [ -n "$url" ] && curl -s --max-time 2 -o /dev/null "$url/health"; then SRV_URL[$name]=$url; return 0; fi
+        kill -0 "${SRV_PID[$name]}" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "server $name did not start:"; cat "$WORK/$name.log"; exit 1
+}
+# api NAME URL JSON [curl args]: the response body's JSON
+api() { curl -s --max-time 60 -H 'Content-Type: application/json' --data-binary "$3" "${@:4}" "$2" >"$WORK/$1.json"; }
+jget() { python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print(json.dumps(eval(sys.argv[2])))" "$WORK/$1.json" "$2"; }
+
+# ---- the openai npm package ---------------------------------------------------------------------------
+NPM_DIR=$ROOT/build/npm-openai
+have_openai=1
+if [ ! -f "$NPM_DIR/node_modules/openai/package.json" ]; then
+    mkdir -p "$NPM_DIR"
+    ( flock 9; cd "$NPM_DIR" && [ -f node_modules/openai/package.json ] ||
+        timeout 300 npm install --no-audit --no-fund --no-save --loglevel=error openai@4 >"$WORK/npm.log" 2>&1 ) 9>"$NPM_DIR/.lock" ||
+        have_openai=0
+fi
+if [ $have_openai = 0 ]; then
+    echo "ok - skipped: the openai npm package cannot be installed here:"; sed 's/^/    /' "$WORK/npm.log" | tail -5
+else
+    start key --api-key sekrit
+    URL=${SRV_URL[key]}
+    cat >"$WORK/sdk.js" <<'EOF'
+// Uses the official client the way an application would; prints what it got as JSON.
+const OpenAI = require('openai');
+const [url, model] = process.argv.slice(2);
+const client = new OpenAI({ baseURL: url + '/v1', apiKey: 'sekrit', maxRetries: 0, timeout: 60000 });
+const chatReq = { model, messages: [{ role: 'user', content: 'What is two plus two?' }], max_tokens: 16,
+                  temperature: 0, ignore_eos: true };
+const cmplReq = { model, prompt: 'The quick brown fox', max_tokens: 16, temperature: 0, ignore_eos: true };
+(async () => {
+  const pkg = require('path').join(require('path').dirname(require.resolve('openai')), 'package.json');
+  const out = { version: JSON.parse(require('fs').readFileSync(pkg, 'utf8')).version };
+  out.models = (await client.models.list()).data.map((m) => m.id);
+  const chat = await client.chat.completions.create(chatReq);
+  out.chat = chat.choices[0].message.content;
+  out.chat_finish = chat.choices[0].finish_reason;
+  out.chat_usage = chat.usage;
+  const stream = await client.chat.completions.create({ ...chatReq, stream: true, stream_options: { include_usage: true } });
+  out.chat_stream = '';
+  out.chat_stream_chunks = 0;
+  for await (const chunk of stream) {
+    if (chunk.usage) out.chat_stream_usage = chunk.usage;
+    const c = chunk.choices[0];
+    if (c && c.delta.content) { out.chat_stream += c.delta.content; out.chat_stream_chunks++; }
+    if (c && c.finish_reason) out.chat_stream_finish = c.finish_reason;
+  }
+  const cmpl = await client.completions.create(cmplReq);
+  out.cmpl = cmpl.choices[0].text;
+  out.cmpl_usage = cmpl.usage;
+  const cstream = await client.completions.create({ ...cmplReq, stream: true });
+  out.cmpl_stream = '';
+  for await (const chunk of cstream) out.cmpl_stream += chunk.choices[0].text;
+  try {
+    await client.completions.create({ ...cmplReq, model: 'no-such-model' });
+  } catch (e) {
+    out.bad_model = { cls: e.constructor.name, status: e.status, code: e.code, param: e.param };
+  }
+  try {
+    await new OpenAI({ baseURL: url + '/v1', apiKey: 'wrong', maxRetries: 0 }).models.list();
+  } catch (e) {
+    out.bad_key = { cls: e.constructor.name, status: e.status };
+  }
+  console.log(JSON.stringify(out));
+})().catch((e) => { console.error(e); process.exit(1); });
+EOF
+    check "openai SDK: runs against the server" env NODE_PATH="$NPM_DIR/node_modules" timeout 120 node "$WORK/sdk.js" "$URL" "$MODEL_ID"
+    cp "$WORK/out" "$WORK/sdk.json"
+    api chat "$URL/v1/chat/completions" '{"messages":[{"role":"user","content":"What is two plus two?"}],"max_tokens":16,"temperature":0,"ignore_eos":true}' -H 'Authorization: Bearer sekrit'
+    api cmpl "$URL/v1/completions" '{"prompt":"The quick brown fox","max_tokens":16,"temperature":0,"ignore_eos":true}' -H 'Authorization: Bearer sekrit'
+    sdk() { jget sdk "$1"; }
+    echo "    (openai $(sdk "d['version']"))"
+    check "openai SDK: models.list" test "$(sdk "d['models']")" = "[\"$MODEL_ID\"]"
+    check "openai SDK: chat = curl's" test "$(sdk "d['chat']")" = "$(jget chat "d['choices'][0]['message']['content']")"
+    check "openai SDK: chat usage = curl's" test "$(sdk "d['chat_usage']")" = "$(jget chat "d['usage']")"
+    check "openai SDK: streamed chat = non-streamed" test "$(sdk "d['chat_stream']")" = "$(sdk "d['chat']")"
+    check "openai SDK: streamed chat came in several chunks" test "$(sdk "d['chat_stream_chunks']")" -gt 1
+    check "openai SDK: streamed chat finish_reason and usage" \
+        test "$(sdk "[d['chat_stream_finish'], d['chat_stream_usage']]")" = "$(sdk "['length', d['chat_usage']]")"
+    check "openai SDK: completion = curl's" test "$(sdk "d['cmpl']")" = "$(jget cmpl "d['choices'][0]['text']")"
+    check "openai SDK: streamed completion = non-streamed" test "$(sdk "d['cmpl_stream']")" = "$(sdk "d['cmpl']")"
+    check "openai SDK: unknown model -> BadRequestError 400 model_not_found" \
+        test "$(sdk "d['bad_model']")" = '{"cls": "BadRequestError", "status": 400, "code": "model_not_found", "param": "model"}'
+    check "openai SDK: wrong key -> AuthenticationError 401" \
+        test "$(sdk "d['bad_key']")" = '{"cls": "AuthenticationError", "status": 401}'
+fi
+
+# ---- the chat page in headless chromium ------------------------------------------------------------------
+if ! command -v chromium >/dev/null; then
+    echo "ok - skipped: chromium is not installed (scripts/install-deps.sh installs it)"
+else
+    start page
+    URL=${SRV_URL[page]}
+    cat >"$WORK/page.js" <<'EOF'
+// Drives headless chromium over the DevTools protocol on a pipe (fd 3 in, fd 4 out, NUL-separated JSON):
+// opens the page, waits for <body data-state="done">, reads the reply, saves a screenshot.
+const { spawn } = require('child_process');
+const fs = require('fs');
+const [url, shot, profile] = process.argv.slice(2);
+const chrome = spawn('chromium', ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking',
+  '--disable-component-update', '--disable-sync', '--no-first-run', '--user-data-dir=' + profile,
+  '--remote-debugging-pipe', '--window-size=1000,700', 'about:blank'], { stdio: ['ignore', 'ignore', 'ignore', 'pipe', 'pipe'] });
+const pending = new Map();
+let nextId = 1, buf = '';
+chrome.stdio[4].on('data', (d) => {
+  buf += d.toString();
+  let i;
+  while ((i = buf.indexOf('\0')) >= 0) {
+    const msg = JSON.parse(buf.slice(0, i));
+    buf = buf.slice(i + 1);
+    const p = pending.get(msg.id);
+    if (p) { pending.delete(msg.id); msg.error ? p.reject(new Error(JSON.stringify(msg.error))) : p.resolve(msg.result); }
+  }
+});
+function send(method, params = {}, sessionId) {
+  const id = nextId++;
+  chrome.stdio[3].write(JSON.stringify({ id, method, params, sessionId }) + '\0');
+  return new Promise((resolve, reject) => pending.set(id, { resolve, reject }));
+}
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const deadline = setTimeout(() => { console.error('timed out'); chrome.kill('SIGKILL'); process.exit(1); }, 60000);
+(async () => {
+  const { targetId } = await send('Target.createTarget', { url });
+  const { sessionId } = await send('Target.attachToTarget', { targetId, flatten: true });
+  const probe = `JSON.stringify({ state: document.body ? document.body.dataset.state : null,
+      reply: document.getElementById('reply-1') ? document.getElementById('reply-1').textContent : null,
+      chunks: document.getElementById('reply-1') ? document.getElementById('reply-1').dataset.chunks : null,
+      status: document.getElementById('status') ? document.getElementById('status').textContent : null })`;
+  let page;
+  for (;;) {
+    const r = await send('Runtime.evaluate', { expression: probe, returnByValue: true }, sessionId);
+    page = JSON.parse(r.result.value);
+    if (page.state === 'done' || page.state === 'error') break;
+    await sleep(50);
+  }
+  const { data } = await send('Page.captureScreenshot', { format: 'png' }, sessionId);
+  fs.writeFileSync(shot, Buffer.from(data, 'base64'));
+  console.log(JSON.stringify(page));
+  await send('Browser.close').catch(() => {});
+  clearTimeout(deadline);
+  process.exit(0);
+})().catch((e) => { console.error(e); chrome.kill('SIGKILL'); process.exit(1); });
+EOF
+    q='Tell me a story about a fox'
+    enc=$(python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1]))' "$q")
+    check "chromium: the page loads, sends, and finishes" \
+        timeout 90 node "$WORK/page.js" "$URL/?prompt=$enc&autosend=1&temperature=0&max_tokens=24" "$WORK/page.png" "$WORK/profile"
+    cp "$WORK/out" "$WORK/page.json"
+    # The request the page sends (stream: true) answered without streaming: the reply must be the same text.
+    api want "$URL/v1/chat/completions" "{\"messages\":[{\"role\":\"user\",\"content\":\"$q\"}],\"temperature\":0,\"max_tokens\":24}"
+    check "chromium: state done" test "$(jget page "d['state']")" = '"done"'
+    check "chromium: the streamed reply shows the API's answer" \
+        test "$(jget page "d['reply']")" = "$(jget want "d['choices'][0]['message']['content']")"
+    check "chromium: the reply grew chunk by chunk" test "$(jget page "int(d['chunks'] or 0)")" -gt 1
+    check "chromium: usage shown" grep -q "prompt + .* generated tokens" "$WORK/page.json"
+    check "chromium: screenshot is a PNG" python3 -c "
+import sys; b = open('$WORK/page.png', 'rb').read(); sys.exit(not (b[:8] == b'\x89PNG\r\n\x1a\n' and len(b) > 5000))"
+    [ -z "${SERVE_SHOT:-}" ] || cp "$WORK/page.png" "$SERVE_SHOT"   # SERVE_SHOT=path keeps it for a look
+fi
+
+for k in "${!SRV_PID[@]}"; do
+    kill -TERM "${SRV_PID[$k]}"; rc=0; wait "${SRV_PID[$k]}" || rc=$?; unset "SRV_PID[$k]"
+    check "server $k: SIGTERM, exit 0" test $rc = 0
+done
+finish
