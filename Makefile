@@ -88,12 +88,9 @@ check:
 	$(MAKE) asan
 	RINGLM_BUILD=build/asan tests/run.sh
 
-# The main job as it stands: synthesize a small K3 model, describe it, and have llama.cpp load it.
-demo: ringlm oracle
-	@mkdir -p build/demo
-	@[ -f build/demo/tiny.gguf ] || ./ringlm synth --config tiny --seed 1 -o build/demo/tiny.gguf
-	./ringlm inspect build/demo/tiny.gguf
-	tests/oracle/oracle info -m build/demo/tiny.gguf | head -12
+# The main job: a local demo ring (3 nodes on loopback, a chat prompt with speculative decoding).
+demo: ringlm
+	scripts/demo.sh
 
 clean:
 	rm -rf build ringlm

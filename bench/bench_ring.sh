@@ -1,0 +1,292 @@
+#!/usr/bin/env bash
+# A ring of machines over emulated internet links: ringlm's ring against llama.cpp's RPC backend, same
+# model file, same number of machines, same threads per machine, every link through `ringlm relay`
+# (one-way delay D, docs/relay.md). The "machines" are local processes; this kernel has no netem.
+#
+#   bench/bench_ring.sh [--model FILE] [--nodes N] [--threads N] [--delays "0 10 30"] [--prompt N]
+#                       [--gen N] [--chunks "512 64"] [--reps N] [--llama-reps N] [--timeout S]
+#                       [--out PREFIX] [--keep] [--no-build]
+#
+# Defaults: bench/models/medium.gguf (synthesized once if absent), 4 nodes, 1 thread per node (the
+# machine has 2 cores: more would make the nodes' threads fight for them; llama_peers.md), one-way delays
+# 0, 10 and 30 ms, a 512-token prompt, 32 generated tokens, prefill chunks of the whole prompt, 1/4 and 1/8
+# of it (512, 128 and 64), 3 repetitions. Writes PREFIX.json and PREFIX.md
+# (default bench/results/ring). --keep keeps the work folder (logs, per-run metrics) under build/bench/;
+# it is kept anyway when the run fails. --no-build skips `make ringlm`.
+#
+# ringlm: N `ringlm node`s, each behind its own relay; ring.conf lists the relays, so the coordinator's
+# link to stage 0, every stage i -> i+1 link (a node dials the next one at its ring.conf address) and the
+# last stage's result back to the coordinator each cross exactly one relay: N + 1 delays per traversal.
+#   decode: a 1-token prompt, then N_gen greedy steps (--ignore-eos), decode tok/s as ringlm reports it
+#           (steps after the first token / time), so every traversal is a single token and the per-stage
+#           compute_ms it reports is pure decode compute;
+#   TTFT:   the N_prompt-token prompt (seeded ids) with each --chunks size (whole prompt = no pipelining,
+#           smaller chunks pipeline the stages), -n 1; the best chunk is reported. A chunk size whose run
+#           fails is recorded as failed (with ringlm's message) and skipped for the other repetitions at
+#           that delay; the benchmark goes on.
+# llama.cpp: N `ggml-rpc-server -t T`, each behind its own relay with the same delay,
+#   `llama-bench --rpc R1,..,RN -ngl 99 -p N_prompt -n N_gen -t T -fa 0 -r REPS` (tg from an empty context,
+#   like our 1-token-prompt decode); TTFT = N_prompt / pp t/s.
+# Network floor for greedy decode: 1 / ((stages + 1) x D + sum of per-stage decode compute_ms).
+#
+# Every process started here is stopped on exit (trap), every foreground run is bounded by --timeout, and
+# the background ones carry a hard lifetime too, in case this script itself is killed with SIGKILL.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+argv=$(printf ' %q' "$@")
+model=bench/models/medium.gguf nodes=4 threads=1 delays="0 10 30" prompt=512 gen=32 chunks=
+reps=3 llama_reps=3 timeout_s=1200 out=bench/results/ring keep=0 build=1
+while [ $# -gt 0 ]; do
+    case $1 in
+        --model) model=$2; shift 2 ;;
+        --nodes) nodes=$2; shift 2 ;;
+        --threads) threads=$2; shift 2 ;;
+        --delays) delays=$2; shift 2 ;;
+        --prompt) prompt=$2; shift 2 ;;
+        --gen) gen=$2; shift 2 ;;
+        --chunks) chunks=$2; shift 2 ;;
+        --reps) reps=$2; shift 2 ;;
+        --llama-reps) llama_reps=$2; shift 2 ;;
+        --timeout) timeout_s=$2; shift 2 ;;
+        --out) out=$2; shift 2 ;;
+        --keep) keep=1; shift ;;
+        --no-build) build=0; shift ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "bench_ring: unknown option $1 (--help lists them)" >&2; exit 2 ;;
+    esac
+done
+die() { echo "bench_ring: $*" >&2; exit 1; }
+for v in nodes:nodes threads:threads prompt:prompt gen:gen reps:reps llama_reps:llama-reps timeout_s:timeout; do
+    n=${v%:*}
+    [[ ${!n} =~ ^[1-9][0-9]*$ ]] || die "--${v#*:} must be a positive integer, got '${!n}'"
+done
+for d in $delays; do [[ $d =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--delays: '$d' is not a delay in ms"; done
+[ -n "$chunks" ] || chunks="$prompt $((prompt / 4)) $((prompt / 8))" # 512 128 64 at the default prompt
+[ -n "$delays" ] || die "--delays needs at least one value"
+for c in $chunks; do [[ $c =~ ^[1-9][0-9]*$ ]] || die "--chunks: '$c' is not a chunk size"; done
+# a chunk of the whole prompt or more is the same run: keep each size once, largest first
+chunks=$(for c in $chunks; do echo $((c < prompt ? c : prompt)); done | sort -nru | tr '\n' ' ')
+chunks=${chunks% }
+
+# ---- tools -------------------------------------------------------------------------------------------
+for t in python3 timeout make; do command -v "$t" >/dev/null || die "needs $t (scripts/install-deps.sh)"; done
+if [ $build = 1 ]; then make -s ringlm || die "building ringlm failed (--no-build uses ./ringlm as it is)"; fi
+RINGLM=$PWD/ringlm
+[ -x "$RINGLM" ] || die "no ./ringlm after make"
+for sub in relay node keygen; do
+    "$RINGLM" "$sub" --help >/dev/null 2>&1 || die "this ringlm has no '$sub' command"
+done
+B=$(scripts/llama-tools.sh) || die "scripts/llama-tools.sh could not build llama.cpp's tools"
+for t in ggml-rpc-server llama-bench; do [ -x "$B/$t" ] || die "missing $B/$t (scripts/llama-tools.sh)"; done
+
+mkdir -p bench/models "$(dirname "$out")" build/bench
+if [ ! -f "$model" ]; then
+    [ "$model" = bench/models/medium.gguf ] || die "no model file $model"
+    echo "bench_ring: synthesizing $model (medium preset, once)" >&2
+    "$RINGLM" synth --config medium --seed 1 -o "$model.tmp" --progress && mv "$model.tmp" "$model"
+fi
+model=$(cd "$(dirname "$model")" && pwd)/$(basename "$model")
+kv=$("$RINGLM" inspect --kv "$model")
+V=$(echo "$kv" | awk '$1 == "n_vocab" { print $2 }')
+n_layer=$(echo "$kv" | awk '$1 == "n_layer" { print $2 }')
+weights=$(echo "$kv" | awk '$1 == "weight_bytes" { print $2 }')
+[ -n "$V" ] && [ -n "$n_layer" ] || die "ringlm inspect could not read $model"
+seeded() { awk -v n="$1" -v v="$((V - 256))" 'BEGIN { x = 7; for (i = 0; i < n; i++) {
+               x = (x * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), int(x / 65536) % v } }'; }
+toks=$(seeded "$prompt")
+tok1=$(seeded 1)
+
+# ---- processes: every one is recorded, and stopped on exit ---------------------------------------------
+work=$(mktemp -d "$PWD/build/bench/ring.XXXXXX")
+cp "$RINGLM" "$work/ringlm" && RINGLM=$work/ringlm # one binary for the whole run, whatever `make` does meanwhile
+life=$((4 * 3600)) # hard lifetime of background processes, should this script die without its trap
+pids=() fg_pid=
+# Each background command runs under `timeout`, which makes itself the leader of its own process group;
+# signals go to that group, so the command under it gets them too (also SIGKILL, which timeout cannot pass on).
+sig_group() { # SIG PID
+    if [ "$(ps -o pgid= -p "$2" 2>/dev/null | tr -d ' ')" = "$2" ]; then kill "-$1" -- "-$2" 2>/dev/null || true
+    else kill "-$1" "$2" 2>/dev/null || true; fi
+}
+stop_pids() { # PID... : TERM, wait up to 5 s, then KILL
+    local p left
+    for p in "$@"; do sig_group TERM "$p"; done
+    for _ in $(seq 50); do
+        left=0
+        for p in "$@"; do kill -0 "$p" 2>/dev/null && left=1; done
+        [ $left = 0 ] && break
+        sleep 0.1
+    done
+    for p in "$@"; do kill -0 "$p" 2>/dev/null && sig_group KILL "$p"; done
+    for p in "$@"; do wait "$p" 2>/dev/null || true; done
+}
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    [ -n "$fg_pid" ] && stop_pids "$fg_pid"
+    [ ${#pids[@]} -gt 0 ] && stop_pids "${pids[@]}"
+    if [ $rc != 0 ] || [ $keep = 1 ]; then
+        echo "bench_ring: logs kept in $work" >&2
+    else
+        rm -rf "$work"
+    fi
+    exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+# attempt OUT ERR CMD...: runs CMD (stdout to OUT, stderr to ERR) with the per-run timeout and returns its
+# status (124/137: timed out). CMD runs in the background and is waited for, so that a signal to this
+# script is handled at once (bash runs traps only between foreground commands) and the trap stops CMD too.
+attempt() {
+    local o=$1 e=$2 rc=0; shift 2
+    timeout -k 10 "$timeout_s" "$@" >"$o" 2>"$e" &
+    fg_pid=$!
+    wait "$fg_pid" || rc=$?
+    fg_pid=
+    return $rc
+}
+# bounded WHAT OUT ERR CMD...: attempt, and end the script on failure with a message naming WHAT.
+bounded() {
+    local what=$1 rc=0; shift
+    attempt "$@" || rc=$?
+    [ $rc = 0 ] && return 0
+    tail -20 "$2" >&2
+    if [ $rc = 124 ] || [ $rc = 137 ]; then die "$what took longer than --timeout $timeout_s s (logs in $work)"; fi
+    die "$what failed (exit $rc; logs in $work)"
+}
+# nodes_idle: after a failed run the nodes may still be working through frames the coordinator left
+# behind; wait (up to 60 s) until their CPU time stops growing.
+nodes_idle() {
+    local kids prev cur
+    kids=$(for i in $(seq "$nodes"); do pgrep -P "${pids[$((i - 1))]}"; done)
+    prev=-1
+    for _ in $(seq 120); do
+        cur=$(for k in $kids; do awk '{ print $14 + $15 }' "/proc/$k/stat" 2>/dev/null; done | awk '{ s += $1 } END { print s + 0 }')
+        [ "$cur" = "$prev" ] && return 0
+        prev=$cur
+        sleep 0.5
+    done
+}
+# wait_log FILE PATTERN PID SECONDS: until FILE has PATTERN; fails if PID exits first.
+wait_log() {
+    local i
+    for i in $(seq $(($4 * 20))); do
+        grep -q "$2" "$1" 2>/dev/null && return 0
+        kill -0 "$3" 2>/dev/null || return 1
+        sleep 0.05
+    done
+    return 1
+}
+# start_relay NAME TARGET DELAY: a relay in front of TARGET; sets RELAY_ADDR and RELAY_PID.
+start_relay() {
+    local log=$work/relay-$1.log
+    timeout -k 5 $life "$RINGLM" relay --listen 127.0.0.1:0 --to "$2" --delay-ms "$3" 2>"$log" &
+    RELAY_PID=$!
+    pids+=("$RELAY_PID")
+    wait_log "$log" "^relay: listening on" "$RELAY_PID" 10 || { cat "$log" >&2; die "relay $1 did not start"; }
+    RELAY_ADDR=$(sed -n 's/^relay: listening on \([^ ]*\) .*/\1/p' "$log" | head -1)
+}
+
+# ---- the ringlm nodes and the llama.cpp RPC servers, started once ------------------------------------------
+mkdir -p "$work/models"
+ln -s "$model" "$work/models/$(basename "$model")"
+"$RINGLM" keygen -o "$work/coord.key" >"$work/coord.pub"
+node_addr=() rpc_addr=()
+for i in $(seq "$nodes"); do
+    "$RINGLM" keygen -o "$work/n$i.key" >"$work/n$i.pub"
+    port=$(free_port)
+    timeout -k 5 $life "$RINGLM" node --listen "127.0.0.1:$port" --key "$work/n$i.key" --allow "$(cat "$work/coord.pub")" \
+        --models "$work/models" --threads "$threads" >"$work/node$i.log" 2>&1 &
+    pids+=($!)
+    node_addr+=("127.0.0.1:$port")
+done
+for i in $(seq "$nodes"); do
+    wait_log "$work/node$i.log" "ready:" "${pids[$((i - 1))]}" 300 \
+        || { cat "$work/node$i.log" >&2; die "ringlm node $i did not start"; }
+done
+for i in $(seq "$nodes"); do
+    port=$(free_port)
+    timeout -k 5 $life "$B/ggml-rpc-server" -H 127.0.0.1 -p "$port" -t "$threads" >"$work/rpc$i.log" 2>&1 &
+    pid=$!
+    pids+=("$pid")
+    rpc_addr+=("127.0.0.1:$port")
+    up=0
+    for _ in $(seq 200); do # until it accepts connections (10 s)
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && { up=1; break; }
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.05
+    done
+    [ $up = 1 ] || { cat "$work/rpc$i.log" >&2; die "ggml-rpc-server $i did not start on port $port"; }
+done
+echo "bench_ring: $nodes ringlm nodes and $nodes ggml-rpc-servers up, $threads thread(s) each; work dir $work" >&2
+cat "$model" >/dev/null # page the model in once so neither engine pays for the first read from disk
+
+K=(--ring "$work/ring.conf" --key "$work/coord.key" -m "$model" --temp 0 --ignore-eos --ids --threads "$threads"
+   --ctx $((prompt + gen + 8)))
+metric() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$@"; }
+
+first=1
+for d in $delays; do
+    relays=()
+    conf=()
+    for i in $(seq "$nodes"); do
+        start_relay "ring$i-$d" "${node_addr[$((i - 1))]}" "$d"
+        relays+=("$RELAY_PID")
+        conf+=("$RELAY_ADDR $(cat "$work/n$i.pub")")
+    done
+    printf '%s\n' "${conf[@]}" >"$work/ring.conf"
+    rpc=""
+    for i in $(seq "$nodes"); do
+        start_relay "rpc$i-$d" "${rpc_addr[$((i - 1))]}" "$d"
+        relays+=("$RELAY_PID")
+        rpc+="${rpc:+,}$RELAY_ADDR"
+    done
+    if [ $first = 1 ]; then # the nodes load their layer ranges on the first request: keep that out of the figures
+        bounded "ringlm warm-up run" /dev/null "$work/warmup.err" "$RINGLM" run "${K[@]}" --tokens "$tok1" -n 2
+        first=0
+    fi
+    for r in $(seq "$reps"); do
+        f=$work/ringlm-d$d-decode-r$r
+        bounded "ringlm decode run (delay $d ms)" "$f.ids" "$f.err" \
+            "$RINGLM" run "${K[@]}" --tokens "$tok1" -n $((gen + 1)) --metrics-json "$f.json"
+        line="delay $d ms, rep $r: ringlm decode $(metric "$f.json" decode_tok_s) tok/s"
+        for c in $chunks; do
+            f=$work/ringlm-d$d-ttft-c$c-r$r
+            if [ -f "$work/ringlm-d$d-ttft-c$c.failed" ]; then line+=", chunk $c skipped (failed before)"; continue; fi
+            rc=0
+            attempt "$f.ids" "$f.err" "$RINGLM" run "${K[@]}" --tokens "$toks" -n 1 --chunk "$c" --metrics-json "$f.json" \
+                || rc=$?
+            if [ $rc = 0 ]; then
+                line+=", ttft(chunk $c) $(metric "$f.json" ttft_s) s"
+            else # one chunk size failing is a finding, not the end of the benchmark: record it and go on
+                why=$(grep '^ringlm' "$f.err" | tail -1 || true)
+                [ -n "$why" ] || why=$(grep -v '^ *$' "$f.err" | tail -1 || true)
+                [ $rc = 124 ] || [ $rc = 137 ] && why="took longer than --timeout $timeout_s s"
+                echo "exit $rc: $why" >"$work/ringlm-d$d-ttft-c$c.failed"
+                line+=", chunk $c FAILED ($why)"
+                nodes_idle
+            fi
+        done
+        echo "bench_ring: $line" >&2
+    done
+    f=$work/llama-d$d
+    bounded "llama-bench (delay $d ms)" "$f.json" "$f.err" "$B/llama-bench" -m "$model" --rpc "$rpc" -ngl 99 \
+        -p "$prompt" -n "$gen" -t "$threads" -fa 0 -r "$llama_reps" -o json
+    echo "bench_ring: delay $d ms: llama.cpp RPC $(python3 -c 'import json, sys
+print(", ".join("%s %.2f t/s" % ("pp" if t["n_prompt"] else "tg", t["avg_ts"]) for t in json.load(open(sys.argv[1]))))' "$f.json")" >&2
+    stop_pids "${relays[@]}"
+    keep_pids=() # forget them: a reaped process's id may be reused by someone else's
+    for p in "${pids[@]}"; do [[ " ${relays[*]} " == *" $p "* ]] || keep_pids+=("$p"); done
+    pids=("${keep_pids[@]}")
+done
+
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
+RB_WORK=$work RB_OUT=$out RB_MODEL=$model RB_NODES=$nodes RB_THREADS=$threads RB_DELAYS=$delays RB_PROMPT=$prompt \
+RB_GEN=$gen RB_CHUNKS=$chunks RB_REPS=$reps RB_LLAMA_REPS=$llama_reps RB_WEIGHTS=$weights RB_NLAYER=$n_layer \
+RB_COMMAND="bench/bench_ring.sh$argv" RB_CPU=$cpu RB_CORES=$(nproc) RB_LOAD=$(cut -d' ' -f1 /proc/loadavg) \
+RB_LLAMA_BIN=$B python3 bench/tools/ring_report.py
+cat "$out.md"
