@@ -17,7 +17,8 @@ CFLAGS_release := -O2 -g -march=native
 CFLAGS_asan    := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 LDFLAGS_asan   := -fsanitize=address,undefined
 
-GGML_MK := build/ggml.mk
+# One generated file per ggml source: the pinned build, or an installed one named by GGML_PREFIX.
+GGML_MK := build/ggml$(if $(GGML_PREFIX),-$(subst /,_,$(GGML_PREFIX))).mk
 -include $(GGML_MK)
 
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -34,7 +35,7 @@ all: ringlm
 
 $(GGML_MK): scripts/ggml.sh scripts/ggml-variant.sh scripts/pins.env
 	@mkdir -p build
-	scripts/ggml.sh > $@.tmp && mv $@.tmp $@
+	GGML_PREFIX="$(GGML_PREFIX)" scripts/ggml.sh > $@.tmp && mv $@.tmp $@
 
 # $(1) = variant (release | asan)
 define variant

@@ -14,7 +14,7 @@ if [ -n "${GGML_PREFIX:-}" ]; then
     [ -f "$GGML_PREFIX/include/gguf.h" ] || { echo "ggml.sh: GGML_PREFIX=$GGML_PREFIX has no include/gguf.h" >&2; exit 1; }
     ls "$GGML_PREFIX"/lib/libggml-base.* >/dev/null 2>&1 || { echo "ggml.sh: no libggml-base in $GGML_PREFIX/lib" >&2; exit 1; }
     echo "GGML_INC := $GGML_PREFIX/include"
-    echo "GGML_LIBS := -L$GGML_PREFIX/lib -Wl,-rpath,$GGML_PREFIX/lib -lggml -lggml-cpu -lggml-base"
+    echo "GGML_LIBS := -L$GGML_PREFIX/lib -Wl,-rpath,$GGML_PREFIX/lib -lggml -lggml-cpu -lggml-base -lstdc++ -fopenmp"
     echo "LLAMA_SRC :="
     exit 0
 fi

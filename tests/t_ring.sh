@@ -74,6 +74,13 @@ check "node 1 still alive after garbage" kill -0 "${RING_PID[1]}"
 "$RINGLM" run -m "$m" --tokens "$(toks 5 700 12)" -n 8 --temp 0 --ignore-eos --ids >"$WORK/after-local.ids" 2>/dev/null
 check "node 1 still serves correctly after garbage" diff "$WORK/after-local.ids" "$WORK/after.ids"
 
+# Malformed frames from an authenticated peer: each refused with a message, the node keeps answering.
+"$RINGLM" keygen -o "$RING/n6.key" >"$RING/n6.pub"
+ring_start 6 "$RING/models" || exit 1 # a fresh node: nothing assigned yet
+check "malformed authenticated frames are refused, the node stays up" "$TOOLS/ring_bad_frames" \
+    --node "127.0.0.1:${RING_PORT[6]}" --node-key "$(cat "$RING/n6.pub")" --key "$RING/coord.key" --model "$m"
+cat "$WORK/out"
+
 # A node killed mid-generation: the request fails within bounded time naming the node; the others live.
 "$RINGLM" run -m "$m" -p x -n -1 --ctx 100000 --temp 0 --ignore-eos --ring "$WORK/ring3.conf" "${K[@]}" \
     >/dev/null 2>"$WORK/kill.err" &

@@ -579,7 +579,10 @@ static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
                 bool have_q = (s->flags & RF_SEQ_HAS_Q) != 0;
                 for (int d = 0; have_q && d < k; d++) {
                     uint32_t cnt;
-                    if (!qp || qp + 4 > qend) break;
+                    if (!qp || qp + 4 > qend) { /* announced but missing: refuse, never read garbage */
+                        have_q = false;
+                        break;
+                    }
                     memcpy(&cnt, qp, 4);
                     qp += 4;
                     if (cnt > 64 || qp + cnt * 8 > qend) {
