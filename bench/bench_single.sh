@@ -51,6 +51,14 @@ for r in $(seq "$reps"); do
 done
 median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 op=$(median "${ours_p[@]}") od=$(median "${ours_d[@]}") rp=$(median "${ref_p[@]}") rd=$(median "${ref_d[@]}")
+# Ratios per pair of adjacent runs (same machine conditions), then their median: the machine's speed
+# drifts during a run, which skews a ratio of separate medians.
+pr=() dr=()
+for i in "${!ours_p[@]}"; do
+    pr+=("$(awk -v a="${ours_p[$i]}" -v b="${ref_p[$i]}" 'BEGIN { printf "%.4f", a / b }')")
+    dr+=("$(awk -v a="${ours_d[$i]}" -v b="${ref_d[$i]}" 'BEGIN { printf "%.4f", a / b }')")
+done
+ratio_p=$(median "${pr[@]}") ratio_d=$(median "${dr[@]}")
 rs=$(median "${rss[@]}")
 ceiling=$(awk -v bw="$bw" -v a="$active" 'BEGIN { printf "%.2f", bw * 1e9 / a }')
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
@@ -64,7 +72,9 @@ cat >bench/results/single.json <<JSON
   "model": {"file": "$model", "weight_bytes": $weights, "active_bytes_per_token": $active},
   "ringlm": {"prefill_tok_s": $op, "decode_tok_s": $od, "peak_rss_bytes": $rs},
   "llama_cpp": {"prefill_tok_s": $rp, "decode_tok_s": $rd, "engine": "prebuilt libllama of @node-llama-cpp/linux-x64@3.21.1"},
-  "ratio": {"prefill": $(awk -v a="$op" -v b="$rp" 'BEGIN { printf "%.3f", a / b }'), "decode": $(awk -v a="$od" -v b="$rd" 'BEGIN { printf "%.3f", a / b }')},
+  "ratio": {"prefill": $ratio_p, "decode": $ratio_d, "how": "median of per-run-pair ratios"},
+  "runs": {"ringlm_prefill": [$(IFS=,; echo "${ours_p[*]}")], "ringlm_decode": [$(IFS=,; echo "${ours_d[*]}")],
+           "llama_prefill": [$(IFS=,; echo "${ref_p[*]}")], "llama_decode": [$(IFS=,; echo "${ref_d[*]}")]},
   "decode_bandwidth_ceiling_tok_s": $ceiling,
   "decode_fraction_of_ceiling": $(awk -v a="$od" -v c="$ceiling" 'BEGIN { printf "%.3f", a / c }')
 }
@@ -78,9 +88,11 @@ $(awk -v b="$active" 'BEGIN { printf "%.0f MiB", b / 1048576 }') of weights read
 
 | engine | prefill tok/s ($prompt-token prompt) | decode tok/s |
 |---|---|---|
-| ringlm | $op | $od |
-| llama.cpp (prebuilt libllama 3.21.1) | $rp | $rd |
-| ratio | $(awk -v a="$op" -v b="$rp" 'BEGIN { printf "%.2fx", a / b }') | $(awk -v a="$od" -v b="$rd" 'BEGIN { printf "%.2fx", a / b }') |
+| ringlm | $(printf '%.1f' "$op") | $(printf '%.2f' "$od") |
+| llama.cpp (prebuilt libllama 3.21.1) | $(printf '%.1f' "$rp") | $(printf '%.2f' "$rd") |
+| ratio (median of per-pair ratios) | $(printf '%.2fx' "$ratio_p") | $(printf '%.2fx' "$ratio_d") |
+
+Per-pair ratios, prefill: ${pr[*]}; decode: ${dr[*]}.
 
 Decode bandwidth ceiling (read bandwidth / active bytes per token): $ceiling tok/s; ringlm reaches
 $(awk -v a="$od" -v c="$ceiling" 'BEGIN { printf "%.0f%%", 100 * a / c }') of it. ringlm peak RSS $(awk -v b="$rs" 'BEGIN { printf "%.0f MiB", b / 1048576 }').

@@ -42,6 +42,7 @@ void k3_engine_free(k3_engine *e) {
     if (e->backend) ggml_backend_free(e->backend);
     k3_weights_free(&e->w);
     free(e->mask_buf);
+    free(e->graph_buf);
     memset(e, 0, sizeof *e);
 }
 
@@ -361,8 +362,14 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
     const int64_t d = hp->n_embd;
 
     size_t n_nodes = 2048 + (size_t)(e->b - e->a) * (256 + 96 * (size_t)bt->n_seqs);
-    struct ggml_init_params ip = {.mem_size = n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false),
-                                  .mem_buffer = NULL, .no_alloc = true};
+    size_t need = n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false);
+    if (need > e->graph_cap) {
+        void *gb = realloc(e->graph_buf, need);
+        if (!gb) return rl_errf(err, "out of memory for the graph");
+        e->graph_buf = gb;
+        e->graph_cap = need;
+    }
+    struct ggml_init_params ip = {.mem_size = need, .mem_buffer = e->graph_buf, .no_alloc = true};
     k3_graph g = {.ctx = ggml_init(ip), .hp = hp, .n_seqs = bt->n_seqs, .T = T};
     g.seqs = calloc((size_t)bt->n_seqs, sizeof *g.seqs);
     if (!g.ctx || !g.seqs) {

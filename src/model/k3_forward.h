@@ -28,6 +28,9 @@ typedef struct k3_engine {
     struct ggml_gallocr *galloc;
     float *mask_buf; /* scratch for attention masks */
     size_t mask_cap;
+    void *graph_buf; /* the graph's tensor and node structs, kept between calls: a fresh multi-MiB malloc
+                      * per token is a fresh mmap, and its page faults cost a few percent of decode time */
+    size_t graph_cap;
 } k3_engine;
 
 int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, int n_threads,
