@@ -48,6 +48,19 @@ check "metrics JSON carries per-stage figures" grep -q '"compute_ms"' "$WORK/m.j
 check "f16 wire: logits within 1e-2 of f32 (rounding of the boundary state)" \
     "$RINGLM" compare "$WORK/l16.bin" "$WORK/f16.bin" --tol 1e-2
 
+# Receipts: every stage signs every traversal, the coordinator checks each as it returns, and the log
+# verifies offline against the model file and ring.conf.
+"$RINGLM" run -m "$m" --tokens "$(toks 9 700 12)" -n 10 --temp 0 --ignore-eos --ids --ring "$WORK/ring3.conf" "${K[@]}" \
+    --receipts "$WORK/receipts.jsonl" >"$WORK/rc.ids" 2>"$WORK/rc.err" || cat "$WORK/rc.err"
+check "receipts: the run checked them" grep -q "receipts: 3[0-9] checked" "$WORK/rc.err"
+check "receipts: one per stage per traversal" test "$(wc -l <"$WORK/receipts.jsonl")" -ge 30
+check "receipts: the log verifies offline" "$RINGLM" receipts verify "$WORK/receipts.jsonl" --model "$m" --ring "$WORK/ring3.conf"
+"$RINGLM" run -m "$m" --tokens "$(toks 9 700 12)" -n 10 --temp 0 --ignore-eos --ids >"$WORK/rc-local.ids" 2>/dev/null
+check "receipts: same tokens as without them" diff "$WORK/rc-local.ids" "$WORK/rc.ids"
+sed '2s/"in":"[0-9a-f]\{8\}/"in":"00000000/' "$WORK/receipts.jsonl" >"$WORK/tampered.jsonl"
+check_fails "receipts: a tampered log is caught offline" "signature|chain|in hash|does not verify" \
+    "$RINGLM" receipts verify "$WORK/tampered.jsonl" --model "$m" --ring "$WORK/ring3.conf"
+
 # An unknown coordinator key is refused, by name, and the node logs the refusal.
 "$RINGLM" keygen -o "$WORK/stranger.key" >/dev/null
 check_fails "unknown coordinator key refused" "refused our key|did not answer" \

@@ -20,7 +20,7 @@ static void run_usage(FILE *f) {
             "                  [--presence-penalty P] [--frequency-penalty F] [--seed S] [--threads N]\n"
             "                  [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
             "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16]]\n"
-            "                  [--draft none|ngram|DRAFT.gguf [--draft-n K] [--draft-fixed]]\n\n"
+            "                  [--draft none|ngram|DRAFT.gguf [--draft-n K] [--draft-fixed]] [--receipts FILE]\n\n"
             "Streams the generated text to stdout, then prints one metrics line on stderr.\n"
             "  -n N          tokens to generate (default 128; -1 = until the context is full)\n"
             "  --chat        wrap the prompt as a user turn in the model's chat format\n"
@@ -29,7 +29,9 @@ static void run_usage(FILE *f) {
             "  --ring FILE   run across the nodes in FILE (\"HOST:PORT PUBKEY_HEX [mem=GB]\" per line) as the\n"
             "                coordinator with identity --key; prints the plan and per-stage timings\n"
             "  --draft D     speculative decoding: ngram (prompt lookup) or a small draft model sharing the\n"
-            "                vocabulary; up to --draft-n tokens (default 7) verified per target pass\n");
+            "                vocabulary; up to --draft-n tokens (default 7) verified per target pass\n"
+            "  --receipts F  (ring) every stage signs a receipt per traversal; each traversal is checked as it\n"
+            "                returns and its receipts are written to F as JSON lines (ringlm receipts verify)\n");
 }
 
 typedef struct run_out {
@@ -110,7 +112,7 @@ static long parse_ids(const char *s, int32_t **out) {
 
 int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *ids_arg = NULL, *metrics = NULL, *system = NULL;
-    const char *ring_path = NULL, *key_path = NULL, *wire = "f32", *draft = NULL;
+    const char *ring_path = NULL, *key_path = NULL, *wire = "f32", *draft = NULL, *receipts = NULL;
     int draft_n = 7;
     bool draft_fixed = false;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), ctx = 4096, chunk = 512;
@@ -158,6 +160,8 @@ int cmd_run(int argc, char **argv) {
             ring_path = v;
         } else if (strcmp(a, "--draft") == 0) {
             draft = v;
+        } else if (strcmp(a, "--receipts") == 0) {
+            receipts = v;
         } else if (strcmp(a, "--draft-n") == 0) {
             bad = cli_parse_int(v, &draft_n) || draft_n < 1 || draft_n > SPEC_MAX_DRAFT;
         } else if (strcmp(a, "--key") == 0) {
@@ -295,7 +299,19 @@ int cmd_run(int argc, char **argv) {
         ring_opts ro_ = ring_opts_default();
         ro_.n_ctx = (uint32_t)ctx;
         ro_.wire = strcmp(wire, "f16") == 0 ? 1 : strcmp(wire, "bf16") == 0 ? 2 : 0;
+        FILE *rf = NULL;
+        if (receipts) {
+            rf = fopen(receipts, "w");
+            if (!rf) {
+                rl_errf(&err, "cannot create %s", receipts);
+                if (spec) spec_drafter_close(&drafter);
+                goto out;
+            }
+            ro_.receipts = true;
+            ro_.receipts_out = rf;
+        }
         if (ring_open(&rc, &conf, &id, &m, &hp, &ro_, &err) != 0) {
+            if (rf) fclose(rf);
             if (spec) spec_drafter_close(&drafter);
             goto out;
         }
@@ -312,8 +328,13 @@ int cmd_run(int argc, char **argv) {
             fprintf(stderr, "\n");
             ring_print_stats(&rc, stderr);
             ring_json = ring_stats_json(&rc);
+            if (receipts) {
+                fprintf(stderr, "receipts: %ld checked (signatures, signers, ranges, chain, nonces), written to %s\n",
+                        rc.receipts_checked, receipts);
+            }
         }
         ring_close(&rc);
+        if (rf && fclose(rf) != 0 && grc == 0) grc = rl_errf(&err, "cannot write %s", receipts);
         if (grc != 0) goto out;
     } else {
         if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, threads, &err) != 0) goto out;

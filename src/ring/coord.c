@@ -16,6 +16,7 @@
 
 #include "../gguf/file_hash.h"
 #include "../model/k3_memory.h"
+#include "../trust/manifest.h"
 #include "ggml.h"
 #include "gguf.h"
 
@@ -455,6 +456,24 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
         return -1;
     }
     if (!o->quiet) plan_print(&rc->plan, rc->pnodes, stderr);
+    if (o->receipts) {
+        /* What every receipt must say, from our own copy of the model and the plan, never from receipts. */
+        if (rcpt_book_init(&rc->book, 1u << 16, err) != 0) {
+            ring_close(rc);
+            return -1;
+        }
+        rc->have_book = true;
+        for (int s = 0; s < rc->plan.n_stages; s++) {
+            rcpt_stage_expect *x = &rc->rexp[s];
+            memcpy(x->node_pk, conf->nodes[rc->plan.stages[s].node].key.sign_pk, 32);
+            x->layer_start = rc->plan.stages[s].a;
+            x->layer_end = rc->plan.stages[s].b;
+            if (mfst_range_hash(m, hp, x->layer_start, x->layer_end, x->manifest, err) != 0) {
+                ring_close(rc);
+                return -1;
+            }
+        }
+    }
     /* Assign, last stage first, so every downstream neighbour trusts its upstream before it connects. */
     for (int s = rc->plan.n_stages - 1; s >= 0; s--) {
         const plan_stage *st = &rc->plan.stages[s];
@@ -503,6 +522,10 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
 }
 
 void ring_close(ring_coord *rc) {
+    if (rc->have_book) rcpt_book_free(&rc->book);
+    rc->have_book = false;
+    for (int i = 0; i < rc->n_pending; i++) free(rc->pending[i].seqs);
+    rc->n_pending = 0;
     for (int i = 0; i < rc->conf.n; i++) {
         if (rc->nodes[i].sock) {
             zmq_socket_monitor(rc->nodes[i].sock, NULL, 0);
@@ -549,10 +572,29 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
         off += reqs[i].n;
     }
     h->payload_bytes = total * 4;
-    uint8_t sb[8];
-    rf_stamps_encode(NULL, 0, sb);
     struct ring_pending *pd = &rc->pending[rc->n_pending];
     memset(pd, 0, sizeof *pd);
+    /* The stamps part; with receipts, the extension that carries this traversal's fresh nonce. */
+    uint8_t sb[8 + 40];
+    size_t sbl = rf_stamps_size(0);
+    rf_stamps_encode(NULL, 0, sb);
+    if (rc->o.receipts) {
+        rf_receipts rx;
+        memset(&rx, 0, sizeof rx);
+        randombytes_buf(rx.nonce, 32);
+        memcpy(pd->nonce, rx.nonce, 32);
+        rf_receipts_encode(&rx, NULL, 0, sb + sbl);
+        sbl += rf_receipts_size(&rx, 0);
+        rcpt_hash(toks, total * 4, pd->first_in);
+        pd->seqs = malloc((size_t)n_reqs * sizeof *pd->seqs);
+        if (!pd->seqs) {
+            free(toks);
+            free(h);
+            return rl_errf(err, "out of memory");
+        }
+        for (int i = 0; i < n_reqs; i++) pd->seqs[i] = (rcpt_seq){reqs[i].seq_id, reqs[i].pos, reqs[i].n};
+        pd->n_seqs = (uint32_t)n_reqs;
+    }
     pd->step_id = h->step_id;
     pd->t_send_real = rf_now();
     pd->t_send_mono = mono();
@@ -568,12 +610,15 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
     }
     int r = qlen && !qb ? rl_errf(err, "out of memory")
                         : ring_send4(rc, rc->plan.stages[0].node, RF_FORWARD, h->step_id, h, toks, total * 4, sb,
-                                     rf_stamps_size(0), qb, qlen, err);
+                                     sbl, qb, qlen, err);
     free(qb);
     free(toks);
     if (r == 0) {
         rc->n_pending++;
         *step_id = h->step_id;
+    } else {
+        free(pd->seqs);
+        pd->seqs = NULL;
     }
     free(h);
     return r;
@@ -596,6 +641,52 @@ static void ring_account(ring_coord *rc, const zs_parts *p, const struct ring_pe
     }
     rc->stats[ns].wire_s += fmax(0.0, t_recv_real - prev_send);
     rc->stats[ns].n++;
+}
+
+/* Checks the receipts a traversal came back with: every stage's signature, signer, range, manifest,
+ * the chain of hashes from what we sent to what we got back, the positions and the nonce. */
+static int ring_check_receipts(ring_coord *rc, struct ring_pending *pd, rl_err *err) {
+    const zs_parts *p = &pd->parts;
+    rf_receipts rx;
+    int d = p->n >= 3 ? rf_receipts_decode(&rx, p->data[2], p->len[2], err) : 1;
+    if (d != 0) return d < 0 ? -1 : rl_errf(err, "receipts: the traversal came back without receipts");
+    if (memcmp(rx.nonce, pd->nonce, 32) != 0) return rl_errf(err, "receipts: the traversal carries another nonce");
+    rcpt_receipt *rs = calloc(rx.n ? rx.n : 1, sizeof *rs);
+    if (!rs) return rl_errf(err, "out of memory");
+    int rc_ = 0;
+    for (uint32_t i = 0; i < rx.n && rc_ == 0; i++) {
+        if (rcpt_unpack(&rs[i], rx.data[i], rx.len[i], err) != 0) rc_ = rl_err_prefix(err, "receipts: stage %u", i);
+    }
+    uint8_t last_out[32];
+    rcpt_hash(p->data[1], p->len[1], last_out);
+    rcpt_seq sorted[RF_MAX_SEQS];
+    memcpy(sorted, pd->seqs, pd->n_seqs * sizeof *sorted);
+    for (uint32_t i = 1; i < pd->n_seqs; i++) { /* the receipts' canonical order */
+        for (uint32_t j = i; j > 0 && sorted[j - 1].seq_id > sorted[j].seq_id; j--) {
+            rcpt_seq t = sorted[j];
+            sorted[j] = sorted[j - 1];
+            sorted[j - 1] = t;
+        }
+    }
+    if (rc_ == 0) {
+        rcpt_expect e = {.ring_id = rc->ring_id, .request_id = pd->step_id, .n_layer = rc->hp.n_layer,
+                         .n_stages = rc->plan.n_stages, .stages = rc->rexp, .seen = &rc->book,
+                         .first_in = pd->first_in, .last_out = last_out, .seqs = sorted, .n_seqs = pd->n_seqs};
+        memcpy(e.nonce, pd->nonce, 32);
+        if (rcpt_check_traversal(rs, (int)rx.n, &e, err) != 0) rc_ = rl_err_prefix(err, "receipts");
+    }
+    for (uint32_t i = 0; rc_ == 0 && rc->o.receipts_out && i < rx.n; i++) {
+        char *line = NULL;
+        if (rcpt_to_json(&rs[i], &line, err) != 0) {
+            rc_ = -1;
+            break;
+        }
+        fprintf(rc->o.receipts_out, "%s\n", line);
+        free(line);
+    }
+    if (rc_ == 0) rc->receipts_checked += rx.n;
+    free(rs);
+    return rc_;
 }
 
 int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_reqs, rl_err *err) {
@@ -662,7 +753,9 @@ int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_req
         }
     }
     free(h2);
+    if (rc_ == 0 && rc->o.receipts) rc_ = ring_check_receipts(rc, pd, err);
     zs_parts_free(p);
+    free(pd->seqs);
     *pd = rc->pending[--rc->n_pending]; /* unordered removal */
     return rc_;
 }

@@ -17,6 +17,7 @@
 #include "../model/k3_hparams.h"
 #include "../text/tokenizer.h"
 #include "../trust/keys.h"
+#include "../trust/receipt.h"
 #include "frame.h"
 #include "plan.h"
 #include "zsock.h"
@@ -43,6 +44,8 @@ typedef struct ring_opts {
     double dead_s;        /* a node silent this long is declared dead */
     double step_s;        /* no result for this long fails the request */
     bool no_fetch;        /* refuse to stream layers to nodes that lack the model */
+    bool receipts;        /* every stage signs a receipt per traversal; each traversal is checked */
+    FILE *receipts_out;   /* and written here as JSON lines (may be NULL) */
     bool quiet;           /* do not print the plan */
 } ring_opts;
 
@@ -77,12 +80,19 @@ typedef struct ring_coord {
     uint64_t ring_id, next_step, next_seq;
     double last_ping;
     ring_stage_stats stats[PLAN_MAX_NODES + 1]; /* [n_stages] = the return hop */
+    rcpt_stage_expect rexp[PLAN_MAX_NODES]; /* receipts: the assignment and each range's manifest hash */
+    rcpt_nonce_book book;
+    bool have_book;
+    long receipts_checked;
     /* Steps in flight: submit time, and results that arrived before their collect. */
     struct ring_pending {
         uint64_t step_id;
         double t_send_real, t_send_mono;
         bool done;
         zs_parts parts;
+        uint8_t nonce[32], first_in[32]; /* receipts: what this traversal's receipts must carry */
+        rcpt_seq *seqs;
+        uint32_t n_seqs;
     } pending[64];
     int n_pending;
     double traversal_s;

@@ -133,7 +133,8 @@ void rf_stamps_encode(const rf_stamp *s, uint32_t n, uint8_t *b) {
 int rf_stamps_decode(rf_stamp *s, uint32_t *n, const uint8_t *b, size_t len, rl_err *err) {
     if (len < 4) return rl_errf(err, "stamps frame too short");
     *n = get32(b);
-    if (*n > RF_MAX_STAMPS || len != rf_stamps_size(*n)) return rl_errf(err, "stamps frame malformed");
+    /* The receipts extension may follow the stamps (rf_receipts_decode reads it). */
+    if (*n > RF_MAX_STAMPS || len < rf_stamps_size(*n)) return rl_errf(err, "stamps frame malformed");
     for (uint32_t i = 0; i < *n; i++) {
         const uint8_t *p = b + 4 + (size_t)i * RF_STAMP_SIZE;
         s[i].stage = get32(p);
@@ -156,4 +157,49 @@ double rf_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int rf_receipts_decode(rf_receipts *r, const uint8_t *part, size_t len, rl_err *err) {
+    memset(r, 0, sizeof *r);
+    if (len < 4) return rl_errf(err, "stamps frame too short");
+    size_t off = rf_stamps_size(get32(part));
+    if (off > len) return rl_errf(err, "stamps frame malformed");
+    if (off == len) return 1;
+    if (len - off < 40 || memcmp(part + off, "RCX1", 4) != 0) return rl_errf(err, "receipts extension malformed");
+    memcpy(r->nonce, part + off + 4, 32);
+    r->n = get32(part + off + 36);
+    off += 40;
+    if (r->n > RF_MAX_RECEIPTS) return rl_errf(err, "receipts extension lists %u receipts", r->n);
+    for (uint32_t i = 0; i < r->n; i++) {
+        if (len - off < 4) return rl_errf(err, "receipts extension truncated");
+        r->len[i] = get32(part + off);
+        off += 4;
+        if (r->len[i] > len - off) return rl_errf(err, "receipts extension truncated");
+        r->data[i] = part + off;
+        off += r->len[i];
+    }
+    if (off != len) return rl_errf(err, "bytes after the receipts extension");
+    return 0;
+}
+
+size_t rf_receipts_size(const rf_receipts *r, size_t extra_len) {
+    size_t n = 40;
+    for (uint32_t i = 0; i < r->n; i++) n += 4 + r->len[i];
+    return n + (extra_len ? 4 + extra_len : 0);
+}
+
+void rf_receipts_encode(const rf_receipts *r, const uint8_t *extra, size_t extra_len, uint8_t *b) {
+    memcpy(b, "RCX1", 4);
+    memcpy(b + 4, r->nonce, 32);
+    put32(b + 36, r->n + (extra_len ? 1 : 0));
+    size_t off = 40;
+    for (uint32_t i = 0; i < r->n; i++) {
+        put32(b + off, r->len[i]);
+        memcpy(b + off + 4, r->data[i], r->len[i]);
+        off += 4 + r->len[i];
+    }
+    if (extra_len) {
+        put32(b + off, (uint32_t)extra_len);
+        memcpy(b + off + 4, extra, extra_len);
+    }
 }

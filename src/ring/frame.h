@@ -109,6 +109,23 @@ size_t rf_stamps_size(uint32_t n);
 void rf_stamps_encode(const rf_stamp *s, uint32_t n, uint8_t *buf);
 int rf_stamps_decode(rf_stamp *s, uint32_t *n, const uint8_t *buf, size_t len, rl_err *err);
 
+/* The stamps part may carry an extension after the stamps: the traversal's receipts (trust/receipt.h).
+ *   "RCX1" | 32-byte nonce (fresh from the coordinator) | u32 n | n x (u32 len | packed receipt)
+ * A coordinator that wants receipts sends the extension with n = 0; every stage appends its own. */
+#define RF_MAX_RECEIPTS 64
+typedef struct rf_receipts {
+    uint8_t nonce[32];
+    uint32_t n;
+    const uint8_t *data[RF_MAX_RECEIPTS]; /* into the decoded buffer */
+    uint32_t len[RF_MAX_RECEIPTS];
+} rf_receipts;
+
+/* Finds and checks the extension after the stamps in a stamps part. Returns 1 if there is none. */
+int rf_receipts_decode(rf_receipts *r, const uint8_t *part, size_t len, rl_err *err);
+size_t rf_receipts_size(const rf_receipts *r, size_t extra_len);
+/* Writes the extension with r's receipts plus (if extra) one more. */
+void rf_receipts_encode(const rf_receipts *r, const uint8_t *extra, size_t extra_len, uint8_t *buf);
+
 const char *rf_type_name(int type);
 double rf_now(void); /* CLOCK_REALTIME in seconds */
 

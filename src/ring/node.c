@@ -24,6 +24,8 @@
 #include "../model/k3_memory.h"
 #include "../spec/accept.h"
 #include "../text/sampler.h"
+#include "../trust/manifest.h"
+#include "../trust/receipt.h"
 #include "frame.h"
 #include "zsock.h"
 
@@ -78,6 +80,8 @@ typedef struct node {
     uint32_t a, b, n_ctx;
     int stage, n_stages, wire;
     node_seq seqs[RF_MAX_SEQS];
+    uint8_t manifest[32]; /* mfst_range_hash of the assigned range, computed at the first signed receipt */
+    bool have_manifest;
 } node;
 
 static void node_log(const node *n, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -333,6 +337,7 @@ static void node_assign(node *n, uint64_t step, const char *json, size_t len) {
         }
         k3_weights_prefault(&n->e.w, false);
         n->loaded = true;
+        n->have_manifest = false;
         snprintf(n->hash, sizeof n->hash, "%s", hash);
         n->a = (uint32_t)a;
         n->b = (uint32_t)b;
@@ -446,6 +451,14 @@ static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
         node_error(n, h->step_id, "FORWARD: %s", n_stamps >= RF_MAX_STAMPS ? "too many hops" : err.msg);
         return;
     }
+    /* Receipts: when the coordinator asks (the extension with its nonce), this stage signs what it ran. */
+    rf_receipts rx;
+    int want_receipt = rf_receipts_decode(&rx, p->data[3], p->len[3], &err);
+    if (want_receipt < 0 || (want_receipt == 0 && rx.n >= RF_MAX_RECEIPTS)) {
+        node_error(n, h->step_id, "FORWARD: %s", want_receipt < 0 ? err.msg : "too many receipts");
+        return;
+    }
+    want_receipt = want_receipt == 0;
     /* Payload: the tokens of every sequence (int32), then for later stages the boundary state. */
     uint64_t total = 0;
     for (uint32_t i = 0; i < h->n_seqs; i++) total += h->seqs[i].n_tokens;
@@ -653,12 +666,49 @@ static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
         goto out;
     }
     oh.payload_bytes = plen;
+    uint8_t packed[RCPT_MAX_PACKED];
+    size_t packed_len = 0;
+    if (want_receipt) {
+        /* What this stage received and what it sends on, as bytes: the next stage (or the coordinator,
+         * for the last) hashes the same bytes, so the chain can be checked. */
+        rcpt_receipt *r = calloc(1, sizeof *r);
+        rcpt_seq sq[RF_MAX_SEQS];
+        for (uint32_t i = 0; i < h->n_seqs; i++) {
+            sq[i] = (rcpt_seq){.seq_id = h->seqs[i].seq_id, .pos = h->seqs[i].pos, .n_tokens = h->seqs[i].n_tokens};
+        }
+        int ok = r != NULL;
+        if (ok && !n->have_manifest) {
+            ok = mfst_range_hash(&n->m, &n->hp, n->a, n->b, n->manifest, &err) == 0;
+            n->have_manifest = ok;
+        }
+        if (ok) {
+            r->ring_id = h->ring_id;
+            r->request_id = h->step_id;
+            memcpy(r->nonce, rx.nonce, 32);
+            memcpy(r->manifest, n->manifest, 32);
+            r->layer_start = n->a;
+            r->layer_end = n->b;
+            rcpt_hash(p->data[2], p->len[2], r->in_hash);
+            rcpt_hash(payload, plen, r->out_hash);
+            ok = rcpt_set_seqs(r, sq, h->n_seqs, &err) == 0 && rcpt_sign(r, &n->o->id, &err) == 0 &&
+                 rcpt_pack(r, packed, sizeof packed, &packed_len, &err) == 0;
+        }
+        free(r);
+        if (!ok) {
+            free(payload);
+            node_error(n, h->step_id, "cannot sign a receipt: %s", err.msg);
+            goto out;
+        }
+    }
     stamps[n_stamps - 1].t_send = rf_now();
     size_t hl = rf_header_size(oh.n_seqs), sl = rf_stamps_size(n_stamps);
-    uint8_t *hb = malloc(hl), *sb = malloc(sl);
+    size_t xl = want_receipt ? rf_receipts_size(&rx, packed_len) : 0;
+    uint8_t *hb = malloc(hl), *sb = malloc(sl + xl);
+    sl += xl;
     if (hb && sb) {
         rf_header_encode(&oh, hb);
         rf_stamps_encode(stamps, n_stamps, sb);
+        if (want_receipt) rf_receipts_encode(&rx, packed, packed_len, sb + rf_stamps_size(n_stamps));
         if (!last) {
             const void *parts[4] = {hb, payload, sb, p->n > 4 ? p->data[4] : NULL};
             size_t lens[4] = {hl, plen, sl, p->n > 4 ? p->len[4] : 0};
