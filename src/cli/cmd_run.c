@@ -324,6 +324,7 @@ int cmd_run(int argc, char **argv) {
         } else {
             grc = ring_generate(&rc, &tok, toks, n_toks, &gp, run_on_token, &ro, &gm, &err);
         }
+        if (grc == 0 && receipts) grc = ring_receipts_finish(&rc, 10.0, &err); /* the last steps' receipts */
         if (grc == 0) {
             fprintf(stderr, "\n");
             ring_print_stats(&rc, stderr);

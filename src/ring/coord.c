@@ -20,6 +20,9 @@
 #include "ggml.h"
 #include "gguf.h"
 
+static void ring_take_receipt(ring_coord *rc, int from, const zs_parts *p, const rf_header *h);
+static void ring_trav_drop(ring_coord *rc, struct ring_trav *t);
+
 ring_opts ring_opts_default(void) {
     /* A dead process or a dropped network is noticed by the link itself: a closed connection at once, and
      * ZeroMQ's transport heartbeats (answered by its I/O thread even while a node computes) close a silent
@@ -178,6 +181,7 @@ static int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const
                     *out = p;
                     return 0;
                 }
+                if (h->type == RF_RECEIPT && rc->o.receipts) ring_take_receipt(rc, i, &p, h);
                 zs_parts_free(&p); /* PONGs and late answers */
             }
         }
@@ -524,7 +528,10 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
 void ring_close(ring_coord *rc) {
     if (rc->have_book) rcpt_book_free(&rc->book);
     rc->have_book = false;
-    for (int i = 0; i < rc->n_pending; i++) free(rc->pending[i].seqs);
+    while (rc->n_travs > 0) ring_trav_drop(rc, &rc->travs[0]);
+    free(rc->travs);
+    rc->travs = NULL;
+    rc->cap_travs = 0;
     rc->n_pending = 0;
     for (int i = 0; i < rc->conf.n; i++) {
         if (rc->nodes[i].sock) {
@@ -582,18 +589,41 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
         rf_receipts rx;
         memset(&rx, 0, sizeof rx);
         randombytes_buf(rx.nonce, 32);
-        memcpy(pd->nonce, rx.nonce, 32);
         rf_receipts_encode(&rx, NULL, 0, sb + sbl);
         sbl += rf_receipts_size(&rx, 0);
-        rcpt_hash(toks, total * 4, pd->first_in);
-        pd->seqs = malloc((size_t)n_reqs * sizeof *pd->seqs);
-        if (!pd->seqs) {
+        if (rc->rcpt_failed) {
+            free(toks);
+            free(h);
+            return rl_errf(err, "%s", rc->rcpt_error);
+        }
+        if (rc->n_travs == rc->cap_travs) {
+            int cap = rc->cap_travs ? rc->cap_travs * 2 : 32;
+            struct ring_trav *nt = realloc(rc->travs, (size_t)cap * sizeof *nt);
+            if (!nt) {
+                free(toks);
+                free(h);
+                return rl_errf(err, "out of memory");
+            }
+            rc->travs = nt;
+            rc->cap_travs = cap;
+        }
+        struct ring_trav *t = &rc->travs[rc->n_travs];
+        memset(t, 0, sizeof *t);
+        t->step_id = h->step_id;
+        memcpy(t->nonce, rx.nonce, 32);
+        rcpt_hash(toks, total * 4, t->first_in);
+        t->seqs = malloc((size_t)n_reqs * sizeof *t->seqs);
+        t->rs = calloc((size_t)rc->plan.n_stages, sizeof *t->rs);
+        t->got = calloc((size_t)rc->plan.n_stages, sizeof *t->got);
+        if (!t->seqs || !t->rs || !t->got) {
+            free(t->seqs), free(t->rs), free(t->got);
             free(toks);
             free(h);
             return rl_errf(err, "out of memory");
         }
-        for (int i = 0; i < n_reqs; i++) pd->seqs[i] = (rcpt_seq){reqs[i].seq_id, reqs[i].pos, reqs[i].n};
-        pd->n_seqs = (uint32_t)n_reqs;
+        for (int i = 0; i < n_reqs; i++) t->seqs[i] = (rcpt_seq){reqs[i].seq_id, reqs[i].pos, reqs[i].n};
+        t->n_seqs = (uint32_t)n_reqs;
+        rc->n_travs++;
     }
     pd->step_id = h->step_id;
     pd->t_send_real = rf_now();
@@ -616,9 +646,6 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
     if (r == 0) {
         rc->n_pending++;
         *step_id = h->step_id;
-    } else {
-        free(pd->seqs);
-        pd->seqs = NULL;
     }
     free(h);
     return r;
@@ -643,50 +670,108 @@ static void ring_account(ring_coord *rc, const zs_parts *p, const struct ring_pe
     rc->stats[ns].n++;
 }
 
-/* Checks the receipts a traversal came back with: every stage's signature, signer, range, manifest,
- * the chain of hashes from what we sent to what we got back, the positions and the nonce. */
-static int ring_check_receipts(ring_coord *rc, struct ring_pending *pd, rl_err *err) {
-    const zs_parts *p = &pd->parts;
-    rf_receipts rx;
-    int d = p->n >= 3 ? rf_receipts_decode(&rx, p->data[2], p->len[2], err) : 1;
-    if (d != 0) return d < 0 ? -1 : rl_errf(err, "receipts: the traversal came back without receipts");
-    if (memcmp(rx.nonce, pd->nonce, 32) != 0) return rl_errf(err, "receipts: the traversal carries another nonce");
-    rcpt_receipt *rs = calloc(rx.n ? rx.n : 1, sizeof *rs);
-    if (!rs) return rl_errf(err, "out of memory");
-    int rc_ = 0;
-    for (uint32_t i = 0; i < rx.n && rc_ == 0; i++) {
-        if (rcpt_unpack(&rs[i], rx.data[i], rx.len[i], err) != 0) rc_ = rl_err_prefix(err, "receipts: stage %u", i);
+/* ---- receipts: gathered out of band, checked when complete ---------------------------------------- */
+
+static struct ring_trav *ring_trav_find(ring_coord *rc, uint64_t step) {
+    for (int i = 0; i < rc->n_travs; i++) {
+        if (rc->travs[i].step_id == step) return &rc->travs[i];
     }
-    uint8_t last_out[32];
-    rcpt_hash(p->data[1], p->len[1], last_out);
+    return NULL;
+}
+
+static void ring_trav_drop(ring_coord *rc, struct ring_trav *t) {
+    free(t->seqs);
+    free(t->rs);
+    free(t->got);
+    *t = rc->travs[--rc->n_travs];
+}
+
+static void ring_rcpt_fail(ring_coord *rc, const char *msg) {
+    if (rc->rcpt_failed) return; /* keep the first */
+    rc->rcpt_failed = true;
+    snprintf(rc->rcpt_error, sizeof rc->rcpt_error, "receipts: %s", msg);
+}
+
+/* A traversal with its result and every stage's receipt: check it, log it, forget it. */
+static void ring_trav_check(ring_coord *rc, struct ring_trav *t) {
+    if (!t->have_result || t->n_got < rc->plan.n_stages) return;
     rcpt_seq sorted[RF_MAX_SEQS];
-    memcpy(sorted, pd->seqs, pd->n_seqs * sizeof *sorted);
-    for (uint32_t i = 1; i < pd->n_seqs; i++) { /* the receipts' canonical order */
+    memcpy(sorted, t->seqs, t->n_seqs * sizeof *sorted);
+    for (uint32_t i = 1; i < t->n_seqs; i++) { /* the receipts' canonical order */
         for (uint32_t j = i; j > 0 && sorted[j - 1].seq_id > sorted[j].seq_id; j--) {
-            rcpt_seq t = sorted[j];
+            rcpt_seq x = sorted[j];
             sorted[j] = sorted[j - 1];
-            sorted[j - 1] = t;
+            sorted[j - 1] = x;
         }
     }
-    if (rc_ == 0) {
-        rcpt_expect e = {.ring_id = rc->ring_id, .request_id = pd->step_id, .n_layer = rc->hp.n_layer,
-                         .n_stages = rc->plan.n_stages, .stages = rc->rexp, .seen = &rc->book,
-                         .first_in = pd->first_in, .last_out = last_out, .seqs = sorted, .n_seqs = pd->n_seqs};
-        memcpy(e.nonce, pd->nonce, 32);
-        if (rcpt_check_traversal(rs, (int)rx.n, &e, err) != 0) rc_ = rl_err_prefix(err, "receipts");
-    }
-    for (uint32_t i = 0; rc_ == 0 && rc->o.receipts_out && i < rx.n; i++) {
-        char *line = NULL;
-        if (rcpt_to_json(&rs[i], &line, err) != 0) {
-            rc_ = -1;
-            break;
+    rcpt_expect e = {.ring_id = rc->ring_id, .request_id = t->step_id, .n_layer = rc->hp.n_layer,
+                     .n_stages = rc->plan.n_stages, .stages = rc->rexp, .seen = &rc->book, .first_in = t->first_in,
+                     .last_out = t->last_out, .seqs = sorted, .n_seqs = t->n_seqs};
+    memcpy(e.nonce, t->nonce, 32);
+    rl_err err;
+    if (rcpt_check_traversal(t->rs, rc->plan.n_stages, &e, &err) != 0) {
+        ring_rcpt_fail(rc, err.msg);
+    } else {
+        rc->receipts_checked += rc->plan.n_stages;
+        for (int i = 0; rc->o.receipts_out && i < rc->plan.n_stages; i++) {
+            char *line = NULL;
+            if (rcpt_to_json(&t->rs[i], &line, &err) == 0) fprintf(rc->o.receipts_out, "%s\n", line);
+            free(line);
         }
-        fprintf(rc->o.receipts_out, "%s\n", line);
-        free(line);
     }
-    if (rc_ == 0) rc->receipts_checked += rx.n;
-    free(rs);
-    return rc_;
+    ring_trav_drop(rc, t);
+}
+
+/* A RECEIPT message from node `from`: it goes in the slot of the stage that node was assigned, whatever
+ * the receipt claims (the link is authenticated; a node claiming another range is then caught). */
+static void ring_take_receipt(ring_coord *rc, int from, const zs_parts *p, const rf_header *h) {
+    struct ring_trav *t = ring_trav_find(rc, h->step_id);
+    int stage = -1;
+    for (int s = 0; s < rc->plan.n_stages; s++) {
+        if (rc->plan.stages[s].node == from) stage = s;
+    }
+    char msg[300];
+    if (!t || stage < 0) {
+        snprintf(msg, sizeof msg, "node %s sent a receipt for step %llu that is not in flight", rc->conf.nodes[from].addr,
+                 (unsigned long long)h->step_id);
+        ring_rcpt_fail(rc, msg);
+        return;
+    }
+    rl_err err;
+    if (t->got[stage] || rcpt_unpack(&t->rs[stage], p->data[1], p->len[1], &err) != 0) {
+        snprintf(msg, sizeof msg, "node %s (stage %d) sent %s for step %llu: %s", rc->conf.nodes[from].addr, stage,
+                 t->got[stage] ? "a second receipt" : "an unreadable receipt", (unsigned long long)h->step_id,
+                 t->got[stage] ? "replay?" : err.msg);
+        ring_rcpt_fail(rc, msg);
+        return;
+    }
+    t->got[stage] = true;
+    t->n_got++;
+    ring_trav_check(rc, t);
+}
+
+int ring_receipts_finish(ring_coord *rc, double timeout_s, rl_err *err) {
+    if (!rc->o.receipts) return 0;
+    double t0 = mono();
+    while (rc->n_travs > 0 && !rc->rcpt_failed && mono() - t0 < timeout_s) {
+        zs_parts p;
+        rf_header h;
+        int from;
+        rl_err e2;
+        /* Nothing of this type comes: the wait just services RECEIPT messages for 50 ms. */
+        if (ring_wait(rc, RF_FETCH_BEGIN, -1, 0.05, NULL, &from, &p, &h, &e2) == 0) zs_parts_free(&p);
+    }
+    if (rc->rcpt_failed) return rl_errf(err, "%s", rc->rcpt_error);
+    if (rc->n_travs > 0) {
+        struct ring_trav *t = &rc->travs[0];
+        int missing = 0;
+        for (int s = 0; s < rc->plan.n_stages && t->got; s++) {
+            if (!t->got[s]) missing = s;
+        }
+        return rl_errf(err, "receipts: stage %d (%s) sent no receipt for step %llu within %.0f s", missing,
+                       rc->conf.nodes[rc->plan.stages[missing].node].addr, (unsigned long long)t->step_id, timeout_s);
+    }
+    return 0;
 }
 
 int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_reqs, rl_err *err) {
@@ -753,9 +838,16 @@ int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_req
         }
     }
     free(h2);
-    if (rc_ == 0 && rc->o.receipts) rc_ = ring_check_receipts(rc, pd, err);
+    if (rc_ == 0 && rc->o.receipts) {
+        struct ring_trav *t = ring_trav_find(rc, pd->step_id);
+        if (t) {
+            rcpt_hash(p->data[1], p->len[1], t->last_out);
+            t->have_result = true;
+            ring_trav_check(rc, t);
+        }
+        if (rc->rcpt_failed) rc_ = rl_errf(err, "%s", rc->rcpt_error);
+    }
     zs_parts_free(p);
-    free(pd->seqs);
     *pd = rc->pending[--rc->n_pending]; /* unordered removal */
     return rc_;
 }

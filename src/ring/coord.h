@@ -84,15 +84,28 @@ typedef struct ring_coord {
     rcpt_nonce_book book;
     bool have_book;
     long receipts_checked;
+    /* Traversals whose receipts are still arriving (each stage sends its own after forwarding). They are
+     * checked when complete, while the coordinator waits for the ring anyway; a failure is kept in
+     * rcpt_error and fails the next step (or ring_receipts_finish). */
+    struct ring_trav {
+        uint64_t step_id;
+        uint8_t nonce[32], first_in[32], last_out[32];
+        bool have_result;
+        rcpt_seq *seqs;
+        uint32_t n_seqs;
+        rcpt_receipt *rs; /* [n_stages], by the stage of the node that sent it */
+        bool *got;
+        int n_got;
+    } *travs;
+    int n_travs, cap_travs;
+    bool rcpt_failed;
+    char rcpt_error[1024];
     /* Steps in flight: submit time, and results that arrived before their collect. */
     struct ring_pending {
         uint64_t step_id;
         double t_send_real, t_send_mono;
         bool done;
         zs_parts parts;
-        uint8_t nonce[32], first_in[32]; /* receipts: what this traversal's receipts must carry */
-        rcpt_seq *seqs;
-        uint32_t n_seqs;
     } pending[64];
     int n_pending;
     double traversal_s;
@@ -134,6 +147,10 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
  * of other steps that arrive meanwhile are kept for their own collect. */
 int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_reqs, rl_err *err);
 int ring_step(ring_coord *rc, ring_seq_req *reqs, int n_reqs, rl_err *err);
+
+/* Waits (at most timeout_s) for the receipts of every traversal so far and checks them. Fails if any
+ * failed a check or never came. */
+int ring_receipts_finish(ring_coord *rc, double timeout_s, rl_err *err);
 
 /* Forgets sequences on every node. */
 int ring_free_seqs(ring_coord *rc, const uint64_t *ids, int n, rl_err *err);

@@ -56,7 +56,8 @@ enum rf_type {
     RF_FETCH_DATA = 12,
     RF_FETCH_ACK = 13,
     RF_FETCH_END = 14,
-    RF_TYPE_MAX = 14
+    RF_RECEIPT = 15, /* node -> coord: this stage's signed receipt for step_id (out of band) */
+    RF_TYPE_MAX = 15
 };
 
 /* Per-sequence flags. */
@@ -109,9 +110,11 @@ size_t rf_stamps_size(uint32_t n);
 void rf_stamps_encode(const rf_stamp *s, uint32_t n, uint8_t *buf);
 int rf_stamps_decode(rf_stamp *s, uint32_t *n, const uint8_t *buf, size_t len, rl_err *err);
 
-/* The stamps part may carry an extension after the stamps: the traversal's receipts (trust/receipt.h).
+/* The stamps part may carry an extension after the stamps, asking for receipts (trust/receipt.h):
  *   "RCX1" | 32-byte nonce (fresh from the coordinator) | u32 n | n x (u32 len | packed receipt)
- * A coordinator that wants receipts sends the extension with n = 0; every stage appends its own. */
+ * A coordinator that wants receipts sends it with n = 0 and every stage passes it on unchanged; each
+ * stage sends its own receipt to the coordinator in a RECEIPT message AFTER forwarding the frame, so
+ * hashing and signing stay off the ring's critical path. (n > 0 is still read, for in-band use.) */
 #define RF_MAX_RECEIPTS 64
 typedef struct rf_receipts {
     uint8_t nonce[32];

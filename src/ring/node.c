@@ -434,6 +434,43 @@ static void node_free_seq(node_seq *q) {
     memset(q, 0, sizeof *q);
 }
 
+
+/* Signs this stage's receipt for one traversal and sends it to the coordinator (out of band). */
+static void node_send_receipt(node *n, const rf_header *h, const rf_receipts *rx, const void *in, size_t in_len,
+                              const void *out_bytes, size_t out_len) {
+    rl_err err;
+    rcpt_receipt *r = calloc(1, sizeof *r);
+    rcpt_seq sq[RF_MAX_SEQS];
+    uint8_t packed[RCPT_MAX_PACKED];
+    size_t packed_len = 0;
+    for (uint32_t i = 0; i < h->n_seqs; i++) {
+        sq[i] = (rcpt_seq){.seq_id = h->seqs[i].seq_id, .pos = h->seqs[i].pos, .n_tokens = h->seqs[i].n_tokens};
+    }
+    int ok = r != NULL;
+    if (ok && !n->have_manifest) {
+        ok = mfst_range_hash(&n->m, &n->hp, n->a, n->b, n->manifest, &err) == 0;
+        n->have_manifest = ok;
+    }
+    if (ok) {
+        r->ring_id = h->ring_id;
+        r->request_id = h->step_id;
+        memcpy(r->nonce, rx->nonce, 32);
+        memcpy(r->manifest, n->manifest, 32);
+        r->layer_start = n->a;
+        r->layer_end = n->b;
+        rcpt_hash(in, in_len, r->in_hash);
+        rcpt_hash(out_bytes, out_len, r->out_hash);
+        ok = rcpt_set_seqs(r, sq, h->n_seqs, &err) == 0 && rcpt_sign(r, &n->o->id, &err) == 0 &&
+             rcpt_pack(r, packed, sizeof packed, &packed_len, &err) == 0;
+    }
+    free(r);
+    if (!ok) {
+        node_error(n, h->step_id, "cannot sign a receipt: %s", err.msg);
+        return;
+    }
+    node_reply(n, RF_RECEIPT, h->step_id, packed, packed_len);
+}
+
 static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
     rl_err err;
     double t_recv = rf_now();
@@ -666,49 +703,15 @@ static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
         goto out;
     }
     oh.payload_bytes = plen;
-    uint8_t packed[RCPT_MAX_PACKED];
-    size_t packed_len = 0;
-    if (want_receipt) {
-        /* What this stage received and what it sends on, as bytes: the next stage (or the coordinator,
-         * for the last) hashes the same bytes, so the chain can be checked. */
-        rcpt_receipt *r = calloc(1, sizeof *r);
-        rcpt_seq sq[RF_MAX_SEQS];
-        for (uint32_t i = 0; i < h->n_seqs; i++) {
-            sq[i] = (rcpt_seq){.seq_id = h->seqs[i].seq_id, .pos = h->seqs[i].pos, .n_tokens = h->seqs[i].n_tokens};
-        }
-        int ok = r != NULL;
-        if (ok && !n->have_manifest) {
-            ok = mfst_range_hash(&n->m, &n->hp, n->a, n->b, n->manifest, &err) == 0;
-            n->have_manifest = ok;
-        }
-        if (ok) {
-            r->ring_id = h->ring_id;
-            r->request_id = h->step_id;
-            memcpy(r->nonce, rx.nonce, 32);
-            memcpy(r->manifest, n->manifest, 32);
-            r->layer_start = n->a;
-            r->layer_end = n->b;
-            rcpt_hash(p->data[2], p->len[2], r->in_hash);
-            rcpt_hash(payload, plen, r->out_hash);
-            ok = rcpt_set_seqs(r, sq, h->n_seqs, &err) == 0 && rcpt_sign(r, &n->o->id, &err) == 0 &&
-                 rcpt_pack(r, packed, sizeof packed, &packed_len, &err) == 0;
-        }
-        free(r);
-        if (!ok) {
-            free(payload);
-            node_error(n, h->step_id, "cannot sign a receipt: %s", err.msg);
-            goto out;
-        }
-    }
     stamps[n_stamps - 1].t_send = rf_now();
     size_t hl = rf_header_size(oh.n_seqs), sl = rf_stamps_size(n_stamps);
-    size_t xl = want_receipt ? rf_receipts_size(&rx, packed_len) : 0;
+    size_t xl = want_receipt ? rf_receipts_size(&rx, 0) : 0;
     uint8_t *hb = malloc(hl), *sb = malloc(sl + xl);
     sl += xl;
     if (hb && sb) {
         rf_header_encode(&oh, hb);
         rf_stamps_encode(stamps, n_stamps, sb);
-        if (want_receipt) rf_receipts_encode(&rx, packed, packed_len, sb + rf_stamps_size(n_stamps));
+        if (want_receipt) rf_receipts_encode(&rx, NULL, 0, sb + rf_stamps_size(n_stamps));
         if (!last) {
             const void *parts[4] = {hb, payload, sb, p->n > 4 ? p->data[4] : NULL};
             size_t lens[4] = {hl, plen, sl, p->n > 4 ? p->len[4] : 0};
@@ -723,6 +726,9 @@ static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
     }
     free(hb);
     free(sb);
+    /* The frame is on its way: now hash what came in and what went out, sign, and tell the coordinator
+     * directly. The next stage hashes the same bytes as its input, so the coordinator can check the chain. */
+    if (want_receipt) node_send_receipt(n, h, &rx, p->data[2], p->len[2], payload, plen);
     free(payload);
 out:
     free(rows);

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The cost of receipts: a ring of local nodes decoding with and without --receipts, in alternating pairs
+# (adjacent runs share machine conditions); reports the median per-pair slowdown of decode tok/s.
+#
+#   bench/bench_receipts.sh [--model FILE] [--nodes N] [--pairs N] [--gen N]
+# Writes bench/results/receipts.json and .md. The issue's goal: at most 1% of decode time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+model=bench/models/medium.gguf nodes=4 pairs=7 gen=33
+while [ $# -gt 0 ]; do
+    case $1 in
+        --model) model=$2; shift 2 ;; --nodes) nodes=$2; shift 2 ;; --pairs) pairs=$2; shift 2 ;;
+        --gen) gen=$2; shift 2 ;; *) echo "bench_receipts: unknown option $1" >&2; exit 2 ;;
+    esac
+done
+make -s ringlm
+[ -f "$model" ] || { echo "bench_receipts: $model is missing (bench/bench_single.sh synthesizes it)" >&2; exit 1; }
+w=$(mktemp -d)
+pids=()
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null; rm -rf "$w"' EXIT
+mkdir -p "$w/models" bench/results
+ln -s "$(realpath "$model")" "$w/models/m.gguf"
+./ringlm keygen -o "$w/c.key" >"$w/c.pub"
+: >"$w/ring.conf"
+for i in $(seq "$nodes"); do
+    ./ringlm keygen -o "$w/n$i.key" >"$w/n$i.pub"
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    ./ringlm node --listen "127.0.0.1:$port" --key "$w/n$i.key" --allow "$(cat "$w/c.pub")" --models "$w/models" \
+        --threads 1 --speed 10 >"$w/n$i.log" 2>&1 &
+    pids+=($!)
+    echo "127.0.0.1:$port $(cat "$w/n$i.pub")" >>"$w/ring.conf"
+done
+for i in $(seq "$nodes"); do
+    for _ in $(seq 100); do grep -q "ready:" "$w/n$i.log" && break; sleep 0.1; done
+done
+run() { # run MODE -> decode tok/s
+    local extra=()
+    [ "$1" = receipts ] && extra=(--receipts "$w/r.jsonl")
+    timeout 300 ./ringlm run -m "$model" --tokens 5 -n "$gen" --temp 0 --ignore-eos --ids --ring "$w/ring.conf" \
+        --key "$w/c.key" --metrics-json "$w/m.json" "${extra[@]}" >/dev/null 2>"$w/e.log"
+    sed -n 's/.*"decode_tok_s":[[:space:]]*\([0-9.e+-]*\).*/\1/p' "$w/m.json"
+}
+plain=() rec=() slow=()
+for p in $(seq "$pairs"); do
+    a=$(run plain); b=$(run receipts)
+    plain+=("$a"); rec+=("$b")
+    slow+=("$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.4f", 100 * (a - b) / a }')")
+    echo "pair $p: plain $a tok/s, receipts $b tok/s, slowdown ${slow[-1]}%" >&2
+done
+median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+ms=$(median "${slow[@]}")
+n_rcpt=$(wc -l <"$w/r.jsonl")
+cat >bench/results/receipts.json <<JSON
+{"benchmark": "receipts cost", "command": "bench/bench_receipts.sh --nodes $nodes --pairs $pairs --gen $gen",
+ "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)", "model": "$model", "nodes": $nodes,
+ "plain_decode_tok_s": [$(IFS=,; echo "${plain[*]}")], "receipts_decode_tok_s": [$(IFS=,; echo "${rec[*]}")],
+ "slowdown_percent_per_pair": [$(IFS=,; echo "${slow[*]}")], "median_slowdown_percent": $ms,
+ "receipts_in_last_run": $n_rcpt, "goal_percent": 1.0}
+JSON
+cat >bench/results/receipts.md <<MD
+# Receipts cost
+
+\`bench/bench_receipts.sh --nodes $nodes --pairs $pairs --gen $gen\`, $(date -u +%Y-%m-%d), model \`$model\`, $nodes local
+nodes (1 thread each), greedy decode of $gen tokens, alternating runs without and with \`--receipts\` (every
+stage hashes its input and output and signs; the coordinator checks every traversal: $n_rcpt receipts in
+the last run).
+
+Per-pair slowdown of decode tok/s (%): ${slow[*]}. **Median: ${ms}%** (goal: at most 1%).
+MD
+cat bench/results/receipts.md
