@@ -1,4 +1,5 @@
-/* ringlm serve: the OpenAI-compatible HTTP server on one machine (src/serve/, docs/serve.md). */
+/* ringlm serve: the OpenAI-compatible HTTP server, on this machine or on a ring of nodes (src/serve/,
+ * docs/serve.md). */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -7,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../serve/backend_ring.h"
 #include "../serve/http.h"
 #include "../serve/scheduler.h"
 #include "cli.h"
@@ -15,7 +17,8 @@ static void serve_usage(FILE *f) {
     fprintf(f,
             "usage: ringlm serve -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
             "                    [--parallel N] [--ctx N] [--queue N] [--threads N] [--chunk N]\n"
-            "                    [--max-body BYTES] [--drain SECONDS] [--quiet]\n\n"
+            "                    [--max-body BYTES] [--drain SECONDS] [--quiet]\n"
+            "                    [--ring ring.conf --key coord.key [--wire f32|f16|bf16]]\n\n"
             "Serves the model over an OpenAI-compatible HTTP API (docs/serve.md):\n"
             "  POST /v1/chat/completions, POST /v1/completions (streamed with \"stream\": true),\n"
             "  GET /v1/models, GET /health, GET /metrics (Prometheus), GET / (a chat page).\n"
@@ -27,14 +30,18 @@ static void serve_usage(FILE *f) {
             "  --parallel N   sequences generated at once (default 4); each holds a --ctx state\n"
             "  --ctx N        context of each sequence, prompt + generated tokens (default 4096)\n"
             "  --queue N      requests that may wait for a free sequence (default 16); more get 429\n"
-            "  --threads N    compute threads (default: all cores)\n"
+            "  --threads N    compute threads on this machine (default: all cores; not used with --ring)\n"
             "  --chunk N      prompt tokens per step over all new requests (default 256)\n"
             "  --max-body B   largest request body in bytes (default 1048576); larger gets 413\n"
             "  --drain S      on SIGINT/SIGTERM, let running requests finish for up to S seconds\n"
             "                 (default 30), then cancel them; a second signal cancels at once\n"
-            "  --quiet        no log line per request\n\n"
-            "Runs on this machine. Serving from a ring of nodes (--ring ring.conf --key coord.key) is\n"
-            "coming: the scheduler already talks to its model through a backend interface for it.\n");
+            "  --quiet        no log line per request\n"
+            "  --ring FILE    run the model on the nodes in FILE (\"HOST:PORT PUBKEY_HEX [mem=GB]\" per line)\n"
+            "                 as their coordinator with identity --key: every step is one frame through the\n"
+            "                 ring carrying every running request; a ring that breaks answers 503 and is\n"
+            "                 re-planned at the next request once every node answers again\n"
+            "  --key FILE     the coordinator's key (ringlm keygen), with --ring\n"
+            "  --wire T       boundary states between nodes as f32 (default, exact), f16 or bf16\n");
 }
 
 static double serve_now(void) {
@@ -50,7 +57,8 @@ static const char *serve_model_id(const char *path) {
 }
 
 int cmd_serve(int argc, char **argv) {
-    const char *model = NULL, *host = "127.0.0.1", *api_key = NULL;
+    const char *model = NULL, *host = "127.0.0.1", *api_key = NULL, *ring_path = NULL, *key_path = NULL;
+    const char *wire = "f32";
     int port = 8080, parallel = 4, ctx = 4096, queue = 16, chunk = 256, drain = 30;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     unsigned long long max_body = 1u << 20;
@@ -65,16 +73,18 @@ int cmd_serve(int argc, char **argv) {
             quiet = true;
             continue;
         }
-        if (strcmp(a, "--ring") == 0 || strcmp(a, "--key") == 0) {
-            fprintf(stderr, "ringlm serve: %s: serving from a ring is not available yet; ringlm serve runs the model "
-                            "on this machine (use ringlm run --ring for a ring)\n", a);
-            return 2;
-        }
         const char *v = i + 1 < argc ? argv[++i] : NULL;
         int bad = v == NULL;
         if (bad) {
         } else if (strcmp(a, "-m") == 0) {
             model = v;
+        } else if (strcmp(a, "--ring") == 0) {
+            ring_path = v;
+        } else if (strcmp(a, "--key") == 0) {
+            key_path = v;
+        } else if (strcmp(a, "--wire") == 0) {
+            wire = v;
+            bad = strcmp(v, "f32") && strcmp(v, "f16") && strcmp(v, "bf16");
         } else if (strcmp(a, "--host") == 0) {
             host = v;
         } else if (strcmp(a, "--api-key") == 0) {
@@ -110,6 +120,10 @@ int cmd_serve(int argc, char **argv) {
         serve_usage(stderr);
         return 2;
     }
+    if (!ring_path != !key_path) {
+        fprintf(stderr, "ringlm serve: --ring and --key go together (the ring's nodes, the coordinator's identity)\n");
+        return 2;
+    }
 
     /* SIGINT/SIGTERM are blocked here, before any thread exists, so every thread inherits the mask and the
      * signals stay pending until this thread takes them with sigwaitinfo: shutdown then runs as ordinary
@@ -128,6 +142,8 @@ int cmd_serve(int argc, char **argv) {
     k3_engine e;
     tok_tokenizer tok;
     sch_backend be;
+    ring_conf rconf;
+    rk_identity rid;
     sch_sched s;
     http_server h;
     bool have_tok = false, have_engine = false, have_sched = false;
@@ -139,10 +155,21 @@ int cmd_serve(int argc, char **argv) {
     rl_err chat_err = {{0}};
     bool have_chat = chat_detect_model(&m, &fmt, &chat_err) == 0;
     if (!have_chat) fprintf(stderr, "ringlm serve: warning: /v1/chat/completions disabled: %s\n", chat_err.msg);
-    if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, threads, &err) != 0) goto out;
-    have_engine = true;
-    k3_weights_prefault(&e.w, isatty(2) && m.tensor_bytes > (64u << 20));
-    if (sch_backend_local(&be, &e, parallel, (uint32_t)ctx, &err) != 0) goto out;
+    if (ring_path) {
+        /* The model file stays mapped here for its hash, its tokenizer and the layers streamed to nodes that
+         * lack it; the nodes compute. */
+        if (ring_conf_load(&rconf, ring_path, &err) != 0 || rk_load(&rid, key_path, &err) != 0) goto out;
+        sch_ring_config rcfg = {.conf = &rconf, .id = &rid, .m = &m, .hp = &hp, .opts = ring_opts_default(),
+                                .n_slots = parallel};
+        rcfg.opts.n_ctx = (uint32_t)ctx;
+        rcfg.opts.wire = strcmp(wire, "f16") == 0 ? 1 : strcmp(wire, "bf16") == 0 ? 2 : 0;
+        if (sch_backend_ring(&be, &rcfg, &err) != 0) goto out;
+    } else {
+        if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, threads, &err) != 0) goto out;
+        have_engine = true;
+        k3_weights_prefault(&e.w, isatty(2) && m.tensor_bytes > (64u << 20));
+        if (sch_backend_local(&be, &e, parallel, (uint32_t)ctx, &err) != 0) goto out;
+    }
     sch_config sc = {.queue_cap = queue, .chunk = (uint32_t)chunk};
     if (sch_init(&s, &be, &tok, &sc, &err) != 0) {
         be.free(be.impl);
@@ -154,10 +181,13 @@ int cmd_serve(int argc, char **argv) {
                       .model_id = serve_model_id(model), .have_chat = have_chat, .chat_fmt = fmt,
                       .chat_err = chat_err.msg, .max_connections = 64 + 2 * (parallel + queue), .quiet = quiet};
     if (http_start(&h, &hc, &s, &tok, &err) != 0) goto out;
+    char where[64];
+    if (ring_path) snprintf(where, sizeof where, "a ring of %d nodes", rconf.n);
+    else snprintf(where, sizeof where, "%d threads", threads);
     fprintf(stderr,
-            "ringlm serve: listening on http://%s%s%s:%d  (model %s, %d sequences x %d tokens, queue %d, %d threads%s)\n",
+            "ringlm serve: listening on http://%s%s%s:%d  (model %s, %d sequences x %d tokens, queue %d, %s%s)\n",
             strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", h.port, hc.model_id, parallel, ctx, queue,
-            threads, api_key ? ", API key required" : "");
+            where, api_key ? ", API key required" : "");
 
     int sig;
     do sig = sigwaitinfo(&stop_sigs, NULL);

@@ -641,7 +641,9 @@ static void http_sse_end(http_stream *st, const sch_update *u) {
     if (u->fin == SCH_FIN_ERROR || u->fin == SCH_FIN_CANCELLED) {
         /* Headers (200) are long gone: the error travels in the stream, as OpenAI's does. */
         const char *msg = u->fin == SCH_FIN_ERROR ? u->err : "the request was cancelled (the server is shutting down)";
-        cJSON *e = http_error_json(msg, "server_error", NULL, u->fin == SCH_FIN_ERROR ? "internal_error" : "cancelled");
+        cJSON *e = http_error_json(msg, "server_error", NULL,
+                                   u->fin == SCH_FIN_ERROR ? (u->unavailable ? "unavailable" : "internal_error")
+                                                           : "cancelled");
         char *s = cJSON_PrintUnformatted(e);
         cJSON_Delete(e);
         if (s) {
@@ -800,6 +802,9 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
     http_job_free(&jb);
     if (u.fin == SCH_FIN_ERROR || u.fin == SCH_FIN_CANCELLED) {
         free(text.p);
+        if (u.fin == SCH_FIN_ERROR && u.unavailable) { /* a ring node is down: try again later */
+            return http_send_error(hc, c, 503, "server_error", "unavailable", NULL, "%s", u.err);
+        }
         if (u.fin == SCH_FIN_ERROR) {
             return http_send_error(hc, c, 500, "server_error", "internal_error", NULL, "generation failed: %s", u.err);
         }

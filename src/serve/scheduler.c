@@ -268,6 +268,7 @@ bool sch_request_wait(sch_request *r, int timeout_ms, sch_update *u) {
     u->n_prompt = (int)r->n_prompt;
     u->n_gen = r->n_gen;
     memcpy(u->err, r->err, sizeof u->err);
+    u->unavailable = r->unavailable;
     pthread_mutex_unlock(&s->mu);
     return news;
 }
@@ -540,6 +541,7 @@ static void *sch_main(void *arg) {
             sch_request *r = s->step_req[k];
             sch_step *sp = &s->steps[k];
             if (rc != 0) {
+                r->unavailable = rc == SCH_STEP_UNAVAILABLE;
                 sch_finish_req(s, r, SCH_FIN_ERROR, err.msg, false);
                 continue;
             }

@@ -43,13 +43,17 @@
  * *smp; later entries of that slot continue where the previous one stopped. Every token given to a
  * sequence also enters its sampler's penalty history, in order (the prompt counts, as in gen_run). An
  * entry with `sample` gets the token sampled from the logits after its last token in `token`. Returns 0,
- * or -1 with err set; after a failure the scheduler gives up the sequences of that batch (it ends them and
- * fails their requests), so a backend need not roll anything back.
+ * or -1 with err set, or SCH_STEP_UNAVAILABLE with err set when the model cannot be reached (a ring with a
+ * node down): the same failure, but its requests are answered 503 rather than 500. After a failure the
+ * scheduler gives up the sequences of that batch (it ends them and fails their requests), so a backend
+ * need not roll anything back.
  *
  * end(): the sequence in `slot` is finished or abandoned; the slot's next entry will have `begin`.
  * nodes(): what /health and /metrics show per node (fills up to max, returns the count).
  *
  * All three are called from the scheduler thread only, never concurrently. */
+#define SCH_STEP_UNAVAILABLE (-2)
+
 typedef struct sch_step {
     int slot;
     bool begin;
@@ -123,6 +127,7 @@ typedef struct sch_request {
     bool cancelled;
     sch_finish fin;
     char err[256];
+    bool unavailable;        /* SCH_FIN_ERROR because the backend returned SCH_STEP_UNAVAILABLE */
     char *out;               /* text produced and not yet taken by sch_request_wait */
     size_t out_len, out_cap;
     int n_gen;               /* completion tokens so far */
@@ -145,6 +150,7 @@ typedef struct sch_update {
     sch_finish fin;
     int n_prompt, n_gen;
     char err[256];
+    bool unavailable; /* with SCH_FIN_ERROR: the model could not be reached (answer 503) */
 } sch_update;
 
 /* ---- the scheduler ----------------------------------------------------------------------------------- */

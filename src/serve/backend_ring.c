@@ -1,0 +1,453 @@
+/* backend_ring.c - the scheduler's backend on a ring of nodes (see backend_ring.h). */
+#include "backend_ring.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+/* A scheduler slot's sequence on the ring. */
+typedef struct ring_slot {
+    uint64_t seq_id;   /* 0: nothing on the ring */
+    uint64_t gen;      /* the ring (B->gen) that holds its state */
+    uint32_t pos;      /* tokens that ring holds for it */
+    rf_sampling smp;
+    bool sampled;      /* it returned a token, so it cannot be replayed exactly: no history is kept */
+    int32_t *hist;     /* while !sampled: every token given so far (a replay sends them again) */
+    uint32_t n_hist, cap_hist;
+} ring_slot;
+
+typedef struct sch_ring {
+    sch_ring_config cfg;
+    ring_coord *rc;
+    bool open;
+    uint64_t gen;                 /* bumped at every successful ring_open */
+    uint64_t next_seq;            /* ring sequence ids: never reused, across re-opens too */
+    char broke[512];              /* why the ring broke (empty while it is whole) */
+    char why_down[512];           /* why the last re-open failed */
+    double retry_at;              /* after a slow failed re-open: fail at once until then */
+    plan_result plan;             /* the last plan that opened */
+    bool up[PLAN_MAX_NODES];      /* per ring.conf node: the coordinator's view */
+    double compute_s[PLAN_MAX_NODES]; /* per ring.conf node: totals of rings already closed */
+    uint64_t steps[PLAN_MAX_NODES];
+    ring_slot *slots;             /* [n_slots] */
+    ring_seq_req *reqs;           /* [n_slots]: a step has at most one entry per slot */
+    uint64_t *to_free;            /* [n_slots]: finished sequences whose FREE waits for the next step */
+    int n_to_free;
+} sch_ring;
+
+/* How long the TCP probe waits for a node that neither accepts nor refuses (a host that is off). */
+#define RING_PROBE_S 2.0
+/* After a re-open that failed slowly (such a host, or a node that connected but never answered), requests
+ * fail at once for this long instead of each waiting as long again, one behind the other. */
+#define RING_BACKOFF_S 2.0
+
+/* ---- which node a message names -------------------------------------------------------------------- */
+
+/* True when msg contains addr as a whole token ("127.0.0.1:80" must not match inside "127.0.0.1:8080"). */
+static bool ring_names(const char *msg, const char *addr) {
+    size_t n = strlen(addr);
+    for (const char *p = strstr(msg, addr); p; p = strstr(p + 1, addr)) {
+        bool left = p == msg || !(isalnum((unsigned char)p[-1]) || p[-1] == '.' || p[-1] == ':');
+        bool right = !isalnum((unsigned char)p[n]);
+        if (left && right) return true;
+    }
+    return false;
+}
+
+/* Marks down every ring.conf node the coordinator's message names; returns how many. */
+static int ring_blame(sch_ring *B, const char *msg) {
+    int k = 0;
+    for (int i = 0; i < B->cfg.conf->n; i++) {
+        if (ring_names(msg, B->cfg.conf->nodes[i].addr)) {
+            B->up[i] = false;
+            k++;
+        }
+    }
+    return k;
+}
+
+/* ---- open, break, re-open --------------------------------------------------------------------------- */
+
+/* Folds the closing ring's per-stage figures into the per-node totals (Prometheus counters only grow). */
+static void ring_fold_stats(sch_ring *B) {
+    for (int s = 0; s < B->rc->plan.n_stages; s++) {
+        int node = B->rc->plan.stages[s].node;
+        B->compute_s[node] += B->rc->stats[s].compute_s;
+        B->steps[node] += (uint64_t)B->rc->stats[s].n;
+    }
+}
+
+static void ring_shut(sch_ring *B) {
+    if (!B->open) return;
+    ring_fold_stats(B);
+    ring_close(B->rc);
+    B->open = false;
+    B->n_to_free = 0; /* the next ring_open's ASSIGN drops every sequence on every node */
+}
+
+/* The ring failed: remember why, mark the node the message names, close it (the next step re-opens). */
+static void ring_break(sch_ring *B, const char *msg) {
+    if (!B->broke[0]) snprintf(B->broke, sizeof B->broke, "%s", msg);
+    ring_blame(B, msg);
+    fprintf(stderr, "ringlm serve: ring: %s; the ring is broken, re-opened at the next request\n", msg);
+    ring_shut(B);
+}
+
+/* ring_open, recording the plan and the coordinator's view. */
+static int ring_try_open(sch_ring *B, rl_err *err) {
+    if (ring_open(B->rc, B->cfg.conf, B->cfg.id, B->cfg.m, B->cfg.hp, &B->cfg.opts, err) != 0) {
+        ring_blame(B, err->msg);
+        return -1; /* ring_open cleaned up after itself */
+    }
+    B->open = true;
+    B->gen++;
+    B->plan = B->rc->plan;
+    for (int i = 0; i < B->cfg.conf->n; i++) B->up[i] = true;
+    return 0;
+}
+
+/* HOST:PORT (or [V6]:PORT) into its parts. */
+static int ring_split(const char *addr, char *host, size_t hl, char *port, size_t pl) {
+    const char *c = strrchr(addr, ':');
+    if (!c || !c[1]) return -1;
+    const char *h = addr;
+    size_t n = (size_t)(c - addr);
+    if (n >= 2 && h[0] == '[' && h[n - 1] == ']') h++, n -= 2;
+    if (n == 0 || n >= hl || strlen(c + 1) >= pl) return -1;
+    memcpy(host, h, n);
+    host[n] = 0;
+    snprintf(port, pl, "%s", c + 1);
+    return 0;
+}
+
+/* A plain TCP connection to every ring.conf node at once, for at most timeout_s. ring_open waits its whole
+ * connect_s (5 s) for a node that is not there; this answers "connection refused" at once, so requests
+ * while a node is down get their 503 quickly. Marks B->up; returns 0 when every node accepted, else -1
+ * with a message naming the first that did not. */
+static int ring_probe(sch_ring *B, double timeout_s, rl_err *err) {
+    const ring_conf *c = B->cfg.conf;
+    int fd[PLAN_MAX_NODES];
+    char why[PLAN_MAX_NODES][96];
+    for (int i = 0; i < c->n; i++) {
+        fd[i] = -1;
+        why[i][0] = 0;
+        char host[128], port[16];
+        struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+        if (ring_split(c->nodes[i].addr, host, sizeof host, port, sizeof port) != 0) {
+            snprintf(why[i], sizeof why[i], "not HOST:PORT");
+            continue;
+        }
+        int g = getaddrinfo(host, port, &hints, &ai);
+        if (g != 0) {
+            snprintf(why[i], sizeof why[i], "cannot resolve %s: %s", host, gai_strerror(g));
+            continue;
+        }
+        fd[i] = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd[i] >= 0 && connect(fd[i], ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) {
+            snprintf(why[i], sizeof why[i], "%s", strerror(errno));
+            close(fd[i]);
+            fd[i] = -1;
+        } else if (fd[i] < 0) {
+            snprintf(why[i], sizeof why[i], "cannot create a socket: %s", strerror(errno));
+        }
+        freeaddrinfo(ai);
+    }
+    double deadline = sch_now() + timeout_s;
+    for (;;) {
+        struct pollfd p[PLAN_MAX_NODES];
+        int map[PLAN_MAX_NODES], np = 0;
+        for (int i = 0; i < c->n; i++) {
+            if (fd[i] >= 0 && !why[i][0]) p[np] = (struct pollfd){.fd = fd[i], .events = POLLOUT}, map[np++] = i;
+        }
+        double left = deadline - sch_now();
+        if (np == 0 || left <= 0) break;
+        if (poll(p, (nfds_t)np, (int)(left * 1000) + 1) < 0 && errno != EINTR) break;
+        for (int k = 0; k < np; k++) {
+            if (!p[k].revents) continue;
+            int i = map[k], e = 0;
+            socklen_t el = sizeof e;
+            getsockopt(fd[i], SOL_SOCKET, SO_ERROR, &e, &el);
+            snprintf(why[i], sizeof why[i], "%s", e ? strerror(e) : "ok");
+        }
+    }
+    int bad = -1;
+    for (int i = 0; i < c->n; i++) {
+        if (fd[i] >= 0) close(fd[i]);
+        if (!why[i][0]) snprintf(why[i], sizeof why[i], "no answer within %.0f s", timeout_s);
+        B->up[i] = strcmp(why[i], "ok") == 0;
+        if (!B->up[i] && bad < 0) bad = i;
+    }
+    if (bad < 0) return 0;
+    return rl_errf(err, "node %s does not accept connections: %s", c->nodes[bad].addr, why[bad]);
+}
+
+/* The ring is broken: make it whole again, or say why not. */
+static int ring_reopen(sch_ring *B, rl_err *err) {
+    double t0 = sch_now();
+    if (t0 < B->retry_at) {
+        return rl_errf(err, "the ring is unavailable: %s (the ring broke: %s)", B->why_down, B->broke);
+    }
+    rl_err e = {{0}};
+    /* Twice: a surviving node may still send an ERROR about the broken ring's last frame (it was forwarding
+     * it to the node that died, and gives up after its own send timeout). It reaches the new ring's sockets,
+     * which have the old ones' routing id, and fails ring_open, which takes it for an answer to itself;
+     * it is consumed by then, so the second open gets through. */
+    bool reachable = ring_probe(B, RING_PROBE_S, &e) == 0;
+    for (int k = 0; reachable && k < 2; k++) {
+        if (k > 0) fprintf(stderr, "ringlm serve: ring: re-opening failed (%s); once more\n", e.msg);
+        if (ring_try_open(B, &e) == 0) {
+            fprintf(stderr, "ringlm serve: ring: whole again (%d stages, re-planned and re-assigned)\n",
+                    B->plan.n_stages);
+            B->broke[0] = B->why_down[0] = 0;
+            B->retry_at = 0;
+            return 0;
+        }
+    }
+    snprintf(B->why_down, sizeof B->why_down, "%s", e.msg);
+    if (sch_now() - t0 > 0.2) B->retry_at = sch_now() + RING_BACKOFF_S;
+    return rl_errf(err, "the ring is unavailable: %s (the ring broke: %s)", e.msg, B->broke);
+}
+
+/* A node the coordinator lost since the last step (its monitor saw the connection close): the ring is
+ * broken before anything is sent. And stage 0 must take a frame now: ring_submit would wait dead_s (60 s)
+ * for a link that its monitor has not yet reported closed. */
+static void ring_check_links(sch_ring *B) {
+    if (!B->open) return;
+    char msg[400];
+    for (int s = 0; s < B->rc->plan.n_stages; s++) {
+        int node = B->rc->plan.stages[s].node;
+        zs_monitor *mon = &B->rc->nodes[node].mon;
+        zs_monitor_poll(mon);
+        if (mon->disconnected) {
+            snprintf(msg, sizeof msg, "lost node %s: %s", B->cfg.conf->nodes[node].addr, mon->last);
+            ring_break(B, msg);
+            return;
+        }
+    }
+    int first = B->rc->plan.stages[0].node;
+    if (!zs_wait_writable(B->rc->nodes[first].sock, 2000)) {
+        zs_monitor_poll(&B->rc->nodes[first].mon);
+        snprintf(msg, sizeof msg, "cannot reach node %s (stage 0) for 2 s%s%s", B->cfg.conf->nodes[first].addr,
+                 B->rc->nodes[first].mon.last[0] ? ": " : "", B->rc->nodes[first].mon.last);
+        ring_break(B, msg);
+    }
+}
+
+/* Sends the FREEs that end() could not send at once. */
+static void ring_flush_frees(sch_ring *B) {
+    if (!B->open || B->n_to_free == 0) return;
+    rl_err e;
+    if (ring_free_seqs(B->rc, B->to_free, B->n_to_free, &e) != 0) {
+        fprintf(stderr, "ringlm serve: ring: cannot free %d finished sequences: %s\n", B->n_to_free, e.msg);
+    }
+    B->n_to_free = 0;
+}
+
+/* ---- the backend contract ----------------------------------------------------------------------------- */
+
+static int ring_hist_add(ring_slot *S, const int32_t *t, uint32_t n) {
+    if (S->n_hist + n > S->cap_hist) {
+        uint32_t nc = S->cap_hist ? S->cap_hist : 256;
+        while (nc < S->n_hist + n) nc *= 2;
+        int32_t *h = realloc(S->hist, (size_t)nc * sizeof *h);
+        if (!h) return -1;
+        S->hist = h;
+        S->cap_hist = nc;
+    }
+    memcpy(S->hist + S->n_hist, t, (size_t)n * sizeof *t); /* n_hist moves only once the step succeeded */
+    return 0;
+}
+
+/* One FORWARD frame for the whole batch on the open ring. Returns 0, -1 (a local problem: err), or
+ * SCH_RING_UNAVAILABLE (the step cannot run on this ring: err; the ring is broken). */
+static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
+    for (int i = 0; i < n; i++) {
+        const sch_step *e = &steps[i];
+        ring_slot *S = &B->slots[e->slot];
+        ring_seq_req *q = &B->reqs[i];
+        bool fresh = S->seq_id == 0 || S->gen != B->gen; /* nothing of it on this ring */
+        if (fresh && S->sampled) {
+            /* Its state died with the old ring and its text has gone out: it cannot be resumed exactly. */
+            rl_errf(err, "the ring broke under this request: %s", B->broke[0] ? B->broke : "(no reason)");
+            return SCH_RING_UNAVAILABLE;
+        }
+        if (!S->sampled && ring_hist_add(S, e->tokens, e->n_tokens) != 0) {
+            return rl_errf(err, "out of memory for the tokens of slot %d", e->slot);
+        }
+        if (fresh) {
+            /* A new ring sequence: the request's first frame, or a replay of everything given so far. */
+            S->seq_id = B->next_seq++;
+            S->gen = B->gen;
+            S->pos = 0;
+            *q = (ring_seq_req){.seq_id = S->seq_id, .pos = 0, .n = S->n_hist + e->n_tokens, .tokens = S->hist,
+                                .flags = RF_SEQ_NEW, .smp = S->smp};
+        } else {
+            *q = (ring_seq_req){.seq_id = S->seq_id, .pos = S->pos, .n = e->n_tokens, .tokens = e->tokens,
+                                .smp = S->smp};
+        }
+        if (!e->sample) q->flags |= RF_SEQ_NO_SAMPLE;
+        q->token = -1;
+    }
+    uint64_t step_id;
+    if (ring_submit(B->rc, B->reqs, n, &step_id, err) != 0 || ring_collect(B->rc, step_id, B->reqs, n, err) != 0) {
+        ring_break(B, err->msg);
+        rl_err_prefix(err, "the ring failed");
+        return SCH_RING_UNAVAILABLE;
+    }
+    for (int i = 0; i < n; i++) {
+        sch_step *e = &steps[i];
+        if (e->sample && (B->reqs[i].token < 0 || (uint32_t)B->reqs[i].token >= B->cfg.hp->n_vocab)) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "the last stage returned token %d for sequence %llu (vocabulary %u)",
+                     B->reqs[i].token, (unsigned long long)B->reqs[i].seq_id, B->cfg.hp->n_vocab);
+            rl_errf(err, "the ring failed: %s", msg);
+            ring_break(B, msg);
+            return SCH_RING_UNAVAILABLE;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        sch_step *e = &steps[i];
+        ring_slot *S = &B->slots[e->slot];
+        S->pos = B->reqs[i].pos + B->reqs[i].n;
+        if (!S->sampled) S->n_hist += e->n_tokens;
+        if (e->sample) {
+            e->token = B->reqs[i].token;
+            S->sampled = true; /* from now on only the ring holds its past */
+            S->n_hist = 0;
+        }
+    }
+    return 0;
+}
+
+static int ring_be_step(void *impl, sch_step *steps, int n, rl_err *err) {
+    sch_ring *B = impl;
+    if (n < 1 || n > B->cfg.n_slots) return rl_errf(err, "bad batch of %d sequences", n);
+    bool replayable = true; /* nothing of the batch has been sampled: all of it can be re-run exactly */
+    for (int i = 0; i < n; i++) {
+        const sch_step *e = &steps[i];
+        if (e->slot < 0 || e->slot >= B->cfg.n_slots) return rl_errf(err, "slot %d out of range", e->slot);
+        ring_slot *S = &B->slots[e->slot];
+        if (e->begin) {
+            S->seq_id = 0;
+            S->sampled = false;
+            S->n_hist = 0;
+            S->smp = ring_sampling(e->smp);
+        } else if (S->seq_id == 0 && S->n_hist == 0) {
+            return rl_errf(err, "slot %d continues a sequence that never began", e->slot);
+        }
+        replayable = replayable && !S->sampled;
+    }
+    ring_check_links(B);
+    ring_flush_frees(B);
+    for (int attempt = 0;; attempt++) {
+        if (!B->open && ring_reopen(B, err) != 0) return SCH_RING_UNAVAILABLE;
+        int rc = ring_run(B, steps, n, err);
+        if (rc != SCH_RING_UNAVAILABLE || !replayable || attempt > 0) return rc;
+        /* A batch of sequences that produced nothing yet (typically the first request after a node was
+         * restarted while the server sat idle: it answers "FORWARD before ASSIGN"): once more, re-opened. */
+        fprintf(stderr, "ringlm serve: ring: retrying the step on a re-opened ring\n");
+    }
+}
+
+static void ring_be_end(void *impl, int slot) {
+    sch_ring *B = impl;
+    if (slot < 0 || slot >= B->cfg.n_slots) return;
+    ring_slot *S = &B->slots[slot];
+    /* Free it on the nodes when it lives on the ring that is open: now if stage 0 takes the frame at once,
+     * else at the next step (a FREE waits for its link, and this runs under the scheduler's mutex, which
+     * /health and every request need). A ring that closes meanwhile drops it anyway. */
+    if (S->seq_id && B->open && S->gen == B->gen) {
+        rl_err e;
+        if (!zs_wait_writable(B->rc->nodes[B->rc->plan.stages[0].node].sock, 0)) {
+            if (B->n_to_free < B->cfg.n_slots) B->to_free[B->n_to_free++] = S->seq_id;
+        } else if (ring_free_seqs(B->rc, &S->seq_id, 1, &e) != 0) {
+            fprintf(stderr, "ringlm serve: ring: cannot free sequence %llu: %s\n", (unsigned long long)S->seq_id, e.msg);
+        }
+    }
+    S->seq_id = 0;
+    S->sampled = false;
+    S->n_hist = 0;
+}
+
+static void ring_be_node(const sch_ring *B, int node, uint32_t a, uint32_t b, int stage, sch_node_stat *o) {
+    memset(o, 0, sizeof *o);
+    snprintf(o->name, sizeof o->name, "n%d", node + 1); /* its line in ring.conf */
+    snprintf(o->addr, sizeof o->addr, "%s", B->cfg.conf->nodes[node].addr);
+    o->layer_a = a;
+    o->layer_b = b;
+    o->up = B->up[node];
+    o->compute_s = B->compute_s[node];
+    o->steps = B->steps[node];
+    if (B->open && stage >= 0) {
+        o->compute_s += B->rc->stats[stage].compute_s;
+        o->steps += (uint64_t)B->rc->stats[stage].n;
+    }
+}
+
+/* The plan's stages in ring order, then the ring.conf nodes the plan leaves out (layers 0-0). */
+static int ring_be_nodes(void *impl, sch_node_stat *out, int max) {
+    sch_ring *B = impl;
+    int k = 0;
+    bool listed[PLAN_MAX_NODES] = {0};
+    for (int s = 0; s < B->plan.n_stages && k < max; s++) {
+        const plan_stage *st = &B->plan.stages[s];
+        ring_be_node(B, st->node, st->a, st->b, s, &out[k++]);
+        listed[st->node] = true;
+    }
+    for (int i = 0; i < B->cfg.conf->n && k < max; i++) {
+        if (!listed[i]) ring_be_node(B, i, 0, 0, -1, &out[k++]);
+    }
+    return k;
+}
+
+static void ring_be_free(void *impl) {
+    sch_ring *B = impl;
+    if (!B) return;
+    if (B->rc) ring_shut(B);
+    for (int i = 0; B->slots && i < B->cfg.n_slots; i++) free(B->slots[i].hist);
+    free(B->slots);
+    free(B->reqs);
+    free(B->to_free);
+    free(B->rc);
+    free(B);
+}
+
+int sch_backend_ring(sch_backend *be, const sch_ring_config *cfg, rl_err *err) {
+    memset(be, 0, sizeof *be);
+    if (cfg->n_slots < 1 || cfg->n_slots > RF_MAX_SEQS) {
+        return rl_errf(err, "a ring carries 1 to %d sequences at once, not %d", RF_MAX_SEQS, cfg->n_slots);
+    }
+    if (cfg->conf->n < 1 || cfg->conf->n > PLAN_MAX_NODES) return rl_errf(err, "the ring has no nodes");
+    sch_ring *B = calloc(1, sizeof *B);
+    if (!B) return rl_errf(err, "out of memory");
+    B->cfg = *cfg;
+    B->next_seq = 1;
+    B->rc = calloc(1, sizeof *B->rc);
+    B->slots = calloc((size_t)cfg->n_slots, sizeof *B->slots);
+    B->reqs = calloc((size_t)cfg->n_slots, sizeof *B->reqs);
+    B->to_free = calloc((size_t)cfg->n_slots, sizeof *B->to_free);
+    if (!B->rc || !B->slots || !B->reqs || !B->to_free) {
+        ring_be_free(B);
+        return rl_errf(err, "out of memory");
+    }
+    if (ring_try_open(B, err) != 0) {
+        ring_be_free(B);
+        return -1;
+    }
+    be->impl = B;
+    be->n_slots = cfg->n_slots;
+    be->n_ctx = cfg->opts.n_ctx;
+    be->n_vocab = cfg->hp->n_vocab;
+    be->kind = "ring";
+    be->step = ring_be_step;
+    be->end = ring_be_end;
+    be->nodes = ring_be_nodes;
+    be->free = ring_be_free;
+    return 0;
+}

@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# ringlm serve --ring: continuous batching through a 3-node loopback ring. Greedy text equals `ringlm run`
+# on one machine; 4 concurrent streams each equal their single-request result and share frames; /health
+# and /metrics show the ring's nodes and stages; a node killed mid-stream fails the running requests
+# (streamed: an error event; not streamed: 503 naming the node) and shows as down; while it is down,
+# requests get 503 at once; restarted on the same port, the next request re-opens the ring and succeeds
+# with the same text; a node restarted while the server is idle costs no request; a node that hangs
+# (SIGSTOP) mid-prefill and comes back: the request is replayed on the re-opened ring and its text is
+# unchanged; SIGTERM exits 0.
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/ring_lib.sh"
+f=$(model full-f32 k3-full f32)
+mkdir -p "$RING/models"
+ln -sf "$f" "$RING/models/full-f32.gguf"
+MODEL_ID=$(basename "$f")
+CT=(--max-time 60 -s)   # every curl is bounded
+SRV_PID=
+# (a stopped node must be continued before ring_stop can wait for it)
+trap '[ -n "$SRV_PID" ] && kill -9 "$SRV_PID" 2>/dev/null; kill -CONT "${RING_PID[@]}" 2>/dev/null; ring_stop
+      [ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"' EXIT
+
+ring_keys 3
+for i in 1 2 3; do ring_start $i "$RING/models" || exit 1; done
+ring_conf "$WORK/ring.conf" 1 2 3
+addr() { echo "127.0.0.1:${RING_PORT[$1]}"; }
+
+# --chunk 8: a long prompt takes many steps to read, so a node can be stopped in the middle of it (below).
+"$RINGLM" serve -m "$f" --ring "$WORK/ring.conf" --key "$RING/coord.key" --port 0 --parallel 4 --chunk 8 \
+    2>"$WORK/srv.log" &
+SRV_PID=$!
+URL=
+for _ in $(seq 600); do
+    u=$(grep -so 'http://127\.0\.0\.1:[0-9]*' "$WORK/srv.log" | head -1 || true)
+    if [ -n "$u" ] && curl -s --max-time 2 -o /dev/null "$u/health"; then URL=$u; break; fi
+    kill -0 "$SRV_PID" 2>/dev/null || break
+    sleep 0.1
+done
+[ -n "$URL" ] || { echo "the server did not start:"; cat "$WORK/srv.log"; exit 1; }
+check "the server printed the plan and listens on a ring of 3 nodes" \
+    bash -c "grep -q 'a ring of 3 nodes' '$WORK/srv.log' && grep -q '$(addr 2)' '$WORK/srv.log'"
+
+cat >"$WORK/check.py" <<'EOF'
+import json, os, sys
+W = os.path.dirname(os.path.abspath(__file__))
+def load(name):
+    return json.load(open(os.path.join(W, name), encoding="utf-8"))
+def sse(raw):
+    """The decoded chunks of an SSE body that ends with [DONE]."""
+    text = raw.decode()
+    assert text.endswith("data: [DONE]\n\n"), "stream does not end with data: [DONE]"
+    events = text.split("\n\n")[:-1]
+    assert all(e.startswith("data: ") for e in events), "an event without data:"
+    return [json.loads(e[6:]) for e in events[:-1]]
+def text(chunks):
+    return "".join(ch["text"] for c in chunks for ch in c.get("choices", []))
+def node(d, addr):
+    return [n for n in d["nodes"] if n["addr"] == addr][0]
+raw = open(sys.argv[1], "rb").read()
+try:
+    d = json.loads(raw)
+except ValueError:
+    d = None
+ok = eval(sys.argv[2])
+if not ok:
+    print("check failed:", sys.argv[2], "\n  on:", raw[:800])
+    sys.exit(1)
+EOF
+py() { python3 "$WORK/check.py" "$@"; }
+post() { # post NAME JSON [curl args]: body to $WORK/NAME.json, status to $WORK/NAME.code
+    local name=$1 body=$2; shift 2
+    curl "${CT[@]}" -o "$WORK/$name.json" -w '%{http_code}' -H 'Content-Type: application/json' \
+        --data-binary "$body" "$@" "$URL/v1/completions" >"$WORK/$name.code" || true
+}
+code_is() { test "$(cat "$WORK/$1.code")" = "$2"; }
+health() { curl "${CT[@]}" "$URL/health" >"$WORK/$1.json"; }
+metric() { curl "${CT[@]}" "$URL/metrics" | awk -v k="$1" '$1 == k { print $2 }'; }
+# run_text NAME ARGS: what `ringlm run` on one machine prints, as the API shows it, as a JSON string.
+run_text() { local name=$1; shift
+             "$RINGLM" run -m "$f" --temp 0 --ignore-eos --threads 1 "$@" 2>/dev/null |
+             python3 -c 'import sys, json; json.dump(sys.stdin.buffer.read().decode("utf-8", "replace"), sys.stdout)' >"$WORK/$name.exp"; }
+greedy() { echo "{\"prompt\":\"$1\",\"max_tokens\":$2,\"temperature\":0,\"ignore_eos\":true${3:-}}"; }
+
+# ---- the ring as /health sees it ------------------------------------------------------------------------
+health h0
+check "/health: backend ring, 3 nodes up, in ring order, layers cut contiguously" py "$WORK/h0.json" \
+    "d['status'] == 'ok' and d['backend'] == 'ring' and [n['addr'] for n in d['nodes']] == ['$(addr 1)', '$(addr 2)', '$(addr 3)'] \
+     and all(n['status'] == 'up' for n in d['nodes']) and d['nodes'][0]['layers'][0] == 0 \
+     and all(d['nodes'][i]['layers'][1] == d['nodes'][i + 1]['layers'][0] for i in range(2))"
+
+# ---- greedy text = ringlm run on one machine --------------------------------------------------------------
+P="The capital of France is"
+post one "$(greedy "$P" 24)"
+run_text want -p "$P" -n 24
+check "completion through the ring: 200, 24 tokens" py "$WORK/one.json" "d['usage']['completion_tokens'] == 24"
+check "completion through the ring: text = ringlm run --temp 0 on one machine" py "$WORK/one.json" \
+    "d['choices'][0]['text'] == load('want.exp')"
+post one_sse "$(greedy "$P" 24 ',"stream":true')" -N
+check "streamed through the ring: the same text" py "$WORK/one_sse.json" "text(sse(raw)) == load('want.exp')"
+
+# ---- 4 concurrent streams, each = its single-request result, in shared frames -----------------------------
+prompts=("The quick brown fox" "Once upon a time" "In the beginning" "Hello world, this is a longer prompt for the test")
+for i in 0 1 2 3; do post "seq$i" "$(greedy "${prompts[$i]}" 32)"; done
+run_text want0 -p "${prompts[0]}" -n 32
+check "single request 0 = ringlm run on one machine" py "$WORK/seq0.json" "d['choices'][0]['text'] == load('want0.exp')"
+steps0=$(metric ringlm_steps_total); gen0=$(metric ringlm_generated_tokens_total)
+t0=$(date +%s.%N)
+pids=()
+for i in 0 1 2 3; do post "par$i" "$(greedy "${prompts[$i]}" 32 ',"stream":true')" -N & pids+=($!); done
+wait "${pids[@]}"
+t1=$(date +%s.%N)
+for i in 0 1 2 3; do
+    check "concurrent stream $i = its single-request result" py "$WORK/par$i.json" \
+        "text(sse(raw)) == load('seq$i.json')['choices'][0]['text']"
+done
+steps1=$(metric ringlm_steps_total); gen1=$(metric ringlm_generated_tokens_total)
+check "the 4 streams shared frames ($((steps1 - steps0)) steps for $((gen1 - gen0)) tokens)" \
+    test $((steps1 - steps0)) -lt $((gen1 - gen0))
+awk -v a="$t0" -v b="$t1" -v n=$((gen1 - gen0)) 'BEGIN { printf "info: 4 streams: %d tokens in %.2f s = %.1f tok/s\n", n, b - a, n / (b - a) }'
+
+# ---- metrics: per node and per stage ---------------------------------------------------------------------
+curl "${CT[@]}" "$URL/metrics" >"$WORK/metrics.txt"
+check "/metrics: 3 nodes up, none down" bash -c "grep -qx 'ringlm_nodes_up 3' '$WORK/metrics.txt' && grep -qx 'ringlm_nodes_down 0' '$WORK/metrics.txt'"
+check "/metrics: every stage computed (seconds > 0, steps > 0)" python3 - "$WORK/metrics.txt" <<'EOF'
+import re, sys
+t = open(sys.argv[1]).read()
+secs = [float(v) for v in re.findall(r'^ringlm_stage_compute_seconds_total\{stage="\d",node="n\d"\} (\S+)$', t, re.M)]
+steps = [int(v) for v in re.findall(r'^ringlm_stage_steps_total\{stage="\d",node="n\d"\} (\S+)$', t, re.M)]
+sys.exit(0 if len(secs) == 3 and min(secs) > 0 and len(steps) == 3 and min(steps) > 0 else 1)
+EOF
+check "/metrics: backend ring" grep -q '^ringlm_info{model="'"$MODEL_ID"'",backend="ring"} 1' "$WORK/metrics.txt"
+
+# ---- a node killed mid-stream --------------------------------------------------------------------------
+post kill_sse "$(greedy x 100000 ',"stream":true')" -N &
+sse_pid=$!
+post kill_plain "$(greedy x 100000)" &
+plain_pid=$!
+for _ in $(seq 200); do [ -s "$WORK/kill_sse.json" ] && break; sleep 0.05; done   # the stream is running
+sleep 0.3
+kill -9 "${RING_PID[2]}"
+start=$(date +%s)
+wait $sse_pid $plain_pid || true
+took=$(( $(date +%s) - start ))
+check "killed node: both requests ended within 10 s (took ${took}s)" test $took -le 10
+check "killed node: the stream ends with an error event naming the node, then [DONE]" py "$WORK/kill_sse.json" \
+    "'error' in sse(raw)[-1] and '$(addr 2)' in sse(raw)[-1]['error']['message']"
+check "killed node: the non-streamed request gets 503 naming the node" \
+    bash -c "test \"\$(cat '$WORK/kill_plain.code')\" = 503 && python3 '$WORK/check.py' '$WORK/kill_plain.json' \"'$(addr 2)' in d['error']['message']\""
+health h1
+check "/health: the killed node is down, the others up" py "$WORK/h1.json" \
+    "node(d, '$(addr 2)')['status'] == 'down' and node(d, '$(addr 1)')['status'] == 'up' and node(d, '$(addr 3)')['status'] == 'up'"
+check "/metrics: 1 node down" bash -c "curl -s --max-time 10 '$URL/metrics' | grep -qx 'ringlm_nodes_down 1'"
+
+# While it is down: 503 at once, naming it.
+t0=$(date +%s.%N)
+post down "$(greedy "$P" 4)"
+t1=$(date +%s.%N)
+check "while the node is down: 503 naming it" \
+    bash -c "test \"\$(cat '$WORK/down.code')\" = 503 && python3 '$WORK/check.py' '$WORK/down.json' \"'$(addr 2)' in d['error']['message']\""
+check "... answered quickly ($(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') s)" \
+    awk -v a="$t0" -v b="$t1" 'BEGIN { exit !(b - a < 3) }'
+
+# ---- restarted on the same port: the next request re-opens the ring ------------------------------------------
+ring_start 2 "$RING/models" || exit 1
+post again "$(greedy "$P" 24)"
+check "node restarted: the next request succeeds" code_is again 200
+check "... with the same text as one machine" py "$WORK/again.json" "d['choices'][0]['text'] == load('want.exp')"
+health h2
+check "/health: 3 nodes up again" py "$WORK/h2.json" "all(n['status'] == 'up' for n in d['nodes']) and len(d['nodes']) == 3"
+check "the server logged the re-open" grep -q "whole again" "$WORK/srv.log"
+
+# ---- a node restarted while the server is idle: the next request still succeeds ----------------------------
+kill -9 "${RING_PID[3]}"
+wait "${RING_PID[3]}" 2>/dev/null || true
+ring_start 3 "$RING/models" || exit 1
+post idle "$(greedy "$P" 24)"
+check "node restarted while idle: the next request succeeds with the same text" py "$WORK/idle.json" \
+    "d['choices'][0]['text'] == load('want.exp')"
+
+# ---- a node hangs mid-prefill, then comes back: the request is replayed, exactly --------------------------
+# SIGSTOP: the node's link goes silent and ZeroMQ's heartbeats close it within 5 s; the step fails, the
+# request has produced nothing yet, so the step is retried on a re-opened ring (which needs the node: it is
+# continued as soon as the server logs the break) and its prompt so far is sent again.
+LONG=$(python3 -c "print('The quick brown fox jumps over the lazy dog. ' * 120)")
+run_text want_long -p "$LONG" -n 8
+n_long=$("$RINGLM" tokenize -m "$f" "$LONG" | awk -F, '{ print NF }')
+p0=$(metric ringlm_prompt_tokens_total)
+breaks=$(grep -c "the ring is broken" "$WORK/srv.log")
+python3 -c "import json, sys; print(json.dumps({'prompt': sys.argv[1], 'max_tokens': 8, 'temperature': 0, 'ignore_eos': True}))" \
+    "$LONG" >"$WORK/long.req"
+post long "@$WORK/long.req" &
+long_pid=$!
+for _ in $(seq 500); do [ $(( $(metric ringlm_prompt_tokens_total) - p0 )) -ge 200 ] && break; sleep 0.01; done
+kill -STOP "${RING_PID[2]}"
+at=$(( $(metric ringlm_prompt_tokens_total) - p0 ))
+for _ in $(seq 300); do [ "$(grep -c "the ring is broken" "$WORK/srv.log")" -gt "$breaks" ] && break; sleep 0.05; done
+kill -CONT "${RING_PID[2]}"
+wait $long_pid || true
+check "node stopped mid-prefill (after $at of $n_long prompt tokens)" test "$at" -lt "$n_long"
+check "... the request was replayed on the re-opened ring: 200, the same text as one machine" py "$WORK/long.json" \
+    "d['choices'][0]['text'] == load('want_long.exp') and d['usage']['prompt_tokens'] == $n_long"
+check "... the server logged the retry" grep -q "retrying the step on a re-opened ring" "$WORK/srv.log"
+
+# ---- SIGTERM ----------------------------------------------------------------------------------------------
+kill -TERM "$SRV_PID"
+rc=0; wait "$SRV_PID" || rc=$?
+SRV_PID=
+check "SIGTERM: exit 0" test $rc = 0
+finish
