@@ -532,12 +532,17 @@ void ring_close(ring_coord *rc) {
     free(rc->travs);
     rc->travs = NULL;
     rc->cap_travs = 0;
+    /* Results that arrived but were never collected (a step abandoned on failure) own their buffers. */
+    for (int i = 0; i < rc->n_pending; i++) {
+        if (rc->pending[i].done) zs_parts_free(&rc->pending[i].parts);
+    }
     rc->n_pending = 0;
     for (int i = 0; i < rc->conf.n; i++) {
         if (rc->nodes[i].sock) {
             zmq_socket_monitor(rc->nodes[i].sock, NULL, 0);
             zs_monitor_stop(&rc->nodes[i].mon);
             zmq_close(rc->nodes[i].sock);
+            rc->nodes[i].sock = NULL; /* ring_close may be called again (a server re-opening its ring) */
         }
     }
     if (rc->zctx) zmq_ctx_term(rc->zctx);
