@@ -37,6 +37,8 @@ echo "demo: 3 nodes up on loopback; running a chat prompt across them with specu
 echo
 $R run -m "$D/models/demo.gguf" --ring "$work/ring.conf" --key "$work/coord.key" --chat \
     -p "Write one sentence about rings." -n 48 --temp 0 --ignore-eos --draft "$D/draft.gguf" \
-    --metrics-json "$work/metrics.json"
+    --metrics-json "$work/metrics.json" --receipts "$work/receipts.jsonl"
+echo
+$R receipts verify "$work/receipts.jsonl" --model "$D/models/demo.gguf" --ring "$work/ring.conf"
 echo
 echo "demo: done (the weights are random, so the text is too; the numbers above are real)"

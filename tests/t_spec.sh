@@ -35,6 +35,15 @@ for d in ngram "$self8"; do
         check "$name through a $n-node ring: 20/20 prompts give the plain greedy tokens ($same/20)" test $same = 20
     done
 done
+# Receipts on verify traversals: drafted blocks and rollbacks still chain, and the file verifies offline.
+p=$(prompt 3)
+"$RINGLM" run -m "$target" --tokens "$p" -n 20 --temp 0 --ignore-eos --ids >"$WORK/plain" 2>/dev/null
+"$RINGLM" run -m "$target" --tokens "$p" -n 20 --temp 0 --ignore-eos --ids --draft "$self8" \
+    --ring "$WORK/ring3.conf" "${K[@]}" --receipts "$WORK/rc.jsonl" >"$WORK/spec" 2>"$WORK/err" || cat "$WORK/err"
+check "speculation with receipts through a 3-node ring: the plain greedy tokens" cmp -s "$WORK/plain" "$WORK/spec"
+check "... every traversal's receipts checked live" grep -q "receipts: [1-9][0-9]* checked" "$WORK/err"
+check "... and the file verifies offline" bash -c "'$RINGLM' receipts verify '$WORK/rc.jsonl' --model '$target' \
+    --ring '$WORK/ring3.conf' 2>&1 | grep -q '^ok: [1-9][0-9]* traversals'"
 for k in acceptance_rate tokens_per_traversal draft_s verify_s; do
     check "metrics JSON has $k" grep -q "\"$k\"" "$WORK/m.json"
 done
