@@ -1,0 +1,270 @@
+#!/usr/bin/env bash
+# Load test of the OpenAI-compatible server on loopback: `ringlm serve` on one machine, `ringlm serve --ring`
+# over a 3-node loopback ring, and llama.cpp's `llama-server` (from scripts/llama-tools.sh), same model file,
+# same per-sequence context, one server at a time (the machine has 2 cores).
+#
+#   bench/bench_serve.sh [--model FILE] [--concurrency "1 4 16"] [--requests N] [--max-tokens N]
+#                        [--prompt N] [--parallel N] [--ctx N] [--threads N] [--node-threads N]
+#                        [--nodes N] [--timeout S] [--out PREFIX] [--keep] [--no-build]
+#
+# Defaults: build/bench/small.gguf (the `small` preset, synthesized once), concurrency 1, 4 and 16, 128
+# requests per configuration (C clients each sending 128/C, at least 2, one after another), 64 generated
+# tokens per request (temperature 0, ignore_eos), a 32-token seeded prompt, --parallel / -np 16, 256 tokens
+# of context per sequence (llama-server gets -c 16 x 256, which it splits over its slots), 2 threads for the
+# one-machine servers and 1 per ring node, 3 nodes, 300 s per configuration. Writes PREFIX.json and
+# PREFIX.md (default bench/results/serve). --keep keeps the work folder (logs) under build/bench/; it is
+# kept anyway when the run fails.
+#
+# The load generator is bench/tools/load_serve.py (Python stdlib): streamed requests, per request the time
+# to the first content chunk (TTFT) and between content chunks (inter-token latency); aggregate tok/s =
+# completion tokens of the batch / its wall time; failed = not 200, an error event, no end of stream, or a
+# timeout. ringlm gets POST /v1/completions; llama-server gets its native POST /completion (its
+# /v1/completions and /completion both fail on this random-weight model's byte tokens unless those are
+# banned, see load_serve.py), one event per token.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+argv=; [ $# -eq 0 ] || argv=$(printf ' %q' "$@")
+model=build/bench/small.gguf concs="1 4 16" requests=128 max_tokens=64 prompt=32 parallel=16 ctx=256
+threads=2 node_threads=1 nodes=3 timeout_s=300 out=bench/results/serve keep=0 build=1
+while [ $# -gt 0 ]; do
+    case $1 in
+        --model) model=$2; shift 2 ;;
+        --concurrency) concs=$2; shift 2 ;;
+        --requests) requests=$2; shift 2 ;;
+        --max-tokens) max_tokens=$2; shift 2 ;;
+        --prompt) prompt=$2; shift 2 ;;
+        --parallel) parallel=$2; shift 2 ;;
+        --ctx) ctx=$2; shift 2 ;;
+        --threads) threads=$2; shift 2 ;;
+        --node-threads) node_threads=$2; shift 2 ;;
+        --nodes) nodes=$2; shift 2 ;;
+        --timeout) timeout_s=$2; shift 2 ;;
+        --out) out=$2; shift 2 ;;
+        --keep) keep=1; shift ;;
+        --no-build) build=0; shift ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "bench_serve: unknown option $1 (--help lists them)" >&2; exit 2 ;;
+    esac
+done
+die() { echo "bench_serve: $*" >&2; exit 1; }
+for v in requests:requests max_tokens:max-tokens prompt:prompt parallel:parallel ctx:ctx threads:threads \
+         node_threads:node-threads nodes:nodes timeout_s:timeout; do
+    n=${v%:*}
+    [[ ${!n} =~ ^[1-9][0-9]*$ ]] || die "--${v#*:} must be a positive integer, got '${!n}'"
+done
+for c in $concs; do [[ $c =~ ^[1-9][0-9]*$ ]] || die "--concurrency: '$c' is not a count"; done
+[ $((prompt + max_tokens)) -le "$ctx" ] || die "--prompt + --max-tokens must fit in --ctx"
+
+# ---- tools -------------------------------------------------------------------------------------------
+for t in python3 timeout make curl; do command -v "$t" >/dev/null || die "needs $t (scripts/install-deps.sh)"; done
+if [ $build = 1 ]; then make -s ringlm || die "building ringlm failed (--no-build uses ./ringlm as it is)"; fi
+RINGLM=$PWD/ringlm
+[ -x "$RINGLM" ] || die "no ./ringlm after make"
+for sub in serve node keygen; do "$RINGLM" "$sub" --help >/dev/null 2>&1 || die "this ringlm has no '$sub' command"; done
+B=$(scripts/llama-tools.sh) || die "scripts/llama-tools.sh could not build llama.cpp's tools"
+[ -x "$B/llama-server" ] || die "missing $B/llama-server (scripts/llama-tools.sh)"
+
+mkdir -p "$(dirname "$out")" build/bench
+if [ ! -f "$model" ]; then
+    [ "$model" = build/bench/small.gguf ] || die "no model file $model"
+    echo "bench_serve: synthesizing $model (small preset, once)" >&2
+    "$RINGLM" synth --config small --seed 1 -o "$model.tmp" && mv "$model.tmp" "$model"
+fi
+model=$(cd "$(dirname "$model")" && pwd)/$(basename "$model")
+kv=$("$RINGLM" inspect --kv "$model")
+V=$(echo "$kv" | awk '$1 == "n_vocab" { print $2 }')
+weights=$(echo "$kv" | awk '$1 == "weight_bytes" { print $2 }')
+[ -n "$V" ] || die "ringlm inspect could not read $model"
+toks=$(awk -v n="$prompt" -v v="$((V - 256))" 'BEGIN { x = 7; for (i = 0; i < n; i++) {
+           x = (x * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), int(x / 65536) % v } }')
+
+# ---- processes: every one is recorded, and stopped on exit ---------------------------------------------
+work=$(mktemp -d "$PWD/build/bench/serve.XXXXXX")
+cp "$RINGLM" "$work/ringlm" && RINGLM=$work/ringlm
+life=$((2 * 3600))
+pids=()
+sig_group() {
+    if [ "$(ps -o pgid= -p "$2" 2>/dev/null | tr -d ' ')" = "$2" ]; then kill "-$1" -- "-$2" 2>/dev/null || true
+    else kill "-$1" "$2" 2>/dev/null || true; fi
+}
+stop_pids() {
+    local p left
+    for p in "$@"; do sig_group TERM "$p"; done
+    for _ in $(seq 100); do
+        left=0
+        for p in "$@"; do kill -0 "$p" 2>/dev/null && left=1; done
+        [ $left = 0 ] && break
+        sleep 0.1
+    done
+    for p in "$@"; do kill -0 "$p" 2>/dev/null && sig_group KILL "$p"; done
+    for p in "$@"; do wait "$p" 2>/dev/null || true; done
+}
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    [ ${#pids[@]} -gt 0 ] && stop_pids "${pids[@]}"
+    if [ $rc != 0 ] || [ $keep = 1 ]; then echo "bench_serve: logs kept in $work" >&2; else rm -rf "$work"; fi
+    exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+wait_log() { # FILE PATTERN PID SECONDS
+    local i
+    for i in $(seq $(($4 * 20))); do
+        grep -aq "$2" "$1" 2>/dev/null && return 0
+        kill -0 "$3" 2>/dev/null || return 1
+        sleep 0.05
+    done
+    return 1
+}
+wait_health() { # PORT PID SECONDS: until GET /health answers 200
+    local i
+    for i in $(seq $(($3 * 10))); do
+        curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0
+        kill -0 "$2" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+cat "$model" >/dev/null # page the model in once
+
+# load NAME API PORT SERVER_PID: one batch per concurrency into $work/NAME-cC.json (warm-up first)
+load() {
+    local name=$1 api=$2 port=$3 spid=$4 c r rc
+    timeout -k 5 "$timeout_s" python3 bench/tools/load_serve.py --api "$api" --port "$port" --n-vocab "$V" \
+        --concurrency 1 --requests 1 --max-tokens 8 --prompt-ids "$toks" --timeout "$timeout_s" >"$work/$name-warmup.json" \
+        || die "$name: warm-up request failed ($(cat "$work/$name-warmup.json"))"
+    for c in $concs; do
+        r=$(( requests / c )); [ $r -ge 2 ] || r=2
+        rc=0
+        timeout -k 5 $((timeout_s + 60)) python3 bench/tools/load_serve.py --api "$api" --port "$port" --n-vocab "$V" \
+            --concurrency "$c" --requests "$r" --max-tokens "$max_tokens" --prompt-ids "$toks" \
+            --timeout "$timeout_s" >"$work/$name-c$c.json" 2>"$work/$name-c$c.err" || rc=$?
+        [ $rc = 0 ] || echo "{\"concurrency\": $c, \"requests\": $((c * r)), \"completed\": 0, \"failed\": $((c * r)), \"errors\": [\"load generator exit $rc\"]}" >"$work/$name-c$c.json"
+        kill -0 "$spid" 2>/dev/null || echo "bench_serve: $name server died during concurrency $c" >&2
+        echo "bench_serve: $name c=$c: $(python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+print("%s tok/s, ttft p50/p99 %s/%s ms, itl p50/p99 %s/%s ms, failed %d/%d" % (d.get("agg_tok_s"), d.get("ttft_p50_ms"),
+      d.get("ttft_p99_ms"), d.get("itl_p50_ms"), d.get("itl_p99_ms"), d["failed"], d["requests"]))' "$work/$name-c$c.json")" >&2
+    done
+}
+
+# ---- 1. ringlm serve, one machine --------------------------------------------------------------------
+port=$(free_port)
+timeout -k 5 $life "$RINGLM" serve -m "$model" --port "$port" --parallel "$parallel" --ctx "$ctx" --threads "$threads" \
+    >"$work/ringlm-local.log" 2>&1 &
+spid=$!; pids+=("$spid")
+wait_health "$port" "$spid" 120 || { cat "$work/ringlm-local.log" >&2; die "ringlm serve did not start"; }
+load ringlm-local openai "$port" "$spid"
+stop_pids "$spid"; pids=()
+
+# ---- 2. ringlm serve --ring over N loopback nodes ----------------------------------------------------
+mkdir -p "$work/models"
+ln -s "$model" "$work/models/$(basename "$model")"
+"$RINGLM" keygen -o "$work/coord.key" >"$work/coord.pub"
+: >"$work/ring.conf"
+for i in $(seq "$nodes"); do
+    "$RINGLM" keygen -o "$work/n$i.key" >"$work/n$i.pub"
+    p=$(free_port)
+    timeout -k 5 $life "$RINGLM" node --listen "127.0.0.1:$p" --key "$work/n$i.key" --allow "$(cat "$work/coord.pub")" \
+        --models "$work/models" --threads "$node_threads" >"$work/node$i.log" 2>&1 &
+    pids+=($!)
+    echo "127.0.0.1:$p $(cat "$work/n$i.pub")" >>"$work/ring.conf"
+done
+for i in $(seq "$nodes"); do
+    wait_log "$work/node$i.log" "ready:" "${pids[$((i - 1))]}" 120 || { cat "$work/node$i.log" >&2; die "ringlm node $i did not start"; }
+done
+port=$(free_port)
+timeout -k 5 $life "$RINGLM" serve -m "$model" --port "$port" --parallel "$parallel" --ctx "$ctx" \
+    --ring "$work/ring.conf" --key "$work/coord.key" >"$work/ringlm-ring.log" 2>&1 &
+spid=$!; pids+=("$spid")
+wait_health "$port" "$spid" 300 || { cat "$work/ringlm-ring.log" >&2; die "ringlm serve --ring did not start"; }
+load ringlm-ring openai "$port" "$spid"
+stop_pids "${pids[@]}"; pids=()
+
+# ---- 3. llama-server ---------------------------------------------------------------------------------
+port=$(free_port)
+timeout -k 5 $life "$B/llama-server" -m "$model" --host 127.0.0.1 --port "$port" -np "$parallel" -c $((parallel * ctx)) \
+    -t "$threads" >"$work/llama-server.log" 2>&1 &
+spid=$!; pids+=("$spid")
+wait_health "$port" "$spid" 300 || { tail -20 "$work/llama-server.log" >&2; die "llama-server did not start"; }
+load llama-server llama "$port" "$spid"
+stop_pids "$spid"; pids=()
+
+# ---- report ------------------------------------------------------------------------------------------
+grep -aiE 'error|fail|abort|panic' "$work"/ringlm-*.log "$work"/node*.log >"$work/ringlm-errors.txt" 2>/dev/null || true
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
+SB_WORK=$work SB_OUT=$out SB_MODEL=$model SB_WEIGHTS=$weights SB_CONCS=$concs SB_REQUESTS=$requests \
+SB_MAX_TOKENS=$max_tokens SB_PROMPT=$prompt SB_PARALLEL=$parallel SB_CTX=$ctx SB_THREADS=$threads \
+SB_NODE_THREADS=$node_threads SB_NODES=$nodes SB_COMMAND="bench/bench_serve.sh$argv" SB_CPU=$cpu SB_CORES=$(nproc) \
+SB_LOAD=$(cut -d' ' -f1 /proc/loadavg) SB_LLAMA_BIN=$B python3 - <<'PY'
+import json, os
+e = os.environ; w = e["SB_WORK"]; concs = [int(c) for c in e["SB_CONCS"].split()]
+servers = [("ringlm-local", "ringlm serve, one machine (%s threads)" % e["SB_THREADS"]),
+           ("ringlm-ring", "ringlm serve --ring, %s loopback nodes (%s thread each)" % (e["SB_NODES"], e["SB_NODE_THREADS"])),
+           ("llama-server", "llama-server (%s threads)" % e["SB_THREADS"])]
+res = {}
+for k, _ in servers:
+    res[k] = {}
+    for c in concs:
+        try: res[k][str(c)] = json.load(open("%s/%s-c%d.json" % (w, k, c)))
+        except Exception as x: res[k][str(c)] = {"failed": None, "errors": ["no result: %s" % x]}
+errlog = open(w + "/ringlm-errors.txt").read().strip().splitlines()
+cmax = str(max(concs))
+ours, ref = res["ringlm-local"][cmax], res["llama-server"][cmax]
+fails = sum((res[k][str(c)].get("failed") or 0) if res[k][str(c)].get("failed") is not None else 1
+            for k in ("ringlm-local", "ringlm-ring") for c in concs)
+goal_tok = (ours.get("agg_tok_s") or 0) >= (ref.get("agg_tok_s") or float("inf"))
+goal = {"concurrency": int(cmax), "ringlm_tok_s": ours.get("agg_tok_s"), "llama_server_tok_s": ref.get("agg_tok_s"),
+        "tok_s_at_least_llama_server": goal_tok, "ringlm_failed_requests": fails, "met": goal_tok and fails == 0}
+doc = {"benchmark": "OpenAI-compatible server under load on loopback: ringlm serve (one machine, ring) vs llama-server",
+       "command": e["SB_COMMAND"], "date": __import__("time").strftime("%Y-%m-%dT%H:%M:%SZ", __import__("time").gmtime()),
+       "machine": {"cpu": e["SB_CPU"], "cores": int(e["SB_CORES"]), "load_avg_at_end": float(e["SB_LOAD"])},
+       "model": {"file": e["SB_MODEL"], "weight_bytes": int(e["SB_WEIGHTS"])},
+       "settings": {"concurrency": concs, "requests_per_config": int(e["SB_REQUESTS"]), "max_tokens": int(e["SB_MAX_TOKENS"]),
+                    "prompt_tokens": int(e["SB_PROMPT"]), "parallel": int(e["SB_PARALLEL"]), "ctx_per_sequence": int(e["SB_CTX"]),
+                    "threads": int(e["SB_THREADS"]), "ring_nodes": int(e["SB_NODES"]), "node_threads": int(e["SB_NODE_THREADS"]),
+                    "llama_server": e["SB_LLAMA_BIN"] + "/llama-server"},
+       "results": res, "goal": goal, "ringlm_log_errors": errlog[:50]}
+json.dump(doc, open(e["SB_OUT"] + ".json", "w"), indent=1)
+f = lambda v, p=1: "-" if v is None else ("%.*f" % (p, v))
+L = ["# `ringlm serve` under load vs llama-server", "",
+     "`%s`, %s, %s (%s cores), load avg at end %s." % (e["SB_COMMAND"], doc["date"], e["SB_CPU"], e["SB_CORES"], e["SB_LOAD"]), "",
+     "Model `%s` (%.0f MiB, `small` preset, random weights). Streamed completions on loopback: %s-token seeded prompt, "
+     "%s generated tokens (temperature 0, ignore_eos), %s requests per configuration (C clients, each sending "
+     "max(2, %s/C) one after another), --parallel/-np %s, %s tokens of context per sequence (llama-server -c %d). "
+     "Servers run one at a time." % (os.path.basename(e["SB_MODEL"]), int(e["SB_WEIGHTS"]) / 1048576, e["SB_PROMPT"],
+     e["SB_MAX_TOKENS"], e["SB_REQUESTS"], e["SB_REQUESTS"], e["SB_PARALLEL"], e["SB_CTX"],
+     int(e["SB_PARALLEL"]) * int(e["SB_CTX"])), "",
+     "| server | streams | requests | failed | aggregate tok/s | TTFT p50 / p99 ms | inter-token p50 / p99 ms |",
+     "|---|---|---|---|---|---|---|"]
+for k, label in servers:
+    for c in concs:
+        d = res[k][str(c)]
+        L.append("| %s | %d | %s | %s | %s | %s / %s | %s / %s |" % (label, c, d.get("requests", "-"), d.get("failed", "-"),
+                 f(d.get("agg_tok_s")), f(d.get("ttft_p50_ms")), f(d.get("ttft_p99_ms")), f(d.get("itl_p50_ms")), f(d.get("itl_p99_ms"))))
+L += ["", "**Goal** (aggregate tok/s at %s streams at least llama-server's, no failed requests): %s — ringlm %s tok/s vs "
+      "llama-server %s tok/s; ringlm failed requests over all its configurations: %d." % (cmax, "met" if goal["met"] else "NOT met",
+      f(goal["ringlm_tok_s"]), f(goal["llama_server_tok_s"]), fails), ""]
+errs = [(k, c, x) for k, _ in servers for c in concs for x in res[k][str(c)].get("errors") or []]
+if errs:
+    L += ["Failed requests (first reasons):", ""] + ["- %s, %d streams: %s" % (k, c, x) for k, c, x in errs[:20]] + [""]
+if errlog:
+    L += ["Error lines in the ringlm logs:", ""] + ["    " + l for l in errlog[:20]] + [""]
+L += ["Notes:", "",
+      "- Aggregate tok/s = completion tokens of all requests in the batch / wall time of the batch (first request sent to last "
+      "stream ended). TTFT = request sent to first content chunk; inter-token latency = between successive content chunks "
+      "(ringlm holds back an incomplete UTF-8 character, so one chunk may carry two tokens).",
+      "- ringlm is driven through `POST /v1/completions` (`stream`, `stream_options.include_usage`, token-id prompt). "
+      "llama-server through its native `POST /completion` (token-id prompt, `n_predict`, `cache_prompt: false`): both its "
+      "endpoints end every stream with a 500 \"The model produced output that does not match the expected Content-only "
+      "format\" as soon as this random-weight model emits a byte token that is not valid UTF-8 by itself, so for llama-server "
+      "those tokens (found with its `/detokenize`) are banned with `logit_bias`. Same token count per request, different tokens.",
+      "- One warm-up request (8 tokens) per server before the batches; the ring's nodes load their layers on the first request.",
+      "- The machine has %s cores; the 3 ring nodes (1 thread each) and the coordinator share them." % e["SB_CORES"], ""]
+open(e["SB_OUT"] + ".md", "w").write("\n".join(L))
+PY
+cat "$out.md"
