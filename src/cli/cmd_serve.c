@@ -44,12 +44,6 @@ static void serve_usage(FILE *f) {
             "  --wire T       boundary states between nodes as f32 (default, exact), f16 or bf16\n");
 }
 
-static double serve_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* The model's id: the file's name without its directories. */
 static const char *serve_model_id(const char *path) {
     const char *s = strrchr(path, '/');
@@ -196,11 +190,11 @@ int cmd_serve(int argc, char **argv) {
             strsignal(sig), drain);
     http_quiesce(&h);
     sch_close(&s);
-    double deadline = serve_now() + drain;
+    double deadline = sch_now() + drain;
     const struct timespec zero = {0, 0};
     /* Idle means every response has been sent to the end, not merely generated. */
     while (!http_wait_idle(&h, 0.1)) {
-        if (serve_now() >= deadline || sigtimedwait(&stop_sigs, NULL, &zero) > 0) {
+        if (sch_now() >= deadline || sigtimedwait(&stop_sigs, NULL, &zero) > 0) {
             fprintf(stderr, "ringlm serve: cancelling the requests still running\n");
             break;
         }

@@ -14,6 +14,7 @@
 #include <sodium.h>
 #include <zmq.h>
 
+#include "../gen/emit.h"
 #include "../gguf/file_hash.h"
 #include "../model/k3_memory.h"
 #include "../trust/manifest.h"
@@ -79,12 +80,6 @@ int ring_conf_load(ring_conf *c, const char *path, rl_err *err) {
     return rc;
 }
 
-static double mono(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static int ring_send4(ring_coord *rc, int node, int type, uint64_t step, const rf_header *hh, const void *payload,
                       size_t plen, const void *stamps, size_t slen, const void *extra, size_t elen, rl_err *err);
 static int ring_send(ring_coord *rc, int node, int type, uint64_t step, const rf_header *hh, const void *payload,
@@ -121,9 +116,9 @@ static int ring_send4(ring_coord *rc, int node, int type, uint64_t step, const r
  * after timeout_s. *from is the node index the message came from. */
 static int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const bool *watch, int *from, zs_parts *out,
                      rf_header *h, rl_err *err) {
-    double t0 = mono();
+    double t0 = gen_mono();
     for (;;) {
-        double now = mono();
+        double now = gen_mono();
         if (now - t0 > timeout_s) return rl_errf(err, "no %s within %.0f s", rf_type_name(want), timeout_s);
         if (watch && now - rc->last_ping >= 1.0) {
             rc->last_ping = now;
@@ -160,7 +155,7 @@ static int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const
                 int r = zs_recv(rc->nodes[i].sock, &p, err);
                 if (r == 1) break;
                 if (r < 0) return -1;
-                rc->nodes[i].last_seen = mono();
+                rc->nodes[i].last_seen = gen_mono();
                 rl_err e2;
                 if (p.n < 2 || rf_header_decode(h, p.data[0], p.len[0], &e2) != 0) {
                     zs_parts_free(&p);
@@ -371,10 +366,10 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
         ring_send(rc, i, RF_INFO_REQ, 0, NULL, NULL, 0, NULL, 0, &e2); /* may fail until connected: retried below */
     }
     bool got[PLAN_MAX_NODES] = {0};
-    double t0 = mono(), last_send = t0;
+    double t0 = gen_mono(), last_send = t0;
     int n_got = 0;
     while (n_got < conf->n) {
-        if (mono() - t0 > o->connect_s) {
+        if (gen_mono() - t0 > o->connect_s) {
             for (int i = 0; i < conf->n; i++) {
                 if (got[i]) continue;
                 zs_monitor_poll(&rc->nodes[i].mon);
@@ -385,8 +380,8 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
             ring_close(rc);
             return -1;
         }
-        if (mono() - last_send > 0.1) { /* IMMEDIATE sockets drop what they cannot deliver yet: resend */
-            last_send = mono();
+        if (gen_mono() - last_send > 0.1) { /* IMMEDIATE sockets drop what they cannot deliver yet: resend */
+            last_send = gen_mono();
             for (int i = 0; i < conf->n; i++) {
                 rl_err e2;
                 if (!got[i]) ring_send(rc, i, RF_INFO_REQ, 0, NULL, NULL, 0, NULL, 0, &e2);
@@ -426,7 +421,7 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
             }
             cJSON_Delete(j);
             got[from] = true;
-            rc->nodes[from].last_seen = mono();
+            rc->nodes[from].last_seen = gen_mono();
             n_got++;
         }
         zs_parts_free(&p);
@@ -632,7 +627,7 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
     }
     pd->step_id = h->step_id;
     pd->t_send_real = rf_now();
-    pd->t_send_mono = mono();
+    pd->t_send_mono = gen_mono();
     /* The drafts' distributions, if any sequence carries them, ride in a 4th part to the last stage. */
     size_t qlen = 0;
     for (int i = 0; i < n_reqs; i++) qlen += (reqs[i].flags & RF_SEQ_HAS_Q) ? reqs[i].q_len : 0;
@@ -757,8 +752,8 @@ static void ring_take_receipt(ring_coord *rc, int from, const zs_parts *p, const
 
 int ring_receipts_finish(ring_coord *rc, double timeout_s, rl_err *err) {
     if (!rc->o.receipts) return 0;
-    double t0 = mono();
-    while (rc->n_travs > 0 && !rc->rcpt_failed && mono() - t0 < timeout_s) {
+    double t0 = gen_mono();
+    while (rc->n_travs > 0 && !rc->rcpt_failed && gen_mono() - t0 < timeout_s) {
         zs_parts p;
         rf_header h;
         int from;
@@ -800,7 +795,7 @@ int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_req
         }
         other->done = true;
         other->parts = p;
-        rc->traversal_s += mono() - other->t_send_mono;
+        rc->traversal_s += gen_mono() - other->t_send_mono;
         rc->traversals++;
         ring_account(rc, &p, other, rf_now());
     }
@@ -878,8 +873,6 @@ int ring_free_seqs(ring_coord *rc, const uint64_t *ids, int n, rl_err *err) {
     return r;
 }
 
-static double gen_mono(void) { return mono(); }
-
 rf_sampling ring_sampling(const smp_params *p) {
     return (rf_sampling){.temperature = p->temperature, .top_p = p->top_p, .min_p = p->min_p,
                          .repeat_penalty = p->repeat_penalty, .presence_penalty = p->presence_penalty,
@@ -898,10 +891,9 @@ int ring_generate(ring_coord *rc, const tok_tokenizer *tok, const int32_t *promp
     }
     uint64_t seq = rc->next_seq++;
     rf_sampling smp = ring_sampling(&p->smp);
-    tok_stream ts;
-    tok_stream_init(&ts, tok, false);
+    gen_out out;
+    gen_out_begin(&out, tok, p, cb, user, m);
     int rc_ = 0;
-    double t0 = gen_mono(), t_first = 0;
     uint32_t chunk = p->chunk ? p->chunk : (uint32_t)n_prompt, pos = 0;
     int32_t next = -1;
     /* Prefill: every chunk is submitted before any result is awaited, so the stages work on different
@@ -929,34 +921,19 @@ int ring_generate(ring_coord *rc, const tok_tokenizer *tok, const int32_t *promp
             got++;
         }
     }
-    m->prefill_s = gen_mono() - t0;
+    m->prefill_s = gen_mono() - out.t0;
     for (int g = 0; rc_ == 0 && (p->n_predict < 0 || g < p->n_predict); g++) {
         int32_t id = next;
         if (id < 0) {
             rc_ = rl_errf(err, "the last stage returned no token");
             break;
         }
-        m->generated_tokens++;
-        if (g == 0) {
-            t_first = gen_mono();
-            m->ttft_s = t_first - t0;
-        }
-        if (!p->ignore_eog && tok_is_eog(tok, id)) {
-            m->stop_reason = "eog";
+        int r = gen_out_token(&out, id, err);
+        if (r != 0) {
+            if (r < 0) rc_ = -1;
             break;
         }
-        const char *text;
-        size_t len;
-        if (tok_stream_push(&ts, id, &text, &len, err) != 0) {
-            rc_ = -1;
-            break;
-        }
-        if (cb && cb(user, id, text, len) != 0) {
-            m->stop_reason = "callback";
-            break;
-        }
-        sigset_t pend;
-        if (sigpending(&pend) == 0 && sigismember(&pend, SIGINT)) {
+        if (gen_sigint_pending()) {
             m->stop_reason = "interrupted";
             break;
         }
@@ -970,19 +947,7 @@ int ring_generate(ring_coord *rc, const tok_tokenizer *tok, const int32_t *promp
         pos++;
         next = rq.token;
     }
-    if (rc_ == 0 && cb) {
-        const char *text;
-        size_t len;
-        tok_stream_flush(&ts, &text, &len);
-        if (len) cb(user, -1, text, len);
-    }
-    if (m->generated_tokens > 0) {
-        m->decode_s = gen_mono() - t_first;
-        if (m->generated_tokens > 1 && m->decode_s > 0) m->decode_tok_s = (m->generated_tokens - 1) / m->decode_s;
-    }
-    if (m->prefill_s > 0) m->prefill_tok_s = (double)n_prompt / m->prefill_s;
-    m->peak_rss_bytes = gen_peak_rss();
-    tok_stream_free(&ts);
+    gen_out_end(&out, rc_ == 0, n_prompt);
     rl_err e2;
     ring_free_seqs(rc, &seq, 1, &e2);
     return rc_;

@@ -1,15 +1,9 @@
 #include "spec_gen.h"
 
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-static double spec_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "../gen/emit.h"
 
 int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
              const gen_params *p, const spec_params *sp, gen_token_cb cb, void *user, gen_metrics *m,
@@ -25,18 +19,17 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
     if (!hist) return rl_errf(err, "out of memory");
     memcpy(hist, prompt, n_prompt * sizeof *hist);
     size_t n_hist = n_prompt;
-    tok_stream ts;
-    tok_stream_init(&ts, tok, false);
+    gen_out emit;
+    gen_out_begin(&emit, tok, p, cb, user, m);
     int rc = 0, k = sp->k_max > SPEC_MAX_DRAFT ? SPEC_MAX_DRAFT : sp->k_max;
     if (k < 1) k = 1;
-    double t0 = spec_now(), t_first = 0;
     int32_t last;
     if (v->begin(v->ctx, prompt, n_prompt, &p->smp, &last, err) != 0 || spec_drafter_begin(d, prompt, n_prompt, p->smp.seed, err) != 0 ||
         spec_drafter_commit(d, &last, 1, err) != 0) {
         rc = -1;
         goto done;
     }
-    m->prefill_s = spec_now() - t0;
+    m->prefill_s = gen_mono() - emit.t0;
     uint32_t pos = (uint32_t)n_prompt; /* where `last` goes */
     int32_t out[SPEC_MAX_DRAFT + 1];
     int n_out = 1;
@@ -47,30 +40,15 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
         for (int i = 0; i < n_out && !stop; i++) {
             int32_t id = out[i];
             hist[n_hist++] = id;
-            m->generated_tokens++;
-            if (m->generated_tokens == 1) {
-                t_first = spec_now();
-                m->ttft_s = t_first - t0;
-            }
-            if (!p->ignore_eog && tok_is_eog(tok, id)) {
-                m->stop_reason = "eog";
-                stop = true;
-                break;
-            }
-            const char *text;
-            size_t len;
-            if (tok_stream_push(&ts, id, &text, &len, err) != 0) {
+            int r = gen_out_token(&emit, id, err);
+            if (r < 0) {
                 rc = -1;
                 goto done;
             }
-            if (cb && cb(user, id, text, len) != 0) {
-                m->stop_reason = "callback";
-                stop = true;
-            }
+            stop = r > 0;
             if (p->n_predict >= 0 && m->generated_tokens >= p->n_predict) stop = true;
         }
-        sigset_t pend;
-        if (!stop && sigpending(&pend) == 0 && sigismember(&pend, SIGINT)) {
+        if (!stop && gen_sigint_pending()) {
             m->stop_reason = "interrupted";
             stop = true;
         }
@@ -86,19 +64,19 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
         int32_t block[SPEC_MAX_DRAFT + 1];
         int n_draft = 0;
         const spec_q *qs = NULL;
-        double td = spec_now();
+        double td = gen_mono();
         if (kk > 0 && spec_drafter_propose(d, hist, n_hist, kk, block + 1, &n_draft, &qs, err) != 0) {
             rc = -1;
             break;
         }
-        sm->draft_s += spec_now() - td;
+        sm->draft_s += gen_mono() - td;
         block[0] = hist[n_hist - 1];
-        double tv = spec_now();
+        double tv = gen_mono();
         if (v->verify(v->ctx, pos, block, n_draft + 1, qs, out, &n_out, err) != 0) {
             rc = -1;
             break;
         }
-        sm->verify_s += spec_now() - tv;
+        sm->verify_s += gen_mono() - tv;
         sm->traversals++;
         sm->drafted += n_draft;
         sm->accepted += n_out - 1;
@@ -113,23 +91,11 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
             else if (2 * (n_out - 1) < n_draft && k > 1) k--;
         }
     }
-    if (rc == 0 && cb) {
-        const char *text;
-        size_t len;
-        tok_stream_flush(&ts, &text, &len);
-        if (len) cb(user, -1, text, len);
-    }
-    if (m->generated_tokens > 0) {
-        m->decode_s = spec_now() - t_first;
-        if (m->generated_tokens > 1 && m->decode_s > 0) m->decode_tok_s = (m->generated_tokens - 1) / m->decode_s;
-    }
-    if (m->prefill_s > 0) m->prefill_tok_s = (double)n_prompt / m->prefill_s;
     sm->acceptance_rate = sm->drafted ? (double)sm->accepted / (double)sm->drafted : 0;
     sm->tokens_per_traversal = sm->traversals ? (double)sm->committed / (double)sm->traversals : 0;
 done:
-    m->peak_rss_bytes = gen_peak_rss();
+    gen_out_end(&emit, rc == 0, n_prompt);
     if (v->end) v->end(v->ctx);
-    tok_stream_free(&ts);
     free(hist);
     return rc;
 }
