@@ -51,7 +51,7 @@ build/$(1)/libringlm.a: $$(OBJ_$(1))
 build/$(1)/ringlm: $$(CLI_OBJ_$(1)) build/$(1)/libringlm.a
 	@echo "  LD [$(1)] $$@"
 	@$$(CC) $$(LDFLAGS_$(1)) -o $$@ $$^ $$(GGML_LIBS) $$(PKG_LIBS) -lm -lpthread
-build/$(1)/unit/%: tests/unit/%.c build/$(1)/libringlm.a
+build/$(1)/unit/%: tests/unit/%.c tests/unit/check.h build/$(1)/libringlm.a
 	@mkdir -p $$(dir $$@)
 	@echo "  LD [$(1)] $$@"
 	@$$(CC) $$(CSTD) $$(WARN) $$(CFLAGS_$(1)) -I$$(GGML_INC) -Isrc $$(PKG_CFLAGS) $$(LDFLAGS_$(1)) -o $$@ $$< \

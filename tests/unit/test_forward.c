@@ -12,19 +12,7 @@
 #include "tools/synth.h"
 #include "tools/synth_config.h"
 
-static int n_fail, n_pass;
-#define CHECK(cond, ...)                                                                                              \
-    do {                                                                                                              \
-        if (cond) {                                                                                                   \
-            n_pass++;                                                                                                 \
-            printf("ok - ");                                                                                          \
-        } else {                                                                                                      \
-            n_fail++;                                                                                                 \
-            printf("not ok - ");                                                                                      \
-        }                                                                                                             \
-        printf(__VA_ARGS__);                                                                                          \
-        printf("\n");                                                                                                 \
-    } while (0)
+#include "check.h"
 
 typedef struct fx {
     mf_model m;
@@ -333,6 +321,5 @@ int main(void) {
     test_model("small", "f32", dir, 1);
     test_model("small", "q4_K", dir, 0);
     rmdir(dir);
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return check_done();
 }

@@ -11,19 +11,7 @@
 
 #include "ring/plan.h"
 
-static int n_fail, n_pass;
-#define CHECK(cond, ...)                                                                                              \
-    do {                                                                                                              \
-        if (cond) {                                                                                                   \
-            n_pass++;                                                                                                 \
-            printf("ok - ");                                                                                          \
-        } else {                                                                                                      \
-            n_fail++;                                                                                                 \
-            printf("not ok - ");                                                                                      \
-        }                                                                                                             \
-        printf(__VA_ARGS__);                                                                                          \
-        printf("\n");                                                                                                 \
-    } while (0)
+#include "check.h"
 
 #define GiB (1024ull * 1024 * 1024)
 
@@ -422,6 +410,5 @@ int main(void) {
           "256 layers on 64 nodes: %d stages in %.3f s (random large cases %.3f s)", r.n_stages, sec,
           (double)(t1 - t0) / CLOCKS_PER_SEC);
 
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return check_done();
 }

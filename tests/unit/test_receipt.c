@@ -24,19 +24,7 @@
 #include "trust/manifest.h"
 #include "trust/receipt.h"
 
-static int n_fail, n_pass;
-#define CHECK(cond, ...)                                                                                               \
-    do {                                                                                                               \
-        if (cond) {                                                                                                    \
-            n_pass++;                                                                                                  \
-            printf("ok - ");                                                                                           \
-        } else {                                                                                                       \
-            n_fail++;                                                                                                  \
-            printf("not ok - ");                                                                                       \
-        }                                                                                                              \
-        printf(__VA_ARGS__);                                                                                           \
-        printf("\n");                                                                                                  \
-    } while (0)
+#include "check.h"
 
 static double now(void) {
     struct timespec ts;
@@ -675,6 +663,5 @@ int main(void) {
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return check_done();
 }

@@ -16,14 +16,7 @@
 #include "tools/synth.h"
 #include "tools/synth_config.h"
 
-static int n_fail, n_pass;
-#define CHECK(cond, ...)                                                                                              \
-    do {                                                                                                              \
-        if (cond) n_pass++, printf("ok - ");                                                                          \
-        else n_fail++, printf("not ok - ");                                                                           \
-        printf(__VA_ARGS__);                                                                                          \
-        printf("\n");                                                                                                 \
-    } while (0)
+#include "check.h"
 
 typedef struct collect {
     int32_t ids[256];
@@ -193,6 +186,5 @@ int main(void) {
     unlink(self8);
     unlink(small);
     rmdir(dir);
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return check_done();
 }

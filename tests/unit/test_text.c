@@ -17,19 +17,7 @@
 #include "text/tokenizer.h"
 #include "tools/synth_vocab.h"
 
-static int n_fail, n_pass;
-#define CHECK(cond, ...)                                                                                              \
-    do {                                                                                                              \
-        if (cond) {                                                                                                   \
-            n_pass++;                                                                                                 \
-            printf("ok - ");                                                                                          \
-        } else {                                                                                                      \
-            n_fail++;                                                                                                 \
-            printf("not ok - ");                                                                                      \
-        }                                                                                                             \
-        printf(__VA_ARGS__);                                                                                          \
-        printf("\n");                                                                                                 \
-    } while (0)
+#include "check.h"
 
 /* strict UTF-8 check (RFC 3629: no overlongs, no surrogates, nothing above U+10FFFF) */
 static int utf8_valid(const char *str, size_t n) {
@@ -714,6 +702,5 @@ int main(void) {
     test_chat(&t);
     test_sampler();
     tok_free(&t);
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return check_done();
 }
