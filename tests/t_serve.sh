@@ -7,59 +7,11 @@
 f=$(model full-f32 k3-full f32)
 MODEL_ID=$(basename "$f")
 CT=(--max-time 60 -s)   # every curl is bounded
-declare -A SRV_PID SRV_URL
-stop_all() { for k in "${!SRV_PID[@]}"; do kill -9 "${SRV_PID[$k]}" 2>/dev/null || true; done; }
-trap 'stop_all; [ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"' EXIT
-
-# start NAME [serve options]: starts a server on a free port (--port 0; it prints the port), waits for /health.
-start() {
-    local name=$1; shift
-    "$RINGLM" serve -m "$f" --port 0 --threads 1 "$@" 2>"$WORK/$name.log" &
-    SRV_PID[$name]=$!
-    for _ in $(seq 600); do
-        local url; url=$(grep -so 'http://127\.0\.0\.1:[0-9]*' "$WORK/$name.log" | head -1 || true)
-        if [ -n "$url" ] && curl -s --max-time 2 -o /dev/null "$url/health"; then SRV_URL[$name]=$url; return 0; fi
-        kill -0 "${SRV_PID[$name]}" 2>/dev/null || break
-        sleep 0.1
-    done
-    echo "server $name did not start:"; cat "$WORK/$name.log"; exit 1
-}
+. "$(dirname "$0")/serve_lib.sh"
+trap 'serve_stop_all; [ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"' EXIT
+start() { local name=$1; shift; serve_start "$name" -m "$f" --threads 1 "$@"; } # start NAME [serve options]
 
 # A small JSON/SSE checker: py FILE 'python expression over d (the JSON) or raw (the bytes)'.
-cat >"$WORK/check.py" <<'EOF'
-import json, os, sys
-W = os.path.dirname(os.path.abspath(__file__))
-def load(name):
-    """A JSON file in the work folder (expected texts are kept as JSON strings in NAME.exp)."""
-    return json.load(open(os.path.join(W, name), encoding="utf-8"))
-def sse(raw):
-    """Parses an SSE body: returns the decoded chunks; asserts the framing and the final [DONE]."""
-    text = raw.decode()
-    assert text.endswith("data: [DONE]\n\n"), "stream does not end with data: [DONE]"
-    events = text.split("\n\n")[:-1]
-    assert all(e.startswith("data: ") for e in events), "an event without data:"
-    return [json.loads(e[6:]) for e in events[:-1]]
-def content(chunks, chat=True):
-    out = ""
-    for c in chunks:
-        for ch in c["choices"]:
-            out += (ch["delta"].get("content") or "") if chat else ch["text"]
-    return out
-def is_error(d):
-    e = d["error"]
-    return set(e) == {"message", "type", "param", "code"} and isinstance(e["message"], str) and e["message"] \
-        and isinstance(e["type"], str)
-raw = open(sys.argv[1], "rb").read()
-try:
-    d = json.loads(raw)
-except ValueError:
-    d = None
-ok = eval(sys.argv[2])
-if not ok:
-    print("check failed:", sys.argv[2], "\n  on:", raw[:600])
-    sys.exit(1)
-EOF
-py() { python3 "$WORK/check.py" "$@"; }
 # post NAME PATH JSON [curl args]: body to $WORK/NAME.json, status to $WORK/NAME.code
 post() {
     local name=$1 path=$2 body=$3; shift 3

@@ -10,22 +10,9 @@
 . "$(dirname "$0")/lib.sh"
 f=$(model full-f32 k3-full f32)
 MODEL_ID=$(basename "$f")
-declare -A SRV_PID SRV_URL
-stop_all() { for k in "${!SRV_PID[@]}"; do kill -9 "${SRV_PID[$k]}" 2>/dev/null || true; done; }
-trap 'stop_all; rm -rf "$WORK"' EXIT
-
-start() {
-    local name=$1; shift
-    "$RINGLM" serve -m "$f" --port 0 --threads 1 "$@" 2>"$WORK/$name.log" &
-    SRV_PID[$name]=$!
-    for _ in $(seq 600); do
-        local url; url=$(grep -so 'http://127\.0\.0\.1:[0-9]*' "$WORK/$name.log" | head -1 || true)
-        if [ -n "$url" ] && curl -s --max-time 2 -o /dev/null "$url/health"; then SRV_URL[$name]=$url; return 0; fi
-        kill -0 "${SRV_PID[$name]}" 2>/dev/null || break
-        sleep 0.1
-    done
-    echo "server $name did not start:"; cat "$WORK/$name.log"; exit 1
-}
+. "$(dirname "$0")/serve_lib.sh"
+trap 'serve_stop_all; rm -rf "$WORK"' EXIT
+start() { local name=$1; shift; serve_start "$name" -m "$f" --threads 1 "$@"; } # start NAME [serve options]
 # api NAME URL JSON [curl args]: the response body's JSON
 api() { curl -s --max-time 60 -H 'Content-Type: application/json' --data-binary "$3" "${@:4}" "$2" >"$WORK/$1.json"; }
 jget() { python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print(json.dumps(eval(sys.argv[2])))" "$WORK/$1.json" "$2"; }

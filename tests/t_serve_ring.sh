@@ -9,14 +9,14 @@
 # unchanged; SIGTERM exits 0.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/ring_lib.sh"
+. "$(dirname "$0")/serve_lib.sh"
 f=$(model full-f32 k3-full f32)
 mkdir -p "$RING/models"
 ln -sf "$f" "$RING/models/full-f32.gguf"
 MODEL_ID=$(basename "$f")
 CT=(--max-time 60 -s)   # every curl is bounded
-SRV_PID=
 # (a stopped node must be continued before ring_stop can wait for it)
-trap '[ -n "$SRV_PID" ] && kill -9 "$SRV_PID" 2>/dev/null; kill -CONT "${RING_PID[@]}" 2>/dev/null; ring_stop
+trap 'serve_stop_all; kill -CONT "${RING_PID[@]}" 2>/dev/null; ring_stop
       [ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"' EXIT
 
 ring_keys 3
@@ -25,47 +25,11 @@ ring_conf "$WORK/ring.conf" 1 2 3
 addr() { echo "127.0.0.1:${RING_PORT[$1]}"; }
 
 # --chunk 8: a long prompt takes many steps to read, so a node can be stopped in the middle of it (below).
-"$RINGLM" serve -m "$f" --ring "$WORK/ring.conf" --key "$RING/coord.key" --port 0 --parallel 4 --chunk 8 \
-    2>"$WORK/srv.log" &
-SRV_PID=$!
-URL=
-for _ in $(seq 600); do
-    u=$(grep -so 'http://127\.0\.0\.1:[0-9]*' "$WORK/srv.log" | head -1 || true)
-    if [ -n "$u" ] && curl -s --max-time 2 -o /dev/null "$u/health"; then URL=$u; break; fi
-    kill -0 "$SRV_PID" 2>/dev/null || break
-    sleep 0.1
-done
-[ -n "$URL" ] || { echo "the server did not start:"; cat "$WORK/srv.log"; exit 1; }
+serve_start srv -m "$f" --ring "$WORK/ring.conf" --key "$RING/coord.key" --parallel 4 --chunk 8
+URL=${SRV_URL[srv]}
 check "the server printed the plan and listens on a ring of 3 nodes" \
     bash -c "grep -q 'a ring of 3 nodes' '$WORK/srv.log' && grep -q '$(addr 2)' '$WORK/srv.log'"
 
-cat >"$WORK/check.py" <<'EOF'
-import json, os, sys
-W = os.path.dirname(os.path.abspath(__file__))
-def load(name):
-    return json.load(open(os.path.join(W, name), encoding="utf-8"))
-def sse(raw):
-    """The decoded chunks of an SSE body that ends with [DONE]."""
-    text = raw.decode()
-    assert text.endswith("data: [DONE]\n\n"), "stream does not end with data: [DONE]"
-    events = text.split("\n\n")[:-1]
-    assert all(e.startswith("data: ") for e in events), "an event without data:"
-    return [json.loads(e[6:]) for e in events[:-1]]
-def text(chunks):
-    return "".join(ch["text"] for c in chunks for ch in c.get("choices", []))
-def node(d, addr):
-    return [n for n in d["nodes"] if n["addr"] == addr][0]
-raw = open(sys.argv[1], "rb").read()
-try:
-    d = json.loads(raw)
-except ValueError:
-    d = None
-ok = eval(sys.argv[2])
-if not ok:
-    print("check failed:", sys.argv[2], "\n  on:", raw[:800])
-    sys.exit(1)
-EOF
-py() { python3 "$WORK/check.py" "$@"; }
 post() { # post NAME JSON [curl args]: body to $WORK/NAME.json, status to $WORK/NAME.code
     local name=$1 body=$2; shift 2
     curl "${CT[@]}" -o "$WORK/$name.json" -w '%{http_code}' -H 'Content-Type: application/json' \
@@ -201,8 +165,8 @@ check "... the request was replayed on the re-opened ring: 200, the same text as
 check "... the server logged the retry" grep -q "retrying the step on a re-opened ring" "$WORK/srv.log"
 
 # ---- SIGTERM ----------------------------------------------------------------------------------------------
-kill -TERM "$SRV_PID"
-rc=0; wait "$SRV_PID" || rc=$?
-SRV_PID=
+kill -TERM "${SRV_PID[srv]}"
+rc=0; wait "${SRV_PID[srv]}" || rc=$?
+unset 'SRV_PID[srv]'
 check "SIGTERM: exit 0" test $rc = 0
 finish
