@@ -146,8 +146,7 @@ static int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const
         if (zmq_poll(items, rc->conf.n, 100) < 0 && errno != EINTR) {
             return rl_errf(err, "poll failed: %s", zmq_strerror(errno));
         }
-        sigset_t pend;
-        if (sigpending(&pend) == 0 && sigismember(&pend, SIGINT)) return rl_errf(err, "interrupted");
+        if (gen_sigint_pending()) return rl_errf(err, "interrupted");
         for (int i = 0; i < rc->conf.n; i++) {
             if (!(items[i].revents & ZMQ_POLLIN)) continue;
             for (;;) {
@@ -162,7 +161,10 @@ static int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const
                     return rl_errf(err, "node %s sent a malformed frame: %s", rc->conf.nodes[i].addr,
                                    p.n < 2 ? "too few parts" : e2.msg);
                 }
-                if (h->type == RF_ERROR) {
+                /* An ERROR about another ring's frame is not ours: a node that was still sending a broken
+                 * ring's last frame downstream when it broke reports that late, after its send timeout, to
+                 * whichever coordinator now holds our routing id. */
+                if (h->type == RF_ERROR && (h->ring_id == 0 || h->ring_id == rc->ring_id)) {
                     cJSON *j = cJSON_ParseWithLength(p.data[1], p.len[1]);
                     const cJSON *msg = j ? cJSON_GetObjectItemCaseSensitive(j, "msg") : NULL;
                     rl_errf(err, "node %s: %s", rc->conf.nodes[i].addr,

@@ -66,6 +66,8 @@ typedef struct node {
     void *router, *next;
     char coord_id[256];
     size_t coord_id_len;
+    uint64_t cur_ring; /* ring_id of the frame being handled; replies carry it, so a coordinator can tell an
+                        * error about an earlier ring's frame (sent late) from one about its own */
     node_model models[NODE_MAX_MODELS];
     int n_models;
     char cache_dir[1024];
@@ -196,7 +198,7 @@ static double node_probe_speed(int threads) {
 /* ---- replies ----------------------------------------------------------------------------------- */
 
 static int node_reply(node *n, int type, uint64_t step, const void *payload, size_t len) {
-    rf_header h = {.type = (uint16_t)type, .step_id = step, .payload_bytes = len};
+    rf_header h = {.type = (uint16_t)type, .ring_id = n->cur_ring, .step_id = step, .payload_bytes = len};
     uint8_t hb[64];
     rf_header_encode(&h, hb);
     const void *parts[3] = {n->coord_id, hb, payload ? payload : ""};
@@ -935,6 +937,7 @@ int node_run(const node_opts *o, rl_err *err) {
                 zs_parts_free(&p);
                 continue;
             }
+            n->cur_ring = 0;
             if (rf_header_decode(h, p.data[1], p.len[1], &e2) != 0) {
                 /* An authenticated peer sent garbage: say so (if it is our coordinator) and go on. */
                 if (p.len[0] == n->coord_id_len && memcmp(p.data[0], n->coord_id, p.len[0]) == 0) {
@@ -946,6 +949,7 @@ int node_run(const node_opts *o, rl_err *err) {
                 zs_parts_free(&p);
                 continue;
             }
+            n->cur_ring = h->ring_id;
             if (h->type == RF_INFO_REQ || h->type == RF_ASSIGN || h->type == RF_PING || h->type == RF_FETCH_BEGIN) {
                 /* Only a coordinator sends these; remember where to send results and errors. */
                 n->coord_id_len = p.len[0] < sizeof n->coord_id ? p.len[0] : sizeof n->coord_id;

@@ -194,20 +194,11 @@ static int ring_reopen(sch_ring *B, rl_err *err) {
         return rl_errf(err, "the ring is unavailable: %s (the ring broke: %s)", B->why_down, B->broke);
     }
     rl_err e = {{0}};
-    /* Twice: a surviving node may still send an ERROR about the broken ring's last frame (it was forwarding
-     * it to the node that died, and gives up after its own send timeout). It reaches the new ring's sockets,
-     * which have the old ones' routing id, and fails ring_open, which takes it for an answer to itself;
-     * it is consumed by then, so the second open gets through. */
-    bool reachable = ring_probe(B, RING_PROBE_S, &e) == 0;
-    for (int k = 0; reachable && k < 2; k++) {
-        if (k > 0) fprintf(stderr, "ringlm serve: ring: re-opening failed (%s); once more\n", e.msg);
-        if (ring_try_open(B, &e) == 0) {
-            fprintf(stderr, "ringlm serve: ring: whole again (%d stages, re-planned and re-assigned)\n",
-                    B->plan.n_stages);
-            B->broke[0] = B->why_down[0] = 0;
-            B->retry_at = 0;
-            return 0;
-        }
+    if (ring_probe(B, RING_PROBE_S, &e) == 0 && ring_try_open(B, &e) == 0) {
+        fprintf(stderr, "ringlm serve: ring: whole again (%d stages, re-planned and re-assigned)\n", B->plan.n_stages);
+        B->broke[0] = B->why_down[0] = 0;
+        B->retry_at = 0;
+        return 0;
     }
     snprintf(B->why_down, sizeof B->why_down, "%s", e.msg);
     if (sch_now() - t0 > 0.2) B->retry_at = sch_now() + RING_BACKOFF_S;
