@@ -30,7 +30,7 @@ CLI_SRC  := $(sort $(wildcard src/cli/*.c))
 UNIT_SRC := $(sort $(wildcard tests/unit/*.c))
 TOOL_SRC := $(sort $(wildcard tests/tools/*.c))
 
-.PHONY: all asan test check demo oracle clean units_release units_asan
+.PHONY: all asan test check demo oracle clean units_release units_asan adversary
 all: ringlm
 
 $(GGML_MK): scripts/ggml.sh scripts/ggml-variant.sh scripts/pins.env
@@ -68,6 +68,20 @@ endef
 $(eval $(call variant,release))
 $(eval $(call variant,asan))
 
+# The adversarial node (tests only): the release build with node.c and cmd_node.c compiled again with
+# -DRINGLM_ADVERSARY, which adds `ringlm node --misbehave MODE` (src/ring/node.c). Never shipped: only
+# tests/t_trust.sh runs it. Objects given before the library win over the library's own.
+ADV_OBJ := build/adv/src/ring/node.o build/adv/src/cli/cmd_node.o
+build/adv/%.o: %.c $(GGML_MK)
+	@mkdir -p $(dir $@)
+	@echo "  CC [adv] $<"
+	@$(CC) $(CSTD) $(WARN) $(CFLAGS_release) -DRINGLM_ADVERSARY -I$(GGML_INC) $(PKG_CFLAGS) -MMD -MP -c $< -o $@
+build/adv/ringlm: $(ADV_OBJ) $(filter-out build/release/src/cli/cmd_node.o,$(CLI_OBJ_release)) build/release/libringlm.a
+	@echo "  LD [adv] $@"
+	@$(CC) -o $@ $^ $(GGML_LIBS) $(PKG_LIBS) -lm -lpthread
+adversary: build/adv/ringlm
+-include $(ADV_OBJ:.o=.d)
+
 # corpus_blob.c embeds the corpus with .incbin, which -MMD cannot see.
 $(foreach v,release asan,build/$(v)/src/tools/corpus_blob.o): $(wildcard data/corpus/*.txt)
 
@@ -80,7 +94,7 @@ asan: build/asan/ringlm units_asan
 oracle: $(GGML_MK)
 	$(MAKE) -C tests/oracle LLAMA_SRC=$(LLAMA_SRC)
 
-test: ringlm units_release oracle
+test: ringlm units_release oracle adversary
 	RINGLM_BUILD=build/release tests/run.sh
 
 # The release suite, then the same suite against the sanitizer build (compiled only after the first passes).

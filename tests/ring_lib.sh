@@ -22,11 +22,11 @@ ring_start() {
     local port=${RING_PORT[$i]:-}
     [ -n "$port" ] || port=$(ring_free_port) # a restarted node keeps its address
     RING_PORT[$i]=$port
-    "$RINGLM" node --listen "127.0.0.1:$port" --key "$RING/n$i.key" --allow "$(cat "$RING/coord.pub")" \
+    "${RING_BIN:-$RINGLM}" node --listen "127.0.0.1:$port" --key "$RING/n$i.key" --allow "$(cat "$RING/coord.pub")" \
         --models "$dir" --threads 1 --speed 10 "$@" >"$RING/n$i.log" 2>&1 &   # fixed speed: stable plans
     RING_PID[$i]=$!
     for _ in $(seq 100); do
-        grep -q "ready:" "$RING/n$i.log" && return 0
+        grep -qs "ready:" "$RING/n$i.log" && return 0
         kill -0 "${RING_PID[$i]}" 2>/dev/null || break
         sleep 0.1
     done

@@ -9,11 +9,14 @@
 
 static void node_usage(FILE *f) {
     fprintf(f, "usage: ringlm node --listen HOST:PORT --key node.key --allow COORD_PUBKEY_HEX[,...]\n"
-               "                   [--models DIR] [--cache DIR] [--mem GB] [--speed GB/s] [--threads N] [--verbose]\n\n"
+               "                   [--models DIR] [--cache DIR] [--mem GB] [--speed GB/s] [--threads N]\n"
+               "                   [--audit-keep MB] [--verbose]\n\n"
                "Serves its share of a model to the coordinators it trusts. Links are encrypted and mutually\n"
                "authenticated (ZeroMQ CURVE); a key not on the list is refused and logged. Layers of a model\n"
                "it does not hold are streamed by the coordinator and kept in --cache (default\n"
-               "~/.cache/ringlm/node-<key>) by content hash for next time.\n");
+               "~/.cache/ringlm/node-<key>) by content hash for next time. When the coordinator asks for\n"
+               "receipts, the node keeps what it received and sent for the last --audit-keep MB (default 256)\n"
+               "of frames, for audits.\n");
 }
 
 int cmd_node(int argc, char **argv) {
@@ -43,6 +46,10 @@ int cmd_node(int argc, char **argv) {
         else if (strcmp(a, "--cache") == 0) o.cache_dir = v;
         else if (strcmp(a, "--mem") == 0) o.mem_gb = atof(v);
         else if (strcmp(a, "--speed") == 0) o.speed_gbs = atof(v);
+        else if (strcmp(a, "--audit-keep") == 0 && atof(v) > 0) o.audit_keep_bytes = (size_t)(atof(v) * 1048576.0);
+#ifdef RINGLM_ADVERSARY
+        else if (strcmp(a, "--misbehave") == 0) o.misbehave = v; /* test builds only (make adversary) */
+#endif
         else if (strcmp(a, "--threads") == 0 && cli_parse_int(v, &o.threads) == 0 && o.threads > 0) {
         } else {
             fprintf(stderr, "ringlm node: unknown or bad option '%s'\n", a);

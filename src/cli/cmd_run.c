@@ -20,7 +20,8 @@ static void run_usage(FILE *f) {
             "                  [--presence-penalty P] [--frequency-penalty F] [--seed S] [--threads N]\n"
             "                  [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
             "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16]]\n"
-            "                  [--draft none|ngram|DRAFT.gguf [--draft-n K] [--draft-fixed]] [--receipts FILE]\n\n"
+            "                  [--draft none|ngram|DRAFT.gguf [--draft-n K] [--draft-fixed]] [--receipts FILE]\n"
+            "                  [--audit-rate R [--audit-seed S] [--audit-tol T]]\n\n"
             "Streams the generated text to stdout, then prints one metrics line on stderr.\n"
             "  -n N          tokens to generate (default 128; -1 = until the context is full)\n"
             "  --chat        wrap the prompt as a user turn in the model's chat format\n"
@@ -31,7 +32,11 @@ static void run_usage(FILE *f) {
             "  --draft D     speculative decoding: ngram (prompt lookup) or a small draft model sharing the\n"
             "                vocabulary; up to --draft-n tokens (default 7) verified per target pass\n"
             "  --receipts F  (ring) every stage signs a receipt per traversal; each traversal is checked as it\n"
-            "                returns and its receipts are written to F as JSON lines (ringlm receipts verify)\n");
+            "                returns and its receipts are written to F as JSON lines (ringlm receipts verify)\n"
+            "  --audit-rate R  (ring) audit each finished sequence with probability R (0..1; receipts on): this\n"
+            "                machine recomputes one stage, drawn from --audit-seed, and compares its output with\n"
+            "                what the node sent, within --audit-tol (relative, default 0.01); a mismatch names the\n"
+            "                node faulty and fails the run\n");
 }
 
 typedef struct run_out {
@@ -113,6 +118,8 @@ static long parse_ids(const char *s, int32_t **out) {
 int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *ids_arg = NULL, *metrics = NULL, *system = NULL;
     const char *ring_path = NULL, *key_path = NULL, *wire = "f32", *draft = NULL, *receipts = NULL;
+    double audit_rate = 0, audit_tol = 0;
+    unsigned long long audit_seed = 0;
     int draft_n = 7;
     bool draft_fixed = false;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), ctx = 4096, chunk = 512;
@@ -162,6 +169,16 @@ int cmd_run(int argc, char **argv) {
             draft = v;
         } else if (strcmp(a, "--receipts") == 0) {
             receipts = v;
+        } else if (strcmp(a, "--audit-rate") == 0) {
+            char *e_ = NULL;
+            audit_rate = strtod(v, &e_);
+            bad = !e_ || *e_ || !(audit_rate >= 0 && audit_rate <= 1);
+        } else if (strcmp(a, "--audit-tol") == 0) {
+            char *e_ = NULL;
+            audit_tol = strtod(v, &e_);
+            bad = !e_ || *e_ || !(audit_tol > 0);
+        } else if (strcmp(a, "--audit-seed") == 0) {
+            bad = cli_parse_u64(v, &audit_seed) != 0;
         } else if (strcmp(a, "--draft-n") == 0) {
             bad = cli_parse_int(v, &draft_n) || draft_n < 1 || draft_n > SPEC_MAX_DRAFT;
         } else if (strcmp(a, "--key") == 0) {
@@ -210,6 +227,10 @@ int cmd_run(int argc, char **argv) {
     if (!model || (!prompt == !ids_arg)) {
         fprintf(stderr, "ringlm run: -m MODEL and exactly one of -p PROMPT or --tokens are required\n");
         run_usage(stderr);
+        return 2;
+    }
+    if (!ring_path && (receipts || audit_rate > 0)) {
+        fprintf(stderr, "ringlm run: --receipts and --audit-rate are for a ring (--ring): one machine signs nothing\n");
         return 2;
     }
     if (ring_path && !key_path) {
@@ -310,6 +331,9 @@ int cmd_run(int argc, char **argv) {
             ro_.receipts = true;
             ro_.receipts_out = rf;
         }
+        ro_.audit_rate = audit_rate;
+        ro_.audit_seed = audit_seed;
+        ro_.audit_tol = audit_tol;
         if (ring_open(&rc, &conf, &id, &m, &hp, &ro_, &err) != 0) {
             if (rf) fclose(rf);
             if (spec) spec_drafter_close(&drafter);
@@ -324,7 +348,8 @@ int cmd_run(int argc, char **argv) {
         } else {
             grc = ring_generate(&rc, &tok, toks, n_toks, &gp, run_on_token, &ro, &gm, &err);
         }
-        if (grc == 0 && receipts) grc = ring_receipts_finish(&rc, 10.0, &err); /* the last steps' receipts */
+        if (grc == 0 && rc.o.receipts) grc = ring_receipts_finish(&rc, 10.0, &err); /* the last steps' receipts */
+        if (grc == 0 && audit_rate > 0) grc = ring_audit_pending(&rc, &err);
         if (grc == 0) {
             fprintf(stderr, "\n");
             ring_print_stats(&rc, stderr);
@@ -332,6 +357,10 @@ int cmd_run(int argc, char **argv) {
             if (receipts) {
                 fprintf(stderr, "receipts: %ld checked (signatures, signers, ranges, chain, nonces), written to %s\n",
                         rc.receipts_checked, receipts);
+            }
+            if (audit_rate > 0) {
+                fprintf(stderr, "audits: %ld sequence(s) audited, %ld frame(s) recomputed in %.0f ms, largest difference "
+                        "%.2g; none failed\n", rc.audits, rc.audit_frames, rc.audit_s * 1e3, rc.audit_max_diff);
             }
         }
         ring_close(&rc);

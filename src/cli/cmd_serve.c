@@ -18,7 +18,8 @@ static void serve_usage(FILE *f) {
             "usage: ringlm serve -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
             "                    [--parallel N] [--ctx N] [--queue N] [--threads N] [--chunk N]\n"
             "                    [--max-body BYTES] [--drain SECONDS] [--quiet]\n"
-            "                    [--ring ring.conf --key coord.key [--wire f32|f16|bf16]]\n\n"
+            "                    [--ring ring.conf --key coord.key [--wire f32|f16|bf16] [--receipts FILE]\n"
+            "                     [--audit-rate R [--audit-seed S] [--audit-tol T]]]\n\n"
             "Serves the model over an OpenAI-compatible HTTP API (docs/serve.md):\n"
             "  POST /v1/chat/completions, POST /v1/completions (streamed with \"stream\": true),\n"
             "  GET /v1/models, GET /health, GET /metrics (Prometheus), GET / (a chat page).\n"
@@ -41,7 +42,13 @@ static void serve_usage(FILE *f) {
             "                 ring carrying every running request; a ring that breaks answers 503 and is\n"
             "                 re-planned at the next request once every node answers again\n"
             "  --key FILE     the coordinator's key (ringlm keygen), with --ring\n"
-            "  --wire T       boundary states between nodes as f32 (default, exact), f16 or bf16\n");
+            "  --wire T       boundary states between nodes as f32 (default, exact), f16 or bf16\n"
+            "  --receipts F   every stage signs a receipt per step, checked as it arrives and appended to F\n"
+            "                 (JSON lines, ringlm receipts verify); a node whose receipt fails is left out\n"
+            "  --audit-rate R audit each finished request with probability R (receipts on): this machine\n"
+            "                 recomputes one stage for it (drawn from --audit-seed) and compares within\n"
+            "                 --audit-tol (default 0.01); a node that fails is left out of the ring, and\n"
+            "                 /health and /metrics say so (docs/receipts.md)\n");
 }
 
 /* The model's id: the file's name without its directories. */
@@ -52,7 +59,10 @@ static const char *serve_model_id(const char *path) {
 
 int cmd_serve(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = NULL, *ring_path = NULL, *key_path = NULL;
-    const char *wire = "f32";
+    const char *wire = "f32", *receipts = NULL;
+    double audit_rate = 0, audit_tol = 0;
+    unsigned long long audit_seed = 0;
+    FILE *rfile = NULL;
     int port = 8080, parallel = 4, ctx = 4096, queue = 16, chunk = 256, drain = 30;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     unsigned long long max_body = 1u << 20;
@@ -79,6 +89,18 @@ int cmd_serve(int argc, char **argv) {
         } else if (strcmp(a, "--wire") == 0) {
             wire = v;
             bad = strcmp(v, "f32") && strcmp(v, "f16") && strcmp(v, "bf16");
+        } else if (strcmp(a, "--receipts") == 0) {
+            receipts = v;
+        } else if (strcmp(a, "--audit-rate") == 0) {
+            char *e_ = NULL;
+            audit_rate = strtod(v, &e_);
+            bad = !e_ || *e_ || !(audit_rate >= 0 && audit_rate <= 1);
+        } else if (strcmp(a, "--audit-tol") == 0) {
+            char *e_ = NULL;
+            audit_tol = strtod(v, &e_);
+            bad = !e_ || *e_ || !(audit_tol > 0);
+        } else if (strcmp(a, "--audit-seed") == 0) {
+            bad = cli_parse_u64(v, &audit_seed) != 0;
         } else if (strcmp(a, "--host") == 0) {
             host = v;
         } else if (strcmp(a, "--api-key") == 0) {
@@ -112,6 +134,10 @@ int cmd_serve(int argc, char **argv) {
     if (!model) {
         fprintf(stderr, "ringlm serve: -m MODEL is required\n");
         serve_usage(stderr);
+        return 2;
+    }
+    if (!ring_path && (receipts || audit_rate > 0)) {
+        fprintf(stderr, "ringlm serve: --receipts and --audit-rate are for a ring (--ring): one machine signs nothing\n");
         return 2;
     }
     if (!ring_path != !key_path) {
@@ -157,6 +183,19 @@ int cmd_serve(int argc, char **argv) {
                                 .n_slots = parallel};
         rcfg.opts.n_ctx = (uint32_t)ctx;
         rcfg.opts.wire = strcmp(wire, "f16") == 0 ? 1 : strcmp(wire, "bf16") == 0 ? 2 : 0;
+        rcfg.opts.audit_rate = audit_rate;
+        rcfg.opts.audit_seed = audit_seed;
+        rcfg.opts.audit_tol = audit_tol;
+        if (receipts) {
+            rfile = fopen(receipts, "a");
+            if (!rfile) {
+                rl_errf(&err, "cannot open %s for appending: %s", receipts, strerror(errno));
+                goto out;
+            }
+            setvbuf(rfile, NULL, _IOLBF, 0); /* whole lines, so a reader never sees half a receipt */
+            rcfg.opts.receipts = true;
+            rcfg.opts.receipts_out = rfile;
+        }
         if (sch_backend_ring(&be, &rcfg, &err) != 0) goto out;
     } else {
         if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, threads, &err) != 0) goto out;
@@ -207,6 +246,7 @@ int cmd_serve(int argc, char **argv) {
 out:
     if (have_sched) sch_free(&s); /* frees the backend too */
     if (have_engine) k3_engine_free(&e);
+    if (rfile && fclose(rfile) != 0 && rc == 0) rc = -1, rl_errf(&err, "cannot write %s", receipts);
     if (have_tok) tok_free(&tok);
     mf_close(&m);
 out_noclose:

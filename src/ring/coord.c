@@ -5,6 +5,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -17,12 +18,16 @@
 #include "../gen/emit.h"
 #include "../gguf/file_hash.h"
 #include "../model/k3_memory.h"
+#include "../trust/audit.h"
 #include "../trust/manifest.h"
 #include "ggml.h"
 #include "gguf.h"
 
 static void ring_take_receipt(ring_coord *rc, int from, const zs_parts *p, const rf_header *h);
 static void ring_trav_drop(ring_coord *rc, struct ring_trav *t);
+static struct ring_trav *ring_trav_find(ring_coord *rc, uint64_t step);
+static void ring_hist_free(ring_coord *rc);
+static double ring_audit_draw(ring_coord *rc);
 
 ring_opts ring_opts_default(void) {
     /* A dead process or a dropped network is noticed by the link itself: a closed connection at once, and
@@ -343,6 +348,9 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
     rc->id = id;
     rc->o = *o;
     rc->hp = *hp;
+    rc->m = m;
+    if (o->audit_rate > 0) rc->o.receipts = true; /* an audit checks a node's frames against its receipts */
+    rc->audit_rng = o->audit_seed ^ 0x6a09e667f3bcc908ull;
     randombytes_buf(&rc->ring_id, sizeof rc->ring_id);
     rc->next_step = 1;
     rc->next_seq = 1;
@@ -370,6 +378,9 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
     bool got[PLAN_MAX_NODES] = {0};
     double t0 = gen_mono(), last_send = t0;
     int n_got = 0;
+    for (int i = 0; o->exclude && i < conf->n; i++) { /* left out: not asked, planned with no memory */
+        if (o->exclude[i]) got[i] = true, n_got++, rc->nodes[i].speed = 1e9;
+    }
     while (n_got < conf->n) {
         if (gen_mono() - t0 > o->connect_s) {
             for (int i = 0; i < conf->n; i++) {
@@ -450,6 +461,7 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
             pn->mem_bytes = (uint64_t)(conf->nodes[i].mem_gb * 1073741824.0);
         }
         if (!rc->nodes[i].has_model && o->no_fetch) pn->mem_bytes = 0; /* cannot serve without the file */
+        if (o->exclude && o->exclude[i]) pn->mem_bytes = 0;
         pn->speed = rc->nodes[i].speed;
     }
     if (plan_make(&pm, rc->pnodes, conf->n, 0.10, &rc->plan, err) != 0) {
@@ -457,7 +469,7 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
         return -1;
     }
     if (!o->quiet) plan_print(&rc->plan, rc->pnodes, stderr);
-    if (o->receipts) {
+    if (rc->o.receipts) {
         /* What every receipt must say, from our own copy of the model and the plan, never from receipts. */
         if (rcpt_book_init(&rc->book, 1u << 16, err) != 0) {
             ring_close(rc);
@@ -523,6 +535,7 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
 }
 
 void ring_close(ring_coord *rc) {
+    ring_hist_free(rc);
     if (rc->have_book) rcpt_book_free(&rc->book);
     rc->have_book = false;
     while (rc->n_travs > 0) ring_trav_drop(rc, &rc->travs[0]);
@@ -625,6 +638,10 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
         }
         for (int i = 0; i < n_reqs; i++) t->seqs[i] = (rcpt_seq){reqs[i].seq_id, reqs[i].pos, reqs[i].n};
         t->n_seqs = (uint32_t)n_reqs;
+        if (rc->o.audit_rate > 0) {
+            t->hseqs = malloc((size_t)n_reqs * sizeof *t->hseqs);
+            if (t->hseqs) memcpy(t->hseqs, h->seqs, (size_t)n_reqs * sizeof *t->hseqs);
+        }
         rc->n_travs++;
     }
     pd->step_id = h->step_id;
@@ -639,6 +656,11 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
         if (!(reqs[i].flags & RF_SEQ_HAS_Q)) continue;
         memcpy(qb + qo, reqs[i].q, reqs[i].q_len);
         qo += reqs[i].q_len;
+    }
+    struct ring_trav *tq = rc->o.audit_rate > 0 && qb ? ring_trav_find(rc, h->step_id) : NULL;
+    if (tq && (tq->q = malloc(qlen))) {
+        memcpy(tq->q, qb, qlen);
+        tq->q_len = qlen;
     }
     int r = qlen && !qb ? rl_errf(err, "out of memory")
                         : ring_send4(rc, rc->plan.stages[0].node, RF_FORWARD, h->step_id, h, toks, total * 4, sb,
@@ -682,6 +704,8 @@ static struct ring_trav *ring_trav_find(ring_coord *rc, uint64_t step) {
 }
 
 static void ring_trav_drop(ring_coord *rc, struct ring_trav *t) {
+    free(t->hseqs);
+    free(t->q);
     free(t->seqs);
     free(t->rs);
     free(t->got);
@@ -692,6 +716,67 @@ static void ring_rcpt_fail(ring_coord *rc, const char *msg) {
     if (rc->rcpt_failed) return; /* keep the first */
     rc->rcpt_failed = true;
     snprintf(rc->rcpt_error, sizeof rc->rcpt_error, "receipts: %s", msg);
+}
+
+/* The first problem a traversal's check reports, and the stage it is about. */
+struct ring_blame {
+    ring_coord *rc;
+    int stage;
+    char msg[600];
+};
+static void ring_blame_stage(void *user, int stage, const char *msg) {
+    struct ring_blame *b = user;
+    if (b->msg[0]) return;
+    b->stage = stage;
+    snprintf(b->msg, sizeof b->msg, "%s", msg);
+}
+
+/* Remembers a checked traversal for audits (what was sent, and every stage's signed hashes), forgetting
+ * the oldest beyond audit_keep. Takes t's hseqs and q. */
+static void ring_hist_add(ring_coord *rc, struct ring_trav *t) {
+    int keep = rc->o.audit_keep > 0 ? rc->o.audit_keep : 4096;
+    if (!t->hseqs) return;
+    if (!rc->hist) {
+        rc->hist = calloc((size_t)keep, sizeof *rc->hist);
+        if (!rc->hist) return;
+        rc->cap_hist = keep;
+    }
+    struct ring_hist *r;
+    if (rc->n_hist == rc->cap_hist) { /* full: the oldest makes room */
+        r = &rc->hist[rc->hist_head];
+        free(r->seqs), free(r->q), free(r->hash);
+        rc->hist_head = (rc->hist_head + 1) % rc->cap_hist;
+        rc->n_hist--;
+    }
+    r = &rc->hist[(rc->hist_head + rc->n_hist) % rc->cap_hist];
+    *r = (struct ring_hist){.step_id = t->step_id, .n_seqs = t->n_seqs, .seqs = t->hseqs, .q = t->q, .q_len = t->q_len,
+                            .hash = malloc((size_t)rc->plan.n_stages * sizeof *r->hash)};
+    t->hseqs = NULL;
+    t->q = NULL;
+    if (!r->hash) {
+        free(r->seqs), free(r->q);
+        return;
+    }
+    for (int i = 0; i < rc->plan.n_stages; i++) {
+        memcpy(r->hash[i][0], t->rs[i].in_hash, 32);
+        memcpy(r->hash[i][1], t->rs[i].out_hash, 32);
+    }
+    rc->n_hist++;
+}
+
+static void ring_hist_free(ring_coord *rc) {
+    for (int i = 0; i < rc->n_hist; i++) {
+        struct ring_hist *r = &rc->hist[(rc->hist_head + i) % rc->cap_hist];
+        free(r->seqs), free(r->q), free(r->hash);
+    }
+    free(rc->hist);
+    rc->hist = NULL;
+    rc->n_hist = rc->cap_hist = rc->hist_head = 0;
+    for (int i = 0; i < PLAN_MAX_NODES; i++) {
+        if (rc->aud_eng[i]) k3_engine_free(rc->aud_eng[i]);
+        free(rc->aud_eng[i]);
+        rc->aud_eng[i] = NULL;
+    }
 }
 
 /* A traversal with its result and every stage's receipt: check it, log it, forget it. */
@@ -711,8 +796,19 @@ static void ring_trav_check(ring_coord *rc, struct ring_trav *t) {
                      .last_out = t->last_out, .seqs = sorted, .n_seqs = t->n_seqs};
     memcpy(e.nonce, t->nonce, 32);
     rl_err err;
-    if (rcpt_check_traversal(t->rs, rc->plan.n_stages, &e, &err) != 0) {
-        ring_rcpt_fail(rc, err.msg);
+    struct ring_blame b = {rc, -1, ""};
+    if (rcpt_check_traversal_all(t->rs, rc->plan.n_stages, &e, ring_blame_stage, &b) != 0) {
+        /* The stage the first problem is about is the node to blame: mark it faulty, name it. */
+        char msg[900];
+        if (b.stage >= 0) {
+            int node = rc->plan.stages[b.stage].node;
+            snprintf(msg, sizeof msg, "node %s (stage %d): %s", rc->conf.nodes[node].addr, b.stage, b.msg);
+            rc->faulty[node] = true;
+            snprintf(rc->fault[node], sizeof rc->fault[node], "receipt check failed: %s", b.msg);
+        } else {
+            snprintf(msg, sizeof msg, "%s", b.msg);
+        }
+        ring_rcpt_fail(rc, msg);
     } else {
         rc->receipts_checked += rc->plan.n_stages;
         for (int i = 0; rc->o.receipts_out && i < rc->plan.n_stages; i++) {
@@ -720,6 +816,8 @@ static void ring_trav_check(ring_coord *rc, struct ring_trav *t) {
             if (rcpt_to_json(&t->rs[i], &line, &err) == 0) fprintf(rc->o.receipts_out, "%s\n", line);
             free(line);
         }
+        if (rc->o.on_receipts) rc->o.on_receipts(rc->o.on_receipts_user, t->rs, rc->plan.n_stages);
+        if (rc->o.audit_rate > 0) ring_hist_add(rc, t);
     }
     ring_trav_drop(rc, t);
 }
@@ -772,6 +870,195 @@ int ring_receipts_finish(ring_coord *rc, double timeout_s, rl_err *err) {
         }
         return rl_errf(err, "receipts: stage %d (%s) sent no receipt for step %llu within %.0f s", missing,
                        rc->conf.nodes[rc->plan.stages[missing].node].addr, (unsigned long long)t->step_id, timeout_s);
+    }
+    return 0;
+}
+
+/* ---- audits: recompute a stage for a finished sequence (trust/audit.h) --------------------------- */
+
+/* A uniform draw in [0, 1) from the audit seed (splitmix64): the same seed picks the same audits. */
+static double ring_audit_draw(ring_coord *rc) {
+    uint64_t z = (rc->audit_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (double)(z >> 11) / 9007199254740992.0;
+}
+
+static int ring_audit_fail(ring_coord *rc, int stage, rl_err *err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int ring_audit_fail(ring_coord *rc, int stage, rl_err *err, const char *fmt, ...) {
+    int node = rc->plan.stages[stage].node;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(rc->fault[node], sizeof rc->fault[node], fmt, ap);
+    va_end(ap);
+    rc->faulty[node] = true;
+    rc->audit_failures++;
+    return rl_errf(err, "audit: node %s (stage %d, layers [%u, %u)) is faulty: %s", rc->conf.nodes[node].addr, stage,
+                   rc->plan.stages[stage].a, rc->plan.stages[stage].b, rc->fault[node]);
+}
+
+static int ring_hist_cmp(const void *a, const void *b) {
+    const struct ring_hist *x = *(const struct ring_hist *const *)a, *y = *(const struct ring_hist *const *)b;
+    return x->step_id < y->step_id ? -1 : x->step_id > y->step_id;
+}
+
+/* One audit: sequence seq at stage `stage`. */
+static int ring_audit_one(ring_coord *rc, uint64_t seq, int stage, rl_err *err) {
+    const plan_stage *ps = &rc->plan.stages[stage];
+    int node = ps->node;
+    /* The remembered traversals that carried the sequence, in step order. */
+    struct ring_hist **hs = malloc((size_t)(rc->n_hist + 1) * sizeof *hs);
+    if (!hs) return rl_errf(err, "out of memory");
+    int n = 0;
+    for (int i = 0; i < rc->n_hist; i++) {
+        struct ring_hist *r = &rc->hist[(rc->hist_head + i) % rc->cap_hist];
+        for (uint32_t k = 0; k < r->n_seqs; k++) {
+            if (r->seqs[k].seq_id == seq) {
+                hs[n++] = r;
+                break;
+            }
+        }
+    }
+    qsort(hs, (size_t)n, sizeof *hs, ring_hist_cmp);
+    if (n == 0 || n > 65536) {
+        free(hs);
+        rc->audits_skipped++;
+        return 0; /* nothing remembered (or too much): nothing to check */
+    }
+    /* Ask the node for what it received and sent in those steps. */
+    size_t ql = 4 + (size_t)n * 8;
+    uint8_t *qb = malloc(ql);
+    rf_header *h = calloc(1, sizeof *h);
+    if (!qb || !h) {
+        free(qb), free(h), free(hs);
+        return rl_errf(err, "out of memory");
+    }
+    uint32_t cnt = (uint32_t)n;
+    memcpy(qb, &cnt, 4);
+    for (int i = 0; i < n; i++) memcpy(qb + 4 + (size_t)i * 8, &hs[i]->step_id, 8);
+    h->type = RF_AUDIT_REQ;
+    h->ring_id = rc->ring_id;
+    h->step_id = rc->next_step++;
+    uint64_t req_step = h->step_id;
+    uint8_t sb[8];
+    rf_stamps_encode(NULL, 0, sb);
+    int r = ring_send(rc, node, RF_AUDIT_REQ, h->step_id, h, qb, ql, sb, rf_stamps_size(0), err);
+    free(qb);
+    zs_parts p = {0};
+    bool watch[PLAN_MAX_NODES] = {0};
+    watch[node] = true;
+    int from;
+    while (r == 0) {
+        r = ring_wait(rc, RF_AUDIT_DATA, node, rc->o.step_s, watch, &from, &p, h, err);
+        if (r == 0 && h->step_id == req_step) break;
+        if (r == 0) zs_parts_free(&p); /* an answer to an earlier request */
+    }
+    if (r != 0) {
+        free(h), free(hs);
+        return ring_audit_fail(rc, stage, err, "it did not answer the audit: %s", err->msg);
+    }
+    /* Parse, and check every step's bytes against the hashes it signed. */
+    audit_frame *fr = calloc((size_t)n, sizeof *fr);
+    rf_header *hdrs = calloc((size_t)n, sizeof *hdrs);
+    const uint8_t *d = p.data[1], *end = d + p.len[1];
+    int rc_ = 0;
+    if (!fr || !hdrs) rc_ = rl_errf(err, "out of memory");
+    uint32_t got = 0;
+    if (rc_ == 0 && (end - d < 4 || (memcpy(&got, d, 4), got != cnt))) {
+        rc_ = ring_audit_fail(rc, stage, err, "its audit answer is malformed");
+    }
+    d += 4;
+    for (int i = 0; rc_ == 0 && i < n; i++) {
+        uint64_t step, il, ol;
+        uint8_t kept;
+        if (end - d < 25) {
+            rc_ = ring_audit_fail(rc, stage, err, "its audit answer is malformed");
+            break;
+        }
+        memcpy(&step, d, 8), memcpy(&kept, d + 8, 1), memcpy(&il, d + 9, 8), memcpy(&ol, d + 17, 8);
+        d += 25;
+        if (step != hs[i]->step_id || !kept) {
+            rc_ = ring_audit_fail(rc, stage, err, "it kept nothing of step %" PRIu64 ", which it signed a receipt for",
+                                  hs[i]->step_id);
+            break;
+        }
+        if (il > (uint64_t)(end - d) || ol > (uint64_t)(end - d) - il) {
+            rc_ = ring_audit_fail(rc, stage, err, "its audit answer is malformed");
+            break;
+        }
+        uint8_t hi[32], ho[32];
+        rcpt_hash(d, il, hi);
+        rcpt_hash(d + il, ol, ho);
+        if (memcmp(hi, hs[i]->hash[stage][0], 32) != 0 || memcmp(ho, hs[i]->hash[stage][1], 32) != 0) {
+            rc_ = ring_audit_fail(rc, stage, err, "what it says it %s in step %" PRIu64 " is not what its receipt signed",
+                                  memcmp(hi, hs[i]->hash[stage][0], 32) ? "received" : "sent", hs[i]->step_id);
+            break;
+        }
+        rf_header *fh = &hdrs[i];
+        fh->type = RF_FORWARD;
+        fh->ring_id = rc->ring_id;
+        fh->step_id = hs[i]->step_id;
+        fh->n_seqs = hs[i]->n_seqs;
+        fh->payload_bytes = il;
+        memcpy(fh->seqs, hs[i]->seqs, hs[i]->n_seqs * sizeof *fh->seqs);
+        bool last = stage == rc->plan.n_stages - 1;
+        fr[i] = (audit_frame){.h = fh, .in = d, .in_len = il, .out = d + il, .out_len = ol,
+                              .q = last ? hs[i]->q : NULL, .q_len = last ? hs[i]->q_len : 0};
+        d += il + ol;
+    }
+    /* Recompute. */
+    if (rc_ == 0 && !rc->aud_eng[stage]) {
+        k3_engine *e = calloc(1, sizeof *e);
+        /* One thread by default: audits are background work, and ggml's OpenMP threads spin at their
+         * barriers - on a machine that is also running nodes or serving, more threads than free cores make
+         * an audit hundreds of times slower, not faster. */
+        int th = rc->o.audit_threads > 0 ? rc->o.audit_threads : 1;
+        if (!e || k3_engine_init(e, rc->m, &rc->hp, ps->a, ps->b, th, err) != 0) {
+            free(e);
+            rc_ = e ? rl_errf(err, "audit: cannot run layers [%u, %u) here: %s", ps->a, ps->b, err->msg)
+                    : rl_errf(err, "out of memory");
+        } else {
+            rc->aud_eng[stage] = e;
+        }
+    }
+    if (rc_ == 0) {
+        audit_report rep;
+        double tol = rc->o.audit_tol > 0 ? rc->o.audit_tol : 1e-2;
+        if (audit_replay_seq(rc->aud_eng[stage], rc->o.n_ctx, rc->o.wire, seq, fr, n, tol, &rep, err) != 0) {
+            rc_ = -1;
+        } else {
+            rc->audit_frames += rep.frames;
+            rc->audit_max_diff = fmax(rc->audit_max_diff, rep.max_diff);
+            if (!rep.match) {
+                rc_ = ring_audit_fail(rc, stage, err, "sequence %" PRIu64 ", step %" PRIu64 ": %s", seq,
+                                      fr[rep.bad_frame].h->step_id, rep.what);
+            }
+        }
+    }
+    zs_parts_free(&p);
+    free(fr), free(hdrs), free(h), free(hs);
+    return rc_;
+}
+
+int ring_audit_pending(ring_coord *rc, rl_err *err) {
+    if (rc->n_audit_queue == 0 || rc->n_pending > 0) return 0; /* nothing drawn, or not a quiet moment */
+    /* The receipts of the sequences' last traversals may still be on their way. */
+    if (ring_receipts_finish(rc, 10.0, err) != 0) return -1;
+    while (rc->n_audit_queue > 0) {
+        uint64_t seq = rc->audit_queue[0];
+        memmove(rc->audit_queue, rc->audit_queue + 1, (size_t)--rc->n_audit_queue * sizeof rc->audit_queue[0]);
+        int stage = (int)(ring_audit_draw(rc) * rc->plan.n_stages);
+        if (stage >= rc->plan.n_stages) stage = rc->plan.n_stages - 1;
+        double t0 = gen_mono();
+        int r = ring_audit_one(rc, seq, stage, err);
+        int node = rc->plan.stages[stage].node;
+        rc->audit_s += gen_mono() - t0;
+        rc->node_audit_s[node] += gen_mono() - t0;
+        rc->audits++;
+        rc->node_audits[node]++;
+        if (r != 0) return -1;
     }
     return 0;
 }
@@ -872,6 +1159,14 @@ int ring_free_seqs(ring_coord *rc, const uint64_t *ids, int n, rl_err *err) {
     rf_stamps_encode(NULL, 0, sb);
     int r = ring_send(rc, rc->plan.stages[0].node, RF_FREE, h->step_id, h, NULL, 0, sb, rf_stamps_size(0), err);
     free(h);
+    for (int i = 0; rc->o.audit_rate > 0 && i < n; i++) { /* which finished sequences get audited */
+        if (ring_audit_draw(rc) >= rc->o.audit_rate) continue;
+        if (rc->n_audit_queue < (int)(sizeof rc->audit_queue / sizeof rc->audit_queue[0])) {
+            rc->audit_queue[rc->n_audit_queue++] = ids[i];
+        } else {
+            rc->audits_skipped++;
+        }
+    }
     return r;
 }
 

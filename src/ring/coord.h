@@ -47,6 +47,18 @@ typedef struct ring_opts {
     bool receipts;        /* every stage signs a receipt per traversal; each traversal is checked */
     FILE *receipts_out;   /* and written here as JSON lines (may be NULL) */
     bool quiet;           /* do not print the plan */
+    /* Audits (trust/audit.h; they need receipts, which they turn on): each finished sequence is audited
+     * with probability audit_rate (0 = never, 1 = all), drawn from audit_seed, at one stage drawn likewise;
+     * the coordinator recomputes that stage's layers for the sequence and compares within audit_tol. */
+    double audit_rate;
+    uint64_t audit_seed;
+    double audit_tol;     /* 0 = 1e-2 */
+    int audit_keep;       /* traversals remembered for audits (0 = 4096) */
+    int audit_threads;    /* threads of the auditing engine (0 = 1) */
+    const bool *exclude;  /* per ring.conf node (or NULL): leave it out of the plan (a node found faulty) */
+    /* Called with every traversal's receipts once they are checked (receipts on; may be NULL). */
+    void (*on_receipts)(void *user, const rcpt_receipt *rs, int n_stages);
+    void *on_receipts_user;
 } ring_opts;
 
 ring_opts ring_opts_default(void);
@@ -93,6 +105,9 @@ typedef struct ring_coord {
         bool have_result;
         rcpt_seq *seqs;
         uint32_t n_seqs;
+        rf_seq *hseqs;    /* the frame's sequence entries, and its drafts' distributions: kept for audits */
+        uint8_t *q;
+        size_t q_len;
         rcpt_receipt *rs; /* [n_stages], by the stage of the node that sent it */
         bool *got;
         int n_got;
@@ -110,6 +125,28 @@ typedef struct ring_coord {
     int n_pending;
     double traversal_s;
     long traversals;
+    /* Audits: the checked traversals still remembered (a ring buffer), the sequences waiting to be
+     * audited, an engine per audited stage (on the coordinator's model file), and what was found. */
+    const mf_model *m;
+    struct ring_hist {
+        uint64_t step_id;
+        uint32_t n_seqs;
+        rf_seq *seqs;
+        uint8_t *q;              /* the drafts' distributions sent with it (or NULL) */
+        size_t q_len;
+        uint8_t (*hash)[2][32];  /* [stage] = {input hash, output hash} from the checked receipts */
+    } *hist;
+    int n_hist, cap_hist, hist_head;
+    uint64_t audit_rng;
+    uint64_t audit_queue[256];
+    int n_audit_queue;
+    void *aud_eng[PLAN_MAX_NODES]; /* k3_engine *, per stage, made at its first audit */
+    bool faulty[PLAN_MAX_NODES];   /* per ring.conf node: caught by a receipt check or an audit */
+    char fault[PLAN_MAX_NODES][600];
+    long audits, audit_failures, audit_frames, audits_skipped;
+    double audit_s, audit_max_diff;
+    long node_audits[PLAN_MAX_NODES]; /* per ring.conf node: audits of it, and their time */
+    double node_audit_s[PLAN_MAX_NODES];
 } ring_coord;
 
 /* Connects, asks every node for INFO, plans, prints the plan, assigns ranges and waits until all are
@@ -152,8 +189,14 @@ int ring_step(ring_coord *rc, ring_seq_req *reqs, int n_reqs, rl_err *err);
  * failed a check or never came. */
 int ring_receipts_finish(ring_coord *rc, double timeout_s, rl_err *err);
 
-/* Forgets sequences on every node. */
+/* Forgets sequences on every node (and, with audits on, draws which of them to audit). */
 int ring_free_seqs(ring_coord *rc, const uint64_t *ids, int n, rl_err *err);
+
+/* Runs the audits drawn so far (ring_free_seqs): for each, asks the audited stage's node for what it
+ * received and sent in that sequence's traversals, checks those bytes against its signed receipts, and
+ * recomputes them. Returns 0 when all pass (or when steps are still in flight: it waits for a quiet
+ * ring), -1 on a failed audit: the node is marked in rc->faulty / rc->fault and err names it. */
+int ring_audit_pending(ring_coord *rc, rl_err *err);
 
 /* The same contract as gen_run, over the ring. */
 int ring_generate(ring_coord *rc, const tok_tokenizer *tok, const int32_t *prompt, size_t n_prompt,

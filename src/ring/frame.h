@@ -28,6 +28,11 @@
  *   FETCH_DATA coord -> node    the next bytes of that file's data section (step_id = chunk index)
  *   FETCH_ACK  node -> coord    chunk step_id is written (flow control: the coordinator keeps few in flight)
  *   FETCH_END  coord -> node    JSON {blake2b}: the node checks the whole file's hash, keeps it, says READY
+ *   RECEIPT    node -> coord    this stage's signed receipt for step_id (below)
+ *   AUDIT_REQ  coord -> node    u32 n | n x u64 step id: send back the frames of these steps (audits)
+ *   AUDIT_DATA node -> coord    u32 n | n x { u64 step id | u8 kept | u64 in_len | u64 out_len | in | out }:
+ *                               the FORWARD payload it received and the payload it sent on, for every
+ *                               step it signed a receipt for and still keeps (--audit-keep)
  */
 #ifndef RINGLM_FRAME_H
 #define RINGLM_FRAME_H
@@ -57,7 +62,9 @@ enum rf_type {
     RF_FETCH_ACK = 13,
     RF_FETCH_END = 14,
     RF_RECEIPT = 15, /* node -> coord: this stage's signed receipt for step_id (out of band) */
-    RF_TYPE_MAX = 15
+    RF_AUDIT_REQ = 16,  /* coord -> node: send back what you received and sent for these steps */
+    RF_AUDIT_DATA = 17, /* node -> coord: the answer (trust/audit.h) */
+    RF_TYPE_MAX = 17
 };
 
 /* Per-sequence flags. */

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -27,6 +28,7 @@
 #include "../trust/manifest.h"
 #include "../trust/receipt.h"
 #include "frame.h"
+#include "stage.h"
 #include "zsock.h"
 
 #define NODE_MAX_MODELS 32
@@ -51,13 +53,6 @@ typedef struct node_fetch {
     int last_pct;
 } node_fetch;
 
-typedef struct node_seq {
-    bool used;
-    uint64_t id;
-    k3_state st;
-    smp_sampler smp;
-    bool has_smp;
-} node_seq;
 
 typedef struct node {
     const node_opts *o;
@@ -81,11 +76,27 @@ typedef struct node {
     k3_engine e;
     uint32_t a, b, n_ctx;
     int stage, n_stages, wire;
-    node_seq seqs[RF_MAX_SEQS];
+    ring_stage stage_rt; /* the sequences' state and the compute of this stage (stage.h) */
     uint8_t manifest[32]; /* mfst_range_hash of the assigned range, computed at the first signed receipt */
     bool have_manifest;
+    /* What this stage received and sent for the steps it signed receipts for, oldest first, at most
+     * o->audit_keep_bytes: an auditor asks for them (AUDIT_REQ) and checks them against the receipts. */
+    struct node_audit_rec {
+        uint64_t ring_id, step_id;
+        uint8_t *in, *out;
+        size_t in_len, out_len;
+    } *alog;
+    size_t alog_n, alog_cap, alog_head, alog_bytes;
+#ifdef RINGLM_ADVERSARY
+    long adv_forwards;  /* FORWARD frames run so far */
+    uint8_t *adv_old;   /* replay: the first receipt this node signed (packed) */
+    size_t adv_old_len;
+    rk_identity adv_other; /* wrongkey: a key of its own making */
+    bool adv_have_other;
+#endif
 } node;
 
+static void node_alog_clear(node *n);
 static void node_log(const node *n, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void node_log(const node *n, const char *fmt, ...) {
     va_list ap;
@@ -259,13 +270,8 @@ static void node_info(node *n) {
 /* ---- assignment -------------------------------------------------------------------------------- */
 
 static void node_drop_seqs(node *n) {
-    for (int i = 0; i < RF_MAX_SEQS; i++) {
-        node_seq *q = &n->seqs[i];
-        if (!q->used) continue;
-        k3_state_free(&q->st);
-        if (q->has_smp) smp_free(&q->smp);
-        memset(q, 0, sizeof *q);
-    }
+    stage_free(&n->stage_rt);
+    stage_init(&n->stage_rt, &n->e, n->n_ctx, n->wire);
 }
 
 static void node_unload(node *n) {
@@ -320,6 +326,7 @@ static void node_assign(node *n, uint64_t step, const char *json, size_t len) {
     rl_err err;
     bool same = n->loaded && strcmp(n->hash, hash) == 0 && n->a == (uint32_t)a && n->b == (uint32_t)b;
     node_drop_seqs(n);
+    node_alog_clear(n); /* a new assignment is a new ring: its step ids start again */
     if (!same) {
         node_unload(n);
         if ((range_file ? k3_open_range(&n->m, &n->hp, path, (uint32_t)a, (uint32_t)b, &err)
@@ -349,6 +356,7 @@ static void node_assign(node *n, uint64_t step, const char *json, size_t len) {
     n->n_stages = (int)jnum(j, "n_stages", 1);
     const char *wire = jstr(j, "wire");
     n->wire = wire && strcmp(wire, "f16") == 0 ? K3_WIRE_F16 : wire && strcmp(wire, "bf16") == 0 ? K3_WIRE_BF16 : K3_WIRE_F32;
+    stage_init(&n->stage_rt, &n->e, n->n_ctx, n->wire); /* no sequence: node_drop_seqs above */
 
     /* Neighbours: trust exactly the upstream key we were given; connect to the downstream one. */
     zs_auth_forget(&n->auth, "upstream");
@@ -409,33 +417,172 @@ done:
 
 /* ---- forward ----------------------------------------------------------------------------------- */
 
-static node_seq *node_find_seq(node *n, uint64_t id, bool create) {
-    node_seq *free_slot = NULL;
-    for (int i = 0; i < RF_MAX_SEQS; i++) {
-        if (n->seqs[i].used && n->seqs[i].id == id) return &n->seqs[i];
-        if (!n->seqs[i].used && !free_slot) free_slot = &n->seqs[i];
+/* ---- audit log: what this stage received and sent, for an auditor to check --------------------- */
+
+static void node_alog_drop_oldest(node *n) {
+    struct node_audit_rec *r = &n->alog[n->alog_head];
+    n->alog_bytes -= r->in_len + r->out_len;
+    free(r->in);
+    free(r->out);
+    memset(r, 0, sizeof *r);
+    n->alog_head = (n->alog_head + 1) % n->alog_cap;
+    n->alog_n--;
+}
+
+static void node_alog_clear(node *n) {
+    while (n->alog_n) node_alog_drop_oldest(n);
+    free(n->alog);
+    n->alog = NULL;
+    n->alog_cap = n->alog_head = n->alog_bytes = 0;
+}
+
+/* Keeps copies of one step's input and output, forgetting the oldest steps beyond the byte budget. A
+ * failure to keep them is not an error of the step: an audit of it then finds nothing and says so. */
+static void node_alog_add(node *n, const rf_header *h, const void *in, size_t in_len, const void *out, size_t out_len) {
+    size_t keep = n->o->audit_keep_bytes ? n->o->audit_keep_bytes : (size_t)256 << 20;
+    if (in_len + out_len > keep) return;
+    while (n->alog_n && n->alog_bytes + in_len + out_len > keep) node_alog_drop_oldest(n);
+    if (n->alog_n == n->alog_cap) { /* grow, unwrapping the ring so the oldest is at 0 again */
+        size_t cap = n->alog_cap ? n->alog_cap * 2 : 64;
+        struct node_audit_rec *a = calloc(cap, sizeof *a);
+        if (!a) return;
+        for (size_t i = 0; i < n->alog_n; i++) a[i] = n->alog[(n->alog_head + i) % n->alog_cap];
+        free(n->alog);
+        n->alog = a;
+        n->alog_cap = cap;
+        n->alog_head = 0;
     }
-    if (!create || !free_slot) return NULL;
-    free_slot->used = true;
-    free_slot->id = id;
-    return free_slot;
+    struct node_audit_rec r = {.ring_id = h->ring_id, .step_id = h->step_id, .in = malloc(in_len + 1),
+                               .out = malloc(out_len + 1), .in_len = in_len, .out_len = out_len};
+    if (!r.in || !r.out) {
+        free(r.in);
+        free(r.out);
+        return;
+    }
+    memcpy(r.in, in, in_len);
+    memcpy(r.out, out, out_len);
+    n->alog[(n->alog_head + n->alog_n) % n->alog_cap] = r;
+    n->alog_n++;
+    n->alog_bytes += in_len + out_len;
 }
 
-#define SPEC_BLOCK_MAX 32
-
-/* Index of sequence i's first token in the frame's token list. */
-static uint32_t node_seq_offset(const rf_header *h, uint32_t i) {
-    uint32_t off = 0;
-    for (uint32_t k = 0; k < i; k++) off += h->seqs[k].n_tokens;
-    return off;
+static const struct node_audit_rec *node_alog_find(const node *n, uint64_t ring_id, uint64_t step) {
+    for (size_t i = 0; i < n->alog_n; i++) {
+        const struct node_audit_rec *r = &n->alog[(n->alog_head + i) % n->alog_cap];
+        if (r->ring_id == ring_id && r->step_id == step) return r;
+    }
+    return NULL;
 }
 
-static void node_free_seq(node_seq *q) {
-    k3_state_free(&q->st);
-    if (q->has_smp) smp_free(&q->smp);
-    memset(q, 0, sizeof *q);
+/* AUDIT_REQ: u32 n | n x u64 step id -> AUDIT_DATA (frame.h). */
+static void node_audit(node *n, const zs_parts *p, const rf_header *h) {
+    uint32_t cnt = 0;
+    if (p->len[2] >= 4) memcpy(&cnt, p->data[2], 4);
+    if (p->len[2] < 4 || cnt > 65536 || p->len[2] != 4 + (size_t)cnt * 8) {
+        node_error(n, h->step_id, "AUDIT_REQ of %zu bytes is malformed", p->len[2]);
+        return;
+    }
+    const uint8_t *ids = (const uint8_t *)p->data[2] + 4;
+    size_t len = 4;
+    for (uint32_t i = 0; i < cnt; i++) {
+        uint64_t step;
+        memcpy(&step, ids + i * 8, 8);
+        const struct node_audit_rec *r = node_alog_find(n, h->ring_id, step);
+        len += 25 + (r ? r->in_len + r->out_len : 0);
+    }
+    uint8_t *buf = malloc(len), *w = buf;
+    if (!buf) {
+        node_error(n, h->step_id, "out of memory for AUDIT_DATA (%zu bytes)", len);
+        return;
+    }
+    memcpy(w, &cnt, 4);
+    w += 4;
+    for (uint32_t i = 0; i < cnt; i++) {
+        uint64_t step, il = 0, ol = 0;
+        memcpy(&step, ids + i * 8, 8);
+        const struct node_audit_rec *r = node_alog_find(n, h->ring_id, step);
+        uint8_t kept = r != NULL;
+        if (r) il = r->in_len, ol = r->out_len;
+        memcpy(w, &step, 8), memcpy(w + 8, &kept, 1), memcpy(w + 9, &il, 8), memcpy(w + 17, &ol, 8);
+        w += 25;
+        if (r) {
+            memcpy(w, r->in, il);
+            memcpy(w + il, r->out, ol);
+            w += il + ol;
+        }
+    }
+    node_reply(n, RF_AUDIT_DATA, h->step_id, buf, len);
+    free(buf);
 }
 
+#ifdef RINGLM_ADVERSARY
+/* ---- test builds only: a node that lies (tests/t_trust.sh) --------------------------------------- */
+
+static bool node_adv_is(const node *n, const char *mode) {
+    const char *m = n->o->misbehave;
+    if (!m) return false;
+    size_t l = strlen(mode);
+    if (strncmp(m, mode, l) != 0 || (m[l] && m[l] != '@')) return false;
+    long from = m[l] == '@' ? atol(m + l + 1) : 0;
+    return n->adv_forwards > from;
+}
+
+/* skip / perturb: change what is sent on, then sign it honestly (only an audit can catch this). */
+static void node_adv_output(node *n, const rf_header *h, const uint8_t *in, uint8_t *out, size_t out_len) {
+    bool skip = node_adv_is(n, "skip"), perturb = node_adv_is(n, "perturb");
+    if (!skip && !perturb) return;
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < h->n_seqs; i++) total += h->seqs[i].n_tokens;
+    if (n->b == n->hp.n_layer) { /* the last stage: another token than the model's */
+        for (uint32_t i = 0; i < h->n_seqs; i++) {
+            int32_t t;
+            memcpy(&t, out + i * 4, 4);
+            if (t < 0 || (h->seqs[i].flags & RF_SEQ_VERIFY)) continue;
+            t = (int32_t)(((uint32_t)t + 1) % n->hp.n_vocab);
+            memcpy(out + i * 4, &t, 4);
+        }
+        return;
+    }
+    rl_err err;
+    k3_boundary bo = {0}, bi = {0};
+    if (k3_boundary_decode(&bo, out + total * 4, out_len - total * 4, (uint32_t)total, n->hp.n_embd, &err) != 0) return;
+    size_t nh = (size_t)bo.n_tokens * bo.n_embd;
+    float mx = 0;
+    for (size_t i = 0; i < nh; i++) mx = fmaxf(mx, fabsf(bo.h[i]));
+    if (skip && n->a > 0 && k3_boundary_decode(&bi, in + total * 4, h->payload_bytes - total * 4, (uint32_t)total,
+                                               n->hp.n_embd, &err) == 0) {
+        memcpy(bo.h, bi.h, nh * sizeof *bo.h); /* as if these layers added nothing */
+    } else {
+        for (size_t i = 0; i < nh; i += 7) bo.h[i] += (skip ? -1.0f : 0.05f) * mx;
+    }
+    k3_boundary_encode(&bo, (enum k3_wire_dtype)n->wire, out + total * 4);
+    k3_boundary_free(&bo);
+    k3_boundary_free(&bi);
+}
+
+/* wrongkey / claim: a receipt signed by another key, or for a layer range the node was not given. */
+static void node_adv_receipt(node *n, rcpt_receipt *r) {
+    if (node_adv_is(n, "claim")) {
+        if (r->layer_end < n->hp.n_layer) r->layer_end++;
+        else r->layer_start--;
+    }
+}
+static const rk_identity *node_adv_signer(node *n) {
+    if (!node_adv_is(n, "wrongkey")) return &n->o->id;
+    rl_err err;
+    if (!n->adv_have_other) n->adv_have_other = rk_generate(&n->adv_other, &err) == 0;
+    return n->adv_have_other ? &n->adv_other : &n->o->id;
+}
+/* replay: keeps its first receipt and sends that one again instead of a fresh one. */
+static void node_adv_replay(node *n, const uint8_t **packed, size_t *len) {
+    if (!n->adv_old) {
+        n->adv_old = malloc(*len);
+        if (n->adv_old) memcpy(n->adv_old, *packed, *len), n->adv_old_len = *len;
+        return;
+    }
+    if (node_adv_is(n, "replay")) *packed = n->adv_old, *len = n->adv_old_len;
+}
+#endif
 
 /* Signs this stage's receipt for one traversal and sends it to the coordinator (out of band). */
 static void node_send_receipt(node *n, const rf_header *h, const rf_receipts *rx, const void *in, size_t in_len,
@@ -462,7 +609,12 @@ static void node_send_receipt(node *n, const rf_header *h, const rf_receipts *rx
         r->layer_end = n->b;
         rcpt_hash(in, in_len, r->in_hash);
         rcpt_hash(out_bytes, out_len, r->out_hash);
-        ok = rcpt_set_seqs(r, sq, h->n_seqs, &err) == 0 && rcpt_sign(r, &n->o->id, &err) == 0 &&
+        const rk_identity *signer = &n->o->id;
+#ifdef RINGLM_ADVERSARY
+        node_adv_receipt(n, r);
+        signer = node_adv_signer(n);
+#endif
+        ok = rcpt_set_seqs(r, sq, h->n_seqs, &err) == 0 && rcpt_sign(r, signer, &err) == 0 &&
              rcpt_pack(r, packed, sizeof packed, &packed_len, &err) == 0;
     }
     free(r);
@@ -470,7 +622,11 @@ static void node_send_receipt(node *n, const rf_header *h, const rf_receipts *rx
         node_error(n, h->step_id, "cannot sign a receipt: %s", err.msg);
         return;
     }
-    node_reply(n, RF_RECEIPT, h->step_id, packed, packed_len);
+    const uint8_t *send = packed;
+#ifdef RINGLM_ADVERSARY
+    node_adv_replay(n, &send, &packed_len);
+#endif
+    node_reply(n, RF_RECEIPT, h->step_id, send, packed_len);
 }
 
 static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
@@ -498,212 +654,26 @@ static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
         return;
     }
     want_receipt = want_receipt == 0;
-    /* Payload: the tokens of every sequence (int32), then for later stages the boundary state. */
-    uint64_t total = 0;
-    for (uint32_t i = 0; i < h->n_seqs; i++) total += h->seqs[i].n_tokens;
-    if (h->n_seqs == 0 || total == 0 || total > n->n_ctx * (uint64_t)h->n_seqs || p->len[2] < total * 4 ||
-        p->len[2] != h->payload_bytes) {
-        node_error(n, h->step_id, "FORWARD payload of %zu bytes does not fit %u sequences / %" PRIu64 " tokens",
-                   p->len[2], h->n_seqs, total);
+    double t_start = rf_now();
+    uint8_t *payload = NULL;
+    size_t plen = 0;
+    if (stage_run(&n->stage_rt, h, p->data[2], p->len[2], p->n > 4 ? p->data[4] : NULL, p->n > 4 ? p->len[4] : 0,
+                  &payload, &plen, &err) != 0) {
+        node_error(n, h->step_id, "%s", err.msg);
         return;
     }
-    const int32_t *tokens = (const int32_t *)p->data[2];
-    k3_boundary in = {0};
-    if (n->a > 0) {
-        if (k3_boundary_decode(&in, (const uint8_t *)p->data[2] + total * 4, p->len[2] - total * 4, (uint32_t)total,
-                               n->hp.n_embd, &err) != 0) {
-            node_error(n, h->step_id, "FORWARD: %s", err.msg);
-            return;
-        }
-    }
-    k3_state *states[RF_MAX_SEQS];
-    uint32_t ntok[RF_MAX_SEQS];
-    uint8_t keep[RF_MAX_SEQS] = {0};
-    int32_t *rows = malloc((total + 1) * sizeof *rows);
-    int n_rows = 0;
     bool last = n->b == n->hp.n_layer;
-    uint32_t off = 0;
-    for (uint32_t i = 0; i < h->n_seqs; i++) {
-        const rf_seq *s = &h->seqs[i];
-        node_seq *q = node_find_seq(n, s->seq_id, (s->flags & RF_SEQ_NEW) != 0);
-        for (uint32_t k = 0; k < i && q; k++) {
-            if (h->seqs[k].seq_id == s->seq_id) q = NULL; /* listed twice */
-        }
-        if (!q) {
-            node_error(n, h->step_id, "sequence %" PRIu64 " is unknown here, listed twice, or no slot is free", s->seq_id);
-            goto out;
-        }
-        if (s->flags & RF_SEQ_NEW) {
-            if (s->pos != 0) {
-                node_error(n, h->step_id, "new sequence %" PRIu64 " must start at position 0", s->seq_id);
-                goto out;
-            }
-            if (q->st.ctx) k3_state_reset(&q->st);
-            else if (k3_state_init(&q->st, &n->hp, n->a, n->b, n->n_ctx, &err) != 0) {
-                node_free_seq(q);
-                node_error(n, h->step_id, "%s", err.msg);
-                goto out;
-            }
-            if (last) {
-                if (q->has_smp) smp_free(&q->smp);
-                smp_params sp = {.seed = s->smp.seed, .temperature = s->smp.temperature, .top_k = s->smp.top_k,
-                                 .top_p = s->smp.top_p, .min_p = s->smp.min_p, .repeat_penalty = s->smp.repeat_penalty,
-                                 .frequency_penalty = s->smp.frequency_penalty,
-                                 .presence_penalty = s->smp.presence_penalty, .penalty_last_n = s->smp.penalty_last_n};
-                q->has_smp = smp_init(&q->smp, &sp, (int32_t)n->hp.n_vocab, &err) == 0;
-                if (!q->has_smp) {
-                    node_error(n, h->step_id, "%s", err.msg);
-                    goto out;
-                }
-            }
-        } else if (s->pos < q->st.n_past) {
-            /* Speculation: the last verified block was only partly accepted; drop the rest. */
-            if (k3_state_rollback(&q->st, s->pos, &err) != 0) {
-                node_error(n, h->step_id, "sequence %" PRIu64 ": %s", s->seq_id, err.msg);
-                goto out;
-            }
-        } else if (s->pos != q->st.n_past) {
-            node_error(n, h->step_id, "sequence %" PRIu64 " is at position %u here, the frame says %u", s->seq_id,
-                       q->st.n_past, s->pos);
-            goto out;
-        }
-        keep[i] = (s->flags & RF_SEQ_VERIFY) != 0;
-        states[i] = &q->st;
-        ntok[i] = s->n_tokens;
-        if (last) {
-            if (s->flags & (RF_SEQ_ALL_LOGITS | RF_SEQ_VERIFY)) {
-                for (uint32_t t = 0; t < s->n_tokens; t++) rows[n_rows++] = (int32_t)(off + t);
-            } else if (!(s->flags & RF_SEQ_NO_SAMPLE)) {
-                rows[n_rows++] = (int32_t)(off + s->n_tokens - 1);
-            }
-            /* Penalty history follows the inputs; a VERIFY block's inputs are accepted as they are judged. */
-            if (q->has_smp && !(s->flags & RF_SEQ_VERIFY)) {
-                for (uint32_t t = 0; t < s->n_tokens; t++) smp_accept(&q->smp, tokens[off + t]);
-            }
-        }
-        off += s->n_tokens;
-    }
-    double t_start = rf_now();
-    k3_batch b = {.n_seqs = (int)h->n_seqs, .seqs = states, .n_tokens = ntok, .tokens = tokens, .in = n->a > 0 ? &in : NULL,
-                  .keep_rollback = keep,
-                  .n_logits = last ? n_rows : 0, .logit_rows = rows};
-    k3_output o;
-    if (k3_forward(&n->e, &b, &o, &err) != 0) {
-        node_error(n, h->step_id, "%s", err.msg);
-        goto out;
-    }
+#ifdef RINGLM_ADVERSARY
+    n->adv_forwards++;
+    node_adv_output(n, h, p->data[2], payload, plen);
+#endif
     double t_end = rf_now();
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < h->n_seqs; i++) total += h->seqs[i].n_tokens;
     stamps[n_stamps++] = (rf_stamp){.stage = (uint32_t)n->stage, .n_tokens = (uint32_t)total, .t_recv = t_recv,
                                     .t_start = t_start, .t_end = t_end};
     rf_header oh = *h;
-    uint8_t *payload = NULL;
-    size_t plen = 0;
-    if (!last) {
-        plen = total * 4 + k3_boundary_wire_size(&o.out, (enum k3_wire_dtype)n->wire);
-        payload = malloc(plen);
-        if (payload) {
-            memcpy(payload, tokens, total * 4);
-            k3_boundary_encode(&o.out, (enum k3_wire_dtype)n->wire, payload + total * 4);
-        }
-    } else {
-        /* One int32 per sequence (the sampled token, -1 if none was asked, or for VERIFY the number of
-         * committed tokens), then the logits rows that were asked, then the committed tokens. */
-        size_t n_logit_floats = 0;
-        for (uint32_t i = 0; i < h->n_seqs; i++) {
-            if (h->seqs[i].flags & RF_SEQ_ALL_LOGITS) n_logit_floats += (size_t)h->seqs[i].n_tokens * n->hp.n_vocab;
-        }
-        int32_t committed[RF_MAX_SEQS][SPEC_BLOCK_MAX];
-        int n_comm[RF_MAX_SEQS] = {0};
-        size_t n_comm_total = 0;
-        /* The drafts' distributions (RF_SEQ_HAS_Q) from the 4th part, parsed per VERIFY sequence. */
-        const uint8_t *qp = p->n > 4 ? p->data[4] : NULL, *qend = qp ? qp + p->len[4] : NULL;
-        int row0 = 0;
-        for (uint32_t i = 0; i < h->n_seqs; i++) {
-            const rf_seq *s = &h->seqs[i];
-            int nrows = (s->flags & (RF_SEQ_ALL_LOGITS | RF_SEQ_VERIFY)) ? (int)s->n_tokens
-                        : !(s->flags & RF_SEQ_NO_SAMPLE) ? 1 : 0;
-            if (s->flags & RF_SEQ_VERIFY) {
-                node_seq *q = node_find_seq(n, s->seq_id, false);
-                int k = (int)s->n_tokens - 1;
-                spec_q qs[SPEC_BLOCK_MAX];
-                int32_t qid[SPEC_BLOCK_MAX][64];
-                float qpr[SPEC_BLOCK_MAX][64];
-                bool have_q = (s->flags & RF_SEQ_HAS_Q) != 0;
-                for (int d = 0; have_q && d < k; d++) {
-                    uint32_t cnt;
-                    if (!qp || qp + 4 > qend) { /* announced but missing: refuse, never read garbage */
-                        have_q = false;
-                        break;
-                    }
-                    memcpy(&cnt, qp, 4);
-                    qp += 4;
-                    if (cnt > 64 || qp + cnt * 8 > qend) {
-                        have_q = false;
-                        break;
-                    }
-                    for (uint32_t c = 0; c < cnt; c++) {
-                        memcpy(&qid[d][c], qp + c * 8, 4);
-                        memcpy(&qpr[d][c], qp + c * 8 + 4, 4);
-                    }
-                    qp += cnt * 8;
-                    qs[d] = (spec_q){.n = (int)cnt, .id = qid[d], .p = qpr[d]};
-                }
-                if (k + 1 > SPEC_BLOCK_MAX || !q || !q->has_smp || ((s->flags & RF_SEQ_HAS_Q) && !have_q)) {
-                    k3_output_free(&o);
-                    node_error(n, h->step_id, "VERIFY block for sequence %" PRIu64 " is malformed", s->seq_id);
-                    goto out;
-                }
-                n_comm[i] = spec_accept(&q->smp, o.logits + (size_t)row0 * n->hp.n_vocab, (int32_t)n->hp.n_vocab,
-                                        tokens + node_seq_offset(h, i), k, have_q ? qs : NULL,
-                                        committed[i]);
-                n_comm_total += (size_t)n_comm[i];
-            }
-            row0 += nrows;
-        }
-        plen = h->n_seqs * 4 + n_logit_floats * 4 + n_comm_total * 4;
-        payload = malloc(plen);
-        int row = 0;
-        size_t lo = 0;
-        for (uint32_t i = 0; payload && i < h->n_seqs; i++) {
-            const rf_seq *s = &h->seqs[i];
-            int32_t tok = -1;
-            node_seq *q = node_find_seq(n, s->seq_id, false);
-            const float *lrow = NULL;
-            if (s->flags & RF_SEQ_VERIFY) {
-                memcpy(payload + i * 4, &n_comm[i], 4);
-                if (s->flags & RF_SEQ_ALL_LOGITS) {
-                    memcpy(payload + h->n_seqs * 4 + lo * 4, o.logits + (size_t)row * n->hp.n_vocab,
-                           (size_t)s->n_tokens * n->hp.n_vocab * 4);
-                    lo += (size_t)s->n_tokens * n->hp.n_vocab;
-                }
-                row += (int)s->n_tokens;
-                continue;
-            }
-            if (s->flags & RF_SEQ_ALL_LOGITS) {
-                memcpy(payload + h->n_seqs * 4 + lo * 4, o.logits + (size_t)row * n->hp.n_vocab,
-                       (size_t)s->n_tokens * n->hp.n_vocab * 4);
-                lo += (size_t)s->n_tokens * n->hp.n_vocab;
-                row += (int)s->n_tokens;
-                lrow = o.logits + (size_t)(row - 1) * n->hp.n_vocab;
-            } else if (!(s->flags & RF_SEQ_NO_SAMPLE)) {
-                lrow = o.logits + (size_t)row * n->hp.n_vocab;
-                row++;
-            }
-            if (lrow && q && q->has_smp) tok = smp_sample(&q->smp, lrow);
-            memcpy(payload + i * 4, &tok, 4);
-        }
-        for (uint32_t i = 0; payload && i < h->n_seqs; i++) {
-            if (!n_comm[i]) continue;
-            memcpy(payload + h->n_seqs * 4 + lo * 4, committed[i], (size_t)n_comm[i] * 4);
-            lo += (size_t)n_comm[i];
-        }
-        oh.type = RF_RESULT;
-    }
-    k3_output_free(&o);
-    if (!payload) {
-        node_error(n, h->step_id, "out of memory for the outgoing frame");
-        goto out;
-    }
+    if (last) oh.type = RF_RESULT;
     oh.payload_bytes = plen;
     stamps[n_stamps - 1].t_send = rf_now();
     size_t hl = rf_header_size(oh.n_seqs), sl = rf_stamps_size(n_stamps);
@@ -730,18 +700,15 @@ static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
     free(sb);
     /* The frame is on its way: now hash what came in and what went out, sign, and tell the coordinator
      * directly. The next stage hashes the same bytes as its input, so the coordinator can check the chain. */
-    if (want_receipt) node_send_receipt(n, h, &rx, p->data[2], p->len[2], payload, plen);
+    if (want_receipt) {
+        node_send_receipt(n, h, &rx, p->data[2], p->len[2], payload, plen);
+        node_alog_add(n, h, p->data[2], p->len[2], payload, plen);
+    }
     free(payload);
-out:
-    free(rows);
-    k3_boundary_free(&in);
 }
 
 static void node_free(node *n, const zs_parts *p, const rf_header *h) {
-    for (uint32_t i = 0; i < h->n_seqs; i++) {
-        node_seq *q = node_find_seq(n, h->seqs[i].seq_id, false);
-        if (q) node_free_seq(q);
-    }
+    for (uint32_t i = 0; i < h->n_seqs; i++) stage_forget(&n->stage_rt, h->seqs[i].seq_id);
     if (n->next) { /* pass it down the ring so every stage forgets the sequence */
         const void *parts[3] = {p->data[1], p->data[2], p->n > 3 ? p->data[3] : ""};
         size_t lens[3] = {p->len[1], p->len[2], p->n > 3 ? p->len[3] : 0};
@@ -961,6 +928,10 @@ int node_run(const node_opts *o, rl_err *err) {
             case RF_PING: node_reply(n, RF_PONG, h->step_id, NULL, 0); break;
             case RF_FORWARD: node_forward(n, &p, h); break;
             case RF_FREE: node_free(n, &p, h); break;
+            case RF_AUDIT_REQ: /* only the coordinator audits; the answer goes to it */
+                if (p.len[0] == n->coord_id_len && memcmp(p.data[0], n->coord_id, p.len[0]) == 0) node_audit(n, &p, h);
+                else node_log(n, "dropped an AUDIT_REQ that did not come from the coordinator");
+                break;
             case RF_FETCH_BEGIN: node_fetch_begin(n, h->step_id, &p); break;
             case RF_FETCH_DATA: node_fetch_data(n, h->step_id, &p); break;
             case RF_FETCH_END: node_fetch_end(n, h->step_id, &p); break;
@@ -975,6 +946,10 @@ int node_run(const node_opts *o, rl_err *err) {
 done_sock:
     node_fetch_abort(n);
     node_unload(n);
+    node_alog_clear(n);
+#ifdef RINGLM_ADVERSARY
+    free(n->adv_old);
+#endif
     if (n->next) zmq_close(n->next);
     zmq_close(n->router);
 done_auth:

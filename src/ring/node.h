@@ -27,6 +27,10 @@ typedef struct node_opts {
     double speed_gbs;        /* matrix-vector speed to report; 0 = measure it (a short probe) */
     int threads;
     bool verbose;
+    size_t audit_keep_bytes; /* frames kept for audits (0 = 256 MiB) */
+    /* Test builds only (make adversary, -DRINGLM_ADVERSARY): how this node lies, "MODE[@N]" (from its
+     * N-th FORWARD on). skip | perturb | replay | wrongkey | claim - see tests/t_trust.sh. Ignored otherwise. */
+    const char *misbehave;
 } node_opts;
 
 /* Runs until SIGINT or SIGTERM (the caller blocks both; they are polled). */

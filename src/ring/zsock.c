@@ -279,7 +279,9 @@ void zs_monitor_poll(zs_monitor *m) {
             break;
         case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
         case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-            snprintf(m->last, sizeof m->last, "the encrypted handshake failed (its key is not the one in ring.conf?)");
+            /* CURVE reports a message that fails authentication (altered on the way) the same way. */
+            snprintf(m->last, sizeof m->last,
+                     "the encrypted link failed (its key is not the one in ring.conf, or the stream was altered)");
             break;
         case ZMQ_EVENT_CONNECT_RETRIED:
             if (!m->last[0]) snprintf(m->last, sizeof m->last, "connection refused (nothing listening there?)");

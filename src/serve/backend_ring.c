@@ -20,6 +20,9 @@ typedef struct ring_slot {
     bool sampled;      /* it returned a token, so it cannot be replayed exactly: no history is kept */
     int32_t *hist;     /* while !sampled: every token given so far (a replay sends them again) */
     uint32_t n_hist, cap_hist;
+    bool want_receipts; /* the request asked for its receipts: kept here as JSON objects, comma-separated */
+    char *rcpt;
+    size_t rcpt_len, rcpt_cap;
 } ring_slot;
 
 typedef struct sch_ring {
@@ -35,6 +38,10 @@ typedef struct sch_ring {
     bool up[PLAN_MAX_NODES];      /* per ring.conf node: the coordinator's view */
     double compute_s[PLAN_MAX_NODES]; /* per ring.conf node: totals of rings already closed */
     uint64_t steps[PLAN_MAX_NODES];
+    uint64_t audits[PLAN_MAX_NODES];
+    double audit_s[PLAN_MAX_NODES];
+    bool faulty[PLAN_MAX_NODES];  /* per ring.conf node: caught lying; every later plan leaves it out */
+    char fault[PLAN_MAX_NODES][256];
     ring_slot *slots;             /* [n_slots] */
     ring_seq_req *reqs;           /* [n_slots]: a step has at most one entry per slot */
     uint64_t *to_free;            /* [n_slots]: finished sequences whose FREE waits for the next step */
@@ -81,6 +88,23 @@ static void ring_fold_stats(sch_ring *B) {
         B->compute_s[node] += B->rc->stats[s].compute_s;
         B->steps[node] += (uint64_t)B->rc->stats[s].n;
     }
+    for (int i = 0; i < B->cfg.conf->n; i++) {
+        B->audits[i] += (uint64_t)B->rc->node_audits[i];
+        B->audit_s[i] += B->rc->node_audit_s[i];
+        B->rc->node_audits[i] = 0;
+        B->rc->node_audit_s[i] = 0;
+    }
+}
+
+/* Nodes the coordinator caught lying (receipts or an audit) are out of every later plan. */
+static void ring_take_faults(sch_ring *B) {
+    for (int i = 0; i < B->cfg.conf->n; i++) {
+        if (!B->rc->faulty[i] || B->faulty[i]) continue;
+        B->faulty[i] = true;
+        snprintf(B->fault[i], sizeof B->fault[i], "%s", B->rc->fault[i]);
+        fprintf(stderr, "ringlm serve: ring: node %s is faulty (%s); it is left out of the ring from now on\n",
+                B->cfg.conf->nodes[i].addr, B->fault[i]);
+    }
 }
 
 static void ring_shut(sch_ring *B) {
@@ -93,6 +117,7 @@ static void ring_shut(sch_ring *B) {
 
 /* The ring failed: remember why, mark the node the message names, close it (the next step re-opens). */
 static void ring_break(sch_ring *B, const char *msg) {
+    if (B->open) ring_take_faults(B);
     if (!B->broke[0]) snprintf(B->broke, sizeof B->broke, "%s", msg);
     ring_blame(B, msg);
     fprintf(stderr, "ringlm serve: ring: %s; the ring is broken, re-opened at the next request\n", msg);
@@ -101,6 +126,7 @@ static void ring_break(sch_ring *B, const char *msg) {
 
 /* ring_open, recording the plan and the coordinator's view. */
 static int ring_try_open(sch_ring *B, rl_err *err) {
+    B->cfg.opts.exclude = B->faulty;
     if (ring_open(B->rc, B->cfg.conf, B->cfg.id, B->cfg.m, B->cfg.hp, &B->cfg.opts, err) != 0) {
         ring_blame(B, err->msg);
         return -1; /* ring_open cleaned up after itself */
@@ -137,6 +163,10 @@ static int ring_probe(sch_ring *B, double timeout_s, rl_err *err) {
     for (int i = 0; i < c->n; i++) {
         fd[i] = -1;
         why[i][0] = 0;
+        if (B->faulty[i]) { /* left out of the ring: whether it answers does not matter */
+            snprintf(why[i], sizeof why[i], "ok");
+            continue;
+        }
         char host[128], port[16];
         struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
         if (ring_split(c->nodes[i].addr, host, sizeof host, port, sizeof port) != 0) {
@@ -180,6 +210,7 @@ static int ring_probe(sch_ring *B, double timeout_s, rl_err *err) {
     for (int i = 0; i < c->n; i++) {
         if (fd[i] >= 0) close(fd[i]);
         if (!why[i][0]) snprintf(why[i], sizeof why[i], "no answer within %.0f s", timeout_s);
+        if (B->faulty[i]) continue;
         B->up[i] = strcmp(why[i], "ok") == 0;
         if (!B->up[i] && bad < 0) bad = i;
     }
@@ -238,6 +269,77 @@ static void ring_flush_frees(sch_ring *B) {
         fprintf(stderr, "ringlm serve: ring: cannot free %d finished sequences: %s\n", B->n_to_free, e.msg);
     }
     B->n_to_free = 0;
+}
+
+/* Runs the audits drawn for finished sequences (a quiet ring: no step is in flight between steps) - when
+ * the server is idle, else before the next step. A failed one marks the node faulty and breaks the ring,
+ * which the next step re-opens without it. Returns 1 if there was anything to audit. */
+static int ring_audit_now(sch_ring *B) {
+    rl_err e;
+    int before = B->open ? B->rc->n_audit_queue : 0;
+    if (before == 0) return 0;
+    if (ring_audit_pending(B->rc, &e) != 0) {
+        ring_break(B, e.msg);
+        return 1;
+    }
+    return B->rc->n_audit_queue < before; /* 0 when it had to wait (steps in flight): no busy loop */
+}
+static int ring_be_idle(void *impl) {
+    sch_ring *B = impl;
+    ring_flush_frees(B);
+    return ring_audit_now(B);
+}
+
+/* Every checked traversal: its receipts go to each slot whose sequence it carried and that wants them. */
+static void ring_on_receipts(void *user, const rcpt_receipt *rs, int n_stages) {
+    sch_ring *B = user;
+    for (int i = 0; i < B->cfg.n_slots; i++) {
+        ring_slot *S = &B->slots[i];
+        if (!S->want_receipts || !S->seq_id) continue;
+        bool carried = false;
+        for (uint32_t k = 0; k < rs[0].n_seqs && !carried; k++) carried = rs[0].seqs[k].seq_id == S->seq_id;
+        for (int st = 0; carried && st < n_stages; st++) {
+            char *line = NULL;
+            rl_err e;
+            if (rcpt_to_json(&rs[st], &line, &e) != 0) continue;
+            size_t l = strlen(line);
+            if (S->rcpt_len + l + 2 > S->rcpt_cap) {
+                size_t cap = S->rcpt_cap ? S->rcpt_cap * 2 : 4096;
+                while (cap < S->rcpt_len + l + 2) cap *= 2;
+                char *nb = realloc(S->rcpt, cap);
+                if (!nb) {
+                    free(line);
+                    continue;
+                }
+                S->rcpt = nb;
+                S->rcpt_cap = cap;
+            }
+            if (S->rcpt_len) S->rcpt[S->rcpt_len++] = ',';
+            memcpy(S->rcpt + S->rcpt_len, line, l);
+            S->rcpt_len += l;
+            free(line);
+        }
+    }
+}
+
+/* The slot's receipts as a JSON array, once its last traversal's receipts are in (they trail its result). */
+static char *ring_be_receipts(void *impl, int slot) {
+    sch_ring *B = impl;
+    if (slot < 0 || slot >= B->cfg.n_slots) return NULL;
+    ring_slot *S = &B->slots[slot];
+    rl_err e;
+    if (B->open && S->gen == B->gen && B->rc->n_pending == 0 && ring_receipts_finish(B->rc, 5.0, &e) != 0) {
+        fprintf(stderr, "ringlm serve: ring: %s\n", e.msg);
+    }
+    char *out = malloc(S->rcpt_len + 3);
+    if (out) {
+        out[0] = '[';
+        if (S->rcpt_len) memcpy(out + 1, S->rcpt, S->rcpt_len);
+        out[S->rcpt_len + 1] = ']';
+        out[S->rcpt_len + 2] = 0;
+    }
+    S->rcpt_len = 0;
+    return out;
 }
 
 /* ---- the backend contract ----------------------------------------------------------------------------- */
@@ -329,6 +431,8 @@ static int ring_be_step(void *impl, sch_step *steps, int n, rl_err *err) {
             S->sampled = false;
             S->n_hist = 0;
             S->smp = ring_sampling(e->smp);
+            S->want_receipts = e->receipts;
+            S->rcpt_len = 0;
         } else if (S->seq_id == 0 && S->n_hist == 0) {
             return rl_errf(err, "slot %d continues a sequence that never began", e->slot);
         }
@@ -336,6 +440,7 @@ static int ring_be_step(void *impl, sch_step *steps, int n, rl_err *err) {
     }
     ring_check_links(B);
     ring_flush_frees(B);
+    ring_audit_now(B);
     for (int attempt = 0;; attempt++) {
         if (!B->open && ring_reopen(B, err) != 0) return SCH_RING_UNAVAILABLE;
         int rc = ring_run(B, steps, n, err);
@@ -364,6 +469,8 @@ static void ring_be_end(void *impl, int slot) {
     S->seq_id = 0;
     S->sampled = false;
     S->n_hist = 0;
+    S->want_receipts = false;
+    S->rcpt_len = 0;
 }
 
 static void ring_be_node(const sch_ring *B, int node, uint32_t a, uint32_t b, int stage, sch_node_stat *o) {
@@ -372,9 +479,17 @@ static void ring_be_node(const sch_ring *B, int node, uint32_t a, uint32_t b, in
     snprintf(o->addr, sizeof o->addr, "%s", B->cfg.conf->nodes[node].addr);
     o->layer_a = a;
     o->layer_b = b;
-    o->up = B->up[node];
+    o->up = B->up[node] && !B->faulty[node];
     o->compute_s = B->compute_s[node];
     o->steps = B->steps[node];
+    o->faulty = B->faulty[node];
+    snprintf(o->fault, sizeof o->fault, "%s", B->fault[node]);
+    o->audits = B->audits[node];
+    o->audit_s = B->audit_s[node];
+    if (B->open) {
+        o->audits += (uint64_t)B->rc->node_audits[node];
+        o->audit_s += B->rc->node_audit_s[node];
+    }
     if (B->open && stage >= 0) {
         o->compute_s += B->rc->stats[stage].compute_s;
         o->steps += (uint64_t)B->rc->stats[stage].n;
@@ -401,7 +516,7 @@ static void ring_be_free(void *impl) {
     sch_ring *B = impl;
     if (!B) return;
     if (B->rc) ring_shut(B);
-    for (int i = 0; B->slots && i < B->cfg.n_slots; i++) free(B->slots[i].hist);
+    for (int i = 0; B->slots && i < B->cfg.n_slots; i++) free(B->slots[i].hist), free(B->slots[i].rcpt);
     free(B->slots);
     free(B->reqs);
     free(B->to_free);
@@ -418,6 +533,8 @@ int sch_backend_ring(sch_backend *be, const sch_ring_config *cfg, rl_err *err) {
     sch_ring *B = calloc(1, sizeof *B);
     if (!B) return rl_errf(err, "out of memory");
     B->cfg = *cfg;
+    B->cfg.opts.on_receipts = ring_on_receipts;
+    B->cfg.opts.on_receipts_user = B;
     B->next_seq = 1;
     B->rc = calloc(1, sizeof *B->rc);
     B->slots = calloc((size_t)cfg->n_slots, sizeof *B->slots);
@@ -440,5 +557,7 @@ int sch_backend_ring(sch_backend *be, const sch_ring_config *cfg, rl_err *err) {
     be->end = ring_be_end;
     be->nodes = ring_be_nodes;
     be->free = ring_be_free;
+    be->idle = ring_be_idle;
+    if (cfg->opts.receipts || cfg->opts.audit_rate > 0) be->receipts = ring_be_receipts;
     return 0;
 }

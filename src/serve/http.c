@@ -344,6 +344,11 @@ static int http_parse_common(const http_server *h, const cJSON *j, http_job *jb,
     if (!jb->chat && ll == 0) jb->p.max_tokens = 16; /* OpenAI's default for /v1/completions */
     if (http_get_bool(j, "ignore_eos", &jb->p.ignore_eos, f) != 0) return -1;
     if (http_get_bool(j, "stream", &jb->stream, f) != 0) return -1;
+    /* ringlm's own field: the signed receipts of the request's traversals, in the response. */
+    if (http_get_bool(j, "receipts", &jb->p.receipts, f) != 0) return -1;
+    if (jb->p.receipts && !h->s->be.receipts) {
+        return BAD(f, "receipts", "this server signs no receipts: it needs a ring (--ring) with --receipts or --audit-rate");
+    }
     v = cJSON_GetObjectItemCaseSensitive(j, "stream_options");
     if (!http_absent(v)) {
         if (!cJSON_IsObject(v)) return BAD(f, "stream_options", "'stream_options' must be an object");
@@ -652,6 +657,13 @@ static void http_sse_end(http_stream *st, const sch_update *u) {
         }
     } else {
         http_sse_chunk(st, false, st->chat ? NULL : "", http_finish_reason(u->fin));
+        if (u->receipts) { /* one more chunk, with no choices: the receipts (asked with "receipts": true) */
+            cJSON *j = http_envelope(st->h, st->id, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
+            cJSON_AddArrayToObject(j, "choices");
+            cJSON *rj = cJSON_Parse(u->receipts);
+            if (rj) cJSON_AddItemToObject(j, "receipts", rj);
+            http_sse(st, j);
+        }
         if (st->include_usage) {
             cJSON *j = http_envelope(st->h, st->id, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
             cJSON_AddArrayToObject(j, "choices");
@@ -683,6 +695,7 @@ static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max) 
         }
         if (u.fin != SCH_RUNNING) {
             http_sse_end(st, &u);
+            free(u.receipts);
             st->ended = true;
         }
     }
@@ -802,6 +815,7 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
     http_job_free(&jb);
     if (u.fin == SCH_FIN_ERROR || u.fin == SCH_FIN_CANCELLED) {
         free(text.p);
+        free(u.receipts);
         if (u.fin == SCH_FIN_ERROR && u.unavailable) { /* a ring node is down: try again later */
             return http_send_error(hc, c, 503, "server_error", "unavailable", NULL, "%s", u.err);
         }
@@ -815,6 +829,11 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
     cJSON *ch = cJSON_AddArrayToObject(resp, "choices");
     cJSON_AddItemToArray(ch, http_choice(chat, false, true, text.p ? text.p : "", http_finish_reason(u.fin)));
     cJSON_AddItemToObject(resp, "usage", http_usage(u.n_prompt, u.n_gen));
+    if (u.receipts) {
+        cJSON *rj = cJSON_Parse(u.receipts);
+        if (rj) cJSON_AddItemToObject(resp, "receipts", rj);
+        free(u.receipts);
+    }
     free(text.p);
     http_log(h, "%s: prompt %d, completion %d tokens, %s, %.2f s", chat ? "chat" : "completion", u.n_prompt, u.n_gen,
              sch_finish_name(u.fin), sch_now() - t0);
@@ -865,7 +884,9 @@ static enum MHD_Result http_health(http_conn *hc, struct MHD_Connection *c) {
         cJSON *l = cJSON_AddArrayToObject(n, "layers");
         cJSON_AddItemToArray(l, cJSON_CreateNumber(m.nodes[i].layer_a));
         cJSON_AddItemToArray(l, cJSON_CreateNumber(m.nodes[i].layer_b));
-        cJSON_AddStringToObject(n, "status", m.nodes[i].up ? "up" : "down");
+        cJSON_AddStringToObject(n, "status", m.nodes[i].faulty ? "faulty" : m.nodes[i].up ? "up" : "down");
+        if (m.nodes[i].faulty) cJSON_AddStringToObject(n, "fault", m.nodes[i].fault);
+        if (m.nodes[i].audits) cJSON_AddNumberToObject(n, "audits", (double)m.nodes[i].audits);
         cJSON_AddItemToArray(nodes, n);
     }
     return http_send_json(hc, c, closing ? 503 : 200, j);
@@ -962,6 +983,26 @@ static enum MHD_Result http_metrics(http_conn *hc, struct MHD_Connection *c) {
         hb_add(&b, "\",addr=\"", 8);
         http_label(&b, m.nodes[i].addr);
         hb_printf(&b, "\",stage=\"%d\",layers=\"%u-%u\"} %d\n", i, m.nodes[i].layer_a, m.nodes[i].layer_b, m.nodes[i].up);
+    }
+    http_family(&b, "ringlm_node_faulty", "gauge", "1 when the node was caught lying (receipts or an audit) and left out.");
+    for (int i = 0; i < m.n_nodes; i++) {
+        hb_add(&b, "ringlm_node_faulty{node=\"", 25);
+        http_label(&b, m.nodes[i].name);
+        hb_add(&b, "\",addr=\"", 8);
+        http_label(&b, m.nodes[i].addr);
+        hb_printf(&b, "\"} %d\n", m.nodes[i].faulty);
+    }
+    http_family(&b, "ringlm_audits_total", "counter", "Audits of each node (a sequence's frames recomputed).");
+    for (int i = 0; i < m.n_nodes; i++) {
+        hb_add(&b, "ringlm_audits_total{node=\"", 26);
+        http_label(&b, m.nodes[i].name);
+        hb_printf(&b, "\"} %llu\n", (unsigned long long)m.nodes[i].audits);
+    }
+    http_family(&b, "ringlm_audit_seconds_total", "counter", "Seconds the coordinator spent auditing each node.");
+    for (int i = 0; i < m.n_nodes; i++) {
+        hb_add(&b, "ringlm_audit_seconds_total{node=\"", 33);
+        http_label(&b, m.nodes[i].name);
+        hb_printf(&b, "\"} %.6f\n", m.nodes[i].audit_s);
     }
     http_family(&b, "ringlm_stage_compute_seconds_total", "counter", "Seconds each stage spent computing.");
     for (int i = 0; i < m.n_nodes; i++) {

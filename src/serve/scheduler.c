@@ -216,6 +216,7 @@ static void sch_request_destroy(sch_request *r) {
     pthread_cond_destroy(&r->cond);
     free(r->prompt);
     free(r->out);
+    free(r->receipts);
     free(r->hold);
     free(r);
 }
@@ -269,6 +270,10 @@ bool sch_request_wait(sch_request *r, int timeout_ms, sch_update *u) {
     u->n_gen = r->n_gen;
     memcpy(u->err, r->err, sizeof u->err);
     u->unavailable = r->unavailable;
+    if (r->fin != SCH_RUNNING) {
+        u->receipts = r->receipts;
+        r->receipts = NULL;
+    }
     pthread_mutex_unlock(&s->mu);
     return news;
 }
@@ -402,6 +407,7 @@ static void sch_finish_req(sch_sched *s, sch_request *r, sch_finish fin, const c
         }
         r->hold_len = 0;
         tok_stream_free(&r->ts);
+        if (r->p.receipts && s->be.receipts && !r->receipts) r->receipts = s->be.receipts(s->be.impl, r->slot);
         s->be.end(s->be.impl, r->slot);
         s->slots[r->slot] = NULL;
         s->n_active--;
@@ -490,6 +496,18 @@ static void *sch_main(void *arg) {
         sch_admit(s);
         if (s->n_active == 0) {
             if (s->stopping && s->n_queued == 0) break;
+            if (s->be.idle && s->n_queued == 0) {
+                pthread_mutex_unlock(&s->mu);
+                int did = s->be.idle(s->be.impl);
+                sch_node_stat nodes[SCH_MAX_NODES];
+                int n_nodes = did ? s->be.nodes(s->be.impl, nodes, SCH_MAX_NODES) : 0;
+                pthread_mutex_lock(&s->mu);
+                if (did) {
+                    s->m.n_nodes = n_nodes;
+                    memcpy(s->m.nodes, nodes, (size_t)n_nodes * sizeof *nodes);
+                    continue; /* maybe more, unless requests came meanwhile (the loop admits them first) */
+                }
+            }
             pthread_cond_wait(&s->cond, &s->mu);
             continue;
         }
@@ -515,6 +533,7 @@ static void *sch_main(void *arg) {
             size_t left = best->n_prompt - best->n_fed;
             uint32_t k = left < budget ? (uint32_t)left : budget;
             s->steps[n] = (sch_step){.slot = best->slot, .begin = best->n_fed == 0, .smp = &best->p.smp,
+                                     .receipts = best->p.receipts,
                                      .n_tokens = k, .tokens = best->prompt + best->n_fed,
                                      .sample = best->n_fed + k == best->n_prompt};
             s->step_req[n++] = best;

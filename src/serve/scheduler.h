@@ -58,6 +58,7 @@ typedef struct sch_step {
     int slot;
     bool begin;
     const smp_params *smp; /* read when begin */
+    bool receipts;         /* read when begin: keep this sequence's receipts (sch_backend.receipts) */
     uint32_t n_tokens;
     const int32_t *tokens;
     bool sample;
@@ -71,6 +72,10 @@ typedef struct sch_node_stat {
     bool up;
     double compute_s;      /* seconds spent computing forward passes, in total */
     uint64_t steps;        /* forward passes */
+    bool faulty;           /* caught lying (a receipt check or an audit): out of the ring for good */
+    char fault[256];       /* what was caught */
+    uint64_t audits;       /* audits of this node, and the seconds they took */
+    double audit_s;
 } sch_node_stat;
 
 #define SCH_MAX_NODES 64
@@ -85,6 +90,13 @@ typedef struct sch_backend {
     void (*end)(void *impl, int slot);
     int (*nodes)(void *impl, sch_node_stat *out, int max);
     void (*free)(void *impl);
+    /* Optional: background work while nothing runs (the ring's audits). Called on the scheduler thread
+     * without the mutex; returns 1 when it did something (it is called again), 0 when there is nothing. */
+    int (*idle)(void *impl);
+    /* Optional (a ring with receipts): the signed receipts of every traversal that carried the slot's
+     * sequence, as a malloc'ed JSON array (docs/receipts.md's objects); called once as the sequence ends,
+     * before end(). NULL when there are none to give. */
+    char *(*receipts)(void *impl, int slot);
 } sch_backend;
 
 /* The one-machine backend: n_slots states of n_ctx tokens each on a k3_engine for the whole model
@@ -110,6 +122,7 @@ typedef struct sch_params {
     bool ignore_eos;         /* keep going past end-of-generation tokens (they render as nothing) */
     const char *stop[SCH_MAX_STOP]; /* stop strings (copied by sch_request_new); the match is not returned */
     int n_stop;
+    bool receipts;           /* return the receipts of the request's traversals (needs a backend that signs) */
 } sch_params;
 
 struct sch_sched;
@@ -128,6 +141,7 @@ typedef struct sch_request {
     sch_finish fin;
     char err[256];
     bool unavailable;        /* SCH_FIN_ERROR because the backend returned SCH_STEP_UNAVAILABLE */
+    char *receipts;          /* at the end, when asked: a JSON array of receipts (handed to the last update) */
     char *out;               /* text produced and not yet taken by sch_request_wait */
     size_t out_len, out_cap;
     int n_gen;               /* completion tokens so far */
@@ -151,6 +165,7 @@ typedef struct sch_update {
     int n_prompt, n_gen;
     char err[256];
     bool unavailable; /* with SCH_FIN_ERROR: the model could not be reached (answer 503) */
+    char *receipts;   /* once finished, if asked: the receipts as a JSON array (caller frees) */
 } sch_update;
 
 /* ---- the scheduler ----------------------------------------------------------------------------------- */

@@ -4,7 +4,11 @@
  *
  * For each bad frame the node must answer ERROR with a message naming the problem, and still answer a
  * PING afterwards. Prints "ok - ..." / "not ok - ..." lines; exit 0 when all pass. (Unauthenticated
- * garbage never gets this far: the CURVE handshake drops it; t_ring.sh covers that.) */
+ * garbage never gets this far: the CURVE handshake drops it; t_ring.sh covers that.)
+ *
+ * --fuzz N [--seed S]: then sends N frames made by mutating valid ones of every type (bytes flipped,
+ * parts cut short, grown, dropped or added, header fields set to random values), checking every 25 that
+ * the node still answers a PING. Seeded: a failure is reproduced by its seed. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,10 +70,161 @@ static void expect(void *s, const char *what, const char *needle) {
     alive ? n_pass++ : n_fail++;
 }
 
+/* ---- fuzzing ----------------------------------------------------------------------------------------- */
+
+static uint64_t fz_next(uint64_t *x) { /* xorshift64* */
+    *x ^= *x >> 12, *x ^= *x << 25, *x ^= *x >> 27;
+    return *x * 0x2545f4914f6cdd1dull;
+}
+
+/* Drains replies until a PONG for `step` comes (at most 10 s). */
+static int fz_alive(void *s, uint64_t step) {
+    rf_header h = {.type = RF_PING, .step_id = step};
+    send_hdr(s, &h, NULL, 0, 0);
+    for (int i = 0; i < 1000; i++) {
+        zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 10000) <= 0) return 0;
+        zs_parts p;
+        rl_err e;
+        if (zs_recv(s, &p, &e) != 0) continue;
+        rf_header *rh = calloc(1, sizeof *rh);
+        int ok = rh && p.n >= 1 && rf_header_decode(rh, p.data[0], p.len[0], &e) == 0 && rh->type == RF_PONG &&
+                 rh->step_id == step;
+        free(rh);
+        zs_parts_free(&p);
+        if (ok) return 1;
+    }
+    return 0;
+}
+
+static void fuzz_frames(void *s, long n, uint64_t seed, const char *hash, uint32_t n_layer) {
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    long sent = 0, checks = 0;
+    int alive = 1;
+    for (long i = 0; i < n && alive; i++) {
+        /* A valid frame of a random type ... */
+        rf_header h = {.type = RF_FORWARD, .step_id = (uint64_t)i + 1000};
+        uint8_t payload[4096], extra[512];
+        size_t plen = 0, elen = 0;
+        int kind = (int)(fz_next(&x) % 9);
+        uint64_t seq = 1 + fz_next(&x) % 4;
+        uint32_t nt = 1 + (uint32_t)(fz_next(&x) % 4);
+        switch (kind) {
+        case 0: /* FORWARD starting a sequence */
+        case 1: /* FORWARD continuing one, maybe a VERIFY block with distributions */
+            h.n_seqs = 1;
+            h.seqs[0] = (rf_seq){.seq_id = seq, .pos = kind == 0 ? 0 : (uint32_t)(fz_next(&x) % 8), .n_tokens = nt,
+                                 .flags = kind == 0 ? RF_SEQ_NEW : (uint32_t)(fz_next(&x) % 32),
+                                 .smp = {.repeat_penalty = 1.0f, .top_p = 1.0f, .temperature = 0.5f}};
+            for (uint32_t t = 0; t < nt; t++) {
+                int32_t id = (int32_t)(fz_next(&x) % 200);
+                memcpy(payload + t * 4, &id, 4);
+            }
+            plen = nt * 4;
+            for (uint32_t d = 0; d + 1 < nt && elen + 12 <= sizeof extra; d++) {
+                uint32_t one = 1;
+                int32_t id = 7;
+                float pr = 0.5f;
+                memcpy(extra + elen, &one, 4), memcpy(extra + elen + 4, &id, 4), memcpy(extra + elen + 8, &pr, 4);
+                elen += 12;
+            }
+            break;
+        case 2: h.type = RF_FREE, h.n_seqs = 1, h.seqs[0].seq_id = seq; break;
+        case 3: h.type = RF_PING; break;
+        case 4: h.type = RF_INFO_REQ; break;
+        case 5: /* AUDIT_REQ for a few steps */
+            h.type = RF_AUDIT_REQ;
+            {
+                uint32_t c = 1 + (uint32_t)(fz_next(&x) % 3);
+                memcpy(payload, &c, 4);
+                for (uint32_t k = 0; k < c; k++) {
+                    uint64_t st = 1000 + fz_next(&x) % (uint64_t)(i + 1);
+                    memcpy(payload + 4 + k * 8, &st, 8);
+                }
+                plen = 4 + c * 8;
+            }
+            break;
+        case 6: /* ASSIGN of the whole model again (or of a range) */
+            h.type = RF_ASSIGN;
+            plen = (size_t)snprintf((char *)payload, sizeof payload, "{\"model_hash\":\"%s\",\"a\":0,\"b\":%u,\"n_ctx\":64}",
+                                    hash, fz_next(&x) % 4 ? n_layer : 1 + (uint32_t)(fz_next(&x) % n_layer));
+            break;
+        case 7: /* FETCH_BEGIN / DATA / END */
+            h.type = (uint16_t)(RF_FETCH_BEGIN + (int)(fz_next(&x) % 4));
+            plen = (size_t)snprintf((char *)payload, sizeof payload,
+                                    "{\"model_hash\":\"%064d\",\"a\":0,\"b\":1,\"file_bytes\":100,\"blake2b\":\"%064d\"}", 1, 2);
+            memcpy(extra, "GGUF\3\0\0\0", 8), elen = 8;
+            break;
+        default: h.type = (uint16_t)(1 + fz_next(&x) % RF_TYPE_MAX); break;
+        }
+        h.payload_bytes = plen;
+        uint8_t hb[2048], sb[64];
+        size_t hl = rf_header_size(h.n_seqs), sl = rf_stamps_size(0);
+        rf_header_encode(&h, hb);
+        rf_stamps_encode(NULL, 0, sb);
+        if (fz_next(&x) % 3 == 0) { /* with a receipts request */
+            memcpy(sb + sl, "RCX1", 4);
+            for (int k = 0; k < 32; k++) sb[sl + 4 + k] = (uint8_t)fz_next(&x);
+            memset(sb + sl + 36, 0, 4);
+            sl += 40;
+        }
+        uint8_t *parts[4] = {hb, payload, sb, extra};
+        size_t lens[4] = {hl, plen, sl, elen}, caps[4] = {sizeof hb, sizeof payload, sizeof sb, sizeof extra};
+        int np = elen ? 4 : 3;
+        /* ... then broken, one to four ways. */
+        int muts = 1 + (int)(fz_next(&x) % 4);
+        for (int m = 0; m < muts; m++) {
+            int pi = (int)(fz_next(&x) % (uint64_t)np);
+            switch (fz_next(&x) % 6) {
+            case 0: /* flip bytes */
+                for (int k = 0; lens[pi] && k < 1 + (int)(fz_next(&x) % 8); k++) {
+                    parts[pi][fz_next(&x) % lens[pi]] ^= (uint8_t)(1 + fz_next(&x) % 255);
+                }
+                break;
+            case 1: lens[pi] = lens[pi] ? fz_next(&x) % lens[pi] : 0; break; /* cut */
+            case 2: { /* grow with random bytes */
+                size_t add = fz_next(&x) % 64;
+                if (lens[pi] + add > caps[pi]) add = caps[pi] - lens[pi];
+                for (size_t k = 0; k < add; k++) parts[pi][lens[pi] + k] = (uint8_t)fz_next(&x);
+                lens[pi] += add;
+                break;
+            }
+            case 3: np = 1 + (int)(fz_next(&x) % 4); break; /* too few or too many parts */
+            case 4: /* a header field set to a random value: type, n_seqs, payload_bytes, a seq's counts */
+                if (hl >= 36) {
+                    static const int offs[] = {4, 6, 24, 28, 32, 40, 48, 52, 56};
+                    int o = offs[fz_next(&x) % (sizeof offs / sizeof offs[0])];
+                    uint32_t v = (uint32_t)fz_next(&x);
+                    if (fz_next(&x) % 2) v %= 300;
+                    if ((size_t)o + 4 <= lens[0]) memcpy(hb + o, &v, 4);
+                }
+                break;
+            default: /* a byte of the header flipped */
+                if (lens[0]) hb[fz_next(&x) % lens[0]] ^= (uint8_t)(1 + fz_next(&x) % 255);
+                break;
+            }
+        }
+        const void *d[4] = {parts[0], parts[1], parts[2], parts[3]};
+        send_parts(s, d, lens, np);
+        sent++;
+        if (i % 25 == 24 || i == n - 1) {
+            alive = fz_alive(s, 900000 + (uint64_t)i);
+            checks++;
+        }
+    }
+    printf("%s - fuzz: %ld mutated frames (seed %llu), the node answered all %ld liveness checks\n",
+           alive ? "ok" : "not ok", sent, (unsigned long long)seed, checks);
+    alive ? n_pass++ : n_fail++;
+}
+
 int main(int argc, char **argv) {
     const char *node = NULL, *node_key = NULL, *key = NULL, *model = NULL;
+    long fuzz = 0;
+    unsigned long long seed = 1;
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--node")) node = argv[i + 1];
+        if (!strcmp(argv[i], "--fuzz")) fuzz = atol(argv[i + 1]);
+        else if (!strcmp(argv[i], "--seed")) seed = strtoull(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "--node")) node = argv[i + 1];
         else if (!strcmp(argv[i], "--node-key")) node_key = argv[i + 1];
         else if (!strcmp(argv[i], "--key")) key = argv[i + 1];
         else if (!strcmp(argv[i], "--model")) model = argv[i + 1];
@@ -177,6 +332,7 @@ int main(int argc, char **argv) {
     rf_header fd = {.type = RF_FETCH_DATA};
     send_hdr(s, &fd, "x", 1, 0);
     expect(s, "FETCH_DATA without FETCH_BEGIN", "without FETCH_BEGIN");
+    if (fuzz > 0) fuzz_frames(s, fuzz, seed, hash, hp.n_layer);
     zmq_close(s);
     zmq_ctx_term(ctx);
     mf_close(&m);

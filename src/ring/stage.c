@@ -1,0 +1,269 @@
+#include "stage.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../spec/accept.h"
+
+void stage_init(ring_stage *s, k3_engine *e, uint32_t n_ctx, int wire) {
+    memset(s, 0, sizeof *s);
+    s->e = e;
+    s->n_ctx = n_ctx;
+    s->wire = wire;
+}
+
+static void stage_seq_free(stage_seq *q) {
+    k3_state_free(&q->st);
+    if (q->has_smp) smp_free(&q->smp);
+    memset(q, 0, sizeof *q);
+}
+
+void stage_free(ring_stage *s) {
+    for (int i = 0; i < RF_MAX_SEQS; i++) {
+        if (s->seqs[i].used) stage_seq_free(&s->seqs[i]);
+    }
+}
+
+static stage_seq *stage_find(ring_stage *s, uint64_t id, bool create) {
+    stage_seq *free_slot = NULL;
+    for (int i = 0; i < RF_MAX_SEQS; i++) {
+        if (s->seqs[i].used && s->seqs[i].id == id) return &s->seqs[i];
+        if (!s->seqs[i].used && !free_slot) free_slot = &s->seqs[i];
+    }
+    if (!create || !free_slot) return NULL;
+    free_slot->used = true;
+    free_slot->id = id;
+    return free_slot;
+}
+
+void stage_forget(ring_stage *s, uint64_t seq_id) {
+    stage_seq *q = stage_find(s, seq_id, false);
+    if (q) stage_seq_free(q);
+}
+
+/* Index of sequence i's first token in the frame's token list. */
+static uint32_t stage_seq_offset(const rf_header *h, uint32_t i) {
+    uint32_t off = 0;
+    for (uint32_t k = 0; k < i; k++) off += h->seqs[k].n_tokens;
+    return off;
+}
+
+/* Gets every sequence of the frame ready: finds or creates its state, rolls back a partly accepted
+ * block, checks its position; fills states/ntok/keep and, on the last stage, the logit rows. */
+static int stage_prepare(ring_stage *s, const rf_header *h, const int32_t *tokens, k3_state **states,
+                         uint32_t *ntok, uint8_t *keep, int32_t *rows, int *n_rows, rl_err *err) {
+    const k3_engine *e = s->e;
+    bool last = e->b == e->hp.n_layer;
+    uint32_t off = 0;
+    for (uint32_t i = 0; i < h->n_seqs; i++) {
+        const rf_seq *sq = &h->seqs[i];
+        stage_seq *q = stage_find(s, sq->seq_id, (sq->flags & RF_SEQ_NEW) != 0);
+        for (uint32_t k = 0; k < i && q; k++) {
+            if (h->seqs[k].seq_id == sq->seq_id) q = NULL; /* listed twice */
+        }
+        if (!q) {
+            return rl_errf(err, "sequence %" PRIu64 " is unknown here, listed twice, or no slot is free", sq->seq_id);
+        }
+        if (sq->flags & RF_SEQ_NEW) {
+            if (sq->pos != 0) return rl_errf(err, "new sequence %" PRIu64 " must start at position 0", sq->seq_id);
+            if (q->st.ctx) k3_state_reset(&q->st);
+            else if (k3_state_init(&q->st, &e->hp, e->a, e->b, s->n_ctx, err) != 0) {
+                stage_seq_free(q);
+                return -1;
+            }
+            if (last) {
+                if (q->has_smp) smp_free(&q->smp);
+                smp_params sp = {.seed = sq->smp.seed, .temperature = sq->smp.temperature, .top_k = sq->smp.top_k,
+                                 .top_p = sq->smp.top_p, .min_p = sq->smp.min_p,
+                                 .repeat_penalty = sq->smp.repeat_penalty,
+                                 .frequency_penalty = sq->smp.frequency_penalty,
+                                 .presence_penalty = sq->smp.presence_penalty,
+                                 .penalty_last_n = sq->smp.penalty_last_n};
+                q->has_smp = smp_init(&q->smp, &sp, (int32_t)e->hp.n_vocab, err) == 0;
+                if (!q->has_smp) return -1;
+            }
+        } else if (sq->pos < q->st.n_past) {
+            /* Speculation: the last verified block was only partly accepted; drop the rest. */
+            if (k3_state_rollback(&q->st, sq->pos, err) != 0) {
+                return rl_errf(err, "sequence %" PRIu64 ": %s", sq->seq_id, err->msg);
+            }
+        } else if (sq->pos != q->st.n_past) {
+            return rl_errf(err, "sequence %" PRIu64 " is at position %u here, the frame says %u", sq->seq_id,
+                           q->st.n_past, sq->pos);
+        }
+        keep[i] = (sq->flags & RF_SEQ_VERIFY) != 0;
+        states[i] = &q->st;
+        ntok[i] = sq->n_tokens;
+        if (last) {
+            if (sq->flags & (RF_SEQ_ALL_LOGITS | RF_SEQ_VERIFY)) {
+                for (uint32_t t = 0; t < sq->n_tokens; t++) rows[(*n_rows)++] = (int32_t)(off + t);
+            } else if (!(sq->flags & RF_SEQ_NO_SAMPLE)) {
+                rows[(*n_rows)++] = (int32_t)(off + sq->n_tokens - 1);
+            }
+            /* Penalty history follows the inputs; a VERIFY block's inputs are accepted as they are judged. */
+            if (q->has_smp && !(sq->flags & RF_SEQ_VERIFY)) {
+                for (uint32_t t = 0; t < sq->n_tokens; t++) smp_accept(&q->smp, tokens[off + t]);
+            }
+        }
+        off += sq->n_tokens;
+    }
+    return 0;
+}
+
+/* The last stage's RESULT payload: one int32 per sequence (the sampled token, -1 if none was asked, or
+ * for VERIFY the number of committed tokens), then the logits rows that were asked, then the committed
+ * tokens of every VERIFY sequence. */
+static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens, const float *logits,
+                        const uint8_t *qp, size_t q_len, uint8_t **out, size_t *out_len, rl_err *err) {
+    const uint32_t n_vocab = s->e->hp.n_vocab;
+    size_t n_logit_floats = 0;
+    for (uint32_t i = 0; i < h->n_seqs; i++) {
+        if (h->seqs[i].flags & RF_SEQ_ALL_LOGITS) n_logit_floats += (size_t)h->seqs[i].n_tokens * n_vocab;
+    }
+    int32_t (*committed)[STAGE_BLOCK_MAX] = calloc(h->n_seqs, sizeof *committed);
+    int n_comm[RF_MAX_SEQS] = {0};
+    if (!committed) return rl_errf(err, "out of memory");
+    size_t n_comm_total = 0;
+    /* The drafts' distributions (RF_SEQ_HAS_Q), parsed per VERIFY sequence. */
+    const uint8_t *qend = qp ? qp + q_len : NULL;
+    int row0 = 0;
+    for (uint32_t i = 0; i < h->n_seqs; i++) {
+        const rf_seq *sq = &h->seqs[i];
+        int nrows = (sq->flags & (RF_SEQ_ALL_LOGITS | RF_SEQ_VERIFY)) ? (int)sq->n_tokens
+                    : !(sq->flags & RF_SEQ_NO_SAMPLE) ? 1 : 0;
+        if (sq->flags & RF_SEQ_VERIFY) {
+            stage_seq *q = stage_find(s, sq->seq_id, false);
+            int k = (int)sq->n_tokens - 1;
+            spec_q qs[STAGE_BLOCK_MAX];
+            int32_t qid[STAGE_BLOCK_MAX][64];
+            float qpr[STAGE_BLOCK_MAX][64];
+            bool have_q = (sq->flags & RF_SEQ_HAS_Q) != 0;
+            for (int d = 0; have_q && d < k && d < STAGE_BLOCK_MAX; d++) {
+                uint32_t cnt;
+                if (!qp || qp + 4 > qend) { /* announced but missing: refuse, never read garbage */
+                    have_q = false;
+                    break;
+                }
+                memcpy(&cnt, qp, 4);
+                qp += 4;
+                if (cnt > 64 || (size_t)(qend - qp) < (size_t)cnt * 8) {
+                    have_q = false;
+                    break;
+                }
+                for (uint32_t c = 0; c < cnt; c++) {
+                    memcpy(&qid[d][c], qp + c * 8, 4);
+                    memcpy(&qpr[d][c], qp + c * 8 + 4, 4);
+                }
+                qp += cnt * 8;
+                qs[d] = (spec_q){.n = (int)cnt, .id = qid[d], .p = qpr[d]};
+            }
+            if (k + 1 > STAGE_BLOCK_MAX || !q || !q->has_smp || ((sq->flags & RF_SEQ_HAS_Q) && !have_q)) {
+                free(committed);
+                return rl_errf(err, "VERIFY block for sequence %" PRIu64 " is malformed", sq->seq_id);
+            }
+            n_comm[i] = spec_accept(&q->smp, logits + (size_t)row0 * n_vocab, (int32_t)n_vocab,
+                                    tokens + stage_seq_offset(h, i), k, have_q ? qs : NULL, committed[i]);
+            n_comm_total += (size_t)n_comm[i];
+        }
+        row0 += nrows;
+    }
+    size_t plen = h->n_seqs * 4 + n_logit_floats * 4 + n_comm_total * 4;
+    uint8_t *payload = malloc(plen);
+    if (!payload) {
+        free(committed);
+        return rl_errf(err, "out of memory for the outgoing frame");
+    }
+    int row = 0;
+    size_t lo = 0;
+    for (uint32_t i = 0; i < h->n_seqs; i++) {
+        const rf_seq *sq = &h->seqs[i];
+        int32_t tok = -1;
+        stage_seq *q = stage_find(s, sq->seq_id, false);
+        const float *lrow = NULL;
+        if (sq->flags & RF_SEQ_ALL_LOGITS) {
+            memcpy(payload + h->n_seqs * 4 + lo * 4, logits + (size_t)row * n_vocab, (size_t)sq->n_tokens * n_vocab * 4);
+            lo += (size_t)sq->n_tokens * n_vocab;
+        }
+        if (sq->flags & RF_SEQ_VERIFY) {
+            memcpy(payload + i * 4, &n_comm[i], 4);
+            row += (int)sq->n_tokens;
+            continue;
+        }
+        if (sq->flags & RF_SEQ_ALL_LOGITS) {
+            row += (int)sq->n_tokens;
+            lrow = logits + (size_t)(row - 1) * n_vocab;
+        } else if (!(sq->flags & RF_SEQ_NO_SAMPLE)) {
+            lrow = logits + (size_t)row * n_vocab;
+            row++;
+        }
+        if (lrow && q && q->has_smp) tok = smp_sample(&q->smp, lrow);
+        memcpy(payload + i * 4, &tok, 4);
+    }
+    for (uint32_t i = 0; i < h->n_seqs; i++) {
+        if (!n_comm[i]) continue;
+        memcpy(payload + h->n_seqs * 4 + lo * 4, committed[i], (size_t)n_comm[i] * 4);
+        lo += (size_t)n_comm[i];
+    }
+    free(committed);
+    *out = payload;
+    *out_len = plen;
+    return 0;
+}
+
+int stage_run(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_len, const uint8_t *q, size_t q_len,
+              uint8_t **out, size_t *out_len, rl_err *err) {
+    k3_engine *e = s->e;
+    *out = NULL;
+    *out_len = 0;
+    /* Payload: the tokens of every sequence (int32), then for later stages the boundary state. */
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < h->n_seqs; i++) total += h->seqs[i].n_tokens;
+    if (h->n_seqs == 0 || total == 0 || total > s->n_ctx * (uint64_t)h->n_seqs || in_len < total * 4 ||
+        in_len != h->payload_bytes) {
+        return rl_errf(err, "FORWARD payload of %zu bytes does not fit %u sequences / %" PRIu64 " tokens", in_len,
+                       h->n_seqs, total);
+    }
+    const int32_t *tokens = (const int32_t *)in;
+    k3_boundary bin = {0};
+    if (e->a > 0 && k3_boundary_decode(&bin, in + total * 4, in_len - total * 4, (uint32_t)total, e->hp.n_embd,
+                                       err) != 0) {
+        return rl_errf(err, "FORWARD: %s", err->msg);
+    }
+    k3_state *states[RF_MAX_SEQS];
+    uint32_t ntok[RF_MAX_SEQS];
+    uint8_t keep[RF_MAX_SEQS] = {0};
+    int32_t *rows = malloc((total + 1) * sizeof *rows);
+    int n_rows = 0, rc = -1;
+    bool last = e->b == e->hp.n_layer;
+    k3_output o = {0};
+    if (!rows) {
+        rl_errf(err, "out of memory");
+        goto out;
+    }
+    if (stage_prepare(s, h, tokens, states, ntok, keep, rows, &n_rows, err) != 0) goto out;
+    k3_batch b = {.n_seqs = (int)h->n_seqs, .seqs = states, .n_tokens = ntok, .tokens = tokens,
+                  .in = e->a > 0 ? &bin : NULL, .keep_rollback = keep, .n_logits = last ? n_rows : 0,
+                  .logit_rows = rows};
+    if (k3_forward(e, &b, &o, err) != 0) goto out;
+    if (!last) {
+        size_t plen = total * 4 + k3_boundary_wire_size(&o.out, (enum k3_wire_dtype)s->wire);
+        uint8_t *payload = malloc(plen);
+        if (!payload) {
+            rl_errf(err, "out of memory for the outgoing frame");
+            goto out;
+        }
+        memcpy(payload, tokens, total * 4);
+        k3_boundary_encode(&o.out, (enum k3_wire_dtype)s->wire, payload + total * 4);
+        *out = payload;
+        *out_len = plen;
+        rc = 0;
+    } else {
+        rc = stage_result(s, h, tokens, o.logits, q, q_len, out, out_len, err);
+    }
+out:
+    k3_output_free(&o);
+    free(rows);
+    k3_boundary_free(&bin);
+    return rc;
+}

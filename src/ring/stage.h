@@ -1,0 +1,49 @@
+/* stage.h - what one stage of the ring computes for a FORWARD frame, apart from the network.
+ *
+ * A node runs every frame it receives through stage_run; an auditor (trust/audit.h) runs a copy of a
+ * node's frames through its own stage to check what the node sent. Both must do exactly the same thing,
+ * which is why this is one function: per-sequence state (created on RF_SEQ_NEW, rolled back when a frame
+ * starts behind it after a partly accepted VERIFY block), the layers, and on the last stage the sampling
+ * and the acceptance of drafted blocks. Payload formats: ring/frame.h. */
+#ifndef RINGLM_STAGE_H
+#define RINGLM_STAGE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../base/err.h"
+#include "../model/k3_forward.h"
+#include "../text/sampler.h"
+#include "frame.h"
+
+#define STAGE_BLOCK_MAX 32 /* tokens of one VERIFY block (last token + drafts) */
+
+typedef struct stage_seq {
+    bool used;
+    uint64_t id;
+    k3_state st;
+    smp_sampler smp; /* last stage only */
+    bool has_smp;
+} stage_seq;
+
+typedef struct ring_stage {
+    k3_engine *e;   /* bound to layers [e->a, e->b); not owned */
+    uint32_t n_ctx; /* per-sequence context */
+    int wire;       /* enum k3_wire_dtype of the boundary state it sends */
+    stage_seq seqs[RF_MAX_SEQS];
+} ring_stage;
+
+void stage_init(ring_stage *s, k3_engine *e, uint32_t n_ctx, int wire);
+void stage_free(ring_stage *s); /* frees every sequence's state */
+void stage_forget(ring_stage *s, uint64_t seq_id);
+
+/* Runs one frame: in/in_len is the FORWARD payload (int32 tokens of every sequence, then on a stage with
+ * a > 0 the boundary state), q/q_len the drafts' distributions part (RF_SEQ_HAS_Q; may be NULL). On
+ * success *out (malloc'ed, *out_len bytes) is the next stage's payload (the tokens again, then the
+ * boundary state leaving this stage), or on the last stage the RESULT payload. On failure err says what
+ * is wrong with the frame and no sequence has advanced (except a sequence the frame created). */
+int stage_run(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_len, const uint8_t *q, size_t q_len,
+              uint8_t **out, size_t *out_len, rl_err *err);
+
+#endif
