@@ -817,11 +817,12 @@ static void node_fetch_end(node *n, uint64_t step, const zs_parts *p) {
     char got[65];
     crypto_generichash_final(&f->h, out, 32);
     sodium_bin2hex(got, sizeof got, out, 32);
-    bool ok = want && strcmp(want, got) == 0 && f->written == f->expect;
+    bool hash_ok = want && strcmp(want, got) == 0; /* before cJSON_Delete: want points into j */
+    bool ok = hash_ok && f->written == f->expect;
     cJSON_Delete(j);
     if (!ok) {
         node_error(n, step, "fetched range file is corrupt (%" PRIu64 " of %" PRIu64 " bytes, hash %s)", f->written,
-                   f->expect, want && strcmp(want, got) == 0 ? "ok" : "mismatch");
+                   f->expect, hash_ok ? "ok" : "mismatch");
         node_fetch_abort(n);
         return;
     }
