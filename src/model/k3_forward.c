@@ -72,6 +72,7 @@ typedef struct k3_seq_view {
 typedef struct k3_group {
     int first, m;         /* g->seqs[first .. first+m) */
     uint32_t off, n, n_kv;/* tokens start at off, n per sequence */
+    uint32_t n_used;      /* cache rows written by the longest sequence after this batch: n_past + n, at most */
     int slot0;            /* >= 0: the slots are slot0 .. slot0+m-1, so plain views reach them; else gathered */
     const k3_state_pool *pool;
     struct ggml_tensor *slots; /* [m] I32: the pool slots, for get_rows / set_rows */
@@ -314,6 +315,16 @@ static struct ggml_tensor *k3_kda(k3_graph *g, const k3_layer_w *L, int il_rel, 
     return ggml_mul_mat(c, L->wo, ggml_cont_2d(c, gated, Dk * H, T));
 }
 
+/* The attention values of a sequence (or group): the latent part of the cache rows it has written, vr
+ * [rkv, used, m], transposed to [n_kv, rkv, m] for the kq-weighted sum. Rows from used to n_kv are masked
+ * (their kq weights are exact zeros), so they are zero-filled rather than copied: the transposing copy is
+ * the costliest op of decode attention, and a sequence has usually written far fewer rows than the
+ * 256-row padding it reads. Every product the sum sees is the same (0 * stale = 0 * 0), so are the bits. */
+static struct ggml_tensor *k3_v_t(k3_graph *g, struct ggml_tensor *vr, int64_t n_kv) {
+    struct ggml_tensor *t = ggml_transpose(g->ctx, vr);
+    return vr->ne[1] < n_kv ? ggml_pad(g->ctx, t, (int)(n_kv - vr->ne[1]), 0, 0, 0) : ggml_cont(g->ctx, t);
+}
+
 /* MLA attention of a group, like the per-sequence graph in k3_mla but with the sequences as the 4th axis.
  * knew: this batch's keys [dk, T]; Q: absorbed queries [dk, H, T]. Returns [dv*H, m*n]. */
 static struct ggml_tensor *k3_mla_group(k3_graph *g, const k3_layer_w *L, int il_rel, const k3_group *gr,
@@ -336,8 +347,8 @@ static struct ggml_tensor *k3_mla_group(k3_graph *g, const k3_layer_w *L, int il
     struct ggml_tensor *kq = ggml_mul_mat(c, k, q);                                              /* [n_kv, n, H, m] */
     ggml_mul_mat_set_prec(kq, GGML_PREC_F32);
     kq = ggml_soft_max_ext(c, kq, gr->mask, kq_scale, 0.0f);
-    struct ggml_tensor *vv = ggml_view_4d(c, kg, rkv, n_kv, 1, m, pool->nb[1], kg->nb[1], kg->nb[1], 0);
-    struct ggml_tensor *v = ggml_cont(c, ggml_transpose(c, vv));                                 /* [n_kv, rkv, 1, m] */
+    struct ggml_tensor *vv = ggml_view_3d(c, kg, rkv, gr->n_used, m, pool->nb[1], kg->nb[1], 0);
+    struct ggml_tensor *v = ggml_reshape_4d(c, k3_v_t(g, vv, n_kv), n_kv, rkv, 1, m);           /* [n_kv, rkv, 1, m] */
     struct ggml_tensor *kqv = ggml_mul_mat(c, v, kq);                                            /* [rkv, n, H, m] */
     kqv = ggml_mul_mat(c, L->v_b, kqv);                                                          /* [dv, n, H, m] */
     return ggml_cont_2d(c, ggml_permute(c, kqv, 0, 2, 1, 3), dv * H, n * m);
@@ -383,7 +394,7 @@ static struct ggml_tensor *k3_mla(k3_graph *g, const k3_layer_w *L, int il_rel, 
         struct ggml_tensor *kq = ggml_mul_mat(c, k, q);                                     /* [n_kv, n, H] */
         ggml_mul_mat_set_prec(kq, GGML_PREC_F32);
         kq = ggml_soft_max_ext(c, kq, sv->mask, kq_scale, 0.0f);
-        struct ggml_tensor *v = ggml_cont(c, ggml_transpose(c, ggml_view_2d(c, cache, rkv, n_kv, cache->nb[1], 0)));
+        struct ggml_tensor *v = k3_v_t(g, ggml_view_2d(c, cache, rkv, sv->st->n_past + n, cache->nb[1], 0), n_kv);
         struct ggml_tensor *kqv = ggml_mul_mat(c, v, kq);   /* [rkv, n, H] */
         kqv = ggml_mul_mat(c, L->v_b, kqv);                 /* [dv, n, H]: back from the latent, per head */
         outs[gi] = ggml_cont_2d(c, ggml_permute(c, kqv, 0, 2, 1, 3), dv * H, n);
@@ -511,8 +522,10 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
             pv->n_kv == sv->n_kv) {
             if (gr->slot0 >= 0 && sv->st->slot != gr->slot0 + gr->m) gr->slot0 = -1;
             gr->m++;
+            if (sv->st->n_past + sv->n > gr->n_used) gr->n_used = sv->st->n_past + sv->n;
         } else {
             g.groups[g.n_groups++] = (k3_group){.first = s, .m = 1, .off = sv->off, .n = sv->n, .n_kv = sv->n_kv,
+                                                .n_used = sv->st->n_past + sv->n,
                                                 .slot0 = sv->st->slot, .pool = sv->st->pool};
         }
     }
