@@ -3,7 +3,8 @@
  * The op sequence mirrors llama.cpp's kimi-k3 graph (same ggml ops in the same order), so the two agree to
  * rounding. Projections, routing and experts run batched over every token of every sequence; the causal
  * parts (KDA short conv and delta rule, MLA attention) run per sequence on views of the batch, each on its
- * own state. */
+ * own state, except that neighbouring sequences of equal length whose states share a pool (a server's
+ * decode step) run them once over all of them, the sequences stacked on the outermost axis (k3_group). */
 #include "k3_forward.h"
 
 #include <math.h>
@@ -62,6 +63,23 @@ typedef struct k3_seq_view {
     struct ggml_tensor *mask; /* [n_kv, n] f32, 0 or -inf (MLA causal mask) */
 } k3_seq_view;
 
+/* Consecutive sequences of the batch that run their causal parts as one op each: m > 1 of them, all slots
+ * of one state pool, the same token count n and cache read length n_kv, none keeping rollback copies. The
+ * typical group is every decoding sequence of a server step. Built once over the group, the KDA recurrence
+ * and MLA attention cost a fixed number of graph nodes instead of a few per sequence; every op computes
+ * each sequence exactly as the per-sequence graph does (same kernels, same per-slice shapes), so the
+ * results are the same bits. A group of one (m == 1) takes the per-sequence graph. */
+typedef struct k3_group {
+    int first, m;         /* g->seqs[first .. first+m) */
+    uint32_t off, n, n_kv;/* tokens start at off, n per sequence */
+    uint32_t n_used;      /* cache rows written by the longest sequence after this batch: n_past + n, at most */
+    int slot0;            /* >= 0: the slots are slot0 .. slot0+m-1, so plain views reach them; else gathered */
+    const k3_state_pool *pool;
+    struct ggml_tensor *slots; /* [m] I32: the pool slots, for get_rows / set_rows */
+    struct ggml_tensor *krows; /* [m*n] I32: cache rows (slot * n_ctx + position) the new keys go to */
+    struct ggml_tensor *mask;  /* [n_kv, n, 1, m] f32 */
+} k3_group;
+
 /* Attention reads the cache padded to a multiple of 256 rows (at least 256, at most the capacity), the
  * masked rows contributing exact zeros. llama.cpp pads its cache view the same way, so both run matmuls of
  * the same shapes and round the same: on quantized models, where activations are requantized to 8 bits
@@ -87,6 +105,9 @@ typedef struct k3_graph {
     const k3_hparams *hp;
     k3_seq_view *seqs;
     int n_seqs;
+    k3_group *groups; /* the batch's sequences, in order, in groups (m == 1: one sequence) */
+    int n_groups;
+    struct ggml_tensor **outs; /* [n_groups] scratch: a layer's per-group attention outputs */
     int64_t T; /* tokens in the batch */
     struct ggml_tensor *stack; /* banked checkpoints [d, n_ckpt, T], NULL while empty */
 } k3_graph;
@@ -137,11 +158,77 @@ static void k3_res_push(k3_graph *g, struct ggml_tensor *h) {
     g->stack = g->stack ? ggml_concat(g->ctx, g->stack, ck, 1) : ck;
 }
 
-/* Concatenates per-sequence results [X, n_s] along tokens into [X, T]. */
+/* Concatenates per-group results [X, m*n] along tokens into [X, T]. */
 static struct ggml_tensor *k3_join(k3_graph *g, struct ggml_tensor **parts) {
     struct ggml_tensor *r = parts[0];
-    for (int s = 1; s < g->n_seqs; s++) r = ggml_concat(g->ctx, r, parts[s], 1);
+    for (int s = 1; s < g->n_groups; s++) r = ggml_concat(g->ctx, r, parts[s], 1);
     return r;
+}
+
+/* The group's slots of a pool tensor seen as rows: t_rows is [R, n_slots] (R floats per slot, any slot
+ * stride). Returns [R, m]: a view when the slots are consecutive, else a gathered copy. */
+static struct ggml_tensor *k3_gather(k3_graph *g, const k3_group *gr, struct ggml_tensor *t_rows) {
+    if (gr->slot0 >= 0) {
+        return ggml_view_2d(g->ctx, t_rows, t_rows->ne[0], gr->m, t_rows->nb[1], (size_t)gr->slot0 * t_rows->nb[1]);
+    }
+    return ggml_get_rows(g->ctx, t_rows, gr->slots);
+}
+
+/* Writes src [R, m] (contiguous rows) back to the group's slots of t_rows [R, n_slots]. */
+static void k3_scatter(k3_graph *g, const k3_group *gr, struct ggml_tensor *t_rows, struct ggml_tensor *src) {
+    struct ggml_tensor *w;
+    if (gr->slot0 >= 0) {
+        w = ggml_cpy(g->ctx, src, ggml_view_2d(g->ctx, t_rows, t_rows->ne[0], gr->m, t_rows->nb[1],
+                                               (size_t)gr->slot0 * t_rows->nb[1]));
+    } else {
+        w = ggml_set_rows(g->ctx, t_rows, src, gr->slots);
+    }
+    ggml_build_forward_expand(g->gf, w);
+}
+
+/* KDA short conv of one of q/k/v over a group: the windows of all its sequences at once, like k3_conv. */
+static struct ggml_tensor *k3_conv_group(k3_graph *g, const k3_group *gr, int il_rel, int which,
+                                         struct ggml_tensor *proj, struct ggml_tensor *conv_w) {
+    struct ggml_context *c = g->ctx;
+    struct ggml_tensor *pool = gr->pool->conv[il_rel]; /* {Kc-1, Di, 3, n_slots} */
+    const int64_t kc1 = pool->ne[0], di = pool->ne[1], n = gr->n, m = gr->m;
+    /* This window (q, k or v) of every slot as a row of (Kc-1)*Di floats. */
+    struct ggml_tensor *rows = ggml_view_2d(c, pool, kc1 * di, pool->ne[3], pool->nb[3], (size_t)which * pool->nb[2]);
+    struct ggml_tensor *wr = k3_gather(g, gr, rows);
+    struct ggml_tensor *win = ggml_view_3d(c, wr, kc1, di, m, pool->nb[1], wr->nb[1], 0);          /* [Kc-1, Di, m] */
+    struct ggml_tensor *x = ggml_view_3d(c, proj, di, n, m, proj->nb[1], proj->nb[1] * n, proj->nb[1] * gr->off);
+    struct ggml_tensor *cx = ggml_concat(c, win, ggml_permute(c, x, 1, 0, 2, 3), 0);        /* [Kc-1+n, Di, m] */
+    /* The new windows are the last Kc-1 inputs of each sequence. */
+    struct ggml_tensor *nw = ggml_cont(c, ggml_view_3d(c, cx, kc1, di, m, cx->nb[1], cx->nb[2], n * cx->nb[0]));
+    k3_scatter(g, gr, rows, ggml_reshape_2d(c, nw, kc1 * di, m));
+    struct ggml_tensor *y = ggml_ssm_conv(c, cx, ggml_reshape_2d(c, conv_w, kc1 + 1, di)); /* [Di, n, m] */
+    return ggml_silu(c, ggml_reshape_2d(c, y, di, n * m));
+}
+
+/* KDA short conv and delta rule of a group; returns the attention output [Dk*H, m*n]. */
+static struct ggml_tensor *k3_kda_group(k3_graph *g, const k3_layer_w *L, int il_rel, const k3_group *gr,
+                                        struct ggml_tensor *pq, struct ggml_tensor *pk, struct ggml_tensor *pv,
+                                        struct ggml_tensor *gt, struct ggml_tensor *beta) {
+    struct ggml_context *c = g->ctx;
+    const k3_hparams *hp = g->hp;
+    const int64_t H = hp->n_head, Dk = hp->kda_head_dim, n = gr->n, m = gr->m;
+    struct ggml_tensor *q = k3_conv_group(g, gr, il_rel, 0, pq, L->conv_q);
+    struct ggml_tensor *k = k3_conv_group(g, gr, il_rel, 1, pk, L->conv_k);
+    struct ggml_tensor *v = k3_conv_group(g, gr, il_rel, 2, pv, L->conv_v);
+    q = ggml_l2_norm(c, ggml_reshape_4d(c, q, Dk, H, n, m), hp->rms_eps);
+    k = ggml_l2_norm(c, ggml_reshape_4d(c, k, Dk, H, n, m), hp->rms_eps);
+    v = ggml_reshape_4d(c, v, Dk, H, n, m);
+    struct ggml_tensor *gs = ggml_view_4d(c, gt, Dk, H, n, m, gt->nb[1], gt->nb[2], gt->nb[2] * n, gt->nb[2] * gr->off);
+    struct ggml_tensor *bs = ggml_view_4d(c, beta, 1, H, n, m, beta->nb[1], beta->nb[2], beta->nb[2] * n,
+                                          beta->nb[2] * gr->off);
+    struct ggml_tensor *pool = gr->pool->delta[il_rel]; /* {Dk, Dk, H, n_slots} */
+    struct ggml_tensor *rows = ggml_view_2d(c, pool, Dk * Dk * H, pool->ne[3], pool->nb[3], 0);
+    struct ggml_tensor *s0 = k3_gather(g, gr, rows);          /* contiguous either way: slots are whole rows */
+    struct ggml_tensor *o = ggml_gated_delta_net(c, q, k, v, gs, bs, ggml_reshape_4d(c, s0, Dk, Dk, H, m), 1);
+    /* Packed output: m*n rows of attention [Dk*H] (sequence after sequence), then the m final states. */
+    k3_scatter(g, gr, rows,
+               ggml_view_2d(c, o, Dk * Dk * H, m, (size_t)(Dk * Dk * H) * sizeof(float), o->nb[1] * (size_t)(n * m)));
+    return ggml_view_2d(c, o, Dk * H, n * m, o->nb[1], 0);
 }
 
 /* Columns [off, off+n) of a 2-D [X, T] tensor. */
@@ -187,9 +274,14 @@ static struct ggml_tensor *k3_kda(k3_graph *g, const k3_layer_w *L, int il_rel, 
     }
     struct ggml_tensor *beta = ggml_sigmoid(c, ggml_reshape_3d(c, ggml_mul_mat(c, L->beta, xn), 1, H, T));
 
-    struct ggml_tensor **outs = calloc((size_t)g->n_seqs, sizeof *outs);
-    for (int s = 0; s < g->n_seqs; s++) {
-        const k3_seq_view *sv = &g->seqs[s];
+    struct ggml_tensor **outs = g->outs;
+    for (int gi = 0; gi < g->n_groups; gi++) {
+        const k3_group *gr = &g->groups[gi];
+        if (gr->m > 1) {
+            outs[gi] = k3_kda_group(g, L, il_rel, gr, pq, pk, pv, gt, beta);
+            continue;
+        }
+        const k3_seq_view *sv = &g->seqs[gr->first];
         const int64_t n = sv->n;
         struct ggml_tensor *q = k3_conv(g, sv, il_rel, 0, pq, L->conv_q);
         struct ggml_tensor *k = k3_conv(g, sv, il_rel, 1, pk, L->conv_k);
@@ -212,16 +304,54 @@ static struct ggml_tensor *k3_kda(k3_graph *g, const k3_layer_w *L, int il_rel, 
         /* Packed output: n rows of attention [Dk*H], then the final state [Dk*Dk*H]. */
         ggml_build_forward_expand(g->gf, ggml_cpy(c, ggml_view_1d(c, o, Dk * Dk * H, o->nb[1] * n),
                                                   ggml_view_1d(c, state, Dk * Dk * H, 0)));
-        outs[s] = ggml_view_2d(c, o, Dk * H, n, o->nb[1], 0);
+        outs[gi] = ggml_view_2d(c, o, Dk * H, n, o->nb[1], 0);
     }
-    struct ggml_tensor *o = g->n_seqs == 1 ? ggml_cont(c, outs[0]) : k3_join(g, outs);
-    free(outs);
+    struct ggml_tensor *o = g->n_groups == 1 ? ggml_cont(c, outs[0]) : k3_join(g, outs);
 
     /* Per-head output norm, full-rank sigmoid gate, output projection. */
     struct ggml_tensor *gate = ggml_reshape_3d(c, ggml_mul_mat(c, L->ssm_g, xn), Dk, H, T);
     struct ggml_tensor *normed = k3_norm(g, ggml_reshape_3d(c, o, Dk, H, T), L->ssm_norm);
     struct ggml_tensor *gated = ggml_mul(c, normed, ggml_sigmoid(c, gate));
     return ggml_mul_mat(c, L->wo, ggml_cont_2d(c, gated, Dk * H, T));
+}
+
+/* The attention values of a sequence (or group): the latent part of the cache rows it has written, vr
+ * [rkv, used, m], transposed to [n_kv, rkv, m] for the kq-weighted sum. Rows from used to n_kv are masked
+ * (their kq weights are exact zeros), so they are zero-filled rather than copied: the transposing copy is
+ * the costliest op of decode attention, and a sequence has usually written far fewer rows than the
+ * 256-row padding it reads. Every product the sum sees is the same (0 * stale = 0 * 0), so are the bits. */
+static struct ggml_tensor *k3_v_t(k3_graph *g, struct ggml_tensor *vr, int64_t n_kv) {
+    struct ggml_tensor *t = ggml_transpose(g->ctx, vr);
+    return vr->ne[1] < n_kv ? ggml_pad(g->ctx, t, (int)(n_kv - vr->ne[1]), 0, 0, 0) : ggml_cont(g->ctx, t);
+}
+
+/* MLA attention of a group, like the per-sequence graph in k3_mla but with the sequences as the 4th axis.
+ * knew: this batch's keys [dk, T]; Q: absorbed queries [dk, H, T]. Returns [dv*H, m*n]. */
+static struct ggml_tensor *k3_mla_group(k3_graph *g, const k3_layer_w *L, int il_rel, const k3_group *gr,
+                                        struct ggml_tensor *knew, struct ggml_tensor *Q) {
+    struct ggml_context *c = g->ctx;
+    const k3_hparams *hp = g->hp;
+    const int64_t H = hp->n_head, rkv = hp->kv_lora_rank, dk = rkv + hp->rope_dim, dv = hp->mla_v_dim;
+    const int64_t n = gr->n, m = gr->m, n_kv = gr->n_kv;
+    const float kq_scale = 1.0f / sqrtf((float)hp->mla_k_dim);
+    struct ggml_tensor *pool = gr->pool->kcache[il_rel]; /* {dk, n_ctx, n_slots} */
+    /* Store the group's keys first (one row per token, at slot * n_ctx + position); reads come later. */
+    struct ggml_tensor *all_rows = ggml_reshape_2d(c, pool, dk, pool->ne[1] * pool->ne[2]);
+    struct ggml_tensor *kn = k3_cols(g, knew, gr->off, (uint32_t)(m * n));
+    ggml_build_forward_expand(g->gf, ggml_set_rows(c, all_rows, kn, gr->krows));
+    /* Each slot's first n_kv cache rows as one row of the pool. */
+    struct ggml_tensor *kg = k3_gather(g, gr, ggml_view_2d(c, pool, dk * n_kv, pool->ne[2], pool->nb[2], 0));
+    struct ggml_tensor *k = ggml_view_4d(c, kg, dk, n_kv, 1, m, pool->nb[1], kg->nb[1], kg->nb[1], 0); /* [dk,n_kv,1,m] */
+    struct ggml_tensor *qg = ggml_view_4d(c, Q, dk, H, n, m, Q->nb[1], Q->nb[2], Q->nb[2] * n, Q->nb[2] * gr->off);
+    struct ggml_tensor *q = ggml_permute(c, qg, 0, 2, 1, 3);                                     /* [dk, n, H, m] */
+    struct ggml_tensor *kq = ggml_mul_mat(c, k, q);                                              /* [n_kv, n, H, m] */
+    ggml_mul_mat_set_prec(kq, GGML_PREC_F32);
+    kq = ggml_soft_max_ext(c, kq, gr->mask, kq_scale, 0.0f);
+    struct ggml_tensor *vv = ggml_view_3d(c, kg, rkv, gr->n_used, m, pool->nb[1], kg->nb[1], 0);
+    struct ggml_tensor *v = ggml_reshape_4d(c, k3_v_t(g, vv, n_kv), n_kv, rkv, 1, m);           /* [n_kv, rkv, 1, m] */
+    struct ggml_tensor *kqv = ggml_mul_mat(c, v, kq);                                            /* [rkv, n, H, m] */
+    kqv = ggml_mul_mat(c, L->v_b, kqv);                                                          /* [dv, n, H, m] */
+    return ggml_cont_2d(c, ggml_permute(c, kqv, 0, 2, 1, 3), dv * H, n * m);
 }
 
 static struct ggml_tensor *k3_mla(k3_graph *g, const k3_layer_w *L, int il_rel, struct ggml_tensor *xn) {
@@ -244,9 +374,14 @@ static struct ggml_tensor *k3_mla(k3_graph *g, const k3_layer_w *L, int il_rel, 
     struct ggml_tensor *qa = ggml_mul_mat(c, L->k_b, ggml_permute(c, q_nope, 0, 2, 1, 3)); /* [rkv, T, H] */
     struct ggml_tensor *Q = ggml_concat(c, ggml_permute(c, qa, 0, 2, 1, 3), q_pe, 0);      /* [dk, H, T] */
 
-    struct ggml_tensor **outs = calloc((size_t)g->n_seqs, sizeof *outs);
-    for (int s = 0; s < g->n_seqs; s++) {
-        const k3_seq_view *sv = &g->seqs[s];
+    struct ggml_tensor **outs = g->outs;
+    for (int gi = 0; gi < g->n_groups; gi++) {
+        const k3_group *gr = &g->groups[gi];
+        if (gr->m > 1) {
+            outs[gi] = k3_mla_group(g, L, il_rel, gr, knew, Q);
+            continue;
+        }
+        const k3_seq_view *sv = &g->seqs[gr->first];
         struct ggml_tensor *cache = sv->st->kcache[il_rel]; /* {dk, n_ctx} */
         const int64_t n = sv->n, n_kv = sv->n_kv;
         /* Store this batch's keys first; the reads below come later in graph order. */
@@ -259,13 +394,12 @@ static struct ggml_tensor *k3_mla(k3_graph *g, const k3_layer_w *L, int il_rel, 
         struct ggml_tensor *kq = ggml_mul_mat(c, k, q);                                     /* [n_kv, n, H] */
         ggml_mul_mat_set_prec(kq, GGML_PREC_F32);
         kq = ggml_soft_max_ext(c, kq, sv->mask, kq_scale, 0.0f);
-        struct ggml_tensor *v = ggml_cont(c, ggml_transpose(c, ggml_view_2d(c, cache, rkv, n_kv, cache->nb[1], 0)));
+        struct ggml_tensor *v = k3_v_t(g, ggml_view_2d(c, cache, rkv, sv->st->n_past + n, cache->nb[1], 0), n_kv);
         struct ggml_tensor *kqv = ggml_mul_mat(c, v, kq);   /* [rkv, n, H] */
         kqv = ggml_mul_mat(c, L->v_b, kqv);                 /* [dv, n, H]: back from the latent, per head */
-        outs[s] = ggml_cont_2d(c, ggml_permute(c, kqv, 0, 2, 1, 3), dv * H, n);
+        outs[gi] = ggml_cont_2d(c, ggml_permute(c, kqv, 0, 2, 1, 3), dv * H, n);
     }
     struct ggml_tensor *o = k3_join(g, outs);
-    free(outs);
     if (L->gate) o = ggml_mul(c, o, ggml_sigmoid(c, ggml_mul_mat(c, L->gate, xn)));
     return ggml_mul_mat(c, L->wo, o);
 }
@@ -361,44 +495,79 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
     const bool last = e->b == hp->n_layer;
     const int64_t d = hp->n_embd;
 
-    size_t n_nodes = 2048 + (size_t)(e->b - e->a) * (256 + 96 * (size_t)bt->n_seqs);
-    size_t need = n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false);
-    if (need > e->graph_cap) {
-        void *gb = realloc(e->graph_buf, need);
-        if (!gb) return rl_errf(err, "out of memory for the graph");
-        e->graph_buf = gb;
-        e->graph_cap = need;
-    }
-    struct ggml_init_params ip = {.mem_size = need, .mem_buffer = e->graph_buf, .no_alloc = true};
-    k3_graph g = {.ctx = ggml_init(ip), .hp = hp, .n_seqs = bt->n_seqs, .T = T};
-    g.seqs = calloc((size_t)bt->n_seqs, sizeof *g.seqs);
-    if (!g.ctx || !g.seqs) {
-        if (g.ctx) ggml_free(g.ctx);
-        free(g.seqs);
-        return rl_errf(err, "out of memory building the graph");
-    }
-    struct ggml_context *c = g.ctx;
-    g.gf = ggml_new_graph_custom(c, n_nodes, false);
-
     bool any_mla = false;
     for (uint32_t il = e->a; il < e->b; il++) any_mla |= hp->is_mla[il];
+    k3_graph g = {.hp = hp, .n_seqs = bt->n_seqs, .T = T};
+    g.seqs = calloc((size_t)bt->n_seqs, sizeof *g.seqs);
+    g.groups = calloc((size_t)bt->n_seqs, sizeof *g.groups);
+    g.outs = calloc((size_t)bt->n_seqs, sizeof *g.outs);
+    if (!g.seqs || !g.groups || !g.outs) {
+        rl_errf(err, "out of memory building the graph");
+        goto fail_build;
+    }
     uint32_t off = 0;
     for (int s = 0; s < bt->n_seqs; s++) {
         k3_seq_view *sv = &g.seqs[s];
         sv->st = bt->seqs[s];
         sv->keep_rb = bt->keep_rollback && bt->keep_rollback[s];
-        if (sv->keep_rb && k3_state_rb_reserve(sv->st, bt->n_tokens[s], err) != 0) {
-            ggml_free(g.ctx);
-            free(g.seqs);
-            return -1;
-        }
+        if (sv->keep_rb && k3_state_rb_reserve(sv->st, bt->n_tokens[s], err) != 0) goto fail_build;
         sv->off = off;
         sv->n = bt->n_tokens[s];
         off += sv->n;
         sv->n_kv = k3_n_kv(sv->st, sv->n);
+        /* Joins the previous group when it runs the same shapes on slots of the same pool. */
+        k3_group *gr = g.n_groups ? &g.groups[g.n_groups - 1] : NULL;
+        const k3_seq_view *pv = gr ? &g.seqs[gr->first] : NULL;
+        if (gr && sv->st->pool && pv->st->pool == sv->st->pool && !sv->keep_rb && !pv->keep_rb && pv->n == sv->n &&
+            pv->n_kv == sv->n_kv) {
+            if (gr->slot0 >= 0 && sv->st->slot != gr->slot0 + gr->m) gr->slot0 = -1;
+            gr->m++;
+            if (sv->st->n_past + sv->n > gr->n_used) gr->n_used = sv->st->n_past + sv->n;
+        } else {
+            g.groups[g.n_groups++] = (k3_group){.first = s, .m = 1, .off = sv->off, .n = sv->n, .n_kv = sv->n_kv,
+                                                .n_used = sv->st->n_past + sv->n,
+                                                .slot0 = sv->st->slot, .pool = sv->st->pool};
+        }
+    }
+
+    size_t n_nodes = 2048 + (size_t)(e->b - e->a) * (256 + 96 * (size_t)g.n_groups);
+    size_t need = n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false);
+    if (need > e->graph_cap) {
+        void *gb = realloc(e->graph_buf, need);
+        if (!gb) {
+            rl_errf(err, "out of memory for the graph");
+            goto fail_build;
+        }
+        e->graph_buf = gb;
+        e->graph_cap = need;
+    }
+    struct ggml_init_params ip = {.mem_size = need, .mem_buffer = e->graph_buf, .no_alloc = true};
+    g.ctx = ggml_init(ip);
+    if (!g.ctx) {
+        rl_errf(err, "out of memory building the graph");
+        goto fail_build;
+    }
+    struct ggml_context *c = g.ctx;
+    g.gf = ggml_new_graph_custom(c, n_nodes, false);
+    for (int gi = 0; gi < g.n_groups; gi++) {
+        k3_group *gr = &g.groups[gi];
+        if (gr->m == 1) {
+            if (any_mla) {
+                k3_seq_view *sv = &g.seqs[gr->first];
+                sv->mask = ggml_new_tensor_2d(c, GGML_TYPE_F32, sv->n_kv, sv->n);
+                ggml_set_input(sv->mask);
+            }
+            continue;
+        }
+        if (gr->slot0 < 0) {
+            gr->slots = ggml_new_tensor_1d(c, GGML_TYPE_I32, gr->m);
+            ggml_set_input(gr->slots);
+        }
         if (any_mla) {
-            sv->mask = ggml_new_tensor_2d(c, GGML_TYPE_F32, sv->n_kv, sv->n);
-            ggml_set_input(sv->mask);
+            gr->krows = ggml_new_tensor_1d(c, GGML_TYPE_I32, (int64_t)gr->m * gr->n);
+            ggml_set_input(gr->krows);
+            gr->mask = ggml_new_tensor_4d(c, GGML_TYPE_F32, gr->n_kv, gr->n, 1, gr->m);
+            ggml_set_input(gr->mask);
         }
     }
 
@@ -477,10 +646,21 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
     if (inp_h) ggml_backend_tensor_set(inp_h, bt->in->h, 0, ggml_nbytes(inp_h));
     if (inp_stack) ggml_backend_tensor_set(inp_stack, bt->in->ckpt, 0, ggml_nbytes(inp_stack));
     if (inp_rows) ggml_backend_tensor_set(inp_rows, bt->logit_rows, 0, (size_t)bt->n_logits * sizeof(int32_t));
-    for (int s = 0; s < bt->n_seqs && any_mla; s++) {
+    for (int gi = 0; gi < g.n_groups; gi++) {
+        const k3_group *gr = &g.groups[gi];
+        if (gr->slots) {
+            int32_t *ix = malloc((size_t)gr->m * sizeof *ix);
+            if (!ix) {
+                rc = rl_errf(err, "out of memory for slot indices");
+                goto done;
+            }
+            for (int i = 0; i < gr->m; i++) ix[i] = g.seqs[gr->first + i].st->slot;
+            ggml_backend_tensor_set(gr->slots, ix, 0, (size_t)gr->m * sizeof *ix);
+            free(ix);
+        }
+        if (!any_mla) continue;
         /* Causal mask: the token at position p sees cached positions 0..p of its own sequence. */
-        k3_seq_view *sv = &g.seqs[s];
-        size_t n_kv = sv->n_kv, need = n_kv * sv->n;
+        size_t n_kv = gr->n_kv, need = n_kv * gr->n * (size_t)gr->m;
         if (need > e->mask_cap) {
             float *p = realloc(e->mask_buf, need * sizeof(float));
             if (!p) {
@@ -490,11 +670,31 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
             e->mask_buf = p;
             e->mask_cap = need;
         }
-        for (uint32_t t = 0; t < sv->n; t++) {
-            size_t p = sv->st->n_past + t;
-            for (size_t j = 0; j < n_kv; j++) e->mask_buf[t * n_kv + j] = j <= p ? 0.0f : -INFINITY;
+        for (int i = 0; i < gr->m; i++) {
+            const k3_state *st = g.seqs[gr->first + i].st;
+            float *mk = e->mask_buf + (size_t)i * gr->n * n_kv;
+            for (uint32_t t = 0; t < gr->n; t++) {
+                size_t p = st->n_past + t;
+                for (size_t j = 0; j < n_kv; j++) mk[t * n_kv + j] = j <= p ? 0.0f : -INFINITY;
+            }
         }
-        ggml_backend_tensor_set(sv->mask, e->mask_buf, 0, need * sizeof(float));
+        ggml_backend_tensor_set(gr->m > 1 ? gr->mask : g.seqs[gr->first].mask, e->mask_buf, 0, need * sizeof(float));
+        if (gr->m > 1) {
+            /* Key rows: the pool's cache tensor seen as n_slots * n_ctx rows. */
+            int32_t *kr = malloc((size_t)gr->m * gr->n * sizeof *kr);
+            if (!kr) {
+                rc = rl_errf(err, "out of memory for cache row indices");
+                goto done;
+            }
+            for (int i = 0; i < gr->m; i++) {
+                const k3_state *st = g.seqs[gr->first + i].st;
+                for (uint32_t t = 0; t < gr->n; t++) {
+                    kr[(size_t)i * gr->n + t] = (int32_t)((uint32_t)st->slot * gr->pool->n_ctx + st->n_past + t);
+                }
+            }
+            ggml_backend_tensor_set(gr->krows, kr, 0, (size_t)gr->m * gr->n * sizeof *kr);
+            free(kr);
+        }
     }
     if (ggml_backend_graph_compute(e->backend, g.gf) != GGML_STATUS_SUCCESS) {
         rc = rl_errf(err, "ggml graph compute failed");
@@ -530,6 +730,14 @@ done:
     if (rc != 0) k3_output_free(out);
     ggml_free(c);
     free(g.seqs);
+    free(g.groups);
+    free(g.outs);
     free(g.rb);
     return rc;
+fail_build: /* nothing has run and no state has moved */
+    if (g.ctx) ggml_free(g.ctx);
+    free(g.seqs);
+    free(g.groups);
+    free(g.outs);
+    return -1;
 }

@@ -46,6 +46,101 @@ int k3_state_init(k3_state *s, const k3_hparams *hp, uint32_t a, uint32_t b, uin
     return 0;
 }
 
+int k3_state_pool_init(k3_state_pool *p, const k3_hparams *hp, uint32_t a, uint32_t b, uint32_t n_ctx, int n_slots,
+                       rl_err *err) {
+    memset(p, 0, sizeof *p);
+    if (n_slots < 1) return rl_errf(err, "a state pool needs at least one slot");
+    p->a = a;
+    p->b = b;
+    p->n_ctx = n_ctx;
+    p->n_slots = n_slots;
+    uint32_t n = b - a;
+    p->conv = calloc(n, sizeof *p->conv);
+    p->delta = calloc(n, sizeof *p->delta);
+    p->kcache = calloc(n, sizeof *p->kcache);
+    struct ggml_init_params ip = {.mem_size = (size_t)(3 * n + 4) * ggml_tensor_overhead(), .mem_buffer = NULL,
+                                  .no_alloc = true};
+    p->ctx = ggml_init(ip);
+    if (!p->conv || !p->delta || !p->kcache || !p->ctx) {
+        k3_state_pool_free(p);
+        return rl_errf(err, "out of memory for a state pool");
+    }
+    const int64_t di = k3_d_inner(hp), dk = hp->kda_head_dim;
+    for (uint32_t il = a; il < b; il++) {
+        if (!hp->is_mla[il]) {
+            p->conv[il - a] = ggml_new_tensor_4d(p->ctx, GGML_TYPE_F32, hp->conv_kernel - 1, di, 3, n_slots);
+            p->delta[il - a] = ggml_new_tensor_4d(p->ctx, GGML_TYPE_F32, dk, dk, hp->n_head, n_slots);
+        } else {
+            p->kcache[il - a] =
+                ggml_new_tensor_3d(p->ctx, GGML_TYPE_F32, hp->kv_lora_rank + hp->rope_dim, n_ctx, n_slots);
+        }
+    }
+    if (n > 0) {
+        p->buf = ggml_backend_alloc_ctx_tensors_from_buft(p->ctx, ggml_backend_cpu_buffer_type());
+        if (!p->buf) {
+            k3_state_pool_free(p);
+            return rl_errf(err, "cannot allocate the state of %d sequences for layers [%u, %u) and %u tokens", n_slots, a,
+                           b, n_ctx);
+        }
+        ggml_backend_buffer_clear(p->buf, 0);
+    }
+    return 0;
+}
+
+void k3_state_pool_free(k3_state_pool *p) {
+    if (p->buf) ggml_backend_buffer_free(p->buf);
+    if (p->ctx) ggml_free(p->ctx);
+    free(p->conv);
+    free(p->delta);
+    free(p->kcache);
+    memset(p, 0, sizeof *p);
+}
+
+int k3_state_init_pooled(k3_state *s, const k3_state_pool *p, int slot, rl_err *err) {
+    memset(s, 0, sizeof *s);
+    if (slot < 0 || slot >= p->n_slots) return rl_errf(err, "slot %d outside a pool of %d", slot, p->n_slots);
+    s->a = p->a;
+    s->b = p->b;
+    s->n_ctx = p->n_ctx;
+    s->pool = p;
+    s->slot = slot;
+    uint32_t n = p->b - p->a;
+    s->conv = calloc(n, sizeof *s->conv);
+    s->delta = calloc(n, sizeof *s->delta);
+    s->kcache = calloc(n, sizeof *s->kcache);
+    struct ggml_init_params ip = {.mem_size = (size_t)(3 * n + 4) * ggml_tensor_overhead(), .mem_buffer = NULL,
+                                  .no_alloc = true};
+    s->ctx = ggml_init(ip);
+    if (!s->conv || !s->delta || !s->kcache || !s->ctx) {
+        k3_state_free(s);
+        return rl_errf(err, "out of memory for sequence state");
+    }
+    /* Views of the slot, bound to the pool's buffer so that they are used like tensors of their own. */
+    for (uint32_t i = 0; i < n; i++) {
+        struct ggml_tensor *t;
+        if ((t = p->conv[i])) {
+            s->conv[i] = ggml_view_3d(s->ctx, t, t->ne[0], t->ne[1], t->ne[2], t->nb[1], t->nb[2],
+                                      (size_t)slot * t->nb[3]);
+            s->delta[i] = ggml_view_3d(s->ctx, p->delta[i], p->delta[i]->ne[0], p->delta[i]->ne[1], p->delta[i]->ne[2],
+                                       p->delta[i]->nb[1], p->delta[i]->nb[2], (size_t)slot * p->delta[i]->nb[3]);
+            if (ggml_backend_view_init(s->conv[i]) != GGML_STATUS_SUCCESS ||
+                ggml_backend_view_init(s->delta[i]) != GGML_STATUS_SUCCESS) {
+                k3_state_free(s);
+                return rl_errf(err, "cannot bind slot %d of a state pool", slot);
+            }
+            memset(s->conv[i]->data, 0, ggml_nbytes(s->conv[i]));
+            memset(s->delta[i]->data, 0, ggml_nbytes(s->delta[i]));
+        } else if ((t = p->kcache[i])) {
+            s->kcache[i] = ggml_view_2d(s->ctx, t, t->ne[0], t->ne[1], t->nb[1], (size_t)slot * t->nb[2]);
+            if (ggml_backend_view_init(s->kcache[i]) != GGML_STATUS_SUCCESS) {
+                k3_state_free(s);
+                return rl_errf(err, "cannot bind slot %d of a state pool", slot);
+            }
+        }
+    }
+    return 0;
+}
+
 void k3_state_free(k3_state *s) {
     for (uint32_t i = 0; s->rb_delta && i < s->b - s->a; i++) {
         free(s->rb_delta[i]);
@@ -71,7 +166,15 @@ void k3_state_reset(k3_state *s) {
     s->rb_n = 0;
 }
 
-size_t k3_state_bytes(const k3_state *s) { return s->buf ? ggml_backend_buffer_get_size(s->buf) : 0; }
+size_t k3_state_bytes(const k3_state *s) {
+    if (!s->pool) return s->buf ? ggml_backend_buffer_get_size(s->buf) : 0;
+    size_t n = 0; /* a pooled state owns no buffer: count its slot */
+    for (uint32_t i = 0; i < s->b - s->a; i++) {
+        if (s->conv[i]) n += ggml_nbytes(s->conv[i]) + ggml_nbytes(s->delta[i]);
+        if (s->kcache[i]) n += ggml_nbytes(s->kcache[i]);
+    }
+    return n;
+}
 
 static size_t k3_kda_bytes(const k3_state *s) {
     size_t n = 0;

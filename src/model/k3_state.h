@@ -16,6 +16,7 @@
 struct ggml_context;
 struct ggml_tensor;
 struct ggml_backend_buffer;
+struct k3_state_pool;
 
 typedef struct k3_state {
     uint32_t a, b;    /* layer range */
@@ -33,7 +34,31 @@ typedef struct k3_state {
     float **rb_delta;         /* [il - a]: rb_n slots of Dk*Dk*H, slot s = the state after rb_n - s tokens */
     float **rb_conv;          /* [il - a]: 3 x (Kc-1+rb_n) x Di: the conv inputs (old window, then the block) */
     uint32_t rb_cap;          /* tokens the rollback buffers hold */
+    /* Set when the tensors above are views of one slot of a pool (k3_state_pool): the forward pass then runs
+     * the KDA recurrence and MLA attention of several pooled sequences as one op each. NULL: own buffer. */
+    const struct k3_state_pool *pool;
+    int slot;
 } k3_state;
+
+/* The states of n_slots sequences, one tensor per layer holding every slot side by side (slot is the
+ * outermost axis): conv {Kc-1, Di, 3, n_slots}, delta {Dk, Dk, H, n_slots}, kcache {kv_lora + rope, n_ctx,
+ * n_slots}. A server allocates its slots this way so that a batch of equal-length steps can read and write
+ * all their states with one gather and one scatter per tensor instead of a few graph nodes per sequence. */
+typedef struct k3_state_pool {
+    uint32_t a, b, n_ctx;
+    int n_slots;
+    struct ggml_tensor **conv, **delta, **kcache; /* [il - a], NULL where the layer has no such state */
+    struct ggml_context *ctx;
+    struct ggml_backend_buffer *buf;
+} k3_state_pool;
+
+/* Allocates the pool, zeroed. Its slots are bound to states with k3_state_init_pooled. */
+int k3_state_pool_init(k3_state_pool *p, const k3_hparams *hp, uint32_t a, uint32_t b, uint32_t n_ctx, int n_slots,
+                       rl_err *err);
+/* Frees the pool; free the states bound to it first. */
+void k3_state_pool_free(k3_state_pool *p);
+/* A fresh (zeroed) sequence whose tensors are slot `slot` of the pool. One state per slot at a time. */
+int k3_state_init_pooled(k3_state *s, const k3_state_pool *p, int slot, rl_err *err);
 
 /* Allocates zeroed state (a fresh sequence). */
 int k3_state_init(k3_state *s, const k3_hparams *hp, uint32_t a, uint32_t b, uint32_t n_ctx, rl_err *err);

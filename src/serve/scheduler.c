@@ -27,7 +27,8 @@ const char *sch_finish_name(sch_finish f) {
 typedef struct sch_local {
     k3_engine *e;
     int n_slots;
-    k3_state *st;        /* [n_slots] */
+    k3_state_pool pool;  /* the slots' states side by side: a decode step runs them as one batch (k3_forward) */
+    k3_state *st;        /* [n_slots], slot i of the pool */
     smp_sampler *smp;    /* [n_slots] */
     bool *has_smp;       /* [n_slots] */
     /* batch scratch */
@@ -108,6 +109,7 @@ static void sch_local_free(void *impl) {
         if (L->st && L->st[i].ctx) k3_state_free(&L->st[i]);
         if (L->has_smp && L->has_smp[i]) smp_free(&L->smp[i]);
     }
+    k3_state_pool_free(&L->pool);
     free(L->st);
     free(L->smp);
     free(L->has_smp);
@@ -136,8 +138,12 @@ int sch_backend_local(sch_backend *be, k3_engine *e, int n_slots, uint32_t n_ctx
         sch_local_free(L);
         return rl_errf(err, "out of memory");
     }
+    if (k3_state_pool_init(&L->pool, &e->hp, 0, e->hp.n_layer, n_ctx, n_slots, err) != 0) {
+        sch_local_free(L);
+        return -1;
+    }
     for (int i = 0; i < n_slots; i++) {
-        if (k3_state_init(&L->st[i], &e->hp, 0, e->hp.n_layer, n_ctx, err) != 0) {
+        if (k3_state_init_pooled(&L->st[i], &L->pool, i, err) != 0) {
             rl_err_prefix(err, "sequence state %d of %d (%u tokens each)", i + 1, n_slots, n_ctx);
             sch_local_free(L);
             return -1;

@@ -68,6 +68,141 @@ static int open_fx(fx *f, const char *path, int threads) {
     return 0;
 }
 
+/* One step of a schedule: sequences (indices), tokens each, and which keep rollback copies. */
+typedef struct sched_step {
+    int n;
+    int seq[6];
+    uint32_t nt[6];
+    uint8_t keep[6];
+} sched_step;
+
+/* Runs the schedule on the given states; returns the logits of every token of every step, concatenated. */
+static float *run_sched(k3_engine *e, k3_state **st, const sched_step *steps, int n_steps, const int32_t *tok,
+                        size_t *n_out) {
+    const size_t V = e->hp.n_vocab;
+    size_t total = 0;
+    for (int i = 0; i < n_steps; i++)
+        for (int k = 0; k < steps[i].n; k++) total += steps[i].nt[k];
+    float *all = malloc(total * V * sizeof(float));
+    size_t done = 0;
+    for (int i = 0; i < n_steps; i++) {
+        const sched_step *sp = &steps[i];
+        k3_state *seqs[6];
+        int32_t in[64], rows[64];
+        int T = 0;
+        for (int k = 0; k < sp->n; k++) {
+            seqs[k] = st[sp->seq[k]];
+            for (uint32_t t = 0; t < sp->nt[k]; t++, T++) in[T] = tok[(seqs[k]->n_past + t + 17u * (uint32_t)sp->seq[k]) % 40];
+        }
+        for (int r = 0; r < T; r++) rows[r] = r;
+        k3_batch b = {.n_seqs = sp->n, .seqs = seqs, .n_tokens = sp->nt, .tokens = in, .keep_rollback = sp->keep,
+                      .n_logits = T, .logit_rows = rows};
+        k3_output o;
+        rl_err err;
+        if (k3_forward(e, &b, &o, &err) != 0) {
+            fprintf(stderr, "forward failed: %s\n", err.msg);
+            exit(1);
+        }
+        memcpy(all + done * V, o.logits, (size_t)T * V * sizeof(float));
+        done += (size_t)T;
+        k3_output_free(&o);
+    }
+    *n_out = total * V;
+    return all;
+}
+
+/* Pooled states (k3_state_pool), whose equal-length neighbours in a batch run as one group, give the same
+ * bits as separate states on the same schedule: consecutive slots (views) and scattered ones (gathers),
+ * decode groups next to a prefill chunk, groups of 2-token steps, a rollback-keeping sequence splitting a
+ * group, sequences whose attention reads a different cache length (a group boundary), then a rollback. */
+static void test_pooled(fx *f, const char *cfg_name, const char *type, const int32_t *tok) {
+    const k3_hparams *hp = &f->hp;
+    rl_err err;
+    static const sched_step steps[] = {
+        {1, {0}, {9}, {0}},                                   /* prefills, one sequence each */
+        {1, {1}, {4}, {0}},
+        {2, {2, 3}, {6, 6}, {0, 0}},                          /* a group of 6-token steps */
+        {4, {0, 1, 2, 3}, {1, 1, 1, 1}, {0}},                 /* decode: one group */
+        {5, {0, 1, 2, 3, 4}, {1, 1, 1, 1, 3}, {0}},           /* decode group, then a prefill chunk */
+        {5, {4, 0, 1, 2, 3}, {2, 1, 1, 1, 1}, {0}},           /* a chunk first, then the group */
+        {5, {0, 1, 2, 3, 4}, {2, 2, 2, 2, 2}, {0}},           /* one group of 2-token steps */
+        {5, {3, 1, 0, 4, 2}, {1, 1, 1, 1, 1}, {0}},           /* batch order unlike slot order */
+        {5, {0, 1, 2, 3, 4}, {1, 1, 3, 1, 1}, {0, 0, 1, 0, 0}}, /* a rollback-keeping sequence splits it */
+    };
+    const int n_steps = (int)(sizeof steps / sizeof steps[0]);
+    const uint32_t n_ctx = 300;
+    k3_state sep[5], *ps[5];
+    for (int i = 0; i < 5; i++) {
+        k3_state_init(&sep[i], hp, 0, hp->n_layer, n_ctx, &err);
+        ps[i] = &sep[i];
+    }
+    /* Sequence 4 starts deep in its context, so that its attention reads 300 rows, the others 256. */
+    float *long_ref, *long_got;
+    {
+        int32_t big[250];
+        for (int i = 0; i < 250; i++) big[i] = tok[i % 40];
+        uint32_t nb = 250;
+        int32_t row = 249;
+        k3_batch b = {.n_seqs = 1, .seqs = &ps[4], .n_tokens = &nb, .tokens = big, .n_logits = 1, .logit_rows = &row};
+        k3_output o;
+        k3_forward(&f->e, &b, &o, &err);
+        long_ref = o.logits;
+        o.logits = NULL;
+        k3_output_free(&o);
+    }
+    size_t n_ref, n_got;
+    float *ref = run_sched(&f->e, ps, steps, n_steps, tok, &n_ref);
+    CHECK(k3_state_rollback(&sep[2], sep[2].n_past - 2, &err) == 0, "%s/%s: rollback inside the last block", cfg_name, type);
+    float *ref2 = run_sched(&f->e, ps, steps + 3, 1, tok, &n_ref);
+    static const int maps[2][5] = {{0, 1, 2, 3, 4}, {6, 2, 3, 0, 5}};
+    for (int mi = 0; mi < 2; mi++) {
+        k3_state_pool pool;
+        k3_state pst[5];
+        int ok = k3_state_pool_init(&pool, hp, 0, hp->n_layer, n_ctx, 7, &err) == 0;
+        for (int i = 0; i < 5 && ok; i++) {
+            ok = k3_state_init_pooled(&pst[i], &pool, maps[mi][i], &err) == 0;
+            ps[i] = &pst[i];
+        }
+        CHECK(ok, "%s/%s: state pool of 7 slots: %s", cfg_name, type, ok ? "ok" : err.msg);
+        if (!ok) break;
+        {
+            int32_t big[250];
+            for (int i = 0; i < 250; i++) big[i] = tok[i % 40];
+            uint32_t nb = 250;
+            int32_t row = 249;
+            k3_batch b = {.n_seqs = 1, .seqs = &ps[4], .n_tokens = &nb, .tokens = big, .n_logits = 1, .logit_rows = &row};
+            k3_output o;
+            k3_forward(&f->e, &b, &o, &err);
+            long_got = o.logits;
+            o.logits = NULL;
+            k3_output_free(&o);
+        }
+        float *got = run_sched(&f->e, ps, steps, n_steps, tok, &n_got);
+        int same = memcmp(long_ref, long_got, hp->n_vocab * sizeof(float)) == 0;
+        size_t n_all = 0;
+        for (int i = 0; i < n_steps; i++)
+            for (int k = 0; k < steps[i].n; k++) n_all += steps[i].nt[k];
+        same = same && memcmp(ref, got, n_all * hp->n_vocab * sizeof(float)) == 0;
+        /* Rolling back a pooled sequence restores its slot. */
+        int rb = k3_state_rollback(&pst[2], pst[2].n_past - 2, &err) == 0;
+        float *got2 = run_sched(&f->e, ps, steps + 3, 1, tok, &n_got);
+        same = same && rb && memcmp(ref2, got2, n_got * sizeof(float)) == 0;
+        CHECK(same, "%s/%s: pooled states in groups (%s slots) == separate states, bit for bit", cfg_name, type,
+              mi ? "scattered" : "consecutive");
+        CHECK(k3_state_bytes(&pst[0]) == k3_state_bytes(&sep[0]), "%s/%s: a pooled state counts its slot's bytes (%zu)",
+              cfg_name, type, k3_state_bytes(&pst[0]));
+        free(got);
+        free(got2);
+        free(long_got);
+        for (int i = 0; i < 5; i++) k3_state_free(&pst[i]);
+        k3_state_pool_free(&pool);
+    }
+    free(ref);
+    free(ref2);
+    free(long_ref);
+    for (int i = 0; i < 5; i++) k3_state_free(&sep[i]);
+}
+
 /* strict: check the chunked / multi-sequence / snapshot invariants to 1e-4. They hold for f32 weights and
  * (here, exactly) for q8_0. With k-quants, activations are requantized to q8_K before every matmul, so a
  * one-ulp difference from a different attention tiling (a 7-token chunk vs a 40-token batch) can cross a
@@ -101,6 +236,9 @@ static void test_model(const char *cfg_name, const char *type, const char *dir, 
     k3_state st;
     k3_state_init(&st, hp, 0, L, 64, &err);
     float *plain = run_chunks(&f.e, &st, tok, N, 0);
+
+    /* Exact for every type: the grouped graph runs the same kernels on the same per-sequence shapes. */
+    test_pooled(&f, cfg_name, type, tok);
 
     /* Chunked prefill, several chunk sizes, and token by token. */
     int chunks[] = {1, 3, 7, 16};
