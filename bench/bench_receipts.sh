@@ -43,6 +43,9 @@ run() { # run MODE -> decode tok/s
         --key "$w/c.key" --metrics-json "$w/m.json" "${extra[@]}" >/dev/null 2>"$w/e.log"
     sed -n 's/.*"decode_tok_s":[[:space:]]*\([0-9.e+-]*\).*/\1/p' "$w/m.json"
 }
+# One warm-up run of each (nodes load their ranges and hash their manifests, the page cache fills); not counted.
+run plain >/dev/null
+run receipts >/dev/null
 plain=() rec=() slow=()
 for p in $(seq "$pairs"); do
     a=$(run plain); b=$(run receipts)

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -77,8 +78,19 @@ typedef struct node {
     uint32_t a, b, n_ctx;
     int stage, n_stages, wire;
     ring_stage stage_rt; /* the sequences' state and the compute of this stage (stage.h) */
-    uint8_t manifest[32]; /* mfst_range_hash of the assigned range, computed at the first signed receipt */
+    uint8_t manifest[32]; /* mfst_range_hash of the assigned range: hashed by a thread from load on, so that
+                           * the first receipt does not wait for a pass over every weight byte */
     bool have_manifest;
+    struct node_mfst_job {
+        pthread_t thread;
+        bool running;
+        const mf_model *m;
+        k3_hparams hp;
+        uint32_t a, b;
+        uint8_t out[32];
+        int rc;
+        rl_err err;
+    } mfst;
     /* What this stage received and sent for the steps it signed receipts for, oldest first, at most
      * o->audit_keep_bytes: an auditor asks for them (AUDIT_REQ) and checks them against the receipts. */
     struct node_audit_rec {
@@ -87,6 +99,15 @@ typedef struct node {
         size_t in_len, out_len;
     } *alog;
     size_t alog_n, alog_cap, alog_head, alog_bytes;
+    /* Receipts still to sign: the frames already went on; they are hashed and signed once the node has
+     * been quiet for a millisecond, or before it handles its next message (node_flush_receipts). */
+    struct node_rjob {
+        rf_header *h;
+        uint8_t nonce[32];
+        uint8_t *in, *out;
+        size_t in_len, out_len;
+    } *rjobs;
+    int n_rjobs, cap_rjobs;
 #ifdef RINGLM_ADVERSARY
     long adv_forwards;  /* FORWARD frames run so far */
     uint8_t *adv_old;   /* replay: the first receipt this node signed (packed) */
@@ -274,8 +295,29 @@ static void node_drop_seqs(node *n) {
     stage_init(&n->stage_rt, &n->e, n->n_ctx, n->wire);
 }
 
+static void *node_mfst_main(void *arg) {
+    struct node_mfst_job *j = arg;
+    j->rc = mfst_range_hash_threads(j->m, &j->hp, j->a, j->b, 1, j->out, &j->err);
+    return NULL;
+}
+
+/* The manifest hash of the loaded range: the background hash's result (waiting for it if need be). */
+static int node_manifest(node *n, rl_err *err) {
+    if (n->mfst.running) {
+        pthread_join(n->mfst.thread, NULL);
+        n->mfst.running = false;
+        if (n->mfst.rc == 0) memcpy(n->manifest, n->mfst.out, 32), n->have_manifest = true;
+    }
+    if (!n->have_manifest) n->have_manifest = mfst_range_hash(&n->m, &n->hp, n->a, n->b, n->manifest, err) == 0;
+    return n->have_manifest ? 0 : -1;
+}
+
 static void node_unload(node *n) {
     node_drop_seqs(n);
+    if (n->mfst.running) { /* it reads the mapping about to go */
+        pthread_join(n->mfst.thread, NULL);
+        n->mfst.running = false;
+    }
     if (n->loaded) {
         k3_engine_free(&n->e);
         mf_close(&n->m);
@@ -350,6 +392,13 @@ static void node_assign(node *n, uint64_t step, const char *json, size_t len) {
         snprintf(n->hash, sizeof n->hash, "%s", hash);
         n->a = (uint32_t)a;
         n->b = (uint32_t)b;
+        /* (field by field: a compound literal of this struct, hparams inside, is a large stack temporary) */
+        n->mfst.m = &n->m;
+        n->mfst.hp = n->hp;
+        n->mfst.a = n->a;
+        n->mfst.b = n->b;
+        n->mfst.rc = -1;
+        n->mfst.running = pthread_create(&n->mfst.thread, NULL, node_mfst_main, &n->mfst) == 0;
     }
     n->n_ctx = (uint32_t)n_ctx;
     n->stage = (int)jnum(j, "stage", 0);
@@ -436,31 +485,32 @@ static void node_alog_clear(node *n) {
     n->alog_cap = n->alog_head = n->alog_bytes = 0;
 }
 
-/* Keeps copies of one step's input and output, forgetting the oldest steps beyond the byte budget. A
- * failure to keep them is not an error of the step: an audit of it then finds nothing and says so. */
-static void node_alog_add(node *n, const rf_header *h, const void *in, size_t in_len, const void *out, size_t out_len) {
+/* Keeps one step's input and output (malloc'ed; taken over), forgetting the oldest steps beyond the byte
+ * budget. A failure to keep them is not an error of the step: an audit of it then finds nothing and says so. */
+static void node_alog_add(node *n, const rf_header *h, uint8_t *in, size_t in_len, uint8_t *out, size_t out_len) {
     size_t keep = n->o->audit_keep_bytes ? n->o->audit_keep_bytes : (size_t)256 << 20;
-    if (in_len + out_len > keep) return;
+    if (in_len + out_len > keep) {
+        free(in);
+        free(out);
+        return;
+    }
     while (n->alog_n && n->alog_bytes + in_len + out_len > keep) node_alog_drop_oldest(n);
     if (n->alog_n == n->alog_cap) { /* grow, unwrapping the ring so the oldest is at 0 again */
         size_t cap = n->alog_cap ? n->alog_cap * 2 : 64;
         struct node_audit_rec *a = calloc(cap, sizeof *a);
-        if (!a) return;
+        if (!a) {
+            free(in);
+            free(out);
+            return;
+        }
         for (size_t i = 0; i < n->alog_n; i++) a[i] = n->alog[(n->alog_head + i) % n->alog_cap];
         free(n->alog);
         n->alog = a;
         n->alog_cap = cap;
         n->alog_head = 0;
     }
-    struct node_audit_rec r = {.ring_id = h->ring_id, .step_id = h->step_id, .in = malloc(in_len + 1),
-                               .out = malloc(out_len + 1), .in_len = in_len, .out_len = out_len};
-    if (!r.in || !r.out) {
-        free(r.in);
-        free(r.out);
-        return;
-    }
-    memcpy(r.in, in, in_len);
-    memcpy(r.out, out, out_len);
+    struct node_audit_rec r = {.ring_id = h->ring_id, .step_id = h->step_id, .in = in, .out = out,
+                               .in_len = in_len, .out_len = out_len};
     n->alog[(n->alog_head + n->alog_n) % n->alog_cap] = r;
     n->alog_n++;
     n->alog_bytes += in_len + out_len;
@@ -585,7 +635,7 @@ static void node_adv_replay(node *n, const uint8_t **packed, size_t *len) {
 #endif
 
 /* Signs this stage's receipt for one traversal and sends it to the coordinator (out of band). */
-static void node_send_receipt(node *n, const rf_header *h, const rf_receipts *rx, const void *in, size_t in_len,
+static void node_send_receipt(node *n, const rf_header *h, const uint8_t nonce[32], const void *in, size_t in_len,
                               const void *out_bytes, size_t out_len) {
     rl_err err;
     rcpt_receipt *r = calloc(1, sizeof *r);
@@ -596,14 +646,11 @@ static void node_send_receipt(node *n, const rf_header *h, const rf_receipts *rx
         sq[i] = (rcpt_seq){.seq_id = h->seqs[i].seq_id, .pos = h->seqs[i].pos, .n_tokens = h->seqs[i].n_tokens};
     }
     int ok = r != NULL;
-    if (ok && !n->have_manifest) {
-        ok = mfst_range_hash(&n->m, &n->hp, n->a, n->b, n->manifest, &err) == 0;
-        n->have_manifest = ok;
-    }
+    if (ok) ok = node_manifest(n, &err) == 0;
     if (ok) {
         r->ring_id = h->ring_id;
         r->request_id = h->step_id;
-        memcpy(r->nonce, rx->nonce, 32);
+        memcpy(r->nonce, nonce, 32);
         memcpy(r->manifest, n->manifest, 32);
         r->layer_start = n->a;
         r->layer_end = n->b;
@@ -627,6 +674,52 @@ static void node_send_receipt(node *n, const rf_header *h, const rf_receipts *rx
     node_adv_replay(n, &send, &packed_len);
 #endif
     node_reply(n, RF_RECEIPT, h->step_id, send, packed_len);
+}
+
+/* Signs and sends every pending receipt, oldest first, and files the frames in the audit log.
+ *
+ * Why not at once: a stage's frame is handed to the next one by ZeroMQ's I/O threads after zs_send
+ * returns; hashing and signing right then competes with that hand-off (and with the next stage's compute,
+ * when nodes share a machine) and lengthens every traversal. A millisecond later the hand-off is done and
+ * the work overlaps the next stage's compute instead. Receipts travel out of band, so a little late is
+ * fine; they are always sent before the node handles anything else. */
+static void node_flush_receipts(node *n) {
+    for (int i = 0; i < n->n_rjobs; i++) {
+        struct node_rjob *j = &n->rjobs[i];
+        node_send_receipt(n, j->h, j->nonce, j->in, j->in_len, j->out, j->out_len);
+        node_alog_add(n, j->h, j->in, j->in_len, j->out, j->out_len);
+        free(j->h);
+    }
+    n->n_rjobs = 0;
+}
+
+static void node_free_rjobs(node *n) {
+    for (int i = 0; i < n->n_rjobs; i++) free(n->rjobs[i].h), free(n->rjobs[i].in), free(n->rjobs[i].out);
+    free(n->rjobs);
+    n->rjobs = NULL;
+    n->n_rjobs = n->cap_rjobs = 0;
+}
+
+/* Queues this frame's receipt (takes out; copies the input). Signs at once if it cannot queue. */
+static void node_queue_receipt(node *n, const rf_header *h, const uint8_t nonce[32], const void *in, size_t in_len,
+                               uint8_t *out, size_t out_len) {
+    if (n->n_rjobs == n->cap_rjobs) {
+        int cap = n->cap_rjobs ? n->cap_rjobs * 2 : 8;
+        struct node_rjob *nj = realloc(n->rjobs, (size_t)cap * sizeof *nj);
+        if (nj) n->rjobs = nj, n->cap_rjobs = cap;
+    }
+    struct node_rjob j = {.h = malloc(sizeof *h), .in = malloc(in_len + 1), .out = out, .in_len = in_len,
+                          .out_len = out_len};
+    if (n->n_rjobs == n->cap_rjobs || !j.h || !j.in) {
+        free(j.h), free(j.in);
+        node_send_receipt(n, h, nonce, in, in_len, out, out_len);
+        free(out);
+        return;
+    }
+    *j.h = *h;
+    memcpy(j.nonce, nonce, 32);
+    memcpy(j.in, in, in_len);
+    n->rjobs[n->n_rjobs++] = j;
 }
 
 static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
@@ -700,11 +793,8 @@ static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
     free(sb);
     /* The frame is on its way: now hash what came in and what went out, sign, and tell the coordinator
      * directly. The next stage hashes the same bytes as its input, so the coordinator can check the chain. */
-    if (want_receipt) {
-        node_send_receipt(n, h, &rx, p->data[2], p->len[2], payload, plen);
-        node_alog_add(n, h, p->data[2], p->len[2], payload, plen);
-    }
-    free(payload);
+    if (want_receipt) node_queue_receipt(n, h, rx.nonce, p->data[2], p->len[2], payload, plen);
+    else free(payload);
 }
 
 static void node_free(node *n, const zs_parts *p, const rf_header *h) {
@@ -856,8 +946,11 @@ static bool node_stop_pending(void) {
 }
 
 int node_run(const node_opts *o, rl_err *err) {
-    node *n = calloc(1, sizeof *n);
+    /* aligned_alloc, not calloc: node holds libsodium's hash state, which is declared 64-byte aligned, so
+     * the compiler may copy its fields with aligned vector moves that fault on calloc's 16-byte alignment. */
+    node *n = aligned_alloc(_Alignof(node), sizeof *n);
     if (!n) return rl_errf(err, "out of memory");
+    memset(n, 0, sizeof *n);
     n->o = o;
     n->zctx = zmq_ctx_new();
     int rc = -1;
@@ -881,7 +974,7 @@ int node_run(const node_opts *o, rl_err *err) {
     while (!node_stop_pending()) {
         zmq_pollitem_t items[2] = {{n->router, 0, ZMQ_POLLIN, 0}, {n->next, 0, ZMQ_POLLIN, 0}};
         int np = n->next ? 2 : 1;
-        if (zmq_poll(items, np, 250) < 0) {
+        if (zmq_poll(items, np, n->n_rjobs ? 1 : 250) < 0) {
             if (errno == EINTR) continue;
             rl_errf(err, "poll failed: %s", zmq_strerror(errno));
             goto done_sock;
@@ -891,13 +984,17 @@ int node_run(const node_opts *o, rl_err *err) {
             rl_err e2;
             while (zs_recv(n->next, &junk, &e2) == 0) zs_parts_free(&junk);
         }
-        if (!(items[0].revents & ZMQ_POLLIN)) continue;
+        if (!(items[0].revents & ZMQ_POLLIN)) {
+            node_flush_receipts(n); /* a quiet millisecond */
+            continue;
+        }
         for (;;) {
             zs_parts p;
             rl_err e2;
             if (node_stop_pending()) break; /* a queue of frames must not delay a stop */
             int r = zs_recv(n->router, &p, &e2);
             if (r != 0) break;
+            node_flush_receipts(n);
             rf_header *h = malloc(sizeof *h);
             if (!h || p.n < 3) {
                 if (o->verbose) node_log(n, "dropped a message of %d parts", p.n);
@@ -947,6 +1044,7 @@ int node_run(const node_opts *o, rl_err *err) {
 done_sock:
     node_fetch_abort(n);
     node_unload(n);
+    node_free_rjobs(n);
     node_alog_clear(n);
 #ifdef RINGLM_ADVERSARY
     free(n->adv_old);
