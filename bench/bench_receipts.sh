@@ -48,7 +48,8 @@ run plain >/dev/null
 run receipts >/dev/null
 plain=() rec=() slow=()
 for p in $(seq "$pairs"); do
-    a=$(run plain); b=$(run receipts)
+    # ABBA order: which mode runs first alternates, so a drift within a pair cancels out over pairs.
+    if [ $((p % 2)) = 1 ]; then a=$(run plain); b=$(run receipts); else b=$(run receipts); a=$(run plain); fi
     plain+=("$a"); rec+=("$b")
     slow+=("$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.4f", 100 * (a - b) / a }')")
     echo "pair $p: plain $a tok/s, receipts $b tok/s, slowdown ${slow[-1]}%" >&2
@@ -79,7 +80,7 @@ cat >bench/results/receipts.md <<MD
 # Receipts cost
 
 \`bench/bench_receipts.sh --nodes $nodes --pairs $pairs --gen $gen\`, $(date -u +%Y-%m-%d), model \`$model\`, $nodes local
-nodes (1 thread each), greedy decode of $gen tokens, alternating runs without and with \`--receipts\` (every
+nodes (1 thread each), greedy decode of $gen tokens, runs without and with \`--receipts\` in ABBA order (every
 stage hashes its input and output and signs; the coordinator checks every traversal: $n_rcpt receipts in
 the last run).
 
