@@ -115,6 +115,11 @@ receipt_lie() {
 receipt_lie replay@2 "a node that replays an old receipt is caught" "nonce|request"
 receipt_lie wrongkey "a node that signs with another key is caught" "signer|signed by"
 receipt_lie claim "a node that claims a layer range it was not given is caught" "layers"
+liar auditlie 1
+check "a node that hands the auditor other bytes than it signed is caught" caught_by_audit 1 "is not what its receipt signed"
+check "--audit-rate or --receipts without a ring: exit 2, saying they need one" bash -c \
+    "for o in '--audit-rate 0.5' '--receipts $WORK/x.jsonl'; do \"$RINGLM\" run -m $small -p hi \$o 2>$WORK/nr.err;
+         [ \$? = 2 ] && grep -q 'for a ring' $WORK/nr.err || exit 1; done"
 
 # --- serve, honest: 3 nodes, every request audited, 8 at a time (batched in shared frames; an audit replays
 # one sequence alone), greedy and sampled, long enough that prompts and decode steps share frames.

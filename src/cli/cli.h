@@ -19,4 +19,15 @@ int cmd_receipts(int argc, char **argv);
 int cli_parse_u64(const char *s, unsigned long long *out); /* 0 on success */
 int cli_parse_int(const char *s, int *out);
 
+/* --receipts FILE, --audit-rate R, --audit-seed S, --audit-tol T: run and serve on a ring. */
+typedef struct cli_trust {
+    const char *receipts;
+    double audit_rate, audit_tol;
+    unsigned long long audit_seed;
+} cli_trust;
+/* 1 when option a is one of them (its value v parsed into t; *bad set if v is invalid), else 0. */
+int cli_parse_trust(const char *a, const char *v, cli_trust *t, int *bad);
+/* 0, or 2 after saying on stderr that they need a ring (cmd names the command). */
+int cli_trust_check(const cli_trust *t, int have_ring, const char *cmd);
+
 #endif

@@ -1,4 +1,6 @@
 #include <errno.h>
+#include <stdio.h>
+#include <string.h>
 #include <limits.h>
 #include <stdlib.h>
 
@@ -22,4 +24,35 @@ int cli_parse_int(const char *s, int *out) {
     if (errno || *end || v < INT_MIN || v > INT_MAX) return -1;
     *out = (int)v;
     return 0;
+}
+
+static int cli_parse_double(const char *s, double *out) {
+    if (!s || !*s) return -1;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+int cli_parse_trust(const char *a, const char *v, cli_trust *t, int *bad) {
+    if (strcmp(a, "--receipts") == 0) {
+        t->receipts = v;
+    } else if (strcmp(a, "--audit-rate") == 0) {
+        *bad = cli_parse_double(v, &t->audit_rate) || !(t->audit_rate >= 0 && t->audit_rate <= 1);
+    } else if (strcmp(a, "--audit-tol") == 0) {
+        *bad = cli_parse_double(v, &t->audit_tol) || !(t->audit_tol > 0);
+    } else if (strcmp(a, "--audit-seed") == 0) {
+        *bad = cli_parse_u64(v, &t->audit_seed) != 0;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+int cli_trust_check(const cli_trust *t, int have_ring, const char *cmd) {
+    if (have_ring || (!t->receipts && t->audit_rate <= 0)) return 0;
+    fprintf(stderr, "ringlm %s: --receipts and --audit-rate are for a ring (--ring): one machine signs nothing\n", cmd);
+    return 2;
 }

@@ -117,9 +117,8 @@ static long parse_ids(const char *s, int32_t **out) {
 
 int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *ids_arg = NULL, *metrics = NULL, *system = NULL;
-    const char *ring_path = NULL, *key_path = NULL, *wire = "f32", *draft = NULL, *receipts = NULL;
-    double audit_rate = 0, audit_tol = 0;
-    unsigned long long audit_seed = 0;
+    const char *ring_path = NULL, *key_path = NULL, *wire = "f32", *draft = NULL;
+    cli_trust trust = {0};
     int draft_n = 7;
     bool draft_fixed = false;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), ctx = 4096, chunk = 512;
@@ -167,18 +166,7 @@ int cmd_run(int argc, char **argv) {
             ring_path = v;
         } else if (strcmp(a, "--draft") == 0) {
             draft = v;
-        } else if (strcmp(a, "--receipts") == 0) {
-            receipts = v;
-        } else if (strcmp(a, "--audit-rate") == 0) {
-            char *e_ = NULL;
-            audit_rate = strtod(v, &e_);
-            bad = !e_ || *e_ || !(audit_rate >= 0 && audit_rate <= 1);
-        } else if (strcmp(a, "--audit-tol") == 0) {
-            char *e_ = NULL;
-            audit_tol = strtod(v, &e_);
-            bad = !e_ || *e_ || !(audit_tol > 0);
-        } else if (strcmp(a, "--audit-seed") == 0) {
-            bad = cli_parse_u64(v, &audit_seed) != 0;
+        } else if (cli_parse_trust(a, v, &trust, &bad)) {
         } else if (strcmp(a, "--draft-n") == 0) {
             bad = cli_parse_int(v, &draft_n) || draft_n < 1 || draft_n > SPEC_MAX_DRAFT;
         } else if (strcmp(a, "--key") == 0) {
@@ -229,10 +217,7 @@ int cmd_run(int argc, char **argv) {
         run_usage(stderr);
         return 2;
     }
-    if (!ring_path && (receipts || audit_rate > 0)) {
-        fprintf(stderr, "ringlm run: --receipts and --audit-rate are for a ring (--ring): one machine signs nothing\n");
-        return 2;
-    }
+    if (cli_trust_check(&trust, ring_path != NULL, "run")) return 2;
     if (ring_path && !key_path) {
         fprintf(stderr, "ringlm run: --ring needs --key (the coordinator's identity, from ringlm keygen)\n");
         return 2;
@@ -321,19 +306,19 @@ int cmd_run(int argc, char **argv) {
         ro_.n_ctx = (uint32_t)ctx;
         ro_.wire = strcmp(wire, "f16") == 0 ? 1 : strcmp(wire, "bf16") == 0 ? 2 : 0;
         FILE *rf = NULL;
-        if (receipts) {
-            rf = fopen(receipts, "w");
+        if (trust.receipts) {
+            rf = fopen(trust.receipts, "w");
             if (!rf) {
-                rl_errf(&err, "cannot create %s", receipts);
+                rl_errf(&err, "cannot create %s", trust.receipts);
                 if (spec) spec_drafter_close(&drafter);
                 goto out;
             }
             ro_.receipts = true;
             ro_.receipts_out = rf;
         }
-        ro_.audit_rate = audit_rate;
-        ro_.audit_seed = audit_seed;
-        ro_.audit_tol = audit_tol;
+        ro_.audit_rate = trust.audit_rate;
+        ro_.audit_seed = trust.audit_seed;
+        ro_.audit_tol = trust.audit_tol;
         if (ring_open(&rc, &conf, &id, &m, &hp, &ro_, &err) != 0) {
             if (rf) fclose(rf);
             if (spec) spec_drafter_close(&drafter);
@@ -349,22 +334,22 @@ int cmd_run(int argc, char **argv) {
             grc = ring_generate(&rc, &tok, toks, n_toks, &gp, run_on_token, &ro, &gm, &err);
         }
         if (grc == 0 && rc.o.receipts) grc = ring_receipts_finish(&rc, 10.0, &err); /* the last steps' receipts */
-        if (grc == 0 && audit_rate > 0) grc = ring_audit_pending(&rc, &err);
+        if (grc == 0 && trust.audit_rate > 0) grc = ring_audit_pending(&rc, &err);
         if (grc == 0) {
             fprintf(stderr, "\n");
             ring_print_stats(&rc, stderr);
             ring_json = ring_stats_json(&rc);
-            if (receipts) {
+            if (trust.receipts) {
                 fprintf(stderr, "receipts: %ld checked (signatures, signers, ranges, chain, nonces), written to %s\n",
-                        rc.receipts_checked, receipts);
+                        rc.receipts_checked, trust.receipts);
             }
-            if (audit_rate > 0) {
+            if (trust.audit_rate > 0) {
                 fprintf(stderr, "audits: %ld sequence(s) audited, %ld frame(s) recomputed in %.0f ms, largest difference "
                         "%.2g; none failed\n", rc.audits, rc.audit_frames, rc.audit_s * 1e3, rc.audit_max_diff);
             }
         }
         ring_close(&rc);
-        if (rf && fclose(rf) != 0 && grc == 0) grc = rl_errf(&err, "cannot write %s", receipts);
+        if (rf && fclose(rf) != 0 && grc == 0) grc = rl_errf(&err, "cannot write %s", trust.receipts);
         if (grc != 0) goto out;
     } else {
         if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, threads, &err) != 0) goto out;

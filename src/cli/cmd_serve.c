@@ -59,9 +59,8 @@ static const char *serve_model_id(const char *path) {
 
 int cmd_serve(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = NULL, *ring_path = NULL, *key_path = NULL;
-    const char *wire = "f32", *receipts = NULL;
-    double audit_rate = 0, audit_tol = 0;
-    unsigned long long audit_seed = 0;
+    const char *wire = "f32";
+    cli_trust trust = {0};
     FILE *rfile = NULL;
     int port = 8080, parallel = 4, ctx = 4096, queue = 16, chunk = 256, drain = 30;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -89,18 +88,7 @@ int cmd_serve(int argc, char **argv) {
         } else if (strcmp(a, "--wire") == 0) {
             wire = v;
             bad = strcmp(v, "f32") && strcmp(v, "f16") && strcmp(v, "bf16");
-        } else if (strcmp(a, "--receipts") == 0) {
-            receipts = v;
-        } else if (strcmp(a, "--audit-rate") == 0) {
-            char *e_ = NULL;
-            audit_rate = strtod(v, &e_);
-            bad = !e_ || *e_ || !(audit_rate >= 0 && audit_rate <= 1);
-        } else if (strcmp(a, "--audit-tol") == 0) {
-            char *e_ = NULL;
-            audit_tol = strtod(v, &e_);
-            bad = !e_ || *e_ || !(audit_tol > 0);
-        } else if (strcmp(a, "--audit-seed") == 0) {
-            bad = cli_parse_u64(v, &audit_seed) != 0;
+        } else if (cli_parse_trust(a, v, &trust, &bad)) {
         } else if (strcmp(a, "--host") == 0) {
             host = v;
         } else if (strcmp(a, "--api-key") == 0) {
@@ -136,10 +124,7 @@ int cmd_serve(int argc, char **argv) {
         serve_usage(stderr);
         return 2;
     }
-    if (!ring_path && (receipts || audit_rate > 0)) {
-        fprintf(stderr, "ringlm serve: --receipts and --audit-rate are for a ring (--ring): one machine signs nothing\n");
-        return 2;
-    }
+    if (cli_trust_check(&trust, ring_path != NULL, "serve")) return 2;
     if (!ring_path != !key_path) {
         fprintf(stderr, "ringlm serve: --ring and --key go together (the ring's nodes, the coordinator's identity)\n");
         return 2;
@@ -183,13 +168,13 @@ int cmd_serve(int argc, char **argv) {
                                 .n_slots = parallel};
         rcfg.opts.n_ctx = (uint32_t)ctx;
         rcfg.opts.wire = strcmp(wire, "f16") == 0 ? 1 : strcmp(wire, "bf16") == 0 ? 2 : 0;
-        rcfg.opts.audit_rate = audit_rate;
-        rcfg.opts.audit_seed = audit_seed;
-        rcfg.opts.audit_tol = audit_tol;
-        if (receipts) {
-            rfile = fopen(receipts, "a");
+        rcfg.opts.audit_rate = trust.audit_rate;
+        rcfg.opts.audit_seed = trust.audit_seed;
+        rcfg.opts.audit_tol = trust.audit_tol;
+        if (trust.receipts) {
+            rfile = fopen(trust.receipts, "a");
             if (!rfile) {
-                rl_errf(&err, "cannot open %s for appending: %s", receipts, strerror(errno));
+                rl_errf(&err, "cannot open %s for appending: %s", trust.receipts, strerror(errno));
                 goto out;
             }
             setvbuf(rfile, NULL, _IOLBF, 0); /* whole lines, so a reader never sees half a receipt */
@@ -246,7 +231,7 @@ int cmd_serve(int argc, char **argv) {
 out:
     if (have_sched) sch_free(&s); /* frees the backend too */
     if (have_engine) k3_engine_free(&e);
-    if (rfile && fclose(rfile) != 0 && rc == 0) rc = -1, rl_errf(&err, "cannot write %s", receipts);
+    if (rfile && fclose(rfile) != 0 && rc == 0) rc = -1, rl_errf(&err, "cannot write %s", trust.receipts);
     if (have_tok) tok_free(&tok);
     mf_close(&m);
 out_noclose:

@@ -636,12 +636,8 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
             free(h);
             return rl_errf(err, "out of memory");
         }
-        for (int i = 0; i < n_reqs; i++) t->seqs[i] = (rcpt_seq){reqs[i].seq_id, reqs[i].pos, reqs[i].n};
+        memcpy(t->seqs, h->seqs, (size_t)n_reqs * sizeof *t->seqs);
         t->n_seqs = (uint32_t)n_reqs;
-        if (rc->o.audit_rate > 0) {
-            t->hseqs = malloc((size_t)n_reqs * sizeof *t->hseqs);
-            if (t->hseqs) memcpy(t->hseqs, h->seqs, (size_t)n_reqs * sizeof *t->hseqs);
-        }
         rc->n_travs++;
     }
     pd->step_id = h->step_id;
@@ -704,7 +700,6 @@ static struct ring_trav *ring_trav_find(ring_coord *rc, uint64_t step) {
 }
 
 static void ring_trav_drop(ring_coord *rc, struct ring_trav *t) {
-    free(t->hseqs);
     free(t->q);
     free(t->seqs);
     free(t->rs);
@@ -732,10 +727,9 @@ static void ring_blame_stage(void *user, int stage, const char *msg) {
 }
 
 /* Remembers a checked traversal for audits (what was sent, and every stage's signed hashes), forgetting
- * the oldest beyond audit_keep. Takes t's hseqs and q. */
+ * the oldest beyond audit_keep. Takes t's seqs and q. */
 static void ring_hist_add(ring_coord *rc, struct ring_trav *t) {
     int keep = rc->o.audit_keep > 0 ? rc->o.audit_keep : 4096;
-    if (!t->hseqs) return;
     if (!rc->hist) {
         rc->hist = calloc((size_t)keep, sizeof *rc->hist);
         if (!rc->hist) return;
@@ -749,9 +743,9 @@ static void ring_hist_add(ring_coord *rc, struct ring_trav *t) {
         rc->n_hist--;
     }
     r = &rc->hist[(rc->hist_head + rc->n_hist) % rc->cap_hist];
-    *r = (struct ring_hist){.step_id = t->step_id, .n_seqs = t->n_seqs, .seqs = t->hseqs, .q = t->q, .q_len = t->q_len,
+    *r = (struct ring_hist){.step_id = t->step_id, .n_seqs = t->n_seqs, .seqs = t->seqs, .q = t->q, .q_len = t->q_len,
                             .hash = malloc((size_t)rc->plan.n_stages * sizeof *r->hash)};
-    t->hseqs = NULL;
+    t->seqs = NULL;
     t->q = NULL;
     if (!r->hash) {
         free(r->seqs), free(r->q);
@@ -783,7 +777,7 @@ static void ring_hist_free(ring_coord *rc) {
 static void ring_trav_check(ring_coord *rc, struct ring_trav *t) {
     if (!t->have_result || t->n_got < rc->plan.n_stages) return;
     rcpt_seq sorted[RF_MAX_SEQS];
-    memcpy(sorted, t->seqs, t->n_seqs * sizeof *sorted);
+    for (uint32_t i = 0; i < t->n_seqs; i++) sorted[i] = (rcpt_seq){t->seqs[i].seq_id, t->seqs[i].pos, t->seqs[i].n_tokens};
     for (uint32_t i = 1; i < t->n_seqs; i++) { /* the receipts' canonical order */
         for (uint32_t j = i; j > 0 && sorted[j - 1].seq_id > sorted[j].seq_id; j--) {
             rcpt_seq x = sorted[j];

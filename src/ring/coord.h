@@ -103,10 +103,9 @@ typedef struct ring_coord {
         uint64_t step_id;
         uint8_t nonce[32], first_in[32], last_out[32];
         bool have_result;
-        rcpt_seq *seqs;
+        rf_seq *seqs;     /* the frame's sequence entries (what the receipts must list; kept for audits) */
         uint32_t n_seqs;
-        rf_seq *hseqs;    /* the frame's sequence entries, and its drafts' distributions: kept for audits */
-        uint8_t *q;
+        uint8_t *q;       /* its drafts' distributions, kept for audits (or NULL) */
         size_t q_len;
         rcpt_receipt *rs; /* [n_stages], by the stage of the node that sent it */
         bool *got;

@@ -524,47 +524,6 @@ static const struct node_audit_rec *node_alog_find(const node *n, uint64_t ring_
     return NULL;
 }
 
-/* AUDIT_REQ: u32 n | n x u64 step id -> AUDIT_DATA (frame.h). */
-static void node_audit(node *n, const zs_parts *p, const rf_header *h) {
-    uint32_t cnt = 0;
-    if (p->len[2] >= 4) memcpy(&cnt, p->data[2], 4);
-    if (p->len[2] < 4 || cnt > 65536 || p->len[2] != 4 + (size_t)cnt * 8) {
-        node_error(n, h->step_id, "AUDIT_REQ of %zu bytes is malformed", p->len[2]);
-        return;
-    }
-    const uint8_t *ids = (const uint8_t *)p->data[2] + 4;
-    size_t len = 4;
-    for (uint32_t i = 0; i < cnt; i++) {
-        uint64_t step;
-        memcpy(&step, ids + i * 8, 8);
-        const struct node_audit_rec *r = node_alog_find(n, h->ring_id, step);
-        len += 25 + (r ? r->in_len + r->out_len : 0);
-    }
-    uint8_t *buf = malloc(len), *w = buf;
-    if (!buf) {
-        node_error(n, h->step_id, "out of memory for AUDIT_DATA (%zu bytes)", len);
-        return;
-    }
-    memcpy(w, &cnt, 4);
-    w += 4;
-    for (uint32_t i = 0; i < cnt; i++) {
-        uint64_t step, il = 0, ol = 0;
-        memcpy(&step, ids + i * 8, 8);
-        const struct node_audit_rec *r = node_alog_find(n, h->ring_id, step);
-        uint8_t kept = r != NULL;
-        if (r) il = r->in_len, ol = r->out_len;
-        memcpy(w, &step, 8), memcpy(w + 8, &kept, 1), memcpy(w + 9, &il, 8), memcpy(w + 17, &ol, 8);
-        w += 25;
-        if (r) {
-            memcpy(w, r->in, il);
-            memcpy(w + il, r->out, ol);
-            w += il + ol;
-        }
-    }
-    node_reply(n, RF_AUDIT_DATA, h->step_id, buf, len);
-    free(buf);
-}
-
 #ifdef RINGLM_ADVERSARY
 /* ---- test builds only: a node that lies (tests/t_trust.sh) --------------------------------------- */
 
@@ -633,6 +592,51 @@ static void node_adv_replay(node *n, const uint8_t **packed, size_t *len) {
     if (node_adv_is(n, "replay")) *packed = n->adv_old, *len = n->adv_old_len;
 }
 #endif
+
+/* AUDIT_REQ: u32 n | n x u64 step id -> AUDIT_DATA (frame.h). */
+static void node_audit(node *n, const zs_parts *p, const rf_header *h) {
+    uint32_t cnt = 0;
+    if (p->len[2] >= 4) memcpy(&cnt, p->data[2], 4);
+    if (p->len[2] < 4 || cnt > 65536 || p->len[2] != 4 + (size_t)cnt * 8) {
+        node_error(n, h->step_id, "AUDIT_REQ of %zu bytes is malformed", p->len[2]);
+        return;
+    }
+    const uint8_t *ids = (const uint8_t *)p->data[2] + 4;
+    size_t len = 4;
+    for (uint32_t i = 0; i < cnt; i++) {
+        uint64_t step;
+        memcpy(&step, ids + i * 8, 8);
+        const struct node_audit_rec *r = node_alog_find(n, h->ring_id, step);
+        len += 25 + (r ? r->in_len + r->out_len : 0);
+    }
+    uint8_t *buf = malloc(len), *w = buf;
+    if (!buf) {
+        node_error(n, h->step_id, "out of memory for AUDIT_DATA (%zu bytes)", len);
+        return;
+    }
+    memcpy(w, &cnt, 4);
+    w += 4;
+    for (uint32_t i = 0; i < cnt; i++) {
+        uint64_t step, il = 0, ol = 0;
+        memcpy(&step, ids + i * 8, 8);
+        const struct node_audit_rec *r = node_alog_find(n, h->ring_id, step);
+        uint8_t kept = r != NULL;
+        if (r) il = r->in_len, ol = r->out_len;
+        memcpy(w, &step, 8), memcpy(w + 8, &kept, 1), memcpy(w + 9, &il, 8), memcpy(w + 17, &ol, 8);
+        w += 25;
+        if (r) {
+            memcpy(w, r->in, il);
+            memcpy(w + il, r->out, ol);
+#ifdef RINGLM_ADVERSARY
+            if (ol && node_adv_is(n, "auditlie")) w[il + ol - 1] ^= 1; /* hands the auditor other bytes */
+#endif
+            w += il + ol;
+        }
+    }
+    node_reply(n, RF_AUDIT_DATA, h->step_id, buf, len);
+    free(buf);
+}
+
 
 /* Signs this stage's receipt for one traversal and sends it to the coordinator (out of band). */
 static void node_send_receipt(node *n, const rf_header *h, const uint8_t nonce[32], const void *in, size_t in_len,

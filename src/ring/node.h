@@ -29,7 +29,7 @@ typedef struct node_opts {
     bool verbose;
     size_t audit_keep_bytes; /* frames kept for audits (0 = 256 MiB) */
     /* Test builds only (make adversary, -DRINGLM_ADVERSARY): how this node lies, "MODE[@N]" (from its
-     * N-th FORWARD on). skip | perturb | replay | wrongkey | claim - see tests/t_trust.sh. Ignored otherwise. */
+     * N-th FORWARD on). skip | perturb | replay | wrongkey | claim | auditlie - see tests/t_trust.sh. Ignored otherwise. */
     const char *misbehave;
 } node_opts;
 

@@ -901,6 +901,17 @@ static void http_label(http_buf *b, const char *s) {
     }
 }
 
+/* The start of one node's series: NAME{node="..."[,addr="..."] - the caller adds more labels, "}" and the value. */
+static void http_node_series(http_buf *b, const char *name, const sch_node_stat *n, bool with_addr) {
+    hb_printf(b, "%s{node=\"", name);
+    http_label(b, n->name);
+    if (with_addr) {
+        hb_add(b, "\",addr=\"", 8);
+        http_label(b, n->addr);
+    }
+    hb_add(b, "\"", 1);
+}
+
 static void http_family(http_buf *b, const char *name, const char *type, const char *help) {
     hb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
@@ -978,31 +989,23 @@ static enum MHD_Result http_metrics(http_conn *hc, struct MHD_Connection *c) {
     hb_printf(&b, "ringlm_nodes_down %d\n", m.n_nodes - up);
     http_family(&b, "ringlm_node_up", "gauge", "1 when the node answers, by node.");
     for (int i = 0; i < m.n_nodes; i++) {
-        hb_add(&b, "ringlm_node_up{node=\"", 21);
-        http_label(&b, m.nodes[i].name);
-        hb_add(&b, "\",addr=\"", 8);
-        http_label(&b, m.nodes[i].addr);
-        hb_printf(&b, "\",stage=\"%d\",layers=\"%u-%u\"} %d\n", i, m.nodes[i].layer_a, m.nodes[i].layer_b, m.nodes[i].up);
+        http_node_series(&b, "ringlm_node_up", &m.nodes[i], true);
+        hb_printf(&b, ",stage=\"%d\",layers=\"%u-%u\"} %d\n", i, m.nodes[i].layer_a, m.nodes[i].layer_b, m.nodes[i].up);
     }
     http_family(&b, "ringlm_node_faulty", "gauge", "1 when the node was caught lying (receipts or an audit) and left out.");
     for (int i = 0; i < m.n_nodes; i++) {
-        hb_add(&b, "ringlm_node_faulty{node=\"", 25);
-        http_label(&b, m.nodes[i].name);
-        hb_add(&b, "\",addr=\"", 8);
-        http_label(&b, m.nodes[i].addr);
-        hb_printf(&b, "\"} %d\n", m.nodes[i].faulty);
+        http_node_series(&b, "ringlm_node_faulty", &m.nodes[i], true);
+        hb_printf(&b, "} %d\n", m.nodes[i].faulty);
     }
     http_family(&b, "ringlm_audits_total", "counter", "Audits of each node (a sequence's frames recomputed).");
     for (int i = 0; i < m.n_nodes; i++) {
-        hb_add(&b, "ringlm_audits_total{node=\"", 26);
-        http_label(&b, m.nodes[i].name);
-        hb_printf(&b, "\"} %llu\n", (unsigned long long)m.nodes[i].audits);
+        http_node_series(&b, "ringlm_audits_total", &m.nodes[i], false);
+        hb_printf(&b, "} %llu\n", (unsigned long long)m.nodes[i].audits);
     }
     http_family(&b, "ringlm_audit_seconds_total", "counter", "Seconds the coordinator spent auditing each node.");
     for (int i = 0; i < m.n_nodes; i++) {
-        hb_add(&b, "ringlm_audit_seconds_total{node=\"", 33);
-        http_label(&b, m.nodes[i].name);
-        hb_printf(&b, "\"} %.6f\n", m.nodes[i].audit_s);
+        http_node_series(&b, "ringlm_audit_seconds_total", &m.nodes[i], false);
+        hb_printf(&b, "} %.6f\n", m.nodes[i].audit_s);
     }
     http_family(&b, "ringlm_stage_compute_seconds_total", "counter", "Seconds each stage spent computing.");
     for (int i = 0; i < m.n_nodes; i++) {
