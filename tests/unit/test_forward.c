@@ -203,8 +203,9 @@ static void test_pooled(fx *f, const char *cfg_name, const char *type, const int
     for (int i = 0; i < 5; i++) k3_state_free(&sep[i]);
 }
 
-/* strict: check the chunked / multi-sequence / snapshot invariants to 1e-4. They hold for f32 weights and
- * (here, exactly) for q8_0. With k-quants, activations are requantized to q8_K before every matmul, so a
+/* strict: check the chunked / multi-sequence / snapshot invariants to 1e-4. They hold for f32 weights. With
+ * quantized weights (q8_0 on AVX2 builds, where a one-row matmul takes another kernel than a batch; every
+ * k-quant), activations are requantized to q8_K before every matmul, so a
  * one-ulp difference from a different attention tiling (a 7-token chunk vs a 40-token batch) can cross a
  * rounding boundary and then flip an expert choice: the random-weight model diverges from that token on.
  * llama.cpp's own batch and step modes show the same effect on such files (docs/numerics.md). For those
@@ -403,6 +404,42 @@ cut:
         CHECK(ok && memcmp(ref, o2.logits, (size_t)N * V * sizeof(float)) == 0,
               "%s/%s: [0,%u) + [%u,%u) through the wire == [0,%u) bit for bit (%u checkpoints cross)", cfg_name, type, k,
               k, L, L, k3_n_banked_before(hp, k));
+        /* DSpark taps: the whole model's stream entering layer k == the boundary's h at the cut k; a tap at
+         * a stage's own start is its input, and one outside the range is refused. */
+        {
+            k3_state s3;
+            k3_state_init(&s3, hp, 0, L, 64, &err);
+            k3_state *p3 = &s3;
+            uint32_t tl[3] = {k, 0, L};
+            k3_batch b3 = {.n_seqs = 1, .seqs = &p3, .n_tokens = &nt, .tokens = tok, .n_taps = 3, .tap_layers = tl};
+            k3_output o3;
+            int tok3 = k3_forward(&f.e, &b3, &o3, &err) == 0;
+            size_t rowb = (size_t)N * hp->n_embd * sizeof(float);
+            CHECK(tok3 && memcmp(o3.taps, o1.out.h, rowb) == 0, "%s/%s: tap at layer %u == the boundary h at cut %u, bit for bit",
+                  cfg_name, type, k, k);
+            if (k == 1) {
+                k3_state s4;
+                k3_state_init(&s4, hp, k, L, 64, &err);
+                k3_state *p4 = &s4;
+                uint32_t t4[1] = {k};
+                k3_batch b4 = {.n_seqs = 1, .seqs = &p4, .n_tokens = &nt, .in = &in, .n_taps = 1, .tap_layers = t4};
+                k3_output o4;
+                int ok4 = k3_forward(&e2, &b4, &o4, &err) == 0;
+                CHECK(ok4 && memcmp(o4.taps, in.h, rowb) == 0, "%s/%s: a tap at a stage's first layer is its input h", cfg_name, type);
+                if (ok4) k3_output_free(&o4);
+                k3_state s5;
+                k3_state_init(&s5, hp, 0, k, 64, &err);
+                k3_state *p5 = &s5;
+                t4[0] = L;
+                CHECK(k3_forward(&e1, &(k3_batch){.n_seqs = 1, .seqs = &p5, .n_tokens = &nt, .tokens = tok, .n_taps = 1,
+                                                   .tap_layers = t4}, &o4, &err) != 0 && strstr(err.msg, "outside"),
+                      "a tap outside the stage's range is refused: %s", err.msg);
+                k3_state_free(&s4);
+                k3_state_free(&s5);
+            }
+            if (tok3) k3_output_free(&o3);
+            k3_state_free(&s3);
+        }
         /* Bad boundary input is refused. */
         if (k == 1) {
             k3_boundary bad;
@@ -455,7 +492,7 @@ int main(void) {
     char dir[] = "/tmp/ringlm-fwd-XXXXXX";
     if (!mkdtemp(dir)) return 1;
     test_model("tiny", "f32", dir, 1);
-    test_model("tiny", "q8_0", dir, 1);
+    test_model("tiny", "q8_0", dir, 0);
     test_model("small", "f32", dir, 1);
     test_model("small", "q4_K", dir, 0);
     rmdir(dir);
