@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Speculative decoding through the ring: for 20 prompts, each drafter (n-gram; a draft model that agrees
-# often: the target's own q8_0 copy) and rings of 1 and 3 nodes, greedy output equals plain greedy
-# decoding on one machine. Also: metrics keys, and the draft model must share the vocabulary.
+# often: the target's own q8_0 copy; a DSpark draft, fed the target's taps by the stages that hold them)
+# and rings of 1 and 3 nodes, greedy output equals plain greedy decoding on one machine. Also: metrics keys,
+# DSpark taps through the ring equal the taps on one machine, and bad drafts are refused with a message.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/ring_lib.sh"
 
 mkdir -p "$RING/models"
 target=$(model full-f32 k3-full f32)
 self8=$(model full-q8_0 k3-full q8_0)
+"$RINGLM" synth --no-progress --config "$ROOT/tests/configs/k3-full.json" --draft dspark -o "$WORK/dspark.gguf" --seed 5
 ln -sf "$target" "$RING/models/target.gguf"
 ring_keys 3
 for i in 1 2 3; do ring_start $i "$RING/models" || exit 1; done
@@ -21,8 +23,8 @@ prompt() { # 24 ids whose second half repeats part of the first, so prompt looku
         for (i = 0; i < 24; i++) printf "%s%d", (i ? "," : ""), t[i] }'
 }
 
-for d in ngram "$self8"; do
-    name=$([ "$d" = ngram ] && echo n-gram || echo "q8_0 self-draft")
+for d in ngram "$self8" "dspark:$WORK/dspark.gguf"; do
+    case $d in ngram) name=n-gram ;; dspark:*) name=DSpark ;; *) name="q8_0 self-draft" ;; esac
     for n in 1 3; do
         same=0
         for pr in $(seq 20); do
@@ -49,6 +51,24 @@ for k in acceptance_rate tokens_per_traversal draft_s verify_s; do
 done
 check "a partly accepting draft was exercised (0 < acceptance < 1)" \
     awk -F'[:,]' '/acceptance_rate/ { v = $2 + 0 } END { exit !(v > 0 && v < 1) }' "$WORK/m.json"
+# DSpark drafts depend on every tap: the same drafts (so the same acceptance and traversal count) on one
+# machine, through 1 node, and through 3 nodes whose stages each send some of the taps.
+for where in local 1 3; do
+    ra=(); [ $where = local ] || ra=(--ring "$WORK/ring$where.conf" "${K[@]}")
+    "$RINGLM" run -m "$target" --tokens "$(prompt 7)" -n 40 --temp 0 --ignore-eos --ids --draft "dspark:$WORK/dspark.gguf" \
+        --draft-fixed "${ra[@]}" --metrics-json "$WORK/ds-$where.json" >/dev/null 2>"$WORK/err" || cat "$WORK/err"
+    grep -o '"\(drafted\|accepted\|traversals\|draft_digest\)":[^,}]*' "$WORK/ds-$where.json" | head -4 | tr -d ' \t' | tr '\n' ' ' \
+        >"$WORK/ds-$where.sum"
+done
+check "DSpark drafts the same on one machine and through 1- and 3-node rings ($(cat "$WORK/ds-local.sum"))" \
+    bash -c "[ -s '$WORK/ds-local.sum' ] && cmp -s '$WORK/ds-local.sum' '$WORK/ds-1.sum' && cmp -s '$WORK/ds-local.sum' '$WORK/ds-3.sum'"
+"$RINGLM" synth --no-progress --config small --draft dspark -o "$WORK/other-ds.gguf"
+check_fails "a DSpark draft for another target is refused" "differs from the target" \
+    "$RINGLM" run -m "$target" -p hi -n 4 --draft "dspark:$WORK/other-ds.gguf"
+check_fails "a plain model given as a DSpark draft is refused" "dflash" \
+    "$RINGLM" run -m "$target" -p hi -n 4 --draft "dspark:$self8"
+check_fails "a DSpark draft given as a plain draft model is refused with a hint" "dspark:" \
+    "$RINGLM" run -m "$target" -p hi -n 4 --draft "$WORK/dspark.gguf"
 "$RINGLM" synth --no-progress --config '{"base":"tiny","n_vocab":2048}' -o "$WORK/other.gguf" 2>/dev/null ||
     "$RINGLM" synth --no-progress --config small --draft k3 -o "$WORK/other.gguf"
 check_fails "a draft model with another vocabulary is refused" "vocabulary" \

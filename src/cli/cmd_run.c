@@ -20,7 +20,8 @@ static void run_usage(FILE *f) {
             "                  [--presence-penalty P] [--frequency-penalty F] [--seed S] [--threads N]\n"
             "                  [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
             "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16]]\n"
-            "                  [--draft none|ngram|DRAFT.gguf [--draft-n K] [--draft-fixed]] [--receipts FILE]\n"
+            "                  [--draft none|ngram|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-fixed]\n"
+            "                  [--draft-p-min P]] [--receipts FILE]\n"
             "                  [--audit-rate R [--audit-seed S] [--audit-tol T]]\n\n"
             "Streams the generated text to stdout, then prints one metrics line on stderr.\n"
             "  -n N          tokens to generate (default 128; -1 = until the context is full)\n"
@@ -29,8 +30,10 @@ static void run_usage(FILE *f) {
             "  --ids         print the generated token ids (comma-separated) instead of text\n"
             "  --ring FILE   run across the nodes in FILE (\"HOST:PORT PUBKEY_HEX [mem=GB]\" per line) as the\n"
             "                coordinator with identity --key; prints the plan and per-stage timings\n"
-            "  --draft D     speculative decoding: ngram (prompt lookup) or a small draft model sharing the\n"
-            "                vocabulary; up to --draft-n tokens (default 7) verified per target pass\n"
+            "  --draft D     speculative decoding: ngram (prompt lookup), a small draft model sharing the\n"
+            "                vocabulary, or dspark:FILE (a DSpark draft: a block per pass from the target's hidden\n"
+            "                states); up to --draft-n tokens (default 7) verified per target pass; --draft-p-min P\n"
+            "                stops a DSpark block at the first token its confidence head rates below P\n"
             "  --receipts F  (ring) every stage signs a receipt per traversal; each traversal is checked as it\n"
             "                returns and its receipts are written to F as JSON lines (ringlm receipts verify)\n"
             "  --audit-rate R  (ring) audit each finished sequence with probability R (0..1; receipts on): this\n"
@@ -63,6 +66,11 @@ static int run_write_metrics(const char *path, const gen_metrics *m, cJSON *ring
         cJSON_AddNumberToObject(j, "draft_s", sm->draft_s);
         cJSON_AddNumberToObject(j, "verify_s", sm->verify_s);
         cJSON_AddNumberToObject(j, "traversals", (double)sm->traversals);
+        cJSON_AddNumberToObject(j, "drafted", (double)sm->drafted);
+        cJSON_AddNumberToObject(j, "accepted", (double)sm->accepted);
+        char dg[17];
+        snprintf(dg, sizeof dg, "%016llx", (unsigned long long)sm->draft_digest);
+        cJSON_AddStringToObject(j, "draft_digest", dg);
     }
     if (ring) cJSON_AddItemToObject(j, "ring", ring);
     cJSON_AddNumberToObject(j, "prompt_tokens", m->prompt_tokens);
@@ -120,6 +128,7 @@ int cmd_run(int argc, char **argv) {
     const char *ring_path = NULL, *key_path = NULL, *wire = "f32", *draft = NULL;
     cli_trust trust = {0};
     int draft_n = 7;
+    float draft_p_min = 0;
     bool draft_fixed = false;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), ctx = 4096, chunk = 512;
     bool chat = false, ids = false, progress = isatty(2);
@@ -167,6 +176,8 @@ int cmd_run(int argc, char **argv) {
         } else if (strcmp(a, "--draft") == 0) {
             draft = v;
         } else if (cli_parse_trust(a, v, &trust, &bad)) {
+        } else if (strcmp(a, "--draft-p-min") == 0) {
+            bad = parse_float(v, &draft_p_min) || draft_p_min < 0 || draft_p_min > 1;
         } else if (strcmp(a, "--draft-n") == 0) {
             bad = cli_parse_int(v, &draft_n) || draft_n < 1 || draft_n > SPEC_MAX_DRAFT;
         } else if (strcmp(a, "--key") == 0) {
@@ -283,7 +294,8 @@ int cmd_run(int argc, char **argv) {
     bool spec = draft && strcmp(draft, "none") != 0;
     spec_drafter drafter;
     memset(&drafter, 0, sizeof drafter);
-    if (spec && spec_drafter_open(&drafter, draft, hp.n_vocab, (uint32_t)ctx, threads, &gp.smp, &err) != 0) goto out;
+    if (spec && spec_drafter_open(&drafter, draft, &m, &hp, (uint32_t)ctx, threads, &gp.smp, &err) != 0) goto out;
+    drafter.min_conf = draft_p_min;
     spec_params spp = {.k_max = draft_n, .adaptive = !draft_fixed};
     if (spec && !ring_path) {
         if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, threads, &err) != 0) {
@@ -316,6 +328,9 @@ int cmd_run(int argc, char **argv) {
             ro_.receipts = true;
             ro_.receipts_out = rf;
         }
+        const uint32_t *taps;
+        ro_.n_taps = spec ? spec_drafter_taps(&drafter, &taps) : 0;
+        if (ro_.n_taps > 0) memcpy(ro_.taps, taps, (size_t)ro_.n_taps * sizeof *taps);
         ro_.audit_rate = trust.audit_rate;
         ro_.audit_seed = trust.audit_seed;
         ro_.audit_tol = trust.audit_tol;

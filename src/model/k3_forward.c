@@ -50,6 +50,7 @@ void k3_engine_free(k3_engine *e) {
 void k3_output_free(k3_output *o) {
     k3_boundary_free(&o->out);
     free(o->logits);
+    free(o->taps);
     memset(o, 0, sizeof *o);
 }
 
@@ -478,6 +479,12 @@ static int k3_check_batch(const k3_engine *e, const k3_batch *bt, int64_t *T, rl
                            bt->in->n_ckpt, (long long)*T, k3_n_banked_before(&e->hp, e->a));
         }
     }
+    if (bt->n_taps < 0 || bt->n_taps > 16) return rl_errf(err, "%d taps (at most 16)", bt->n_taps);
+    for (int k = 0; k < bt->n_taps; k++) {
+        if (bt->tap_layers[k] < e->a || bt->tap_layers[k] > e->b) {
+            return rl_errf(err, "tap at layer %u is outside this range [%u, %u]", bt->tap_layers[k], e->a, e->b);
+        }
+    }
     if (e->b == e->hp.n_layer) {
         if (bt->n_logits < 0 || bt->n_logits > *T) return rl_errf(err, "%d logit rows for %lld tokens", bt->n_logits, (long long)*T);
         for (int i = 0; i < bt->n_logits; i++) {
@@ -588,7 +595,16 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
         }
     }
 
-    for (uint32_t il = e->a; il < e->b; il++) {
+    /* Taps: the stream entering a layer is h at the top of its iteration (or after the last one). */
+    struct ggml_tensor *tap_t[16] = {0};
+    for (uint32_t il = e->a; il <= e->b; il++) {
+        for (int k = 0; k < bt->n_taps; k++) {
+            if (bt->tap_layers[k] != il) continue;
+            tap_t[k] = h->view_src || !ggml_is_contiguous(h) ? ggml_cont(c, h) : h; /* read back: no view */
+            ggml_set_output(tap_t[k]);
+            ggml_build_forward_expand(g.gf, tap_t[k]);
+        }
+        if (il == e->b) break;
         const k3_layer_w *L = &e->w.layers[il - e->a];
         const int rel = (int)(il - e->a);
         /* Mixer half: mix over the bank, bank the RAW stream at checkpoint layers, restart from the output. */
@@ -716,6 +732,15 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
             goto done;
         }
         ggml_backend_tensor_get(logits, out->logits, 0, ggml_nbytes(logits));
+    }
+    if (bt->n_taps > 0) {
+        size_t row = (size_t)T * (size_t)d;
+        out->taps = malloc((size_t)bt->n_taps * row * sizeof(float));
+        if (!out->taps) {
+            rc = rl_errf(err, "out of memory for taps");
+            goto done;
+        }
+        for (int k = 0; k < bt->n_taps; k++) ggml_backend_tensor_get(tap_t[k], out->taps + k * row, 0, row * sizeof(float));
     }
     if (out_h) {
         uint32_t n_ckpt = out_stack ? (uint32_t)out_stack->ne[1] : 0;

@@ -47,12 +47,15 @@ typedef struct k3_batch {
                                    * to any position inside this batch's tokens (speculative verification) */
     int n_logits;             /* b == n_layer: how many rows need logits */
     const int32_t *logit_rows;/* their indices in the batch (0 .. total-1) */
+    int n_taps;               /* stream taps for a DSpark draft (spec §10.1.3): the stream h entering each */
+    const uint32_t *tap_layers; /* listed layer, every token of the batch; ids in [a, b] (b: leaving it) */
 } k3_batch;
 
 typedef struct k3_output {
     k3_boundary out; /* b < n_layer: boundary entering layer b (allocated here) */
     float *logits;   /* b == n_layer: n_logits rows of n_vocab (malloc'ed here) */
     int n_logits;
+    float *taps;     /* n_taps > 0: [tap][token][n_embd], in tap_layers order (malloc'ed here) */
 } k3_output;
 
 /* Runs the batch, advances every sequence's position. On error no state has advanced ... unless the

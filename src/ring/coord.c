@@ -25,6 +25,7 @@
 
 static void ring_take_receipt(ring_coord *rc, int from, const zs_parts *p, const rf_header *h);
 static void ring_trav_drop(ring_coord *rc, struct ring_trav *t);
+static void ring_take_taps(ring_coord *rc, int from, const zs_parts *p, const rf_header *h);
 static struct ring_trav *ring_trav_find(ring_coord *rc, uint64_t step);
 static void ring_hist_free(ring_coord *rc);
 static double ring_audit_draw(ring_coord *rc);
@@ -184,6 +185,7 @@ static int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const
                     return 0;
                 }
                 if (h->type == RF_RECEIPT && rc->o.receipts) ring_take_receipt(rc, i, &p, h);
+                if (h->type == RF_TAPS) ring_take_taps(rc, i, &p, h);
                 zs_parts_free(&p); /* PONGs and late answers */
             }
         }
@@ -506,6 +508,10 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
         cJSON_AddNumberToObject(j, "n_stages", rc->plan.n_stages);
         cJSON_AddNumberToObject(j, "n_ctx", o->n_ctx);
         cJSON_AddStringToObject(j, "wire", o->wire == 1 ? "f16" : o->wire == 2 ? "bf16" : "f32");
+        if (o->n_taps > 0) {
+            cJSON *ta = cJSON_AddArrayToObject(j, "taps");
+            for (int k = 0; k < o->n_taps; k++) cJSON_AddItemToArray(ta, cJSON_CreateNumber(o->taps[k]));
+        }
         if (s > 0) cJSON_AddStringToObject(j, "upstream", conf->nodes[rc->plan.stages[s - 1].node].key.pk_hex);
         if (s + 1 < rc->plan.n_stages) {
             const ring_node_conf *nx = &conf->nodes[rc->plan.stages[s + 1].node];
@@ -545,6 +551,7 @@ void ring_close(ring_coord *rc) {
     /* Results that arrived but were never collected (a step abandoned on failure) own their buffers. */
     for (int i = 0; i < rc->n_pending; i++) {
         if (rc->pending[i].done) zs_parts_free(&rc->pending[i].parts);
+        free(rc->pending[i].taps);
     }
     rc->n_pending = 0;
     for (int i = 0; i < rc->conf.n; i++) {
@@ -564,6 +571,43 @@ static struct ring_pending *ring_find_pending(ring_coord *rc, uint64_t step) {
         if (rc->pending[i].step_id == step) return &rc->pending[i];
     }
     return NULL;
+}
+
+/* How many of the ring's tap layers stage s holds (a < layer <= b, like stage_set_taps). */
+static int ring_stage_taps(const ring_coord *rc, int s) {
+    int n = 0;
+    for (int k = 0; k < rc->o.n_taps; k++) n += rc->o.taps[k] > rc->plan.stages[s].a && rc->o.taps[k] <= rc->plan.stages[s].b;
+    return n;
+}
+
+/* A TAPS message (frame.h): this node's rows of a step in flight, checked against what its stage holds.
+ * A malformed or unexpected one is dropped: taps only steer drafts, the step never waits on a bad one
+ * past its timeout (which names the node). */
+static void ring_take_taps(ring_coord *rc, int from, const zs_parts *p, const rf_header *h) {
+    struct ring_pending *pd = ring_find_pending(rc, h->step_id);
+    int s = -1;
+    for (int i = 0; i < rc->plan.n_stages; i++) s = rc->plan.stages[i].node == from ? i : s;
+    if (!pd || !pd->taps || s < 0 || p->n < 2) return;
+    const uint8_t *b = p->data[1];
+    size_t len = p->len[1];
+    uint32_t nt, nr;
+    const size_t d = rc->hp.n_embd;
+    if (len < 4 || (memcpy(&nt, b, 4), nt != (uint32_t)ring_stage_taps(rc, s)) || len < 8 + 4 * (size_t)nt) return;
+    memcpy(&nr, b + 4 + 4 * (size_t)nt, 4);
+    if (nr != pd->tap_rows || len != 8 + 4 * (size_t)nt + (size_t)nt * nr * d * sizeof(float)) return;
+    const float *rows = (const float *)(b + 8 + 4 * (size_t)nt); /* zmq message data is malloc-aligned */
+    for (uint32_t t = 0; t < nt; t++) {
+        uint32_t layer;
+        memcpy(&layer, b + 4 + 4 * (size_t)t, 4);
+        if (layer <= rc->plan.stages[s].a || layer > rc->plan.stages[s].b) return;
+        for (int k = 0; k < rc->o.n_taps; k++) {
+            if (rc->o.taps[k] != layer) continue;
+            for (uint32_t r = 0; r < nr; r++) {
+                memcpy(pd->taps + ((size_t)r * rc->o.n_taps + k) * d, rows + ((size_t)t * nr + r) * d, d * sizeof(float));
+            }
+        }
+    }
+    pd->taps_got++;
 }
 
 int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *step_id, rl_err *err) {
@@ -643,6 +687,16 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
     pd->step_id = h->step_id;
     pd->t_send_real = rf_now();
     pd->t_send_mono = gen_mono();
+    for (int i = 0; rc->o.n_taps > 0 && i < n_reqs; i++) pd->tap_rows += (reqs[i].flags & RF_SEQ_TAPS) ? reqs[i].n : 0;
+    if (pd->tap_rows > 0) {
+        pd->taps = calloc((size_t)pd->tap_rows * (size_t)rc->o.n_taps * rc->hp.n_embd, sizeof(float));
+        if (!pd->taps) {
+            free(toks);
+            free(h);
+            return rl_errf(err, "out of memory for taps");
+        }
+        for (int s = 0; s < rc->plan.n_stages; s++) pd->taps_need += ring_stage_taps(rc, s) > 0;
+    }
     /* The drafts' distributions, if any sequence carries them, ride in a 4th part to the last stage. */
     size_t qlen = 0;
     for (int i = 0; i < n_reqs; i++) qlen += (reqs[i].flags & RF_SEQ_HAS_Q) ? reqs[i].q_len : 0;
@@ -666,6 +720,9 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
     if (r == 0) {
         rc->n_pending++;
         *step_id = h->step_id;
+    } else {
+        free(pd->taps);
+        pd->taps = NULL;
     }
     free(h);
     return r;
@@ -1082,6 +1139,15 @@ int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_req
         rc->traversals++;
         ring_account(rc, &p, other, rf_now());
     }
+    while (pd->taps_got < pd->taps_need) { /* the taps of stages that have not sent theirs yet */
+        zs_parts p;
+        if (ring_wait(rc, RF_TAPS, -1, rc->o.step_s, watch, &from, &p, rh, err) != 0) {
+            free(rh);
+            return rl_err_prefix(err, "waiting for DSpark taps");
+        }
+        ring_take_taps(rc, from, &p, rh);
+        zs_parts_free(&p);
+    }
     free(rh);
     zs_parts *p = &pd->parts;
     int rc_ = 0;
@@ -1119,6 +1185,17 @@ int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_req
             memcpy(reqs[i].committed, pl + lo, (size_t)reqs[i].token * 4);
             lo += (size_t)reqs[i].token * 4;
         }
+        size_t row = (size_t)rc->o.n_taps * rc->hp.n_embd, r0 = 0;
+        for (int i = 0; pd->taps && i < n_reqs; i++) { /* each flagged sequence's tap rows */
+            if (!(reqs[i].flags & RF_SEQ_TAPS)) continue;
+            reqs[i].taps = malloc((size_t)reqs[i].n * row * sizeof(float));
+            if (!reqs[i].taps) {
+                rc_ = rl_errf(err, "out of memory for taps");
+                break;
+            }
+            memcpy(reqs[i].taps, pd->taps + r0 * row, (size_t)reqs[i].n * row * sizeof(float));
+            r0 += reqs[i].n;
+        }
     }
     free(h2);
     if (rc_ == 0 && rc->o.receipts) {
@@ -1131,6 +1208,7 @@ int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_req
         if (rc->rcpt_failed) rc_ = rl_errf(err, "%s", rc->rcpt_error);
     }
     zs_parts_free(p);
+    free(pd->taps);
     *pd = rc->pending[--rc->n_pending]; /* unordered removal */
     return rc_;
 }

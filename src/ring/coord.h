@@ -56,6 +56,8 @@ typedef struct ring_opts {
     int audit_keep;       /* traversals remembered for audits (0 = 4096) */
     int audit_threads;    /* threads of the auditing engine (0 = 1) */
     const bool *exclude;  /* per ring.conf node (or NULL): leave it out of the plan (a node found faulty) */
+    int n_taps;           /* DSpark: the target layers whose input stream the stages holding them send back */
+    uint32_t taps[16];    /* for RF_SEQ_TAPS sequences (out of band, frame.h TAPS) */
     /* Called with every traversal's receipts once they are checked (receipts on; may be NULL). */
     void (*on_receipts)(void *user, const rcpt_receipt *rs, int n_stages);
     void *on_receipts_user;
@@ -120,6 +122,9 @@ typedef struct ring_coord {
         double t_send_real, t_send_mono;
         bool done;
         zs_parts parts;
+        float *taps;           /* RF_SEQ_TAPS rows of the frame, [row][tap][n_embd], as they arrive */
+        uint32_t tap_rows;
+        int taps_need, taps_got; /* TAPS messages expected (stages holding tap layers) and received */
     } pending[64];
     int n_pending;
     double traversal_s;
@@ -169,6 +174,8 @@ typedef struct ring_seq_req {
     const void *q;  /* RF_SEQ_HAS_Q: this sequence's share of the q part */
     size_t q_len;
     int32_t committed[32]; /* out, RF_SEQ_VERIFY: accepted drafts + correction (token = count) */
+    float *taps;    /* out, RF_SEQ_TAPS: n rows of o.n_taps * n_embd floats, token-major (malloc'ed; the caller frees
+                     * it, also after a failed collect: set it to NULL before) */
 } ring_seq_req;
 
 /* Sampling parameters for the wire (the last stage samples). */

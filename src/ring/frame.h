@@ -33,6 +33,11 @@
  *   AUDIT_DATA node -> coord    u32 n | n x { u64 step id | u8 kept | u64 in_len | u64 out_len | in | out }:
  *                               the FORWARD payload it received and the payload it sent on, for every
  *                               step it signed a receipt for and still keeps (--audit-keep)
+ *   TAPS       node -> coord    for a FORWARD with RF_SEQ_TAPS sequences, sent right after forwarding it
+ *                               (step_id = its step): u32 n_taps | n_taps x u32 layer | u32 n_rows | then
+ *                               f32 rows [tap][row][n_embd], the stream entering each of those layers (the
+ *                               ones this stage holds: a < layer <= b) for the flagged sequences' tokens in
+ *                               frame order. Draft input only: a wrong tap costs acceptance, never output.
  */
 #ifndef RINGLM_FRAME_H
 #define RINGLM_FRAME_H
@@ -64,7 +69,8 @@ enum rf_type {
     RF_RECEIPT = 15, /* node -> coord: this stage's signed receipt for step_id (out of band) */
     RF_AUDIT_REQ = 16,  /* coord -> node: send back what you received and sent for these steps */
     RF_AUDIT_DATA = 17, /* node -> coord: the answer (trust/audit.h) */
-    RF_TYPE_MAX = 17
+    RF_TAPS = 18,       /* node -> coord: DSpark taps of a FORWARD's flagged sequences (out of band) */
+    RF_TYPE_MAX = 18
 };
 
 /* Per-sequence flags. */
@@ -75,6 +81,7 @@ enum {
     RF_SEQ_VERIFY = 8,     /* the tokens are [last, drafts...]: keep rollback copies; the last stage accepts
                             * the longest matching prefix and returns the committed tokens */
     RF_SEQ_HAS_Q = 16,     /* the drafts' distributions travel in an extra part (speculative sampling) */
+    RF_SEQ_TAPS = 32,      /* stages holding DSpark tap layers (ASSIGN "taps") send this sequence's rows */
 };
 
 /* Sampling parameters travel with every sequence entry; the last stage samples. */

@@ -78,6 +78,8 @@ typedef struct node {
     uint32_t a, b, n_ctx;
     int stage, n_stages, wire;
     ring_stage stage_rt; /* the sequences' state and the compute of this stage (stage.h) */
+    uint32_t taps[16];   /* the ring's DSpark tap layers (ASSIGN "taps"); the stage keeps those it holds */
+    int n_taps;
     uint8_t manifest[32]; /* mfst_range_hash of the assigned range: hashed by a thread from load on, so that
                            * the first receipt does not wait for a pass over every weight byte */
     bool have_manifest;
@@ -293,6 +295,7 @@ static void node_info(node *n) {
 static void node_drop_seqs(node *n) {
     stage_free(&n->stage_rt);
     stage_init(&n->stage_rt, &n->e, n->n_ctx, n->wire);
+    stage_set_taps(&n->stage_rt, n->taps, n->n_taps);
 }
 
 static void *node_mfst_main(void *arg) {
@@ -406,6 +409,14 @@ static void node_assign(node *n, uint64_t step, const char *json, size_t len) {
     const char *wire = jstr(j, "wire");
     n->wire = wire && strcmp(wire, "f16") == 0 ? K3_WIRE_F16 : wire && strcmp(wire, "bf16") == 0 ? K3_WIRE_BF16 : K3_WIRE_F32;
     stage_init(&n->stage_rt, &n->e, n->n_ctx, n->wire); /* no sequence: node_drop_seqs above */
+    n->n_taps = 0;
+    const cJSON *taps = cJSON_GetObjectItemCaseSensitive(j, "taps"), *tv;
+    cJSON_ArrayForEach(tv, taps) {
+        if (n->n_taps < 16 && cJSON_IsNumber(tv) && tv->valuedouble >= 1 && tv->valuedouble <= n->hp.n_layer) {
+            n->taps[n->n_taps++] = (uint32_t)tv->valuedouble;
+        }
+    }
+    stage_set_taps(&n->stage_rt, n->taps, n->n_taps);
 
     /* Neighbours: trust exactly the upstream key we were given; connect to the downstream one. */
     zs_auth_forget(&n->auth, "upstream");
@@ -726,6 +737,25 @@ static void node_queue_receipt(node *n, const rf_header *h, const uint8_t nonce[
     n->rjobs[n->n_rjobs++] = j;
 }
 
+/* TAPS (frame.h): this stage's DSpark taps of the frame just forwarded, straight to the coordinator. */
+static void node_send_taps(node *n, uint64_t step) {
+    const ring_stage *s = &n->stage_rt;
+    size_t rows = (size_t)s->n_taps * s->n_tap_rows * n->hp.n_embd * sizeof(float);
+    size_t len = 4 + 4 * (size_t)s->n_taps + 4 + rows;
+    uint8_t *buf = malloc(len);
+    if (!buf) {
+        node_log(n, "out of memory for %zu bytes of taps", len);
+        return;
+    }
+    uint32_t nt = (uint32_t)s->n_taps;
+    memcpy(buf, &nt, 4);
+    memcpy(buf + 4, s->taps, 4 * (size_t)nt);
+    memcpy(buf + 4 + 4 * (size_t)nt, &s->n_tap_rows, 4);
+    memcpy(buf + 8 + 4 * (size_t)nt, s->tap_rows, rows);
+    node_reply(n, RF_TAPS, step, buf, len);
+    free(buf);
+}
+
 static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
     rl_err err;
     double t_recv = rf_now();
@@ -795,6 +825,7 @@ static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
     }
     free(hb);
     free(sb);
+    if (n->stage_rt.n_tap_rows > 0) node_send_taps(n, h->step_id);
     /* The frame is on its way: now hash what came in and what went out, sign, and tell the coordinator
      * directly. The next stage hashes the same bytes as its input, so the coordinator can check the chain. */
     if (want_receipt) node_queue_receipt(n, h, rx.nonce, p->data[2], p->len[2], payload, plen);

@@ -23,6 +23,38 @@ void stage_free(ring_stage *s) {
     for (int i = 0; i < RF_MAX_SEQS; i++) {
         if (s->seqs[i].used) stage_seq_free(&s->seqs[i]);
     }
+    free(s->tap_rows);
+    s->tap_rows = NULL;
+    s->n_tap_rows = 0;
+}
+
+void stage_set_taps(ring_stage *s, const uint32_t *layers, int n) {
+    s->n_taps = 0;
+    for (int i = 0; i < n && s->n_taps < 16; i++) {
+        if (layers[i] > s->e->a && layers[i] <= s->e->b) s->taps[s->n_taps++] = layers[i];
+    }
+}
+
+/* Keeps the tap rows of the RF_SEQ_TAPS sequences (o->taps has every token of the batch). */
+static int stage_keep_taps(ring_stage *s, const rf_header *h, uint64_t total, const float *taps, rl_err *err) {
+    const size_t d = s->e->hp.n_embd;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < h->n_seqs; i++) n += (h->seqs[i].flags & RF_SEQ_TAPS) ? h->seqs[i].n_tokens : 0;
+    s->tap_rows = malloc((size_t)s->n_taps * n * d * sizeof(float) + 1);
+    if (!s->tap_rows) return rl_errf(err, "out of memory for taps");
+    for (int k = 0; k < s->n_taps; k++) {
+        uint32_t off = 0, r = 0;
+        for (uint32_t i = 0; i < h->n_seqs; i++) {
+            uint32_t nt = h->seqs[i].n_tokens;
+            if (h->seqs[i].flags & RF_SEQ_TAPS) {
+                memcpy(s->tap_rows + ((size_t)k * n + r) * d, taps + ((size_t)k * total + off) * d, nt * d * sizeof(float));
+                r += nt;
+            }
+            off += nt;
+        }
+    }
+    s->n_tap_rows = n;
+    return 0;
 }
 
 static stage_seq *stage_find(ring_stage *s, uint64_t id, bool create) {
@@ -216,6 +248,11 @@ int stage_run(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_le
     k3_engine *e = s->e;
     *out = NULL;
     *out_len = 0;
+    free(s->tap_rows);
+    s->tap_rows = NULL;
+    s->n_tap_rows = 0;
+    bool want_taps = false;
+    for (uint32_t i = 0; i < h->n_seqs && s->n_taps > 0; i++) want_taps |= (h->seqs[i].flags & RF_SEQ_TAPS) != 0;
     /* Payload: the tokens of every sequence (int32), then for later stages the boundary state. */
     uint64_t total = 0;
     for (uint32_t i = 0; i < h->n_seqs; i++) total += h->seqs[i].n_tokens;
@@ -244,8 +281,9 @@ int stage_run(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_le
     if (stage_prepare(s, h, tokens, states, ntok, keep, rows, &n_rows, err) != 0) goto out;
     k3_batch b = {.n_seqs = (int)h->n_seqs, .seqs = states, .n_tokens = ntok, .tokens = tokens,
                   .in = e->a > 0 ? &bin : NULL, .keep_rollback = keep, .n_logits = last ? n_rows : 0,
-                  .logit_rows = rows};
+                  .logit_rows = rows, .n_taps = want_taps ? s->n_taps : 0, .tap_layers = s->taps};
     if (k3_forward(e, &b, &o, err) != 0) goto out;
+    if (want_taps && stage_keep_taps(s, h, total, o.taps, err) != 0) goto out; /* states moved: see stage.h */
     if (!last) {
         size_t plen = total * 4 + k3_boundary_wire_size(&o.out, (enum k3_wire_dtype)s->wire);
         uint8_t *payload = malloc(plen);

@@ -32,10 +32,18 @@ typedef struct ring_stage {
     uint32_t n_ctx; /* per-sequence context */
     int wire;       /* enum k3_wire_dtype of the boundary state it sends */
     stage_seq seqs[RF_MAX_SEQS];
+    /* DSpark taps this stage computes (the listed layers it holds: a < layer <= b) for RF_SEQ_TAPS
+     * sequences; after stage_run, tap_rows holds them, [tap][row][n_embd], n_tap_rows rows (node: RF_TAPS) */
+    int n_taps;
+    uint32_t taps[16];
+    float *tap_rows;
+    uint32_t n_tap_rows;
 } ring_stage;
 
 void stage_init(ring_stage *s, k3_engine *e, uint32_t n_ctx, int wire);
 void stage_free(ring_stage *s); /* frees every sequence's state */
+/* Keeps, of the ring's tap layers, those this stage computes. */
+void stage_set_taps(ring_stage *s, const uint32_t *layers, int n);
 void stage_forget(ring_stage *s, uint64_t seq_id);
 
 /* Runs one frame: in/in_len is the FORWARD payload (int32 tokens of every sequence, then on a stage with

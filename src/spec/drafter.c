@@ -4,16 +4,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-int spec_drafter_open(spec_drafter *d, const char *spec, uint32_t target_vocab, uint32_t n_ctx, int threads,
-                      const smp_params *sp, rl_err *err) {
+int spec_drafter_open(spec_drafter *d, const char *spec, const mf_model *target, const k3_hparams *thp, uint32_t n_ctx,
+                      int threads, const smp_params *sp, rl_err *err) {
     memset(d, 0, sizeof *d);
     d->pending = -1;
+    const uint32_t target_vocab = thp->n_vocab;
     if (!spec || strcmp(spec, "none") == 0) return 0;
     if (strcmp(spec, "ngram") == 0) {
         d->kind = SPEC_NGRAM;
         return 0;
     }
-    if (k3_open(&d->m, &d->hp, spec, err) != 0) return rl_err_prefix(err, "draft model");
+    if (strncmp(spec, "dspark:", 7) == 0) {
+        if (dspark_open(&d->ds, spec + 7, target, thp, n_ctx, threads, err) != 0) return rl_err_prefix(err, "DSpark draft");
+        d->kind = SPEC_DSPARK;
+        return 0;
+    }
+    if (k3_open(&d->m, &d->hp, spec, err) != 0) {
+        return rl_err_prefix(err, "draft model (a DSpark draft is given as dspark:PATH)");
+    }
     if (d->hp.n_vocab != target_vocab) {
         mf_close(&d->m);
         return rl_errf(err, "draft model %s has a vocabulary of %u tokens, the target %u: they must share one", spec,
@@ -30,6 +38,7 @@ int spec_drafter_open(spec_drafter *d, const char *spec, uint32_t target_vocab, 
 }
 
 void spec_drafter_close(spec_drafter *d) {
+    if (d->kind == SPEC_DSPARK) dspark_close(&d->ds);
     if (d->kind == SPEC_MODEL) {
         smp_free(&d->smp);
         k3_snapshot_free(&d->snap);
@@ -56,7 +65,18 @@ static int spec_feed(spec_drafter *d, const int32_t *t, uint32_t n, float **row,
     return 0;
 }
 
+int spec_drafter_taps(const spec_drafter *d, const uint32_t **layers) {
+    *layers = d->ds.taps;
+    return d->kind == SPEC_DSPARK ? (int)d->ds.n_taps : 0;
+}
+
+int spec_drafter_features(spec_drafter *d, const float *rows, uint32_t n, rl_err *err) {
+    if (d->kind != SPEC_DSPARK || n == 0) return 0;
+    return dspark_push(&d->ds, rows, n, err);
+}
+
 int spec_drafter_begin(spec_drafter *d, const int32_t *prompt, size_t n, uint64_t seed, rl_err *err) {
+    if (d->kind == SPEC_DSPARK) dspark_reset(&d->ds);
     if (d->kind != SPEC_MODEL) return 0;
     k3_state_reset(&d->st);
     d->smp.p.seed = seed ^ 0x9e3779b97f4a7c15ULL; /* a stream of its own, fixed by the request's seed */
@@ -90,6 +110,22 @@ int spec_drafter_propose(spec_drafter *d, const int32_t *history, size_t n, int 
     if (d->kind == SPEC_NONE || k <= 0) return 0;
     if (d->kind == SPEC_NGRAM) {
         *n_draft = spec_ngram(history, n, k, draft);
+        return 0;
+    }
+    if (d->kind == SPEC_DSPARK) {
+        /* The anchor is the last token, not yet run by the target: the context is everything before it. */
+        dspark *ds = &d->ds;
+        if (n == 0 || ds->n_cached + ds->n_pend != n - 1) {
+            return rl_errf(err, "DSpark draft has features of %u positions, the target committed %zu", ds->n_cached + ds->n_pend,
+                           n ? n - 1 : 0);
+        }
+        int i0 = ds->from_anchor ? 0 : 1, nb = k + i0;
+        if (nb > (int)ds->block_size) nb = (int)ds->block_size;
+        if (nb > DSPARK_MAX_BLOCK) nb = DSPARK_MAX_BLOCK;
+        if (nb <= i0) return 0;
+        dspark_out o = {0};
+        if (dspark_block(ds, history[n - 1], nb, &o, err) != 0) return -1;
+        for (int i = i0; i < nb && o.conf[i] >= d->min_conf; i++) draft[(*n_draft)++] = o.tokens[i];
         return 0;
     }
     /* MODEL: snapshot, feed the pending token, then draft one token at a time. */

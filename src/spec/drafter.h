@@ -5,7 +5,11 @@
  *          input (editing code, quoting a document).
  *   MODEL  a small model with the same vocabulary, run here: greedy at temperature 0, else sampled from
  *          its own (filtered) distribution, which is returned for speculative sampling. Its state is
- *          snapshotted before drafting and restored after, then the committed tokens are fed. */
+ *          snapshotted before drafting and restored after, then the committed tokens are fed.
+ *   DSPARK a DSpark draft (dspark.h): the whole block in one pass, from the target's stream at the tap
+ *          layers, which the verifier hands over (spec_drafter_features) for every committed position.
+ *          Its drafts are the greedy chain, so speculative sampling treats them like n-gram drafts (q = 1);
+ *          with min_conf > 0 the block stops at the first slot the confidence head rates below it. */
 #ifndef RINGLM_DRAFTER_H
 #define RINGLM_DRAFTER_H
 
@@ -17,10 +21,11 @@
 #include "../model/k3_forward.h"
 #include "../text/sampler.h"
 #include "accept.h"
+#include "dspark.h"
 
 #define SPEC_MAX_DRAFT 16
 
-typedef enum spec_kind { SPEC_NONE, SPEC_NGRAM, SPEC_MODEL } spec_kind;
+typedef enum spec_kind { SPEC_NONE, SPEC_NGRAM, SPEC_MODEL, SPEC_DSPARK } spec_kind;
 
 typedef struct spec_drafter {
     spec_kind kind;
@@ -36,11 +41,23 @@ typedef struct spec_drafter {
     int32_t q_id[SPEC_MAX_DRAFT][64];
     float q_p[SPEC_MAX_DRAFT][64];
     spec_q q[SPEC_MAX_DRAFT];
+    /* DSPARK */
+    dspark ds;
+    float min_conf;      /* stop drafting at a slot whose confidence is below this (0: never) */
 } spec_drafter;
 
-/* "ngram", "none", or a GGUF path (a K3-architecture draft model sharing the target's vocabulary). */
-int spec_drafter_open(spec_drafter *d, const char *spec, uint32_t target_vocab, uint32_t n_ctx, int threads,
-                      const smp_params *sp, rl_err *err);
+/* "ngram", "none", "dspark:PATH" (a DSpark draft for this target), or a GGUF path (a K3-architecture draft
+ * model sharing the target's vocabulary). A DSpark draft borrows the target's embedding and LM head, so
+ * the target's file must stay open while the drafter is. */
+int spec_drafter_open(spec_drafter *d, const char *spec, const mf_model *target, const k3_hparams *thp, uint32_t n_ctx,
+                      int threads, const smp_params *sp, rl_err *err);
+
+/* The target layers whose input stream the drafter needs (DSPARK), or 0. */
+int spec_drafter_taps(const spec_drafter *d, const uint32_t **layers);
+
+/* DSPARK: the target's features (rows of n_taps * n_embd floats, spec_drafter_taps order) of the next n
+ * committed positions. Every position the target committed must be handed over, in order. */
+int spec_drafter_features(spec_drafter *d, const float *rows, uint32_t n, rl_err *err);
 void spec_drafter_close(spec_drafter *d);
 
 /* Starts a sequence: the model drafter prefills the prompt except its last token and reseeds its sampler

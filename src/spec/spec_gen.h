@@ -23,6 +23,11 @@ typedef struct spec_verifier {
     int (*verify)(void *ctx, uint32_t pos, const int32_t *tokens, int n, const spec_q *qs, int32_t *out, int *n_out,
                   rl_err *err);
     void (*end)(void *ctx);
+    /* Taps for a DSpark drafter (NULL where the verifier has none). set_taps, before begin: from now on
+     * record the stream entering these target layers. features, after begin: the prompt's rows; after
+     * verify: the rows of the committed positions (pos .. pos + n_out - 1); rows of n * n_embd floats. */
+    int (*set_taps)(void *ctx, const uint32_t *layers, int n, rl_err *err);
+    const float *(*features)(void *ctx, uint32_t *n_rows);
 } spec_verifier;
 
 typedef struct spec_params {
@@ -35,6 +40,7 @@ typedef struct spec_metrics {
     double draft_s, verify_s;
     double acceptance_rate;      /* accepted / drafted */
     double tokens_per_traversal; /* committed / verifier passes (the prefill's pass not counted) */
+    uint64_t draft_digest;       /* FNV-1a of every drafted token id, in order: equal digests, equal drafts */
 } spec_metrics;
 
 int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
@@ -49,6 +55,10 @@ typedef struct spec_local {
     k3_state st;
     smp_sampler smp;
     bool have_st, have_smp;
+    uint32_t taps[DSPARK_MAX_TAPS]; /* DSpark taps (set_taps) and the rows of the last call */
+    int n_taps;
+    float *feat;
+    uint32_t n_feat, cap_feat;
 } spec_local;
 
 spec_verifier spec_verifier_local(spec_local *l);

@@ -1,6 +1,23 @@
 #include "verify_ring.h"
 
+#include <stdlib.h>
 #include <string.h>
+
+/* Appends n rows of taps (token-major, as ring_collect returns them) to r->feat. */
+static int ring_keep_taps(spec_ring *r, const float *rows, uint32_t n, rl_err *err) {
+    size_t row = (size_t)r->rc->o.n_taps * r->rc->hp.n_embd;
+    if (r->n_feat + n > r->cap_feat) {
+        uint32_t cap = r->cap_feat ? r->cap_feat : 64;
+        while (cap < r->n_feat + n) cap *= 2;
+        float *p = realloc(r->feat, (size_t)cap * row * sizeof *p);
+        if (!p) return rl_errf(err, "out of memory for DSpark features");
+        r->feat = p;
+        r->cap_feat = cap;
+    }
+    memcpy(r->feat + (size_t)r->n_feat * row, rows, (size_t)n * row * sizeof *rows);
+    r->n_feat += n;
+    return 0;
+}
 
 static int ring_begin(void *ctx, const int32_t *prompt, size_t n, const smp_params *sp, int32_t *first, rl_err *err) {
     spec_ring *r = ctx;
@@ -12,6 +29,7 @@ static int ring_begin(void *ctx, const int32_t *prompt, size_t n, const smp_para
     uint64_t steps[32];
     size_t sent = 0, got = 0, i_next = 0;
     uint32_t pos = 0;
+    r->n_feat = 0;
     while (i_next < n || got < sent) {
         while (i_next < n && sent - got < 32) {
             uint32_t c = (uint32_t)(n - i_next < chunk ? n - i_next : chunk);
@@ -19,14 +37,19 @@ static int ring_begin(void *ctx, const int32_t *prompt, size_t n, const smp_para
             ring_seq_req *q = &rq[sent % 32];
             memset(q, 0, sizeof *q);
             *q = (ring_seq_req){.seq_id = r->seq, .pos = pos, .n = c, .tokens = prompt + i_next, .smp = r->smp,
-                                .flags = (i_next == 0 ? RF_SEQ_NEW : 0) | (lastc ? 0 : RF_SEQ_NO_SAMPLE)};
+                                .flags = (i_next == 0 ? RF_SEQ_NEW : 0) | (lastc ? 0 : RF_SEQ_NO_SAMPLE) |
+                                         (r->taps ? RF_SEQ_TAPS : 0)};
             if (ring_submit(r->rc, q, 1, &steps[sent % 32], err) != 0) return -1;
             pos += c;
             i_next += c;
             sent++;
         }
-        if (ring_collect(r->rc, steps[got % 32], &rq[got % 32], 1, err) != 0) return -1;
-        *first = rq[got % 32].token;
+        ring_seq_req *q = &rq[got % 32];
+        int rc = ring_collect(r->rc, steps[got % 32], q, 1, err);
+        if (rc == 0 && r->taps) rc = ring_keep_taps(r, q->taps, q->n, err);
+        free(q->taps);
+        if (rc != 0) return -1;
+        *first = q->token;
         got++;
     }
     return 0;
@@ -55,22 +78,47 @@ static int ring_verify(void *ctx, uint32_t pos, const int32_t *tokens, int n, co
     rq.n = (uint32_t)n;
     rq.tokens = tokens;
     rq.smp = r->smp;
-    rq.flags = RF_SEQ_VERIFY | (qs ? RF_SEQ_HAS_Q : 0);
+    rq.flags = RF_SEQ_VERIFY | (qs ? RF_SEQ_HAS_Q : 0) | (r->taps ? RF_SEQ_TAPS : 0);
     rq.q = qbuf;
     rq.q_len = ql;
-    if (ring_step(r->rc, &rq, 1, err) != 0) return -1;
-    if (rq.token < 1 || rq.token > n) return rl_errf(err, "the last stage committed %d tokens of a %d-token block", rq.token, n);
+    int rc = ring_step(r->rc, &rq, 1, err);
+    if (rc == 0 && (rq.token < 1 || rq.token > n)) {
+        rc = rl_errf(err, "the last stage committed %d tokens of a %d-token block", rq.token, n);
+    }
+    r->n_feat = 0; /* only the committed positions' rows are the sequence's */
+    if (rc == 0 && r->taps) rc = ring_keep_taps(r, rq.taps, (uint32_t)rq.token, err);
+    free(rq.taps);
+    if (rc != 0) return -1;
     memcpy(out, rq.committed, (size_t)rq.token * sizeof *out);
     *n_out = rq.token;
     return 0;
+}
+
+static int ring_set_taps(void *ctx, const uint32_t *layers, int n, rl_err *err) {
+    spec_ring *r = ctx;
+    if (n != r->rc->o.n_taps || memcmp(layers, r->rc->o.taps, (size_t)n * sizeof *layers) != 0) {
+        return rl_errf(err, "the ring was opened without this draft's taps (ring_opts.taps)");
+    }
+    r->taps = n > 0;
+    return 0;
+}
+
+static const float *ring_features(void *ctx, uint32_t *n_rows) {
+    spec_ring *r = ctx;
+    *n_rows = r->n_feat;
+    return r->feat;
 }
 
 static void ring_end(void *ctx) {
     spec_ring *r = ctx;
     rl_err e;
     ring_free_seqs(r->rc, &r->seq, 1, &e);
+    free(r->feat);
+    r->feat = NULL;
+    r->n_feat = r->cap_feat = 0;
 }
 
 spec_verifier spec_verifier_ring(spec_ring *r) {
-    return (spec_verifier){.ctx = r, .begin = ring_begin, .verify = ring_verify, .end = ring_end};
+    return (spec_verifier){.ctx = r, .begin = ring_begin, .verify = ring_verify, .end = ring_end,
+                           .set_taps = ring_set_taps, .features = ring_features};
 }

@@ -12,6 +12,9 @@ typedef struct spec_ring {
     uint32_t chunk;
     uint64_t seq;
     rf_sampling smp;
+    bool taps;       /* DSpark: ask the stages for the taps the ring was opened with (ring_opts.taps) */
+    float *feat;     /* the rows of the last call (spec_verifier.features) */
+    uint32_t n_feat, cap_feat;
 } spec_ring;
 
 spec_verifier spec_verifier_ring(spec_ring *r);

@@ -61,7 +61,7 @@ int dspark_shape_for(const synth_config *target, dspark_shape *s, rl_err *err) {
         s->n_taps = 1;
         s->taps[0] = 0;
     } else {
-        s->n_taps = L - 1 < DSPARK_MAX_TAPS ? L - 1 : DSPARK_MAX_TAPS;
+        s->n_taps = L - 1 < DSPARK_SYNTH_TAPS ? L - 1 : DSPARK_SYNTH_TAPS;
         for (int k = 0; k < s->n_taps; k++) {
             s->taps[k] = s->n_taps == 1 ? 1 : 1 + (int32_t)((int64_t)k * (L - 2) / (s->n_taps - 1));
         }

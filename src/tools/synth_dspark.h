@@ -16,7 +16,7 @@
 #define DSPARK_ARCH "dflash"
 #define DSPARK_BLOCK_SIZE 7 /* K3's DSpark block: anchor + 6 masks, vLLM num_speculative_tokens = 7 */
 #define DSPARK_N_LAYER 2
-#define DSPARK_MAX_TAPS 3
+#define DSPARK_SYNTH_TAPS 3
 
 /* The draft's shape, derived from the target config (exposed so tests and the future draft graph agree
  * with the writer on one set of numbers). */
@@ -31,7 +31,7 @@ typedef struct dspark_shape {
     float rms_eps;
     float rope_freq_base;
     int n_taps;
-    int32_t taps[DSPARK_MAX_TAPS]; /* target layer ids, "input of layer i" convention, ascending, < n_layer */
+    int32_t taps[DSPARK_SYNTH_TAPS]; /* target layer ids, "input of layer i" convention, ascending, < n_layer */
 } dspark_shape;
 
 /* Fills s from the target config; fails if the target's width has no usable head size. */

@@ -1,7 +1,7 @@
 /* test_spec - speculative decoding on one machine, in process.
  *   1. Greedy: for 20 prompts and each drafter (n-gram, a draft model that agrees often: the target's own
- *      q8_0 copy, and one that rarely does: the small k3 draft), the speculative output equals plain
- *      greedy decoding token for token.
+ *      q8_0 copy, one that rarely does: the small k3 draft, and a DSpark draft fed the target's taps),
+ *      the speculative output equals plain greedy decoding token for token.
  *   2. Sampling preserves the target's distribution: over many seeds, the tokens at generation steps 1
  *      and 2 (step 0 is sampled before any drafting) have the same distribution with and without
  *      speculation (two-sample chi-square on the common tokens, and total variation distance). */
@@ -15,6 +15,7 @@
 #include "spec/spec_gen.h"
 #include "tools/synth.h"
 #include "tools/synth_config.h"
+#include "tools/synth_dspark.h"
 
 #include "check.h"
 
@@ -34,7 +35,7 @@ static void synth(const char *cfg, const char *type, const char *path, const cha
     synth_config c;
     rl_err err;
     if (synth_config_load(&c, cfg, &err) != 0) exit(1);
-    if (draft_kind) {
+    if (draft_kind && strcmp(draft_kind, "k3") == 0) {
         uint32_t v = c.hp.n_vocab;
         synth_config_load(&c, "draft", &err);
         c.hp.n_vocab = v;
@@ -42,7 +43,7 @@ static void synth(const char *cfg, const char *type, const char *path, const cha
     c.type = synth_type_parse(type);
     c.n_over = 0;
     synth_opts o = {.out = path, .seed = 1, .n_split = 1, .n_threads = 2};
-    if (synth_write(&c, &o, &err) != 0) {
+    if ((draft_kind && strcmp(draft_kind, "dspark") == 0 ? synth_dspark_write(&c, &o, &err) : synth_write(&c, &o, &err)) != 0) {
         fprintf(stderr, "%s\n", err.msg);
         exit(1);
     }
@@ -51,13 +52,16 @@ static void synth(const char *cfg, const char *type, const char *path, const cha
 int main(void) {
     char dir[] = "/tmp/ringlm-spec-XXXXXX";
     if (!mkdtemp(dir)) return 1;
-    char target[128], self8[128], small[128];
+    char target[128], self8[128], small[128], dsp[128], dspark[140];
     snprintf(target, sizeof target, "%s/t.gguf", dir);
     snprintf(self8, sizeof self8, "%s/d8.gguf", dir);
     snprintf(small, sizeof small, "%s/ds.gguf", dir);
     synth("tiny", "f32", target, NULL);
     synth("tiny", "q8_0", self8, NULL);
     synth("tiny", "f32", small, "k3");
+    snprintf(dsp, sizeof dsp, "%s/dspark.gguf", dir);
+    snprintf(dspark, sizeof dspark, "dspark:%s", dsp);
+    synth("tiny", "f32", dsp, "dspark");
     rl_err err;
     mf_model m;
     k3_hparams hp;
@@ -73,11 +77,11 @@ int main(void) {
     gp.smp = smp_params_default(1);
     gp.smp.temperature = 0;
     spec_params sp = {.k_max = 5, .adaptive = true};
-    const char *drafters[3] = {"ngram", self8, small};
-    const char *names[3] = {"n-gram", "q8_0 self-draft", "k3 draft"};
+    const char *drafters[4] = {"ngram", self8, small, dspark};
+    const char *names[4] = {"n-gram", "q8_0 self-draft", "k3 draft", "DSpark draft"};
 
     /* 1. Greedy equivalence; prompts that repeat themselves, so n-gram has something to find. */
-    for (int dk = 0; dk < 3; dk++) {
+    for (int dk = 0; dk < 4; dk++) {
         int same = 0;
         double acc = 0, tpt = 0;
         for (int pr = 0; pr < 20; pr++) {
@@ -90,7 +94,7 @@ int main(void) {
             spec_metrics sm;
             if (gen_run(&e, &tok, prompt, 24, &gp, on_tok, &plain, &gm, &err) != 0) return 1;
             spec_drafter d;
-            if (spec_drafter_open(&d, drafters[dk], V, 256, 2, &gp.smp, &err) != 0) {
+            if (spec_drafter_open(&d, drafters[dk], &m, &hp, 256, 2, &gp.smp, &err) != 0) {
                 fprintf(stderr, "%s\n", err.msg);
                 return 1;
             }
@@ -128,14 +132,14 @@ int main(void) {
             if (a.n > k + 1) hp_[k][a.ids[k + 1]]++;
         }
     }
-    const char *sdraft[2] = {self8, small};
-    for (int dk = 0; dk < 2; dk++) {
+    const char *sdraft[3] = {self8, small, dspark};
+    for (int dk = 0; dk < 3; dk++) {
         for (int k = 0; k < 2; k++) memset(hs_[k], 0, V * sizeof(int));
         long drafted = 0, accepted = 0;
         spec_drafter d;
         smp_params dsp = gs.smp;
         dsp.seed = 77;
-        if (spec_drafter_open(&d, sdraft[dk], V, 256, 2, &dsp, &err) != 0) return 1;
+        if (spec_drafter_open(&d, sdraft[dk], &m, &hp, 256, 2, &dsp, &err) != 0) return 1;
         for (int s = 0; s < N; s++) {
             collect b = {0};
             gen_metrics gm;
@@ -174,7 +178,7 @@ int main(void) {
             CHECK(chi < crit, "sampling with the %s, step %d: same distribution as plain sampling (chi2 %.1f < %.1f, %d dof, TV %.3f)",
                   names[dk + 1], k + 1, chi, crit, df, tv);
         }
-        CHECK(drafted > 0 && (dk == 1 || accepted > 0) && accepted < drafted,
+        CHECK(drafted > 0 && (dk != 0 || accepted > 0) && accepted < drafted,
               "sampling with the %s exercised %s (%ld of %ld drafts accepted)", names[dk + 1],
               dk == 0 ? "acceptance and rejection" : "rejection and the residual draw", accepted, drafted);
     }
@@ -185,6 +189,7 @@ int main(void) {
     unlink(target);
     unlink(self8);
     unlink(small);
+    unlink(dsp);
     rmdir(dir);
     return check_done();
 }
