@@ -37,15 +37,45 @@ for d in ngram "$self8" "dspark:$WORK/dspark.gguf"; do
         check "$name through a $n-node ring: 20/20 prompts give the plain greedy tokens ($same/20)" test $same = 20
     done
 done
+# Pipelined speculation: 2 (every drafter) and 3 (n-gram) blocks in flight through the 3-node ring, each
+# drafted assuming the ones before it are accepted; stale ones are cancelled and every stage rolls back
+# past them. The output is still plain greedy decoding.
+for dd in "2 ngram" "2 $self8" "2 dspark:$WORK/dspark.gguf" "3 ngram"; do
+    read -r depth d <<<"$dd"
+    case $d in ngram) name=n-gram ;; dspark:*) name=DSpark ;; *) name="q8_0 self-draft" ;; esac
+    same=0 cancelled=0
+    for pr in $(seq 20); do
+        p=$(prompt "$pr")
+        "$RINGLM" run -m "$target" --tokens "$p" -n 20 --temp 0 --ignore-eos --ids >"$WORK/plain" 2>/dev/null
+        "$RINGLM" run -m "$target" --tokens "$p" -n 20 --temp 0 --ignore-eos --ids --draft "$d" --draft-depth "$depth" \
+            --ring "$WORK/ring3.conf" "${K[@]}" --metrics-json "$WORK/m.json" >"$WORK/spec" 2>"$WORK/err" || cat "$WORK/err"
+        cmp -s "$WORK/plain" "$WORK/spec" && same=$((same + 1))
+        c=$(grep -o '"cancelled":[^,}]*' "$WORK/m.json" | tr -dc 0-9)
+        cancelled=$((cancelled + ${c:-0}))
+    done
+    check "$name, $depth blocks in flight through a 3-node ring: 20/20 prompts give the plain greedy tokens ($same/20, $cancelled stale blocks cancelled)" \
+        test $same = 20
+    [ "$d" = ngram ] && [ "$depth" = 2 ] && check "... and stale blocks were exercised ($cancelled)" test "$cancelled" -gt 0
+done
 # Receipts on verify traversals: drafted blocks and rollbacks still chain, and the file verifies offline.
 p=$(prompt 3)
 "$RINGLM" run -m "$target" --tokens "$p" -n 20 --temp 0 --ignore-eos --ids >"$WORK/plain" 2>/dev/null
 "$RINGLM" run -m "$target" --tokens "$p" -n 20 --temp 0 --ignore-eos --ids --draft "$self8" \
-    --ring "$WORK/ring3.conf" "${K[@]}" --receipts "$WORK/rc.jsonl" >"$WORK/spec" 2>"$WORK/err" || cat "$WORK/err"
+    --ring "$WORK/ring3.conf" "${K[@]}" --receipts "$WORK/rc.jsonl" --metrics-json "$WORK/m.json" >"$WORK/spec" 2>"$WORK/err" ||
+    cat "$WORK/err"
 check "speculation with receipts through a 3-node ring: the plain greedy tokens" cmp -s "$WORK/plain" "$WORK/spec"
 check "... every traversal's receipts checked live" grep -q "receipts: [1-9][0-9]* checked" "$WORK/err"
 check "... and the file verifies offline" bash -c "'$RINGLM' receipts verify '$WORK/rc.jsonl' --model '$target' \
     --ring '$WORK/ring3.conf' 2>&1 | grep -q '^ok: [1-9][0-9]* traversals'"
+# Pipelined blocks under receipts and audits of every stage: stale blocks are signed and replayed like the
+# others (the auditor's last stage cancels them the same way), so an honest ring passes.
+ok=0
+for seed in 1 2 3; do
+    "$RINGLM" run -m "$target" --tokens "$p" -n 20 --temp 0 --ignore-eos --ids --draft ngram --draft-depth 2 \
+        --ring "$WORK/ring3.conf" "${K[@]}" --receipts "$WORK/rc2.jsonl" --audit-rate 1 --audit-seed $seed >"$WORK/spec" \
+        2>"$WORK/err" && cmp -s "$WORK/plain" "$WORK/spec" && ok=$((ok + 1))
+done
+check "pipelined blocks with receipts and audits: the plain greedy tokens, no false alarm ($ok/3 audit seeds)" test $ok = 3
 for k in acceptance_rate tokens_per_traversal draft_s verify_s; do
     check "metrics JSON has $k" grep -q "\"$k\"" "$WORK/m.json"
 done

@@ -21,7 +21,7 @@ static void run_usage(FILE *f) {
             "                  [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
             "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16]]\n"
             "                  [--draft none|ngram|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-fixed]\n"
-            "                  [--draft-p-min P]] [--receipts FILE]\n"
+            "                  [--draft-p-min P] [--draft-depth D]] [--receipts FILE]\n"
             "                  [--audit-rate R [--audit-seed S] [--audit-tol T]]\n\n"
             "Streams the generated text to stdout, then prints one metrics line on stderr.\n"
             "  -n N          tokens to generate (default 128; -1 = until the context is full)\n"
@@ -33,7 +33,9 @@ static void run_usage(FILE *f) {
             "  --draft D     speculative decoding: ngram (prompt lookup), a small draft model sharing the\n"
             "                vocabulary, or dspark:FILE (a DSpark draft: a block per pass from the target's hidden\n"
             "                states); up to --draft-n tokens (default 7) verified per target pass; --draft-p-min P\n"
-            "                stops a DSpark block at the first token its confidence head rates below P\n"
+            "                stops a DSpark block at the first token its confidence head rates below P;\n"
+            "                --draft-depth D (ring) keeps up to D blocks in flight, each drafted assuming the\n"
+            "                ones before it are accepted (default 1; at most 3)\n"
             "  --receipts F  (ring) every stage signs a receipt per traversal; each traversal is checked as it\n"
             "                returns and its receipts are written to F as JSON lines (ringlm receipts verify)\n"
             "  --audit-rate R  (ring) audit each finished sequence with probability R (0..1; receipts on): this\n"
@@ -68,6 +70,7 @@ static int run_write_metrics(const char *path, const gen_metrics *m, cJSON *ring
         cJSON_AddNumberToObject(j, "traversals", (double)sm->traversals);
         cJSON_AddNumberToObject(j, "drafted", (double)sm->drafted);
         cJSON_AddNumberToObject(j, "accepted", (double)sm->accepted);
+        cJSON_AddNumberToObject(j, "cancelled", (double)sm->cancelled);
         char dg[17];
         snprintf(dg, sizeof dg, "%016llx", (unsigned long long)sm->draft_digest);
         cJSON_AddStringToObject(j, "draft_digest", dg);
@@ -129,6 +132,7 @@ int cmd_run(int argc, char **argv) {
     cli_trust trust = {0};
     int draft_n = 7;
     float draft_p_min = 0;
+    int draft_depth = 1;
     bool draft_fixed = false;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), ctx = 4096, chunk = 512;
     bool chat = false, ids = false, progress = isatty(2);
@@ -178,6 +182,8 @@ int cmd_run(int argc, char **argv) {
         } else if (cli_parse_trust(a, v, &trust, &bad)) {
         } else if (strcmp(a, "--draft-p-min") == 0) {
             bad = parse_float(v, &draft_p_min) || draft_p_min < 0 || draft_p_min > 1;
+        } else if (strcmp(a, "--draft-depth") == 0) {
+            bad = cli_parse_int(v, &draft_depth) || draft_depth < 1 || draft_depth > SPEC_MAX_DEPTH;
         } else if (strcmp(a, "--draft-n") == 0) {
             bad = cli_parse_int(v, &draft_n) || draft_n < 1 || draft_n > SPEC_MAX_DRAFT;
         } else if (strcmp(a, "--key") == 0) {
@@ -296,7 +302,7 @@ int cmd_run(int argc, char **argv) {
     memset(&drafter, 0, sizeof drafter);
     if (spec && spec_drafter_open(&drafter, draft, &m, &hp, (uint32_t)ctx, threads, &gp.smp, &err) != 0) goto out;
     drafter.min_conf = draft_p_min;
-    spec_params spp = {.k_max = draft_n, .adaptive = !draft_fixed};
+    spec_params spp = {.k_max = draft_n, .adaptive = !draft_fixed, .depth = draft_depth};
     if (spec && !ring_path) {
         if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, threads, &err) != 0) {
             spec_drafter_close(&drafter);

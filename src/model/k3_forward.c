@@ -248,7 +248,7 @@ static struct ggml_tensor *k3_conv(k3_graph *g, const k3_seq_view *sv, int il_re
     struct ggml_tensor *cx = ggml_concat(c, win, ggml_transpose(c, x), 0);   /* [Kc-1+n, Di] */
     if (sv->keep_rb) {
         k3_readback_add(g, cx, 0, ggml_nbytes(cx),
-                        (char *)sv->st->rb_conv[il_rel] + (size_t)which * ggml_nbytes(cx));
+                        (char *)sv->st->rb[sv->st->rb_next].conv[il_rel] + (size_t)which * ggml_nbytes(cx));
     }
     /* The new window is the last Kc-1 inputs. */
     ggml_build_forward_expand(g->gf, ggml_cpy(c, ggml_view_2d(c, cx, kc1, di, cx->nb[1], n * cx->nb[0]), win));
@@ -300,7 +300,7 @@ static struct ggml_tensor *k3_kda(k3_graph *g, const k3_layer_w *L, int il_rel, 
         struct ggml_tensor *o = ggml_gated_delta_net(c, q, k, v, gs, bs, s4, sv->keep_rb ? n : 1);
         if (sv->keep_rb) {
             k3_readback_add(g, o, o->nb[1] * (size_t)n, (size_t)n * (size_t)(Dk * Dk * H) * sizeof(float),
-                            sv->st->rb_delta[il_rel]);
+                            sv->st->rb[sv->st->rb_next].delta[il_rel]);
         }
         /* Packed output: n rows of attention [Dk*H], then the final state [Dk*Dk*H]. */
         ggml_build_forward_expand(g->gf, ggml_cpy(c, ggml_view_1d(c, o, Dk * Dk * H, o->nb[1] * n),
@@ -719,8 +719,7 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
     for (int i = 0; i < g.n_rb; i++) ggml_backend_tensor_get(g.rb[i].t, g.rb[i].dst, g.rb[i].offset, g.rb[i].size);
     for (int s = 0; s < bt->n_seqs; s++) {
         k3_state *st = bt->seqs[s];
-        st->rb_n = g.seqs[s].keep_rb ? bt->n_tokens[s] : 0; /* any other step invalidates an older block */
-        st->rb_start = st->n_past;
+        k3_state_rb_commit(st, g.seqs[s].keep_rb, st->n_past, bt->n_tokens[s]);
         st->n_past += bt->n_tokens[s];
     }
 

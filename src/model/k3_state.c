@@ -142,12 +142,15 @@ int k3_state_init_pooled(k3_state *s, const k3_state_pool *p, int slot, rl_err *
 }
 
 void k3_state_free(k3_state *s) {
-    for (uint32_t i = 0; s->rb_delta && i < s->b - s->a; i++) {
-        free(s->rb_delta[i]);
-        free(s->rb_conv[i]);
+    for (int r = 0; r <= K3_RB_BLOCKS; r++) {
+        k3_rb_block *rb = &s->rb[r];
+        for (uint32_t i = 0; rb->delta && i < s->b - s->a; i++) {
+            free(rb->delta[i]);
+            free(rb->conv[i]);
+        }
+        free(rb->delta);
+        free(rb->conv);
     }
-    free(s->rb_delta);
-    free(s->rb_conv);
     if (s->buf) ggml_backend_buffer_free(s->buf);
     if (s->ctx) ggml_free(s->ctx);
     free(s->conv);
@@ -163,7 +166,7 @@ void k3_state_reset(k3_state *s) {
         if (s->delta[i]) memset(s->delta[i]->data, 0, ggml_nbytes(s->delta[i]));
     }
     s->n_past = 0;
-    s->rb_n = 0;
+    s->rb_count = 0;
 }
 
 size_t k3_state_bytes(const k3_state *s) {
@@ -215,57 +218,83 @@ int k3_state_restore(k3_state *s, const k3_snapshot *snap, rl_err *err) {
         off += ggml_nbytes(s->delta[i]);
     }
     s->n_past = snap->n_past;
-    s->rb_n = 0; /* the kept block belongs to another history now */
+    s->rb_count = 0; /* the kept blocks belong to another history now */
     return 0;
 }
 
 int k3_state_rollback(k3_state *s, uint32_t pos, rl_err *err) {
     if (pos == s->n_past) return 0;
-    if (s->rb_n == 0 || pos <= s->rb_start || pos > s->rb_start + s->rb_n || s->n_past != s->rb_start + s->rb_n) {
-        return rl_errf(err, "cannot roll back to position %u: the kept block covers (%u, %u], the sequence is at %u", pos,
-                       s->rb_start, s->rb_start + s->rb_n, s->n_past);
+    int bi = -1;
+    for (int r = 0; r < s->rb_count; r++) {
+        if (pos > s->rb[r].start && pos <= s->rb[r].start + s->rb[r].n) bi = r;
     }
-    const uint32_t j = pos - s->rb_start; /* tokens of the block to keep: 1 .. rb_n - 1 */
+    const k3_rb_block *last = s->rb_count ? &s->rb[s->rb_count - 1] : NULL;
+    if (bi < 0 || s->n_past != last->start + last->n) {
+        return rl_errf(err, "cannot roll back to position %u: the kept blocks cover (%u, %u], the sequence is at %u", pos,
+                       s->rb_count ? s->rb[0].start : 0, last ? last->start + last->n : 0, s->n_past);
+    }
+    const k3_rb_block *rb = &s->rb[bi];
+    const uint32_t j = pos - rb->start; /* tokens of the block to keep: 1 .. n */
     for (uint32_t i = 0; i < s->b - s->a; i++) {
         if (!s->conv[i]) continue;
         struct ggml_tensor *d = s->delta[i], *c = s->conv[i];
         const size_t dsz = ggml_nbytes(d);
-        memcpy(d->data, (const char *)s->rb_delta[i] + (size_t)(s->rb_n - j) * dsz, dsz);
+        memcpy(d->data, (const char *)rb->delta[i] + (size_t)(rb->n - j) * dsz, dsz);
         /* Conv window after j tokens: the Kc-1 inputs ending with token j-1, i.e. columns j .. j+Kc-2 of the
-         * kept inputs [old window | block], per channel (time is the fastest axis). */
-        const int64_t kc1 = c->ne[0], di = c->ne[1], w = kc1 + s->rb_n;
+         * kept inputs [window before | block], per channel (time is the fastest axis). */
+        const int64_t kc1 = c->ne[0], di = c->ne[1], w = kc1 + rb->n;
         float *dst = c->data;
         for (int64_t q = 0; q < 3; q++) {
-            const float *src = s->rb_conv[i] + (size_t)q * (size_t)(w * di);
+            const float *src = rb->conv[i] + (size_t)q * (size_t)(w * di);
             for (int64_t ch = 0; ch < di; ch++) {
                 memcpy(dst + (q * di + ch) * kc1, src + ch * w + j, (size_t)kc1 * sizeof(float));
             }
         }
     }
     s->n_past = pos;
-    s->rb_n = 0;
+    s->rb_count = 0;
     return 0;
 }
 
-/* Makes room for a block of n tokens in the rollback buffers (called by the forward pass). */
 int k3_state_rb_reserve(k3_state *s, uint32_t n, rl_err *err) {
-    if (!s->rb_delta) {
-        s->rb_delta = calloc(s->b - s->a, sizeof *s->rb_delta);
-        s->rb_conv = calloc(s->b - s->a, sizeof *s->rb_conv);
-        if (!s->rb_delta || !s->rb_conv) return rl_errf(err, "out of memory for rollback buffers");
+    const k3_rb_block *last = s->rb_count ? &s->rb[s->rb_count - 1] : NULL;
+    /* Continues the kept blocks, or starts afresh; when all K3_RB_BLOCKS are kept, the spare slot takes it
+     * and the oldest is dropped only once the pass has run (k3_state_rb_commit). */
+    s->rb_next = last && last->start + last->n == s->n_past ? s->rb_count : 0;
+    k3_rb_block *rb = &s->rb[s->rb_next];
+    if (!rb->delta) {
+        rb->delta = calloc(s->b - s->a, sizeof *rb->delta);
+        rb->conv = calloc(s->b - s->a, sizeof *rb->conv);
+        if (!rb->delta || !rb->conv) return rl_errf(err, "out of memory for rollback buffers");
     }
-    if (n <= s->rb_cap) return 0;
+    if (n <= rb->cap) return 0;
     for (uint32_t i = 0; i < s->b - s->a; i++) {
         if (!s->conv[i]) continue;
         const size_t dsz = ggml_nbytes(s->delta[i]);
         const size_t csz = 3 * (size_t)(s->conv[i]->ne[0] + n) * (size_t)s->conv[i]->ne[1] * sizeof(float);
-        float *d = realloc(s->rb_delta[i], (size_t)n * dsz), *c = realloc(s->rb_conv[i], csz);
-        if (d) s->rb_delta[i] = d;
-        if (c) s->rb_conv[i] = c;
+        float *d = realloc(rb->delta[i], (size_t)n * dsz), *c = realloc(rb->conv[i], csz);
+        if (d) rb->delta[i] = d;
+        if (c) rb->conv[i] = c;
         if (!d || !c) return rl_errf(err, "out of memory for rollback buffers of %u tokens", n);
     }
-    s->rb_cap = n;
+    rb->cap = n;
     return 0;
+}
+
+void k3_state_rb_commit(k3_state *s, bool keep, uint32_t start, uint32_t n) {
+    if (!keep) {
+        s->rb_count = 0; /* any other step makes the kept blocks another history */
+        return;
+    }
+    s->rb[s->rb_next].start = start;
+    s->rb[s->rb_next].n = n;
+    s->rb_count = s->rb_next + 1;
+    if (s->rb_count > K3_RB_BLOCKS) { /* drop the oldest: rotate its buffers to the spare slot */
+        k3_rb_block old = s->rb[0];
+        memmove(&s->rb[0], &s->rb[1], K3_RB_BLOCKS * sizeof s->rb[0]);
+        s->rb[K3_RB_BLOCKS] = old;
+        s->rb_count = K3_RB_BLOCKS;
+    }
 }
 
 void k3_snapshot_free(k3_snapshot *snap) {

@@ -7,6 +7,7 @@
 #ifndef RINGLM_K3_STATE_H
 #define RINGLM_K3_STATE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -18,6 +19,18 @@ struct ggml_tensor;
 struct ggml_backend_buffer;
 struct k3_state_pool;
 
+/* One verified block kept for rollback: for every KDA layer, the delta state after each of its tokens and
+ * the short-conv inputs of the block, so the sequence can return to any position inside it. */
+typedef struct k3_rb_block {
+    uint32_t start, n, cap; /* the block's first position, its length, the tokens the buffers hold */
+    float **delta;          /* [il - a]: n slots of Dk*Dk*H, slot s = the state after n - s tokens */
+    float **conv;           /* [il - a]: 3 x (Kc-1+n) x Di: the conv inputs (the window before, then the block) */
+} k3_rb_block;
+
+/* Consecutive verified blocks a sequence can roll back into: pipelined speculation has several blocks in
+ * flight, and a rejection in the oldest invalidates the ones run after it. */
+#define K3_RB_BLOCKS 4
+
 typedef struct k3_state {
     uint32_t a, b;    /* layer range */
     uint32_t n_ctx;   /* cache capacity in tokens */
@@ -27,13 +40,11 @@ typedef struct k3_state {
     struct ggml_tensor **kcache; /* [il - a]: {kv_lora + rope, n_ctx} f32, NULL on KDA layers */
     struct ggml_context *ctx;
     struct ggml_backend_buffer *buf;
-    /* Rollback of the last block run with keep_rollback (speculative verification): for every KDA layer,
-     * the delta state after each of the block's tokens and the short-conv inputs of the block, so the
-     * sequence can return to any position inside the block without recomputing anything. */
-    uint32_t rb_start, rb_n;  /* the block's first position and length; rb_n == 0: nothing kept */
-    float **rb_delta;         /* [il - a]: rb_n slots of Dk*Dk*H, slot s = the state after rb_n - s tokens */
-    float **rb_conv;          /* [il - a]: 3 x (Kc-1+rb_n) x Di: the conv inputs (old window, then the block) */
-    uint32_t rb_cap;          /* tokens the rollback buffers hold */
+    /* Rollback (speculative verification): the blocks run with keep_rollback since the last other step,
+     * consecutive, rb[0 .. rb_count) oldest first (at most K3_RB_BLOCKS; the oldest is dropped beyond);
+     * rb[rb_next] is the one a forward pass is writing (k3_state_rb_reserve). */
+    k3_rb_block rb[K3_RB_BLOCKS + 1];
+    int rb_count, rb_next;
     /* Set when the tensors above are views of one slot of a pool (k3_state_pool): the forward pass then runs
      * the KDA recurrence and MLA attention of several pooled sequences as one op each. NULL: own buffer. */
     const struct k3_state_pool *pool;
@@ -75,15 +86,18 @@ typedef struct k3_snapshot {
 
 int k3_state_snapshot(const k3_state *s, k3_snapshot *snap, rl_err *err); /* (re)uses snap->kda */
 
-/* Returns the sequence to position `pos` inside the last block kept for rollback (rb_start < pos <=
- * rb_start + rb_n): KDA state and conv windows from the kept copies, the MLA cache by truncation. Cheap.
- * Fails if pos is outside that block. */
+/* Returns the sequence to position `pos` inside one of the blocks kept for rollback (start < pos <= start
+ * + n): KDA state and conv windows from the kept copies, the MLA cache by truncation. Cheap. Fails if pos
+ * is in none of them. Afterwards nothing is kept (positions before pos are committed). */
 int k3_state_rollback(k3_state *s, uint32_t pos, rl_err *err);
 /* Rolls back to the snapshot's position. The snapshot stays valid (it can be restored again). */
 int k3_state_restore(k3_state *s, const k3_snapshot *snap, rl_err *err);
 void k3_snapshot_free(k3_snapshot *snap);
 
-/* For the forward pass: grows the rollback buffers to hold a block of n tokens. */
+/* For the forward pass: picks the block slot a block of n tokens at n_past will be kept in (after the kept
+ * ones when it continues them, else the first) and grows its buffers; k3_state_rb_commit records it once
+ * the pass has run (keep false: a step without rollback, which forgets every kept block). */
 int k3_state_rb_reserve(k3_state *s, uint32_t n, rl_err *err);
+void k3_state_rb_commit(k3_state *s, bool keep, uint32_t start, uint32_t n);
 
 #endif

@@ -1160,7 +1160,7 @@ int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_req
         for (int i = 0; i < n_reqs; i++) {
             int32_t c;
             memcpy(&c, (const uint8_t *)p->data[1] + i * 4, 4);
-            if (reqs[i].flags & RF_SEQ_VERIFY) n_committed += c > 0 && c <= 32 ? (size_t)c : 1000000;
+            if (reqs[i].flags & RF_SEQ_VERIFY) n_committed += c >= 0 && c <= 32 ? (size_t)c : 1000000; /* 0: stale */
         }
     }
     want += n_committed * 4;

@@ -6,6 +6,8 @@
 
 #include "../spec/accept.h"
 
+static stage_seq *stage_find(ring_stage *s, uint64_t id, bool create);
+
 void stage_init(ring_stage *s, k3_engine *e, uint32_t n_ctx, int wire) {
     memset(s, 0, sizeof *s);
     s->e = e;
@@ -35,25 +37,72 @@ void stage_set_taps(ring_stage *s, const uint32_t *layers, int n) {
     }
 }
 
-/* Keeps the tap rows of the RF_SEQ_TAPS sequences (o->taps has every token of the batch). */
-static int stage_keep_taps(ring_stage *s, const rf_header *h, uint64_t total, const float *taps, rl_err *err) {
+/* Keeps the tap rows of the RF_SEQ_TAPS sequences. o->taps has every token of the batch that ran: all of
+ * the frame's, less the stale sequences' on the last stage (their rows are sent as zeros: the coordinator
+ * drops a stale block's taps). */
+static int stage_keep_taps(ring_stage *s, const rf_header *h, const uint8_t *stale, uint64_t ran, const float *taps,
+                           rl_err *err) {
     const size_t d = s->e->hp.n_embd;
     uint32_t n = 0;
     for (uint32_t i = 0; i < h->n_seqs; i++) n += (h->seqs[i].flags & RF_SEQ_TAPS) ? h->seqs[i].n_tokens : 0;
-    s->tap_rows = malloc((size_t)s->n_taps * n * d * sizeof(float) + 1);
+    s->tap_rows = calloc((size_t)s->n_taps * n * d + 1, sizeof(float));
     if (!s->tap_rows) return rl_errf(err, "out of memory for taps");
     for (int k = 0; k < s->n_taps; k++) {
         uint32_t off = 0, r = 0;
         for (uint32_t i = 0; i < h->n_seqs; i++) {
             uint32_t nt = h->seqs[i].n_tokens;
-            if (h->seqs[i].flags & RF_SEQ_TAPS) {
-                memcpy(s->tap_rows + ((size_t)k * n + r) * d, taps + ((size_t)k * total + off) * d, nt * d * sizeof(float));
-                r += nt;
+            if ((h->seqs[i].flags & RF_SEQ_TAPS) && !stale[i]) {
+                memcpy(s->tap_rows + ((size_t)k * n + r) * d, taps + ((size_t)k * ran + off) * d, nt * d * sizeof(float));
             }
-            off += nt;
+            r += (h->seqs[i].flags & RF_SEQ_TAPS) ? nt : 0;
+            off += stale[i] ? 0 : nt;
         }
     }
     s->n_tap_rows = n;
+    return 0;
+}
+
+/* Last stage: which VERIFY sequences of the frame are stale (stage_seq.has_commit). */
+static int stage_find_stale(ring_stage *s, const rf_header *h, const int32_t *tokens, uint8_t *stale) {
+    int n = 0;
+    uint32_t off = 0;
+    for (uint32_t i = 0; i < h->n_seqs; i++) {
+        const rf_seq *sq = &h->seqs[i];
+        const stage_seq *q = (sq->flags & RF_SEQ_VERIFY) && !(sq->flags & RF_SEQ_NEW) ? stage_find(s, sq->seq_id, false) : NULL;
+        stale[i] = q && q->has_commit && (sq->pos > q->valid_end || (sq->pos == q->valid_end && tokens[off] != q->next_tok));
+        n += stale[i];
+        off += sq->n_tokens;
+    }
+    return n;
+}
+
+/* The frame without its stale sequences: header, tokens and boundary rows (into h2, tok2, bin2). */
+static int stage_drop_stale(const rf_header *h, const int32_t *tokens, const k3_boundary *bin, const uint8_t *stale,
+                            rf_header *h2, int32_t *tok2, k3_boundary *bin2, rl_err *err) {
+    *h2 = *h;
+    h2->n_seqs = 0;
+    uint32_t off = 0, o2 = 0;
+    for (uint32_t i = 0; i < h->n_seqs; i++) {
+        if (!stale[i]) h2->seqs[h2->n_seqs++] = h->seqs[i];
+        if (!stale[i]) {
+            memcpy(tok2 + o2, tokens + off, h->seqs[i].n_tokens * sizeof *tokens);
+            o2 += h->seqs[i].n_tokens;
+        }
+        off += h->seqs[i].n_tokens;
+    }
+    if (!bin || !bin->h || o2 == 0) return 0;
+    if (k3_boundary_alloc(bin2, o2, bin->n_embd, bin->n_ckpt, err) != 0) return -1;
+    const size_t d = bin->n_embd, nc = bin->n_ckpt;
+    off = o2 = 0;
+    for (uint32_t i = 0; i < h->n_seqs; i++) {
+        uint32_t nt = h->seqs[i].n_tokens;
+        if (!stale[i]) {
+            memcpy(bin2->h + o2 * d, bin->h + off * d, nt * d * sizeof(float));
+            if (nc) memcpy(bin2->ckpt + o2 * nc * d, bin->ckpt + off * nc * d, nt * nc * d * sizeof(float));
+            o2 += nt;
+        }
+        off += nt;
+    }
     return 0;
 }
 
@@ -133,6 +182,7 @@ static int stage_prepare(ring_stage *s, const rf_header *h, const int32_t *token
             } else if (!(sq->flags & RF_SEQ_NO_SAMPLE)) {
                 rows[(*n_rows)++] = (int32_t)(off + sq->n_tokens - 1);
             }
+            if (!(sq->flags & RF_SEQ_VERIFY)) q->has_commit = false;
             /* Penalty history follows the inputs; a VERIFY block's inputs are accepted as they are judged. */
             if (q->has_smp && !(sq->flags & RF_SEQ_VERIFY)) {
                 for (uint32_t t = 0; t < sq->n_tokens; t++) smp_accept(&q->smp, tokens[off + t]);
@@ -147,7 +197,8 @@ static int stage_prepare(ring_stage *s, const rf_header *h, const int32_t *token
  * for VERIFY the number of committed tokens), then the logits rows that were asked, then the committed
  * tokens of every VERIFY sequence. */
 static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens, const float *logits,
-                        const uint8_t *qp, size_t q_len, uint8_t **out, size_t *out_len, rl_err *err) {
+                        const uint8_t *stale, const uint8_t *qp, size_t q_len, uint8_t **out, size_t *out_len,
+                        rl_err *err) {
     const uint32_t n_vocab = s->e->hp.n_vocab;
     size_t n_logit_floats = 0;
     for (uint32_t i = 0; i < h->n_seqs; i++) {
@@ -164,6 +215,16 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
         const rf_seq *sq = &h->seqs[i];
         int nrows = (sq->flags & (RF_SEQ_ALL_LOGITS | RF_SEQ_VERIFY)) ? (int)sq->n_tokens
                     : !(sq->flags & RF_SEQ_NO_SAMPLE) ? 1 : 0;
+        if (stale[i]) { /* not run: no rows, nothing committed; its q entries are skipped below */
+            for (int d = 0; qp && (sq->flags & RF_SEQ_HAS_Q) && d < (int)sq->n_tokens - 1; d++) {
+                uint32_t cnt;
+                if (qp + 4 > qend) break;
+                memcpy(&cnt, qp, 4);
+                if (cnt > 64 || (size_t)(qend - qp - 4) < (size_t)cnt * 8) break;
+                qp += 4 + (size_t)cnt * 8;
+            }
+            continue;
+        }
         if (sq->flags & RF_SEQ_VERIFY) {
             stage_seq *q = stage_find(s, sq->seq_id, false);
             int k = (int)sq->n_tokens - 1;
@@ -197,6 +258,9 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
             n_comm[i] = spec_accept(&q->smp, logits + (size_t)row0 * n_vocab, (int32_t)n_vocab,
                                     tokens + stage_seq_offset(h, i), k, have_q ? qs : NULL, committed[i]);
             n_comm_total += (size_t)n_comm[i];
+            q->has_commit = true;
+            q->valid_end = sq->pos + (uint32_t)n_comm[i];
+            q->next_tok = committed[i][n_comm[i] - 1];
         }
         row0 += nrows;
     }
@@ -219,7 +283,7 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
         }
         if (sq->flags & RF_SEQ_VERIFY) {
             memcpy(payload + i * 4, &n_comm[i], 4);
-            row += (int)sq->n_tokens;
+            row += stale[i] ? 0 : (int)sq->n_tokens;
             continue;
         }
         if (sq->flags & RF_SEQ_ALL_LOGITS) {
@@ -269,21 +333,41 @@ int stage_run(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_le
     }
     k3_state *states[RF_MAX_SEQS];
     uint32_t ntok[RF_MAX_SEQS];
-    uint8_t keep[RF_MAX_SEQS] = {0};
-    int32_t *rows = malloc((total + 1) * sizeof *rows);
+    uint8_t keep[RF_MAX_SEQS] = {0}, stale[RF_MAX_SEQS] = {0};
+    int32_t *rows = malloc((total + 1) * sizeof *rows), *tok2 = NULL;
     int n_rows = 0, rc = -1;
     bool last = e->b == e->hp.n_layer;
     k3_output o = {0};
+    k3_boundary bin2 = {0};
+    rf_header *h2 = NULL;
+    const rf_header *hb = h; /* what runs: the frame, less its stale sequences on the last stage */
+    const int32_t *tb = tokens;
+    const k3_boundary *bb = &bin;
+    uint64_t ran = total;
     if (!rows) {
         rl_errf(err, "out of memory");
         goto out;
     }
-    if (stage_prepare(s, h, tokens, states, ntok, keep, rows, &n_rows, err) != 0) goto out;
-    k3_batch b = {.n_seqs = (int)h->n_seqs, .seqs = states, .n_tokens = ntok, .tokens = tokens,
-                  .in = e->a > 0 ? &bin : NULL, .keep_rollback = keep, .n_logits = last ? n_rows : 0,
-                  .logit_rows = rows, .n_taps = want_taps ? s->n_taps : 0, .tap_layers = s->taps};
-    if (k3_forward(e, &b, &o, err) != 0) goto out;
-    if (want_taps && stage_keep_taps(s, h, total, o.taps, err) != 0) goto out; /* states moved: see stage.h */
+    if (last && stage_find_stale(s, h, tokens, stale) > 0) {
+        h2 = malloc(sizeof *h2);
+        tok2 = malloc(total * sizeof *tok2);
+        if (!h2 || !tok2) {
+            rl_errf(err, "out of memory");
+            goto out;
+        }
+        if (stage_drop_stale(h, tokens, e->a > 0 ? &bin : NULL, stale, h2, tok2, &bin2, err) != 0) goto out;
+        hb = h2, tb = tok2, bb = &bin2;
+        ran = 0;
+        for (uint32_t i = 0; i < h2->n_seqs; i++) ran += h2->seqs[i].n_tokens;
+    }
+    if (hb->n_seqs > 0) { /* (a frame of only stale blocks is not run at all: cancelled here) */
+        if (stage_prepare(s, hb, tb, states, ntok, keep, rows, &n_rows, err) != 0) goto out;
+        k3_batch b = {.n_seqs = (int)hb->n_seqs, .seqs = states, .n_tokens = ntok, .tokens = tb,
+                      .in = e->a > 0 ? bb : NULL, .keep_rollback = keep, .n_logits = last ? n_rows : 0,
+                      .logit_rows = rows, .n_taps = want_taps ? s->n_taps : 0, .tap_layers = s->taps};
+        if (k3_forward(e, &b, &o, err) != 0) goto out;
+    }
+    if (want_taps && stage_keep_taps(s, h, stale, ran, o.taps, err) != 0) goto out; /* states moved: see stage.h */
     if (!last) {
         size_t plen = total * 4 + k3_boundary_wire_size(&o.out, (enum k3_wire_dtype)s->wire);
         uint8_t *payload = malloc(plen);
@@ -297,11 +381,14 @@ int stage_run(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_le
         *out_len = plen;
         rc = 0;
     } else {
-        rc = stage_result(s, h, tokens, o.logits, q, q_len, out, out_len, err);
+        rc = stage_result(s, h, tokens, o.logits, stale, q, q_len, out, out_len, err);
     }
 out:
     k3_output_free(&o);
     free(rows);
+    free(tok2);
+    free(h2);
     k3_boundary_free(&bin);
+    k3_boundary_free(&bin2);
     return rc;
 }

@@ -25,6 +25,12 @@ typedef struct stage_seq {
     k3_state st;
     smp_sampler smp; /* last stage only */
     bool has_smp;
+    /* Last stage, after a VERIFY block: the sequence is valid up to valid_end and continues with next_tok.
+     * A later VERIFY block that starts past valid_end, or at it with another token, was drafted assuming
+     * more was accepted (pipelined speculation): it is stale and answered with 0 committed, not run. */
+    bool has_commit;
+    uint32_t valid_end;
+    int32_t next_tok;
 } stage_seq;
 
 typedef struct ring_stage {

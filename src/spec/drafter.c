@@ -102,8 +102,8 @@ static int spec_ngram(const int32_t *h, size_t n, int k, int32_t *draft) {
     return 0;
 }
 
-int spec_drafter_propose(spec_drafter *d, const int32_t *history, size_t n, int k, int32_t *draft, int *n_draft,
-                         const spec_q **qs, rl_err *err) {
+int spec_drafter_propose(spec_drafter *d, const int32_t *history, size_t n, size_t n_conf, int k, int32_t *draft,
+                         int *n_draft, const spec_q **qs, rl_err *err) {
     *n_draft = 0;
     *qs = NULL;
     if (k > SPEC_MAX_DRAFT) k = SPEC_MAX_DRAFT;
@@ -113,25 +113,40 @@ int spec_drafter_propose(spec_drafter *d, const int32_t *history, size_t n, int 
         return 0;
     }
     if (d->kind == SPEC_DSPARK) {
-        /* The anchor is the last token, not yet run by the target: the context is everything before it. */
+        /* The anchor is the last committed token, not yet run by the target: the context is everything before
+         * it. Past a speculative suffix (pipelining) the block must reach beyond it, and its own chain must
+         * be that suffix (it is, when DSpark drafted it): then the slots after it are the draft. */
         dspark *ds = &d->ds;
-        if (n == 0 || ds->n_cached + ds->n_pend != n - 1) {
+        if (n_conf == 0 || ds->n_cached + ds->n_pend != n_conf - 1) {
             return rl_errf(err, "DSpark draft has features of %u positions, the target committed %zu", ds->n_cached + ds->n_pend,
-                           n ? n - 1 : 0);
+                           n_conf ? n_conf - 1 : 0);
         }
-        int i0 = ds->from_anchor ? 0 : 1, nb = k + i0;
+        const int sfx = (int)(n - n_conf), i0 = ds->from_anchor ? 0 : 1;
+        int nb = sfx + k + i0;
         if (nb > (int)ds->block_size) nb = (int)ds->block_size;
         if (nb > DSPARK_MAX_BLOCK) nb = DSPARK_MAX_BLOCK;
-        if (nb <= i0) return 0;
+        if (nb <= i0 + sfx) return 0;
         dspark_out o = {0};
-        if (dspark_block(ds, history[n - 1], nb, &o, err) != 0) return -1;
-        for (int i = i0; i < nb && o.conf[i] >= d->min_conf; i++) draft[(*n_draft)++] = o.tokens[i];
+        if (dspark_block(ds, history[n_conf - 1], nb, &o, err) != 0) return -1;
+        for (int i = 0; i < sfx; i++) {
+            if (o.tokens[i0 + i] != history[n_conf + (size_t)i]) return 0; /* the suffix is not its own chain */
+        }
+        for (int i = i0 + sfx; i < nb && o.conf[i] >= d->min_conf; i++) draft[(*n_draft)++] = o.tokens[i];
         return 0;
     }
-    /* MODEL: snapshot, feed the pending token, then draft one token at a time. */
-    if (d->pending < 0) return 0;
+    /* MODEL: snapshot, feed the pending token (and a speculative suffix but its last token), then draft one
+     * token at a time. */
+    if (d->pending < 0 || n_conf == 0 || n < n_conf) return 0;
     if (k3_state_snapshot(&d->st, &d->snap, err) != 0) return -1;
     int32_t t = d->pending;
+    if (n > n_conf) {
+        if (spec_feed(d, history + n_conf - 1, (uint32_t)(n - n_conf), NULL, err) != 0) {
+            rl_err e2;
+            k3_state_restore(&d->st, &d->snap, &e2);
+            return -1;
+        }
+        t = history[n - 1];
+    }
     const bool sampling = d->smp.p.temperature > 0.0f;
     for (int i = 0; i < k; i++) {
         float *row = NULL;

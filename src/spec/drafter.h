@@ -65,11 +65,12 @@ void spec_drafter_close(spec_drafter *d);
  * draw from the drafter's distribution). */
 int spec_drafter_begin(spec_drafter *d, const int32_t *prompt, size_t n, uint64_t seed, rl_err *err);
 
-/* Proposes up to k tokens following history[0..n) (history = prompt + everything committed; its last
- * token is the one the target will run first). *n_draft may be 0. *qs is set to the drafted distributions
- * (MODEL with sampling) or NULL. */
-int spec_drafter_propose(spec_drafter *d, const int32_t *history, size_t n, int k, int32_t *draft, int *n_draft,
-                         const spec_q **qs, rl_err *err);
+/* Proposes up to k tokens following history[0..n) (history = prompt + everything committed, then, with
+ * pipelining, the drafts and guesses of blocks still in flight: only history[0..n_conf) is committed; the
+ * last committed token is the one the target runs first). *n_draft may be 0. *qs is set to the drafted
+ * distributions (MODEL with sampling) or NULL. */
+int spec_drafter_propose(spec_drafter *d, const int32_t *history, size_t n, size_t n_conf, int k, int32_t *draft,
+                         int *n_draft, const spec_q **qs, rl_err *err);
 
 /* Tells the drafter which tokens were committed after the last proposal (accepted drafts + correction). */
 int spec_drafter_commit(spec_drafter *d, const int32_t *committed, int n, rl_err *err);

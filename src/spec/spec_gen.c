@@ -47,11 +47,27 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
         goto done;
     }
     m->prefill_s = gen_mono() - emit.t0;
-    uint32_t pos = (uint32_t)n_prompt; /* where `last` goes */
+    /* The committed history is hist[0..n_hist); its last token sits at position n_hist - 1, not yet run by
+     * the target. With pipelining, z extends it with what the blocks in flight assume: their drafts, each
+     * followed by the drafter's guess of the block's bonus token, which starts the next block. A block is
+     * in flight at [pos, pos + n) of z. */
+    const int depth = v->submit && v->collect && sp->depth > 1 ? (sp->depth > SPEC_MAX_DEPTH ? SPEC_MAX_DEPTH : sp->depth) : 1;
+    struct spec_flight {
+        uint32_t pos;
+        int n;     /* tokens of the block: the first, then n - 1 drafts */
+        bool stale;/* an earlier block was not wholly accepted: its result is discarded */
+    } fl[SPEC_MAX_DEPTH];
+    int n_fl = 0;
+    int32_t *z = malloc((cap + (size_t)SPEC_MAX_DEPTH * (SPEC_MAX_DRAFT + 2)) * sizeof *z);
+    if (!z) {
+        rc = rl_errf(err, "out of memory");
+        goto done;
+    }
+    size_t n_z = 0;
     int32_t out[SPEC_MAX_DRAFT + 1];
     int n_out = 1;
     out[0] = last;
-    bool stop = false;
+    bool stop = false, more = true; /* more: the next block's first token is known (z can grow) */
     while (!stop) {
         /* Emit what was just committed. */
         for (int i = 0; i < n_out && !stop; i++) {
@@ -70,47 +86,112 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
             stop = true;
         }
         if (stop) break;
-        /* Draft, bounded by what is left to generate and the context. */
-        int kk = k;
-        if (p->n_predict >= 0 && p->n_predict - m->generated_tokens - 1 < kk) kk = p->n_predict - m->generated_tokens - 1;
-        if ((int64_t)p->n_ctx - (int64_t)pos - 1 < kk) kk = (int)((int64_t)p->n_ctx - (int64_t)pos - 1);
-        if (pos + 1 > p->n_ctx) {
+        if (n_hist > p->n_ctx) {
             m->stop_reason = "context";
             break;
         }
-        int32_t block[SPEC_MAX_DRAFT + 1];
-        int n_draft = 0;
-        const spec_q *qs = NULL;
-        double td = gen_mono();
-        if (kk > 0 && spec_drafter_propose(d, hist, n_hist, kk, block + 1, &n_draft, &qs, err) != 0) {
-            rc = -1;
-            break;
+        if (n_fl == 0) { /* nothing in flight: speculation restarts from what is committed */
+            memcpy(z, hist, n_hist * sizeof *z);
+            n_z = n_hist;
+            more = true;
         }
-        sm->draft_s += gen_mono() - td;
-        for (int i = 0; i < n_draft; i++) {
-            for (int b = 0; b < 4; b++) sm->draft_digest = (sm->draft_digest ^ (uint8_t)((uint32_t)block[1 + i] >> (8 * b))) * 0x100000001b3ULL;
+        /* Fill the pipeline: draft and send blocks while fewer than `depth` are in flight. */
+        while (n_fl < depth && more) {
+            const uint32_t bpos = (uint32_t)(n_z - 1); /* the block's first token: z's last */
+            /* Bounded by what is left to generate (counting what the blocks in flight assume) and the context. */
+            int kk = k;
+            int64_t left = p->n_predict >= 0 ? (int64_t)p->n_predict - m->generated_tokens - (int64_t)(n_z - n_hist) - 1 : kk;
+            if (left < kk) kk = (int)left;
+            if ((int64_t)p->n_ctx - (int64_t)bpos - 1 < kk) kk = (int)((int64_t)p->n_ctx - (int64_t)bpos - 1);
+            if (kk < 0 || (kk == 0 && n_fl > 0)) break;
+            int32_t block[SPEC_MAX_DRAFT + 2];
+            int n_draft = 0;
+            const spec_q *qs = NULL;
+            const int want = kk > 0 && depth > 1 ? kk + 1 : kk; /* one more: the guess that starts the next block */
+            double td = gen_mono();
+            if (want > 0 && spec_drafter_propose(d, z, n_z, n_hist, want, block + 1, &n_draft, &qs, err) != 0) {
+                rc = -1;
+                goto drain;
+            }
+            sm->draft_s += gen_mono() - td;
+            const bool guess = depth > 1 && kk > 0 && n_draft == want;
+            if (n_draft > kk) n_draft = kk;
+            for (int i = 0; i < n_draft; i++) {
+                for (int b = 0; b < 4; b++) sm->draft_digest = (sm->draft_digest ^ (uint8_t)((uint32_t)block[1 + i] >> (8 * b))) * 0x100000001b3ULL;
+            }
+            block[0] = z[n_z - 1];
+            double tv = gen_mono();
+            if (depth > 1) {
+                if (v->submit(v->ctx, bpos, block, n_draft + 1, qs, err) != 0) {
+                    rc = -1;
+                    goto drain;
+                }
+            } else if (v->verify(v->ctx, bpos, block, n_draft + 1, qs, out, &n_out, err) != 0) {
+                rc = -1;
+                goto drain;
+            }
+            sm->verify_s += gen_mono() - tv;
+            fl[n_fl++] = (struct spec_flight){.pos = bpos, .n = n_draft + 1};
+            sm->drafted += n_draft;
+            memcpy(z + n_z, block + 1, (size_t)(n_draft + (guess ? 1 : 0)) * sizeof *z);
+            n_z += (size_t)n_draft + (guess ? 1 : 0);
+            more = guess;
         }
-        block[0] = hist[n_hist - 1];
-        double tv = gen_mono();
-        if (v->verify(v->ctx, pos, block, n_draft + 1, qs, out, &n_out, err) != 0) {
-            rc = -1;
-            break;
+        if (n_fl == 0) break; /* nothing could be sent (no room left to generate) */
+        /* The oldest block's result (already there without pipelining). */
+        struct spec_flight b0 = fl[0];
+        memmove(fl, fl + 1, (size_t)(--n_fl) * sizeof *fl);
+        if (depth > 1) {
+            double tv = gen_mono();
+            if (v->collect(v->ctx, out, &n_out, err) != 0) {
+                rc = -1;
+                goto drain;
+            }
+            sm->verify_s += gen_mono() - tv;
         }
-        sm->verify_s += gen_mono() - tv;
         sm->traversals++;
-        sm->drafted += n_draft;
+        if (b0.stale) { /* drafted assuming more than was accepted: nothing of it counts */
+            sm->drafted -= b0.n - 1;
+            sm->cancelled++;
+            n_out = 0;
+            continue;
+        }
+        if (n_out < 1 || n_out > b0.n) {
+            rc = rl_errf(err, "the verifier committed %d tokens of a %d-token block", n_out, b0.n);
+            goto drain;
+        }
         sm->accepted += n_out - 1;
         sm->committed += n_out;
-        pos += (uint32_t)n_out;
         if (spec_push_features(v, d, n_taps, (uint32_t)n_out, err) != 0 || spec_drafter_commit(d, out, n_out, err) != 0) {
             rc = -1;
-            break;
+            goto drain;
         }
-        if (sp->adaptive && n_draft > 0) {
-            if (n_out - 1 == n_draft && k < sp->k_max) k++;
-            else if (2 * (n_out - 1) < n_draft && k > 1) k--;
+        /* The blocks behind it hold only if it was wholly accepted and its bonus token is the guess. */
+        if (n_fl > 0 && !(n_out == b0.n && out[n_out - 1] == z[b0.pos + (uint32_t)b0.n])) {
+            for (int i = 0; i < n_fl; i++) fl[i].stale = true;
+            n_z = 0; /* (re)built from hist once the committed tokens are emitted */
+            more = false;
+        }
+        if (n_fl > 0 && fl[0].stale) { /* sent ahead and now stale: let the new block follow them at once */
+            memcpy(z, hist, n_hist * sizeof *z);
+            memcpy(z + n_hist, out, (size_t)n_out * sizeof *z);
+            n_z = n_hist + (size_t)n_out;
+            more = true;
+        }
+        if (sp->adaptive && b0.n > 1) {
+            if (n_out == b0.n && k < sp->k_max) k++;
+            else if (2 * (n_out - 1) < b0.n - 1 && k > 1) k--;
         }
     }
+drain: /* results of blocks still in flight (stale, or past the end) are collected and dropped */
+    while (depth > 1 && n_fl > 0) {
+        rl_err e2;
+        int32_t junk[SPEC_MAX_DRAFT + 1];
+        int nj;
+        n_fl--;
+        if (v->collect(v->ctx, junk, &nj, &e2) != 0) break;
+    }
+    free(z);
     sm->acceptance_rate = sm->drafted ? (double)sm->accepted / (double)sm->drafted : 0;
     sm->tokens_per_traversal = sm->traversals ? (double)sm->committed / (double)sm->traversals : 0;
 done:

@@ -4,7 +4,13 @@
  * accepts, every stage rolls back what was rejected). Over a network a target pass costs one trip around
  * the ring, so every extra token accepted per pass is nearly free. Greedy output equals plain greedy
  * decoding; sampled output has the target's distribution (accept.h). The draft length adapts: it grows
- * after a fully accepted block and shrinks when less than half is kept. */
+ * after a fully accepted block and shrinks when less than half is kept.
+ *
+ * Pipelining (depth > 1, verifiers with submit/collect): while a block travels, the next is drafted as if
+ * it were wholly accepted, after a guess of its bonus token, and sent behind it; up to `depth` blocks are
+ * in flight. When a block is not wholly accepted (or its bonus is not the guess) the blocks behind it are
+ * stale: the last stage answers them without running them, every stage rolls back past them when the next
+ * valid block arrives, and drafting restarts from what was committed. */
 #ifndef RINGLM_SPEC_GEN_H
 #define RINGLM_SPEC_GEN_H
 
@@ -28,15 +34,24 @@ typedef struct spec_verifier {
      * verify: the rows of the committed positions (pos .. pos + n_out - 1); rows of n * n_embd floats. */
     int (*set_taps)(void *ctx, const uint32_t *layers, int n, rl_err *err);
     const float *(*features)(void *ctx, uint32_t *n_rows);
+    /* Pipelining (NULL where absent): submit sends a block like verify without waiting for its result;
+     * collect waits for the oldest submitted block's. *n_out == 0: the block was stale (the last stage saw
+     * that an earlier block was not wholly accepted) and was not run. features() refers to the collected. */
+    int (*submit)(void *ctx, uint32_t pos, const int32_t *tokens, int n, const spec_q *qs, rl_err *err);
+    int (*collect)(void *ctx, int32_t *out, int *n_out, rl_err *err);
 } spec_verifier;
+
+#define SPEC_MAX_DEPTH 3 /* blocks in flight; every stage can roll back into K3_RB_BLOCKS of them */
 
 typedef struct spec_params {
     int k_max;     /* longest draft (<= SPEC_MAX_DRAFT) */
     bool adaptive; /* adapt the draft length to the acceptance */
+    int depth;     /* blocks in flight (pipelining, where the verifier can): 1 = draft, verify, repeat */
 } spec_params;
 
 typedef struct spec_metrics {
     long drafted, accepted, traversals, committed;
+    long cancelled;              /* blocks sent ahead and found stale (pipelining) */
     double draft_s, verify_s;
     double acceptance_rate;      /* accepted / drafted */
     double tokens_per_traversal; /* committed / verifier passes (the prefill's pass not counted) */

@@ -55,9 +55,9 @@ static int ring_begin(void *ctx, const int32_t *prompt, size_t n, const smp_para
     return 0;
 }
 
-static int ring_verify(void *ctx, uint32_t pos, const int32_t *tokens, int n, const spec_q *qs, int32_t *out,
-                       int *n_out, rl_err *err) {
+static int ring_submit_block(void *ctx, uint32_t pos, const int32_t *tokens, int n, const spec_q *qs, rl_err *err) {
     spec_ring *r = ctx;
+    if (r->n_fl == SPEC_MAX_DEPTH) return rl_errf(err, "%d blocks already in flight", r->n_fl);
     /* Drafts' distributions, packed as the last stage expects them: per draft, n then (id, p) pairs. */
     uint8_t qbuf[SPEC_MAX_DRAFT * (4 + 64 * 8)];
     size_t ql = 0;
@@ -71,26 +71,49 @@ static int ring_verify(void *ctx, uint32_t pos, const int32_t *tokens, int n, co
             ql += 8;
         }
     }
-    ring_seq_req rq;
-    memset(&rq, 0, sizeof rq);
-    rq.seq_id = r->seq;
-    rq.pos = pos;
-    rq.n = (uint32_t)n;
-    rq.tokens = tokens;
-    rq.smp = r->smp;
-    rq.flags = RF_SEQ_VERIFY | (qs ? RF_SEQ_HAS_Q : 0) | (r->taps ? RF_SEQ_TAPS : 0);
-    rq.q = qbuf;
-    rq.q_len = ql;
-    int rc = ring_step(r->rc, &rq, 1, err);
-    if (rc == 0 && (rq.token < 1 || rq.token > n)) {
-        rc = rl_errf(err, "the last stage committed %d tokens of a %d-token block", rq.token, n);
+    struct spec_ring_flight *f = &r->fl[r->n_fl];
+    memset(f, 0, sizeof *f);
+    ring_seq_req *rq = &f->rq;
+    rq->seq_id = r->seq;
+    rq->pos = pos;
+    rq->n = (uint32_t)n;
+    rq->tokens = tokens; /* copied by ring_submit */
+    rq->smp = r->smp;
+    rq->flags = RF_SEQ_VERIFY | (qs ? RF_SEQ_HAS_Q : 0) | (r->taps ? RF_SEQ_TAPS : 0);
+    rq->q = qbuf;
+    rq->q_len = ql;
+    if (ring_submit(r->rc, rq, 1, &f->step, err) != 0) return -1;
+    rq->tokens = NULL;
+    rq->q = NULL;
+    r->n_fl++;
+    return 0;
+}
+
+static int ring_collect_block(void *ctx, int32_t *out, int *n_out, rl_err *err) {
+    spec_ring *r = ctx;
+    if (r->n_fl == 0) return rl_errf(err, "no block in flight");
+    struct spec_ring_flight f = r->fl[0];
+    memmove(r->fl, r->fl + 1, (size_t)(--r->n_fl) * sizeof *r->fl);
+    ring_seq_req *rq = &f.rq;
+    int rc = ring_collect(r->rc, f.step, rq, 1, err);
+    if (rc == 0 && (rq->token < 0 || rq->token > (int)rq->n)) {
+        rc = rl_errf(err, "the last stage committed %d tokens of a %u-token block", rq->token, rq->n);
     }
     r->n_feat = 0; /* only the committed positions' rows are the sequence's */
-    if (rc == 0 && r->taps) rc = ring_keep_taps(r, rq.taps, (uint32_t)rq.token, err);
-    free(rq.taps);
+    if (rc == 0 && r->taps && rq->token > 0) rc = ring_keep_taps(r, rq->taps, (uint32_t)rq->token, err);
+    free(rq->taps);
     if (rc != 0) return -1;
-    memcpy(out, rq.committed, (size_t)rq.token * sizeof *out);
-    *n_out = rq.token;
+    memcpy(out, rq->committed, (size_t)rq->token * sizeof *out);
+    *n_out = rq->token;
+    return 0;
+}
+
+static int ring_verify(void *ctx, uint32_t pos, const int32_t *tokens, int n, const spec_q *qs, int32_t *out,
+                       int *n_out, rl_err *err) {
+    spec_ring *r = ctx;
+    if (r->n_fl != 0) return rl_errf(err, "verify with blocks in flight");
+    if (ring_submit_block(ctx, pos, tokens, n, qs, err) != 0 || ring_collect_block(ctx, out, n_out, err) != 0) return -1;
+    if (*n_out < 1) return rl_errf(err, "the last stage found a block stale with none before it");
     return 0;
 }
 
@@ -112,6 +135,12 @@ static const float *ring_features(void *ctx, uint32_t *n_rows) {
 static void ring_end(void *ctx) {
     spec_ring *r = ctx;
     rl_err e;
+    while (r->n_fl > 0) { /* after a failure: what is still in flight is dropped */
+        int32_t junk[SPEC_MAX_DRAFT + 1];
+        int nj;
+        if (ring_collect_block(ctx, junk, &nj, &e) != 0) break;
+    }
+    r->n_fl = 0;
     ring_free_seqs(r->rc, &r->seq, 1, &e);
     free(r->feat);
     r->feat = NULL;
@@ -120,5 +149,6 @@ static void ring_end(void *ctx) {
 
 spec_verifier spec_verifier_ring(spec_ring *r) {
     return (spec_verifier){.ctx = r, .begin = ring_begin, .verify = ring_verify, .end = ring_end,
-                           .set_taps = ring_set_taps, .features = ring_features};
+                           .set_taps = ring_set_taps, .features = ring_features, .submit = ring_submit_block,
+                           .collect = ring_collect_block};
 }

@@ -374,6 +374,60 @@ static void test_model(const char *cfg_name, const char *type, const char *dir, 
         uint32_t before = st.n_past;
         CHECK(k3_state_rollback(&st, before - 3, &err) != 0, "rollback outside the kept block refused: %s", err.msg);
     }
+    /* Pipelined speculation: three consecutive 4-token blocks kept (positions 20..31), then back to a
+     * position inside the first, second or third == a run of only the accepted tokens; a fifth consecutive
+     * block drops the first, so a rollback into it is refused. */
+    for (int back = 0; back < 3; back++) {
+        const uint32_t keep_to = 20 + 4 * (uint32_t)back + 2; /* keeps 2 tokens of block `back` */
+        k3_state_reset(&st);
+        free(run_chunks(&f.e, &st, tok, 20, 0));
+        int ok = 1;
+        uint8_t keep = 1;
+        uint32_t nb = 4;
+        k3_state *sp = &st;
+        for (int blk = 0; blk < 3 && ok; blk++) {
+            int32_t block[4];
+            for (int t = 0; t < 4; t++) { /* accepted tokens up to keep_to, the rest are drafts to reject */
+                uint32_t p = 20 + 4 * (uint32_t)blk + (uint32_t)t;
+                block[t] = p < keep_to ? tok[p] : tok2[t];
+            }
+            k3_batch b = {.n_seqs = 1, .seqs = &sp, .n_tokens = &nb, .tokens = block, .keep_rollback = &keep};
+            k3_output o;
+            ok = k3_forward(&f.e, &b, &o, &err) == 0;
+            if (ok) k3_output_free(&o);
+        }
+        ok = ok && st.rb_count == 3 && k3_state_rollback(&st, keep_to, &err) == 0 && st.n_past == keep_to;
+        float *after = ok ? run_chunks(&f.e, &st, tok + keep_to, 6, 0) : NULL;
+        k3_state ref;
+        k3_state_init(&ref, hp, 0, L, 64, &err);
+        free(run_chunks(&f.e, &ref, tok, (int)keep_to, 0));
+        float *want = run_chunks(&f.e, &ref, tok + keep_to, 6, 0);
+        double r = after ? rel_diff(want, after, (size_t)6 * V) : 1;
+        CHECK(ok && r <= 1e-4, "%s/%s: 3 blocks kept, back into block %d (+%u), continue == only the accepted tokens (rel %.2g)%s",
+              cfg_name, type, back + 1, keep_to - 20, r, ok ? "" : err.msg);
+        free(after);
+        free(want);
+        k3_state_free(&ref);
+    }
+    {
+        k3_state_reset(&st);
+        free(run_chunks(&f.e, &st, tok, 20, 0));
+        uint8_t keep = 1;
+        uint32_t nb = 4;
+        k3_state *sp = &st;
+        int ok = 1;
+        for (int blk = 0; blk < K3_RB_BLOCKS + 1 && ok; blk++) {
+            k3_batch b = {.n_seqs = 1, .seqs = &sp, .n_tokens = &nb, .tokens = tok + 20 + 4 * blk, .keep_rollback = &keep};
+            k3_output o;
+            ok = k3_forward(&f.e, &b, &o, &err) == 0;
+            if (ok) k3_output_free(&o);
+        }
+        CHECK(ok && st.rb_count == K3_RB_BLOCKS && k3_state_rollback(&st, 22, &err) != 0,
+              "%s/%s: %d consecutive blocks keep the last %d; a rollback into the dropped first is refused: %s", cfg_name, type,
+              K3_RB_BLOCKS + 1, K3_RB_BLOCKS, err.msg);
+        CHECK(k3_state_rollback(&st, 20 + 4 + 1, &err) == 0 && st.n_past == 25, "%s/%s: ... and one into the second still works",
+              cfg_name, type);
+    }
 
 cut:
     /* Cutting the range: [0,k) then [k,n) through a serialized f32 boundary == [0,n), bit for bit. */
