@@ -38,7 +38,8 @@ for d in ngram "$self8" "dspark:$WORK/dspark.gguf"; do
     done
 done
 # Pipelined speculation: 2 (every drafter) and 3 (n-gram) blocks in flight through the 3-node ring, each
-# drafted assuming the ones before it are accepted; stale ones are cancelled and every stage rolls back
+# drafted assuming the ones before it are accepted (--draft-fixed: always, not only once acceptance is
+# high); stale ones are cancelled and every stage rolls back
 # past them. The output is still plain greedy decoding.
 for dd in "2 ngram" "2 $self8" "2 dspark:$WORK/dspark.gguf" "3 ngram"; do
     read -r depth d <<<"$dd"
@@ -47,7 +48,7 @@ for dd in "2 ngram" "2 $self8" "2 dspark:$WORK/dspark.gguf" "3 ngram"; do
     for pr in $(seq 20); do
         p=$(prompt "$pr")
         "$RINGLM" run -m "$target" --tokens "$p" -n 20 --temp 0 --ignore-eos --ids >"$WORK/plain" 2>/dev/null
-        "$RINGLM" run -m "$target" --tokens "$p" -n 20 --temp 0 --ignore-eos --ids --draft "$d" --draft-depth "$depth" \
+        "$RINGLM" run -m "$target" --tokens "$p" -n 20 --temp 0 --ignore-eos --ids --draft "$d" --draft-depth "$depth" --draft-fixed \
             --ring "$WORK/ring3.conf" "${K[@]}" --metrics-json "$WORK/m.json" >"$WORK/spec" 2>"$WORK/err" || cat "$WORK/err"
         cmp -s "$WORK/plain" "$WORK/spec" && same=$((same + 1))
         c=$(grep -o '"cancelled":[^,}]*' "$WORK/m.json" | tr -dc 0-9)

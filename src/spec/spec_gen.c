@@ -1,5 +1,6 @@
 #include "spec_gen.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +13,23 @@ static int spec_push_features(spec_verifier *v, spec_drafter *d, int n_taps, uin
     const float *rows = v->features(v->ctx, &n);
     if (n != want) return rl_errf(err, "the verifier returned features of %u positions, %u were committed", n, want);
     return spec_drafter_features(d, rows, n, err);
+}
+
+/* The draft length with the most committed tokens per second: a block of k drafts, each accepted with
+ * probability alpha once the ones before it were, commits (1 - alpha^(k+1)) / (1 - alpha) tokens on average;
+ * it costs a traversal plus k draft steps, or with blocks in flight, whichever of a traversal's share and
+ * the drafting is longer (drafting then overlaps the traversals). */
+static int spec_pick_k(double alpha, double t_trav, double t_draft, int depth, int k_max) {
+    if (alpha > 0.999) alpha = 0.999;
+    int best = 1;
+    double best_rate = -1;
+    for (int k = 1; k <= k_max; k++) {
+        double gain = (1 - pow(alpha, k + 1)) / (1 - alpha);
+        double cost = depth > 1 ? fmax(t_trav / depth, k * t_draft) : t_trav + k * t_draft;
+        double rate = gain / (cost > 1e-9 ? cost : 1e-9);
+        if (rate > best_rate * 1.0001) best_rate = rate, best = k;
+    }
+    return best;
 }
 
 int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
@@ -56,6 +74,7 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
         uint32_t pos;
         int n;     /* tokens of the block: the first, then n - 1 drafts */
         bool stale;/* an earlier block was not wholly accepted: its result is discarded */
+        double t_sent;
     } fl[SPEC_MAX_DEPTH];
     int n_fl = 0;
     int32_t *z = malloc((cap + (size_t)SPEC_MAX_DEPTH * (SPEC_MAX_DRAFT + 2)) * sizeof *z);
@@ -68,6 +87,7 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
     int n_out = 1;
     out[0] = last;
     bool stop = false, more = true; /* more: the next block's first token is known (z can grow) */
+    double acc_s = 1, acc_f = 1, t_trav = 0, t_draft = 0; /* what the draft length adapts to */
     while (!stop) {
         /* Emit what was just committed. */
         for (int i = 0; i < n_out && !stop; i++) {
@@ -104,6 +124,9 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
             if (left < kk) kk = (int)left;
             if ((int64_t)p->n_ctx - (int64_t)bpos - 1 < kk) kk = (int)((int64_t)p->n_ctx - (int64_t)bpos - 1);
             if (kk < 0 || (kk == 0 && n_fl > 0)) break;
+            /* A block sent ahead pays only if the one before it is likely wholly accepted, its guess too:
+             * stale blocks still cost every stage but the last their compute. */
+            if (n_fl > 0 && sp->adaptive && pow(acc_s / (acc_s + acc_f), fl[n_fl - 1].n) < 0.25) break;
             int32_t block[SPEC_MAX_DRAFT + 2];
             int n_draft = 0;
             const spec_q *qs = NULL;
@@ -114,6 +137,7 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
                 goto drain;
             }
             sm->draft_s += gen_mono() - td;
+            if (want > 0) t_draft = 0.8 * t_draft + 0.2 * (gen_mono() - td) / want;
             const bool guess = depth > 1 && kk > 0 && n_draft == want;
             if (n_draft > kk) n_draft = kk;
             for (int i = 0; i < n_draft; i++) {
@@ -131,7 +155,8 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
                 goto drain;
             }
             sm->verify_s += gen_mono() - tv;
-            fl[n_fl++] = (struct spec_flight){.pos = bpos, .n = n_draft + 1};
+            if (depth == 1) t_trav = t_trav > 0 ? 0.8 * t_trav + 0.2 * (gen_mono() - tv) : gen_mono() - tv;
+            fl[n_fl++] = (struct spec_flight){.pos = bpos, .n = n_draft + 1, .t_sent = tv};
             sm->drafted += n_draft;
             memcpy(z + n_z, block + 1, (size_t)(n_draft + (guess ? 1 : 0)) * sizeof *z);
             n_z += (size_t)n_draft + (guess ? 1 : 0);
@@ -140,6 +165,7 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
         if (n_fl == 0) break; /* nothing could be sent (no room left to generate) */
         /* The oldest block's result (already there without pipelining). */
         struct spec_flight b0 = fl[0];
+        const double b0_sent = b0.t_sent;
         memmove(fl, fl + 1, (size_t)(--n_fl) * sizeof *fl);
         if (depth > 1) {
             double tv = gen_mono();
@@ -148,6 +174,7 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
                 goto drain;
             }
             sm->verify_s += gen_mono() - tv;
+            t_trav = t_trav > 0 ? 0.8 * t_trav + 0.2 * (gen_mono() - b0_sent) : gen_mono() - b0_sent;
         }
         sm->traversals++;
         if (b0.stale) { /* drafted assuming more than was accepted: nothing of it counts */
@@ -179,8 +206,11 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
             more = true;
         }
         if (sp->adaptive && b0.n > 1) {
-            if (n_out == b0.n && k < sp->k_max) k++;
-            else if (2 * (n_out - 1) < b0.n - 1 && k > 1) k--;
+            /* Per-draft acceptance as successes / trials over a decaying window: a block of n drafts with a
+             * accepted shows a successes and, if a < n, one failure. */
+            acc_s = 0.9 * acc_s + (n_out - 1);
+            acc_f = 0.9 * acc_f + (n_out < b0.n);
+            k = spec_pick_k(acc_s / (acc_s + acc_f), t_trav, t_draft, depth, sp->k_max);
         }
     }
 drain: /* results of blocks still in flight (stale, or past the end) are collected and dropped */
