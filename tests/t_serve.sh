@@ -122,6 +122,32 @@ steps1=$(metric ringlm_steps_total); gen1=$(metric ringlm_generated_tokens_total
 check "the 4 streams shared steps ($((steps1 - steps0)) steps for $((gen1 - gen0)) tokens)" \
     test $((steps1 - steps0)) -lt $((gen1 - gen0))
 
+# ---- speculation (n-gram drafts, per request): the same text, in fewer steps when drafts are kept -----------
+d0=$(metric ringlm_spec_drafted_tokens_total)
+pids=()
+for i in 0 1 2 3; do
+    post "spec$i" /v1/completions "{\"prompt\":\"${prompts[$i]} ${prompts[$i]} ${prompts[$i]}\",\"max_tokens\":32,\"temperature\":0,\"ignore_eos\":true,\"draft\":\"ngram\"}" &
+    pids+=($!)
+    post "nospec$i" /v1/completions "{\"prompt\":\"${prompts[$i]} ${prompts[$i]} ${prompts[$i]}\",\"max_tokens\":32,\"temperature\":0,\"ignore_eos\":true}"
+done
+wait "${pids[@]}"
+same=0
+for i in 0 1 2 3; do
+    py "$WORK/spec$i.json" "d['choices'][0]['text'] == load('nospec$i.json')['choices'][0]['text'] and d['usage']['completion_tokens'] == 32" &&
+        same=$((same + 1))
+done
+d1=$(metric ringlm_spec_drafted_tokens_total); a1=$(metric ringlm_spec_accepted_tokens_total)
+check "4 concurrent requests with n-gram drafts = the same requests without ($same/4; $((d1 - d0)) drafts, $a1 kept in all)" \
+    test $same = 4
+check "... drafts were verified (ringlm_spec_drafted_tokens_total grew by $((d1 - d0)))" test "$((d1 - d0))" -gt 0
+post specs /v1/completions "{\"prompt\":\"a b a b a b\",\"max_tokens\":16,\"temperature\":1,\"seed\":5,\"draft\":\"ngram\"}"
+check "a sampled request with drafts: 200" code_is specs 200
+post specbad /v1/completions '{"prompt":"hi","draft":"model.gguf"}'
+check "draft other than ngram/none: 400 naming the field" py "$WORK/specbad.json" "d['error']['param'] == 'draft'"
+rc=0; "$RINGLM" serve -m "$f" --draft "$f" 2>"$WORK/draft.err" || rc=$?
+check "serve --draft with a draft model file is refused at start (exit 2, says what works)" \
+    bash -c "test $rc = 2 && grep -q ngram '$WORK/draft.err'"
+
 # ---- a client that hangs up frees its slot ---------------------------------------------------------------
 start small --parallel 2 --queue 0
 URL=${SRV_URL[small]}

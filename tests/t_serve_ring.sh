@@ -81,6 +81,18 @@ check "the 4 streams shared frames ($((steps1 - steps0)) steps for $((gen1 - gen
     test $((steps1 - steps0)) -lt $((gen1 - gen0))
 awk -v a="$t0" -v b="$t1" -v n=$((gen1 - gen0)) 'BEGIN { printf "info: 4 streams: %d tokens in %.2f s = %.1f tok/s\n", n, b - a, n / (b - a) }'
 
+# Speculation through the ring: the same 4 requests with n-gram drafts, concurrently, verified as VERIFY
+# blocks in shared frames (the stages roll back the rejected drafts): the same text.
+pids=()
+for i in 0 1 2 3; do post "spec$i" "$(greedy "${prompts[$i]}" 32 ',"draft":"ngram"')" & pids+=($!); done
+wait "${pids[@]}"
+same=0
+for i in 0 1 2 3; do
+    py "$WORK/spec$i.json" "d['choices'][0]['text'] == load('seq$i.json')['choices'][0]['text']" && same=$((same + 1))
+done
+check "4 concurrent requests with n-gram drafts through the ring = their results without ($same/4, $(metric ringlm_spec_drafted_tokens_total) drafts)" \
+    test $same = 4
+
 # ---- metrics: per node and per stage ---------------------------------------------------------------------
 curl "${CT[@]}" "$URL/metrics" >"$WORK/metrics.txt"
 check "/metrics: 3 nodes up, none down" bash -c "grep -qx 'ringlm_nodes_up 3' '$WORK/metrics.txt' && grep -qx 'ringlm_nodes_down 0' '$WORK/metrics.txt'"

@@ -17,7 +17,7 @@ static void serve_usage(FILE *f) {
     fprintf(f,
             "usage: ringlm serve -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
             "                    [--parallel N] [--ctx N] [--queue N] [--threads N] [--chunk N]\n"
-            "                    [--max-body BYTES] [--drain SECONDS] [--quiet]\n"
+            "                    [--max-body BYTES] [--drain SECONDS] [--quiet] [--draft ngram|none [--draft-n K]]\n"
             "                    [--ring ring.conf --key coord.key [--wire f32|f16|bf16] [--receipts FILE]\n"
             "                     [--audit-rate R [--audit-seed S] [--audit-tol T]]]\n\n"
             "Serves the model over an OpenAI-compatible HTTP API (docs/serve.md):\n"
@@ -37,6 +37,11 @@ static void serve_usage(FILE *f) {
             "  --drain S      on SIGINT/SIGTERM, let running requests finish for up to S seconds\n"
             "                 (default 30), then cancel them; a second signal cancels at once\n"
             "  --quiet        no log line per request\n"
+            "  --draft ngram  speculative decoding by prompt lookup for every request (a request may say\n"
+            "                 \"draft\": \"ngram\" or \"none\"): up to --draft-n tokens (default 7) proposed from the\n"
+            "                 request's own text are verified in the request's step; the output is unchanged\n"
+            "                 at temperature 0 and keeps its distribution otherwise. Draft models and DSpark\n"
+            "                 drafts are `ringlm run` only, for now\n"
             "  --ring FILE    run the model on the nodes in FILE (\"HOST:PORT PUBKEY_HEX [mem=GB]\" per line)\n"
             "                 as their coordinator with identity --key: every step is one frame through the\n"
             "                 ring carrying every running request; a ring that breaks answers 503 and is\n"
@@ -66,6 +71,8 @@ int cmd_serve(int argc, char **argv) {
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     unsigned long long max_body = 1u << 20;
     bool quiet = false;
+    const char *draft = "none";
+    int draft_n = 7;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -106,6 +113,15 @@ int cmd_serve(int argc, char **argv) {
             bad = cli_parse_int(v, &threads) || threads < 1;
         } else if (strcmp(a, "--chunk") == 0) {
             bad = cli_parse_int(v, &chunk) || chunk < 1;
+        } else if (strcmp(a, "--draft") == 0) {
+            draft = v;
+            if (strcmp(v, "ngram") != 0 && strcmp(v, "none") != 0) {
+                fprintf(stderr, "ringlm serve: --draft %s: serve drafts by prompt lookup (ngram) or not at all (none); "
+                                "draft models and DSpark drafts work with `ringlm run` for now\n", v);
+                return 2;
+            }
+        } else if (strcmp(a, "--draft-n") == 0) {
+            bad = cli_parse_int(v, &draft_n) || draft_n < 1 || draft_n > SCH_MAX_DRAFT;
         } else if (strcmp(a, "--drain") == 0) {
             bad = cli_parse_int(v, &drain) || drain < 0;
         } else if (strcmp(a, "--max-body") == 0) {
@@ -197,7 +213,8 @@ int cmd_serve(int argc, char **argv) {
     if (sch_start(&s, &err) != 0) goto out;
     http_config hc = {.host = host, .port = port, .api_key = api_key, .body_limit = (size_t)max_body,
                       .model_id = serve_model_id(model), .have_chat = have_chat, .chat_fmt = fmt,
-                      .chat_err = chat_err.msg, .max_connections = 64 + 2 * (parallel + queue), .quiet = quiet};
+                      .chat_err = chat_err.msg, .max_connections = 64 + 2 * (parallel + queue), .quiet = quiet,
+                      .draft_n = strcmp(draft, "ngram") == 0 ? draft_n : 0, .draft_k = draft_n};
     if (http_start(&h, &hc, &s, &tok, &err) != 0) goto out;
     char where[64];
     if (ring_path) snprintf(where, sizeof where, "a ring of %d nodes", rconf.n);

@@ -385,6 +385,7 @@ static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
                                 .smp = S->smp};
         }
         if (!e->sample) q->flags |= RF_SEQ_NO_SAMPLE;
+        if (e->n_draft > 0) q->flags |= RF_SEQ_VERIFY; /* the last stage accepts; the stages roll back after */
         q->token = -1;
     }
     uint64_t step_id;
@@ -395,6 +396,21 @@ static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
     }
     for (int i = 0; i < n; i++) {
         sch_step *e = &steps[i];
+        const ring_seq_req *q = &B->reqs[i];
+        bool bad = false;
+        if (e->n_draft > 0) { /* token = how many were committed, then the committed ids */
+            bad = q->token < 1 || q->token > (int)e->n_tokens;
+            for (int t = 0; !bad && t < q->token; t++) bad = q->committed[t] < 0 || (uint32_t)q->committed[t] >= B->cfg.hp->n_vocab;
+            if (bad) {
+                char msg[200];
+                snprintf(msg, sizeof msg, "the last stage committed %d tokens (or an id out of range) of a %u-token block for sequence %llu",
+                         q->token, e->n_tokens, (unsigned long long)q->seq_id);
+                rl_errf(err, "the ring failed: %s", msg);
+                ring_break(B, msg);
+                return SCH_RING_UNAVAILABLE;
+            }
+            continue;
+        }
         if (e->sample && (B->reqs[i].token < 0 || (uint32_t)B->reqs[i].token >= B->cfg.hp->n_vocab)) {
             char msg[200];
             snprintf(msg, sizeof msg, "the last stage returned token %d for sequence %llu (vocabulary %u)",
@@ -409,6 +425,15 @@ static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
         ring_slot *S = &B->slots[e->slot];
         S->pos = B->reqs[i].pos + B->reqs[i].n;
         if (!S->sampled) S->n_hist += e->n_tokens;
+        if (e->n_draft > 0) { /* valid up to the committed tokens: the next frame starts there */
+            e->n_out = B->reqs[i].token;
+            memcpy(e->out, B->reqs[i].committed, (size_t)e->n_out * sizeof *e->out);
+            e->token = e->out[e->n_out - 1];
+            S->pos = B->reqs[i].pos + (uint32_t)e->n_out;
+            S->sampled = true;
+            S->n_hist = 0;
+            continue;
+        }
         if (e->sample) {
             e->token = B->reqs[i].token;
             S->sampled = true; /* from now on only the ring holds its past */

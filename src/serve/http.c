@@ -349,6 +349,16 @@ static int http_parse_common(const http_server *h, const cJSON *j, http_job *jb,
     if (jb->p.receipts && !h->s->be.receipts) {
         return BAD(f, "receipts", "this server signs no receipts: it needs a ring (--ring) with --receipts or --audit-rate");
     }
+    /* ringlm's own field: speculative drafting for this request, "ngram" (prompt lookup, up to the server's
+     * --draft-n tokens per step) or "none"; absent: the server's --draft. */
+    jb->p.draft_n = h->cfg.draft_n;
+    v = cJSON_GetObjectItemCaseSensitive(j, "draft");
+    if (!http_absent(v)) {
+        if (!cJSON_IsString(v) || (strcmp(v->valuestring, "ngram") != 0 && strcmp(v->valuestring, "none") != 0)) {
+            return BAD(f, "draft", "'draft' must be \"ngram\" or \"none\" (a draft model is chosen when the server starts)");
+        }
+        jb->p.draft_n = strcmp(v->valuestring, "ngram") == 0 ? h->cfg.draft_k : 0;
+    }
     v = cJSON_GetObjectItemCaseSensitive(j, "stream_options");
     if (!http_absent(v)) {
         if (!cJSON_IsObject(v)) return BAD(f, "stream_options", "'stream_options' must be an object");
@@ -964,6 +974,12 @@ static enum MHD_Result http_metrics(http_conn *hc, struct MHD_Connection *c) {
               &m.ttft);
     http_hist(&b, "ringlm_inter_token_latency_seconds", "Between consecutive generated tokens of one request.", &m.itl);
     http_hist(&b, "ringlm_step_duration_seconds", "One batched forward step (all sequences together).", &m.step_s);
+    http_family(&b, "ringlm_spec_drafted_tokens_total", "counter", "Speculative draft tokens verified (n-gram).");
+    hb_printf(&b, "ringlm_spec_drafted_tokens_total %llu\n", (unsigned long long)m.drafted);
+    http_family(&b, "ringlm_spec_accepted_tokens_total", "counter", "Speculative draft tokens the model kept.");
+    hb_printf(&b, "ringlm_spec_accepted_tokens_total %llu\n", (unsigned long long)m.accepted);
+    http_family(&b, "ringlm_spec_acceptance_ratio", "gauge", "Accepted / drafted tokens so far (0 without drafts).");
+    hb_printf(&b, "ringlm_spec_acceptance_ratio %.6f\n", m.drafted ? (double)m.accepted / (double)m.drafted : 0.0);
     http_family(&b, "ringlm_steps_total", "counter", "Batched forward steps.");
     hb_printf(&b, "ringlm_steps_total %llu\n", (unsigned long long)m.steps);
     http_family(&b, "ringlm_step_tokens_total", "counter", "Tokens carried by all steps (decode and prefill).");

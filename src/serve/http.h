@@ -36,6 +36,8 @@ typedef struct http_config {
     const char *chat_err;  /* why not, when !have_chat */
     int max_connections;
     bool quiet;            /* no per-request log lines on stderr */
+    int draft_n;           /* n-gram drafts per step for requests that do not say (0: none; --draft ngram) */
+    int draft_k;           /* the length a request asking "draft": "ngram" gets (--draft-n) */
 } http_config;
 
 /* Requests answered, by endpoint and status (for /metrics). */

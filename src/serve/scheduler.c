@@ -1,5 +1,8 @@
 #include "scheduler.h"
 
+#include "../spec/accept.h"
+#include "../spec/drafter.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +34,8 @@ typedef struct sch_local {
     k3_state *st;        /* [n_slots], slot i of the pool */
     smp_sampler *smp;    /* [n_slots] */
     bool *has_smp;       /* [n_slots] */
+    uint32_t *valid;     /* [n_slots]: positions committed; past them, a speculative entry's rejected drafts */
+    uint8_t *keep;       /* [n_slots] batch scratch: keep rollback copies (speculative entries) */
     /* batch scratch */
     k3_state **seqs;     /* [n_slots] */
     uint32_t *ntok;      /* [n_slots] */
@@ -46,9 +51,10 @@ static int sch_local_step(void *impl, sch_step *steps, int n, rl_err *err) {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += steps[i].n_tokens;
     if (total > L->tokens_cap) {
-        int32_t *t = realloc(L->tokens, total * sizeof *t);
-        if (!t) return rl_errf(err, "out of memory for a batch of %zu tokens", total);
-        L->tokens = t;
+        int32_t *t = realloc(L->tokens, total * sizeof *t), *rw = t ? realloc(L->rows, total * sizeof *rw) : NULL;
+        if (t) L->tokens = t;
+        if (rw) L->rows = rw;
+        if (!t || !rw) return rl_errf(err, "out of memory for a batch of %zu tokens", total);
         L->tokens_cap = total;
     }
     int n_rows = 0;
@@ -64,15 +70,24 @@ static int sch_local_step(void *impl, sch_step *steps, int n, rl_err *err) {
             L->has_smp[sp->slot] = true;
         } else if (!L->has_smp[sp->slot]) {
             return rl_errf(err, "slot %d continues a sequence that never began", sp->slot);
+        } else if (L->st[sp->slot].n_past > L->valid[sp->slot] &&
+                   k3_state_rollback(&L->st[sp->slot], L->valid[sp->slot], err) != 0) {
+            return -1; /* drop the last speculative entry's rejected drafts */
+        }
+        if (sp->n_draft < 0 || sp->n_draft > SCH_MAX_DRAFT || (sp->n_draft > 0 && (!sp->sample || sp->n_tokens != (uint32_t)sp->n_draft + 1))) {
+            return rl_errf(err, "slot %d: a speculative entry of %u tokens with %d drafts", sp->slot, sp->n_tokens, sp->n_draft);
         }
         L->seqs[i] = &L->st[sp->slot];
         L->ntok[i] = sp->n_tokens;
+        L->keep[i] = sp->n_draft > 0;
         memcpy(L->tokens + off, sp->tokens, sp->n_tokens * sizeof(int32_t));
         off += sp->n_tokens;
-        if (sp->sample) L->rows[n_rows++] = (int32_t)(off - 1);
+        for (int t = sp->n_draft > 0 ? 0 : (int)sp->n_tokens - 1; sp->sample && t < (int)sp->n_tokens; t++) {
+            L->rows[n_rows++] = (int32_t)(off - sp->n_tokens + (uint32_t)t);
+        }
     }
-    k3_batch b = {.n_seqs = n, .seqs = L->seqs, .n_tokens = L->ntok, .tokens = L->tokens, .n_logits = n_rows,
-                  .logit_rows = L->rows};
+    k3_batch b = {.n_seqs = n, .seqs = L->seqs, .n_tokens = L->ntok, .tokens = L->tokens, .keep_rollback = L->keep,
+                  .n_logits = n_rows, .logit_rows = L->rows};
     k3_output o;
     double t0 = sch_now();
     if (k3_forward(L->e, &b, &o, err) != 0) return -1;
@@ -82,6 +97,15 @@ static int sch_local_step(void *impl, sch_step *steps, int n, rl_err *err) {
     for (int i = 0; i < n; i++) {
         sch_step *sp = &steps[i];
         smp_sampler *smp = &L->smp[sp->slot];
+        L->valid[sp->slot] = L->st[sp->slot].n_past;
+        if (sp->n_draft > 0) { /* spec_accept takes the inputs into the penalty history as it judges them */
+            sp->n_out = spec_accept(smp, o.logits + (size_t)r * (size_t)n_vocab, n_vocab, sp->tokens, sp->n_draft, NULL,
+                                    sp->out);
+            r += (int)sp->n_tokens;
+            L->valid[sp->slot] -= (uint32_t)(sp->n_tokens - (uint32_t)sp->n_out);
+            sp->token = sp->out[sp->n_out - 1];
+            continue;
+        }
         /* The penalty history sees every token of the sequence, prompt included, as gen_run's does. */
         for (uint32_t t = 0; t < sp->n_tokens; t++) smp_accept(smp, sp->tokens[t]);
         if (sp->sample) sp->token = smp_sample(smp, o.logits + (size_t)r++ * (size_t)n_vocab);
@@ -113,6 +137,8 @@ static void sch_local_free(void *impl) {
     free(L->st);
     free(L->smp);
     free(L->has_smp);
+    free(L->valid);
+    free(L->keep);
     free(L->seqs);
     free(L->ntok);
     free(L->rows);
@@ -133,8 +159,9 @@ int sch_backend_local(sch_backend *be, k3_engine *e, int n_slots, uint32_t n_ctx
     L->has_smp = calloc((size_t)n_slots, sizeof *L->has_smp);
     L->seqs = calloc((size_t)n_slots, sizeof *L->seqs);
     L->ntok = calloc((size_t)n_slots, sizeof *L->ntok);
-    L->rows = calloc((size_t)n_slots, sizeof *L->rows);
-    if (!L->st || !L->smp || !L->has_smp || !L->seqs || !L->ntok || !L->rows) {
+    L->valid = calloc((size_t)n_slots, sizeof *L->valid);
+    L->keep = calloc((size_t)n_slots, sizeof *L->keep);
+    if (!L->st || !L->smp || !L->has_smp || !L->seqs || !L->ntok || !L->valid || !L->keep) {
         sch_local_free(L);
         return rl_errf(err, "out of memory");
     }
@@ -224,6 +251,7 @@ static void sch_request_destroy(sch_request *r) {
     free(r->out);
     free(r->receipts);
     free(r->hold);
+    free(r->hist);
     free(r);
 }
 
@@ -457,6 +485,12 @@ static void sch_admit(sch_sched *s) {
         s->n_queued--;
         r->slot = i;
         r->n_fed = 0;
+        r->n_hist = 0;
+        if (r->p.draft_n > 0 && (r->hist = malloc((r->n_prompt + 64) * sizeof *r->hist))) {
+            memcpy(r->hist, r->prompt, r->n_prompt * sizeof *r->hist);
+            r->n_hist = r->n_prompt;
+            r->cap_hist = r->n_prompt + 64;
+        }
         tok_stream_init(&r->ts, s->tok, false);
         s->slots[i] = r;
         s->n_active++;
@@ -465,6 +499,13 @@ static void sch_admit(sch_sched *s) {
 
 /* Handles a freshly sampled token. Mutex held. */
 static void sch_on_token(sch_sched *s, sch_request *r, int32_t id, double now) {
+    if (r->hist) { /* n-gram drafting reads it; without room it just stops growing (drafts get worse) */
+        if (r->n_hist == r->cap_hist) {
+            int32_t *h = realloc(r->hist, r->cap_hist * 2 * sizeof *h);
+            if (h) r->hist = h, r->cap_hist *= 2;
+        }
+        if (r->n_hist < r->cap_hist) r->hist[r->n_hist++] = id;
+    }
     r->n_gen++;
     s->m.gen_tokens++;
     if (r->n_gen == 1) sch_hist_add(&s->m.ttft, now - r->t_arrival);
@@ -525,6 +566,20 @@ static void *sch_main(void *arg) {
             sch_request *r = s->slots[i];
             if (!r || r->n_fed < r->n_prompt) continue;
             s->steps[n] = (sch_step){.slot = i, .n_tokens = 1, .tokens = &r->last, .sample = true};
+            /* Speculation: prompt lookup over the request's tokens, bounded by what is left to generate and
+             * the context (fed so far: the prompt and every sampled token but the last). */
+            int k = r->hist ? r->p.draft_n : 0;
+            if (k > SCH_MAX_DRAFT) k = SCH_MAX_DRAFT;
+            if (r->p.max_tokens > 0 && r->p.max_tokens - r->n_gen - 1 < k) k = r->p.max_tokens - r->n_gen - 1;
+            int64_t room = (int64_t)s->be.n_ctx - (int64_t)(r->n_prompt + (size_t)r->n_gen);
+            if (room < k) k = (int)room;
+            int nd = k > 0 ? spec_ngram(r->hist, r->n_hist, k, s->blocks[i] + 1) : 0;
+            if (nd > 0) {
+                s->blocks[i][0] = r->last;
+                s->steps[n].tokens = s->blocks[i];
+                s->steps[n].n_tokens = (uint32_t)nd + 1;
+                s->steps[n].n_draft = nd;
+            }
             s->step_req[n++] = r;
         }
         for (;;) {
@@ -576,7 +631,13 @@ static void *sch_main(void *arg) {
                 s->m.prompt_tokens += sp->n_tokens;
             }
             if (r->cancelled) continue; /* reaped at the top of the loop */
-            if (sp->sample) sch_on_token(s, r, sp->token, t1);
+            if (sp->n_draft > 0) { /* the committed tokens in order, until one ends the request */
+                s->m.drafted += (uint64_t)sp->n_draft;
+                s->m.accepted += (uint64_t)(sp->n_out - 1);
+                for (int t = 0; t < sp->n_out && r->fin == SCH_RUNNING; t++) sch_on_token(s, r, sp->out[t], t1);
+            } else if (sp->sample) {
+                sch_on_token(s, r, sp->token, t1);
+            }
         }
     }
     pthread_mutex_unlock(&s->mu);
@@ -596,10 +657,12 @@ int sch_init(sch_sched *s, const sch_backend *be, const tok_tokenizer *tok, cons
     /* A step holds at most one entry per slot. */
     s->steps = calloc((size_t)be->n_slots, sizeof *s->steps);
     s->step_req = calloc((size_t)be->n_slots, sizeof *s->step_req);
-    if (!s->slots || !s->steps || !s->step_req) {
+    s->blocks = calloc((size_t)be->n_slots, sizeof *s->blocks);
+    if (!s->slots || !s->steps || !s->step_req || !s->blocks) {
         free(s->slots);
         free(s->steps);
         free(s->step_req);
+        free(s->blocks);
         return rl_errf(err, "out of memory");
     }
     pthread_mutex_init(&s->mu, NULL);
@@ -670,6 +733,7 @@ void sch_free(sch_sched *s) {
     free(s->slots);
     free(s->steps);
     free(s->step_req);
+    free(s->blocks);
     memset(s, 0, sizeof *s);
 }
 

@@ -53,7 +53,12 @@
  *
  * All three are called from the scheduler thread only, never concurrently. */
 #define SCH_STEP_UNAVAILABLE (-2)
+#define SCH_MAX_DRAFT 16
 
+/* Speculative entries (n_draft > 0): tokens are [last, d1 .. dk], the drafts after the last sampled token;
+ * the backend runs all k+1 and keeps the longest prefix of drafts its sampler agrees with (spec/accept.h),
+ * returning the committed tokens (accepted drafts, then its own token) in out[0 .. n_out). The rejected
+ * part is the backend's to drop before the slot's next entry, which continues after the committed ones. */
 typedef struct sch_step {
     int slot;
     bool begin;
@@ -63,6 +68,9 @@ typedef struct sch_step {
     const int32_t *tokens;
     bool sample;
     int32_t token; /* out, when sample */
+    int n_draft;   /* speculative: drafts after the first token (sample is true) */
+    int32_t out[SCH_MAX_DRAFT + 1]; /* out, when n_draft > 0 */
+    int n_out;
 } sch_step;
 
 typedef struct sch_node_stat {
@@ -123,6 +131,7 @@ typedef struct sch_params {
     const char *stop[SCH_MAX_STOP]; /* stop strings (copied by sch_request_new); the match is not returned */
     int n_stop;
     bool receipts;           /* return the receipts of the request's traversals (needs a backend that signs) */
+    int draft_n;             /* n-gram (prompt lookup) drafts of up to this many tokens per step (0: none) */
 } sch_params;
 
 struct sch_sched;
@@ -152,6 +161,8 @@ typedef struct sch_request {
     int32_t last;            /* the last sampled token (fed at the next step) */
     double t_last;           /* when the last token was sampled */
     tok_stream ts;
+    int32_t *hist;           /* prompt and sampled tokens, for n-gram drafting (draft_n > 0) */
+    size_t n_hist, cap_hist;
     char *hold;              /* text held back because it may be the start of a stop string */
     size_t hold_len, hold_cap;
 } sch_request;
@@ -188,6 +199,7 @@ typedef struct sch_hist {
 typedef struct sch_metrics {
     uint64_t prompt_tokens, gen_tokens;  /* processed / sampled, in total */
     uint64_t steps, step_tokens;         /* forward passes, and the tokens they carried */
+    uint64_t drafted, accepted;          /* speculative drafts sent, and kept */
     uint64_t finished[SCH_FIN_ERROR + 1];/* requests by finish reason */
     double busy_s;                       /* seconds inside backend steps */
     int active, queued, n_slots, queue_cap;
@@ -213,6 +225,7 @@ typedef struct sch_sched {
     /* step scratch (scheduler thread only) */
     sch_step *steps;
     sch_request **step_req;
+    int32_t (*blocks)[SCH_MAX_DRAFT + 1]; /* [n_slots]: [last, drafts] of speculative entries */
 } sch_sched;
 
 /* Takes over the backend (sch_free frees it). tok must outlive the scheduler. */

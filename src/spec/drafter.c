@@ -88,7 +88,7 @@ int spec_drafter_begin(spec_drafter *d, const int32_t *prompt, size_t n, uint64_
 }
 
 /* Prompt lookup: the most recent earlier match of the last g tokens, longest g first. */
-static int spec_ngram(const int32_t *h, size_t n, int k, int32_t *draft) {
+int spec_ngram(const int32_t *h, size_t n, int k, int32_t *draft) {
     for (int g = 4; g >= 1; g--) {
         if ((size_t)g >= n) continue;
         const int32_t *key = h + n - g;

@@ -72,6 +72,10 @@ int spec_drafter_begin(spec_drafter *d, const int32_t *prompt, size_t n, uint64_
 int spec_drafter_propose(spec_drafter *d, const int32_t *history, size_t n, size_t n_conf, int k, int32_t *draft,
                          int *n_draft, const spec_q **qs, rl_err *err);
 
+/* Prompt lookup alone (NGRAM's proposal): up to k tokens that followed the most recent earlier occurrence
+ * of the last 4, 3, 2 or 1 tokens of h[0..n). Returns how many. */
+int spec_ngram(const int32_t *h, size_t n, int k, int32_t *draft);
+
 /* Tells the drafter which tokens were committed after the last proposal (accepted drafts + correction). */
 int spec_drafter_commit(spec_drafter *d, const int32_t *committed, int n, rl_err *err);
 
