@@ -181,4 +181,17 @@ kill -TERM "${SRV_PID[srv]}"
 rc=0; wait "${SRV_PID[srv]}" || rc=$?
 unset 'SRV_PID[srv]'
 check "SIGTERM: exit 0" test $rc = 0
+
+# ---- the plan reserves every slot's state: nodes of 48 MiB hold the layers and 2 sequences of 4096 tokens,
+# not 64 (about 5 MiB of state each, spread over 3 nodes) -------------------------------------------------
+sed 's/$/ mem=0.046875/' "$WORK/ring.conf" >"$WORK/ring-small.conf"
+rc=0; timeout 120 "$RINGLM" serve -m "$f" --ring "$WORK/ring-small.conf" --key "$RING/coord.key" --parallel 64 --port 0 \
+    2>"$WORK/small64.log" || rc=$?
+check "--parallel 64 on nodes too small for 64 sequences' state: the server does not start (exit $rc), naming the need" \
+    bash -c "test $rc = 1 && grep -q 'needs' '$WORK/small64.log'"
+serve_start small2 -m "$f" --ring "$WORK/ring-small.conf" --key "$RING/coord.key" --parallel 2
+URL=${SRV_URL[small2]}
+post small2 "$(greedy "$P" 8)"
+check "... --parallel 2 on the same nodes starts and answers" code_is small2 200
+kill -TERM "${SRV_PID[small2]}"; wait "${SRV_PID[small2]}" || true; unset 'SRV_PID[small2]'
 finish

@@ -445,7 +445,7 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
     plan_model pm;
     memset(&pm, 0, sizeof pm);
     pm.n_layer = hp->n_layer;
-    pm.n_seq = 1;
+    pm.n_seq = o->n_seqs > 0 ? (uint32_t)o->n_seqs : 1;
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         pm.layer_bytes[il] = k3_layer_weight_bytes(m, il);
         pm.layer_active[il] = k3_range_active_bytes(m, hp, il, il + 1) - (il == 0 ? k3_range_active_bytes(m, hp, 0, 0) : 0);

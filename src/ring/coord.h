@@ -38,6 +38,8 @@ int ring_conf_load(ring_conf *c, const char *path, rl_err *err);
 
 typedef struct ring_opts {
     uint32_t n_ctx;       /* per-sequence context on every node */
+    int n_seqs;           /* sequences every node must hold state for at once (a server's --parallel; 0 = 1):
+                           * the plan reserves their state, so a ring that cannot hold them fails to open */
     int wire;             /* enum k3_wire_dtype for boundary states */
     double connect_s;     /* how long to wait for INFO from every node */
     double load_s;        /* how long to wait for every node to load its range */

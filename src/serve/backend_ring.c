@@ -127,6 +127,7 @@ static void ring_break(sch_ring *B, const char *msg) {
 /* ring_open, recording the plan and the coordinator's view. */
 static int ring_try_open(sch_ring *B, rl_err *err) {
     B->cfg.opts.exclude = B->faulty;
+    B->cfg.opts.n_seqs = B->cfg.n_slots; /* every slot's state on every node, reserved by the plan */
     if (ring_open(B->rc, B->cfg.conf, B->cfg.id, B->cfg.m, B->cfg.hp, &B->cfg.opts, err) != 0) {
         ring_blame(B, err->msg);
         return -1; /* ring_open cleaned up after itself */

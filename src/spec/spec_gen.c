@@ -196,10 +196,8 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
         /* The blocks behind it hold only if it was wholly accepted and its bonus token is the guess. */
         if (n_fl > 0 && !(n_out == b0.n && out[n_out - 1] == z[b0.pos + (uint32_t)b0.n])) {
             for (int i = 0; i < n_fl; i++) fl[i].stale = true;
-            n_z = 0; /* (re)built from hist once the committed tokens are emitted */
-            more = false;
-        }
-        if (n_fl > 0 && fl[0].stale) { /* sent ahead and now stale: let the new block follow them at once */
+            /* Speculation restarts from what is committed (hist gets `out` at the top of the loop); its next
+             * block follows the stale ones at once, and every stage rolls back past them when it arrives. */
             memcpy(z, hist, n_hist * sizeof *z);
             memcpy(z + n_hist, out, (size_t)n_out * sizeof *z);
             n_z = n_hist + (size_t)n_out;
