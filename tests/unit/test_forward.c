@@ -204,8 +204,8 @@ static void test_pooled(fx *f, const char *cfg_name, const char *type, const int
 }
 
 /* strict: check the chunked / multi-sequence / snapshot invariants to 1e-4. They hold for f32 weights. With
- * quantized weights (q8_0 on AVX2 builds, where a one-row matmul takes another kernel than a batch; every
- * k-quant), activations are requantized to q8_K before every matmul, so a
+ * quantized weights (every k-quant; q8_0 too on this AVX2 build, where a prefill token by token and one
+ * batch of 40 part after about 32 tokens, by a kernel not yet pinned down: docs/spec.md, Verification), activations are requantized to q8_K before every matmul, so a
  * one-ulp difference from a different attention tiling (a 7-token chunk vs a 40-token batch) can cross a
  * rounding boundary and then flip an expert choice: the random-weight model diverges from that token on.
  * llama.cpp's own batch and step modes show the same effect on such files (docs/numerics.md). For those
