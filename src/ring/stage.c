@@ -83,8 +83,8 @@ static int stage_drop_stale(const rf_header *h, const int32_t *tokens, const k3_
     h2->n_seqs = 0;
     uint32_t off = 0, o2 = 0;
     for (uint32_t i = 0; i < h->n_seqs; i++) {
-        if (!stale[i]) h2->seqs[h2->n_seqs++] = h->seqs[i];
         if (!stale[i]) {
+            h2->seqs[h2->n_seqs++] = h->seqs[i];
             memcpy(tok2 + o2, tokens + off, h->seqs[i].n_tokens * sizeof *tokens);
             o2 += h->seqs[i].n_tokens;
         }

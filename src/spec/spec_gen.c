@@ -42,7 +42,9 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
     m->stop_reason = "length";
     if (n_prompt == 0) return rl_errf(err, "empty prompt");
     if (n_prompt >= p->n_ctx) return rl_errf(err, "prompt of %zu tokens does not fit the context of %u", n_prompt, p->n_ctx);
-    size_t cap = n_prompt + (p->n_predict > 0 ? (size_t)p->n_predict : p->n_ctx) + SPEC_MAX_DRAFT + 2;
+    /* hist also holds, past the committed tokens, what the blocks in flight assume (below) */
+    size_t cap = n_prompt + (p->n_predict > 0 ? (size_t)p->n_predict : p->n_ctx) + SPEC_MAX_DRAFT + 2 +
+                 (size_t)SPEC_MAX_DEPTH * (SPEC_MAX_DRAFT + 2);
     int32_t *hist = malloc(cap * sizeof *hist);
     if (!hist) return rl_errf(err, "out of memory");
     memcpy(hist, prompt, n_prompt * sizeof *hist);
@@ -66,9 +68,10 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
     }
     m->prefill_s = gen_mono() - emit.t0;
     /* The committed history is hist[0..n_hist); its last token sits at position n_hist - 1, not yet run by
-     * the target. With pipelining, z extends it with what the blocks in flight assume: their drafts, each
-     * followed by the drafter's guess of the block's bonus token, which starts the next block. A block is
-     * in flight at [pos, pos + n) of z. */
+     * the target. With pipelining, hist[n_hist..n_z) holds what the blocks in flight assume: their drafts,
+     * each followed by the drafter's guess of the block's bonus token, which starts the next block (a block
+     * is in flight at [pos, pos + n)). Committing a block that held writes the same tokens over them; one
+     * that did not overwrites them, and n_z falls back to what is committed. */
     const int depth = v->submit && v->collect && sp->depth > 1 ? (sp->depth > SPEC_MAX_DEPTH ? SPEC_MAX_DEPTH : sp->depth) : 1;
     struct spec_flight {
         uint32_t pos;
@@ -77,12 +80,8 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
         double t_sent;
     } fl[SPEC_MAX_DEPTH];
     int n_fl = 0;
-    int32_t *z = malloc((cap + (size_t)SPEC_MAX_DEPTH * (SPEC_MAX_DRAFT + 2)) * sizeof *z);
-    if (!z) {
-        rc = rl_errf(err, "out of memory");
-        goto done;
-    }
-    size_t n_z = 0;
+    int32_t *const z = hist;
+    size_t n_z = n_hist;
     int32_t out[SPEC_MAX_DRAFT + 1];
     int n_out = 1;
     out[0] = last;
@@ -111,7 +110,6 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
             break;
         }
         if (n_fl == 0) { /* nothing in flight: speculation restarts from what is committed */
-            memcpy(z, hist, n_hist * sizeof *z);
             n_z = n_hist;
             more = true;
         }
@@ -196,10 +194,9 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
         /* The blocks behind it hold only if it was wholly accepted and its bonus token is the guess. */
         if (n_fl > 0 && !(n_out == b0.n && out[n_out - 1] == z[b0.pos + (uint32_t)b0.n])) {
             for (int i = 0; i < n_fl; i++) fl[i].stale = true;
-            /* Speculation restarts from what is committed (hist gets `out` at the top of the loop); its next
-             * block follows the stale ones at once, and every stage rolls back past them when it arrives. */
-            memcpy(z, hist, n_hist * sizeof *z);
-            memcpy(z + n_hist, out, (size_t)n_out * sizeof *z);
+            /* Speculation restarts from what is committed (`out` goes into hist at the top of the loop, over
+             * the stale assumptions); its next block follows the stale ones at once, and every stage rolls
+             * back past them when it arrives. */
             n_z = n_hist + (size_t)n_out;
             more = true;
         }
@@ -219,7 +216,6 @@ drain: /* results of blocks still in flight (stale, or past the end) are collect
         n_fl--;
         if (v->collect(v->ctx, junk, &nj, &e2) != 0) break;
     }
-    free(z);
     sm->acceptance_rate = sm->drafted ? (double)sm->accepted / (double)sm->drafted : 0;
     sm->tokens_per_traversal = sm->traversals ? (double)sm->committed / (double)sm->traversals : 0;
 done:
@@ -231,23 +227,29 @@ done:
 
 /* ---- the local verifier ------------------------------------------------------------------------ */
 
-/* Appends the taps of a batch of n tokens to l->feat as rows (token-major: [token][tap][n_embd]). */
+float *spec_feat_grow(float **buf, uint32_t *n, uint32_t *cap, size_t row, uint32_t n_new, rl_err *err) {
+    if (*n + n_new > *cap) {
+        uint32_t c = *cap ? *cap : 64;
+        while (c < *n + n_new) c *= 2;
+        float *p = realloc(*buf, (size_t)c * row * sizeof *p);
+        if (!p) return rl_errf(err, "out of memory for DSpark features"), NULL;
+        *buf = p;
+        *cap = c;
+    }
+    float *at = *buf + (size_t)*n * row;
+    *n += n_new;
+    return at;
+}
+
+/* Appends the taps of a batch of n tokens to l->feat as rows (token-major: [token][tap][n_embd]; the
+ * engine gives them tap-major). */
 static int local_keep_taps(spec_local *l, const float *taps, uint32_t n, rl_err *err) {
     const size_t d = l->e->hp.n_embd, row = (size_t)l->n_taps * d;
-    if (l->n_feat + n > l->cap_feat) {
-        uint32_t cap = l->cap_feat ? l->cap_feat : 64;
-        while (cap < l->n_feat + n) cap *= 2;
-        float *p = realloc(l->feat, (size_t)cap * row * sizeof *p);
-        if (!p) return rl_errf(err, "out of memory for DSpark features");
-        l->feat = p;
-        l->cap_feat = cap;
-    }
+    float *at = spec_feat_grow(&l->feat, &l->n_feat, &l->cap_feat, row, n, err);
+    if (!at) return -1;
     for (uint32_t t = 0; t < n; t++) {
-        for (int k = 0; k < l->n_taps; k++) {
-            memcpy(l->feat + (size_t)(l->n_feat + t) * row + (size_t)k * d, taps + ((size_t)k * n + t) * d, d * sizeof(float));
-        }
+        for (int k = 0; k < l->n_taps; k++) memcpy(at + t * row + (size_t)k * d, taps + ((size_t)k * n + t) * d, d * sizeof(float));
     }
-    l->n_feat += n;
     return 0;
 }
 

@@ -78,4 +78,8 @@ typedef struct spec_local {
 
 spec_verifier spec_verifier_local(spec_local *l);
 
+/* For verifiers' features(): makes room for n_new more rows of `row` floats in *buf (which holds *n of
+ * *cap) and returns where they go (NULL, err set, when out of memory). */
+float *spec_feat_grow(float **buf, uint32_t *n, uint32_t *cap, size_t row, uint32_t n_new, rl_err *err);
+
 #endif

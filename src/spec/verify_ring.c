@@ -6,16 +6,9 @@
 /* Appends n rows of taps (token-major, as ring_collect returns them) to r->feat. */
 static int ring_keep_taps(spec_ring *r, const float *rows, uint32_t n, rl_err *err) {
     size_t row = (size_t)r->rc->o.n_taps * r->rc->hp.n_embd;
-    if (r->n_feat + n > r->cap_feat) {
-        uint32_t cap = r->cap_feat ? r->cap_feat : 64;
-        while (cap < r->n_feat + n) cap *= 2;
-        float *p = realloc(r->feat, (size_t)cap * row * sizeof *p);
-        if (!p) return rl_errf(err, "out of memory for DSpark features");
-        r->feat = p;
-        r->cap_feat = cap;
-    }
-    memcpy(r->feat + (size_t)r->n_feat * row, rows, (size_t)n * row * sizeof *rows);
-    r->n_feat += n;
+    float *at = spec_feat_grow(&r->feat, &r->n_feat, &r->cap_feat, row, n, err);
+    if (!at) return -1;
+    memcpy(at, rows, (size_t)n * row * sizeof *rows);
     return 0;
 }
 
