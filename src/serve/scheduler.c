@@ -631,7 +631,9 @@ static void *sch_main(void *arg) {
                 s->m.prompt_tokens += sp->n_tokens;
             }
             if (r->cancelled) continue; /* reaped at the top of the loop */
-            if (sp->n_draft > 0) { /* the committed tokens in order, until one ends the request */
+            if (sp->n_draft > 0) { /* the committed tokens in order, until one ends the request (r stays
+                                    * valid after it ends: an uncancelled request still holds its submitter's
+                                    * reference, so sch_finish_req does not free it) */
                 s->m.drafted += (uint64_t)sp->n_draft;
                 s->m.accepted += (uint64_t)(sp->n_out - 1);
                 for (int t = 0; t < sp->n_out && r->fin == SCH_RUNNING; t++) sch_on_token(s, r, sp->out[t], t1);
