@@ -82,6 +82,18 @@ for k in acceptance_rate tokens_per_traversal draft_s verify_s; do
 done
 check "a partly accepting draft was exercised (0 < acceptance < 1)" \
     awk -F'[:,]' '/acceptance_rate/ { v = $2 + 0 } END { exit !(v > 0 && v < 1) }' "$WORK/m.json"
+# Step kernels: a q8_0 model drafting for itself is accepted in full (its verify batches give the bits of its
+# single-step drafts; ggml's batched GEMM would not), locally and through 3 nodes, and the output is greedy's.
+p=$(prompt 11)
+"$RINGLM" run -m "$self8" --tokens "$p" -n 40 --temp 0 --ignore-eos --ids >"$WORK/plain8" 2>/dev/null
+for where in local 3; do
+    ra=(); [ $where = local ] || ra=(--ring "$WORK/ring$where.conf" "${K[@]}")
+    [ $where = local ] || ln -sf "$self8" "$RING/models/self8.gguf"
+    "$RINGLM" run -m "$self8" --tokens "$p" -n 40 --temp 0 --ignore-eos --ids --draft "$self8" "${ra[@]}" \
+        --metrics-json "$WORK/twin-$where.json" >"$WORK/twin" 2>"$WORK/err" || cat "$WORK/err"
+    check "q8_0 target as its own draft ($where): the greedy tokens, every draft accepted ($(grep -o '"acceptance_rate":[^,]*' "$WORK/twin-$where.json"))" \
+        bash -c "cmp -s '$WORK/plain8' '$WORK/twin' && grep -Eq '\"acceptance_rate\":[[:space:]]*1([,}]|$)' '$WORK/twin-$where.json'"
+done
 # DSpark drafts depend on every tap: the same drafts (so the same acceptance and traversal count) on one
 # machine, through 1 node, and through 3 nodes whose stages each send some of the taps.
 for where in local 1 3; do

@@ -111,7 +111,35 @@ typedef struct k3_graph {
     struct ggml_tensor **outs; /* [n_groups] scratch: a layer's per-group attention outputs */
     int64_t T; /* tokens in the batch */
     struct ggml_tensor *stack; /* banked checkpoints [d, n_ckpt, T], NULL while empty */
+    bool step_kernels; /* every matmul column computed as a one-token step computes it (k3_mm) */
 } k3_graph;
+
+/* Every matmul of the graph goes through here. ggml's CPU backend computes a matmul of two or more
+ * columns with llamafile's tiled GEMM (where it knows the weight type: f32, f16, bf16, q8_0, q4_0 ...)
+ * and a single column with its per-row dot kernels, and the two round differently in the last bit. On a
+ * MoE that is enough to swap a near-tied expert, so a verified block would not reproduce greedy decoding.
+ * With g->step_kernels the columns move to the third axis: ggml then offers the GEMM one column at a
+ * time, it declines (n < 2), and every column goes through the dot kernel a single step uses; the
+ * result is the same bits as running the tokens one by one. The index arithmetic holds for per-head
+ * weights too: column i1 of head i2 becomes i1 + i2*n1, and ggml maps it back to weight i2 (see
+ * docs/numerics.md). */
+static struct ggml_tensor *k3_mm_prec(k3_graph *g, struct ggml_tensor *w, struct ggml_tensor *x, bool f32_prec) {
+    struct ggml_context *c = g->ctx;
+    if (!g->step_kernels || x->ne[1] == 1) {
+        struct ggml_tensor *y = ggml_mul_mat(c, w, x);
+        if (f32_prec) ggml_mul_mat_set_prec(y, GGML_PREC_F32);
+        return y;
+    }
+    const int64_t n1 = x->ne[1], n2 = x->ne[2], n3 = x->ne[3];
+    if (!ggml_is_contiguous(x)) x = ggml_cont(c, x);
+    struct ggml_tensor *y = ggml_mul_mat(c, w, ggml_reshape_4d(c, x, x->ne[0], 1, n1 * n2, n3));
+    if (f32_prec) ggml_mul_mat_set_prec(y, GGML_PREC_F32);
+    return ggml_reshape_4d(c, y, y->ne[0], n1, n2, n3);
+}
+
+static struct ggml_tensor *k3_mm(k3_graph *g, struct ggml_tensor *w, struct ggml_tensor *x) {
+    return k3_mm_prec(g, w, x, false);
+}
 
 static void k3_readback_add(k3_graph *g, struct ggml_tensor *t, size_t offset, size_t size, void *dst) {
     if (g->n_rb == g->cap_rb) {
@@ -261,11 +289,11 @@ static struct ggml_tensor *k3_kda(k3_graph *g, const k3_layer_w *L, int il_rel, 
     struct ggml_context *c = g->ctx;
     const k3_hparams *hp = g->hp;
     const int64_t H = hp->n_head, Dk = hp->kda_head_dim, T = g->T;
-    struct ggml_tensor *pq = ggml_mul_mat(c, L->wq, xn), *pk = ggml_mul_mat(c, L->wk, xn),
-                       *pv = ggml_mul_mat(c, L->wv, xn);
+    struct ggml_tensor *pq = k3_mm(g, L->wq, xn), *pk = k3_mm(g, L->wk, xn),
+                       *pv = k3_mm(g, L->wv, xn);
 
     /* Decay gate: lb * sigmoid(-(f * A)) with the bound, softplus(f) * A without (spec §5.3). */
-    struct ggml_tensor *gt = ggml_add(c, ggml_mul_mat(c, L->f_b, ggml_mul_mat(c, L->f_a, xn)), L->dt_b);
+    struct ggml_tensor *gt = ggml_add(c, k3_mm(g, L->f_b, k3_mm(g, L->f_a, xn)), L->dt_b);
     struct ggml_tensor *A = ggml_reshape_3d(c, L->ssm_a, 1, H, 1);
     if (isfinite(hp->kda_gate_lb)) {
         gt = ggml_mul(c, ggml_reshape_3d(c, gt, Dk, H, T), A);
@@ -273,7 +301,7 @@ static struct ggml_tensor *k3_kda(k3_graph *g, const k3_layer_w *L, int il_rel, 
     } else {
         gt = ggml_mul(c, ggml_reshape_3d(c, ggml_softplus(c, gt), Dk, H, T), A);
     }
-    struct ggml_tensor *beta = ggml_sigmoid(c, ggml_reshape_3d(c, ggml_mul_mat(c, L->beta, xn), 1, H, T));
+    struct ggml_tensor *beta = ggml_sigmoid(c, ggml_reshape_3d(c, k3_mm(g, L->beta, xn), 1, H, T));
 
     struct ggml_tensor **outs = g->outs;
     for (int gi = 0; gi < g->n_groups; gi++) {
@@ -310,10 +338,10 @@ static struct ggml_tensor *k3_kda(k3_graph *g, const k3_layer_w *L, int il_rel, 
     struct ggml_tensor *o = g->n_groups == 1 ? ggml_cont(c, outs[0]) : k3_join(g, outs);
 
     /* Per-head output norm, full-rank sigmoid gate, output projection. */
-    struct ggml_tensor *gate = ggml_reshape_3d(c, ggml_mul_mat(c, L->ssm_g, xn), Dk, H, T);
+    struct ggml_tensor *gate = ggml_reshape_3d(c, k3_mm(g, L->ssm_g, xn), Dk, H, T);
     struct ggml_tensor *normed = k3_norm(g, ggml_reshape_3d(c, o, Dk, H, T), L->ssm_norm);
     struct ggml_tensor *gated = ggml_mul(c, normed, ggml_sigmoid(c, gate));
-    return ggml_mul_mat(c, L->wo, ggml_cont_2d(c, gated, Dk * H, T));
+    return k3_mm(g, L->wo, ggml_cont_2d(c, gated, Dk * H, T));
 }
 
 /* The attention values of a sequence (or group): the latent part of the cache rows it has written, vr
@@ -345,13 +373,12 @@ static struct ggml_tensor *k3_mla_group(k3_graph *g, const k3_layer_w *L, int il
     struct ggml_tensor *k = ggml_view_4d(c, kg, dk, n_kv, 1, m, pool->nb[1], kg->nb[1], kg->nb[1], 0); /* [dk,n_kv,1,m] */
     struct ggml_tensor *qg = ggml_view_4d(c, Q, dk, H, n, m, Q->nb[1], Q->nb[2], Q->nb[2] * n, Q->nb[2] * gr->off);
     struct ggml_tensor *q = ggml_permute(c, qg, 0, 2, 1, 3);                                     /* [dk, n, H, m] */
-    struct ggml_tensor *kq = ggml_mul_mat(c, k, q);                                              /* [n_kv, n, H, m] */
-    ggml_mul_mat_set_prec(kq, GGML_PREC_F32);
+    struct ggml_tensor *kq = k3_mm_prec(g, k, q, true);                                          /* [n_kv, n, H, m] */
     kq = ggml_soft_max_ext(c, kq, gr->mask, kq_scale, 0.0f);
     struct ggml_tensor *vv = ggml_view_3d(c, kg, rkv, gr->n_used, m, pool->nb[1], kg->nb[1], 0);
     struct ggml_tensor *v = ggml_reshape_4d(c, k3_v_t(g, vv, n_kv), n_kv, rkv, 1, m);           /* [n_kv, rkv, 1, m] */
-    struct ggml_tensor *kqv = ggml_mul_mat(c, v, kq);                                            /* [rkv, n, H, m] */
-    kqv = ggml_mul_mat(c, L->v_b, kqv);                                                          /* [dv, n, H, m] */
+    struct ggml_tensor *kqv = k3_mm(g, v, kq);                                            /* [rkv, n, H, m] */
+    kqv = k3_mm(g, L->v_b, kqv);                                                          /* [dv, n, H, m] */
     return ggml_cont_2d(c, ggml_permute(c, kqv, 0, 2, 1, 3), dv * H, n * m);
 }
 
@@ -362,9 +389,9 @@ static struct ggml_tensor *k3_mla(k3_graph *g, const k3_layer_w *L, int il_rel, 
                   dn = dq - dr, dv = hp->mla_v_dim, dk = rkv + dr;
     const float kq_scale = 1.0f / sqrtf((float)dq);
 
-    struct ggml_tensor *qf = L->q_a ? ggml_mul_mat(c, L->q_b, k3_norm(g, ggml_mul_mat(c, L->q_a, xn), L->q_a_norm))
-                                    : ggml_mul_mat(c, L->q, xn); /* [H*dq, T] */
-    struct ggml_tensor *kv = ggml_mul_mat(c, L->kv_a, xn);       /* [rkv+dr, T] */
+    struct ggml_tensor *qf = L->q_a ? k3_mm(g, L->q_b, k3_norm(g, k3_mm(g, L->q_a, xn), L->q_a_norm))
+                                    : k3_mm(g, L->q, xn); /* [H*dq, T] */
+    struct ggml_tensor *kv = k3_mm(g, L->kv_a, xn);       /* [rkv+dr, T] */
     struct ggml_tensor *ckv = k3_norm(g, ggml_view_2d(c, kv, rkv, T, kv->nb[1], 0), L->kv_a_norm);
     struct ggml_tensor *k_pe = ggml_view_2d(c, kv, dr, T, kv->nb[1], (size_t)rkv * kv->nb[0]); /* raw, unrotated */
     struct ggml_tensor *knew = ggml_concat(c, ckv, k_pe, 0);                                    /* [rkv+dr, T] */
@@ -372,7 +399,7 @@ static struct ggml_tensor *k3_mla(k3_graph *g, const k3_layer_w *L, int il_rel, 
     /* Absorbed query: q_nope through attn_k_b into the latent space, then [latent | pe]. */
     struct ggml_tensor *q_nope = ggml_view_3d(c, qf, dn, H, T, qf->nb[0] * dq, qf->nb[0] * dq * H, 0);
     struct ggml_tensor *q_pe = ggml_view_3d(c, qf, dr, H, T, qf->nb[0] * dq, qf->nb[0] * dq * H, qf->nb[0] * dn);
-    struct ggml_tensor *qa = ggml_mul_mat(c, L->k_b, ggml_permute(c, q_nope, 0, 2, 1, 3)); /* [rkv, T, H] */
+    struct ggml_tensor *qa = k3_mm(g, L->k_b, ggml_permute(c, q_nope, 0, 2, 1, 3)); /* [rkv, T, H] */
     struct ggml_tensor *Q = ggml_concat(c, ggml_permute(c, qa, 0, 2, 1, 3), q_pe, 0);      /* [dk, H, T] */
 
     struct ggml_tensor **outs = g->outs;
@@ -392,17 +419,16 @@ static struct ggml_tensor *k3_mla(k3_graph *g, const k3_layer_w *L, int il_rel, 
         struct ggml_tensor *q = ggml_permute(c, ggml_view_3d(c, Q, dk, H, n, Q->nb[1], Q->nb[2], Q->nb[2] * sv->off),
                                              0, 2, 1, 3);                                   /* [dk, n, H] */
         struct ggml_tensor *k = ggml_view_2d(c, cache, dk, n_kv, cache->nb[1], 0);         /* [dk, n_kv] */
-        struct ggml_tensor *kq = ggml_mul_mat(c, k, q);                                     /* [n_kv, n, H] */
-        ggml_mul_mat_set_prec(kq, GGML_PREC_F32);
+        struct ggml_tensor *kq = k3_mm_prec(g, k, q, true);                                 /* [n_kv, n, H] */
         kq = ggml_soft_max_ext(c, kq, sv->mask, kq_scale, 0.0f);
         struct ggml_tensor *v = k3_v_t(g, ggml_view_2d(c, cache, rkv, sv->st->n_past + n, cache->nb[1], 0), n_kv);
-        struct ggml_tensor *kqv = ggml_mul_mat(c, v, kq);   /* [rkv, n, H] */
-        kqv = ggml_mul_mat(c, L->v_b, kqv);                 /* [dv, n, H]: back from the latent, per head */
+        struct ggml_tensor *kqv = k3_mm(g, v, kq);   /* [rkv, n, H] */
+        kqv = k3_mm(g, L->v_b, kqv);                 /* [dv, n, H]: back from the latent, per head */
         outs[gi] = ggml_cont_2d(c, ggml_permute(c, kqv, 0, 2, 1, 3), dv * H, n);
     }
     struct ggml_tensor *o = k3_join(g, outs);
-    if (L->gate) o = ggml_mul(c, o, ggml_sigmoid(c, ggml_mul_mat(c, L->gate, xn)));
-    return ggml_mul_mat(c, L->wo, o);
+    if (L->gate) o = ggml_mul(c, o, ggml_sigmoid(c, k3_mm(g, L->gate, xn)));
+    return k3_mm(g, L->wo, o);
 }
 
 static struct ggml_tensor *k3_moe(k3_graph *g, const k3_layer_w *L, struct ggml_tensor *xn) {
@@ -411,7 +437,7 @@ static struct ggml_tensor *k3_moe(k3_graph *g, const k3_layer_w *L, struct ggml_
     const int64_t E = hp->n_expert, K = hp->n_expert_used, T = g->T;
 
     /* Routing on the full-width input: sigmoid probabilities; the bias only chooses (spec §5.5). */
-    struct ggml_tensor *probs = ggml_sigmoid(c, ggml_mul_mat(c, L->gate_inp, xn)); /* [E, T] */
+    struct ggml_tensor *probs = ggml_sigmoid(c, k3_mm(g, L->gate_inp, xn)); /* [E, T] */
     struct ggml_tensor *sel = ggml_argsort_top_k(c, ggml_add(c, probs, L->probs_b), (int)K); /* [K, T] */
     struct ggml_tensor *w = ggml_get_rows(c, ggml_reshape_3d(c, probs, 1, E, T), sel);      /* [1, K, T] */
     if (hp->expert_weights_norm) {
@@ -424,7 +450,7 @@ static struct ggml_tensor *k3_moe(k3_graph *g, const k3_layer_w *L, struct ggml_
     }
     ggml_build_forward_expand(g->gf, w);
 
-    struct ggml_tensor *xl = L->routed_down ? ggml_mul_mat(c, L->routed_down, xn) : xn;
+    struct ggml_tensor *xl = L->routed_down ? k3_mm(g, L->routed_down, xn) : xn;
     const int64_t dl = xl->ne[0];
     xl = ggml_reshape_3d(c, xl, dl, 1, T);
     struct ggml_tensor *up = ggml_mul_mat_id(c, L->up_exps, xl, sel);     /* [Fe, K, T] */
@@ -437,10 +463,10 @@ static struct ggml_tensor *k3_moe(k3_graph *g, const k3_layer_w *L, struct ggml_
     for (int64_t i = 1; i < K; i++) m = ggml_add(c, m, ggml_view_2d(c, ex, dl, T, ex->nb[2], (size_t)i * ex->nb[1]));
     if (K == 1) m = ggml_cont(c, m);
     if (L->routed_norm) m = k3_norm(g, m, L->routed_norm);
-    if (L->routed_up) m = ggml_mul_mat(c, L->routed_up, m);
+    if (L->routed_up) m = k3_mm(g, L->routed_up, m);
     if (L->gate_sh) {
-        struct ggml_tensor *sh = k3_situ(g, ggml_mul_mat(c, L->gate_sh, xn), ggml_mul_mat(c, L->up_sh, xn));
-        m = ggml_add(c, m, ggml_mul_mat(c, L->down_sh, sh));
+        struct ggml_tensor *sh = k3_situ(g, k3_mm(g, L->gate_sh, xn), k3_mm(g, L->up_sh, xn));
+        m = ggml_add(c, m, k3_mm(g, L->down_sh, sh));
     }
     return m;
 }
@@ -504,7 +530,7 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
 
     bool any_mla = false;
     for (uint32_t il = e->a; il < e->b; il++) any_mla |= hp->is_mla[il];
-    k3_graph g = {.hp = hp, .n_seqs = bt->n_seqs, .T = T};
+    k3_graph g = {.hp = hp, .n_seqs = bt->n_seqs, .T = T, .step_kernels = bt->step_kernels};
     g.seqs = calloc((size_t)bt->n_seqs, sizeof *g.seqs);
     g.groups = calloc((size_t)bt->n_seqs, sizeof *g.groups);
     g.outs = calloc((size_t)bt->n_seqs, sizeof *g.outs);
@@ -517,6 +543,7 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
         k3_seq_view *sv = &g.seqs[s];
         sv->st = bt->seqs[s];
         sv->keep_rb = bt->keep_rollback && bt->keep_rollback[s];
+        g.step_kernels |= sv->keep_rb; /* a verified block must give what single steps give */
         if (sv->keep_rb && k3_state_rb_reserve(sv->st, bt->n_tokens[s], err) != 0) goto fail_build;
         sv->off = off;
         sv->n = bt->n_tokens[s];
@@ -620,7 +647,7 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
         struct ggml_tensor *yn = k3_norm(&g, y, L->ffn_norm);
         struct ggml_tensor *f;
         if (!k3_is_moe(hp, il)) {
-            f = ggml_mul_mat(c, L->ffn_down, k3_situ(&g, ggml_mul_mat(c, L->ffn_gate, yn), ggml_mul_mat(c, L->ffn_up, yn)));
+            f = k3_mm(&g, L->ffn_down, k3_situ(&g, k3_mm(&g, L->ffn_gate, yn), k3_mm(&g, L->ffn_up, yn)));
         } else {
             f = k3_moe(&g, L, yn);
         }
@@ -636,7 +663,7 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
                 ggml_set_input(inp_rows);
                 z = ggml_get_rows(c, z, inp_rows);
             }
-            logits = ggml_mul_mat(c, e->w.output, k3_norm(&g, z, e->w.output_norm));
+            logits = k3_mm(&g, e->w.output, k3_norm(&g, z, e->w.output_norm));
             ggml_set_output(logits);
             ggml_build_forward_expand(g.gf, logits);
         } else {

@@ -44,7 +44,10 @@ typedef struct k3_batch {
     const int32_t *tokens;    /* a == 0: the tokens, sequence after sequence */
     const k3_boundary *in;    /* a > 0: the boundary state of the same tokens, same order */
     const uint8_t *keep_rollback; /* per sequence (NULL = none): keep what k3_state_rollback needs to return
-                                   * to any position inside this batch's tokens (speculative verification) */
+                                   * to any position inside this batch's tokens (speculative verification);
+                                   * implies step_kernels */
+    bool step_kernels;        /* every token's numbers bit for bit what a one-token step gives, not the
+                               * batched GEMM's (docs/numerics.md): verified blocks reproduce greedy */
     int n_logits;             /* b == n_layer: how many rows need logits */
     const int32_t *logit_rows;/* their indices in the batch (0 .. total-1) */
     int n_taps;               /* stream taps for a DSpark draft (spec §10.1.3): the stream h entering each */

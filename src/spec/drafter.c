@@ -49,12 +49,15 @@ void spec_drafter_close(spec_drafter *d) {
     memset(d, 0, sizeof *d);
 }
 
-/* Feeds tokens to the draft model; returns the last row's logits in *row (malloc'ed) if asked. */
-static int spec_feed(spec_drafter *d, const int32_t *t, uint32_t n, float **row, rl_err *err) {
+/* Feeds tokens to the draft model; returns the last row's logits in *row (malloc'ed) if asked. Past the
+ * prompt the tokens go through with step kernels, as the target verifies them, so that a draft that is
+ * the target itself (bench's "twin") agrees with it bit for bit. */
+static int spec_feed(spec_drafter *d, const int32_t *t, uint32_t n, bool steps, float **row, rl_err *err) {
     if (d->st.n_past + n > d->st.n_ctx) return rl_errf(err, "draft model context of %u is full", d->st.n_ctx);
     k3_state *sp = &d->st;
     int32_t last = (int32_t)n - 1;
-    k3_batch b = {.n_seqs = 1, .seqs = &sp, .n_tokens = &n, .tokens = t, .n_logits = row ? 1 : 0, .logit_rows = &last};
+    k3_batch b = {.n_seqs = 1, .seqs = &sp, .n_tokens = &n, .tokens = t, .n_logits = row ? 1 : 0, .logit_rows = &last,
+                  .step_kernels = steps};
     k3_output o;
     if (k3_forward(&d->e, &b, &o, err) != 0) return -1;
     if (row) {
@@ -83,7 +86,7 @@ int spec_drafter_begin(spec_drafter *d, const int32_t *prompt, size_t n, uint64_
     smp_reset(&d->smp);
     for (size_t i = 0; i < n; i++) smp_accept(&d->smp, prompt[i]);
     d->pending = n ? prompt[n - 1] : -1;
-    if (n > 1) return spec_feed(d, prompt, (uint32_t)(n - 1), NULL, err);
+    if (n > 1) return spec_feed(d, prompt, (uint32_t)(n - 1), false, NULL, err);
     return 0;
 }
 
@@ -140,7 +143,7 @@ int spec_drafter_propose(spec_drafter *d, const int32_t *history, size_t n, size
     if (k3_state_snapshot(&d->st, &d->snap, err) != 0) return -1;
     int32_t t = d->pending;
     if (n > n_conf) {
-        if (spec_feed(d, history + n_conf - 1, (uint32_t)(n - n_conf), NULL, err) != 0) {
+        if (spec_feed(d, history + n_conf - 1, (uint32_t)(n - n_conf), true, NULL, err) != 0) {
             rl_err e2;
             k3_state_restore(&d->st, &d->snap, &e2);
             return -1;
@@ -150,7 +153,7 @@ int spec_drafter_propose(spec_drafter *d, const int32_t *history, size_t n, size
     const bool sampling = d->smp.p.temperature > 0.0f;
     for (int i = 0; i < k; i++) {
         float *row = NULL;
-        if (spec_feed(d, &t, 1, &row, err) != 0) return -1;
+        if (spec_feed(d, &t, 1, true, &row, err) != 0) return -1;
         if (sampling) {
             /* Draw from the drafter's filtered distribution and keep it (top 64) for the acceptance test. */
             size_t nc = 0;
@@ -198,5 +201,5 @@ int spec_drafter_commit(spec_drafter *d, const int32_t *committed, int n, rl_err
     for (int i = 0; i < n - 1; i++) buf[m++] = committed[i];
     for (int i = 0; i < n; i++) smp_accept(&d->smp, committed[i]);
     d->pending = committed[n - 1];
-    return spec_feed(d, buf, (uint32_t)m, NULL, err);
+    return spec_feed(d, buf, (uint32_t)m, true, NULL, err);
 }

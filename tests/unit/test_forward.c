@@ -203,9 +203,126 @@ static void test_pooled(fx *f, const char *cfg_name, const char *type, const int
     for (int i = 0; i < 5; i++) k3_state_free(&sep[i]);
 }
 
+/* Runs a schedule of batches on one sequence (n tokens each), every batch with step kernels; returns the
+ * logits of every token. */
+static float *run_steps_kernels(k3_engine *e, k3_state *st, const int32_t *tok, const uint32_t *sizes, int n_batches,
+                                int how) {
+    const uint32_t V = e->hp.n_vocab;
+    uint32_t total = 0;
+    for (int i = 0; i < n_batches; i++) total += sizes[i];
+    float *all = malloc((size_t)total * V * sizeof(float));
+    uint32_t done = 0;
+    for (int i = 0; i < n_batches; i++) {
+        uint32_t nt = sizes[i];
+        int32_t rows[64];
+        for (uint32_t r = 0; r < nt; r++) rows[r] = (int32_t)r;
+        uint8_t keep = how == 2;
+        k3_batch b = {.n_seqs = 1, .seqs = &st, .n_tokens = &nt, .tokens = tok + done, .n_logits = (int)nt,
+                      .logit_rows = rows, .step_kernels = how == 1, .keep_rollback = how == 2 ? &keep : NULL};
+        k3_output o;
+        rl_err err;
+        if (k3_forward(e, &b, &o, &err) != 0) {
+            fprintf(stderr, "forward failed: %s\n", err.msg);
+            exit(1);
+        }
+        memcpy(all + (size_t)done * V, o.logits, (size_t)nt * V * sizeof(float));
+        done += nt;
+        k3_output_free(&o);
+    }
+    return all;
+}
+
+/* Step kernels (docs/numerics.md): after a 20-token prefill, 12 tokens as one batch, as batches of 5+4+3, and
+ * as a rollback-keeping block (a speculative verification) give the bits of 12 single steps, for every
+ * weight type; so do two pooled sequences verified together as one group (the 4-D attention matmuls, per-head
+ * weights included) and a decode group of two. Without step kernels a batch takes ggml's batched GEMM and,
+ * with f32 weights at least, rounds differently: that control shows the check can fail. */
+static void test_step_kernels(fx *f, const char *cfg_name, const char *type, const int32_t *tok, const int32_t *tok2) {
+    const k3_hparams *hp = &f->hp;
+    const size_t V = hp->n_vocab;
+    rl_err err;
+    k3_state st;
+    k3_state_init(&st, hp, 0, hp->n_layer, 64, &err);
+    free(run_chunks(&f->e, &st, tok, 20, 0));
+    k3_snapshot snap = {0};
+    k3_state_snapshot(&st, &snap, &err);
+    float *ref = run_chunks(&f->e, &st, tok + 20, 12, 1);
+    static const uint32_t one[] = {12}, three[] = {5, 4, 3};
+    struct { const uint32_t *sz; int n, how; const char *what; } cases[] = {
+        {one, 1, 1, "one batch of 12"}, {three, 3, 1, "batches of 5, 4, 3"}, {one, 1, 2, "a kept block of 12"}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        k3_state_restore(&st, &snap, &err);
+        float *got = run_steps_kernels(&f->e, &st, tok + 20, cases[c].sz, cases[c].n, cases[c].how);
+        CHECK(memcmp(ref, got, 12 * V * sizeof(float)) == 0, "%s/%s: step kernels, %s == 12 single steps, bit for bit",
+              cfg_name, type, cases[c].what);
+        free(got);
+    }
+    k3_state_restore(&st, &snap, &err);
+    float *plain = run_steps_kernels(&f->e, &st, tok + 20, one, 1, 0);
+    size_t differ = 0;
+    for (size_t i = 0; i < 12 * V; i++) differ += memcmp(&plain[i], &ref[i], sizeof(float)) != 0;
+    printf("  %s/%s: without step kernels, %zu of %zu logits of a 12-token batch differ from single steps\n", cfg_name,
+           type, differ, 12 * V);
+    if (strcmp(type, "f32") == 0) {
+        CHECK(differ > 0, "%s/%s: the control (a plain batch) does take another kernel (%zu logits differ)", cfg_name, type,
+              differ);
+    }
+    free(plain);
+    free(ref);
+    k3_snapshot_free(&snap);
+    k3_state_free(&st);
+
+    /* Two pooled sequences: 20 + 20 prefill apart, then a 4-token verification of both in one group, then a
+     * decode group of one token each, against each alone in single steps. */
+    k3_state_pool pool;
+    k3_state ps[2], sep;
+    int ok = k3_state_pool_init(&pool, hp, 0, hp->n_layer, 64, 2, &err) == 0 &&
+             k3_state_init_pooled(&ps[0], &pool, 0, &err) == 0 && k3_state_init_pooled(&ps[1], &pool, 1, &err) == 0;
+    CHECK(ok, "%s/%s: pool of 2: %s", cfg_name, type, ok ? "ok" : err.msg);
+    if (!ok) return;
+    const int32_t *src[2] = {tok, tok2};
+    float *want[2];
+    for (int q = 0; q < 2; q++) {
+        free(run_chunks(&f->e, &ps[q], src[q], 20, 0));
+        k3_state_init(&sep, hp, 0, hp->n_layer, 64, &err);
+        free(run_chunks(&f->e, &sep, src[q], 20, 0));
+        want[q] = run_chunks(&f->e, &sep, src[q] + 20, 5, 1);
+        k3_state_free(&sep);
+    }
+    k3_state *seqs[2] = {&ps[0], &ps[1]};
+    uint32_t n4[2] = {4, 4}, n1[2] = {1, 1};
+    int32_t in[8], rows[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    for (int q = 0; q < 2; q++) memcpy(in + 4 * q, src[q] + 20, 4 * sizeof *in);
+    k3_batch b = {.n_seqs = 2, .seqs = seqs, .n_tokens = n4, .tokens = in, .step_kernels = true,
+                  .n_logits = 8, .logit_rows = rows};
+    k3_output o, o2;
+    ok = k3_forward(&f->e, &b, &o, &err) == 0;
+    int32_t in2[2] = {tok[24], tok2[24]};
+    k3_batch d = {.n_seqs = 2, .seqs = seqs, .n_tokens = n1, .tokens = in2, .step_kernels = true, .n_logits = 2,
+                  .logit_rows = rows};
+    ok = ok && k3_forward(&f->e, &d, &o2, &err) == 0;
+    int same = ok;
+    for (int q = 0; q < 2 && same; q++) {
+        same = memcmp(o.logits + (size_t)4 * q * V, want[q], 4 * V * sizeof(float)) == 0 &&
+               memcmp(o2.logits + (size_t)q * V, want[q] + 4 * V, V * sizeof(float)) == 0;
+    }
+    CHECK(same, "%s/%s: step kernels, a group of two 4-token blocks and a decode group == each alone in steps%s%s",
+          cfg_name, type, ok ? "" : ": ", ok ? "" : err.msg);
+    if (ok) {
+        k3_output_free(&o);
+        k3_output_free(&o2);
+    }
+    free(want[0]);
+    free(want[1]);
+    k3_state_free(&ps[0]);
+    k3_state_free(&ps[1]);
+    k3_state_pool_free(&pool);
+}
+
 /* strict: check the chunked / multi-sequence / snapshot invariants to 1e-4. They hold for f32 weights. With
- * quantized weights (every k-quant; q8_0 too on this AVX2 build, where a prefill token by token and one
- * batch of 40 part after about 32 tokens, by a kernel not yet pinned down: docs/spec.md, Verification), activations are requantized to q8_K before every matmul, so a
+ * quantized weights (every k-quant; q8_0 too, whose batches of 2+ tokens go through llamafile's GEMM and
+ * single tokens through the dot kernel: a prefill token by token and one batch of 40 part after about 32
+ * tokens; test_step_kernels pins that down), activations are requantized to q8_K before every matmul, so a
  * one-ulp difference from a different attention tiling (a 7-token chunk vs a 40-token batch) can cross a
  * rounding boundary and then flip an expert choice: the random-weight model diverges from that token on.
  * llama.cpp's own batch and step modes show the same effect on such files (docs/numerics.md). For those
@@ -240,6 +357,7 @@ static void test_model(const char *cfg_name, const char *type, const char *dir, 
 
     /* Exact for every type: the grouped graph runs the same kernels on the same per-sequence shapes. */
     test_pooled(&f, cfg_name, type, tok);
+    test_step_kernels(&f, cfg_name, type, tok, tok2);
 
     /* Chunked prefill, several chunk sizes, and token by token. */
     int chunks[] = {1, 3, 7, 16};
