@@ -143,10 +143,49 @@ check "... drafts were verified (ringlm_spec_drafted_tokens_total grew by $((d1 
 post specs /v1/completions "{\"prompt\":\"a b a b a b\",\"max_tokens\":16,\"temperature\":1,\"seed\":5,\"draft\":\"ngram\"}"
 check "a sampled request with drafts: 200" code_is specs 200
 post specbad /v1/completions '{"prompt":"hi","draft":"model.gguf"}'
-check "draft other than ngram/none: 400 naming the field" py "$WORK/specbad.json" "d['error']['param'] == 'draft'"
-rc=0; "$RINGLM" serve -m "$f" --draft "$f" 2>"$WORK/draft.err" || rc=$?
-check "serve --draft with a draft model file is refused at start (exit 2, says what works)" \
+check "draft other than ngram/model/none: 400 naming the field" py "$WORK/specbad.json" "d['error']['param'] == 'draft'"
+post specnomodel /v1/completions '{"prompt":"hi","draft":"model"}'
+check "\"draft\": \"model\" on a server without a draft model: 400 saying so" py "$WORK/specnomodel.json" \
+    "d['error']['param'] == 'draft' and '--draft' in d['error']['message']"
+
+# ---- a draft model (--draft FILE): one state per sequence, drafted for all requests in one batch per token ---
+# The draft is the target itself: it proposes exactly what the target will choose, so every draft must be
+# kept; a draft state that lost track of its sequence (catch-up, snapshot, slot reuse) would show at once.
+start drafted --parallel 4 --draft "$f"
+URL=${SRV_URL[drafted]}
+pids=()
+for i in 0 1 2 3; do # the server's default is its draft model; one request says so, one turns it off
+    case $i in 0) extra=',"draft":"model"' ;; 3) extra=',"draft":"none"' ;; *) extra= ;; esac
+    post "dm$i" /v1/completions "{\"prompt\":\"${prompts[$i]} ${prompts[$i]} ${prompts[$i]}\",\"max_tokens\":32,\"temperature\":0,\"ignore_eos\":true$extra}" &
+    pids+=($!)
+done
+wait "${pids[@]}"
+same=0
+for i in 0 1 2 3; do
+    py "$WORK/dm$i.json" "d['choices'][0]['text'] == load('nospec$i.json')['choices'][0]['text'] and d['usage']['completion_tokens'] == 32" &&
+        same=$((same + 1))
+done
+dd=$(metric ringlm_spec_drafted_tokens_total); da=$(metric ringlm_spec_accepted_tokens_total)
+ds=$(metric ringlm_spec_draft_seconds_total)
+check "4 concurrent requests, 3 drafted by a draft model = the same requests without ($same/4; $dd drafts, $da kept, ${ds}s drafting)" \
+    test $same = 4
+check "... the target drafting for itself: (nearly) every draft kept" awk -v d="$dd" -v a="$da" -v s="$ds" \
+    'BEGIN { exit !(d > 20 && a * 10 >= d * 9 && s > 0) }'
+post dms /v1/chat/completions '{"messages":[{"role":"user","content":"hello"}],"max_tokens":12,"temperature":0.9,"seed":3,"stream":true}'
+check "a sampled, streamed chat request with the draft model: 200, ends with [DONE]" \
+    bash -c "test \"\$(cat '$WORK/dms.code')\" = 200 && grep -q 'data: \[DONE\]' '$WORK/dms.json'"
+kill "${SRV_PID[drafted]}" 2>/dev/null; wait "${SRV_PID[drafted]}" 2>/dev/null || true; unset "SRV_PID[drafted]"
+URL=${SRV_URL[main]}
+rc=0; "$RINGLM" serve -m "$f" --draft "dspark:$f" 2>"$WORK/draft.err" || rc=$?
+check "serve --draft dspark:FILE is refused at start (exit 2, says what works)" \
     bash -c "test $rc = 2 && grep -q ngram '$WORK/draft.err'"
+"$RINGLM" synth --no-progress --config '{"base":"tiny","n_vocab":2048}' -o "$WORK/other.gguf" 2>/dev/null ||
+    "$RINGLM" synth --no-progress --config small -o "$WORK/other.gguf"
+rc=0; "$RINGLM" serve -m "$f" --port 0 --draft "$WORK/other.gguf" 2>"$WORK/draft.err" || rc=$?
+check "a draft model with another vocabulary is refused at start ($(tail -1 "$WORK/draft.err"))" \
+    bash -c "test $rc != 0 && grep -q vocabulary '$WORK/draft.err'"
+rc=0; "$RINGLM" serve -m "$f" --port 0 --draft "$WORK/none.gguf" 2>"$WORK/draft.err" || rc=$?
+check "a missing draft model is refused at start, naming it" bash -c "test $rc != 0 && grep -q 'draft model' '$WORK/draft.err'"
 
 # ---- a client that hangs up frees its slot ---------------------------------------------------------------
 start small --parallel 2 --queue 0

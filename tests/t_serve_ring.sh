@@ -194,4 +194,21 @@ URL=${SRV_URL[small2]}
 post small2 "$(greedy "$P" 8)"
 check "... --parallel 2 on the same nodes starts and answers" code_is small2 200
 kill -TERM "${SRV_PID[small2]}"; wait "${SRV_PID[small2]}" || true; unset 'SRV_PID[small2]'
+
+# ---- a draft model on the server, the target on the ring: its drafts verified as VERIFY blocks ----------------
+# The draft is the target itself (it proposes what the ring will choose), drafting for 4 requests at once.
+serve_start drafted -m "$f" --ring "$WORK/ring.conf" --key "$RING/coord.key" --parallel 4 --draft "$f" --threads 1
+URL=${SRV_URL[drafted]}
+pids=()
+for i in 0 1 2 3; do post "dm$i" "$(greedy "${prompts[$i]}" 32)" & pids+=($!); done
+wait "${pids[@]}"
+same=0
+for i in 0 1 2 3; do
+    py "$WORK/dm$i.json" "d['choices'][0]['text'] == load('seq$i.json')['choices'][0]['text']" && same=$((same + 1))
+done
+dd=$(metric ringlm_spec_drafted_tokens_total); da=$(metric ringlm_spec_accepted_tokens_total)
+check "4 concurrent requests drafted by a draft model, verified through the ring = their results without ($same/4; $dd drafts, $da kept)" \
+    test $same = 4
+check "... (nearly) every draft kept" awk -v d="$dd" -v a="$da" 'BEGIN { exit !(d > 20 && a * 10 >= d * 9) }'
+kill -TERM "${SRV_PID[drafted]}"; wait "${SRV_PID[drafted]}" || true; unset 'SRV_PID[drafted]'
 finish

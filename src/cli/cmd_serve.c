@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "../serve/backend_ring.h"
+#include "../spec/draft_pool.h"
 #include "../serve/http.h"
 #include "../serve/scheduler.h"
 #include "cli.h"
@@ -17,7 +18,8 @@ static void serve_usage(FILE *f) {
     fprintf(f,
             "usage: ringlm serve -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
             "                    [--parallel N] [--ctx N] [--queue N] [--threads N] [--chunk N]\n"
-            "                    [--max-body BYTES] [--drain SECONDS] [--quiet] [--draft ngram|none [--draft-n K]]\n"
+            "                    [--max-body BYTES] [--drain SECONDS] [--quiet]\n"
+            "                    [--draft ngram|none|DRAFT.gguf [--draft-n K] [--draft-threads N]]\n"
             "                    [--ring ring.conf --key coord.key [--wire f32|f16|bf16] [--receipts FILE]\n"
             "                     [--audit-rate R [--audit-seed S] [--audit-tol T]]]\n\n"
             "Serves the model over an OpenAI-compatible HTTP API (docs/serve.md):\n"
@@ -37,11 +39,13 @@ static void serve_usage(FILE *f) {
             "  --drain S      on SIGINT/SIGTERM, let running requests finish for up to S seconds\n"
             "                 (default 30), then cancel them; a second signal cancels at once\n"
             "  --quiet        no log line per request\n"
-            "  --draft ngram  speculative decoding by prompt lookup for every request (a request may say\n"
-            "                 \"draft\": \"ngram\" or \"none\"): up to --draft-n tokens (default 7) proposed from the\n"
-            "                 request's own text are verified in the request's step; the output is unchanged\n"
-            "                 at temperature 0 and keeps its distribution otherwise. Draft models and DSpark\n"
-            "                 drafts are `ringlm run` only, for now\n"
+            "  --draft D      speculative decoding for every request: ngram (prompt lookup over the request's\n"
+            "                 own text) or a small draft model sharing the vocabulary, run here with a state\n"
+            "                 per sequence and one batch per drafted token for all requests (a request may say\n"
+            "                 \"draft\": \"ngram\", \"model\" or \"none\"). Up to --draft-n tokens (default 7) are\n"
+            "                 verified in the request's step; the output is unchanged at temperature 0 and\n"
+            "                 keeps its distribution otherwise. DSpark drafts are `ringlm run` only, for now\n"
+            "  --draft-threads N  compute threads of the draft model (default: --threads)\n"
             "  --ring FILE    run the model on the nodes in FILE (\"HOST:PORT PUBKEY_HEX [mem=GB]\" per line)\n"
             "                 as their coordinator with identity --key: every step is one frame through the\n"
             "                 ring carrying every running request; a ring that breaks answers 503 and is\n"
@@ -72,7 +76,7 @@ int cmd_serve(int argc, char **argv) {
     unsigned long long max_body = 1u << 20;
     bool quiet = false;
     const char *draft = "none";
-    int draft_n = 7;
+    int draft_n = 7, draft_threads = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -115,11 +119,14 @@ int cmd_serve(int argc, char **argv) {
             bad = cli_parse_int(v, &chunk) || chunk < 1;
         } else if (strcmp(a, "--draft") == 0) {
             draft = v;
-            if (strcmp(v, "ngram") != 0 && strcmp(v, "none") != 0) {
-                fprintf(stderr, "ringlm serve: --draft %s: serve drafts by prompt lookup (ngram) or not at all (none); "
-                                "draft models and DSpark drafts work with `ringlm run` for now\n", v);
+            if (v && strncmp(v, "dspark:", 7) == 0) {
+                fprintf(stderr, "ringlm serve: --draft %s: serve drafts by prompt lookup (ngram) or with a draft model "
+                                "(DRAFT.gguf); DSpark drafts need the target's hidden states of every step and work "
+                                "with `ringlm run` for now\n", v);
                 return 2;
             }
+        } else if (strcmp(a, "--draft-threads") == 0) {
+            bad = cli_parse_int(v, &draft_threads) || draft_threads < 1;
         } else if (strcmp(a, "--draft-n") == 0) {
             bad = cli_parse_int(v, &draft_n) || draft_n < 1 || draft_n > SCH_MAX_DRAFT;
         } else if (strcmp(a, "--drain") == 0) {
@@ -167,7 +174,8 @@ int cmd_serve(int argc, char **argv) {
     rk_identity rid;
     sch_sched s;
     http_server h;
-    bool have_tok = false, have_engine = false, have_sched = false;
+    spec_pool dpool;
+    bool have_tok = false, have_engine = false, have_sched = false, have_dpool = false;
     int rc = 1;
     if (k3_open(&m, &hp, model, &err) != 0) goto out_noclose;
     if (tok_load(&tok, &m, &err) != 0) goto out;
@@ -204,7 +212,17 @@ int cmd_serve(int argc, char **argv) {
         k3_weights_prefault(&e.w, isatty(2) && m.tensor_bytes > (64u << 20));
         if (sch_backend_local(&be, &e, parallel, (uint32_t)ctx, &err) != 0) goto out;
     }
-    sch_config sc = {.queue_cap = queue, .chunk = (uint32_t)chunk};
+    /* A draft model runs here whatever runs the target: one state per sequence (docs/serve.md). */
+    const bool draft_model = strcmp(draft, "ngram") != 0 && strcmp(draft, "none") != 0;
+    if (draft_model) {
+        if (spec_pool_open(&dpool, draft, hp.n_vocab, parallel, (uint32_t)ctx, draft_threads ? draft_threads : threads,
+                           &err) != 0) {
+            be.free(be.impl);
+            goto out;
+        }
+        have_dpool = true;
+    }
+    sch_config sc = {.queue_cap = queue, .chunk = (uint32_t)chunk, .draft = draft_model ? &dpool : NULL};
     if (sch_init(&s, &be, &tok, &sc, &err) != 0) {
         be.free(be.impl);
         goto out;
@@ -214,15 +232,17 @@ int cmd_serve(int argc, char **argv) {
     http_config hc = {.host = host, .port = port, .api_key = api_key, .body_limit = (size_t)max_body,
                       .model_id = serve_model_id(model), .have_chat = have_chat, .chat_fmt = fmt,
                       .chat_err = chat_err.msg, .max_connections = 64 + 2 * (parallel + queue), .quiet = quiet,
-                      .draft_n = strcmp(draft, "ngram") == 0 ? draft_n : 0, .draft_k = draft_n};
+                      .draft_n = strcmp(draft, "none") != 0 ? draft_n : 0, .draft_k = draft_n,
+                      .draft_model = draft_model, .have_draft_model = draft_model};
     if (http_start(&h, &hc, &s, &tok, &err) != 0) goto out;
     char where[64];
     if (ring_path) snprintf(where, sizeof where, "a ring of %d nodes", rconf.n);
     else snprintf(where, sizeof where, "%d threads", threads);
     fprintf(stderr,
-            "ringlm serve: listening on http://%s%s%s:%d  (model %s, %d sequences x %d tokens, queue %d, %s%s)\n",
+            "ringlm serve: listening on http://%s%s%s:%d  (model %s, %d sequences x %d tokens, queue %d, %s%s%s%s)\n",
             strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", h.port, hc.model_id, parallel, ctx, queue,
-            where, api_key ? ", API key required" : "");
+            where, api_key ? ", API key required" : "", strcmp(draft, "none") ? ", drafts: " : "",
+            strcmp(draft, "none") ? (draft_model ? serve_model_id(draft) : draft) : "");
 
     int sig;
     do sig = sigwaitinfo(&stop_sigs, NULL);
@@ -247,6 +267,7 @@ int cmd_serve(int argc, char **argv) {
     rc = 0;
 out:
     if (have_sched) sch_free(&s); /* frees the backend too */
+    if (have_dpool) spec_pool_close(&dpool);
     if (have_engine) k3_engine_free(&e);
     if (rfile && fclose(rfile) != 0 && rc == 0) rc = -1, rl_errf(&err, "cannot write %s", trust.receipts);
     if (have_tok) tok_free(&tok);

@@ -349,15 +349,22 @@ static int http_parse_common(const http_server *h, const cJSON *j, http_job *jb,
     if (jb->p.receipts && !h->s->be.receipts) {
         return BAD(f, "receipts", "this server signs no receipts: it needs a ring (--ring) with --receipts or --audit-rate");
     }
-    /* ringlm's own field: speculative drafting for this request, "ngram" (prompt lookup, up to the server's
-     * --draft-n tokens per step) or "none"; absent: the server's --draft. */
+    /* ringlm's own field: speculative drafting for this request, "ngram" (prompt lookup), "model" (the
+     * server's draft model), up to the server's --draft-n tokens per step, or "none"; absent: the server's
+     * --draft. */
     jb->p.draft_n = h->cfg.draft_n;
+    jb->p.draft_model = h->cfg.draft_model;
     v = cJSON_GetObjectItemCaseSensitive(j, "draft");
     if (!http_absent(v)) {
-        if (!cJSON_IsString(v) || (strcmp(v->valuestring, "ngram") != 0 && strcmp(v->valuestring, "none") != 0)) {
-            return BAD(f, "draft", "'draft' must be \"ngram\" or \"none\" (a draft model is chosen when the server starts)");
+        const char *d = cJSON_IsString(v) ? v->valuestring : "";
+        if (strcmp(d, "ngram") != 0 && strcmp(d, "none") != 0 && strcmp(d, "model") != 0) {
+            return BAD(f, "draft", "'draft' must be \"ngram\", \"model\" or \"none\" (the draft model is chosen when the server starts)");
         }
-        jb->p.draft_n = strcmp(v->valuestring, "ngram") == 0 ? h->cfg.draft_k : 0;
+        if (strcmp(d, "model") == 0 && !h->cfg.have_draft_model) {
+            return BAD(f, "draft", "this server has no draft model: start it with --draft MODEL.gguf");
+        }
+        jb->p.draft_n = strcmp(d, "none") == 0 ? 0 : h->cfg.draft_k;
+        jb->p.draft_model = strcmp(d, "model") == 0;
     }
     v = cJSON_GetObjectItemCaseSensitive(j, "stream_options");
     if (!http_absent(v)) {
@@ -974,7 +981,9 @@ static enum MHD_Result http_metrics(http_conn *hc, struct MHD_Connection *c) {
               &m.ttft);
     http_hist(&b, "ringlm_inter_token_latency_seconds", "Between consecutive generated tokens of one request.", &m.itl);
     http_hist(&b, "ringlm_step_duration_seconds", "One batched forward step (all sequences together).", &m.step_s);
-    http_family(&b, "ringlm_spec_drafted_tokens_total", "counter", "Speculative draft tokens verified (n-gram).");
+    http_family(&b, "ringlm_spec_draft_seconds_total", "counter", "Seconds the draft model spent drafting.");
+    hb_printf(&b, "ringlm_spec_draft_seconds_total %.6f\n", m.draft_s);
+    http_family(&b, "ringlm_spec_drafted_tokens_total", "counter", "Speculative draft tokens verified.");
     hb_printf(&b, "ringlm_spec_drafted_tokens_total %llu\n", (unsigned long long)m.drafted);
     http_family(&b, "ringlm_spec_accepted_tokens_total", "counter", "Speculative draft tokens the model kept.");
     hb_printf(&b, "ringlm_spec_accepted_tokens_total %llu\n", (unsigned long long)m.accepted);

@@ -36,8 +36,10 @@ typedef struct http_config {
     const char *chat_err;  /* why not, when !have_chat */
     int max_connections;
     bool quiet;            /* no per-request log lines on stderr */
-    int draft_n;           /* n-gram drafts per step for requests that do not say (0: none; --draft ngram) */
-    int draft_k;           /* the length a request asking "draft": "ngram" gets (--draft-n) */
+    int draft_n;           /* drafts per step for requests that do not say (0: none; --draft ngram|MODEL) */
+    int draft_k;           /* the length a request asking "draft": "ngram" or "model" gets (--draft-n) */
+    bool draft_model;      /* requests that do not say draft from the draft model (--draft MODEL.gguf) */
+    bool have_draft_model; /* a request may ask "draft": "model" */
 } http_config;
 
 /* Requests answered, by endpoint and status (for /metrics). */

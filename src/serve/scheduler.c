@@ -1,6 +1,7 @@
 #include "scheduler.h"
 
 #include "../spec/accept.h"
+#include "../spec/draft_pool.h"
 #include "../spec/drafter.h"
 
 #include <errno.h>
@@ -486,6 +487,8 @@ static void sch_admit(sch_sched *s) {
         r->slot = i;
         r->n_fed = 0;
         r->n_hist = 0;
+        if (r->p.draft_model && !s->cfg.draft) r->p.draft_n = 0; /* http refuses it; a direct caller too */
+        if (r->p.draft_model && r->p.draft_n > 0) spec_pool_reset(s->cfg.draft, i);
         if (r->p.draft_n > 0 && (r->hist = malloc((r->n_prompt + 64) * sizeof *r->hist))) {
             memcpy(r->hist, r->prompt, r->n_prompt * sizeof *r->hist);
             r->n_hist = r->n_prompt;
@@ -560,7 +563,7 @@ static void *sch_main(void *arg) {
         }
         /* Decode tokens first (every generating sequence moves each step), then prompt chunks, oldest
          * request first, within the step's prompt budget. */
-        int n = 0;
+        int n = 0, nd_model = 0;
         uint32_t budget = s->cfg.chunk;
         for (int i = 0; i < s->be.n_slots; i++) {
             sch_request *r = s->slots[i];
@@ -573,6 +576,14 @@ static void *sch_main(void *arg) {
             if (r->p.max_tokens > 0 && r->p.max_tokens - r->n_gen - 1 < k) k = r->p.max_tokens - r->n_gen - 1;
             int64_t room = (int64_t)s->be.n_ctx - (int64_t)(r->n_prompt + (size_t)r->n_gen);
             if (room < k) k = (int)room;
+            if (k > 0 && r->p.draft_model) { /* drafted below, for all such requests at once */
+                s->d_entry[nd_model] = n;
+                s->d_slot[nd_model] = i;
+                s->d_k[nd_model] = k;
+                s->d_hist[nd_model] = r->hist;
+                s->d_nhist[nd_model++] = r->n_hist;
+                k = 0;
+            }
             int nd = k > 0 ? spec_ngram(r->hist, r->n_hist, k, s->blocks[i] + 1) : 0;
             if (nd > 0) {
                 s->blocks[i][0] = r->last;
@@ -606,6 +617,27 @@ static void *sch_main(void *arg) {
          * removes them, and a cancel merely marks them. */
         rl_err err = {{0}};
         double t0 = sch_now();
+        double t_draft = 0;
+        if (nd_model > 0) {
+            /* The draft model, for every request that uses it at once, outside the mutex (r->hist changes on
+             * this thread only). A failure costs this step its drafts, not the requests. */
+            if (spec_pool_propose(s->cfg.draft, nd_model, s->d_slot, s->d_hist, s->d_nhist, s->d_k, &s->d_out[0][0],
+                                  SCH_MAX_DRAFT, s->d_n, &err) != 0) {
+                fprintf(stderr, "ringlm serve: drafting failed, this step goes without drafts: %s\n", err.msg);
+                err = (rl_err){{0}};
+            }
+            for (int d = 0; d < nd_model; d++) {
+                int slot = s->d_slot[d], e = s->d_entry[d], nd = s->d_n[d];
+                if (nd <= 0) continue;
+                s->blocks[slot][0] = *s->steps[e].tokens;
+                memcpy(&s->blocks[slot][1], s->d_out[d], (size_t)nd * sizeof(int32_t));
+                s->steps[e].tokens = s->blocks[slot];
+                s->steps[e].n_tokens = (uint32_t)nd + 1;
+                s->steps[e].n_draft = nd;
+            }
+            t_draft = sch_now() - t0;
+            t0 = sch_now();
+        }
         int rc = s->be.step(s->be.impl, s->steps, n, &err);
         double t1 = sch_now();
         sch_node_stat nodes[SCH_MAX_NODES];
@@ -614,6 +646,7 @@ static void *sch_main(void *arg) {
         pthread_mutex_lock(&s->mu);
         s->m.steps++;
         s->m.busy_s += t1 - t0;
+        s->m.draft_s += t_draft;
         sch_hist_add(&s->m.step_s, t1 - t0);
         s->m.n_nodes = n_nodes;
         memcpy(s->m.nodes, nodes, (size_t)n_nodes * sizeof *nodes);
@@ -648,6 +681,20 @@ static void *sch_main(void *arg) {
 
 /* ---- setup and control ------------------------------------------------------------------------------- */
 
+static void sch_free_scratch(sch_sched *s) {
+    free(s->slots);
+    free(s->steps);
+    free(s->step_req);
+    free(s->blocks);
+    free(s->d_entry);
+    free(s->d_slot);
+    free(s->d_k);
+    free(s->d_n);
+    free(s->d_hist);
+    free(s->d_nhist);
+    free(s->d_out);
+}
+
 int sch_init(sch_sched *s, const sch_backend *be, const tok_tokenizer *tok, const sch_config *cfg, rl_err *err) {
     memset(s, 0, sizeof *s);
     s->be = *be;
@@ -660,11 +707,17 @@ int sch_init(sch_sched *s, const sch_backend *be, const tok_tokenizer *tok, cons
     s->steps = calloc((size_t)be->n_slots, sizeof *s->steps);
     s->step_req = calloc((size_t)be->n_slots, sizeof *s->step_req);
     s->blocks = calloc((size_t)be->n_slots, sizeof *s->blocks);
-    if (!s->slots || !s->steps || !s->step_req || !s->blocks) {
-        free(s->slots);
-        free(s->steps);
-        free(s->step_req);
-        free(s->blocks);
+    size_t ns = (size_t)be->n_slots;
+    s->d_entry = calloc(ns, sizeof *s->d_entry);
+    s->d_slot = calloc(ns, sizeof *s->d_slot);
+    s->d_k = calloc(ns, sizeof *s->d_k);
+    s->d_n = calloc(ns, sizeof *s->d_n);
+    s->d_hist = calloc(ns, sizeof *s->d_hist);
+    s->d_nhist = calloc(ns, sizeof *s->d_nhist);
+    s->d_out = calloc(ns, sizeof *s->d_out);
+    if (!s->slots || !s->steps || !s->step_req || !s->blocks || !s->d_entry || !s->d_slot || !s->d_k || !s->d_n ||
+        !s->d_hist || !s->d_nhist || !s->d_out) {
+        sch_free_scratch(s);
         return rl_errf(err, "out of memory");
     }
     pthread_mutex_init(&s->mu, NULL);
@@ -732,10 +785,7 @@ void sch_free(sch_sched *s) {
     pthread_cond_destroy(&s->cond);
     pthread_cond_destroy(&s->idle);
     pthread_mutex_destroy(&s->mu);
-    free(s->slots);
-    free(s->steps);
-    free(s->step_req);
-    free(s->blocks);
+    sch_free_scratch(s);
     memset(s, 0, sizeof *s);
 }
 

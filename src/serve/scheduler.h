@@ -131,7 +131,8 @@ typedef struct sch_params {
     const char *stop[SCH_MAX_STOP]; /* stop strings (copied by sch_request_new); the match is not returned */
     int n_stop;
     bool receipts;           /* return the receipts of the request's traversals (needs a backend that signs) */
-    int draft_n;             /* n-gram (prompt lookup) drafts of up to this many tokens per step (0: none) */
+    int draft_n;             /* drafts of up to this many tokens per step (0: none) */
+    bool draft_model;        /* from the server's draft model (sch_config.draft), else by prompt lookup */
 } sch_params;
 
 struct sch_sched;
@@ -161,7 +162,7 @@ typedef struct sch_request {
     int32_t last;            /* the last sampled token (fed at the next step) */
     double t_last;           /* when the last token was sampled */
     tok_stream ts;
-    int32_t *hist;           /* prompt and sampled tokens, for n-gram drafting (draft_n > 0) */
+    int32_t *hist;           /* prompt and sampled tokens, for drafting (draft_n > 0) */
     size_t n_hist, cap_hist;
     char *hold;              /* text held back because it may be the start of a stop string */
     size_t hold_len, hold_cap;
@@ -181,9 +182,13 @@ typedef struct sch_update {
 
 /* ---- the scheduler ----------------------------------------------------------------------------------- */
 
+struct spec_pool;
+
 typedef struct sch_config {
     int queue_cap;  /* requests that may wait for a slot; more are refused (SCH_QUEUE_FULL) */
     uint32_t chunk; /* prompt tokens per step, over all prefilling sequences */
+    struct spec_pool *draft; /* a draft model with a state per slot, for draft_model requests (NULL: none);
+                              * the caller's, used by the scheduler thread alone while it runs */
 } sch_config;
 
 /* Histogram with fixed upper bounds (seconds), Prometheus-style cumulative on output. */
@@ -200,6 +205,7 @@ typedef struct sch_metrics {
     uint64_t prompt_tokens, gen_tokens;  /* processed / sampled, in total */
     uint64_t steps, step_tokens;         /* forward passes, and the tokens they carried */
     uint64_t drafted, accepted;          /* speculative drafts sent, and kept */
+    double draft_s;                      /* seconds the draft model spent drafting */
     uint64_t finished[SCH_FIN_ERROR + 1];/* requests by finish reason */
     double busy_s;                       /* seconds inside backend steps */
     int active, queued, n_slots, queue_cap;
@@ -226,6 +232,10 @@ typedef struct sch_sched {
     sch_step *steps;
     sch_request **step_req;
     int32_t (*blocks)[SCH_MAX_DRAFT + 1]; /* [n_slots]: [last, drafts] of speculative entries */
+    int *d_entry, *d_slot, *d_k, *d_n;   /* [n_slots]: the step's draft-model requests (entry, slot, k, drafts) */
+    const int32_t **d_hist;
+    size_t *d_nhist;
+    int32_t (*d_out)[SCH_MAX_DRAFT];
 } sch_sched;
 
 /* Takes over the backend (sch_free frees it). tok must outlive the scheduler. */
