@@ -144,10 +144,20 @@ health h2
 check "/health: 3 nodes up again" py "$WORK/h2.json" "all(n['status'] == 'up' for n in d['nodes']) and len(d['nodes']) == 3"
 check "the server logged the re-open" grep -q "whole again" "$WORK/srv.log"
 
-# ---- a node restarted while the server is idle: the next request still succeeds ----------------------------
+# ---- a node killed and restarted while the server is idle: /health follows it with no request (the server
+# looks at the nodes every 2 s while idle), the ring is re-opened before the next request, which succeeds ----
+wholes=$(grep -c "whole again" "$WORK/srv.log")
 kill -9 "${RING_PID[3]}"
 wait "${RING_PID[3]}" 2>/dev/null || true
+for _ in $(seq 100); do health hq; py "$WORK/hq.json" "node(d, '$(addr 3)')['status'] == 'down'" && break; sleep 0.1; done
+check "idle: /health shows the killed node down, with no request sent" py "$WORK/hq.json" \
+    "node(d, '$(addr 3)')['status'] == 'down' and node(d, '$(addr 1)')['status'] == 'up'"
 ring_start 3 "$RING/models" || exit 1
+for _ in $(seq 100); do [ "$(grep -c "whole again" "$WORK/srv.log")" -gt "$wholes" ] && break; sleep 0.1; done
+health hr
+check "idle: the node back, the ring re-opened before any request, /health shows every node up" bash -c \
+    "[ \$(grep -c 'whole again' '$WORK/srv.log') -gt $wholes ] && python3 '$WORK/check.py' '$WORK/hr.json' \
+     \"all(n['status'] == 'up' for n in d['nodes']) and len(d['nodes']) == 3\""
 post idle "$(greedy "$P" 24)"
 check "node restarted while idle: the next request succeeds with the same text" py "$WORK/idle.json" \
     "d['choices'][0]['text'] == load('want.exp')"

@@ -46,10 +46,14 @@ typedef struct sch_ring {
     ring_seq_req *reqs;           /* [n_slots]: a step has at most one entry per slot */
     uint64_t *to_free;            /* [n_slots]: finished sequences whose FREE waits for the next step */
     int n_to_free;
+    double next_probe;            /* while idle: when to look at the nodes again (ring_idle_probe) */
 } sch_ring;
 
 /* How long the TCP probe waits for a node that neither accepts nor refuses (a host that is off). */
 #define RING_PROBE_S 2.0
+/* While the server is idle it looks at the nodes this often, and waits this long for a probe's answer. */
+#define RING_IDLE_PROBE_S 2.0
+#define RING_IDLE_WAIT_S 0.5
 /* After a re-open that failed slowly (such a host, or a node that connected but never answered), requests
  * fail at once for this long instead of each waiting as long again, one behind the other. */
 #define RING_BACKOFF_S 2.0
@@ -285,10 +289,29 @@ static int ring_audit_now(sch_ring *B) {
     }
     return B->rc->n_audit_queue < before; /* 0 when it had to wait (steps in flight): no busy loop */
 }
+/* While the server is idle, every RING_IDLE_PROBE_S: an open ring's links are looked at, so a node that
+ * went away breaks it now and /health says so without waiting for a request; a broken ring's nodes are
+ * probed, so /health sees them come back, and once they all answer the ring is re-opened (nothing runs,
+ * so nothing is lost), so the next request finds it whole instead of paying the re-plan. */
+static void ring_idle_probe(sch_ring *B) {
+    double now = sch_now();
+    if (now < B->next_probe) return;
+    B->next_probe = now + RING_IDLE_PROBE_S;
+    if (B->open) {
+        ring_check_links(B);
+        return;
+    }
+    rl_err e = {{0}};
+    if (ring_probe(B, RING_IDLE_WAIT_S, &e) != 0) return;
+    if (ring_reopen(B, &e) != 0) fprintf(stderr, "ringlm serve: ring: still broken: %s\n", e.msg);
+}
+
 static int ring_be_idle(void *impl) {
     sch_ring *B = impl;
     ring_flush_frees(B);
-    return ring_audit_now(B);
+    if (ring_audit_now(B)) return 1;
+    ring_idle_probe(B);
+    return 0;
 }
 
 /* Every checked traversal: its receipts go to each slot whose sequence it carried and that wants them. */

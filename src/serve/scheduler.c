@@ -550,13 +550,20 @@ static void *sch_main(void *arg) {
                 pthread_mutex_unlock(&s->mu);
                 int did = s->be.idle(s->be.impl);
                 sch_node_stat nodes[SCH_MAX_NODES];
-                int n_nodes = did ? s->be.nodes(s->be.impl, nodes, SCH_MAX_NODES) : 0;
+                int n_nodes = s->be.nodes(s->be.impl, nodes, SCH_MAX_NODES);
                 pthread_mutex_lock(&s->mu);
-                if (did) {
-                    s->m.n_nodes = n_nodes;
-                    memcpy(s->m.nodes, nodes, (size_t)n_nodes * sizeof *nodes);
-                    continue; /* maybe more, unless requests came meanwhile (the loop admits them first) */
+                s->m.n_nodes = n_nodes; /* idle work may have found a node gone or back: /health shows it */
+                memcpy(s->m.nodes, nodes, (size_t)n_nodes * sizeof *nodes);
+                if (did) continue; /* maybe more, unless requests came meanwhile (the loop admits them first) */
+                /* Nothing now: sleep until a request, a cancel or stop, but call idle() again within a second
+                 * (the backend paces its own background checks). */
+                if (!s->stopping) {
+                    struct timespec until;
+                    clock_gettime(CLOCK_REALTIME, &until);
+                    until.tv_sec += 1;
+                    pthread_cond_timedwait(&s->cond, &s->mu, &until);
                 }
+                continue;
             }
             pthread_cond_wait(&s->cond, &s->mu);
             continue;
