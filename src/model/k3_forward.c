@@ -349,9 +349,30 @@ static struct ggml_tensor *k3_kda(k3_graph *g, const k3_layer_w *L, int il_rel, 
  * (their kq weights are exact zeros), so they are zero-filled rather than copied: the transposing copy is
  * the costliest op of decode attention, and a sequence has usually written far fewer rows than the
  * 256-row padding it reads. Every product the sum sees is the same (0 * stale = 0 * 0), so are the bits. */
+static void k3_v_t_op(struct ggml_tensor *dst, int ith, int nth, void *userdata) {
+    (void)userdata;
+    const struct ggml_tensor *src = dst->src[0];
+    const int64_t rkv = src->ne[0], used = src->ne[1], n_kv = dst->ne[0], m = dst->ne[2];
+    enum { RB = 16 }; /* dst rows per block: one 64-byte line of each src row, RB dst lines kept hot */
+    const int64_t n_blocks = (rkv + RB - 1) / RB;
+    float *d = dst->data;
+    for (int64_t job = ith; job < m * n_blocks; job += nth) {
+        const int64_t sq = job / n_blocks, r0 = (job % n_blocks) * RB, r1 = r0 + RB < rkv ? r0 + RB : rkv;
+        float *out = d + (size_t)(sq * rkv) * (size_t)n_kv;
+        for (int64_t t = 0; t < used; t++) {
+            const float *in = (const float *)((const char *)src->data + t * src->nb[1] + sq * src->nb[2]);
+            for (int64_t r = r0; r < r1; r++) out[r * n_kv + t] = in[r];
+        }
+        for (int64_t r = r0; r < r1; r++) memset(out + r * n_kv + used, 0, (size_t)(n_kv - used) * sizeof(float));
+    }
+}
+
 static struct ggml_tensor *k3_v_t(k3_graph *g, struct ggml_tensor *vr, int64_t n_kv) {
-    struct ggml_tensor *t = ggml_transpose(g->ctx, vr);
-    return vr->ne[1] < n_kv ? ggml_pad(g->ctx, t, (int)(n_kv - vr->ne[1]), 0, 0, 0) : ggml_cont(g->ctx, t);
+    /* ggml_pad of the transposed view did this element by element with four index checks each, a tenth of
+     * a 16-stream serve step; this op copies it in blocks (same values, so the same bits). */
+    struct ggml_tensor *args[1] = {vr};
+    return ggml_custom_4d(g->ctx, GGML_TYPE_F32, n_kv, vr->ne[0], vr->ne[2], 1, args, 1, k3_v_t_op, GGML_N_TASKS_MAX,
+                          NULL);
 }
 
 /* MLA attention of a group, like the per-sequence graph in k3_mla but with the sequences as the 4th axis.
