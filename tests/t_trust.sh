@@ -204,6 +204,37 @@ check "serve: streamed, the receipts come in a chunk before [DONE]" bash -c \
 check "serve: the server's --receipts log verifies offline" "$RINGLM" receipts verify "$WORK/serve.jsonl" --model "$small" \
     --ring "$WORK/serve.conf"
 kill "${SRV_PID[srv]}"; wait "${SRV_PID[srv]}" 2>/dev/null || true
+
+# --- DSpark taps from a node that sends bad ones (taps steer drafts only, so they are not receipted): a
+# malformed TAPS message is dropped without the step waiting for it, a second one from the same stage is
+# ignored (it cannot overwrite the first or stand in for another stage's); the output stays greedy's, the
+# coordinator names the node once and counts the drops (taps_dropped).
+"$RINGLM" synth --no-progress --config small --draft dspark --seed 2 -o "$WORK/ds.gguf"
+p=$(toks 5 900 24)
+"$RINGLM" run -m "$small" --tokens "$p" -n 24 --temp 0 --ignore-eos --ids >"$WORK/g.ids" 2>/dev/null
+dsrun() { # NAME CONF: a DSpark run through the ring, bounded well below the coordinator's step timeout
+    timeout 40 "$RINGLM" run -m "$small" --tokens "$p" -n 24 --temp 0 --ignore-eos --ids --draft "dspark:$WORK/ds.gguf" \
+        --draft-fixed --ring "$2" "${K[@]}" --metrics-json "$WORK/$1.json" >"$WORK/$1.ids" 2>"$WORK/$1.err"
+}
+digest() { grep -o '"draft_digest":[^,}]*' "$WORK/$1.json" 2>/dev/null; }
+dsrun honest "$WORK/honest.conf"
+for mode in badtaps duptaps; do
+    ok=0 named=0 same_drafts=0
+    for pos in 0 1 2; do
+        liar $mode $pos
+        dsrun "$mode$pos" "$WORK/liar.conf" && cmp -s "$WORK/g.ids" "$WORK/$mode$pos.ids" && ok=$((ok + 1))
+        grep -q "node 127.0.0.1:${RING_PORT[4]} sent a \(malformed\|second\) TAPS" "$WORK/$mode$pos.err" &&
+            grep -Eq '"taps_dropped":[[:space:]]*[1-9]' "$WORK/$mode$pos.json" && named=$((named + 1))
+        [ -n "$(digest honest)" ] && [ "$(digest honest)" = "$(digest "$mode$pos")" ] && same_drafts=$((same_drafts + 1))
+    done
+    check "$mode at each of 3 stages: the run ends (no wait on the taps) with greedy's tokens ($ok/3)" test $ok = 3
+    check "... the node that sent them is named and its messages counted (at $named of 3 stages: those holding taps)" \
+        test $named -ge 1
+    [ $mode = duptaps ] && check "... and the second message changed no draft (same drafts as the honest ring at $same_drafts/3 stages)" \
+        test $same_drafts = 3
+done
+kill "${RING_PID[4]}"; wait "${RING_PID[4]}" 2>/dev/null || true; unset 'RING_PID[4]'
+
 serve_start one -m "$small" --parallel 1 --quiet
 code=$(curl "${CT[@]}" -o "$WORK/r1.json" -w '%{http_code}' -H 'Content-Type: application/json' \
     --data-binary '{"prompt":"x","max_tokens":2,"receipts":true}' "${SRV_URL[one]}/v1/completions")

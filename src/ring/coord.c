@@ -581,25 +581,56 @@ static int ring_stage_taps(const ring_coord *rc, int s) {
 }
 
 /* A TAPS message (frame.h): this node's rows of a step in flight, checked against what its stage holds.
- * A malformed or unexpected one is dropped: taps only steer drafts, the step never waits on a bad one
- * past its timeout (which names the node). */
+ * Taps only steer drafts, so a bad message never fails the step: a malformed one from a stage that owes
+ * taps counts as that stage's (its rows stay zero, so the drafts suffer, not the output) and the step
+ * does not wait for it; a second one from the same stage, or one from a stage that holds no tap layer,
+ * is ignored, so it cannot stand in for another stage's. Each is counted (ring_stats_json: taps_dropped)
+ * and the first is logged with the node's address. */
+static void ring_taps_drop(ring_coord *rc, int from, uint64_t step, const char *why) {
+    if (rc->taps_dropped++ == 0) {
+        fprintf(stderr, "ringlm: ring: node %s sent %s for step %llu; dropped (DSpark drafts may suffer, the output "
+                        "does not; later ones are only counted)\n",
+                rc->conf.nodes[from].addr, why, (unsigned long long)step);
+    }
+}
+
 static void ring_take_taps(ring_coord *rc, int from, const zs_parts *p, const rf_header *h) {
     struct ring_pending *pd = ring_find_pending(rc, h->step_id);
     int s = -1;
     for (int i = 0; i < rc->plan.n_stages; i++) s = rc->plan.stages[i].node == from ? i : s;
-    if (!pd || !pd->taps || s < 0 || p->n < 2) return;
-    const uint8_t *b = p->data[1];
-    size_t len = p->len[1];
+    if (!pd || !pd->taps || s < 0) return; /* a step already collected (or never sent): nothing owed */
+    const uint64_t bit = 1ull << (unsigned)s;
+    if (ring_stage_taps(rc, s) == 0 || (pd->taps_from & bit)) {
+        ring_taps_drop(rc, from, h->step_id, ring_stage_taps(rc, s) ? "a second TAPS message" : "taps its stage does not hold");
+        return;
+    }
+    pd->taps_from |= bit;
+    pd->taps_got++;
+    const uint8_t *b = p->n >= 2 ? p->data[1] : NULL;
+    size_t len = p->n >= 2 ? p->len[1] : 0;
     uint32_t nt, nr;
     const size_t d = rc->hp.n_embd;
-    if (len < 4 || (memcpy(&nt, b, 4), nt != (uint32_t)ring_stage_taps(rc, s)) || len < 8 + 4 * (size_t)nt) return;
+    if (len < 4 || (memcpy(&nt, b, 4), nt != (uint32_t)ring_stage_taps(rc, s)) || len < 8 + 4 * (size_t)nt) {
+        ring_taps_drop(rc, from, h->step_id, "a malformed TAPS message (its tap count)");
+        return;
+    }
     memcpy(&nr, b + 4 + 4 * (size_t)nt, 4);
-    if (nr != pd->tap_rows || len != 8 + 4 * (size_t)nt + (size_t)nt * nr * d * sizeof(float)) return;
+    if (nr != pd->tap_rows || len != 8 + 4 * (size_t)nt + (size_t)nt * nr * d * sizeof(float)) {
+        ring_taps_drop(rc, from, h->step_id, "a malformed TAPS message (its size)");
+        return;
+    }
+    for (uint32_t t = 0; t < nt; t++) {
+        uint32_t layer;
+        memcpy(&layer, b + 4 + 4 * (size_t)t, 4);
+        if (layer <= rc->plan.stages[s].a || layer > rc->plan.stages[s].b) {
+            ring_taps_drop(rc, from, h->step_id, "a malformed TAPS message (a layer outside its stage)");
+            return;
+        }
+    }
     const float *rows = (const float *)(b + 8 + 4 * (size_t)nt); /* zmq message data is malloc-aligned */
     for (uint32_t t = 0; t < nt; t++) {
         uint32_t layer;
         memcpy(&layer, b + 4 + 4 * (size_t)t, 4);
-        if (layer <= rc->plan.stages[s].a || layer > rc->plan.stages[s].b) return;
         for (int k = 0; k < rc->o.n_taps; k++) {
             if (rc->o.taps[k] != layer) continue;
             for (uint32_t r = 0; r < nr; r++) {
@@ -607,7 +638,6 @@ static void ring_take_taps(ring_coord *rc, int from, const zs_parts *p, const rf
             }
         }
     }
-    pd->taps_got++;
 }
 
 int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *step_id, rl_err *err) {
@@ -1358,5 +1388,6 @@ cJSON *ring_stats_json(const ring_coord *rc) {
     cJSON_AddNumberToObject(o, "return_wire_ms", ret->n ? 1e3 * ret->wire_s / (double)ret->n : 0.0);
     cJSON_AddNumberToObject(o, "traversal_ms", rc->traversals ? 1e3 * rc->traversal_s / (double)rc->traversals : 0.0);
     cJSON_AddNumberToObject(o, "traversals", (double)rc->traversals);
+    cJSON_AddNumberToObject(o, "taps_dropped", (double)rc->taps_dropped);
     return o;
 }

@@ -127,10 +127,12 @@ typedef struct ring_coord {
         float *taps;           /* RF_SEQ_TAPS rows of the frame, [row][tap][n_embd], as they arrive */
         uint32_t tap_rows;
         int taps_need, taps_got; /* TAPS messages expected (stages holding tap layers) and received */
+        uint64_t taps_from;    /* stages whose TAPS counted (one each; plan stages <= 64) */
     } pending[64];
     int n_pending;
     double traversal_s;
     long traversals;
+    long taps_dropped;        /* TAPS messages dropped: malformed, duplicated, or from a stage without taps */
     /* Audits: the checked traversals still remembered (a ring buffer), the sequences waiting to be
      * audited, an engine per audited stage (on the coordinator's model file), and what was found. */
     const mf_model *m;

@@ -752,6 +752,13 @@ static void node_send_taps(node *n, uint64_t step) {
     memcpy(buf + 4, s->taps, 4 * (size_t)nt);
     memcpy(buf + 4 + 4 * (size_t)nt, &s->n_tap_rows, 4);
     memcpy(buf + 8 + 4 * (size_t)nt, s->tap_rows, rows);
+#ifdef RINGLM_ADVERSARY
+    if (node_adv_is(n, "badtaps")) len -= 4; /* one float short */
+    if (node_adv_is(n, "duptaps")) {         /* the real taps, then a second message of other rows */
+        node_reply(n, RF_TAPS, step, buf, len);
+        for (size_t i = 0; i < rows / sizeof(float); i++) ((float *)(buf + 8 + 4 * (size_t)nt))[i] = 1.0f;
+    }
+#endif
     node_reply(n, RF_TAPS, step, buf, len);
     free(buf);
 }
