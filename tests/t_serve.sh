@@ -123,19 +123,26 @@ check "the 4 streams shared steps ($((steps1 - steps0)) steps for $((gen1 - gen0
     test $((steps1 - steps0)) -lt $((gen1 - gen0))
 
 # ---- speculation (n-gram drafts, per request): the same text, in fewer steps when drafts are kept -----------
+# tripled I EXTRA: greedy request body for prompt I said three times, 32 tokens, EXTRA fields appended.
+tripled() { echo "{\"prompt\":\"${prompts[$1]} ${prompts[$1]} ${prompts[$1]}\",\"max_tokens\":32,\"temperature\":0,\"ignore_eos\":true${2:-}}"; }
+# same_as_nospec NAME: how many of NAME0..NAME3 have the text of nospec0..3 and 32 completion tokens.
+same_as_nospec() {
+    local i n=0
+    for i in 0 1 2 3; do
+        py "$WORK/$1$i.json" "d['choices'][0]['text'] == load('nospec$i.json')['choices'][0]['text'] and d['usage']['completion_tokens'] == 32" &&
+            n=$((n + 1))
+    done
+    echo $n
+}
 d0=$(metric ringlm_spec_drafted_tokens_total)
 pids=()
 for i in 0 1 2 3; do
-    post "spec$i" /v1/completions "{\"prompt\":\"${prompts[$i]} ${prompts[$i]} ${prompts[$i]}\",\"max_tokens\":32,\"temperature\":0,\"ignore_eos\":true,\"draft\":\"ngram\"}" &
+    post "spec$i" /v1/completions "$(tripled $i ',"draft":"ngram"')" &
     pids+=($!)
-    post "nospec$i" /v1/completions "{\"prompt\":\"${prompts[$i]} ${prompts[$i]} ${prompts[$i]}\",\"max_tokens\":32,\"temperature\":0,\"ignore_eos\":true}"
+    post "nospec$i" /v1/completions "$(tripled $i)"
 done
 wait "${pids[@]}"
-same=0
-for i in 0 1 2 3; do
-    py "$WORK/spec$i.json" "d['choices'][0]['text'] == load('nospec$i.json')['choices'][0]['text'] and d['usage']['completion_tokens'] == 32" &&
-        same=$((same + 1))
-done
+same=$(same_as_nospec spec)
 d1=$(metric ringlm_spec_drafted_tokens_total); a1=$(metric ringlm_spec_accepted_tokens_total)
 check "4 concurrent requests with n-gram drafts = the same requests without ($same/4; $((d1 - d0)) drafts, $a1 kept in all)" \
     test $same = 4
@@ -156,15 +163,11 @@ URL=${SRV_URL[drafted]}
 pids=()
 for i in 0 1 2 3; do # the server's default is its draft model; one request says so, one turns it off
     case $i in 0) extra=',"draft":"model"' ;; 3) extra=',"draft":"none"' ;; *) extra= ;; esac
-    post "dm$i" /v1/completions "{\"prompt\":\"${prompts[$i]} ${prompts[$i]} ${prompts[$i]}\",\"max_tokens\":32,\"temperature\":0,\"ignore_eos\":true$extra}" &
+    post "dm$i" /v1/completions "$(tripled $i "$extra")" &
     pids+=($!)
 done
 wait "${pids[@]}"
-same=0
-for i in 0 1 2 3; do
-    py "$WORK/dm$i.json" "d['choices'][0]['text'] == load('nospec$i.json')['choices'][0]['text'] and d['usage']['completion_tokens'] == 32" &&
-        same=$((same + 1))
-done
+same=$(same_as_nospec dm)
 dd=$(metric ringlm_spec_drafted_tokens_total); da=$(metric ringlm_spec_accepted_tokens_total)
 ds=$(metric ringlm_spec_draft_seconds_total)
 check "4 concurrent requests, 3 drafted by a draft model = the same requests without ($same/4; $dd drafts, $da kept, ${ds}s drafting)" \

@@ -1,5 +1,7 @@
 #include "draft_pool.h"
 
+#include "drafter.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,16 +13,7 @@ int spec_pool_open(spec_pool *p, const char *path, uint32_t target_vocab, int n_
                    rl_err *err) {
     memset(p, 0, sizeof *p);
     if (n_slots < 1) return rl_errf(err, "draft pool: no slots");
-    if (k3_open(&p->m, &p->hp, path, err) != 0) return rl_err_prefix(err, "draft model");
-    if (p->hp.n_vocab != target_vocab) {
-        mf_close(&p->m);
-        return rl_errf(err, "draft model %s has a vocabulary of %u tokens, the target %u: they must share one", path,
-                       p->hp.n_vocab, target_vocab);
-    }
-    if (k3_engine_init(&p->e, &p->m, &p->hp, 0, p->hp.n_layer, threads, err) != 0) {
-        mf_close(&p->m);
-        return rl_err_prefix(err, "draft model");
-    }
+    if (spec_model_open(&p->m, &p->hp, &p->e, path, target_vocab, threads, err) != 0) return -1;
     p->n_slots = n_slots;
     p->n_ctx = n_ctx;
     if (k3_state_pool_init(&p->pool, &p->hp, 0, p->hp.n_layer, n_ctx, n_slots, err) != 0) {

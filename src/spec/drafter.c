@@ -4,6 +4,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+int spec_model_open(mf_model *m, k3_hparams *hp, k3_engine *e, const char *path, uint32_t target_vocab, int threads,
+                    rl_err *err) {
+    if (k3_open(m, hp, path, err) != 0) return rl_err_prefix(err, "draft model (a DSpark draft is given as dspark:PATH)");
+    if (hp->n_vocab != target_vocab) {
+        mf_close(m);
+        return rl_errf(err, "draft model %s has a vocabulary of %u tokens, the target %u: they must share one", path,
+                       hp->n_vocab, target_vocab);
+    }
+    if (k3_engine_init(e, m, hp, 0, hp->n_layer, threads, err) != 0) {
+        mf_close(m);
+        return rl_err_prefix(err, "draft model");
+    }
+    return 0;
+}
+
 int spec_drafter_open(spec_drafter *d, const char *spec, const mf_model *target, const k3_hparams *thp, uint32_t n_ctx,
                       int threads, const smp_params *sp, rl_err *err) {
     memset(d, 0, sizeof *d);
@@ -19,17 +34,11 @@ int spec_drafter_open(spec_drafter *d, const char *spec, const mf_model *target,
         d->kind = SPEC_DSPARK;
         return 0;
     }
-    if (k3_open(&d->m, &d->hp, spec, err) != 0) {
-        return rl_err_prefix(err, "draft model (a DSpark draft is given as dspark:PATH)");
-    }
-    if (d->hp.n_vocab != target_vocab) {
-        mf_close(&d->m);
-        return rl_errf(err, "draft model %s has a vocabulary of %u tokens, the target %u: they must share one", spec,
-                       d->hp.n_vocab, target_vocab);
-    }
-    if (k3_engine_init(&d->e, &d->m, &d->hp, 0, d->hp.n_layer, threads, err) != 0 ||
-        k3_state_init(&d->st, &d->hp, 0, d->hp.n_layer, n_ctx, err) != 0 ||
+    if (spec_model_open(&d->m, &d->hp, &d->e, spec, target_vocab, threads, err) != 0) return -1;
+    if (k3_state_init(&d->st, &d->hp, 0, d->hp.n_layer, n_ctx, err) != 0 ||
         smp_init(&d->smp, sp, (int32_t)d->hp.n_vocab, err) != 0) {
+        k3_state_free(&d->st);
+        k3_engine_free(&d->e);
         mf_close(&d->m);
         return rl_err_prefix(err, "draft model");
     }

@@ -52,6 +52,11 @@ typedef struct spec_drafter {
 int spec_drafter_open(spec_drafter *d, const char *spec, const mf_model *target, const k3_hparams *thp, uint32_t n_ctx,
                       int threads, const smp_params *sp, rl_err *err);
 
+/* A draft model file (a K3 sharing the target's vocabulary of target_vocab tokens), with an engine for all its
+ * layers; on failure nothing is left open. Used by MODEL drafters and by the server's draft pool. */
+int spec_model_open(mf_model *m, k3_hparams *hp, k3_engine *e, const char *path, uint32_t target_vocab, int threads,
+                    rl_err *err);
+
 /* The target layers whose input stream the drafter needs (DSPARK), or 0. */
 int spec_drafter_taps(const spec_drafter *d, const uint32_t **layers);
 

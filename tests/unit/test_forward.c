@@ -26,24 +26,33 @@ static int32_t rnd_tok(uint32_t v) {
     return (int32_t)((rs >> 33) % (v - 256)); /* stay below the special-token region */
 }
 
+/* How a batch runs: plainly, with step kernels, or keeping rollback copies (which implies step kernels). */
+enum { RUN_PLAIN, RUN_STEP_KERNELS, RUN_KEEP };
+
+/* One batch of nt tokens of one sequence; the logits of every position into dst. */
+static void run_batch(k3_engine *e, k3_state *st, const int32_t *tok, uint32_t nt, int how, float *dst) {
+    int32_t rows[4096];
+    for (uint32_t r = 0; r < nt; r++) rows[r] = (int32_t)r;
+    uint8_t keep = 1;
+    k3_batch b = {.n_seqs = 1, .seqs = &st, .n_tokens = &nt, .tokens = tok, .n_logits = (int)nt, .logit_rows = rows,
+                  .step_kernels = how == RUN_STEP_KERNELS, .keep_rollback = how == RUN_KEEP ? &keep : NULL};
+    k3_output o;
+    rl_err err;
+    if (k3_forward(e, &b, &o, &err) != 0) {
+        fprintf(stderr, "forward failed: %s\n", err.msg);
+        exit(1);
+    }
+    memcpy(dst, o.logits, (size_t)nt * e->hp.n_vocab * sizeof(float));
+    k3_output_free(&o);
+}
+
 /* Runs n tokens of one sequence in chunks (chunk <= 0: one batch); returns logits of every position. */
 static float *run_chunks(k3_engine *e, k3_state *st, const int32_t *tok, int n, int chunk) {
     const uint32_t V = e->hp.n_vocab;
     float *all = malloc((size_t)n * V * sizeof(float));
     if (chunk <= 0) chunk = n;
     for (int i = 0; i < n; i += chunk) {
-        uint32_t nt = (uint32_t)(i + chunk > n ? n - i : chunk);
-        int32_t rows[4096];
-        for (uint32_t r = 0; r < nt; r++) rows[r] = (int32_t)r;
-        k3_batch b = {.n_seqs = 1, .seqs = &st, .n_tokens = &nt, .tokens = tok + i, .n_logits = (int)nt, .logit_rows = rows};
-        k3_output o;
-        rl_err err;
-        if (k3_forward(e, &b, &o, &err) != 0) {
-            fprintf(stderr, "forward failed: %s\n", err.msg);
-            exit(1);
-        }
-        memcpy(all + (size_t)i * V, o.logits, (size_t)nt * V * sizeof(float));
-        k3_output_free(&o);
+        run_batch(e, st, tok + i, (uint32_t)(i + chunk > n ? n - i : chunk), RUN_PLAIN, all + (size_t)i * V);
     }
     return all;
 }
@@ -203,31 +212,14 @@ static void test_pooled(fx *f, const char *cfg_name, const char *type, const int
     for (int i = 0; i < 5; i++) k3_state_free(&sep[i]);
 }
 
-/* Runs a schedule of batches on one sequence (n tokens each), every batch with step kernels; returns the
- * logits of every token. */
-static float *run_steps_kernels(k3_engine *e, k3_state *st, const int32_t *tok, const uint32_t *sizes, int n_batches,
-                                int how) {
+/* Runs batches of the given sizes on one sequence, each as `how` says; returns the logits of every token. */
+static float *run_sizes(k3_engine *e, k3_state *st, const int32_t *tok, const uint32_t *sizes, int n_batches, int how) {
     const uint32_t V = e->hp.n_vocab;
     uint32_t total = 0;
     for (int i = 0; i < n_batches; i++) total += sizes[i];
     float *all = malloc((size_t)total * V * sizeof(float));
-    uint32_t done = 0;
-    for (int i = 0; i < n_batches; i++) {
-        uint32_t nt = sizes[i];
-        int32_t rows[64];
-        for (uint32_t r = 0; r < nt; r++) rows[r] = (int32_t)r;
-        uint8_t keep = how == 2;
-        k3_batch b = {.n_seqs = 1, .seqs = &st, .n_tokens = &nt, .tokens = tok + done, .n_logits = (int)nt,
-                      .logit_rows = rows, .step_kernels = how == 1, .keep_rollback = how == 2 ? &keep : NULL};
-        k3_output o;
-        rl_err err;
-        if (k3_forward(e, &b, &o, &err) != 0) {
-            fprintf(stderr, "forward failed: %s\n", err.msg);
-            exit(1);
-        }
-        memcpy(all + (size_t)done * V, o.logits, (size_t)nt * V * sizeof(float));
-        done += nt;
-        k3_output_free(&o);
+    for (uint32_t i = 0, done = 0; i < (uint32_t)n_batches; done += sizes[i++]) {
+        run_batch(e, st, tok + done, sizes[i], how, all + (size_t)done * V);
     }
     return all;
 }
@@ -249,16 +241,17 @@ static void test_step_kernels(fx *f, const char *cfg_name, const char *type, con
     float *ref = run_chunks(&f->e, &st, tok + 20, 12, 1);
     static const uint32_t one[] = {12}, three[] = {5, 4, 3};
     struct { const uint32_t *sz; int n, how; const char *what; } cases[] = {
-        {one, 1, 1, "one batch of 12"}, {three, 3, 1, "batches of 5, 4, 3"}, {one, 1, 2, "a kept block of 12"}};
+        {one, 1, RUN_STEP_KERNELS, "one batch of 12"}, {three, 3, RUN_STEP_KERNELS, "batches of 5, 4, 3"},
+        {one, 1, RUN_KEEP, "a kept block of 12"}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         k3_state_restore(&st, &snap, &err);
-        float *got = run_steps_kernels(&f->e, &st, tok + 20, cases[c].sz, cases[c].n, cases[c].how);
+        float *got = run_sizes(&f->e, &st, tok + 20, cases[c].sz, cases[c].n, cases[c].how);
         CHECK(memcmp(ref, got, 12 * V * sizeof(float)) == 0, "%s/%s: step kernels, %s == 12 single steps, bit for bit",
               cfg_name, type, cases[c].what);
         free(got);
     }
     k3_state_restore(&st, &snap, &err);
-    float *plain = run_steps_kernels(&f->e, &st, tok + 20, one, 1, 0);
+    float *plain = run_sizes(&f->e, &st, tok + 20, one, 1, RUN_PLAIN);
     size_t differ = 0;
     for (size_t i = 0; i < 12 * V; i++) differ += memcmp(&plain[i], &ref[i], sizeof(float)) != 0;
     printf("  %s/%s: without step kernels, %zu of %zu logits of a 12-token batch differ from single steps\n", cfg_name,
