@@ -95,11 +95,12 @@ for where in local 3; do
         bash -c "cmp -s '$WORK/plain8' '$WORK/twin' && grep -Eq '\"acceptance_rate\":[[:space:]]*1([,}]|$)' '$WORK/twin-$where.json'"
 done
 # DSpark drafts depend on every tap: the same drafts (so the same acceptance and traversal count) on one
-# machine, through 1 node, and through 3 nodes whose stages each send some of the taps.
+# machine, through 1 node, and through 3 nodes whose stages each send some of the taps (one block at a time,
+# as on one machine).
 for where in local 1 3; do
     ra=(); [ $where = local ] || ra=(--ring "$WORK/ring$where.conf" "${K[@]}")
     "$RINGLM" run -m "$target" --tokens "$(prompt 7)" -n 40 --temp 0 --ignore-eos --ids --draft "dspark:$WORK/dspark.gguf" \
-        --draft-fixed "${ra[@]}" --metrics-json "$WORK/ds-$where.json" >/dev/null 2>"$WORK/err" || cat "$WORK/err"
+        --draft-fixed --draft-depth 1 "${ra[@]}" --metrics-json "$WORK/ds-$where.json" >/dev/null 2>"$WORK/err" || cat "$WORK/err"
     grep -o '"\(drafted\|accepted\|traversals\|draft_digest\)":[^,}]*' "$WORK/ds-$where.json" | head -4 | tr -d ' \t' | tr '\n' ' ' \
         >"$WORK/ds-$where.sum"
 done

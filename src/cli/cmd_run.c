@@ -35,7 +35,7 @@ static void run_usage(FILE *f) {
             "                states); up to --draft-n tokens (default 7) verified per target pass; --draft-p-min P\n"
             "                stops a DSpark block at the first token its confidence head rates below P;\n"
             "                --draft-depth D (ring) keeps up to D blocks in flight, each drafted assuming the\n"
-            "                ones before it are accepted (default 1; at most 3)\n"
+            "                ones before it are accepted (default 2; at most 3)\n"
             "  --receipts F  (ring) every stage signs a receipt per traversal; each traversal is checked as it\n"
             "                returns and its receipts are written to F as JSON lines (ringlm receipts verify)\n"
             "  --audit-rate R  (ring) audit each finished sequence with probability R (0..1; receipts on): this\n"
@@ -132,7 +132,7 @@ int cmd_run(int argc, char **argv) {
     cli_trust trust = {0};
     int draft_n = 7;
     float draft_p_min = 0;
-    int draft_depth = 1;
+    int draft_depth = 2;
     bool draft_fixed = false;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), ctx = 4096, chunk = 512;
     bool chat = false, ids = false, progress = isatty(2);

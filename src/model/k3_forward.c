@@ -702,6 +702,19 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
     }
 
     int rc = 0;
+    /* ggml_gallocr_alloc_graph reuses the last plan when the nodes have the same count and fit in it, without
+     * looking at which are outputs: a one-token step kept for rollback has the very shapes of a plain one,
+     * and under the plain plan the tensors read back after compute (kept states, taps) share memory with
+     * later nodes. A different set of outputs gets a plan of its own. */
+    uint64_t key = 0xcbf29ce484222325ULL;
+    for (int i = 0; i < ggml_graph_n_nodes(g.gf); i++) {
+        if (ggml_graph_node(g.gf, i)->flags & GGML_TENSOR_FLAG_OUTPUT) key = (key ^ (uint64_t)i) * 0x100000001b3ULL;
+    }
+    if (key != e->plan_outputs && !ggml_gallocr_reserve(e->galloc, g.gf)) {
+        rc = rl_errf(err, "cannot allocate compute memory for %lld tokens", (long long)T);
+        goto done;
+    }
+    e->plan_outputs = key;
     if (!ggml_gallocr_alloc_graph(e->galloc, g.gf)) {
         rc = rl_errf(err, "cannot allocate compute memory for %lld tokens", (long long)T);
         goto done;

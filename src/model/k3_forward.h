@@ -26,6 +26,7 @@ typedef struct k3_engine {
     int n_threads;
     struct ggml_backend *backend;
     struct ggml_gallocr *galloc;
+    uint64_t plan_outputs;      /* which nodes were outputs when galloc last planned (k3_forward) */
     float *mask_buf; /* scratch for attention masks */
     size_t mask_cap;
     void *graph_buf; /* the graph's tensor and node structs, kept between calls: a fresh multi-MiB malloc

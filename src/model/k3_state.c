@@ -141,8 +141,8 @@ int k3_state_init_pooled(k3_state *s, const k3_state_pool *p, int slot, rl_err *
     return 0;
 }
 
-void k3_state_free(k3_state *s) {
-    for (int r = 0; r <= K3_RB_BLOCKS; r++) {
+static void k3_rb_free(k3_state *s) {
+    for (int r = 0; s->rb && r <= s->rb_max; r++) {
         k3_rb_block *rb = &s->rb[r];
         for (uint32_t i = 0; rb->delta && i < s->b - s->a; i++) {
             free(rb->delta[i]);
@@ -151,6 +151,20 @@ void k3_state_free(k3_state *s) {
         free(rb->delta);
         free(rb->conv);
     }
+    free(s->rb);
+    s->rb = NULL;
+    s->rb_count = 0;
+}
+
+int k3_state_keep_blocks(k3_state *s, int n_blocks, rl_err *err) {
+    if (n_blocks < 1) return rl_errf(err, "a sequence keeps at least one block for rollback, not %d", n_blocks);
+    k3_rb_free(s);
+    s->rb_max = n_blocks;
+    return 0;
+}
+
+void k3_state_free(k3_state *s) {
+    k3_rb_free(s);
     if (s->buf) ggml_backend_buffer_free(s->buf);
     if (s->ctx) ggml_free(s->ctx);
     free(s->conv);
@@ -252,13 +266,19 @@ int k3_state_rollback(k3_state *s, uint32_t pos, rl_err *err) {
         }
     }
     s->n_past = pos;
-    s->rb_count = 0;
+    s->rb_count = j == rb->n ? bi + 1 : bi; /* the blocks that end by pos stay kept */
     return 0;
 }
 
 int k3_state_rb_reserve(k3_state *s, uint32_t n, rl_err *err) {
+    if (!s->rb) {
+        if (s->rb_max < 1) s->rb_max = K3_RB_BLOCKS;
+        s->rb = calloc((size_t)s->rb_max + 1, sizeof *s->rb);
+        if (!s->rb) return rl_errf(err, "out of memory for rollback buffers");
+        s->rb_count = 0;
+    }
     const k3_rb_block *last = s->rb_count ? &s->rb[s->rb_count - 1] : NULL;
-    /* Continues the kept blocks, or starts afresh; when all K3_RB_BLOCKS are kept, the spare slot takes it
+    /* Continues the kept blocks, or starts afresh; when all rb_max are kept, the spare slot takes it
      * and the oldest is dropped only once the pass has run (k3_state_rb_commit). */
     s->rb_next = last && last->start + last->n == s->n_past ? s->rb_count : 0;
     k3_rb_block *rb = &s->rb[s->rb_next];
@@ -289,11 +309,11 @@ void k3_state_rb_commit(k3_state *s, bool keep, uint32_t start, uint32_t n) {
     s->rb[s->rb_next].start = start;
     s->rb[s->rb_next].n = n;
     s->rb_count = s->rb_next + 1;
-    if (s->rb_count > K3_RB_BLOCKS) { /* drop the oldest: rotate its buffers to the spare slot */
+    if (s->rb_count > s->rb_max) { /* drop the oldest: rotate its buffers to the spare slot */
         k3_rb_block old = s->rb[0];
-        memmove(&s->rb[0], &s->rb[1], K3_RB_BLOCKS * sizeof s->rb[0]);
-        s->rb[K3_RB_BLOCKS] = old;
-        s->rb_count = K3_RB_BLOCKS;
+        memmove(&s->rb[0], &s->rb[1], (size_t)s->rb_max * sizeof s->rb[0]);
+        s->rb[s->rb_max] = old;
+        s->rb_count = s->rb_max;
     }
 }
 

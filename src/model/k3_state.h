@@ -27,8 +27,9 @@ typedef struct k3_rb_block {
     float **conv;           /* [il - a]: 3 x (Kc-1+n) x Di: the conv inputs (the window before, then the block) */
 } k3_rb_block;
 
-/* Consecutive verified blocks a sequence can roll back into: pipelined speculation has several blocks in
- * flight, and a rejection in the oldest invalidates the ones run after it. */
+/* Consecutive verified blocks a sequence can roll back into, by default: pipelined speculation has several
+ * blocks in flight, and a rejection in the oldest invalidates the ones run after it. A draft model, which
+ * runs one kept block per drafted token, asks for more (k3_state_keep_blocks). */
 #define K3_RB_BLOCKS 4
 
 typedef struct k3_state {
@@ -42,9 +43,10 @@ typedef struct k3_state {
     struct ggml_backend_buffer *buf;
     /* Rollback (speculative verification): the blocks run with keep_rollback since the last other step,
      * consecutive, rb[0 .. rb_count) oldest first (at most K3_RB_BLOCKS; the oldest is dropped beyond);
-     * rb[rb_next] is the one a forward pass is writing (k3_state_rb_reserve). */
-    k3_rb_block rb[K3_RB_BLOCKS + 1];
-    int rb_count, rb_next;
+     * rb[rb_next] is the one a forward pass is writing (k3_state_rb_reserve). rb has rb_max + 1 entries
+     * (one spare), allocated with the first kept block. */
+    k3_rb_block *rb;
+    int rb_count, rb_next, rb_max;
     /* Set when the tensors above are views of one slot of a pool (k3_state_pool): the forward pass then runs
      * the KDA recurrence and MLA attention of several pooled sequences as one op each. NULL: own buffer. */
     const struct k3_state_pool *pool;
@@ -88,8 +90,12 @@ int k3_state_snapshot(const k3_state *s, k3_snapshot *snap, rl_err *err); /* (re
 
 /* Returns the sequence to position `pos` inside one of the blocks kept for rollback (start < pos <= start
  * + n): KDA state and conv windows from the kept copies, the MLA cache by truncation. Cheap. Fails if pos
- * is in none of them. Afterwards nothing is kept (positions before pos are committed). */
+ * is in none of them. Afterwards the blocks that end by pos stay kept (a draft model rolls back into them
+ * again); the one pos falls inside is dropped unless pos is its end. */
 int k3_state_rollback(k3_state *s, uint32_t pos, rl_err *err);
+/* How many consecutive blocks the sequence keeps for rollback (default K3_RB_BLOCKS); each kept block holds
+ * a copy of the KDA state per token, allocated as it is first used. Forgets what is kept. */
+int k3_state_keep_blocks(k3_state *s, int n_blocks, rl_err *err);
 /* Rolls back to the snapshot's position. The snapshot stays valid (it can be restored again). */
 int k3_state_restore(k3_state *s, const k3_snapshot *snap, rl_err *err);
 void k3_snapshot_free(k3_snapshot *snap);

@@ -36,7 +36,7 @@ int spec_drafter_open(spec_drafter *d, const char *spec, const mf_model *target,
     }
     if (spec_model_open(&d->m, &d->hp, &d->e, spec, target_vocab, threads, err) != 0) return -1;
     if (k3_state_init(&d->st, &d->hp, 0, d->hp.n_layer, n_ctx, err) != 0 ||
-        smp_init(&d->smp, sp, (int32_t)d->hp.n_vocab, err) != 0) {
+        k3_state_keep_blocks(&d->st, SPEC_MAX_FED, err) != 0 || smp_init(&d->smp, sp, (int32_t)d->hp.n_vocab, err) != 0) {
         k3_state_free(&d->st);
         k3_engine_free(&d->e);
         mf_close(&d->m);
@@ -50,7 +50,7 @@ void spec_drafter_close(spec_drafter *d) {
     if (d->kind == SPEC_DSPARK) dspark_close(&d->ds);
     if (d->kind == SPEC_MODEL) {
         smp_free(&d->smp);
-        k3_snapshot_free(&d->snap);
+        free(d->row);
         k3_state_free(&d->st);
         k3_engine_free(&d->e);
         mf_close(&d->m);
@@ -60,13 +60,14 @@ void spec_drafter_close(spec_drafter *d) {
 
 /* Feeds tokens to the draft model; returns the last row's logits in *row (malloc'ed) if asked. Past the
  * prompt the tokens go through with step kernels, as the target verifies them, so that a draft that is
- * the target itself (bench's "twin") agrees with it bit for bit. */
-static int spec_feed(spec_drafter *d, const int32_t *t, uint32_t n, bool steps, float **row, rl_err *err) {
+ * the target itself (bench's "twin") agrees with it bit for bit; speculative ones are kept for rollback. */
+static int spec_feed(spec_drafter *d, const int32_t *t, uint32_t n, bool steps, bool keep, float **row, rl_err *err) {
     if (d->st.n_past + n > d->st.n_ctx) return rl_errf(err, "draft model context of %u is full", d->st.n_ctx);
     k3_state *sp = &d->st;
     int32_t last = (int32_t)n - 1;
+    uint8_t kp = keep;
     k3_batch b = {.n_seqs = 1, .seqs = &sp, .n_tokens = &n, .tokens = t, .n_logits = row ? 1 : 0, .logit_rows = &last,
-                  .step_kernels = steps};
+                  .step_kernels = steps, .keep_rollback = keep ? &kp : NULL};
     k3_output o;
     if (k3_forward(&d->e, &b, &o, err) != 0) return -1;
     if (row) {
@@ -74,6 +75,32 @@ static int spec_feed(spec_drafter *d, const int32_t *t, uint32_t n, bool steps, 
         o.logits = NULL;
     }
     k3_output_free(&o);
+    return 0;
+}
+
+/* Brings the draft model back to position base + m (m <= n_fed): by rollback into the blocks it kept, or,
+ * should they not reach (they always do the way spec_run drafts), by running the history again from the
+ * start. hist: the committed history and what follows it (at least base + m tokens), or NULL. */
+static int spec_seek(spec_drafter *d, int m, const int32_t *hist, rl_err *err) {
+    const uint32_t pos = d->base + (uint32_t)m;
+    rl_err e2 = {"nothing kept"};
+    if (pos < d->row_at) d->row_at = 0; /* the kept logits follow a position given up */
+    if (pos == d->st.n_past || (m > 0 && k3_state_rollback(&d->st, pos, &e2) == 0)) {
+        d->n_fed = m;
+        return 0;
+    }
+    if (!hist) return rl_errf(err, "draft model cannot return to position %u: %s", pos, e2.msg);
+    /* The same kernels as the first time (the prompt batched, the rest step by step): the same state. */
+    k3_state_reset(&d->st);
+    d->n_fed = 0;
+    d->reruns++;
+    const uint32_t np = pos < d->n_prompt ? pos : d->n_prompt;
+    if ((np > 0 && spec_feed(d, hist, np, false, false, NULL, err) != 0) ||
+        (pos > np && spec_feed(d, hist + np, pos - np, true, false, NULL, err) != 0)) {
+        d->pending = -1; /* the state matches nothing now: no drafts until the next begin */
+        return -1;
+    }
+    d->n_fed = m;
     return 0;
 }
 
@@ -95,7 +122,10 @@ int spec_drafter_begin(spec_drafter *d, const int32_t *prompt, size_t n, uint64_
     smp_reset(&d->smp);
     for (size_t i = 0; i < n; i++) smp_accept(&d->smp, prompt[i]);
     d->pending = n ? prompt[n - 1] : -1;
-    if (n > 1) return spec_feed(d, prompt, (uint32_t)(n - 1), false, NULL, err);
+    d->base = d->n_prompt = n ? (uint32_t)(n - 1) : 0;
+    d->n_fed = 0;
+    d->row_at = 0;
+    if (n > 1) return spec_feed(d, prompt, (uint32_t)(n - 1), false, false, NULL, err);
     return 0;
 }
 
@@ -146,23 +176,46 @@ int spec_drafter_propose(spec_drafter *d, const int32_t *history, size_t n, size
         for (int i = i0 + sfx; i < nb && o.conf[i] >= d->min_conf; i++) draft[(*n_draft)++] = o.tokens[i];
         return 0;
     }
-    /* MODEL: snapshot, feed the pending token (and a speculative suffix but its last token), then draft one
-     * token at a time. */
+    /* MODEL: run what the context needs past the committed tokens (the pending token, then the blocks in
+     * flight), reusing what the state already ran, then draft one token at a time. Everything stays in the
+     * state, kept for rollback, until spec_drafter_commit says what held. */
     if (d->pending < 0 || n_conf == 0 || n < n_conf) return 0;
-    if (k3_state_snapshot(&d->st, &d->snap, err) != 0) return -1;
-    int32_t t = d->pending;
-    if (n > n_conf) {
-        if (spec_feed(d, history + n_conf - 1, (uint32_t)(n - n_conf), true, NULL, err) != 0) {
-            rl_err e2;
-            k3_state_restore(&d->st, &d->snap, &e2);
-            return -1;
-        }
-        t = history[n - 1];
+    if (d->base != n_conf - 1) {
+        return rl_errf(err, "draft model has seen %u committed tokens, the target committed %zu", d->base, n_conf - 1);
     }
+    const int32_t *need = history + d->base;
+    const size_t L = n - d->base; /* >= 1: need[L - 1] is the token the first draft follows */
+    if (L + (size_t)k > SPEC_MAX_FED) k = L < SPEC_MAX_FED ? (int)(SPEC_MAX_FED - L) : 0;
+    if (k <= 0) return 0;
+    int j = 0;
+    while (j < d->n_fed && (size_t)j < L && d->fed[j] == need[j]) j++;
+    float *row = NULL;
+    const size_t V = d->hp.n_vocab;
+    if ((size_t)j >= L && d->row_at == d->base + L) {
+        /* All of it ran already, and its last logits are kept (drafting again from the same point). */
+        if (spec_seek(d, (int)L, history, err) != 0) return -1;
+        if (!(row = malloc(V * sizeof *row))) return rl_errf(err, "out of memory");
+        memcpy(row, d->row, V * sizeof *row);
+    } else {
+        const int from = (size_t)j < L ? j : (int)L - 1; /* need[L - 1] runs again for its logits */
+        if (spec_seek(d, from, history, err) != 0) return -1;
+        if (spec_feed(d, need + from, (uint32_t)(L - (size_t)from), true, true, &row, err) != 0) return -1;
+        memcpy(d->fed + from, need + from, (L - (size_t)from) * sizeof *need);
+        d->n_fed = (int)L;
+        float *keep = realloc(d->row, V * sizeof *keep);
+        if (keep) {
+            memcpy(keep, row, V * sizeof *keep);
+            d->row = keep;
+            d->row_at = d->base + (uint32_t)L;
+        }
+    }
+    int32_t t = need[L - 1];
     const bool sampling = d->smp.p.temperature > 0.0f;
     for (int i = 0; i < k; i++) {
-        float *row = NULL;
-        if (spec_feed(d, &t, 1, true, &row, err) != 0) return -1;
+        if (i > 0) {
+            if (spec_feed(d, &t, 1, true, true, &row, err) != 0) return -1;
+            d->fed[d->n_fed++] = t;
+        }
         if (sampling) {
             /* Draw from the drafter's filtered distribution and keep it (top 64) for the acceptance test. */
             size_t nc = 0;
@@ -195,20 +248,36 @@ int spec_drafter_propose(spec_drafter *d, const int32_t *history, size_t n, size
             t = smp_sample(&d->smp, row);
         }
         free(row);
+        row = NULL;
         draft[(*n_draft)++] = t;
     }
     if (sampling) *qs = d->q;
-    return k3_state_restore(&d->st, &d->snap, err);
+    return 0;
 }
 
 int spec_drafter_commit(spec_drafter *d, const int32_t *committed, int n, rl_err *err) {
     if (d->kind != SPEC_MODEL || n <= 0) return 0;
-    /* The model has seen everything before `pending`; feed pending + all committed but the last. */
-    int32_t buf[SPEC_MAX_DRAFT + 2];
-    int m = 0;
-    buf[m++] = d->pending;
-    for (int i = 0; i < n - 1; i++) buf[m++] = committed[i];
+    if (d->pending < 0) return rl_errf(err, "draft model has no sequence to commit tokens to");
+    /* The model must have run pending + all committed but the last. Drafting ran some of them already. */
+    int j = 0;
+    while (j < d->n_fed && j < n && d->fed[j] == (j == 0 ? d->pending : committed[j - 1])) j++;
     for (int i = 0; i < n; i++) smp_accept(&d->smp, committed[i]);
+    if (j == n) {
+        /* All run already. What ran after them (a block in flight, drafted assuming a bonus token) holds only
+         * if the assumed token is the one committed last. */
+        if (d->n_fed > n && d->fed[n] != committed[n - 1] && spec_seek(d, n, NULL, err) != 0) return -1;
+        memmove(d->fed, d->fed + n, (size_t)(d->n_fed - n) * sizeof *d->fed);
+        d->n_fed -= n;
+    } else {
+        if (j == 0 && d->n_fed > 0) return rl_errf(err, "draft model ran %d tokens that do not follow what is committed", d->n_fed);
+        if (spec_seek(d, j, NULL, err) != 0) return -1;
+        int32_t buf[SPEC_MAX_DRAFT + 2];
+        int m = 0;
+        for (int i = j; i < n; i++) buf[m++] = i == 0 ? d->pending : committed[i - 1];
+        if (spec_feed(d, buf, (uint32_t)m, true, false, NULL, err) != 0) return -1;
+        d->n_fed = 0;
+    }
+    d->base += (uint32_t)n;
     d->pending = committed[n - 1];
-    return spec_feed(d, buf, (uint32_t)m, true, NULL, err);
+    return 0;
 }

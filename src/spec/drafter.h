@@ -4,8 +4,9 @@
  *          (n = 4 down to 1) and propose what followed it. No model; shines when the output repeats the
  *          input (editing code, quoting a document).
  *   MODEL  a small model with the same vocabulary, run here: greedy at temperature 0, else sampled from
- *          its own (filtered) distribution, which is returned for speculative sampling. Its state is
- *          snapshotted before drafting and restored after, then the committed tokens are fed.
+ *          its own (filtered) distribution, which is returned for speculative sampling. What it runs while
+ *          drafting stays in its state, kept for rollback: a committed draft is never run twice, and a
+ *          rejection rolls the state back to the last accepted token.
  *   DSPARK a DSpark draft (dspark.h): the whole block in one pass, from the target's stream at the tap
  *          layers, which the verifier hands over (spec_drafter_features) for every committed position.
  *          Its drafts are the greedy chain, so speculative sampling treats them like n-gram drafts (q = 1);
@@ -24,6 +25,9 @@
 #include "dspark.h"
 
 #define SPEC_MAX_DRAFT 16
+/* Tokens a draft model may run past what is committed: the blocks in flight (drafts and guesses) and the
+ * block being drafted. Each is a block its state keeps for rollback. */
+#define SPEC_MAX_FED 64
 
 typedef enum spec_kind { SPEC_NONE, SPEC_NGRAM, SPEC_MODEL, SPEC_DSPARK } spec_kind;
 
@@ -34,9 +38,15 @@ typedef struct spec_drafter {
     k3_hparams hp;
     k3_engine e;
     k3_state st;
-    k3_snapshot snap;
     smp_sampler smp;
-    int32_t pending;     /* the last committed token, not yet fed to the draft model (-1: none) */
+    int32_t pending;     /* the last committed token (-1: none), at position base */
+    uint32_t base;       /* committed tokens before pending: the state is at base + n_fed */
+    uint32_t n_prompt;   /* the prompt's tokens but its last: prefilled with the batched kernels */
+    int n_fed;           /* tokens run past base (pending first, then drafts and guesses of blocks in flight) */
+    int32_t fed[SPEC_MAX_FED];
+    float *row;          /* the logits after position row_at - 1 (0: none): drafting again from one point */
+    uint32_t row_at;
+    unsigned reruns;     /* times the state had to be rebuilt from the history (not in spec_run's use) */
     /* the drafted distribution of the last draft, for speculative sampling */
     int32_t q_id[SPEC_MAX_DRAFT][64];
     float q_p[SPEC_MAX_DRAFT][64];

@@ -15,6 +15,12 @@ static int spec_push_features(spec_verifier *v, spec_drafter *d, int n_taps, uin
     return spec_drafter_features(d, rows, n, err);
 }
 
+/* Whether a block of k drafts is worth sending another behind (pipelining): only if it is likely wholly
+ * accepted, its bonus-token guess too (a stale block still costs every stage but the last its compute). */
+static bool spec_ahead(double alpha, int k, int depth) {
+    return depth > 1 && pow(alpha, k + 1) >= 0.25;
+}
+
 /* The draft length with the most committed tokens per second: a block of k drafts, each accepted with
  * probability alpha once the ones before it were, commits (1 - alpha^(k+1)) / (1 - alpha) tokens on average;
  * it costs a traversal plus k draft steps, or with blocks in flight, whichever of a traversal's share and
@@ -25,7 +31,7 @@ static int spec_pick_k(double alpha, double t_trav, double t_draft, int depth, i
     double best_rate = -1;
     for (int k = 1; k <= k_max; k++) {
         double gain = (1 - pow(alpha, k + 1)) / (1 - alpha);
-        double cost = depth > 1 ? fmax(t_trav / depth, k * t_draft) : t_trav + k * t_draft;
+        double cost = spec_ahead(alpha, k, depth) ? fmax(t_trav / depth, k * t_draft) : t_trav + k * t_draft;
         double rate = gain / (cost > 1e-9 ? cost : 1e-9);
         if (rate > best_rate * 1.0001) best_rate = rate, best = k;
     }
@@ -124,11 +130,14 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
             if (kk < 0 || (kk == 0 && n_fl > 0)) break;
             /* A block sent ahead pays only if the one before it is likely wholly accepted, its guess too:
              * stale blocks still cost every stage but the last their compute. */
-            if (n_fl > 0 && sp->adaptive && pow(acc_s / (acc_s + acc_f), fl[n_fl - 1].n) < 0.25) break;
+            const double alpha = acc_s / (acc_s + acc_f);
+            if (n_fl > 0 && sp->adaptive && !spec_ahead(alpha, fl[n_fl - 1].n - 1, depth)) break;
             int32_t block[SPEC_MAX_DRAFT + 2];
             int n_draft = 0;
             const spec_q *qs = NULL;
-            const int want = kk > 0 && depth > 1 ? kk + 1 : kk; /* one more: the guess that starts the next block */
+            /* One more, the guess that starts the next block, if one will follow it. */
+            const bool ahead = kk > 0 && depth > 1 && (!sp->adaptive || spec_ahead(alpha, kk, depth));
+            const int want = ahead ? kk + 1 : kk;
             double td = gen_mono();
             if (want > 0 && spec_drafter_propose(d, z, n_z, n_hist, want, block + 1, &n_draft, &qs, err) != 0) {
                 rc = -1;
@@ -136,7 +145,7 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
             }
             sm->draft_s += gen_mono() - td;
             if (want > 0) t_draft = 0.8 * t_draft + 0.2 * (gen_mono() - td) / want;
-            const bool guess = depth > 1 && kk > 0 && n_draft == want;
+            const bool guess = ahead && n_draft == want;
             if (n_draft > kk) n_draft = kk;
             for (int i = 0; i < n_draft; i++) {
                 for (int b = 0; b < 4; b++) sm->draft_digest = (sm->draft_digest ^ (uint8_t)((uint32_t)block[1 + i] >> (8 * b))) * 0x100000001b3ULL;

@@ -539,6 +539,31 @@ static void test_model(const char *cfg_name, const char *type, const char *dir, 
         CHECK(k3_state_rollback(&st, 20 + 4 + 1, &err) == 0 && st.n_past == 25, "%s/%s: ... and one into the second still works",
               cfg_name, type);
     }
+    /* One-token blocks kept for rollback (a draft model keeps one per drafted token) right after plain
+     * one-token steps: the same graph shapes, so the compute plan must still keep the kept states apart.
+     * Back to the end of the first == a run of only it, bit for bit. */
+    {
+        k3_state_reset(&st);
+        free(run_chunks(&f.e, &st, tok, 20, 0));
+        float *junk = malloc((size_t)V * sizeof(float));
+        int ok = 1;
+        for (int i = 0; i < 3; i++) run_batch(&f.e, &st, tok + 20 + i, 1, RUN_STEP_KERNELS, junk); /* plain steps */
+        for (int i = 0; i < 3; i++) run_batch(&f.e, &st, i == 0 ? tok + 23 : tok2 + i, 1, RUN_KEEP, junk);
+        ok = st.rb_count == 3 && k3_state_rollback(&st, 24, &err) == 0 && st.n_past == 24;
+        float *after = malloc((size_t)V * sizeof(float)), *want = malloc((size_t)V * sizeof(float));
+        if (ok) run_batch(&f.e, &st, tok + 24, 1, RUN_STEP_KERNELS, after);
+        k3_state ref;
+        k3_state_init(&ref, hp, 0, L, 64, &err);
+        free(run_chunks(&f.e, &ref, tok, 20, 0));
+        for (int i = 0; i < 5; i++) run_batch(&f.e, &ref, tok + 20 + i, 1, RUN_STEP_KERNELS, want);
+        CHECK(ok && memcmp(after, want, (size_t)V * sizeof(float)) == 0,
+              "%s/%s: one-token blocks kept after plain one-token steps, back into the first == only it, bit for bit%s", cfg_name,
+              type, ok ? "" : err.msg);
+        free(junk);
+        free(after);
+        free(want);
+        k3_state_free(&ref);
+    }
 
 cut:
     /* Cutting the range: [0,k) then [k,n) through a serialized f32 boundary == [0,n), bit for bit. */

@@ -4,7 +4,10 @@
  *      the speculative output equals plain greedy decoding token for token.
  *   2. Sampling preserves the target's distribution: over many seeds, the tokens at generation steps 1
  *      and 2 (step 0 is sampled before any drafting) have the same distribution with and without
- *      speculation (two-sample chi-square on the common tokens, and total variation distance). */
+ *      speculation (two-sample chi-square on the common tokens, and total variation distance).
+ *   3. A draft model keeps what it ran while drafting and rolls back on rejection: after any mix of
+ *      accepted, rejected and pipelined blocks (stale ones, wrong guesses, drafting twice from one point),
+ *      its drafts are exactly those of a fresh state that ran only the committed tokens. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +50,39 @@ static void synth(const char *cfg, const char *type, const char *path, const cha
         fprintf(stderr, "%s\n", err.msg);
         exit(1);
     }
+}
+
+/* Greedy continuation of h[0..n) by a fresh state on the draft model's engine, run as the drafter runs it:
+ * the prompt but its last token batched, the rest with step kernels. */
+static int ref_drafts(k3_engine *e, const k3_hparams *hp, const int32_t *h, uint32_t n, uint32_t n_prompt, int k,
+                      int32_t *out) {
+    k3_state st, *sp = &st;
+    rl_err err;
+    if (k3_state_init(&st, hp, 0, hp->n_layer, 256, &err) != 0) return -1;
+    int32_t t[300];
+    memcpy(t, h, n * sizeof *t);
+    uint32_t at = 0, len = n;
+    int rc = 0;
+    for (int i = -1; i < k && rc == 0; i++) { /* i = -1: the prompt, no draft */
+        uint32_t c = i < 0 ? n_prompt - 1 : len - at;
+        int32_t last = (int32_t)c - 1;
+        k3_batch b = {.n_seqs = 1, .seqs = &sp, .n_tokens = &c, .tokens = t + at, .n_logits = i < 0 ? 0 : 1,
+                      .logit_rows = &last, .step_kernels = i >= 0};
+        k3_output o;
+        if (k3_forward(e, &b, &o, &err) != 0) {
+            rc = -1;
+            break;
+        }
+        at += c;
+        if (i >= 0) {
+            int32_t best = 0;
+            for (uint32_t v = 1; v < hp->n_vocab; v++) best = o.logits[v] > o.logits[best] ? (int32_t)v : best;
+            out[i] = t[len++] = best;
+        }
+        k3_output_free(&o);
+    }
+    k3_state_free(&st);
+    return rc;
 }
 
 int main(void) {
@@ -181,6 +217,96 @@ int main(void) {
         CHECK(drafted > 0 && (dk != 0 || accepted > 0) && accepted < drafted,
               "sampling with the %s exercised %s (%ld of %ld drafts accepted)", names[dk + 1],
               dk == 0 ? "acceptance and rejection" : "rejection and the residual draw", accepted, drafted);
+    }
+
+    /* 3. The draft model's kept state, against fresh states. Outcomes drawn from a fixed generator: each
+     * round drafts a block, maybe a second behind it from its guess (pipelining), then commits a random
+     * number of the first block's drafts and a correction, or all of them and a bonus that is or is not the
+     * guess; the second block is committed only when it still stands. Sometimes a block is drafted twice
+     * from the same point. After every commit the drafts from what is committed are compared with a fresh
+     * state's greedy continuation; a control compares them with a fresh state one committed token short. */
+    {
+        spec_drafter d;
+        smp_params gsp = gp.smp;
+        if (spec_drafter_open(&d, small, &m, &hp, 256, 2, &gsp, &err) != 0) {
+            fprintf(stderr, "%s\n", err.msg);
+            return 1;
+        }
+        int32_t h[256], prompt[12];
+        for (int i = 0; i < 12; i++) prompt[i] = (int32_t)(31 * i + 7) % (int32_t)V;
+        memcpy(h, prompt, sizeof prompt);
+        uint32_t n = 12;
+        uint64_t x = 12345;
+#define RND(mod) ((int)(((x = x * 6364136223846793005ULL + 1442695040888963407ULL) >> 33) % (uint64_t)(mod)))
+        int ok = 0, rounds = 0, control_differs = 0, stale = 0, wrong_guess = 0, twice = 0, elsewhere = 0, full = 0,
+            partial = 0;
+        int32_t first = 3;
+        err.msg[0] = 0;
+        if (spec_drafter_begin(&d, prompt, 12, 1, &err) != 0 || spec_drafter_commit(&d, &first, 1, &err) != 0) return 1;
+        h[n++] = first;
+        while (n < 190) {
+            int32_t a[SPEC_MAX_DRAFT + 1], b[SPEC_MAX_DRAFT + 1];
+            int na = 0, nb = 0, ka = 1 + RND(5), kb = 1 + RND(5);
+            const spec_q *qs;
+            int r4 = RND(4);
+            if (r4 == 0) { /* drafting twice from the same point: the second must not see the first */
+                if (spec_drafter_propose(&d, h, n, n, ka + 1, a, &na, &qs, &err) != 0) break;
+                twice++;
+            } else if (r4 == 1) { /* a block drafted first on other assumptions: two tokens nobody committed */
+                h[n] = (int32_t)RND(V), h[n + 1] = (int32_t)RND(V);
+                if (spec_drafter_propose(&d, h, n + 2, n, 2, a, &na, &qs, &err) != 0) break;
+                elsewhere++;
+            }
+            bool ahead = RND(2) == 0;
+            if (spec_drafter_propose(&d, h, n, n, ahead ? ka + 1 : ka, a, &na, &qs, &err) != 0) break;
+            /* compare the block's drafts with a fresh state's greedy continuation, and with the control's */
+            int32_t want[SPEC_MAX_DRAFT + 1], ctl[SPEC_MAX_DRAFT + 1];
+            if (ref_drafts(&d.e, &d.hp, h, n, 12, na, want) != 0 || ref_drafts(&d.e, &d.hp, h, n - 1, 12, na, ctl) != 0) break;
+            rounds++;
+            ok += na == (ahead ? ka + 1 : ka) && memcmp(a, want, (size_t)na * sizeof *a) == 0;
+            control_differs += memcmp(ctl, want, (size_t)na * sizeof *a) != 0;
+            if (ahead) { /* the block behind it, from the first block's drafts and guess */
+                memcpy(h + n, a, (size_t)(ka + 1) * sizeof *a);
+                if (spec_drafter_propose(&d, h, n + (uint32_t)ka + 1, n, kb, b, &nb, &qs, &err) != 0) break;
+            }
+            /* the first block's outcome */
+            int acc = RND(3) == 0 ? ka : RND(ka + 1);
+            int32_t out[SPEC_MAX_DRAFT + 1];
+            memcpy(out, a, (size_t)acc * sizeof *a);
+            int32_t corr = (int32_t)RND(V);
+            if (acc < ka && corr == a[acc]) corr = (corr + 1) % (int32_t)V;
+            bool holds = ahead && acc == ka && RND(2) == 0;
+            if (holds) corr = a[ka];
+            else if (ahead && acc == ka && corr == a[ka]) corr = (corr + 1) % (int32_t)V;
+            out[acc] = corr;
+            if (spec_drafter_commit(&d, out, acc + 1, &err) != 0) break;
+            memcpy(h + n, out, (size_t)(acc + 1) * sizeof *out);
+            n += (uint32_t)acc + 1;
+            if (acc == ka) full++; else partial++;
+            if (ahead && !holds) {
+                if (acc == ka) wrong_guess++; else stale++;
+            }
+            if (holds) { /* the second block stands: its outcome */
+                int acc2 = RND(kb + 1);
+                memcpy(out, b, (size_t)acc2 * sizeof *b);
+                out[acc2] = acc2 < kb ? (b[acc2] + 1) % (int32_t)V : (int32_t)RND(V);
+                if (spec_drafter_commit(&d, out, acc2 + 1, &err) != 0) break;
+                memcpy(h + n, out, (size_t)(acc2 + 1) * sizeof *out);
+                n += (uint32_t)acc2 + 1;
+            }
+        }
+#undef RND
+        if (err.msg[0]) fprintf(stderr, "%s\n", err.msg);
+        CHECK(rounds > 20 && ok == rounds, "draft model state: %d/%d rounds draft exactly what a fresh state of the committed tokens does "
+              "(%d wholly accepted, %d partly; %d stale blocks behind, %d wrong guesses, %d re-drafts, %d after a block on other "
+              "assumptions)", ok, rounds, full, partial, stale, wrong_guess, twice, elsewhere);
+        CHECK(stale > 0 && wrong_guess > 0 && twice > 0 && elsewhere > 0 && full > 0 && partial > 0,
+              "draft model state: every case exercised");
+        CHECK(d.reruns == (unsigned)elsewhere, "draft model state: rebuilt from the history only where the kept blocks cannot "
+              "reach (%u rebuilds, %d blocks on other assumptions); every other case rolls back into them", d.reruns, elsewhere);
+        CHECK(control_differs > rounds / 2, "draft model state, control: a fresh state one token short drafts otherwise in %d/%d rounds",
+              control_differs, rounds);
+        spec_drafter_close(&d);
     }
     for (int k = 0; k < 2; k++) free(hp_[k]), free(hs_[k]);
     tok_free(&tok);
