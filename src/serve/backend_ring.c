@@ -223,8 +223,10 @@ static int ring_probe(sch_ring *B, double timeout_s, rl_err *err) {
     return rl_errf(err, "node %s does not accept connections: %s", c->nodes[bad].addr, why[bad]);
 }
 
-/* The ring is broken: make it whole again, or say why not. */
-static int ring_reopen(sch_ring *B, rl_err *err) {
+/* The ring is broken: make it whole again, or say why not. backoff: a slow failure makes requests fail at
+ * once for a while (a request is waiting on it); an attempt made while idle sets none, so a node caught
+ * half started by the idle probe does not turn away the first request after it is up. */
+static int ring_reopen(sch_ring *B, bool backoff, rl_err *err) {
     double t0 = sch_now();
     if (t0 < B->retry_at) {
         return rl_errf(err, "the ring is unavailable: %s (the ring broke: %s)", B->why_down, B->broke);
@@ -237,7 +239,7 @@ static int ring_reopen(sch_ring *B, rl_err *err) {
         return 0;
     }
     snprintf(B->why_down, sizeof B->why_down, "%s", e.msg);
-    if (sch_now() - t0 > 0.2) B->retry_at = sch_now() + RING_BACKOFF_S;
+    if (backoff && sch_now() - t0 > 0.2) B->retry_at = sch_now() + RING_BACKOFF_S;
     return rl_errf(err, "the ring is unavailable: %s (the ring broke: %s)", e.msg, B->broke);
 }
 
@@ -303,7 +305,7 @@ static void ring_idle_probe(sch_ring *B) {
     }
     rl_err e = {{0}};
     if (ring_probe(B, RING_IDLE_WAIT_S, &e) != 0) return;
-    if (ring_reopen(B, &e) != 0) fprintf(stderr, "ringlm serve: ring: still broken: %s\n", e.msg);
+    if (ring_reopen(B, false, &e) != 0) fprintf(stderr, "ringlm serve: ring: still broken: %s\n", e.msg);
 }
 
 static int ring_be_idle(void *impl) {
@@ -491,7 +493,7 @@ static int ring_be_step(void *impl, sch_step *steps, int n, rl_err *err) {
     ring_flush_frees(B);
     ring_audit_now(B);
     for (int attempt = 0;; attempt++) {
-        if (!B->open && ring_reopen(B, err) != 0) return SCH_RING_UNAVAILABLE;
+        if (!B->open && ring_reopen(B, true, err) != 0) return SCH_RING_UNAVAILABLE;
         int rc = ring_run(B, steps, n, err);
         if (rc != SCH_RING_UNAVAILABLE || !replayable || attempt > 0) return rc;
         /* A batch of sequences that produced nothing yet (typically the first request after a node was
