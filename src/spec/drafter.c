@@ -50,7 +50,6 @@ void spec_drafter_close(spec_drafter *d) {
     if (d->kind == SPEC_DSPARK) dspark_close(&d->ds);
     if (d->kind == SPEC_MODEL) {
         smp_free(&d->smp);
-        free(d->row);
         k3_state_free(&d->st);
         k3_engine_free(&d->e);
         mf_close(&d->m);
@@ -84,7 +83,6 @@ static int spec_feed(spec_drafter *d, const int32_t *t, uint32_t n, bool steps, 
 static int spec_seek(spec_drafter *d, int m, const int32_t *hist, rl_err *err) {
     const uint32_t pos = d->base + (uint32_t)m;
     rl_err e2 = {"nothing kept"};
-    if (pos < d->row_at) d->row_at = 0; /* the kept logits follow a position given up */
     if (pos == d->st.n_past || (m > 0 && k3_state_rollback(&d->st, pos, &e2) == 0)) {
         d->n_fed = m;
         return 0;
@@ -124,7 +122,6 @@ int spec_drafter_begin(spec_drafter *d, const int32_t *prompt, size_t n, uint64_
     d->pending = n ? prompt[n - 1] : -1;
     d->base = d->n_prompt = n ? (uint32_t)(n - 1) : 0;
     d->n_fed = 0;
-    d->row_at = 0;
     if (n > 1) return spec_feed(d, prompt, (uint32_t)(n - 1), false, false, NULL, err);
     return 0;
 }
@@ -189,26 +186,15 @@ int spec_drafter_propose(spec_drafter *d, const int32_t *history, size_t n, size
     if (k <= 0) return 0;
     int j = 0;
     while (j < d->n_fed && (size_t)j < L && d->fed[j] == need[j]) j++;
+    /* need[L - 1] runs again even when it ran already: its logits are what the first draft comes from. */
+    const int from = (size_t)j < L ? j : (int)L - 1;
     float *row = NULL;
-    const size_t V = d->hp.n_vocab;
-    if ((size_t)j >= L && d->row_at == d->base + L) {
-        /* All of it ran already, and its last logits are kept (drafting again from the same point). */
-        if (spec_seek(d, (int)L, history, err) != 0) return -1;
-        if (!(row = malloc(V * sizeof *row))) return rl_errf(err, "out of memory");
-        memcpy(row, d->row, V * sizeof *row);
-    } else {
-        const int from = (size_t)j < L ? j : (int)L - 1; /* need[L - 1] runs again for its logits */
-        if (spec_seek(d, from, history, err) != 0) return -1;
-        if (spec_feed(d, need + from, (uint32_t)(L - (size_t)from), true, true, &row, err) != 0) return -1;
-        memcpy(d->fed + from, need + from, (L - (size_t)from) * sizeof *need);
-        d->n_fed = (int)L;
-        float *keep = realloc(d->row, V * sizeof *keep);
-        if (keep) {
-            memcpy(keep, row, V * sizeof *keep);
-            d->row = keep;
-            d->row_at = d->base + (uint32_t)L;
-        }
+    if (spec_seek(d, from, history, err) != 0 ||
+        spec_feed(d, need + from, (uint32_t)(L - (size_t)from), true, true, &row, err) != 0) {
+        return -1;
     }
+    memcpy(d->fed + from, need + from, (L - (size_t)from) * sizeof *need);
+    d->n_fed = (int)L;
     int32_t t = need[L - 1];
     const bool sampling = d->smp.p.temperature > 0.0f;
     for (int i = 0; i < k; i++) {

@@ -44,8 +44,6 @@ typedef struct spec_drafter {
     uint32_t n_prompt;   /* the prompt's tokens but its last: prefilled with the batched kernels */
     int n_fed;           /* tokens run past base (pending first, then drafts and guesses of blocks in flight) */
     int32_t fed[SPEC_MAX_FED];
-    float *row;          /* the logits after position row_at - 1 (0: none): drafting again from one point */
-    uint32_t row_at;
     unsigned reruns;     /* times the state had to be rebuilt from the history (not in spec_run's use) */
     /* the drafted distribution of the last draft, for speculative sampling */
     int32_t q_id[SPEC_MAX_DRAFT][64];
