@@ -117,6 +117,11 @@ static int ring_send4(ring_coord *rc, int node, int type, uint64_t step, const r
     return 0;
 }
 
+static const char *jstr(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
 /* Waits for one message of `want` type (from any node, or from `only` if >= 0). Answers nothing itself,
  * but notes PONGs, pings every node each second and fails on ERROR, on a node silent for dead_s, or
  * after timeout_s. *from is the node index the message came from. */
@@ -173,8 +178,16 @@ static int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const
                 if (h->type == RF_ERROR && (h->ring_id == 0 || h->ring_id == rc->ring_id)) {
                     cJSON *j = cJSON_ParseWithLength(p.data[1], p.len[1]);
                     const cJSON *msg = j ? cJSON_GetObjectItemCaseSensitive(j, "msg") : NULL;
-                    rl_errf(err, "node %s: %s", rc->conf.nodes[i].addr,
-                            cJSON_IsString(msg) ? msg->valuestring : "(unreadable error)");
+                    const char *lost = j ? jstr(j, "lost") : NULL;
+                    int dead = -1;
+                    for (int k = 0; lost && k < rc->conf.n; k++) dead = strcmp(rc->conf.nodes[k].addr, lost) == 0 ? k : dead;
+                    if (dead >= 0 && dead != i) { /* it saw the next node die: that node is the cause, not it */
+                        rl_errf(err, "lost node %s: the stage before it saw its connection close (the process died or the network dropped)",
+                                rc->conf.nodes[dead].addr);
+                    } else {
+                        rl_errf(err, "node %s: %s", rc->conf.nodes[i].addr,
+                                cJSON_IsString(msg) ? msg->valuestring : "(unreadable error)");
+                    }
                     cJSON_Delete(j);
                     zs_parts_free(&p);
                     return -1;
@@ -193,10 +206,6 @@ static int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const
     }
 }
 
-static const char *jstr(const cJSON *o, const char *k) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
 
 /* Is file tensor t needed by a stage running [a, b)? */
 static bool ring_tensor_in_range(const char *name, uint32_t a, uint32_t b, uint32_t n_layer) {

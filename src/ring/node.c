@@ -60,6 +60,8 @@ typedef struct node {
     void *zctx;
     zs_auth auth;
     void *router, *next;
+    zs_monitor next_mon; /* the downstream link's events, while next is open: a forward stops waiting once it closed */
+    char next_addr[128]; /* where next goes */
     char coord_id[256];
     size_t coord_id_len;
     uint64_t cur_ring; /* ring_id of the frame being handled; replies carry it, so a coordinator can tell an
@@ -245,6 +247,20 @@ static int node_reply(node *n, int type, uint64_t step, const void *payload, siz
     return 0;
 }
 
+/* ERROR to the coordinator. lost: the address of another node this one saw die (its link closed), which
+ * the coordinator then names as the cause instead of this node; NULL otherwise. */
+static void node_error_at(node *n, uint64_t step, const char *lost, const char *msg) {
+    node_log(n, "error: %s", msg);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "msg", msg);
+    cJSON_AddStringToObject(j, "node", n->o->listen);
+    if (lost) cJSON_AddStringToObject(j, "lost", lost);
+    char *s = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (s && n->coord_id_len) node_reply(n, RF_ERROR, step, s, strlen(s));
+    free(s);
+}
+
 static void node_error(node *n, uint64_t step, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void node_error(node *n, uint64_t step, const char *fmt, ...) {
     char msg[1024];
@@ -252,14 +268,7 @@ static void node_error(node *n, uint64_t step, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    node_log(n, "error: %s", msg);
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "msg", msg);
-    cJSON_AddStringToObject(j, "node", n->o->listen);
-    char *s = cJSON_PrintUnformatted(j);
-    cJSON_Delete(j);
-    if (s && n->coord_id_len) node_reply(n, RF_ERROR, step, s, strlen(s));
-    free(s);
+    node_error_at(n, step, NULL, msg);
 }
 
 static void node_info(node *n) {
@@ -335,6 +344,30 @@ static const char *jstr(const cJSON *o, const char *k) {
 static double jnum(const cJSON *o, const char *k, double def) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     return cJSON_IsNumber(v) ? v->valuedouble : def;
+}
+
+/* Closes the link downstream, and its monitor. */
+static void node_close_next(node *n) {
+    if (!n->next) return;
+    if (n->next_mon.pair) {
+        zmq_socket_monitor(n->next, NULL, 0);
+        zs_monitor_stop(&n->next_mon);
+    }
+    zmq_close(n->next);
+    n->next = NULL;
+}
+
+/* Forwards a frame downstream, waiting up to 5 s for the link to take it - but no longer than the link
+ * lives: once the next stage's connection closed (its process died) the frame cannot arrive, and a node
+ * stuck waiting would not answer the coordinator's INFO when it re-opens the ring around the restarted
+ * node (ring_open waits 5 s for it too, so a re-open right after a death could fail for this node). */
+static int node_send_next(node *n, const void *const *parts, const size_t *lens, int np, rl_err *err) {
+    for (int waited = 0;; waited += 50) {
+        if (zs_wait_writable(n->next, 50)) return zs_send(n->next, parts, lens, np, true, err);
+        if (n->next_mon.pair) zs_monitor_poll(&n->next_mon);
+        if (n->next_mon.disconnected) return rl_errf(err, "the link closed: %s", n->next_mon.last);
+        if (waited >= 5000) return rl_errf(err, "send failed: no connected peer after 5000 ms");
+    }
 }
 
 static void node_assign(node *n, uint64_t step, const char *json, size_t len) {
@@ -428,8 +461,7 @@ static void node_assign(node *n, uint64_t step, const char *json, size_t len) {
         }
         zs_auth_allow(&n->auth, up.curve_pk, "upstream");
     }
-    if (n->next) zmq_close(n->next);
-    n->next = NULL;
+    node_close_next(n);
     if (cJSON_IsObject(next)) {
         const char *addr = jstr(next, "addr"), *pk = jstr(next, "pubkey");
         rk_peer down;
@@ -440,24 +472,20 @@ static void node_assign(node *n, uint64_t step, const char *json, size_t len) {
         char rid[80];
         snprintf(rid, sizeof rid, "node-%.16s", n->o->id.pk_hex);
         n->next = zs_client(n->zctx, addr, &n->o->id, down.curve_pk_z85, rid, &err);
+        snprintf(n->next_addr, sizeof n->next_addr, "%s", addr);
         if (!n->next) {
             node_error(n, step, "next hop %s: %s", addr, err.msg);
             goto done;
         }
         /* Answer READY only once the encrypted link downstream is up: a broken ring shows now. */
-        zs_monitor mon;
-        bool have_mon = zs_monitor_start(&mon, n->zctx, n->next, "next", &err) == 0;
+        rl_err me;
+        if (zs_monitor_start(&n->next_mon, n->zctx, n->next, "next", &me) != 0) zs_monitor_stop(&n->next_mon);
         bool up = zs_wait_writable(n->next, 10000);
-        if (have_mon) {
-            zs_monitor_poll(&mon);
-            zmq_socket_monitor(n->next, NULL, 0);
-            zs_monitor_stop(&mon);
-        }
         if (!up) {
-            node_error(n, step, "cannot connect to the next stage %s within 10 s%s%s", addr, have_mon && mon.last[0] ? ": " : "",
-                       have_mon ? mon.last : "");
-            zmq_close(n->next);
-            n->next = NULL;
+            if (n->next_mon.pair) zs_monitor_poll(&n->next_mon);
+            node_error(n, step, "cannot connect to the next stage %s within 10 s%s%s", addr,
+                       n->next_mon.last[0] ? ": " : "", n->next_mon.last);
+            node_close_next(n);
             goto done;
         }
     }
@@ -821,8 +849,10 @@ static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
         if (!last) {
             const void *parts[4] = {hb, payload, sb, p->n > 4 ? p->data[4] : NULL};
             size_t lens[4] = {hl, plen, sl, p->n > 4 ? p->len[4] : 0};
-            if (zs_send_wait(n->next, parts, lens, p->n > 4 ? 4 : 3, 5000, &err) != 0) {
-                node_error(n, h->step_id, "stage %d cannot reach the next stage: %s", n->stage + 1, err.msg);
+            if (node_send_next(n, parts, lens, p->n > 4 ? 4 : 3, &err) != 0) {
+                char msg[1024];
+                snprintf(msg, sizeof msg, "stage %d cannot reach the next stage: %s", n->stage + 1, err.msg);
+                node_error_at(n, h->step_id, n->next_mon.disconnected ? n->next_addr : NULL, msg);
             }
         } else {
             const void *parts[4] = {n->coord_id, hb, payload, sb};
@@ -1091,7 +1121,7 @@ done_sock:
 #ifdef RINGLM_ADVERSARY
     free(n->adv_old);
 #endif
-    if (n->next) zmq_close(n->next);
+    node_close_next(n);
     zmq_close(n->router);
 done_auth:
     zs_auth_stop(&n->auth);
