@@ -10,6 +10,7 @@
 
 #include "../serve/backend_ring.h"
 #include "../spec/draft_pool.h"
+#include "../spec/drafter.h"
 #include "../serve/http.h"
 #include "../serve/scheduler.h"
 #include "cli.h"
@@ -19,7 +20,7 @@ static void serve_usage(FILE *f) {
             "usage: ringlm serve -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
             "                    [--parallel N] [--ctx N] [--queue N] [--threads N] [--chunk N]\n"
             "                    [--max-body BYTES] [--drain SECONDS] [--quiet]\n"
-            "                    [--draft ngram|none|DRAFT.gguf [--draft-n K] [--draft-threads N]]\n"
+            "                    [--draft ngram|none|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-threads N]]\n"
             "                    [--ring ring.conf --key coord.key [--wire f32|f16|bf16] [--receipts FILE]\n"
             "                     [--audit-rate R [--audit-seed S] [--audit-tol T]]]\n\n"
             "Serves the model over an OpenAI-compatible HTTP API (docs/serve.md):\n"
@@ -40,11 +41,13 @@ static void serve_usage(FILE *f) {
             "                 (default 30), then cancel them; a second signal cancels at once\n"
             "  --quiet        no log line per request\n"
             "  --draft D      speculative decoding for every request: ngram (prompt lookup over the request's\n"
-            "                 own text) or a small draft model sharing the vocabulary, run here with a state\n"
-            "                 per sequence and one batch per drafted token for all requests (a request may say\n"
-            "                 \"draft\": \"ngram\", \"model\" or \"none\"). Up to --draft-n tokens (default 7) are\n"
-            "                 verified in the request's step; the output is unchanged at temperature 0 and\n"
-            "                 keeps its distribution otherwise. DSpark drafts are `ringlm run` only, for now\n"
+            "                 own text), a small draft model sharing the vocabulary, run here with a state\n"
+            "                 per sequence and one batch per drafted token for all requests, or dspark:FILE (a\n"
+            "                 DSpark draft: a block per pass from the target's hidden states at its tap layers,\n"
+            "                 which every step returns, from the ring's stages too). A request may say\n"
+            "                 \"draft\": \"ngram\", \"model\", \"dspark\" or \"none\". Up to --draft-n tokens\n"
+            "                 (default 7) are verified in the request's step; the output is unchanged at\n"
+            "                 temperature 0 and keeps its distribution otherwise\n"
             "  --draft-threads N  compute threads of the draft model (default: --threads)\n"
             "  --ring FILE    run the model on the nodes in FILE (\"HOST:PORT PUBKEY_HEX [mem=GB]\" per line)\n"
             "                 as their coordinator with identity --key: every step is one frame through the\n"
@@ -119,12 +122,6 @@ int cmd_serve(int argc, char **argv) {
             bad = cli_parse_int(v, &chunk) || chunk < 1;
         } else if (strcmp(a, "--draft") == 0) {
             draft = v;
-            if (v && strncmp(v, "dspark:", 7) == 0) {
-                fprintf(stderr, "ringlm serve: --draft %s: serve drafts by prompt lookup (ngram) or with a draft model "
-                                "(DRAFT.gguf); DSpark drafts need the target's hidden states of every step and work "
-                                "with `ringlm run` for now\n", v);
-                return 2;
-            }
         } else if (strcmp(a, "--draft-threads") == 0) {
             bad = cli_parse_int(v, &draft_threads) || draft_threads < 1;
         } else if (strcmp(a, "--draft-n") == 0) {
@@ -175,6 +172,8 @@ int cmd_serve(int argc, char **argv) {
     sch_sched s;
     http_server h;
     spec_pool dpool;
+    spec_drafter *dspark = NULL; /* [parallel]: one DSpark context per sequence */
+    int n_dspark = 0;
     bool have_tok = false, have_engine = false, have_sched = false, have_dpool = false;
     int rc = 1;
     if (k3_open(&m, &hp, model, &err) != 0) goto out_noclose;
@@ -184,6 +183,22 @@ int cmd_serve(int argc, char **argv) {
     rl_err chat_err = {{0}};
     bool have_chat = chat_detect_model(&m, &fmt, &chat_err) == 0;
     if (!have_chat) fprintf(stderr, "ringlm serve: warning: /v1/chat/completions disabled: %s\n", chat_err.msg);
+    /* DSpark: a context per sequence (the weights are one mapping of the file, shared). Opened before the
+     * ring, which must know the tap layers: every ASSIGN tells the stages that hold them to send them. */
+    const bool draft_dspark = strncmp(draft, "dspark:", 7) == 0;
+    if (draft_dspark) {
+        dspark = calloc((size_t)parallel, sizeof *dspark);
+        if (!dspark) {
+            rl_errf(&err, "out of memory");
+            goto out;
+        }
+        for (; n_dspark < parallel; n_dspark++) {
+            if (spec_drafter_open(&dspark[n_dspark], draft, &m, &hp, (uint32_t)ctx, draft_threads ? draft_threads : threads,
+                                  NULL, &err) != 0) {
+                goto out;
+            }
+        }
+    }
     if (ring_path) {
         /* The model file stays mapped here for its hash, its tokenizer and the layers streamed to nodes that
          * lack it; the nodes compute. */
@@ -195,6 +210,11 @@ int cmd_serve(int argc, char **argv) {
         rcfg.opts.audit_rate = trust.audit_rate;
         rcfg.opts.audit_seed = trust.audit_seed;
         rcfg.opts.audit_tol = trust.audit_tol;
+        if (draft_dspark) {
+            const uint32_t *layers;
+            rcfg.opts.n_taps = spec_drafter_taps(&dspark[0], &layers);
+            memcpy(rcfg.opts.taps, layers, (size_t)rcfg.opts.n_taps * sizeof *layers);
+        }
         if (trust.receipts) {
             rfile = fopen(trust.receipts, "a");
             if (!rfile) {
@@ -213,7 +233,7 @@ int cmd_serve(int argc, char **argv) {
         if (sch_backend_local(&be, &e, parallel, (uint32_t)ctx, &err) != 0) goto out;
     }
     /* A draft model runs here whatever runs the target: one state per sequence (docs/serve.md). */
-    const bool draft_model = strcmp(draft, "ngram") != 0 && strcmp(draft, "none") != 0;
+    const bool draft_model = strcmp(draft, "ngram") != 0 && strcmp(draft, "none") != 0 && !draft_dspark;
     if (draft_model) {
         if (spec_pool_open(&dpool, draft, hp.n_vocab, parallel, (uint32_t)ctx, draft_threads ? draft_threads : threads,
                            &err) != 0) {
@@ -222,7 +242,8 @@ int cmd_serve(int argc, char **argv) {
         }
         have_dpool = true;
     }
-    sch_config sc = {.queue_cap = queue, .chunk = (uint32_t)chunk, .draft = draft_model ? &dpool : NULL};
+    sch_config sc = {.queue_cap = queue, .chunk = (uint32_t)chunk, .draft = draft_model ? &dpool : NULL,
+                     .dspark = dspark};
     if (sch_init(&s, &be, &tok, &sc, &err) != 0) {
         be.free(be.impl);
         goto out;
@@ -233,16 +254,18 @@ int cmd_serve(int argc, char **argv) {
                       .model_id = serve_model_id(model), .have_chat = have_chat, .chat_fmt = fmt,
                       .chat_err = chat_err.msg, .max_connections = 64 + 2 * (parallel + queue), .quiet = quiet,
                       .draft_n = strcmp(draft, "none") != 0 ? draft_n : 0, .draft_k = draft_n,
-                      .draft_model = draft_model, .have_draft_model = draft_model};
+                      .draft_model = draft_model, .have_draft_model = draft_model, .draft_dspark = draft_dspark,
+                      .have_dspark = draft_dspark};
     if (http_start(&h, &hc, &s, &tok, &err) != 0) goto out;
     char where[64];
     if (ring_path) snprintf(where, sizeof where, "a ring of %d nodes", rconf.n);
     else snprintf(where, sizeof where, "%d threads", threads);
     fprintf(stderr,
-            "ringlm serve: listening on http://%s%s%s:%d  (model %s, %d sequences x %d tokens, queue %d, %s%s%s%s)\n",
+            "ringlm serve: listening on http://%s%s%s:%d  (model %s, %d sequences x %d tokens, queue %d, %s%s%s%s%s)\n",
             strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", h.port, hc.model_id, parallel, ctx, queue,
             where, api_key ? ", API key required" : "", strcmp(draft, "none") ? ", drafts: " : "",
-            strcmp(draft, "none") ? (draft_model ? serve_model_id(draft) : draft) : "");
+            strcmp(draft, "none") ? (draft_dspark ? "dspark:" : "") : "",
+            strcmp(draft, "none") ? (draft_model || draft_dspark ? serve_model_id(draft) : draft) : "");
 
     int sig;
     do sig = sigwaitinfo(&stop_sigs, NULL);
@@ -268,6 +291,8 @@ int cmd_serve(int argc, char **argv) {
 out:
     if (have_sched) sch_free(&s); /* frees the backend too */
     if (have_dpool) spec_pool_close(&dpool);
+    for (int i = 0; i < n_dspark; i++) spec_drafter_close(&dspark[i]);
+    free(dspark);
     if (have_engine) k3_engine_free(&e);
     if (rfile && fclose(rfile) != 0 && rc == 0) rc = -1, rl_errf(&err, "cannot write %s", trust.receipts);
     if (have_tok) tok_free(&tok);

@@ -47,6 +47,9 @@ typedef struct sch_ring {
     uint64_t *to_free;            /* [n_slots]: finished sequences whose FREE waits for the next step */
     int n_to_free;
     double next_probe;            /* while idle: when to look at the nodes again (ring_idle_probe) */
+    bool taps;                    /* set_taps: entries with `taps` travel with RF_SEQ_TAPS */
+    float *feat;                  /* the step's features, token-major per entry (sch_step.feat) */
+    size_t feat_cap;              /* floats */
 } sch_ring;
 
 /* How long the TCP probe waits for a node that neither accepts nor refuses (a host that is off). */
@@ -383,6 +386,33 @@ static int ring_hist_add(ring_slot *S, const int32_t *t, uint32_t n) {
     return 0;
 }
 
+/* The features the stages sent for the step's RF_SEQ_TAPS sequences, into B->feat (each entry's own tokens:
+ * a replayed sequence's frame also carried its history first); frees them. */
+static int ring_take_feat(sch_ring *B, sch_step *steps, int n, rl_err *err) {
+    const size_t row = (size_t)B->cfg.opts.n_taps * B->cfg.hp->n_embd;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += (B->reqs[i].flags & RF_SEQ_TAPS) ? steps[i].n_tokens : 0;
+    int rc = 0;
+    if (total * row > B->feat_cap) {
+        float *f = realloc(B->feat, total * row * sizeof *f);
+        if (f) B->feat = f, B->feat_cap = total * row;
+        else rc = rl_errf(err, "out of memory for the DSpark features of %zu tokens", total);
+    }
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        ring_seq_req *q = &B->reqs[i];
+        steps[i].feat = NULL;
+        if (rc == 0 && (q->flags & RF_SEQ_TAPS) && q->taps) {
+            memcpy(B->feat + at * row, q->taps + (size_t)(q->n - steps[i].n_tokens) * row, steps[i].n_tokens * row * sizeof(float));
+            steps[i].feat = B->feat + at * row;
+            at += steps[i].n_tokens;
+        }
+        free(q->taps);
+        q->taps = NULL;
+    }
+    return rc;
+}
+
 /* One FORWARD frame for the whole batch on the open ring. Returns 0, -1 (a local problem: err), or
  * SCH_RING_UNAVAILABLE (the step cannot run on this ring: err; the ring is broken). */
 static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
@@ -412,14 +442,17 @@ static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
         }
         if (!e->sample) q->flags |= RF_SEQ_NO_SAMPLE;
         if (e->n_draft > 0) q->flags |= RF_SEQ_VERIFY; /* the last stage accepts; the stages roll back after */
+        if (B->taps && e->taps) q->flags |= RF_SEQ_TAPS;
         q->token = -1;
     }
     uint64_t step_id;
     if (ring_submit(B->rc, B->reqs, n, &step_id, err) != 0 || ring_collect(B->rc, step_id, B->reqs, n, err) != 0) {
+        for (int i = 0; i < n; i++) free(B->reqs[i].taps);
         ring_break(B, err->msg);
         rl_err_prefix(err, "the ring failed");
         return SCH_RING_UNAVAILABLE;
     }
+    if (ring_take_feat(B, steps, n, err) != 0) return -1;
     for (int i = 0; i < n; i++) {
         sch_step *e = &steps[i];
         const ring_seq_req *q = &B->reqs[i];
@@ -466,6 +499,16 @@ static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
             S->n_hist = 0;
         }
     }
+    return 0;
+}
+
+/* The ring must have been opened with these taps (ring_opts.taps: every ASSIGN tells the stages). */
+static int ring_be_set_taps(void *impl, const uint32_t *layers, int n, rl_err *err) {
+    sch_ring *B = impl;
+    if (n != B->cfg.opts.n_taps || memcmp(layers, B->cfg.opts.taps, (size_t)n * sizeof *layers) != 0) {
+        return rl_errf(err, "the ring was opened without this draft's taps (ring_opts.taps)");
+    }
+    B->taps = n > 0;
     return 0;
 }
 
@@ -571,6 +614,7 @@ static void ring_be_free(void *impl) {
     free(B->slots);
     free(B->reqs);
     free(B->to_free);
+    free(B->feat);
     free(B->rc);
     free(B);
 }
@@ -609,6 +653,7 @@ int sch_backend_ring(sch_backend *be, const sch_ring_config *cfg, rl_err *err) {
     be->nodes = ring_be_nodes;
     be->free = ring_be_free;
     be->idle = ring_be_idle;
+    be->set_taps = ring_be_set_taps;
     if (cfg->opts.receipts || cfg->opts.audit_rate > 0) be->receipts = ring_be_receipts;
     return 0;
 }

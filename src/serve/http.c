@@ -350,21 +350,26 @@ static int http_parse_common(const http_server *h, const cJSON *j, http_job *jb,
         return BAD(f, "receipts", "this server signs no receipts: it needs a ring (--ring) with --receipts or --audit-rate");
     }
     /* ringlm's own field: speculative drafting for this request, "ngram" (prompt lookup), "model" (the
-     * server's draft model), up to the server's --draft-n tokens per step, or "none"; absent: the server's
-     * --draft. */
+     * server's draft model), "dspark" (the server's DSpark draft), up to the server's --draft-n tokens per
+     * step, or "none"; absent: the server's --draft. */
     jb->p.draft_n = h->cfg.draft_n;
     jb->p.draft_model = h->cfg.draft_model;
+    jb->p.draft_dspark = h->cfg.draft_dspark;
     v = cJSON_GetObjectItemCaseSensitive(j, "draft");
     if (!http_absent(v)) {
         const char *d = cJSON_IsString(v) ? v->valuestring : "";
-        if (strcmp(d, "ngram") != 0 && strcmp(d, "none") != 0 && strcmp(d, "model") != 0) {
-            return BAD(f, "draft", "'draft' must be \"ngram\", \"model\" or \"none\" (the draft model is chosen when the server starts)");
+        if (strcmp(d, "ngram") != 0 && strcmp(d, "none") != 0 && strcmp(d, "model") != 0 && strcmp(d, "dspark") != 0) {
+            return BAD(f, "draft", "'draft' must be \"ngram\", \"model\", \"dspark\" or \"none\" (the draft model is chosen when the server starts)");
         }
         if (strcmp(d, "model") == 0 && !h->cfg.have_draft_model) {
             return BAD(f, "draft", "this server has no draft model: start it with --draft MODEL.gguf");
         }
+        if (strcmp(d, "dspark") == 0 && !h->cfg.have_dspark) {
+            return BAD(f, "draft", "this server has no DSpark draft: start it with --draft dspark:DRAFT.gguf");
+        }
         jb->p.draft_n = strcmp(d, "none") == 0 ? 0 : h->cfg.draft_k;
         jb->p.draft_model = strcmp(d, "model") == 0;
+        jb->p.draft_dspark = strcmp(d, "dspark") == 0;
     }
     v = cJSON_GetObjectItemCaseSensitive(j, "stream_options");
     if (!http_absent(v)) {
@@ -589,11 +594,18 @@ static void http_new_id(http_server *h, bool chat, char *id, size_t n) {
              (unsigned long long)k);
 }
 
-static cJSON *http_usage(int n_prompt, int n_gen) {
+/* usage; with speculative drafts, how many the model kept and rejected, in the fields OpenAI gives its
+ * predicted outputs (completion_tokens_details). */
+static cJSON *http_usage(const sch_update *up) {
     cJSON *u = cJSON_CreateObject();
-    cJSON_AddNumberToObject(u, "prompt_tokens", n_prompt);
-    cJSON_AddNumberToObject(u, "completion_tokens", n_gen);
-    cJSON_AddNumberToObject(u, "total_tokens", n_prompt + n_gen);
+    cJSON_AddNumberToObject(u, "prompt_tokens", up->n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", up->n_gen);
+    cJSON_AddNumberToObject(u, "total_tokens", up->n_prompt + up->n_gen);
+    if (up->drafted > 0) {
+        cJSON *d = cJSON_AddObjectToObject(u, "completion_tokens_details");
+        cJSON_AddNumberToObject(d, "accepted_prediction_tokens", up->accepted);
+        cJSON_AddNumberToObject(d, "rejected_prediction_tokens", up->drafted - up->accepted);
+    }
     return u;
 }
 
@@ -608,16 +620,40 @@ static cJSON *http_envelope(const http_server *h, const char *id, const char *ob
     return j;
 }
 
-/* One choice: chat message / chat delta / completion text. text NULL = no content key (chat deltas). */
-static cJSON *http_choice(bool chat, bool delta, bool role, const char *text, const char *finish) {
+/* Generated text as a JSON string. A token may decode to a NUL byte, which a C string (cJSON's) would
+ * end at, dropping the rest of the text: such text is escaped here and kept as raw JSON, NUL as \u0000. */
+static cJSON *http_text_item(const char *p, size_t n) {
+    if (!memchr(p, 0, n)) return cJSON_CreateString(p);
+    http_buf b = {0};
+    hb_add(&b, "\"", 1);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)p[i];
+        if (ch == '"' || ch == '\\') {
+            char e[2] = {'\\', (char)ch};
+            hb_add(&b, e, 2);
+        } else if (ch < 0x20) {
+            hb_printf(&b, "\\u%04x", ch);
+        } else {
+            hb_add(&b, p + i, 1);
+        }
+    }
+    hb_add(&b, "\"", 1);
+    cJSON *j = b.p ? cJSON_CreateRaw(b.p) : cJSON_CreateString("");
+    free(b.p);
+    return j;
+}
+
+/* One choice: chat message / chat delta / completion text (len bytes). text NULL = no content key (chat
+ * deltas). */
+static cJSON *http_choice(bool chat, bool delta, bool role, const char *text, size_t len, const char *finish) {
     cJSON *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "index", 0);
     if (chat) {
         cJSON *m = cJSON_AddObjectToObject(c, delta ? "delta" : "message");
         if (role) cJSON_AddStringToObject(m, "role", "assistant");
-        if (text) cJSON_AddStringToObject(m, "content", text);
+        if (text) cJSON_AddItemToObject(m, "content", http_text_item(text, len));
     } else {
-        cJSON_AddStringToObject(c, "text", text ? text : "");
+        cJSON_AddItemToObject(c, "text", http_text_item(text ? text : "", text ? len : 0));
     }
     cJSON_AddNullToObject(c, "logprobs");
     if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
@@ -652,10 +688,10 @@ static void http_sse(http_stream *st, cJSON *j) {
     free(s);
 }
 
-static void http_sse_chunk(http_stream *st, bool role, const char *text, const char *finish) {
+static void http_sse_chunk(http_stream *st, bool role, const char *text, size_t len, const char *finish) {
     cJSON *j = http_envelope(st->h, st->id, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
     cJSON *ch = cJSON_AddArrayToObject(j, "choices");
-    cJSON_AddItemToArray(ch, http_choice(st->chat, true, role, text, finish));
+    cJSON_AddItemToArray(ch, http_choice(st->chat, true, role, text, len, finish));
     http_sse(st, j);
 }
 
@@ -673,7 +709,7 @@ static void http_sse_end(http_stream *st, const sch_update *u) {
             free(s);
         }
     } else {
-        http_sse_chunk(st, false, st->chat ? NULL : "", http_finish_reason(u->fin));
+        http_sse_chunk(st, false, st->chat ? NULL : "", 0, http_finish_reason(u->fin));
         if (u->receipts) { /* one more chunk, with no choices: the receipts (asked with "receipts": true) */
             cJSON *j = http_envelope(st->h, st->id, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
             cJSON_AddArrayToObject(j, "choices");
@@ -684,7 +720,7 @@ static void http_sse_end(http_stream *st, const sch_update *u) {
         if (st->include_usage) {
             cJSON *j = http_envelope(st->h, st->id, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
             cJSON_AddArrayToObject(j, "choices");
-            cJSON_AddItemToObject(j, "usage", http_usage(u->n_prompt, u->n_gen));
+            cJSON_AddItemToObject(j, "usage", http_usage(u));
             http_sse(st, j);
         }
     }
@@ -707,7 +743,7 @@ static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max) 
         sch_update u;
         sch_request_wait(st->r, 100, &u);
         if (u.text) {
-            http_sse_chunk(st, false, u.text, NULL);
+            http_sse_chunk(st, false, u.text, u.len, NULL);
             free(u.text);
         }
         if (u.fin != SCH_RUNNING) {
@@ -791,7 +827,7 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
         *st = (http_stream){.h = h, .r = r, .fd = http_conn_fd(c), .chat = chat, .include_usage = jb.include_usage,
                             .created = created, .t0 = t0};
         snprintf(st->id, sizeof st->id, "%s", id);
-        if (chat) http_sse_chunk(st, true, "", NULL); /* OpenAI's first chunk: the role */
+        if (chat) http_sse_chunk(st, true, "", 0, NULL); /* OpenAI's first chunk: the role */
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, http_stream_read, st,
                                                                       http_stream_free);
         if (!resp) {
@@ -844,8 +880,8 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
     }
     cJSON *resp = http_envelope(h, id, chat ? "chat.completion" : "text_completion", created);
     cJSON *ch = cJSON_AddArrayToObject(resp, "choices");
-    cJSON_AddItemToArray(ch, http_choice(chat, false, true, text.p ? text.p : "", http_finish_reason(u.fin)));
-    cJSON_AddItemToObject(resp, "usage", http_usage(u.n_prompt, u.n_gen));
+    cJSON_AddItemToArray(ch, http_choice(chat, false, true, text.p ? text.p : "", text.p ? text.len : 0, http_finish_reason(u.fin)));
+    cJSON_AddItemToObject(resp, "usage", http_usage(&u));
     if (u.receipts) {
         cJSON *rj = cJSON_Parse(u.receipts);
         if (rj) cJSON_AddItemToObject(resp, "receipts", rj);

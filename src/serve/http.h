@@ -40,6 +40,8 @@ typedef struct http_config {
     int draft_k;           /* the length a request asking "draft": "ngram" or "model" gets (--draft-n) */
     bool draft_model;      /* requests that do not say draft from the draft model (--draft MODEL.gguf) */
     bool have_draft_model; /* a request may ask "draft": "model" */
+    bool draft_dspark;     /* requests that do not say draft with DSpark (--draft dspark:FILE) */
+    bool have_dspark;      /* a request may ask "draft": "dspark" */
 } http_config;
 
 /* Requests answered, by endpoint and status (for /metrics). */

@@ -43,6 +43,11 @@ typedef struct sch_local {
     int32_t *rows;       /* [n_slots] */
     int32_t *tokens;
     size_t tokens_cap;
+    /* DSpark taps (set_taps): the layers, and the step's features, token-major per entry */
+    int n_taps;
+    uint32_t taps[16];
+    float *feat;
+    size_t feat_cap;         /* floats */
     sch_node_stat node;
 } sch_local;
 
@@ -87,13 +92,39 @@ static int sch_local_step(void *impl, sch_step *steps, int n, rl_err *err) {
             L->rows[n_rows++] = (int32_t)(off - sp->n_tokens + (uint32_t)t);
         }
     }
+    bool want_taps = false;
+    for (int i = 0; i < n; i++) want_taps = want_taps || (L->n_taps > 0 && steps[i].taps);
     k3_batch b = {.n_seqs = n, .seqs = L->seqs, .n_tokens = L->ntok, .tokens = L->tokens, .keep_rollback = L->keep,
-                  .n_logits = n_rows, .logit_rows = L->rows};
+                  .n_logits = n_rows, .logit_rows = L->rows, .n_taps = want_taps ? L->n_taps : 0, .tap_layers = L->taps};
     k3_output o;
     double t0 = sch_now();
     if (k3_forward(L->e, &b, &o, err) != 0) return -1;
     L->node.compute_s += sch_now() - t0;
     L->node.steps++;
+    if (want_taps) { /* the engine gives [tap][token][n_embd] over the batch; entries get [token][tap][n_embd] */
+        const size_t d = L->e->hp.n_embd, row = (size_t)L->n_taps * d;
+        if (total * row > L->feat_cap) {
+            float *f = realloc(L->feat, total * row * sizeof *f);
+            if (!f) {
+                k3_output_free(&o);
+                return rl_errf(err, "out of memory for the DSpark features of %zu tokens", total);
+            }
+            L->feat = f;
+            L->feat_cap = total * row;
+        }
+        size_t at = 0;
+        for (int i = 0; i < n; i++) {
+            steps[i].feat = steps[i].taps ? L->feat + at * row : NULL;
+            for (uint32_t t = 0; steps[i].taps && t < steps[i].n_tokens; t++) {
+                for (int k = 0; k < L->n_taps; k++) {
+                    memcpy(L->feat + (at + t) * row + (size_t)k * d, o.taps + ((size_t)k * total + at + t) * d, d * sizeof(float));
+                }
+            }
+            at += steps[i].n_tokens;
+        }
+    } else {
+        for (int i = 0; i < n; i++) steps[i].feat = NULL;
+    }
     int r = 0;
     for (int i = 0; i < n; i++) {
         sch_step *sp = &steps[i];
@@ -144,7 +175,19 @@ static void sch_local_free(void *impl) {
     free(L->ntok);
     free(L->rows);
     free(L->tokens);
+    free(L->feat);
     free(L);
+}
+
+static int sch_local_set_taps(void *impl, const uint32_t *layers, int n, rl_err *err) {
+    sch_local *L = impl;
+    if (n < 0 || n > 16) return rl_errf(err, "%d taps (at most 16)", n);
+    for (int k = 0; k < n; k++) {
+        if (layers[k] > L->e->hp.n_layer) return rl_errf(err, "a tap at layer %u of a %u-layer model", layers[k], L->e->hp.n_layer);
+    }
+    memcpy(L->taps, layers, (size_t)n * sizeof *layers);
+    L->n_taps = n;
+    return 0;
 }
 
 int sch_backend_local(sch_backend *be, k3_engine *e, int n_slots, uint32_t n_ctx, rl_err *err) {
@@ -191,6 +234,7 @@ int sch_backend_local(sch_backend *be, k3_engine *e, int n_slots, uint32_t n_ctx
     be->end = sch_local_end;
     be->nodes = sch_local_nodes;
     be->free = sch_local_free;
+    be->set_taps = sch_local_set_taps;
     return 0;
 }
 
@@ -303,6 +347,8 @@ bool sch_request_wait(sch_request *r, int timeout_ms, sch_update *u) {
     u->fin = r->fin;
     u->n_prompt = (int)r->n_prompt;
     u->n_gen = r->n_gen;
+    u->drafted = r->drafted;
+    u->accepted = r->accepted;
     memcpy(u->err, r->err, sizeof u->err);
     u->unavailable = r->unavailable;
     if (r->fin != SCH_RUNNING) {
@@ -488,7 +534,13 @@ static void sch_admit(sch_sched *s) {
         r->n_fed = 0;
         r->n_hist = 0;
         if (r->p.draft_model && !s->cfg.draft) r->p.draft_n = 0; /* http refuses it; a direct caller too */
+        if (r->p.draft_dspark && !s->cfg.dspark) r->p.draft_n = 0;
         if (r->p.draft_model && r->p.draft_n > 0) spec_pool_reset(s->cfg.draft, i);
+        r->ds_ok = r->p.draft_dspark && r->p.draft_n > 0;
+        if (r->ds_ok) {
+            rl_err e;
+            spec_drafter_begin(&s->cfg.dspark[i], NULL, 0, 0, &e); /* forgets the last sequence's context */
+        }
         if (r->p.draft_n > 0 && (r->hist = malloc((r->n_prompt + 64) * sizeof *r->hist))) {
             memcpy(r->hist, r->prompt, r->n_prompt * sizeof *r->hist);
             r->n_hist = r->n_prompt;
@@ -570,12 +622,12 @@ static void *sch_main(void *arg) {
         }
         /* Decode tokens first (every generating sequence moves each step), then prompt chunks, oldest
          * request first, within the step's prompt budget. */
-        int n = 0, nd_model = 0;
+        int n = 0, nd_model = 0, nd_ds = 0;
         uint32_t budget = s->cfg.chunk;
         for (int i = 0; i < s->be.n_slots; i++) {
             sch_request *r = s->slots[i];
             if (!r || r->n_fed < r->n_prompt) continue;
-            s->steps[n] = (sch_step){.slot = i, .n_tokens = 1, .tokens = &r->last, .sample = true};
+            s->steps[n] = (sch_step){.slot = i, .n_tokens = 1, .tokens = &r->last, .sample = true, .taps = r->ds_ok};
             /* Speculation: prompt lookup over the request's tokens, bounded by what is left to generate and
              * the context (fed so far: the prompt and every sampled token but the last). */
             int k = r->hist ? r->p.draft_n : 0;
@@ -589,6 +641,10 @@ static void *sch_main(void *arg) {
                 s->d_k[nd_model] = k;
                 s->d_hist[nd_model] = r->hist;
                 s->d_nhist[nd_model++] = r->n_hist;
+                k = 0;
+            }
+            if (r->p.draft_dspark) { /* drafted below, from the features of its committed positions */
+                if (k > 0 && r->ds_ok) s->s_entry[nd_ds] = n, s->s_k[nd_ds++] = k;
                 k = 0;
             }
             int nd = k > 0 ? spec_ngram(r->hist, r->n_hist, k, s->blocks[i] + 1) : 0;
@@ -612,7 +668,7 @@ static void *sch_main(void *arg) {
             size_t left = best->n_prompt - best->n_fed;
             uint32_t k = left < budget ? (uint32_t)left : budget;
             s->steps[n] = (sch_step){.slot = best->slot, .begin = best->n_fed == 0, .smp = &best->p.smp,
-                                     .receipts = best->p.receipts,
+                                     .receipts = best->p.receipts, .taps = best->ds_ok,
                                      .n_tokens = k, .tokens = best->prompt + best->n_fed,
                                      .sample = best->n_fed + k == best->n_prompt};
             s->step_req[n++] = best;
@@ -645,6 +701,33 @@ static void *sch_main(void *arg) {
             t_draft = sch_now() - t0;
             t0 = sch_now();
         }
+        for (int d = 0; d < nd_ds; d++) {
+            /* DSpark, one block per request: [last, MASK...] over the features the target gave so far. A
+             * drafter out of step with its sequence (a failure below) stops drafting for the request; the
+             * request itself goes on, undrafted. */
+            int e = s->s_entry[d];
+            sch_request *r = s->step_req[e];
+            int32_t *blk = s->blocks[r->slot];
+            const spec_q *qs;
+            int nd = 0;
+            if (spec_drafter_propose(&s->cfg.dspark[r->slot], r->hist, r->n_hist, r->n_hist, s->s_k[d], blk + 1, &nd, &qs,
+                                     &err) != 0) {
+                fprintf(stderr, "ringlm serve: DSpark drafting failed, the request goes on without drafts: %s\n", err.msg);
+                err = (rl_err){{0}};
+                r->ds_ok = false;
+                s->steps[e].taps = false;
+                continue;
+            }
+            if (nd <= 0) continue;
+            blk[0] = r->last;
+            s->steps[e].tokens = blk;
+            s->steps[e].n_tokens = (uint32_t)nd + 1;
+            s->steps[e].n_draft = nd;
+        }
+        if (nd_ds > 0) {
+            t_draft += sch_now() - t0;
+            t0 = sch_now();
+        }
         int rc = s->be.step(s->be.impl, s->steps, n, &err);
         double t1 = sch_now();
         sch_node_stat nodes[SCH_MAX_NODES];
@@ -671,11 +754,22 @@ static void *sch_main(void *arg) {
                 s->m.prompt_tokens += sp->n_tokens;
             }
             if (r->cancelled) continue; /* reaped at the top of the loop */
+            if (sp->taps && r->ds_ok) { /* the features of the positions the target ran and kept */
+                uint32_t rows = sp->n_draft > 0 ? (uint32_t)sp->n_out : sp->n_tokens;
+                rl_err e;
+                if (!sp->feat || spec_drafter_features(&s->cfg.dspark[r->slot], sp->feat, rows, &e) != 0) {
+                    fprintf(stderr, "ringlm serve: DSpark features lost, the request goes on without drafts: %s\n",
+                            sp->feat ? e.msg : "the backend returned none");
+                    r->ds_ok = false;
+                }
+            }
             if (sp->n_draft > 0) { /* the committed tokens in order, until one ends the request (r stays
                                     * valid after it ends: an uncancelled request still holds its submitter's
                                     * reference, so sch_finish_req does not free it) */
                 s->m.drafted += (uint64_t)sp->n_draft;
                 s->m.accepted += (uint64_t)(sp->n_out - 1);
+                r->drafted += sp->n_draft;
+                r->accepted += sp->n_out - 1;
                 for (int t = 0; t < sp->n_out && r->fin == SCH_RUNNING; t++) sch_on_token(s, r, sp->out[t], t1);
             } else if (sp->sample) {
                 sch_on_token(s, r, sp->token, t1);
@@ -700,6 +794,8 @@ static void sch_free_scratch(sch_sched *s) {
     free(s->d_hist);
     free(s->d_nhist);
     free(s->d_out);
+    free(s->s_entry);
+    free(s->s_k);
 }
 
 int sch_init(sch_sched *s, const sch_backend *be, const tok_tokenizer *tok, const sch_config *cfg, rl_err *err) {
@@ -722,10 +818,21 @@ int sch_init(sch_sched *s, const sch_backend *be, const tok_tokenizer *tok, cons
     s->d_hist = calloc(ns, sizeof *s->d_hist);
     s->d_nhist = calloc(ns, sizeof *s->d_nhist);
     s->d_out = calloc(ns, sizeof *s->d_out);
+    s->s_entry = calloc(ns, sizeof *s->s_entry);
+    s->s_k = calloc(ns, sizeof *s->s_k);
     if (!s->slots || !s->steps || !s->step_req || !s->blocks || !s->d_entry || !s->d_slot || !s->d_k || !s->d_n ||
-        !s->d_hist || !s->d_nhist || !s->d_out) {
+        !s->d_hist || !s->d_nhist || !s->d_out || !s->s_entry || !s->s_k) {
         sch_free_scratch(s);
         return rl_errf(err, "out of memory");
+    }
+    if (s->cfg.dspark) { /* the backend returns the stream at the draft's tap layers from now on */
+        const uint32_t *layers;
+        int nt = spec_drafter_taps(&s->cfg.dspark[0], &layers);
+        if (!be->set_taps || nt <= 0 || be->set_taps(be->impl, layers, nt, err) != 0) {
+            if (!be->set_taps || nt <= 0) rl_errf(err, "DSpark drafts need a backend that returns the target's hidden states");
+            sch_free_scratch(s);
+            return -1;
+        }
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cond, NULL);

@@ -71,6 +71,9 @@ typedef struct sch_step {
     int n_draft;   /* speculative: drafts after the first token (sample is true) */
     int32_t out[SCH_MAX_DRAFT + 1]; /* out, when n_draft > 0 */
     int n_out;
+    bool taps;          /* DSpark (after set_taps): return this entry's features */
+    const float *feat;  /* out, when taps: n_tokens rows of n_taps * n_embd floats, token-major (the stream
+                         * entering each tap layer at each of its tokens); valid until the next step */
 } sch_step;
 
 typedef struct sch_node_stat {
@@ -105,6 +108,9 @@ typedef struct sch_backend {
      * sequence, as a malloc'ed JSON array (docs/receipts.md's objects); called once as the sequence ends,
      * before end(). NULL when there are none to give. */
     char *(*receipts)(void *impl, int slot);
+    /* Optional (needed for DSpark drafts): from now on, entries with `taps` return the stream entering
+     * these target layers (spec §10.1.3), in this order. Called once, before the first step. */
+    int (*set_taps)(void *impl, const uint32_t *layers, int n, rl_err *err);
 } sch_backend;
 
 /* The one-machine backend: n_slots states of n_ctx tokens each on a k3_engine for the whole model
@@ -133,6 +139,7 @@ typedef struct sch_params {
     bool receipts;           /* return the receipts of the request's traversals (needs a backend that signs) */
     int draft_n;             /* drafts of up to this many tokens per step (0: none) */
     bool draft_model;        /* from the server's draft model (sch_config.draft), else by prompt lookup */
+    bool draft_dspark;       /* from the server's DSpark draft (sch_config.dspark) */
 } sch_params;
 
 struct sch_sched;
@@ -155,6 +162,7 @@ typedef struct sch_request {
     char *out;               /* text produced and not yet taken by sch_request_wait */
     size_t out_len, out_cap;
     int n_gen;               /* completion tokens so far */
+    int drafted, accepted;   /* speculative draft tokens verified for it, and kept */
     struct sch_request *next;/* queue link */
     /* scheduler only */
     int slot;                /* -1 while queued */
@@ -162,6 +170,7 @@ typedef struct sch_request {
     int32_t last;            /* the last sampled token (fed at the next step) */
     double t_last;           /* when the last token was sampled */
     tok_stream ts;
+    bool ds_ok;              /* DSpark: its drafter has the features of every position the target ran */
     int32_t *hist;           /* prompt and sampled tokens, for drafting (draft_n > 0) */
     size_t n_hist, cap_hist;
     char *hold;              /* text held back because it may be the start of a stop string */
@@ -175,6 +184,7 @@ typedef struct sch_update {
     size_t len;
     sch_finish fin;
     int n_prompt, n_gen;
+    int drafted, accepted; /* speculative draft tokens verified, and kept (0, 0 without drafts) */
     char err[256];
     bool unavailable; /* with SCH_FIN_ERROR: the model could not be reached (answer 503) */
     char *receipts;   /* once finished, if asked: the receipts as a JSON array (caller frees) */
@@ -183,12 +193,16 @@ typedef struct sch_update {
 /* ---- the scheduler ----------------------------------------------------------------------------------- */
 
 struct spec_pool;
+struct spec_drafter;
 
 typedef struct sch_config {
     int queue_cap;  /* requests that may wait for a slot; more are refused (SCH_QUEUE_FULL) */
     uint32_t chunk; /* prompt tokens per step, over all prefilling sequences */
     struct spec_pool *draft; /* a draft model with a state per slot, for draft_model requests (NULL: none);
                               * the caller's, used by the scheduler thread alone while it runs */
+    struct spec_drafter *dspark; /* [n_slots] DSpark drafters (spec_drafter_open "dspark:..."), one per
+                              * slot, for draft_dspark requests (NULL: none); the backend must have
+                              * set_taps. The caller's, like draft */
 } sch_config;
 
 /* Histogram with fixed upper bounds (seconds), Prometheus-style cumulative on output. */
@@ -233,6 +247,7 @@ typedef struct sch_sched {
     sch_request **step_req;
     int32_t (*blocks)[SCH_MAX_DRAFT + 1]; /* [n_slots]: [last, drafts] of speculative entries */
     int *d_entry, *d_slot, *d_k, *d_n;   /* [n_slots]: the step's draft-model requests (entry, slot, k, drafts) */
+    int *s_entry, *s_k;                  /* [n_slots]: the step's DSpark requests (entry, k) */
     const int32_t **d_hist;
     size_t *d_nhist;
     int32_t (*d_out)[SCH_MAX_DRAFT];

@@ -3,7 +3,9 @@
  *   with: drafts equal to plain greedy decoding are all kept (plus the bonus token), a wrong draft is
  *   replaced by the right token, and the sequence then continues exactly as plain decoding does (the
  *   rejected drafts are rolled back before the slot's next entry), also next to another sequence in the
- *   same batch. Malformed speculative entries are refused. */
+ *   same batch. Malformed speculative entries are refused. DSpark taps: the features an entry gets are the
+ *   stream at the tap layers of its own tokens, as its own forward pass computes them. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,6 +108,60 @@ int main(void) {
     CHECK(be.step(be.impl, &bad, 1, &err) != 0, "drafts that do not match the entry's tokens are refused: %s", err.msg);
     bad = (sch_step){.slot = 0, .n_tokens = 3, .tokens = blk, .sample = false, .n_draft = 2};
     CHECK(be.step(be.impl, &bad, 1, &err) != 0, "a speculative entry that samples nothing is refused: %s", err.msg);
+
+    /* DSpark taps: entries that ask get the stream entering each tap layer at each of their tokens, token-major,
+     * in one batch with entries that do not ask; the rows equal a single sequence's own forward pass. */
+    const uint32_t taps[2] = {1, hp.n_layer};
+    CHECK(be.set_taps && be.set_taps(be.impl, taps, 2, &err) == 0, "the local backend takes tap layers");
+    uint32_t bad_tap = hp.n_layer + 1;
+    CHECK(be.set_taps(be.impl, &bad_tap, 1, &err) != 0, "a tap past the last layer is refused: %s", err.msg);
+    be.set_taps(be.impl, taps, 2, &err);
+    sch_step ts[2] = {{.slot = 0, .begin = true, .smp = &sp, .n_tokens = N_PROMPT, .tokens = prompt, .sample = true, .taps = true},
+                      {.slot = 1, .begin = true, .smp = &sp, .n_tokens = 4, .tokens = prompt + 2, .sample = true}};
+    const size_t d = hp.n_embd, row = 2 * d;
+    float *fp = malloc((N_PROMPT + 4) * row * sizeof *fp);
+    ok = fp && be.step(be.impl, ts, 2, &err) == 0 && ts[0].feat && !ts[1].feat;
+    if (ok) memcpy(fp, ts[0].feat, N_PROMPT * row * sizeof *fp);
+    CHECK(ok, "a prefill entry with taps gets features, the one without none%s%s", ok ? "" : ": ", ok ? "" : err.msg);
+    int32_t blk4[4] = {ts[0].token, ref[1], (ref[2] + 1) % (int32_t)hp.n_vocab, ref[3]}; /* 1 right, then wrong */
+    ts[0] = (sch_step){.slot = 0, .n_tokens = 4, .tokens = blk4, .sample = true, .n_draft = 3, .taps = true};
+    ts[1] = (sch_step){.slot = 1, .n_tokens = 1, .tokens = &ts[1].token, .sample = true, .taps = true};
+    ok = ok && be.step(be.impl, ts, 2, &err) == 0 && ts[0].feat && ts[1].feat && ts[0].n_out == 2;
+    if (ok) memcpy(fp + N_PROMPT * row, ts[0].feat, 4 * row * sizeof *fp);
+    CHECK(ok, "a speculative entry with taps gets a row per token (%d committed)", ts[0].n_out);
+    /* The reference: slot 0's tokens through a state of their own, the same way (a prefill, then a block kept
+     * for rollback). */
+    k3_state ref_st;
+    float worst = 0, scale = 0;
+    if (ok && k3_state_init(&ref_st, &hp, 0, hp.n_layer, 128, &err) == 0) {
+        k3_state *rs = &ref_st;
+        const int32_t *chunks[2] = {prompt, blk4};
+        uint32_t lens[2] = {N_PROMPT, 4}, at = 0;
+        for (int c = 0; c < 2 && ok; c++) {
+            uint8_t keep = c == 1;
+            int32_t lrow = (int32_t)lens[c] - 1;
+            k3_batch b = {.n_seqs = 1, .seqs = &rs, .n_tokens = &lens[c], .tokens = chunks[c], .keep_rollback = &keep,
+                          .n_logits = 1, .logit_rows = &lrow, .n_taps = 2, .tap_layers = taps};
+            k3_output o;
+            ok = k3_forward(&e, &b, &o, &err) == 0;
+            for (uint32_t t = 0; ok && t < lens[c]; t++) {
+                for (int k = 0; k < 2; k++) {
+                    for (size_t x = 0; x < d; x++) {
+                        float want = o.taps[((size_t)k * lens[c] + t) * d + x], have = fp[(at + t) * row + (size_t)k * d + x];
+                        if (fabsf(want - have) > worst) worst = fabsf(want - have);
+                        if (fabsf(want) > scale) scale = fabsf(want);
+                    }
+                }
+            }
+            if (ok) k3_output_free(&o);
+            at += lens[c];
+        }
+        k3_state_free(&ref_st);
+    }
+    CHECK(ok && scale > 0 && worst <= 1e-4f * scale,
+          "the features equal one sequence's own forward pass, tap by tap, token by token (max |diff| %.3g of %.3g)", worst,
+          scale);
+    free(fp);
 
     be.free(be.impl);
     k3_engine_free(&e);
