@@ -72,6 +72,9 @@ check "a request may say \"draft\": \"ngram\" on a DSpark server: the same text"
 post sse "$(greedy "${prompts[1]}" ',"stream":true,"stream_options":{"include_usage":true}')"
 check "streamed with DSpark drafts: the same text, and the usage chunk counts the drafts" py "$WORK/sse.json" \
     "text(sse(raw)) == load('want1.exp') and [c for c in sse(raw) if c.get('usage')][-1]['usage']['completion_tokens_details']['accepted_prediction_tokens'] == $(cut -d' ' -f1 "$WORK/want1.cnt")"
+post samp "{\"prompt\":\"${prompts[2]}\",\"max_tokens\":$N,\"temperature\":0.9,\"seed\":3,\"ignore_eos\":true}"
+check "a sampled request with DSpark drafts (temperature 0.9): 200, every token, its drafts counted" py "$WORK/samp.json" \
+    "d['usage']['completion_tokens'] == $N and sum(d['usage']['completion_tokens_details'].values()) > 0"
 check "/metrics counts the DSpark drafts" bash -c "curl -s '$URL/metrics' | awk '\$1 == \"ringlm_spec_drafted_tokens_total\" && \$2 > 0 { ok = 1 } END { exit !ok }'"
 kill -TERM "${SRV_PID[local]}"; wait "${SRV_PID[local]}" || true; unset 'SRV_PID[local]'
 
