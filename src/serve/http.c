@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -1141,6 +1143,9 @@ static enum MHD_Result http_get(http_conn *hc, struct MHD_Connection *c, const c
     }
 }
 
+/* The nice value of connection threads (see http_handle). */
+#define HTTP_THREAD_NICE 10
+
 static enum MHD_Result http_handle(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                    const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     (void)version;
@@ -1151,6 +1156,14 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *c, const ch
          * we will refuse never has its body read (nor, with Expect: 100-continue, even sent). */
         hc = calloc(1, sizeof *hc);
         if (!hc) return MHD_NO;
+        /* This connection's thread yields to the model's: on a machine with as many compute threads as cores,
+         * a connection thread that wakes to send a token preempts a compute thread mid-step, and the others
+         * then spin at the step's next barrier until it runs again. At nice 10 they mostly run between steps,
+         * which is when there is text to send anyway (bench/bench_serve.sh: about 1.1x the aggregate tok/s
+         * at 16 streams on 2 cores). Raising one's own nice needs no privilege; a failure changes nothing. */
+        if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), HTTP_THREAD_NICE) != 0) {
+            http_log(h, "cannot lower the priority of a connection thread: %s", strerror(errno));
+        }
         hc->h = h;
         hc->ep = http_route(url);
         *con_cls = hc;
