@@ -140,32 +140,49 @@ wait_health() { # PORT PID SECONDS: until GET /health answers 200
 }
 cat "$model" >/dev/null # page the model in once
 
-# load NAME API PORT SERVER_PID: one batch per concurrency into $work/NAME-cC.json (warm-up first)
-load() {
-    local name=$1 api=$2 port=$3 spid=$4 c r rc
-    timeout -k 5 "$timeout_s" python3 bench/tools/load_serve.py --api "$api" --port "$port" --n-vocab "$V" \
-        --concurrency 1 --requests 1 --max-tokens 8 --prompt-ids "$toks" --timeout "$timeout_s" >"$work/$name-warmup.json" \
-        || die "$name: warm-up request failed ($(cat "$work/$name-warmup.json"))"
-    for c in $concs; do
-        r=$(( requests / c )); [ $r -ge 2 ] || r=2
-        rc=0
-        timeout -k 5 $((timeout_s + 60)) python3 bench/tools/load_serve.py --api "$api" --port "$port" --n-vocab "$V" \
-            --concurrency "$c" --requests "$r" --max-tokens "$max_tokens" --prompt-ids "$toks" \
-            --timeout "$timeout_s" >"$work/$name-c$c.json" 2>"$work/$name-c$c.err" || rc=$?
-        [ $rc = 0 ] || echo "{\"concurrency\": $c, \"requests\": $((c * r)), \"completed\": 0, \"failed\": $((c * r)), \"errors\": [\"load generator exit $rc\"]}" >"$work/$name-c$c.json"
-        kill -0 "$spid" 2>/dev/null || echo "bench_serve: $name server died during concurrency $c" >&2
-        echo "bench_serve: $name c=$c: $(python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+# start_local PORT LOG / start_llama PORT LOG: a server in the background (its pid in $spid and in pids), up
+# once /health answers.
+start_local() {
+    timeout -k 5 $life "$RINGLM" serve -m "$model" --port "$1" --parallel "$parallel" --ctx "$ctx" --threads "$threads" \
+        >"$2" 2>&1 &
+    spid=$!; pids+=("$spid")
+    wait_health "$1" "$spid" 120 || { cat "$2" >&2; die "ringlm serve did not start"; }
+}
+start_llama() {
+    timeout -k 5 $life "$B/llama-server" -m "$model" --host 127.0.0.1 --port "$1" -np "$parallel" -c $((parallel * ctx)) \
+        -t "$threads" >"$2" 2>&1 &
+    spid=$!; pids+=("$spid")
+    wait_health "$1" "$spid" 300 || { tail -20 "$2" >&2; die "llama-server did not start"; }
+}
+# warm NAME API PORT: one 8-token request before any batch
+warm() {
+    timeout -k 5 "$timeout_s" python3 bench/tools/load_serve.py --api "$2" --port "$3" --n-vocab "$V" \
+        --concurrency 1 --requests 1 --max-tokens 8 --prompt-ids "$toks" --timeout "$timeout_s" >"$work/$1-warmup.json" \
+        || die "$1: warm-up request failed ($(cat "$work/$1-warmup.json"))"
+}
+# batch NAME API PORT SERVER_PID C OUT: C clients, each sending max(2, requests/C) requests, into OUT.json
+batch() {
+    local name=$1 api=$2 port=$3 spid=$4 c=$5 out=$6 r rc=0
+    r=$(( requests / c )); [ $r -ge 2 ] || r=2
+    timeout -k 5 $((timeout_s + 60)) python3 bench/tools/load_serve.py --api "$api" --port "$port" --n-vocab "$V" \
+        --concurrency "$c" --requests "$r" --max-tokens "$max_tokens" --prompt-ids "$toks" \
+        --timeout "$timeout_s" >"$out.json" 2>"$out.err" || rc=$?
+    [ $rc = 0 ] || echo "{\"concurrency\": $c, \"requests\": $((c * r)), \"completed\": 0, \"failed\": $((c * r)), \"errors\": [\"load generator exit $rc\"]}" >"$out.json"
+    kill -0 "$spid" 2>/dev/null || echo "bench_serve: $name server died during concurrency $c" >&2
+    echo "bench_serve: $(basename "$out"): $(python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
 print("%s tok/s, ttft p50/p99 %s/%s ms, itl p50/p99 %s/%s ms, failed %d/%d" % (d.get("agg_tok_s"), d.get("ttft_p50_ms"),
-      d.get("ttft_p99_ms"), d.get("itl_p50_ms"), d.get("itl_p99_ms"), d["failed"], d["requests"]))' "$work/$name-c$c.json")" >&2
-    done
+      d.get("ttft_p99_ms"), d.get("itl_p50_ms"), d.get("itl_p99_ms"), d["failed"], d["requests"]))' "$out.json")" >&2
+}
+# load NAME API PORT SERVER_PID: warm-up, then one batch per concurrency into $work/NAME-cC.json
+load() {
+    local c
+    warm "$1" "$2" "$3"
+    for c in $concs; do batch "$1" "$2" "$3" "$4" "$c" "$work/$1-c$c"; done
 }
 
 # ---- 1. ringlm serve, one machine --------------------------------------------------------------------
 port=$(free_port)
-timeout -k 5 $life "$RINGLM" serve -m "$model" --port "$port" --parallel "$parallel" --ctx "$ctx" --threads "$threads" \
-    >"$work/ringlm-local.log" 2>&1 &
-spid=$!; pids+=("$spid")
-wait_health "$port" "$spid" 120 || { cat "$work/ringlm-local.log" >&2; die "ringlm serve did not start"; }
+start_local "$port" "$work/ringlm-local.log"
 load ringlm-local openai "$port" "$spid"
 stop_pids "$spid"; pids=()
 
@@ -195,42 +212,22 @@ stop_pids "${pids[@]}"; pids=()
 
 # ---- 3. llama-server ---------------------------------------------------------------------------------
 port=$(free_port)
-timeout -k 5 $life "$B/llama-server" -m "$model" --host 127.0.0.1 --port "$port" -np "$parallel" -c $((parallel * ctx)) \
-    -t "$threads" >"$work/llama-server.log" 2>&1 &
-spid=$!; pids+=("$spid")
-wait_health "$port" "$spid" 300 || { tail -20 "$work/llama-server.log" >&2; die "llama-server did not start"; }
+start_llama "$port" "$work/llama-server.log"
 load llama-server llama "$port" "$spid"
 stop_pids "$spid"; pids=()
 
 # ---- 4. head to head at the highest concurrency: both servers up, alternating, --reps times ------------
 cmax=0; for c in $concs; do [ "$c" -gt $cmax ] && cmax=$c; done
 if [ "$reps" -gt 0 ]; then
-    lport=$(free_port)
-    timeout -k 5 $life "$RINGLM" serve -m "$model" --port "$lport" --parallel "$parallel" --ctx "$ctx" --threads "$threads" \
-        >"$work/h2h-ringlm.log" 2>&1 &
-    lpid=$!; pids+=("$lpid")
-    wait_health "$lport" "$lpid" 120 || { cat "$work/h2h-ringlm.log" >&2; die "ringlm serve did not start"; }
-    sport=$(free_port)
-    timeout -k 5 $life "$B/llama-server" -m "$model" --host 127.0.0.1 --port "$sport" -np "$parallel" -c $((parallel * ctx)) \
-        -t "$threads" >"$work/h2h-llama.log" 2>&1 &
-    spid=$!; pids+=("$spid")
-    wait_health "$sport" "$spid" 300 || { tail -20 "$work/h2h-llama.log" >&2; die "llama-server did not start"; }
-    h2h() { # NAME API PORT REP
-        local r=$(( requests / cmax )); [ $r -ge 2 ] || r=2
-        timeout -k 5 $((timeout_s + 60)) python3 bench/tools/load_serve.py --api "$2" --port "$3" --n-vocab "$V" \
-            --concurrency "$cmax" --requests "$r" --max-tokens "$max_tokens" --prompt-ids "$toks" \
-            --timeout "$timeout_s" >"$work/h2h-$1-$4.json" 2>"$work/h2h-$1-$4.err" ||
-            echo "{\"failed\": $((cmax * r)), \"errors\": [\"load generator failed\"]}" >"$work/h2h-$1-$4.json"
-        echo "bench_serve: head to head $4, $1: $(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("agg_tok_s"))' "$work/h2h-$1-$4.json") tok/s" >&2
-    }
-    for sv in "openai $lport" "llama $sport"; do # one warm-up request each, as above
-        timeout -k 5 "$timeout_s" python3 bench/tools/load_serve.py --api "${sv% *}" --port "${sv#* }" --n-vocab "$V" \
-            --concurrency 1 --requests 1 --max-tokens 8 --prompt-ids "$toks" --timeout "$timeout_s" >/dev/null ||
-            die "head to head: a warm-up request failed"
-    done
+    lport=$(free_port); start_local "$lport" "$work/h2h-ringlm.log"; lpid=$spid
+    sport=$(free_port); start_llama "$sport" "$work/h2h-llama.log"
+    warm h2h-ringlm-local openai "$lport"
+    warm h2h-llama-server llama "$sport"
     for rp in $(seq "$reps"); do
-        if [ $((rp % 2)) = 1 ]; then h2h ringlm-local openai "$lport" "$rp"; h2h llama-server llama "$sport" "$rp"
-        else h2h llama-server llama "$sport" "$rp"; h2h ringlm-local openai "$lport" "$rp"; fi
+        if [ $((rp % 2)) = 1 ]; then batch ringlm-local openai "$lport" "$lpid" "$cmax" "$work/h2h-ringlm-local-$rp"
+                                     batch llama-server llama "$sport" "$spid" "$cmax" "$work/h2h-llama-server-$rp"
+        else batch llama-server llama "$sport" "$spid" "$cmax" "$work/h2h-llama-server-$rp"
+             batch ringlm-local openai "$lport" "$lpid" "$cmax" "$work/h2h-ringlm-local-$rp"; fi
     done
     stop_pids "${pids[@]}"; pids=()
 fi

@@ -38,6 +38,8 @@ kept_total=$(awk '{ s += $1 } END { print s + 0 }' "$WORK"/want?.cnt)
 counts() { python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))["usage"].get("completion_tokens_details") or {}
 print(d.get("accepted_prediction_tokens", "-"), d.get("rejected_prediction_tokens", "-"))' "$WORK/$1.json" 2>/dev/null; }
 
+# serve_stop NAME: SIGTERM, and wait for it
+serve_stop() { kill -TERM "${SRV_PID[$1]}"; wait "${SRV_PID[$1]}" || true; unset "SRV_PID[$1]"; }
 # same_as_run TAG WHERE: requests TAG0..3 have the plain text and run's draft counts
 same_as_run() {
     local tag=$1 where=$2 text=0 cnt=0 got="" want=""
@@ -49,6 +51,15 @@ same_as_run() {
     check "$where: greedy text = plain decoding ($text/4)" test $text = 4
     check "$where: each request's drafts kept/rejected = ringlm run's for its prompt ($cnt/4: $got; run: $want)" test $cnt = 4
 }
+# alone_and_together TAG WHERE: the 4 prompts to $URL one at a time, then all at once; both as ringlm run
+alone_and_together() {
+    local i pids=()
+    for i in 0 1 2 3; do post "$1$i" "$(greedy "${prompts[$i]}")"; done
+    same_as_run "$1" "$2, one request at a time"
+    for i in 0 1 2 3; do post "$1par$i" "$(greedy "${prompts[$i]}")" & pids+=($!); done
+    wait "${pids[@]}"
+    same_as_run "$1par" "$2, 4 requests at once"
+}
 
 check "the reference drafts keep some tokens, so a wrong feature would show ($kept_total kept over 4 prompts)" \
     test "$kept_total" -gt 0
@@ -57,12 +68,7 @@ check "the reference drafts keep some tokens, so a wrong feature would show ($ke
 serve_start local -m "$f" --draft "dspark:$ds" --parallel 4 --threads 1
 URL=${SRV_URL[local]}
 check "the server names its DSpark draft" grep -q "drafts: dspark:" "$WORK/local.log"
-for i in 0 1 2 3; do post "one$i" "$(greedy "${prompts[$i]}")"; done
-same_as_run one "one machine, one request at a time"
-pids=()
-for i in 0 1 2 3; do post "par$i" "$(greedy "${prompts[$i]}")" & pids+=($!); done
-wait "${pids[@]}"
-same_as_run par "one machine, 4 requests at once"
+alone_and_together local "one machine"
 post none "$(greedy "${prompts[0]}" ',"draft":"none"')"
 check "a request may say \"draft\": \"none\": the same text, no drafts" py "$WORK/none.json" \
     "d['choices'][0]['text'] == load('want0.exp') and 'completion_tokens_details' not in d['usage']"
@@ -76,7 +82,7 @@ post samp "{\"prompt\":\"${prompts[2]}\",\"max_tokens\":$N,\"temperature\":0.9,\
 check "a sampled request with DSpark drafts (temperature 0.9): 200, every token, its drafts counted" py "$WORK/samp.json" \
     "d['usage']['completion_tokens'] == $N and sum(d['usage']['completion_tokens_details'].values()) > 0"
 check "/metrics counts the DSpark drafts" bash -c "curl -s '$URL/metrics' | awk '\$1 == \"ringlm_spec_drafted_tokens_total\" && \$2 > 0 { ok = 1 } END { exit !ok }'"
-kill -TERM "${SRV_PID[local]}"; wait "${SRV_PID[local]}" || true; unset 'SRV_PID[local]'
+serve_stop local
 
 # ---- a 3-node ring: the stages that hold the tap layers send them back with each frame ---------------------
 ring_keys 3
@@ -84,13 +90,8 @@ for i in 1 2 3; do ring_start $i "$RING/models" || exit 1; done
 ring_conf "$WORK/ring.conf" 1 2 3
 serve_start ring -m "$f" --ring "$WORK/ring.conf" --key "$RING/coord.key" --draft "dspark:$ds" --parallel 4 --threads 1
 URL=${SRV_URL[ring]}
-for i in 0 1 2 3; do post "ring$i" "$(greedy "${prompts[$i]}")"; done
-same_as_run ring "3-node ring, one request at a time"
-pids=()
-for i in 0 1 2 3; do post "rpar$i" "$(greedy "${prompts[$i]}")" & pids+=($!); done
-wait "${pids[@]}"
-same_as_run rpar "3-node ring, 4 requests at once"
-kill -TERM "${SRV_PID[ring]}"; wait "${SRV_PID[ring]}" || true; unset 'SRV_PID[ring]'
+alone_and_together ring "3-node ring"
+serve_stop ring
 
 # ---- refusals ---------------------------------------------------------------------------------------------
 serve_start plain -m "$f" --parallel 1 --threads 1
@@ -98,7 +99,7 @@ URL=${SRV_URL[plain]}
 post nods "$(greedy hi ',"draft":"dspark"')"
 check "a server without DSpark answers \"draft\": \"dspark\" with 400 naming the option" bash -c \
     "test \"\$(cat '$WORK/nods.code')\" = 400 && grep -q 'dspark:' '$WORK/nods.json'"
-kill -TERM "${SRV_PID[plain]}"; wait "${SRV_PID[plain]}" || true; unset 'SRV_PID[plain]'
+serve_stop plain
 check_fails "--draft dspark: with a file that is no DSpark draft: the server does not start, naming it" "DSpark draft" \
     timeout 60 "$RINGLM" serve -m "$f" --draft "dspark:$f" --port 0 --threads 1
 check_fails "--draft dspark: with a missing file: the server does not start, naming it" "nope.gguf" \

@@ -47,6 +47,13 @@ void k3_engine_free(k3_engine *e) {
     memset(e, 0, sizeof *e);
 }
 
+void k3_tap_rows(const float *taps, int n_taps, uint32_t n_embd, size_t total, size_t t0, uint32_t n, float *dst) {
+    const size_t d = n_embd, row = (size_t)n_taps * d;
+    for (uint32_t t = 0; t < n; t++) {
+        for (int k = 0; k < n_taps; k++) memcpy(dst + t * row + (size_t)k * d, taps + ((size_t)k * total + t0 + t) * d, d * sizeof(float));
+    }
+}
+
 void k3_output_free(k3_output *o) {
     k3_boundary_free(&o->out);
     free(o->logits);

@@ -66,5 +66,9 @@ typedef struct k3_output {
  * compute itself failed (it cannot on CPU once the graph is built). */
 int k3_forward(k3_engine *e, const k3_batch *batch, k3_output *out, rl_err *err);
 void k3_output_free(k3_output *o);
+/* Tokens t0 .. t0+n of a batch's taps (k3_output.taps, tap-major over the batch's `total` tokens), token-major
+ * into dst: n rows of n_taps * n_embd floats, tap k of a row at [k * n_embd, (k+1) * n_embd) - the layout a
+ * DSpark draft takes (dspark_push). */
+void k3_tap_rows(const float *taps, int n_taps, uint32_t n_embd, size_t total, size_t t0, uint32_t n, float *dst);
 
 #endif

@@ -30,6 +30,13 @@ static struct ring_trav *ring_trav_find(ring_coord *rc, uint64_t step);
 static void ring_hist_free(ring_coord *rc);
 static double ring_audit_draw(ring_coord *rc);
 
+int ring_opts_check_taps(const ring_opts *o, const uint32_t *layers, int n, rl_err *err) {
+    if (n != o->n_taps || (n > 0 && memcmp(layers, o->taps, (size_t)n * sizeof *layers) != 0)) {
+        return rl_errf(err, "the ring was opened without this draft's taps (ring_opts.taps)");
+    }
+    return 0;
+}
+
 ring_opts ring_opts_default(void) {
     /* A dead process or a dropped network is noticed by the link itself: a closed connection at once, and
      * ZeroMQ's transport heartbeats (answered by its I/O thread even while a node computes) close a silent
@@ -180,7 +187,9 @@ static int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const
                     const cJSON *msg = j ? cJSON_GetObjectItemCaseSensitive(j, "msg") : NULL;
                     const char *lost = j ? jstr(j, "lost") : NULL;
                     int dead = -1;
-                    for (int k = 0; lost && k < rc->conf.n; k++) dead = strcmp(rc->conf.nodes[k].addr, lost) == 0 ? k : dead;
+                    for (int k = 0; lost && dead < 0 && k < rc->conf.n; k++) {
+                        if (strcmp(rc->conf.nodes[k].addr, lost) == 0) dead = k;
+                    }
                     if (dead >= 0 && dead != i) { /* it saw the next node die: that node is the cause, not it */
                         rl_errf(err, "lost node %s: the stage before it saw its connection close (the process died or the network dropped)",
                                 rc->conf.nodes[dead].addr);

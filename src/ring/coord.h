@@ -66,6 +66,9 @@ typedef struct ring_opts {
 } ring_opts;
 
 ring_opts ring_opts_default(void);
+/* A DSpark draft's taps can travel only on a ring opened with exactly them (every ASSIGN names them): 0, or -1
+ * with err saying so. */
+int ring_opts_check_taps(const ring_opts *o, const uint32_t *layers, int n, rl_err *err);
 
 typedef struct ring_stage_stats {
     double compute_s, queue_s, wire_s; /* sums over traversals */

@@ -502,12 +502,9 @@ static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
     return 0;
 }
 
-/* The ring must have been opened with these taps (ring_opts.taps: every ASSIGN tells the stages). */
 static int ring_be_set_taps(void *impl, const uint32_t *layers, int n, rl_err *err) {
     sch_ring *B = impl;
-    if (n != B->cfg.opts.n_taps || memcmp(layers, B->cfg.opts.taps, (size_t)n * sizeof *layers) != 0) {
-        return rl_errf(err, "the ring was opened without this draft's taps (ring_opts.taps)");
-    }
+    if (ring_opts_check_taps(&B->cfg.opts, layers, n, err) != 0) return -1;
     B->taps = n > 0;
     return 0;
 }

@@ -115,11 +115,7 @@ static int sch_local_step(void *impl, sch_step *steps, int n, rl_err *err) {
         size_t at = 0;
         for (int i = 0; i < n; i++) {
             steps[i].feat = steps[i].taps ? L->feat + at * row : NULL;
-            for (uint32_t t = 0; steps[i].taps && t < steps[i].n_tokens; t++) {
-                for (int k = 0; k < L->n_taps; k++) {
-                    memcpy(L->feat + (at + t) * row + (size_t)k * d, o.taps + ((size_t)k * total + at + t) * d, d * sizeof(float));
-                }
-            }
+            if (steps[i].taps) k3_tap_rows(o.taps, L->n_taps, (uint32_t)d, total, at, steps[i].n_tokens, L->feat + at * row);
             at += steps[i].n_tokens;
         }
     } else {
@@ -537,9 +533,10 @@ static void sch_admit(sch_sched *s) {
         if (r->p.draft_dspark && !s->cfg.dspark) r->p.draft_n = 0;
         if (r->p.draft_model && r->p.draft_n > 0) spec_pool_reset(s->cfg.draft, i);
         r->ds_ok = r->p.draft_dspark && r->p.draft_n > 0;
-        if (r->ds_ok) {
-            rl_err e;
-            spec_drafter_begin(&s->cfg.dspark[i], NULL, 0, 0, &e); /* forgets the last sequence's context */
+        rl_err e;
+        if (r->ds_ok && spec_drafter_begin(&s->cfg.dspark[i], NULL, 0, 0, &e) != 0) { /* forgets the last context */
+            fprintf(stderr, "ringlm serve: DSpark drafter not reset, the request goes without drafts: %s\n", e.msg);
+            r->ds_ok = false;
         }
         if (r->p.draft_n > 0 && (r->hist = malloc((r->n_prompt + 64) * sizeof *r->hist))) {
             memcpy(r->hist, r->prompt, r->n_prompt * sizeof *r->hist);

@@ -253,12 +253,9 @@ float *spec_feat_grow(float **buf, uint32_t *n, uint32_t *cap, size_t row, uint3
 /* Appends the taps of a batch of n tokens to l->feat as rows (token-major: [token][tap][n_embd]; the
  * engine gives them tap-major). */
 static int local_keep_taps(spec_local *l, const float *taps, uint32_t n, rl_err *err) {
-    const size_t d = l->e->hp.n_embd, row = (size_t)l->n_taps * d;
-    float *at = spec_feat_grow(&l->feat, &l->n_feat, &l->cap_feat, row, n, err);
+    float *at = spec_feat_grow(&l->feat, &l->n_feat, &l->cap_feat, (size_t)l->n_taps * l->e->hp.n_embd, n, err);
     if (!at) return -1;
-    for (uint32_t t = 0; t < n; t++) {
-        for (int k = 0; k < l->n_taps; k++) memcpy(at + t * row + (size_t)k * d, taps + ((size_t)k * n + t) * d, d * sizeof(float));
-    }
+    k3_tap_rows(taps, l->n_taps, l->e->hp.n_embd, n, 0, n, at);
     return 0;
 }
 

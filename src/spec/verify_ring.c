@@ -112,9 +112,7 @@ static int ring_verify(void *ctx, uint32_t pos, const int32_t *tokens, int n, co
 
 static int ring_set_taps(void *ctx, const uint32_t *layers, int n, rl_err *err) {
     spec_ring *r = ctx;
-    if (n != r->rc->o.n_taps || memcmp(layers, r->rc->o.taps, (size_t)n * sizeof *layers) != 0) {
-        return rl_errf(err, "the ring was opened without this draft's taps (ring_opts.taps)");
-    }
+    if (ring_opts_check_taps(&r->rc->o, layers, n, err) != 0) return -1;
     r->taps = n > 0;
     return 0;
 }

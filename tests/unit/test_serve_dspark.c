@@ -3,13 +3,15 @@
  *   - a backend that loses a step's features: the request's drafter is out of step for good, so drafting
  *     stops for it (no draft from a wrong context), and the request still runs to its end with the text it
  *     has without drafts;
- *   - a backend that cannot return hidden states at all: the scheduler refuses to start, saying why.
+ *   - a backend that cannot return hidden states at all: the scheduler refuses to start, saying why;
+ *   - a ring opened with other taps than the draft's refuses them.
  * And the plain case: DSpark drafts through the scheduler give the text of plain greedy decoding. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "ring/coord.h"
 #include "serve/scheduler.h"
 #include "spec/drafter.h"
 #include "tools/synth.h"
@@ -145,6 +147,15 @@ int main(void) {
     int rc = ok ? sch_init(&s, &lb, &tok, &(sch_config){.queue_cap = 4, .chunk = 64, .dspark = ds}, &err) : 0;
     CHECK(ok && rc != 0 && strstr(err.msg, "hidden states"), "a backend without set_taps is refused: %s", err.msg);
     if (ok) lb.free(lb.impl);
+
+    /* On a ring the taps must be the ones it was opened with (every ASSIGN names them). */
+    ring_opts ro = ring_opts_default();
+    ro.n_taps = 2;
+    ro.taps[0] = 1, ro.taps[1] = hp.n_layer;
+    const uint32_t same[2] = {1, hp.n_layer}, other[2] = {1, 2};
+    CHECK(ring_opts_check_taps(&ro, same, 2, &err) == 0 && ring_opts_check_taps(&ro, other, 2, &err) != 0 &&
+              ring_opts_check_taps(&ro, same, 1, &err) != 0,
+          "a ring takes only the taps it was opened with: %s", err.msg);
 
     for (int i = 0; i < N_SLOTS; i++) spec_drafter_close(&ds[i]);
     k3_engine_free(&e);
