@@ -62,13 +62,17 @@ check_fails "receipts: a tampered log is caught offline" "signature|chain|in has
     "$RINGLM" receipts verify "$WORK/tampered.jsonl" --model "$m" --ring "$WORK/ring3.conf"
 
 # An unknown coordinator key is refused, by name, and the node logs the refusal.
-"$RINGLM" keygen -o "$WORK/stranger.key" >/dev/null
-check_fails "unknown coordinator key refused" "refused our key|did not answer" \
+"$RINGLM" keygen -o "$WORK/stranger.key" >"$WORK/stranger.pub"
+# (Both messages named the wrong cause before: "its connection closed (the process died ...)".)
+check_fails "unknown coordinator key refused, saying so and naming the key to allow" \
+    "refused our key.*--allow $(cat "$WORK/stranger.pub")" \
     "$RINGLM" run -m "$m" -p hi -n 2 --ring "$WORK/ring1.conf" --key "$WORK/stranger.key"
-check "the node logged the refusal" grep -q "refused a connection" "$RING/n1.log"
+check "the node logged the refusal, naming the key as keygen printed it" \
+    grep -q "refused a connection from 127.0.0.1: its key .*$(cat "$WORK/stranger.pub" | cut -c1-62)" "$RING/n1.log"
+check "the refusal is logged once, not at every reconnect" test "$(grep -c "refused a connection" "$RING/n1.log")" -le 2
 # A ring.conf whose key does not match the node: the handshake fails, named.
 sed "s/ [0-9a-f]*$/ $(cat "$RING/n2.pub")/" "$WORK/ring1.conf" >"$WORK/wrongkey.conf"
-check_fails "wrong node key in ring.conf" "handshake|did not answer" \
+check_fails "wrong node key in ring.conf: the handshake fails, named" "encrypted link failed|during the encrypted handshake" \
     "$RINGLM" run -m "$m" -p hi -n 2 --ring "$WORK/wrongkey.conf" "${K[@]}"
 check_fails "unreachable node" "did not answer within" \
     "$RINGLM" run -m "$m" -p hi -n 2 --ring <(echo "127.0.0.1:$(ring_free_port) $(cat "$RING/n1.pub")") "${K[@]}"

@@ -19,11 +19,13 @@ int cmd_receipts(int argc, char **argv);
 int cli_parse_u64(const char *s, unsigned long long *out); /* 0 on success */
 int cli_parse_int(const char *s, int *out);
 
-/* --receipts FILE, --audit-rate R, --audit-seed S, --audit-tol T: run and serve on a ring. */
+/* Options of run and serve that only a ring has: --receipts FILE, --audit-rate R, --audit-seed S,
+ * --audit-tol T, and --node-timeout S (ring_opts.dead_s; 0 = the default). */
 typedef struct cli_trust {
     const char *receipts;
     double audit_rate, audit_tol;
     unsigned long long audit_seed;
+    double node_timeout;
 } cli_trust;
 /* 1 when option a is one of them (its value v parsed into t; *bad set if v is invalid), else 0. */
 int cli_parse_trust(const char *a, const char *v, cli_trust *t, int *bad);

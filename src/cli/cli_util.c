@@ -45,6 +45,8 @@ int cli_parse_trust(const char *a, const char *v, cli_trust *t, int *bad) {
         *bad = cli_parse_double(v, &t->audit_tol) || !(t->audit_tol > 0);
     } else if (strcmp(a, "--audit-seed") == 0) {
         *bad = cli_parse_u64(v, &t->audit_seed) != 0;
+    } else if (strcmp(a, "--node-timeout") == 0) {
+        *bad = cli_parse_double(v, &t->node_timeout) || !(t->node_timeout >= 0.5 && t->node_timeout <= 86400);
     } else {
         return 0;
     }
@@ -52,7 +54,11 @@ int cli_parse_trust(const char *a, const char *v, cli_trust *t, int *bad) {
 }
 
 int cli_trust_check(const cli_trust *t, int have_ring, const char *cmd) {
-    if (have_ring || (!t->receipts && t->audit_rate <= 0)) return 0;
-    fprintf(stderr, "ringlm %s: --receipts and --audit-rate are for a ring (--ring): one machine signs nothing\n", cmd);
+    if (have_ring || (!t->receipts && t->audit_rate <= 0 && t->node_timeout <= 0)) return 0;
+    if (t->node_timeout > 0) {
+        fprintf(stderr, "ringlm %s: --node-timeout is for a ring (--ring): one machine waits on no node\n", cmd);
+    } else {
+        fprintf(stderr, "ringlm %s: --receipts and --audit-rate are for a ring (--ring): one machine signs nothing\n", cmd);
+    }
     return 2;
 }

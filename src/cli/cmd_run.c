@@ -22,7 +22,7 @@ static void run_usage(FILE *f) {
             "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16]]\n"
             "                  [--draft none|ngram|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-fixed]\n"
             "                  [--draft-p-min P] [--draft-depth D]] [--receipts FILE]\n"
-            "                  [--audit-rate R [--audit-seed S] [--audit-tol T]]\n\n"
+            "                  [--audit-rate R [--audit-seed S] [--audit-tol T]] [--node-timeout S]\n\n"
             "Streams the generated text to stdout, then prints one metrics line on stderr.\n"
             "  -n N          tokens to generate (default 128; -1 = until the context is full)\n"
             "  --chat        wrap the prompt as a user turn in the model's chat format\n"
@@ -41,7 +41,9 @@ static void run_usage(FILE *f) {
             "  --audit-rate R  (ring) audit each finished sequence with probability R (0..1; receipts on): this\n"
             "                machine recomputes one stage, drawn from --audit-seed, and compares its output with\n"
             "                what the node sent, within --audit-tol (relative, default 0.01); a mismatch names the\n"
-            "                node faulty and fails the run\n");
+            "                node faulty and fails the run\n"
+            "  --node-timeout S  (ring) a node that answers nothing for S seconds while a step waits on it is\n"
+            "                declared dead (default 60; measured from the first unanswered ping)\n");
 }
 
 typedef struct run_out {
@@ -338,6 +340,7 @@ int cmd_run(int argc, char **argv) {
         ro_.n_taps = spec ? spec_drafter_taps(&drafter, &taps) : 0;
         if (ro_.n_taps > 0) memcpy(ro_.taps, taps, (size_t)ro_.n_taps * sizeof *taps);
         ro_.audit_rate = trust.audit_rate;
+        if (trust.node_timeout > 0) ro_.dead_s = trust.node_timeout;
         ro_.audit_seed = trust.audit_seed;
         ro_.audit_tol = trust.audit_tol;
         if (ring_open(&rc, &conf, &id, &m, &hp, &ro_, &err) != 0) {

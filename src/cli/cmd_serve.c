@@ -19,10 +19,11 @@ static void serve_usage(FILE *f) {
     fprintf(f,
             "usage: ringlm serve -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
             "                    [--parallel N] [--ctx N] [--queue N] [--threads N] [--chunk N]\n"
-            "                    [--max-body BYTES] [--drain SECONDS] [--quiet]\n"
+            "                    [--max-body BYTES] [--drain SECONDS] [--header-timeout S] [--idle-timeout S]\n"
+            "                    [--max-conn-per-ip N] [--quiet]\n"
             "                    [--draft ngram|none|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-threads N]]\n"
             "                    [--ring ring.conf --key coord.key [--wire f32|f16|bf16] [--receipts FILE]\n"
-            "                     [--audit-rate R [--audit-seed S] [--audit-tol T]]]\n\n"
+            "                     [--audit-rate R [--audit-seed S] [--audit-tol T]] [--node-timeout S]]\n\n"
             "Serves the model over an OpenAI-compatible HTTP API (docs/serve.md):\n"
             "  POST /v1/chat/completions, POST /v1/completions (streamed with \"stream\": true),\n"
             "  GET /v1/models, GET /health, GET /metrics (Prometheus), GET / (a chat page).\n"
@@ -37,6 +38,11 @@ static void serve_usage(FILE *f) {
             "  --threads N    compute threads on this machine (default: all cores; not used with --ring)\n"
             "  --chunk N      prompt tokens per step over all new requests (default 256)\n"
             "  --max-body B   largest request body in bytes (default 1048576); larger gets 413\n"
+            "  --header-timeout S  a connection must send a request's headers within S seconds of connecting\n"
+            "                 or of its previous response, or it is closed (default 10)\n"
+            "  --idle-timeout S    a connection that sends and receives nothing for S seconds is closed\n"
+            "                 (default 120)\n"
+            "  --max-conn-per-ip N connections one client address may hold at once (default 32)\n"
             "  --drain S      on SIGINT/SIGTERM, let running requests finish for up to S seconds\n"
             "                 (default 30), then cancel them; a second signal cancels at once\n"
             "  --quiet        no log line per request\n"
@@ -57,6 +63,8 @@ static void serve_usage(FILE *f) {
             "  --wire T       boundary states between nodes as f32 (default, exact), f16 or bf16\n"
             "  --receipts F   every stage signs a receipt per step, checked as it arrives and appended to F\n"
             "                 (JSON lines, ringlm receipts verify); a node whose receipt fails is left out\n"
+            "  --node-timeout S  a node that answers nothing for S seconds while a step waits on it is\n"
+            "                 declared dead (default 60; measured from the first unanswered ping)\n"
             "  --audit-rate R audit each finished request with probability R (receipts on): this machine\n"
             "                 recomputes one stage for it (drawn from --audit-seed) and compares within\n"
             "                 --audit-tol (default 0.01); a node that fails is left out of the ring, and\n"
@@ -75,6 +83,7 @@ int cmd_serve(int argc, char **argv) {
     cli_trust trust = {0};
     FILE *rfile = NULL;
     int port = 8080, parallel = 4, ctx = 4096, queue = 16, chunk = 256, drain = 30;
+    int header_timeout = 10, idle_timeout = 120, per_ip = 32;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     unsigned long long max_body = 1u << 20;
     bool quiet = false;
@@ -128,6 +137,12 @@ int cmd_serve(int argc, char **argv) {
             bad = cli_parse_int(v, &draft_n) || draft_n < 1 || draft_n > SCH_MAX_DRAFT;
         } else if (strcmp(a, "--drain") == 0) {
             bad = cli_parse_int(v, &drain) || drain < 0;
+        } else if (strcmp(a, "--header-timeout") == 0) {
+            bad = cli_parse_int(v, &header_timeout) || header_timeout < 1 || header_timeout > 3600;
+        } else if (strcmp(a, "--idle-timeout") == 0) {
+            bad = cli_parse_int(v, &idle_timeout) || idle_timeout < 1 || idle_timeout > 86400;
+        } else if (strcmp(a, "--max-conn-per-ip") == 0) {
+            bad = cli_parse_int(v, &per_ip) || per_ip < 1 || per_ip > 100000;
         } else if (strcmp(a, "--max-body") == 0) {
             bad = cli_parse_u64(v, &max_body) || max_body < 1024;
         } else {
@@ -210,6 +225,7 @@ int cmd_serve(int argc, char **argv) {
         rcfg.opts.audit_rate = trust.audit_rate;
         rcfg.opts.audit_seed = trust.audit_seed;
         rcfg.opts.audit_tol = trust.audit_tol;
+        if (trust.node_timeout > 0) rcfg.opts.dead_s = trust.node_timeout;
         if (draft_dspark) {
             const uint32_t *layers;
             rcfg.opts.n_taps = spec_drafter_taps(&dspark[0], &layers);
@@ -253,6 +269,7 @@ int cmd_serve(int argc, char **argv) {
     http_config hc = {.host = host, .port = port, .api_key = api_key, .body_limit = (size_t)max_body,
                       .model_id = serve_model_id(model), .have_chat = have_chat, .chat_fmt = fmt,
                       .chat_err = chat_err.msg, .max_connections = 64 + 2 * (parallel + queue), .quiet = quiet,
+                      .max_per_ip = per_ip, .header_timeout_s = header_timeout, .idle_timeout_s = idle_timeout,
                       .draft_n = strcmp(draft, "none") != 0 ? draft_n : 0, .draft_k = draft_n,
                       .draft_model = draft_model, .have_draft_model = draft_model, .draft_dspark = draft_dspark,
                       .have_dspark = draft_dspark};
@@ -283,7 +300,7 @@ int cmd_serve(int argc, char **argv) {
             break;
         }
     }
-    sch_cancel_all(&s);
+    sch_abort(&s); /* cancels them, and a ring stops waiting on any node */
     http_wait_idle(&h, 5); /* cancelled streams still send their closing error event */
     http_stop(&h); /* waits for every connection's thread: their requests have all ended now */
     fprintf(stderr, "ringlm serve: stopped\n");

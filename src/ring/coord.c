@@ -93,6 +93,8 @@ int ring_conf_load(ring_conf *c, const char *path, rl_err *err) {
     return rc;
 }
 
+static bool ring_aborted(const ring_coord *rc) { return rc->o.abort && atomic_load(rc->o.abort); }
+
 static int ring_send4(ring_coord *rc, int node, int type, uint64_t step, const rf_header *hh, const void *payload,
                       size_t plen, const void *stamps, size_t slen, const void *extra, size_t elen, rl_err *err);
 static int ring_send(ring_coord *rc, int node, int type, uint64_t step, const rf_header *hh, const void *payload,
@@ -111,10 +113,29 @@ static int ring_send4(ring_coord *rc, int node, int type, uint64_t step, const r
     const void *parts[4] = {hb, payload ? payload : "", stamps ? stamps : "", extra};
     size_t lens[4] = {hl, plen, slen, elen};
     int np = extra ? 4 : stamps ? 3 : 2;
-    /* INFO requests are retried by the caller; everything else waits a while for the link. */
-    int r = type == RF_INFO_REQ || type == RF_PING ? zs_send(rc->nodes[node].sock, parts, lens, np, true, err)
-                                                   : zs_send_wait(rc->nodes[node].sock, parts, lens, np,
-                                                                  (int)(rc->o.dead_s * 1000), err);
+    /* INFO requests are retried by the caller; everything else waits a while for the link, but not past an
+     * abort, nor once the link closed after its handshake (the node died: the frame can never arrive). */
+    int r;
+    if (type == RF_INFO_REQ || type == RF_PING) {
+        r = zs_send(rc->nodes[node].sock, parts, lens, np, true, err);
+    } else {
+        r = -1;
+        for (double waited = 0;; waited += 0.1) {
+            if (zs_wait_writable(rc->nodes[node].sock, 100)) {
+                r = zs_send(rc->nodes[node].sock, parts, lens, np, true, err);
+                break;
+            }
+            zs_monitor_poll(&rc->nodes[node].mon);
+            if (ring_aborted(rc)) {
+                rl_errf(err, "interrupted");
+                break;
+            }
+            if (rc->nodes[node].mon.disconnected || waited >= rc->o.dead_s) {
+                rl_errf(err, "send failed: no connected peer after %.1f s", waited);
+                break;
+            }
+        }
+    }
     free(hb);
     if (r != 0) {
         zs_monitor_poll(&rc->nodes[node].mon);
@@ -144,6 +165,7 @@ static int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const
                 if (watch[i]) {
                     rl_err e2;
                     ring_send(rc, i, RF_PING, 0, NULL, NULL, 0, NULL, 0, &e2);
+                    if (rc->nodes[i].ping_since <= rc->nodes[i].last_seen) rc->nodes[i].ping_since = now;
                 }
             }
         }
@@ -153,7 +175,8 @@ static int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const
             if (rc->nodes[i].mon.disconnected) {
                 return rl_errf(err, "lost node %s: %s", rc->conf.nodes[i].addr, rc->nodes[i].mon.last);
             }
-            if (now - rc->nodes[i].last_seen > rc->o.dead_s) {
+            const ring_node_state *ns = &rc->nodes[i];
+            if (ns->ping_since > ns->last_seen && now - ns->ping_since > rc->o.dead_s) {
                 zs_monitor_poll(&rc->nodes[i].mon);
                 return rl_errf(err, "node %s stopped responding (nothing for %.0f s)%s%s", rc->conf.nodes[i].addr,
                                rc->o.dead_s, rc->nodes[i].mon.last[0] ? ": " : "", rc->nodes[i].mon.last);
@@ -164,7 +187,15 @@ static int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const
         if (zmq_poll(items, rc->conf.n, 100) < 0 && errno != EINTR) {
             return rl_errf(err, "poll failed: %s", zmq_strerror(errno));
         }
-        if (gen_sigint_pending()) return rl_errf(err, "interrupted");
+        if (gen_sigint_pending() || ring_aborted(rc)) return rl_errf(err, "interrupted");
+        /* Waiting on one node's answer (a load, a stream's acknowledgement): its link closing after the
+         * handshake means the answer can never come. */
+        if (only >= 0) {
+            zs_monitor_poll(&rc->nodes[only].mon);
+            if (rc->nodes[only].mon.disconnected) {
+                return rl_errf(err, "lost node %s: %s", rc->conf.nodes[only].addr, rc->nodes[only].mon.last);
+            }
+        }
         for (int i = 0; i < rc->conf.n; i++) {
             if (!(items[i].revents & ZMQ_POLLIN)) continue;
             for (;;) {
@@ -179,13 +210,20 @@ static int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const
                     return rl_errf(err, "node %s sent a malformed frame: %s", rc->conf.nodes[i].addr,
                                    p.n < 2 ? "too few parts" : e2.msg);
                 }
-                /* An ERROR about another ring's frame is not ours: a node that was still sending a broken
-                 * ring's last frame downstream when it broke reports that late, after its send timeout, to
-                 * whichever coordinator now holds our routing id. */
-                if (h->type == RF_ERROR && (h->ring_id == 0 || h->ring_id == rc->ring_id)) {
+                /* A message about another ring's frame is not ours: a receipt a node signed for the ring that
+                 * just broke, or an ERROR from a node that was still sending that ring's last frame downstream
+                 * when it broke, reaches whichever coordinator now holds our routing id. It proves the node
+                 * is alive and nothing else. Ring id 0: about no frame at all (a malformed one). */
+                if (h->ring_id != 0 && h->ring_id != rc->ring_id) {
+                    rc->stale_msgs++;
+                    zs_parts_free(&p);
+                    continue;
+                }
+                if (h->type == RF_ERROR) {
                     cJSON *j = cJSON_ParseWithLength(p.data[1], p.len[1]);
                     const cJSON *msg = j ? cJSON_GetObjectItemCaseSensitive(j, "msg") : NULL;
                     const char *lost = j ? jstr(j, "lost") : NULL;
+                    rc->busy_node = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "busy")) ? i : -1;
                     int dead = -1;
                     for (int k = 0; lost && dead < 0 && k < rc->conf.n; k++) {
                         if (strcmp(rc->conf.nodes[k].addr, lost) == 0) dead = k;
@@ -377,8 +415,11 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
     if (fh_model_hash(m, rc->model_hash, err) != 0) return -1;
     rc->zctx = zmq_ctx_new();
     if (!rc->zctx) return rl_errf(err, "cannot create a ZeroMQ context");
+    /* "coord-<key>-<session>-<connection>": a node serves one session at a time (node.c: node_admit), and
+     * each connection's id is new, so no node's ROUTER ever sees two connections claim one id. */
+    if (rc->o.session == 0) randombytes_buf(&rc->o.session, sizeof rc->o.session);
     char rid[80];
-    snprintf(rid, sizeof rid, "coord-%.16s", id->pk_hex);
+    snprintf(rid, sizeof rid, "coord-%.16s-%016" PRIx64 "-%08x", id->pk_hex, rc->o.session, randombytes_random());
     for (int i = 0; i < conf->n; i++) {
         rc->nodes[i].sock = zs_client(rc->zctx, conf->nodes[i].addr, id, conf->nodes[i].key.curve_pk_z85, rid, err);
         if (!rc->nodes[i].sock) {
@@ -396,18 +437,26 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
         ring_send(rc, i, RF_INFO_REQ, 0, NULL, NULL, 0, NULL, 0, &e2); /* may fail until connected: retried below */
     }
     bool got[PLAN_MAX_NODES] = {0};
+    rl_err busy = {{0}};
     double t0 = gen_mono(), last_send = t0;
     int n_got = 0;
     for (int i = 0; o->exclude && i < conf->n; i++) { /* left out: not asked, planned with no memory */
         if (o->exclude[i]) got[i] = true, n_got++, rc->nodes[i].speed = 1e9;
     }
     while (n_got < conf->n) {
-        if (gen_mono() - t0 > o->connect_s) {
+        if (gen_mono() - t0 > o->connect_s || ring_aborted(rc)) {
+            if (busy.msg[0]) {
+                *err = busy;
+                ring_close(rc);
+                return -1;
+            }
             for (int i = 0; i < conf->n; i++) {
                 if (got[i]) continue;
                 zs_monitor_poll(&rc->nodes[i].mon);
-                rl_errf(err, "node %s did not answer within %.0f s: %s", conf->nodes[i].addr, o->connect_s,
-                        rc->nodes[i].mon.last[0] ? rc->nodes[i].mon.last : "unreachable");
+                bool refused = strstr(rc->nodes[i].mon.last, "refused our key") != NULL;
+                rl_errf(err, "node %s did not answer within %.0f s: %s%s%s", conf->nodes[i].addr, o->connect_s,
+                        rc->nodes[i].mon.last[0] ? rc->nodes[i].mon.last : "unreachable",
+                        refused ? ": start it with --allow " : "", refused ? id->pk_hex : "");
                 break;
             }
             ring_close(rc);
@@ -424,8 +473,15 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
         rf_header h;
         int from;
         rl_err e2;
+        rc->busy_node = -1;
         if (ring_wait(rc, RF_INFO, -1, 0.2, NULL, &from, &p, &h, &e2) != 0) {
             if (strncmp(e2.msg, "no ", 3) == 0) continue; /* just the short timeout */
+            if (rc->busy_node >= 0 && !got[rc->busy_node]) {
+                /* Held by another coordinator. It may be letting go right now (its connection closing as we
+                 * connect): ask again until connect_s, then say who holds it. */
+                busy = e2;
+                continue;
+            }
             *err = e2;
             ring_close(rc);
             return -1;

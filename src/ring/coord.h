@@ -7,6 +7,7 @@
 #ifndef RINGLM_COORD_H
 #define RINGLM_COORD_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -60,6 +61,12 @@ typedef struct ring_opts {
     const bool *exclude;  /* per ring.conf node (or NULL): leave it out of the plan (a node found faulty) */
     int n_taps;           /* DSpark: the target layers whose input stream the stages holding them send back */
     uint32_t taps[16];    /* for RF_SEQ_TAPS sequences (out of band, frame.h TAPS) */
+    /* This coordinator process: nodes serve one coordinator at a time and know it by this (its routing ids
+     * carry it). A server keeps one across re-opens, so its nodes stay its own; 0 = draw one at ring_open. */
+    uint64_t session;
+    /* Set (by another thread) to stop whatever the coordinator waits for: every wait then fails at once with
+     * "interrupted". A server sets it when it stops, so no ring wait outlives it. May be NULL. */
+    const _Atomic bool *abort;
     /* Called with every traversal's receipts once they are checked (receipts on; may be NULL). */
     void (*on_receipts)(void *user, const rcpt_receipt *rs, int n_stages);
     void *on_receipts_user;
@@ -80,7 +87,10 @@ typedef struct ring_node_state {
     zs_monitor mon;
     uint64_t mem_bytes;
     double speed;
-    double last_seen;
+    double last_seen;  /* when its last message arrived */
+    double ping_since; /* when the first ping it has not answered was sent (<= last_seen: none outstanding).
+                        * Silence is measured from here, not from last_seen: an idle ring sends nothing for
+                        * minutes, and a node that said nothing because nobody asked is not dead. */
     bool has_model;   /* holds the whole model file */
     int n_ranges;     /* layer ranges of it the node was streamed before */
     uint32_t range_a[16], range_b[16];
@@ -135,6 +145,8 @@ typedef struct ring_coord {
     int n_pending;
     double traversal_s;
     long traversals;
+    int busy_node;            /* the node whose last ERROR said it serves another coordinator (or -1) */
+    long stale_msgs;          /* messages about an earlier ring's frames, dropped (ring_wait) */
     long taps_dropped;        /* TAPS messages dropped: malformed, duplicated, or from a stage without taps */
     /* Audits: the checked traversals still remembered (a ring buffer), the sequences waiting to be
      * audited, an engine per audited stage (on the coordinator's model file), and what was found. */

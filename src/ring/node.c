@@ -62,8 +62,21 @@ typedef struct node {
     void *router, *next;
     zs_monitor next_mon; /* the downstream link's events, while next is open: a forward stops waiting once it closed */
     char next_addr[128]; /* where next goes */
+    /* The coordinator this node serves: one at a time (docs/ring.md, "One coordinator per ring"). coord_id is
+     * the routing id its latest message came from (replies go there); the owner is that id without its last
+     * "-" field, which is per connection, so one coordinator process that re-opens its ring stays the owner.
+     * The owner lets go when its connection closes (the router's monitor names the fd), and only then may
+     * another coordinator, whatever its key, take the node. */
     char coord_id[256];
     size_t coord_id_len;
+    bool owned;
+    char owner[256];      /* "coord-<key16>-<session>" */
+    int owner_fd;         /* the connection its latest message came in on */
+    char owner_key[72];   /* its key as users write it, and where it connects from */
+    char owner_peer[64];
+    double owner_since;
+    double busy_logged;   /* the last refusal logged (one per 10 s) */
+    zs_monitor router_mon;
     uint64_t cur_ring; /* ring_id of the frame being handled; replies carry it, so a coordinator can tell an
                         * error about an earlier ring's frame (sent late) from one about its own */
     node_model models[NODE_MAX_MODELS];
@@ -459,7 +472,7 @@ static void node_assign(node *n, uint64_t step, const char *json, size_t len) {
             node_error(n, step, "upstream key: %s", err.msg);
             goto done;
         }
-        zs_auth_allow(&n->auth, up.curve_pk, "upstream");
+        zs_auth_allow(&n->auth, up.curve_pk, "upstream", up.pk_hex);
     }
     node_close_next(n);
     if (cJSON_IsObject(next)) {
@@ -469,8 +482,10 @@ static void node_assign(node *n, uint64_t step, const char *json, size_t len) {
             node_error(n, step, "ASSIGN's next hop lacks addr or a valid pubkey");
             goto done;
         }
+        /* A routing id of this connection's own: the next stage's ROUTER then never sees two connections
+         * claim one id (a re-assigned ring connects again while the old link may still be registered). */
         char rid[80];
-        snprintf(rid, sizeof rid, "node-%.16s", n->o->id.pk_hex);
+        snprintf(rid, sizeof rid, "node-%.16s-%08x", n->o->id.pk_hex, randombytes_random());
         n->next = zs_client(n->zctx, addr, &n->o->id, down.curve_pk_z85, rid, &err);
         snprintf(n->next_addr, sizeof n->next_addr, "%s", addr);
         if (!n->next) {
@@ -716,7 +731,12 @@ static void node_send_receipt(node *n, const rf_header *h, const uint8_t nonce[3
 #ifdef RINGLM_ADVERSARY
     node_adv_replay(n, &send, &packed_len);
 #endif
+    /* The header names the receipt's own ring, not the frame being handled now: a receipt flushed as the
+     * next coordinator's first message arrives belongs to the ring that sent the frame. */
+    uint64_t cur = n->cur_ring;
+    n->cur_ring = h->ring_id;
     node_reply(n, RF_RECEIPT, h->step_id, send, packed_len);
+    n->cur_ring = cur;
 }
 
 /* Signs and sends every pending receipt, oldest first, and files the frames in the audit log.
@@ -1010,6 +1030,105 @@ static void node_fetch_end(node *n, uint64_t step, const zs_parts *p) {
     node_reply(n, RF_READY, step, "{\"fetched\":true}", 16);
 }
 
+/* ---- one coordinator at a time ------------------------------------------------------------------ */
+
+static double node_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* The owner part of a coordinator's routing id: all but its last "-" field (coord.c: ring_routing_id). */
+static size_t node_owner_len(const char *id, size_t len) {
+    for (size_t i = len; i > 0; i--) {
+        if (id[i - 1] == '-') return i - 1;
+    }
+    return len;
+}
+
+/* Connections that closed: the owner's closing frees the node. Drained before every coordinator message,
+ * so a successor that connects right after the owner's exit finds the node free. */
+static void node_watch_owner(node *n) {
+    if (!n->router_mon.pair) return;
+    zs_monitor_poll(&n->router_mon);
+    for (int i = 0; i < n->router_mon.n_gone; i++) {
+        if (n->owned && n->router_mon.gone_fd[i] == n->owner_fd) {
+            node_log(n, "coordinator %.16s... (%s) disconnected; another may take this node now", n->owner_key,
+                     n->owner_peer);
+            n->owned = false;
+        }
+    }
+    n->router_mon.n_gone = 0;
+}
+
+/* Message types only a coordinator sends. FORWARD and FREE come from the coordinator too when this is
+ * stage 0, else from the upstream node: those are told apart by their routing id (coordinators' start
+ * "coord-", upstream nodes' "node-"). */
+static bool node_from_coordinator(const zs_parts *p, const rf_header *h) {
+    switch (h->type) {
+    case RF_INFO_REQ: case RF_ASSIGN: case RF_PING: case RF_AUDIT_REQ:
+    case RF_FETCH_BEGIN: case RF_FETCH_DATA: case RF_FETCH_END: return true;
+    default: return p->len[0] >= 6 && memcmp(p->data[0], "coord-", 6) == 0;
+    }
+}
+
+/* A coordinator's message: true if this node serves it (taking the node if it is free), else false after
+ * answering it with an ERROR that names the coordinator the node serves. */
+static bool node_admit(node *n, const zs_parts *p, const rf_header *h) {
+    node_watch_owner(n);
+    size_t ol = node_owner_len(p->data[0], p->len[0]);
+    bool mine = n->owned && ol == strlen(n->owner) && memcmp(p->data[0], n->owner, ol) == 0;
+    /* Only an INFO request takes a free node: every ring_open starts with one. Anything else from a
+     * coordinator that is not the owner may be a message its connection delivered just before it closed,
+     * read after the close freed the node: taking the node on it would hold it for a dead coordinator. */
+    if (!n->owned && h->type == RF_INFO_REQ) {
+        n->owned = true;
+        snprintf(n->owner, sizeof n->owner, "%.*s", (int)(ol < sizeof n->owner ? ol : sizeof n->owner - 1),
+                 (const char *)p->data[0]);
+        snprintf(n->owner_key, sizeof n->owner_key, "%s", p->user[0] ? p->user : "(unknown key)");
+        snprintf(n->owner_peer, sizeof n->owner_peer, "%s", p->peer[0] ? p->peer : "?");
+        n->owner_since = node_now();
+        node_log(n, "serving coordinator %.16s... from %s", n->owner_key, n->owner_peer);
+        mine = true;
+    }
+    if (mine) {
+        n->owner_fd = p->fd;
+        n->coord_id_len = p->len[0] < sizeof n->coord_id ? p->len[0] : sizeof n->coord_id; /* replies go there */
+        memcpy(n->coord_id, p->data[0], n->coord_id_len);
+        return true;
+    }
+    char msg[600];
+    bool same_key = strcmp(p->user, n->owner_key) == 0;
+    if (!n->owned) {
+        snprintf(msg, sizeof msg, "serves no coordinator now (its coordinator's connection closed): open the ring again");
+    } else {
+        snprintf(msg, sizeof msg,
+                 "in use by another coordinator%s (key %.16s..., from %s, for %.0f s): a ring serves one coordinator at "
+                 "a time; stop that one, or wait until it closes its ring",
+                 same_key ? " process with the same key" : "", n->owner_key, n->owner_peer, node_now() - n->owner_since);
+    }
+    double now = node_now();
+    if (n->owned && now - n->busy_logged >= 10) {
+        n->busy_logged = now;
+        node_log(n, "refused coordinator %.16s... from %s: %s", p->user[0] ? p->user : "?", p->peer, msg);
+    }
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "msg", msg);
+    cJSON_AddStringToObject(j, "node", n->o->listen);
+    if (n->owned) cJSON_AddBoolToObject(j, "busy", true);
+    char *js = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    rf_header eh = {.type = RF_ERROR, .ring_id = h->ring_id, .step_id = h->step_id, .payload_bytes = js ? strlen(js) : 0};
+    uint8_t hb[64];
+    rf_header_encode(&eh, hb);
+    const void *parts[3] = {p->data[0], hb, js ? js : ""};
+    size_t lens[3] = {p->len[0], rf_header_size(0), js ? strlen(js) : 0};
+    rl_err e2;
+    zs_send(n->router, parts, lens, 3, true, &e2); /* a refused peer that already left: nothing to do */
+    free(js);
+    return false;
+}
+
 /* ---- main loop --------------------------------------------------------------------------------- */
 
 static bool node_stop_pending(void) {
@@ -1031,9 +1150,13 @@ int node_run(const node_opts *o, rl_err *err) {
         goto done_free;
     }
     if (zs_auth_start(&n->auth, n->zctx, err) != 0) goto done_ctx;
-    for (int i = 0; i < o->n_allow; i++) zs_auth_allow(&n->auth, o->allow[i].curve_pk, "coordinator");
+    for (int i = 0; i < o->n_allow; i++) zs_auth_allow(&n->auth, o->allow[i].curve_pk, "coordinator", o->allow[i].pk_hex);
     n->router = zs_server(n->zctx, o->listen, &o->id, err);
     if (!n->router) goto done_auth;
+    if (zs_monitor_start(&n->router_mon, n->zctx, n->router, "router", err) != 0) {
+        zmq_close(n->router);
+        goto done_auth;
+    }
     const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     if (o->cache_dir) snprintf(n->cache_dir, sizeof n->cache_dir, "%s", o->cache_dir);
     else if (xdg) snprintf(n->cache_dir, sizeof n->cache_dir, "%s/ringlm/node-%.16s", xdg, o->id.pk_hex);
@@ -1087,10 +1210,10 @@ int node_run(const node_opts *o, rl_err *err) {
                 continue;
             }
             n->cur_ring = h->ring_id;
-            if (h->type == RF_INFO_REQ || h->type == RF_ASSIGN || h->type == RF_PING || h->type == RF_FETCH_BEGIN) {
-                /* Only a coordinator sends these; remember where to send results and errors. */
-                n->coord_id_len = p.len[0] < sizeof n->coord_id ? p.len[0] : sizeof n->coord_id;
-                memcpy(n->coord_id, p.data[0], n->coord_id_len);
+            if (node_from_coordinator(&p, h) && !node_admit(n, &p, h)) { /* another coordinator's: refused */
+                free(h);
+                zs_parts_free(&p);
+                continue;
             }
             switch (h->type) {
             case RF_INFO_REQ: node_info(n); break;
@@ -1122,6 +1245,8 @@ done_sock:
     free(n->adv_old);
 #endif
     node_close_next(n);
+    zmq_socket_monitor(n->router, NULL, 0);
+    zs_monitor_stop(&n->router_mon);
     zmq_close(n->router);
 done_auth:
     zs_auth_stop(&n->auth);

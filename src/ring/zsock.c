@@ -4,10 +4,42 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <zmq.h>
 
 /* ---- ZAP: the ZeroMQ authentication protocol (RFC 27), one handler per context -------------------- */
+
+static double zs_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* "refused a connection from ADDR: key ... is not allowed", naming the key the way keygen printed it (the
+ * two keys the CURVE key can come from: trust/keys.h); once per key per 10 s. */
+static void zs_auth_log_refusal(zs_auth *a, const char *addr, const uint8_t key[32]) {
+    double now = zs_now();
+    if (memcmp(a->last_refused, key, 32) == 0 && now - a->last_refused_t < 10) {
+        a->refused_quiet++;
+        return;
+    }
+    memcpy(a->last_refused, key, 32);
+    a->last_refused_t = now;
+    char names[2][65];
+    int n = rk_curve_to_names(key, names);
+    char more[64] = "";
+    if (a->refused_quiet) snprintf(more, sizeof more, " (%ld more refusals before this one)", a->refused_quiet);
+    a->refused_quiet = 0;
+    if (n == 2) {
+        fprintf(stderr, "ringlm: refused a connection from %s: its key %s is not in --allow (or %.62s%s: the "
+                        "handshake cannot tell these two apart)%s\n", addr, names[0], names[1], names[1] + 62, more);
+    } else {
+        char z85[41];
+        zmq_z85_encode(z85, key, 32);
+        fprintf(stderr, "ringlm: refused a connection from %s: its CURVE key %s is no ringlm key%s\n", addr, z85, more);
+    }
+}
 
 static void *zs_auth_main(void *arg) {
     zs_auth *a = arg;
@@ -38,29 +70,28 @@ static void *zs_auth_main(void *arg) {
         }
         (void)p;
         const char *status = "400", *text = "unknown key";
-        char addr[64] = "?";
+        char addr[64] = "?", user[65] = "";
         if (n >= 7 && zmq_msg_size(&f[5]) == 5 && memcmp(zmq_msg_data(&f[5]), "CURVE", 5) == 0 &&
             zmq_msg_size(&f[6]) == 32) {
             const uint8_t *key = zmq_msg_data(&f[6]);
             pthread_mutex_lock(&a->allow.mu);
             for (int i = 0; i < a->allow.n; i++) {
-                if (memcmp(a->allow.curve_pk[i], key, 32) == 0) status = "200", text = "OK";
+                if (memcmp(a->allow.curve_pk[i], key, 32) == 0) {
+                    status = "200", text = "OK";
+                    snprintf(user, sizeof user, "%s", a->allow.name[i]);
+                }
             }
             pthread_mutex_unlock(&a->allow.mu);
             size_t al = zmq_msg_size(&f[3]) < sizeof addr - 1 ? zmq_msg_size(&f[3]) : sizeof addr - 1;
             memcpy(addr, zmq_msg_data(&f[3]), al);
             addr[al] = 0;
-            if (status[0] != '2' && a->log) {
-                char z85[41];
-                zmq_z85_encode(z85, key, 32);
-                fprintf(stderr, "ringlm: refused a connection from %s: unknown key (CURVE %s)\n", addr, z85);
-            }
+            if (status[0] != '2' && a->log) zs_auth_log_refusal(a, addr, key);
         } else if (a->log) {
             fprintf(stderr, "ringlm: refused a connection that did not use CURVE\n");
         }
         /* Reply: version, request_id, status code, status text, user id, metadata. */
-        const void *parts[6] = {"1.0", n >= 2 ? zmq_msg_data(&f[1]) : "", status, text, "", ""};
-        size_t lens[6] = {3, n >= 2 ? zmq_msg_size(&f[1]) : 0, 3, strlen(text), 0, 0};
+        const void *parts[6] = {"1.0", n >= 2 ? zmq_msg_data(&f[1]) : "", status, text, user, ""};
+        size_t lens[6] = {3, n >= 2 ? zmq_msg_size(&f[1]) : 0, 3, strlen(text), strlen(user), 0};
         for (int i = 0; i < 6; i++) zmq_send(a->rep, parts[i], lens[i], i < 5 ? ZMQ_SNDMORE : 0);
         for (int i = 0; i < n; i++) zmq_msg_close(&f[i]);
     }
@@ -93,13 +124,14 @@ void zs_auth_stop(zs_auth *a) {
     pthread_mutex_destroy(&a->allow.mu);
 }
 
-void zs_auth_allow(zs_auth *a, const uint8_t curve_pk[32], const char *label) {
+void zs_auth_allow(zs_auth *a, const uint8_t curve_pk[32], const char *label, const char *name) {
     pthread_mutex_lock(&a->allow.mu);
     bool have = false;
     for (int i = 0; i < a->allow.n; i++) have |= memcmp(a->allow.curve_pk[i], curve_pk, 32) == 0;
     if (!have && a->allow.n < ZS_MAX_ALLOW) {
         memcpy(a->allow.curve_pk[a->allow.n], curve_pk, 32);
         snprintf(a->allow.label[a->allow.n], sizeof a->allow.label[0], "%s", label);
+        snprintf(a->allow.name[a->allow.n], sizeof a->allow.name[0], "%s", name ? name : "");
         a->allow.n++;
     }
     pthread_mutex_unlock(&a->allow.mu);
@@ -112,6 +144,7 @@ void zs_auth_forget(zs_auth *a, const char *label) {
         if (strcmp(a->allow.label[i], label) == 0) continue;
         memmove(a->allow.curve_pk[k], a->allow.curve_pk[i], 32);
         memmove(a->allow.label[k], a->allow.label[i], sizeof a->allow.label[0]);
+        memmove(a->allow.name[k], a->allow.name[i], sizeof a->allow.name[0]);
         k++;
     }
     a->allow.n = k;
@@ -143,9 +176,10 @@ void *zs_server(void *zctx, const char *host_port, const rk_identity *id, rl_err
     zmq_setsockopt(s, ZMQ_ZAP_DOMAIN, "ringlm", 6);
     zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &max, sizeof max);
     zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
-    /* A peer that reconnects (a re-assigned upstream, a new coordinator run) reuses its routing id: let the
-     * new connection take it over instead of being refused while the old one is still registered. */
-    zmq_setsockopt(s, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
+    /* No ZMQ_ROUTER_HANDOVER: every client socket has a routing id of its own (zs_client's callers make
+     * them unique), so no connection ever takes over another's. Handing a live pipe to a new connection is
+     * what aborted nodes inside libzmq 4.3.4 (stream_engine_base.cpp:331, !_io_error) when two coordinator
+     * processes with one key took turns on the same routing id (docs/ring.md). */
     char ep[300];
     snprintf(ep, sizeof ep, "tcp://%s", host_port);
     if (zmq_bind(s, ep) != 0) {
@@ -203,6 +237,7 @@ int zs_send_wait(void *sock, const void *const *data, const size_t *len, int n, 
 
 int zs_recv(void *sock, zs_parts *p, rl_err *err) {
     memset(p, 0, sizeof *p);
+    p->fd = -1;
     int more = 1;
     while (more) {
         zmq_msg_t m;
@@ -214,6 +249,13 @@ int zs_recv(void *sock, zs_parts *p, rl_err *err) {
             return rl_errf(err, "receive failed: %s", zmq_strerror(errno));
         }
         more = zmq_msg_more(&m);
+        /* A ROUTER's routing id part is made locally: the connection's metadata comes with the parts after it. */
+        if (p->fd < 0) p->fd = zmq_msg_get(&m, ZMQ_SRCFD);
+        if (!p->user[0] || !p->peer[0]) {
+            const char *u = zmq_msg_gets(&m, "User-Id"), *a = zmq_msg_gets(&m, "Peer-Address");
+            if (u && !p->user[0]) snprintf(p->user, sizeof p->user, "%s", u);
+            if (a && !p->peer[0]) snprintf(p->peer, sizeof p->peer, "%s", a);
+        }
         if (p->n < 5) {
             p->len[p->n] = zmq_msg_size(&m);
             p->data[p->n] = malloc(p->len[p->n] + 1);
@@ -274,11 +316,17 @@ void zs_monitor_poll(zs_monitor *m) {
             memcpy(&val, (char *)zmq_msg_data(&a) + 2, 4);
         }
         switch (ev) {
+        case ZMQ_EVENT_CONNECTED:
+            m->tcp_up = true;
+            m->shaken = false;
+            break;
         case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
-            snprintf(m->last, sizeof m->last, "it refused our key (status %u): start it with --allow <our key>", val);
+            m->failed = true, m->hs_failures++;
+            snprintf(m->last, sizeof m->last, "it refused our key (status %u)", val);
             break;
         case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
         case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+            m->failed = true, m->hs_failures++;
             /* CURVE reports a message that fails authentication (altered on the way) the same way. */
             snprintf(m->last, sizeof m->last,
                      "the encrypted link failed (its key is not the one in ring.conf, or the stream was altered)");
@@ -288,11 +336,25 @@ void zs_monitor_poll(zs_monitor *m) {
             break;
         case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
             m->last[0] = 0;
-            m->disconnected = false;
+            m->disconnected = m->failed = false;
+            m->shaken = true;
             break;
         case ZMQ_EVENT_DISCONNECTED:
-            m->disconnected = true;
-            snprintf(m->last, sizeof m->last, "its connection closed (the process died or the network dropped)");
+            if (m->n_gone < (int)(sizeof m->gone_fd / sizeof m->gone_fd[0])) m->gone_fd[m->n_gone++] = (int)val;
+            if (m->failed) {
+                /* keep the handshake's own reason */
+            } else if (m->tcp_up && !m->shaken) {
+                /* The server dropped us mid-handshake without an ERROR: CURVE servers do that to a client
+                 * whose HELLO is not sealed for their key. */
+                m->failed = true;
+                snprintf(m->last, sizeof m->last,
+                         "it closed the connection during the encrypted handshake: the key ring.conf gives for it is "
+                         "not its key (`ringlm node` prints its key at start), or it is no ringlm node");
+            } else {
+                m->disconnected = true;
+                snprintf(m->last, sizeof m->last, "its connection closed (the process died or the network dropped)");
+            }
+            m->tcp_up = m->shaken = false;
             break;
         default:
             break;

@@ -21,6 +21,7 @@ typedef struct zs_allowlist {
     int n;
     uint8_t curve_pk[ZS_MAX_ALLOW][32];
     char label[ZS_MAX_ALLOW][24]; /* "coordinator", "upstream" */
+    char name[ZS_MAX_ALLOW][65];  /* the key as users write it (Ed25519 hex): a message's "User-Id" */
 } zs_allowlist;
 
 /* The ZAP handler thread for one ZeroMQ context. */
@@ -31,11 +32,16 @@ typedef struct zs_auth {
     void *rep;
     bool running;
     bool log;
+    /* Refusals are logged once per key per 10 s (a refused peer retries every 100 ms); the rest counted. */
+    uint8_t last_refused[32];
+    double last_refused_t;
+    long refused_quiet;
 } zs_auth;
 
 int zs_auth_start(zs_auth *a, void *zctx, rl_err *err);
 void zs_auth_stop(zs_auth *a);
-void zs_auth_allow(zs_auth *a, const uint8_t curve_pk[32], const char *label);
+/* name: the key's Ed25519 hex, which the peer's messages then carry (zs_parts.user). */
+void zs_auth_allow(zs_auth *a, const uint8_t curve_pk[32], const char *label, const char *name);
 /* Removes every key with this label (e.g. the previous upstream neighbour). */
 void zs_auth_forget(zs_auth *a, const char *label);
 
@@ -50,6 +56,9 @@ typedef struct zs_parts {
     int n;
     void *data[5];
     size_t len[5];
+    int fd;          /* the connection it came in on (ZMQ_SRCFD; -1 if unknown): a monitor's DISCONNECTED names it */
+    char user[72];   /* the sender's key as users write it (zs_auth_allow's name), or "" */
+    char peer[64];   /* the sender's IP address, or "" */
 } zs_parts;
 
 int zs_send(void *sock, const void *const *data, const size_t *len, int n, bool dontwait, rl_err *err);
@@ -61,11 +70,20 @@ bool zs_wait_writable(void *sock, int timeout_ms);
 int zs_recv(void *sock, zs_parts *p, rl_err *err); /* non-blocking: returns 1 when nothing is waiting */
 void zs_parts_free(zs_parts *p);
 
-/* Describes why a client socket's connection failed, if a monitor event says so (else ""). */
+/* Describes why a client socket's connection failed, if a monitor event says so (else ""). A handshake's
+ * failure stays the reason through the disconnect and retries that follow it, until a handshake succeeds:
+ * "it refused our key" must not turn into "its connection closed". On a server socket it collects the
+ * connections that closed (gone_fd), so the owner of a connection learns it is gone. */
 typedef struct zs_monitor {
     void *pair;
-    char last[160];
+    char last[200];
     bool disconnected; /* the peer's connection closed since the last successful handshake */
+    bool tcp_up;       /* a TCP connection is up (its handshake may not be done) */
+    bool shaken;       /* the current connection's handshake succeeded */
+    bool failed;       /* a handshake failed since the last one that succeeded: last says how */
+    int gone_fd[32];   /* server sockets: fds of connections closed since the caller last looked */
+    int n_gone;
+    long hs_failures;  /* server sockets: handshakes that failed (a peer with a wrong key for us) */
 } zs_monitor;
 int zs_monitor_start(zs_monitor *m, void *zctx, void *sock, const char *name, rl_err *err);
 void zs_monitor_poll(zs_monitor *m); /* drains events, keeps a description of the last failure */

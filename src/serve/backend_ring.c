@@ -11,6 +11,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 /* A scheduler slot's sequence on the ring. */
 typedef struct ring_slot {
     uint64_t seq_id;   /* 0: nothing on the ring */
@@ -50,6 +52,7 @@ typedef struct sch_ring {
     bool taps;                    /* set_taps: entries with `taps` travel with RF_SEQ_TAPS */
     float *feat;                  /* the step's features, token-major per entry (sch_step.feat) */
     size_t feat_cap;              /* floats */
+    _Atomic bool abort;           /* set by ring_be_abort (another thread): every ring wait fails at once */
 } sch_ring;
 
 /* How long the TCP probe waits for a node that neither accepts nor refuses (a host that is off). */
@@ -603,6 +606,11 @@ static int ring_be_nodes(void *impl, sch_node_stat *out, int max) {
     return k;
 }
 
+static void ring_be_abort(void *impl) {
+    sch_ring *B = impl;
+    atomic_store(&B->abort, true);
+}
+
 static void ring_be_free(void *impl) {
     sch_ring *B = impl;
     if (!B) return;
@@ -627,6 +635,9 @@ int sch_backend_ring(sch_backend *be, const sch_ring_config *cfg, rl_err *err) {
     B->cfg = *cfg;
     B->cfg.opts.on_receipts = ring_on_receipts;
     B->cfg.opts.on_receipts_user = B;
+    B->cfg.opts.abort = &B->abort;
+    /* One session for the server's life: its nodes stay its own across re-opens (coord.h, session). */
+    if (B->cfg.opts.session == 0) randombytes_buf(&B->cfg.opts.session, sizeof B->cfg.opts.session);
     B->next_seq = 1;
     B->rc = calloc(1, sizeof *B->rc);
     B->slots = calloc((size_t)cfg->n_slots, sizeof *B->slots);
@@ -651,6 +662,7 @@ int sch_backend_ring(sch_backend *be, const sch_ring_config *cfg, rl_err *err) {
     be->free = ring_be_free;
     be->idle = ring_be_idle;
     be->set_taps = ring_be_set_taps;
+    be->abort = ring_be_abort;
     if (cfg->opts.receipts || cfg->opts.audit_rate > 0) be->receipts = ring_be_receipts;
     return 0;
 }

@@ -82,15 +82,57 @@ static int http_conn_fd(struct MHD_Connection *c) {
     return ci ? ci->connect_fd : -1;
 }
 
+/* Length of the valid UTF-8 sequence at s (1-4), or 0 if the bytes there are not one (overlong forms,
+ * surrogates and code points above U+10FFFF included). */
+static size_t http_utf8_len(const unsigned char *s, size_t left) {
+    unsigned c = s[0];
+    if (c < 0x80) return 1;
+    size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    if (n == 0 || n > left) return 0;
+    for (size_t i = 1; i < n; i++) {
+        if ((s[i] & 0xc0) != 0x80) return 0;
+    }
+    if (c == 0xe0 && s[1] < 0xa0) return 0; /* overlong */
+    if (c == 0xed && s[1] >= 0xa0) return 0; /* surrogate */
+    if (c == 0xf0 && s[1] < 0x90) return 0; /* overlong */
+    if (c == 0xf4 && s[1] >= 0x90) return 0; /* above U+10FFFF */
+    return n;
+}
+
+/* Text that came from a client, made safe to show. For a JSON body (log = false) every byte that is not
+ * valid UTF-8 becomes U+FFFD, so a client's JSON parser never meets invalid text (cJSON escapes control
+ * characters itself). For the log (log = true) control characters and invalid bytes become \xNN, so no
+ * request can write a line, an escape sequence or binary into the server's log. Cuts at out_size. */
+static void http_clean(const char *in, char *out, size_t out_size, bool log) {
+    const unsigned char *s = (const unsigned char *)in;
+    size_t n = strlen(in), o = 0;
+    for (size_t i = 0; i < n && o + 5 < out_size;) {
+        size_t k = http_utf8_len(s + i, n - i);
+        if (k == 1 && log && (s[i] < 0x20 || s[i] == 0x7f)) {
+            o += (size_t)snprintf(out + o, out_size - o, "\\x%02x", s[i]);
+            i++;
+        } else if (k == 0) {
+            if (log) o += (size_t)snprintf(out + o, out_size - o, "\\x%02x", s[i]);
+            else memcpy(out + o, "\xef\xbf\xbd", 3), o += 3;
+            i++;
+        } else {
+            memcpy(out + o, s + i, k);
+            o += k, i += k;
+        }
+    }
+    out[o < out_size ? o : out_size - 1] = 0;
+}
+
 static void http_log(const http_server *h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void http_log(const http_server *h, const char *fmt, ...) {
     if (h->cfg.quiet) return;
-    char line[1024];
+    char line[1024], clean[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "ringlm serve: %s\n", line);
+    http_clean(line, clean, sizeof clean, true);
+    fprintf(stderr, "ringlm serve: %s\n", clean);
 }
 
 /* ---- responses ---------------------------------------------------------------------------------------- */
@@ -186,7 +228,9 @@ static int http_failf(http_fail *f, int status, const char *type, const char *co
 
 static enum MHD_Result http_send_fail(http_conn *hc, struct MHD_Connection *c, const http_fail *f) {
     struct MHD_Response *r;
-    cJSON *j = http_error_json(f->msg, f->type, f->param[0] ? f->param : NULL, f->code);
+    char msg[sizeof f->msg * 3 / 2]; /* messages quote what the client sent: never echo invalid UTF-8 */
+    http_clean(f->msg, msg, sizeof msg, false);
+    cJSON *j = http_error_json(msg, f->type, f->param[0] ? f->param : NULL, f->code);
     char *s = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     if (!s) return MHD_NO;
@@ -770,6 +814,22 @@ static void http_stream_free(void *cls) {
 
 /* ---- the completion endpoints ------------------------------------------------------------------------- */
 
+/* Where the JSON text holds a NUL: a raw 0 byte, or a \u0000 escape (a backslash that is not itself
+ * escaped, then u0000 in any case). NULL if none. */
+static const char *http_find_nul(const char *b, size_t n) {
+    if (!b) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (b[i] == 0) return b + i;
+        if (b[i] != '\\') continue;
+        if (i + 5 < n && (b[i + 1] == 'u' || b[i + 1] == 'U') && b[i + 2] == '0' && b[i + 3] == '0' && b[i + 4] == '0' &&
+            b[i + 5] == '0') {
+            return b + i;
+        }
+        i++; /* the escaped character: "\\u0000" is a backslash, then text */
+    }
+    return NULL;
+}
+
 static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, bool chat) {
     http_server *h = hc->h;
     http_fail f = {0};
@@ -778,8 +838,17 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
     sch_request *r = NULL;
     rl_err err = {{0}};
     const char *perr = NULL;
+    /* cJSON's strings end at their first NUL, so a "\u0000" would cut a prompt or a name short without a
+     * word: refuse it (and a raw NUL byte, which JSON never allows) rather than run a different request. */
+    cJSON *j = NULL;
+    const char *nul = http_find_nul(hc->body.p, hc->body.len);
+    if (nul) {
+        BAD(&f, NULL, "the body contains a NUL character (%s at byte %zu): strings with NUL are not accepted",
+            *nul ? "\\u0000" : "a raw NUL byte", (size_t)(nul - hc->body.p));
+        goto fail;
+    }
     /* hb_add keeps the body NUL-terminated; counting the NUL lets cJSON refuse trailing garbage. */
-    cJSON *j = cJSON_ParseWithLengthOpts(hc->body.p ? hc->body.p : "", hc->body.len + 1, &perr, true);
+    j = cJSON_ParseWithLengthOpts(hc->body.p ? hc->body.p : "", hc->body.len + 1, &perr, true);
     if (!j) {
         size_t at = perr && hc->body.p ? (size_t)(perr - hc->body.p) : 0;
         BAD(&f, NULL, "the body is not valid JSON (error near byte %zu)", at);
@@ -994,9 +1063,13 @@ static enum MHD_Result http_metrics(http_conn *hc, struct MHD_Connection *c) {
     pthread_mutex_lock(&h->mu);
     memcpy(codes, h->codes, sizeof codes);
     memcpy(counts, h->counts, sizeof counts);
+    uint64_t header_timeouts = h->header_timeouts;
     pthread_mutex_unlock(&h->mu);
 
     http_buf b = {0};
+    http_family(&b, "ringlm_http_header_timeouts_total", "counter",
+                "Connections closed for sending no complete request headers in time (--header-timeout).");
+    hb_printf(&b, "ringlm_http_header_timeouts_total %llu\n", (unsigned long long)header_timeouts);
     http_family(&b, "ringlm_http_requests_total", "counter", "HTTP requests answered, by endpoint and status code.");
     for (int e = 0; e < HTTP_EP_COUNT; e++) {
         for (int i = 0; i < HTTP_MAX_CODES && codes[i]; i++) {
@@ -1143,6 +1216,8 @@ static enum MHD_Result http_get(http_conn *hc, struct MHD_Connection *c, const c
     }
 }
 
+static void http_sock_mark(http_server *h, struct MHD_Connection *c, bool in_request);
+
 /* The nice value of connection threads (see http_handle). */
 #define HTTP_THREAD_NICE 10
 
@@ -1167,6 +1242,7 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *c, const ch
         hc->h = h;
         hc->ep = http_route(url);
         *con_cls = hc;
+        http_sock_mark(h, c, true);
         pthread_mutex_lock(&h->mu);
         h->inflight++;
         pthread_mutex_unlock(&h->mu);
@@ -1193,6 +1269,13 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *c, const ch
                                    "missing or wrong API key: send the header \"Authorization: Bearer KEY\"");
         }
         if (!post) return http_get(hc, c, url);
+        /* RFC 9112 6.1: a request whose Transfer-Encoding is not exactly "chunked" cannot be framed; it gets
+         * 400 now (MHD would otherwise wait for a body it cannot delimit). */
+        const char *te = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding");
+        if (te && strcasecmp(te, "chunked") != 0) {
+            return http_send_error(hc, c, 400, "invalid_request_error", "bad_transfer_encoding", NULL,
+                                   "Transfer-Encoding '%s' is not supported: send the body as is or chunked", te);
+        }
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > h->cfg.body_limit) {
             return http_send_error(hc, c, 413, "invalid_request_error", "request_too_large", NULL,
@@ -1217,12 +1300,100 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *c, const ch
     return http_completion(hc, c, hc->ep == HTTP_EP_CHAT);
 }
 
+/* ---- the header deadline (slowloris) ------------------------------------------------------------------ */
+
+typedef struct http_sock {
+    int fd;
+    double since;        /* when it connected, or when its last response ended */
+    bool in_request;     /* its headers are in: the deadline does not apply until the response ends */
+    bool shut;           /* shut down by the watchdog already */
+    struct http_sock *prev, *next;
+} http_sock;
+
+static double http_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static http_sock *http_sock_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* MHD calls this as a connection opens and as it closes (before its socket is closed, so the watchdog,
+ * holding mu, never shuts down an fd that already belongs to another connection). */
+static void http_notify_conn(void *cls, struct MHD_Connection *c, void **socket_context,
+                             enum MHD_ConnectionNotificationCode code) {
+    http_server *h = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        http_sock *k = calloc(1, sizeof *k);
+        if (!k) return; /* then it has no deadline, only MHD's idle timeout */
+        k->fd = http_conn_fd(c);
+        k->since = http_now();
+        pthread_mutex_lock(&h->mu);
+        k->next = h->socks;
+        if (h->socks) h->socks->prev = k;
+        h->socks = k;
+        pthread_mutex_unlock(&h->mu);
+        *socket_context = k;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context) {
+        http_sock *k = *socket_context;
+        pthread_mutex_lock(&h->mu);
+        if (k->prev) k->prev->next = k->next;
+        else h->socks = k->next;
+        if (k->next) k->next->prev = k->prev;
+        pthread_mutex_unlock(&h->mu);
+        free(k);
+        *socket_context = NULL;
+    }
+}
+
+static void http_sock_mark(http_server *h, struct MHD_Connection *c, bool in_request) {
+    http_sock *k = http_sock_of(c);
+    if (!k) return;
+    pthread_mutex_lock(&h->mu);
+    k->in_request = in_request;
+    k->since = http_now();
+    pthread_mutex_unlock(&h->mu);
+}
+
+static void *http_watchdog(void *arg) {
+    http_server *h = arg;
+    pthread_mutex_lock(&h->mu);
+    while (h->watching) {
+        double now = http_now();
+        long shut = 0;
+        for (http_sock *k = h->socks; k; k = k->next) {
+            if (k->in_request || k->shut || now - k->since < h->cfg.header_timeout_s) continue;
+            shutdown(k->fd, SHUT_RDWR); /* its thread sees the end of the stream and closes it */
+            k->shut = true;
+            shut++;
+        }
+        if (shut && h->header_timeouts == 0) {
+            pthread_mutex_unlock(&h->mu);
+            http_log(h, "closed %ld connection(s) that sent no complete request headers within %.0f s (later "
+                        "ones are counted in /metrics)", shut, h->cfg.header_timeout_s);
+            pthread_mutex_lock(&h->mu);
+        }
+        h->header_timeouts += (uint64_t)shut;
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_nsec += 200 * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&h->idle, &h->mu, &dl);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
 /* Called once a response is completely sent, or the connection died: the request is over. */
 static void http_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)c, (void)toe;
+    (void)toe;
     http_server *h = cls;
     http_conn *hc = *con_cls;
     if (!hc) return;
+    http_sock_mark(h, c, false); /* a kept-alive connection has header_timeout_s for its next request */
     pthread_mutex_lock(&h->mu);
     if (--h->inflight == 0) pthread_cond_broadcast(&h->idle);
     pthread_mutex_unlock(&h->mu);
@@ -1261,6 +1432,9 @@ int http_start(http_server *h, const http_config *cfg, sch_sched *s, const tok_t
     }
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->idle, NULL);
+    if (h->cfg.max_per_ip <= 0) h->cfg.max_per_ip = 32;
+    if (h->cfg.header_timeout_s <= 0) h->cfg.header_timeout_s = 10;
+    if (h->cfg.idle_timeout_s <= 0) h->cfg.idle_timeout_s = 120;
 
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
     char port[16];
@@ -1292,12 +1466,21 @@ int http_start(http_server *h, const http_config *cfg, sch_sched *s, const tok_t
                             MHD_OPTION_EXTERNAL_LOGGER, http_mhd_log, h, /* first, or MHD logs some on its own */
                             MHD_OPTION_LISTEN_SOCKET, fd,
                             MHD_OPTION_NOTIFY_COMPLETED, http_completed, h,
+                            MHD_OPTION_NOTIFY_CONNECTION, http_notify_conn, h,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->max_connections > 0 ? cfg->max_connections : 64),
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)h->cfg.max_per_ip,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(h->cfg.idle_timeout_s + 0.5),
                             MHD_OPTION_END);
     if (!h->d) {
         close(fd);
         rl_errf(err, "cannot start the HTTP server on %s port %d", cfg->host, cfg->port);
+        goto fail;
+    }
+    h->watching = true;
+    if (pthread_create(&h->watchdog, NULL, http_watchdog, h) != 0) {
+        h->watching = false;
+        MHD_stop_daemon(h->d);
+        rl_errf(err, "cannot start the HTTP server's watchdog thread");
         goto fail;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
@@ -1336,6 +1519,11 @@ bool http_wait_idle(http_server *h, double timeout_s) {
 
 void http_stop(http_server *h) {
     if (!h->d) return;
+    pthread_mutex_lock(&h->mu);
+    h->watching = false;
+    pthread_cond_broadcast(&h->idle);
+    pthread_mutex_unlock(&h->mu);
+    pthread_join(h->watchdog, NULL);
     MHD_stop_daemon(h->d);
     if (h->listen_fd >= 0) close(h->listen_fd);
     pthread_cond_destroy(&h->idle);

@@ -35,6 +35,9 @@ typedef struct http_config {
     chat_format chat_fmt;
     const char *chat_err;  /* why not, when !have_chat */
     int max_connections;
+    int max_per_ip;        /* connections one client address may hold at once (0 = 32); more are closed */
+    double header_timeout_s; /* a connection must send a request's headers within this (0 = 10 s) */
+    double idle_timeout_s;   /* a connection silent this long is closed (0 = 120 s) */
     bool quiet;            /* no per-request log lines on stderr */
     int draft_n;           /* drafts per step for requests that do not say (0: none; --draft ngram|MODEL) */
     int draft_k;           /* the length a request asking "draft": "ngram" or "model" gets (--draft-n) */
@@ -67,6 +70,13 @@ typedef struct http_server {
     bool closing;
     int codes[HTTP_MAX_CODES];
     uint64_t counts[HTTP_EP_COUNT][HTTP_MAX_CODES];
+    /* Open connections, for the header deadline: a watchdog thread shuts down any that has not sent a whole
+     * request's headers header_timeout_s after it connected (or after its previous response), so slow or
+     * silent clients cannot hold every connection (slowloris). Guarded by mu. */
+    struct http_sock *socks;
+    uint64_t header_timeouts;
+    pthread_t watchdog;
+    bool watching;
 } http_server;
 
 /* Starts listening. s and tok must outlive the server. */

@@ -884,7 +884,13 @@ void sch_cancel_all(sch_sched *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
+void sch_abort(sch_sched *s) {
+    sch_cancel_all(s);
+    if (s->be.abort) s->be.abort(s->be.impl);
+}
+
 void sch_free(sch_sched *s) {
+    if (s->started && s->be.abort) s->be.abort(s->be.impl); /* the thread must not wait on a node now */
     if (s->started) {
         pthread_mutex_lock(&s->mu);
         s->closed = s->stopping = true;

@@ -111,6 +111,9 @@ typedef struct sch_backend {
     /* Optional (needed for DSpark drafts): from now on, entries with `taps` return the stream entering
      * these target layers (spec §10.1.3), in this order. Called once, before the first step. */
     int (*set_taps)(void *impl, const uint32_t *layers, int n, rl_err *err);
+    /* Optional: from now on, fail whatever the backend waits for at once (a ring waiting on a node that
+     * hangs). Called from another thread while the server stops; the scheduler thread then finishes. */
+    void (*abort)(void *impl);
 } sch_backend;
 
 /* The one-machine backend: n_slots states of n_ctx tokens each on a k3_engine for the whole model
@@ -262,6 +265,9 @@ void sch_close(sch_sched *s);
 bool sch_wait_idle(sch_sched *s, double timeout_s);
 /* Cancels everything queued or running. */
 void sch_cancel_all(sch_sched *s);
+/* sch_cancel_all, and the backend gives up on what it waits for (backend.abort): a server that stops does
+ * not wait on a node that hangs. */
+void sch_abort(sch_sched *s);
 /* Stops the thread once nothing is running (call sch_close and sch_cancel_all first to make that soon),
  * then frees everything, the backend too. Every submitted request must have been released before: they
  * wait on the scheduler's mutex. */

@@ -83,3 +83,90 @@ int rk_peer_parse(rk_peer *p, const char *hex, rl_err *err) {
     if (!zmq_z85_encode(p->curve_pk_z85, p->curve_pk, 32)) return rl_errf(err, "cannot encode a CURVE key");
     return 0;
 }
+
+/* ---- X25519 -> Ed25519: y = (u - 1) / (u + 1) mod p, p = 2^255 - 19 ------------------------------------
+ * libsodium converts only the other way, so this is a small field implementation of our own: 16 limbs of
+ * 16 bits in int64, kept non-negative (subtraction adds 4p first), products folded with 2^256 = 38 mod p.
+ * It handles public data only, so it need not run in constant time. */
+typedef int64_t rk_fe[16];
+
+static void rk_fe_carry(rk_fe o) {
+    for (int pass = 0; pass < 3; pass++) {
+        for (int i = 0; i < 16; i++) {
+            int64_t c = o[i] >> 16; /* limbs are non-negative here */
+            o[i] &= 0xffff;
+            if (i < 15) o[i + 1] += c;
+            else o[0] += 38 * c;
+        }
+    }
+}
+
+static void rk_fe_add(rk_fe o, const rk_fe a, const rk_fe b) {
+    for (int i = 0; i < 16; i++) o[i] = a[i] + b[i];
+    rk_fe_carry(o);
+}
+
+static void rk_fe_sub(rk_fe o, const rk_fe a, const rk_fe b) { /* a, b carried: limbs in [0, 0xffff] */
+    for (int i = 0; i < 16; i++) o[i] = a[i] + (i == 0 ? 0x3ffb4 : i == 15 ? 0x1fffc : 0x3fffc) - b[i]; /* + 4p */
+    rk_fe_carry(o);
+}
+
+static void rk_fe_mul(rk_fe o, const rk_fe a, const rk_fe b) {
+    int64_t t[31] = {0};
+    for (int i = 0; i < 16; i++) {
+        for (int j = 0; j < 16; j++) t[i + j] += a[i] * b[j];
+    }
+    for (int i = 0; i < 15; i++) t[i] += 38 * t[i + 16];
+    for (int i = 0; i < 16; i++) o[i] = t[i];
+    rk_fe_carry(o);
+}
+
+static void rk_fe_invert(rk_fe o, const rk_fe a) { /* a^(p-2); p-2 = 2^255 - 21: bits 254..5 set, then 01011 */
+    rk_fe c = {1};
+    for (int i = 254; i >= 0; i--) {
+        rk_fe_mul(c, c, c);
+        if (i >= 5 || ((11 >> i) & 1)) rk_fe_mul(c, c, a);
+    }
+    memcpy(o, c, sizeof c);
+}
+
+static void rk_fe_pack(uint8_t out[32], const rk_fe a) { /* the canonical value, below p */
+    rk_fe t;
+    memcpy(t, a, sizeof t);
+    rk_fe_carry(t);
+    for (int k = 0; k < 2; k++) {
+        rk_fe m;
+        int64_t borrow = 0;
+        for (int i = 0; i < 16; i++) {
+            m[i] = t[i] - (i == 0 ? 0xffed : i == 15 ? 0x7fff : 0xffff) - borrow;
+            borrow = m[i] < 0;
+            if (borrow) m[i] += 0x10000;
+        }
+        if (!borrow) memcpy(t, m, sizeof t); /* t >= p: take t - p */
+    }
+    for (int i = 0; i < 16; i++) out[2 * i] = (uint8_t)t[i], out[2 * i + 1] = (uint8_t)(t[i] >> 8);
+}
+
+int rk_curve_to_names(const uint8_t curve_pk[32], char hex[2][65]) {
+    rk_fe u, one = {1}, num, den, inv, y;
+    for (int i = 0; i < 16; i++) u[i] = curve_pk[2 * i] | (int64_t)curve_pk[2 * i + 1] << 8;
+    u[15] &= 0x7fff; /* X25519 ignores the top bit */
+    rk_fe_carry(u);
+    rk_fe_sub(num, u, one);
+    rk_fe_add(den, u, one);
+    rk_fe_invert(inv, den); /* u = -1 has no Ed25519 key: inv = 0, y = 0, and the check below fails */
+    rk_fe_mul(y, num, inv);
+    uint8_t ed[32], back[32];
+    rk_fe_pack(ed, y);
+    int n = 0;
+    for (int sign = 0; sign < 2; sign++) {
+        ed[31] = (uint8_t)((ed[31] & 0x7f) | (sign << 7));
+        if (crypto_sign_ed25519_pk_to_curve25519(back, ed) != 0) continue; /* not a point */
+        uint8_t want[32];
+        memcpy(want, curve_pk, 32);
+        want[31] &= 0x7f;
+        if (memcmp(back, want, 32) != 0) continue;
+        sodium_bin2hex(hex[n++], 65, ed, 32);
+    }
+    return n;
+}

@@ -33,4 +33,11 @@ typedef struct rk_peer {
 
 int rk_peer_parse(rk_peer *p, const char *hex, rl_err *err);
 
+/* The public keys, as users write them (Ed25519 hex), whose CURVE key is curve_pk: what a node can say of a
+ * peer it refused, since the handshake carries only the CURVE key. Ed25519 -> X25519 keeps the point's y
+ * and drops the sign of its x, so there are two such keys, equal but for the top bit of the last byte;
+ * the handshake cannot tell which one the peer holds. Fills hex[0..n) with those that are valid keys and
+ * returns n (0 for a CURVE key no Ed25519 key maps to). */
+int rk_curve_to_names(const uint8_t curve_pk[32], char hex[2][65]);
+
 #endif

@@ -242,11 +242,11 @@ int main(int argc, char **argv) {
     }
     void *ctx = zmq_ctx_new();
     void *s = zs_client(ctx, node, &id, peer.curve_pk_z85, "coord-bad", &err);
-    rf_header ping = {.type = RF_PING};
-    send_hdr(s, &ping, NULL, 0, 0); /* introduces us as the coordinator */
+    rf_header info = {.type = RF_INFO_REQ};
+    send_hdr(s, &info, NULL, 0, 0); /* introduces us as the coordinator: an INFO request takes a free node */
     char msg[1024];
-    if (reply(s, msg, sizeof msg) != RF_PONG) {
-        printf("not ok - the node did not answer a first PING\n");
+    if (reply(s, msg, sizeof msg) != RF_INFO) {
+        printf("not ok - the node did not answer a first INFO request\n");
         return 1;
     }
     uint8_t raw[64];
