@@ -62,6 +62,11 @@ for te in (b"gzip", b"identity", b"chunked, gzip"):
     ok = status(r) == 400 and dt < 3 and "Transfer-Encoding" in body_json(r)["error"]["message"]
     check(ok, "Transfer-Encoding: %s with a Content-Length: a JSON 400 at once (%.2f s, status %d)" % (te.decode(), dt, status(r)))
 
+# A chunk-size line with a 100 KB extension (extensions are ignored): it fits, so the request is answered
+# in JSON like any other (it was libmicrohttpd's HTML 500 when lines had to fit in 32 KiB).
+r, _ = raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+           b"Transfer-Encoding: chunked\r\n\r\n" + b"%x;" % len(req) + b"e" * 100000 + b"\r\n" + req + b"\r\n0\r\n\r\n", t=30)
+check(status(r) == 200 and body_json(r)["object"] == "text_completion", "a chunk line with a 100 KB extension: answered in JSON (status %d)" % status(r))
 r, _ = post(b'{"model":"\xff\xfe","prompt":"hi"}')
 try:
     ok = status(r) == 400 and "\ufffd" in body_json(r)["error"]["message"]

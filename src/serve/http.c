@@ -1470,6 +1470,10 @@ int http_start(http_server *h, const http_config *cfg, sch_sched *s, const tok_t
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->max_connections > 0 ? cfg->max_connections : 64),
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)h->cfg.max_per_ip,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(h->cfg.idle_timeout_s + 0.5),
+                            /* A header or chunk-size line must fit a connection's memory whole, or MHD answers
+                             * its own HTML 500: 256 KiB takes any line a client sends in earnest (a 100 KB chunk
+                             * extension included); pages are touched only as used. */
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)256 << 10,
                             MHD_OPTION_END);
     if (!h->d) {
         close(fd);

@@ -134,6 +134,7 @@ static void rk_fe_pack(uint8_t out[32], const rk_fe a) { /* the canonical value,
     rk_fe t;
     memcpy(t, a, sizeof t);
     rk_fe_carry(t);
+    rk_fe_carry(t); /* a carry out of the top limb can leave limb 0 a little above 16 bits: settle it */
     for (int k = 0; k < 2; k++) {
         rk_fe m;
         int64_t borrow = 0;
