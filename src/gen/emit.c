@@ -1,7 +1,14 @@
 #include "emit.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <time.h>
+
+size_t gen_peak_rss(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (size_t)ru.ru_maxrss * 1024; /* Linux reports KiB */
+}
 
 double gen_mono(void) {
     struct timespec ts;

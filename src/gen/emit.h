@@ -22,6 +22,9 @@ typedef struct gen_out {
 /* Monotonic seconds. */
 double gen_mono(void);
 
+/* The process's peak resident memory in bytes (0 if unknown). */
+size_t gen_peak_rss(void);
+
 /* True when a SIGINT is pending (callers keep it blocked and poll between steps). */
 bool gen_sigint_pending(void);
 

@@ -2,15 +2,8 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 
 #include "emit.h"
-
-size_t gen_peak_rss(void) {
-    struct rusage ru;
-    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
-    return (size_t)ru.ru_maxrss * 1024; /* Linux reports KiB */
-}
 
 /* One forward pass over tokens[0..n) of the sequence; logits of the last one into *row. */
 static int gen_step(k3_engine *e, k3_state *st, const int32_t *tokens, uint32_t n, bool want_logits, float **row,

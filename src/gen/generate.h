@@ -42,7 +42,5 @@ typedef int (*gen_token_cb)(void *user, int32_t id, const char *text, size_t len
 int gen_run(k3_engine *e, const tok_tokenizer *tok, const int32_t *prompt, size_t n_prompt, const gen_params *p,
             gen_token_cb cb, void *user, gen_metrics *m, rl_err *err);
 
-/* Peak resident set size of this process, in bytes. */
-size_t gen_peak_rss(void);
 
 #endif
