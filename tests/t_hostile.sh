@@ -161,6 +161,20 @@ check "after an idle longer than --node-timeout, the next request is a 200 (with
 check "... with the same text as before the idle" py "$WORK/idle1.json" "d['choices'][0]['text'] == load('idle0.json')['choices'][0]['text']"
 check "... and the ring was not torn down" bash -c "! grep -E 'stopped responding|broken' '$WORK/srv.log'"
 
+# A port scan: 2,000 plain TCP connections to a node, each closed at once. Every close is a monitor event
+# on the node (it watches its coordinator's connection); undrained, they filled libzmq's queue and froze
+# the node's I/O thread after about 2,000 (found in review). The ring must not notice.
+python3 - "${RING_PORT[2]}" <<'PY'
+import socket, sys
+for _ in range(2000):
+    try:
+        socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=2).close()
+    except OSError:
+        pass
+PY
+post scan 8
+check "after 2,000 connections opened and closed at a node, the ring still answers" grep -q '^200 ' "$WORK/scan.code"
+
 # A second coordinator with the same key, while the server streams: refused, naming the one the nodes serve.
 post long 200 &
 lp=$!

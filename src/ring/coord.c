@@ -126,7 +126,7 @@ static int ring_send4(ring_coord *rc, int node, int type, uint64_t step, const r
                 break;
             }
             zs_monitor_poll(&rc->nodes[node].mon);
-            if (ring_aborted(rc)) {
+            if (ring_aborted(rc) || gen_sigint_pending()) {
                 rl_errf(err, "interrupted");
                 break;
             }
@@ -156,6 +156,7 @@ static const char *jstr(const cJSON *o, const char *k) {
 static int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const bool *watch, int *from, zs_parts *out,
                      rf_header *h, rl_err *err) {
     double t0 = gen_mono();
+    bool checked_after_read = false;
     for (;;) {
         double now = gen_mono();
         if (now - t0 > timeout_s) return rl_errf(err, "no %s within %.0f s", rf_type_name(want), timeout_s);
@@ -169,19 +170,23 @@ static int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const
                 }
             }
         }
-        for (int i = 0; watch && i < rc->conf.n; i++) {
-            if (!watch[i]) continue;
-            zs_monitor_poll(&rc->nodes[i].mon);
-            if (rc->nodes[i].mon.disconnected) {
-                return rl_errf(err, "lost node %s: %s", rc->conf.nodes[i].addr, rc->nodes[i].mon.last);
-            }
-            const ring_node_state *ns = &rc->nodes[i];
-            if (ns->ping_since > ns->last_seen && now - ns->ping_since > rc->o.dead_s) {
+        /* Liveness is judged after this pass has read everything waiting (below): a PONG that came in while
+         * the last wait returned early on its own message must count before a silence is called. */
+        if (watch && checked_after_read) {
+            for (int i = 0; i < rc->conf.n; i++) {
+                if (!watch[i]) continue;
                 zs_monitor_poll(&rc->nodes[i].mon);
-                return rl_errf(err, "node %s stopped responding (nothing for %.0f s)%s%s", rc->conf.nodes[i].addr,
-                               rc->o.dead_s, rc->nodes[i].mon.last[0] ? ": " : "", rc->nodes[i].mon.last);
+                if (rc->nodes[i].mon.disconnected) {
+                    return rl_errf(err, "lost node %s: %s", rc->conf.nodes[i].addr, rc->nodes[i].mon.last);
+                }
+                const ring_node_state *ns = &rc->nodes[i];
+                if (ns->ping_since > ns->last_seen && now - ns->ping_since > rc->o.dead_s) {
+                    return rl_errf(err, "node %s stopped responding (nothing for %.0f s)%s%s", rc->conf.nodes[i].addr,
+                                   rc->o.dead_s, rc->nodes[i].mon.last[0] ? ": " : "", rc->nodes[i].mon.last);
+                }
             }
         }
+        checked_after_read = true;
         zmq_pollitem_t items[PLAN_MAX_NODES];
         for (int i = 0; i < rc->conf.n; i++) items[i] = (zmq_pollitem_t){rc->nodes[i].sock, 0, ZMQ_POLLIN, 0};
         if (zmq_poll(items, rc->conf.n, 100) < 0 && errno != EINTR) {
@@ -444,7 +449,12 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
         if (o->exclude[i]) got[i] = true, n_got++, rc->nodes[i].speed = 1e9;
     }
     while (n_got < conf->n) {
-        if (gen_mono() - t0 > o->connect_s || ring_aborted(rc)) {
+        if (ring_aborted(rc) || gen_sigint_pending()) {
+            rl_errf(err, "interrupted");
+            ring_close(rc);
+            return -1;
+        }
+        if (gen_mono() - t0 > o->connect_s) {
             if (busy.msg[0]) {
                 *err = busy;
                 ring_close(rc);
@@ -1014,7 +1024,9 @@ int ring_receipts_finish(ring_coord *rc, double timeout_s, rl_err *err) {
         int from;
         rl_err e2;
         /* Nothing of this type comes: the wait just services RECEIPT messages for 50 ms. */
-        if (ring_wait(rc, RF_FETCH_BEGIN, -1, 0.05, NULL, &from, &p, &h, &e2) == 0) zs_parts_free(&p);
+        int r = ring_wait(rc, RF_FETCH_BEGIN, -1, 0.05, NULL, &from, &p, &h, &e2);
+        if (r == 0) zs_parts_free(&p);
+        else if (strncmp(e2.msg, "no ", 3) != 0) return rl_errf(err, "receipts: %s", e2.msg); /* interrupted, ... */
     }
     if (rc->rcpt_failed) return rl_errf(err, "%s", rc->rcpt_error);
     if (rc->n_travs > 0) {

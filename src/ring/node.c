@@ -70,7 +70,8 @@ typedef struct node {
     char coord_id[256];
     size_t coord_id_len;
     bool owned;
-    char owner[256];      /* "coord-<key16>-<session>" */
+    char owner[256];      /* "coord-<key16>-<session>" (bytes, owner_len of them) */
+    size_t owner_len;
     int owner_fd;         /* the connection its latest message came in on */
     char owner_key[72];   /* its key as users write it, and where it connects from */
     char owner_peer[64];
@@ -1051,14 +1052,13 @@ static size_t node_owner_len(const char *id, size_t len) {
 static void node_watch_owner(node *n) {
     if (!n->router_mon.pair) return;
     zs_monitor_poll(&n->router_mon);
-    for (int i = 0; i < n->router_mon.n_gone; i++) {
-        if (n->owned && n->router_mon.gone_fd[i] == n->owner_fd) {
-            node_log(n, "coordinator %.16s... (%s) disconnected; another may take this node now", n->owner_key,
-                     n->owner_peer);
-            n->owned = false;
-        }
+    if (n->owned && n->router_mon.watch_gone) {
+        node_log(n, "coordinator %.16s... (%s) disconnected; another may take this node now", n->owner_key,
+                 n->owner_peer);
+        n->owned = false;
     }
-    n->router_mon.n_gone = 0;
+    n->router_mon.watch_gone = false;
+    if (!n->owned) n->router_mon.watch_fd = -1;
 }
 
 /* Message types only a coordinator sends. FORWARD and FREE come from the coordinator too when this is
@@ -1077,22 +1077,27 @@ static bool node_from_coordinator(const zs_parts *p, const rf_header *h) {
 static bool node_admit(node *n, const zs_parts *p, const rf_header *h) {
     node_watch_owner(n);
     size_t ol = node_owner_len(p->data[0], p->len[0]);
-    bool mine = n->owned && ol == strlen(n->owner) && memcmp(p->data[0], n->owner, ol) == 0;
+    /* The session in the routing id, and the key the handshake proved: one allowed coordinator cannot pass
+     * for another by choosing its routing id. */
+    bool mine = n->owned && ol == n->owner_len && memcmp(p->data[0], n->owner, ol) == 0 &&
+                strcmp(p->user, n->owner_key) == 0;
     /* Only an INFO request takes a free node: every ring_open starts with one. Anything else from a
      * coordinator that is not the owner may be a message its connection delivered just before it closed,
      * read after the close freed the node: taking the node on it would hold it for a dead coordinator. */
     if (!n->owned && h->type == RF_INFO_REQ) {
         n->owned = true;
-        snprintf(n->owner, sizeof n->owner, "%.*s", (int)(ol < sizeof n->owner ? ol : sizeof n->owner - 1),
-                 (const char *)p->data[0]);
-        snprintf(n->owner_key, sizeof n->owner_key, "%s", p->user[0] ? p->user : "(unknown key)");
+        n->owner_len = ol < sizeof n->owner ? ol : sizeof n->owner; /* bytes: a routing id may hold NULs */
+        memcpy(n->owner, p->data[0], n->owner_len);
+        snprintf(n->owner_key, sizeof n->owner_key, "%s", p->user);
         snprintf(n->owner_peer, sizeof n->owner_peer, "%s", p->peer[0] ? p->peer : "?");
         n->owner_since = node_now();
-        node_log(n, "serving coordinator %.16s... from %s", n->owner_key, n->owner_peer);
+        node_log(n, "serving coordinator %.16s... from %s", n->owner_key[0] ? n->owner_key : "(unknown key)",
+                 n->owner_peer);
         mine = true;
     }
     if (mine) {
         n->owner_fd = p->fd;
+        n->router_mon.watch_fd = p->fd; /* its latest connection: the one whose close frees the node */
         n->coord_id_len = p->len[0] < sizeof n->coord_id ? p->len[0] : sizeof n->coord_id; /* replies go there */
         memcpy(n->coord_id, p->data[0], n->coord_id_len);
         return true;
@@ -1153,7 +1158,7 @@ int node_run(const node_opts *o, rl_err *err) {
     for (int i = 0; i < o->n_allow; i++) zs_auth_allow(&n->auth, o->allow[i].curve_pk, "coordinator", o->allow[i].pk_hex);
     n->router = zs_server(n->zctx, o->listen, &o->id, err);
     if (!n->router) goto done_auth;
-    if (zs_monitor_start(&n->router_mon, n->zctx, n->router, "router", err) != 0) {
+    if (zs_monitor_start_gone(&n->router_mon, n->zctx, n->router, "router", err) != 0) {
         zmq_close(n->router);
         goto done_auth;
     }
@@ -1167,14 +1172,18 @@ int node_run(const node_opts *o, rl_err *err) {
     node_log(n, "ready: key %s, %d model(s), %.1f GB/s matrix-vector, %d threads", o->id.pk_hex, n->n_models,
              n->speed / 1e9, o->threads);
     while (!node_stop_pending()) {
-        zmq_pollitem_t items[2] = {{n->router, 0, ZMQ_POLLIN, 0}, {n->next, 0, ZMQ_POLLIN, 0}};
-        int np = n->next ? 2 : 1;
+        /* The router's monitor is drained on every pass, messages or not: its events queue up otherwise. */
+        zmq_pollitem_t items[3] = {{n->router, 0, ZMQ_POLLIN, 0}, {n->next, 0, ZMQ_POLLIN, 0},
+                                   {n->router_mon.pair, 0, ZMQ_POLLIN, 0}};
+        if (!n->next) items[1] = items[2];
+        int np = n->next ? 3 : 2;
         if (zmq_poll(items, np, n->n_rjobs ? 1 : 250) < 0) {
             if (errno == EINTR) continue;
             rl_errf(err, "poll failed: %s", zmq_strerror(errno));
             goto done_sock;
         }
-        if (np == 2 && (items[1].revents & ZMQ_POLLIN)) { /* downstream never talks back: drain */
+        node_watch_owner(n);
+        if (n->next && (items[1].revents & ZMQ_POLLIN)) { /* downstream never talks back: drain */
             zs_parts junk;
             rl_err e2;
             while (zs_recv(n->next, &junk, &e2) == 0) zs_parts_free(&junk);

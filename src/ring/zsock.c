@@ -287,16 +287,33 @@ void zs_parts_free(zs_parts *p) {
 
 /* ---- monitors ---------------------------------------------------------------------------------- */
 
-int zs_monitor_start(zs_monitor *m, void *zctx, void *sock, const char *name, rl_err *err) {
+static int zs_monitor_start_events(zs_monitor *m, void *zctx, void *sock, const char *name, int events, rl_err *err) {
     memset(m, 0, sizeof *m);
+    m->watch_fd = -1;
     char ep[96];
     snprintf(ep, sizeof ep, "inproc://mon-%s-%p", name, sock);
-    if (zmq_socket_monitor(sock, ep, ZMQ_EVENT_ALL) != 0) return rl_errf(err, "cannot monitor a socket");
+    if (zmq_socket_monitor(sock, ep, events) != 0) return rl_errf(err, "cannot monitor a socket");
     m->pair = zmq_socket(zctx, ZMQ_PAIR);
+    if (!m->pair) return rl_errf(err, "cannot monitor a socket");
     int zero = 0;
     zmq_setsockopt(m->pair, ZMQ_LINGER, &zero, sizeof zero);
-    if (!m->pair || zmq_connect(m->pair, ep) != 0) return rl_errf(err, "cannot monitor a socket");
+    /* Unbounded: libzmq sends monitor events with a blocking send from its I/O thread, so a full queue
+     * would stop every socket of the context (set before connecting: inproc takes the HWM at connect). */
+    zmq_setsockopt(m->pair, ZMQ_RCVHWM, &zero, sizeof zero);
+    if (zmq_connect(m->pair, ep) != 0) {
+        zmq_close(m->pair);
+        m->pair = NULL;
+        return rl_errf(err, "cannot monitor a socket");
+    }
     return 0;
+}
+
+int zs_monitor_start(zs_monitor *m, void *zctx, void *sock, const char *name, rl_err *err) {
+    return zs_monitor_start_events(m, zctx, sock, name, ZMQ_EVENT_ALL, err);
+}
+
+int zs_monitor_start_gone(zs_monitor *m, void *zctx, void *sock, const char *name, rl_err *err) {
+    return zs_monitor_start_events(m, zctx, sock, name, ZMQ_EVENT_DISCONNECTED, err);
 }
 
 void zs_monitor_poll(zs_monitor *m) {
@@ -340,7 +357,7 @@ void zs_monitor_poll(zs_monitor *m) {
             m->shaken = true;
             break;
         case ZMQ_EVENT_DISCONNECTED:
-            if (m->n_gone < (int)(sizeof m->gone_fd / sizeof m->gone_fd[0])) m->gone_fd[m->n_gone++] = (int)val;
+            if (m->watch_fd >= 0 && (int)val == m->watch_fd) m->watch_gone = true;
             if (m->failed) {
                 /* keep the handshake's own reason */
             } else if (m->tcp_up && !m->shaken) {

@@ -72,8 +72,8 @@ void zs_parts_free(zs_parts *p);
 
 /* Describes why a client socket's connection failed, if a monitor event says so (else ""). A handshake's
  * failure stays the reason through the disconnect and retries that follow it, until a handshake succeeds:
- * "it refused our key" must not turn into "its connection closed". On a server socket it collects the
- * connections that closed (gone_fd), so the owner of a connection learns it is gone. */
+ * "it refused our key" must not turn into "its connection closed". On a server socket (zs_monitor_start_gone)
+ * it watches one connection: watch_gone turns true once the connection on fd watch_fd has closed. */
 typedef struct zs_monitor {
     void *pair;
     char last[200];
@@ -81,11 +81,16 @@ typedef struct zs_monitor {
     bool tcp_up;       /* a TCP connection is up (its handshake may not be done) */
     bool shaken;       /* the current connection's handshake succeeded */
     bool failed;       /* a handshake failed since the last one that succeeded: last says how */
-    int gone_fd[32];   /* server sockets: fds of connections closed since the caller last looked */
-    int n_gone;
-    long hs_failures;  /* server sockets: handshakes that failed (a peer with a wrong key for us) */
+    int watch_fd;      /* server sockets: the connection the caller watches (-1: none) */
+    bool watch_gone;   /* ... and it has closed */
+    long hs_failures;  /* handshakes that failed */
 } zs_monitor;
+/* The monitor's queue is unbounded (libzmq's I/O thread blocks on a full one, which would stall every
+ * socket of the context), so drain it often: zs_monitor_fd gives a socket to poll. */
 int zs_monitor_start(zs_monitor *m, void *zctx, void *sock, const char *name, rl_err *err);
+/* A server socket's monitor that reports closed connections only (a port scan then costs one small event
+ * per connection, drained by the caller's loop). */
+int zs_monitor_start_gone(zs_monitor *m, void *zctx, void *sock, const char *name, rl_err *err);
 void zs_monitor_poll(zs_monitor *m); /* drains events, keeps a description of the last failure */
 void zs_monitor_stop(zs_monitor *m);
 

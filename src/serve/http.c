@@ -108,9 +108,13 @@ static void http_clean(const char *in, char *out, size_t out_size, bool log) {
     size_t n = strlen(in), o = 0;
     for (size_t i = 0; i < n && o + 5 < out_size;) {
         size_t k = http_utf8_len(s + i, n - i);
-        if (k == 1 && log && (s[i] < 0x20 || s[i] == 0x7f)) {
-            o += (size_t)snprintf(out + o, out_size - o, "\\x%02x", s[i]);
-            i++;
+        /* In the log, C1 controls (U+0080..U+009F: U+009B starts an escape sequence on some terminals) and
+         * the line and paragraph separators U+2028/U+2029 are escaped too. */
+        bool c1 = k == 2 && s[i] == 0xc2 && s[i + 1] < 0xa0;
+        bool sep = k == 3 && s[i] == 0xe2 && s[i + 1] == 0x80 && (s[i + 2] == 0xa8 || s[i + 2] == 0xa9);
+        if (log && ((k == 1 && (s[i] < 0x20 || s[i] == 0x7f)) || c1 || sep)) {
+            for (size_t j = 0; j < k && o + 5 < out_size; j++) o += (size_t)snprintf(out + o, out_size - o, "\\x%02x", s[i + j]);
+            i += k;
         } else if (k == 0) {
             if (log) o += (size_t)snprintf(out + o, out_size - o, "\\x%02x", s[i]);
             else memcpy(out + o, "\xef\xbf\xbd", 3), o += 3;
