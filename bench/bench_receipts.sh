@@ -28,7 +28,7 @@ for i in $(seq "$nodes"); do
     ./ringlm keygen -o "$w/n$i.key" >"$w/n$i.pub"
     port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     ./ringlm node --listen "127.0.0.1:$port" --key "$w/n$i.key" --allow "$(cat "$w/c.pub")" --models "$w/models" \
-        --threads 1 --speed 10 >"$w/n$i.log" 2>&1 &
+        --threads 1 --speed 10 --cache "$w/cache$i" >"$w/n$i.log" 2>&1 &
     pids+=($!)
     echo "127.0.0.1:$port $(cat "$w/n$i.pub")" >>"$w/ring.conf"
 done

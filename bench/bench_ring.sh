@@ -200,7 +200,7 @@ for i in $(seq "$nodes"); do
     "$RINGLM" keygen -o "$work/n$i.key" >"$work/n$i.pub"
     port=$(free_port)
     timeout -k 5 $life "$RINGLM" node --listen "127.0.0.1:$port" --key "$work/n$i.key" --allow "$(cat "$work/coord.pub")" \
-        --models "$work/models" --threads "$threads" >"$work/node$i.log" 2>&1 &
+        --models "$work/models" --threads "$threads" --cache "$work/cache$i" >"$work/node$i.log" 2>&1 &
     pids+=($!)
     node_addr+=("127.0.0.1:$port")
 done

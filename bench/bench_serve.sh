@@ -195,7 +195,7 @@ for i in $(seq "$nodes"); do
     "$RINGLM" keygen -o "$work/n$i.key" >"$work/n$i.pub"
     p=$(free_port)
     timeout -k 5 $life "$RINGLM" node --listen "127.0.0.1:$p" --key "$work/n$i.key" --allow "$(cat "$work/coord.pub")" \
-        --models "$work/models" --threads "$node_threads" >"$work/node$i.log" 2>&1 &
+        --models "$work/models" --threads "$node_threads" --cache "$work/cache$i" >"$work/node$i.log" 2>&1 &
     pids+=($!)
     echo "127.0.0.1:$p $(cat "$work/n$i.pub")" >>"$work/ring.conf"
 done

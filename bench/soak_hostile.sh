@@ -34,7 +34,7 @@ for i in 1 2 3; do
     port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     ports+=("$port")
     ./ringlm node --listen "127.0.0.1:$port" --key "$w/n$i.key" --allow "$(cat "$w/c.pub")" --models "$w/models" \
-        --threads 1 --speed 10 >"$w/n$i.log" 2>&1 &
+        --threads 1 --speed 10 --cache "$w/cache$i" >"$w/n$i.log" 2>&1 &
     node_pids+=($!)
     echo "127.0.0.1:$port $(cat "$w/n$i.pub")" >>"$w/ring.conf"
 done

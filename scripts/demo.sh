@@ -25,7 +25,7 @@ for i in 1 2 3; do
     $R keygen -o "$work/n$i.key" >"$work/n$i.pub"
     port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     $R node --listen "127.0.0.1:$port" --key "$work/n$i.key" --allow "$(cat "$work/coord.pub")" --models "$D/models" \
-        --threads 1 >"$work/n$i.log" 2>&1 &
+        --threads 1 --cache "$work/cache$i" >"$work/n$i.log" 2>&1 &
     pids+=($!)
     echo "127.0.0.1:$port $(cat "$work/n$i.pub")" >>"$work/ring.conf"
 done

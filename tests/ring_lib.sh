@@ -22,8 +22,10 @@ ring_start() {
     local port=${RING_PORT[$i]:-}
     [ -n "$port" ] || port=$(ring_free_port) # a restarted node keeps its address
     RING_PORT[$i]=$port
+    # A cache of its own inside $WORK (a --cache in "$@" comes later and wins): no test leaves a
+    # ~/.cache/ringlm/node-* folder behind.
     "${RING_BIN:-$RINGLM}" node --listen "127.0.0.1:$port" --key "$RING/n$i.key" --allow "$(cat "$RING/coord.pub")" \
-        --models "$dir" --threads 1 --speed 10 "$@" >"$RING/n$i.log" 2>&1 &   # fixed speed: stable plans
+        --models "$dir" --threads 1 --speed 10 --cache "$RING/node-cache$i" "$@" >"$RING/n$i.log" 2>&1 &   # fixed speed: stable plans
     RING_PID[$i]=$!
     for _ in $(seq 100); do
         grep -qs "ready:" "$RING/n$i.log" && return 0

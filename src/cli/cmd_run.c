@@ -8,8 +8,8 @@
 
 #include "../gen/generate.h"
 #include "../ring/coord.h"
-#include "../spec/spec_gen.h"
-#include "../spec/verify_ring.h"
+#include "../speculate/spec_gen.h"
+#include "../ring/verify_ring.h"
 #include "../text/chat.h"
 #include "cli.h"
 

@@ -9,8 +9,8 @@
 #include <unistd.h>
 
 #include "../serve/backend_ring.h"
-#include "../spec/draft_pool.h"
-#include "../spec/drafter.h"
+#include "../speculate/draft_pool.h"
+#include "../speculate/drafter.h"
 #include "../serve/http.h"
 #include "../serve/scheduler.h"
 #include "cli.h"

@@ -23,12 +23,7 @@
 #include "ggml.h"
 #include "gguf.h"
 
-static void ring_take_receipt(ring_coord *rc, int from, const zs_parts *p, const rf_header *h);
-static void ring_trav_drop(ring_coord *rc, struct ring_trav *t);
-static void ring_take_taps(ring_coord *rc, int from, const zs_parts *p, const rf_header *h);
-static struct ring_trav *ring_trav_find(ring_coord *rc, uint64_t step);
-static void ring_hist_free(ring_coord *rc);
-static double ring_audit_draw(ring_coord *rc);
+#include "coord_int.h"
 
 int ring_opts_check_taps(const ring_opts *o, const uint32_t *layers, int n, rl_err *err) {
     if (n != o->n_taps || (n > 0 && memcmp(layers, o->taps, (size_t)n * sizeof *layers) != 0)) {
@@ -45,64 +40,17 @@ ring_opts ring_opts_default(void) {
     return (ring_opts){.n_ctx = 4096, .wire = 0, .connect_s = 5, .load_s = 600, .dead_s = 60, .step_s = 300};
 }
 
-int ring_conf_load(ring_conf *c, const char *path, rl_err *err) {
-    memset(c, 0, sizeof *c);
-    FILE *f = fopen(path, "r");
-    if (!f) return rl_errf(err, "cannot open ring config %s: %s", path, strerror(errno));
-    char line[1024];
-    int lineno = 0, rc = 0;
-    while (rc == 0 && fgets(line, sizeof line, f)) {
-        lineno++;
-        char *hash = strchr(line, '#');
-        if (hash) *hash = 0;
-        char addr[256], key[256], extra[256];
-        int k = sscanf(line, "%255s %255s %255s", addr, key, extra);
-        if (k <= 0) continue;
-        if (k < 2) {
-            rc = rl_errf(err, "%s:%d: expected \"HOST:PORT PUBLIC_KEY_HEX [mem=GB]\"", path, lineno);
-            break;
-        }
-        if (c->n == PLAN_MAX_NODES) {
-            rc = rl_errf(err, "%s: more than %d nodes", path, PLAN_MAX_NODES);
-            break;
-        }
-        ring_node_conf *nc = &c->nodes[c->n];
-        if (strlen(addr) >= sizeof nc->addr || !strchr(addr, ':')) {
-            rc = rl_errf(err, "%s:%d: bad address '%s' (HOST:PORT)", path, lineno, addr);
-            break;
-        }
-        snprintf(nc->addr, sizeof nc->addr, "%s", addr);
-        if (rk_peer_parse(&nc->key, key, err) != 0) {
-            rc = rl_err_prefix(err, "%s:%d", path, lineno);
-            break;
-        }
-        if (k == 3) {
-            char *end;
-            if (strncmp(extra, "mem=", 4) != 0 || (nc->mem_gb = strtod(extra + 4, &end)) <= 0 || *end) {
-                rc = rl_errf(err, "%s:%d: unknown option '%s' (mem=GB)", path, lineno, extra);
-                break;
-            }
-        }
-        for (int j = 0; j < c->n; j++) {
-            if (strcmp(c->nodes[j].addr, nc->addr) == 0) rc = rl_errf(err, "%s:%d: %s is listed twice", path, lineno, addr);
-        }
-        c->n++;
-    }
-    fclose(f);
-    if (rc == 0 && c->n == 0) rc = rl_errf(err, "%s lists no nodes", path);
-    return rc;
-}
 
-static bool ring_aborted(const ring_coord *rc) { return rc->o.abort && atomic_load(rc->o.abort); }
+bool ring_aborted(const ring_coord *rc) { return rc->o.abort && atomic_load(rc->o.abort); }
 
-static int ring_send4(ring_coord *rc, int node, int type, uint64_t step, const rf_header *hh, const void *payload,
+int ring_send4(ring_coord *rc, int node, int type, uint64_t step, const rf_header *hh, const void *payload,
                       size_t plen, const void *stamps, size_t slen, const void *extra, size_t elen, rl_err *err);
-static int ring_send(ring_coord *rc, int node, int type, uint64_t step, const rf_header *hh, const void *payload,
+int ring_send(ring_coord *rc, int node, int type, uint64_t step, const rf_header *hh, const void *payload,
                      size_t plen, const void *stamps, size_t slen, rl_err *err) {
     return ring_send4(rc, node, type, step, hh, payload, plen, stamps, slen, NULL, 0, err);
 }
 
-static int ring_send4(ring_coord *rc, int node, int type, uint64_t step, const rf_header *hh, const void *payload,
+int ring_send4(ring_coord *rc, int node, int type, uint64_t step, const rf_header *hh, const void *payload,
                       size_t plen, const void *stamps, size_t slen, const void *extra, size_t elen, rl_err *err) {
     rf_header h0 = {.type = (uint16_t)type, .ring_id = rc->ring_id, .step_id = step, .payload_bytes = plen};
     const rf_header *h = hh ? hh : &h0;
@@ -145,7 +93,7 @@ static int ring_send4(ring_coord *rc, int node, int type, uint64_t step, const r
     return 0;
 }
 
-static const char *jstr(const cJSON *o, const char *k) {
+const char *jstr(const cJSON *o, const char *k) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
@@ -153,7 +101,7 @@ static const char *jstr(const cJSON *o, const char *k) {
 /* Waits for one message of `want` type (from any node, or from `only` if >= 0). Answers nothing itself,
  * but notes PONGs, pings every node each second and fails on ERROR, on a node silent for dead_s, or
  * after timeout_s. *from is the node index the message came from. */
-static int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const bool *watch, int *from, zs_parts *out,
+int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const bool *watch, int *from, zs_parts *out,
                      rf_header *h, rl_err *err) {
     double t0 = gen_mono();
     bool checked_after_read = false;
@@ -258,151 +206,6 @@ static int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const
     }
 }
 
-
-/* Is file tensor t needed by a stage running [a, b)? */
-static bool ring_tensor_in_range(const char *name, uint32_t a, uint32_t b, uint32_t n_layer) {
-    unsigned il;
-    if (sscanf(name, "blk.%u.", &il) == 1) return il >= a && il < b;
-    if (strcmp(name, "token_embd.weight") == 0) return a == 0;
-    return b == n_layer;
-}
-
-/* Sends one FETCH_DATA chunk, first waiting while 8 are unacknowledged (the node writes them to disk). */
-static int ring_send_chunk(ring_coord *rc, int node, const uint8_t *chunk, size_t *fill, uint64_t *chunk_id,
-                           int *in_flight, uint64_t *sent, uint64_t file_bytes, int *last_pct,
-                           crypto_generichash_state *hs, rl_err *err) {
-    while (*in_flight >= 8) {
-        zs_parts p;
-        rf_header h;
-        int from;
-        if (ring_wait(rc, RF_FETCH_ACK, node, rc->o.step_s, NULL, &from, &p, &h, err) != 0) return -1;
-        zs_parts_free(&p);
-        (*in_flight)--;
-    }
-    crypto_generichash_update(hs, chunk, *fill);
-    if (ring_send(rc, node, RF_FETCH_DATA, (*chunk_id)++, NULL, chunk, *fill, NULL, 0, err) != 0) return -1;
-    (*in_flight)++;
-    *sent += *fill;
-    *fill = 0;
-    int pct = (int)(100.0 * (double)*sent / (double)file_bytes);
-    if (pct / 10 != *last_pct / 10 && isatty(2)) {
-        *last_pct = pct;
-        fprintf(stderr, "\rringlm: streaming [%-20.*s] %3d%%%s", pct / 5, "####################", pct, pct == 100 ? "\n" : "");
-    }
-    return 0;
-}
-
-/* Streams a node the range file for layers [a, b): the model's metadata with only those tensors, then
- * the data in 4 MiB chunks (at most 8 unacknowledged), then the file's BLAKE2b, which the node checks
- * before it keeps the file under the model's content hash. */
-static int ring_stream(ring_coord *rc, int node, const mf_model *m, uint32_t a, uint32_t b, rl_err *err) {
-    struct gguf_context *g = gguf_init_empty();
-    gguf_set_kv(g, m->meta);
-    gguf_remove_key(g, "split.no");
-    gguf_remove_key(g, "split.count");
-    gguf_remove_key(g, "split.tensors.count");
-    gguf_set_val_u32(g, "ringlm.range.start", a);
-    gguf_set_val_u32(g, "ringlm.range.end", b);
-    gguf_set_val_str(g, "ringlm.range.model_blake2b", rc->model_hash);
-    struct ggml_init_params ip = {.mem_size = (size_t)(m->n_tensor + 1) * ggml_tensor_overhead(), .mem_buffer = NULL,
-                                  .no_alloc = true};
-    struct ggml_context *tctx = ggml_init(ip);
-    const mf_tensor **sel = calloc((size_t)m->n_tensor + 1, sizeof *sel);
-    int n_sel = 0, rc_ = -1;
-    uint8_t *meta = NULL, *chunk = NULL;
-    if (!tctx || !sel) {
-        rl_errf(err, "out of memory");
-        goto done;
-    }
-    for (int i = 0; i < m->n_tensor; i++) {
-        const mf_tensor *t = &m->tensors[i];
-        if (!ring_tensor_in_range(t->name, a, b, rc->hp.n_layer)) continue;
-        struct ggml_tensor *d = ggml_new_tensor(tctx, (enum ggml_type)t->type, 4, t->ne);
-        ggml_set_name(d, t->name);
-        gguf_add_tensor(g, d);
-        sel[n_sel++] = t;
-    }
-    size_t al = gguf_get_alignment(g), meta_size = gguf_get_meta_size(g);
-    size_t data_off = (meta_size + al - 1) / al * al;
-    size_t data_end = 0;
-    if (n_sel) data_end = gguf_get_tensor_offset(g, n_sel - 1) + gguf_get_tensor_size(g, n_sel - 1);
-    data_end = (data_end + al - 1) / al * al;
-    uint64_t file_bytes = data_off + data_end;
-    meta = calloc(1, data_off);
-    chunk = malloc(4u << 20);
-    if (!meta || !chunk) {
-        rl_errf(err, "out of memory");
-        goto done;
-    }
-    gguf_get_meta_data(g, meta);
-    crypto_generichash_state hs;
-    crypto_generichash_init(&hs, NULL, 0, 32);
-    crypto_generichash_update(&hs, meta, data_off);
-    char js[256];
-    snprintf(js, sizeof js, "{\"model_hash\":\"%s\",\"a\":%u,\"b\":%u,\"file_bytes\":%" PRIu64 "}", rc->model_hash, a,
-             b, file_bytes);
-    fprintf(stderr, "ringlm: streaming layers [%u, %u) (%.1f MiB) to %s\n", a, b, (double)file_bytes / 1048576.0,
-            rc->conf.nodes[node].addr);
-    if (ring_send(rc, node, RF_FETCH_BEGIN, 0, NULL, js, strlen(js), meta, data_off, err) != 0) goto done;
-    int in_flight = 1, last_pct = -1;
-    uint64_t chunk_id = 1, sent = data_off;
-    size_t fill = 0;
-    for (int k = 0; k <= n_sel; k++) {
-        /* Tensor k's bytes at its offset, zero padding before it (k == n_sel: the final padding). */
-        size_t off = k < n_sel ? gguf_get_tensor_offset(g, k) : data_end;
-        size_t pos = sent - data_off + fill;
-        const uint8_t *src = k < n_sel ? sel[k]->data : NULL;
-        size_t want = (off - pos) + (k < n_sel ? sel[k]->nbytes : 0), done_b = 0;
-        while (done_b < want) {
-            size_t pad = off > pos + done_b ? off - pos - done_b : 0;
-            size_t take = 0;
-            if (pad) {
-                take = pad < (4u << 20) - fill ? pad : (4u << 20) - fill;
-                memset(chunk + fill, 0, take);
-            } else {
-                size_t in_t = pos + done_b - off;
-                take = sel[k]->nbytes - in_t < (4u << 20) - fill ? sel[k]->nbytes - in_t : (4u << 20) - fill;
-                memcpy(chunk + fill, src + in_t, take);
-            }
-            fill += take;
-            done_b += take;
-            if (fill == (4u << 20) && ring_send_chunk(rc, node, chunk, &fill, &chunk_id, &in_flight, &sent, file_bytes,
-                                                      &last_pct, &hs, err) != 0) {
-                goto done;
-            }
-        }
-    }
-    if (fill && ring_send_chunk(rc, node, chunk, &fill, &chunk_id, &in_flight, &sent, file_bytes, &last_pct, &hs, err) != 0) {
-        goto done;
-    }
-    while (in_flight > 0) {
-        zs_parts p;
-        rf_header h;
-        int from;
-        if (ring_wait(rc, RF_FETCH_ACK, node, rc->o.step_s, NULL, &from, &p, &h, err) != 0) goto done;
-        zs_parts_free(&p);
-        in_flight--;
-    }
-    unsigned char out[32];
-    char hex[65];
-    crypto_generichash_final(&hs, out, 32);
-    sodium_bin2hex(hex, sizeof hex, out, 32);
-    snprintf(js, sizeof js, "{\"blake2b\":\"%s\"}", hex);
-    if (ring_send(rc, node, RF_FETCH_END, chunk_id, NULL, js, strlen(js), NULL, 0, err) != 0) goto done;
-    zs_parts p;
-    rf_header h;
-    int from;
-    if (ring_wait(rc, RF_READY, node, rc->o.load_s, NULL, &from, &p, &h, err) != 0) goto done;
-    zs_parts_free(&p);
-    rc_ = 0;
-done:
-    free(meta);
-    free(chunk);
-    free(sel);
-    if (tctx) ggml_free(tctx);
-    gguf_free(g);
-    return rc_;
-}
 
 int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, const mf_model *m, const k3_hparams *hp,
               const ring_opts *o, rl_err *err) {
@@ -650,7 +453,7 @@ void ring_close(ring_coord *rc) {
     rc->zctx = NULL;
 }
 
-static struct ring_pending *ring_find_pending(ring_coord *rc, uint64_t step) {
+struct ring_pending *ring_find_pending(ring_coord *rc, uint64_t step) {
     for (int i = 0; i < rc->n_pending; i++) {
         if (rc->pending[i].step_id == step) return &rc->pending[i];
     }
@@ -678,7 +481,7 @@ static void ring_taps_drop(ring_coord *rc, int from, uint64_t step, const char *
     }
 }
 
-static void ring_take_taps(ring_coord *rc, int from, const zs_parts *p, const rf_header *h) {
+void ring_take_taps(ring_coord *rc, int from, const zs_parts *p, const rf_header *h) {
     struct ring_pending *pd = ring_find_pending(rc, h->step_id);
     int s = -1;
     for (int i = 0; i < rc->plan.n_stages; i++) s = rc->plan.stages[i].node == from ? i : s;
@@ -843,7 +646,7 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
 }
 
 /* Takes the timings out of a result's stamps. */
-static void ring_account(ring_coord *rc, const zs_parts *p, const struct ring_pending *pd, double t_recv_real) {
+void ring_account(ring_coord *rc, const zs_parts *p, const struct ring_pending *pd, double t_recv_real) {
     rf_stamp st[RF_MAX_STAMPS];
     uint32_t ns = 0;
     rl_err e2;
@@ -859,375 +662,6 @@ static void ring_account(ring_coord *rc, const zs_parts *p, const struct ring_pe
     }
     rc->stats[ns].wire_s += fmax(0.0, t_recv_real - prev_send);
     rc->stats[ns].n++;
-}
-
-/* ---- receipts: gathered out of band, checked when complete ---------------------------------------- */
-
-static struct ring_trav *ring_trav_find(ring_coord *rc, uint64_t step) {
-    for (int i = 0; i < rc->n_travs; i++) {
-        if (rc->travs[i].step_id == step) return &rc->travs[i];
-    }
-    return NULL;
-}
-
-static void ring_trav_drop(ring_coord *rc, struct ring_trav *t) {
-    free(t->q);
-    free(t->seqs);
-    free(t->rs);
-    free(t->got);
-    *t = rc->travs[--rc->n_travs];
-}
-
-static void ring_rcpt_fail(ring_coord *rc, const char *msg) {
-    if (rc->rcpt_failed) return; /* keep the first */
-    rc->rcpt_failed = true;
-    snprintf(rc->rcpt_error, sizeof rc->rcpt_error, "receipts: %s", msg);
-}
-
-/* The first problem a traversal's check reports, and the stage it is about. */
-struct ring_blame {
-    ring_coord *rc;
-    int stage;
-    char msg[600];
-};
-static void ring_blame_stage(void *user, int stage, const char *msg) {
-    struct ring_blame *b = user;
-    if (b->msg[0]) return;
-    b->stage = stage;
-    snprintf(b->msg, sizeof b->msg, "%s", msg);
-}
-
-/* Remembers a checked traversal for audits (what was sent, and every stage's signed hashes), forgetting
- * the oldest beyond audit_keep. Takes t's seqs and q. */
-static void ring_hist_add(ring_coord *rc, struct ring_trav *t) {
-    int keep = rc->o.audit_keep > 0 ? rc->o.audit_keep : 4096;
-    if (!rc->hist) {
-        rc->hist = calloc((size_t)keep, sizeof *rc->hist);
-        if (!rc->hist) return;
-        rc->cap_hist = keep;
-    }
-    struct ring_hist *r;
-    if (rc->n_hist == rc->cap_hist) { /* full: the oldest makes room */
-        r = &rc->hist[rc->hist_head];
-        free(r->seqs), free(r->q), free(r->hash);
-        rc->hist_head = (rc->hist_head + 1) % rc->cap_hist;
-        rc->n_hist--;
-    }
-    r = &rc->hist[(rc->hist_head + rc->n_hist) % rc->cap_hist];
-    *r = (struct ring_hist){.step_id = t->step_id, .n_seqs = t->n_seqs, .seqs = t->seqs, .q = t->q, .q_len = t->q_len,
-                            .hash = malloc((size_t)rc->plan.n_stages * sizeof *r->hash)};
-    t->seqs = NULL;
-    t->q = NULL;
-    if (!r->hash) {
-        free(r->seqs), free(r->q);
-        return;
-    }
-    for (int i = 0; i < rc->plan.n_stages; i++) {
-        memcpy(r->hash[i][0], t->rs[i].in_hash, 32);
-        memcpy(r->hash[i][1], t->rs[i].out_hash, 32);
-    }
-    rc->n_hist++;
-}
-
-static void ring_hist_free(ring_coord *rc) {
-    for (int i = 0; i < rc->n_hist; i++) {
-        struct ring_hist *r = &rc->hist[(rc->hist_head + i) % rc->cap_hist];
-        free(r->seqs), free(r->q), free(r->hash);
-    }
-    free(rc->hist);
-    rc->hist = NULL;
-    rc->n_hist = rc->cap_hist = rc->hist_head = 0;
-    for (int i = 0; i < PLAN_MAX_NODES; i++) {
-        if (rc->aud_eng[i]) k3_engine_free(rc->aud_eng[i]);
-        free(rc->aud_eng[i]);
-        rc->aud_eng[i] = NULL;
-    }
-}
-
-/* A traversal with its result and every stage's receipt: check it, log it, forget it. */
-static void ring_trav_check(ring_coord *rc, struct ring_trav *t) {
-    if (!t->have_result || t->n_got < rc->plan.n_stages) return;
-    rcpt_seq sorted[RF_MAX_SEQS];
-    for (uint32_t i = 0; i < t->n_seqs; i++) sorted[i] = (rcpt_seq){t->seqs[i].seq_id, t->seqs[i].pos, t->seqs[i].n_tokens};
-    for (uint32_t i = 1; i < t->n_seqs; i++) { /* the receipts' canonical order */
-        for (uint32_t j = i; j > 0 && sorted[j - 1].seq_id > sorted[j].seq_id; j--) {
-            rcpt_seq x = sorted[j];
-            sorted[j] = sorted[j - 1];
-            sorted[j - 1] = x;
-        }
-    }
-    rcpt_expect e = {.ring_id = rc->ring_id, .request_id = t->step_id, .n_layer = rc->hp.n_layer,
-                     .n_stages = rc->plan.n_stages, .stages = rc->rexp, .seen = &rc->book, .first_in = t->first_in,
-                     .last_out = t->last_out, .seqs = sorted, .n_seqs = t->n_seqs};
-    memcpy(e.nonce, t->nonce, 32);
-    rl_err err;
-    struct ring_blame b = {rc, -1, ""};
-    if (rcpt_check_traversal_all(t->rs, rc->plan.n_stages, &e, ring_blame_stage, &b) != 0) {
-        /* The stage the first problem is about is the node to blame: mark it faulty, name it. */
-        char msg[900];
-        if (b.stage >= 0) {
-            int node = rc->plan.stages[b.stage].node;
-            snprintf(msg, sizeof msg, "node %s (stage %d): %s", rc->conf.nodes[node].addr, b.stage, b.msg);
-            rc->faulty[node] = true;
-            snprintf(rc->fault[node], sizeof rc->fault[node], "receipt check failed: %s", b.msg);
-        } else {
-            snprintf(msg, sizeof msg, "%s", b.msg);
-        }
-        ring_rcpt_fail(rc, msg);
-    } else {
-        rc->receipts_checked += rc->plan.n_stages;
-        for (int i = 0; rc->o.receipts_out && i < rc->plan.n_stages; i++) {
-            char *line = NULL;
-            if (rcpt_to_json(&t->rs[i], &line, &err) == 0) fprintf(rc->o.receipts_out, "%s\n", line);
-            free(line);
-        }
-        if (rc->o.on_receipts) rc->o.on_receipts(rc->o.on_receipts_user, t->rs, rc->plan.n_stages);
-        if (rc->o.audit_rate > 0) ring_hist_add(rc, t);
-    }
-    ring_trav_drop(rc, t);
-}
-
-/* A RECEIPT message from node `from`: it goes in the slot of the stage that node was assigned, whatever
- * the receipt claims (the link is authenticated; a node claiming another range is then caught). */
-static void ring_take_receipt(ring_coord *rc, int from, const zs_parts *p, const rf_header *h) {
-    struct ring_trav *t = ring_trav_find(rc, h->step_id);
-    int stage = -1;
-    for (int s = 0; s < rc->plan.n_stages; s++) {
-        if (rc->plan.stages[s].node == from) stage = s;
-    }
-    char msg[300];
-    if (!t || stage < 0) {
-        snprintf(msg, sizeof msg, "node %s sent a receipt for step %llu that is not in flight", rc->conf.nodes[from].addr,
-                 (unsigned long long)h->step_id);
-        ring_rcpt_fail(rc, msg);
-        return;
-    }
-    rl_err err;
-    if (t->got[stage] || rcpt_unpack(&t->rs[stage], p->data[1], p->len[1], &err) != 0) {
-        snprintf(msg, sizeof msg, "node %s (stage %d) sent %s for step %llu: %s", rc->conf.nodes[from].addr, stage,
-                 t->got[stage] ? "a second receipt" : "an unreadable receipt", (unsigned long long)h->step_id,
-                 t->got[stage] ? "replay?" : err.msg);
-        ring_rcpt_fail(rc, msg);
-        return;
-    }
-    t->got[stage] = true;
-    t->n_got++;
-    ring_trav_check(rc, t);
-}
-
-int ring_receipts_finish(ring_coord *rc, double timeout_s, rl_err *err) {
-    if (!rc->o.receipts) return 0;
-    double t0 = gen_mono();
-    while (rc->n_travs > 0 && !rc->rcpt_failed && gen_mono() - t0 < timeout_s) {
-        zs_parts p;
-        rf_header h;
-        int from;
-        rl_err e2;
-        /* Nothing of this type comes: the wait just services RECEIPT messages for 50 ms. */
-        int r = ring_wait(rc, RF_FETCH_BEGIN, -1, 0.05, NULL, &from, &p, &h, &e2);
-        if (r == 0) zs_parts_free(&p);
-        else if (strncmp(e2.msg, "no ", 3) != 0) return rl_errf(err, "receipts: %s", e2.msg); /* interrupted, ... */
-    }
-    if (rc->rcpt_failed) return rl_errf(err, "%s", rc->rcpt_error);
-    if (rc->n_travs > 0) {
-        struct ring_trav *t = &rc->travs[0];
-        int missing = 0;
-        for (int s = 0; s < rc->plan.n_stages && t->got; s++) {
-            if (!t->got[s]) missing = s;
-        }
-        return rl_errf(err, "receipts: stage %d (%s) sent no receipt for step %llu within %.0f s", missing,
-                       rc->conf.nodes[rc->plan.stages[missing].node].addr, (unsigned long long)t->step_id, timeout_s);
-    }
-    return 0;
-}
-
-/* ---- audits: recompute a stage for a finished sequence (trust/audit.h) --------------------------- */
-
-/* A uniform draw in [0, 1) from the audit seed (splitmix64): the same seed picks the same audits. */
-static double ring_audit_draw(ring_coord *rc) {
-    uint64_t z = (rc->audit_rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return (double)(z >> 11) / 9007199254740992.0;
-}
-
-static int ring_audit_fail(ring_coord *rc, int stage, rl_err *err, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int ring_audit_fail(ring_coord *rc, int stage, rl_err *err, const char *fmt, ...) {
-    int node = rc->plan.stages[stage].node;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(rc->fault[node], sizeof rc->fault[node], fmt, ap);
-    va_end(ap);
-    rc->faulty[node] = true;
-    rc->audit_failures++;
-    return rl_errf(err, "audit: node %s (stage %d, layers [%u, %u)) is faulty: %s", rc->conf.nodes[node].addr, stage,
-                   rc->plan.stages[stage].a, rc->plan.stages[stage].b, rc->fault[node]);
-}
-
-static int ring_hist_cmp(const void *a, const void *b) {
-    const struct ring_hist *x = *(const struct ring_hist *const *)a, *y = *(const struct ring_hist *const *)b;
-    return x->step_id < y->step_id ? -1 : x->step_id > y->step_id;
-}
-
-/* One audit: sequence seq at stage `stage`. */
-static int ring_audit_one(ring_coord *rc, uint64_t seq, int stage, rl_err *err) {
-    const plan_stage *ps = &rc->plan.stages[stage];
-    int node = ps->node;
-    /* The remembered traversals that carried the sequence, in step order. */
-    struct ring_hist **hs = malloc((size_t)(rc->n_hist + 1) * sizeof *hs);
-    if (!hs) return rl_errf(err, "out of memory");
-    int n = 0;
-    for (int i = 0; i < rc->n_hist; i++) {
-        struct ring_hist *r = &rc->hist[(rc->hist_head + i) % rc->cap_hist];
-        for (uint32_t k = 0; k < r->n_seqs; k++) {
-            if (r->seqs[k].seq_id == seq) {
-                hs[n++] = r;
-                break;
-            }
-        }
-    }
-    qsort(hs, (size_t)n, sizeof *hs, ring_hist_cmp);
-    if (n == 0 || n > 65536) {
-        free(hs);
-        rc->audits_skipped++;
-        return 0; /* nothing remembered (or too much): nothing to check */
-    }
-    /* Ask the node for what it received and sent in those steps. */
-    size_t ql = 4 + (size_t)n * 8;
-    uint8_t *qb = malloc(ql);
-    rf_header *h = calloc(1, sizeof *h);
-    if (!qb || !h) {
-        free(qb), free(h), free(hs);
-        return rl_errf(err, "out of memory");
-    }
-    uint32_t cnt = (uint32_t)n;
-    memcpy(qb, &cnt, 4);
-    for (int i = 0; i < n; i++) memcpy(qb + 4 + (size_t)i * 8, &hs[i]->step_id, 8);
-    h->type = RF_AUDIT_REQ;
-    h->ring_id = rc->ring_id;
-    h->step_id = rc->next_step++;
-    uint64_t req_step = h->step_id;
-    uint8_t sb[8];
-    rf_stamps_encode(NULL, 0, sb);
-    int r = ring_send(rc, node, RF_AUDIT_REQ, h->step_id, h, qb, ql, sb, rf_stamps_size(0), err);
-    free(qb);
-    zs_parts p = {0};
-    bool watch[PLAN_MAX_NODES] = {0};
-    watch[node] = true;
-    int from;
-    while (r == 0) {
-        r = ring_wait(rc, RF_AUDIT_DATA, node, rc->o.step_s, watch, &from, &p, h, err);
-        if (r == 0 && h->step_id == req_step) break;
-        if (r == 0) zs_parts_free(&p); /* an answer to an earlier request */
-    }
-    if (r != 0) {
-        free(h), free(hs);
-        return ring_audit_fail(rc, stage, err, "it did not answer the audit: %s", err->msg);
-    }
-    /* Parse, and check every step's bytes against the hashes it signed. */
-    audit_frame *fr = calloc((size_t)n, sizeof *fr);
-    rf_header *hdrs = calloc((size_t)n, sizeof *hdrs);
-    const uint8_t *d = p.data[1], *end = d + p.len[1];
-    int rc_ = 0;
-    if (!fr || !hdrs) rc_ = rl_errf(err, "out of memory");
-    uint32_t got = 0;
-    if (rc_ == 0 && (end - d < 4 || (memcpy(&got, d, 4), got != cnt))) {
-        rc_ = ring_audit_fail(rc, stage, err, "its audit answer is malformed");
-    }
-    d += 4;
-    for (int i = 0; rc_ == 0 && i < n; i++) {
-        uint64_t step, il, ol;
-        uint8_t kept;
-        if (end - d < 25) {
-            rc_ = ring_audit_fail(rc, stage, err, "its audit answer is malformed");
-            break;
-        }
-        memcpy(&step, d, 8), memcpy(&kept, d + 8, 1), memcpy(&il, d + 9, 8), memcpy(&ol, d + 17, 8);
-        d += 25;
-        if (step != hs[i]->step_id || !kept) {
-            rc_ = ring_audit_fail(rc, stage, err, "it kept nothing of step %" PRIu64 ", which it signed a receipt for",
-                                  hs[i]->step_id);
-            break;
-        }
-        if (il > (uint64_t)(end - d) || ol > (uint64_t)(end - d) - il) {
-            rc_ = ring_audit_fail(rc, stage, err, "its audit answer is malformed");
-            break;
-        }
-        uint8_t hi[32], ho[32];
-        rcpt_hash(d, il, hi);
-        rcpt_hash(d + il, ol, ho);
-        if (memcmp(hi, hs[i]->hash[stage][0], 32) != 0 || memcmp(ho, hs[i]->hash[stage][1], 32) != 0) {
-            rc_ = ring_audit_fail(rc, stage, err, "what it says it %s in step %" PRIu64 " is not what its receipt signed",
-                                  memcmp(hi, hs[i]->hash[stage][0], 32) ? "received" : "sent", hs[i]->step_id);
-            break;
-        }
-        rf_header *fh = &hdrs[i];
-        fh->type = RF_FORWARD;
-        fh->ring_id = rc->ring_id;
-        fh->step_id = hs[i]->step_id;
-        fh->n_seqs = hs[i]->n_seqs;
-        fh->payload_bytes = il;
-        memcpy(fh->seqs, hs[i]->seqs, hs[i]->n_seqs * sizeof *fh->seqs);
-        bool last = stage == rc->plan.n_stages - 1;
-        fr[i] = (audit_frame){.h = fh, .in = d, .in_len = il, .out = d + il, .out_len = ol,
-                              .q = last ? hs[i]->q : NULL, .q_len = last ? hs[i]->q_len : 0};
-        d += il + ol;
-    }
-    /* Recompute. */
-    if (rc_ == 0 && !rc->aud_eng[stage]) {
-        k3_engine *e = calloc(1, sizeof *e);
-        /* One thread by default: audits are background work, and ggml's OpenMP threads spin at their
-         * barriers - on a machine that is also running nodes or serving, more threads than free cores make
-         * an audit hundreds of times slower, not faster. */
-        int th = rc->o.audit_threads > 0 ? rc->o.audit_threads : 1;
-        if (!e || k3_engine_init(e, rc->m, &rc->hp, ps->a, ps->b, th, err) != 0) {
-            free(e);
-            rc_ = e ? rl_errf(err, "audit: cannot run layers [%u, %u) here: %s", ps->a, ps->b, err->msg)
-                    : rl_errf(err, "out of memory");
-        } else {
-            rc->aud_eng[stage] = e;
-        }
-    }
-    if (rc_ == 0) {
-        audit_report rep;
-        double tol = rc->o.audit_tol > 0 ? rc->o.audit_tol : 1e-2;
-        if (audit_replay_seq(rc->aud_eng[stage], rc->o.n_ctx, rc->o.wire, seq, fr, n, tol, &rep, err) != 0) {
-            rc_ = -1;
-        } else {
-            rc->audit_frames += rep.frames;
-            rc->audit_max_diff = fmax(rc->audit_max_diff, rep.max_diff);
-            if (!rep.match) {
-                rc_ = ring_audit_fail(rc, stage, err, "sequence %" PRIu64 ", step %" PRIu64 ": %s", seq,
-                                      fr[rep.bad_frame].h->step_id, rep.what);
-            }
-        }
-    }
-    zs_parts_free(&p);
-    free(fr), free(hdrs), free(h), free(hs);
-    return rc_;
-}
-
-int ring_audit_pending(ring_coord *rc, rl_err *err) {
-    if (rc->n_audit_queue == 0 || rc->n_pending > 0) return 0; /* nothing drawn, or not a quiet moment */
-    /* The receipts of the sequences' last traversals may still be on their way. */
-    if (ring_receipts_finish(rc, 10.0, err) != 0) return -1;
-    while (rc->n_audit_queue > 0) {
-        uint64_t seq = rc->audit_queue[0];
-        memmove(rc->audit_queue, rc->audit_queue + 1, (size_t)--rc->n_audit_queue * sizeof rc->audit_queue[0]);
-        int stage = (int)(ring_audit_draw(rc) * rc->plan.n_stages);
-        if (stage >= rc->plan.n_stages) stage = rc->plan.n_stages - 1;
-        double t0 = gen_mono();
-        int r = ring_audit_one(rc, seq, stage, err);
-        int node = rc->plan.stages[stage].node;
-        rc->audit_s += gen_mono() - t0;
-        rc->node_audit_s[node] += gen_mono() - t0;
-        rc->audits++;
-        rc->node_audits[node]++;
-        if (r != 0) return -1;
-    }
-    return 0;
 }
 
 int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_reqs, rl_err *err) {
@@ -1363,79 +797,6 @@ rf_sampling ring_sampling(const smp_params *p) {
                          .repeat_penalty = p->repeat_penalty, .presence_penalty = p->presence_penalty,
                          .frequency_penalty = p->frequency_penalty, .top_k = p->top_k,
                          .penalty_last_n = p->penalty_last_n, .seed = p->seed};
-}
-
-int ring_generate(ring_coord *rc, const tok_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
-                  const gen_params *p, gen_token_cb cb, void *user, gen_metrics *m, rl_err *err) {
-    memset(m, 0, sizeof *m);
-    m->prompt_tokens = (int)n_prompt;
-    m->stop_reason = "length";
-    if (n_prompt == 0) return rl_errf(err, "empty prompt");
-    if (n_prompt >= rc->o.n_ctx) {
-        return rl_errf(err, "prompt of %zu tokens does not fit the context of %u", n_prompt, rc->o.n_ctx);
-    }
-    uint64_t seq = rc->next_seq++;
-    rf_sampling smp = ring_sampling(&p->smp);
-    gen_out out;
-    gen_out_begin(&out, tok, p, cb, user, m);
-    int rc_ = 0;
-    uint32_t chunk = p->chunk ? p->chunk : (uint32_t)n_prompt, pos = 0;
-    int32_t next = -1;
-    /* Prefill: every chunk is submitted before any result is awaited, so the stages work on different
-     * chunks at once (stage 0 on chunk k+1 while stage 1 has chunk k). */
-    size_t n_chunks = (n_prompt + chunk - 1) / chunk;
-    if (n_chunks > 32) n_chunks = 32; /* at most this many in flight; the rest follow as results return */
-    ring_seq_req rqs[32];
-    uint64_t steps[32];
-    size_t sent = 0, got = 0, i_next = 0;
-    while (rc_ == 0 && got * (size_t)chunk < n_prompt) {
-        while (rc_ == 0 && i_next < n_prompt && sent - got < n_chunks) {
-            uint32_t n = (uint32_t)(n_prompt - i_next < chunk ? n_prompt - i_next : chunk);
-            bool lastc = i_next + n == n_prompt;
-            ring_seq_req *rq = &rqs[sent % 32];
-            *rq = (ring_seq_req){.seq_id = seq, .pos = pos, .n = n, .tokens = prompt + i_next, .smp = smp,
-                                 .flags = (i_next == 0 ? RF_SEQ_NEW : 0) | (lastc ? 0 : RF_SEQ_NO_SAMPLE)};
-            rc_ = ring_submit(rc, rq, 1, &steps[sent % 32], err);
-            pos += n;
-            i_next += n;
-            sent++;
-        }
-        if (rc_ == 0) {
-            rc_ = ring_collect(rc, steps[got % 32], &rqs[got % 32], 1, err);
-            next = rqs[got % 32].token;
-            got++;
-        }
-    }
-    m->prefill_s = gen_mono() - out.t0;
-    for (int g = 0; rc_ == 0 && (p->n_predict < 0 || g < p->n_predict); g++) {
-        int32_t id = next;
-        if (id < 0) {
-            rc_ = rl_errf(err, "the last stage returned no token");
-            break;
-        }
-        int r = gen_out_token(&out, id, err);
-        if (r != 0) {
-            if (r < 0) rc_ = -1;
-            break;
-        }
-        if (gen_sigint_pending()) {
-            m->stop_reason = "interrupted";
-            break;
-        }
-        if (p->n_predict >= 0 && g + 1 >= p->n_predict) break;
-        if (pos + 1 > rc->o.n_ctx) {
-            m->stop_reason = "context";
-            break;
-        }
-        ring_seq_req rq = {.seq_id = seq, .pos = pos, .n = 1, .tokens = &id, .smp = smp};
-        rc_ = ring_step(rc, &rq, 1, err);
-        pos++;
-        next = rq.token;
-    }
-    gen_out_end(&out, rc_ == 0, n_prompt);
-    rl_err e2;
-    ring_free_seqs(rc, &seq, 1, &e2);
-    return rc_;
 }
 
 void ring_print_stats(const ring_coord *rc, FILE *f) {

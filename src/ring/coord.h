@@ -19,7 +19,7 @@
 #include "../text/tokenizer.h"
 #include "../trust/keys.h"
 #include "../trust/receipt.h"
-#include "frame.h"
+#include "../wire/frame.h"
 #include "plan.h"
 #include "zsock.h"
 

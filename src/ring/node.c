@@ -24,12 +24,12 @@
 #include "../gguf/file_hash.h"
 #include "../model/k3_forward.h"
 #include "../model/k3_memory.h"
-#include "../spec/accept.h"
+#include "../speculate/accept.h"
 #include "../text/sampler.h"
 #include "../trust/manifest.h"
 #include "../trust/receipt.h"
-#include "frame.h"
-#include "stage.h"
+#include "../wire/frame.h"
+#include "../exec/stage.h"
 #include "zsock.h"
 
 #define NODE_MAX_MODELS 32

@@ -1,8 +1,8 @@
 #include "scheduler.h"
 
-#include "../spec/accept.h"
-#include "../spec/draft_pool.h"
-#include "../spec/drafter.h"
+#include "../speculate/accept.h"
+#include "../speculate/draft_pool.h"
+#include "../speculate/drafter.h"
 
 #include <errno.h>
 #include <stdio.h>

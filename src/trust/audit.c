@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "../model/k3_boundary.h"
-#include "../ring/stage.h"
+#include "../exec/stage.h"
 
 /* Where sequence seq_id is in a frame: its index, its first token's offset, the frame's token count. */
 static int audit_find(const rf_header *h, uint64_t seq_id, uint32_t *off, uint64_t *total) {

@@ -21,7 +21,7 @@
 
 #include "../base/err.h"
 #include "../model/k3_forward.h"
-#include "../ring/frame.h"
+#include "../wire/frame.h"
 
 typedef struct audit_frame {
     const rf_header *h;                /* the FORWARD frame's header (its sequences) */

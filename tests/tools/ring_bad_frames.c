@@ -18,7 +18,7 @@
 
 #include "gguf/file_hash.h"
 #include "model/k3_hparams.h"
-#include "ring/frame.h"
+#include "wire/frame.h"
 #include "ring/zsock.h"
 
 static int n_pass, n_fail;

@@ -36,7 +36,7 @@
 #include <unistd.h>
 
 #include "model/k3_hparams.h"
-#include "spec/dspark.h"
+#include "speculate/dspark.h"
 #include "tools/synth.h"
 #include "tools/synth_config.h"
 #include "tools/synth_dspark.h"

@@ -13,7 +13,7 @@
 
 #include "ring/coord.h"
 #include "serve/scheduler.h"
-#include "spec/drafter.h"
+#include "speculate/drafter.h"
 #include "tools/synth.h"
 #include "tools/synth_config.h"
 #include "tools/synth_dspark.h"

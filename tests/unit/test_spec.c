@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "gen/generate.h"
-#include "spec/spec_gen.h"
+#include "speculate/spec_gen.h"
 #include "tools/synth.h"
 #include "tools/synth_config.h"
 #include "tools/synth_dspark.h"

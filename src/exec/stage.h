@@ -15,7 +15,7 @@
 #include "../base/err.h"
 #include "../model/k3_forward.h"
 #include "../text/sampler.h"
-#include "frame.h"
+#include "../wire/frame.h"
 
 #define STAGE_BLOCK_MAX 32 /* tokens of one VERIFY block (last token + drafts) */
 

@@ -5,8 +5,8 @@
 #ifndef RINGLM_VERIFY_RING_H
 #define RINGLM_VERIFY_RING_H
 
-#include "../ring/coord.h"
-#include "spec_gen.h"
+#include "coord.h"
+#include "../speculate/spec_gen.h"
 
 typedef struct spec_ring {
     ring_coord *rc;

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../spec/accept.h"
+#include "../speculate/accept.h"
 
 static stage_seq *stage_find(ring_stage *s, uint64_t id, bool create);
 

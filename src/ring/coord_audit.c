@@ -1,0 +1,207 @@
+/* coord_audit.c - audits: the coordinator asks a stage's node for the bytes of a finished sequence's
+ * traversals, checks them against its signed receipts, and recomputes the stage (trust/audit.h). */
+#include "coord_int.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cJSON.h>
+#include <sodium.h>
+#include <zmq.h>
+
+#include "../gen/emit.h"
+#include "../trust/audit.h"
+
+/* ---- audits: recompute a stage for a finished sequence (trust/audit.h) --------------------------- */
+
+/* A uniform draw in [0, 1) from the audit seed (splitmix64): the same seed picks the same audits. */
+double ring_audit_draw(ring_coord *rc) {
+    uint64_t z = (rc->audit_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (double)(z >> 11) / 9007199254740992.0;
+}
+
+static int ring_audit_fail(ring_coord *rc, int stage, rl_err *err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int ring_audit_fail(ring_coord *rc, int stage, rl_err *err, const char *fmt, ...) {
+    int node = rc->plan.stages[stage].node;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(rc->fault[node], sizeof rc->fault[node], fmt, ap);
+    va_end(ap);
+    rc->faulty[node] = true;
+    rc->audit_failures++;
+    return rl_errf(err, "audit: node %s (stage %d, layers [%u, %u)) is faulty: %s", rc->conf.nodes[node].addr, stage,
+                   rc->plan.stages[stage].a, rc->plan.stages[stage].b, rc->fault[node]);
+}
+
+static int ring_hist_cmp(const void *a, const void *b) {
+    const struct ring_hist *x = *(const struct ring_hist *const *)a, *y = *(const struct ring_hist *const *)b;
+    return x->step_id < y->step_id ? -1 : x->step_id > y->step_id;
+}
+
+/* One audit: sequence seq at stage `stage`. */
+static int ring_audit_one(ring_coord *rc, uint64_t seq, int stage, rl_err *err) {
+    const plan_stage *ps = &rc->plan.stages[stage];
+    int node = ps->node;
+    /* The remembered traversals that carried the sequence, in step order. */
+    struct ring_hist **hs = malloc((size_t)(rc->n_hist + 1) * sizeof *hs);
+    if (!hs) return rl_errf(err, "out of memory");
+    int n = 0;
+    for (int i = 0; i < rc->n_hist; i++) {
+        struct ring_hist *r = &rc->hist[(rc->hist_head + i) % rc->cap_hist];
+        for (uint32_t k = 0; k < r->n_seqs; k++) {
+            if (r->seqs[k].seq_id == seq) {
+                hs[n++] = r;
+                break;
+            }
+        }
+    }
+    qsort(hs, (size_t)n, sizeof *hs, ring_hist_cmp);
+    if (n == 0 || n > 65536) {
+        free(hs);
+        rc->audits_skipped++;
+        return 0; /* nothing remembered (or too much): nothing to check */
+    }
+    /* Ask the node for what it received and sent in those steps. */
+    size_t ql = 4 + (size_t)n * 8;
+    uint8_t *qb = malloc(ql);
+    rf_header *h = calloc(1, sizeof *h);
+    if (!qb || !h) {
+        free(qb), free(h), free(hs);
+        return rl_errf(err, "out of memory");
+    }
+    uint32_t cnt = (uint32_t)n;
+    memcpy(qb, &cnt, 4);
+    for (int i = 0; i < n; i++) memcpy(qb + 4 + (size_t)i * 8, &hs[i]->step_id, 8);
+    h->type = RF_AUDIT_REQ;
+    h->ring_id = rc->ring_id;
+    h->step_id = rc->next_step++;
+    uint64_t req_step = h->step_id;
+    uint8_t sb[8];
+    rf_stamps_encode(NULL, 0, sb);
+    int r = ring_send(rc, node, RF_AUDIT_REQ, h->step_id, h, qb, ql, sb, rf_stamps_size(0), err);
+    free(qb);
+    zs_parts p = {0};
+    bool watch[PLAN_MAX_NODES] = {0};
+    watch[node] = true;
+    int from;
+    while (r == 0) {
+        r = ring_wait(rc, RF_AUDIT_DATA, node, rc->o.step_s, watch, &from, &p, h, err);
+        if (r == 0 && h->step_id == req_step) break;
+        if (r == 0) zs_parts_free(&p); /* an answer to an earlier request */
+    }
+    if (r != 0) {
+        free(h), free(hs);
+        return ring_audit_fail(rc, stage, err, "it did not answer the audit: %s", err->msg);
+    }
+    /* Parse, and check every step's bytes against the hashes it signed. */
+    audit_frame *fr = calloc((size_t)n, sizeof *fr);
+    rf_header *hdrs = calloc((size_t)n, sizeof *hdrs);
+    const uint8_t *d = p.data[1], *end = d + p.len[1];
+    int rc_ = 0;
+    if (!fr || !hdrs) rc_ = rl_errf(err, "out of memory");
+    uint32_t got = 0;
+    if (rc_ == 0 && (end - d < 4 || (memcpy(&got, d, 4), got != cnt))) {
+        rc_ = ring_audit_fail(rc, stage, err, "its audit answer is malformed");
+    }
+    d += 4;
+    for (int i = 0; rc_ == 0 && i < n; i++) {
+        uint64_t step, il, ol;
+        uint8_t kept;
+        if (end - d < 25) {
+            rc_ = ring_audit_fail(rc, stage, err, "its audit answer is malformed");
+            break;
+        }
+        memcpy(&step, d, 8), memcpy(&kept, d + 8, 1), memcpy(&il, d + 9, 8), memcpy(&ol, d + 17, 8);
+        d += 25;
+        if (step != hs[i]->step_id || !kept) {
+            rc_ = ring_audit_fail(rc, stage, err, "it kept nothing of step %" PRIu64 ", which it signed a receipt for",
+                                  hs[i]->step_id);
+            break;
+        }
+        if (il > (uint64_t)(end - d) || ol > (uint64_t)(end - d) - il) {
+            rc_ = ring_audit_fail(rc, stage, err, "its audit answer is malformed");
+            break;
+        }
+        uint8_t hi[32], ho[32];
+        rcpt_hash(d, il, hi);
+        rcpt_hash(d + il, ol, ho);
+        if (memcmp(hi, hs[i]->hash[stage][0], 32) != 0 || memcmp(ho, hs[i]->hash[stage][1], 32) != 0) {
+            rc_ = ring_audit_fail(rc, stage, err, "what it says it %s in step %" PRIu64 " is not what its receipt signed",
+                                  memcmp(hi, hs[i]->hash[stage][0], 32) ? "received" : "sent", hs[i]->step_id);
+            break;
+        }
+        rf_header *fh = &hdrs[i];
+        fh->type = RF_FORWARD;
+        fh->ring_id = rc->ring_id;
+        fh->step_id = hs[i]->step_id;
+        fh->n_seqs = hs[i]->n_seqs;
+        fh->payload_bytes = il;
+        memcpy(fh->seqs, hs[i]->seqs, hs[i]->n_seqs * sizeof *fh->seqs);
+        bool last = stage == rc->plan.n_stages - 1;
+        fr[i] = (audit_frame){.h = fh, .in = d, .in_len = il, .out = d + il, .out_len = ol,
+                              .q = last ? hs[i]->q : NULL, .q_len = last ? hs[i]->q_len : 0};
+        d += il + ol;
+    }
+    /* Recompute. */
+    if (rc_ == 0 && !rc->aud_eng[stage]) {
+        k3_engine *e = calloc(1, sizeof *e);
+        /* One thread by default: audits are background work, and ggml's OpenMP threads spin at their
+         * barriers - on a machine that is also running nodes or serving, more threads than free cores make
+         * an audit hundreds of times slower, not faster. */
+        int th = rc->o.audit_threads > 0 ? rc->o.audit_threads : 1;
+        if (!e || k3_engine_init(e, rc->m, &rc->hp, ps->a, ps->b, th, err) != 0) {
+            free(e);
+            rc_ = e ? rl_errf(err, "audit: cannot run layers [%u, %u) here: %s", ps->a, ps->b, err->msg)
+                    : rl_errf(err, "out of memory");
+        } else {
+            rc->aud_eng[stage] = e;
+        }
+    }
+    if (rc_ == 0) {
+        audit_report rep;
+        double tol = rc->o.audit_tol > 0 ? rc->o.audit_tol : 1e-2;
+        if (audit_replay_seq(rc->aud_eng[stage], rc->o.n_ctx, rc->o.wire, seq, fr, n, tol, &rep, err) != 0) {
+            rc_ = -1;
+        } else {
+            rc->audit_frames += rep.frames;
+            rc->audit_max_diff = fmax(rc->audit_max_diff, rep.max_diff);
+            if (!rep.match) {
+                rc_ = ring_audit_fail(rc, stage, err, "sequence %" PRIu64 ", step %" PRIu64 ": %s", seq,
+                                      fr[rep.bad_frame].h->step_id, rep.what);
+            }
+        }
+    }
+    zs_parts_free(&p);
+    free(fr), free(hdrs), free(h), free(hs);
+    return rc_;
+}
+
+int ring_audit_pending(ring_coord *rc, rl_err *err) {
+    if (rc->n_audit_queue == 0 || rc->n_pending > 0) return 0; /* nothing drawn, or not a quiet moment */
+    /* The receipts of the sequences' last traversals may still be on their way. */
+    if (ring_receipts_finish(rc, 10.0, err) != 0) return -1;
+    while (rc->n_audit_queue > 0) {
+        uint64_t seq = rc->audit_queue[0];
+        memmove(rc->audit_queue, rc->audit_queue + 1, (size_t)--rc->n_audit_queue * sizeof rc->audit_queue[0]);
+        int stage = (int)(ring_audit_draw(rc) * rc->plan.n_stages);
+        if (stage >= rc->plan.n_stages) stage = rc->plan.n_stages - 1;
+        double t0 = gen_mono();
+        int r = ring_audit_one(rc, seq, stage, err);
+        int node = rc->plan.stages[stage].node;
+        rc->audit_s += gen_mono() - t0;
+        rc->node_audit_s[node] += gen_mono() - t0;
+        rc->audits++;
+        rc->node_audits[node]++;
+        if (r != 0) return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,41 @@
+/* coord_int.h - the coordinator's own functions shared by its files (coord.c: open, close, submit,
+ * collect; stream.c; coord_receipts.c; coord_audit.c; ring_generate.c). Not for users of the ring:
+ * they include coord.h. */
+#ifndef RINGLM_COORD_INT_H
+#define RINGLM_COORD_INT_H
+
+#include <cJSON.h>
+
+#include "coord.h"
+
+/* coord.c: messages to and from nodes. */
+bool ring_aborted(const ring_coord *rc);
+int ring_send4(ring_coord *rc, int node, int type, uint64_t step, const rf_header *hh, const void *payload,
+               size_t plen, const void *stamps, size_t slen, const void *extra, size_t elen, rl_err *err);
+int ring_send(ring_coord *rc, int node, int type, uint64_t step, const rf_header *hh, const void *payload,
+              size_t plen, const void *stamps, size_t slen, rl_err *err);
+/* Waits for one message of `want` type (from any node, or from `only` if >= 0). Answers nothing itself,
+ * but notes PONGs, pings every watched node each second and fails on ERROR, on a watched node silent for
+ * dead_s, or after timeout_s. *from is the node index the message came from. */
+int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const bool *watch, int *from, zs_parts *out,
+              rf_header *h, rl_err *err);
+const char *jstr(const cJSON *o, const char *k);
+struct ring_pending *ring_find_pending(ring_coord *rc, uint64_t step);
+void ring_take_taps(ring_coord *rc, int from, const zs_parts *p, const rf_header *h);
+
+/* stream.c: streams node the range file for layers [a, b) and waits until it has kept it. */
+int ring_stream(ring_coord *rc, int node, const mf_model *m, uint32_t a, uint32_t b, rl_err *err);
+
+/* coord_receipts.c */
+struct ring_trav *ring_trav_find(ring_coord *rc, uint64_t step);
+void ring_trav_drop(ring_coord *rc, struct ring_trav *t);
+void ring_rcpt_fail(ring_coord *rc, const char *msg);
+void ring_hist_add(ring_coord *rc, struct ring_trav *t);
+void ring_hist_free(ring_coord *rc);
+void ring_trav_check(ring_coord *rc, struct ring_trav *t);
+void ring_take_receipt(ring_coord *rc, int from, const zs_parts *p, const rf_header *h);
+
+/* coord_audit.c: draws whether a finished sequence is audited (audit_rate). */
+double ring_audit_draw(ring_coord *rc);
+
+#endif

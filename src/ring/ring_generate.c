@@ -1,0 +1,89 @@
+/* ring_generate.c - the one-shot decode loop over the ring (`ringlm run --ring`): gen_run's contract. */
+#include "coord_int.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cJSON.h>
+#include <sodium.h>
+#include <zmq.h>
+
+#include "../gen/emit.h"
+
+int ring_generate(ring_coord *rc, const tok_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
+                  const gen_params *p, gen_token_cb cb, void *user, gen_metrics *m, rl_err *err) {
+    memset(m, 0, sizeof *m);
+    m->prompt_tokens = (int)n_prompt;
+    m->stop_reason = "length";
+    if (n_prompt == 0) return rl_errf(err, "empty prompt");
+    if (n_prompt >= rc->o.n_ctx) {
+        return rl_errf(err, "prompt of %zu tokens does not fit the context of %u", n_prompt, rc->o.n_ctx);
+    }
+    uint64_t seq = rc->next_seq++;
+    rf_sampling smp = ring_sampling(&p->smp);
+    gen_out out;
+    gen_out_begin(&out, tok, p, cb, user, m);
+    int rc_ = 0;
+    uint32_t chunk = p->chunk ? p->chunk : (uint32_t)n_prompt, pos = 0;
+    int32_t next = -1;
+    /* Prefill: every chunk is submitted before any result is awaited, so the stages work on different
+     * chunks at once (stage 0 on chunk k+1 while stage 1 has chunk k). */
+    size_t n_chunks = (n_prompt + chunk - 1) / chunk;
+    if (n_chunks > 32) n_chunks = 32; /* at most this many in flight; the rest follow as results return */
+    ring_seq_req rqs[32];
+    uint64_t steps[32];
+    size_t sent = 0, got = 0, i_next = 0;
+    while (rc_ == 0 && got * (size_t)chunk < n_prompt) {
+        while (rc_ == 0 && i_next < n_prompt && sent - got < n_chunks) {
+            uint32_t n = (uint32_t)(n_prompt - i_next < chunk ? n_prompt - i_next : chunk);
+            bool lastc = i_next + n == n_prompt;
+            ring_seq_req *rq = &rqs[sent % 32];
+            *rq = (ring_seq_req){.seq_id = seq, .pos = pos, .n = n, .tokens = prompt + i_next, .smp = smp,
+                                 .flags = (i_next == 0 ? RF_SEQ_NEW : 0) | (lastc ? 0 : RF_SEQ_NO_SAMPLE)};
+            rc_ = ring_submit(rc, rq, 1, &steps[sent % 32], err);
+            pos += n;
+            i_next += n;
+            sent++;
+        }
+        if (rc_ == 0) {
+            rc_ = ring_collect(rc, steps[got % 32], &rqs[got % 32], 1, err);
+            next = rqs[got % 32].token;
+            got++;
+        }
+    }
+    m->prefill_s = gen_mono() - out.t0;
+    for (int g = 0; rc_ == 0 && (p->n_predict < 0 || g < p->n_predict); g++) {
+        int32_t id = next;
+        if (id < 0) {
+            rc_ = rl_errf(err, "the last stage returned no token");
+            break;
+        }
+        int r = gen_out_token(&out, id, err);
+        if (r != 0) {
+            if (r < 0) rc_ = -1;
+            break;
+        }
+        if (gen_sigint_pending()) {
+            m->stop_reason = "interrupted";
+            break;
+        }
+        if (p->n_predict >= 0 && g + 1 >= p->n_predict) break;
+        if (pos + 1 > rc->o.n_ctx) {
+            m->stop_reason = "context";
+            break;
+        }
+        ring_seq_req rq = {.seq_id = seq, .pos = pos, .n = 1, .tokens = &id, .smp = smp};
+        rc_ = ring_step(rc, &rq, 1, err);
+        pos++;
+        next = rq.token;
+    }
+    gen_out_end(&out, rc_ == 0, n_prompt);
+    rl_err e2;
+    ring_free_seqs(rc, &seq, 1, &e2);
+    return rc_;
+}
