@@ -365,7 +365,7 @@ int cmd_run(int argc, char **argv) {
             ring_json = ring_stats_json(&rc);
             if (trust.receipts) {
                 fprintf(stderr, "receipts: %ld checked (signatures, signers, ranges, chain, nonces), written to %s\n",
-                        rc.receipts_checked, trust.receipts);
+                        rc.ledger.checked, trust.receipts);
             }
             if (trust.audit_rate > 0) {
                 fprintf(stderr, "audits: %ld sequence(s) audited, %ld frame(s) recomputed in %.0f ms, largest difference "

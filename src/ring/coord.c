@@ -197,7 +197,7 @@ int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const bool *
                     *out = p;
                     return 0;
                 }
-                if (h->type == RF_RECEIPT && rc->o.receipts) ring_take_receipt(rc, i, &p, h);
+                if (h->type == RF_RECEIPT && rc->have_ledger) ring_take_receipt(rc, i, &p, h);
                 if (h->type == RF_TAPS) ring_take_taps(rc, i, &p, h);
                 zs_parts_free(&p); /* PONGs and late answers */
             }
@@ -360,21 +360,28 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
     if (!o->quiet) plan_print(&rc->plan, rc->pnodes, stderr);
     if (rc->o.receipts) {
         /* What every receipt must say, from our own copy of the model and the plan, never from receipts. */
-        if (rcpt_book_init(&rc->book, 1u << 16, err) != 0) {
-            ring_close(rc);
-            return -1;
-        }
-        rc->have_book = true;
+        rcpt_stage_expect rexp[PLAN_MAX_NODES];
+        const char *names[PLAN_MAX_NODES];
         for (int s = 0; s < rc->plan.n_stages; s++) {
-            rcpt_stage_expect *x = &rc->rexp[s];
+            rcpt_stage_expect *x = &rexp[s];
             memcpy(x->node_pk, conf->nodes[rc->plan.stages[s].node].key.sign_pk, 32);
             x->layer_start = rc->plan.stages[s].a;
             x->layer_end = rc->plan.stages[s].b;
+            names[s] = conf->nodes[rc->plan.stages[s].node].addr;
             if (mfst_range_hash(m, hp, x->layer_start, x->layer_end, x->manifest, err) != 0) {
                 ring_close(rc);
                 return -1;
             }
         }
+        tl_config lc = {.ring_id = rc->ring_id, .n_layer = hp->n_layer, .n_stages = rc->plan.n_stages, .stages = rexp,
+                        .names = names, .out = o->receipts_out, .on_receipts = o->on_receipts,
+                        .user = o->on_receipts_user,
+                        .keep = rc->o.audit_rate > 0 ? (o->audit_keep > 0 ? o->audit_keep : 4096) : 0};
+        if (tl_init(&rc->ledger, &lc, err) != 0) {
+            ring_close(rc);
+            return -1;
+        }
+        rc->have_ledger = true;
     }
     /* Assign, last stage first, so every downstream neighbour trusts its upstream before it connects. */
     for (int s = rc->plan.n_stages - 1; s >= 0; s--) {
@@ -428,13 +435,9 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
 }
 
 void ring_close(ring_coord *rc) {
-    ring_hist_free(rc);
-    if (rc->have_book) rcpt_book_free(&rc->book);
-    rc->have_book = false;
-    while (rc->n_travs > 0) ring_trav_drop(rc, &rc->travs[0]);
-    free(rc->travs);
-    rc->travs = NULL;
-    rc->cap_travs = 0;
+    ring_audit_free(rc);
+    if (rc->have_ledger) tl_free(&rc->ledger);
+    rc->have_ledger = false;
     /* Results that arrived but were never collected (a step abandoned on failure) own their buffers. */
     for (int i = 0; i < rc->n_pending; i++) {
         if (rc->pending[i].done) zs_parts_free(&rc->pending[i].parts);
@@ -567,39 +570,18 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
         randombytes_buf(rx.nonce, 32);
         rf_receipts_encode(&rx, NULL, 0, sb + sbl);
         sbl += rf_receipts_size(&rx, 0);
-        if (rc->rcpt_failed) {
+        if (rc->ledger.failed) {
             free(toks);
             free(h);
-            return rl_errf(err, "%s", rc->rcpt_error);
+            return rl_errf(err, "%s", rc->ledger.error);
         }
-        if (rc->n_travs == rc->cap_travs) {
-            int cap = rc->cap_travs ? rc->cap_travs * 2 : 32;
-            struct ring_trav *nt = realloc(rc->travs, (size_t)cap * sizeof *nt);
-            if (!nt) {
-                free(toks);
-                free(h);
-                return rl_errf(err, "out of memory");
-            }
-            rc->travs = nt;
-            rc->cap_travs = cap;
-        }
-        struct ring_trav *t = &rc->travs[rc->n_travs];
-        memset(t, 0, sizeof *t);
-        t->step_id = h->step_id;
-        memcpy(t->nonce, rx.nonce, 32);
-        rcpt_hash(toks, total * 4, t->first_in);
-        t->seqs = malloc((size_t)n_reqs * sizeof *t->seqs);
-        t->rs = calloc((size_t)rc->plan.n_stages, sizeof *t->rs);
-        t->got = calloc((size_t)rc->plan.n_stages, sizeof *t->got);
-        if (!t->seqs || !t->rs || !t->got) {
-            free(t->seqs), free(t->rs), free(t->got);
+        uint8_t first_in[32];
+        rcpt_hash(toks, total * 4, first_in);
+        if (tl_begin(&rc->ledger, h->step_id, rx.nonce, first_in, h->seqs, (uint32_t)n_reqs, err) != 0) {
             free(toks);
             free(h);
-            return rl_errf(err, "out of memory");
+            return -1;
         }
-        memcpy(t->seqs, h->seqs, (size_t)n_reqs * sizeof *t->seqs);
-        t->n_seqs = (uint32_t)n_reqs;
-        rc->n_travs++;
     }
     pd->step_id = h->step_id;
     pd->t_send_real = rf_now();
@@ -624,11 +606,7 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
         memcpy(qb + qo, reqs[i].q, reqs[i].q_len);
         qo += reqs[i].q_len;
     }
-    struct ring_trav *tq = rc->o.audit_rate > 0 && qb ? ring_trav_find(rc, h->step_id) : NULL;
-    if (tq && (tq->q = malloc(qlen))) {
-        memcpy(tq->q, qb, qlen);
-        tq->q_len = qlen;
-    }
+    if (rc->have_ledger && qb) tl_set_q(&rc->ledger, h->step_id, qb, qlen);
     int r = qlen && !qb ? rl_errf(err, "out of memory")
                         : ring_send4(rc, rc->plan.stages[0].node, RF_FORWARD, h->step_id, h, toks, total * 4, sb,
                                      sbl, qb, qlen, err);
@@ -748,14 +726,12 @@ int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_req
         }
     }
     free(h2);
-    if (rc_ == 0 && rc->o.receipts) {
-        struct ring_trav *t = ring_trav_find(rc, pd->step_id);
-        if (t) {
-            rcpt_hash(p->data[1], p->len[1], t->last_out);
-            t->have_result = true;
-            ring_trav_check(rc, t);
-        }
-        if (rc->rcpt_failed) rc_ = rl_errf(err, "%s", rc->rcpt_error);
+    if (rc_ == 0 && rc->have_ledger) {
+        uint8_t last_out[32];
+        rcpt_hash(p->data[1], p->len[1], last_out);
+        tl_result(&rc->ledger, pd->step_id, last_out);
+        ring_rcpt_blame(rc);
+        if (rc->ledger.failed) rc_ = rl_errf(err, "%s", rc->ledger.error);
     }
     zs_parts_free(p);
     free(pd->taps);

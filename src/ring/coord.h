@@ -18,6 +18,7 @@
 #include "../model/k3_hparams.h"
 #include "../text/tokenizer.h"
 #include "../trust/keys.h"
+#include "../trust/ledger.h"
 #include "../trust/receipt.h"
 #include "../wire/frame.h"
 #include "plan.h"
@@ -109,28 +110,12 @@ typedef struct ring_coord {
     uint64_t ring_id, next_step, next_seq;
     double last_ping;
     ring_stage_stats stats[PLAN_MAX_NODES + 1]; /* [n_stages] = the return hop */
-    rcpt_stage_expect rexp[PLAN_MAX_NODES]; /* receipts: the assignment and each range's manifest hash */
-    rcpt_nonce_book book;
-    bool have_book;
-    long receipts_checked;
-    /* Traversals whose receipts are still arriving (each stage sends its own after forwarding). They are
-     * checked when complete, while the coordinator waits for the ring anyway; a failure is kept in
-     * rcpt_error and fails the next step (or ring_receipts_finish). */
-    struct ring_trav {
-        uint64_t step_id;
-        uint8_t nonce[32], first_in[32], last_out[32];
-        bool have_result;
-        rf_seq *seqs;     /* the frame's sequence entries (what the receipts must list; kept for audits) */
-        uint32_t n_seqs;
-        uint8_t *q;       /* its drafts' distributions, kept for audits (or NULL) */
-        size_t q_len;
-        rcpt_receipt *rs; /* [n_stages], by the stage of the node that sent it */
-        bool *got;
-        int n_got;
-    } *travs;
-    int n_travs, cap_travs;
-    bool rcpt_failed;
-    char rcpt_error[1024];
+    /* Receipts (trust/ledger.h): traversals whose receipts are still arriving (each stage sends its own
+     * after forwarding), checked when complete while the coordinator waits for the ring anyway; a failure
+     * is kept there and fails the next step (or ring_receipts_finish), and the node it blames is marked
+     * faulty (rcpt_blamed: done). Checked traversals are remembered there for audits. */
+    tl_ledger ledger;
+    bool have_ledger, rcpt_blamed;
     /* Steps in flight: submit time, and results that arrived before their collect. */
     struct ring_pending {
         uint64_t step_id;
@@ -148,18 +133,9 @@ typedef struct ring_coord {
     int busy_node;            /* the node whose last ERROR said it serves another coordinator (or -1) */
     long stale_msgs;          /* messages about an earlier ring's frames, dropped (ring_wait) */
     long taps_dropped;        /* TAPS messages dropped: malformed, duplicated, or from a stage without taps */
-    /* Audits: the checked traversals still remembered (a ring buffer), the sequences waiting to be
-     * audited, an engine per audited stage (on the coordinator's model file), and what was found. */
+    /* Audits: the sequences waiting to be audited, an engine per audited stage (on the coordinator's model
+     * file), and what was found (the evidence: the ledger's remembered traversals). */
     const mf_model *m;
-    struct ring_hist {
-        uint64_t step_id;
-        uint32_t n_seqs;
-        rf_seq *seqs;
-        uint8_t *q;              /* the drafts' distributions sent with it (or NULL) */
-        size_t q_len;
-        uint8_t (*hash)[2][32];  /* [stage] = {input hash, output hash} from the checked receipts */
-    } *hist;
-    int n_hist, cap_hist, hist_head;
     uint64_t audit_rng;
     uint64_t audit_queue[256];
     int n_audit_queue;

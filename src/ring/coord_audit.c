@@ -43,7 +43,7 @@ static int ring_audit_fail(ring_coord *rc, int stage, rl_err *err, const char *f
 }
 
 static int ring_hist_cmp(const void *a, const void *b) {
-    const struct ring_hist *x = *(const struct ring_hist *const *)a, *y = *(const struct ring_hist *const *)b;
+    const tl_hist *x = *(const tl_hist *const *)a, *y = *(const tl_hist *const *)b;
     return x->step_id < y->step_id ? -1 : x->step_id > y->step_id;
 }
 
@@ -52,11 +52,11 @@ static int ring_audit_one(ring_coord *rc, uint64_t seq, int stage, rl_err *err) 
     const plan_stage *ps = &rc->plan.stages[stage];
     int node = ps->node;
     /* The remembered traversals that carried the sequence, in step order. */
-    struct ring_hist **hs = malloc((size_t)(rc->n_hist + 1) * sizeof *hs);
+    const tl_hist **hs = malloc((size_t)(rc->ledger.n_hist + 1) * sizeof *hs);
     if (!hs) return rl_errf(err, "out of memory");
     int n = 0;
-    for (int i = 0; i < rc->n_hist; i++) {
-        struct ring_hist *r = &rc->hist[(rc->hist_head + i) % rc->cap_hist];
+    for (int i = 0; i < rc->ledger.n_hist; i++) {
+        const tl_hist *r = tl_hist_at(&rc->ledger, i);
         for (uint32_t k = 0; k < r->n_seqs; k++) {
             if (r->seqs[k].seq_id == seq) {
                 hs[n++] = r;
@@ -204,4 +204,12 @@ int ring_audit_pending(ring_coord *rc, rl_err *err) {
         if (r != 0) return -1;
     }
     return 0;
+}
+
+void ring_audit_free(ring_coord *rc) {
+    for (int i = 0; i < PLAN_MAX_NODES; i++) {
+        if (rc->aud_eng[i]) k3_engine_free(rc->aud_eng[i]);
+        free(rc->aud_eng[i]);
+        rc->aud_eng[i] = NULL;
+    }
 }

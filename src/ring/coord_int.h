@@ -26,16 +26,12 @@ void ring_take_taps(ring_coord *rc, int from, const zs_parts *p, const rf_header
 /* stream.c: streams node the range file for layers [a, b) and waits until it has kept it. */
 int ring_stream(ring_coord *rc, int node, const mf_model *m, uint32_t a, uint32_t b, rl_err *err);
 
-/* coord_receipts.c */
-struct ring_trav *ring_trav_find(ring_coord *rc, uint64_t step);
-void ring_trav_drop(ring_coord *rc, struct ring_trav *t);
-void ring_rcpt_fail(ring_coord *rc, const char *msg);
-void ring_hist_add(ring_coord *rc, struct ring_trav *t);
-void ring_hist_free(ring_coord *rc);
-void ring_trav_check(ring_coord *rc, struct ring_trav *t);
+/* coord_receipts.c: a RECEIPT message into the ledger; a failed check's node marked faulty. */
 void ring_take_receipt(ring_coord *rc, int from, const zs_parts *p, const rf_header *h);
+void ring_rcpt_blame(ring_coord *rc);
 
-/* coord_audit.c: draws whether a finished sequence is audited (audit_rate). */
+/* coord_audit.c: draws whether a finished sequence is audited (audit_rate); frees the auditing engines. */
 double ring_audit_draw(ring_coord *rc);
+void ring_audit_free(ring_coord *rc);
 
 #endif
