@@ -128,121 +128,234 @@ static long parse_ids(const char *s, int32_t **out) {
     return (long)n;
 }
 
-int cmd_run(int argc, char **argv) {
-    const char *model = NULL, *prompt = NULL, *ids_arg = NULL, *metrics = NULL, *system = NULL;
-    const char *ring_path = NULL, *key_path = NULL, *wire = "f32", *draft = NULL;
-    cli_trust trust = {0};
-    int draft_n = 7;
-    float draft_p_min = 0;
-    int draft_depth = 2;
-    bool draft_fixed = false;
-    int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), ctx = 4096, chunk = 512;
-    bool chat = false, ids = false, progress = isatty(2);
-    gen_params gp = {.n_predict = 128};
-    unsigned long long seed = 0xC0FFEE;
-    gp.smp = smp_params_default(seed);
+/* What `ringlm run` was asked to do. */
+typedef struct run_args {
+    const char *model, *prompt, *ids_arg, *metrics, *system;
+    const char *ring_path, *key_path, *wire, *draft;
+    cli_trust trust;
+    int draft_n, draft_depth;
+    float draft_p_min;
+    bool draft_fixed;
+    int threads, ctx, chunk;
+    bool chat, ids, progress;
+    unsigned long long seed;
+    gen_params gp;
+} run_args;
+
+/* 0: go on; 1: --help was printed (exit 0); 2: bad usage (said on stderr). */
+static int run_parse(int argc, char **argv, run_args *a) {
+    *a = (run_args){.wire = "f32", .draft_n = 7, .draft_depth = 2, .threads = (int)sysconf(_SC_NPROCESSORS_ONLN),
+                    .ctx = 4096, .chunk = 512, .progress = isatty(2), .seed = 0xC0FFEE, .gp = {.n_predict = 128}};
+    a->gp.smp = smp_params_default(a->seed);
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+        const char *opt = argv[i];
+        if (strcmp(opt, "--help") == 0 || strcmp(opt, "-h") == 0) {
             run_usage(stdout);
-            return 0;
+            return 1;
         }
         /* Switches first; everything else takes the next argument as its value. */
-        if (strcmp(a, "--chat") == 0) {
-            chat = true;
+        if (strcmp(opt, "--chat") == 0) {
+            a->chat = true;
             continue;
         }
-        if (strcmp(a, "--ids") == 0) {
-            ids = true;
+        if (strcmp(opt, "--ids") == 0) {
+            a->ids = true;
             continue;
         }
-        if (strcmp(a, "--ignore-eos") == 0) {
-            gp.ignore_eog = true;
+        if (strcmp(opt, "--ignore-eos") == 0) {
+            a->gp.ignore_eog = true;
             continue;
         }
-        if (strcmp(a, "--progress") == 0) {
-            progress = true;
+        if (strcmp(opt, "--progress") == 0) {
+            a->progress = true;
             continue;
         }
-        if (strcmp(a, "--draft-fixed") == 0) {
-            draft_fixed = true;
+        if (strcmp(opt, "--draft-fixed") == 0) {
+            a->draft_fixed = true;
             continue;
         }
         const char *v = i + 1 < argc ? argv[++i] : NULL;
         int bad = v == NULL;
         if (bad) {
-        } else if (strcmp(a, "-m") == 0) {
-            model = v;
-        } else if (strcmp(a, "-p") == 0) {
-            prompt = v;
-        } else if (strcmp(a, "--system") == 0) {
-            system = v;
-        } else if (strcmp(a, "--ring") == 0) {
-            ring_path = v;
-        } else if (strcmp(a, "--draft") == 0) {
-            draft = v;
-        } else if (cli_parse_trust(a, v, &trust, &bad)) {
-        } else if (strcmp(a, "--draft-p-min") == 0) {
-            bad = parse_float(v, &draft_p_min) || draft_p_min < 0 || draft_p_min > 1;
-        } else if (strcmp(a, "--draft-depth") == 0) {
-            bad = cli_parse_int(v, &draft_depth) || draft_depth < 1 || draft_depth > SPEC_MAX_DEPTH;
-        } else if (strcmp(a, "--draft-n") == 0) {
-            bad = cli_parse_int(v, &draft_n) || draft_n < 1 || draft_n > SPEC_MAX_DRAFT;
-        } else if (strcmp(a, "--key") == 0) {
-            key_path = v;
-        } else if (strcmp(a, "--wire") == 0) {
-            wire = v;
+        } else if (strcmp(opt, "-m") == 0) {
+            a->model = v;
+        } else if (strcmp(opt, "-p") == 0) {
+            a->prompt = v;
+        } else if (strcmp(opt, "--system") == 0) {
+            a->system = v;
+        } else if (strcmp(opt, "--ring") == 0) {
+            a->ring_path = v;
+        } else if (strcmp(opt, "--draft") == 0) {
+            a->draft = v;
+        } else if (cli_parse_trust(opt, v, &a->trust, &bad)) {
+        } else if (strcmp(opt, "--draft-p-min") == 0) {
+            bad = parse_float(v, &a->draft_p_min) || a->draft_p_min < 0 || a->draft_p_min > 1;
+        } else if (strcmp(opt, "--draft-depth") == 0) {
+            bad = cli_parse_int(v, &a->draft_depth) || a->draft_depth < 1 || a->draft_depth > SPEC_MAX_DEPTH;
+        } else if (strcmp(opt, "--draft-n") == 0) {
+            bad = cli_parse_int(v, &a->draft_n) || a->draft_n < 1 || a->draft_n > SPEC_MAX_DRAFT;
+        } else if (strcmp(opt, "--key") == 0) {
+            a->key_path = v;
+        } else if (strcmp(opt, "--wire") == 0) {
+            a->wire = v;
             bad = strcmp(v, "f32") && strcmp(v, "f16") && strcmp(v, "bf16");
-        } else if (strcmp(a, "--tokens") == 0) {
-            ids_arg = v;
-        } else if (strcmp(a, "--metrics-json") == 0) {
-            metrics = v;
-        } else if (strcmp(a, "-n") == 0) {
-            bad = cli_parse_int(v, &gp.n_predict);
-        } else if (strcmp(a, "--threads") == 0) {
-            bad = cli_parse_int(v, &threads) || threads < 1;
-        } else if (strcmp(a, "--ctx") == 0) {
-            bad = cli_parse_int(v, &ctx) || ctx < 8;
-        } else if (strcmp(a, "--chunk") == 0) {
-            bad = cli_parse_int(v, &chunk) || chunk < 1;
-        } else if (strcmp(a, "--seed") == 0) {
-            bad = cli_parse_u64(v, &seed);
-            gp.smp.seed = seed;
-        } else if (strcmp(a, "--temp") == 0) {
-            bad = parse_float(v, &gp.smp.temperature);
-        } else if (strcmp(a, "--top-k") == 0) {
-            bad = cli_parse_int(v, &gp.smp.top_k);
-        } else if (strcmp(a, "--top-p") == 0) {
-            bad = parse_float(v, &gp.smp.top_p);
-        } else if (strcmp(a, "--min-p") == 0) {
-            bad = parse_float(v, &gp.smp.min_p);
-        } else if (strcmp(a, "--repeat-penalty") == 0) {
-            bad = parse_float(v, &gp.smp.repeat_penalty);
-        } else if (strcmp(a, "--presence-penalty") == 0) {
-            bad = parse_float(v, &gp.smp.presence_penalty);
-        } else if (strcmp(a, "--frequency-penalty") == 0) {
-            bad = parse_float(v, &gp.smp.frequency_penalty);
+        } else if (strcmp(opt, "--tokens") == 0) {
+            a->ids_arg = v;
+        } else if (strcmp(opt, "--metrics-json") == 0) {
+            a->metrics = v;
+        } else if (strcmp(opt, "-n") == 0) {
+            bad = cli_parse_int(v, &a->gp.n_predict);
+        } else if (strcmp(opt, "--threads") == 0) {
+            bad = cli_parse_int(v, &a->threads) || a->threads < 1;
+        } else if (strcmp(opt, "--ctx") == 0) {
+            bad = cli_parse_int(v, &a->ctx) || a->ctx < 8;
+        } else if (strcmp(opt, "--chunk") == 0) {
+            bad = cli_parse_int(v, &a->chunk) || a->chunk < 1;
+        } else if (strcmp(opt, "--seed") == 0) {
+            bad = cli_parse_u64(v, &a->seed);
+            a->gp.smp.seed = a->seed;
+        } else if (strcmp(opt, "--temp") == 0) {
+            bad = parse_float(v, &a->gp.smp.temperature);
+        } else if (strcmp(opt, "--top-k") == 0) {
+            bad = cli_parse_int(v, &a->gp.smp.top_k);
+        } else if (strcmp(opt, "--top-p") == 0) {
+            bad = parse_float(v, &a->gp.smp.top_p);
+        } else if (strcmp(opt, "--min-p") == 0) {
+            bad = parse_float(v, &a->gp.smp.min_p);
+        } else if (strcmp(opt, "--repeat-penalty") == 0) {
+            bad = parse_float(v, &a->gp.smp.repeat_penalty);
+        } else if (strcmp(opt, "--presence-penalty") == 0) {
+            bad = parse_float(v, &a->gp.smp.presence_penalty);
+        } else if (strcmp(opt, "--frequency-penalty") == 0) {
+            bad = parse_float(v, &a->gp.smp.frequency_penalty);
         } else {
             bad = 1;
         }
         if (bad) {
-            fprintf(stderr, "ringlm run: unknown or bad option '%s'\n", a);
+            fprintf(stderr, "ringlm run: unknown or bad option '%s'\n", opt);
             run_usage(stderr);
             return 2;
         }
     }
-    if (!model || (!prompt == !ids_arg)) {
+    if (!a->model || (!a->prompt == !a->ids_arg)) {
         fprintf(stderr, "ringlm run: -m MODEL and exactly one of -p PROMPT or --tokens are required\n");
         run_usage(stderr);
         return 2;
     }
-    if (cli_trust_check(&trust, ring_path != NULL, "run")) return 2;
-    if (ring_path && !key_path) {
+    if (cli_trust_check(&a->trust, a->ring_path != NULL, "run")) return 2;
+    if (a->ring_path && !a->key_path) {
         fprintf(stderr, "ringlm run: --ring needs --key (the coordinator's identity, from ringlm keygen)\n");
         return 2;
     }
-    gp.n_ctx = (uint32_t)ctx;
-    gp.chunk = (uint32_t)chunk;
+    a->gp.n_ctx = (uint32_t)a->ctx;
+    a->gp.chunk = (uint32_t)a->chunk;
+    return 0;
+}
+
+/* The prompt as token ids: --tokens as given (checked against the vocabulary), or -p encoded, wrapped in the
+ * model's chat format with --chat (*text: the rendered chat, the caller frees it). */
+static int run_prompt(const run_args *a, const mf_model *m, const k3_hparams *hp, const tok_tokenizer *tok,
+                      int32_t **toks, size_t *n_toks, char **text, rl_err *err) {
+    if (a->ids_arg) {
+        long n = parse_ids(a->ids_arg, toks);
+        if (n < 0) {
+            rl_errf(err, "bad --tokens '%s' (comma-separated ids)", a->ids_arg);
+            return -1;
+        }
+        *n_toks = (size_t)n;
+        for (size_t i = 0; i < *n_toks; i++) {
+            if ((uint32_t)(*toks)[i] >= hp->n_vocab) {
+                rl_errf(err, "token id %d out of range (vocabulary %u)", (*toks)[i], hp->n_vocab);
+                return -1;
+            }
+        }
+    } else {
+        const char *src = a->prompt;
+        size_t src_len = strlen(a->prompt);
+        bool special = false;
+        if (a->chat) {
+            chat_format fmt;
+            if (chat_detect_model(m, &fmt, err) != 0) return -1;
+            chat_msg msgs[2];
+            int nm = 0;
+            memset(msgs, 0, sizeof msgs);
+            if (a->system) msgs[nm].role = CHAT_SYSTEM, msgs[nm++].content = a->system;
+            msgs[nm].role = CHAT_USER, msgs[nm++].content = a->prompt;
+            chat_opts co = chat_opts_default();
+            if (chat_render(fmt, msgs, nm, &co, text, &src_len, err) != 0) return -1;
+            src = *text;
+            special = true; /* the a->chat markers are special tokens */
+        }
+        if (tok_encode(tok, src, src_len, special, toks, n_toks, err) != 0) return -1;
+    }
+    return 0;
+}
+
+/* The generation over the ring (--ring): open it, generate (speculating when drafter is not NULL), check the
+ * last receipts and run the audits drawn, print its per-stage table, close it. */
+static int run_ring(const run_args *a, mf_model *m, k3_hparams *hp, const tok_tokenizer *tok, spec_drafter *drafter,
+                    const spec_params *spp, const int32_t *toks, size_t n_toks, run_out *ro, gen_metrics *gm,
+                    spec_metrics *smx, cJSON **ring_json, rl_err *err) {
+    ring_conf conf;
+    rk_identity id;
+    ring_coord rc;
+    if (ring_conf_load(&conf, a->ring_path, err) != 0 || rk_load(&id, a->key_path, err) != 0) return -1;
+    ring_opts ro_ = ring_opts_default();
+    ro_.n_ctx = (uint32_t)a->ctx;
+    ro_.wire = strcmp(a->wire, "f16") == 0 ? 1 : strcmp(a->wire, "bf16") == 0 ? 2 : 0;
+    FILE *rf = NULL;
+    if (a->trust.receipts) {
+        rf = fopen(a->trust.receipts, "w");
+        if (!rf) {
+            rl_errf(err, "cannot create %s", a->trust.receipts);
+            return -1;
+        }
+        ro_.receipts = true;
+        ro_.receipts_out = rf;
+    }
+    const uint32_t *taps;
+    ro_.n_taps = drafter ? spec_drafter_taps(drafter, &taps) : 0;
+    if (ro_.n_taps > 0) memcpy(ro_.taps, taps, (size_t)ro_.n_taps * sizeof *taps);
+    ro_.audit_rate = a->trust.audit_rate;
+    if (a->trust.node_timeout > 0) ro_.dead_s = a->trust.node_timeout;
+    ro_.audit_seed = a->trust.audit_seed;
+    ro_.audit_tol = a->trust.audit_tol;
+    if (ring_open(&rc, &conf, &id, m, hp, &ro_, err) != 0) {
+        if (rf) fclose(rf);
+        return -1;
+    }
+    int grc;
+    if (drafter) {
+        spec_ring sr = {.rc = &rc, .chunk = (uint32_t)a->chunk};
+        spec_verifier v = spec_verifier_ring(&sr);
+        grc = spec_run(&v, drafter, tok, toks, n_toks, &a->gp, spp, run_on_token, ro, gm, smx, err);
+    } else {
+        grc = ring_generate(&rc, tok, toks, n_toks, &a->gp, run_on_token, ro, gm, err);
+    }
+    if (grc == 0 && rc.o.receipts) grc = ring_receipts_finish(&rc, 10.0, err); /* the last steps' receipts */
+    if (grc == 0 && a->trust.audit_rate > 0) grc = ring_audit_pending(&rc, err);
+    if (grc == 0) {
+        fprintf(stderr, "\n");
+        ring_print_stats(&rc, stderr);
+        *ring_json = ring_stats_json(&rc);
+        if (a->trust.receipts) {
+            fprintf(stderr, "receipts: %ld checked (signatures, signers, ranges, chain, nonces), written to %s\n",
+                    rc.ledger.checked, a->trust.receipts);
+        }
+        if (a->trust.audit_rate > 0) {
+            fprintf(stderr, "audits: %ld sequence(s) audited, %ld frame(s) recomputed in %.0f ms, largest difference "
+                    "%.2g; none failed\n", rc.audits, rc.audit_frames, rc.audit_s * 1e3, rc.audit_max_diff);
+        }
+    }
+    ring_close(&rc);
+    if (rf && fclose(rf) != 0 && grc == 0) grc = rl_errf(err, "cannot write %s", a->trust.receipts);
+    return grc;
+}
+
+int cmd_run(int argc, char **argv) {
+    run_args args, *a = &args;
+    int pr = run_parse(argc, argv, a);
+    if (pr) return pr == 1 ? 0 : 2;
 
     /* Ctrl-C: block SIGINT and let the loop poll for it between steps, so it stops cleanly. */
     sigset_t sigint;
@@ -260,128 +373,43 @@ int cmd_run(int argc, char **argv) {
     char *text = NULL;
     int rc = 1;
     bool have_tok = false, have_engine = false;
-    if (k3_open(&m, &hp, model, &err) != 0) goto out_noclose;
+    if (k3_open(&m, &hp, a->model, &err) != 0) goto out_noclose;
     if (tok_load(&tok, &m, &err) != 0) goto out;
     have_tok = true;
-    if (ids_arg) {
-        long n = parse_ids(ids_arg, &toks);
-        if (n < 0) {
-            rl_errf(&err, "bad --tokens '%s' (comma-separated ids)", ids_arg);
-            goto out;
-        }
-        n_toks = (size_t)n;
-        for (size_t i = 0; i < n_toks; i++) {
-            if ((uint32_t)toks[i] >= hp.n_vocab) {
-                rl_errf(&err, "token id %d out of range (vocabulary %u)", toks[i], hp.n_vocab);
-                goto out;
-            }
-        }
-    } else {
-        const char *src = prompt;
-        size_t src_len = strlen(prompt);
-        bool special = false;
-        if (chat) {
-            chat_format fmt;
-            if (chat_detect_model(&m, &fmt, &err) != 0) goto out;
-            chat_msg msgs[2];
-            int nm = 0;
-            memset(msgs, 0, sizeof msgs);
-            if (system) msgs[nm].role = CHAT_SYSTEM, msgs[nm++].content = system;
-            msgs[nm].role = CHAT_USER, msgs[nm++].content = prompt;
-            chat_opts co = chat_opts_default();
-            if (chat_render(fmt, msgs, nm, &co, &text, &src_len, &err) != 0) goto out;
-            src = text;
-            special = true; /* the chat markers are special tokens */
-        }
-        if (tok_encode(&tok, src, src_len, special, &toks, &n_toks, &err) != 0) goto out;
-    }
-    run_out ro = {.ids = ids};
+    if (run_prompt(a, &m, &hp, &tok, &toks, &n_toks, &text, &err) != 0) goto out;
+    run_out ro = {.ids = a->ids};
     gen_metrics gm;
     cJSON *ring_json = NULL;
     spec_metrics smx;
-    bool spec = draft && strcmp(draft, "none") != 0;
+    bool spec = a->draft && strcmp(a->draft, "none") != 0;
     spec_drafter drafter;
     memset(&drafter, 0, sizeof drafter);
-    if (spec && spec_drafter_open(&drafter, draft, &m, &hp, (uint32_t)ctx, threads, &gp.smp, &err) != 0) goto out;
-    drafter.min_conf = draft_p_min;
-    spec_params spp = {.k_max = draft_n, .adaptive = !draft_fixed, .depth = draft_depth};
-    if (spec && !ring_path) {
-        if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, threads, &err) != 0) {
-            spec_drafter_close(&drafter);
-            goto out;
-        }
-        have_engine = true;
-        k3_weights_prefault(&e.w, progress && m.tensor_bytes > (64u << 20));
-        spec_local sl = {.e = &e, .n_ctx = (uint32_t)ctx, .chunk = (uint32_t)chunk};
-        spec_verifier v = spec_verifier_local(&sl);
-        int src = spec_run(&v, &drafter, &tok, toks, n_toks, &gp, &spp, run_on_token, &ro, &gm, &smx, &err);
-        spec_drafter_close(&drafter);
-        if (src != 0) goto out;
-    } else if (ring_path) {
-        ring_conf conf;
-        rk_identity id;
-        ring_coord rc;
-        if (ring_conf_load(&conf, ring_path, &err) != 0 || rk_load(&id, key_path, &err) != 0) goto out;
-        ring_opts ro_ = ring_opts_default();
-        ro_.n_ctx = (uint32_t)ctx;
-        ro_.wire = strcmp(wire, "f16") == 0 ? 1 : strcmp(wire, "bf16") == 0 ? 2 : 0;
-        FILE *rf = NULL;
-        if (trust.receipts) {
-            rf = fopen(trust.receipts, "w");
-            if (!rf) {
-                rl_errf(&err, "cannot create %s", trust.receipts);
-                if (spec) spec_drafter_close(&drafter);
-                goto out;
-            }
-            ro_.receipts = true;
-            ro_.receipts_out = rf;
-        }
-        const uint32_t *taps;
-        ro_.n_taps = spec ? spec_drafter_taps(&drafter, &taps) : 0;
-        if (ro_.n_taps > 0) memcpy(ro_.taps, taps, (size_t)ro_.n_taps * sizeof *taps);
-        ro_.audit_rate = trust.audit_rate;
-        if (trust.node_timeout > 0) ro_.dead_s = trust.node_timeout;
-        ro_.audit_seed = trust.audit_seed;
-        ro_.audit_tol = trust.audit_tol;
-        if (ring_open(&rc, &conf, &id, &m, &hp, &ro_, &err) != 0) {
-            if (rf) fclose(rf);
+    if (spec && spec_drafter_open(&drafter, a->draft, &m, &hp, (uint32_t)a->ctx, a->threads, &a->gp.smp, &err) != 0) goto out;
+    drafter.min_conf = a->draft_p_min;
+    spec_params spp = {.k_max = a->draft_n, .adaptive = !a->draft_fixed, .depth = a->draft_depth};
+    if (a->ring_path) {
+        int grc = run_ring(a, &m, &hp, &tok, spec ? &drafter : NULL, &spp, toks, n_toks, &ro, &gm, &smx, &ring_json, &err);
+        if (spec) spec_drafter_close(&drafter);
+        if (grc != 0) goto out;
+    } else {
+        if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, a->threads, &err) != 0) {
             if (spec) spec_drafter_close(&drafter);
             goto out;
         }
+        have_engine = true;
+        k3_weights_prefault(&e.w, a->progress && m.tensor_bytes > (64u << 20));
         int grc;
         if (spec) {
-            spec_ring sr = {.rc = &rc, .chunk = (uint32_t)chunk};
-            spec_verifier v = spec_verifier_ring(&sr);
-            grc = spec_run(&v, &drafter, &tok, toks, n_toks, &gp, &spp, run_on_token, &ro, &gm, &smx, &err);
+            spec_local sl = {.e = &e, .n_ctx = (uint32_t)a->ctx, .chunk = (uint32_t)a->chunk};
+            spec_verifier v = spec_verifier_local(&sl);
+            grc = spec_run(&v, &drafter, &tok, toks, n_toks, &a->gp, &spp, run_on_token, &ro, &gm, &smx, &err);
             spec_drafter_close(&drafter);
         } else {
-            grc = ring_generate(&rc, &tok, toks, n_toks, &gp, run_on_token, &ro, &gm, &err);
+            grc = gen_run(&e, &tok, toks, n_toks, &a->gp, run_on_token, &ro, &gm, &err);
         }
-        if (grc == 0 && rc.o.receipts) grc = ring_receipts_finish(&rc, 10.0, &err); /* the last steps' receipts */
-        if (grc == 0 && trust.audit_rate > 0) grc = ring_audit_pending(&rc, &err);
-        if (grc == 0) {
-            fprintf(stderr, "\n");
-            ring_print_stats(&rc, stderr);
-            ring_json = ring_stats_json(&rc);
-            if (trust.receipts) {
-                fprintf(stderr, "receipts: %ld checked (signatures, signers, ranges, chain, nonces), written to %s\n",
-                        rc.ledger.checked, trust.receipts);
-            }
-            if (trust.audit_rate > 0) {
-                fprintf(stderr, "audits: %ld sequence(s) audited, %ld frame(s) recomputed in %.0f ms, largest difference "
-                        "%.2g; none failed\n", rc.audits, rc.audit_frames, rc.audit_s * 1e3, rc.audit_max_diff);
-            }
-        }
-        ring_close(&rc);
-        if (rf && fclose(rf) != 0 && grc == 0) grc = rl_errf(&err, "cannot write %s", trust.receipts);
         if (grc != 0) goto out;
-    } else {
-        if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, threads, &err) != 0) goto out;
-        have_engine = true;
-        k3_weights_prefault(&e.w, progress && m.tensor_bytes > (64u << 20));
-        if (gen_run(&e, &tok, toks, n_toks, &gp, run_on_token, &ro, &gm, &err) != 0) goto out;
     }
-    printf(ids ? "\n" : "");
+    printf(a->ids ? "\n" : "");
     fflush(stdout);
     fprintf(stderr,
             "\n[ringlm] prompt %d tokens, prefill %.1f tok/s, ttft %.3f s, generated %d tokens, decode %.2f tok/s, "
@@ -391,10 +419,10 @@ int cmd_run(int argc, char **argv) {
     if (spec) {
         fprintf(stderr, "[ringlm] speculative (%s): acceptance %.1f%%, %.2f tokens per target pass (%ld passes), "
                         "draft %.3f s, verify %.3f s\n",
-                draft, 100 * smx.acceptance_rate, smx.tokens_per_traversal, smx.traversals, smx.draft_s, smx.verify_s);
+                a->draft, 100 * smx.acceptance_rate, smx.tokens_per_traversal, smx.traversals, smx.draft_s, smx.verify_s);
     }
-    if (metrics && run_write_metrics(metrics, &gm, ring_json, spec ? &smx : NULL, &err) != 0) goto out;
-    if (!metrics) cJSON_Delete(ring_json);
+    if (a->metrics && run_write_metrics(a->metrics, &gm, ring_json, spec ? &smx : NULL, &err) != 0) goto out;
+    if (!a->metrics) cJSON_Delete(ring_json);
     rc = 0;
 out:
     if (have_engine) k3_engine_free(&e);
