@@ -2,6 +2,7 @@
 # The tree's layering (README, "Layout"): every #include "../FOLDER/..." in src/X/ names a folder that the
 # README's table lets X include, and the table lists every folder. So dependencies point one way and no two
 # folders include each other; a change that breaks the rule fails here, naming the file and the include.
+# Each folder's own header comment says the same (checked last).
 . "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 declare -A allow
@@ -32,4 +33,12 @@ for a in "${!allow[@]}"; do
     done
 done
 check "no two folders may include each other" test $cyc = 0
+# Each folder says the same of itself in one header's opening comment ("Folder src/X/: ... May include: ...").
+for d in src/*/; do
+    f=$(basename "$d")
+    said=$(cat "$d"*.h 2>/dev/null | tr '\n' ' ' | sed 's/ \* / /g; s/  */ /g' |
+           sed -n "s|.*Folder src/$f/: .*May include: \([^.]*\)\..*|\1|p" | head -1 | tr -d ' ')
+    case $said in nothing*) said=- ;; anyfolder) said=any ;; esac
+    check "src/$f/ says in a header what it may include, as README does ($said)" test "$said" = "${allow[$f]:-?}"
+done
 finish

@@ -1,3 +1,6 @@
+/* Folder src/base/: the error type shared by every layer. May include: nothing (the bottom layer). (README
+ * "Layout"; tests/t_layout.sh checks both.)
+ */
 /* err.h - one error type for the whole tree: a message that names the problem.
  *
  * Functions that can fail take `rl_err *err` last and return 0 on success, -1 on failure with err->msg

@@ -1,3 +1,6 @@
+/* Folder src/cli/: the ringlm subcommands: argument parsing and wiring only. May include: any folder. (README
+ * "Layout"; tests/t_layout.sh checks both.)
+ */
 /* cli.h - `ringlm` subcommands. Each takes argc/argv after the subcommand name and returns the exit code.
  * This folder parses arguments and wires the layers below together; it holds no logic of its own. */
 #ifndef RINGLM_CLI_H

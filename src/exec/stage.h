@@ -1,3 +1,7 @@
+/* Folder src/exec/: one stage's execution: a layer range run on a batch of sequences' entries, with their
+ * states, rollback copies, taps and last-stage sampling and verification. May include: base, model, text,
+ * speculate, wire. (README "Layout"; tests/t_layout.sh checks both.)
+ */
 /* stage.h - what one stage of the ring computes for a FORWARD frame, apart from the network.
  *
  * A node runs every frame it receives through stage_run; an auditor (trust/audit.h) runs a copy of a

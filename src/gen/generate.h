@@ -1,3 +1,6 @@
+/* Folder src/gen/: the decode loop on one machine (prefill, sampling, streaming, timings). May include: base,
+ * model, text. (README "Layout"; tests/t_layout.sh checks both.)
+ */
 /* generate.h - the decode loop: prompt tokens in, sampled tokens and text out, with timings.
  *
  * Runs on a k3_engine for the whole model (one machine). The prompt is prefilled in chunks, then one

@@ -1,3 +1,6 @@
+/* Folder src/gguf/: model files: open and map (split sets), validation, typed metadata access. May include:
+ * base. (README "Layout"; tests/t_layout.sh checks both.)
+ */
 /* model_file.h - a GGUF model opened for reading: metadata, tensor table, tensor data mapped from disk.
  *
  * Reads single files and split sets (NAME-00001-of-000NN.gguf, any member may be named) as one model.

@@ -1,3 +1,7 @@
+/* Folder src/model/: K3 hyperparameters and tensor manifest, weights of a layer range, the forward graph, per-
+ * sequence state, boundary state, memory arithmetic, the logits file format. May include: base, gguf. (README
+ * "Layout"; tests/t_layout.sh checks both.)
+ */
 /* k3_forward.h - our K3 forward pass on ggml, for one layer range [a, b) (spec §5).
  *
  * An engine binds the range's weights and runs batches: several sequences at once, any number of tokens

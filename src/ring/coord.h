@@ -1,3 +1,7 @@
+/* Folder src/ring/: CURVE sockets and allowlist, node daemon, coordinator, planner, the ring's speculative
+ * verifier, latency relay. May include: base, gguf, model, text, gen, speculate, wire, exec, trust. (README
+ * "Layout"; tests/t_layout.sh checks both.)
+ */
 /* coord.h - the coordinator: plans the ring, assigns layer ranges, drives sequences through it.
  *
  * Data path: coordinator -> stage 0 -> ... -> last stage -> coordinator (the last stage answers directly,

@@ -1,3 +1,6 @@
+/* Folder src/serve/: the OpenAI-compatible HTTP server, the continuous-batching scheduler, the chat page. May
+ * include: base, model, text, speculate, ring. (README "Layout"; tests/t_layout.sh checks both.)
+ */
 /* scheduler.h - continuous batching: many generation requests share one model, one forward pass per step.
  *
  * One scheduler thread owns the backend (the model). Requests arrive from any thread (sch_submit) into a

@@ -1,3 +1,7 @@
+/* Folder src/speculate/: speculative decoding: drafters (n-gram, draft model, the DSpark graph), the draft
+ * model pool serve uses, acceptance, the speculative loop with pipelining, the local verifier. May include:
+ * base, gguf, model, text, gen. (README "Layout"; tests/t_layout.sh checks both.)
+ */
 /* spec_gen.h - speculative decoding: draft k tokens, verify them in one target pass, keep what matches.
  *
  * The target side is a verifier: on one machine (spec_verifier_local) or through the ring (the last stage

@@ -1,3 +1,6 @@
+/* Folder src/text/: tokenizer (kimi-k2 pre-split, BPE), Kimi chat formats, samplers. May include: base, gguf.
+ * (README "Layout"; tests/t_layout.sh checks both.)
+ */
 /* tokenizer.h - Kimi's byte-level BPE tokenizer, token for token what llama.cpp produces.
  *
  * Only what K3 files use is supported: tokenizer.ggml.model "gpt2" (byte-level BPE) with the "kimi-k2"

@@ -1,3 +1,6 @@
+/* Folder src/tools/: synth (configs, vocabulary, weights, writer), inspect, logits comparison. May include:
+ * base, gguf, model. (README "Layout"; tests/t_layout.sh checks both.)
+ */
 /* synth.h - writes a kimi-k3 GGUF with seeded random weights (`ringlm synth`).
  *
  * Every weight is a pure function of (seed, tensor name, element index), so the same seed gives the same

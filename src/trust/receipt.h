@@ -1,3 +1,8 @@
+/* Folder src/trust/: identities (Ed25519 keys; CURVE keys derived), receipts, the coordinator's ledger of them
+ * (gathered, checked, kept for audits), the offline verifier of a receipts log, model manifest hashes, audits
+ * (recomputing a stage). May include: base, gguf, model, exec, wire. (README "Layout"; tests/t_layout.sh
+ * checks both.)
+ */
 /* receipt.h - signed receipts: each stage of a ring traversal signs what it computed (docs/receipts.md).
  *
  * A receipt says "the holder of key P ran layers [layer_start, layer_end) of the model with manifest

@@ -1,3 +1,6 @@
+/* Folder src/wire/: the ring's wire format: frame headers, sequence entries, stamps, the receipts extension.
+ * May include: base. (README "Layout"; tests/t_layout.sh checks both.)
+ */
 /* frame.h - the messages between coordinator and nodes, and between neighbouring nodes.
  *
  * A message is a ZeroMQ multipart message: [header][payload][stamps]. The header is a fixed
