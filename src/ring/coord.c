@@ -216,7 +216,7 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
     rc->hp = *hp;
     rc->m = m;
     if (o->audit_rate > 0) rc->o.receipts = true; /* an audit checks a node's frames against its receipts */
-    rc->audit_rng = o->audit_seed ^ 0x6a09e667f3bcc908ull;
+    audit_draws_init(&rc->audit, o->audit_seed);
     randombytes_buf(&rc->ring_id, sizeof rc->ring_id);
     rc->next_step = 1;
     rc->next_seq = 1;
@@ -757,14 +757,7 @@ int ring_free_seqs(ring_coord *rc, const uint64_t *ids, int n, rl_err *err) {
     rf_stamps_encode(NULL, 0, sb);
     int r = ring_send(rc, rc->plan.stages[0].node, RF_FREE, h->step_id, h, NULL, 0, sb, rf_stamps_size(0), err);
     free(h);
-    for (int i = 0; rc->o.audit_rate > 0 && i < n; i++) { /* which finished sequences get audited */
-        if (ring_audit_draw(rc) >= rc->o.audit_rate) continue;
-        if (rc->n_audit_queue < (int)(sizeof rc->audit_queue / sizeof rc->audit_queue[0])) {
-            rc->audit_queue[rc->n_audit_queue++] = ids[i];
-        } else {
-            rc->audits_skipped++;
-        }
-    }
+    rc->audits_skipped += audit_draws_finished(&rc->audit, rc->o.audit_rate, ids, n); /* which get audited */
     return r;
 }
 

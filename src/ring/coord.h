@@ -21,6 +21,7 @@
 #include "../gguf/model_file.h"
 #include "../model/k3_hparams.h"
 #include "../text/tokenizer.h"
+#include "../trust/audit.h"
 #include "../trust/keys.h"
 #include "../trust/ledger.h"
 #include "../trust/receipt.h"
@@ -140,9 +141,7 @@ typedef struct ring_coord {
     /* Audits: the sequences waiting to be audited, an engine per audited stage (on the coordinator's model
      * file), and what was found (the evidence: the ledger's remembered traversals). */
     const mf_model *m;
-    uint64_t audit_rng;
-    uint64_t audit_queue[256];
-    int n_audit_queue;
+    audit_draws audit;             /* which finished sequences are audited, and where (trust/audit.h) */
     void *aud_eng[PLAN_MAX_NODES]; /* k3_engine *, per stage, made at its first audit */
     bool faulty[PLAN_MAX_NODES];   /* per ring.conf node: caught by a receipt check or an audit */
     char fault[PLAN_MAX_NODES][600];

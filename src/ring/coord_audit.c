@@ -20,14 +20,6 @@
 /* ---- audits: recompute a stage for a finished sequence (trust/audit.h) --------------------------- */
 
 /* A uniform draw in [0, 1) from the audit seed (splitmix64): the same seed picks the same audits. */
-double ring_audit_draw(ring_coord *rc) {
-    uint64_t z = (rc->audit_rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return (double)(z >> 11) / 9007199254740992.0;
-}
-
 static int ring_audit_fail(ring_coord *rc, int stage, rl_err *err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static int ring_audit_fail(ring_coord *rc, int stage, rl_err *err, const char *fmt, ...) {
@@ -186,14 +178,12 @@ static int ring_audit_one(ring_coord *rc, uint64_t seq, int stage, rl_err *err) 
 }
 
 int ring_audit_pending(ring_coord *rc, rl_err *err) {
-    if (rc->n_audit_queue == 0 || rc->n_pending > 0) return 0; /* nothing drawn, or not a quiet moment */
+    if (rc->audit.n == 0 || rc->n_pending > 0) return 0; /* nothing drawn, or not a quiet moment */
     /* The receipts of the sequences' last traversals may still be on their way. */
     if (ring_receipts_finish(rc, 10.0, err) != 0) return -1;
-    while (rc->n_audit_queue > 0) {
-        uint64_t seq = rc->audit_queue[0];
-        memmove(rc->audit_queue, rc->audit_queue + 1, (size_t)--rc->n_audit_queue * sizeof rc->audit_queue[0]);
-        int stage = (int)(ring_audit_draw(rc) * rc->plan.n_stages);
-        if (stage >= rc->plan.n_stages) stage = rc->plan.n_stages - 1;
+    uint64_t seq;
+    int stage;
+    while (audit_draws_next(&rc->audit, rc->plan.n_stages, &seq, &stage)) {
         double t0 = gen_mono();
         int r = ring_audit_one(rc, seq, stage, err);
         int node = rc->plan.stages[stage].node;

@@ -30,8 +30,7 @@ int ring_stream(ring_coord *rc, int node, const mf_model *m, uint32_t a, uint32_
 void ring_take_receipt(ring_coord *rc, int from, const zs_parts *p, const rf_header *h);
 void ring_rcpt_blame(ring_coord *rc);
 
-/* coord_audit.c: draws whether a finished sequence is audited (audit_rate); frees the auditing engines. */
-double ring_audit_draw(ring_coord *rc);
+/* coord_audit.c: frees the auditing engines. */
 void ring_audit_free(ring_coord *rc);
 
 #endif

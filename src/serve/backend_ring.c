@@ -289,13 +289,13 @@ static void ring_flush_frees(sch_ring *B) {
  * which the next step re-opens without it. Returns 1 if there was anything to audit. */
 static int ring_audit_now(sch_ring *B) {
     rl_err e;
-    int before = B->open ? B->rc->n_audit_queue : 0;
+    int before = B->open ? B->rc->audit.n : 0;
     if (before == 0) return 0;
     if (ring_audit_pending(B->rc, &e) != 0) {
         ring_break(B, e.msg);
         return 1;
     }
-    return B->rc->n_audit_queue < before; /* 0 when it had to wait (steps in flight): no busy loop */
+    return B->rc->audit.n < before; /* 0 when it had to wait (steps in flight): no busy loop */
 }
 /* While the server is idle, every RING_IDLE_PROBE_S: an open ring's links are looked at, so a node that
  * went away breaks it now and /health says so without waiting for a request; a broken ring's nodes are

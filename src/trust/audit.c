@@ -274,3 +274,37 @@ int audit_replay_seq(k3_engine *e, uint32_t n_ctx, int wire, uint64_t seq_id, co
     free(sub);
     return rc;
 }
+
+/* ---- which sequences, which stage ---------------------------------------------------------------- */
+
+static double audit_draw(audit_draws *d) {
+    uint64_t z = (d->rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (double)(z >> 11) / 9007199254740992.0;
+}
+
+void audit_draws_init(audit_draws *d, uint64_t seed) {
+    memset(d, 0, sizeof *d);
+    d->rng = seed ^ 0x6a09e667f3bcc908ull;
+}
+
+int audit_draws_finished(audit_draws *d, double rate, const uint64_t *ids, int n) {
+    int skipped = 0;
+    for (int i = 0; rate > 0 && i < n; i++) {
+        if (audit_draw(d) >= rate) continue;
+        if (d->n < (int)(sizeof d->queue / sizeof d->queue[0])) d->queue[d->n++] = ids[i];
+        else skipped++;
+    }
+    return skipped;
+}
+
+bool audit_draws_next(audit_draws *d, int n_stages, uint64_t *seq, int *stage) {
+    if (d->n == 0) return false;
+    *seq = d->queue[0];
+    memmove(d->queue, d->queue + 1, (size_t)--d->n * sizeof d->queue[0]);
+    *stage = (int)(audit_draw(d) * n_stages);
+    if (*stage >= n_stages) *stage = n_stages - 1;
+    return true;
+}

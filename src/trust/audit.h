@@ -44,4 +44,18 @@ typedef struct audit_report {
 int audit_replay_seq(k3_engine *e, uint32_t n_ctx, int wire, uint64_t seq_id, const audit_frame *frames, int n,
                      double tol, audit_report *rep, rl_err *err);
 
+/* Which finished sequences are audited, and at which stage: seeded draws (splitmix64), so a run's audits
+ * are reproducible from its audit seed. The queue holds the sequences drawn and not yet audited. */
+typedef struct audit_draws {
+    uint64_t rng;
+    uint64_t queue[256];
+    int n;
+} audit_draws;
+
+void audit_draws_init(audit_draws *d, uint64_t seed);
+/* Queues each finished sequence with probability rate; returns how many were drawn but found the queue full. */
+int audit_draws_finished(audit_draws *d, double rate, const uint64_t *ids, int n);
+/* Takes the oldest queued sequence and draws the stage (of n_stages) it is audited at; false if none waits. */
+bool audit_draws_next(audit_draws *d, int n_stages, uint64_t *seq, int *stage);
+
 #endif
