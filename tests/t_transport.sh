@@ -82,7 +82,8 @@ while True:
     for s in rs:
         if s is ls:
             a, _ = ls.accept(); b = socket.create_connection(("127.0.0.1", nport)); conns.append((a, b)); seen[a] = 0; continue
-        pair = next(p for p in conns if s in p)
+        pair = next((p for p in conns if s in p), None)
+        if pair is None: continue  # its pair was closed earlier in this same round
         other = pair[1] if s is pair[0] else pair[0]
         try: data = bytearray(s.recv(65536))
         except OSError: data = b""
@@ -114,7 +115,7 @@ for t in "up 2000" "down 700"; do
         "{ [ $rc = 1 ] && grep -q '$TAMPER_ADDR' '$WORK/t.err'; } || { [ $rc = 0 ] && diff -q '$WORK/local.ids' '$WORK/t.ids'; }"
     check "tampered stream ($dir): never wrong tokens" bash -c "[ $rc != 0 ] || diff -q '$WORK/local.ids' '$WORK/t.ids'"
     grep -E "ringlm run:" "$WORK/t.err" | head -2 | sed 's/^/    /'
-    kill "$TAMPER_PID" 2>/dev/null; wait "$TAMPER_PID" 2>/dev/null || true
+    kill "$TAMPER_PID" 2>/dev/null || true; wait "$TAMPER_PID" 2>/dev/null || true
 done
 check "node 1 is still running after the tampering" kill -0 "${RING_PID[1]}"
 check "and the ring still gives one machine's tokens" ring_ok
