@@ -127,6 +127,8 @@ for s in held:
     try:
         s.settimeout(1)
         closed += s.recv(16) == b""
+    except socket.timeout:
+        pass  # still open: not closed
     except OSError:
         closed += 1  # reset: closed too
     s.close()

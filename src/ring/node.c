@@ -21,6 +21,7 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 
+#include "../gen/emit.h"
 #include "../gguf/file_hash.h"
 #include "../model/k3_forward.h"
 #include "../model/k3_memory.h"
@@ -247,14 +248,20 @@ static double node_probe_speed(int threads) {
 
 /* ---- replies ----------------------------------------------------------------------------------- */
 
-static int node_reply(node *n, int type, uint64_t step, const void *payload, size_t len) {
+/* A reply (header + payload) to the peer with routing id `to` (the coordinator, or one it refuses). */
+static int node_reply_to(node *n, const void *to, size_t to_len, int type, uint64_t step, const void *payload,
+                         size_t len, rl_err *err) {
     rf_header h = {.type = (uint16_t)type, .ring_id = n->cur_ring, .step_id = step, .payload_bytes = len};
     uint8_t hb[64];
     rf_header_encode(&h, hb);
-    const void *parts[3] = {n->coord_id, hb, payload ? payload : ""};
-    size_t lens[3] = {n->coord_id_len, rf_header_size(0), len};
+    const void *parts[3] = {to, hb, payload ? payload : ""};
+    size_t lens[3] = {to_len, rf_header_size(0), len};
+    return zs_send(n->router, parts, lens, 3, true, err);
+}
+
+static int node_reply(node *n, int type, uint64_t step, const void *payload, size_t len) {
     rl_err err;
-    if (zs_send(n->router, parts, lens, 3, true, &err) != 0) {
+    if (node_reply_to(n, n->coord_id, n->coord_id_len, type, step, payload, len, &err) != 0) {
         node_log(n, "cannot reach the coordinator: %s", err.msg);
         return -1;
     }
@@ -1033,12 +1040,6 @@ static void node_fetch_end(node *n, uint64_t step, const zs_parts *p) {
 
 /* ---- one coordinator at a time ------------------------------------------------------------------ */
 
-static double node_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 /* The owner part of a coordinator's routing id: all but its last "-" field (coord.c: ring_routing_id). */
 static size_t node_owner_len(const char *id, size_t len) {
     for (size_t i = len; i > 0; i--) {
@@ -1090,7 +1091,7 @@ static bool node_admit(node *n, const zs_parts *p, const rf_header *h) {
         memcpy(n->owner, p->data[0], n->owner_len);
         snprintf(n->owner_key, sizeof n->owner_key, "%s", p->user);
         snprintf(n->owner_peer, sizeof n->owner_peer, "%s", p->peer[0] ? p->peer : "?");
-        n->owner_since = node_now();
+        n->owner_since = gen_mono();
         node_log(n, "serving coordinator %.16s... from %s", n->owner_key[0] ? n->owner_key : "(unknown key)",
                  n->owner_peer);
         mine = true;
@@ -1110,9 +1111,9 @@ static bool node_admit(node *n, const zs_parts *p, const rf_header *h) {
         snprintf(msg, sizeof msg,
                  "in use by another coordinator%s (key %.16s..., from %s, for %.0f s): a ring serves one coordinator at "
                  "a time; stop that one, or wait until it closes its ring",
-                 same_key ? " process with the same key" : "", n->owner_key, n->owner_peer, node_now() - n->owner_since);
+                 same_key ? " process with the same key" : "", n->owner_key, n->owner_peer, gen_mono() - n->owner_since);
     }
-    double now = node_now();
+    double now = gen_mono();
     if (n->owned && now - n->busy_logged >= 10) {
         n->busy_logged = now;
         node_log(n, "refused coordinator %.16s... from %s: %s", p->user[0] ? p->user : "?", p->peer, msg);
@@ -1123,13 +1124,8 @@ static bool node_admit(node *n, const zs_parts *p, const rf_header *h) {
     if (n->owned) cJSON_AddBoolToObject(j, "busy", true);
     char *js = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
-    rf_header eh = {.type = RF_ERROR, .ring_id = h->ring_id, .step_id = h->step_id, .payload_bytes = js ? strlen(js) : 0};
-    uint8_t hb[64];
-    rf_header_encode(&eh, hb);
-    const void *parts[3] = {p->data[0], hb, js ? js : ""};
-    size_t lens[3] = {p->len[0], rf_header_size(0), js ? strlen(js) : 0};
-    rl_err e2;
-    zs_send(n->router, parts, lens, 3, true, &e2); /* a refused peer that already left: nothing to do */
+    rl_err e2; /* a refused peer that already left: nothing to do (cur_ring is this message's ring) */
+    node_reply_to(n, p->data[0], p->len[0], RF_ERROR, h->step_id, js, js ? strlen(js) : 0, &e2);
     free(js);
     return false;
 }

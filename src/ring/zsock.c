@@ -8,18 +8,14 @@
 
 #include <zmq.h>
 
-/* ---- ZAP: the ZeroMQ authentication protocol (RFC 27), one handler per context -------------------- */
+#include "../gen/emit.h"
 
-static double zs_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
+/* ---- ZAP: the ZeroMQ authentication protocol (RFC 27), one handler per context -------------------- */
 
 /* "refused a connection from ADDR: key ... is not allowed", naming the key the way keygen printed it (the
  * two keys the CURVE key can come from: trust/keys.h); once per key per 10 s. */
 static void zs_auth_log_refusal(zs_auth *a, const char *addr, const uint8_t key[32]) {
-    double now = zs_now();
+    double now = gen_mono();
     if (memcmp(a->last_refused, key, 32) == 0 && now - a->last_refused_t < 10) {
         a->refused_quiet++;
         return;
@@ -228,11 +224,6 @@ int zs_send(void *sock, const void *const *data, const size_t *len, int n, bool 
 bool zs_wait_writable(void *sock, int timeout_ms) {
     zmq_pollitem_t it = {sock, 0, ZMQ_POLLOUT, 0};
     return zmq_poll(&it, 1, timeout_ms) > 0 && (it.revents & ZMQ_POLLOUT);
-}
-
-int zs_send_wait(void *sock, const void *const *data, const size_t *len, int n, int timeout_ms, rl_err *err) {
-    if (!zs_wait_writable(sock, timeout_ms)) return rl_errf(err, "send failed: no connected peer after %d ms", timeout_ms);
-    return zs_send(sock, data, len, n, true, err);
 }
 
 int zs_recv(void *sock, zs_parts *p, rl_err *err) {

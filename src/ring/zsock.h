@@ -62,9 +62,6 @@ typedef struct zs_parts {
 } zs_parts;
 
 int zs_send(void *sock, const void *const *data, const size_t *len, int n, bool dontwait, rl_err *err);
-/* Waits up to timeout_ms for the socket to have a connected peer ready to take a message, then sends.
- * (Our client sockets queue nothing for absent peers, so without a peer a send fails at once.) */
-int zs_send_wait(void *sock, const void *const *data, const size_t *len, int n, int timeout_ms, rl_err *err);
 /* Waits up to timeout_ms until the socket can send (a peer is connected and handshaken). */
 bool zs_wait_writable(void *sock, int timeout_ms);
 int zs_recv(void *sock, zs_parts *p, rl_err *err); /* non-blocking: returns 1 when nothing is waiting */

@@ -1314,12 +1314,6 @@ typedef struct http_sock {
     struct http_sock *prev, *next;
 } http_sock;
 
-static double http_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 static http_sock *http_sock_of(struct MHD_Connection *c) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     return ci ? ci->socket_context : NULL;
@@ -1334,7 +1328,7 @@ static void http_notify_conn(void *cls, struct MHD_Connection *c, void **socket_
         http_sock *k = calloc(1, sizeof *k);
         if (!k) return; /* then it has no deadline, only MHD's idle timeout */
         k->fd = http_conn_fd(c);
-        k->since = http_now();
+        k->since = sch_now();
         pthread_mutex_lock(&h->mu);
         k->next = h->socks;
         if (h->socks) h->socks->prev = k;
@@ -1358,7 +1352,7 @@ static void http_sock_mark(http_server *h, struct MHD_Connection *c, bool in_req
     if (!k) return;
     pthread_mutex_lock(&h->mu);
     k->in_request = in_request;
-    k->since = http_now();
+    k->since = sch_now();
     pthread_mutex_unlock(&h->mu);
 }
 
@@ -1366,7 +1360,7 @@ static void *http_watchdog(void *arg) {
     http_server *h = arg;
     pthread_mutex_lock(&h->mu);
     while (h->watching) {
-        double now = http_now();
+        double now = sch_now();
         long shut = 0;
         for (http_sock *k = h->socks; k; k = k->next) {
             if (k->in_request || k->shut || now - k->since < h->cfg.header_timeout_s) continue;

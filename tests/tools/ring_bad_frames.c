@@ -44,7 +44,7 @@ static int reply(void *s, char *msg, size_t cap) {
 
 static void send_parts(void *s, const void *const *d, const size_t *l, int n) {
     rl_err e;
-    zs_send_wait(s, d, l, n, 5000, &e);
+    if (zs_wait_writable(s, 5000)) zs_send(s, d, l, n, true, &e);
 }
 
 static void send_hdr(void *s, const rf_header *h, const void *payload, size_t plen, int with_stamps) {
