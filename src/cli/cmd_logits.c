@@ -10,10 +10,12 @@
 
 static void logits_usage(FILE *f) {
     fprintf(f, "usage: ringlm logits -m MODEL.gguf --tokens 1,2,3 [--mode batch|step] [--chunk N | --prefill N]\n"
-               "                     [--threads N] [--ring ring.conf --key coord.key [--wire f32|f16|bf16]] -o OUT.bin\n\n"
+               "                     [--threads N] [--no-repack] [--ring ring.conf --key coord.key [--wire f32|f16|bf16]] -o OUT.bin\n\n"
                "Writes the logits of every position (the oracle's file format, src/model/logits_file.h).\n"
                "batch: all tokens in one forward pass (or --chunk N tokens per pass); step: one token per pass;\n"
-               "--prefill N: N tokens in one pass, then one token per pass (a prompt, then decode steps).\n");
+               "--prefill N: N tokens in one pass, then one token per pass (a prompt, then decode steps).\n"
+               "--no-repack: every weight stays in the file mapping (llama.cpp's --no-repack); the default copies\n"
+               "quantized matmul weights into the CPU's repacked layouts where llama.cpp would.\n");
 }
 
 /* Parses "1,2,3" into a malloc'ed array. */
@@ -53,6 +55,7 @@ int cmd_logits(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *mode = "batch", *toks = NULL, *ring_path = NULL, *key_path = NULL;
     const char *wire = "f32";
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), chunk = 0, prefill = 0;
+    bool no_repack = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -78,6 +81,8 @@ int cmd_logits(int argc, char **argv) {
             i++;
         } else if (strcmp(a, "--threads") == 0 && v && cli_parse_int(v, &threads) == 0 && threads > 0) {
             i++;
+        } else if (strcmp(a, "--no-repack") == 0) {
+            no_repack = true;
         } else {
             fprintf(stderr, "ringlm logits: unknown or bad option '%s'\n", a);
             logits_usage(stderr);
@@ -148,7 +153,8 @@ int cmd_logits(int argc, char **argv) {
         free(all);
         goto fail_model;
     }
-    if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, threads, &err) != 0) goto fail_model;
+    const k3_engine_opts eo = {.n_threads = threads, .no_repack = no_repack};
+    if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, &eo, &err) != 0) goto fail_model;
     /* Context rounded up to 256 tokens, as the oracle sizes llama.cpp's. */
     if (k3_state_init(&st, &hp, 0, hp.n_layer, ((uint32_t)n + 255u) / 256u * 256u, &err) != 0) goto fail_engine;
     float *logits = malloc((size_t)n * hp.n_vocab * sizeof(float));

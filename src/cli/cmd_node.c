@@ -10,13 +10,14 @@
 static void node_usage(FILE *f) {
     fprintf(f, "usage: ringlm node --listen HOST:PORT --key node.key --allow COORD_PUBKEY_HEX[,...]\n"
                "                   [--models DIR] [--cache DIR] [--mem GB] [--speed GB/s] [--threads N]\n"
-               "                   [--audit-keep MB] [--verbose]\n\n"
+               "                   [--audit-keep MB] [--no-repack] [--verbose]\n\n"
                "Serves its share of a model to the coordinators it trusts. Links are encrypted and mutually\n"
                "authenticated (ZeroMQ CURVE); a key not on the list is refused and logged. Layers of a model\n"
                "it does not hold are streamed by the coordinator and kept in --cache (default\n"
                "~/.cache/ringlm/node-<key>) by content hash for next time. When the coordinator asks for\n"
                "receipts, the node keeps what it received and sent for the last --audit-keep MB (default 256)\n"
-               "of frames, for audits.\n");
+               "of frames, for audits. Quantized matmul weights are copied into the CPU's repacked layouts where\n"
+               "llama.cpp would repack them; --no-repack keeps every weight in the file mapping (less RAM).\n");
 }
 
 int cmd_node(int argc, char **argv) {
@@ -32,6 +33,9 @@ int cmd_node(int argc, char **argv) {
             return 0;
         } else if (strcmp(a, "--verbose") == 0) {
             o.verbose = true;
+            continue;
+        } else if (strcmp(a, "--no-repack") == 0) {
+            o.no_repack = true;
             continue;
         }
         if (!v) {

@@ -18,7 +18,7 @@ static void run_usage(FILE *f) {
             "usage: ringlm run -m MODEL.gguf (-p PROMPT | --tokens 1,2,3) [-n N] [--chat] [--system TEXT]\n"
             "                  [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
             "                  [--presence-penalty P] [--frequency-penalty F] [--seed S] [--threads N]\n"
-            "                  [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
+            "                  [--no-repack] [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
             "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16]]\n"
             "                  [--draft none|ngram|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-fixed]\n"
             "                  [--draft-p-min P] [--draft-depth D]] [--receipts FILE]\n"
@@ -28,6 +28,9 @@ static void run_usage(FILE *f) {
             "  --chat        wrap the prompt as a user turn in the model's chat format\n"
             "  --temp 0      greedy decoding (default 0.8 with top-k 40, top-p 0.95, min-p 0.05)\n"
             "  --ids         print the generated token ids (comma-separated) instead of text\n"
+            "  --no-repack   keep every weight in the file mapping; by default quantized matmul weights are\n"
+            "                copied into the CPU's repacked layouts where llama.cpp would repack them (faster\n"
+            "                kernels, the same bits as llama.cpp at its defaults; costs their size in RAM)\n"
             "  --ring FILE   run across the nodes in FILE (\"HOST:PORT PUBKEY_HEX [mem=GB]\" per line) as the\n"
             "                coordinator with identity --key; prints the plan and per-stage timings\n"
             "  --draft D     speculative decoding: ngram (prompt lookup), a small draft model sharing the\n"
@@ -137,7 +140,7 @@ typedef struct run_args {
     float draft_p_min;
     bool draft_fixed;
     int threads, ctx, chunk;
-    bool chat, ids, progress;
+    bool chat, ids, progress, no_repack;
     unsigned long long seed;
     gen_params gp;
 } run_args;
@@ -172,6 +175,10 @@ static int run_parse(int argc, char **argv, run_args *a) {
         }
         if (strcmp(opt, "--draft-fixed") == 0) {
             a->draft_fixed = true;
+            continue;
+        }
+        if (strcmp(opt, "--no-repack") == 0) {
+            a->no_repack = true;
             continue;
         }
         const char *v = i + 1 < argc ? argv[++i] : NULL;
@@ -392,7 +399,8 @@ int cmd_run(int argc, char **argv) {
         if (spec) spec_drafter_close(&drafter);
         if (grc != 0) goto out;
     } else {
-        if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, a->threads, &err) != 0) {
+        const k3_engine_opts eo = {.n_threads = a->threads, .no_repack = a->no_repack};
+        if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, &eo, &err) != 0) {
             if (spec) spec_drafter_close(&drafter);
             goto out;
         }

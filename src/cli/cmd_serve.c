@@ -19,6 +19,7 @@ static void serve_usage(FILE *f) {
     fprintf(f,
             "usage: ringlm serve -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
             "                    [--parallel N] [--ctx N] [--queue N] [--threads N] [--chunk N]\n"
+            "                    [--no-repack]\n"
             "                    [--max-body BYTES] [--drain SECONDS] [--header-timeout S] [--idle-timeout S]\n"
             "                    [--max-conn-per-ip N] [--quiet]\n"
             "                    [--draft ngram|none|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-threads N]]\n"
@@ -37,6 +38,8 @@ static void serve_usage(FILE *f) {
             "  --queue N      requests that may wait for a free sequence (default 16); more get 429\n"
             "  --threads N    compute threads on this machine (default: all cores; not used with --ring)\n"
             "  --chunk N      prompt tokens per step over all new requests (default 256)\n"
+            "  --no-repack    keep every weight in the file mapping (default: quantized matmul weights are\n"
+            "                 copied into the CPU's repacked layouts where llama.cpp would; not used with --ring)\n"
             "  --max-body B   largest request body in bytes (default 1048576); larger gets 413\n"
             "  --header-timeout S  a connection must send a request's headers within S seconds of connecting\n"
             "                 or of its previous response, or it is closed (default 10)\n"
@@ -86,7 +89,7 @@ int cmd_serve(int argc, char **argv) {
     int header_timeout = 10, idle_timeout = 120, per_ip = 32;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     unsigned long long max_body = 1u << 20;
-    bool quiet = false;
+    bool quiet = false, no_repack = false;
     const char *draft = "none";
     int draft_n = 7, draft_threads = 0;
     for (int i = 1; i < argc; i++) {
@@ -97,6 +100,10 @@ int cmd_serve(int argc, char **argv) {
         }
         if (strcmp(a, "--quiet") == 0) {
             quiet = true;
+            continue;
+        }
+        if (strcmp(a, "--no-repack") == 0) {
+            no_repack = true;
             continue;
         }
         const char *v = i + 1 < argc ? argv[++i] : NULL;
@@ -243,7 +250,8 @@ int cmd_serve(int argc, char **argv) {
         }
         if (sch_backend_ring(&be, &rcfg, &err) != 0) goto out;
     } else {
-        if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, threads, &err) != 0) goto out;
+        const k3_engine_opts eo = {.n_threads = threads, .no_repack = no_repack};
+        if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, &eo, &err) != 0) goto out;
         have_engine = true;
         k3_weights_prefault(&e.w, isatty(2) && m.tensor_bytes > (64u << 20));
         if (sch_backend_local(&be, &e, parallel, (uint32_t)ctx, &err) != 0) goto out;

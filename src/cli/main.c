@@ -2,6 +2,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ggml.h"
+
 #include "cli.h"
 
 #define RINGLM_VERSION "0.1.0"
@@ -26,6 +28,14 @@ static const cli_cmd cli_cmds[] = {
     {"receipts", cmd_receipts, "verify a log of signed receipts against the model and ring.conf"},
 };
 
+/* ggml's own log: warnings and errors reach stderr, its debug and info chatter (one line per repacked
+ * tensor, for instance) does not. CONT lines continue the previous line at its level. */
+static void ggml_log_filter(enum ggml_log_level level, const char *text, void *user) {
+    enum ggml_log_level *last = user;
+    if (level != GGML_LOG_LEVEL_CONT) *last = level;
+    if (*last == GGML_LOG_LEVEL_WARN || *last == GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
+}
+
 static void usage(FILE *f) {
     fprintf(f, "ringlm %s - Kimi K3 across a ring of machines\n\nusage: ringlm <command> [options]\n\n", RINGLM_VERSION);
     for (size_t i = 0; i < sizeof cli_cmds / sizeof cli_cmds[0]; i++) {
@@ -35,6 +45,8 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    enum ggml_log_level ggml_last = GGML_LOG_LEVEL_NONE;
+    ggml_log_set(ggml_log_filter, &ggml_last);
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

@@ -16,14 +16,16 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 
-int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, int n_threads,
-                   rl_err *err) {
+int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b,
+                   const k3_engine_opts *o, rl_err *err) {
+    const k3_engine_opts dflt = {0};
+    if (!o) o = &dflt;
     memset(e, 0, sizeof *e);
     e->hp = *hp;
     e->a = a;
     e->b = b;
-    e->n_threads = n_threads > 0 ? n_threads : 1;
-    if (k3_weights_bind(&e->w, m, hp, a, b, err) != 0) return -1;
+    e->n_threads = o->n_threads > 0 ? o->n_threads : 1;
+    if (k3_weights_bind(&e->w, m, hp, a, b, o->no_repack, err) != 0) return -1;
     e->backend = ggml_backend_cpu_init();
     if (!e->backend) {
         k3_engine_free(e);

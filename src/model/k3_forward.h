@@ -11,6 +11,7 @@
 #ifndef RINGLM_K3_FORWARD_H
 #define RINGLM_K3_FORWARD_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "../base/err.h"
@@ -38,8 +39,15 @@ typedef struct k3_engine {
     size_t graph_cap;
 } k3_engine;
 
-int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, int n_threads,
-                   rl_err *err);
+/* How an engine computes. All zero is llama.cpp's defaults (a zero-initialized struct is the usual
+ * argument; NULL means the same with one thread). */
+typedef struct k3_engine_opts {
+    int n_threads;  /* CPU threads; <= 0: 1 */
+    bool no_repack; /* keep every weight in the file mapping (llama.cpp's --no-repack) */
+} k3_engine_opts;
+
+int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b,
+                   const k3_engine_opts *o, rl_err *err);
 void k3_engine_free(k3_engine *e);
 
 typedef struct k3_batch {

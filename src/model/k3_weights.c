@@ -3,27 +3,114 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
 
-/* Creates a tensor descriptor for a file tensor and points it at the mapped bytes. NULL if absent. */
-static struct ggml_tensor *k3_bind(k3_weights *w, const mf_model *m, const char *name) {
+/* The op each K3 weight is used in (k3_forward.c), as llama.cpp's tensor table has it; it decides which
+ * buffer types may hold the weight. Everything not listed (norms, biases, ResMix scores, the short
+ * convolutions, ssm_a, token_embd's get_rows) is WP_USE_OTHER. */
+wp_use k3_weight_use(const char *name) {
+    static const char *const mm[] = {
+        "attn_q.weight", "attn_k.weight", "attn_v.weight", "ssm_f_a.weight", "ssm_f_b.weight", "ssm_beta.weight",
+        "ssm_g.weight", "attn_q_a.weight", "attn_q_b.weight", "attn_kv_a_mqa.weight", "attn_k_b.weight",
+        "attn_v_b.weight", "attn_gate.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight",
+        "ffn_down.weight", "ffn_gate_inp.weight", "ffn_routed_down.weight", "ffn_routed_up.weight",
+        "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"};
+    static const char *const mmid[] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
+    if (strcmp(name, "output.weight") == 0) return WP_USE_MUL_MAT;
+    if (strncmp(name, "blk.", 4) != 0) return WP_USE_OTHER;
+    const char *dot = strchr(name + 4, '.');
+    if (!dot) return WP_USE_OTHER;
+    for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) {
+        if (strcmp(dot + 1, mm[i]) == 0) return WP_USE_MUL_MAT;
+    }
+    for (size_t i = 0; i < sizeof mmid / sizeof mmid[0]; i++) {
+        if (strcmp(dot + 1, mmid[i]) == 0) return WP_USE_MUL_MAT_ID;
+    }
+    return WP_USE_OTHER;
+}
+
+size_t k3_range_repack_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b) {
+    wp_list l;
+    wp_list_cpu(&l, true);
+    size_t n = 0;
+    for (int i = 0; i < m->n_tensor; i++) {
+        const mf_tensor *t = &m->tensors[i];
+        uint32_t il;
+        bool in = sscanf(t->name, "blk.%u.", &il) == 1 ? il >= a && il < b : strcmp(t->name, "output.weight") == 0 && b == hp->n_layer;
+        if (in && wp_choose(&l, (int)t->type, t->ne, k3_weight_use(t->name), (int)hp->n_expert_used) >= 0) n += t->nbytes;
+    }
+    return n;
+}
+
+/* Creates the descriptor of a file tensor where the placement puts it: in the mapping (zero-copy, bound
+ * here) or in an extra buffer type's context (allocated and filled by k3_weights_copy). NULL if absent. */
+static struct ggml_tensor *k3_bind(k3_weights *w, const mf_model *m, const char *name, wp_use use, int n_ids) {
     const mf_tensor *t = mf_find(m, name);
     if (!t) return NULL;
-    struct ggml_tensor *g = ggml_new_tensor(w->ctx, (enum ggml_type)t->type, 4, t->ne);
+    int k = wp_choose(&w->place, (int)t->type, t->ne, use, n_ids);
+    if (k >= 0 && !w->xctx[k]) {
+        struct ggml_init_params ip = {.mem_size = (size_t)(m->n_tensor + 8) * ggml_tensor_overhead(),
+                                      .mem_buffer = NULL, .no_alloc = true};
+        w->xctx[k] = ggml_init(ip);
+    }
+    if (k >= 0 && !w->xctx[k]) k = -1; /* no memory for a context: leave it in the mapping */
+    struct ggml_tensor *g = ggml_new_tensor(k >= 0 ? w->xctx[k] : w->ctx, (enum ggml_type)t->type, 4, t->ne);
     ggml_set_name(g, name);
     /* The tensor lives inside its split's mapping; ggml_backend_tensor_alloc records buffer and address. */
-    ggml_backend_tensor_alloc(w->bufs[t->split], g, (void *)t->data);
+    if (k < 0) ggml_backend_tensor_alloc(w->bufs[t->split], g, (void *)t->data);
     return g;
 }
 
-int k3_weights_bind(k3_weights *w, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, rl_err *err) {
+/* Allocates each extra buffer type's tensors and copies them in from the mapping (the buffer's set_tensor
+ * re-lays them), then tells the kernel the file pages they came from are not needed: the copy is what is
+ * read from now on, and the mapping's pages would otherwise stay resident beside it. */
+static int k3_weights_copy(k3_weights *w, const mf_model *m, rl_err *err) {
+    for (int k = 0; k < w->place.n; k++) {
+        if (!w->xctx[k] || !ggml_get_first_tensor(w->xctx[k])) continue;
+        size_t need = 0;
+        for (struct ggml_tensor *t = ggml_get_first_tensor(w->xctx[k]); t; t = ggml_get_next_tensor(w->xctx[k], t)) {
+            need += ggml_nbytes(t);
+        }
+        w->xbuf[k] = ggml_backend_alloc_ctx_tensors_from_buft(w->xctx[k], w->place.buft[k]);
+        if (!w->xbuf[k]) {
+            return rl_errf(err, "cannot allocate %.1f MiB of %s memory for repacked weights (--no-repack keeps them "
+                                "in the file mapping)", (double)need / 1048576.0, ggml_backend_buft_name(w->place.buft[k]));
+        }
+        ggml_backend_buffer_set_usage(w->xbuf[k], GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        const long pg = sysconf(_SC_PAGESIZE);
+        for (struct ggml_tensor *t = ggml_get_first_tensor(w->xctx[k]); t; t = ggml_get_next_tensor(w->xctx[k], t)) {
+            const mf_tensor *src = mf_find(m, ggml_get_name(t));
+            size_t n = ggml_nbytes(t);
+            ggml_backend_tensor_set(t, src->data, 0, n);
+            w->x_bytes[k] += n;
+            w->x_tensors[k]++;
+            uintptr_t lo = ((uintptr_t)src->data + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+            uintptr_t hi = ((uintptr_t)src->data + n) & ~((uintptr_t)pg - 1);
+            if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice only: a failure costs RAM, not data */
+        }
+    }
+    return 0;
+}
+
+size_t k3_weights_copied_bytes(const k3_weights *w) {
+    size_t n = 0;
+    for (int k = 0; k < WP_MAX_BUFT; k++) n += w->x_bytes[k];
+    return n;
+}
+
+int k3_weights_bind(k3_weights *w, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, bool no_repack,
+                    rl_err *err) {
     memset(w, 0, sizeof *w);
     if (a >= b || b > hp->n_layer) return rl_errf(err, "bad layer range [%u, %u) for %u layers", a, b, hp->n_layer);
     w->a = a;
     w->b = b;
+    wp_list_cpu(&w->place, !no_repack);
     w->layers = calloc(b - a, sizeof *w->layers);
     w->bufs = calloc((size_t)m->n_split, sizeof *w->bufs);
     struct ggml_init_params ip = {.mem_size = (size_t)(m->n_tensor + 8) * ggml_tensor_overhead(), .mem_buffer = NULL,
@@ -43,7 +130,8 @@ int k3_weights_bind(k3_weights *w, const mf_model *m, const k3_hparams *hp, uint
         w->n_bufs = s + 1;
     }
     char n[96];
-#define T(field, fmt) (snprintf(n, sizeof n, fmt, il), L->field = k3_bind(w, m, n))
+    const int K = (int)hp->n_expert_used;
+#define T(field, fmt) (snprintf(n, sizeof n, fmt, il), L->field = k3_bind(w, m, n, k3_weight_use(n), K))
     for (uint32_t il = a; il < b; il++) {
         k3_layer_w *L = &w->layers[il - a];
         T(attn_norm, "blk.%u.attn_norm.weight");
@@ -92,17 +180,25 @@ int k3_weights_bind(k3_weights *w, const mf_model *m, const k3_hparams *hp, uint
         T(down_sh, "blk.%u.ffn_down_shexp.weight");
     }
 #undef T
-    if (a == 0) w->tok_embd = k3_bind(w, m, "token_embd.weight");
+    if (a == 0) w->tok_embd = k3_bind(w, m, "token_embd.weight", k3_weight_use("token_embd.weight"), K);
     if (b == hp->n_layer) {
-        w->output = k3_bind(w, m, "output.weight");
-        w->output_norm = k3_bind(w, m, "output_norm.weight");
-        w->output_res_score = k3_bind(w, m, "output_res_score.weight");
+        w->output = k3_bind(w, m, "output.weight", k3_weight_use("output.weight"), K);
+        w->output_norm = k3_bind(w, m, "output_norm.weight", k3_weight_use("output_norm.weight"), K);
+        w->output_res_score = k3_bind(w, m, "output_res_score.weight", k3_weight_use("output_res_score.weight"), K);
+    }
+    if (k3_weights_copy(w, m, err) != 0) {
+        k3_weights_free(w);
+        return -1;
     }
     return 0;
 }
 
 void k3_weights_free(k3_weights *w) {
     if (w->ctx) ggml_free(w->ctx);
+    for (int k = 0; k < WP_MAX_BUFT; k++) {
+        if (w->xbuf[k]) ggml_backend_buffer_free(w->xbuf[k]);
+        if (w->xctx[k]) ggml_free(w->xctx[k]);
+    }
     for (int s = 0; s < w->n_bufs; s++) ggml_backend_buffer_free(w->bufs[s]);
     free(w->bufs);
     free(w->layers);
@@ -130,5 +226,5 @@ size_t k3_weights_prefault(const k3_weights *w, bool progress) {
         }
     }
     (void)sink;
-    return total;
+    return total + k3_weights_copied_bytes(w); /* the copies were read from the file when made */
 }

@@ -1,4 +1,5 @@
-/* k3_weights.h - the K3 tensors of one layer range, bound to the mapped file (no copy).
+/* k3_weights.h - the K3 tensors of one layer range: bound to the mapped file, or copied out of it into the
+ * buffer type llama.cpp would choose for them (weight_place.h: repacked CPU layouts by default).
  *
  * A stage running layers [a, b) binds only blk.a..blk.(b-1), plus token_embd when a == 0 and the output
  * tensors when b == n_layer: pages of other layers are never touched. */
@@ -11,6 +12,7 @@
 #include "../base/err.h"
 #include "../gguf/model_file.h"
 #include "k3_hparams.h"
+#include "weight_place.h"
 
 struct ggml_context;
 struct ggml_tensor;
@@ -33,16 +35,37 @@ typedef struct k3_weights {
     uint32_t a, b;
     k3_layer_w *layers; /* layers[il - a] */
     struct ggml_tensor *tok_embd, *output, *output_norm, *output_res_score;
-    struct ggml_context *ctx;             /* tensor descriptors */
+    struct ggml_context *ctx;             /* descriptors of the tensors left in the mapping */
     struct ggml_backend_buffer **bufs;    /* one host buffer per split, wrapping its mapping */
     int n_bufs;
+    wp_list place;                        /* the buffer types offered, in llama.cpp's order */
+    struct ggml_context *xctx[WP_MAX_BUFT];      /* descriptors of the tensors copied into place.buft[i] */
+    struct ggml_backend_buffer *xbuf[WP_MAX_BUFT];/* their memory (NULL: none went there) */
+    size_t x_bytes[WP_MAX_BUFT];          /* bytes each holds */
+    int x_tensors[WP_MAX_BUFT];           /* tensors each holds */
 } k3_weights;
 
-int k3_weights_bind(k3_weights *w, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, rl_err *err);
+/* no_repack: every tensor stays in the mapping (llama.cpp's --no-repack, use_extra_bufts = false). By
+ * default quantized matmul weights go where llama.cpp puts them (weight_place.h): copied, and re-laid, into
+ * the CPU's extra buffer types, which costs their size in RAM while the file pages they came from are
+ * released. */
+int k3_weights_bind(k3_weights *w, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, bool no_repack,
+                    rl_err *err);
+
+/* The op a K3 weight (by tensor name) is used in, which decides where it may live. */
+wp_use k3_weight_use(const char *name);
+
+/* Bytes of [a, b)'s weights this CPU would copy out of the mapping into repacked layouts (the default;
+ * none with --no-repack). Resident RAM, not evictable file pages. */
+size_t k3_range_repack_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b);
+
+/* Bytes copied out of the mapping (repacked), over every buffer type. */
+size_t k3_weights_copied_bytes(const k3_weights *w);
 void k3_weights_free(k3_weights *w);
 
-/* Reads every page of the bound tensors once, so the first forward pass does not stall on page faults
- * (and timings measure compute). With progress, draws a bar on stderr. Returns the bytes touched. */
+/* Reads every page of the tensors left in the mapping once, so the first forward pass does not stall on
+ * page faults (and timings measure compute). With progress, draws a bar on stderr. Returns the bytes the
+ * range holds, mapped and copied. */
 size_t k3_weights_prefault(const k3_weights *w, bool progress);
 
 #endif

@@ -306,6 +306,7 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
             const cJSON *models = j ? cJSON_GetObjectItemCaseSensitive(j, "models") : NULL;
             rc->nodes[from].mem_bytes = cJSON_IsNumber(mem) ? (uint64_t)mem->valuedouble : 0;
             rc->nodes[from].speed = cJSON_IsNumber(sp) && sp->valuedouble > 0 ? sp->valuedouble : 1e9;
+            rc->nodes[from].no_repack = cJSON_IsFalse(j ? cJSON_GetObjectItemCaseSensitive(j, "repack") : NULL);
             const cJSON *it;
             cJSON_ArrayForEach(it, models) {
                 const char *hsh = jstr(it, "hash");

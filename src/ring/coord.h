@@ -98,6 +98,7 @@ typedef struct ring_node_state {
                         * Silence is measured from here, not from last_seen: an idle ring sends nothing for
                         * minutes, and a node that said nothing because nobody asked is not dead. */
     bool has_model;   /* holds the whole model file */
+    bool no_repack;   /* its weights stay in the mapping (INFO "repack": false): audits of it compute the same way */
     int n_ranges;     /* layer ranges of it the node was streamed before */
     uint32_t range_a[16], range_b[16];
 } ring_node_state;

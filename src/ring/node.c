@@ -300,6 +300,7 @@ static void node_info(node *n) {
     cJSON_AddNumberToObject(j, "mem_bytes", (double)mem);
     cJSON_AddNumberToObject(j, "threads", n->o->threads);
     cJSON_AddStringToObject(j, "backend", "cpu");
+    cJSON_AddBoolToObject(j, "repack", !n->o->no_repack);
     cJSON_AddNumberToObject(j, "speed_bps", n->speed);
     cJSON *ms = cJSON_AddArrayToObject(j, "models");
     for (int i = 0; i < n->n_models; i++) {
@@ -438,7 +439,8 @@ static void node_assign(node *n, uint64_t step, const char *json, size_t len) {
             mf_close(&n->m);
             goto done;
         }
-        if (k3_engine_init(&n->e, &n->m, &n->hp, (uint32_t)a, (uint32_t)b, n->o->threads, &err) != 0) {
+        const k3_engine_opts eo = {.n_threads = n->o->threads, .no_repack = n->o->no_repack};
+        if (k3_engine_init(&n->e, &n->m, &n->hp, (uint32_t)a, (uint32_t)b, &eo, &err) != 0) {
             node_error(n, step, "%s", err.msg);
             mf_close(&n->m);
             goto done;

@@ -12,7 +12,8 @@ int spec_model_open(mf_model *m, k3_hparams *hp, k3_engine *e, const char *path,
         return rl_errf(err, "draft model %s has a vocabulary of %u tokens, the target %u: they must share one", path,
                        hp->n_vocab, target_vocab);
     }
-    if (k3_engine_init(e, m, hp, 0, hp->n_layer, threads, err) != 0) {
+    const k3_engine_opts eo = {.n_threads = threads};
+    if (k3_engine_init(e, m, hp, 0, hp->n_layer, &eo, err) != 0) {
         mf_close(m);
         return rl_err_prefix(err, "draft model");
     }

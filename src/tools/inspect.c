@@ -7,6 +7,7 @@
 #include "gguf.h"
 
 #include "../model/k3_memory.h"
+#include "../model/k3_weights.h"
 
 static void inspect_mib(char *buf, size_t n, size_t bytes) {
     if (bytes >= (size_t)1 << 30) snprintf(buf, n, "%.2f GiB", (double)bytes / (1 << 30));
@@ -122,4 +123,9 @@ void inspect_print(FILE *out, const mf_model *m, const k3_hparams *hp, const ins
     inspect_mib(c, sizeof c, k3_range_total_bytes(m, hp, ra, rb, o->n_seq, o->n_ctx));
     fprintf(out, "\nlayers [%u, %u): weights %s + state %s (%u seq x %u tokens, f32 cache) = %s\n", ra, rb, a, b,
             o->n_seq, o->n_ctx, c);
+    /* What repacking changes is not the total but its kind: copied weights are resident RAM, mapped ones
+     * are file pages the kernel may drop and read again. */
+    inspect_mib(a, sizeof a, k3_range_repack_bytes(m, hp, ra, rb));
+    fprintf(out, "  of the weights, %s are repacked on this CPU (copied out of the mapping at load, as llama.cpp\n"
+                 "  does by default; --no-repack keeps them mapped)\n", a);
 }

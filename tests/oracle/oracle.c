@@ -6,7 +6,9 @@
  *
  * Every mode runs CPU only, flash attention off and an f32 KV cache, so that llama.cpp's own shortcuts
  * (f16 cache rounding, the flash-attention kernel's different summation) do not hide or fake differences
- * against ringlm. See README.md. Any failure prints one message on stderr and exits 1. */
+ * against ringlm. Weights go where llama.cpp puts them by default (the CPU's repacked layouts for the
+ * types and shapes it repacks); --no-repack keeps them all in the mapping, as `ringlm --no-repack` does.
+ * See README.md. Any failure prints one message on stderr and exits 1. */
 #include <ctype.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -100,6 +102,7 @@ typedef struct args {
     int n_gen;   /* generate: tokens to generate */
     bool special;
     bool verbose;
+    bool no_repack; /* llama.cpp's use_extra_bufts = false */
 } args;
 
 static const char usage[] =
@@ -110,6 +113,7 @@ static const char usage[] =
     "                       prints JSON with prefill_tok_s and decode_tok_s)\n"
     "       oracle tokenize -m MODEL.gguf --file STRINGS.txt [-o OUT.txt] [--special]\n"
     "       oracle info     -m MODEL.gguf\n"
+    "       logits, generate, bench: [--no-repack] keeps every weight in the mapping (use_extra_bufts off)\n"
     "       any command: [--verbose] shows llama.cpp's log on stderr\n";
 
 static int parse_int(const char *s, long lo, long hi, long *out) {
@@ -148,6 +152,7 @@ static int parse_args(int argc, char **argv, args *a, rl_err *err) {
         {"--threads", NULL, C_LOGITS | C_GENERATE | C_BENCH, true},  {"--file", NULL, C_TOKENIZE, true},
         {"--prefill", NULL, C_LOGITS, true},  {"-n", NULL, C_GENERATE | C_BENCH, true},
         {"--special", NULL, C_TOKENIZE, false}, {"--verbose", NULL, C_ALL, false},
+        {"--no-repack", NULL, C_LOGITS | C_GENERATE | C_BENCH, false},
     };
     for (int i = 2; i < argc; i++) {
         const char *o = argv[i];
@@ -170,6 +175,7 @@ static int parse_args(int argc, char **argv, args *a, rl_err *err) {
         else if (strcmp(name, "--file") == 0) a->file = v;
         else if (strcmp(name, "--special") == 0) a->special = true;
         else if (strcmp(name, "--verbose") == 0) a->verbose = true;
+        else if (strcmp(name, "--no-repack") == 0) a->no_repack = true;
         else if (strcmp(name, "--prefill") == 0 || strcmp(name, "-n") == 0) {
             long t;
             if (parse_int(v, 1, 1 << 20, &t) < 0) return rl_errf(err, "%s \"%s\": want a positive number", name, v);
@@ -251,7 +257,7 @@ static int init_backend(rl_err *err) {
     return 0;
 }
 
-static struct llama_model *load_model(const char *path, bool vocab_only, bool check_data, rl_err *err) {
+static struct llama_model *load_model(const char *path, bool vocab_only, bool check_data, bool repack, rl_err *err) {
     /* A missing file gets a plain message, not llama.cpp's. */
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -264,9 +270,9 @@ static struct llama_model *load_model(const char *path, bool vocab_only, bool ch
     mp.vocab_only = vocab_only;
     /* `info` is the place to find bad weights, so there llama.cpp also scans the data for NaN/inf. */
     mp.check_tensors = check_data;
-    /* No repacked weight layouts (CPU "extra" buffer types, chosen per CPU): the plain ggml kernels, so
-     * quantized weights go through the same code whichever CPU the test runs on. */
-    mp.use_extra_bufts = false;
+    /* Repacked weight layouts (the CPU's "extra" buffer types, chosen per CPU feature and tensor shape) are
+     * llama.cpp's default; without them every weight runs the plain ggml kernels. */
+    mp.use_extra_bufts = repack;
     g_log.n_errors = 0;
     struct llama_model *m = llama_model_load_from_file(path, mp);
     if (!m) {
@@ -353,7 +359,7 @@ static int cmd_logits(const args *a, rl_err *err) {
     float *logits = NULL;
 
     if (parse_tokens(a->tokens, &tokens, &n, err) < 0) return -1;
-    if (!(model = load_model(a->model, false, false, err))) goto done;
+    if (!(model = load_model(a->model, false, false, !a->no_repack, err))) goto done;
     const struct llama_vocab *vocab = llama_model_get_vocab(model);
     int n_vocab = llama_vocab_n_tokens(vocab);
     for (int i = 0; i < n; i++) {
@@ -485,7 +491,7 @@ static int cmd_tokenize(const args *a, rl_err *err) {
     FILE *out = NULL;
     if (!toks) return rl_errf(err, "out of memory");
     if (read_file(a->file, &data, &len, err) < 0) goto done;
-    if (!(model = load_model(a->model, true, false, err))) goto done;
+    if (!(model = load_model(a->model, true, false, false, err))) goto done;
     const struct llama_vocab *vocab = llama_model_get_vocab(model);
     out = a->out ? fopen(a->out, "w") : stdout;
     if (!out) {
@@ -566,7 +572,7 @@ static char *meta_str(const struct llama_model *m, int i, bool key) {
 }
 
 static int cmd_info(const args *a, rl_err *err) {
-    struct llama_model *model = load_model(a->model, false, true, err);
+    struct llama_model *model = load_model(a->model, false, true, false, err);
     if (!model) return -1;
     int ret = -1;
     int n_meta = llama_model_meta_count(model);
@@ -651,7 +657,7 @@ static int cmd_generate(const args *a, rl_err *err) {
         return rl_errf(err, "out of memory");
     }
     tokens = all;
-    if (!(model = load_model(a->model, false, false, err))) goto done;
+    if (!(model = load_model(a->model, false, false, !a->no_repack, err))) goto done;
     int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
     for (int i = 0; i < n; i++) {
         if (tokens[i] >= n_vocab) {

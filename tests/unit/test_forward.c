@@ -70,7 +70,7 @@ static double rel_diff(const float *a, const float *b, size_t n) {
 static int open_fx(fx *f, const char *path, int threads) {
     rl_err err;
     if (k3_open(&f->m, &f->hp, path, &err) != 0 ||
-        k3_engine_init(&f->e, &f->m, &f->hp, 0, f->hp.n_layer, threads, &err) != 0) {
+        k3_engine_init(&f->e, &f->m, &f->hp, 0, f->hp.n_layer, &(k3_engine_opts){.n_threads = threads}, &err) != 0) {
         fprintf(stderr, "%s\n", err.msg);
         return -1;
     }
@@ -570,8 +570,8 @@ cut:
     for (uint32_t k = 1; k < L; k++) {
         k3_engine e1, e2;
         k3_state s1, s2, s0;
-        k3_engine_init(&e1, &f.m, hp, 0, k, 2, &err);
-        k3_engine_init(&e2, &f.m, hp, k, L, 2, &err);
+        k3_engine_init(&e1, &f.m, hp, 0, k, &(k3_engine_opts){.n_threads = 2}, &err);
+        k3_engine_init(&e2, &f.m, hp, k, L, &(k3_engine_opts){.n_threads = 2}, &err);
         k3_state_init(&s1, hp, 0, k, 64, &err);
         k3_state_init(&s2, hp, k, L, 64, &err);
         k3_state_init(&s0, hp, 0, L, 64, &err);
@@ -678,6 +678,61 @@ cut:
     unlink(path);
 }
 
+/* Weight placement (weight_place.h): by default the CPU's repacked layouts take the quantized matmul
+ * weights llama.cpp would give them, the rest stays mapped; --no-repack keeps everything mapped. The
+ * repacked kernels round differently, so the two must give different logits (else this test could not
+ * tell whether repacking happened at all), and the count k3_range_repack_bytes predicts (inspect, plans)
+ * must be what a bound range really copies. */
+static void test_placement(const char *dir) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/place-q4_0.gguf", dir);
+    synth_config c;
+    rl_err err;
+    if (synth_config_load(&c, "tiny", &err) != 0) exit(1);
+    c.type = synth_type_parse("q4_0");
+    synth_opts so = {.out = path, .seed = 5, .n_split = 1, .n_threads = 2};
+    if (synth_write(&c, &so, &err) != 0) exit(1);
+    mf_model m;
+    k3_hparams hp;
+    if (k3_open(&m, &hp, path, &err) != 0) exit(1);
+    wp_list l;
+    wp_list_cpu(&l, true);
+    const uint32_t V = hp.n_vocab, L = hp.n_layer;
+    int32_t tok[24];
+    for (int i = 0; i < 24; i++) tok[i] = rnd_tok(V);
+    float *lg[2] = {NULL, NULL};
+    for (int no = 0; no < 2; no++) {
+        k3_engine e;
+        CHECK(k3_engine_init(&e, &m, &hp, 0, L, &(k3_engine_opts){.n_threads = 2, .no_repack = no}, &err) == 0,
+              "engine %s repacking", no ? "without" : "with");
+        size_t got = k3_weights_copied_bytes(&e.w), want = no ? 0 : k3_range_repack_bytes(&m, &hp, 0, L);
+        CHECK(got == want, "q4_0 %s: %zu bytes copied out of the mapping, predicted %zu", no ? "--no-repack" : "default", got, want);
+        if (!no && l.n > 0) CHECK(got > 0, "this CPU offers %d extra buffer type(s) and q4_0 matmul weights go there", l.n);
+        k3_state st;
+        k3_state_init(&st, &hp, 0, L, 64, &err);
+        lg[no] = run_chunks(&e, &st, tok, 24, 0);
+        k3_state_free(&st);
+        k3_engine_free(&e);
+    }
+    if (l.n > 0 && k3_range_repack_bytes(&m, &hp, 0, L) > 0) {
+        CHECK(memcmp(lg[0], lg[1], (size_t)24 * V * sizeof(float)) != 0, "repacked and mapped kernels give different bits");
+    }
+    /* A stage's range copies only its own layers' share. */
+    k3_engine e;
+    if (k3_engine_init(&e, &m, &hp, 1, L, &(k3_engine_opts){.n_threads = 1}, &err) == 0) {
+        CHECK(k3_weights_copied_bytes(&e.w) == k3_range_repack_bytes(&m, &hp, 1, L), "range [1, %u) copies what it predicts", L);
+        k3_engine_free(&e);
+    }
+    CHECK(k3_weight_use("blk.3.ffn_up_exps.weight") == WP_USE_MUL_MAT_ID && k3_weight_use("blk.0.attn_norm.weight") == WP_USE_OTHER &&
+              k3_weight_use("token_embd.weight") == WP_USE_OTHER && k3_weight_use("output.weight") == WP_USE_MUL_MAT &&
+              k3_weight_use("blk.12.attn_kv_a_mqa.weight") == WP_USE_MUL_MAT,
+          "weights are classed by the op they feed");
+    free(lg[0]);
+    free(lg[1]);
+    mf_close(&m);
+    unlink(path);
+}
+
 int main(void) {
     char dir[] = "/tmp/ringlm-fwd-XXXXXX";
     if (!mkdtemp(dir)) return 1;
@@ -685,6 +740,8 @@ int main(void) {
     test_model("tiny", "q8_0", dir, 0);
     test_model("small", "f32", dir, 1);
     test_model("small", "q4_K", dir, 0);
+    test_model("tiny", "q4_0", dir, 0); /* repacked on AVX2 and later: step kernels and cuts still exact */
+    test_placement(dir);
     rmdir(dir);
     return check_done();
 }

@@ -97,7 +97,7 @@ int main(void) {
     k3_engine e;
     tok_tokenizer tok;
     if (k3_open(&m, &hp, tpath, &err) != 0 || tok_load(&tok, &m, &err) != 0 ||
-        k3_engine_init(&e, &m, &hp, 0, hp.n_layer, 2, &err) != 0) {
+        k3_engine_init(&e, &m, &hp, 0, hp.n_layer, &(k3_engine_opts){.n_threads = 2}, &err) != 0) {
         return fprintf(stderr, "%s\n", err.msg), 1;
     }
     spec_drafter ds[N_SLOTS];

@@ -47,7 +47,7 @@ int main(void) {
     k3_hparams hp;
     k3_engine e;
     sch_backend be;
-    if (k3_open(&m, &hp, path, &err) != 0 || k3_engine_init(&e, &m, &hp, 0, hp.n_layer, 2, &err) != 0 ||
+    if (k3_open(&m, &hp, path, &err) != 0 || k3_engine_init(&e, &m, &hp, 0, hp.n_layer, &(k3_engine_opts){.n_threads = 2}, &err) != 0 ||
         sch_backend_local(&be, &e, 3, 128, &err) != 0) {
         return fprintf(stderr, "%s\n", err.msg), 1;
     }
