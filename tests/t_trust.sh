@@ -11,7 +11,7 @@ ADV=$ROOT/build/adv/ringlm
 [ -x "$ADV" ] || { echo "not ok - $ADV missing (make adversary)"; exit 1; }
 
 mkdir -p "$RING/models"
-for c in "small-f32 small f32" "lean-q8_0 k3-lean q8_0"; do
+for c in "small-f32 small f32" "lean-q8_0 k3-lean q8_0" "lean-q4_0 k3-lean q4_0"; do
     read -r name config type <<<"$c"
     ln -sf "$(model "$name" "$config" "$type")" "$RING/models/$name.gguf"
 done
@@ -33,14 +33,14 @@ toks() { awk -v s="$1" -v v="$2" -v n="$3" 'BEGIN { x = s; for (i = 0; i < n; i+
 
 # --- An honest ring, every sequence audited: no false alarm, greedy and sampled, with and without drafts.
 honest_runs() {
-    local m=$1 n_ok=0 n_runs=0
+    local m=$1 n_ok=0 n_runs=0 extra=("${@:2}")
     for r in $(seq 1 10); do
         local args=(--temp 0)
         [ $((r % 2)) = 0 ] && args=(--temp 0.8 --seed "$r")
         [ $((r % 3)) = 0 ] && args+=(--draft ngram)
         n_runs=$((n_runs + 1))
         if "$RINGLM" run -m "$m" --tokens "$(toks "$r" 900 $((8 + r)))" -n 20 --ignore-eos "${args[@]}" \
-            --ring "$WORK/honest.conf" "${K[@]}" --audit-rate 1 --audit-seed "$r" --receipts "$WORK/h.jsonl" \
+            --ring "$WORK/honest.conf" "${K[@]}" --audit-rate 1 --audit-seed "$r" --receipts "$WORK/h.jsonl" "${extra[@]}" \
             >/dev/null 2>"$WORK/h.err" && grep -q "audits: 1 sequence(s) audited, .* none failed" "$WORK/h.err"; then
             n_ok=$((n_ok + 1))
         else
@@ -52,6 +52,15 @@ honest_runs() {
 }
 check "honest ring, f32: 10 runs each audited at a random stage, no false alarm" honest_runs "$small"
 check "honest ring, q8_0: 10 runs each audited at a random stage, no false alarm" honest_runs "$RING/models/lean-q8_0.gguf"
+# A node with --no-repack computes its q4_0 matmuls with the plain kernels, the others with the repacked
+# ones (docs/numerics.md): its INFO says so, and an audit of its stage must bind the weights the same way.
+# The audit recomputes with the node's kernels, so it is exact: --audit-tol 1e-9 (the default 1e-2 would hide
+# a kernel mix-up on this model).
+ring_stop
+for i in 1 3; do ring_start $i "$RING/models" || exit 1; done
+ring_start 2 "$RING/models" --no-repack || exit 1
+check "honest ring, q4_0, one node --no-repack: 10 audited runs, no false alarm, exact" honest_runs \
+    "$RING/models/lean-q4_0.gguf" --audit-tol 1e-9
 # The audit log (what a stage keeps) is bounded: a tiny budget keeps nothing, and the audit says so.
 ring_stop
 for i in 1 3; do ring_start $i "$RING/models" || exit 1; done
