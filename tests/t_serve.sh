@@ -266,7 +266,7 @@ err_case "max_tokens mistyped" 400 max_tokens e_max /v1/completions '{"prompt":"
 err_case "stream mistyped" 400 stream e_stream /v1/completions '{"prompt":"hi","stream":"yes"}' "${K[@]}"
 err_case "stop mistyped" 400 stop e_stop /v1/completions '{"prompt":"hi","stop":[1]}' "${K[@]}"
 err_case "top_p out of range" 400 top_p e_topp /v1/completions '{"prompt":"hi","top_p":3}' "${K[@]}"
-err_case "unknown model" 400 model e_model /v1/completions '{"prompt":"hi","model":"gpt-4"}' "${K[@]}"
+err_case "unknown model" 404 model e_model /v1/completions '{"prompt":"hi","model":"gpt-4"}' "${K[@]}"
 check "unknown model: code model_not_found" py "$WORK/e_model.json" "d['error']['code'] == 'model_not_found'"
 err_case "prompt longer than the context" 400 prompt e_ctx /v1/completions \
     "{\"prompt\":\"$(printf 'word %.0s' $(seq 100))\"}" "${K[@]}"
@@ -302,6 +302,54 @@ check "/metrics: histogram buckets end with +Inf" grep -q '^ringlm_time_to_first
 check "/metrics: 1 node up" grep -qx 'ringlm_nodes_up 1' "$WORK/metrics.txt"
 curl "${CT[@]}" "$URL/" >"$WORK/page.html"
 check "GET / is the chat page" grep -q "/v1/chat/completions" "$WORK/page.html"
+
+# ---- what agent clients send (issue #18): paths without /v1, aliases, CORS preflights, option values -----
+post nov1 /chat/completions '{"messages":[{"role":"user","content":"hi"}],"max_tokens":3}'
+check "POST /chat/completions (no /v1) -> 200, a chat completion" py "$WORK/nov1.json" \
+    "d['object'] == 'chat.completion' and d['model'] == '$MODEL_ID'"
+post nov1c /completions '{"prompt":"hi","max_tokens":3}'
+check "POST /completions (no /v1) -> 200" code_is nov1c 200
+curl "${CT[@]}" "$URL/models" >"$WORK/models2.json"
+check "GET /models (no /v1) lists the model" py "$WORK/models2.json" "[m['id'] for m in d['data']] == ['$MODEL_ID']"
+curl "${CT[@]}" -o /dev/null -w '%{http_code}' "$URL/models/$MODEL_ID" >"$WORK/m1.code"
+check "GET /models/ID (no /v1) -> 200" code_is m1 200
+curl "${CT[@]}" -o "$WORK/m404.json" -w '%{http_code}' "$URL/v1/models/gpt-4" >"$WORK/m404.code"
+check "GET /v1/models/gpt-4 -> 404 model_not_found" bash -c "test \"\$(cat '$WORK/m404.code')\" = 404 &&
+    python3 '$WORK/check.py' '$WORK/m404.json' \"d['error']['code'] == 'model_not_found'\""
+curl "${CT[@]}" -X OPTIONS -D "$WORK/cors.h" -o /dev/null -H 'Origin: http://other.example' \
+    -H 'Access-Control-Request-Method: POST' \
+    -H 'Access-Control-Request-Headers: authorization, content-type, x-stainless-os, x-stainless-retry-count' \
+    "$URL/v1/chat/completions"
+check "CORS preflight: the requested headers are allowed (the openai SDK's x-stainless-* too)" \
+    grep -qi '^access-control-allow-headers: authorization, content-type, x-stainless-os, x-stainless-retry-count' "$WORK/cors.h"
+curl "${CT[@]}" -X OPTIONS -D "$WORK/cors2.h" -o /dev/null -H 'Access-Control-Request-Headers: x-a;x-b="c"' "$URL/v1/chat/completions" || true
+check "CORS preflight: a header list with odd characters is not echoed" \
+    grep -qi '^access-control-allow-headers: Authorization, Content-Type' "$WORK/cors2.h"
+start alias --alias k3 --alias kimi-k3
+U0=$URL; URL=${SRV_URL[alias]}
+post al1 /v1/chat/completions '{"model":"kimi-k3","messages":[{"role":"user","content":"hi"}],"max_tokens":3}'
+check "--alias: a request naming an alias -> 200, answered under that name" py "$WORK/al1.json" "d['model'] == 'kimi-k3'"
+post al2 /v1/completions "{\"model\":\"$MODEL_ID\",\"prompt\":\"hi\",\"max_tokens\":3}"
+check "--alias: the file's name still works" py "$WORK/al2.json" "d['model'] == '$MODEL_ID'"
+post al3 /v1/completions '{"prompt":"hi","max_tokens":3}'
+check "--alias: a request naming no model is answered as the first alias" py "$WORK/al3.json" "d['model'] == 'k3'"
+curl "${CT[@]}" "$URL/v1/models" >"$WORK/models3.json"
+check "--alias: /v1/models lists the aliases, then the file's name" py "$WORK/models3.json" \
+    "[m['id'] for m in d['data']] == ['k3', 'kimi-k3', '$MODEL_ID']"
+post al4 /v1/completions '{"model":"gpt-4","prompt":"hi","max_tokens":3}'
+check "--alias: an unknown model -> 404 naming what is served" bash -c "test \"\$(cat '$WORK/al4.code')\" = 404 &&
+    python3 '$WORK/check.py' '$WORK/al4.json' \"d['error']['code'] == 'model_not_found' and \\\"'k3', 'kimi-k3' or '$MODEL_ID'\\\" in d['error']['message']\""
+URL=$U0
+bad_opt() { # DESC WANT-REGEX ARGS...: exit 2 and one line saying what is wrong, without the usage text
+    local desc=$1 want=$2; shift 2
+    local rc=0
+    "$RINGLM" serve -m "$f" "$@" >/dev/null 2>"$WORK/opt.err" || rc=$?
+    check "$desc" bash -c "test $rc = 2 && test \$(wc -l <'$WORK/opt.err') = 1 && grep -Eq -- \"$want\" '$WORK/opt.err'"
+}
+bad_opt "--port abc: says the value is not a port" "bad value 'abc' for --port: want a port number" --port abc
+bad_opt "--ctx 0: says the value is too small" "bad value '0' for --ctx: want .* at least 8" --ctx 0
+bad_opt "an unknown option is named as one" "unknown option '--frobnicate'" --frobnicate 3
+bad_opt "an option missing its value says so" "option --parallel needs a value" --parallel
 
 # ---- SIGTERM: running requests finish, then exit 0 ---------------------------------------------------------
 post drain /v1/completions '{"prompt":"x","max_tokens":200,"temperature":0,"ignore_eos":true,"stream":true}' -N &

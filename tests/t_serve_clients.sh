@@ -90,8 +90,8 @@ EOF
         test "$(sdk "[d['chat_stream_finish'], d['chat_stream_usage']]")" = "$(sdk "['length', d['chat_usage']]")"
     check "openai SDK: completion = curl's" test "$(sdk "d['cmpl']")" = "$(jget cmpl "d['choices'][0]['text']")"
     check "openai SDK: streamed completion = non-streamed" test "$(sdk "d['cmpl_stream']")" = "$(sdk "d['cmpl']")"
-    check "openai SDK: unknown model -> BadRequestError 400 model_not_found" \
-        test "$(sdk "d['bad_model']")" = '{"cls": "BadRequestError", "status": 400, "code": "model_not_found", "param": "model"}'
+    check "openai SDK: unknown model -> NotFoundError 404 model_not_found" \
+        test "$(sdk "d['bad_model']")" = '{"cls": "NotFoundError", "status": 404, "code": "model_not_found", "param": "model"}'
     check "openai SDK: wrong key -> AuthenticationError 401" \
         test "$(sdk "d['bad_key']")" = '{"cls": "AuthenticationError", "status": 401}'
 fi

@@ -6,6 +6,8 @@
 #ifndef RINGLM_CLI_H
 #define RINGLM_CLI_H
 
+#include <stdbool.h>
+
 int cmd_synth(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_compare(int argc, char **argv);
@@ -32,6 +34,10 @@ typedef struct cli_trust {
 } cli_trust;
 /* 1 when option a is one of them (its value v parsed into t; *bad set if v is invalid), else 0. */
 int cli_parse_trust(const char *a, const char *v, cli_trust *t, int *bad);
+
+/* Says on stderr what is wrong with an option, in one line, and returns 2 (bad usage): an unknown
+ * option, a missing value, or a value that is not `want` (NULL: the trust options' own expectations). */
+int cli_bad_option(const char *cmd, const char *opt, const char *v, bool known, const char *want);
 /* 0, or 2 after saying on stderr that they need a ring (cmd names the command). */
 int cli_trust_check(const cli_trust *t, int have_ring, const char *cmd);
 

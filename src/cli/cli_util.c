@@ -36,6 +36,26 @@ static int cli_parse_double(const char *s, double *out) {
     return 0;
 }
 
+static const char *cli_trust_want(const char *a) {
+    if (strcmp(a, "--audit-rate") == 0) return "a probability, 0 to 1";
+    if (strcmp(a, "--audit-tol") == 0) return "a relative tolerance above 0";
+    if (strcmp(a, "--audit-seed") == 0) return "a non-negative integer";
+    if (strcmp(a, "--node-timeout") == 0) return "seconds, 0.5 to 86400";
+    return NULL;
+}
+
+int cli_bad_option(const char *cmd, const char *opt, const char *v, bool known, const char *want) {
+    if (!known) {
+        fprintf(stderr, "ringlm %s: unknown option '%s' (ringlm %s --help lists them)\n", cmd, opt, cmd);
+    } else if (!v) {
+        fprintf(stderr, "ringlm %s: option %s needs a value\n", cmd, opt);
+    } else {
+        if (!want) want = cli_trust_want(opt);
+        fprintf(stderr, "ringlm %s: bad value '%s' for %s%s%s\n", cmd, v, opt, want ? ": want " : "", want ? want : "");
+    }
+    return 2;
+}
+
 int cli_parse_trust(const char *a, const char *v, cli_trust *t, int *bad) {
     if (strcmp(a, "--receipts") == 0) {
         t->receipts = v;

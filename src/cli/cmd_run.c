@@ -181,10 +181,12 @@ static int run_parse(int argc, char **argv, run_args *a) {
             a->no_repack = true;
             continue;
         }
-        const char *v = i + 1 < argc ? argv[++i] : NULL;
-        int bad = v == NULL;
-        if (bad) {
-        } else if (strcmp(opt, "-m") == 0) {
+        /* A missing value still goes through the chain (as ""), so that an unknown option is named as one. */
+        const char *given = i + 1 < argc ? argv[++i] : NULL, *v = given ? given : "";
+        int bad = 0;
+        const char *want = NULL; /* what a bad value should have been */
+        bool known = true;
+        if (strcmp(opt, "-m") == 0) {
             a->model = v;
         } else if (strcmp(opt, "-p") == 0) {
             a->prompt = v;
@@ -196,53 +198,49 @@ static int run_parse(int argc, char **argv, run_args *a) {
             a->draft = v;
         } else if (cli_parse_trust(opt, v, &a->trust, &bad)) {
         } else if (strcmp(opt, "--draft-p-min") == 0) {
-            bad = parse_float(v, &a->draft_p_min) || a->draft_p_min < 0 || a->draft_p_min > 1;
+            bad = parse_float(v, &a->draft_p_min) || a->draft_p_min < 0 || a->draft_p_min > 1, want = "a probability, 0 to 1";
         } else if (strcmp(opt, "--draft-depth") == 0) {
-            bad = cli_parse_int(v, &a->draft_depth) || a->draft_depth < 1 || a->draft_depth > SPEC_MAX_DEPTH;
+            bad = cli_parse_int(v, &a->draft_depth) || a->draft_depth < 1 || a->draft_depth > SPEC_MAX_DEPTH, want = "blocks in flight, 1 to the most supported";
         } else if (strcmp(opt, "--draft-n") == 0) {
-            bad = cli_parse_int(v, &a->draft_n) || a->draft_n < 1 || a->draft_n > SPEC_MAX_DRAFT;
+            bad = cli_parse_int(v, &a->draft_n) || a->draft_n < 1 || a->draft_n > SPEC_MAX_DRAFT, want = "a number of tokens, 1 to the most a pass verifies";
         } else if (strcmp(opt, "--key") == 0) {
             a->key_path = v;
         } else if (strcmp(opt, "--wire") == 0) {
             a->wire = v;
-            bad = strcmp(v, "f32") && strcmp(v, "f16") && strcmp(v, "bf16");
+            bad = strcmp(v, "f32") && strcmp(v, "f16") && strcmp(v, "bf16"), want = "f32, f16 or bf16";
         } else if (strcmp(opt, "--tokens") == 0) {
             a->ids_arg = v;
         } else if (strcmp(opt, "--metrics-json") == 0) {
             a->metrics = v;
         } else if (strcmp(opt, "-n") == 0) {
-            bad = cli_parse_int(v, &a->gp.n_predict);
+            bad = cli_parse_int(v, &a->gp.n_predict), want = "a number of tokens (-1: until the context is full)";
         } else if (strcmp(opt, "--threads") == 0) {
-            bad = cli_parse_int(v, &a->threads) || a->threads < 1;
+            bad = cli_parse_int(v, &a->threads) || a->threads < 1, want = "a number, at least 1";
         } else if (strcmp(opt, "--ctx") == 0) {
-            bad = cli_parse_int(v, &a->ctx) || a->ctx < 8;
+            bad = cli_parse_int(v, &a->ctx) || a->ctx < 8, want = "a number of tokens, at least 8";
         } else if (strcmp(opt, "--chunk") == 0) {
-            bad = cli_parse_int(v, &a->chunk) || a->chunk < 1;
+            bad = cli_parse_int(v, &a->chunk) || a->chunk < 1, want = "a number of tokens, at least 1";
         } else if (strcmp(opt, "--seed") == 0) {
-            bad = cli_parse_u64(v, &a->seed);
+            bad = cli_parse_u64(v, &a->seed), want = "a non-negative integer";
             a->gp.smp.seed = a->seed;
         } else if (strcmp(opt, "--temp") == 0) {
-            bad = parse_float(v, &a->gp.smp.temperature);
+            bad = parse_float(v, &a->gp.smp.temperature), want = "a number";
         } else if (strcmp(opt, "--top-k") == 0) {
-            bad = cli_parse_int(v, &a->gp.smp.top_k);
+            bad = cli_parse_int(v, &a->gp.smp.top_k), want = "an integer";
         } else if (strcmp(opt, "--top-p") == 0) {
-            bad = parse_float(v, &a->gp.smp.top_p);
+            bad = parse_float(v, &a->gp.smp.top_p), want = "a number";
         } else if (strcmp(opt, "--min-p") == 0) {
-            bad = parse_float(v, &a->gp.smp.min_p);
+            bad = parse_float(v, &a->gp.smp.min_p), want = "a number";
         } else if (strcmp(opt, "--repeat-penalty") == 0) {
-            bad = parse_float(v, &a->gp.smp.repeat_penalty);
+            bad = parse_float(v, &a->gp.smp.repeat_penalty), want = "a number";
         } else if (strcmp(opt, "--presence-penalty") == 0) {
-            bad = parse_float(v, &a->gp.smp.presence_penalty);
+            bad = parse_float(v, &a->gp.smp.presence_penalty), want = "a number";
         } else if (strcmp(opt, "--frequency-penalty") == 0) {
-            bad = parse_float(v, &a->gp.smp.frequency_penalty);
+            bad = parse_float(v, &a->gp.smp.frequency_penalty), want = "a number";
         } else {
-            bad = 1;
+            bad = 1, known = false;
         }
-        if (bad) {
-            fprintf(stderr, "ringlm run: unknown or bad option '%s'\n", opt);
-            run_usage(stderr);
-            return 2;
-        }
+        if (bad || !given) return cli_bad_option("run", opt, given, known, want);
     }
     if (!a->model || (!a->prompt == !a->ids_arg)) {
         fprintf(stderr, "ringlm run: -m MODEL and exactly one of -p PROMPT or --tokens are required\n");

@@ -21,7 +21,7 @@ static void serve_usage(FILE *f) {
             "                    [--parallel N] [--ctx N] [--queue N] [--threads N] [--chunk N]\n"
             "                    [--no-repack]\n"
             "                    [--max-body BYTES] [--drain SECONDS] [--header-timeout S] [--idle-timeout S]\n"
-            "                    [--max-conn-per-ip N] [--quiet]\n"
+            "                    [--max-conn-per-ip N] [--alias NAME]... [--quiet]\n"
             "                    [--draft ngram|none|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-threads N]]\n"
             "                    [--ring ring.conf --key coord.key [--wire f32|f16|bf16] [--receipts FILE]\n"
             "                     [--audit-rate R [--audit-seed S] [--audit-tol T]] [--node-timeout S]]\n\n"
@@ -33,6 +33,8 @@ static void serve_usage(FILE *f) {
             "  --host H       address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)\n"
             "  --port P       port (default 8080; 0 = any free port, printed at start)\n"
             "  --api-key KEY  require \"Authorization: Bearer KEY\" on /v1/* (default: no key)\n"
+            "  --alias NAME   another name a request's \"model\" may use (repeatable; the first is the one\n"
+            "                 /v1/models lists first and responses name when a request names none)\n"
             "  --parallel N   sequences generated at once (default 4); each holds a --ctx state\n"
             "  --ctx N        context of each sequence, prompt + generated tokens (default 4096)\n"
             "  --queue N      requests that may wait for a free sequence (default 16); more get 429\n"
@@ -90,6 +92,8 @@ int cmd_serve(int argc, char **argv) {
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     unsigned long long max_body = 1u << 20;
     bool quiet = false, no_repack = false;
+    const char *alias[15];
+    int n_alias = 0;
     const char *draft = "none";
     int draft_n = 7, draft_threads = 0;
     for (int i = 1; i < argc; i++) {
@@ -106,10 +110,12 @@ int cmd_serve(int argc, char **argv) {
             no_repack = true;
             continue;
         }
-        const char *v = i + 1 < argc ? argv[++i] : NULL;
-        int bad = v == NULL;
-        if (bad) {
-        } else if (strcmp(a, "-m") == 0) {
+        /* A missing value still goes through the chain (as ""), so that an unknown option is named as one. */
+        const char *given = i + 1 < argc ? argv[++i] : NULL, *v = given ? given : "";
+        int bad = 0;
+        const char *want = NULL; /* what a bad value should have been */
+        bool known = true;
+        if (strcmp(a, "-m") == 0) {
             model = v;
         } else if (strcmp(a, "--ring") == 0) {
             ring_path = v;
@@ -117,49 +123,48 @@ int cmd_serve(int argc, char **argv) {
             key_path = v;
         } else if (strcmp(a, "--wire") == 0) {
             wire = v;
-            bad = strcmp(v, "f32") && strcmp(v, "f16") && strcmp(v, "bf16");
+            bad = strcmp(v, "f32") && strcmp(v, "f16") && strcmp(v, "bf16"), want = "f32, f16 or bf16";
         } else if (cli_parse_trust(a, v, &trust, &bad)) {
         } else if (strcmp(a, "--host") == 0) {
             host = v;
         } else if (strcmp(a, "--api-key") == 0) {
             api_key = v;
-            bad = !*v;
+            bad = !*v, want = "a non-empty key";
         } else if (strcmp(a, "--port") == 0) {
-            bad = cli_parse_int(v, &port) || port < 0 || port > 65535;
+            bad = cli_parse_int(v, &port) || port < 0 || port > 65535, want = "a port number, 0 to 65535";
         } else if (strcmp(a, "--parallel") == 0) {
-            bad = cli_parse_int(v, &parallel) || parallel < 1 || parallel > 256;
+            bad = cli_parse_int(v, &parallel) || parallel < 1 || parallel > 256, want = "a number of sequences, 1 to 256";
         } else if (strcmp(a, "--ctx") == 0) {
-            bad = cli_parse_int(v, &ctx) || ctx < 8;
+            bad = cli_parse_int(v, &ctx) || ctx < 8, want = "a number of tokens, at least 8";
         } else if (strcmp(a, "--queue") == 0) {
-            bad = cli_parse_int(v, &queue) || queue < 0 || queue > 100000;
+            bad = cli_parse_int(v, &queue) || queue < 0 || queue > 100000, want = "a number, 0 to 100000";
         } else if (strcmp(a, "--threads") == 0) {
-            bad = cli_parse_int(v, &threads) || threads < 1;
+            bad = cli_parse_int(v, &threads) || threads < 1, want = "a number, at least 1";
         } else if (strcmp(a, "--chunk") == 0) {
-            bad = cli_parse_int(v, &chunk) || chunk < 1;
+            bad = cli_parse_int(v, &chunk) || chunk < 1, want = "a number of tokens, at least 1";
         } else if (strcmp(a, "--draft") == 0) {
             draft = v;
         } else if (strcmp(a, "--draft-threads") == 0) {
-            bad = cli_parse_int(v, &draft_threads) || draft_threads < 1;
+            bad = cli_parse_int(v, &draft_threads) || draft_threads < 1, want = "a number, at least 1";
         } else if (strcmp(a, "--draft-n") == 0) {
-            bad = cli_parse_int(v, &draft_n) || draft_n < 1 || draft_n > SCH_MAX_DRAFT;
+            bad = cli_parse_int(v, &draft_n) || draft_n < 1 || draft_n > SCH_MAX_DRAFT, want = "a number of tokens, 1 to the most a step verifies";
         } else if (strcmp(a, "--drain") == 0) {
-            bad = cli_parse_int(v, &drain) || drain < 0;
+            bad = cli_parse_int(v, &drain) || drain < 0, want = "seconds, 0 or more";
         } else if (strcmp(a, "--header-timeout") == 0) {
-            bad = cli_parse_int(v, &header_timeout) || header_timeout < 1 || header_timeout > 3600;
+            bad = cli_parse_int(v, &header_timeout) || header_timeout < 1 || header_timeout > 3600, want = "seconds, 1 to 3600";
         } else if (strcmp(a, "--idle-timeout") == 0) {
-            bad = cli_parse_int(v, &idle_timeout) || idle_timeout < 1 || idle_timeout > 86400;
+            bad = cli_parse_int(v, &idle_timeout) || idle_timeout < 1 || idle_timeout > 86400, want = "seconds, 1 to 86400";
         } else if (strcmp(a, "--max-conn-per-ip") == 0) {
-            bad = cli_parse_int(v, &per_ip) || per_ip < 1 || per_ip > 100000;
+            bad = cli_parse_int(v, &per_ip) || per_ip < 1 || per_ip > 100000, want = "a number, 1 to 100000";
+        } else if (strcmp(a, "--alias") == 0) {
+            bad = n_alias == (int)(sizeof alias / sizeof alias[0]) || !*v, want = "a non-empty name (at most 15 aliases)";
+            if (!bad) alias[n_alias++] = v;
         } else if (strcmp(a, "--max-body") == 0) {
-            bad = cli_parse_u64(v, &max_body) || max_body < 1024;
+            bad = cli_parse_u64(v, &max_body) || max_body < 1024, want = "bytes, at least 1024";
         } else {
-            bad = 1;
+            bad = 1, known = false;
         }
-        if (bad) {
-            fprintf(stderr, "ringlm serve: unknown or bad option '%s'\n", a);
-            serve_usage(stderr);
-            return 2;
-        }
+        if (bad || !given) return cli_bad_option("serve", a, given, known, want);
     }
     if (!model) {
         fprintf(stderr, "ringlm serve: -m MODEL is required\n");
@@ -275,7 +280,7 @@ int cmd_serve(int argc, char **argv) {
     have_sched = true;
     if (sch_start(&s, &err) != 0) goto out;
     http_config hc = {.host = host, .port = port, .api_key = api_key, .body_limit = (size_t)max_body,
-                      .model_id = serve_model_id(model), .have_chat = have_chat, .chat_fmt = fmt,
+                      .model_id = serve_model_id(model), .aliases = alias, .n_aliases = n_alias, .have_chat = have_chat, .chat_fmt = fmt,
                       .chat_err = chat_err.msg, .max_connections = 64 + 2 * (parallel + queue), .quiet = quiet,
                       .max_per_ip = per_ip, .header_timeout_s = header_timeout, .idle_timeout_s = idle_timeout,
                       .draft_n = strcmp(draft, "none") != 0 ? draft_n : 0, .draft_k = draft_n,

@@ -1,6 +1,7 @@
 #include "http.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
@@ -335,8 +336,29 @@ static void http_strs_free(http_strs *s) {
 }
 
 /* One parsed completion request. */
+/* The served name equal to s, or NULL. */
+static const char *http_model_name(const http_server *h, const char *s) {
+    for (int i = 0; i < h->n_names; i++) {
+        if (strcmp(s, h->names[i]) == 0) return h->names[i];
+    }
+    return NULL;
+}
+
+/* "'a', 'b' or 'c'" for messages (cut to n). */
+static void http_names_list(const http_server *h, char *buf, size_t n) {
+    size_t at = 0;
+    buf[0] = 0;
+    for (int i = 0; i < h->n_names && at < n; i++) {
+        const char *sep = i == 0 ? "" : i == h->n_names - 1 ? " or " : ", ";
+        int w = snprintf(buf + at, n - at, "%s'%s'", sep, h->names[i]);
+        if (w < 0) break;
+        at += (size_t)w;
+    }
+}
+
 typedef struct http_job {
     bool chat, stream, include_usage;
+    const char *model; /* the name the request used (one of h->names), echoed in the response */
     sch_params p;
     int32_t *prompt;
     size_t n_prompt;
@@ -352,11 +374,14 @@ static void http_job_free(http_job *jb) {
  * (temperature 1, top_p 1, no penalties), top_k / min_p off unless asked for. */
 static int http_parse_common(const http_server *h, const cJSON *j, http_job *jb, http_fail *f) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "model");
+    jb->model = h->names[0];
     if (!http_absent(v)) {
         if (!cJSON_IsString(v)) return BAD(f, "model", "'model' must be a string");
-        if (strcmp(v->valuestring, h->model_id) != 0) {
-            return http_failf(f, 400, "invalid_request_error", "model_not_found", "model",
-                              "model '%s' is not served here; this server serves '%s'", v->valuestring, h->model_id);
+        if (!(jb->model = http_model_name(h, v->valuestring))) {
+            char list[512];
+            http_names_list(h, list, sizeof list);
+            return http_failf(f, 404, "invalid_request_error", "model_not_found", "model",
+                              "model '%s' is not served here; this server serves %s", v->valuestring, list);
         }
     }
     smp_params *sp = &jb->p.smp;
@@ -660,12 +685,12 @@ static cJSON *http_usage(const sch_update *up) {
 }
 
 /* The object every response and chunk starts with. */
-static cJSON *http_envelope(const http_server *h, const char *id, const char *object, time_t created) {
+static cJSON *http_envelope(const char *model, const char *id, const char *object, time_t created) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "id", id);
     cJSON_AddStringToObject(j, "object", object);
     cJSON_AddNumberToObject(j, "created", (double)created);
-    cJSON_AddStringToObject(j, "model", h->model_id);
+    cJSON_AddStringToObject(j, "model", model);
     cJSON_AddStringToObject(j, "system_fingerprint", "ringlm");
     return j;
 }
@@ -720,6 +745,7 @@ typedef struct http_stream {
     sch_request *r;
     int fd;
     bool chat, include_usage, ended;
+    const char *model; /* one of h->names */
     char id[64];
     time_t created;
     double t0;
@@ -739,7 +765,7 @@ static void http_sse(http_stream *st, cJSON *j) {
 }
 
 static void http_sse_chunk(http_stream *st, bool role, const char *text, size_t len, const char *finish) {
-    cJSON *j = http_envelope(st->h, st->id, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
+    cJSON *j = http_envelope(st->model, st->id, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
     cJSON *ch = cJSON_AddArrayToObject(j, "choices");
     cJSON_AddItemToArray(ch, http_choice(st->chat, true, role, text, len, finish));
     http_sse(st, j);
@@ -761,14 +787,14 @@ static void http_sse_end(http_stream *st, const sch_update *u) {
     } else {
         http_sse_chunk(st, false, st->chat ? NULL : "", 0, http_finish_reason(u->fin));
         if (u->receipts) { /* one more chunk, with no choices: the receipts (asked with "receipts": true) */
-            cJSON *j = http_envelope(st->h, st->id, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
+            cJSON *j = http_envelope(st->model, st->id, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
             cJSON_AddArrayToObject(j, "choices");
             cJSON *rj = cJSON_Parse(u->receipts);
             if (rj) cJSON_AddItemToObject(j, "receipts", rj);
             http_sse(st, j);
         }
         if (st->include_usage) {
-            cJSON *j = http_envelope(st->h, st->id, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
+            cJSON *j = http_envelope(st->model, st->id, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
             cJSON_AddArrayToObject(j, "choices");
             cJSON_AddItemToObject(j, "usage", http_usage(u));
             http_sse(st, j);
@@ -900,7 +926,7 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
             goto fail;
         }
         *st = (http_stream){.h = h, .r = r, .fd = http_conn_fd(c), .chat = chat, .include_usage = jb.include_usage,
-                            .created = created, .t0 = t0};
+                            .model = jb.model, .created = created, .t0 = t0};
         snprintf(st->id, sizeof st->id, "%s", id);
         if (chat) http_sse_chunk(st, true, "", 0, NULL); /* OpenAI's first chunk: the role */
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, http_stream_read, st,
@@ -953,7 +979,7 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
         return http_send_error(hc, c, 503, "server_error", "shutting_down", NULL,
                                "the request was cancelled: the server is shutting down");
     }
-    cJSON *resp = http_envelope(h, id, chat ? "chat.completion" : "text_completion", created);
+    cJSON *resp = http_envelope(jb.model, id, chat ? "chat.completion" : "text_completion", created);
     cJSON *ch = cJSON_AddArrayToObject(resp, "choices");
     cJSON_AddItemToArray(ch, http_choice(chat, false, true, text.p ? text.p : "", text.p ? text.len : 0, http_finish_reason(u.fin)));
     cJSON_AddItemToObject(resp, "usage", http_usage(&u));
@@ -977,9 +1003,9 @@ fail:
 
 /* ---- the other endpoints ------------------------------------------------------------------------------ */
 
-static cJSON *http_model_obj(const http_server *h) {
+static cJSON *http_model_obj(const http_server *h, const char *name) {
     cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "id", h->model_id);
+    cJSON_AddStringToObject(m, "id", name);
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", (double)h->created);
     cJSON_AddStringToObject(m, "owned_by", "ringlm");
@@ -996,7 +1022,7 @@ static enum MHD_Result http_health(http_conn *hc, struct MHD_Connection *c) {
     pthread_mutex_unlock(&h->mu);
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "status", closing ? "shutting_down" : "ok");
-    cJSON_AddStringToObject(j, "model", h->model_id);
+    cJSON_AddStringToObject(j, "model", h->names[0]);
     cJSON_AddStringToObject(j, "backend", m.backend ? m.backend : "");
     cJSON *sl = cJSON_AddObjectToObject(j, "slots");
     cJSON_AddNumberToObject(sl, "total", m.n_slots);
@@ -1161,7 +1187,7 @@ static enum MHD_Result http_metrics(http_conn *hc, struct MHD_Connection *c) {
     }
     http_family(&b, "ringlm_info", "gauge", "The served model and backend.");
     hb_add(&b, "ringlm_info{model=\"", 19);
-    http_label(&b, h->model_id);
+    http_label(&b, h->names[0]);
     hb_printf(&b, "\",backend=\"%s\"} 1\n", m.backend ? m.backend : "");
     if (!b.p) return MHD_NO;
     return http_send(hc, c, 200, "text/plain; version=0.0.4; charset=utf-8", b.p, b.len);
@@ -1182,10 +1208,14 @@ static bool http_key_ok(const http_server *h, struct MHD_Connection *c) {
     return diff == 0;
 }
 
+/* The OpenAI paths are served with and without their /v1 prefix, as llama-server serves them. */
+static const char *http_api_path(const char *url) { return strncmp(url, "/v1/", 4) == 0 ? url + 3 : url; }
+
 static int http_route(const char *url) {
-    if (strcmp(url, "/v1/chat/completions") == 0) return HTTP_EP_CHAT;
-    if (strcmp(url, "/v1/completions") == 0) return HTTP_EP_COMPLETIONS;
-    if (strcmp(url, "/v1/models") == 0 || strncmp(url, "/v1/models/", 11) == 0) return HTTP_EP_MODELS;
+    const char *p = http_api_path(url);
+    if (strcmp(p, "/chat/completions") == 0) return HTTP_EP_CHAT;
+    if (strcmp(p, "/completions") == 0) return HTTP_EP_COMPLETIONS;
+    if (strcmp(p, "/models") == 0 || strncmp(p, "/models/", 8) == 0) return HTTP_EP_MODELS;
     if (strcmp(url, "/health") == 0) return HTTP_EP_HEALTH;
     if (strcmp(url, "/metrics") == 0) return HTTP_EP_METRICS;
     if (strcmp(url, "/") == 0 || strcmp(url, "/index.html") == 0) return HTTP_EP_PAGE;
@@ -1196,15 +1226,20 @@ static enum MHD_Result http_get(http_conn *hc, struct MHD_Connection *c, const c
     http_server *h = hc->h;
     switch (hc->ep) {
     case HTTP_EP_MODELS: {
-        if (strcmp(url, "/v1/models") == 0) {
+        const char *p = http_api_path(url);
+        if (strcmp(p, "/models") == 0) {
             cJSON *j = cJSON_CreateObject();
             cJSON_AddStringToObject(j, "object", "list");
-            cJSON_AddItemToArray(cJSON_AddArrayToObject(j, "data"), http_model_obj(h));
+            cJSON *d = cJSON_AddArrayToObject(j, "data");
+            for (int i = 0; i < h->n_names; i++) cJSON_AddItemToArray(d, http_model_obj(h, h->names[i]));
             return http_send_json(hc, c, 200, j);
         }
-        if (strcmp(url + 11, h->model_id) == 0) return http_send_json(hc, c, 200, http_model_obj(h));
+        const char *name = http_model_name(h, p + 8);
+        if (name) return http_send_json(hc, c, 200, http_model_obj(h, name));
+        char list[512];
+        http_names_list(h, list, sizeof list);
         return http_send_error(hc, c, 404, "invalid_request_error", "model_not_found", "model",
-                               "model '%s' is not served here; this server serves '%s'", url + 11, h->model_id);
+                               "model '%s' is not served here; this server serves %s", p + 8, list);
     }
     case HTTP_EP_HEALTH: return http_health(hc, c);
     case HTTP_EP_METRICS: return http_metrics(hc, c);
@@ -1255,7 +1290,16 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *c, const ch
             struct MHD_Response *r = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
             if (!r) return MHD_NO;
             MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-            MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+            /* Whatever headers the page's client says it will send (the openai SDK adds x-stainless-*
+             * ones): a fixed list blocks every client that sends one more. Only header-name characters
+             * and separators are echoed. */
+            const char *want = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+            bool echo = want && *want && strlen(want) < 2048;
+            for (const char *q = want; echo && *q; q++) {
+                echo = isalnum((unsigned char)*q) || strchr("-_!#$%&'*+.^`|~, ", *q);
+            }
+            MHD_add_response_header(r, "Access-Control-Allow-Headers", echo ? want : "Authorization, Content-Type");
+            MHD_add_response_header(r, "Vary", "Access-Control-Request-Headers");
             MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
             return http_queue(hc, c, 204, r);
         }
@@ -1421,6 +1465,17 @@ int http_start(http_server *h, const http_config *cfg, sch_sched *s, const tok_t
     h->n_ctx = s->be.n_ctx;
     h->created = time(NULL);
     h->id_base = http_random64();
+    /* The names: aliases first (the first is the primary, as llama-server's --alias), then the file's. */
+    if (cfg->n_aliases >= HTTP_MAX_NAMES) return rl_errf(err, "at most %d --alias names", HTTP_MAX_NAMES - 1);
+    for (int i = 0; i <= cfg->n_aliases && h->n_names < HTTP_MAX_NAMES; i++) {
+        const char *nm = i < cfg->n_aliases ? cfg->aliases[i] : cfg->model_id;
+        if (!nm || !*nm || strlen(nm) >= HTTP_NAME_MAX) {
+            return rl_errf(err, "model name '%.64s' must be 1 to %d bytes", nm ? nm : "", HTTP_NAME_MAX - 1);
+        }
+        bool dup = false;
+        for (int k = 0; k < h->n_names; k++) dup |= strcmp(h->names[k], nm) == 0;
+        if (!dup) snprintf(h->names[h->n_names++], HTTP_NAME_MAX, "%s", nm);
+    }
     h->model_id = strdup(cfg->model_id);
     h->api_key = cfg->api_key ? strdup(cfg->api_key) : NULL;
     h->chat_err = strdup(cfg->chat_err ? cfg->chat_err : "");

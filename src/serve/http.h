@@ -30,7 +30,9 @@ typedef struct http_config {
     int port;              /* 0: any free port (http_port tells which) */
     const char *api_key;   /* NULL: no key; else the /v1 endpoints need "Authorization: Bearer KEY" */
     size_t body_limit;     /* request bodies above this get 413 */
-    const char *model_id;  /* what /v1/models lists and the `model` field must equal */
+    const char *model_id;  /* the model's name: the file's (what /v1/models lists, a request's `model` may name) */
+    const char *const *aliases; /* more names it answers to (--alias, repeatable); the first is the primary */
+    int n_aliases;
     bool have_chat;        /* the model's chat template is one we render */
     chat_format chat_fmt;
     const char *chat_err;  /* why not, when !have_chat */
@@ -51,6 +53,8 @@ typedef struct http_config {
 enum { HTTP_EP_CHAT, HTTP_EP_COMPLETIONS, HTTP_EP_MODELS, HTTP_EP_HEALTH, HTTP_EP_METRICS, HTTP_EP_PAGE,
        HTTP_EP_OTHER, HTTP_EP_COUNT };
 #define HTTP_MAX_CODES 16
+#define HTTP_MAX_NAMES 16 /* the file's name and up to 15 aliases */
+#define HTTP_NAME_MAX 256
 
 typedef struct http_server {
     struct MHD_Daemon *d;
@@ -58,6 +62,8 @@ typedef struct http_server {
     int port;
     http_config cfg;
     char *model_id, *api_key, *chat_err;
+    char names[HTTP_MAX_NAMES][HTTP_NAME_MAX]; /* every name the model answers to; names[0] the primary */
+    int n_names;
     sch_sched *s;
     const tok_tokenizer *tok;
     uint32_t n_ctx;
