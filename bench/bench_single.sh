@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# One machine: ringlm run against llama.cpp (the oracle's prebuilt libllama, same file, same thread count,
-# same prompt tokens), on the `medium` synthesized model (> 1 GiB, Q4_K experts).
+# One machine: ringlm run against llama.cpp as its users run it, `llama-bench` at its defaults (repacked CPU
+# weights, flash attention auto, f16 cache), built from the same pinned source with the same CPU kernels
+# (scripts/llama-tools.sh). Same file, same thread count, alternating runs, medians of per-pair ratios.
 #
-#   bench/bench_single.sh [--threads N] [--prompt N] [--gen N] [--reps N] [--model FILE]
+#   bench/bench_single.sh [--threads N] [--prompt N] [--gen N] [--reps N] [--model FILE] [--depth N]
+#                         [--out NAME]
 #
-# Writes bench/results/single.json and bench/results/single.md. Runs alternate between the two engines
-# so machine noise hits both alike; each figure is the median over --reps runs. Also reports decode
-# against the memory-bandwidth ceiling: active weight bytes per token / measured read bandwidth.
+# Short context (default): prefill of a --prompt-token prompt and --gen decode steps, on the `medium`
+# synthesized model (> 1 GiB, Q4_K experts). Long context (--depth N): prefill of an N-token prompt
+# (llama-bench pp N) and --gen decode steps after it (llama-bench tg at depth N).
+# Writes bench/results/NAME.json and NAME.md (NAME: single, or single-long with --depth). Also reports
+# decode against the memory-bandwidth ceiling: read bandwidth / active weight bytes per token.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-threads=2 prompt=512 gen=64 reps=3 model=bench/models/medium.gguf
+threads=2 prompt=512 gen=64 reps=3 model=bench/models/medium.gguf depth=0 out=
 while [ $# -gt 0 ]; do
     case $1 in
         --threads) threads=$2; shift 2 ;;
@@ -17,10 +21,14 @@ while [ $# -gt 0 ]; do
         --gen) gen=$2; shift 2 ;;
         --reps) reps=$2; shift 2 ;;
         --model) model=$2; shift 2 ;;
+        --depth) depth=$2; shift 2 ;;
+        --out) out=$2; shift 2 ;;
         *) echo "bench_single: unknown option $1" >&2; exit 2 ;;
     esac
 done
-make -s ringlm oracle
+[ -n "$out" ] || { [ "$depth" -gt 0 ] && out=single-long || out=single; }
+make -s ringlm
+B=$(scripts/llama-tools.sh)
 mkdir -p bench/models bench/results build/bench
 if [ ! -f "$model" ]; then
     echo "bench_single: synthesizing $model (medium preset, once)" >&2
@@ -32,22 +40,36 @@ kv=$(./ringlm inspect --kv "$model")
 V=$(echo "$kv" | awk '$1 == "n_vocab" { print $2 }')
 active=$(echo "$kv" | awk '$1 == "active_bytes_per_token" { print $2 }')
 weights=$(echo "$kv" | awk '$1 == "weight_bytes" { print $2 }')
-toks=$(awk -v n="$prompt" -v v="$((V - 256))" 'BEGIN { x = 7; for (i = 0; i < n; i++) {
+repacked=$(./ringlm inspect "$model" | awk '/are repacked on this CPU/ { print $4, $5 }')
+n_prompt=$prompt
+[ "$depth" -gt 0 ] && n_prompt=$depth
+toks=$(awk -v n="$n_prompt" -v v="$((V - 256))" 'BEGIN { x = 7; for (i = 0; i < n; i++) {
            x = (x * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), int(x / 65536) % v } }')
+echo "$toks" >build/bench/prompt.ids
 # Page the model in once so neither engine pays for the first read from disk.
 cat "$model" >/dev/null
 
+# llama-bench prints one JSON object per test; avg_ts is tokens/s. Its defaults are left alone: only the
+# model, the sizes and the thread count are given (and -r 1: this script does the repetitions, alternating).
+lb_ts() { python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(d[int(sys.argv[2])]["avg_ts"])' "$@"; }
 ours_p=() ours_d=() ref_p=() ref_d=() rss=()
 for r in $(seq "$reps"); do
     ./ringlm run -m "$model" --tokens "$toks" -n "$gen" --temp 0 --ignore-eos --ids --threads "$threads" \
-        --ctx $((prompt + gen + 8)) --chunk "$prompt" --metrics-json build/bench/ours.json >/dev/null 2>&1
+        --ctx $((n_prompt + gen + 8)) --chunk 512 --metrics-json build/bench/ours.json >/dev/null 2>&1
     ours_p+=("$(sed -n 's/.*"prefill_tok_s":[[:space:]]*\([0-9.e+-]*\).*/\1/p' build/bench/ours.json)")
     ours_d+=("$(sed -n 's/.*"decode_tok_s":[[:space:]]*\([0-9.e+-]*\).*/\1/p' build/bench/ours.json)")
     rss+=("$(sed -n 's/.*"peak_rss_bytes":[[:space:]]*\([0-9.e+-]*\).*/\1/p' build/bench/ours.json)")
-    tests/oracle/oracle bench -m "$model" --tokens "$toks" -n "$gen" --threads "$threads" >build/bench/ref.json
-    ref_p+=("$(sed 's/.*"prefill_tok_s": \([0-9.]*\).*/\1/' build/bench/ref.json)")
-    ref_d+=("$(sed 's/.*"decode_tok_s": \([0-9.]*\).*/\1/' build/bench/ref.json)")
-    echo "run $r: ringlm prefill ${ours_p[-1]} decode ${ours_d[-1]} | llama.cpp prefill ${ref_p[-1]} decode ${ref_d[-1]} tok/s" >&2
+    if [ "$depth" -gt 0 ]; then
+        "$B/llama-bench" -m "$model" -t "$threads" -r 1 -o json -p "$depth" -n 0 >build/bench/ref_p.json 2>/dev/null
+        "$B/llama-bench" -m "$model" -t "$threads" -r 1 -o json -p 0 -n "$gen" -d "$depth" >build/bench/ref_d.json 2>/dev/null
+        ref_p+=("$(lb_ts build/bench/ref_p.json 0)")
+        ref_d+=("$(lb_ts build/bench/ref_d.json 0)")
+    else
+        "$B/llama-bench" -m "$model" -t "$threads" -r 1 -o json -p "$prompt" -n "$gen" >build/bench/ref.json 2>/dev/null
+        ref_p+=("$(lb_ts build/bench/ref.json 0)")
+        ref_d+=("$(lb_ts build/bench/ref.json 1)")
+    fi
+    echo "run $r: ringlm prefill ${ours_p[-1]} decode ${ours_d[-1]} | llama-bench prefill ${ref_p[-1]} decode ${ref_d[-1]} tok/s" >&2
 done
 median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 op=$(median "${ours_p[@]}") od=$(median "${ours_d[@]}") rp=$(median "${ref_p[@]}") rd=$(median "${ref_d[@]}")
@@ -63,15 +85,28 @@ rs=$(median "${rss[@]}")
 ceiling=$(awk -v bw="$bw" -v a="$active" 'BEGIN { printf "%.2f", bw * 1e9 / a }')
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
 load=$(cut -d' ' -f1 /proc/loadavg)
-cat >bench/results/single.json <<JSON
+if [ "$depth" -gt 0 ]; then
+    what_p="prefill of a $depth-token prompt" what_d="decode of $gen tokens after $depth"
+    lb_cmd="llama-bench -m MODEL -t $threads -r 1 -p $depth -n 0; llama-bench -m MODEL -t $threads -r 1 -p 0 -n $gen -d $depth"
+else
+    what_p="prefill of a $prompt-token prompt" what_d="decode of $gen tokens"
+    lb_cmd="llama-bench -m MODEL -t $threads -r 1 -p $prompt -n $gen"
+fi
+cmd="bench/bench_single.sh --threads $threads --prompt $prompt --gen $gen --reps $reps --model $model"
+long=""
+[ "$depth" -gt 0 ] && cmd="$cmd --depth $depth" long=" (long context)"
+cat >"bench/results/$out.json" <<JSON
 {
-  "benchmark": "single-machine decode and prefill, ringlm vs llama.cpp",
-  "command": "bench/bench_single.sh --threads $threads --prompt $prompt --gen $gen --reps $reps",
+  "benchmark": "single machine, ringlm vs llama-bench at its defaults",
+  "command": "$cmd",
   "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
   "machine": {"cpu": "$cpu", "threads": $threads, "read_bandwidth_gb_s": $bw, "load_avg_at_end": $load},
-  "model": {"file": "$model", "weight_bytes": $weights, "active_bytes_per_token": $active},
-  "ringlm": {"prefill_tok_s": $op, "decode_tok_s": $od, "peak_rss_bytes": $rs},
-  "llama_cpp": {"prefill_tok_s": $rp, "decode_tok_s": $rd, "engine": "prebuilt libllama of @node-llama-cpp/linux-x64@3.21.1"},
+  "model": {"file": "$model", "weight_bytes": $weights, "active_bytes_per_token": $active, "repacked": "$repacked"},
+  "ringlm": {"settings": "defaults: repacked weights where llama.cpp repacks, no flash attention, f32 cache",
+             "prefill_tok_s": $op, "decode_tok_s": $od, "peak_rss_bytes": $rs},
+  "llama_cpp": {"settings": "llama-bench defaults: repacked weights, flash attention auto (on, CPU), f16 cache",
+                "command": "$lb_cmd", "prefill_tok_s": $rp, "decode_tok_s": $rd,
+                "engine": "llama-bench built from llama.cpp 80fb11a (node-llama-cpp 3.21.1), scripts/llama-tools.sh"},
   "ratio": {"prefill": $ratio_p, "decode": $ratio_d, "how": "median of per-run-pair ratios"},
   "runs": {"ringlm_prefill": [$(IFS=,; echo "${ours_p[*]}")], "ringlm_decode": [$(IFS=,; echo "${ours_d[*]}")],
            "llama_prefill": [$(IFS=,; echo "${ref_p[*]}")], "llama_decode": [$(IFS=,; echo "${ref_d[*]}")]},
@@ -79,22 +114,22 @@ cat >bench/results/single.json <<JSON
   "decode_fraction_of_ceiling": $(awk -v a="$od" -v c="$ceiling" 'BEGIN { printf "%.3f", a / c }')
 }
 JSON
-cat >bench/results/single.md <<MD
-# Single machine: ringlm vs llama.cpp
+cat >"bench/results/$out.md" <<MD
+# Single machine: ringlm vs llama-bench at its defaults$long
 
-\`bench/bench_single.sh --threads $threads --prompt $prompt --gen $gen --reps $reps\`, $(date -u +%Y-%m-%d), $cpu,
+\`$cmd\`, $(date -u +%Y-%m-%d), $cpu,
 $threads threads, medians of $reps alternating runs. Model: \`$model\` ($(awk -v b="$weights" 'BEGIN { printf "%.2f GiB", b / 1073741824 }'),
-$(awk -v b="$active" 'BEGIN { printf "%.0f MiB", b / 1048576 }') of weights read per token). Measured read bandwidth $bw GB/s.
+$(awk -v b="$active" 'BEGIN { printf "%.0f MiB", b / 1048576 }') of weights read per token; $repacked of the weights repacked on this CPU). Measured read bandwidth $bw GB/s.
 
-| engine | prefill tok/s ($prompt-token prompt) | decode tok/s |
-|---|---|---|
-| ringlm | $(printf '%.1f' "$op") | $(printf '%.2f' "$od") |
-| llama.cpp (prebuilt libllama 3.21.1) | $(printf '%.1f' "$rp") | $(printf '%.2f' "$rd") |
-| ratio (median of per-pair ratios) | $(printf '%.2fx' "$ratio_p") | $(printf '%.2fx' "$ratio_d") |
+| engine | settings | $what_p, tok/s | $what_d, tok/s |
+|---|---|---|---|
+| ringlm | defaults: repacked weights where llama.cpp repacks them, no flash attention, f32 cache | $(printf '%.1f' "$op") | $(printf '%.2f' "$od") |
+| llama-bench (llama.cpp 80fb11a) | its defaults: repacked weights, flash attention auto (on), f16 cache | $(printf '%.1f' "$rp") | $(printf '%.2f' "$rd") |
+| ratio (median of per-pair ratios) | | $(printf '%.2fx' "$ratio_p") | $(printf '%.2fx' "$ratio_d") |
 
-Per-pair ratios, prefill: ${pr[*]}; decode: ${dr[*]}.
+Per-pair ratios, prefill: ${pr[*]}; decode: ${dr[*]}. llama-bench ran as \`$lb_cmd\`.
 
 Decode bandwidth ceiling (read bandwidth / active bytes per token): $ceiling tok/s; ringlm reaches
 $(awk -v a="$od" -v c="$ceiling" 'BEGIN { printf "%.0f%%", 100 * a / c }') of it. ringlm peak RSS $(awk -v b="$rs" 'BEGIN { printf "%.0f MiB", b / 1048576 }').
 MD
-cat bench/results/single.md
+cat "bench/results/$out.md"

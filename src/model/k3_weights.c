@@ -92,7 +92,9 @@ static int k3_weights_copy(k3_weights *w, const mf_model *m, rl_err *err) {
             w->x_tensors[k]++;
             uintptr_t lo = ((uintptr_t)src->data + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
             uintptr_t hi = ((uintptr_t)src->data + n) & ~((uintptr_t)pg - 1);
-            if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice only: a failure costs RAM, not data */
+            /* The mapping is a read-only MAP_SHARED of the file, so dropped pages are read back from it if
+             * anything else touches them (a draft sharing output.weight): advice only, a failure costs RAM. */
+            if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
         }
     }
     return 0;
