@@ -69,10 +69,10 @@ r, _ = raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nCo
 check(status(r) == 200 and body_json(r)["object"] == "text_completion", "a chunk line with a 100 KB extension: answered in JSON (status %d)" % status(r))
 r, _ = post(b'{"model":"\xff\xfe","prompt":"hi"}')
 try:
-    ok = status(r) == 400 and "\ufffd" in body_json(r)["error"]["message"]
+    ok = status(r) == 404 and "\ufffd" in body_json(r)["error"]["message"]
 except (UnicodeDecodeError, ValueError):
     ok = False
-check(ok, "a model name of invalid UTF-8: the error body is valid UTF-8 JSON (U+FFFD in its place)")
+check(ok, "a model name of invalid UTF-8: a 404 whose body is valid UTF-8 JSON (U+FFFD in its place)")
 r, _ = raw(b"GET /v1/models/%ff HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
 try:
     ok = status(r) == 404 and "\ufffd" in body_json(r)["error"]["message"]
@@ -89,7 +89,7 @@ check(ok, "a role of invalid UTF-8: a 400 whose body is valid UTF-8 JSON")
 
 r, _ = post(b'{"model":"x\\nringlm serve: FORGED LINE\\u001b[31m","prompt":"hi"}')
 log = open(sys.argv[2], "rb").read()
-check(status(r) == 400 and not any(l.startswith(b"ringlm serve: FORGED") for l in log.split(b"\n")) and b"\x1b" not in log,
+check(status(r) == 404 and not any(l.startswith(b"ringlm serve: FORGED") for l in log.split(b"\n")) and b"\x1b" not in log,
       "a model name with a newline and an ANSI escape writes no line and no escape into the log")
 
 r, _ = post(b'{"prompt":"a\\u0000bbbb","max_tokens":2}')
