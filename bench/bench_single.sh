@@ -4,7 +4,7 @@
 # (scripts/llama-tools.sh). Same file, same thread count, alternating runs, medians of per-pair ratios.
 #
 #   bench/bench_single.sh [--threads N] [--prompt N] [--gen N] [--reps N] [--model FILE] [--depth N]
-#                         [--out NAME]
+#                         [--out NAME] [--ringlm-args "ARGS"]
 #
 # Short context (default): prefill of a --prompt-token prompt and --gen decode steps, on the `medium`
 # synthesized model (> 1 GiB, Q4_K experts). Long context (--depth N): prefill of an N-token prompt
@@ -13,7 +13,7 @@
 # decode against the memory-bandwidth ceiling: read bandwidth / active weight bytes per token.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-threads=2 prompt=512 gen=64 reps=3 model=bench/models/medium.gguf depth=0 out=
+threads=2 prompt=512 gen=64 reps=3 model=bench/models/medium.gguf depth=0 out= rargs=
 while [ $# -gt 0 ]; do
     case $1 in
         --threads) threads=$2; shift 2 ;;
@@ -23,6 +23,7 @@ while [ $# -gt 0 ]; do
         --model) model=$2; shift 2 ;;
         --depth) depth=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
+        --ringlm-args) rargs=$2; shift 2 ;;
         *) echo "bench_single: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -54,8 +55,9 @@ cat "$model" >/dev/null
 lb_ts() { python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(d[int(sys.argv[2])]["avg_ts"])' "$@"; }
 ours_p=() ours_d=() ref_p=() ref_d=() rss=()
 for r in $(seq "$reps"); do
+    # shellcheck disable=SC2086
     ./ringlm run -m "$model" --tokens "$toks" -n "$gen" --temp 0 --ignore-eos --ids --threads "$threads" \
-        --ctx $((n_prompt + gen + 8)) --chunk 512 --metrics-json build/bench/ours.json >/dev/null 2>&1
+        --ctx $((n_prompt + gen + 8)) --chunk 512 --metrics-json build/bench/ours.json $rargs >/dev/null 2>&1
     ours_p+=("$(sed -n 's/.*"prefill_tok_s":[[:space:]]*\([0-9.e+-]*\).*/\1/p' build/bench/ours.json)")
     ours_d+=("$(sed -n 's/.*"decode_tok_s":[[:space:]]*\([0-9.e+-]*\).*/\1/p' build/bench/ours.json)")
     rss+=("$(sed -n 's/.*"peak_rss_bytes":[[:space:]]*\([0-9.e+-]*\).*/\1/p' build/bench/ours.json)")
@@ -95,10 +97,14 @@ fi
 cmd="bench/bench_single.sh --threads $threads --prompt $prompt --gen $gen --reps $reps --model $model"
 long=""
 [ "$depth" -gt 0 ] && cmd="$cmd --depth $depth" long=" (long context)"
+[ -n "$out" ] && cmd="$cmd --out $out"
+[ -n "$rargs" ] && cmd="$cmd --ringlm-args \"$rargs\"" long="$long, ringlm with $rargs"
+ours_set="defaults: repacked weights where llama.cpp repacks them, no flash attention, f32 cache"
+[ -n "$rargs" ] && ours_set="repacked weights where llama.cpp repacks them, $rargs"
 cat >"bench/results/$out.json" <<JSON
 {
   "benchmark": "single machine, ringlm vs llama-bench at its defaults",
-  "command": "$cmd",
+  "command": "$(echo "$cmd" | sed 's/"/\\"/g')",
   "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
   "machine": {"cpu": "$cpu", "threads": $threads, "read_bandwidth_gb_s": $bw, "load_avg_at_end": $load},
   "model": {"file": "$model", "weight_bytes": $weights, "active_bytes_per_token": $active, "repacked": "$repacked"},
@@ -123,7 +129,7 @@ $(awk -v b="$active" 'BEGIN { printf "%.0f MiB", b / 1048576 }') of weights read
 
 | engine | settings | $what_p, tok/s | $what_d, tok/s |
 |---|---|---|---|
-| ringlm | defaults: repacked weights where llama.cpp repacks them, no flash attention, f32 cache | $(printf '%.1f' "$op") | $(printf '%.2f' "$od") |
+| ringlm | $ours_set | $(printf '%.1f' "$op") | $(printf '%.2f' "$od") |
 | llama-bench (llama.cpp 80fb11a) | its defaults: repacked weights, flash attention auto (on), f16 cache | $(printf '%.1f' "$rp") | $(printf '%.2f' "$rd") |
 | ratio (median of per-pair ratios) | | $(printf '%.2fx' "$ratio_p") | $(printf '%.2fx' "$ratio_d") |
 

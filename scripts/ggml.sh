@@ -21,7 +21,21 @@ fi
 
 # Which CPU kernels to build: sets `variant` and `cmake_cpu` (see the comment there).
 . "$here/ggml-variant.sh"
-cache="${XDG_CACHE_HOME:-$HOME/.cache}/ringlm/ggml-$NLC_VERSION-$LLAMA_COMMIT-$variant"
+# Which compiler: the oracle's prebuilt CPU backends were built by GCC 11 (Ubuntu 22.04's 11.4), and the
+# same kernel source compiled by another GCC contracts other a*b+c expressions into FMAs: in the one-query
+# flash-attention kernel GCC 12 fuses a few more scalar multiply-adds than GCC 11, so decode logits differed
+# from llama.cpp's by ~1e-5 (and, through routing, by percents on quantized models) while with GCC 11 they
+# are bit for bit equal. So ggml is built with gcc-11/g++-11 where installed (Debian: g++-11), else with
+# the default compiler (noted in the cache name). RINGLM_GGML_CC / RINGLM_GGML_CXX choose another pair.
+ggml_cc=${RINGLM_GGML_CC:-} ggml_cxx=${RINGLM_GGML_CXX:-}
+if [ -z "$ggml_cc" ] && command -v gcc-11 >/dev/null && command -v g++-11 >/dev/null; then ggml_cc=gcc-11 ggml_cxx=g++-11; fi
+cc_tag=""
+cc_args=()
+if [ -n "$ggml_cc" ]; then
+    cc_tag="-$(basename "$ggml_cc")"
+    cc_args=(-DCMAKE_C_COMPILER="$ggml_cc" -DCMAKE_CXX_COMPILER="${ggml_cxx:-$ggml_cc}")
+fi
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/ringlm/ggml-$NLC_VERSION-$LLAMA_COMMIT-$variant$cc_tag"
 if [ ! -f "$cache/.done" ]; then
     echo "ggml.sh: building pinned ggml ($variant CPU kernels) into $cache (once; about 2 minutes)" >&2
     rm -rf "$cache" && mkdir -p "$cache"
@@ -40,7 +54,7 @@ if [ ! -f "$cache/.done" ]; then
     [ "$head" = "$LLAMA_COMMIT" ] || { echo "ggml.sh: bundle is at $head, expected $LLAMA_COMMIT" >&2; exit 1; }
     cmake -S "$cache/llama.cpp" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-        -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF "${cmake_cpu[@]}" >"$cache/cmake.log" 2>&1 \
+        -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF "${cmake_cpu[@]}" "${cc_args[@]+"${cc_args[@]}"}" >"$cache/cmake.log" 2>&1 \
         || { echo "ggml.sh: cmake configure failed, see $cache/cmake.log" >&2; exit 1; }
     cmake --build "$cache/build" --target ggml -j"$(nproc)" >>"$cache/cmake.log" 2>&1 \
         || { echo "ggml.sh: ggml build failed, see $cache/cmake.log" >&2; exit 1; }

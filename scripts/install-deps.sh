@@ -3,6 +3,7 @@
 set -euo pipefail
 pkgs=(
     build-essential cmake git pkg-config ca-certificates curl   # toolchain; cmake builds the pinned ggml
+    g++-11             # builds the pinned ggml with the GCC that built the oracle's kernels (scripts/ggml.sh)
     nodejs npm                                                  # npm fetches the pinned llama.cpp source and oracle
     libsodium-dev      # node keys, Ed25519 receipts, BLAKE2b hashes
     libzmq3-dev        # ring links: framing, reconnection, heartbeats, CURVE encryption

@@ -11,6 +11,10 @@
 # on this CPU, the logits are also compared with repacking off on both sides (`--no-repack`), and the two
 # settings must differ from each other (else the test could not tell that repacking happened).
 #
+# Flash attention over an f16 cache (llama.cpp's -fa on with its default f16 cache; ringlm's
+# --flash-attn on --cache-type f16) is compared on every case and seed too, and an f16 cache without flash
+# attention on seed 1, both against llama.cpp in the same setting.
+#
 # Why one bound fits every type: scripts/ggml.sh builds ggml with the CPU-variant flags llama.cpp's own
 # library runs on this machine, so both run the same kernels on the same shapes and in practice agree
 # bit for bit (the measured worst case is printed). See docs/numerics.md for what happens otherwise.
@@ -33,12 +37,17 @@ for c in "${cases[@]}"; do
         toks=$(awk -v s="$seed" -v v="$((V - 256))" 'BEGIN { x = s * 7919 + 13; for (i = 0; i < 96; i++) {
                    x = (x * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), int(x / 65536) % v } }')
         repacked=$("$RINGLM" inspect "$f" | awk '/are repacked on this CPU/ { print ($4 + 0 > 0) ? 1 : 0 }')
-        settings=("")
-        [ "$repacked" = 1 ] && settings+=(--no-repack)
-        for set in "${settings[@]}"; do
-            "$ORACLE" logits -m "$f" --tokens "$toks" --prefill 64 -o "$WORK/o$set.bin" $set
-            "$RINGLM" logits -m "$f" --tokens "$toks" --prefill 64 -o "$WORK/r$set.bin" --threads 2 $set
-            check "$name seed $seed${set:+ $set}: 64-token prefill + 32 decode steps match llama.cpp" \
+        # name:ringlm-args:oracle-args
+        settings=("::" "fa:--flash-attn on --cache-type f16:--fa on --cache-type f16")
+        [ "$repacked" = 1 ] && settings+=("--no-repack:--no-repack:--no-repack")
+        [ "$seed" = 1 ] && settings+=("f16:--cache-type f16:--cache-type f16")
+        for s in "${settings[@]}"; do
+            IFS=: read -r set rargs oargs <<<"$s"
+            # shellcheck disable=SC2086
+            "$ORACLE" logits -m "$f" --tokens "$toks" --prefill 64 -o "$WORK/o$set.bin" $oargs
+            # shellcheck disable=SC2086
+            "$RINGLM" logits -m "$f" --tokens "$toks" --prefill 64 -o "$WORK/r$set.bin" --threads 2 $rargs
+            check "$name seed $seed${rargs:+ $rargs}: 64-token prefill + 32 decode steps match llama.cpp" \
                 "$RINGLM" compare "$WORK/o$set.bin" "$WORK/r$set.bin" --tol 1e-3
             rel=$(grep -o 'rel [^ ]*' "$WORK/out" | head -1 | cut -d' ' -f2)
             worst=$(awk -v a="$worst" -v b="${rel:-1}" 'BEGIN { print (b + 0 > a + 0) ? b : a }')

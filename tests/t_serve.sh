@@ -133,6 +133,24 @@ steps1=$(metric ringlm_steps_total); gen1=$(metric ringlm_generated_tokens_total
 check "the 4 streams shared steps ($((steps1 - steps0)) steps for $((gen1 - gen0)) tokens)" \
     test $((steps1 - steps0)) -lt $((gen1 - gen0))
 
+# ---- flash attention over an f16 cache: concurrent streams and n-gram drafts = ringlm run in the same setting --
+FA=(--flash-attn on --cache-type f16)
+start fa "${FA[@]}" --parallel 4
+U0=$URL; URL=${SRV_URL[fa]}
+pids=()
+for i in 0 1 2 3; do
+    extra=""; [ $i = 0 ] || extra=',"draft":"ngram"'
+    post "fa$i" /v1/completions "{\"prompt\":\"${prompts[$i]}\",\"max_tokens\":32,\"temperature\":0,\"ignore_eos\":true$extra}" &
+    pids+=($!)
+done
+wait "${pids[@]}"
+for i in 0 1 2 3; do
+    run_text "fa_want$i" -p "${prompts[$i]}" -n 32 "${FA[@]}"
+    check "flash attention, f16 cache: concurrent request $i$([ $i = 0 ] || echo ', n-gram drafts') = ringlm run's text" \
+        py "$WORK/fa$i.json" "d['choices'][0]['text'] == load('fa_want$i.exp')"
+done
+URL=$U0
+
 # ---- speculation (n-gram drafts, per request): the same text, in fewer steps when drafts are kept -----------
 # tripled I EXTRA: greedy request body for prompt I said three times, 32 tokens, EXTRA fields appended.
 tripled() { echo "{\"prompt\":\"${prompts[$1]} ${prompts[$1]} ${prompts[$1]}\",\"max_tokens\":32,\"temperature\":0,\"ignore_eos\":true${2:-}}"; }

@@ -10,7 +10,7 @@
 
 static void logits_usage(FILE *f) {
     fprintf(f, "usage: ringlm logits -m MODEL.gguf --tokens 1,2,3 [--mode batch|step] [--chunk N | --prefill N]\n"
-               "                     [--threads N] [--no-repack] [--ring ring.conf --key coord.key [--wire f32|f16|bf16]] -o OUT.bin\n\n"
+               "                     [--threads N] [--no-repack] [--flash-attn on|off] [--cache-type f32|f16] [--ring ring.conf --key coord.key [--wire f32|f16|bf16]] -o OUT.bin\n\n"
                "Writes the logits of every position (the oracle's file format, src/model/logits_file.h).\n"
                "batch: all tokens in one forward pass (or --chunk N tokens per pass); step: one token per pass;\n"
                "--prefill N: N tokens in one pass, then one token per pass (a prompt, then decode steps).\n"
@@ -55,7 +55,7 @@ int cmd_logits(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *mode = "batch", *toks = NULL, *ring_path = NULL, *key_path = NULL;
     const char *wire = "f32";
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), chunk = 0, prefill = 0;
-    bool no_repack = false;
+    bool no_repack = false, flash_attn = false, cache_f16 = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -83,6 +83,10 @@ int cmd_logits(int argc, char **argv) {
             i++;
         } else if (strcmp(a, "--no-repack") == 0) {
             no_repack = true;
+        } else if (strcmp(a, "--flash-attn") == 0 && v && (strcmp(v, "on") == 0 || strcmp(v, "off") == 0)) {
+            flash_attn = strcmp(v, "on") == 0, i++;
+        } else if (strcmp(a, "--cache-type") == 0 && v && (strcmp(v, "f32") == 0 || strcmp(v, "f16") == 0)) {
+            cache_f16 = strcmp(v, "f16") == 0, i++;
         } else {
             fprintf(stderr, "ringlm logits: unknown or bad option '%s'\n", a);
             logits_usage(stderr);
@@ -153,10 +157,11 @@ int cmd_logits(int argc, char **argv) {
         free(all);
         goto fail_model;
     }
-    const k3_engine_opts eo = {.n_threads = threads, .no_repack = no_repack};
+    const k3_engine_opts eo = {.n_threads = threads, .no_repack = no_repack, .flash_attn = flash_attn,
+                              .cache_f16 = cache_f16};
     if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, &eo, &err) != 0) goto fail_model;
     /* Context rounded up to 256 tokens, as the oracle sizes llama.cpp's. */
-    if (k3_state_init(&st, &hp, 0, hp.n_layer, ((uint32_t)n + 255u) / 256u * 256u, &err) != 0) goto fail_engine;
+    if (k3_state_init(&st, &e.hp, 0, hp.n_layer, ((uint32_t)n + 255u) / 256u * 256u, &err) != 0) goto fail_engine;
     float *logits = malloc((size_t)n * hp.n_vocab * sizeof(float));
     if (!logits) {
         rl_errf(&err, "out of memory");

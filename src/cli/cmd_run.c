@@ -18,7 +18,7 @@ static void run_usage(FILE *f) {
             "usage: ringlm run -m MODEL.gguf (-p PROMPT | --tokens 1,2,3) [-n N] [--chat] [--system TEXT]\n"
             "                  [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
             "                  [--presence-penalty P] [--frequency-penalty F] [--seed S] [--threads N]\n"
-            "                  [--no-repack] [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
+            "                  [--no-repack] [--flash-attn on|off] [--cache-type f32|f16] [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
             "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16]]\n"
             "                  [--draft none|ngram|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-fixed]\n"
             "                  [--draft-p-min P] [--draft-depth D]] [--receipts FILE]\n"
@@ -31,6 +31,8 @@ static void run_usage(FILE *f) {
             "  --no-repack   keep every weight in the file mapping; by default quantized matmul weights are\n"
             "                copied into the CPU's repacked layouts where llama.cpp would repack them (faster\n"
             "                kernels, the same bits as llama.cpp at its defaults; costs their size in RAM)\n"
+            "  --flash-attn on|off  MLA attention as llama.cpp's -fa on builds it (default off, for now)\n"
+            "  --cache-type f32|f16  element type of the MLA latent cache (default f32, for now)\n"
             "  --ring FILE   run across the nodes in FILE (\"HOST:PORT PUBKEY_HEX [mem=GB]\" per line) as the\n"
             "                coordinator with identity --key; prints the plan and per-stage timings\n"
             "  --draft D     speculative decoding: ngram (prompt lookup), a small draft model sharing the\n"
@@ -140,7 +142,7 @@ typedef struct run_args {
     float draft_p_min;
     bool draft_fixed;
     int threads, ctx, chunk;
-    bool chat, ids, progress, no_repack;
+    bool chat, ids, progress, no_repack, flash_attn, cache_f16;
     unsigned long long seed;
     gen_params gp;
 } run_args;
@@ -214,6 +216,12 @@ static int run_parse(int argc, char **argv, run_args *a) {
             a->metrics = v;
         } else if (strcmp(opt, "-n") == 0) {
             bad = cli_parse_int(v, &a->gp.n_predict), want = "a number of tokens (-1: until the context is full)";
+        } else if (strcmp(opt, "--flash-attn") == 0) {
+            bad = strcmp(v, "on") && strcmp(v, "off"), want = "on or off";
+            a->flash_attn = strcmp(v, "on") == 0;
+        } else if (strcmp(opt, "--cache-type") == 0) {
+            bad = strcmp(v, "f32") && strcmp(v, "f16"), want = "f32 or f16";
+            a->cache_f16 = strcmp(v, "f16") == 0;
         } else if (strcmp(opt, "--threads") == 0) {
             bad = cli_parse_int(v, &a->threads) || a->threads < 1, want = "a number, at least 1";
         } else if (strcmp(opt, "--ctx") == 0) {
@@ -397,7 +405,8 @@ int cmd_run(int argc, char **argv) {
         if (spec) spec_drafter_close(&drafter);
         if (grc != 0) goto out;
     } else {
-        const k3_engine_opts eo = {.n_threads = a->threads, .no_repack = a->no_repack};
+        const k3_engine_opts eo = {.n_threads = a->threads, .no_repack = a->no_repack, .flash_attn = a->flash_attn,
+                                  .cache_f16 = a->cache_f16};
         if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, &eo, &err) != 0) {
             if (spec) spec_drafter_close(&drafter);
             goto out;

@@ -19,7 +19,7 @@ static void serve_usage(FILE *f) {
     fprintf(f,
             "usage: ringlm serve -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
             "                    [--parallel N] [--ctx N] [--queue N] [--threads N] [--chunk N]\n"
-            "                    [--no-repack]\n"
+            "                    [--no-repack] [--flash-attn on|off] [--cache-type f32|f16]\n"
             "                    [--max-body BYTES] [--drain SECONDS] [--header-timeout S] [--idle-timeout S]\n"
             "                    [--max-conn-per-ip N] [--alias NAME]... [--quiet]\n"
             "                    [--draft ngram|none|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-threads N]]\n"
@@ -91,7 +91,7 @@ int cmd_serve(int argc, char **argv) {
     int header_timeout = 10, idle_timeout = 120, per_ip = 32;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     unsigned long long max_body = 1u << 20;
-    bool quiet = false, no_repack = false;
+    bool quiet = false, no_repack = false, flash_attn = false, cache_f16 = false;
     const char *alias[15];
     int n_alias = 0;
     const char *draft = "none";
@@ -156,6 +156,12 @@ int cmd_serve(int argc, char **argv) {
             bad = cli_parse_int(v, &idle_timeout) || idle_timeout < 1 || idle_timeout > 86400, want = "seconds, 1 to 86400";
         } else if (strcmp(a, "--max-conn-per-ip") == 0) {
             bad = cli_parse_int(v, &per_ip) || per_ip < 1 || per_ip > 100000, want = "a number, 1 to 100000";
+        } else if (strcmp(a, "--flash-attn") == 0) {
+            bad = strcmp(v, "on") && strcmp(v, "off"), want = "on or off";
+            flash_attn = strcmp(v, "on") == 0;
+        } else if (strcmp(a, "--cache-type") == 0) {
+            bad = strcmp(v, "f32") && strcmp(v, "f16"), want = "f32 or f16";
+            cache_f16 = strcmp(v, "f16") == 0;
         } else if (strcmp(a, "--alias") == 0) {
             bad = n_alias == (int)(sizeof alias / sizeof alias[0]) || !*v, want = "a non-empty name (at most 15 aliases)";
             if (!bad) alias[n_alias++] = v;
@@ -255,7 +261,8 @@ int cmd_serve(int argc, char **argv) {
         }
         if (sch_backend_ring(&be, &rcfg, &err) != 0) goto out;
     } else {
-        const k3_engine_opts eo = {.n_threads = threads, .no_repack = no_repack};
+        const k3_engine_opts eo = {.n_threads = threads, .no_repack = no_repack, .flash_attn = flash_attn,
+                                  .cache_f16 = cache_f16};
         if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, &eo, &err) != 0) goto out;
         have_engine = true;
         k3_weights_prefault(&e.w, isatty(2) && m.tensor_bytes > (64u << 20));

@@ -25,6 +25,8 @@ int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32
     e->a = a;
     e->b = b;
     e->n_threads = o->n_threads > 0 ? o->n_threads : 1;
+    e->flash_attn = o->flash_attn;
+    e->hp.kv_type = o->cache_f16 ? GGML_TYPE_F16 : GGML_TYPE_F32;
     if (k3_weights_bind(&e->w, m, hp, a, b, o->no_repack, err) != 0) return -1;
     e->backend = ggml_backend_cpu_init();
     if (!e->backend) {
@@ -45,6 +47,7 @@ void k3_engine_free(k3_engine *e) {
     if (e->backend) ggml_backend_free(e->backend);
     k3_weights_free(&e->w);
     free(e->mask_buf);
+    free(e->mask16);
     free(e->graph_buf);
     memset(e, 0, sizeof *e);
 }
@@ -121,6 +124,7 @@ typedef struct k3_graph {
     int64_t T; /* tokens in the batch */
     struct ggml_tensor *stack; /* banked checkpoints [d, n_ckpt, T], NULL while empty */
     bool step_kernels; /* every matmul column computed as a one-token step computes it (k3_mm) */
+    bool flash_attn;   /* MLA attention as one ggml_flash_attn_ext per sequence or group (k3_fa) */
 } k3_graph;
 
 /* Every matmul of the graph goes through here. ggml's CPU backend computes a matmul of two or more
@@ -384,6 +388,61 @@ static struct ggml_tensor *k3_v_t(k3_graph *g, struct ggml_tensor *vr, int64_t n
                           NULL);
 }
 
+/* Flash attention over the latent cache, as llama.cpp builds it for MLA with -fa on (build_attn_mha): K is
+ * the cache rows [dk, n_kv, 1, m] (f16; an f32 K is cast, as llama.cpp casts it), V the first rkv columns
+ * of the same rows, the mask f16. The result [rkv, H, n, m] goes back from the latent per head through
+ * attn_v_b with n in dimension 1, then to [dv*H, n*m]. */
+static struct ggml_tensor *k3_fa(k3_graph *g, const k3_layer_w *L, struct ggml_tensor *q, struct ggml_tensor *k,
+                                 struct ggml_tensor *v, struct ggml_tensor *mask, int64_t n_out) {
+    struct ggml_context *c = g->ctx;
+    const k3_hparams *hp = g->hp;
+    const int64_t H = hp->n_head, dv = hp->mla_v_dim;
+    if (k->type == GGML_TYPE_F32) k = ggml_cast(c, k, GGML_TYPE_F16);
+    if (v->type == GGML_TYPE_F32) v = ggml_cast(c, v, GGML_TYPE_F16);
+    struct ggml_tensor *o = ggml_flash_attn_ext(c, q, k, v, mask, 1.0f / sqrtf((float)hp->mla_k_dim), 0.0f, 0.0f);
+    ggml_flash_attn_ext_set_prec(o, GGML_PREC_F32);
+    o = k3_mm(g, L->v_b, ggml_permute(c, o, 0, 2, 1, 3)); /* [dv, n, H, m] */
+    return ggml_reshape_2d(c, ggml_cont(c, ggml_permute(c, o, 0, 2, 1, 3)), dv * H, n_out);
+}
+
+/* The values for the kq-weighted sum, [n_kv, rkv, m]: from an f32 cache by k3_v_t; from an f16 one, as
+ * llama.cpp takes them, a transposing copy of the n_kv rows it reads (stale rows are finite and weighted
+ * by exact zeros). */
+static struct ggml_tensor *k3_values(k3_graph *g, struct ggml_tensor *base, size_t nb1, size_t nb2, int64_t m,
+                                     int64_t used, int64_t n_kv) {
+    struct ggml_context *c = g->ctx;
+    const int64_t rkv = g->hp->kv_lora_rank;
+    if (base->type == GGML_TYPE_F32) return k3_v_t(g, ggml_view_3d(c, base, rkv, used, m, nb1, nb2, 0), n_kv);
+    return ggml_cont(c, ggml_transpose(c, ggml_view_3d(c, base, rkv, n_kv, m, nb1, nb2, 0)));
+}
+
+/* Flash attention of one sequence's n tokens. With step kernels each token gets its own op over the cache
+ * rows a single step at its position reads (n_kv of position + 1, padded) and its own row of the mask:
+ * ggml's CPU kernel takes another path for one query than for several (and for one query over 512 or
+ * more rows splits the rows by thread), so only this gives a verified block the bits of single steps. */
+static struct ggml_tensor *k3_fa_seq(k3_graph *g, const k3_layer_w *L, const k3_seq_view *sv, struct ggml_tensor *cache,
+                                     struct ggml_tensor *q) {
+    struct ggml_context *c = g->ctx;
+    const int64_t rkv = g->hp->kv_lora_rank, dk = rkv + g->hp->rope_dim, n = sv->n;
+    if (!g->step_kernels || n == 1) {
+        struct ggml_tensor *k = ggml_view_2d(c, cache, dk, sv->n_kv, cache->nb[1], 0);
+        struct ggml_tensor *v = ggml_view_2d(c, cache, rkv, sv->n_kv, cache->nb[1], 0);
+        return k3_fa(g, L, q, k, v, sv->mask, n);
+    }
+    struct ggml_tensor *r = NULL;
+    for (int64_t t = 0; t < n; t++) {
+        uint32_t used = sv->st->n_past + (uint32_t)t + 1, pad = (used + 255u) / 256u * 256u;
+        const int64_t n_kv = pad < sv->st->n_ctx ? pad : sv->st->n_ctx;
+        struct ggml_tensor *k = ggml_view_2d(c, cache, dk, n_kv, cache->nb[1], 0);
+        struct ggml_tensor *v = ggml_view_2d(c, cache, rkv, n_kv, cache->nb[1], 0);
+        struct ggml_tensor *mt = ggml_view_2d(c, sv->mask, n_kv, 1, sv->mask->nb[1], (size_t)t * sv->mask->nb[1]);
+        struct ggml_tensor *qt = ggml_view_3d(c, q, q->ne[0], 1, q->ne[2], q->nb[1], q->nb[2], (size_t)t * q->nb[1]);
+        struct ggml_tensor *o = k3_fa(g, L, qt, k, v, mt, 1);
+        r = r ? ggml_concat(c, r, o, 1) : o;
+    }
+    return r;
+}
+
 /* MLA attention of a group, like the per-sequence graph in k3_mla but with the sequences as the 4th axis.
  * knew: this batch's keys [dk, T]; Q: absorbed queries [dk, H, T]. Returns [dv*H, m*n]. */
 static struct ggml_tensor *k3_mla_group(k3_graph *g, const k3_layer_w *L, int il_rel, const k3_group *gr,
@@ -398,15 +457,21 @@ static struct ggml_tensor *k3_mla_group(k3_graph *g, const k3_layer_w *L, int il
     struct ggml_tensor *all_rows = ggml_reshape_2d(c, pool, dk, pool->ne[1] * pool->ne[2]);
     struct ggml_tensor *kn = k3_cols(g, knew, gr->off, (uint32_t)(m * n));
     ggml_build_forward_expand(g->gf, ggml_set_rows(c, all_rows, kn, gr->krows));
-    /* Each slot's first n_kv cache rows as one row of the pool. */
+    /* Each slot's first n_kv cache rows as one row of the pool. Gathered rows come out of get_rows as f32;
+     * an f16 cache's are cast back (exactly), so that the group computes what each sequence alone does. */
     struct ggml_tensor *kg = k3_gather(g, gr, ggml_view_2d(c, pool, dk * n_kv, pool->ne[2], pool->nb[2], 0));
-    struct ggml_tensor *k = ggml_view_4d(c, kg, dk, n_kv, 1, m, pool->nb[1], kg->nb[1], kg->nb[1], 0); /* [dk,n_kv,1,m] */
+    if (kg->type != pool->type) kg = ggml_cast(c, kg, pool->type);
+    const size_t row = ggml_row_size(kg->type, dk);
+    struct ggml_tensor *k = ggml_view_4d(c, kg, dk, n_kv, 1, m, row, kg->nb[1], kg->nb[1], 0); /* [dk,n_kv,1,m] */
     struct ggml_tensor *qg = ggml_view_4d(c, Q, dk, H, n, m, Q->nb[1], Q->nb[2], Q->nb[2] * n, Q->nb[2] * gr->off);
     struct ggml_tensor *q = ggml_permute(c, qg, 0, 2, 1, 3);                                     /* [dk, n, H, m] */
+    if (g->flash_attn) {
+        struct ggml_tensor *vf = ggml_view_4d(c, kg, rkv, n_kv, 1, m, row, kg->nb[1], kg->nb[1], 0);
+        return k3_fa(g, L, q, k, vf, gr->mask, n * m);
+    }
     struct ggml_tensor *kq = k3_mm_prec(g, k, q, true);                                          /* [n_kv, n, H, m] */
     kq = ggml_soft_max_ext(c, kq, gr->mask, kq_scale, 0.0f);
-    struct ggml_tensor *vv = ggml_view_3d(c, kg, rkv, gr->n_used, m, pool->nb[1], kg->nb[1], 0);
-    struct ggml_tensor *v = ggml_reshape_4d(c, k3_v_t(g, vv, n_kv), n_kv, rkv, 1, m);           /* [n_kv, rkv, 1, m] */
+    struct ggml_tensor *v = ggml_reshape_4d(c, k3_values(g, kg, row, kg->nb[1], m, gr->n_used, n_kv), n_kv, rkv, 1, m);
     struct ggml_tensor *kqv = k3_mm(g, v, kq);                                            /* [rkv, n, H, m] */
     kqv = k3_mm(g, L->v_b, kqv);                                                          /* [dv, n, H, m] */
     return ggml_cont_2d(c, ggml_permute(c, kqv, 0, 2, 1, 3), dv * H, n * m);
@@ -449,9 +514,13 @@ static struct ggml_tensor *k3_mla(k3_graph *g, const k3_layer_w *L, int il_rel, 
         struct ggml_tensor *q = ggml_permute(c, ggml_view_3d(c, Q, dk, H, n, Q->nb[1], Q->nb[2], Q->nb[2] * sv->off),
                                              0, 2, 1, 3);                                   /* [dk, n, H] */
         struct ggml_tensor *k = ggml_view_2d(c, cache, dk, n_kv, cache->nb[1], 0);         /* [dk, n_kv] */
+        if (g->flash_attn) {
+            outs[gi] = k3_fa_seq(g, L, sv, cache, q);
+            continue;
+        }
         struct ggml_tensor *kq = k3_mm_prec(g, k, q, true);                                 /* [n_kv, n, H] */
         kq = ggml_soft_max_ext(c, kq, sv->mask, kq_scale, 0.0f);
-        struct ggml_tensor *v = k3_v_t(g, ggml_view_2d(c, cache, rkv, sv->st->n_past + n, cache->nb[1], 0), n_kv);
+        struct ggml_tensor *v = k3_values(g, cache, cache->nb[1], ggml_nbytes(cache), 1, sv->st->n_past + n, n_kv);
         struct ggml_tensor *kqv = k3_mm(g, v, kq);   /* [rkv, n, H] */
         kqv = k3_mm(g, L->v_b, kqv);                 /* [dv, n, H]: back from the latent, per head */
         outs[gi] = ggml_cont_2d(c, ggml_permute(c, kqv, 0, 2, 1, 3), dv * H, n);
@@ -510,6 +579,12 @@ static int k3_check_batch(const k3_engine *e, const k3_batch *bt, int64_t *T, rl
         const k3_state *st = bt->seqs[s];
         if (!st || st->a != e->a || st->b != e->b) return rl_errf(err, "sequence %d: state is for another layer range", s);
         if (bt->n_tokens[s] < 1) return rl_errf(err, "sequence %d: no tokens", s);
+        for (uint32_t i = 0; i < st->b - st->a; i++) {
+            if (st->kcache[i] && (int)st->kcache[i]->type != e->hp.kv_type) {
+                return rl_errf(err, "sequence %d: its cache is %s but this engine computes with an %s cache", s,
+                               ggml_type_name(st->kcache[i]->type), ggml_type_name((enum ggml_type)e->hp.kv_type));
+            }
+        }
         if ((uint64_t)st->n_past + bt->n_tokens[s] > st->n_ctx) {
             return rl_errf(err, "sequence %d: %u + %u tokens exceed its context of %u", s, st->n_past,
                            bt->n_tokens[s], st->n_ctx);
@@ -560,7 +635,8 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
 
     bool any_mla = false;
     for (uint32_t il = e->a; il < e->b; il++) any_mla |= hp->is_mla[il];
-    k3_graph g = {.hp = hp, .n_seqs = bt->n_seqs, .T = T, .step_kernels = bt->step_kernels};
+    k3_graph g = {.hp = hp, .n_seqs = bt->n_seqs, .T = T, .step_kernels = bt->step_kernels, .flash_attn = e->flash_attn};
+    const enum ggml_type mask_type = e->flash_attn ? GGML_TYPE_F16 : GGML_TYPE_F32; /* FA takes an f16 mask */
     g.seqs = calloc((size_t)bt->n_seqs, sizeof *g.seqs);
     g.groups = calloc((size_t)bt->n_seqs, sizeof *g.groups);
     g.outs = calloc((size_t)bt->n_seqs, sizeof *g.outs);
@@ -618,7 +694,7 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
         if (gr->m == 1) {
             if (any_mla) {
                 k3_seq_view *sv = &g.seqs[gr->first];
-                sv->mask = ggml_new_tensor_2d(c, GGML_TYPE_F32, sv->n_kv, sv->n);
+                sv->mask = ggml_new_tensor_2d(c, mask_type, sv->n_kv, sv->n);
                 ggml_set_input(sv->mask);
             }
             continue;
@@ -630,7 +706,7 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
         if (any_mla) {
             gr->krows = ggml_new_tensor_1d(c, GGML_TYPE_I32, (int64_t)gr->m * gr->n);
             ggml_set_input(gr->krows);
-            gr->mask = ggml_new_tensor_4d(c, GGML_TYPE_F32, gr->n_kv, gr->n, 1, gr->m);
+            gr->mask = ggml_new_tensor_4d(c, mask_type, gr->n_kv, gr->n, 1, gr->m);
             ggml_set_input(gr->mask);
         }
     }
@@ -764,7 +840,22 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
                 for (size_t j = 0; j < n_kv; j++) mk[t * n_kv + j] = j <= p ? 0.0f : -INFINITY;
             }
         }
-        ggml_backend_tensor_set(gr->m > 1 ? gr->mask : g.seqs[gr->first].mask, e->mask_buf, 0, need * sizeof(float));
+        struct ggml_tensor *mt = gr->m > 1 ? gr->mask : g.seqs[gr->first].mask;
+        if (mt->type == GGML_TYPE_F16) {
+            if (need > e->mask16_cap) {
+                uint16_t *p = realloc(e->mask16, need * sizeof *p);
+                if (!p) {
+                    rc = rl_errf(err, "out of memory for the attention mask");
+                    goto done;
+                }
+                e->mask16 = p;
+                e->mask16_cap = need;
+            }
+            ggml_fp32_to_fp16_row(e->mask_buf, (ggml_fp16_t *)e->mask16, (int64_t)need);
+            ggml_backend_tensor_set(mt, e->mask16, 0, need * sizeof *e->mask16);
+        } else {
+            ggml_backend_tensor_set(mt, e->mask_buf, 0, need * sizeof(float));
+        }
         if (gr->m > 1) {
             /* Key rows: the pool's cache tensor seen as n_slots * n_ctx rows. */
             int32_t *kr = malloc((size_t)gr->m * gr->n * sizeof *kr);

@@ -59,6 +59,11 @@ typedef struct k3_hparams {
     bool has_mla_gate;    /* blk.N.attn_gate */
     bool has_shexp;       /* blk.N.ffn_{gate,up,down}_shexp */
     bool has_routed_norm; /* blk.N.ffn_routed_norm */
+
+    /* Runtime, not from the file: the element type of the MLA latent cache (an enum ggml_type; 0 is
+     * GGML_TYPE_F32). k3_engine_init sets it in the engine's copy, so states made from &engine->hp get the
+     * engine's cache; k3_forward refuses a state whose cache is of another type. */
+    int kv_type;
 } k3_hparams;
 
 /* Derived sizes. */

@@ -31,7 +31,7 @@ int k3_state_init(k3_state *s, const k3_hparams *hp, uint32_t a, uint32_t b, uin
             s->conv[il - a] = ggml_new_tensor_3d(s->ctx, GGML_TYPE_F32, hp->conv_kernel - 1, di, 3);
             s->delta[il - a] = ggml_new_tensor_3d(s->ctx, GGML_TYPE_F32, dk, dk, hp->n_head);
         } else {
-            s->kcache[il - a] = ggml_new_tensor_2d(s->ctx, GGML_TYPE_F32, hp->kv_lora_rank + hp->rope_dim, n_ctx);
+            s->kcache[il - a] = ggml_new_tensor_2d(s->ctx, (enum ggml_type)hp->kv_type, hp->kv_lora_rank + hp->rope_dim, n_ctx);
         }
         any = 1;
     }
@@ -72,7 +72,7 @@ int k3_state_pool_init(k3_state_pool *p, const k3_hparams *hp, uint32_t a, uint3
             p->delta[il - a] = ggml_new_tensor_4d(p->ctx, GGML_TYPE_F32, dk, dk, hp->n_head, n_slots);
         } else {
             p->kcache[il - a] =
-                ggml_new_tensor_3d(p->ctx, GGML_TYPE_F32, hp->kv_lora_rank + hp->rope_dim, n_ctx, n_slots);
+                ggml_new_tensor_3d(p->ctx, (enum ggml_type)hp->kv_type, hp->kv_lora_rank + hp->rope_dim, n_ctx, n_slots);
         }
     }
     if (n > 0) {

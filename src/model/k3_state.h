@@ -38,7 +38,7 @@ typedef struct k3_state {
     uint32_t n_past;  /* tokens processed so far */
     struct ggml_tensor **conv;   /* [il - a]: {(Kc-1), Di, 3} f32 (q, k, v windows), NULL on MLA layers */
     struct ggml_tensor **delta;  /* [il - a]: {Dk, Dk, H} f32, NULL on MLA layers */
-    struct ggml_tensor **kcache; /* [il - a]: {kv_lora + rope, n_ctx} f32, NULL on KDA layers */
+    struct ggml_tensor **kcache; /* [il - a]: {kv_lora + rope, n_ctx} of hp->kv_type (f32 or f16), NULL on KDA layers */
     struct ggml_context *ctx;
     struct ggml_backend_buffer *buf;
     /* Rollback (speculative verification): the blocks run with keep_rollback since the last other step,

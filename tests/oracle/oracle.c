@@ -103,6 +103,8 @@ typedef struct args {
     bool special;
     bool verbose;
     bool no_repack; /* llama.cpp's use_extra_bufts = false */
+    bool fa;        /* --fa on: flash attention (default off) */
+    bool cache_f16; /* --cache-type f16 (default f32) */
 } args;
 
 static const char usage[] =
@@ -113,7 +115,8 @@ static const char usage[] =
     "                       prints JSON with prefill_tok_s and decode_tok_s)\n"
     "       oracle tokenize -m MODEL.gguf --file STRINGS.txt [-o OUT.txt] [--special]\n"
     "       oracle info     -m MODEL.gguf\n"
-    "       logits, generate, bench: [--no-repack] keeps every weight in the mapping (use_extra_bufts off)\n"
+    "       logits, generate, bench: [--no-repack] keeps every weight in the mapping (use_extra_bufts off);\n"
+    "                       [--fa on|off] flash attention (default off); [--cache-type f32|f16] (default f32)\n"
     "       any command: [--verbose] shows llama.cpp's log on stderr\n";
 
 static int parse_int(const char *s, long lo, long hi, long *out) {
@@ -153,6 +156,7 @@ static int parse_args(int argc, char **argv, args *a, rl_err *err) {
         {"--prefill", NULL, C_LOGITS, true},  {"-n", NULL, C_GENERATE | C_BENCH, true},
         {"--special", NULL, C_TOKENIZE, false}, {"--verbose", NULL, C_ALL, false},
         {"--no-repack", NULL, C_LOGITS | C_GENERATE | C_BENCH, false},
+        {"--fa", NULL, C_LOGITS | C_GENERATE | C_BENCH, true}, {"--cache-type", NULL, C_LOGITS | C_GENERATE | C_BENCH, true},
     };
     for (int i = 2; i < argc; i++) {
         const char *o = argv[i];
@@ -176,6 +180,13 @@ static int parse_args(int argc, char **argv, args *a, rl_err *err) {
         else if (strcmp(name, "--special") == 0) a->special = true;
         else if (strcmp(name, "--verbose") == 0) a->verbose = true;
         else if (strcmp(name, "--no-repack") == 0) a->no_repack = true;
+        else if (strcmp(name, "--fa") == 0) {
+            if (strcmp(v, "on") && strcmp(v, "off")) return rl_errf(err, "--fa \"%s\": want on or off", v);
+            a->fa = strcmp(v, "on") == 0;
+        } else if (strcmp(name, "--cache-type") == 0) {
+            if (strcmp(v, "f32") && strcmp(v, "f16")) return rl_errf(err, "--cache-type \"%s\": want f32 or f16", v);
+            a->cache_f16 = strcmp(v, "f16") == 0;
+        }
         else if (strcmp(name, "--prefill") == 0 || strcmp(name, "-n") == 0) {
             long t;
             if (parse_int(v, 1, 1 << 20, &t) < 0) return rl_errf(err, "%s \"%s\": want a positive number", name, v);
@@ -284,7 +295,8 @@ static struct llama_model *load_model(const char *path, bool vocab_only, bool ch
 
 /* ---- logits ------------------------------------------------------------------------------------ */
 
-static struct llama_context *new_context(struct llama_model *model, int n_tokens, int threads, rl_err *err) {
+static struct llama_context *new_context(struct llama_model *model, int n_tokens, const args *a, rl_err *err) {
+    const int threads = a->threads;
     struct llama_context_params cp = llama_context_default_params();
     /* Room for all tokens, in one batch and one micro-batch, so `batch` really is one graph.
      * Rounded up to 256 because llama.cpp pads the context to that anyway. */
@@ -297,9 +309,9 @@ static struct llama_context *new_context(struct llama_model *model, int n_tokens
     cp.n_outputs_max_per_seq = 0; /* the default (1) only limits backend sampling, but say what we mean */
     cp.n_threads = threads;
     cp.n_threads_batch = threads;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    cp.type_k = GGML_TYPE_F32;
-    cp.type_v = GGML_TYPE_F32;
+    cp.flash_attn_type = a->fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.type_k = a->cache_f16 ? GGML_TYPE_F16 : GGML_TYPE_F32;
+    cp.type_v = cp.type_k;
     cp.offload_kqv = false;
     cp.op_offload = false;
     cp.swa_full = true; /* keep every position: a sliding window then only masks, never evicts */
@@ -369,7 +381,7 @@ static int cmd_logits(const args *a, rl_err *err) {
             goto done;
         }
     }
-    if (!(ctx = new_context(model, n, a->threads, err))) goto done;
+    if (!(ctx = new_context(model, n, a, err))) goto done;
     logits = malloc((size_t)n * (size_t)n_vocab * sizeof(float));
     if (!logits) {
         rl_errf(err, "out of memory for %d x %d logits", n, n_vocab);
@@ -665,7 +677,7 @@ static int cmd_generate(const args *a, rl_err *err) {
             goto done;
         }
     }
-    if (!(ctx = new_context(model, n + a->n_gen, a->threads, err))) goto done;
+    if (!(ctx = new_context(model, n + a->n_gen, a, err))) goto done;
     batch = llama_batch_init(n, 0, 1);
     have_batch = true;
     row = malloc((size_t)n * (size_t)n_vocab * sizeof(float));

@@ -67,15 +67,17 @@ static double rel_diff(const float *a, const float *b, size_t n) {
     return ma > 0 ? md / ma : md;
 }
 
-static int open_fx(fx *f, const char *path, int threads) {
+/* Flash attention and an f16 cache for every engine and state of a fixture (test_model's fa). */
+static int open_fx_opts(fx *f, const char *path, const k3_engine_opts *eo) {
     rl_err err;
-    if (k3_open(&f->m, &f->hp, path, &err) != 0 ||
-        k3_engine_init(&f->e, &f->m, &f->hp, 0, f->hp.n_layer, &(k3_engine_opts){.n_threads = threads}, &err) != 0) {
+    if (k3_open(&f->m, &f->hp, path, &err) != 0 || k3_engine_init(&f->e, &f->m, &f->hp, 0, f->hp.n_layer, eo, &err) != 0) {
         fprintf(stderr, "%s\n", err.msg);
         return -1;
     }
+    f->hp.kv_type = f->e.hp.kv_type; /* states made from f->hp get the engine's cache type */
     return 0;
 }
+
 
 /* One step of a schedule: sequences (indices), tokens each, and which keep rollback copies. */
 typedef struct sched_step {
@@ -320,16 +322,18 @@ static void test_step_kernels(fx *f, const char *cfg_name, const char *type, con
  * rounding boundary and then flip an expert choice: the random-weight model diverges from that token on.
  * llama.cpp's own batch and step modes show the same effect on such files (docs/numerics.md). For those
  * types only the range-cutting invariant, which keeps every batch shape, is checked bit for bit. */
-static void test_model(const char *cfg_name, const char *type, const char *dir, int strict) {
+static void test_model_opts(const char *cfg_name, const char *type_arg, const char *dir, int strict, bool fa) {
+    char type[32]; /* in messages: the storage type, and +fa when flash attention and an f16 cache run */
+    snprintf(type, sizeof type, "%s%s", type_arg, fa ? "+fa" : "");
     char path[256];
-    snprintf(path, sizeof path, "%s/%s-%s.gguf", dir, cfg_name, type);
+    snprintf(path, sizeof path, "%s/%s-%s.gguf", dir, cfg_name, type_arg);
     synth_config c;
     rl_err err;
     if (synth_config_load(&c, cfg_name, &err) != 0) {
         fprintf(stderr, "%s\n", err.msg);
         exit(1);
     }
-    c.type = synth_type_parse(type);
+    c.type = synth_type_parse(type_arg);
     c.n_over = 0;
     synth_opts so = {.out = path, .seed = 3, .n_split = 1, .n_threads = 2};
     if (synth_write(&c, &so, &err) != 0) {
@@ -337,7 +341,8 @@ static void test_model(const char *cfg_name, const char *type, const char *dir, 
         exit(1);
     }
     fx f;
-    if (open_fx(&f, path, 2) != 0) exit(1);
+    const k3_engine_opts eo = {.n_threads = 2, .flash_attn = fa, .cache_f16 = fa};
+    if (open_fx_opts(&f, path, &eo) != 0) exit(1);
     const k3_hparams *hp = &f.hp;
     const uint32_t V = hp->n_vocab, L = hp->n_layer;
     enum { N = 40 };
@@ -570,8 +575,8 @@ cut:
     for (uint32_t k = 1; k < L; k++) {
         k3_engine e1, e2;
         k3_state s1, s2, s0;
-        k3_engine_init(&e1, &f.m, hp, 0, k, &(k3_engine_opts){.n_threads = 2}, &err);
-        k3_engine_init(&e2, &f.m, hp, k, L, &(k3_engine_opts){.n_threads = 2}, &err);
+        k3_engine_init(&e1, &f.m, hp, 0, k, &eo, &err);
+        k3_engine_init(&e2, &f.m, hp, k, L, &eo, &err);
         k3_state_init(&s1, hp, 0, k, 64, &err);
         k3_state_init(&s2, hp, k, L, 64, &err);
         k3_state_init(&s0, hp, 0, L, 64, &err);
@@ -678,6 +683,10 @@ cut:
     unlink(path);
 }
 
+static void test_model(const char *cfg_name, const char *type, const char *dir, int strict) {
+    test_model_opts(cfg_name, type, dir, strict, false);
+}
+
 /* Weight placement (weight_place.h): by default the CPU's repacked layouts take the quantized matmul
  * weights llama.cpp would give them, the rest stays mapped; --no-repack keeps everything mapped. The
  * repacked kernels round differently, so the two must give different logits (else this test could not
@@ -741,6 +750,10 @@ int main(void) {
     test_model("small", "f32", dir, 1);
     test_model("small", "q4_K", dir, 0);
     test_model("tiny", "q4_0", dir, 0); /* repacked on AVX2 and later: step kernels and cuts still exact */
+    /* Flash attention over an f16 cache: verified blocks (one FA op per token), pooled groups and cuts keep
+     * their bits; chunked prefill to 1e-4 like the plain path. */
+    test_model_opts("tiny", "f32", dir, 1, true);
+    test_model_opts("small", "q8_0", dir, 0, true);
     test_placement(dir);
     rmdir(dir);
     return check_done();
