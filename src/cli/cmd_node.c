@@ -10,14 +10,17 @@
 static void node_usage(FILE *f) {
     fprintf(f, "usage: ringlm node --listen HOST:PORT --key node.key --allow COORD_PUBKEY_HEX[,...]\n"
                "                   [--models DIR] [--cache DIR] [--mem GB] [--speed GB/s] [--threads N]\n"
-               "                   [--audit-keep MB] [--no-repack] [--verbose]\n\n"
+               "                   [--audit-keep MB] [--no-repack] [--flash-attn on|off] [--cache-type f32|f16]\n"
+               "                   [--verbose]\n\n"
                "Serves its share of a model to the coordinators it trusts. Links are encrypted and mutually\n"
                "authenticated (ZeroMQ CURVE); a key not on the list is refused and logged. Layers of a model\n"
                "it does not hold are streamed by the coordinator and kept in --cache (default\n"
                "~/.cache/ringlm/node-<key>) by content hash for next time. When the coordinator asks for\n"
                "receipts, the node keeps what it received and sent for the last --audit-keep MB (default 256)\n"
                "of frames, for audits. Quantized matmul weights are copied into the CPU's repacked layouts where\n"
-               "llama.cpp would repack them; --no-repack keeps every weight in the file mapping (less RAM).\n");
+               "llama.cpp would repack them; --no-repack keeps every weight in the file mapping (less RAM).\n"
+               "--flash-attn on and --cache-type f16 compute MLA attention as llama.cpp's -fa on over an f16\n"
+               "cache (default off/f32); the node's INFO says so, and audits of its stage do the same.\n");
 }
 
 int cmd_node(int argc, char **argv) {
@@ -54,6 +57,8 @@ int cmd_node(int argc, char **argv) {
 #ifdef RINGLM_ADVERSARY
         else if (strcmp(a, "--misbehave") == 0) o.misbehave = v; /* test builds only (make adversary) */
 #endif
+        else if (strcmp(a, "--flash-attn") == 0 && (strcmp(v, "on") == 0 || strcmp(v, "off") == 0)) o.flash_attn = v[1] == 'n';
+        else if (strcmp(a, "--cache-type") == 0 && (strcmp(v, "f32") == 0 || strcmp(v, "f16") == 0)) o.cache_f16 = v[1] == '1';
         else if (strcmp(a, "--threads") == 0 && cli_parse_int(v, &o.threads) == 0 && o.threads > 0) {
         } else {
             fprintf(stderr, "ringlm node: unknown or bad option '%s'\n", a);

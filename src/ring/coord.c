@@ -307,6 +307,9 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
             rc->nodes[from].mem_bytes = cJSON_IsNumber(mem) ? (uint64_t)mem->valuedouble : 0;
             rc->nodes[from].speed = cJSON_IsNumber(sp) && sp->valuedouble > 0 ? sp->valuedouble : 1e9;
             rc->nodes[from].no_repack = cJSON_IsFalse(j ? cJSON_GetObjectItemCaseSensitive(j, "repack") : NULL);
+            rc->nodes[from].flash_attn = cJSON_IsTrue(j ? cJSON_GetObjectItemCaseSensitive(j, "flash_attn") : NULL);
+            const char *ct = j ? jstr(j, "cache_type") : NULL;
+            rc->nodes[from].cache_f16 = ct && strcmp(ct, "f16") == 0;
             const cJSON *it;
             cJSON_ArrayForEach(it, models) {
                 const char *hsh = jstr(it, "hash");
