@@ -11,9 +11,10 @@
 # on this CPU, the logits are also compared with repacking off on both sides (`--no-repack`), and the two
 # settings must differ from each other (else the test could not tell that repacking happened).
 #
-# Flash attention over an f16 cache (llama.cpp's -fa on with its default f16 cache; ringlm's
-# --flash-attn on --cache-type f16) is compared on every case and seed too, and an f16 cache without flash
-# attention on seed 1, both against llama.cpp in the same setting.
+# The defaults on both sides are flash attention over an f16 cache (llama.cpp's -fa auto, on, on a CPU, and
+# its f16 cache). The softmax path over an f32 cache (--flash-attn off --cache-type f32; the oracle's --fa
+# off --cache-type f32) is compared on every case and seed too, and an f16 cache without flash attention
+# on seed 1, each against llama.cpp in the same setting.
 #
 # Why one bound fits every type: scripts/ggml.sh builds ggml with the CPU-variant flags llama.cpp's own
 # library runs on this machine, so both run the same kernels on the same shapes and in practice agree
@@ -38,9 +39,9 @@ for c in "${cases[@]}"; do
                    x = (x * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), int(x / 65536) % v } }')
         repacked=$("$RINGLM" inspect "$f" | awk '/are repacked on this CPU/ { print ($4 + 0 > 0) ? 1 : 0 }')
         # name:ringlm-args:oracle-args
-        settings=("::" "fa:--flash-attn on --cache-type f16:--fa on --cache-type f16")
+        settings=("::" "nofa:--flash-attn off --cache-type f32:--fa off --cache-type f32")
         [ "$repacked" = 1 ] && settings+=("--no-repack:--no-repack:--no-repack")
-        [ "$seed" = 1 ] && settings+=("f16:--cache-type f16:--cache-type f16")
+        [ "$seed" = 1 ] && settings+=("f16:--flash-attn off --cache-type f16:--fa off --cache-type f16")
         for s in "${settings[@]}"; do
             IFS=: read -r set rargs oargs <<<"$s"
             # shellcheck disable=SC2086

@@ -61,21 +61,22 @@ for i in 1 3; do ring_start $i "$RING/models" || exit 1; done
 ring_start 2 "$RING/models" --no-repack || exit 1
 check "honest ring, q4_0, one node --no-repack: 10 audited runs, no false alarm, exact" honest_runs \
     "$RING/models/lean-q4_0.gguf" --audit-tol 1e-9
-# Flash attention over an f16 cache on one node only: its INFO says so and its audits follow (exact again);
-# and a ring whose nodes all run it gives the text one machine gives in the same setting.
+# One node with the softmax path over an f32 cache (--flash-attn off --cache-type f32), the others at the
+# defaults (flash attention, f16 cache): its INFO says so and its audits follow (exact again); and a ring
+# whose nodes all run the softmax path gives the text one machine gives in the same setting.
 ring_stop
 for i in 1 3; do ring_start $i "$RING/models" || exit 1; done
-ring_start 2 "$RING/models" --flash-attn on --cache-type f16 || exit 1
-check "honest ring, one node with flash attention and an f16 cache: 10 audited runs, no false alarm, exact" \
+ring_start 2 "$RING/models" --flash-attn off --cache-type f32 || exit 1
+check "honest ring, one node without flash attention, f32 cache: 10 audited runs, no false alarm, exact" \
     honest_runs "$RING/models/small-f32.gguf" --audit-tol 1e-9
 ring_stop
-for i in 1 2 3; do ring_start $i "$RING/models" --flash-attn on --cache-type f16 || exit 1; done
+for i in 1 2 3; do ring_start $i "$RING/models" --flash-attn off --cache-type f32 || exit 1; done
 fa_prompt=$(toks 5 900 40)
 "$RINGLM" run -m "$small" --tokens "$fa_prompt" -n 24 --temp 0 --ignore-eos --ids --threads 1 \
-    --flash-attn on --cache-type f16 >"$WORK/fa_local.ids" 2>/dev/null
+    --flash-attn off --cache-type f32 >"$WORK/fa_local.ids" 2>/dev/null
 "$RINGLM" run -m "$small" --tokens "$fa_prompt" -n 24 --temp 0 --ignore-eos --ids \
     --ring "$WORK/honest.conf" "${K[@]}" >"$WORK/fa_ring.ids" 2>/dev/null
-check "a ring of flash-attention nodes gives one machine's greedy tokens in the same setting" \
+check "a ring of softmax-path nodes gives one machine's greedy tokens in the same setting" \
     bash -c "test -s '$WORK/fa_local.ids' && diff '$WORK/fa_local.ids' '$WORK/fa_ring.ids'"
 # The audit log (what a stage keeps) is bounded: a tiny budget keeps nothing, and the audit says so.
 ring_stop

@@ -15,7 +15,9 @@ static void logits_usage(FILE *f) {
                "batch: all tokens in one forward pass (or --chunk N tokens per pass); step: one token per pass;\n"
                "--prefill N: N tokens in one pass, then one token per pass (a prompt, then decode steps).\n"
                "--no-repack: every weight stays in the file mapping (llama.cpp's --no-repack); the default copies\n"
-               "quantized matmul weights into the CPU's repacked layouts where llama.cpp would.\n");
+               "quantized matmul weights into the CPU's repacked layouts where llama.cpp would.\n"
+               "--flash-attn on|off, --cache-type f32|f16: MLA attention by flash attention over an f16 cache (the\n"
+               "defaults, as llama.cpp's), or the softmax path / an f32 cache.\n");
 }
 
 /* Parses "1,2,3" into a malloc'ed array. */
@@ -55,7 +57,7 @@ int cmd_logits(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *mode = "batch", *toks = NULL, *ring_path = NULL, *key_path = NULL;
     const char *wire = "f32";
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), chunk = 0, prefill = 0;
-    bool no_repack = false, flash_attn = false, cache_f16 = false;
+    bool no_repack = false, flash_attn = true, cache_f16 = true; /* llama.cpp's defaults */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -157,8 +159,8 @@ int cmd_logits(int argc, char **argv) {
         free(all);
         goto fail_model;
     }
-    const k3_engine_opts eo = {.n_threads = threads, .no_repack = no_repack, .flash_attn = flash_attn,
-                              .cache_f16 = cache_f16};
+    const k3_engine_opts eo = {.n_threads = threads, .no_repack = no_repack, .no_flash_attn = !flash_attn,
+                              .cache_f32 = !cache_f16};
     if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, &eo, &err) != 0) goto fail_model;
     /* Context rounded up to 256 tokens, as the oracle sizes llama.cpp's. */
     if (k3_state_init(&st, &e.hp, 0, hp.n_layer, ((uint32_t)n + 255u) / 256u * 256u, &err) != 0) goto fail_engine;

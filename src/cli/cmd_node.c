@@ -20,13 +20,15 @@ static void node_usage(FILE *f) {
                "of frames, for audits. Quantized matmul weights are copied into the CPU's repacked layouts where\n"
                "llama.cpp would repack them; --no-repack keeps every weight in the file mapping (less RAM).\n"
                "--flash-attn on and --cache-type f16 compute MLA attention as llama.cpp's -fa on over an f16\n"
-               "cache (default off/f32); the node's INFO says so, and audits of its stage do the same.\n");
+               "cache (the defaults, as llama.cpp's); the node's INFO says which it runs, and audits of its stage\n"
+               "do the same.\n");
 }
 
 int cmd_node(int argc, char **argv) {
     node_opts o;
     memset(&o, 0, sizeof o);
     o.threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    o.flash_attn = o.cache_f16 = true; /* llama.cpp's defaults */
     const char *key = NULL, *allow = NULL;
     rl_err err = {{0}};
     for (int i = 1; i < argc; i++) {

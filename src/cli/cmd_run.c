@@ -31,8 +31,8 @@ static void run_usage(FILE *f) {
             "  --no-repack   keep every weight in the file mapping; by default quantized matmul weights are\n"
             "                copied into the CPU's repacked layouts where llama.cpp would repack them (faster\n"
             "                kernels, the same bits as llama.cpp at its defaults; costs their size in RAM)\n"
-            "  --flash-attn on|off  MLA attention as llama.cpp's -fa on builds it (default off, for now)\n"
-            "  --cache-type f32|f16  element type of the MLA latent cache (default f32, for now)\n"
+            "  --flash-attn on|off  MLA attention by flash attention, as llama.cpp's default graph (default on)\n"
+            "  --cache-type f32|f16  element type of the MLA latent cache (default f16, as llama.cpp's)\n"
             "  --ring FILE   run across the nodes in FILE (\"HOST:PORT PUBKEY_HEX [mem=GB]\" per line) as the\n"
             "                coordinator with identity --key; prints the plan and per-stage timings\n"
             "  --draft D     speculative decoding: ngram (prompt lookup), a small draft model sharing the\n"
@@ -150,7 +150,8 @@ typedef struct run_args {
 /* 0: go on; 1: --help was printed (exit 0); 2: bad usage (said on stderr). */
 static int run_parse(int argc, char **argv, run_args *a) {
     *a = (run_args){.wire = "f32", .draft_n = 7, .draft_depth = 2, .threads = (int)sysconf(_SC_NPROCESSORS_ONLN),
-                    .ctx = 4096, .chunk = 512, .progress = isatty(2), .seed = 0xC0FFEE, .gp = {.n_predict = 128}};
+                    .ctx = 4096, .chunk = 512, .progress = isatty(2), .seed = 0xC0FFEE, .gp = {.n_predict = 128},
+                    .flash_attn = true, .cache_f16 = true};
     a->gp.smp = smp_params_default(a->seed);
     for (int i = 1; i < argc; i++) {
         const char *opt = argv[i];
@@ -405,8 +406,8 @@ int cmd_run(int argc, char **argv) {
         if (spec) spec_drafter_close(&drafter);
         if (grc != 0) goto out;
     } else {
-        const k3_engine_opts eo = {.n_threads = a->threads, .no_repack = a->no_repack, .flash_attn = a->flash_attn,
-                                  .cache_f16 = a->cache_f16};
+        const k3_engine_opts eo = {.n_threads = a->threads, .no_repack = a->no_repack, .no_flash_attn = !a->flash_attn,
+                                  .cache_f32 = !a->cache_f16};
         if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, &eo, &err) != 0) {
             if (spec) spec_drafter_close(&drafter);
             goto out;

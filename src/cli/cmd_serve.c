@@ -42,6 +42,8 @@ static void serve_usage(FILE *f) {
             "  --chunk N      prompt tokens per step over all new requests (default 256)\n"
             "  --no-repack    keep every weight in the file mapping (default: quantized matmul weights are\n"
             "                 copied into the CPU's repacked layouts where llama.cpp would; not used with --ring)\n"
+            "  --flash-attn on|off, --cache-type f32|f16  MLA attention by flash attention over an f16 cache,\n"
+            "                 as llama.cpp's defaults (the defaults here too); off / f32: the softmax path\n"
             "  --max-body B   largest request body in bytes (default 1048576); larger gets 413\n"
             "  --header-timeout S  a connection must send a request's headers within S seconds of connecting\n"
             "                 or of its previous response, or it is closed (default 10)\n"
@@ -91,7 +93,7 @@ int cmd_serve(int argc, char **argv) {
     int header_timeout = 10, idle_timeout = 120, per_ip = 32;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     unsigned long long max_body = 1u << 20;
-    bool quiet = false, no_repack = false, flash_attn = false, cache_f16 = false;
+    bool quiet = false, no_repack = false, flash_attn = true, cache_f16 = true; /* llama.cpp's defaults */
     const char *alias[15];
     int n_alias = 0;
     const char *draft = "none";
@@ -261,8 +263,8 @@ int cmd_serve(int argc, char **argv) {
         }
         if (sch_backend_ring(&be, &rcfg, &err) != 0) goto out;
     } else {
-        const k3_engine_opts eo = {.n_threads = threads, .no_repack = no_repack, .flash_attn = flash_attn,
-                                  .cache_f16 = cache_f16};
+        const k3_engine_opts eo = {.n_threads = threads, .no_repack = no_repack, .no_flash_attn = !flash_attn,
+                                  .cache_f32 = !cache_f16};
         if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, &eo, &err) != 0) goto out;
         have_engine = true;
         k3_weights_prefault(&e.w, isatty(2) && m.tensor_bytes > (64u << 20));

@@ -25,8 +25,8 @@ int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32
     e->a = a;
     e->b = b;
     e->n_threads = o->n_threads > 0 ? o->n_threads : 1;
-    e->flash_attn = o->flash_attn;
-    e->hp.kv_type = o->cache_f16 ? GGML_TYPE_F16 : GGML_TYPE_F32;
+    e->flash_attn = !o->no_flash_attn;
+    e->hp.kv_type = o->cache_f32 ? GGML_TYPE_F32 : GGML_TYPE_F16;
     if (k3_weights_bind(&e->w, m, hp, a, b, o->no_repack, err) != 0) return -1;
     e->backend = ggml_backend_cpu_init();
     if (!e->backend) {

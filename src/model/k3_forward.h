@@ -29,7 +29,7 @@ typedef struct k3_engine {
     k3_weights w;
     uint32_t a, b;
     int n_threads;
-    bool flash_attn;            /* k3_engine_opts.flash_attn */
+    bool flash_attn;            /* !k3_engine_opts.no_flash_attn */
     struct ggml_backend *backend;
     struct ggml_gallocr *galloc;
     uint64_t plan_outputs;      /* which nodes were outputs when galloc last planned (k3_forward) */
@@ -47,8 +47,8 @@ typedef struct k3_engine {
 typedef struct k3_engine_opts {
     int n_threads;  /* CPU threads; <= 0: 1 */
     bool no_repack; /* keep every weight in the file mapping (llama.cpp's --no-repack) */
-    bool flash_attn; /* MLA attention through ggml_flash_attn_ext, as llama.cpp's -fa on builds it */
-    bool cache_f16;  /* the MLA latent cache in f16 (llama.cpp's -ctk f16) instead of f32 */
+    bool no_flash_attn; /* MLA attention by softmax(kq)·v instead of ggml_flash_attn_ext (llama.cpp's -fa off) */
+    bool cache_f32;     /* the MLA latent cache in f32 instead of f16 (llama.cpp's -ctk f32) */
 } k3_engine_opts;
 
 int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b,

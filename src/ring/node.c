@@ -442,7 +442,7 @@ static void node_assign(node *n, uint64_t step, const char *json, size_t len) {
             goto done;
         }
         const k3_engine_opts eo = {.n_threads = n->o->threads, .no_repack = n->o->no_repack,
-                                   .flash_attn = n->o->flash_attn, .cache_f16 = n->o->cache_f16};
+                                   .no_flash_attn = !n->o->flash_attn, .cache_f32 = !n->o->cache_f16};
         if (k3_engine_init(&n->e, &n->m, &n->hp, (uint32_t)a, (uint32_t)b, &eo, &err) != 0) {
             node_error(n, step, "%s", err.msg);
             mf_close(&n->m);

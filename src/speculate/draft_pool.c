@@ -16,7 +16,7 @@ int spec_pool_open(spec_pool *p, const char *path, uint32_t target_vocab, int n_
     if (spec_model_open(&p->m, &p->hp, &p->e, path, target_vocab, threads, err) != 0) return -1;
     p->n_slots = n_slots;
     p->n_ctx = n_ctx;
-    if (k3_state_pool_init(&p->pool, &p->hp, 0, p->hp.n_layer, n_ctx, n_slots, err) != 0) {
+    if (k3_state_pool_init(&p->pool, &p->e.hp, 0, p->hp.n_layer, n_ctx, n_slots, err) != 0) { /* its cache type */
         k3_engine_free(&p->e);
         mf_close(&p->m);
         return rl_err_prefix(err, "draft model states");

@@ -36,7 +36,7 @@ int spec_drafter_open(spec_drafter *d, const char *spec, const mf_model *target,
         return 0;
     }
     if (spec_model_open(&d->m, &d->hp, &d->e, spec, target_vocab, threads, err) != 0) return -1;
-    if (k3_state_init(&d->st, &d->hp, 0, d->hp.n_layer, n_ctx, err) != 0 ||
+    if (k3_state_init(&d->st, &d->e.hp, 0, d->hp.n_layer, n_ctx, err) != 0 || /* the engine's cache type */
         k3_state_keep_blocks(&d->st, SPEC_MAX_FED, err) != 0 || smp_init(&d->smp, sp, (int32_t)d->hp.n_vocab, err) != 0) {
         k3_state_free(&d->st);
         k3_engine_free(&d->e);

@@ -4,9 +4,9 @@
  *   oracle tokenize -m MODEL.gguf --file STRINGS.txt [-o OUT.txt] [--special]
  *   oracle info     -m MODEL.gguf
  *
- * Every mode runs CPU only, flash attention off and an f32 KV cache, so that llama.cpp's own shortcuts
- * (f16 cache rounding, the flash-attention kernel's different summation) do not hide or fake differences
- * against ringlm. Weights go where llama.cpp puts them by default (the CPU's repacked layouts for the
+ * Every mode runs CPU only and, like llama.cpp's defaults, with flash attention and an f16 KV cache
+ * (--fa off, --cache-type f32 for the other path, as `ringlm --flash-attn off --cache-type f32`). Weights
+ * go where llama.cpp puts them by default (the CPU's repacked layouts for the
  * types and shapes it repacks); --no-repack keeps them all in the mapping, as `ringlm --no-repack` does.
  * See README.md. Any failure prints one message on stderr and exits 1. */
 #include <ctype.h>
@@ -103,8 +103,8 @@ typedef struct args {
     bool special;
     bool verbose;
     bool no_repack; /* llama.cpp's use_extra_bufts = false */
-    bool fa;        /* --fa on: flash attention (default off) */
-    bool cache_f16; /* --cache-type f16 (default f32) */
+    bool fa;        /* --fa on|off: flash attention (default on: llama.cpp's auto, on a CPU) */
+    bool cache_f16; /* --cache-type f32|f16 (default f16, llama.cpp's) */
 } args;
 
 static const char usage[] =
@@ -116,7 +116,7 @@ static const char usage[] =
     "       oracle tokenize -m MODEL.gguf --file STRINGS.txt [-o OUT.txt] [--special]\n"
     "       oracle info     -m MODEL.gguf\n"
     "       logits, generate, bench: [--no-repack] keeps every weight in the mapping (use_extra_bufts off);\n"
-    "                       [--fa on|off] flash attention (default off); [--cache-type f32|f16] (default f32)\n"
+    "                       [--fa on|off] flash attention (default on); [--cache-type f32|f16] (default f16)\n"
     "       any command: [--verbose] shows llama.cpp's log on stderr\n";
 
 static int parse_int(const char *s, long lo, long hi, long *out) {
@@ -135,6 +135,7 @@ static int parse_args(int argc, char **argv, args *a, rl_err *err) {
     memset(a, 0, sizeof *a);
     a->threads = 2;
     a->mode = "batch";
+    a->fa = a->cache_f16 = true; /* llama.cpp's defaults */
     if (argc < 2) return rl_errf(err, "no command given");
     a->cmd = argv[1];
     int cmd;

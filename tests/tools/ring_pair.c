@@ -72,8 +72,8 @@ int main(int argc, char **argv) {
     /* The same batches on one machine. */
     k3_engine e;
     k3_state sa, sb;
-    if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, &(k3_engine_opts){.n_threads = 1}, &err) != 0 || k3_state_init(&sa, &hp, 0, hp.n_layer, 256, &err) != 0 ||
-        k3_state_init(&sb, &hp, 0, hp.n_layer, 256, &err) != 0) {
+    if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, &(k3_engine_opts){.n_threads = 1}, &err) != 0 || k3_state_init(&sa, &e.hp, 0, hp.n_layer, 256, &err) != 0 ||
+        k3_state_init(&sb, &e.hp, 0, hp.n_layer, 256, &err) != 0) {
         fprintf(stderr, "ring_pair: %s\n", err.msg);
         return 1;
     }

@@ -341,7 +341,7 @@ static void test_model_opts(const char *cfg_name, const char *type_arg, const ch
         exit(1);
     }
     fx f;
-    const k3_engine_opts eo = {.n_threads = 2, .flash_attn = fa, .cache_f16 = fa};
+    const k3_engine_opts eo = {.n_threads = 2, .no_flash_attn = !fa, .cache_f32 = !fa};
     if (open_fx_opts(&f, path, &eo) != 0) exit(1);
     const k3_hparams *hp = &f.hp;
     const uint32_t V = hp->n_vocab, L = hp->n_layer;
@@ -718,7 +718,7 @@ static void test_placement(const char *dir) {
         CHECK(got == want, "q4_0 %s: %zu bytes copied out of the mapping, predicted %zu", no ? "--no-repack" : "default", got, want);
         if (!no && l.n > 0) CHECK(got > 0, "this CPU offers %d extra buffer type(s) and q4_0 matmul weights go there", l.n);
         k3_state st;
-        k3_state_init(&st, &hp, 0, L, 64, &err);
+        k3_state_init(&st, &e.hp, 0, L, 64, &err);
         lg[no] = run_chunks(&e, &st, tok, 24, 0);
         k3_state_free(&st);
         k3_engine_free(&e);

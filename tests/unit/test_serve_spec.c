@@ -133,7 +133,7 @@ int main(void) {
      * for rollback). */
     k3_state ref_st;
     float worst = 0, scale = 0;
-    if (ok && k3_state_init(&ref_st, &hp, 0, hp.n_layer, 128, &err) == 0) {
+    if (ok && k3_state_init(&ref_st, &e.hp, 0, hp.n_layer, 128, &err) == 0) {
         k3_state *rs = &ref_st;
         const int32_t *chunks[2] = {prompt, blk4};
         uint32_t lens[2] = {N_PROMPT, 4}, at = 0;

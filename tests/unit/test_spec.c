@@ -58,7 +58,7 @@ static int ref_drafts(k3_engine *e, const k3_hparams *hp, const int32_t *h, uint
                       int32_t *out) {
     k3_state st, *sp = &st;
     rl_err err;
-    if (k3_state_init(&st, hp, 0, hp->n_layer, 256, &err) != 0) return -1;
+    if (k3_state_init(&st, &e->hp, 0, hp->n_layer, 256, &err) != 0) return -1;
     int32_t t[300];
     memcpy(t, h, n * sizeof *t);
     uint32_t at = 0, len = n;
