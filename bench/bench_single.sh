@@ -99,7 +99,7 @@ long=""
 [ "$depth" -gt 0 ] && cmd="$cmd --depth $depth" long=" (long context)"
 [ -n "$out" ] && cmd="$cmd --out $out"
 [ -n "$rargs" ] && cmd="$cmd --ringlm-args \"$rargs\"" long="$long, ringlm with $rargs"
-ours_set="defaults: repacked weights where llama.cpp repacks them, no flash attention, f32 cache"
+ours_set="defaults: repacked weights where llama.cpp repacks them, flash attention, f16 cache"
 [ -n "$rargs" ] && ours_set="repacked weights where llama.cpp repacks them, $rargs"
 cat >"bench/results/$out.json" <<JSON
 {
