@@ -62,12 +62,28 @@ static int stage_keep_taps(ring_stage *s, const rf_header *h, const uint8_t *sta
     return 0;
 }
 
-/* Last stage: which VERIFY sequences of the frame are stale (stage_seq.has_commit). */
-static int stage_find_stale(ring_stage *s, const rf_header *h, const int32_t *tokens, uint8_t *stale) {
+/* What stage_replay runs a frame for: one sequence on its own state, the others on stand-ins. */
+typedef struct stage_replay_spec {
+    uint64_t seq_id;
+    const uint8_t *stale; /* per frame sequence (NULL: none): the node ran it as a stale VERIFY block */
+} stage_replay_spec;
+
+static bool stage_standin(const stage_replay_spec *rp, const rf_seq *sq) { return rp && sq->seq_id != rp->seq_id; }
+
+/* Last stage: which VERIFY sequences of the frame are stale (stage_seq.has_commit). A stand-in has no
+ * history here: the replay says what the node found. */
+static int stage_find_stale(ring_stage *s, const rf_header *h, const int32_t *tokens, const stage_replay_spec *rp,
+                            uint8_t *stale) {
     int n = 0;
     uint32_t off = 0;
     for (uint32_t i = 0; i < h->n_seqs; i++) {
         const rf_seq *sq = &h->seqs[i];
+        if (stage_standin(rp, sq)) {
+            stale[i] = rp->stale && rp->stale[i] && (sq->flags & RF_SEQ_VERIFY);
+            n += stale[i];
+            off += sq->n_tokens;
+            continue;
+        }
         const stage_seq *q = (sq->flags & RF_SEQ_VERIFY) && !(sq->flags & RF_SEQ_NEW) ? stage_find(s, sq->seq_id, false) : NULL;
         stale[i] = q && q->has_commit && (sq->pos > q->valid_end || (sq->pos == q->valid_end && tokens[off] != q->next_tok));
         n += stale[i];
@@ -131,28 +147,36 @@ static uint32_t stage_seq_offset(const rf_header *h, uint32_t i) {
 }
 
 /* Gets every sequence of the frame ready: finds or creates its state, rolls back a partly accepted
- * block, checks its position; fills states/ntok/keep and, on the last stage, the logit rows. */
-static int stage_prepare(ring_stage *s, const rf_header *h, const int32_t *tokens, k3_state **states,
-                         uint32_t *ntok, uint8_t *keep, int32_t *rows, int *n_rows, rl_err *err) {
+ * block, checks its position; fills states/ntok/keep, qv (each sequence's entry) and, on the last stage,
+ * the logit rows. In a replay (rp) every other sequence gets a stand-in from stand[i]: a fresh state just
+ * large enough for its tokens, at position 0 - what it computes is thrown away; it is there so that the
+ * batch has the node's shape. */
+static int stage_prepare(ring_stage *s, const rf_header *h, const int32_t *tokens, const stage_replay_spec *rp,
+                         stage_seq *stand, stage_seq **qv, k3_state **states, uint32_t *ntok, uint8_t *keep,
+                         int32_t *rows, int *n_rows, rl_err *err) {
     const k3_engine *e = s->e;
     bool last = e->b == e->hp.n_layer;
     uint32_t off = 0;
     for (uint32_t i = 0; i < h->n_seqs; i++) {
         const rf_seq *sq = &h->seqs[i];
-        stage_seq *q = stage_find(s, sq->seq_id, (sq->flags & RF_SEQ_NEW) != 0);
+        bool standin = stage_standin(rp, sq);
+        stage_seq *q = standin ? &stand[i] : stage_find(s, sq->seq_id, (sq->flags & RF_SEQ_NEW) != 0);
         for (uint32_t k = 0; k < i && q; k++) {
             if (h->seqs[k].seq_id == sq->seq_id) q = NULL; /* listed twice */
         }
         if (!q) {
             return rl_errf(err, "sequence %" PRIu64 " is unknown here, listed twice, or no slot is free", sq->seq_id);
         }
-        if (sq->flags & RF_SEQ_NEW) {
-            if (sq->pos != 0) return rl_errf(err, "new sequence %" PRIu64 " must start at position 0", sq->seq_id);
+        qv[i] = q;
+        if (standin || (sq->flags & RF_SEQ_NEW)) {
+            if (!standin && sq->pos != 0) return rl_errf(err, "new sequence %" PRIu64 " must start at position 0", sq->seq_id);
             if (q->st.ctx) k3_state_reset(&q->st);
-            else if (k3_state_init(&q->st, &e->hp, e->a, e->b, s->n_ctx, err) != 0) {
+            else if (k3_state_init(&q->st, &e->hp, e->a, e->b, standin ? sq->n_tokens : s->n_ctx, err) != 0) {
                 stage_seq_free(q);
                 return -1;
             }
+            q->used = true;
+            q->id = sq->seq_id;
             if (last) {
                 if (q->has_smp) smp_free(&q->smp);
                 smp_params sp = {.seed = sq->smp.seed, .temperature = sq->smp.temperature, .top_k = sq->smp.top_k,
@@ -197,8 +221,8 @@ static int stage_prepare(ring_stage *s, const rf_header *h, const int32_t *token
  * for VERIFY the number of committed tokens), then the logits rows that were asked, then the committed
  * tokens of every VERIFY sequence. */
 static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens, const float *logits,
-                        const uint8_t *stale, const uint8_t *qp, size_t q_len, uint8_t **out, size_t *out_len,
-                        rl_err *err) {
+                        const uint8_t *stale, stage_seq *const *qv, const uint8_t *qp, size_t q_len, uint8_t **out,
+                        size_t *out_len, rl_err *err) {
     const uint32_t n_vocab = s->e->hp.n_vocab;
     size_t n_logit_floats = 0;
     for (uint32_t i = 0; i < h->n_seqs; i++) {
@@ -226,7 +250,7 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
             continue;
         }
         if (sq->flags & RF_SEQ_VERIFY) {
-            stage_seq *q = stage_find(s, sq->seq_id, false);
+            stage_seq *q = qv[i];
             int k = (int)sq->n_tokens - 1;
             spec_q qs[STAGE_BLOCK_MAX];
             int32_t qid[STAGE_BLOCK_MAX][64];
@@ -275,7 +299,7 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
     for (uint32_t i = 0; i < h->n_seqs; i++) {
         const rf_seq *sq = &h->seqs[i];
         int32_t tok = -1;
-        stage_seq *q = stage_find(s, sq->seq_id, false);
+        stage_seq *q = qv[i];
         const float *lrow = NULL;
         if (sq->flags & RF_SEQ_ALL_LOGITS) {
             memcpy(payload + h->n_seqs * 4 + lo * 4, logits + (size_t)row * n_vocab, (size_t)sq->n_tokens * n_vocab * 4);
@@ -307,8 +331,8 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
     return 0;
 }
 
-int stage_run(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_len, const uint8_t *q, size_t q_len,
-              uint8_t **out, size_t *out_len, rl_err *err) {
+static int stage_exec(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_len, const uint8_t *q,
+                      size_t q_len, const stage_replay_spec *rp, uint8_t **out, size_t *out_len, rl_err *err) {
     k3_engine *e = s->e;
     *out = NULL;
     *out_len = 0;
@@ -334,6 +358,8 @@ int stage_run(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_le
     k3_state *states[RF_MAX_SEQS];
     uint32_t ntok[RF_MAX_SEQS];
     uint8_t keep[RF_MAX_SEQS] = {0}, stale[RF_MAX_SEQS] = {0};
+    stage_seq *qv[RF_MAX_SEQS] = {0}, *qv2[RF_MAX_SEQS] = {0};
+    stage_seq *stand = rp ? calloc(RF_MAX_SEQS, sizeof *stand) : NULL;
     int32_t *rows = malloc((total + 1) * sizeof *rows), *tok2 = NULL;
     int n_rows = 0, rc = -1;
     bool last = e->b == e->hp.n_layer;
@@ -344,11 +370,11 @@ int stage_run(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_le
     const int32_t *tb = tokens;
     const k3_boundary *bb = &bin;
     uint64_t ran = total;
-    if (!rows) {
+    if (!rows || (rp && !stand)) {
         rl_errf(err, "out of memory");
         goto out;
     }
-    if (last && stage_find_stale(s, h, tokens, stale) > 0) {
+    if (last && stage_find_stale(s, h, tokens, rp, stale) > 0) {
         h2 = malloc(sizeof *h2);
         tok2 = malloc(total * sizeof *tok2);
         if (!h2 || !tok2) {
@@ -361,7 +387,8 @@ int stage_run(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_le
         for (uint32_t i = 0; i < h2->n_seqs; i++) ran += h2->seqs[i].n_tokens;
     }
     if (hb->n_seqs > 0) { /* (a frame of only stale blocks is not run at all: cancelled here) */
-        if (stage_prepare(s, hb, tb, states, ntok, keep, rows, &n_rows, err) != 0) goto out;
+        if (stage_prepare(s, hb, tb, rp, stand, qv2, states, ntok, keep, rows, &n_rows, err) != 0) goto out;
+        for (uint32_t i = 0, j = 0; i < h->n_seqs; i++) qv[i] = stale[i] ? NULL : qv2[j++];
         k3_batch b = {.n_seqs = (int)hb->n_seqs, .seqs = states, .n_tokens = ntok, .tokens = tb,
                       .in = e->a > 0 ? bb : NULL, .keep_rollback = keep, .n_logits = last ? n_rows : 0,
                       .logit_rows = rows, .n_taps = want_taps ? s->n_taps : 0, .tap_layers = s->taps};
@@ -381,9 +408,13 @@ int stage_run(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_le
         *out_len = plen;
         rc = 0;
     } else {
-        rc = stage_result(s, h, tokens, o.logits, stale, q, q_len, out, out_len, err);
+        rc = stage_result(s, h, tokens, o.logits, stale, qv, q, q_len, out, out_len, err);
     }
 out:
+    for (int i = 0; stand && i < RF_MAX_SEQS; i++) {
+        if (stand[i].st.ctx || stand[i].has_smp) stage_seq_free(&stand[i]);
+    }
+    free(stand);
     k3_output_free(&o);
     free(rows);
     free(tok2);
@@ -391,4 +422,15 @@ out:
     k3_boundary_free(&bin);
     k3_boundary_free(&bin2);
     return rc;
+}
+
+int stage_run(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_len, const uint8_t *q, size_t q_len,
+              uint8_t **out, size_t *out_len, rl_err *err) {
+    return stage_exec(s, h, in, in_len, q, q_len, NULL, out, out_len, err);
+}
+
+int stage_replay(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_len, const uint8_t *q, size_t q_len,
+                 uint64_t seq_id, const uint8_t *stale, uint8_t **out, size_t *out_len, rl_err *err) {
+    const stage_replay_spec rp = {.seq_id = seq_id, .stale = stale};
+    return stage_exec(s, h, in, in_len, q, q_len, &rp, out, out_len, err);
 }

@@ -64,4 +64,20 @@ void stage_forget(ring_stage *s, uint64_t seq_id);
 int stage_run(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_len, const uint8_t *q, size_t q_len,
               uint8_t **out, size_t *out_len, rl_err *err);
 
+/* Replays what a node ran for one sequence (trust/audit.h): the whole frame runs as stage_run would run
+ * it, with seq_id on its state here and every other sequence of the frame on a stand-in - a fresh state
+ * holding just its tokens, at position 0, dropped after the frame. Why the whole frame and not the
+ * sequence alone: ggml's CPU kernels pick their path from the batch's shape (a matmul of one column takes
+ * the dot kernel, of two or more llamafile's GEMM; repacked weights take their GEMM four columns at a time
+ * and the GEMV for the rest; any VERIFY block gives the whole batch step kernels; the output matmul runs
+ * over every sequence's logit rows), and the paths round differently. On a MoE a last-bit difference can
+ * swap a near-tied expert, so a sequence recomputed alone can differ from its batch by far more than
+ * rounding, and an honest node would be found faulty. Every op of the graph computes a sequence's tokens
+ * from its own tokens and state only, so with the node's batch shape the replay gives the node's bits.
+ * stale (last stage; NULL: none): per frame sequence, whether the node found it a stale VERIFY block and
+ * did not run it (docs: stage_seq.has_commit) - a stand-in has no history to tell. The output is the
+ * frame's whole payload, as stage_run's; only seq_id's share of it means anything. */
+int stage_replay(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_len, const uint8_t *q, size_t q_len,
+                 uint64_t seq_id, const uint8_t *stale, uint8_t **out, size_t *out_len, rl_err *err);
+
 #endif

@@ -89,7 +89,6 @@ static int k3_weights_copy(k3_weights *w, const mf_model *m, rl_err *err) {
             size_t n = ggml_nbytes(t);
             ggml_backend_tensor_set(t, src->data, 0, n);
             w->x_bytes[k] += n;
-            w->x_tensors[k]++;
             uintptr_t lo = ((uintptr_t)src->data + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
             uintptr_t hi = ((uintptr_t)src->data + n) & ~((uintptr_t)pg - 1);
             /* The mapping is a read-only MAP_SHARED of the file, so dropped pages are read back from it if

@@ -42,7 +42,6 @@ typedef struct k3_weights {
     struct ggml_context *xctx[WP_MAX_BUFT];      /* descriptors of the tensors copied into place.buft[i] */
     struct ggml_backend_buffer *xbuf[WP_MAX_BUFT];/* their memory (NULL: none went there) */
     size_t x_bytes[WP_MAX_BUFT];          /* bytes each holds */
-    int x_tensors[WP_MAX_BUFT];           /* tensors each holds */
 } k3_weights;
 
 /* no_repack: every tensor stays in the mapping (llama.cpp's --no-repack, use_extra_bufts = false). By

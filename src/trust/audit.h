@@ -2,14 +2,15 @@
  *
  * A receipt says what a node claims to have computed; an audit checks the claim. The auditor (the
  * coordinator, which holds the model file) takes the frames a stage ran for one sequence - the payloads
- * the node received and sent, whose hashes the node signed in its receipts - and runs that sequence's
- * share of each frame, in order from its first token, through its own copy of the stage's layers
- * (ring/stage.h, the same code a node runs). Per-sequence state (MLA caches, KDA state) depends on every
- * earlier frame, which is why a sequence is replayed from its start rather than one step in isolation.
+ * the node received and sent, whose hashes the node signed in its receipts - and runs them, in order from
+ * the sequence's first token, through its own copy of the stage's layers (exec/stage.h: stage_replay, the
+ * same code a node runs). Per-sequence state (MLA caches, KDA state) depends on every earlier frame, which
+ * is why a sequence is replayed from its start rather than one step in isolation; and each frame runs
+ * whole, the other sequences on stand-ins, because the kernels round by the batch's shape (stage.h).
  *
  * Compared per frame, for that sequence only: the token ids passed on (exactly), the boundary state sent
  * on (h and the banked checkpoints, within tol relative to the largest magnitude of that token's vector:
- * float results differ a little between machines, kernels and batch shapes), and on the last stage the
+ * 0 with the node's kernels, more between machines and thread counts), and on the last stage the
  * sampled tokens and accepted drafts (exactly: sampling is seeded and replayed) and returned logits
  * (within tol). The first frame that differs is reported, with the largest difference found. */
 #ifndef RINGLM_AUDIT_H

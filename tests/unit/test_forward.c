@@ -726,8 +726,21 @@ static void test_placement(const char *dir) {
     if (l.n > 0 && k3_range_repack_bytes(&m, &hp, 0, L) > 0) {
         CHECK(memcmp(lg[0], lg[1], (size_t)24 * V * sizeof(float)) != 0, "repacked and mapped kernels give different bits");
     }
-    /* A stage's range copies only its own layers' share. */
+    /* A state made for another cache type (here the file's hparams: f32) is refused by an engine at the
+     * defaults (f16), naming both, before anything runs. */
     k3_engine e;
+    if (k3_engine_init(&e, &m, &hp, 0, L, &(k3_engine_opts){.n_threads = 1}, &err) == 0) {
+        k3_state st, *sp = &st;
+        uint32_t one = 1;
+        k3_output o;
+        CHECK(k3_state_init(&st, &hp, 0, L, 64, &err) == 0 &&
+                  k3_forward(&e, &(k3_batch){.n_seqs = 1, .seqs = &sp, .n_tokens = &one, .tokens = tok}, &o, &err) != 0 &&
+                  strstr(err.msg, "its cache is f32 but this engine computes with an f16 cache") && st.n_past == 0,
+              "a state of another cache type is refused: %s", err.msg);
+        k3_state_free(&st);
+        k3_engine_free(&e);
+    }
+    /* A stage's range copies only its own layers' share. */
     if (k3_engine_init(&e, &m, &hp, 1, L, &(k3_engine_opts){.n_threads = 1}, &err) == 0) {
         CHECK(k3_weights_copied_bytes(&e.w) == k3_range_repack_bytes(&m, &hp, 1, L), "range [1, %u) copies what it predicts", L);
         k3_engine_free(&e);
