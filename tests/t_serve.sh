@@ -368,6 +368,8 @@ bad_opt "--port abc: says the value is not a port" "bad value 'abc' for --port: 
 bad_opt "--ctx 0: says the value is too small" "bad value '0' for --ctx: want .* at least 8" --ctx 0
 bad_opt "an unknown option is named as one" "unknown option '--frobnicate'" --frobnicate 3
 bad_opt "an option missing its value says so" "option --parallel needs a value" --parallel
+bad_opt "--flash-attn maybe: says it wants on or off" "bad value 'maybe' for --flash-attn: want on or off" --flash-attn maybe
+bad_opt "--cache-type q8: says it wants f32 or f16" "bad value 'q8' for --cache-type: want f32 or f16" --cache-type q8
 
 # ---- SIGTERM: running requests finish, then exit 0 ---------------------------------------------------------
 post drain /v1/completions '{"prompt":"x","max_tokens":200,"temperature":0,"ignore_eos":true,"stream":true}' -N &

@@ -35,6 +35,11 @@ typedef struct cli_trust {
 /* 1 when option a is one of them (its value v parsed into t; *bad set if v is invalid), else 0. */
 int cli_parse_trust(const char *a, const char *v, cli_trust *t, int *bad);
 
+struct k3_engine_opts;
+/* The engine's options with a value, shared by run and serve: --flash-attn on|off, --cache-type f32|f16.
+ * Returns 1 if `a` is one of them (*bad and *want then say whether v was good and what it should be). */
+int cli_parse_engine(const char *a, const char *v, struct k3_engine_opts *eo, int *bad, const char **want);
+
 /* Says on stderr what is wrong with an option, in one line, and returns 2 (bad usage): an unknown
  * option, a missing value, or a value that is not `want` (NULL: the trust options' own expectations). */
 int cli_bad_option(const char *cmd, const char *opt, const char *v, bool known, const char *want);

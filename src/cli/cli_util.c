@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <stdlib.h>
 
+#include "../model/k3_forward.h"
 #include "cli.h"
 
 int cli_parse_u64(const char *s, unsigned long long *out) {
@@ -34,6 +35,19 @@ static int cli_parse_double(const char *s, double *out) {
     if (errno || *end) return -1;
     *out = v;
     return 0;
+}
+
+int cli_parse_engine(const char *a, const char *v, k3_engine_opts *eo, int *bad, const char **want) {
+    if (strcmp(a, "--flash-attn") == 0) {
+        *bad = strcmp(v, "on") && strcmp(v, "off"), *want = "on or off";
+        eo->no_flash_attn = strcmp(v, "off") == 0;
+    } else if (strcmp(a, "--cache-type") == 0) {
+        *bad = strcmp(v, "f32") && strcmp(v, "f16"), *want = "f32 or f16";
+        eo->cache_f32 = strcmp(v, "f32") == 0;
+    } else {
+        return 0;
+    }
+    return 1;
 }
 
 static const char *cli_trust_want(const char *a) {

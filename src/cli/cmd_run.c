@@ -142,7 +142,8 @@ typedef struct run_args {
     float draft_p_min;
     bool draft_fixed;
     int threads, ctx, chunk;
-    bool chat, ids, progress, no_repack, flash_attn, cache_f16;
+    bool chat, ids, progress;
+    k3_engine_opts eo; /* all but n_threads (set from threads when the engine starts) */
     unsigned long long seed;
     gen_params gp;
 } run_args;
@@ -150,8 +151,7 @@ typedef struct run_args {
 /* 0: go on; 1: --help was printed (exit 0); 2: bad usage (said on stderr). */
 static int run_parse(int argc, char **argv, run_args *a) {
     *a = (run_args){.wire = "f32", .draft_n = 7, .draft_depth = 2, .threads = (int)sysconf(_SC_NPROCESSORS_ONLN),
-                    .ctx = 4096, .chunk = 512, .progress = isatty(2), .seed = 0xC0FFEE, .gp = {.n_predict = 128},
-                    .flash_attn = true, .cache_f16 = true};
+                    .ctx = 4096, .chunk = 512, .progress = isatty(2), .seed = 0xC0FFEE, .gp = {.n_predict = 128}};
     a->gp.smp = smp_params_default(a->seed);
     for (int i = 1; i < argc; i++) {
         const char *opt = argv[i];
@@ -181,7 +181,7 @@ static int run_parse(int argc, char **argv, run_args *a) {
             continue;
         }
         if (strcmp(opt, "--no-repack") == 0) {
-            a->no_repack = true;
+            a->eo.no_repack = true;
             continue;
         }
         /* A missing value still goes through the chain (as ""), so that an unknown option is named as one. */
@@ -217,12 +217,7 @@ static int run_parse(int argc, char **argv, run_args *a) {
             a->metrics = v;
         } else if (strcmp(opt, "-n") == 0) {
             bad = cli_parse_int(v, &a->gp.n_predict), want = "a number of tokens (-1: until the context is full)";
-        } else if (strcmp(opt, "--flash-attn") == 0) {
-            bad = strcmp(v, "on") && strcmp(v, "off"), want = "on or off";
-            a->flash_attn = strcmp(v, "on") == 0;
-        } else if (strcmp(opt, "--cache-type") == 0) {
-            bad = strcmp(v, "f32") && strcmp(v, "f16"), want = "f32 or f16";
-            a->cache_f16 = strcmp(v, "f16") == 0;
+        } else if (cli_parse_engine(opt, v, &a->eo, &bad, &want)) {
         } else if (strcmp(opt, "--threads") == 0) {
             bad = cli_parse_int(v, &a->threads) || a->threads < 1, want = "a number, at least 1";
         } else if (strcmp(opt, "--ctx") == 0) {
@@ -406,8 +401,8 @@ int cmd_run(int argc, char **argv) {
         if (spec) spec_drafter_close(&drafter);
         if (grc != 0) goto out;
     } else {
-        const k3_engine_opts eo = {.n_threads = a->threads, .no_repack = a->no_repack, .no_flash_attn = !a->flash_attn,
-                                  .cache_f32 = !a->cache_f16};
+        k3_engine_opts eo = a->eo;
+        eo.n_threads = a->threads;
         if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, &eo, &err) != 0) {
             if (spec) spec_drafter_close(&drafter);
             goto out;

@@ -93,7 +93,8 @@ int cmd_serve(int argc, char **argv) {
     int header_timeout = 10, idle_timeout = 120, per_ip = 32;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     unsigned long long max_body = 1u << 20;
-    bool quiet = false, no_repack = false, flash_attn = true, cache_f16 = true; /* llama.cpp's defaults */
+    bool quiet = false;
+    k3_engine_opts eo = {0}; /* llama.cpp's defaults; n_threads from --threads when the engine starts */
     const char *alias[15];
     int n_alias = 0;
     const char *draft = "none";
@@ -109,7 +110,7 @@ int cmd_serve(int argc, char **argv) {
             continue;
         }
         if (strcmp(a, "--no-repack") == 0) {
-            no_repack = true;
+            eo.no_repack = true;
             continue;
         }
         /* A missing value still goes through the chain (as ""), so that an unknown option is named as one. */
@@ -158,12 +159,7 @@ int cmd_serve(int argc, char **argv) {
             bad = cli_parse_int(v, &idle_timeout) || idle_timeout < 1 || idle_timeout > 86400, want = "seconds, 1 to 86400";
         } else if (strcmp(a, "--max-conn-per-ip") == 0) {
             bad = cli_parse_int(v, &per_ip) || per_ip < 1 || per_ip > 100000, want = "a number, 1 to 100000";
-        } else if (strcmp(a, "--flash-attn") == 0) {
-            bad = strcmp(v, "on") && strcmp(v, "off"), want = "on or off";
-            flash_attn = strcmp(v, "on") == 0;
-        } else if (strcmp(a, "--cache-type") == 0) {
-            bad = strcmp(v, "f32") && strcmp(v, "f16"), want = "f32 or f16";
-            cache_f16 = strcmp(v, "f16") == 0;
+        } else if (cli_parse_engine(a, v, &eo, &bad, &want)) {
         } else if (strcmp(a, "--alias") == 0) {
             bad = n_alias == (int)(sizeof alias / sizeof alias[0]) || !*v, want = "a non-empty name (at most 15 aliases)";
             if (!bad) alias[n_alias++] = v;
@@ -263,8 +259,7 @@ int cmd_serve(int argc, char **argv) {
         }
         if (sch_backend_ring(&be, &rcfg, &err) != 0) goto out;
     } else {
-        const k3_engine_opts eo = {.n_threads = threads, .no_repack = no_repack, .no_flash_attn = !flash_attn,
-                                  .cache_f32 = !cache_f16};
+        eo.n_threads = threads;
         if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, &eo, &err) != 0) goto out;
         have_engine = true;
         k3_weights_prefault(&e.w, isatty(2) && m.tensor_bytes > (64u << 20));
