@@ -25,7 +25,8 @@
 #           fails is recorded as failed (with ringlm's message) and skipped for the other repetitions at
 #           that delay; the benchmark goes on.
 # llama.cpp: N `ggml-rpc-server -t T`, each behind its own relay with the same delay,
-#   `llama-bench --rpc R1,..,RN -ngl 99 -p N_prompt -n N_gen -t T -fa 0 -r REPS` (tg from an empty context,
+#   `llama-bench --rpc R1,..,RN -ngl 99 -p N_prompt -n N_gen -t T -r REPS`, otherwise at its defaults (flash
+#   attention auto, f16 cache; the RPC servers repack as a CPU backend does) (tg from an empty context,
 #   like our 1-token-prompt decode); TTFT = N_prompt / pp t/s.
 # Network floor for greedy decode: 1 / ((stages + 1) x D + sum of per-stage decode compute_ms).
 #
@@ -275,7 +276,7 @@ for d in $delays; do
     done
     f=$work/llama-d$d
     bounded "llama-bench (delay $d ms)" "$f.json" "$f.err" "$B/llama-bench" -m "$model" --rpc "$rpc" -ngl 99 \
-        -p "$prompt" -n "$gen" -t "$threads" -fa 0 -r "$llama_reps" -o json
+        -p "$prompt" -n "$gen" -t "$threads" -r "$llama_reps" -o json
     echo "bench_ring: delay $d ms: llama.cpp RPC $(python3 -c 'import json, sys
 print(", ".join("%s %.2f t/s" % ("pp" if t["n_prompt"] else "tg", t["avg_ts"]) for t in json.load(open(sys.argv[1]))))' "$f.json")" >&2
     stop_pids "${relays[@]}"

@@ -293,6 +293,9 @@ L = ["# `ringlm serve` under load vs llama-server", "",
      "Servers run one at a time." % (os.path.basename(e["SB_MODEL"]), int(e["SB_WEIGHTS"]) / 1048576, e["SB_PROMPT"],
      e["SB_MAX_TOKENS"], e["SB_REQUESTS"], e["SB_REQUESTS"], e["SB_PARALLEL"], e["SB_CTX"],
      int(e["SB_PARALLEL"]) * int(e["SB_CTX"])), "",
+     "Settings: ringlm at its defaults (repacked weights where llama.cpp repacks them, flash attention, f16 cache); "
+     "llama-server as shipped (its defaults: repacked CPU weights, `-fa auto`, f16 cache, its own batch sizes), "
+     "given only `-m`, `--host`, `--port`, `-np`, `-c`, `-t`.", "",
      "| server | streams | requests | failed | aggregate tok/s | TTFT p50 / p99 ms | inter-token p50 / p99 ms |",
      "|---|---|---|---|---|---|---|"]
 for k, label in servers:

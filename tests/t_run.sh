@@ -33,4 +33,18 @@ check_fails "prompt longer than the context" "does not fit the context" "$RINGLM
 check_fails "token id out of range" "out of range" "$RINGLM" run -m "$f" --tokens 1,2,99999
 rc=0; "$RINGLM" run -m "$f" -p hi --bogus >/dev/null 2>&1 || rc=$?
 check "unknown option: usage error (exit 2)" test $rc = 2
+
+# --flash-attn auto is llama.cpp's default, which on a CPU is flash attention: the default's bits.
+fa() { "$RINGLM" run -m "$f" -p "Once upon a time" -n 12 --temp 0 --ignore-eos --ids "$@" 2>/dev/null; }
+check "--flash-attn auto gives the default's tokens" test "$(fa --flash-attn auto)" = "$(fa)"
+check "--flash-attn auto: the same as on" test "$(fa --flash-attn auto)" = "$(fa --flash-attn on)"
+# Every command with the engine's options says what is wrong with a value, in one line, exit 2.
+for c in "run -m $f -p hi" "logits -m $f --tokens 1,2 -o $WORK/x.bin" "node --listen 127.0.0.1:1"; do
+    for o in "--flash-attn maybe:on, off or auto" "--cache-type q9:f32 or f16"; do
+        opt=${o%%:*} want=${o#*:}
+        rc=0; "$RINGLM" $c $opt >"$WORK/bo.out" 2>&1 || rc=$?
+        check "${c%% *} $opt: exit 2, naming the value and what it wants" \
+            bash -c "test $rc = 2 && test \$(wc -l <'$WORK/bo.out') = 1 && grep -q \"bad value '${opt#* }' for ${opt% *}: want $want\" '$WORK/bo.out'"
+    done
+done
 finish

@@ -368,7 +368,7 @@ bad_opt "--port abc: says the value is not a port" "bad value 'abc' for --port: 
 bad_opt "--ctx 0: says the value is too small" "bad value '0' for --ctx: want .* at least 8" --ctx 0
 bad_opt "an unknown option is named as one" "unknown option '--frobnicate'" --frobnicate 3
 bad_opt "an option missing its value says so" "option --parallel needs a value" --parallel
-bad_opt "--flash-attn maybe: says it wants on or off" "bad value 'maybe' for --flash-attn: want on or off" --flash-attn maybe
+bad_opt "--flash-attn maybe: says it wants on, off or auto" "bad value 'maybe' for --flash-attn: want on, off or auto" --flash-attn maybe
 bad_opt "--cache-type q8: says it wants f32 or f16" "bad value 'q8' for --cache-type: want f32 or f16" --cache-type q8
 
 # ---- SIGTERM: running requests finish, then exit 0 ---------------------------------------------------------

@@ -38,7 +38,20 @@ check "KDA state per sequence" grep -q "KDA conv + recurrent state: $(awk -v b=$
 check "MLA cache per token" grep -q "MLA latent cache: $(( 2 * 160 * 4 )) bytes per token (f32), $(( 2 * 160 * 2 ))" "$WORK/inspect.txt"
 check "boundary grows with banks" grep -Eq "^ +5 MLA +MoE +[^ ]* +[0-9.]+ [KM]iB +$(( 256 * 4 ))$" "$WORK/inspect.txt"
 "$RINGLM" inspect "$WORK/a.gguf" --range 2:4 --seqs 2 --ctx 100 >"$WORK/range.txt"
-check "range sizing is printed" grep -q "layers \[2, 4): weights .* (2 seq x 100 tokens, f32 cache)" "$WORK/range.txt"
+check "range sizing is printed" grep -q "layers \[2, 4): weights .* (2 seq x 100 tokens, f16 cache)" "$WORK/range.txt"
+# The state of layers [4, 6) (layer 5 is MLA): 2 sequences x (KDA state + 100 tokens x 160 cache elements of
+# 2 or 4 bytes), as KiB; the cache type is f16 by default, as run/serve/node compute.
+range_state() { "$RINGLM" inspect "$WORK/a.gguf" --range 4:6 --seqs 2 --ctx 100 "$@" | grep -o "+ state [0-9.]* KiB" | grep -o "[0-9.]*"; }
+mla_layers=$(grep -cE "^ +[45] MLA " "$WORK/inspect.txt")
+kda_layers=$(grep -cE "^ +[45] KDA " "$WORK/inspect.txt")
+for ct in f16 f32; do
+    el=2; [ $ct = f32 ] && el=4
+    want=$(awk -v k=$kda_layers -v m=$mla_layers -v e=$el 'BEGIN { printf "%.1f", 2 * (k * (3*3*256*4 + 4*64*64*4) + 100 * m * 160 * e) / 1024 }')
+    args=(); [ $ct = f32 ] && args=(--cache-type f32)
+    check "range state with a $ct cache: $want KiB" test "$(range_state "${args[@]}")" = "$want"
+done
+check "inspect --cache-type q9: exit 2, naming the value" bash -c \
+    "rc=0; '$RINGLM' inspect '$WORK/a.gguf' --cache-type q9 2>'$WORK/ct.err' || rc=\$?; test \$rc = 2 && grep -q \"bad value 'q9' for --cache-type\" '$WORK/ct.err'"
 check_fails "range beyond the model" "beyond the model's 6 layers" "$RINGLM" inspect "$WORK/a.gguf" --range 2:9
 
 # Config errors.

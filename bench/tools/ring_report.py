@@ -187,7 +187,9 @@ L.append("- **greedy decode within 10%% of the network floor**: worst %.0f%% of 
 L.append("How each figure is made:\n")
 L.append("- *ringlm decode*: a 1-token prompt, then %d greedy steps (`--temp 0 --ignore-eos`); tok/s as `ringlm run` "
          "reports it. *llama.cpp decode*: llama-bench `tg%d` (also from an empty context), `-ngl 99` over %d "
-         "`ggml-rpc-server -t %d`." % (gen, gen, nodes, threads))
+         "`ggml-rpc-server -t %d`.\n- *Settings*: ringlm at its defaults (repacked weights where llama.cpp repacks them, flash attention, "
+         "f16 cache); llama.cpp at its defaults too (repacked weights on the CPU, `-fa auto`, f16 cache), with only "
+         "`--rpc`, `-ngl 99`, `-t`, `-p`, `-n`, `-r` given." % (gen, gen, nodes, threads))
 L.append("- *ringlm TTFT*: the %d-token prompt (seeded ids) sent in chunks of %s (one chunk = no pipelining); the "
          "table shows the fastest. *llama.cpp TTFT* = %d / llama-bench `pp%d` t/s (llama-bench has no TTFT; "
          "its pp test is the prompt in one batch, without sampling)." % (prompt, ", ".join(map(str, chunks)),

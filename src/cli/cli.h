@@ -36,7 +36,8 @@ typedef struct cli_trust {
 int cli_parse_trust(const char *a, const char *v, cli_trust *t, int *bad);
 
 struct k3_engine_opts;
-/* The engine's options with a value, shared by run and serve: --flash-attn on|off, --cache-type f32|f16.
+/* The engine's options with a value, shared by run, serve, node and logits: --flash-attn on|off|auto,
+ * --cache-type f32|f16.
  * Returns 1 if `a` is one of them (*bad and *want then say whether v was good and what it should be). */
 int cli_parse_engine(const char *a, const char *v, struct k3_engine_opts *eo, int *bad, const char **want);
 

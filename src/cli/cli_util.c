@@ -39,7 +39,8 @@ static int cli_parse_double(const char *s, double *out) {
 
 int cli_parse_engine(const char *a, const char *v, k3_engine_opts *eo, int *bad, const char **want) {
     if (strcmp(a, "--flash-attn") == 0) {
-        *bad = strcmp(v, "on") && strcmp(v, "off"), *want = "on or off";
+        /* auto: llama.cpp's default, flash attention wherever the device runs it - every CPU does. */
+        *bad = strcmp(v, "on") && strcmp(v, "off") && strcmp(v, "auto"), *want = "on, off or auto";
         eo->no_flash_attn = strcmp(v, "off") == 0;
     } else if (strcmp(a, "--cache-type") == 0) {
         *bad = strcmp(v, "f32") && strcmp(v, "f16"), *want = "f32 or f16";

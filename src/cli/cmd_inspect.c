@@ -7,9 +7,10 @@
 #include "cli.h"
 
 static void inspect_usage(FILE *f) {
-    fprintf(f, "usage: ringlm inspect FILE.gguf [--kv] [--range A:B] [--seqs N] [--ctx N]\n\n"
+    fprintf(f, "usage: ringlm inspect FILE.gguf [--kv] [--range A:B] [--seqs N] [--ctx N] [--cache-type f16|f32]\n\n"
                "Prints architecture, hyperparameters, tensor count, bytes per layer and per type, per-sequence\n"
-               "state sizes and the memory needed to hold layers [A, B) for N sequences of --ctx tokens.\n"
+               "state sizes and the memory needed to hold layers [A, B) for N sequences of --ctx tokens, the\n"
+               "MLA cache in --cache-type (default f16, as run/serve/node).\n"
                "A split set (NAME-00001-of-000NN.gguf) is read as one model. --kv prints key value lines.\n");
 }
 
@@ -37,6 +38,13 @@ int cmd_inspect(int argc, char **argv) {
             }
             if (a[2] == 's') o.n_seq = (unsigned)n;
             else o.n_ctx = (unsigned)n;
+            i++;
+        } else if (strcmp(a, "--cache-type") == 0 && v) {
+            if (strcmp(v, "f16") != 0 && strcmp(v, "f32") != 0) {
+                fprintf(stderr, "ringlm inspect: bad value '%s' for --cache-type: want f16 or f32\n", v);
+                return 2;
+            }
+            o.cache_f32 = v[1] == '3';
             i++;
         } else if (a[0] != '-' && !path) {
             path = a;

@@ -10,13 +10,13 @@
 
 static void logits_usage(FILE *f) {
     fprintf(f, "usage: ringlm logits -m MODEL.gguf --tokens 1,2,3 [--mode batch|step] [--chunk N | --prefill N]\n"
-               "                     [--threads N] [--no-repack] [--flash-attn on|off] [--cache-type f32|f16] [--ring ring.conf --key coord.key [--wire f32|f16|bf16]] -o OUT.bin\n\n"
+               "                     [--threads N] [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--ring ring.conf --key coord.key [--wire f32|f16|bf16]] -o OUT.bin\n\n"
                "Writes the logits of every position (the oracle's file format, src/model/logits_file.h).\n"
                "batch: all tokens in one forward pass (or --chunk N tokens per pass); step: one token per pass;\n"
                "--prefill N: N tokens in one pass, then one token per pass (a prompt, then decode steps).\n"
                "--no-repack: every weight stays in the file mapping (llama.cpp's --no-repack); the default copies\n"
                "quantized matmul weights into the CPU's repacked layouts where llama.cpp would.\n"
-               "--flash-attn on|off, --cache-type f32|f16: MLA attention by flash attention over an f16 cache (the\n"
+               "--flash-attn on|off|auto, --cache-type f32|f16: MLA attention by flash attention over an f16 cache (the\n"
                "defaults, as llama.cpp's), or the softmax path / an f32 cache.\n");
 }
 
@@ -57,7 +57,10 @@ int cmd_logits(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *mode = "batch", *toks = NULL, *ring_path = NULL, *key_path = NULL;
     const char *wire = "f32";
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), chunk = 0, prefill = 0;
-    bool no_repack = false, flash_attn = true, cache_f16 = true; /* llama.cpp's defaults */
+    bool no_repack = false;
+    k3_engine_opts eo = {0}; /* llama.cpp's defaults */
+    int bad = 0;
+    const char *want = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -85,10 +88,9 @@ int cmd_logits(int argc, char **argv) {
             i++;
         } else if (strcmp(a, "--no-repack") == 0) {
             no_repack = true;
-        } else if (strcmp(a, "--flash-attn") == 0 && v && (strcmp(v, "on") == 0 || strcmp(v, "off") == 0)) {
-            flash_attn = strcmp(v, "on") == 0, i++;
-        } else if (strcmp(a, "--cache-type") == 0 && v && (strcmp(v, "f32") == 0 || strcmp(v, "f16") == 0)) {
-            cache_f16 = strcmp(v, "f16") == 0, i++;
+        } else if (v && cli_parse_engine(a, v, &eo, &bad, &want)) {
+            if (bad) return cli_bad_option("logits", a, v, true, want);
+            i++;
         } else {
             fprintf(stderr, "ringlm logits: unknown or bad option '%s'\n", a);
             logits_usage(stderr);
@@ -159,8 +161,8 @@ int cmd_logits(int argc, char **argv) {
         free(all);
         goto fail_model;
     }
-    const k3_engine_opts eo = {.n_threads = threads, .no_repack = no_repack, .no_flash_attn = !flash_attn,
-                              .cache_f32 = !cache_f16};
+    eo.n_threads = threads;
+    eo.no_repack = no_repack;
     if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, &eo, &err) != 0) goto fail_model;
     /* Context rounded up to 256 tokens, as the oracle sizes llama.cpp's. */
     if (k3_state_init(&st, &e.hp, 0, hp.n_layer, ((uint32_t)n + 255u) / 256u * 256u, &err) != 0) goto fail_engine;

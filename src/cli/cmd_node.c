@@ -4,13 +4,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../model/k3_forward.h"
 #include "../ring/node.h"
 #include "cli.h"
 
 static void node_usage(FILE *f) {
     fprintf(f, "usage: ringlm node --listen HOST:PORT --key node.key --allow COORD_PUBKEY_HEX[,...]\n"
                "                   [--models DIR] [--cache DIR] [--mem GB] [--speed GB/s] [--threads N]\n"
-               "                   [--audit-keep MB] [--no-repack] [--flash-attn on|off] [--cache-type f32|f16]\n"
+               "                   [--audit-keep MB] [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16]\n"
                "                   [--verbose]\n\n"
                "Serves its share of a model to the coordinators it trusts. Links are encrypted and mutually\n"
                "authenticated (ZeroMQ CURVE); a key not on the list is refused and logged. Layers of a model\n"
@@ -29,6 +30,9 @@ int cmd_node(int argc, char **argv) {
     memset(&o, 0, sizeof o);
     o.threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     o.flash_attn = o.cache_f16 = true; /* llama.cpp's defaults */
+    k3_engine_opts eo = {0};
+    int bad = 0;
+    const char *want = NULL;
     const char *key = NULL, *allow = NULL;
     rl_err err = {{0}};
     for (int i = 1; i < argc; i++) {
@@ -59,9 +63,10 @@ int cmd_node(int argc, char **argv) {
 #ifdef RINGLM_ADVERSARY
         else if (strcmp(a, "--misbehave") == 0) o.misbehave = v; /* test builds only (make adversary) */
 #endif
-        else if (strcmp(a, "--flash-attn") == 0 && (strcmp(v, "on") == 0 || strcmp(v, "off") == 0)) o.flash_attn = v[1] == 'n';
-        else if (strcmp(a, "--cache-type") == 0 && (strcmp(v, "f32") == 0 || strcmp(v, "f16") == 0)) o.cache_f16 = v[1] == '1';
-        else if (strcmp(a, "--threads") == 0 && cli_parse_int(v, &o.threads) == 0 && o.threads > 0) {
+        else if (cli_parse_engine(a, v, &eo, &bad, &want)) {
+            if (bad) return cli_bad_option("node", a, v, true, want);
+            o.flash_attn = !eo.no_flash_attn, o.cache_f16 = !eo.cache_f32;
+        } else if (strcmp(a, "--threads") == 0 && cli_parse_int(v, &o.threads) == 0 && o.threads > 0) {
         } else {
             fprintf(stderr, "ringlm node: unknown or bad option '%s'\n", a);
             node_usage(stderr);

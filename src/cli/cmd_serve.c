@@ -19,7 +19,7 @@ static void serve_usage(FILE *f) {
     fprintf(f,
             "usage: ringlm serve -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
             "                    [--parallel N] [--ctx N] [--queue N] [--threads N] [--chunk N]\n"
-            "                    [--no-repack] [--flash-attn on|off] [--cache-type f32|f16]\n"
+            "                    [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16]\n"
             "                    [--max-body BYTES] [--drain SECONDS] [--header-timeout S] [--idle-timeout S]\n"
             "                    [--max-conn-per-ip N] [--alias NAME]... [--quiet]\n"
             "                    [--draft ngram|none|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-threads N]]\n"
@@ -42,7 +42,7 @@ static void serve_usage(FILE *f) {
             "  --chunk N      prompt tokens per step over all new requests (default 256)\n"
             "  --no-repack    keep every weight in the file mapping (default: quantized matmul weights are\n"
             "                 copied into the CPU's repacked layouts where llama.cpp would; not used with --ring)\n"
-            "  --flash-attn on|off, --cache-type f32|f16  MLA attention by flash attention over an f16 cache,\n"
+            "  --flash-attn on|off|auto, --cache-type f32|f16  MLA attention by flash attention over an f16 cache,\n"
             "                 as llama.cpp's defaults (the defaults here too); off / f32: the softmax path\n"
             "  --max-body B   largest request body in bytes (default 1048576); larger gets 413\n"
             "  --header-timeout S  a connection must send a request's headers within S seconds of connecting\n"

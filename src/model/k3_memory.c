@@ -53,10 +53,10 @@ size_t k3_boundary_floats(const k3_hparams *hp, uint32_t il) {
 }
 
 size_t k3_range_total_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, uint32_t n_seq,
-                            uint32_t n_ctx) {
+                            uint32_t n_ctx, size_t cache_elem) {
     return k3_range_weight_bytes(m, hp, a, b) +
            (size_t)n_seq * (k3_range_kda_state_bytes(hp, a, b) +
-                            (size_t)n_ctx * k3_range_mla_bytes_per_token(hp, a, b, sizeof(float)));
+                            (size_t)n_ctx * k3_range_mla_bytes_per_token(hp, a, b, cache_elem));
 }
 
 size_t k3_range_active_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b) {

@@ -30,8 +30,9 @@ size_t k3_boundary_floats(const k3_hparams *hp, uint32_t il);
  * and the embedding one row. Divided into memory bandwidth, this bounds decode speed. */
 size_t k3_range_active_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b);
 
-/* Total for holding [a, b) with n_seq sequences of up to n_ctx tokens each (f32 cache). */
+/* Total for holding [a, b) with n_seq sequences of up to n_ctx tokens each, the MLA cache of cache_elem
+ * bytes per element (4: f32, 2: f16, the default). */
 size_t k3_range_total_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, uint32_t n_seq,
-                            uint32_t n_ctx);
+                            uint32_t n_ctx, size_t cache_elem);
 
 #endif

@@ -337,11 +337,17 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
     memset(&pm, 0, sizeof pm);
     pm.n_layer = hp->n_layer;
     pm.n_seq = o->n_seqs > 0 ? (uint32_t)o->n_seqs : 1;
+    /* The MLA cache as the nodes keep it: f16 (the default), f32 if any node runs --cache-type f32 (the
+     * plan's per-layer figure must hold wherever the layer lands). */
+    size_t cache_elem = 2;
+    for (int i = 0; i < conf->n; i++) {
+        if (got[i] && !rc->nodes[i].cache_f16) cache_elem = 4;
+    }
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         pm.layer_bytes[il] = k3_layer_weight_bytes(m, il);
         pm.layer_active[il] = k3_range_active_bytes(m, hp, il, il + 1) - (il == 0 ? k3_range_active_bytes(m, hp, 0, 0) : 0);
         pm.layer_state[il] = k3_range_kda_state_bytes(hp, il, il + 1) +
-                             (uint64_t)o->n_ctx * k3_range_mla_bytes_per_token(hp, il, il + 1, 4);
+                             (uint64_t)o->n_ctx * k3_range_mla_bytes_per_token(hp, il, il + 1, cache_elem);
     }
     pm.first_bytes = k3_range_weight_bytes(m, hp, 0, 0);
     pm.last_bytes = k3_range_weight_bytes(m, hp, hp->n_layer, hp->n_layer);

@@ -118,11 +118,12 @@ void inspect_print(FILE *out, const mf_model *m, const k3_hparams *hp, const ins
         rb = (uint32_t)o->range_b;
     }
     inspect_mib(a, sizeof a, k3_range_weight_bytes(m, hp, ra, rb));
+    const size_t ce = o->cache_f32 ? 4 : 2;
     inspect_mib(b, sizeof b, (size_t)o->n_seq * (k3_range_kda_state_bytes(hp, ra, rb) +
-                                                 (size_t)o->n_ctx * k3_range_mla_bytes_per_token(hp, ra, rb, 4)));
-    inspect_mib(c, sizeof c, k3_range_total_bytes(m, hp, ra, rb, o->n_seq, o->n_ctx));
-    fprintf(out, "\nlayers [%u, %u): weights %s + state %s (%u seq x %u tokens, f32 cache) = %s\n", ra, rb, a, b,
-            o->n_seq, o->n_ctx, c);
+                                                 (size_t)o->n_ctx * k3_range_mla_bytes_per_token(hp, ra, rb, ce)));
+    inspect_mib(c, sizeof c, k3_range_total_bytes(m, hp, ra, rb, o->n_seq, o->n_ctx, ce));
+    fprintf(out, "\nlayers [%u, %u): weights %s + state %s (%u seq x %u tokens, %s cache) = %s\n", ra, rb, a, b,
+            o->n_seq, o->n_ctx, o->cache_f32 ? "f32" : "f16", c);
     /* What repacking changes is not the total but its kind: copied weights are resident RAM, mapped ones
      * are file pages the kernel may drop and read again. */
     inspect_mib(a, sizeof a, k3_range_repack_bytes(m, hp, ra, rb));
