@@ -56,7 +56,7 @@ lb_ts() { python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(
 ours_p=() ours_d=() ref_p=() ref_d=() rss=()
 for r in $(seq "$reps"); do
     # shellcheck disable=SC2086
-    ./ringlm run -m "$model" --tokens "$toks" -n "$gen" --temp 0 --ignore-eos --ids --threads "$threads" \
+    ./ringlm run -m "$model" --tokens @build/bench/prompt.ids -n "$gen" --temp 0 --ignore-eos --ids --threads "$threads" \
         --ctx $((n_prompt + gen + 8)) --chunk 512 --metrics-json build/bench/ours.json $rargs >/dev/null 2>&1
     ours_p+=("$(sed -n 's/.*"prefill_tok_s":[[:space:]]*\([0-9.e+-]*\).*/\1/p' build/bench/ours.json)")
     ours_d+=("$(sed -n 's/.*"decode_tok_s":[[:space:]]*\([0-9.e+-]*\).*/\1/p' build/bench/ours.json)")

@@ -34,6 +34,18 @@ check_fails "token id out of range" "out of range" "$RINGLM" run -m "$f" --token
 rc=0; "$RINGLM" run -m "$f" -p hi --bogus >/dev/null 2>&1 || rc=$?
 check "unknown option: usage error (exit 2)" test $rc = 2
 
+# --tokens @FILE: a prompt too long for a command line (one argument holds 128 KiB) comes from a file.
+printf '1,2,3,4,5,6,7\n' >"$WORK/ids.txt"
+check "--tokens @FILE gives what the same ids inline give" test \
+    "$("$RINGLM" run -m "$f" --tokens @"$WORK/ids.txt" -n 6 --temp 0 --ignore-eos --ids 2>/dev/null)" = \
+    "$("$RINGLM" run -m "$f" --tokens 1,2,3,4,5,6,7 -n 6 --temp 0 --ignore-eos --ids 2>/dev/null)"
+awk 'BEGIN { for (i = 0; i < 40000; i++) printf "%s%d", (i ? "," : ""), 300 + i % 500 }' >"$WORK/long.ids"
+check "--tokens @FILE of 40,000 ids (~160 KiB, more than one argument may hold) is read whole" bash -c \
+    "'$RINGLM' run -m '$f' --tokens @'$WORK/long.ids' --ctx 100 -n 1 2>&1 | grep -q '40000 tokens.*does not fit the context'"
+check_fails "--tokens @FILE that does not exist" "--tokens: cannot open .*nope.ids" "$RINGLM" run -m "$f" --tokens @"$WORK/nope.ids"
+printf '1,x,3' >"$WORK/bad.ids"
+check_fails "--tokens @FILE with a bad id" "bad --tokens file '.*bad.ids' \(comma-separated ids\)" "$RINGLM" run -m "$f" --tokens @"$WORK/bad.ids"
+
 # --flash-attn auto is llama.cpp's default, which on a CPU is flash attention: the default's bits.
 fa() { "$RINGLM" run -m "$f" -p "Once upon a time" -n 12 --temp 0 --ignore-eos --ids "$@" 2>/dev/null; }
 check "--flash-attn auto gives the default's tokens" test "$(fa --flash-attn auto)" = "$(fa)"

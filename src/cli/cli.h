@@ -7,6 +7,9 @@
 #define RINGLM_CLI_H
 
 #include <stdbool.h>
+#include <stddef.h>
+
+#include "../base/err.h"
 
 int cmd_synth(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
@@ -34,6 +37,9 @@ typedef struct cli_trust {
 } cli_trust;
 /* 1 when option a is one of them (its value v parsed into t; *bad set if v is invalid), else 0. */
 int cli_parse_trust(const char *a, const char *v, cli_trust *t, int *bad);
+
+/* The whole of a file, NUL-terminated (*out malloc'ed, *len bytes without the NUL). */
+int cli_read_file(const char *path, char **out, size_t *len, rl_err *err);
 
 struct k3_engine_opts;
 /* The engine's options with a value, shared by run, serve, node and logits: --flash-attn on|off|auto,

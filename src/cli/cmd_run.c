@@ -15,7 +15,7 @@
 
 static void run_usage(FILE *f) {
     fprintf(f,
-            "usage: ringlm run -m MODEL.gguf (-p PROMPT | --tokens 1,2,3) [-n N] [--chat] [--system TEXT]\n"
+            "usage: ringlm run -m MODEL.gguf (-p PROMPT | --tokens 1,2,3 | --tokens @FILE) [-n N] [--chat] [--system TEXT]\n"
             "                  [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
             "                  [--presence-penalty P] [--frequency-penalty F] [--seed S] [--threads N]\n"
             "                  [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
@@ -25,6 +25,7 @@ static void run_usage(FILE *f) {
             "                  [--audit-rate R [--audit-seed S] [--audit-tol T]] [--node-timeout S]\n\n"
             "Streams the generated text to stdout, then prints one metrics line on stderr.\n"
             "  -n N          tokens to generate (default 128; -1 = until the context is full)\n"
+            "  --tokens @FILE  the prompt's ids from FILE (comma-separated; a long prompt does not fit a command line)\n"
             "  --chat        wrap the prompt as a user turn in the model's chat format\n"
             "  --temp 0      greedy decoding (default 0.8 with top-k 40, top-p 0.95, min-p 0.05)\n"
             "  --ids         print the generated token ids (comma-separated) instead of text\n"
@@ -267,9 +268,18 @@ static int run_parse(int argc, char **argv, run_args *a) {
 static int run_prompt(const run_args *a, const mf_model *m, const k3_hparams *hp, const tok_tokenizer *tok,
                       int32_t **toks, size_t *n_toks, char **text, rl_err *err) {
     if (a->ids_arg) {
-        long n = parse_ids(a->ids_arg, toks);
+        /* @FILE: one argument holds at most 128 KiB on Linux (MAX_ARG_STRLEN), about 25,000 ids. */
+        char *file = NULL;
+        if (a->ids_arg[0] == '@') {
+            size_t len = 0;
+            if (cli_read_file(a->ids_arg + 1, &file, &len, err) != 0) return rl_err_prefix(err, "--tokens");
+            while (len > 0 && (file[len - 1] == '\n' || file[len - 1] == '\r' || file[len - 1] == ' ')) file[--len] = 0;
+        }
+        long n = parse_ids(file ? file : a->ids_arg, toks);
+        free(file);
         if (n < 0) {
-            rl_errf(err, "bad --tokens '%s' (comma-separated ids)", a->ids_arg);
+            rl_errf(err, "bad --tokens %s'%.200s' (comma-separated ids)", a->ids_arg[0] == '@' ? "file " : "",
+                    a->ids_arg[0] == '@' ? a->ids_arg + 1 : a->ids_arg);
             return -1;
         }
         *n_toks = (size_t)n;
