@@ -108,7 +108,7 @@ cat >"bench/results/$out.json" <<JSON
   "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
   "machine": {"cpu": "$cpu", "threads": $threads, "read_bandwidth_gb_s": $bw, "load_avg_at_end": $load},
   "model": {"file": "$model", "weight_bytes": $weights, "active_bytes_per_token": $active, "repacked": "$repacked"},
-  "ringlm": {"settings": "defaults: repacked weights where llama.cpp repacks, no flash attention, f32 cache",
+  "ringlm": {"settings": "$ours_set",
              "prefill_tok_s": $op, "decode_tok_s": $od, "peak_rss_bytes": $rs},
   "llama_cpp": {"settings": "llama-bench defaults: repacked weights, flash attention auto (on, CPU), f16 cache",
                 "command": "$lb_cmd", "prefill_tok_s": $rp, "decode_tok_s": $rd,

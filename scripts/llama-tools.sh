@@ -16,7 +16,18 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/pins.env"
 . "$here/ggml-variant.sh"
 
-cache="${XDG_CACHE_HOME:-$HOME/.cache}/ringlm/llama-tools-$NLC_VERSION-$LLAMA_COMMIT-$variant"
+# The compiler ggml.sh builds our ggml with (gcc-11 where installed, RINGLM_GGML_CC/CXX to choose): the
+# peer's kernels then come out of the same code generation as ours, and a comparison is of engines, not of
+# compilers (GCC 12 schedules the same tinyBLAS loops differently; the prebuilt llama.cpp libraries are
+# GCC 11's).
+cc=${RINGLM_GGML_CC:-} cxx=${RINGLM_GGML_CXX:-}
+if [ -z "$cc" ] && command -v gcc-11 >/dev/null && command -v g++-11 >/dev/null; then cc=gcc-11 cxx=g++-11; fi
+cc_args=() suffix=
+if [ -n "$cc" ]; then
+    cc_args=(-DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="${cxx:-$cc}")
+    suffix=-$(basename "$cc")
+fi
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/ringlm/llama-tools-$NLC_VERSION-$LLAMA_COMMIT-$variant$suffix"
 tools=(ggml-rpc-server llama-bench llama-cli llama-completion llama-server)
 if [ ! -f "$cache/.done" ]; then
     # the pinned source: ggml.sh fetches, checks and clones it (GGML_PREFIX would skip that, so drop it)
@@ -30,7 +41,7 @@ if [ ! -f "$cache/.done" ]; then
         -DBUILD_SHARED_LIBS=OFF -DGGML_RPC=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
         -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-        "${cmake_cpu[@]}" >"$cache/cmake.log" 2>&1 \
+        "${cmake_cpu[@]}" "${cc_args[@]+"${cc_args[@]}"}" >"$cache/cmake.log" 2>&1 \
         || { echo "llama-tools.sh: cmake configure failed, see $cache/cmake.log" >&2; exit 1; }
     cmake --build "$cache/build" --target "${tools[@]}" -j"$(nproc)" >>"$cache/cmake.log" 2>&1 \
         || { echo "llama-tools.sh: build failed, see $cache/cmake.log" >&2; exit 1; }

@@ -7,10 +7,12 @@
 #include "cli.h"
 
 static void inspect_usage(FILE *f) {
-    fprintf(f, "usage: ringlm inspect FILE.gguf [--kv] [--range A:B] [--seqs N] [--ctx N] [--cache-type f16|f32]\n\n"
+    fprintf(f, "usage: ringlm inspect FILE.gguf [--kv] [--range A:B] [--seqs N] [--ctx N] [--cache-type f16|f32]\n"
+               "                     [--chunk N]\n\n"
                "Prints architecture, hyperparameters, tensor count, bytes per layer and per type, per-sequence\n"
                "state sizes and the memory needed to hold layers [A, B) for N sequences of --ctx tokens, the\n"
-               "MLA cache in --cache-type (default f16, as run/serve/node).\n"
+               "MLA cache in --cache-type (default f16, as run/serve/node), and the compute buffer of a prefill\n"
+               "chunk of --chunk tokens (default 512) at the end of that context.\n"
                "A split set (NAME-00001-of-000NN.gguf) is read as one model. --kv prints key value lines.\n");
 }
 
@@ -38,6 +40,13 @@ int cmd_inspect(int argc, char **argv) {
             }
             if (a[2] == 's') o.n_seq = (unsigned)n;
             else o.n_ctx = (unsigned)n;
+            i++;
+        } else if (strcmp(a, "--chunk") == 0 && v) {
+            if (cli_parse_int(v, &n) != 0 || n < 1) {
+                fprintf(stderr, "ringlm inspect: bad value '%s' for --chunk: want a number of tokens, at least 1\n", v);
+                return 2;
+            }
+            o.chunk = (unsigned)n;
             i++;
         } else if (strcmp(a, "--cache-type") == 0 && v) {
             if (strcmp(v, "f16") != 0 && strcmp(v, "f32") != 0) {

@@ -91,6 +91,7 @@ static int run_write_metrics(const char *path, const gen_metrics *m, cJSON *ring
     cJSON_AddNumberToObject(j, "ttft_s", m->ttft_s);
     cJSON_AddNumberToObject(j, "decode_tok_s", m->decode_tok_s);
     cJSON_AddNumberToObject(j, "peak_rss_bytes", (double)m->peak_rss_bytes);
+    if (m->compute_bytes) cJSON_AddNumberToObject(j, "compute_bytes", (double)m->compute_bytes);
     cJSON_AddStringToObject(j, "stop_reason", m->stop_reason ? m->stop_reason : "");
     char *s = cJSON_Print(j);
     cJSON_Delete(j);

@@ -81,6 +81,7 @@ int gen_run(k3_engine *e, const tok_tokenizer *tok, const int32_t *prompt, size_
     }
 done:
     gen_out_end(&out, rc == 0, n_prompt);
+    m->compute_bytes = k3_engine_compute_bytes(e);
     free(row);
     smp_free(&smp);
     k3_state_free(&st);

@@ -35,6 +35,7 @@ typedef struct gen_metrics {
     double decode_s;   /* from the first to the last generated token */
     double prefill_tok_s, decode_tok_s;
     size_t peak_rss_bytes;
+    size_t compute_bytes;    /* the engine's compute buffer at the end (k3_engine_compute_bytes; 0 on a ring) */
     const char *stop_reason; /* "eog", "length", "context", "interrupted", "callback" */
 } gen_metrics;
 

@@ -47,9 +47,12 @@ void k3_engine_free(k3_engine *e) {
     if (e->backend) ggml_backend_free(e->backend);
     k3_weights_free(&e->w);
     free(e->mask_buf);
-    free(e->mask16);
     free(e->graph_buf);
     memset(e, 0, sizeof *e);
+}
+
+size_t k3_engine_compute_bytes(const k3_engine *e) {
+    return e->galloc ? ggml_gallocr_get_buffer_size(e->galloc, 0) : 0;
 }
 
 void k3_tap_rows(const float *taps, int n_taps, uint32_t n_embd, size_t total, size_t t0, uint32_t n, float *dst) {
@@ -625,6 +628,18 @@ static int k3_check_batch(const k3_engine *e, const k3_batch *bt, int64_t *T, rl
     return 0;
 }
 
+/* One row of a causal mask: n columns, the first `seen` 0, the rest -inf, in f32 or f16 (FA's type). */
+static void k3_mask_row(void *dst, enum ggml_type type, size_t n, size_t seen) {
+    if (type == GGML_TYPE_F16) {
+        uint16_t *r = dst;
+        const uint16_t zero = 0x0000, ninf = 0xfc00; /* binary16 +0 and -inf */
+        for (size_t j = 0; j < n; j++) r[j] = j < seen ? zero : ninf;
+    } else {
+        float *r = dst;
+        for (size_t j = 0; j < n; j++) r[j] = j < seen ? 0.0f : -INFINITY;
+    }
+}
+
 int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
     memset(out, 0, sizeof *out);
     const k3_hparams *hp = &e->hp;
@@ -821,41 +836,31 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
             free(ix);
         }
         if (!any_mla) continue;
-        /* Causal mask: the token at position p sees cached positions 0..p of its own sequence. */
-        size_t n_kv = gr->n_kv, need = n_kv * gr->n * (size_t)gr->m;
-        if (need > e->mask_cap) {
-            float *p = realloc(e->mask_buf, need * sizeof(float));
+        /* Causal mask: the token at position p sees cached positions 0..p of its own sequence. Written in
+         * place when the tensor is in host memory (the CPU backend): at long context it is the largest
+         * input of the graph (n_kv x chunk, 128 MiB for 512 tokens at 128k), and a staging copy, let alone
+         * an f32 one converted to f16, would double or triple that. */
+        struct ggml_tensor *mt = gr->m > 1 ? gr->mask : g.seqs[gr->first].mask;
+        const size_t n_kv = gr->n_kv, el = ggml_element_size(mt), bytes = n_kv * gr->n * (size_t)gr->m * el;
+        bool host = ggml_backend_buffer_is_host(mt->buffer);
+        if (!host && bytes > e->mask_cap) {
+            void *p = realloc(e->mask_buf, bytes);
             if (!p) {
                 rc = rl_errf(err, "out of memory for the attention mask");
                 goto done;
             }
             e->mask_buf = p;
-            e->mask_cap = need;
+            e->mask_cap = bytes;
         }
+        uint8_t *mk = host ? mt->data : e->mask_buf;
         for (int i = 0; i < gr->m; i++) {
             const k3_state *st = g.seqs[gr->first + i].st;
-            float *mk = e->mask_buf + (size_t)i * gr->n * n_kv;
             for (uint32_t t = 0; t < gr->n; t++) {
-                size_t p = st->n_past + t;
-                for (size_t j = 0; j < n_kv; j++) mk[t * n_kv + j] = j <= p ? 0.0f : -INFINITY;
+                size_t seen = st->n_past + t + 1, row = (size_t)i * gr->n + t;
+                k3_mask_row(mk + row * n_kv * el, mt->type, n_kv, seen < n_kv ? seen : n_kv);
             }
         }
-        struct ggml_tensor *mt = gr->m > 1 ? gr->mask : g.seqs[gr->first].mask;
-        if (mt->type == GGML_TYPE_F16) {
-            if (need > e->mask16_cap) {
-                uint16_t *p = realloc(e->mask16, need * sizeof *p);
-                if (!p) {
-                    rc = rl_errf(err, "out of memory for the attention mask");
-                    goto done;
-                }
-                e->mask16 = p;
-                e->mask16_cap = need;
-            }
-            ggml_fp32_to_fp16_row(e->mask_buf, (ggml_fp16_t *)e->mask16, (int64_t)need);
-            ggml_backend_tensor_set(mt, e->mask16, 0, need * sizeof *e->mask16);
-        } else {
-            ggml_backend_tensor_set(mt, e->mask_buf, 0, need * sizeof(float));
-        }
+        if (!host) ggml_backend_tensor_set(mt, e->mask_buf, 0, bytes);
         if (gr->m > 1) {
             /* Key rows: the pool's cache tensor seen as n_slots * n_ctx rows. */
             int32_t *kr = malloc((size_t)gr->m * gr->n * sizeof *kr);

@@ -33,10 +33,8 @@ typedef struct k3_engine {
     struct ggml_backend *backend;
     struct ggml_gallocr *galloc;
     uint64_t plan_outputs;      /* which nodes were outputs when galloc last planned (k3_forward) */
-    float *mask_buf; /* scratch for attention masks */
-    size_t mask_cap;
-    uint16_t *mask16; /* the same as f16 (ggml_fp16_t), for flash attention */
-    size_t mask16_cap;
+    void *mask_buf;  /* staging for an attention mask outside host memory (none on the CPU) */
+    size_t mask_cap; /* its bytes */
     void *graph_buf; /* the graph's tensor and node structs, kept between calls: a fresh multi-MiB malloc
                       * per token is a fresh mmap, and its page faults cost a few percent of decode time */
     size_t graph_cap;
@@ -54,6 +52,8 @@ typedef struct k3_engine_opts {
 int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b,
                    const k3_engine_opts *o, rl_err *err);
 void k3_engine_free(k3_engine *e);
+/* Bytes of the engine's compute buffer: what its largest graph so far needed (activations, masks). */
+size_t k3_engine_compute_bytes(const k3_engine *e);
 
 typedef struct k3_batch {
     int n_seqs;

@@ -1,5 +1,6 @@
 #include "k3_memory.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -50,6 +51,13 @@ size_t k3_range_mla_bytes_per_token(const k3_hparams *hp, uint32_t a, uint32_t b
 
 size_t k3_boundary_floats(const k3_hparams *hp, uint32_t il) {
     return (size_t)hp->n_embd * (1 + k3_n_banked_before(hp, il));
+}
+
+size_t k3_range_compute_bytes(const k3_hparams *hp, uint32_t a, uint32_t b, uint32_t n_ctx, uint32_t chunk) {
+    bool mla = false;
+    for (uint32_t il = a; il < b && il < hp->n_layer; il++) mla |= hp->is_mla[il];
+    const size_t mask = mla ? (size_t)n_ctx * chunk * 2 : 0;
+    return mask + (size_t)chunk * 14 * hp->n_embd * sizeof(float);
 }
 
 size_t k3_range_total_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, uint32_t n_seq,

@@ -30,6 +30,12 @@ size_t k3_boundary_floats(const k3_hparams *hp, uint32_t il);
  * and the embedding one row. Divided into memory bandwidth, this bounds decode speed. */
 size_t k3_range_active_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b);
 
+/* The compute buffer of a prefill chunk of `chunk` tokens at the end of an n_ctx context, at the defaults
+ * (flash attention): the f16 attention mask, n_ctx x chunk (the largest part at long context, when the range
+ * has an MLA layer), and the activations, about 14 f32 vectors of n_embd per chunk token (measured on the
+ * synthesized presets, where ggml-alloc's plan gives 13.0 to 13.9; an estimate, not ggml-alloc's plan). */
+size_t k3_range_compute_bytes(const k3_hparams *hp, uint32_t a, uint32_t b, uint32_t n_ctx, uint32_t chunk);
+
 /* Total for holding [a, b) with n_seq sequences of up to n_ctx tokens each, the MLA cache of cache_elem
  * bytes per element (4: f32, 2: f16, the default). */
 size_t k3_range_total_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, uint32_t n_seq,

@@ -41,8 +41,21 @@ static void inspect_kv(FILE *out, const mf_model *m, const k3_hparams *hp) {
 }
 
 void inspect_print(FILE *out, const mf_model *m, const k3_hparams *hp, const inspect_opts *o) {
+    uint32_t ra = 0, rb = hp->n_layer;
+    if (o->range_b >= 0) {
+        ra = (uint32_t)o->range_a;
+        rb = (uint32_t)o->range_b;
+    }
+    const size_t ce = o->cache_f32 ? 4 : 2;
+    const uint32_t chunk = o->chunk ? o->chunk : 512;
+    const size_t r_weights = k3_range_weight_bytes(m, hp, ra, rb),
+                 r_state = (size_t)o->n_seq * (k3_range_kda_state_bytes(hp, ra, rb) +
+                                               (size_t)o->n_ctx * k3_range_mla_bytes_per_token(hp, ra, rb, ce)),
+                 r_compute = k3_range_compute_bytes(hp, ra, rb, o->n_ctx, chunk);
     if (o->kv_format) {
         inspect_kv(out, m, hp);
+        fprintf(out, "range %u %u\nrange_weight_bytes %zu\nrange_state_bytes %zu\nrange_compute_bytes %zu\n"
+                     "range_total_bytes %zu\n", ra, rb, r_weights, r_state, r_compute, r_weights + r_state + r_compute);
         return;
     }
     char a[32], b[32], c[32];
@@ -112,18 +125,15 @@ void inspect_print(FILE *out, const mf_model *m, const k3_hparams *hp, const ins
     fprintf(out, "  MLA latent cache: %zu bytes per token (f32), %zu (f16)\n",
             k3_range_mla_bytes_per_token(hp, 0, hp->n_layer, 4), k3_range_mla_bytes_per_token(hp, 0, hp->n_layer, 2));
 
-    uint32_t ra = 0, rb = hp->n_layer;
-    if (o->range_b >= 0) {
-        ra = (uint32_t)o->range_a;
-        rb = (uint32_t)o->range_b;
-    }
-    inspect_mib(a, sizeof a, k3_range_weight_bytes(m, hp, ra, rb));
-    const size_t ce = o->cache_f32 ? 4 : 2;
-    inspect_mib(b, sizeof b, (size_t)o->n_seq * (k3_range_kda_state_bytes(hp, ra, rb) +
-                                                 (size_t)o->n_ctx * k3_range_mla_bytes_per_token(hp, ra, rb, ce)));
+    inspect_mib(a, sizeof a, r_weights);
+    inspect_mib(b, sizeof b, r_state);
     inspect_mib(c, sizeof c, k3_range_total_bytes(m, hp, ra, rb, o->n_seq, o->n_ctx, ce));
     fprintf(out, "\nlayers [%u, %u): weights %s + state %s (%u seq x %u tokens, %s cache) = %s\n", ra, rb, a, b,
             o->n_seq, o->n_ctx, o->cache_f32 ? "f32" : "f16", c);
+    inspect_mib(a, sizeof a, r_compute);
+    inspect_mib(b, sizeof b, r_weights + r_state + r_compute);
+    fprintf(out, "  + compute buffer about %s (prefill chunks of %u tokens: the f16 attention mask over the\n"
+                 "  whole context, and activations) = %s to run it\n", a, chunk, b);
     /* What repacking changes is not the total but its kind: copied weights are resident RAM, mapped ones
      * are file pages the kernel may drop and read again. */
     inspect_mib(a, sizeof a, k3_range_repack_bytes(m, hp, ra, rb));
