@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=bench/models/tiny.gguf ctx=131072 gen=16 threads=2 out=context
-argv=$(printf ' %q' "$@")
+argv=; [ $# -gt 0 ] && argv=$(printf ' %q' "$@")
 while [ $# -gt 0 ]; do
     case $1 in
         --model) model=$2; shift 2 ;;

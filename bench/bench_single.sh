@@ -7,7 +7,8 @@
 #                         [--out NAME] [--ringlm-args "ARGS"]
 #
 # Short context (default): prefill of a --prompt-token prompt and --gen decode steps, on the `medium`
-# synthesized model (> 1 GiB, Q4_K experts). Long context (--depth N): prefill of an N-token prompt
+# synthesized model (> 1 GiB, Q4_K experts; --model build/bench/medium-iq2_xxs.gguf: the same with IQ2_XXS
+# experts, from bench/configs/medium-iq2_xxs.json). Long context (--depth N): prefill of an N-token prompt
 # (llama-bench pp N) and --gen decode steps after it (llama-bench tg at depth N).
 # Writes bench/results/NAME.json and NAME.md (NAME: single, or single-long with --depth). Also reports
 # decode against the memory-bandwidth ceiling: read bandwidth / active weight bytes per token.
@@ -32,8 +33,12 @@ make -s ringlm
 B=$(scripts/llama-tools.sh)
 mkdir -p bench/models bench/results build/bench
 if [ ! -f "$model" ]; then
-    echo "bench_single: synthesizing $model (medium preset, once)" >&2
-    ./ringlm synth --config medium --seed 1 -o "$model.tmp" --progress && mv "$model.tmp" "$model"
+    # A model named after a bench/configs/NAME.json (e.g. build/bench/medium-iq2_xxs.gguf) is synthesized
+    # from that config; any other missing file from the medium preset.
+    cfg=bench/configs/$(basename "$model" .gguf).json
+    [ -f "$cfg" ] || cfg=medium
+    echo "bench_single: synthesizing $model ($cfg, once)" >&2
+    ./ringlm synth --config "$cfg" --seed 1 -o "$model.tmp" --progress && mv "$model.tmp" "$model"
 fi
 cc -O3 -march=native -fopenmp -o build/bench/membw bench/tools/membw.c
 bw=$(build/bench/membw "$threads" 1024 5 | sed 's/.*"read_gb_s": \([0-9.]*\).*/\1/')

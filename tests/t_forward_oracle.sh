@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Our forward pass against llama.cpp (issue: K3 on one machine, equal to llama.cpp).
 #
-# For 12 configurations x 3 seeds (every config switch, f32 and eight other storage types, one model with
+# For 15 configurations x 3 seeds (every config switch, f32 and ten other storage types, one model with
 # 64 experts, top-8 and a residual block of 12): the logits of every position of a 64-token prompt run in
 # one batch, then of 32 one-token decode steps, must agree with llama.cpp's within 1e-3 x max|logit|;
 # and 64 greedy tokens from a 16-token prompt must be the same tokens.
@@ -26,7 +26,7 @@ cases=(
     "resn-f32    k3-resn f32"    "small-f32   small   f32"   "full-q8_0   k3-full q8_0"
     "lean-f16    k3-lean f16"    "res1-bf16   k3-res1 bf16"  "small-q4_K  small   q4_K"
     "ud-mix      k3-ud   -"      "full-q2_K   k3-full q2_K"  "resn-iq4_xs k3-resn iq4_xs"
-    "lean-q4_0   k3-lean q4_0"   "full-iq4_nl k3-full iq4_nl"
+    "lean-q4_0   k3-lean q4_0"   "full-iq4_nl k3-full iq4_nl" "lean-iq2_xxs k3-lean iq2_xxs"
 )
 worst=0
 for c in "${cases[@]}"; do

@@ -102,12 +102,13 @@ typedef struct synth_job {
     int64_t row0, nrows;
     float *src;
     uint8_t *dst;
+    const float *imatrix; /* uniform importance, for the types ggml quantizes only with one (IQ2_XXS ...) */
 } synth_job;
 
 static void *synth_job_run(void *arg) {
     synth_job *j = arg;
     synth_fill(j->t, j->stream, j->row0 * j->ne0, j->nrows * j->ne0, j->src);
-    ggml_quantize_chunk((enum ggml_type)j->type, j->src, j->dst, 0, j->nrows, j->ne0, NULL);
+    ggml_quantize_chunk((enum ggml_type)j->type, j->src, j->dst, 0, j->nrows, j->ne0, j->imatrix);
     return NULL;
 }
 
@@ -124,11 +125,17 @@ static int synth_tensor_data(FILE *f, const synth_tensor *t, uint64_t seed, int 
     if (n_threads > 16) n_threads = 16;
     float *src = malloc((size_t)(chunk * ne0) * sizeof(float) * (size_t)n_threads);
     uint8_t *dst = malloc((size_t)chunk * row_size * (size_t)n_threads);
-    if (!src || !dst) {
+    /* IQ2_XXS, IQ2_XS and IQ1_S are quantized only against an importance matrix (ggml asserts one): a
+     * uniform one, every column as important as the others. llama-quantize would ask for a calibrated one;
+     * for random weights there is nothing to calibrate, and the file's format is the same. */
+    float *imatrix = ggml_quantize_requires_imatrix((enum ggml_type)type) ? malloc((size_t)ne0 * sizeof(float)) : NULL;
+    if (!src || !dst || (ggml_quantize_requires_imatrix((enum ggml_type)type) && !imatrix)) {
         free(src);
         free(dst);
+        free(imatrix);
         return rl_errf(err, "out of memory generating %s", t->name);
     }
+    for (int64_t i = 0; imatrix && i < ne0; i++) imatrix[i] = 1.0f;
     int rc = 0;
     for (int64_t r = 0; r < nrows && rc == 0; r += chunk * n_threads) {
         synth_job jobs[16];
@@ -138,7 +145,8 @@ static int synth_tensor_data(FILE *f, const synth_tensor *t, uint64_t seed, int 
             int64_t r0 = r + k * chunk;
             if (r0 >= nrows) break;
             jobs[nj] = (synth_job){t, stream, type, ne0, r0, nrows - r0 < chunk ? nrows - r0 : chunk,
-                                   src + (size_t)(k * chunk * ne0), dst + (size_t)k * (size_t)chunk * row_size};
+                                   src + (size_t)(k * chunk * ne0), dst + (size_t)k * (size_t)chunk * row_size,
+                                   imatrix};
             nj++;
         }
         int started = 0;
@@ -156,6 +164,7 @@ static int synth_tensor_data(FILE *f, const synth_tensor *t, uint64_t seed, int 
     }
     free(src);
     free(dst);
+    free(imatrix);
     return rc;
 }
 
