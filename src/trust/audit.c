@@ -176,10 +176,18 @@ int audit_replay_seq(k3_engine *e, uint32_t n_ctx, int wire, uint64_t seq_id, co
             if ((f->h->seqs[k].flags & RF_SEQ_VERIFY) && f->out_len >= (size_t)(k + 1) * 4) memcpy(&c, f->out + k * 4, 4);
             stale[k] = c == 0;
         }
+        /* The kept bytes sit at any offset of the node's answer; a stage reads its tokens as int32. */
+        uint8_t *in = malloc(f->in_len + 1);
+        if (!in) {
+            rc = rl_errf(err, "out of memory");
+            break;
+        }
+        memcpy(in, f->in, f->in_len);
         uint8_t *ours = NULL;
         size_t ours_len = 0;
-        if (stage_replay(st, f->h, f->in, f->in_len, f->q, f->q_len, seq_id, last ? stale : NULL, &ours, &ours_len,
-                         err) != 0) {
+        int sr = stage_replay(st, f->h, in, f->in_len, f->q, f->q_len, seq_id, last ? stale : NULL, &ours, &ours_len, err);
+        free(in);
+        if (sr != 0) {
             rc = rl_errf(err, "audit: step %" PRIu64 " cannot be recomputed: %s", f->h->step_id, err->msg);
             break;
         }
