@@ -138,7 +138,8 @@ $(awk -v b="$active" 'BEGIN { printf "%.0f MiB", b / 1048576 }') of weights read
 | llama-bench (llama.cpp 80fb11a) | its defaults: repacked weights, flash attention auto (on), f16 cache | $(printf '%.1f' "$rp") | $(printf '%.2f' "$rd") |
 | ratio (median of per-pair ratios) | | $(printf '%.2fx' "$ratio_p") | $(printf '%.2fx' "$ratio_d") |
 
-Per-pair ratios, prefill: ${pr[*]}; decode: ${dr[*]}. llama-bench ran as \`$lb_cmd\`.
+Per-pair ratios, prefill: ${pr[*]}; decode: ${dr[*]}. llama-bench ran as \`$lb_cmd\`, built by
+$(strings "$B/llama-bench" | grep -m1 '^GCC: ' || echo 'an unknown compiler') (scripts/llama-tools.sh: the compiler scripts/ggml.sh builds ringlm's ggml with).
 
 Decode bandwidth ceiling (read bandwidth / active bytes per token): $ceiling tok/s; ringlm reaches
 $(awk -v a="$od" -v c="$ceiling" 'BEGIN { printf "%.0f%%", 100 * a / c }') of it. ringlm peak RSS $(awk -v b="$rs" 'BEGIN { printf "%.0f MiB", b / 1048576 }').

@@ -50,6 +50,13 @@ for ct in f16 f32; do
     args=(); [ $ct = f32 ] && args=(--cache-type f32)
     check "range state with a $ct cache: $want KiB" test "$(range_state "${args[@]}")" = "$want"
 done
+# The compute buffer of a --chunk-token chunk at the end of --ctx: the f16 mask (ctx x chunk x 2 bytes, the
+# range holds MLA layers) and 14 f32 vectors of n_embd (256) per chunk token (k3_memory.h).
+check "inspect --kv: the compute buffer of 100-token chunks at 1000 tokens" test \
+    "$("$RINGLM" inspect --kv "$WORK/a.gguf" --ctx 1000 --chunk 100 | awk '$1 == "range_compute_bytes" { print $2 }')" = \
+    "$(( 1000 * 100 * 2 + 100 * 14 * 256 * 4 ))"
+check "inspect --chunk 0: exit 2, naming the value" bash -c \
+    "rc=0; '$RINGLM' inspect '$WORK/a.gguf' --chunk 0 2>'$WORK/ch.err' || rc=\$?; test \$rc = 2 && grep -q \"bad value '0' for --chunk: want a number of tokens\" '$WORK/ch.err'"
 check "inspect --cache-type q9: exit 2, naming the value" bash -c \
     "rc=0; '$RINGLM' inspect '$WORK/a.gguf' --cache-type q9 2>'$WORK/ct.err' || rc=\$?; test \$rc = 2 && grep -q \"bad value 'q9' for --cache-type\" '$WORK/ct.err'"
 check_fails "range beyond the model" "beyond the model's 6 layers" "$RINGLM" inspect "$WORK/a.gguf" --range 2:9

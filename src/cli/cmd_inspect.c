@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "../gguf/model_file.h"
+#include "../model/k3_forward.h"
 #include "../model/k3_hparams.h"
 #include "../tools/inspect.h"
 #include "cli.h"
@@ -42,18 +43,16 @@ int cmd_inspect(int argc, char **argv) {
             else o.n_ctx = (unsigned)n;
             i++;
         } else if (strcmp(a, "--chunk") == 0 && v) {
-            if (cli_parse_int(v, &n) != 0 || n < 1) {
-                fprintf(stderr, "ringlm inspect: bad value '%s' for --chunk: want a number of tokens, at least 1\n", v);
-                return 2;
-            }
+            if (cli_parse_int(v, &n) != 0 || n < 1) return cli_bad_option("inspect", a, v, true, "a number of tokens, at least 1");
             o.chunk = (unsigned)n;
             i++;
         } else if (strcmp(a, "--cache-type") == 0 && v) {
-            if (strcmp(v, "f16") != 0 && strcmp(v, "f32") != 0) {
-                fprintf(stderr, "ringlm inspect: bad value '%s' for --cache-type: want f16 or f32\n", v);
-                return 2;
-            }
-            o.cache_f32 = v[1] == '3';
+            k3_engine_opts eo = {0};
+            int bad = 0;
+            const char *want = NULL;
+            cli_parse_engine(a, v, &eo, &bad, &want);
+            if (bad) return cli_bad_option("inspect", a, v, true, want);
+            o.cache_f32 = eo.cache_f32;
             i++;
         } else if (a[0] != '-' && !path) {
             path = a;

@@ -29,9 +29,7 @@ int cmd_node(int argc, char **argv) {
     node_opts o;
     memset(&o, 0, sizeof o);
     o.threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    o.flash_attn = o.cache_f16 = true; /* llama.cpp's defaults */
-    k3_engine_opts eo = {0};
-    int bad = 0;
+    int bad = 0; /* o.eng all zero: llama.cpp's defaults */
     const char *want = NULL;
     const char *key = NULL, *allow = NULL;
     rl_err err = {{0}};
@@ -44,7 +42,7 @@ int cmd_node(int argc, char **argv) {
             o.verbose = true;
             continue;
         } else if (strcmp(a, "--no-repack") == 0) {
-            o.no_repack = true;
+            o.eng.no_repack = true;
             continue;
         }
         if (!v) {
@@ -63,9 +61,8 @@ int cmd_node(int argc, char **argv) {
 #ifdef RINGLM_ADVERSARY
         else if (strcmp(a, "--misbehave") == 0) o.misbehave = v; /* test builds only (make adversary) */
 #endif
-        else if (cli_parse_engine(a, v, &eo, &bad, &want)) {
+        else if (cli_parse_engine(a, v, &o.eng, &bad, &want)) {
             if (bad) return cli_bad_option("node", a, v, true, want);
-            o.flash_attn = !eo.no_flash_attn, o.cache_f16 = !eo.cache_f32;
         } else if (strcmp(a, "--threads") == 0 && cli_parse_int(v, &o.threads) == 0 && o.threads > 0) {
         } else {
             fprintf(stderr, "ringlm node: unknown or bad option '%s'\n", a);

@@ -46,7 +46,6 @@ void k3_engine_free(k3_engine *e) {
     if (e->galloc) ggml_gallocr_free(e->galloc);
     if (e->backend) ggml_backend_free(e->backend);
     k3_weights_free(&e->w);
-    free(e->mask_buf);
     free(e->graph_buf);
     memset(e, 0, sizeof *e);
 }
@@ -628,7 +627,8 @@ static int k3_check_batch(const k3_engine *e, const k3_batch *bt, int64_t *T, rl
     return 0;
 }
 
-/* One row of a causal mask: n columns, the first `seen` 0, the rest -inf, in f32 or f16 (FA's type). */
+/* One row of a causal mask: n columns, the first `seen` (<= n: k3_n_kv pads past every position) 0, the
+ * rest -inf, in f32 or f16 (FA's type). */
 static void k3_mask_row(void *dst, enum ggml_type type, size_t n, size_t seen) {
     if (type == GGML_TYPE_F16) {
         uint16_t *r = dst;
@@ -837,30 +837,20 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
         }
         if (!any_mla) continue;
         /* Causal mask: the token at position p sees cached positions 0..p of its own sequence. Written in
-         * place when the tensor is in host memory (the CPU backend): at long context it is the largest
-         * input of the graph (n_kv x chunk, 128 MiB for 512 tokens at 128k), and a staging copy, let alone
-         * an f32 one converted to f16, would double or triple that. */
+         * place (the engine's only backend is the CPU, whose buffers are host memory): at long context it is
+         * the largest input of the graph (n_kv x chunk, 128 MiB for 512 tokens at 128k), and a staging copy,
+         * let alone an f32 one converted to f16, would double or triple that. */
         struct ggml_tensor *mt = gr->m > 1 ? gr->mask : g.seqs[gr->first].mask;
-        const size_t n_kv = gr->n_kv, el = ggml_element_size(mt), bytes = n_kv * gr->n * (size_t)gr->m * el;
-        bool host = ggml_backend_buffer_is_host(mt->buffer);
-        if (!host && bytes > e->mask_cap) {
-            void *p = realloc(e->mask_buf, bytes);
-            if (!p) {
-                rc = rl_errf(err, "out of memory for the attention mask");
-                goto done;
-            }
-            e->mask_buf = p;
-            e->mask_cap = bytes;
-        }
-        uint8_t *mk = host ? mt->data : e->mask_buf;
+        GGML_ASSERT(ggml_backend_buffer_is_host(mt->buffer));
+        const size_t n_kv = gr->n_kv, el = ggml_element_size(mt);
+        uint8_t *mk = mt->data;
         for (int i = 0; i < gr->m; i++) {
             const k3_state *st = g.seqs[gr->first + i].st;
             for (uint32_t t = 0; t < gr->n; t++) {
                 size_t seen = st->n_past + t + 1, row = (size_t)i * gr->n + t;
-                k3_mask_row(mk + row * n_kv * el, mt->type, n_kv, seen < n_kv ? seen : n_kv);
+                k3_mask_row(mk + row * n_kv * el, mt->type, n_kv, seen);
             }
         }
-        if (!host) ggml_backend_tensor_set(mt, e->mask_buf, 0, bytes);
         if (gr->m > 1) {
             /* Key rows: the pool's cache tensor seen as n_slots * n_ctx rows. */
             int32_t *kr = malloc((size_t)gr->m * gr->n * sizeof *kr);

@@ -33,8 +33,6 @@ typedef struct k3_engine {
     struct ggml_backend *backend;
     struct ggml_gallocr *galloc;
     uint64_t plan_outputs;      /* which nodes were outputs when galloc last planned (k3_forward) */
-    void *mask_buf;  /* staging for an attention mask outside host memory (none on the CPU) */
-    size_t mask_cap; /* its bytes */
     void *graph_buf; /* the graph's tensor and node structs, kept between calls: a fresh multi-MiB malloc
                       * per token is a fresh mmap, and its page faults cost a few percent of decode time */
     size_t graph_cap;

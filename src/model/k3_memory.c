@@ -60,11 +60,9 @@ size_t k3_range_compute_bytes(const k3_hparams *hp, uint32_t a, uint32_t b, uint
     return mask + (size_t)chunk * 14 * hp->n_embd * sizeof(float);
 }
 
-size_t k3_range_total_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, uint32_t n_seq,
-                            uint32_t n_ctx, size_t cache_elem) {
-    return k3_range_weight_bytes(m, hp, a, b) +
-           (size_t)n_seq * (k3_range_kda_state_bytes(hp, a, b) +
-                            (size_t)n_ctx * k3_range_mla_bytes_per_token(hp, a, b, cache_elem));
+size_t k3_range_state_bytes(const k3_hparams *hp, uint32_t a, uint32_t b, uint32_t n_seq, uint32_t n_ctx,
+                            size_t cache_elem) {
+    return (size_t)n_seq * (k3_range_kda_state_bytes(hp, a, b) + (size_t)n_ctx * k3_range_mla_bytes_per_token(hp, a, b, cache_elem));
 }
 
 size_t k3_range_active_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b) {

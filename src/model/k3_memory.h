@@ -36,9 +36,9 @@ size_t k3_range_active_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a
  * synthesized presets, where ggml-alloc's plan gives 13.0 to 13.9; an estimate, not ggml-alloc's plan). */
 size_t k3_range_compute_bytes(const k3_hparams *hp, uint32_t a, uint32_t b, uint32_t n_ctx, uint32_t chunk);
 
-/* Total for holding [a, b) with n_seq sequences of up to n_ctx tokens each, the MLA cache of cache_elem
- * bytes per element (4: f32, 2: f16, the default). */
-size_t k3_range_total_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, uint32_t n_seq,
-                            uint32_t n_ctx, size_t cache_elem);
+/* The state of n_seq sequences of up to n_ctx tokens each in [a, b): KDA state and the MLA cache, of
+ * cache_elem bytes per element (4: f32, 2: f16, the default). */
+size_t k3_range_state_bytes(const k3_hparams *hp, uint32_t a, uint32_t b, uint32_t n_seq, uint32_t n_ctx,
+                            size_t cache_elem);
 
 #endif

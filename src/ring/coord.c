@@ -306,10 +306,11 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
             const cJSON *models = j ? cJSON_GetObjectItemCaseSensitive(j, "models") : NULL;
             rc->nodes[from].mem_bytes = cJSON_IsNumber(mem) ? (uint64_t)mem->valuedouble : 0;
             rc->nodes[from].speed = cJSON_IsNumber(sp) && sp->valuedouble > 0 ? sp->valuedouble : 1e9;
-            rc->nodes[from].no_repack = cJSON_IsFalse(j ? cJSON_GetObjectItemCaseSensitive(j, "repack") : NULL);
-            rc->nodes[from].flash_attn = cJSON_IsTrue(j ? cJSON_GetObjectItemCaseSensitive(j, "flash_attn") : NULL);
+            k3_engine_opts *eng = &rc->nodes[from].eng;
+            eng->no_repack = cJSON_IsFalse(j ? cJSON_GetObjectItemCaseSensitive(j, "repack") : NULL);
+            eng->no_flash_attn = !cJSON_IsTrue(j ? cJSON_GetObjectItemCaseSensitive(j, "flash_attn") : NULL);
             const char *ct = j ? jstr(j, "cache_type") : NULL;
-            rc->nodes[from].cache_f16 = ct && strcmp(ct, "f16") == 0;
+            eng->cache_f32 = !(ct && strcmp(ct, "f16") == 0);
             const cJSON *it;
             cJSON_ArrayForEach(it, models) {
                 const char *hsh = jstr(it, "hash");
@@ -341,13 +342,12 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
      * plan's per-layer figure must hold wherever the layer lands). */
     size_t cache_elem = 2;
     for (int i = 0; i < conf->n; i++) {
-        if (got[i] && !rc->nodes[i].cache_f16) cache_elem = 4;
+        if (got[i] && rc->nodes[i].eng.cache_f32) cache_elem = 4;
     }
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         pm.layer_bytes[il] = k3_layer_weight_bytes(m, il);
         pm.layer_active[il] = k3_range_active_bytes(m, hp, il, il + 1) - (il == 0 ? k3_range_active_bytes(m, hp, 0, 0) : 0);
-        pm.layer_state[il] = k3_range_kda_state_bytes(hp, il, il + 1) +
-                             (uint64_t)o->n_ctx * k3_range_mla_bytes_per_token(hp, il, il + 1, cache_elem);
+        pm.layer_state[il] = k3_range_state_bytes(hp, il, il + 1, 1, o->n_ctx, cache_elem);
     }
     pm.first_bytes = k3_range_weight_bytes(m, hp, 0, 0);
     pm.last_bytes = k3_range_weight_bytes(m, hp, hp->n_layer, hp->n_layer);

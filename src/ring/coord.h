@@ -98,9 +98,8 @@ typedef struct ring_node_state {
                         * Silence is measured from here, not from last_seen: an idle ring sends nothing for
                         * minutes, and a node that said nothing because nobody asked is not dead. */
     bool has_model;   /* holds the whole model file */
-    bool no_repack;   /* its weights stay in the mapping (INFO "repack": false): audits of it compute the same way */
-    bool flash_attn;  /* INFO "flash_attn": its MLA attention runs by flash attention (audits follow) */
-    bool cache_f16;   /* INFO "cache_type": "f16" (audits follow) */
+    k3_engine_opts eng; /* how it computes, from INFO "repack", "flash_attn", "cache_type": audits of it
+                         * compute the same way (repacked kernels, FA and cache types round differently) */
     int n_ranges;     /* layer ranges of it the node was streamed before */
     uint32_t range_a[16], range_b[16];
 } ring_node_state;

@@ -150,10 +150,9 @@ static int ring_audit_one(ring_coord *rc, uint64_t seq, int stage, rl_err *err) 
          * barriers - on a machine that is also running nodes or serving, more threads than free cores make
          * an audit hundreds of times slower, not faster. */
         int th = rc->o.audit_threads > 0 ? rc->o.audit_threads : 1;
-        /* The node's own weight layout: repacked kernels round differently from the plain ones. */
-        const ring_node_state *ns = &rc->nodes[ps->node];
-        const k3_engine_opts eo = {.n_threads = th, .no_repack = ns->no_repack, .no_flash_attn = !ns->flash_attn,
-                                   .cache_f32 = !ns->cache_f16};
+        /* The node's own weight layout, attention and cache type: each rounds differently. */
+        k3_engine_opts eo = rc->nodes[ps->node].eng;
+        eo.n_threads = th;
         if (!e || k3_engine_init(e, rc->m, &rc->hp, ps->a, ps->b, &eo, err) != 0) {
             free(e);
             rc_ = e ? rl_errf(err, "audit: cannot run layers [%u, %u) here: %s", ps->a, ps->b, err->msg)

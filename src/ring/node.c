@@ -300,9 +300,9 @@ static void node_info(node *n) {
     cJSON_AddNumberToObject(j, "mem_bytes", (double)mem);
     cJSON_AddNumberToObject(j, "threads", n->o->threads);
     cJSON_AddStringToObject(j, "backend", "cpu");
-    cJSON_AddBoolToObject(j, "repack", !n->o->no_repack);
-    cJSON_AddBoolToObject(j, "flash_attn", n->o->flash_attn);
-    cJSON_AddStringToObject(j, "cache_type", n->o->cache_f16 ? "f16" : "f32");
+    cJSON_AddBoolToObject(j, "repack", !n->o->eng.no_repack);
+    cJSON_AddBoolToObject(j, "flash_attn", !n->o->eng.no_flash_attn);
+    cJSON_AddStringToObject(j, "cache_type", n->o->eng.cache_f32 ? "f32" : "f16");
     cJSON_AddNumberToObject(j, "speed_bps", n->speed);
     cJSON *ms = cJSON_AddArrayToObject(j, "models");
     for (int i = 0; i < n->n_models; i++) {
@@ -441,8 +441,8 @@ static void node_assign(node *n, uint64_t step, const char *json, size_t len) {
             mf_close(&n->m);
             goto done;
         }
-        const k3_engine_opts eo = {.n_threads = n->o->threads, .no_repack = n->o->no_repack,
-                                   .no_flash_attn = !n->o->flash_attn, .cache_f32 = !n->o->cache_f16};
+        k3_engine_opts eo = n->o->eng;
+        eo.n_threads = n->o->threads;
         if (k3_engine_init(&n->e, &n->m, &n->hp, (uint32_t)a, (uint32_t)b, &eo, &err) != 0) {
             node_error(n, step, "%s", err.msg);
             mf_close(&n->m);

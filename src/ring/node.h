@@ -12,6 +12,7 @@
 #include <stdbool.h>
 
 #include "../base/err.h"
+#include "../model/k3_forward.h"
 #include "../trust/keys.h"
 
 #define NODE_MAX_ALLOW 16
@@ -26,9 +27,7 @@ typedef struct node_opts {
     double mem_gb;           /* memory offered; 0 = what the OS reports available */
     double speed_gbs;        /* matrix-vector speed to report; 0 = measure it (a short probe) */
     int threads;
-    bool no_repack;          /* every weight stays in the mapping (k3_engine_opts) */
-    bool flash_attn;         /* MLA attention by flash attention (k3_engine_opts) */
-    bool cache_f16;          /* the MLA cache in f16 (k3_engine_opts) */
+    k3_engine_opts eng;      /* how its engines compute (repack, flash attention, cache type); n_threads unused */
     bool verbose;
     size_t audit_keep_bytes; /* frames kept for audits (0 = 256 MiB) */
     /* Test builds only (make adversary, -DRINGLM_ADVERSARY): how this node lies, "MODE[@N]" (from its

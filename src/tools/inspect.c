@@ -49,8 +49,7 @@ void inspect_print(FILE *out, const mf_model *m, const k3_hparams *hp, const ins
     const size_t ce = o->cache_f32 ? 4 : 2;
     const uint32_t chunk = o->chunk ? o->chunk : 512;
     const size_t r_weights = k3_range_weight_bytes(m, hp, ra, rb),
-                 r_state = (size_t)o->n_seq * (k3_range_kda_state_bytes(hp, ra, rb) +
-                                               (size_t)o->n_ctx * k3_range_mla_bytes_per_token(hp, ra, rb, ce)),
+                 r_state = k3_range_state_bytes(hp, ra, rb, o->n_seq, o->n_ctx, ce),
                  r_compute = k3_range_compute_bytes(hp, ra, rb, o->n_ctx, chunk);
     if (o->kv_format) {
         inspect_kv(out, m, hp);
@@ -127,7 +126,7 @@ void inspect_print(FILE *out, const mf_model *m, const k3_hparams *hp, const ins
 
     inspect_mib(a, sizeof a, r_weights);
     inspect_mib(b, sizeof b, r_state);
-    inspect_mib(c, sizeof c, k3_range_total_bytes(m, hp, ra, rb, o->n_seq, o->n_ctx, ce));
+    inspect_mib(c, sizeof c, r_weights + r_state);
     fprintf(out, "\nlayers [%u, %u): weights %s + state %s (%u seq x %u tokens, %s cache) = %s\n", ra, rb, a, b,
             o->n_seq, o->n_ctx, o->cache_f32 ? "f32" : "f16", c);
     inspect_mib(a, sizeof a, r_compute);

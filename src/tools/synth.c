@@ -128,8 +128,9 @@ static int synth_tensor_data(FILE *f, const synth_tensor *t, uint64_t seed, int 
     /* IQ2_XXS, IQ2_XS and IQ1_S are quantized only against an importance matrix (ggml asserts one): a
      * uniform one, every column as important as the others. llama-quantize would ask for a calibrated one;
      * for random weights there is nothing to calibrate, and the file's format is the same. */
-    float *imatrix = ggml_quantize_requires_imatrix((enum ggml_type)type) ? malloc((size_t)ne0 * sizeof(float)) : NULL;
-    if (!src || !dst || (ggml_quantize_requires_imatrix((enum ggml_type)type) && !imatrix)) {
+    const bool need_im = ggml_quantize_requires_imatrix((enum ggml_type)type);
+    float *imatrix = need_im ? malloc((size_t)ne0 * sizeof(float)) : NULL;
+    if (!src || !dst || (need_im && !imatrix)) {
         free(src);
         free(dst);
         free(imatrix);
