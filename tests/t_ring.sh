@@ -57,6 +57,17 @@ check "receipts: one per stage per traversal" test "$(wc -l <"$WORK/receipts.jso
 check "receipts: the log verifies offline" "$RINGLM" receipts verify "$WORK/receipts.jsonl" --model "$m" --ring "$WORK/ring3.conf"
 "$RINGLM" run -m "$m" --tokens "$(toks 9 700 12)" -n 10 --temp 0 --ignore-eos --ids >"$WORK/rc-local.ids" 2>/dev/null
 check "receipts: same tokens as without them" diff "$WORK/rc-local.ids" "$WORK/rc.ids"
+# Logit biases ride to the last stage with the sequence's first frame (frame.h, 4th part); audits replay
+# that frame with them, so an honest ring stays honest.
+ids=$(cut -d, -f1,2 "$WORK/rc-local.ids")
+lb=(--logit-bias "${ids%%,*}-inf" --logit-bias "${ids##*,}+2.5")
+"$RINGLM" run -m "$m" --tokens "$(toks 9 700 12)" -n 10 --temp 0 --ignore-eos --ids "${lb[@]}" >"$WORK/lb-local.ids" 2>/dev/null
+"$RINGLM" run -m "$m" --tokens "$(toks 9 700 12)" -n 10 --temp 0 --ignore-eos --ids "${lb[@]}" --ring "$WORK/ring3.conf" \
+    "${K[@]}" --audit-rate 1 >"$WORK/lb-ring.ids" 2>"$WORK/lb-ring.err" || cat "$WORK/lb-ring.err"
+check "run --ring --logit-bias: the tokens of one machine with the same biases" diff "$WORK/lb-local.ids" "$WORK/lb-ring.ids"
+check "run --ring --logit-bias: the biases changed the tokens" bash -c "! diff -q '$WORK/lb-local.ids' '$WORK/rc-local.ids'"
+check "run --ring --logit-bias --audit-rate 1: every audit found the ring honest" \
+    bash -c "grep -q 'audits: [1-9][0-9]* sequence(s) audited' '$WORK/lb-ring.err' && ! grep -qi 'faulty\|differs' '$WORK/lb-ring.err'"
 sed '2s/"in":"[0-9a-f]\{8\}/"in":"00000000/' "$WORK/receipts.jsonl" >"$WORK/tampered.jsonl"
 check_fails "receipts: a tampered log is caught offline" "signature|chain|in hash|does not verify" \
     "$RINGLM" receipts verify "$WORK/tampered.jsonl" --model "$m" --ring "$WORK/ring3.conf"

@@ -43,6 +43,21 @@ run_text want -p "$P" -n 24
 want="load('want.exp')"
 check "completion: temperature 0 text = ringlm run's" py "$WORK/cmpl.json" "d['choices'][0]['text'] == $want"
 
+# logit_bias: added to the logits before sampling, greedy included, as `ringlm run --logit-bias` (and
+# llama.cpp) add it. The ids: the unbiased text's first two tokens - one banned (false), one pushed down.
+ids=$("$RINGLM" run -m "$f" -p "$P" -n 2 --temp 0 --ignore-eos --ids --threads 1 2>/dev/null)
+b1=${ids%%,*} b2=${ids##*,}
+run_text want_lb -p "$P" -n 24 --logit-bias "$b1-inf" --logit-bias "$b2-3.5"
+post lb /v1/completions "{\"prompt\":\"$P\",\"max_tokens\":24,\"temperature\":0,\"ignore_eos\":true,\"logit_bias\":{\"$b1\":false,\"$b2\":-3.5}}"
+check "logit_bias: 200, text = ringlm run --logit-bias's, not the unbiased text" py "$WORK/lb.json" \
+    "d['choices'][0]['text'] == load('want_lb.exp') and d['choices'][0]['text'] != $want"
+post lb_arr /v1/completions "{\"prompt\":\"$P\",\"max_tokens\":24,\"temperature\":0,\"ignore_eos\":true,\"logit_bias\":[[$b1,false],[$b2,-3.5]]}"
+check "logit_bias as llama-server's [id, bias] pairs: the same text" py "$WORK/lb_arr.json" "d['choices'][0]['text'] == load('want_lb.exp')"
+post lb_up /v1/completions "{\"prompt\":\"$P\",\"max_tokens\":6,\"temperature\":0.9,\"seed\":3,\"ignore_eos\":true,\"logit_bias\":{\"$b2\":100}}"
+run_text want_up -p "$P" -n 6 --logit-bias "$b2+100"
+check "logit_bias +100 on one token: sampled at temperature 0.9, every token is that one (= run's greedy text)" \
+    py "$WORK/lb_up.json" "d['choices'][0]['text'] == load('want_up.exp') and d['usage']['completion_tokens'] == 6"
+
 Q="What is two plus two?"
 post chat /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"$Q\"}],\"max_completion_tokens\":20,\"temperature\":0,\"ignore_eos\":true}"
 "$RINGLM" run -m "$f" -p "$Q" --chat -n 20 --temp 0 --ignore-eos --threads 1 --metrics-json "$WORK/chat_run.json" >/dev/null 2>&1
@@ -284,6 +299,12 @@ err_case "max_tokens mistyped" 400 max_tokens e_max /v1/completions '{"prompt":"
 err_case "stream mistyped" 400 stream e_stream /v1/completions '{"prompt":"hi","stream":"yes"}' "${K[@]}"
 err_case "stop mistyped" 400 stop e_stop /v1/completions '{"prompt":"hi","stop":[1]}' "${K[@]}"
 err_case "top_p out of range" 400 top_p e_topp /v1/completions '{"prompt":"hi","top_p":3}' "${K[@]}"
+err_case "logit_bias with a key that is no token id" 400 logit_bias e_lb1 /v1/completions '{"prompt":"hi","logit_bias":{"abc":5}}' "${K[@]}"
+err_case "logit_bias with a token id outside the vocabulary" 400 logit_bias e_lb2 /v1/completions '{"prompt":"hi","logit_bias":{"99999999":1}}' "${K[@]}"
+err_case "logit_bias with a bias that is no number" 400 logit_bias e_lb3 /v1/completions '{"prompt":"hi","logit_bias":{"5":"x"}}' "${K[@]}"
+err_case "logit_bias neither object nor array" 400 logit_bias e_lb4 /v1/completions '{"prompt":"hi","logit_bias":7}' "${K[@]}"
+err_case "logit_bias array entry not a pair" 400 logit_bias e_lb5 /v1/completions '{"prompt":"hi","logit_bias":[[5]]}' "${K[@]}"
+check "logit_bias refusal names the bad key" py "$WORK/e_lb1.json" "'abc' in d['error']['message']"
 err_case "unknown model" 404 model e_model /v1/completions '{"prompt":"hi","model":"gpt-4"}' "${K[@]}"
 check "unknown model: code model_not_found" py "$WORK/e_model.json" "d['error']['code'] == 'model_not_found'"
 err_case "prompt longer than the context" 400 prompt e_ctx /v1/completions \

@@ -61,6 +61,17 @@ check "completion through the ring: text = ringlm run --temp 0 on one machine" p
 post one_sse "$(greedy "$P" 24 ',"stream":true')" -N
 check "streamed through the ring: the same text" py "$WORK/one_sse.json" "text(sse(raw)) == load('want.exp')"
 
+# logit_bias reaches the last stage's sampler (the frame's 4th part): the same text as `ringlm run
+# --logit-bias` on one machine, streamed or not, and not the unbiased text.
+ids=$("$RINGLM" run -m "$f" -p "$P" -n 2 --temp 0 --ignore-eos --ids --threads 1 2>/dev/null)
+b1=${ids%%,*} b2=${ids##*,}
+run_text want_lb -p "$P" -n 24 --logit-bias "$b1-inf" --logit-bias "$b2-3.5"
+post lb "$(greedy "$P" 24 ",\"logit_bias\":{\"$b1\":false,\"$b2\":-3.5}")"
+check "logit_bias through the ring: text = ringlm run --logit-bias on one machine, not the unbiased text" \
+    py "$WORK/lb.json" "d['choices'][0]['text'] == load('want_lb.exp') and d['choices'][0]['text'] != load('want.exp')"
+post lb_sse "$(greedy "$P" 24 ",\"stream\":true,\"logit_bias\":{\"$b1\":false,\"$b2\":-3.5}")" -N
+check "logit_bias through the ring, streamed: the same text" py "$WORK/lb_sse.json" "text(sse(raw)) == load('want_lb.exp')"
+
 # ---- 4 concurrent streams, each = its single-request result, in shared frames -----------------------------
 prompts=("The quick brown fox" "Once upon a time" "In the beginning" "Hello world, this is a longer prompt for the test")
 for i in 0 1 2 3; do post "seq$i" "$(greedy "${prompts[$i]}" 32)"; done

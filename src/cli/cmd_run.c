@@ -1,4 +1,8 @@
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +21,7 @@ static void run_usage(FILE *f) {
     fprintf(f,
             "usage: ringlm run -m MODEL.gguf (-p PROMPT | --tokens 1,2,3 | --tokens @FILE) [-n N] [--chat] [--system TEXT]\n"
             "                  [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
-            "                  [--presence-penalty P] [--frequency-penalty F] [--seed S] [--threads N]\n"
+            "                  [--presence-penalty P] [--frequency-penalty F] [--logit-bias ID+B|ID-B]... [--seed S] [--threads N]\n"
             "                  [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
             "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16]]\n"
             "                  [--draft none|ngram|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-fixed]\n"
@@ -29,6 +33,8 @@ static void run_usage(FILE *f) {
             "  --chat        wrap the prompt as a user turn in the model's chat format\n"
             "  --temp 0      greedy decoding (default 0.8 with top-k 40, top-p 0.95, min-p 0.05)\n"
             "  --ids         print the generated token ids (comma-separated) instead of text\n"
+            "  --logit-bias ID+B  add B to token ID's logit before sampling (ID-B subtracts, ID-inf bans it),\n"
+            "                as llama.cpp's --logit-bias; repeatable\n"
             "  --no-repack   keep every weight in the file mapping; by default quantized matmul weights are\n"
             "                copied into the CPU's repacked layouts where llama.cpp would repack them (faster\n"
             "                kernels, the same bits as llama.cpp at its defaults; costs their size in RAM)\n"
@@ -149,7 +155,23 @@ typedef struct run_args {
     k3_engine_opts eo; /* all but n_threads (set from threads when the engine starts) */
     unsigned long long seed;
     gen_params gp;
+    smp_bias bias[64]; /* --logit-bias (gp.smp.bias points here) */
 } run_args;
+
+/* "ID+B" / "ID-B" (B a number or inf), llama.cpp's --logit-bias form. */
+static int run_parse_bias(const char *v, smp_bias *out) {
+    char *end;
+    errno = 0;
+    long id = strtol(v, &end, 10);
+    if (end == v || errno || id < 0 || id > INT32_MAX || (*end != '+' && *end != '-')) return 1;
+    char sign = *end++;
+    if (!*end || isspace((unsigned char)*end) || *end == '+' || *end == '-') return 1;
+    char *e2;
+    float b = strtof(end, &e2);
+    if (*e2 || isnan(b) || (isinf(b) && sign == '+')) return 1;
+    *out = (smp_bias){(int32_t)id, sign == '-' ? -b : b};
+    return 0;
+}
 
 /* 0: go on; 1: --help was printed (exit 0); 2: bad usage (said on stderr). */
 static int run_parse(int argc, char **argv, run_args *a) {
@@ -244,6 +266,10 @@ static int run_parse(int argc, char **argv, run_args *a) {
             bad = parse_float(v, &a->gp.smp.presence_penalty), want = "a number";
         } else if (strcmp(opt, "--frequency-penalty") == 0) {
             bad = parse_float(v, &a->gp.smp.frequency_penalty), want = "a number";
+        } else if (strcmp(opt, "--logit-bias") == 0) {
+            want = "TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1, 15043-inf), at most 64 of them";
+            bad = a->gp.smp.n_bias == 64 || run_parse_bias(v, &a->bias[a->gp.smp.n_bias]);
+            if (!bad) a->gp.smp.bias = a->bias, a->gp.smp.n_bias++;
         } else {
             bad = 1, known = false;
         }
@@ -397,6 +423,12 @@ int cmd_run(int argc, char **argv) {
     if (k3_open(&m, &hp, a->model, &err) != 0) goto out_noclose;
     if (tok_load(&tok, &m, &err) != 0) goto out;
     have_tok = true;
+    for (int i = 0; i < a->gp.smp.n_bias; i++) {
+        if ((uint32_t)a->bias[i].id >= hp.n_vocab) {
+            rl_errf(&err, "--logit-bias: token id %d out of range (vocabulary %u)", a->bias[i].id, hp.n_vocab);
+            goto out;
+        }
+    }
     if (run_prompt(a, &m, &hp, &tok, &toks, &n_toks, &text, &err) != 0) goto out;
     run_out ro = {.ids = a->ids};
     gen_metrics gm;

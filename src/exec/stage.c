@@ -146,14 +146,43 @@ static uint32_t stage_seq_offset(const rf_header *h, uint32_t i) {
     return off;
 }
 
+/* The logit biases at the head of the 4th part (docs: frame.h), for the RF_SEQ_HAS_BIAS sequences in
+ * frame order: bias[i] / nb[i] where sequence i's list starts and how long it is (the bytes are an
+ * smp_bias array, unaligned: copied out when the sampler is made), *q_off where the drafts'
+ * distributions begin. Checked whole before anything runs, so a bad list fails the frame cleanly. */
+static int stage_bias_parse(const rf_header *h, const uint8_t *q, size_t q_len, const uint8_t **bias, uint32_t *nb,
+                            size_t *q_off, rl_err *err) {
+    size_t o = 0;
+    for (uint32_t i = 0; i < h->n_seqs; i++) {
+        const rf_seq *sq = &h->seqs[i];
+        bias[i] = NULL;
+        nb[i] = 0;
+        if (!(sq->flags & RF_SEQ_HAS_BIAS)) continue;
+        if (!(sq->flags & RF_SEQ_NEW)) {
+            return rl_errf(err, "sequence %" PRIu64 ": logit biases on a frame that does not start it", sq->seq_id);
+        }
+        uint32_t n;
+        if (!q || q_len - o < 4) return rl_errf(err, "sequence %" PRIu64 ": its logit biases are missing", sq->seq_id);
+        memcpy(&n, q + o, 4);
+        if (n > SMP_MAX_BIAS || (q_len - o - 4) / sizeof(smp_bias) < n) {
+            return rl_errf(err, "sequence %" PRIu64 ": %u logit biases do not fit the frame", sq->seq_id, n);
+        }
+        bias[i] = q + o + 4;
+        nb[i] = n;
+        o += 4 + (size_t)n * sizeof(smp_bias);
+    }
+    *q_off = o;
+    return 0;
+}
+
 /* Gets every sequence of the frame ready: finds or creates its state, rolls back a partly accepted
  * block, checks its position; fills states/ntok/keep, qv (each sequence's entry) and, on the last stage,
  * the logit rows. In a replay (rp) every other sequence gets a stand-in from stand[i]: a fresh state just
  * large enough for its tokens, at position 0 - what it computes is thrown away; it is there so that the
  * batch has the node's shape. */
 static int stage_prepare(ring_stage *s, const rf_header *h, const int32_t *tokens, const stage_replay_spec *rp,
-                         stage_seq *stand, stage_seq **qv, k3_state **states, uint32_t *ntok, uint8_t *keep,
-                         int32_t *rows, int *n_rows, rl_err *err) {
+                         const uint8_t *const *bias, const uint32_t *nb, stage_seq *stand, stage_seq **qv,
+                         k3_state **states, uint32_t *ntok, uint8_t *keep, int32_t *rows, int *n_rows, rl_err *err) {
     const k3_engine *e = s->e;
     bool last = e->b == e->hp.n_layer;
     uint32_t off = 0;
@@ -185,8 +214,16 @@ static int stage_prepare(ring_stage *s, const rf_header *h, const int32_t *token
                                  .frequency_penalty = sq->smp.frequency_penalty,
                                  .presence_penalty = sq->smp.presence_penalty,
                                  .penalty_last_n = sq->smp.penalty_last_n};
+                smp_bias *bl = NULL;
+                if (nb[i] > 0) {
+                    if (!(bl = malloc(nb[i] * sizeof *bl))) return rl_errf(err, "out of memory");
+                    memcpy(bl, bias[i], nb[i] * sizeof *bl);
+                    sp.bias = bl;
+                    sp.n_bias = (int32_t)nb[i];
+                }
                 q->has_smp = smp_init(&q->smp, &sp, (int32_t)e->hp.n_vocab, err) == 0;
-                if (!q->has_smp) return -1;
+                free(bl);
+                if (!q->has_smp) return rl_errf(err, "sequence %" PRIu64 ": %s", sq->seq_id, err->msg);
             }
         } else if (sq->pos < q->st.n_past) {
             /* Speculation: the last verified block was only partly accepted; drop the rest. */
@@ -386,8 +423,21 @@ static int stage_exec(ring_stage *s, const rf_header *h, const uint8_t *in, size
         ran = 0;
         for (uint32_t i = 0; i < h2->n_seqs; i++) ran += h2->seqs[i].n_tokens;
     }
+    /* The sampler's part of the 4th part on the last stage: logit biases, then the drafts' distributions.
+     * A new sequence is never stale, so the lists follow the frame's order less its stale blocks. */
+    const uint8_t *bias[RF_MAX_SEQS] = {0};
+    uint32_t nb[RF_MAX_SEQS] = {0};
+    size_t q_off = 0;
+    if (last) {
+        if (stage_bias_parse(h, q, q_len, bias, nb, &q_off, err) != 0) goto out;
+        for (uint32_t i = 0, j = 0; i < h->n_seqs; i++) {
+            if (stale[i]) continue;
+            bias[j] = bias[i];
+            nb[j++] = nb[i];
+        }
+    }
     if (hb->n_seqs > 0) { /* (a frame of only stale blocks is not run at all: cancelled here) */
-        if (stage_prepare(s, hb, tb, rp, stand, qv2, states, ntok, keep, rows, &n_rows, err) != 0) goto out;
+        if (stage_prepare(s, hb, tb, rp, bias, nb, stand, qv2, states, ntok, keep, rows, &n_rows, err) != 0) goto out;
         for (uint32_t i = 0, j = 0; i < h->n_seqs; i++) qv[i] = stale[i] ? NULL : qv2[j++];
         k3_batch b = {.n_seqs = (int)hb->n_seqs, .seqs = states, .n_tokens = ntok, .tokens = tb,
                       .in = e->a > 0 ? bb : NULL, .keep_rollback = keep, .n_logits = last ? n_rows : 0,
@@ -408,7 +458,8 @@ static int stage_exec(ring_stage *s, const rf_header *h, const uint8_t *in, size
         *out_len = plen;
         rc = 0;
     } else {
-        rc = stage_result(s, h, tokens, o.logits, stale, qv, q, q_len, out, out_len, err);
+        rc = stage_result(s, h, tokens, o.logits, stale, qv, q ? q + q_off : NULL, q ? q_len - q_off : 0, out, out_len,
+                          err);
     }
 out:
     for (int i = 0; stand && i < RF_MAX_SEQS; i++) {

@@ -606,11 +606,21 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
         }
         for (int s = 0; s < rc->plan.n_stages; s++) pd->taps_need += ring_stage_taps(rc, s) > 0;
     }
-    /* The drafts' distributions, if any sequence carries them, ride in a 4th part to the last stage. */
+    /* The last stage's sampler inputs, if any sequence carries them, ride in a 4th part (frame.h): the new
+     * sequences' logit biases, then the drafts' distributions. */
     size_t qlen = 0;
-    for (int i = 0; i < n_reqs; i++) qlen += (reqs[i].flags & RF_SEQ_HAS_Q) ? reqs[i].q_len : 0;
+    for (int i = 0; i < n_reqs; i++) {
+        if (reqs[i].flags & RF_SEQ_HAS_BIAS) qlen += 4 + (size_t)reqs[i].n_bias * sizeof(smp_bias);
+        qlen += (reqs[i].flags & RF_SEQ_HAS_Q) ? reqs[i].q_len : 0;
+    }
     uint8_t *qb = qlen ? malloc(qlen) : NULL;
     size_t qo = 0;
+    for (int i = 0; qb && i < n_reqs; i++) {
+        if (!(reqs[i].flags & RF_SEQ_HAS_BIAS)) continue;
+        memcpy(qb + qo, &reqs[i].n_bias, 4);
+        if (reqs[i].n_bias) memcpy(qb + qo + 4, reqs[i].bias, (size_t)reqs[i].n_bias * sizeof(smp_bias));
+        qo += 4 + (size_t)reqs[i].n_bias * sizeof(smp_bias);
+    }
     for (int i = 0; qb && i < n_reqs; i++) {
         if (!(reqs[i].flags & RF_SEQ_HAS_Q)) continue;
         memcpy(qb + qo, reqs[i].q, reqs[i].q_len);

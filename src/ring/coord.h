@@ -173,6 +173,8 @@ typedef struct ring_seq_req {
     float *logits;  /* out, optional */
     const void *q;  /* RF_SEQ_HAS_Q: this sequence's share of the q part */
     size_t q_len;
+    const smp_bias *bias; /* RF_SEQ_HAS_BIAS (a RF_SEQ_NEW entry): the last stage's sampler adds these */
+    uint32_t n_bias;
     int32_t committed[32]; /* out, RF_SEQ_VERIFY: accepted drafts + correction (token = count) */
     float *taps;    /* out, RF_SEQ_TAPS: n rows of o.n_taps * n_embd floats, token-major (malloc'ed; the caller frees
                      * it, also after a failed collect: set it to NULL before) */

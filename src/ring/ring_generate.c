@@ -43,8 +43,11 @@ int ring_generate(ring_coord *rc, const tok_tokenizer *tok, const int32_t *promp
             uint32_t n = (uint32_t)(n_prompt - i_next < chunk ? n_prompt - i_next : chunk);
             bool lastc = i_next + n == n_prompt;
             ring_seq_req *rq = &rqs[sent % 32];
+            bool first = i_next == 0, bias = first && p->smp.n_bias > 0;
             *rq = (ring_seq_req){.seq_id = seq, .pos = pos, .n = n, .tokens = prompt + i_next, .smp = smp,
-                                 .flags = (i_next == 0 ? RF_SEQ_NEW : 0) | (lastc ? 0 : RF_SEQ_NO_SAMPLE)};
+                                 .flags = (first ? RF_SEQ_NEW : 0) | (bias ? RF_SEQ_HAS_BIAS : 0) |
+                                          (lastc ? 0 : RF_SEQ_NO_SAMPLE),
+                                 .bias = bias ? p->smp.bias : NULL, .n_bias = bias ? (uint32_t)p->smp.n_bias : 0};
             rc_ = ring_submit(rc, rq, 1, &steps[sent % 32], err);
             pos += n;
             i_next += n;

@@ -29,9 +29,11 @@ static int ring_begin(void *ctx, const int32_t *prompt, size_t n, const smp_para
             bool lastc = i_next + c == n;
             ring_seq_req *q = &rq[sent % 32];
             memset(q, 0, sizeof *q);
+            bool first = i_next == 0, bias = first && sp->n_bias > 0;
             *q = (ring_seq_req){.seq_id = r->seq, .pos = pos, .n = c, .tokens = prompt + i_next, .smp = r->smp,
-                                .flags = (i_next == 0 ? RF_SEQ_NEW : 0) | (lastc ? 0 : RF_SEQ_NO_SAMPLE) |
-                                         (r->taps ? RF_SEQ_TAPS : 0)};
+                                .flags = (first ? RF_SEQ_NEW : 0) | (bias ? RF_SEQ_HAS_BIAS : 0) |
+                                         (lastc ? 0 : RF_SEQ_NO_SAMPLE) | (r->taps ? RF_SEQ_TAPS : 0),
+                                .bias = bias ? sp->bias : NULL, .n_bias = bias ? (uint32_t)sp->n_bias : 0};
             if (ring_submit(r->rc, q, 1, &steps[sent % 32], err) != 0) return -1;
             pos += c;
             i_next += c;

@@ -19,6 +19,8 @@ typedef struct ring_slot {
     uint64_t gen;      /* the ring (B->gen) that holds its state */
     uint32_t pos;      /* tokens that ring holds for it */
     rf_sampling smp;
+    smp_bias *bias;    /* the request's logit biases (sent with every RF_SEQ_NEW frame: a replay needs them too) */
+    uint32_t n_bias;
     bool sampled;      /* it returned a token, so it cannot be replayed exactly: no history is kept */
     int32_t *hist;     /* while !sampled: every token given so far (a replay sends them again) */
     uint32_t n_hist, cap_hist;
@@ -438,7 +440,8 @@ static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
             S->gen = B->gen;
             S->pos = 0;
             *q = (ring_seq_req){.seq_id = S->seq_id, .pos = 0, .n = S->n_hist + e->n_tokens, .tokens = S->hist,
-                                .flags = RF_SEQ_NEW, .smp = S->smp};
+                                .flags = RF_SEQ_NEW | (S->n_bias ? RF_SEQ_HAS_BIAS : 0), .smp = S->smp,
+                                .bias = S->bias, .n_bias = S->n_bias};
         } else {
             *q = (ring_seq_req){.seq_id = S->seq_id, .pos = S->pos, .n = e->n_tokens, .tokens = e->tokens,
                                 .smp = S->smp};
@@ -525,6 +528,16 @@ static int ring_be_step(void *impl, sch_step *steps, int n, rl_err *err) {
             S->sampled = false;
             S->n_hist = 0;
             S->smp = ring_sampling(e->smp);
+            free(S->bias);
+            S->bias = NULL;
+            S->n_bias = 0;
+            if (e->smp->n_bias > 0) {
+                if (!(S->bias = malloc((size_t)e->smp->n_bias * sizeof *S->bias))) {
+                    return rl_errf(err, "out of memory for the logit biases of slot %d", e->slot);
+                }
+                memcpy(S->bias, e->smp->bias, (size_t)e->smp->n_bias * sizeof *S->bias);
+                S->n_bias = (uint32_t)e->smp->n_bias;
+            }
             S->want_receipts = e->receipts;
             S->rcpt_len = 0;
         } else if (S->seq_id == 0 && S->n_hist == 0) {
@@ -615,7 +628,7 @@ static void ring_be_free(void *impl) {
     sch_ring *B = impl;
     if (!B) return;
     if (B->rc) ring_shut(B);
-    for (int i = 0; B->slots && i < B->cfg.n_slots; i++) free(B->slots[i].hist), free(B->slots[i].rcpt);
+    for (int i = 0; B->slots && i < B->cfg.n_slots; i++) free(B->slots[i].hist), free(B->slots[i].rcpt), free(B->slots[i].bias);
     free(B->slots);
     free(B->reqs);
     free(B->to_free);

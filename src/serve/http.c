@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <netdb.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -363,11 +364,84 @@ typedef struct http_job {
     int32_t *prompt;
     size_t n_prompt;
     http_strs strs;
+    smp_bias *bias; /* jb->p.smp.bias */
 } http_job;
 
 static void http_job_free(http_job *jb) {
     free(jb->prompt);
+    free(jb->bias);
     http_strs_free(&jb->strs);
+}
+
+/* Adds one logit bias (b: a number, or false to ban the token) for token id. */
+static int http_bias_add(const http_server *h, http_job *jb, double id, const cJSON *b, const char *key, http_fail *f) {
+    int32_t n_vocab = h->tok->n_vocab;
+    if (!(id >= 0 && id < n_vocab && id == (double)(int32_t)id)) {
+        return BAD(f, "logit_bias", "logit_bias: \"%s\" is not a token id in [0, %d)", key, n_vocab);
+    }
+    float v;
+    if (cJSON_IsFalse(b)) v = -INFINITY; /* llama-server's ban */
+    else if (cJSON_IsNumber(b) && isfinite(b->valuedouble)) v = (float)b->valuedouble;
+    else return BAD(f, "logit_bias", "logit_bias: the bias of token %s must be a number (or false to ban it)", key);
+    if (jb->p.smp.n_bias == SMP_MAX_BIAS) return BAD(f, "logit_bias", "logit_bias: at most %d tokens", SMP_MAX_BIAS);
+    if (jb->p.smp.n_bias % 64 == 0) {
+        smp_bias *nb = realloc(jb->bias, ((size_t)jb->p.smp.n_bias + 64) * sizeof *nb);
+        if (!nb) return http_failf(f, 500, "server_error", NULL, NULL, "out of memory");
+        jb->bias = nb;
+    }
+    jb->bias[jb->p.smp.n_bias++] = (smp_bias){(int32_t)id, v};
+    jb->p.smp.bias = jb->bias;
+    return 0;
+}
+
+/* logit_bias: OpenAI's object of token id strings to numbers ({"15043": -100}), or llama-server's array
+ * of [id or text, bias] pairs (a text biases each of its tokens); a bias of false bans the token. The
+ * bias is added to the logit before any other sampling step, greedy included (sampler.h), as llama.cpp
+ * does; OpenAI's -100 therefore all but bans a token, and any finite number is taken as it is. */
+static int http_parse_bias(const http_server *h, const cJSON *j, http_job *jb, http_fail *f) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "logit_bias"), *e;
+    if (http_absent(v)) return 0;
+    if (cJSON_IsObject(v)) {
+        cJSON_ArrayForEach(e, v) {
+            char *end = NULL;
+            errno = 0;
+            long id = strtol(e->string, &end, 10);
+            if (!*e->string || *end || errno || id < 0) {
+                return BAD(f, "logit_bias", "logit_bias: key \"%.64s\" is not a token id", e->string);
+            }
+            if (http_bias_add(h, jb, (double)id, e, e->string, f) != 0) return -1;
+        }
+        return 0;
+    }
+    if (!cJSON_IsArray(v)) return BAD(f, "logit_bias", "'logit_bias' must be an object of token ids to biases");
+    cJSON_ArrayForEach(e, v) {
+        const cJSON *k = cJSON_GetArrayItem(e, 0), *b = cJSON_GetArrayItem(e, 1);
+        if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2 || !(cJSON_IsNumber(k) || cJSON_IsString(k))) {
+            return BAD(f, "logit_bias", "logit_bias: each entry of the array must be [token id or text, bias]");
+        }
+        if (cJSON_IsNumber(k)) {
+            char key[32];
+            snprintf(key, sizeof key, "%g", k->valuedouble);
+            if (http_bias_add(h, jb, k->valuedouble, b, key, f) != 0) return -1;
+            continue;
+        }
+        int32_t *ids = NULL;
+        size_t n = 0;
+        rl_err err;
+        if (tok_encode(h->tok, k->valuestring, strlen(k->valuestring), false, &ids, &n, &err) != 0) {
+            return BAD(f, "logit_bias", "logit_bias: %s", err.msg);
+        }
+        for (size_t i = 0; i < n; i++) {
+            char key[32];
+            snprintf(key, sizeof key, "%d", (int)ids[i]);
+            if (http_bias_add(h, jb, ids[i], b, key, f) != 0) {
+                free(ids);
+                return -1;
+            }
+        }
+        free(ids);
+    }
+    return 0;
 }
 
 /* The fields both endpoints share: sampling, limits, stop, stream. OpenAI's defaults where absent
@@ -412,6 +486,7 @@ static int http_parse_common(const http_server *h, const cJSON *j, http_job *jb,
         if (http_get_int(j, "seed", -9.2e18, 9.2e18, &ll, f) != 0) return -1;
         sp->seed = (uint64_t)ll;
     }
+    if (http_parse_bias(h, j, jb, f) != 0) return -1;
     ll = 0;
     if (http_get_int(j, "max_tokens", 1, 1e9, &ll, f) != 0) return -1;
     if (jb->chat && http_get_int(j, "max_completion_tokens", 1, 1e9, &ll, f) != 0) return -1;

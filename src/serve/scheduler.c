@@ -262,6 +262,8 @@ sch_request *sch_request_new(const int32_t *prompt, size_t n_prompt, const sch_p
     r->slot = -1;
     r->p = *p;
     r->p.n_stop = 0;
+    r->p.smp.bias = NULL; /* the request's own copy, below */
+    r->p.smp.n_bias = 0;
     if (pthread_cond_init(&r->cond, NULL) != 0) {
         free(r);
         rl_errf(err, "cannot create a condition variable");
@@ -277,6 +279,13 @@ sch_request *sch_request_new(const int32_t *prompt, size_t n_prompt, const sch_p
         if (!c) goto oom;
         r->p.stop[r->p.n_stop++] = c;
     }
+    if (p->smp.n_bias > 0) {
+        smp_bias *b = malloc((size_t)p->smp.n_bias * sizeof *b);
+        if (!b) goto oom;
+        memcpy(b, p->smp.bias, (size_t)p->smp.n_bias * sizeof *b);
+        r->p.smp.bias = b;
+        r->p.smp.n_bias = p->smp.n_bias;
+    }
     return r;
 oom:
     r->refs = 1;
@@ -287,6 +296,7 @@ oom:
 
 static void sch_request_destroy(sch_request *r) {
     for (int i = 0; i < r->p.n_stop; i++) free((char *)r->p.stop[i]);
+    free((smp_bias *)r->p.smp.bias);
     pthread_cond_destroy(&r->cond);
     free(r->prompt);
     free(r->out);

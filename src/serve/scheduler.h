@@ -156,7 +156,7 @@ typedef struct sch_request {
     struct sch_sched *s;
     int32_t *prompt;
     size_t n_prompt;
-    sch_params p;            /* stop strings owned by the request */
+    sch_params p;            /* stop strings and logit biases owned by the request */
     double t_arrival;
     pthread_cond_t cond;     /* signalled when out/fin change */
     int refs;                /* the submitter's and, once submitted, the scheduler's */

@@ -51,8 +51,22 @@ int smp_init(smp_sampler *s, const smp_params *p, int32_t n_vocab, rl_err *err) 
     if (isnan(p->temperature) || isnan(p->top_p) || isnan(p->min_p) || isnan(p->frequency_penalty) ||
         isnan(p->presence_penalty))
         return rl_errf(err, "sampler: a parameter is NaN");
+    if (p->n_bias < 0 || p->n_bias > SMP_MAX_BIAS || (p->n_bias > 0 && !p->bias))
+        return rl_errf(err, "sampler: %d logit biases (at most %d)", p->n_bias, SMP_MAX_BIAS);
+    for (int32_t i = 0; i < p->n_bias; i++) {
+        if (p->bias[i].id < 0 || p->bias[i].id >= n_vocab)
+            return rl_errf(err, "sampler: logit bias for token %d, outside the vocabulary of %d", p->bias[i].id, n_vocab);
+        if (isnan(p->bias[i].bias) || p->bias[i].bias == INFINITY)
+            return rl_errf(err, "sampler: logit bias %g for token %d (a finite number, or -inf to ban it)",
+                           p->bias[i].bias, p->bias[i].id);
+    }
     s->p = *p;
     s->n_vocab = n_vocab;
+    if (p->n_bias > 0) {
+        if (!(s->bias = malloc((size_t)p->n_bias * sizeof *s->bias))) return rl_errf(err, "sampler: out of memory");
+        memcpy(s->bias, p->bias, (size_t)p->n_bias * sizeof *s->bias);
+    }
+    s->p.bias = s->bias;
     s->count = calloc((size_t)n_vocab, sizeof *s->count);
     s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
     if (p->penalty_last_n > 0) {
@@ -71,6 +85,7 @@ void smp_free(smp_sampler *s) {
     free(s->hist);
     free(s->count);
     free(s->cand);
+    free(s->bias);
     memset(s, 0, sizeof *s);
 }
 
@@ -169,6 +184,8 @@ void smp_filter(smp_sampler *s, const float *logits, size_t *n_out) {
     size_t n = (size_t)s->n_vocab;
     for (size_t i = 0; i < n; i++) c[i] = (smp_cand){(int32_t)i, isnan(logits[i]) ? -INFINITY : logits[i], 0};
 
+    /* 0. logit bias */
+    for (int32_t i = 0; i < p->n_bias; i++) c[p->bias[i].id].logit += p->bias[i].bias;
     /* 1. penalties */
     if (penalties_on(p)) {
         for (size_t i = 0; i < n; i++) {

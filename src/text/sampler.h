@@ -3,6 +3,8 @@
  * One fixed chain, in the order of llama.cpp's default sampler chain (common/common.h, minus the samplers
  * ringlm does not have):
  *
+ *   0. logit bias  logit[id] += bias for each listed token (-inf bans it); first, as common_sampler puts
+ *                 llama_sampler_logit_bias ahead of the chain, so greedy decoding sees it too
  *   1. penalties  over the last penalty_last_n accepted tokens, a token seen c > 0 times gets
  *                 logit = logit <= 0 ? logit * repeat_penalty : logit / repeat_penalty,
  *                 then logit -= c * frequency_penalty + presence_penalty       (llama_sampler_penalties)
@@ -25,6 +27,14 @@
 
 #include "../base/err.h"
 
+/* One token's additive logit bias (OpenAI's logit_bias, llama.cpp's --logit-bias); -INFINITY bans it. */
+typedef struct smp_bias {
+    int32_t id;
+    float bias;
+} smp_bias;
+
+#define SMP_MAX_BIAS 4096 /* listed tokens per sampler (OpenAI allows 300) */
+
 typedef struct smp_params {
     uint64_t seed;
     float temperature;       /* <= 0: greedy */
@@ -35,6 +45,8 @@ typedef struct smp_params {
     float frequency_penalty; /* 0: off */
     float presence_penalty;  /* 0: off */
     int32_t penalty_last_n;  /* how many recent accepted tokens the penalties see; 0: off; -1: all of them */
+    const smp_bias *bias;    /* n_bias entries, not owned: smp_init copies them (a token listed twice: both add) */
+    int32_t n_bias;
 } smp_params;
 
 typedef struct smp_cand {
@@ -51,11 +63,13 @@ typedef struct smp_sampler {
     size_t hist_n, hist_cap, hist_head;
     int32_t *count;    /* [n_vocab] occurrences of each token in hist */
     smp_cand *cand;    /* [n_vocab] scratch */
+    smp_bias *bias;    /* the sampler's own copy of p.bias (p.bias points to it) */
 } smp_sampler;
 
 /* llama.cpp's defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, no penalties (last_n 64). */
 smp_params smp_params_default(uint64_t seed);
 
+/* Fails on a bad parameter, naming it: a bias for a token id outside [0, n_vocab), or a NaN / +inf bias. */
 int smp_init(smp_sampler *s, const smp_params *p, int32_t n_vocab, rl_err *err);
 void smp_free(smp_sampler *s);
 /* Forgets the history and restarts the RNG from the seed. */

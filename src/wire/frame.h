@@ -21,8 +21,10 @@
  *                               logits when asked, then the committed tokens of every VERIFY sequence
  *
  * A FORWARD whose sequence position is behind the node's rolls that sequence back first (speculation:
- * the rejected part of the last verified block). FORWARD may carry a 4th part with the drafts'
- * distributions (RF_SEQ_HAS_Q): per VERIFY sequence, per draft, u32 n then n x (i32 id, f32 p).
+ * the rejected part of the last verified block). FORWARD may carry a 4th part for the last stage's
+ * sampler: first, per RF_SEQ_HAS_BIAS sequence (only with RF_SEQ_NEW: the sampler is made then), u32 n
+ * then n x (i32 id, f32 bias), its logit biases; then the drafts' distributions (RF_SEQ_HAS_Q): per
+ * VERIFY sequence, per draft, u32 n then n x (i32 id, f32 p). Every stage passes it on unchanged.
  *   PING/PONG  coord <-> node   liveness (empty)
  *   ERROR      node -> coord    JSON: msg
  *   FREE       coord -> node    forget the listed sequences (forwarded down the ring)
@@ -85,6 +87,7 @@ enum {
                             * the longest matching prefix and returns the committed tokens */
     RF_SEQ_HAS_Q = 16,     /* the drafts' distributions travel in an extra part (speculative sampling) */
     RF_SEQ_TAPS = 32,      /* stages holding DSpark tap layers (ASSIGN "taps") send this sequence's rows */
+    RF_SEQ_HAS_BIAS = 64,  /* with RF_SEQ_NEW: the sampler's logit biases travel in the 4th part */
 };
 
 /* Sampling parameters travel with every sequence entry; the last stage samples. */

@@ -526,6 +526,53 @@ static void draw(smp_sampler *s, const float *lg, int n, int *count) {
     for (int i = 0; i < n; i++) count[smp_sample(s, lg)]++;
 }
 
+/* Logit biases: added first, before penalties and filters, greedy included; the sampler keeps its own copy;
+ * an id outside the vocabulary or a NaN / +inf bias is refused by name. */
+static void test_sampler_bias(void) {
+    rl_err err;
+    float lg[8] = {0.5f, 3.0f, 1.0f, 2.5f, -1.0f, 0.0f, 2.9f, 0.1f};
+    smp_params p = smp_params_default(7);
+    p.temperature = 0;
+    smp_sampler s;
+    CHECK(smp_init(&s, &p, 8, &err) == 0 && smp_sample(&s, lg) == 1, "no bias: greedy picks the highest logit (1)");
+    smp_free(&s);
+    smp_bias *b = malloc(2 * sizeof *b);
+    b[0] = (smp_bias){1, -INFINITY};
+    b[1] = (smp_bias){3, 0.5f};
+    p.bias = b;
+    p.n_bias = 2;
+    CHECK(smp_init(&s, &p, 8, &err) == 0, "a ban and a boost are accepted");
+    free(b); /* the sampler has its own copy */
+    CHECK(smp_sample(&s, lg) == 3, "greedy: token 1 banned, token 3 (2.5 + 0.5) now beats token 6 (2.9)");
+    size_t n;
+    p.temperature = 1.0f;
+    p.top_k = 0, p.top_p = 1.0f, p.min_p = 0.0f;
+    smp_free(&s);
+    smp_bias b2[2] = {{1, -INFINITY}, {1, 100.0f}};
+    p.bias = b2;
+    CHECK(smp_init(&s, &p, 8, &err) == 0, "a token listed twice is accepted");
+    int hits = 0;
+    for (int i = 0; i < 200; i++) hits += smp_sample(&s, lg) == 1;
+    CHECK(hits == 0, "listed twice, both add: -inf + 100 still bans it (%d of 200 draws)", hits);
+    smp_free(&s);
+    smp_bias b3 = {5, 40.0f};
+    p.bias = &b3;
+    p.n_bias = 1;
+    CHECK(smp_init(&s, &p, 8, &err) == 0, "one strong boost");
+    hits = 0;
+    for (int i = 0; i < 200; i++) hits += smp_sample(&s, lg) == 5;
+    smp_filter(&s, lg, &n);
+    CHECK(hits == 200 && n == 8, "sampled at temperature 1: +40 makes token 5 every draw (%d of 200)", hits);
+    smp_free(&s);
+    smp_bias bad = {8, 1.0f};
+    p.bias = &bad;
+    CHECK(smp_init(&s, &p, 8, &err) != 0 && strstr(err.msg, "token 8"), "id outside the vocabulary refused: %s", err.msg);
+    bad = (smp_bias){2, NAN};
+    CHECK(smp_init(&s, &p, 8, &err) != 0 && strstr(err.msg, "logit bias"), "NaN bias refused: %s", err.msg);
+    bad = (smp_bias){2, INFINITY};
+    CHECK(smp_init(&s, &p, 8, &err) != 0 && strstr(err.msg, "logit bias"), "+inf bias refused: %s", err.msg);
+}
+
 static void test_sampler(void) {
     rl_err err;
     smp_sampler s, s2;
@@ -701,6 +748,7 @@ int main(void) {
     test_stream(&t);
     test_chat(&t);
     test_sampler();
+    test_sampler_bias();
     tok_free(&t);
     return check_done();
 }
