@@ -106,6 +106,9 @@ long=""
 [ -n "$rargs" ] && cmd="$cmd --ringlm-args \"$rargs\"" long="$long, ringlm with $rargs"
 ours_set="defaults: repacked weights where llama.cpp repacks them, flash attention, f16 cache"
 [ -n "$rargs" ] && ours_set="repacked weights where llama.cpp repacks them, $rargs"
+# (not grep -m1 in a pipe: strings dies of SIGPIPE, pipefail fails the pipeline, and both lines printed)
+peer_cc=$(strings "$B/llama-bench" | grep '^GCC: ' | head -n 1 || true)
+[ -n "$peer_cc" ] || peer_cc='an unknown compiler'
 cat >"bench/results/$out.json" <<JSON
 {
   "benchmark": "single machine, ringlm vs llama-bench at its defaults",
@@ -139,7 +142,7 @@ $(awk -v b="$active" 'BEGIN { printf "%.0f MiB", b / 1048576 }') of weights read
 | ratio (median of per-pair ratios) | | $(printf '%.2fx' "$ratio_p") | $(printf '%.2fx' "$ratio_d") |
 
 Per-pair ratios, prefill: ${pr[*]}; decode: ${dr[*]}. llama-bench ran as \`$lb_cmd\`, built by
-$(strings "$B/llama-bench" | grep -m1 '^GCC: ' || echo 'an unknown compiler') (scripts/llama-tools.sh: the compiler scripts/ggml.sh builds ringlm's ggml with).
+$peer_cc (scripts/llama-tools.sh: the compiler scripts/ggml.sh builds ringlm's ggml with).
 
 Decode bandwidth ceiling (read bandwidth / active bytes per token): $ceiling tok/s; ringlm reaches
 $(awk -v a="$od" -v c="$ceiling" 'BEGIN { printf "%.0f%%", 100 * a / c }') of it. ringlm peak RSS $(awk -v b="$rs" 'BEGIN { printf "%.0f MiB", b / 1048576 }').

@@ -29,6 +29,38 @@ def is_error(d):
     e = d["error"]
     return set(e) == {"message", "type", "param", "code"} and isinstance(e["message"], str) and e["message"] \
         and isinstance(e["type"], str)
+def ref_logprobs(name, n_prompt):
+    """Log-softmax rows of a `ringlm logits` file in the work folder, for the positions after the prompt:
+    [(token id generated there, {id: logprob})], from the file's tokens (prompt, then the generated ones)."""
+    import math, struct
+    b = open(os.path.join(W, name), "rb").read()
+    head, _, data = b.partition(b"end\n")
+    kv = dict(l.split(" ", 1) for l in head.decode().splitlines()[1:])
+    V, R = int(kv["n_vocab"]), int(kv["n_rows"])
+    toks = [int(t) for t in kv["tokens"].split(",")]
+    out = []
+    for r in range(n_prompt - 1, R - 1):
+        row = struct.unpack_from("<%df" % V, data, r * V * 4)
+        m = max(row)
+        lse = m + math.log(sum(math.exp(x - m) for x in row))
+        out.append((toks[r + 1], {i: x - lse for i, x in enumerate(row)}))
+    return out
+def lp_match(d, want, top, tol=1e-3):
+    """d: a completion's choices[0].logprobs (the legacy form); want: ref_logprobs. Each token's logprob,
+    and its alternatives' (a dict by text: alternatives whose texts collide keep the likelier, so it may be
+    shorter than top), agree within tol with the reference's top ones, the best first."""
+    got = list(zip(d["token_logprobs"], d["top_logprobs"]))
+    if len(got) != len(want):
+        print("logprobs for", len(got), "tokens, the reference has", len(want))
+        return False
+    for (lp, alts), (tok, row) in zip(got, want):
+        best = sorted(row.values(), reverse=True)[:top]
+        vals = sorted(alts.values(), reverse=True)
+        if abs(lp - row[tok]) > tol or not vals or len(vals) > top or abs(vals[0] - best[0]) > tol or \
+                any(min(abs(v - b) for b in best) > tol for v in vals):
+            print("logprob mismatch:", lp, row[tok], vals, best)
+            return False
+    return True
 raw = open(sys.argv[1], "rb").read()
 try:
     d = json.loads(raw)

@@ -58,6 +58,28 @@ run_text want_up -p "$P" -n 6 --logit-bias "$b2+100"
 check "logit_bias +100 on one token: sampled at temperature 0.9, every token is that one (= run's greedy text)" \
     py "$WORK/lb_up.json" "d['choices'][0]['text'] == load('want_up.exp') and d['usage']['completion_tokens'] == 6"
 
+# logprobs: the model's log-softmax (before bias and sampling) of each generated token and its top
+# alternatives, against the logits `ringlm logits` computes for the prompt and the generated tokens.
+"$RINGLM" run -m "$f" -p "$P" -n 8 --temp 0 --ignore-eos --ids --threads 1 >"$WORK/lp.ids" 2>/dev/null
+pids=$("$RINGLM" tokenize -m "$f" "$P")
+"$RINGLM" logits -m "$f" --tokens "$pids,$(cat "$WORK/lp.ids")" --prefill "$n_prompt" --threads 1 -o "$WORK/lp_ref.bin"
+post lp /v1/completions "{\"prompt\":\"$P\",\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true,\"logprobs\":3}"
+check "completions logprobs: 8 tokens, each token's logprob and its 3 alternatives = the logits' log-softmax" \
+    py "$WORK/lp.json" "lp_match(d['choices'][0]['logprobs'], ref_logprobs('lp_ref.bin', $n_prompt), 3)"
+check "completions logprobs: text offsets start at 0 and grow within the text" py "$WORK/lp.json" \
+    "(lambda l: l['text_offset'][0] == 0 and all(b >= a for a, b in zip(l['text_offset'], l['text_offset'][1:])) and l['text_offset'][-1] < len(d['choices'][0]['text'].encode()) + 4)(d['choices'][0]['logprobs'])"
+post lp_sse /v1/completions "{\"prompt\":\"$P\",\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true,\"logprobs\":3,\"stream\":true}" -N
+check "completions logprobs streamed: the same entries, spread over the chunks" py "$WORK/lp_sse.json" \
+    "sum([c['choices'][0]['logprobs']['token_logprobs'] for c in sse(raw) if c['choices'][0]['logprobs']], []) == load('lp.json')['choices'][0]['logprobs']['token_logprobs']"
+post lpc /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"$P\"}],\"max_tokens\":12,\"temperature\":0.8,\"seed\":5,\"ignore_eos\":true,\"logprobs\":true,\"top_logprobs\":2}"
+check "chat logprobs: one entry per token, logprob <= 0, 2 alternatives sorted, the chosen one's bytes make the content" \
+    py "$WORK/lpc.json" "(lambda c, txt: len(c) == d['usage']['completion_tokens'] and all(e['logprob'] <= 0 and len(e['top_logprobs']) == 2 and e['top_logprobs'][0]['logprob'] >= e['top_logprobs'][1]['logprob'] for e in c) and bytes(sum([e['bytes'] for e in c], [])).decode('utf-8', 'replace') == txt)(d['choices'][0]['logprobs']['content'], d['choices'][0]['message']['content'])"
+post lpc_sse /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"$P\"}],\"max_tokens\":12,\"temperature\":0.8,\"seed\":5,\"ignore_eos\":true,\"logprobs\":true,\"top_logprobs\":2,\"stream\":true}" -N
+check "chat logprobs streamed: the same entries as not streamed" py "$WORK/lpc_sse.json" \
+    "sum([c['choices'][0]['logprobs']['content'] for c in sse(raw) if c['choices'] and c['choices'][0].get('logprobs')], []) == load('lpc.json')['choices'][0]['logprobs']['content']"
+post nolp /v1/completions "{\"prompt\":\"$P\",\"max_tokens\":2}"
+check "no logprobs asked: \"logprobs\": null" py "$WORK/nolp.json" "d['choices'][0]['logprobs'] is None"
+
 Q="What is two plus two?"
 post chat /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"$Q\"}],\"max_completion_tokens\":20,\"temperature\":0,\"ignore_eos\":true}"
 "$RINGLM" run -m "$f" -p "$Q" --chat -n 20 --temp 0 --ignore-eos --threads 1 --metrics-json "$WORK/chat_run.json" >/dev/null 2>&1
@@ -221,6 +243,9 @@ check "... the target drafting for itself: (nearly) every draft kept" awk -v d="
 post dms /v1/chat/completions '{"messages":[{"role":"user","content":"hello"}],"max_tokens":12,"temperature":0.9,"seed":3,"stream":true}'
 check "a sampled, streamed chat request with the draft model: 200, ends with [DONE]" \
     bash -c "test \"\$(cat '$WORK/dms.code')\" = 200 && grep -q 'data: \[DONE\]' '$WORK/dms.json'"
+post lp_dm /v1/completions "{\"prompt\":\"$P\",\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true,\"logprobs\":3,\"draft\":\"model\"}"
+check "logprobs of the tokens the draft model's VERIFY blocks commit = the logits' log-softmax, drafts kept" \
+    py "$WORK/lp_dm.json" "lp_match(d['choices'][0]['logprobs'], ref_logprobs('lp_ref.bin', $n_prompt), 3) and d['usage']['completion_tokens_details']['accepted_prediction_tokens'] >= 4"
 kill "${SRV_PID[drafted]}" 2>/dev/null; wait "${SRV_PID[drafted]}" 2>/dev/null || true; unset "SRV_PID[drafted]"
 URL=${SRV_URL[main]}
 "$RINGLM" synth --no-progress --config '{"base":"tiny","n_vocab":2048}' -o "$WORK/other.gguf" 2>/dev/null ||
@@ -305,6 +330,11 @@ err_case "logit_bias with a bias that is no number" 400 logit_bias e_lb3 /v1/com
 err_case "logit_bias neither object nor array" 400 logit_bias e_lb4 /v1/completions '{"prompt":"hi","logit_bias":7}' "${K[@]}"
 err_case "logit_bias array entry not a pair" 400 logit_bias e_lb5 /v1/completions '{"prompt":"hi","logit_bias":[[5]]}' "${K[@]}"
 check "logit_bias refusal names the bad key" py "$WORK/e_lb1.json" "'abc' in d['error']['message']"
+err_case "top_logprobs without logprobs" 400 top_logprobs e_lp1 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"top_logprobs":2}' "${K[@]}"
+err_case "top_logprobs over 20" 400 top_logprobs e_lp2 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":21}' "${K[@]}"
+err_case "chat logprobs not a bool" 400 logprobs e_lp3 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"logprobs":3}' "${K[@]}"
+err_case "completions logprobs not a count" 400 logprobs e_lp4 /v1/completions '{"prompt":"hi","logprobs":"x"}' "${K[@]}"
+err_case "completions logprobs over 20" 400 logprobs e_lp5 /v1/completions '{"prompt":"hi","logprobs":21}' "${K[@]}"
 err_case "unknown model" 404 model e_model /v1/completions '{"prompt":"hi","model":"gpt-4"}' "${K[@]}"
 check "unknown model: code model_not_found" py "$WORK/e_model.json" "d['error']['code'] == 'model_not_found'"
 err_case "prompt longer than the context" 400 prompt e_ctx /v1/completions \

@@ -72,6 +72,17 @@ check "logit_bias through the ring: text = ringlm run --logit-bias on one machin
 post lb_sse "$(greedy "$P" 24 ",\"stream\":true,\"logit_bias\":{\"$b1\":false,\"$b2\":-3.5}")" -N
 check "logit_bias through the ring, streamed: the same text" py "$WORK/lb_sse.json" "text(sse(raw)) == load('want_lb.exp')"
 
+# logprobs come back from the last stage with the tokens (RESULT entries): = the log-softmax of one
+# machine's logits (and for the tokens VERIFY blocks commit: below, with a draft model).
+R="one two three one two three one two three one two"
+"$RINGLM" run -m "$f" -p "$R" -n 12 --temp 0 --ignore-eos --ids --threads 1 >"$WORK/lp.ids" 2>/dev/null
+rids=$("$RINGLM" tokenize -m "$f" "$R")
+n_r=$(echo "$rids" | awk -F, '{ print NF }')
+"$RINGLM" logits -m "$f" --tokens "$rids,$(cat "$WORK/lp.ids")" --prefill "$n_r" --threads 1 -o "$WORK/lp_ref.bin"
+post lp "$(greedy "$R" 12 ',"logprobs":3')"
+check "logprobs through the ring: each token's and its top 3 = one machine's log-softmax" \
+    py "$WORK/lp.json" "lp_match(d['choices'][0]['logprobs'], ref_logprobs('lp_ref.bin', $n_r), 3)"
+
 # ---- 4 concurrent streams, each = its single-request result, in shared frames -----------------------------
 prompts=("The quick brown fox" "Once upon a time" "In the beginning" "Hello world, this is a longer prompt for the test")
 for i in 0 1 2 3; do post "seq$i" "$(greedy "${prompts[$i]}" 32)"; done
@@ -232,5 +243,8 @@ dd=$(metric ringlm_spec_drafted_tokens_total); da=$(metric ringlm_spec_accepted_
 check "4 concurrent requests drafted by a draft model, verified through the ring = their results without ($same/4; $dd drafts, $da kept)" \
     test $same = 4
 check "... (nearly) every draft kept" awk -v d="$dd" -v a="$da" 'BEGIN { exit !(d > 20 && a * 10 >= d * 9) }'
+post lp_dm "$(greedy "$R" 12 ',"logprobs":3,"draft":"model"')"
+check "logprobs of the tokens VERIFY blocks commit (drafted by the model): = one machine's log-softmax, drafts kept" \
+    py "$WORK/lp_dm.json" "lp_match(d['choices'][0]['logprobs'], ref_logprobs('lp_ref.bin', $n_r), 3) and d['usage']['completion_tokens_details']['accepted_prediction_tokens'] >= 6"
 kill -TERM "${SRV_PID[drafted]}"; wait "${SRV_PID[drafted]}" || true; unset 'SRV_PID[drafted]'
 finish

@@ -6,6 +6,8 @@
 
 #include "../speculate/accept.h"
 
+_Static_assert(sizeof(smp_logprob) == RF_LOGPROB_BYTES, "the wire's log-probability entry is smp_logprob's layout");
+
 static stage_seq *stage_find(ring_stage *s, uint64_t id, bool create);
 
 void stage_init(ring_stage *s, k3_engine *e, uint32_t n_ctx, int wire) {
@@ -325,7 +327,15 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
         }
         row0 += nrows;
     }
-    size_t plen = h->n_seqs * 4 + n_logit_floats * 4 + n_comm_total * 4;
+    /* Log-probabilities of what each RF_SEQ_LOGPROBS sequence gets back: its sampled token, or each
+     * committed one (committed token j was chosen from the block's row j). */
+    size_t n_lp = 0;
+    for (uint32_t i = 0; i < h->n_seqs; i++) {
+        const rf_seq *sq = &h->seqs[i];
+        if (!(sq->flags & RF_SEQ_LOGPROBS) || stale[i]) continue;
+        n_lp += (sq->flags & RF_SEQ_VERIFY) ? (size_t)n_comm[i] : !(sq->flags & RF_SEQ_NO_SAMPLE) ? 1 : 0;
+    }
+    size_t plen = h->n_seqs * 4 + n_logit_floats * 4 + n_comm_total * 4 + n_lp * RF_LOGPROB_BYTES;
     uint8_t *payload = malloc(plen);
     if (!payload) {
         free(committed);
@@ -333,11 +343,18 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
     }
     int row = 0;
     size_t lo = 0;
+    const float **lp_row = calloc(h->n_seqs ? h->n_seqs : 1, sizeof *lp_row); /* each sequence's first row */
+    if (!lp_row) {
+        free(committed);
+        free(payload);
+        return rl_errf(err, "out of memory");
+    }
     for (uint32_t i = 0; i < h->n_seqs; i++) {
         const rf_seq *sq = &h->seqs[i];
         int32_t tok = -1;
         stage_seq *q = qv[i];
         const float *lrow = NULL;
+        lp_row[i] = logits ? logits + (size_t)row * n_vocab : NULL;
         if (sq->flags & RF_SEQ_ALL_LOGITS) {
             memcpy(payload + h->n_seqs * 4 + lo * 4, logits + (size_t)row * n_vocab, (size_t)sq->n_tokens * n_vocab * 4);
             lo += (size_t)sq->n_tokens * n_vocab;
@@ -355,6 +372,7 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
             row++;
         }
         if (lrow && q && q->has_smp) tok = smp_sample(&q->smp, lrow);
+        lp_row[i] = lrow;
         memcpy(payload + i * 4, &tok, 4);
     }
     for (uint32_t i = 0; i < h->n_seqs; i++) {
@@ -362,6 +380,21 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
         memcpy(payload + h->n_seqs * 4 + lo * 4, committed[i], (size_t)n_comm[i] * 4);
         lo += (size_t)n_comm[i];
     }
+    uint8_t *lp_at = payload + h->n_seqs * 4 + lo * 4;
+    for (uint32_t i = 0; i < h->n_seqs; i++) {
+        const rf_seq *sq = &h->seqs[i];
+        if (!(sq->flags & RF_SEQ_LOGPROBS) || stale[i]) continue;
+        int nt = (sq->flags & RF_SEQ_VERIFY) ? n_comm[i] : !(sq->flags & RF_SEQ_NO_SAMPLE) ? 1 : 0;
+        for (int t = 0; t < nt; t++) {
+            smp_logprob lp;
+            int32_t id;
+            memcpy(&id, (sq->flags & RF_SEQ_VERIFY) ? (const void *)&committed[i][t] : (const void *)(payload + i * 4), 4);
+            smp_logprobs(lp_row[i] + (size_t)t * n_vocab, (int32_t)n_vocab, id, &lp);
+            memcpy(lp_at, &lp, RF_LOGPROB_BYTES);
+            lp_at += RF_LOGPROB_BYTES;
+        }
+    }
+    free(lp_row);
     free(committed);
     *out = payload;
     *out_len = plen;

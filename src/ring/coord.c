@@ -712,6 +712,15 @@ int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_req
         }
     }
     want += n_committed * 4;
+    size_t n_lp = 0; /* log-probability entries: one per token returned to a RF_SEQ_LOGPROBS sequence */
+    for (int i = 0; i < n_reqs && p->len[1] >= (size_t)n_reqs * 4; i++) {
+        if (!(reqs[i].flags & RF_SEQ_LOGPROBS)) continue;
+        int32_t c;
+        memcpy(&c, (const uint8_t *)p->data[1] + i * 4, 4);
+        n_lp += (reqs[i].flags & RF_SEQ_VERIFY) ? (c >= 0 && c <= 32 ? (size_t)c : 1000000)
+                : (reqs[i].flags & RF_SEQ_NO_SAMPLE) ? 0 : 1;
+    }
+    want += n_lp * RF_LOGPROB_BYTES;
     rf_header *h2 = calloc(1, sizeof *h2);
     rl_err e2;
     if (!h2 || rf_header_decode(h2, p->data[0], p->len[0], &e2) != 0 || h2->n_seqs != (uint32_t)n_reqs ||
@@ -732,6 +741,12 @@ int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_req
             if (!(reqs[i].flags & RF_SEQ_VERIFY)) continue;
             memcpy(reqs[i].committed, pl + lo, (size_t)reqs[i].token * 4);
             lo += (size_t)reqs[i].token * 4;
+        }
+        for (int i = 0; i < n_reqs; i++) { /* then the log-probabilities of what each got back */
+            if (!(reqs[i].flags & RF_SEQ_LOGPROBS)) continue;
+            size_t nt = (reqs[i].flags & RF_SEQ_VERIFY) ? (size_t)reqs[i].token : (reqs[i].flags & RF_SEQ_NO_SAMPLE) ? 0 : 1;
+            if (reqs[i].lp) memcpy(reqs[i].lp, pl + lo, (nt < reqs[i].lp_cap ? nt : reqs[i].lp_cap) * RF_LOGPROB_BYTES);
+            lo += nt * RF_LOGPROB_BYTES;
         }
         size_t row = (size_t)rc->o.n_taps * rc->hp.n_embd, r0 = 0;
         for (int i = 0; pd->taps && i < n_reqs; i++) { /* each flagged sequence's tap rows */

@@ -175,6 +175,8 @@ typedef struct ring_seq_req {
     size_t q_len;
     const smp_bias *bias; /* RF_SEQ_HAS_BIAS (a RF_SEQ_NEW entry): the last stage's sampler adds these */
     uint32_t n_bias;
+    smp_logprob *lp;      /* out, optional, RF_SEQ_LOGPROBS: one entry per token returned, at most lp_cap kept */
+    uint32_t lp_cap;
     int32_t committed[32]; /* out, RF_SEQ_VERIFY: accepted drafts + correction (token = count) */
     float *taps;    /* out, RF_SEQ_TAPS: n rows of o.n_taps * n_embd floats, token-major (malloc'ed; the caller frees
                      * it, also after a failed collect: set it to NULL before) */

@@ -447,6 +447,11 @@ static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
                                 .smp = S->smp};
         }
         if (!e->sample) q->flags |= RF_SEQ_NO_SAMPLE;
+        if (e->sample && e->logprobs) {
+            q->flags |= RF_SEQ_LOGPROBS;
+            q->lp = steps[i].lp; /* (e is the read-only view of the same entry) */
+            q->lp_cap = SCH_MAX_DRAFT + 1;
+        }
         if (e->n_draft > 0) q->flags |= RF_SEQ_VERIFY; /* the last stage accepts; the stages roll back after */
         if (B->taps && e->taps) q->flags |= RF_SEQ_TAPS;
         q->token = -1;

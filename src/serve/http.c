@@ -365,6 +365,7 @@ typedef struct http_job {
     size_t n_prompt;
     http_strs strs;
     smp_bias *bias; /* jb->p.smp.bias */
+    int top_logprobs; /* with p.logprobs: how many alternatives per token to show (0..SMP_TOP_LOGPROBS) */
 } http_job;
 
 static void http_job_free(http_job *jb) {
@@ -546,9 +547,26 @@ static int http_parse_common(const http_server *h, const cJSON *j, http_job *jb,
     } else if (!http_absent(v)) {
         return BAD(f, "stop", "'stop' must be a string or an array of strings");
     }
-    /* Asked-for features we do not have: say so rather than silently ignore them. */
+    /* Log-probabilities: chat asks with logprobs: true and top_logprobs: N; completions (the legacy API)
+     * with logprobs: N. The model's own distribution (sampler.h: smp_logprobs), at most 20 alternatives. */
     v = cJSON_GetObjectItemCaseSensitive(j, "logprobs");
-    if (!http_absent(v) && !cJSON_IsFalse(v)) return BAD(f, "logprobs", "'logprobs' is not supported");
+    if (jb->chat) {
+        if (http_get_bool(j, "logprobs", &jb->p.logprobs, f) != 0) return -1;
+        ll = 0;
+        if (http_get_int(j, "top_logprobs", 0, SMP_TOP_LOGPROBS, &ll, f) != 0) return -1;
+        if (!http_absent(cJSON_GetObjectItemCaseSensitive(j, "top_logprobs")) && !jb->p.logprobs) {
+            return BAD(f, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        }
+        jb->top_logprobs = (int)ll;
+    } else if (!http_absent(v) && !cJSON_IsFalse(v)) {
+        ll = 0;
+        if (!cJSON_IsNumber(v) || http_get_int(j, "logprobs", 0, SMP_TOP_LOGPROBS, &ll, f) != 0) {
+            return BAD(f, "logprobs", "'logprobs' must be how many alternatives to return per token, 0 to %d", SMP_TOP_LOGPROBS);
+        }
+        jb->p.logprobs = true;
+        jb->top_logprobs = (int)ll;
+    }
+    /* Asked-for features we do not have: say so rather than silently ignore them. */
     v = cJSON_GetObjectItemCaseSensitive(j, "tools");
     if (!http_absent(v) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0)) {
         return BAD(f, "tools", "tool declarations are not supported");
@@ -793,9 +811,78 @@ static cJSON *http_text_item(const char *p, size_t n) {
     return j;
 }
 
+/* Log-probabilities as OpenAI shows them: chat {"content": [{token, logprob, bytes, top_logprobs: [...]}]},
+ * completions {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}; *off is the text's
+ * length before these tokens (completions' offsets run over the whole text, across stream chunks). A
+ * token's text is its piece, invalid UTF-8 as U+FFFD; "bytes" are the piece exactly. -inf (a banned
+ * token) is shown as -9999, as JSON has no infinity and OpenAI floors its logprobs there. */
+static double http_lp_num(float v) { return isfinite(v) ? (double)v : -9999.0; }
+
+static cJSON *http_lp_token(const http_server *h, int32_t id, const char **bytes, size_t *len) {
+    static const char none = 0;
+    if (tok_piece(h->tok, id, false, bytes, len) != 0) *bytes = &none, *len = 0;
+    char tmp[512], clean[1024];
+    size_t n = *len < sizeof tmp - 1 ? *len : sizeof tmp - 1;
+    memcpy(tmp, *bytes, n);
+    tmp[n] = 0;
+    http_clean(tmp, clean, sizeof clean, false);
+    return cJSON_CreateString(clean);
+}
+
+static cJSON *http_lp_bytes(const char *b, size_t n) {
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)b[i]));
+    return a;
+}
+
+static cJSON *http_logprobs(const http_server *h, bool chat, const smp_logprob *lp, size_t n, int top, size_t *off) {
+    const char *b;
+    size_t bl;
+    cJSON *j = cJSON_CreateObject();
+    if (chat) {
+        cJSON *content = cJSON_AddArrayToObject(j, "content");
+        for (size_t i = 0; i < n; i++) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddItemToObject(e, "token", http_lp_token(h, lp[i].id, &b, &bl));
+            cJSON_AddNumberToObject(e, "logprob", http_lp_num(lp[i].logprob));
+            cJSON_AddItemToObject(e, "bytes", http_lp_bytes(b, bl));
+            cJSON *tl = cJSON_AddArrayToObject(e, "top_logprobs");
+            for (int k = 0; k < top && lp[i].top_id[k] >= 0; k++) {
+                cJSON *t = cJSON_CreateObject();
+                cJSON_AddItemToObject(t, "token", http_lp_token(h, lp[i].top_id[k], &b, &bl));
+                cJSON_AddNumberToObject(t, "logprob", http_lp_num(lp[i].top_logprob[k]));
+                cJSON_AddItemToObject(t, "bytes", http_lp_bytes(b, bl));
+                cJSON_AddItemToArray(tl, t);
+            }
+            cJSON_AddItemToArray(content, e);
+        }
+        return j;
+    }
+    cJSON *toks = cJSON_AddArrayToObject(j, "tokens"), *tlp = cJSON_AddArrayToObject(j, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(j, "top_logprobs"), *offs = cJSON_AddArrayToObject(j, "text_offset");
+    for (size_t i = 0; i < n; i++) {
+        cJSON_AddItemToArray(toks, http_lp_token(h, lp[i].id, &b, &bl));
+        cJSON_AddItemToArray(tlp, cJSON_CreateNumber(http_lp_num(lp[i].logprob)));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*off));
+        *off += bl;
+        cJSON *t = cJSON_CreateObject();
+        for (int k = 0; k < top && lp[i].top_id[k] >= 0; k++) {
+            cJSON *name = http_lp_token(h, lp[i].top_id[k], &b, &bl);
+            /* two alternatives with the same text (byte tokens cleaned to U+FFFD): the likelier one stays */
+            if (!cJSON_GetObjectItemCaseSensitive(t, name->valuestring)) {
+                cJSON_AddNumberToObject(t, name->valuestring, http_lp_num(lp[i].top_logprob[k]));
+            }
+            cJSON_Delete(name);
+        }
+        cJSON_AddItemToArray(tops, t);
+    }
+    return j;
+}
+
 /* One choice: chat message / chat delta / completion text (len bytes). text NULL = no content key (chat
- * deltas). */
-static cJSON *http_choice(bool chat, bool delta, bool role, const char *text, size_t len, const char *finish) {
+ * deltas). lp: its "logprobs" (taken), NULL for null. */
+static cJSON *http_choice(bool chat, bool delta, bool role, const char *text, size_t len, const char *finish,
+                          cJSON *lp) {
     cJSON *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "index", 0);
     if (chat) {
@@ -805,7 +892,8 @@ static cJSON *http_choice(bool chat, bool delta, bool role, const char *text, si
     } else {
         cJSON_AddItemToObject(c, "text", http_text_item(text ? text : "", text ? len : 0));
     }
-    cJSON_AddNullToObject(c, "logprobs");
+    if (lp) cJSON_AddItemToObject(c, "logprobs", lp);
+    else cJSON_AddNullToObject(c, "logprobs");
     if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
     else cJSON_AddNullToObject(c, "finish_reason");
     return c;
@@ -820,6 +908,8 @@ typedef struct http_stream {
     sch_request *r;
     int fd;
     bool chat, include_usage, ended;
+    int top_logprobs; /* -1: none asked */
+    size_t lp_off;    /* completions' text_offset: the text's bytes so far */
     const char *model; /* one of h->names */
     char id[64];
     time_t created;
@@ -839,10 +929,10 @@ static void http_sse(http_stream *st, cJSON *j) {
     free(s);
 }
 
-static void http_sse_chunk(http_stream *st, bool role, const char *text, size_t len, const char *finish) {
+static void http_sse_chunk(http_stream *st, bool role, const char *text, size_t len, const char *finish, cJSON *lp) {
     cJSON *j = http_envelope(st->model, st->id, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
     cJSON *ch = cJSON_AddArrayToObject(j, "choices");
-    cJSON_AddItemToArray(ch, http_choice(st->chat, true, role, text, len, finish));
+    cJSON_AddItemToArray(ch, http_choice(st->chat, true, role, text, len, finish, lp));
     http_sse(st, j);
 }
 
@@ -860,7 +950,7 @@ static void http_sse_end(http_stream *st, const sch_update *u) {
             free(s);
         }
     } else {
-        http_sse_chunk(st, false, st->chat ? NULL : "", 0, http_finish_reason(u->fin));
+        http_sse_chunk(st, false, st->chat ? NULL : "", 0, http_finish_reason(u->fin), NULL);
         if (u->receipts) { /* one more chunk, with no choices: the receipts (asked with "receipts": true) */
             cJSON *j = http_envelope(st->model, st->id, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
             cJSON_AddArrayToObject(j, "choices");
@@ -893,9 +983,12 @@ static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max) 
         }
         sch_update u;
         sch_request_wait(st->r, 100, &u);
-        if (u.text) {
-            http_sse_chunk(st, false, u.text, u.len, NULL);
+        if (u.text || u.n_lp) {
+            cJSON *lp = st->top_logprobs >= 0 ? http_logprobs(st->h, st->chat, u.lp, u.n_lp, st->top_logprobs, &st->lp_off)
+                                              : NULL;
+            http_sse_chunk(st, false, u.text ? u.text : "", u.len, NULL, lp);
             free(u.text);
+            free(u.lp);
         }
         if (u.fin != SCH_RUNNING) {
             http_sse_end(st, &u);
@@ -1001,9 +1094,10 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
             goto fail;
         }
         *st = (http_stream){.h = h, .r = r, .fd = http_conn_fd(c), .chat = chat, .include_usage = jb.include_usage,
-                            .model = jb.model, .created = created, .t0 = t0};
+                            .top_logprobs = jb.p.logprobs ? jb.top_logprobs : -1, .model = jb.model,
+                            .created = created, .t0 = t0};
         snprintf(st->id, sizeof st->id, "%s", id);
-        if (chat) http_sse_chunk(st, true, "", 0, NULL); /* OpenAI's first chunk: the role */
+        if (chat) http_sse_chunk(st, true, "", 0, NULL, NULL); /* OpenAI's first chunk: the role */
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, http_stream_read, st,
                                                                       http_stream_free);
         if (!resp) {
@@ -1021,19 +1115,26 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
 
     /* Not streamed: wait for the whole text, watching for the client to hang up meanwhile. */
     int fd = http_conn_fd(c);
-    http_buf text = {0};
+    http_buf text = {0}, lps = {0}; /* lps: the smp_logprob entries, as bytes */
     sch_update u;
+    const bool want_lp = jb.p.logprobs;
+    const int top_lp = jb.top_logprobs;
     for (;;) {
         sch_request_wait(r, 100, &u);
         if (u.text) {
             hb_add(&text, u.text, u.len);
             free(u.text);
         }
+        if (u.lp) {
+            hb_add(&lps, (const char *)u.lp, u.n_lp * sizeof *u.lp);
+            free(u.lp);
+        }
         if (u.fin != SCH_RUNNING) break;
         if (http_client_gone(fd)) {
             sch_cancel(r);
             sch_request_release(r);
             free(text.p);
+            free(lps.p);
             http_job_free(&jb);
             http_log(h, "client went away while waiting; request cancelled");
             return MHD_NO; /* nobody to answer */
@@ -1044,6 +1145,7 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
     http_job_free(&jb);
     if (u.fin == SCH_FIN_ERROR || u.fin == SCH_FIN_CANCELLED) {
         free(text.p);
+        free(lps.p);
         free(u.receipts);
         if (u.fin == SCH_FIN_ERROR && u.unavailable) { /* a ring node is down: try again later */
             return http_send_error(hc, c, 503, "server_error", "unavailable", NULL, "%s", u.err);
@@ -1056,7 +1158,12 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
     }
     cJSON *resp = http_envelope(jb.model, id, chat ? "chat.completion" : "text_completion", created);
     cJSON *ch = cJSON_AddArrayToObject(resp, "choices");
-    cJSON_AddItemToArray(ch, http_choice(chat, false, true, text.p ? text.p : "", text.p ? text.len : 0, http_finish_reason(u.fin)));
+    size_t lp_off = 0;
+    cJSON *lpj = want_lp ? http_logprobs(h, chat, (const smp_logprob *)lps.p, lps.len / sizeof(smp_logprob), top_lp, &lp_off)
+                         : NULL;
+    free(lps.p);
+    cJSON_AddItemToArray(ch, http_choice(chat, false, true, text.p ? text.p : "", text.p ? text.len : 0,
+                                         http_finish_reason(u.fin), lpj));
     cJSON_AddItemToObject(resp, "usage", http_usage(&u));
     if (u.receipts) {
         cJSON *rj = cJSON_Parse(u.receipts);

@@ -132,11 +132,18 @@ static int sch_local_step(void *impl, sch_step *steps, int n, rl_err *err) {
             r += (int)sp->n_tokens;
             L->valid[sp->slot] -= (uint32_t)(sp->n_tokens - (uint32_t)sp->n_out);
             sp->token = sp->out[sp->n_out - 1];
+            for (int t = 0; sp->logprobs && t < sp->n_out; t++) {
+                smp_logprobs(o.logits + (size_t)(r - (int)sp->n_tokens + t) * (size_t)n_vocab, n_vocab, sp->out[t], &sp->lp[t]);
+            }
             continue;
         }
         /* The penalty history sees every token of the sequence, prompt included, as gen_run's does. */
         for (uint32_t t = 0; t < sp->n_tokens; t++) smp_accept(smp, sp->tokens[t]);
-        if (sp->sample) sp->token = smp_sample(smp, o.logits + (size_t)r++ * (size_t)n_vocab);
+        if (sp->sample) {
+            const float *row = o.logits + (size_t)r++ * (size_t)n_vocab;
+            sp->token = smp_sample(smp, row);
+            if (sp->logprobs) smp_logprobs(row, n_vocab, sp->token, &sp->lp[0]);
+        }
     }
     k3_output_free(&o);
     return 0;
@@ -300,6 +307,7 @@ static void sch_request_destroy(sch_request *r) {
     pthread_cond_destroy(&r->cond);
     free(r->prompt);
     free(r->out);
+    free(r->lp);
     free(r->receipts);
     free(r->hold);
     free(r->hist);
@@ -343,6 +351,12 @@ bool sch_request_wait(sch_request *r, int timeout_ms, sch_update *u) {
         if (pthread_cond_timedwait(&r->cond, &s->mu, &dl) == ETIMEDOUT) break;
     }
     bool news = r->out_len > 0 || r->fin != SCH_RUNNING;
+    if (news && r->n_lp > 0) {
+        u->lp = r->lp;
+        u->n_lp = r->n_lp;
+        r->lp = NULL;
+        r->n_lp = r->cap_lp = 0;
+    }
     if (r->out_len > 0) {
         /* Hand over the buffer itself; the scheduler starts a new one. */
         u->text = r->out;
@@ -560,7 +574,7 @@ static void sch_admit(sch_sched *s) {
 }
 
 /* Handles a freshly sampled token. Mutex held. */
-static void sch_on_token(sch_sched *s, sch_request *r, int32_t id, double now) {
+static void sch_on_token(sch_sched *s, sch_request *r, int32_t id, const smp_logprob *lp, double now) {
     if (r->hist) { /* n-gram drafting reads it; without room it just stops growing (drafts get worse) */
         if (r->n_hist == r->cap_hist) {
             int32_t *h = realloc(r->hist, r->cap_hist * 2 * sizeof *h);
@@ -577,6 +591,14 @@ static void sch_on_token(sch_sched *s, sch_request *r, int32_t id, double now) {
     if (!r->p.ignore_eos && tok_is_eog(s->tok, id)) {
         sch_finish_req(s, r, SCH_FIN_STOP, NULL, true);
         return;
+    }
+    if (r->p.logprobs && lp) { /* without room the entry is lost, never the text */
+        if (r->n_lp == r->cap_lp) {
+            size_t c = r->cap_lp ? 2 * r->cap_lp : 16;
+            smp_logprob *nl = realloc(r->lp, c * sizeof *nl);
+            if (nl) r->lp = nl, r->cap_lp = c;
+        }
+        if (r->n_lp < r->cap_lp) r->lp[r->n_lp++] = *lp;
     }
     const char *text;
     size_t len;
@@ -634,7 +656,8 @@ static void *sch_main(void *arg) {
         for (int i = 0; i < s->be.n_slots; i++) {
             sch_request *r = s->slots[i];
             if (!r || r->n_fed < r->n_prompt) continue;
-            s->steps[n] = (sch_step){.slot = i, .n_tokens = 1, .tokens = &r->last, .sample = true, .taps = r->ds_ok};
+            s->steps[n] = (sch_step){.slot = i, .n_tokens = 1, .tokens = &r->last, .sample = true,
+                                     .logprobs = r->p.logprobs, .taps = r->ds_ok};
             /* Speculation: prompt lookup over the request's tokens, bounded by what is left to generate and
              * the context (fed so far: the prompt and every sampled token but the last). */
             int k = r->hist ? r->p.draft_n : 0;
@@ -677,7 +700,7 @@ static void *sch_main(void *arg) {
             s->steps[n] = (sch_step){.slot = best->slot, .begin = best->n_fed == 0, .smp = &best->p.smp,
                                      .receipts = best->p.receipts, .taps = best->ds_ok,
                                      .n_tokens = k, .tokens = best->prompt + best->n_fed,
-                                     .sample = best->n_fed + k == best->n_prompt};
+                                     .sample = best->n_fed + k == best->n_prompt, .logprobs = best->p.logprobs};
             s->step_req[n++] = best;
             budget -= k;
         }
@@ -777,9 +800,11 @@ static void *sch_main(void *arg) {
                 s->m.accepted += (uint64_t)(sp->n_out - 1);
                 r->drafted += sp->n_draft;
                 r->accepted += sp->n_out - 1;
-                for (int t = 0; t < sp->n_out && r->fin == SCH_RUNNING; t++) sch_on_token(s, r, sp->out[t], t1);
+                for (int t = 0; t < sp->n_out && r->fin == SCH_RUNNING; t++) {
+                    sch_on_token(s, r, sp->out[t], sp->logprobs ? &sp->lp[t] : NULL, t1);
+                }
             } else if (sp->sample) {
-                sch_on_token(s, r, sp->token, t1);
+                sch_on_token(s, r, sp->token, sp->logprobs ? &sp->lp[0] : NULL, t1);
             }
         }
     }

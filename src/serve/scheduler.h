@@ -74,6 +74,8 @@ typedef struct sch_step {
     int n_draft;   /* speculative: drafts after the first token (sample is true) */
     int32_t out[SCH_MAX_DRAFT + 1]; /* out, when n_draft > 0 */
     int n_out;
+    bool logprobs;      /* read with sample: also return lp (below) */
+    smp_logprob lp[SCH_MAX_DRAFT + 1]; /* out, when logprobs: of token, or of out[0 .. n_out) (smp_logprobs) */
     bool taps;          /* DSpark (after set_taps): return this entry's features */
     const float *feat;  /* out, when taps: n_tokens rows of n_taps * n_embd floats, token-major (the stream
                          * entering each tap layer at each of its tokens); valid until the next step */
@@ -146,6 +148,7 @@ typedef struct sch_params {
     int draft_n;             /* drafts of up to this many tokens per step (0: none) */
     bool draft_model;        /* from the server's draft model (sch_config.draft), else by prompt lookup */
     bool draft_dspark;       /* from the server's DSpark draft (sch_config.dspark) */
+    bool logprobs;           /* keep each generated token's log-probability and top alternatives (sch_update.lp) */
 } sch_params;
 
 struct sch_sched;
@@ -167,6 +170,8 @@ typedef struct sch_request {
     char *receipts;          /* at the end, when asked: a JSON array of receipts (handed to the last update) */
     char *out;               /* text produced and not yet taken by sch_request_wait */
     size_t out_len, out_cap;
+    smp_logprob *lp;         /* p.logprobs: the generated tokens' log-probabilities not yet taken, in order */
+    size_t n_lp, cap_lp;
     int n_gen;               /* completion tokens so far */
     int drafted, accepted;   /* speculative draft tokens verified for it, and kept */
     struct sch_request *next;/* queue link */
@@ -194,6 +199,10 @@ typedef struct sch_update {
     char err[256];
     bool unavailable; /* with SCH_FIN_ERROR: the model could not be reached (answer 503) */
     char *receipts;   /* once finished, if asked: the receipts as a JSON array (caller frees) */
+    smp_logprob *lp;  /* with p.logprobs: the tokens generated since the last update (end-of-generation tokens
+                       * left out), n_lp of them, malloc'ed (caller frees); they may run ahead of the text,
+                       * which holds back an incomplete character or a possible stop string */
+    size_t n_lp;
 } sch_update;
 
 /* ---- the scheduler ----------------------------------------------------------------------------------- */

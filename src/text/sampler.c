@@ -255,3 +255,37 @@ int32_t smp_sample(smp_sampler *s, const float *logits) {
 }
 
 double smp_uniform(smp_sampler *s) { return rng_uniform(s->rng); }
+
+static float lp_val(const float *logits, int32_t i) { return isnan(logits[i]) ? -INFINITY : logits[i]; }
+
+void smp_logprobs(const float *logits, int32_t n_vocab, int32_t id, smp_logprob *out) {
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < n_vocab; i++) mx = fmaxf(mx, lp_val(logits, i));
+    double sum = 0;
+    for (int32_t i = 0; i < n_vocab && mx > -INFINITY; i++) sum += exp((double)lp_val(logits, i) - mx);
+    /* All -inf (no real logits do that): call it uniform rather than divide by zero. */
+    const bool flat = mx == -INFINITY;
+    const double lse = flat ? 0 : mx + log(sum);
+    out->id = id;
+    out->logprob = id < 0 || id >= n_vocab ? -INFINITY
+                   : flat                  ? -logf((float)n_vocab)
+                                           : (float)((double)lp_val(logits, id) - lse);
+    /* The top ones by insertion into a short sorted list: after the first few, almost every logit fails
+     * the comparison with the list's last entry at once. Strict comparisons: ties keep the lower id. */
+    int n = 0;
+    for (int32_t i = 0; i < n_vocab; i++) {
+        float v = lp_val(logits, i);
+        if (n == SMP_TOP_LOGPROBS && !(v > lp_val(logits, out->top_id[n - 1]))) continue;
+        int j = n < SMP_TOP_LOGPROBS ? n++ : n - 1;
+        while (j > 0 && v > lp_val(logits, out->top_id[j - 1])) {
+            out->top_id[j] = out->top_id[j - 1];
+            j--;
+        }
+        out->top_id[j] = i;
+    }
+    for (int k = 0; k < SMP_TOP_LOGPROBS; k++) {
+        out->top_logprob[k] = k >= n ? -INFINITY : flat ? -logf((float)n_vocab)
+                                                        : (float)((double)lp_val(logits, out->top_id[k]) - lse);
+        if (k >= n) out->top_id[k] = -1;
+    }
+}

@@ -79,6 +79,21 @@ void smp_accept(smp_sampler *s, int32_t token);
 /* Picks a token from logits[n_vocab] (left unchanged). Does not accept it. */
 int32_t smp_sample(smp_sampler *s, const float *logits);
 
+/* A token's log-probability and the most likely tokens' (OpenAI's logprobs / top_logprobs, at most 20). */
+#define SMP_TOP_LOGPROBS 20
+typedef struct smp_logprob {
+    int32_t id;
+    float logprob;
+    int32_t top_id[SMP_TOP_LOGPROBS]; /* most likely first; equal logits: lower id first */
+    float top_logprob[SMP_TOP_LOGPROBS];
+} smp_logprob;
+
+/* The model's log-probabilities - the log-softmax of the raw logits, before bias, penalties, filters and
+ * temperature, as llama-server (post_sampling_probs off) and OpenAI report them - of token id and of the
+ * SMP_TOP_LOGPROBS most likely tokens (fewer when the vocabulary is smaller: the rest are id -1). NaN
+ * logits count as -inf. */
+void smp_logprobs(const float *logits, int32_t n_vocab, int32_t id, smp_logprob *out);
+
 /* A uniform draw in [0, 1) from the sampler's own RNG (speculative acceptance draws from the same
  * stream, so a seed still fixes the whole output). */
 double smp_uniform(smp_sampler *s);

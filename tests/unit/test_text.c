@@ -573,6 +573,30 @@ static void test_sampler_bias(void) {
     CHECK(smp_init(&s, &p, 8, &err) != 0 && strstr(err.msg, "logit bias"), "+inf bias refused: %s", err.msg);
 }
 
+/* smp_logprobs: log-softmax of the raw logits, the top ones sorted (ties: lower id), NaN as -inf, a
+ * vocabulary smaller than SMP_TOP_LOGPROBS padded with id -1. */
+static void test_logprobs(void) {
+    float lg[6] = {1.0f, 3.0f, NAN, 3.0f, -2.0f, 0.5f};
+    smp_logprob lp;
+    smp_logprobs(lg, 6, 4, &lp);
+    double z = exp(1.0) + 2 * exp(3.0) + exp(-2.0) + exp(0.5);
+    CHECK(fabs(lp.logprob - (-2.0 - log(z))) < 1e-6, "the token's logprob is its log-softmax (%g)", lp.logprob);
+    CHECK(lp.top_id[0] == 1 && lp.top_id[1] == 3 && lp.top_id[2] == 0 && lp.top_id[3] == 5 && lp.top_id[4] == 4 &&
+              lp.top_id[5] == 2, "top ones sorted, a tie to the lower id, NaN last");
+    CHECK(lp.top_logprob[5] == -INFINITY && lp.top_id[6] == -1 && lp.top_id[SMP_TOP_LOGPROBS - 1] == -1,
+          "NaN has logprob -inf; past the vocabulary: id -1");
+    double sum = 0;
+    for (int k = 0; k < 6; k++) sum += exp(lp.top_logprob[k]);
+    CHECK(fabs(sum - 1) < 1e-6, "the probabilities sum to 1 (%g)", sum);
+    float big[100];
+    for (int i = 0; i < 100; i++) big[i] = (float)((i * 37) % 100) / 10.0f;
+    smp_logprobs(big, 100, 7, &lp);
+    bool sorted = true;
+    for (int k = 1; k < SMP_TOP_LOGPROBS; k++) sorted = sorted && lp.top_logprob[k] <= lp.top_logprob[k - 1];
+    CHECK(sorted && big[lp.top_id[0]] == 9.9f && big[lp.top_id[SMP_TOP_LOGPROBS - 1]] == 8.0f,
+          "100 tokens: the 20 highest, in order (9.9 down to 8.0)");
+}
+
 static void test_sampler(void) {
     rl_err err;
     smp_sampler s, s2;
@@ -749,6 +773,7 @@ int main(void) {
     test_chat(&t);
     test_sampler();
     test_sampler_bias();
+    test_logprobs();
     tok_free(&t);
     return check_done();
 }
