@@ -80,6 +80,30 @@ check "chat logprobs streamed: the same entries as not streamed" py "$WORK/lpc_s
 post nolp /v1/completions "{\"prompt\":\"$P\",\"max_tokens\":2}"
 check "no logprobs asked: \"logprobs\": null" py "$WORK/nolp.json" "d['choices'][0]['logprobs'] is None"
 
+# n choices and prompt arrays: one choice per prompt and n per prompt, in order; choice j of a prompt
+# samples with seed + j (so it equals a single request with that seed); the prompt counted once.
+P2="Once upon a time"
+run_text want_p2 -p "$P2" -n 10
+post arr /v1/completions "{\"prompt\":[\"$P\",\"$P2\"],\"max_tokens\":10,\"temperature\":0,\"ignore_eos\":true}"
+check "prompt array: one choice per prompt, in order, each = ringlm run's text for its prompt" py "$WORK/arr.json" \
+    "[c['index'] for c in d['choices']] == [0, 1] and d['choices'][0]['text'] == load('want.exp')[:len(d['choices'][0]['text'])] and d['choices'][1]['text'] == load('want_p2.exp')"
+p2ids=$("$RINGLM" tokenize -m "$f" "$P2")
+post arr_ids /v1/completions "{\"prompt\":[[$pids],[$p2ids]],\"max_tokens\":10,\"temperature\":0,\"ignore_eos\":true}"
+check "prompt array of token-id arrays: the same choices" py "$WORK/arr_ids.json" \
+    "[c['text'] for c in d['choices']] == [c['text'] for c in load('arr.json')['choices']]"
+for sd in 11 12; do
+    post "seed$sd" /v1/completions "{\"prompt\":\"$P2\",\"max_tokens\":12,\"temperature\":1,\"seed\":$sd,\"ignore_eos\":true}"
+done
+post n2 /v1/completions "{\"prompt\":\"$P2\",\"n\":2,\"max_tokens\":12,\"temperature\":1,\"seed\":11,\"ignore_eos\":true}"
+check "n=2: choice 0 = the request with seed 11, choice 1 = with seed 12; the prompt counted once" py "$WORK/n2.json" \
+    "[c['text'] for c in d['choices']] == [load('seed11.json')['choices'][0]['text'], load('seed12.json')['choices'][0]['text']] and d['usage']['prompt_tokens'] == load('seed11.json')['usage']['prompt_tokens'] and d['usage']['completion_tokens'] == 24"
+post n2_sse /v1/completions "{\"prompt\":\"$P2\",\"n\":2,\"max_tokens\":12,\"temperature\":1,\"seed\":11,\"ignore_eos\":true,\"stream\":true}" -N
+check "n=2 streamed: each index's text = its non-streamed choice, each ends with a finish_reason" py "$WORK/n2_sse.json" \
+    "all(''.join(ch['text'] for c in sse(raw) for ch in c['choices'] if ch['index'] == i) == load('n2.json')['choices'][i]['text'] and [ch['finish_reason'] for c in sse(raw) for ch in c['choices'] if ch['index'] == i][-1] == 'length' for i in (0, 1))"
+post n3chat /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"$P2\"}],\"n\":3,\"max_tokens\":6,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}" -N
+check "chat n=3 streamed at temperature 0: three choices, each opened with its role, the same text" py "$WORK/n3chat.json" \
+    "sorted(ch['index'] for c in sse(raw) for ch in c['choices'] if ch['delta'].get('role')) == [0, 1, 2] and len(set(''.join(ch['delta'].get('content') or '' for c in sse(raw) for ch in c['choices'] if ch['index'] == i) for i in range(3))) == 1"
+
 Q="What is two plus two?"
 post chat /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"$Q\"}],\"max_completion_tokens\":20,\"temperature\":0,\"ignore_eos\":true}"
 "$RINGLM" run -m "$f" -p "$Q" --chat -n 20 --temp 0 --ignore-eos --threads 1 --metrics-json "$WORK/chat_run.json" >/dev/null 2>&1
@@ -335,6 +359,10 @@ err_case "top_logprobs over 20" 400 top_logprobs e_lp2 /v1/chat/completions '{"m
 err_case "chat logprobs not a bool" 400 logprobs e_lp3 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"logprobs":3}' "${K[@]}"
 err_case "completions logprobs not a count" 400 logprobs e_lp4 /v1/completions '{"prompt":"hi","logprobs":"x"}' "${K[@]}"
 err_case "completions logprobs over 20" 400 logprobs e_lp5 /v1/completions '{"prompt":"hi","logprobs":21}' "${K[@]}"
+err_case "n over 16" 400 n e_n1 /v1/completions '{"prompt":"hi","n":17}' "${K[@]}"
+err_case "n of 0" 400 n e_n2 /v1/completions '{"prompt":"hi","n":0}' "${K[@]}"
+err_case "3 prompts x n 6: over 16 choices" 400 prompt e_n3 /v1/completions '{"prompt":["a","b","c"],"n":6}' "${K[@]}"
+err_case "a prompt array holding a number" 400 prompt e_n4 /v1/completions '{"prompt":["a",5]}' "${K[@]}"
 err_case "unknown model" 404 model e_model /v1/completions '{"prompt":"hi","model":"gpt-4"}' "${K[@]}"
 check "unknown model: code model_not_found" py "$WORK/e_model.json" "d['error']['code'] == 'model_not_found'"
 err_case "prompt longer than the context" 400 prompt e_ctx /v1/completions \

@@ -357,19 +357,24 @@ static void http_names_list(const http_server *h, char *buf, size_t n) {
     }
 }
 
+/* Choices one request may ask for: n per prompt, times the prompts of a completions prompt array. */
+#define HTTP_MAX_CHOICES 16
+
 typedef struct http_job {
     bool chat, stream, include_usage;
     const char *model; /* the name the request used (one of h->names), echoed in the response */
     sch_params p;
-    int32_t *prompt;
-    size_t n_prompt;
+    int n_prompts;     /* 1, or a completions prompt array's length */
+    int32_t *prompt[HTTP_MAX_CHOICES];
+    size_t n_prompt[HTTP_MAX_CHOICES];
+    int n;             /* choices per prompt */
     http_strs strs;
     smp_bias *bias; /* jb->p.smp.bias */
     int top_logprobs; /* with p.logprobs: how many alternatives per token to show (0..SMP_TOP_LOGPROBS) */
 } http_job;
 
 static void http_job_free(http_job *jb) {
-    free(jb->prompt);
+    for (int i = 0; i < HTTP_MAX_CHOICES; i++) free(jb->prompt[i]);
     free(jb->bias);
     http_strs_free(&jb->strs);
 }
@@ -531,9 +536,10 @@ static int http_parse_common(const http_server *h, const cJSON *j, http_job *jb,
         }
     }
     ll = 1;
-    if (http_get_int(j, "n", 1, 1, &ll, f) != 0) {
-        return BAD(f, "n", "'n' must be 1: one choice per request is supported");
+    if (http_get_int(j, "n", 1, HTTP_MAX_CHOICES, &ll, f) != 0) {
+        return BAD(f, "n", "'n' must be a number of choices, 1 to %d", HTTP_MAX_CHOICES);
     }
+    jb->n = (int)ll;
     v = cJSON_GetObjectItemCaseSensitive(j, "stop");
     if (cJSON_IsString(v)) {
         jb->p.stop[jb->p.n_stop++] = v->valuestring;
@@ -708,7 +714,8 @@ static int http_parse_chat(const http_server *h, const cJSON *j, http_job *jb, h
         BAD(f, "messages", "cannot render the conversation: %s", err.msg);
         goto out;
     }
-    if (tok_encode(h->tok, text, len, true, &jb->prompt, &jb->n_prompt, &err) != 0) {
+    jb->n_prompts = 1;
+    if (tok_encode(h->tok, text, len, true, &jb->prompt[0], &jb->n_prompt[0], &err) != 0) {
         free(text);
         http_failf(f, 500, "server_error", NULL, NULL, "cannot tokenize the conversation: %s", err.msg);
         goto out;
@@ -723,31 +730,51 @@ out:
 
 /* prompt: a string, [string], [token ids] or [[token ids]] (one prompt per request). Text is tokenized as
  * `ringlm run -p` does (special markers are not parsed), so the same prompt gives the same tokens. */
-static int http_parse_prompt(const http_server *h, const cJSON *j, http_job *jb, http_fail *f) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "prompt");
-    if (!v) return BAD(f, "prompt", "'prompt' is required");
-    if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 &&
-        (cJSON_IsString(cJSON_GetArrayItem(v, 0)) || cJSON_IsArray(cJSON_GetArrayItem(v, 0)))) {
-        v = cJSON_GetArrayItem(v, 0);
-    }
+/* One prompt: a string, or an array of token ids. */
+static int http_parse_one_prompt(const http_server *h, const cJSON *v, int32_t **out, size_t *n_out, http_fail *f) {
     rl_err err = {{0}};
     if (cJSON_IsString(v)) {
-        if (tok_encode(h->tok, v->valuestring, strlen(v->valuestring), false, &jb->prompt, &jb->n_prompt, &err) != 0) {
+        if (tok_encode(h->tok, v->valuestring, strlen(v->valuestring), false, out, n_out, &err) != 0) {
             return http_failf(f, 500, "server_error", NULL, NULL, "cannot tokenize the prompt: %s", err.msg);
         }
         return 0;
     }
-    if (!cJSON_IsArray(v)) return BAD(f, "prompt", "'prompt' must be a string, or an array of token ids");
+    if (!cJSON_IsArray(v)) return BAD(f, "prompt", "'prompt' must be a string, an array of token ids, or an array of those");
     int n = cJSON_GetArraySize(v);
-    jb->prompt = malloc((size_t)(n ? n : 1) * sizeof *jb->prompt);
-    if (!jb->prompt) return http_failf(f, 500, "server_error", NULL, NULL, "out of memory");
+    *out = malloc((size_t)(n ? n : 1) * sizeof **out);
+    if (!*out) return http_failf(f, 500, "server_error", NULL, NULL, "out of memory");
     const cJSON *e;
     cJSON_ArrayForEach(e, v) {
         if (!cJSON_IsNumber(e) || e->valuedouble != (double)(int32_t)e->valuedouble || e->valuedouble < 0 ||
             e->valuedouble >= h->tok->n_vocab) {
-            return BAD(f, "prompt", "'prompt' must be one string or one array of token ids in [0, %d)", h->tok->n_vocab);
+            return BAD(f, "prompt", "'prompt' token ids must be integers in [0, %d)", h->tok->n_vocab);
         }
-        jb->prompt[jb->n_prompt++] = (int32_t)e->valuedouble;
+        (*out)[(*n_out)++] = (int32_t)e->valuedouble;
+    }
+    return 0;
+}
+
+/* A string, an array of token ids, or an array of prompts (each a string or an array of ids): one choice
+ * (n of them) per prompt, in order. */
+static int http_parse_prompt(const http_server *h, const cJSON *j, http_job *jb, http_fail *f) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+    if (!v) return BAD(f, "prompt", "'prompt' is required");
+    const cJSON *first = cJSON_IsArray(v) ? cJSON_GetArrayItem(v, 0) : NULL;
+    if (!first || !(cJSON_IsString(first) || cJSON_IsArray(first))) { /* one prompt */
+        jb->n_prompts = 1;
+        return http_parse_one_prompt(h, v, &jb->prompt[0], &jb->n_prompt[0], f);
+    }
+    int n = cJSON_GetArraySize(v);
+    if (n * jb->n > HTTP_MAX_CHOICES) {
+        return BAD(f, "prompt", "%d prompts x n = %d choices: at most %d per request", n, jb->n, HTTP_MAX_CHOICES);
+    }
+    const cJSON *e;
+    cJSON_ArrayForEach(e, v) {
+        if (!(cJSON_IsString(e) || cJSON_IsArray(e))) {
+            return BAD(f, "prompt", "each prompt of a prompt array must be a string or an array of token ids");
+        }
+        int k = jb->n_prompts++;
+        if (http_parse_one_prompt(h, e, &jb->prompt[k], &jb->n_prompt[k], f) != 0) return -1;
     }
     return 0;
 }
@@ -881,10 +908,10 @@ static cJSON *http_logprobs(const http_server *h, bool chat, const smp_logprob *
 
 /* One choice: chat message / chat delta / completion text (len bytes). text NULL = no content key (chat
  * deltas). lp: its "logprobs" (taken), NULL for null. */
-static cJSON *http_choice(bool chat, bool delta, bool role, const char *text, size_t len, const char *finish,
-                          cJSON *lp) {
+static cJSON *http_choice(int index, bool chat, bool delta, bool role, const char *text, size_t len,
+                          const char *finish, cJSON *lp) {
     cJSON *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON_AddNumberToObject(c, "index", index);
     if (chat) {
         cJSON *m = cJSON_AddObjectToObject(c, delta ? "delta" : "message");
         if (role) cJSON_AddStringToObject(m, "role", "assistant");
@@ -902,14 +929,98 @@ static cJSON *http_choice(bool chat, bool delta, bool role, const char *text, si
 /* OpenAI has no "cancelled"/"error" finish reason: those never reach a client as one. */
 static const char *http_finish_reason(sch_finish fin) { return fin == SCH_FIN_LENGTH ? "length" : "stop"; }
 
-/* A streamed response in progress: owns the request and the SSE bytes not yet handed to MHD. */
+/* One choice being generated: its request and what it has produced. */
+typedef struct http_run {
+    sch_request *r;
+    bool done;
+    sch_update end;     /* its last update (fin, counts, error, receipts) */
+    http_buf text, lps; /* not streamed: the text so far, the smp_logprob entries as bytes */
+    size_t lp_off;      /* completions' text_offset: the choice's text bytes so far */
+} http_run;
+
+static void http_runs_free(http_run *rs, int n) {
+    for (int i = 0; i < n; i++) {
+        if (rs[i].r) {
+            sch_cancel(rs[i].r); /* no-op when it finished */
+            sch_request_release(rs[i].r);
+        }
+        free(rs[i].end.receipts);
+        free(rs[i].text.p);
+        free(rs[i].lps.p);
+    }
+}
+
+/* Waits for news from any unfinished choice (at most about timeout_ms): the update and its choice in *k,
+ * true when there was one. */
+static bool http_runs_wait(http_run *rs, int n, int timeout_ms, sch_update *u, int *k) {
+    int active = 0;
+    for (int i = 0; i < n; i++) active += !rs[i].done;
+    if (active == 0) return false;
+    int slice = active > 1 ? 5 : timeout_ms; /* several: poll each in turn */
+    for (int waited = 0; waited <= timeout_ms; waited += slice) {
+        for (int i = 0; i < n; i++) {
+            if (rs[i].done) continue;
+            if (sch_request_wait(rs[i].r, active > 1 ? 0 : slice, u)) {
+                *k = i;
+                if (u->fin != SCH_RUNNING) {
+                    rs[i].done = true;
+                    rs[i].end = *u;
+                    rs[i].end.text = NULL; /* the caller's */
+                    rs[i].end.lp = NULL;
+                    u->receipts = NULL; /* kept in end */
+                }
+                return true;
+            }
+        }
+        if (active > 1) {
+            struct timespec ts = {0, (long)slice * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return false;
+}
+
+/* The first failed choice (an error ends the whole response), or NULL. */
+static const sch_update *http_runs_failed(const http_run *rs, int n) {
+    for (int i = 0; i < n; i++) {
+        if (rs[i].done && (rs[i].end.fin == SCH_FIN_ERROR || rs[i].end.fin == SCH_FIN_CANCELLED)) return &rs[i].end;
+    }
+    return NULL;
+}
+
+/* Usage over the choices: each prompt's tokens once (n choices of one prompt share it, as OpenAI counts). */
+static cJSON *http_runs_usage(const http_run *rs, int n_runs, int per_prompt) {
+    sch_update sum = {0};
+    for (int i = 0; i < n_runs; i++) {
+        if (i % per_prompt == 0) sum.n_prompt += rs[i].end.n_prompt;
+        sum.n_gen += rs[i].end.n_gen;
+        sum.drafted += rs[i].end.drafted;
+        sum.accepted += rs[i].end.accepted;
+    }
+    return http_usage(&sum);
+}
+
+/* The choices' receipts as one array (each receipt names its sequence and step), or NULL if none. */
+static cJSON *http_runs_receipts(const http_run *rs, int n) {
+    cJSON *all = NULL;
+    for (int i = 0; i < n; i++) {
+        cJSON *rj = rs[i].end.receipts ? cJSON_Parse(rs[i].end.receipts) : NULL;
+        if (!rj) continue;
+        if (!all) all = cJSON_CreateArray();
+        while (cJSON_GetArraySize(rj) > 0) cJSON_AddItemToArray(all, cJSON_DetachItemFromArray(rj, 0));
+        cJSON_Delete(rj);
+    }
+    return all;
+}
+
+/* A streamed response in progress: owns the requests and the SSE bytes not yet handed to MHD. */
 typedef struct http_stream {
     http_server *h;
-    sch_request *r;
+    http_run runs[HTTP_MAX_CHOICES];
+    int n_runs, per_prompt;
     int fd;
     bool chat, include_usage, ended;
     int top_logprobs; /* -1: none asked */
-    size_t lp_off;    /* completions' text_offset: the text's bytes so far */
     const char *model; /* one of h->names */
     char id[64];
     time_t created;
@@ -929,20 +1040,24 @@ static void http_sse(http_stream *st, cJSON *j) {
     free(s);
 }
 
-static void http_sse_chunk(http_stream *st, bool role, const char *text, size_t len, const char *finish, cJSON *lp) {
+static void http_sse_chunk(http_stream *st, int index, bool role, const char *text, size_t len, const char *finish,
+                           cJSON *lp) {
     cJSON *j = http_envelope(st->model, st->id, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
     cJSON *ch = cJSON_AddArrayToObject(j, "choices");
-    cJSON_AddItemToArray(ch, http_choice(st->chat, true, role, text, len, finish, lp));
+    cJSON_AddItemToArray(ch, http_choice(index, st->chat, true, role, text, len, finish, lp));
     http_sse(st, j);
 }
 
-static void http_sse_end(http_stream *st, const sch_update *u) {
-    if (u->fin == SCH_FIN_ERROR || u->fin == SCH_FIN_CANCELLED) {
+/* After every choice finished (or one failed: u, and the rest are cancelled). */
+static void http_sse_end(http_stream *st, const sch_update *failed) {
+    int n_gen = 0;
+    for (int i = 0; i < st->n_runs; i++) n_gen += st->runs[i].end.n_gen;
+    if (failed) {
         /* Headers (200) are long gone: the error travels in the stream, as OpenAI's does. */
-        const char *msg = u->fin == SCH_FIN_ERROR ? u->err : "the request was cancelled (the server is shutting down)";
+        const char *msg = failed->fin == SCH_FIN_ERROR ? failed->err : "the request was cancelled (the server is shutting down)";
         cJSON *e = http_error_json(msg, "server_error", NULL,
-                                   u->fin == SCH_FIN_ERROR ? (u->unavailable ? "unavailable" : "internal_error")
-                                                           : "cancelled");
+                                   failed->fin == SCH_FIN_ERROR ? (failed->unavailable ? "unavailable" : "internal_error")
+                                                                : "cancelled");
         char *s = cJSON_PrintUnformatted(e);
         cJSON_Delete(e);
         if (s) {
@@ -950,24 +1065,23 @@ static void http_sse_end(http_stream *st, const sch_update *u) {
             free(s);
         }
     } else {
-        http_sse_chunk(st, false, st->chat ? NULL : "", 0, http_finish_reason(u->fin), NULL);
-        if (u->receipts) { /* one more chunk, with no choices: the receipts (asked with "receipts": true) */
+        cJSON *rj = http_runs_receipts(st->runs, st->n_runs);
+        if (rj) { /* one more chunk, with no choices: the receipts (asked with "receipts": true) */
             cJSON *j = http_envelope(st->model, st->id, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
             cJSON_AddArrayToObject(j, "choices");
-            cJSON *rj = cJSON_Parse(u->receipts);
-            if (rj) cJSON_AddItemToObject(j, "receipts", rj);
+            cJSON_AddItemToObject(j, "receipts", rj);
             http_sse(st, j);
         }
         if (st->include_usage) {
             cJSON *j = http_envelope(st->model, st->id, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
             cJSON_AddArrayToObject(j, "choices");
-            cJSON_AddItemToObject(j, "usage", http_usage(u));
+            cJSON_AddItemToObject(j, "usage", http_runs_usage(st->runs, st->n_runs, st->per_prompt));
             http_sse(st, j);
         }
     }
     hb_add(&st->out, "data: [DONE]\n\n", 14);
-    http_log(st->h, "%s stream: prompt %d, completion %d tokens, %s, %.2f s", st->chat ? "chat" : "completion",
-             u->n_prompt, u->n_gen, sch_finish_name(u->fin), sch_now() - st->t0);
+    http_log(st->h, "%s stream: %d choice(s), prompt %d, completion %d tokens, %s, %.2f s", st->chat ? "chat" : "completion",
+             st->n_runs, st->runs[0].end.n_prompt, n_gen, failed ? sch_finish_name(failed->fin) : "done", sch_now() - st->t0);
 }
 
 static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -977,22 +1091,32 @@ static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max) 
         st->off = st->out.len = 0;
         if (st->ended) return MHD_CONTENT_READER_END_OF_STREAM;
         if (http_client_gone(st->fd)) {
-            sch_cancel(st->r);
+            for (int i = 0; i < st->n_runs; i++) sch_cancel(st->runs[i].r);
             http_log(st->h, "client went away mid-stream; request cancelled");
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
         sch_update u;
-        sch_request_wait(st->r, 100, &u);
-        if (u.text || u.n_lp) {
-            cJSON *lp = st->top_logprobs >= 0 ? http_logprobs(st->h, st->chat, u.lp, u.n_lp, st->top_logprobs, &st->lp_off)
-                                              : NULL;
-            http_sse_chunk(st, false, u.text ? u.text : "", u.len, NULL, lp);
+        int k;
+        if (http_runs_wait(st->runs, st->n_runs, 100, &u, &k)) {
+            http_run *rn = &st->runs[k];
+            if (u.text || u.n_lp) {
+                cJSON *lp = st->top_logprobs >= 0
+                                ? http_logprobs(st->h, st->chat, u.lp, u.n_lp, st->top_logprobs, &rn->lp_off)
+                                : NULL;
+                http_sse_chunk(st, k, false, u.text ? u.text : "", u.len, NULL, lp);
+            }
             free(u.text);
             free(u.lp);
+            if (u.fin == SCH_FIN_STOP || u.fin == SCH_FIN_LENGTH) {
+                http_sse_chunk(st, k, false, st->chat ? NULL : "", 0, http_finish_reason(u.fin), NULL);
+            }
         }
-        if (u.fin != SCH_RUNNING) {
-            http_sse_end(st, &u);
-            free(u.receipts);
+        const sch_update *failed = http_runs_failed(st->runs, st->n_runs);
+        bool all = true;
+        for (int i = 0; i < st->n_runs; i++) all = all && st->runs[i].done;
+        if (failed || all) {
+            for (int i = 0; failed && i < st->n_runs; i++) sch_cancel(st->runs[i].r);
+            http_sse_end(st, failed);
             st->ended = true;
         }
     }
@@ -1004,8 +1128,7 @@ static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max) 
 
 static void http_stream_free(void *cls) {
     http_stream *st = cls;
-    sch_cancel(st->r); /* no-op when it finished; frees the slot when the connection died first */
-    sch_request_release(st->r);
+    http_runs_free(st->runs, st->n_runs); /* cancels what still runs (the connection died first) */
     free(st->out.p);
     free(st);
 }
@@ -1031,9 +1154,11 @@ static const char *http_find_nul(const char *b, size_t n) {
 static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, bool chat) {
     http_server *h = hc->h;
     http_fail f = {0};
-    http_job jb = {.chat = chat};
+    http_job jb = {.chat = chat, .n = 1};
     enum MHD_Result ret;
-    sch_request *r = NULL;
+    http_run runs[HTTP_MAX_CHOICES];
+    memset(runs, 0, sizeof runs);
+    int n_runs = 0;
     rl_err err = {{0}};
     const char *perr = NULL;
     /* cJSON's strings end at their first NUL, so a "\u0000" would cut a prompt or a name short without a
@@ -1058,26 +1183,34 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
     }
     if (http_parse_common(h, j, &jb, &f) != 0) goto fail;
     if ((chat ? http_parse_chat(h, j, &jb, &f) : http_parse_prompt(h, j, &jb, &f)) != 0) goto fail;
-    if (jb.n_prompt >= h->n_ctx) {
-        http_failf(&f, 400, "invalid_request_error", "context_length_exceeded", chat ? "messages" : "prompt",
-                   "the prompt has %zu tokens but the context holds %u, and at least one token must be generated",
-                   jb.n_prompt, h->n_ctx);
-        goto fail;
+    for (int i = 0; i < jb.n_prompts; i++) {
+        if (jb.n_prompt[i] >= h->n_ctx) {
+            http_failf(&f, 400, "invalid_request_error", "context_length_exceeded", chat ? "messages" : "prompt",
+                       "the prompt%s has %zu tokens but the context holds %u, and at least one token must be generated",
+                       jb.n_prompts > 1 ? " array holds one that" : "", jb.n_prompt[i], h->n_ctx);
+            goto fail;
+        }
+        if (jb.n_prompt[i] == 0) {
+            BAD(&f, chat ? "messages" : "prompt", "the prompt is empty");
+            goto fail;
+        }
     }
-    if (jb.n_prompt == 0) {
-        BAD(&f, chat ? "messages" : "prompt", "the prompt is empty");
-        goto fail;
-    }
-    r = sch_request_new(jb.prompt, jb.n_prompt, &jb.p, &err);
-    if (!r) {
-        http_failf(&f, 500, "server_error", NULL, NULL, "%s", err.msg);
-        goto fail;
-    }
-    switch (sch_submit(h->s, r, &err)) {
-    case SCH_OK: break;
-    case SCH_QUEUE_FULL: http_failf(&f, 429, "rate_limit_error", "queue_full", NULL, "server busy: %s", err.msg); goto fail;
-    case SCH_CLOSED: http_failf(&f, 503, "server_error", "shutting_down", NULL, "%s", err.msg); goto fail;
-    case SCH_BAD_PROMPT: BAD(&f, chat ? "messages" : "prompt", "%s", err.msg); goto fail;
+    /* Every choice is a request of its own (its prompt read again: not shared yet); choice j of a prompt
+     * samples with seed + j, so n seeded choices differ from each other and are the same every time. */
+    n_runs = jb.n_prompts * jb.n;
+    for (int k = 0; k < n_runs; k++) {
+        sch_params p = jb.p;
+        p.smp.seed = jb.p.smp.seed + (uint64_t)(k % jb.n);
+        if (!(runs[k].r = sch_request_new(jb.prompt[k / jb.n], jb.n_prompt[k / jb.n], &p, &err))) {
+            http_failf(&f, 500, "server_error", NULL, NULL, "%s", err.msg);
+            goto fail;
+        }
+        switch (sch_submit(h->s, runs[k].r, &err)) {
+        case SCH_OK: break;
+        case SCH_QUEUE_FULL: http_failf(&f, 429, "rate_limit_error", "queue_full", NULL, "server busy: %s", err.msg); goto fail;
+        case SCH_CLOSED: http_failf(&f, 503, "server_error", "shutting_down", NULL, "%s", err.msg); goto fail;
+        case SCH_BAD_PROMPT: BAD(&f, chat ? "messages" : "prompt", "%s", err.msg); goto fail;
+        }
     }
     cJSON_Delete(j);
     j = NULL;
@@ -1089,15 +1222,16 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
     if (jb.stream) {
         http_stream *st = calloc(1, sizeof *st);
         if (!st) {
-            sch_cancel(r);
             http_failf(&f, 500, "server_error", NULL, NULL, "out of memory");
             goto fail;
         }
-        *st = (http_stream){.h = h, .r = r, .fd = http_conn_fd(c), .chat = chat, .include_usage = jb.include_usage,
-                            .top_logprobs = jb.p.logprobs ? jb.top_logprobs : -1, .model = jb.model,
-                            .created = created, .t0 = t0};
+        *st = (http_stream){.h = h, .n_runs = n_runs, .per_prompt = jb.n, .fd = http_conn_fd(c), .chat = chat,
+                            .include_usage = jb.include_usage, .top_logprobs = jb.p.logprobs ? jb.top_logprobs : -1,
+                            .model = jb.model, .created = created, .t0 = t0};
+        memcpy(st->runs, runs, sizeof runs); /* the stream owns them now */
+        memset(runs, 0, sizeof runs);
         snprintf(st->id, sizeof st->id, "%s", id);
-        if (chat) http_sse_chunk(st, true, "", 0, NULL, NULL); /* OpenAI's first chunk: the role */
+        for (int k = 0; chat && k < n_runs; k++) http_sse_chunk(st, k, true, "", 0, NULL, NULL); /* OpenAI's first chunks: the role */
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, http_stream_read, st,
                                                                       http_stream_free);
         if (!resp) {
@@ -1105,7 +1239,6 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
             http_job_free(&jb);
             return MHD_NO;
         }
-        r = NULL; /* the stream owns it now */
         MHD_add_response_header(resp, "Content-Type", "text/event-stream");
         MHD_add_response_header(resp, "Cache-Control", "no-cache");
         MHD_add_response_header(resp, "X-Accel-Buffering", "no");
@@ -1113,71 +1246,68 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
         return http_queue(hc, c, 200, resp);
     }
 
-    /* Not streamed: wait for the whole text, watching for the client to hang up meanwhile. */
+    /* Not streamed: wait for every choice's whole text, watching for the client to hang up meanwhile. */
     int fd = http_conn_fd(c);
-    http_buf text = {0}, lps = {0}; /* lps: the smp_logprob entries, as bytes */
-    sch_update u;
     const bool want_lp = jb.p.logprobs;
-    const int top_lp = jb.top_logprobs;
+    const int top_lp = jb.top_logprobs, per_prompt = jb.n;
+    const char *model = jb.model;
+    http_job_free(&jb);
     for (;;) {
-        sch_request_wait(r, 100, &u);
-        if (u.text) {
-            hb_add(&text, u.text, u.len);
+        sch_update u;
+        int k;
+        if (http_runs_wait(runs, n_runs, 100, &u, &k)) {
+            if (u.text) hb_add(&runs[k].text, u.text, u.len);
+            if (u.lp) hb_add(&runs[k].lps, (const char *)u.lp, u.n_lp * sizeof *u.lp);
             free(u.text);
-        }
-        if (u.lp) {
-            hb_add(&lps, (const char *)u.lp, u.n_lp * sizeof *u.lp);
             free(u.lp);
         }
-        if (u.fin != SCH_RUNNING) break;
+        bool all = true;
+        for (int i = 0; i < n_runs; i++) all = all && runs[i].done;
+        if (all || http_runs_failed(runs, n_runs)) break;
         if (http_client_gone(fd)) {
-            sch_cancel(r);
-            sch_request_release(r);
-            free(text.p);
-            free(lps.p);
-            http_job_free(&jb);
+            http_runs_free(runs, n_runs);
             http_log(h, "client went away while waiting; request cancelled");
             return MHD_NO; /* nobody to answer */
         }
     }
-    sch_request_release(r);
-    r = NULL;
-    http_job_free(&jb);
-    if (u.fin == SCH_FIN_ERROR || u.fin == SCH_FIN_CANCELLED) {
-        free(text.p);
-        free(lps.p);
-        free(u.receipts);
-        if (u.fin == SCH_FIN_ERROR && u.unavailable) { /* a ring node is down: try again later */
-            return http_send_error(hc, c, 503, "server_error", "unavailable", NULL, "%s", u.err);
+    const sch_update *bad = http_runs_failed(runs, n_runs);
+    if (bad) {
+        enum MHD_Result rr;
+        if (bad->fin == SCH_FIN_ERROR && bad->unavailable) { /* a ring node is down: try again later */
+            rr = http_send_error(hc, c, 503, "server_error", "unavailable", NULL, "%s", bad->err);
+        } else if (bad->fin == SCH_FIN_ERROR) {
+            rr = http_send_error(hc, c, 500, "server_error", "internal_error", NULL, "generation failed: %s", bad->err);
+        } else {
+            rr = http_send_error(hc, c, 503, "server_error", "shutting_down", NULL,
+                                 "the request was cancelled: the server is shutting down");
         }
-        if (u.fin == SCH_FIN_ERROR) {
-            return http_send_error(hc, c, 500, "server_error", "internal_error", NULL, "generation failed: %s", u.err);
-        }
-        return http_send_error(hc, c, 503, "server_error", "shutting_down", NULL,
-                               "the request was cancelled: the server is shutting down");
+        http_runs_free(runs, n_runs);
+        return rr;
     }
-    cJSON *resp = http_envelope(jb.model, id, chat ? "chat.completion" : "text_completion", created);
+    cJSON *resp = http_envelope(model, id, chat ? "chat.completion" : "text_completion", created);
     cJSON *ch = cJSON_AddArrayToObject(resp, "choices");
-    size_t lp_off = 0;
-    cJSON *lpj = want_lp ? http_logprobs(h, chat, (const smp_logprob *)lps.p, lps.len / sizeof(smp_logprob), top_lp, &lp_off)
-                         : NULL;
-    free(lps.p);
-    cJSON_AddItemToArray(ch, http_choice(chat, false, true, text.p ? text.p : "", text.p ? text.len : 0,
-                                         http_finish_reason(u.fin), lpj));
-    cJSON_AddItemToObject(resp, "usage", http_usage(&u));
-    if (u.receipts) {
-        cJSON *rj = cJSON_Parse(u.receipts);
-        if (rj) cJSON_AddItemToObject(resp, "receipts", rj);
-        free(u.receipts);
+    int n_gen = 0;
+    for (int k = 0; k < n_runs; k++) {
+        http_run *rn = &runs[k];
+        size_t lp_off = 0;
+        cJSON *lpj = want_lp ? http_logprobs(h, chat, (const smp_logprob *)rn->lps.p, rn->lps.len / sizeof(smp_logprob),
+                                             top_lp, &lp_off)
+                             : NULL;
+        cJSON_AddItemToArray(ch, http_choice(k, chat, false, true, rn->text.p ? rn->text.p : "", rn->text.p ? rn->text.len : 0,
+                                             http_finish_reason(rn->end.fin), lpj));
+        n_gen += rn->end.n_gen;
     }
-    free(text.p);
-    http_log(h, "%s: prompt %d, completion %d tokens, %s, %.2f s", chat ? "chat" : "completion", u.n_prompt, u.n_gen,
-             sch_finish_name(u.fin), sch_now() - t0);
+    cJSON_AddItemToObject(resp, "usage", http_runs_usage(runs, n_runs, per_prompt));
+    cJSON *rj = http_runs_receipts(runs, n_runs);
+    if (rj) cJSON_AddItemToObject(resp, "receipts", rj);
+    http_log(h, "%s: %d choice(s), prompt %d, completion %d tokens, %s, %.2f s", chat ? "chat" : "completion", n_runs,
+             runs[0].end.n_prompt, n_gen, sch_finish_name(runs[0].end.fin), sch_now() - t0);
+    http_runs_free(runs, n_runs);
     return http_send_json(hc, c, 200, resp);
 
 fail:
     cJSON_Delete(j);
-    if (r) sch_request_release(r);
+    http_runs_free(runs, n_runs);
     http_job_free(&jb);
     ret = http_send_fail(hc, c, &f);
     return ret;
