@@ -14,11 +14,17 @@ def sse(raw):
     assert all(e.startswith("data: ") for e in events), "an event without data:"
     return [json.loads(e[6:]) for e in events[:-1]]
 def content(chunks, chat=True):
+    """The streamed text; for chat the reasoning deltas too (before the content: what `ringlm run --chat`
+    prints, framing names aside)."""
     out = ""
     for c in chunks:
         for ch in c["choices"]:
-            out += (ch["delta"].get("content") or "") if chat else ch["text"]
+            out += (ch["delta"].get("reasoning_content") or "") + (ch["delta"].get("content") or "") if chat else ch["text"]
     return out
+def reply(d, i=0):
+    """A chat response's whole reply: reasoning_content, then content."""
+    m = d["choices"][i]["message"]
+    return (m.get("reasoning_content") or "") + (m["content"] or "")
 def text(chunks):
     """The text of completion chunks."""
     return "".join(ch["text"] for c in chunks for ch in c.get("choices", []))

@@ -72,8 +72,8 @@ post lp_sse /v1/completions "{\"prompt\":\"$P\",\"max_tokens\":8,\"temperature\"
 check "completions logprobs streamed: the same entries, spread over the chunks" py "$WORK/lp_sse.json" \
     "sum([c['choices'][0]['logprobs']['token_logprobs'] for c in sse(raw) if c['choices'][0]['logprobs']], []) == load('lp.json')['choices'][0]['logprobs']['token_logprobs']"
 post lpc /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"$P\"}],\"max_tokens\":12,\"temperature\":0.8,\"seed\":5,\"ignore_eos\":true,\"logprobs\":true,\"top_logprobs\":2}"
-check "chat logprobs: one entry per token, logprob <= 0, 2 alternatives sorted, the chosen one's bytes make the content" \
-    py "$WORK/lpc.json" "(lambda c, txt: len(c) == d['usage']['completion_tokens'] and all(e['logprob'] <= 0 and len(e['top_logprobs']) == 2 and e['top_logprobs'][0]['logprob'] >= e['top_logprobs'][1]['logprob'] for e in c) and bytes(sum([e['bytes'] for e in c], [])).decode('utf-8', 'replace') == txt)(d['choices'][0]['logprobs']['content'], d['choices'][0]['message']['content'])"
+check "chat logprobs: one entry per token, logprob <= 0, 2 alternatives sorted, the chosen one's bytes make the reply" \
+    py "$WORK/lpc.json" "(lambda c, txt: len(c) == d['usage']['completion_tokens'] and all(e['logprob'] <= 0 and len(e['top_logprobs']) == 2 and e['top_logprobs'][0]['logprob'] >= e['top_logprobs'][1]['logprob'] for e in c) and bytes(sum([e['bytes'] for e in c], [])).decode('utf-8', 'replace') == txt)(d['choices'][0]['logprobs']['content'], reply(d))"
 post lpc_sse /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"$P\"}],\"max_tokens\":12,\"temperature\":0.8,\"seed\":5,\"ignore_eos\":true,\"logprobs\":true,\"top_logprobs\":2,\"stream\":true}" -N
 check "chat logprobs streamed: the same entries as not streamed" py "$WORK/lpc_sse.json" \
     "sum([c['choices'][0]['logprobs']['content'] for c in sse(raw) if c['choices'] and c['choices'][0].get('logprobs')], []) == load('lpc.json')['choices'][0]['logprobs']['content']"
@@ -116,9 +116,20 @@ check "chat: usage = real token counts ($chat_prompt + 20)" py "$WORK/chat.json"
     "d['usage'] == {'prompt_tokens': $chat_prompt, 'completion_tokens': 20, 'total_tokens': $chat_prompt + 20}"
 run_text want_chat -p "$Q" --chat -n 20
 want_chat="load('want_chat.exp')"
-check "chat: temperature 0 text = ringlm run --chat's" py "$WORK/chat.json" "d['choices'][0]['message']['content'] == $want_chat"
+check "chat: temperature 0 reply (reasoning, then content) = ringlm run --chat's text" py "$WORK/chat.json" "reply(d) == $want_chat"
 post chat_parts /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"What is two \"},{\"type\":\"text\",\"text\":\"plus two?\"}]}],\"max_tokens\":20,\"temperature\":0,\"ignore_eos\":true}"
-check "chat: content as text parts = the same text" py "$WORK/chat_parts.json" "d['choices'][0]['message']['content'] == $want_chat"
+check "chat: content as text parts = the same text" py "$WORK/chat_parts.json" "reply(d) == $want_chat"
+
+# Thinking (the K3 template's switch; on by default): the generation prompt opens the think section, so
+# the reply is reasoning_content until the model closes it; off, it opens the response section: content.
+check "chat, thinking on (default): the reply is reasoning_content, framed by no section names" py "$WORK/chat.json" \
+    "d['choices'][0]['message'].get('reasoning_content') and 'think' not in d['choices'][0]['message']['content']"
+post nothink /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"$Q\"}],\"max_tokens\":20,\"temperature\":0,\"ignore_eos\":true,\"chat_template_kwargs\":{\"thinking\":false}}"
+check "chat_template_kwargs thinking false: content, no reasoning_content, another prompt (no think section)" py "$WORK/nothink.json" \
+    "d['choices'][0]['message']['content'] and 'reasoning_content' not in d['choices'][0]['message'] and d['usage']['prompt_tokens'] != $chat_prompt"
+post effnone /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"$Q\"}],\"max_tokens\":20,\"temperature\":0,\"ignore_eos\":true,\"reasoning_effort\":\"none\"}"
+check "reasoning_effort none = thinking off: the same reply" py "$WORK/effnone.json" \
+    "d['choices'][0]['message'] == load('nothink.json')['choices'][0]['message']"
 
 # ---- streaming -------------------------------------------------------------------------------------------
 post chat_sse /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"$Q\"}],\"max_tokens\":20,\"temperature\":0,\"ignore_eos\":true,\"stream\":true,\"stream_options\":{\"include_usage\":true}}" -N
@@ -363,6 +374,14 @@ err_case "n over 16" 400 n e_n1 /v1/completions '{"prompt":"hi","n":17}' "${K[@]
 err_case "n of 0" 400 n e_n2 /v1/completions '{"prompt":"hi","n":0}' "${K[@]}"
 err_case "3 prompts x n 6: over 16 choices" 400 prompt e_n3 /v1/completions '{"prompt":["a","b","c"],"n":6}' "${K[@]}"
 err_case "a prompt array holding a number" 400 prompt e_n4 /v1/completions '{"prompt":["a",5]}' "${K[@]}"
+err_case "response_format of an unknown type" 400 response_format e_rf1 /v1/completions '{"prompt":"hi","response_format":{"type":"bogus"}}' "${K[@]}"
+err_case "response_format json_object (not constrained yet)" 400 response_format e_rf2 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}}' "${K[@]}"
+err_case "response_format not an object" 400 response_format e_rf3 /v1/completions '{"prompt":"hi","response_format":"json"}' "${K[@]}"
+post rf_text /v1/completions '{"prompt":"hi","max_tokens":2,"response_format":{"type":"text"}}' "${K[@]}"
+check "response_format text -> 200" code_is rf_text 200
+err_case "reasoning_effort unknown" 400 reasoning_effort e_re1 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"reasoning_effort":"extreme"}' "${K[@]}"
+err_case "chat_template_kwargs not an object" 400 chat_template_kwargs e_re2 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":5}' "${K[@]}"
+err_case "chat_template_kwargs thinking mistyped" 400 chat_template_kwargs.thinking e_re3 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"thinking":"no"}}' "${K[@]}"
 err_case "unknown model" 404 model e_model /v1/completions '{"prompt":"hi","model":"gpt-4"}' "${K[@]}"
 check "unknown model: code model_not_found" py "$WORK/e_model.json" "d['error']['code'] == 'model_not_found'"
 err_case "prompt longer than the context" 400 prompt e_ctx /v1/completions \

@@ -36,8 +36,9 @@ else
 const OpenAI = require('openai');
 const [url, model] = process.argv.slice(2);
 const client = new OpenAI({ baseURL: url + '/v1', apiKey: 'sekrit', maxRetries: 0, timeout: 60000 });
+// thinking off: the reply is content, not reasoning_content (the SDK's chat types know only content)
 const chatReq = { model, messages: [{ role: 'user', content: 'What is two plus two?' }], max_tokens: 16,
-                  temperature: 0, ignore_eos: true };
+                  temperature: 0, ignore_eos: true, chat_template_kwargs: { thinking: false } };
 const cmplReq = { model, prompt: 'The quick brown fox', max_tokens: 16, temperature: 0, ignore_eos: true };
 (async () => {
   const pkg = require('path').join(require('path').dirname(require.resolve('openai')), 'package.json');
@@ -77,7 +78,7 @@ const cmplReq = { model, prompt: 'The quick brown fox', max_tokens: 16, temperat
 EOF
     check "openai SDK: runs against the server" env NODE_PATH="$NPM_DIR/node_modules" timeout 120 node "$WORK/sdk.js" "$URL" "$MODEL_ID"
     cp "$WORK/out" "$WORK/sdk.json"
-    api chat "$URL/v1/chat/completions" '{"messages":[{"role":"user","content":"What is two plus two?"}],"max_tokens":16,"temperature":0,"ignore_eos":true}' -H 'Authorization: Bearer sekrit'
+    api chat "$URL/v1/chat/completions" '{"messages":[{"role":"user","content":"What is two plus two?"}],"max_tokens":16,"temperature":0,"ignore_eos":true,"chat_template_kwargs":{"thinking":false}}' -H 'Authorization: Bearer sekrit'
     api cmpl "$URL/v1/completions" '{"prompt":"The quick brown fox","max_tokens":16,"temperature":0,"ignore_eos":true}' -H 'Authorization: Bearer sekrit'
     sdk() { jget sdk "$1"; }
     echo "    (openai $(sdk "d['version']"))"

@@ -573,6 +573,22 @@ static int http_parse_common(const http_server *h, const cJSON *j, http_job *jb,
         jb->top_logprobs = (int)ll;
     }
     /* Asked-for features we do not have: say so rather than silently ignore them. */
+    v = cJSON_GetObjectItemCaseSensitive(j, "response_format");
+    if (!http_absent(v)) {
+        const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
+        if (!cJSON_IsString(t)) {
+            return BAD(f, "response_format", "'response_format' must be an object with a 'type' (text, json_object or json_schema)");
+        }
+        if (strcmp(t->valuestring, "json_object") == 0 || strcmp(t->valuestring, "json_schema") == 0) {
+            return BAD(f, "response_format", "response_format %s is not supported yet: output is not constrained, so it "
+                       "could not be promised to be JSON", t->valuestring);
+        }
+        if (strcmp(t->valuestring, "text") != 0) {
+            char clean[96];
+            http_clean(t->valuestring, clean, sizeof clean, false);
+            return BAD(f, "response_format", "unknown response_format type '%s' (text, json_object or json_schema)", clean);
+        }
+    }
     v = cJSON_GetObjectItemCaseSensitive(j, "tools");
     if (!http_absent(v) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0)) {
         return BAD(f, "tools", "tool declarations are not supported");
@@ -706,7 +722,47 @@ static int http_parse_chat(const http_server *h, const cJSON *j, http_job *jb, h
         }
         i++;
     }
+    /* Thinking on or off, and how hard, through the template's own switches: chat_template_kwargs
+     * (llama-server's: {"thinking": false}, {"thinking_effort": "low"}), or OpenAI's reasoning_effort
+     * (none / minimal: no thinking; low: low; medium: high; high: max - K3's efforts are low, high, max). */
     chat_opts co = chat_opts_default();
+    const cJSON *kw = cJSON_GetObjectItemCaseSensitive(j, "chat_template_kwargs");
+    if (!http_absent(kw)) {
+        if (!cJSON_IsObject(kw)) {
+            BAD(f, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+            goto out;
+        }
+        if (http_get_bool(kw, "thinking", &co.thinking, f) != 0) {
+            snprintf(f->param, sizeof f->param, "chat_template_kwargs.thinking");
+            goto out;
+        }
+        const cJSON *te = cJSON_GetObjectItemCaseSensitive(kw, "thinking_effort");
+        if (!http_absent(te)) {
+            if (!cJSON_IsString(te)) {
+                BAD(f, "chat_template_kwargs.thinking_effort", "'thinking_effort' must be a string (low, high or max)");
+                goto out;
+            }
+            co.thinking_effort = te->valuestring;
+        }
+    }
+    const cJSON *re = cJSON_GetObjectItemCaseSensitive(j, "reasoning_effort");
+    if (!http_absent(re)) {
+        static const char *const from[] = {"none", "minimal", "low", "medium", "high"};
+        static const char *const to[] = {NULL, NULL, "low", "high", "max"};
+        int k = -1;
+        for (int e = 0; cJSON_IsString(re) && e < 5; e++) {
+            if (strcmp(re->valuestring, from[e]) == 0) k = e;
+        }
+        if (k < 0) {
+            BAD(f, "reasoning_effort", "'reasoning_effort' must be none, minimal, low, medium or high");
+            goto out;
+        }
+        co.thinking = to[k] != NULL;
+        if (to[k]) co.thinking_effort = to[k];
+    }
+    jb->p.split = h->cfg.chat_fmt == CHAT_FMT_K3 || h->cfg.chat_fmt == CHAT_FMT_K3_LITE;
+    jb->p.split_fmt = h->cfg.chat_fmt;
+    jb->p.thinking = co.thinking;
     char *text = NULL;
     size_t len = 0;
     rl_err err = {{0}};
@@ -935,6 +991,7 @@ typedef struct http_run {
     bool done;
     sch_update end;     /* its last update (fin, counts, error, receipts) */
     http_buf text, lps; /* not streamed: the text so far, the smp_logprob entries as bytes */
+    http_buf reasoning; /* not streamed: the reasoning so far (chat) */
     size_t lp_off;      /* completions' text_offset: the choice's text bytes so far */
 } http_run;
 
@@ -947,6 +1004,7 @@ static void http_runs_free(http_run *rs, int n) {
         free(rs[i].end.receipts);
         free(rs[i].text.p);
         free(rs[i].lps.p);
+        free(rs[i].reasoning.p);
     }
 }
 
@@ -967,6 +1025,7 @@ static bool http_runs_wait(http_run *rs, int n, int timeout_ms, sch_update *u, i
                     rs[i].end = *u;
                     rs[i].end.text = NULL; /* the caller's */
                     rs[i].end.lp = NULL;
+                    rs[i].end.reasoning = NULL;
                     u->receipts = NULL; /* kept in end */
                 }
                 return true;
@@ -1099,6 +1158,15 @@ static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max) 
         int k;
         if (http_runs_wait(st->runs, st->n_runs, 100, &u, &k)) {
             http_run *rn = &st->runs[k];
+            if (u.reasoning) { /* its own chunk, as llama-server and vLLM send reasoning_content deltas */
+                cJSON *j = http_envelope(st->model, st->id, "chat.completion.chunk", st->created);
+                cJSON *c = http_choice(k, true, true, false, NULL, 0, NULL, NULL);
+                cJSON_AddItemToObject(cJSON_GetObjectItemCaseSensitive(c, "delta"), "reasoning_content",
+                                      http_text_item(u.reasoning, u.reasoning_len));
+                cJSON_AddItemToArray(cJSON_AddArrayToObject(j, "choices"), c);
+                http_sse(st, j);
+                free(u.reasoning);
+            }
             if (u.text || u.n_lp) {
                 cJSON *lp = st->top_logprobs >= 0
                                 ? http_logprobs(st->h, st->chat, u.lp, u.n_lp, st->top_logprobs, &rn->lp_off)
@@ -1257,6 +1325,8 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
         int k;
         if (http_runs_wait(runs, n_runs, 100, &u, &k)) {
             if (u.text) hb_add(&runs[k].text, u.text, u.len);
+            if (u.reasoning) hb_add(&runs[k].reasoning, u.reasoning, u.reasoning_len);
+            free(u.reasoning);
             if (u.lp) hb_add(&runs[k].lps, (const char *)u.lp, u.n_lp * sizeof *u.lp);
             free(u.text);
             free(u.lp);
@@ -1293,8 +1363,13 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
         cJSON *lpj = want_lp ? http_logprobs(h, chat, (const smp_logprob *)rn->lps.p, rn->lps.len / sizeof(smp_logprob),
                                              top_lp, &lp_off)
                              : NULL;
-        cJSON_AddItemToArray(ch, http_choice(k, chat, false, true, rn->text.p ? rn->text.p : "", rn->text.p ? rn->text.len : 0,
-                                             http_finish_reason(rn->end.fin), lpj));
+        cJSON *c1 = http_choice(k, chat, false, true, rn->text.p ? rn->text.p : "", rn->text.p ? rn->text.len : 0,
+                                http_finish_reason(rn->end.fin), lpj);
+        if (chat && rn->reasoning.len) {
+            cJSON_AddItemToObject(cJSON_GetObjectItemCaseSensitive(c1, "message"), "reasoning_content",
+                                  http_text_item(rn->reasoning.p, rn->reasoning.len));
+        }
+        cJSON_AddItemToArray(ch, c1);
         n_gen += rn->end.n_gen;
     }
     cJSON_AddItemToObject(resp, "usage", http_runs_usage(runs, n_runs, per_prompt));

@@ -307,6 +307,7 @@ static void sch_request_destroy(sch_request *r) {
     pthread_cond_destroy(&r->cond);
     free(r->prompt);
     free(r->out);
+    free(r->rout);
     free(r->lp);
     free(r->receipts);
     free(r->hold);
@@ -347,10 +348,16 @@ bool sch_request_wait(sch_request *r, int timeout_ms, sch_update *u) {
     dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
     if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
     pthread_mutex_lock(&s->mu);
-    while (r->out_len == 0 && r->fin == SCH_RUNNING) {
+    while (r->out_len == 0 && r->rout_len == 0 && r->fin == SCH_RUNNING) {
         if (pthread_cond_timedwait(&r->cond, &s->mu, &dl) == ETIMEDOUT) break;
     }
-    bool news = r->out_len > 0 || r->fin != SCH_RUNNING;
+    bool news = r->out_len > 0 || r->rout_len > 0 || r->fin != SCH_RUNNING;
+    if (r->rout_len > 0) {
+        u->reasoning = r->rout;
+        u->reasoning_len = r->rout_len;
+        r->rout = NULL;
+        r->rout_len = r->rout_cap = 0;
+    }
     if (news && r->n_lp > 0) {
         u->lp = r->lp;
         u->n_lp = r->n_lp;
@@ -429,7 +436,7 @@ static size_t sch_utf8_len(const unsigned char *s, size_t n, size_t *bad) {
 
 /* Appends text to the request's output as valid UTF-8: the API speaks JSON, which must be UTF-8, and a
  * random-weight model can emit lone byte tokens. Called with the scheduler's mutex held. */
-static void sch_emit(sch_request *r, const char *text, size_t len) {
+static void sch_emit_to(sch_request *r, char **out, size_t *out_len, size_t *out_cap, const char *text, size_t len) {
     static const char repl[] = "\xEF\xBF\xBD";
     const unsigned char *u = (const unsigned char *)text;
     size_t i = 0, run = 0;
@@ -441,18 +448,20 @@ static void sch_emit(sch_request *r, const char *text, size_t len) {
             continue;
         }
         changed = true;
-        if (i > run) sch_buf_append(&r->out, &r->out_len, &r->out_cap, text + run, i - run);
-        sch_buf_append(&r->out, &r->out_len, &r->out_cap, repl, 3);
+        if (i > run) sch_buf_append(out, out_len, out_cap, text + run, i - run);
+        sch_buf_append(out, out_len, out_cap, repl, 3);
         i += bad;
         run = i;
     }
     if (!changed) {
-        if (len) sch_buf_append(&r->out, &r->out_len, &r->out_cap, text, len);
+        if (len) sch_buf_append(out, out_len, out_cap, text, len);
     } else if (len > run) {
-        sch_buf_append(&r->out, &r->out_len, &r->out_cap, text + run, len - run);
+        sch_buf_append(out, out_len, out_cap, text + run, len - run);
     }
     if (len) pthread_cond_signal(&r->cond);
 }
+
+static void sch_emit(sch_request *r, const char *text, size_t len) { sch_emit_to(r, &r->out, &r->out_len, &r->out_cap, text, len); }
 
 /* New text from the detokenizer: emit what cannot be part of a stop string, hold back the rest. Returns
  * true when a stop string matched (the text before it is emitted, the match and what follows are not). */
@@ -505,9 +514,12 @@ static void sch_finish_req(sch_sched *s, sch_request *r, sch_finish fin, const c
             tok_stream_flush(&r->ts, &text, &len);
             if (len) sch_buf_append(&r->hold, &r->hold_len, &r->hold_cap, text, len);
             if (r->hold_len) sch_emit(r, r->hold, r->hold_len);
+            tok_stream_flush(&r->ts_r, &text, &len);
+            if (len) sch_emit_to(r, &r->rout, &r->rout_len, &r->rout_cap, text, len);
         }
         r->hold_len = 0;
         tok_stream_free(&r->ts);
+        tok_stream_free(&r->ts_r);
         if (r->p.receipts && s->be.receipts && !r->receipts) r->receipts = s->be.receipts(s->be.impl, r->slot);
         s->be.end(s->be.impl, r->slot);
         s->slots[r->slot] = NULL;
@@ -568,6 +580,9 @@ static void sch_admit(sch_sched *s) {
             r->cap_hist = r->n_prompt + 64;
         }
         tok_stream_init(&r->ts, s->tok, false);
+        tok_stream_init(&r->ts_r, s->tok, false);
+        /* (a format chat_split does not split - K2 - leaves everything content: so when not asked) */
+        chat_split_init(&r->split, s->tok, r->p.split ? r->p.split_fmt : CHAT_FMT_K2, r->p.thinking);
         s->slots[i] = r;
         s->n_active++;
     }
@@ -603,11 +618,22 @@ static void sch_on_token(sch_sched *s, sch_request *r, int32_t id, const smp_log
     const char *text;
     size_t len;
     rl_err err;
-    if (tok_stream_push(&r->ts, id, &text, &len, &err) != 0) {
-        sch_finish_req(s, r, SCH_FIN_ERROR, err.msg, false);
-        return;
+    chat_chan ch = chat_split_push(&r->split, s->tok, id);
+    if (ch == CHAT_CH_REASONING) { /* reasoning_content: no stop strings there (they end the answer) */
+        if (tok_stream_push(&r->ts_r, id, &text, &len, &err) != 0) {
+            sch_finish_req(s, r, SCH_FIN_ERROR, err.msg, false);
+            return;
+        }
+        sch_emit_to(r, &r->rout, &r->rout_len, &r->rout_cap, text, len);
+    } else if (ch == CHAT_CH_CONTENT) {
+        if (tok_stream_push(&r->ts, id, &text, &len, &err) != 0) {
+            sch_finish_req(s, r, SCH_FIN_ERROR, err.msg, false);
+            return;
+        }
+    } else {
+        len = 0; /* framing: a section's name */
     }
-    if (sch_text(r, text, len)) {
+    if (ch == CHAT_CH_CONTENT && sch_text(r, text, len)) {
         sch_finish_req(s, r, SCH_FIN_STOP, NULL, false);
         return;
     }

@@ -32,6 +32,7 @@
 
 #include "../base/err.h"
 #include "../model/k3_forward.h"
+#include "../text/chat_out.h"
 #include "../text/sampler.h"
 #include "../text/tokenizer.h"
 
@@ -149,6 +150,9 @@ typedef struct sch_params {
     bool draft_model;        /* from the server's draft model (sch_config.draft), else by prompt lookup */
     bool draft_dspark;       /* from the server's DSpark draft (sch_config.dspark) */
     bool logprobs;           /* keep each generated token's log-probability and top alternatives (sch_update.lp) */
+    bool split;              /* a chat reply: split its reasoning out (text/chat_out.h) in split_fmt, */
+    chat_format split_fmt;
+    bool thinking;           /* ... whose generation prompt opened the think section */
 } sch_params;
 
 struct sch_sched;
@@ -170,6 +174,8 @@ typedef struct sch_request {
     char *receipts;          /* at the end, when asked: a JSON array of receipts (handed to the last update) */
     char *out;               /* text produced and not yet taken by sch_request_wait */
     size_t out_len, out_cap;
+    char *rout;              /* reasoning text (p.split) not yet taken */
+    size_t rout_len, rout_cap;
     smp_logprob *lp;         /* p.logprobs: the generated tokens' log-probabilities not yet taken, in order */
     size_t n_lp, cap_lp;
     int n_gen;               /* completion tokens so far */
@@ -181,6 +187,8 @@ typedef struct sch_request {
     int32_t last;            /* the last sampled token (fed at the next step) */
     double t_last;           /* when the last token was sampled */
     tok_stream ts;
+    tok_stream ts_r;         /* the reasoning's detokenizer */
+    chat_split split;
     bool ds_ok;              /* DSpark: its drafter has the features of every position the target ran */
     int32_t *hist;           /* prompt and sampled tokens, for drafting (draft_n > 0) */
     size_t n_hist, cap_hist;
@@ -193,6 +201,8 @@ typedef struct sch_request {
 typedef struct sch_update {
     char *text;
     size_t len;
+    char *reasoning;  /* new reasoning text (p.split; malloc'ed, NUL-terminated, NULL when none; free() it) */
+    size_t reasoning_len;
     sch_finish fin;
     int n_prompt, n_gen;
     int drafted, accepted; /* speculative draft tokens verified, and kept (0, 0 without drafts) */

@@ -13,6 +13,7 @@
 
 #include "gguf.h"
 #include "text/chat.h"
+#include "text/chat_out.h"
 #include "text/sampler.h"
 #include "text/tokenizer.h"
 #include "tools/synth_vocab.h"
@@ -597,6 +598,38 @@ static void test_logprobs(void) {
           "100 tokens: the 20 highest, in order (9.9 down to 8.0)");
 }
 
+/* chat_split: a K3 reply's framing followed token by token; the section names never reach a channel. */
+static void split_run(const tok_tokenizer *t, chat_format fmt, bool thinking, const char *reply, char *reason,
+                      char *content) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    rl_err err;
+    reason[0] = content[0] = 0;
+    if (tok_encode(t, reply, strlen(reply), true, &ids, &n, &err) != 0) return;
+    chat_split sp;
+    chat_split_init(&sp, t, fmt, thinking);
+    for (size_t i = 0; i < n; i++) {
+        const char *p;
+        size_t len;
+        chat_chan ch = chat_split_push(&sp, t, ids[i]);
+        if (ch == CHAT_CH_NONE || tok_piece(t, ids[i], false, &p, &len) != 0) continue;
+        strncat(ch == CHAT_CH_REASONING ? reason : content, p, len);
+    }
+    free(ids);
+}
+
+static void test_chat_split(const tok_tokenizer *t) {
+    char r[256], c[256];
+    split_run(t, CHAT_FMT_K3_LITE, true, "plan it<|close|>think<|sep|><|open|>response<|sep|>Hello<|close|>response<|sep|>", r, c);
+    CHECK(strcmp(r, "plan it") == 0 && strcmp(c, "Hello") == 0, "thinking: reasoning '%s', content '%s'", r, c);
+    split_run(t, CHAT_FMT_K3, false, "Hi there<|close|>response<|sep|>", r, c);
+    CHECK(!*r && strcmp(c, "Hi there") == 0, "not thinking: the reply is content '%s'", c);
+    split_run(t, CHAT_FMT_K3_LITE, true, "a<|close|>think<|sep|>stray<|open|>tools<|sep|>call<|close|>tools<|sep|>", r, c);
+    CHECK(strcmp(r, "a") == 0 && strcmp(c, "straycall") == 0, "text between sections and an unknown section: content '%s'", c);
+    split_run(t, CHAT_FMT_K2, true, "x<|close|>think<|sep|>y", r, c);
+    CHECK(!*r && strcmp(c, "xthinky") == 0, "a format it does not split: everything is content '%s'", c);
+}
+
 static void test_sampler(void) {
     rl_err err;
     smp_sampler s, s2;
@@ -774,6 +807,7 @@ int main(void) {
     test_sampler();
     test_sampler_bias();
     test_logprobs();
+    test_chat_split(&t);
     tok_free(&t);
     return check_done();
 }

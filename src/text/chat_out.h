@@ -1,0 +1,37 @@
+/* chat_out.h - a K3 reply split into its channels as it is generated.
+ *
+ * A K3 assistant turn (chat.h, CHAT_FMT_K3 / K3_LITE) is framed by control tokens:
+ *   <|open|>think<|sep|>REASONING<|close|>think<|sep|><|open|>response<|sep|>CONTENT<|close|>response<|sep|>
+ * and the generation prompt already opened the first section (think when thinking is on, else response).
+ * The framing renders as nothing, but the section names between <|open|> / <|close|> and <|sep|> are plain
+ * text: left in, a reply would read "REASONINGthinkresponseCONTENTresponse". chat_split follows the framing
+ * token by token and says where each token's text goes: the reasoning (reasoning_content), the content,
+ * or nowhere (a section name). Text outside any section, and a section it does not know (tools, until
+ * tool calls are parsed), counts as content, so nothing the model writes is lost. Formats other than K3
+ * (K2's <think> text tags) put everything in the content. */
+#ifndef RINGLM_CHAT_OUT_H
+#define RINGLM_CHAT_OUT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "chat.h"
+#include "tokenizer.h"
+
+typedef enum chat_chan { CHAT_CH_NONE, CHAT_CH_CONTENT, CHAT_CH_REASONING } chat_chan;
+
+typedef struct chat_split {
+    int32_t open, sep, close; /* the framing tokens; -1 when not split (then everything is content) */
+    int state;                /* inside a section's body, reading a section's name, or between sections */
+    chat_chan chan;           /* the body's channel */
+    char name[16];            /* the name being read (longer names are cut: they are no section we know) */
+    size_t name_len;
+} chat_split;
+
+/* thinking: the generation prompt opened the think section (chat_opts.thinking). */
+void chat_split_init(chat_split *s, const tok_tokenizer *t, chat_format fmt, bool thinking);
+/* The channel token id's text belongs to. */
+chat_chan chat_split_push(chat_split *s, const tok_tokenizer *t, int32_t id);
+
+#endif
