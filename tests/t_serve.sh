@@ -77,6 +77,18 @@ check "chat logprobs: one entry per token, logprob <= 0, 2 alternatives sorted, 
 post lpc_sse /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"$P\"}],\"max_tokens\":12,\"temperature\":0.8,\"seed\":5,\"ignore_eos\":true,\"logprobs\":true,\"top_logprobs\":2,\"stream\":true}" -N
 check "chat logprobs streamed: the same entries as not streamed" py "$WORK/lpc_sse.json" \
     "sum([c['choices'][0]['logprobs']['content'] for c in sse(raw) if c['choices'] and c['choices'][0].get('logprobs')], []) == load('lpc.json')['choices'][0]['logprobs']['content']"
+# echo: the prompt comes back first; with logprobs its tokens' (the first null, as nothing predicts it), and
+# max_tokens 0 scores the prompt alone - what evaluation harnesses send for log-likelihoods.
+"$RINGLM" logits -m "$f" --tokens "$pids" --threads 1 -o "$WORK/lpp_ref.bin"
+post echo0 /v1/completions "{\"prompt\":\"$P\",\"max_tokens\":0,\"echo\":true,\"logprobs\":2}"
+check "echo, max_tokens 0, logprobs 2: the prompt's text, one entry per prompt token, the first null, the rest = the logits' log-softmax" \
+    py "$WORK/echo0.json" "(lambda c, l: c['text'] == '$P' and len(l['tokens']) == $n_prompt and l['token_logprobs'][0] is None and l['top_logprobs'][0] is None and lp_match({'token_logprobs': l['token_logprobs'][1:], 'top_logprobs': l['top_logprobs'][1:]}, ref_logprobs('lpp_ref.bin', 1), 2) and d['usage']['completion_tokens'] == 0)(d['choices'][0], d['choices'][0]['logprobs'])"
+post echo8 /v1/completions "{\"prompt\":\"$P\",\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true,\"echo\":true,\"logprobs\":3}"
+check "echo with 8 tokens: the prompt's text then the completion's, the prompt's entries then the completion's (within 1e-4: all rows in one matmul round differently)" py "$WORK/echo8.json" \
+    "(lambda a, b, c: d['choices'][0]['text'] == '$P' + load('lp.json')['choices'][0]['text'] and len(a) == $n_prompt + 8 and all(abs(x - y) < 1e-4 for x, y in zip(a[$n_prompt:], b)) and all(abs(x - y) < 1e-4 for x, y in zip(a[1:$n_prompt], c[1:])))(d['choices'][0]['logprobs']['token_logprobs'], load('lp.json')['choices'][0]['logprobs']['token_logprobs'], load('echo0.json')['choices'][0]['logprobs']['token_logprobs'])"
+post echo8_sse /v1/completions "{\"prompt\":\"$P\",\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true,\"echo\":true,\"logprobs\":3,\"stream\":true}" -N
+check "echo streamed: the same text and entries" py "$WORK/echo8_sse.json" \
+    "text(sse(raw)) == load('echo8.json')['choices'][0]['text'] and sum([c['choices'][0]['logprobs']['token_logprobs'] for c in sse(raw) if c['choices'][0]['logprobs']], []) == load('echo8.json')['choices'][0]['logprobs']['token_logprobs']"
 post nolp /v1/completions "{\"prompt\":\"$P\",\"max_tokens\":2}"
 check "no logprobs asked: \"logprobs\": null" py "$WORK/nolp.json" "d['choices'][0]['logprobs'] is None"
 
@@ -382,6 +394,8 @@ check "response_format text -> 200" code_is rf_text 200
 err_case "reasoning_effort unknown" 400 reasoning_effort e_re1 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"reasoning_effort":"extreme"}' "${K[@]}"
 err_case "chat_template_kwargs not an object" 400 chat_template_kwargs e_re2 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":5}' "${K[@]}"
 err_case "chat_template_kwargs thinking mistyped" 400 chat_template_kwargs.thinking e_re3 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"thinking":"no"}}' "${K[@]}"
+err_case "echo on chat" 400 echo e_echo1 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"echo":true}' "${K[@]}"
+err_case "max_tokens 0 without echo" 400 max_tokens e_echo2 /v1/completions '{"prompt":"hi","max_tokens":0}' "${K[@]}"
 err_case "unknown model" 404 model e_model /v1/completions '{"prompt":"hi","model":"gpt-4"}' "${K[@]}"
 check "unknown model: code model_not_found" py "$WORK/e_model.json" "d['error']['code'] == 'model_not_found'"
 err_case "prompt longer than the context" 400 prompt e_ctx /v1/completions \

@@ -83,6 +83,11 @@ post lp "$(greedy "$R" 12 ',"logprobs":3')"
 check "logprobs through the ring: each token's and its top 3 = one machine's log-softmax" \
     py "$WORK/lp.json" "lp_match(d['choices'][0]['logprobs'], ref_logprobs('lp_ref.bin', $n_r), 3)"
 
+"$RINGLM" logits -m "$f" --tokens "$rids" --threads 1 -o "$WORK/lpp_ref.bin"
+post echo0 "{\"prompt\":\"$R\",\"max_tokens\":0,\"echo\":true,\"logprobs\":2}"
+check "echo through the ring (RF_SEQ_PROMPT_LP): the prompt's entries = one machine's log-softmax" py "$WORK/echo0.json" \
+    "(lambda l: l['token_logprobs'][0] is None and lp_match({'token_logprobs': l['token_logprobs'][1:], 'top_logprobs': l['top_logprobs'][1:]}, ref_logprobs('lpp_ref.bin', 1), 2))(d['choices'][0]['logprobs'])"
+
 # ---- 4 concurrent streams, each = its single-request result, in shared frames -----------------------------
 prompts=("The quick brown fox" "Once upon a time" "In the beginning" "Hello world, this is a longer prompt for the test")
 for i in 0 1 2 3; do post "seq$i" "$(greedy "${prompts[$i]}" 32)"; done

@@ -240,7 +240,7 @@ static int stage_prepare(ring_stage *s, const rf_header *h, const int32_t *token
         states[i] = &q->st;
         ntok[i] = sq->n_tokens;
         if (last) {
-            if (sq->flags & (RF_SEQ_ALL_LOGITS | RF_SEQ_VERIFY)) {
+            if (sq->flags & (RF_SEQ_ALL_LOGITS | RF_SEQ_VERIFY | RF_SEQ_PROMPT_LP)) {
                 for (uint32_t t = 0; t < sq->n_tokens; t++) rows[(*n_rows)++] = (int32_t)(off + t);
             } else if (!(sq->flags & RF_SEQ_NO_SAMPLE)) {
                 rows[(*n_rows)++] = (int32_t)(off + sq->n_tokens - 1);
@@ -276,7 +276,7 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
     int row0 = 0;
     for (uint32_t i = 0; i < h->n_seqs; i++) {
         const rf_seq *sq = &h->seqs[i];
-        int nrows = (sq->flags & (RF_SEQ_ALL_LOGITS | RF_SEQ_VERIFY)) ? (int)sq->n_tokens
+        int nrows = (sq->flags & (RF_SEQ_ALL_LOGITS | RF_SEQ_VERIFY | RF_SEQ_PROMPT_LP)) ? (int)sq->n_tokens
                     : !(sq->flags & RF_SEQ_NO_SAMPLE) ? 1 : 0;
         if (stale[i]) { /* not run: no rows, nothing committed; its q entries are skipped below */
             for (int d = 0; qp && (sq->flags & RF_SEQ_HAS_Q) && d < (int)sq->n_tokens - 1; d++) {
@@ -332,7 +332,9 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
     size_t n_lp = 0;
     for (uint32_t i = 0; i < h->n_seqs; i++) {
         const rf_seq *sq = &h->seqs[i];
-        if (!(sq->flags & RF_SEQ_LOGPROBS) || stale[i]) continue;
+        if (stale[i]) continue;
+        if (sq->flags & RF_SEQ_PROMPT_LP) n_lp += sq->n_tokens - 1;
+        if (!(sq->flags & RF_SEQ_LOGPROBS)) continue;
         n_lp += (sq->flags & RF_SEQ_VERIFY) ? (size_t)n_comm[i] : !(sq->flags & RF_SEQ_NO_SAMPLE) ? 1 : 0;
     }
     size_t plen = h->n_seqs * 4 + n_logit_floats * 4 + n_comm_total * 4 + n_lp * RF_LOGPROB_BYTES;
@@ -343,8 +345,11 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
     }
     int row = 0;
     size_t lo = 0;
-    const float **lp_row = calloc(h->n_seqs ? h->n_seqs : 1, sizeof *lp_row); /* each sequence's first row */
-    if (!lp_row) {
+    const float **lp_row = calloc(h->n_seqs ? h->n_seqs : 1, sizeof *lp_row); /* the row its token came from */
+    const float **p_row = calloc(h->n_seqs ? h->n_seqs : 1, sizeof *p_row);   /* its first row */
+    if (!lp_row || !p_row) {
+        free(lp_row);
+        free(p_row);
         free(committed);
         free(payload);
         return rl_errf(err, "out of memory");
@@ -354,7 +359,7 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
         int32_t tok = -1;
         stage_seq *q = qv[i];
         const float *lrow = NULL;
-        lp_row[i] = logits ? logits + (size_t)row * n_vocab : NULL;
+        lp_row[i] = p_row[i] = logits ? logits + (size_t)row * n_vocab : NULL;
         if (sq->flags & RF_SEQ_ALL_LOGITS) {
             memcpy(payload + h->n_seqs * 4 + lo * 4, logits + (size_t)row * n_vocab, (size_t)sq->n_tokens * n_vocab * 4);
             lo += (size_t)sq->n_tokens * n_vocab;
@@ -367,6 +372,9 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
         if (sq->flags & RF_SEQ_ALL_LOGITS) {
             row += (int)sq->n_tokens;
             lrow = logits + (size_t)(row - 1) * n_vocab;
+        } else if (sq->flags & RF_SEQ_PROMPT_LP) { /* every row was computed; the last one samples, if asked */
+            row += (int)sq->n_tokens;
+            if (!(sq->flags & RF_SEQ_NO_SAMPLE)) lrow = logits + (size_t)(row - 1) * n_vocab;
         } else if (!(sq->flags & RF_SEQ_NO_SAMPLE)) {
             lrow = logits + (size_t)row * n_vocab;
             row++;
@@ -383,7 +391,15 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
     uint8_t *lp_at = payload + h->n_seqs * 4 + lo * 4;
     for (uint32_t i = 0; i < h->n_seqs; i++) {
         const rf_seq *sq = &h->seqs[i];
-        if (!(sq->flags & RF_SEQ_LOGPROBS) || stale[i]) continue;
+        if (stale[i]) continue;
+        const int32_t *tk = tokens + stage_seq_offset(h, i);
+        for (uint32_t t = 0; (sq->flags & RF_SEQ_PROMPT_LP) && t + 1 < sq->n_tokens; t++) {
+            smp_logprob lp;
+            smp_logprobs(p_row[i] + (size_t)t * n_vocab, (int32_t)n_vocab, tk[t + 1], &lp);
+            memcpy(lp_at, &lp, RF_LOGPROB_BYTES);
+            lp_at += RF_LOGPROB_BYTES;
+        }
+        if (!(sq->flags & RF_SEQ_LOGPROBS)) continue;
         int nt = (sq->flags & RF_SEQ_VERIFY) ? n_comm[i] : !(sq->flags & RF_SEQ_NO_SAMPLE) ? 1 : 0;
         for (int t = 0; t < nt; t++) {
             smp_logprob lp;
@@ -395,6 +411,7 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
         }
     }
     free(lp_row);
+    free(p_row);
     free(committed);
     *out = payload;
     *out_len = plen;

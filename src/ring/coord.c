@@ -714,6 +714,7 @@ int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_req
     want += n_committed * 4;
     size_t n_lp = 0; /* log-probability entries: one per token returned to a RF_SEQ_LOGPROBS sequence */
     for (int i = 0; i < n_reqs && p->len[1] >= (size_t)n_reqs * 4; i++) {
+        if (reqs[i].flags & RF_SEQ_PROMPT_LP) n_lp += reqs[i].n - 1;
         if (!(reqs[i].flags & RF_SEQ_LOGPROBS)) continue;
         int32_t c;
         memcpy(&c, (const uint8_t *)p->data[1] + i * 4, 4);
@@ -742,7 +743,11 @@ int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_req
             memcpy(reqs[i].committed, pl + lo, (size_t)reqs[i].token * 4);
             lo += (size_t)reqs[i].token * 4;
         }
-        for (int i = 0; i < n_reqs; i++) { /* then the log-probabilities of what each got back */
+        for (int i = 0; i < n_reqs; i++) { /* then the log-probabilities: its own tokens', what it got back */
+            if (reqs[i].flags & RF_SEQ_PROMPT_LP) {
+                if (reqs[i].plp) memcpy(reqs[i].plp, pl + lo, (size_t)(reqs[i].n - 1) * RF_LOGPROB_BYTES);
+                lo += (size_t)(reqs[i].n - 1) * RF_LOGPROB_BYTES;
+            }
             if (!(reqs[i].flags & RF_SEQ_LOGPROBS)) continue;
             size_t nt = (reqs[i].flags & RF_SEQ_VERIFY) ? (size_t)reqs[i].token : (reqs[i].flags & RF_SEQ_NO_SAMPLE) ? 0 : 1;
             if (reqs[i].lp) memcpy(reqs[i].lp, pl + lo, (nt < reqs[i].lp_cap ? nt : reqs[i].lp_cap) * RF_LOGPROB_BYTES);

@@ -177,6 +177,7 @@ typedef struct ring_seq_req {
     uint32_t n_bias;
     smp_logprob *lp;      /* out, optional, RF_SEQ_LOGPROBS: one entry per token returned, at most lp_cap kept */
     uint32_t lp_cap;
+    smp_logprob *plp;     /* out, optional, RF_SEQ_PROMPT_LP: n - 1 entries (token t + 1 at row t; n >= 1) */
     int32_t committed[32]; /* out, RF_SEQ_VERIFY: accepted drafts + correction (token = count) */
     float *taps;    /* out, RF_SEQ_TAPS: n rows of o.n_taps * n_embd floats, token-major (malloc'ed; the caller frees
                      * it, also after a failed collect: set it to NULL before) */

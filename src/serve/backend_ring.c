@@ -447,6 +447,11 @@ static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
                                 .smp = S->smp};
         }
         if (!e->sample) q->flags |= RF_SEQ_NO_SAMPLE;
+        if (steps[i].prompt_lp && q->n > 1) {
+            /* (the scheduler gives such a prompt whole, in a begin entry: the frame holds just its tokens) */
+            q->flags |= RF_SEQ_PROMPT_LP;
+            q->plp = steps[i].plp;
+        }
         if (e->sample && e->logprobs) {
             q->flags |= RF_SEQ_LOGPROBS;
             q->lp = steps[i].lp; /* (e is the read-only view of the same entry) */

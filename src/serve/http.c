@@ -371,10 +371,13 @@ typedef struct http_job {
     http_strs strs;
     smp_bias *bias; /* jb->p.smp.bias */
     int top_logprobs; /* with p.logprobs: how many alternatives per token to show (0..SMP_TOP_LOGPROBS) */
+    bool echo;        /* completions: the prompt's text (and logprobs) before the completion's */
+    bool score_only;  /* echo with max_tokens 0: the generated token is dropped */
+    char *echo_text[HTTP_MAX_CHOICES]; /* each prompt's text, as given or decoded from its ids */
 } http_job;
 
 static void http_job_free(http_job *jb) {
-    for (int i = 0; i < HTTP_MAX_CHOICES; i++) free(jb->prompt[i]);
+    for (int i = 0; i < HTTP_MAX_CHOICES; i++) free(jb->prompt[i]), free(jb->echo_text[i]);
     free(jb->bias);
     http_strs_free(&jb->strs);
 }
@@ -493,8 +496,20 @@ static int http_parse_common(const http_server *h, const cJSON *j, http_job *jb,
         sp->seed = (uint64_t)ll;
     }
     if (http_parse_bias(h, j, jb, f) != 0) return -1;
+    /* echo (completions): the prompt comes back before the completion, and with logprobs its tokens'
+     * log-probabilities too; max_tokens 0 then only scores the prompt (what evaluation harnesses ask). */
+    if (!jb->chat && http_get_bool(j, "echo", &jb->echo, f) != 0) return -1;
+    if (jb->chat && !http_absent(cJSON_GetObjectItemCaseSensitive(j, "echo"))) {
+        return BAD(f, "echo", "'echo' is for /v1/completions");
+    }
     ll = 0;
-    if (http_get_int(j, "max_tokens", 1, 1e9, &ll, f) != 0) return -1;
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "max_tokens");
+    if (jb->echo && cJSON_IsNumber(mt) && mt->valuedouble == 0) {
+        jb->score_only = true; /* one token is generated (every request generates one) and not shown */
+        ll = 1;
+    } else if (http_get_int(j, "max_tokens", 1, 1e9, &ll, f) != 0) {
+        return -1;
+    }
     if (jb->chat && http_get_int(j, "max_completion_tokens", 1, 1e9, &ll, f) != 0) return -1;
     jb->p.max_tokens = (int)ll;
     if (!jb->chat && ll == 0) jb->p.max_tokens = 16; /* OpenAI's default for /v1/completions */
@@ -593,8 +608,7 @@ static int http_parse_common(const http_server *h, const cJSON *j, http_job *jb,
     if (!http_absent(v) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0)) {
         return BAD(f, "tools", "tool declarations are not supported");
     }
-    v = cJSON_GetObjectItemCaseSensitive(j, "echo");
-    if (!http_absent(v) && !cJSON_IsFalse(v)) return BAD(f, "echo", "'echo' is not supported");
+    jb->p.prompt_logprobs = jb->echo && jb->p.logprobs;
     v = cJSON_GetObjectItemCaseSensitive(j, "suffix");
     if (!http_absent(v) && !(cJSON_IsString(v) && !*v->valuestring)) return BAD(f, "suffix", "'suffix' is not supported");
     ll = 1;
@@ -787,11 +801,16 @@ out:
 /* prompt: a string, [string], [token ids] or [[token ids]] (one prompt per request). Text is tokenized as
  * `ringlm run -p` does (special markers are not parsed), so the same prompt gives the same tokens. */
 /* One prompt: a string, or an array of token ids. */
-static int http_parse_one_prompt(const http_server *h, const cJSON *v, int32_t **out, size_t *n_out, http_fail *f) {
+static int http_parse_one_prompt(const http_server *h, const cJSON *v, http_job *jb, int k, http_fail *f) {
+    int32_t **out = &jb->prompt[k];
+    size_t *n_out = &jb->n_prompt[k];
     rl_err err = {{0}};
     if (cJSON_IsString(v)) {
         if (tok_encode(h->tok, v->valuestring, strlen(v->valuestring), false, out, n_out, &err) != 0) {
             return http_failf(f, 500, "server_error", NULL, NULL, "cannot tokenize the prompt: %s", err.msg);
+        }
+        if (jb->echo && !(jb->echo_text[k] = strdup(v->valuestring))) {
+            return http_failf(f, 500, "server_error", NULL, NULL, "out of memory");
         }
         return 0;
     }
@@ -807,6 +826,10 @@ static int http_parse_one_prompt(const http_server *h, const cJSON *v, int32_t *
         }
         (*out)[(*n_out)++] = (int32_t)e->valuedouble;
     }
+    size_t tl;
+    if (jb->echo && tok_decode(h->tok, *out, *n_out, false, false, &jb->echo_text[k], &tl, &err) != 0) {
+        return http_failf(f, 500, "server_error", NULL, NULL, "cannot decode the prompt: %s", err.msg);
+    }
     return 0;
 }
 
@@ -818,7 +841,7 @@ static int http_parse_prompt(const http_server *h, const cJSON *j, http_job *jb,
     const cJSON *first = cJSON_IsArray(v) ? cJSON_GetArrayItem(v, 0) : NULL;
     if (!first || !(cJSON_IsString(first) || cJSON_IsArray(first))) { /* one prompt */
         jb->n_prompts = 1;
-        return http_parse_one_prompt(h, v, &jb->prompt[0], &jb->n_prompt[0], f);
+        return http_parse_one_prompt(h, v, jb, 0, f);
     }
     int n = cJSON_GetArraySize(v);
     if (n * jb->n > HTTP_MAX_CHOICES) {
@@ -830,7 +853,7 @@ static int http_parse_prompt(const http_server *h, const cJSON *j, http_job *jb,
             return BAD(f, "prompt", "each prompt of a prompt array must be a string or an array of token ids");
         }
         int k = jb->n_prompts++;
-        if (http_parse_one_prompt(h, e, &jb->prompt[k], &jb->n_prompt[k], f) != 0) return -1;
+        if (http_parse_one_prompt(h, e, jb, k, f) != 0) return -1;
     }
     return 0;
 }
@@ -918,7 +941,8 @@ static cJSON *http_lp_bytes(const char *b, size_t n) {
     return a;
 }
 
-static cJSON *http_logprobs(const http_server *h, bool chat, const smp_logprob *lp, size_t n, int top, size_t *off) {
+static cJSON *http_logprobs(const http_server *h, bool chat, const smp_logprob *lp, size_t n, int top, size_t *off,
+                            int32_t first) {
     const char *b;
     size_t bl;
     cJSON *j = cJSON_CreateObject();
@@ -943,6 +967,13 @@ static cJSON *http_logprobs(const http_server *h, bool chat, const smp_logprob *
     }
     cJSON *toks = cJSON_AddArrayToObject(j, "tokens"), *tlp = cJSON_AddArrayToObject(j, "token_logprobs");
     cJSON *tops = cJSON_AddArrayToObject(j, "top_logprobs"), *offs = cJSON_AddArrayToObject(j, "text_offset");
+    if (first >= 0) { /* echo: the prompt's first token, which nothing predicts (null, as OpenAI's) */
+        cJSON_AddItemToArray(toks, http_lp_token(h, first, &b, &bl));
+        cJSON_AddItemToArray(tlp, cJSON_CreateNull());
+        cJSON_AddItemToArray(tops, cJSON_CreateNull());
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*off));
+        *off += bl;
+    }
     for (size_t i = 0; i < n; i++) {
         cJSON_AddItemToArray(toks, http_lp_token(h, lp[i].id, &b, &bl));
         cJSON_AddItemToArray(tlp, cJSON_CreateNumber(http_lp_num(lp[i].logprob)));
@@ -993,6 +1024,10 @@ typedef struct http_run {
     http_buf text, lps; /* not streamed: the text so far, the smp_logprob entries as bytes */
     http_buf reasoning; /* not streamed: the reasoning so far (chat) */
     size_t lp_off;      /* completions' text_offset: the choice's text bytes so far */
+    char *echo;         /* echo: the prompt's text, shown first (owned; NULL: no echo) */
+    int32_t echo_first; /* echo with logprobs: the prompt's first token; -1 otherwise */
+    size_t n_plp;       /* ... and how many prompt entries come first in its logprobs */
+    bool echoed, score_only;
 } http_run;
 
 static void http_runs_free(http_run *rs, int n) {
@@ -1005,6 +1040,7 @@ static void http_runs_free(http_run *rs, int n) {
         free(rs[i].text.p);
         free(rs[i].lps.p);
         free(rs[i].reasoning.p);
+        free(rs[i].echo);
     }
 }
 
@@ -1052,7 +1088,7 @@ static cJSON *http_runs_usage(const http_run *rs, int n_runs, int per_prompt) {
     sch_update sum = {0};
     for (int i = 0; i < n_runs; i++) {
         if (i % per_prompt == 0) sum.n_prompt += rs[i].end.n_prompt;
-        sum.n_gen += rs[i].end.n_gen;
+        sum.n_gen += rs[i].score_only ? 0 : rs[i].end.n_gen; /* echo with max_tokens 0: nothing generated is shown */
         sum.drafted += rs[i].end.drafted;
         sum.accepted += rs[i].end.accepted;
     }
@@ -1167,9 +1203,18 @@ static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max) 
                 http_sse(st, j);
                 free(u.reasoning);
             }
-            if (u.text || u.n_lp) {
+            size_t skip = 0; /* logprob entries already shown (the prompt's) */
+            if (rn->echo && !rn->echoed) { /* echo: the prompt (and its entries) first, in a chunk of its own */
+                rn->echoed = true;
+                skip = rn->n_plp < u.n_lp ? rn->n_plp : u.n_lp;
+                cJSON *lp = st->top_logprobs >= 0 ? http_logprobs(st->h, false, u.lp, skip, st->top_logprobs, &rn->lp_off,
+                                                                  rn->echo_first)
+                                                  : NULL;
+                http_sse_chunk(st, k, false, rn->echo, strlen(rn->echo), NULL, lp);
+            }
+            if ((u.text || u.n_lp > skip) && !rn->score_only) {
                 cJSON *lp = st->top_logprobs >= 0
-                                ? http_logprobs(st->h, st->chat, u.lp, u.n_lp, st->top_logprobs, &rn->lp_off)
+                                ? http_logprobs(st->h, st->chat, u.lp + skip, u.n_lp - skip, st->top_logprobs, &rn->lp_off, -1)
                                 : NULL;
                 http_sse_chunk(st, k, false, u.text ? u.text : "", u.len, NULL, lp);
             }
@@ -1269,6 +1314,13 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
     for (int k = 0; k < n_runs; k++) {
         sch_params p = jb.p;
         p.smp.seed = jb.p.smp.seed + (uint64_t)(k % jb.n);
+        if (jb.echo && !(runs[k].echo = strdup(jb.echo_text[k / jb.n] ? jb.echo_text[k / jb.n] : ""))) {
+            http_failf(&f, 500, "server_error", NULL, NULL, "out of memory");
+            goto fail;
+        }
+        runs[k].echo_first = jb.p.prompt_logprobs ? jb.prompt[k / jb.n][0] : -1;
+        runs[k].n_plp = jb.p.prompt_logprobs ? jb.n_prompt[k / jb.n] - 1 : 0;
+        runs[k].score_only = jb.score_only;
         if (!(runs[k].r = sch_request_new(jb.prompt[k / jb.n], jb.n_prompt[k / jb.n], &p, &err))) {
             http_failf(&f, 500, "server_error", NULL, NULL, "%s", err.msg);
             goto fail;
@@ -1359,12 +1411,17 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
     int n_gen = 0;
     for (int k = 0; k < n_runs; k++) {
         http_run *rn = &runs[k];
-        size_t lp_off = 0;
-        cJSON *lpj = want_lp ? http_logprobs(h, chat, (const smp_logprob *)rn->lps.p, rn->lps.len / sizeof(smp_logprob),
-                                             top_lp, &lp_off)
+        size_t lp_off = 0, n_lp = rn->lps.len / sizeof(smp_logprob);
+        if (rn->score_only && n_lp > rn->n_plp) n_lp = rn->n_plp; /* max_tokens 0: the prompt's alone */
+        cJSON *lpj = want_lp ? http_logprobs(h, chat, (const smp_logprob *)rn->lps.p, n_lp, top_lp, &lp_off, rn->echo_first)
                              : NULL;
-        cJSON *c1 = http_choice(k, chat, false, true, rn->text.p ? rn->text.p : "", rn->text.p ? rn->text.len : 0,
+        http_buf all = {0}; /* echo: the prompt's text, then (unless only scoring) the completion's */
+        if (rn->echo) hb_add(&all, rn->echo, strlen(rn->echo));
+        if (!rn->score_only && rn->text.len) hb_add(&all, rn->text.p, rn->text.len);
+        const http_buf *shown = rn->echo ? &all : &rn->text;
+        cJSON *c1 = http_choice(k, chat, false, true, shown->p ? shown->p : "", shown->p ? shown->len : 0,
                                 http_finish_reason(rn->end.fin), lpj);
+        free(all.p);
         if (chat && rn->reasoning.len) {
             cJSON_AddItemToObject(cJSON_GetObjectItemCaseSensitive(c1, "message"), "reasoning_content",
                                   http_text_item(rn->reasoning.p, rn->reasoning.len));

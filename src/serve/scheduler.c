@@ -88,7 +88,9 @@ static int sch_local_step(void *impl, sch_step *steps, int n, rl_err *err) {
         L->keep[i] = sp->n_draft > 0;
         memcpy(L->tokens + off, sp->tokens, sp->n_tokens * sizeof(int32_t));
         off += sp->n_tokens;
-        for (int t = sp->n_draft > 0 ? 0 : (int)sp->n_tokens - 1; sp->sample && t < (int)sp->n_tokens; t++) {
+        int t0 = sp->n_draft > 0 || sp->prompt_lp ? 0 : (int)sp->n_tokens - 1;
+        for (int t = t0; (sp->sample || sp->prompt_lp) && t < (int)sp->n_tokens; t++) {
+            if (!sp->sample && t == (int)sp->n_tokens - 1) break; /* (prompt_lp alone: the last row has no token) */
             L->rows[n_rows++] = (int32_t)(off - sp->n_tokens + (uint32_t)t);
         }
     }
@@ -139,6 +141,11 @@ static int sch_local_step(void *impl, sch_step *steps, int n, rl_err *err) {
         }
         /* The penalty history sees every token of the sequence, prompt included, as gen_run's does. */
         for (uint32_t t = 0; t < sp->n_tokens; t++) smp_accept(smp, sp->tokens[t]);
+        if (sp->prompt_lp) { /* rows 0 .. n-2 score the entry's own next tokens; the last one samples */
+            for (uint32_t t = 0; t + 1 < sp->n_tokens; t++) {
+                smp_logprobs(o.logits + (size_t)r++ * (size_t)n_vocab, n_vocab, sp->tokens[t + 1], &sp->plp[t]);
+            }
+        }
         if (sp->sample) {
             const float *row = o.logits + (size_t)r++ * (size_t)n_vocab;
             sp->token = smp_sample(smp, row);
@@ -286,6 +293,7 @@ sch_request *sch_request_new(const int32_t *prompt, size_t n_prompt, const sch_p
         if (!c) goto oom;
         r->p.stop[r->p.n_stop++] = c;
     }
+    if (p->prompt_logprobs && !(r->plp = malloc((n_prompt ? n_prompt : 1) * sizeof *r->plp))) goto oom;
     if (p->smp.n_bias > 0) {
         smp_bias *b = malloc((size_t)p->smp.n_bias * sizeof *b);
         if (!b) goto oom;
@@ -309,6 +317,7 @@ static void sch_request_destroy(sch_request *r) {
     free(r->out);
     free(r->rout);
     free(r->lp);
+    free(r->plp);
     free(r->receipts);
     free(r->hold);
     free(r->hist);
@@ -723,12 +732,14 @@ static void *sch_main(void *arg) {
             if (!best || budget == 0) break;
             size_t left = best->n_prompt - best->n_fed;
             uint32_t k = left < budget ? (uint32_t)left : budget;
+            if (best->p.prompt_logprobs) k = (uint32_t)left; /* one step: every row scores the next token */
             s->steps[n] = (sch_step){.slot = best->slot, .begin = best->n_fed == 0, .smp = &best->p.smp,
                                      .receipts = best->p.receipts, .taps = best->ds_ok,
                                      .n_tokens = k, .tokens = best->prompt + best->n_fed,
-                                     .sample = best->n_fed + k == best->n_prompt, .logprobs = best->p.logprobs};
+                                     .sample = best->n_fed + k == best->n_prompt, .logprobs = best->p.logprobs,
+                                     .prompt_lp = best->p.prompt_logprobs, .plp = best->plp};
             s->step_req[n++] = best;
-            budget -= k;
+            budget = k >= budget ? 0 : budget - k;
         }
         pthread_mutex_unlock(&s->mu);
 
@@ -808,6 +819,17 @@ static void *sch_main(void *arg) {
             if (r->n_fed < r->n_prompt) {
                 r->n_fed += sp->n_tokens;
                 s->m.prompt_tokens += sp->n_tokens;
+                if (sp->prompt_lp && sp->n_tokens > 1) { /* the prompt's entries come before the generated ones */
+                    size_t need = r->n_lp + sp->n_tokens - 1;
+                    if (need > r->cap_lp) {
+                        smp_logprob *nl = realloc(r->lp, need * sizeof *nl);
+                        if (nl) r->lp = nl, r->cap_lp = need;
+                    }
+                    if (need <= r->cap_lp) {
+                        memcpy(r->lp + r->n_lp, sp->plp, (sp->n_tokens - 1) * sizeof *sp->plp);
+                        r->n_lp = need;
+                    }
+                }
             }
             if (r->cancelled) continue; /* reaped at the top of the loop */
             if (sp->taps && r->ds_ok) { /* the features of the positions the target ran and kept */

@@ -75,6 +75,8 @@ typedef struct sch_step {
     int n_draft;   /* speculative: drafts after the first token (sample is true) */
     int32_t out[SCH_MAX_DRAFT + 1]; /* out, when n_draft > 0 */
     int n_out;
+    bool prompt_lp;     /* return plp: the log-probabilities of this entry's own tokens after the first */
+    smp_logprob *plp;   /* out, when prompt_lp: n_tokens - 1 entries, entry t = tokens[t + 1] at row t */
     bool logprobs;      /* read with sample: also return lp (below) */
     smp_logprob lp[SCH_MAX_DRAFT + 1]; /* out, when logprobs: of token, or of out[0 .. n_out) (smp_logprobs) */
     bool taps;          /* DSpark (after set_taps): return this entry's features */
@@ -150,6 +152,8 @@ typedef struct sch_params {
     bool draft_model;        /* from the server's draft model (sch_config.draft), else by prompt lookup */
     bool draft_dspark;       /* from the server's DSpark draft (sch_config.dspark) */
     bool logprobs;           /* keep each generated token's log-probability and top alternatives (sch_update.lp) */
+    bool prompt_logprobs;    /* ... and the prompt's (its tokens after the first, before the generated ones); the
+                              * prompt is then read in one step, whatever the step budget */
     bool split;              /* a chat reply: split its reasoning out (text/chat_out.h) in split_fmt, */
     chat_format split_fmt;
     bool thinking;           /* ... whose generation prompt opened the think section */
@@ -177,6 +181,7 @@ typedef struct sch_request {
     char *rout;              /* reasoning text (p.split) not yet taken */
     size_t rout_len, rout_cap;
     smp_logprob *lp;         /* p.logprobs: the generated tokens' log-probabilities not yet taken, in order */
+    smp_logprob *plp;        /* p.prompt_logprobs: where the backend puts the prompt's (n_prompt entries) */
     size_t n_lp, cap_lp;
     int n_gen;               /* completion tokens so far */
     int drafted, accepted;   /* speculative draft tokens verified for it, and kept */

@@ -19,9 +19,11 @@
  *   FORWARD    prev -> node     stage 0: int32 tokens; later stages: boundary state (k3_boundary wire form)
  *   RESULT     last -> coord    int32 per sequence (the token; for VERIFY the number committed), then f32
  *                               logits when asked, then the committed tokens of every VERIFY sequence,
- *                               then for every RF_SEQ_LOGPROBS sequence one RF_LOGPROB_BYTES entry per
- *                               token it returned (the sampled one, or each committed one): i32 id, f32
- *                               logprob, 20 x i32 top ids, 20 x f32 their logprobs (text/sampler.h)
+ *                               then per sequence, in frame order, RF_LOGPROB_BYTES entries (i32 id, f32
+ *                               logprob, 20 x i32 top ids, 20 x f32 their logprobs: text/sampler.h): with
+ *                               RF_SEQ_PROMPT_LP one for each of its tokens after the first (token t + 1
+ *                               at row t), then with RF_SEQ_LOGPROBS one per token it returned (the
+ *                               sampled one, or each committed one)
  *
  * A FORWARD whose sequence position is behind the node's rolls that sequence back first (speculation:
  * the rejected part of the last verified block). FORWARD may carry a 4th part for the last stage's
@@ -92,6 +94,7 @@ enum {
     RF_SEQ_TAPS = 32,      /* stages holding DSpark tap layers (ASSIGN "taps") send this sequence's rows */
     RF_SEQ_HAS_BIAS = 64,  /* with RF_SEQ_NEW: the sampler's logit biases travel in the 4th part */
     RF_SEQ_LOGPROBS = 128, /* the RESULT carries the returned tokens' log-probabilities and top alternatives */
+    RF_SEQ_PROMPT_LP = 256, /* ... and those of the frame's own tokens after the first (echo of a prompt) */
 };
 
 #define RF_LOGPROB_BYTES 168 /* one token's entry in a RESULT (smp_logprob's layout: 2 + 2 x 20 four-byte fields) */
