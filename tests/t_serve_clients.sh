@@ -57,6 +57,18 @@ const cmplReq = { model, prompt: 'The quick brown fox', max_tokens: 16, temperat
     if (c && c.delta.content) { out.chat_stream += c.delta.content; out.chat_stream_chunks++; }
     if (c && c.finish_reason) out.chat_stream_finish = c.finish_reason;
   }
+  // logprobs, n = 2, logit_bias and thinking, as the SDK sends them
+  const lp = await client.chat.completions.create({ ...chatReq, logprobs: true, top_logprobs: 3 });
+  out.lp = lp.choices[0].logprobs.content.map((e) => [e.logprob, e.top_logprobs.length]);
+  out.lp_text = lp.choices[0].logprobs.content.map((e) => Buffer.from(e.bytes).toString('utf8')).join('');
+  out.lp_content = lp.choices[0].message.content;
+  const n2 = await client.chat.completions.create({ ...chatReq, n: 2, temperature: 1, seed: 9 });
+  out.n2 = n2.choices.map((c) => [c.index, c.message.content.length > 0]);
+  const lb = await client.chat.completions.create({ ...chatReq, max_tokens: 4,
+                                                    logit_bias: { 7: 100 } });
+  out.lb = lb.choices[0].message.content;
+  const think = await client.chat.completions.create({ ...chatReq, chat_template_kwargs: undefined, max_tokens: 4 });
+  out.think = [think.choices[0].message.content, think.choices[0].message.reasoning_content];
   const cmpl = await client.completions.create(cmplReq);
   out.cmpl = cmpl.choices[0].text;
   out.cmpl_usage = cmpl.usage;
@@ -81,6 +93,10 @@ EOF
     api chat "$URL/v1/chat/completions" '{"messages":[{"role":"user","content":"What is two plus two?"}],"max_tokens":16,"temperature":0,"ignore_eos":true,"chat_template_kwargs":{"thinking":false}}' -H 'Authorization: Bearer sekrit'
     api cmpl "$URL/v1/completions" '{"prompt":"The quick brown fox","max_tokens":16,"temperature":0,"ignore_eos":true}' -H 'Authorization: Bearer sekrit'
     sdk() { jget sdk "$1"; }
+    py_sdk() { python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(0 if eval(sys.argv[2]) else 1)' "$WORK/sdk.json" "$1"; }
+    # the logit_bias check's answer: the same request by curl
+    api tok7p "$URL/v1/chat/completions" '{"messages":[{"role":"user","content":"What is two plus two?"}],"max_tokens":4,"temperature":0,"ignore_eos":true,"chat_template_kwargs":{"thinking":false},"logit_bias":{"7":100}}' -H 'Authorization: Bearer sekrit'
+    python3 -c 'import json, sys; json.dump(json.load(open(sys.argv[1]))["choices"][0]["message"]["content"], open(sys.argv[2], "w"))' "$WORK/tok7p.json" "$WORK/tok7.json"
     echo "    (openai $(sdk "d['version']"))"
     check "openai SDK: models.list" test "$(sdk "d['models']")" = "[\"$MODEL_ID\"]"
     check "openai SDK: chat = curl's" test "$(sdk "d['chat']")" = "$(jget chat "d['choices'][0]['message']['content']")"
@@ -89,6 +105,13 @@ EOF
     check "openai SDK: streamed chat came in several chunks" test "$(sdk "d['chat_stream_chunks']")" -gt 1
     check "openai SDK: streamed chat finish_reason and usage" \
         test "$(sdk "[d['chat_stream_finish'], d['chat_stream_usage']]")" = "$(sdk "['length', d['chat_usage']]")"
+    check "openai SDK: chat logprobs, 3 alternatives per token, one per token (16), the tokens' bytes = the content" \
+        py_sdk "len(d['lp']) == 16 and all(a <= 0 and n == 3 for a, n in d['lp']) and d['lp_text'] == d['lp_content']"
+    check "openai SDK: n = 2 gives choices 0 and 1" py_sdk "d['n2'] == [[0, True], [1, True]]"
+    check "openai SDK: logit_bias {7: 100} as the SDK sends it = curl's, and not the unbiased text" \
+        py_sdk "d['lb'] == $(python3 -c 'import json, sys; print(repr(json.load(open(sys.argv[1]))))' "$WORK/tok7.json") and d['lb'] != d['chat'][:len(d['lb'])]"
+    check "openai SDK: thinking on (the template's default): the reply comes as reasoning_content" \
+        py_sdk "d['think'][0] == '' and d['think'][1]"
     check "openai SDK: completion = curl's" test "$(sdk "d['cmpl']")" = "$(jget cmpl "d['choices'][0]['text']")"
     check "openai SDK: streamed completion = non-streamed" test "$(sdk "d['cmpl_stream']")" = "$(sdk "d['cmpl']")"
     check "openai SDK: unknown model -> NotFoundError 404 model_not_found" \
