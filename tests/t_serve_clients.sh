@@ -15,6 +15,7 @@ trap 'serve_stop_all; rm -rf "$WORK"' EXIT
 start() { local name=$1; shift; serve_start "$name" -m "$f" --threads 1 "$@"; } # start NAME [serve options]
 # api NAME URL JSON [curl args]: the response body's JSON
 api() { curl -s --max-time 60 -H 'Content-Type: application/json' --data-binary "$3" "${@:4}" "$2" >"$WORK/$1.json"; }
+py_file() { python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(0 if eval(sys.argv[2]) else 1)' "$WORK/$1.json" "$2"; }
 jget() { python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print(json.dumps(eval(sys.argv[2])))" "$WORK/$1.json" "$2"; }
 
 # ---- the openai npm package ---------------------------------------------------------------------------
@@ -126,6 +127,8 @@ if ! command -v chromium >/dev/null; then
 else
     start page
     URL=${SRV_URL[page]}
+    [ -n "${SRV_URL[key]:-}" ] || start key --api-key sekrit
+    KEY_URL=${SRV_URL[key]}
     cat >"$WORK/page.js" <<'EOF'
 // Drives headless chromium over the DevTools protocol on a pipe (fd 3 in, fd 4 out, NUL-separated JSON):
 // opens the page, waits for <body data-state="done">, reads the reply, saves a screenshot.
@@ -158,15 +161,26 @@ const deadline = setTimeout(() => { console.error('timed out'); chrome.kill('SIG
   const { targetId } = await send('Target.createTarget', { url });
   const { sessionId } = await send('Target.attachToTarget', { targetId, flatten: true });
   const probe = `JSON.stringify({ state: document.body ? document.body.dataset.state : null,
-      reply: document.getElementById('reply-1') ? document.getElementById('reply-1').textContent : null,
+      reply: document.getElementById('reply-1') ? document.getElementById('reply-1').dataset.raw : null,
       chunks: document.getElementById('reply-1') ? document.getElementById('reply-1').dataset.chunks : null,
+      msgs: document.querySelectorAll('#log .msg').length,
+      last: document.querySelector('#log .msg:last-child .text') ? document.querySelector('#log .msg:last-child .text').dataset.raw : null,
+      settings: document.getElementById('settings') ? document.getElementById('settings').open : null,
       status: document.getElementById('status') ? document.getElementById('status').textContent : null })`;
-  let page;
-  for (;;) {
-    const r = await send('Runtime.evaluate', { expression: probe, returnByValue: true }, sessionId);
-    page = JSON.parse(r.result.value);
-    if (page.state === 'done' || page.state === 'error') break;
-    await sleep(50);
+  const settle = async () => {
+    for (;;) {
+      const r = await send('Runtime.evaluate', { expression: probe, returnByValue: true }, sessionId);
+      const p = JSON.parse(r.result.value);
+      if (p.state === 'done' || p.state === 'error' || (p.state === 'idle' && p.msgs > 0)) return p;
+      await sleep(50);
+    }
+  };
+  let page = await settle();
+  if (process.argv[5] === 'reload') { /* the conversation must come back from localStorage */
+    const url2 = url.replace(/[?].*$/, '');
+    await send('Page.navigate', { url: url2 }, sessionId);
+    await sleep(300);
+    page = { first: page, again: await settle() };
   }
   const { data } = await send('Page.captureScreenshot', { format: 'png' }, sessionId);
   fs.writeFileSync(shot, Buffer.from(data, 'base64'));
@@ -179,15 +193,28 @@ EOF
     q='Tell me a story about a fox'
     enc=$(python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1]))' "$q")
     check "chromium: the page loads, sends, and finishes" \
-        timeout 90 node "$WORK/page.js" "$URL/?prompt=$enc&autosend=1&temperature=0&max_tokens=24" "$WORK/page.png" "$WORK/profile"
+        timeout 90 node "$WORK/page.js" "$URL/?new=1&prompt=$enc&autosend=1&temperature=0&max_tokens=24&thinking=0" "$WORK/page.png" "$WORK/profile"
     cp "$WORK/out" "$WORK/page.json"
     # The request the page sends (stream: true) answered without streaming: the reply must be the same text.
-    api want "$URL/v1/chat/completions" "{\"messages\":[{\"role\":\"user\",\"content\":\"$q\"}],\"temperature\":0,\"max_tokens\":24}"
+    api want "$URL/v1/chat/completions" "{\"messages\":[{\"role\":\"user\",\"content\":\"$q\"}],\"temperature\":0,\"max_tokens\":24,\"chat_template_kwargs\":{\"thinking\":false}}"
     check "chromium: state done" test "$(jget page "d['state']")" = '"done"'
     check "chromium: the streamed reply shows the API's answer" \
         test "$(jget page "d['reply']")" = "$(jget want "d['choices'][0]['message']['content']")"
     check "chromium: the reply grew chunk by chunk" test "$(jget page "int(d['chunks'] or 0)")" -gt 1
     check "chromium: usage shown" grep -q "prompt + .* generated tokens" "$WORK/page.json"
+    check "chromium: the reply is not empty (thinking off: content)" test "$(jget page "len(d['reply'])")" -gt 0
+    # A reload brings the conversation back (localStorage, same profile); thinking on, the reasoning is folded.
+    check "chromium: a second page load (thinking on) finishes" \
+        timeout 90 node "$WORK/page.js" "$URL/?prompt=$enc&autosend=1&temperature=0&max_tokens=8" "$WORK/page2.png" "$WORK/profile" reload
+    cp "$WORK/out" "$WORK/page2.json"
+    check "chromium: after a reload the 4 messages of both turns are back, the last reply's text with them" \
+        py_file page2 "d['first']['state'] == 'done' and d['again']['msgs'] == 4 and d['again']['last'] == d['first']['last']"
+    # Against the server with --api-key and no key set: the error says where the key goes, Settings open.
+    check "chromium: a 401 finishes as an error" \
+        timeout 90 node "$WORK/page.js" "$KEY_URL/?new=1&prompt=hi&autosend=1" "$WORK/page3.png" "$WORK/profile3"
+    cp "$WORK/out" "$WORK/page3.json"
+    check "chromium: the 401 points to the API key setting and opens Settings" \
+        py_file page3 "d['state'] == 'error' and 'API key under Settings' in d['last'] and d['settings'] is True"
     check "chromium: screenshot is a PNG" python3 -c "
 import sys; b = open('$WORK/page.png', 'rb').read(); sys.exit(not (b[:8] == b'\x89PNG\r\n\x1a\n' and len(b) > 5000))"
     [ -z "${SERVE_SHOT:-}" ] || cp "$WORK/page.png" "$SERVE_SHOT"   # SERVE_SHOT=path keeps it for a look
