@@ -116,6 +116,34 @@ post n3chat /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":
 check "chat n=3 streamed at temperature 0: three choices, each opened with its role, the same text" py "$WORK/n3chat.json" \
     "sorted(ch['index'] for c in sse(raw) for ch in c['choices'] if ch['delta'].get('role')) == [0, 1, 2] and len(set(''.join(ch['delta'].get('content') or '' for c in sse(raw) for ch in c['choices'] if ch['index'] == i) for i in range(3))) == 1"
 
+# response_format json_object: constrained decoding makes random weights write a JSON object every time,
+# whole within max_tokens (the sampler writes the shortest completion when the budget runs out).
+json_ok=0 json_stop=0
+for i in $(seq 50); do
+    mt=$((4 + i % 23)); temp=$(( i % 5 == 0 ? 0 : 1 ))
+    if [ $((i % 2)) = 0 ]; then
+        post "js$i" /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"Give me JSON $i\"}],\"max_tokens\":$mt,\"temperature\":$temp,\"seed\":$i,\"response_format\":{\"type\":\"json_object\"},\"chat_template_kwargs\":{\"thinking\":false}}"
+        field="d['choices'][0]['message']['content']"
+    else
+        post "js$i" /v1/completions "{\"prompt\":\"JSON $i:\",\"max_tokens\":$mt,\"temperature\":$temp,\"seed\":$i,\"response_format\":{\"type\":\"json_object\"}}"
+        field="d['choices'][0]['text']"
+    fi
+    if py "$WORK/js$i.json" "isinstance(json.loads($field), dict) and d['usage']['completion_tokens'] <= $mt" >/dev/null; then
+        json_ok=$((json_ok + 1))
+    else
+        echo "info: json_object request $i ($mt tokens, temperature $temp) gave: $(head -c 400 "$WORK/js$i.json")"
+    fi
+    py "$WORK/js$i.json" "d['choices'][0]['finish_reason'] == 'stop'" >/dev/null && json_stop=$((json_stop + 1))
+done
+check "json_object: 50 seeded requests (chat and completions, 4 to 26 tokens, greedy and sampled): all parse as JSON objects within max_tokens ($json_stop ended by the model)" \
+    test "$json_ok" = 50
+post js_sse /v1/completions "{\"prompt\":\"JSON:\",\"max_tokens\":20,\"temperature\":1,\"seed\":4,\"response_format\":{\"type\":\"json_object\"},\"stream\":true}" -N
+post js_ns /v1/completions "{\"prompt\":\"JSON:\",\"max_tokens\":20,\"temperature\":1,\"seed\":4,\"response_format\":{\"type\":\"json_object\"}}"
+check "json_object streamed: the same object" py "$WORK/js_sse.json" "text(sse(raw)) == load('js_ns.json')['choices'][0]['text'] and isinstance(json.loads(text(sse(raw))), dict)"
+post js_free /v1/completions "{\"prompt\":\"JSON:\",\"max_tokens\":20,\"temperature\":1,\"seed\":4}"
+check "... and without response_format the same seed writes no JSON object (the constraint did the work)" \
+    py "$WORK/js_free.json" "(lambda t: not t.lstrip().startswith('{'))(d['choices'][0]['text'])"
+
 Q="What is two plus two?"
 post chat /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"$Q\"}],\"max_completion_tokens\":20,\"temperature\":0,\"ignore_eos\":true}"
 "$RINGLM" run -m "$f" -p "$Q" --chat -n 20 --temp 0 --ignore-eos --threads 1 --metrics-json "$WORK/chat_run.json" >/dev/null 2>&1
@@ -387,7 +415,7 @@ err_case "n of 0" 400 n e_n2 /v1/completions '{"prompt":"hi","n":0}' "${K[@]}"
 err_case "3 prompts x n 6: over 16 choices" 400 prompt e_n3 /v1/completions '{"prompt":["a","b","c"],"n":6}' "${K[@]}"
 err_case "a prompt array holding a number" 400 prompt e_n4 /v1/completions '{"prompt":["a",5]}' "${K[@]}"
 err_case "response_format of an unknown type" 400 response_format e_rf1 /v1/completions '{"prompt":"hi","response_format":{"type":"bogus"}}' "${K[@]}"
-err_case "response_format json_object (not constrained yet)" 400 response_format e_rf2 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}}' "${K[@]}"
+err_case "response_format json_schema (not constrained yet)" 400 response_format e_rf2 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}}}' "${K[@]}"
 err_case "response_format not an object" 400 response_format e_rf3 /v1/completions '{"prompt":"hi","response_format":"json"}' "${K[@]}"
 post rf_text /v1/completions '{"prompt":"hi","max_tokens":2,"response_format":{"type":"text"}}' "${K[@]}"
 check "response_format text -> 200" code_is rf_text 200

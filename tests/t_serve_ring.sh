@@ -88,6 +88,10 @@ post echo0 "{\"prompt\":\"$R\",\"max_tokens\":0,\"echo\":true,\"logprobs\":2}"
 check "echo through the ring (RF_SEQ_PROMPT_LP): the prompt's entries = one machine's log-softmax" py "$WORK/echo0.json" \
     "(lambda l: l['token_logprobs'][0] is None and lp_match({'token_logprobs': l['token_logprobs'][1:], 'top_logprobs': l['top_logprobs'][1:]}, ref_logprobs('lpp_ref.bin', 1), 2))(d['choices'][0]['logprobs'])"
 
+post js "$(greedy "$P" 8 ',"response_format":{"type":"json_object"}')"
+check "response_format json_object through a ring: 400 saying it is not supported there yet" \
+    py "$WORK/js.json" "d['error']['param'] == 'response_format' and 'ring' in d['error']['message']"
+
 # ---- 4 concurrent streams, each = its single-request result, in shared frames -----------------------------
 prompts=("The quick brown fox" "Once upon a time" "In the beginning" "Hello world, this is a longer prompt for the test")
 for i in 0 1 2 3; do post "seq$i" "$(greedy "${prompts[$i]}" 32)"; done

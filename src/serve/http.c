@@ -594,11 +594,23 @@ static int http_parse_common(const http_server *h, const cJSON *j, http_job *jb,
         if (!cJSON_IsString(t)) {
             return BAD(f, "response_format", "'response_format' must be an object with a 'type' (text, json_object or json_schema)");
         }
-        if (strcmp(t->valuestring, "json_object") == 0 || strcmp(t->valuestring, "json_schema") == 0) {
-            return BAD(f, "response_format", "response_format %s is not supported yet: output is not constrained, so it "
-                       "could not be promised to be JSON", t->valuestring);
+        if (strcmp(t->valuestring, "json_schema") == 0) {
+            return BAD(f, "response_format", "response_format json_schema is not supported yet (json_object is): the "
+                       "output could not be promised to follow the schema");
         }
-        if (strcmp(t->valuestring, "text") != 0) {
+        if (strcmp(t->valuestring, "json_object") == 0) {
+            /* Constrained decoding (sampler.h: json): valid JSON within max_tokens. Samplers on a ring live on
+             * its last stage, which does not take a grammar yet. Drafts are off: a draft the grammar would
+             * refuse must never be judged as if it could be kept. */
+            if (strcmp(h->s->be.kind, "local") != 0) {
+                return BAD(f, "response_format", "response_format json_object is not supported through a ring yet");
+            }
+            jb->p.smp.json = 1;
+            jb->p.smp.budget = jb->p.max_tokens;
+            jb->p.smp.vocab = h->vocab;
+            jb->p.draft_n = 0;
+            jb->p.draft_model = jb->p.draft_dspark = false;
+        } else if (strcmp(t->valuestring, "text") != 0) {
             char clean[96];
             http_clean(t->valuestring, clean, sizeof clean, false);
             return BAD(f, "response_format", "unknown response_format type '%s' (text, json_object or json_schema)", clean);
@@ -1906,6 +1918,7 @@ int http_start(http_server *h, const http_config *cfg, sch_sched *s, const tok_t
     h->cfg = *cfg;
     h->s = s;
     h->tok = tok;
+    if (!(h->vocab = tok_vocab_new(tok))) return rl_errf(err, "out of memory for the vocabulary");
     h->n_ctx = s->be.n_ctx;
     h->created = time(NULL);
     h->id_base = http_random64();
@@ -1991,6 +2004,7 @@ fail:
     pthread_cond_destroy(&h->idle);
     pthread_mutex_destroy(&h->mu);
     free(h->model_id), free(h->api_key), free(h->chat_err);
+    tok_vocab_free(h->vocab);
     memset(h, 0, sizeof *h);
     return -1;
 }

@@ -66,6 +66,7 @@ typedef struct http_server {
     int n_names;
     sch_sched *s;
     const tok_tokenizer *tok;
+    smp_vocab *vocab;        /* tok's pieces for JSON-constrained sampling (owned) */
     uint32_t n_ctx;
     time_t created;
     uint64_t id_base;

@@ -67,6 +67,17 @@ int smp_init(smp_sampler *s, const smp_params *p, int32_t n_vocab, rl_err *err) 
         memcpy(s->bias, p->bias, (size_t)p->n_bias * sizeof *s->bias);
     }
     s->p.bias = s->bias;
+    if (p->json) {
+        if (!p->vocab || p->vocab->n != n_vocab) {
+            smp_free(s);
+            return rl_errf(err, "sampler: JSON output needs the vocabulary's %d tokens", n_vocab);
+        }
+        jg_init(&s->jg);
+        if (!(s->masked = malloc((size_t)n_vocab * sizeof *s->masked))) {
+            smp_free(s);
+            return rl_errf(err, "sampler: out of memory");
+        }
+    }
     s->count = calloc((size_t)n_vocab, sizeof *s->count);
     s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
     if (p->penalty_last_n > 0) {
@@ -86,6 +97,7 @@ void smp_free(smp_sampler *s) {
     free(s->count);
     free(s->cand);
     free(s->bias);
+    free(s->masked);
     memset(s, 0, sizeof *s);
 }
 
@@ -93,6 +105,8 @@ void smp_reset(smp_sampler *s) {
     memset(s->count, 0, (size_t)s->n_vocab * sizeof *s->count);
     s->hist_n = s->hist_head = 0;
     rng_seed(s);
+    jg_init(&s->jg);
+    s->n_gen = 0;
 }
 
 void smp_accept(smp_sampler *s, int32_t tok) {
@@ -238,7 +252,45 @@ void smp_filter(smp_sampler *s, const float *logits, size_t *n_out) {
     *n_out = n;
 }
 
+static int32_t smp_sample_free(smp_sampler *s, const float *logits);
+
+/* May token id come next in JSON output? It must keep the text a prefix of a JSON object and, with a
+ * budget, leave the shortest completion no longer than the tokens left after it (left): every completion
+ * byte is a token of its own at worst, so the object can always be finished in time. End of generation
+ * only once the object is whole. */
+static bool smp_json_ok(const smp_sampler *s, int32_t id, int64_t left) {
+    const smp_vocab *v = s->p.vocab;
+    if (v->eog[id]) return jg_done(&s->jg);
+    uint32_t n = v->len[id];
+    if (n == 0 || jg_done(&s->jg)) return false;
+    jg_state t = s->jg;
+    if (!jg_feed(&t, v->piece[id], n)) return false;
+    char close[JG_CLOSE_MAX + 1];
+    return left < 0 || (int64_t)jg_close(&t, close) <= left;
+}
+
 int32_t smp_sample(smp_sampler *s, const float *logits) {
+    if (!s->p.json) return smp_sample_free(s, logits);
+    const int64_t left = s->p.budget > 0 ? (int64_t)s->p.budget - s->n_gen - 1 : -1; /* after this one */
+    /* Sample as if free; only when the grammar refuses that token, sample again from the logits it allows.
+     * (Both draws give the masked distribution exactly: p(x) + P(refused) p(x) / P(allowed) = p(x) / P(allowed).) */
+    int32_t id = smp_sample_free(s, logits);
+    if (!smp_json_ok(s, id, left)) {
+        bool any = false;
+        for (int32_t i = 0; i < s->n_vocab; i++) {
+            bool ok = smp_json_ok(s, i, left);
+            s->masked[i] = ok ? logits[i] : -INFINITY;
+            any = any || ok;
+        }
+        /* (no token allowed - a vocabulary without the bytes needed: the free choice stands) */
+        if (any) id = smp_sample_free(s, s->masked);
+    }
+    if (!s->p.vocab->eog[id]) jg_feed(&s->jg, s->p.vocab->piece[id], s->p.vocab->len[id]);
+    s->n_gen++;
+    return id;
+}
+
+static int32_t smp_sample_free(smp_sampler *s, const float *logits) {
     size_t n;
     smp_filter(s, logits, &n);
     if (n == 1) return s->cand[0].id;

@@ -1033,3 +1033,32 @@ void tok_stream_free(tok_stream *s) {
     free(s->buf);
     memset(s, 0, sizeof *s);
 }
+
+/* The vocabulary as constrained sampling sees it: each token's bytes as text would show them (control
+ * tokens have none, so a grammar never lets one through), and which tokens end generation. */
+smp_vocab *tok_vocab_new(const tok_tokenizer *t) {
+    smp_vocab *v = calloc(1, sizeof *v);
+    const char **piece = v ? malloc((size_t)t->n_vocab * sizeof *piece) : NULL;
+    uint32_t *len = piece ? malloc((size_t)t->n_vocab * sizeof *len) : NULL;
+    uint8_t *eog = len ? malloc((size_t)t->n_vocab) : NULL;
+    if (!eog) {
+        free(v), free(piece), free(len);
+        return NULL;
+    }
+    for (int32_t i = 0; i < t->n_vocab; i++) {
+        size_t n;
+        tok_piece(t, i, false, &piece[i], &n);
+        len[i] = (uint32_t)n;
+        eog[i] = tok_is_eog(t, i);
+    }
+    *v = (smp_vocab){.n = t->n_vocab, .piece = piece, .len = len, .eog = eog};
+    return v;
+}
+
+void tok_vocab_free(smp_vocab *v) {
+    if (!v) return;
+    free((void *)v->piece);
+    free((void *)v->len);
+    free((void *)v->eog);
+    free(v);
+}

@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "../base/err.h"
+#include "sampler.h"
 
 struct mf_model;
 struct gguf_context;
@@ -99,6 +100,11 @@ int32_t tok_find(const tok_tokenizer *t, const char *text, size_t len);
 const char *tok_text(const tok_tokenizer *t, int32_t id); /* NULL for an id out of range */
 uint32_t tok_attr(const tok_tokenizer *t, int32_t id);    /* 0 for an id out of range */
 bool tok_is_eog(const tok_tokenizer *t, int32_t id);
+
+/* The vocabulary for constrained sampling (sampler.h): pieces point into t, which must outlive it. NULL
+ * when out of memory. */
+smp_vocab *tok_vocab_new(const tok_tokenizer *t);
+void tok_vocab_free(smp_vocab *v);
 
 /* Streaming detokenizer: feed tokens one at a time and print what comes out. A piece that ends inside a
  * UTF-8 sequence (a multi-byte character split across tokens) is held back until the sequence completes,

@@ -14,6 +14,7 @@
 #include "gguf.h"
 #include "text/chat.h"
 #include "text/chat_out.h"
+#include "text/json_gram.h"
 #include "text/sampler.h"
 #include "text/tokenizer.h"
 #include "tools/synth_vocab.h"
@@ -630,6 +631,50 @@ static void test_chat_split(const tok_tokenizer *t) {
     CHECK(!*r && strcmp(c, "xthinky") == 0, "a format it does not split: everything is content '%s'", c);
 }
 
+/* json_gram: whole objects are done, every prefix of one is accepted and closes into a whole one by
+ * jg_close; what no JSON object can continue with is refused. */
+static void test_json_gram(void) {
+    static const char *const ok_docs[] = {
+        "{}", "{\"a\":1}", " {\"a\" : [1, -2.5e+3, true, null, \"x\\u00e9\\n\"], \"b\":{\"c\":{}}}",
+        "{\"k\":\"\xc3\xa9\",\"z\":[[],[{}]],\"n\":0.25E-1}",
+    };
+    int whole = 0, prefixes = 0, closed = 0, total = 0;
+    for (size_t d = 0; d < sizeof ok_docs / sizeof *ok_docs; d++) {
+        const char *doc = ok_docs[d];
+        jg_state st;
+        jg_init(&st);
+        whole += jg_feed(&st, doc, strlen(doc)) && jg_done(&st);
+        for (size_t k = 0; k < strlen(doc); k++, total++) {
+            jg_state p;
+            jg_init(&p);
+            if (!jg_feed(&p, doc, k)) continue;
+            prefixes++;
+            char c[JG_CLOSE_MAX + 1];
+            size_t n = jg_close(&p, c);
+            closed += jg_feed(&p, c, n) && jg_done(&p);
+        }
+    }
+    CHECK(whole == 4, "whole JSON objects are done (%d of 4)", whole);
+    CHECK(prefixes == total && closed == total, "every prefix accepted (%d of %d) and closed by jg_close (%d)", prefixes, total, closed);
+    static const char *const bad[] = {"[1]", "{1:2}", "{\"a\" 1}", "{\"a\":tru3}", "{\"a\":01}", "{\"a\":1,}",
+                                      "{\"a\":\"\\x\"}", "{}x", "{\"a\":\"\n\"}", "{\"a\":-}", "{\"a\":1]",
+                                      "{\"a\":\"\\u12g4\"}", "       {}"};
+    int refused = 0;
+    for (size_t d = 0; d < sizeof bad / sizeof *bad; d++) {
+        jg_state st;
+        jg_init(&st);
+        refused += !jg_feed(&st, bad[d], strlen(bad[d]));
+    }
+    CHECK(refused == (int)(sizeof bad / sizeof *bad), "not JSON objects (an array, bad keys, literals, numbers, escapes, "
+          "trailing text, raw newlines, runs of blanks) refused: %d of %zu", refused, sizeof bad / sizeof *bad);
+    jg_state deep;
+    jg_init(&deep);
+    char buf[64] = "{\"a\":";
+    size_t bl = strlen(buf);
+    for (int i = 0; i < JG_MAX_DEPTH - 1; i++) buf[bl++] = '[';
+    CHECK(jg_feed(&deep, buf, bl) && !jg_feed(&deep, "[", 1), "nesting stops at %d containers", JG_MAX_DEPTH);
+}
+
 static void test_sampler(void) {
     rl_err err;
     smp_sampler s, s2;
@@ -808,6 +853,7 @@ int main(void) {
     test_sampler_bias();
     test_logprobs();
     test_chat_split(&t);
+    test_json_gram();
     tok_free(&t);
     return check_done();
 }
