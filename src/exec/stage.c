@@ -333,7 +333,7 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
     for (uint32_t i = 0; i < h->n_seqs; i++) {
         const rf_seq *sq = &h->seqs[i];
         if (stale[i]) continue;
-        if (sq->flags & RF_SEQ_PROMPT_LP) n_lp += sq->n_tokens - 1;
+        if ((sq->flags & RF_SEQ_PROMPT_LP) && sq->n_tokens > 0) n_lp += sq->n_tokens - 1;
         if (!(sq->flags & RF_SEQ_LOGPROBS)) continue;
         n_lp += (sq->flags & RF_SEQ_VERIFY) ? (size_t)n_comm[i] : !(sq->flags & RF_SEQ_NO_SAMPLE) ? 1 : 0;
     }

@@ -2044,5 +2044,6 @@ void http_stop(http_server *h) {
     pthread_cond_destroy(&h->idle);
     pthread_mutex_destroy(&h->mu);
     free(h->model_id), free(h->api_key), free(h->chat_err);
+    tok_vocab_free(h->vocab);
     memset(h, 0, sizeof *h);
 }
