@@ -590,8 +590,7 @@ static void sch_admit(sch_sched *s) {
         }
         tok_stream_init(&r->ts, s->tok, false);
         tok_stream_init(&r->ts_r, s->tok, false);
-        /* (a format chat_split does not split - K2 - leaves everything content: so when not asked) */
-        chat_split_init(&r->split, s->tok, r->p.split ? r->p.split_fmt : CHAT_FMT_K2, r->p.thinking);
+        chat_split_init(&r->split, s->tok, r->p.split, r->p.split_fmt, r->p.thinking);
         s->slots[i] = r;
         s->n_active++;
     }

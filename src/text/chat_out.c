@@ -5,12 +5,12 @@
 
 enum { CS_BODY, CS_NAME, CS_CLOSE_NAME, CS_BETWEEN };
 
-void chat_split_init(chat_split *s, const tok_tokenizer *t, chat_format fmt, bool thinking) {
+void chat_split_init(chat_split *s, const tok_tokenizer *t, bool on, chat_format fmt, bool thinking) {
     memset(s, 0, sizeof *s);
     s->open = s->sep = s->close = -1;
     s->state = CS_BODY;
     s->chan = CHAT_CH_CONTENT;
-    if (fmt != CHAT_FMT_K3 && fmt != CHAT_FMT_K3_LITE) return;
+    if (!on || (fmt != CHAT_FMT_K3 && fmt != CHAT_FMT_K3_LITE)) return;
     int32_t o = tok_find(t, "<|open|>", 8), p = tok_find(t, "<|sep|>", 7), c = tok_find(t, "<|close|>", 9);
     if (o < 0 || p < 0 || c < 0) return;
     s->open = o, s->sep = p, s->close = c;

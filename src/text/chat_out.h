@@ -29,8 +29,9 @@ typedef struct chat_split {
     size_t name_len;
 } chat_split;
 
-/* thinking: the generation prompt opened the think section (chat_opts.thinking). */
-void chat_split_init(chat_split *s, const tok_tokenizer *t, chat_format fmt, bool thinking);
+/* on: split at all (false: everything is content); thinking: the generation prompt opened the think
+ * section (chat_opts.thinking). */
+void chat_split_init(chat_split *s, const tok_tokenizer *t, bool on, chat_format fmt, bool thinking);
 /* The channel token id's text belongs to. */
 chat_chan chat_split_push(chat_split *s, const tok_tokenizer *t, int32_t id);
 

@@ -608,7 +608,7 @@ static void split_run(const tok_tokenizer *t, chat_format fmt, bool thinking, co
     reason[0] = content[0] = 0;
     if (tok_encode(t, reply, strlen(reply), true, &ids, &n, &err) != 0) return;
     chat_split sp;
-    chat_split_init(&sp, t, fmt, thinking);
+    chat_split_init(&sp, t, true, fmt, thinking);
     for (size_t i = 0; i < n; i++) {
         const char *p;
         size_t len;
