@@ -11,6 +11,7 @@ pkgs=(
     libcjson-dev       # JSON: configs, API bodies, metrics
     libpcre2-dev       # tokenizer pre-split
     python3            # test helpers
+    python3-jsonschema # tests/t_serve.sh: structured output validated against its JSON schema
     chromium           # tests/t_serve_clients.sh: loads the `ringlm serve` chat page headless and checks the streamed reply
 )
 missing=()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test suite: unit programs (build/<variant>/unit/*) and end-to-end scripts (tests/t_*.sh).
 #
-#   RINGLM_BUILD=build/release tests/run.sh [NAME_SUBSTRING ...]
+#   RINGLM_BUILD=build/release tests/run.sh [NAME_SUBSTRING | =NAME ...]
 #
 # Each test runs with a time limit; its output goes to build/<variant>/test-logs/NAME.log and is shown
 # only when it fails. The last line is "N passed, N failed".
@@ -33,7 +33,10 @@ pass=0; fail=0; failed=()
 for t in "${tests[@]}"; do
     name=$(basename "$t" .sh)
     if [ $# -gt 0 ]; then
-        want=0; for p in "$@"; do [[ $name == *"$p"* ]] && want=1; done
+        # a pattern matches names holding it; =NAME matches that name only
+        want=0; for p in "$@"; do
+            if [[ $p == =* ]]; then [[ $name == "${p#=}" ]] && want=1; else [[ $name == *"$p"* ]] && want=1; fi
+        done
         [ $want = 1 ] || continue
     fi
     start=$(date +%s.%N)

@@ -144,6 +144,53 @@ post js_free /v1/completions "{\"prompt\":\"JSON:\",\"max_tokens\":20,\"temperat
 check "... and without response_format the same seed writes no JSON object (the constraint did the work)" \
     py "$WORK/js_free.json" "(lambda t: not t.lstrip().startswith('{'))(d['choices'][0]['text'])"
 
+# response_format json_schema: 52 seeded requests over 4 schemas (nested objects, required and optional
+# properties, enums, arrays with bounds, a recursive $ref, anyOf, a uuid), chat and completions, greedy and
+# sampled: every output parses and validates (Python's jsonschema, formats checked).
+cat >"$WORK/schemas.json" <<'JSON'
+[{"type":"object","properties":{"name":{"type":"string","maxLength":12},"age":{"type":"integer"},"id":{"type":"string","format":"uuid"},"tags":{"type":"array","items":{"enum":["a","b","c"]},"maxItems":3}},"required":["name","age"],"additionalProperties":false},
+ {"type":"array","items":{"type":"object","properties":{"id":{"type":"integer"},"ok":{"type":"boolean"},"note":{"type":["string","null"]}},"required":["id","ok"],"additionalProperties":false},"minItems":1,"maxItems":3},
+ {"$defs":{"node":{"type":"object","properties":{"v":{"type":"number"},"kids":{"type":"array","items":{"$ref":"#/$defs/node"},"maxItems":2}},"required":["v"],"additionalProperties":false}},"$ref":"#/$defs/node"},
+ {"type":"object","properties":{"when":{"anyOf":[{"type":"null"},{"type":"number"},{"type":"string","maxLength":8}]},"kind":{"enum":["x","y",7]},"extra":{"type":"object","properties":{"deep":{"type":"object","properties":{"k":{"const":true}},"required":["k"],"additionalProperties":false}},"required":["deep"],"additionalProperties":false}},"required":["when","kind"],"additionalProperties":false}]
+JSON
+for i in $(seq 52); do
+    k=$((i % 4)); mt=$((40 + i % 21)); temp=$(( i % 5 == 0 ? 0 : 1 ))
+    sch=$(python3 -c "import json; print(json.dumps(json.load(open('$WORK/schemas.json'))[$k]))")
+    rf="\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"s$k\",\"strict\":true,\"schema\":$sch}}"
+    if [ $((i % 2)) = 0 ]; then
+        post "jss$i" /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"Schema $i\"}],\"max_tokens\":$mt,\"temperature\":$temp,\"seed\":$i,$rf,\"chat_template_kwargs\":{\"thinking\":false}}"
+    else
+        post "jss$i" /v1/completions "{\"prompt\":\"Schema $i:\",\"max_tokens\":$mt,\"temperature\":$temp,\"seed\":$i,$rf}"
+    fi
+done
+schema_check() {
+    local pyi
+    for pyi in python3 /usr/bin/python3; do "$pyi" -c 'import jsonschema' 2>/dev/null && break; done
+    "$pyi" - "$WORK" <<'PY'
+import json, sys, jsonschema
+w = sys.argv[1]
+schemas = json.load(open(w + '/schemas.json'))
+ok = 0
+for i in range(1, 53):
+    d = json.load(open('%s/jss%d.json' % (w, i)))
+    c = d['choices'][0]
+    text = c['message']['content'] if 'message' in c else c['text']
+    try:
+        jsonschema.validate(json.loads(text), schemas[i % 4], format_checker=jsonschema.FormatChecker())
+        ok += d['usage']['completion_tokens'] <= 40 + i % 21
+    except Exception as e:
+        print('info: schema request %d: %r: %s' % (i, text, str(e).splitlines()[0]))
+print('info: %d of 52 valid' % ok)
+sys.exit(0 if ok == 52 else 1)
+PY
+}
+check "json_schema: 52 seeded requests over 4 schemas (chat and completions, greedy and sampled): every output parses and validates within max_tokens" schema_check
+post jss_sse /v1/completions "{\"prompt\":\"Schema 1:\",\"max_tokens\":41,\"temperature\":1,\"seed\":1,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"s1\",\"schema\":$(python3 -c "import json; print(json.dumps(json.load(open('$WORK/schemas.json'))[1]))")}},\"stream\":true}" -N
+check "json_schema streamed: the same text as not streamed" py "$WORK/jss_sse.json" "text(sse(raw)) == load('jss1.json')['choices'][0]['text']"
+post jss_free /v1/completions "{\"prompt\":\"Schema 1:\",\"max_tokens\":41,\"temperature\":1,\"seed\":1}"
+check "... and without the schema the same seed writes no JSON array (the constraint did the work)" \
+    py "$WORK/jss_free.json" "(lambda t: not t.lstrip().startswith('['))(d['choices'][0]['text'])"
+
 Q="What is two plus two?"
 post chat /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"$Q\"}],\"max_completion_tokens\":20,\"temperature\":0,\"ignore_eos\":true}"
 "$RINGLM" run -m "$f" -p "$Q" --chat -n 20 --temp 0 --ignore-eos --threads 1 --metrics-json "$WORK/chat_run.json" >/dev/null 2>&1
@@ -415,7 +462,10 @@ err_case "n of 0" 400 n e_n2 /v1/completions '{"prompt":"hi","n":0}' "${K[@]}"
 err_case "3 prompts x n 6: over 16 choices" 400 prompt e_n3 /v1/completions '{"prompt":["a","b","c"],"n":6}' "${K[@]}"
 err_case "a prompt array holding a number" 400 prompt e_n4 /v1/completions '{"prompt":["a",5]}' "${K[@]}"
 err_case "response_format of an unknown type" 400 response_format e_rf1 /v1/completions '{"prompt":"hi","response_format":{"type":"bogus"}}' "${K[@]}"
-err_case "response_format json_schema (not constrained yet)" 400 response_format e_rf2 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}}}' "${K[@]}"
+err_case "response_format json_schema with a keyword it cannot enforce" 400 response_format e_rf2 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"string","pattern":"^a"}}}}' "${K[@]}"
+check "... naming the keyword" py "$WORK/e_rf2.json" "'pattern' in d['error']['message']"
+err_case "response_format json_schema without its json_schema object" 400 response_format e_rf4 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema"}}' "${K[@]}"
+err_case "response_format json_schema with a \$ref that does not resolve" 400 response_format e_rf5 /v1/completions '{"prompt":"hi","response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"$ref":"#/$defs/nope"}}}}' "${K[@]}"
 err_case "response_format not an object" 400 response_format e_rf3 /v1/completions '{"prompt":"hi","response_format":"json"}' "${K[@]}"
 post rf_text /v1/completions '{"prompt":"hi","max_tokens":2,"response_format":{"type":"text"}}' "${K[@]}"
 check "response_format text -> 200" code_is rf_text 200

@@ -1,5 +1,7 @@
 #include "http.h"
 
+#include "../text/json_schema.h"
+
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
@@ -374,9 +376,13 @@ typedef struct http_job {
     bool echo;        /* completions: the prompt's text (and logprobs) before the completion's */
     bool score_only;  /* echo with max_tokens 0: the generated token is dropped */
     char *echo_text[HTTP_MAX_CHOICES]; /* each prompt's text, as given or decoded from its ids */
+    cJSON *schema;    /* response_format json_object / json_schema: the schema each choice's grammar is
+                       * compiled from (its request owns the grammar) */
 } http_job;
 
 static void http_job_free(http_job *jb) {
+    cJSON_Delete(jb->schema);
+    jb->schema = NULL;
     for (int i = 0; i < HTTP_MAX_CHOICES; i++) free(jb->prompt[i]), free(jb->echo_text[i]);
     free(jb->bias);
     http_strs_free(&jb->strs);
@@ -594,18 +600,35 @@ static int http_parse_common(const http_server *h, const cJSON *j, http_job *jb,
         if (!cJSON_IsString(t)) {
             return BAD(f, "response_format", "'response_format' must be an object with a 'type' (text, json_object or json_schema)");
         }
-        if (strcmp(t->valuestring, "json_schema") == 0) {
-            return BAD(f, "response_format", "response_format json_schema is not supported yet (json_object is): the "
-                       "output could not be promised to follow the schema");
-        }
-        if (strcmp(t->valuestring, "json_object") == 0) {
-            /* Constrained decoding (sampler.h: json): valid JSON within max_tokens. Samplers on a ring live on
-             * its last stage, which does not take a grammar yet. Drafts are off: a draft the grammar would
-             * refuse must never be judged as if it could be kept. */
+        bool is_schema = strcmp(t->valuestring, "json_schema") == 0;
+        if (is_schema || strcmp(t->valuestring, "json_object") == 0) {
+            /* Constrained decoding (sampler.h: grammar): JSON, matching the schema, within max_tokens.
+             * Samplers on a ring live on its last stage, which does not take a grammar yet. Drafts are off:
+             * a draft the grammar would refuse must never be judged as if it could be kept. */
+            const char *what = is_schema ? "json_schema" : "json_object";
             if (strcmp(h->s->be.kind, "local") != 0) {
-                return BAD(f, "response_format", "response_format json_object is not supported through a ring yet");
+                return BAD(f, "response_format", "response_format %s is not supported through a ring yet", what);
             }
-            jb->p.smp.json = 1;
+            const cJSON *sc = NULL;
+            if (is_schema) { /* {"type":"json_schema","json_schema":{"name":..., "schema":{...}, "strict":...}} */
+                const cJSON *w = cJSON_GetObjectItemCaseSensitive(v, "json_schema");
+                if (!cJSON_IsObject(w)) {
+                    return BAD(f, "response_format", "response_format json_schema needs 'json_schema': an object "
+                               "with the 'schema'");
+                }
+                sc = cJSON_GetObjectItemCaseSensitive(w, "schema");
+                if (http_absent(sc)) sc = NULL; /* OpenAI: no schema is any JSON value */
+            }
+            cJSON *own = sc ? cJSON_Duplicate(sc, true) : cJSON_Parse(is_schema ? "true" : "{\"type\":\"object\"}");
+            if (!own) return http_failf(f, 500, "server_error", NULL, NULL, "out of memory");
+            rl_err e;
+            gr_grammar *g = js_grammar_new(own, &e); /* compiled here to refuse a bad schema with a 400 */
+            if (!g) {
+                cJSON_Delete(own);
+                return BAD(f, "response_format", "%s", e.msg);
+            }
+            gr_free(g);
+            jb->schema = own;
             jb->p.smp.budget = jb->p.max_tokens;
             jb->p.smp.vocab = h->vocab;
             jb->p.draft_n = 0;
@@ -1333,6 +1356,13 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
         runs[k].echo_first = jb.p.prompt_logprobs ? jb.prompt[k / jb.n][0] : -1;
         runs[k].n_plp = jb.p.prompt_logprobs ? jb.n_prompt[k / jb.n] - 1 : 0;
         runs[k].score_only = jb.score_only;
+        if (jb.schema) {
+            if (!(p.smp.grammar = js_grammar_new(jb.schema, &err))) {
+                http_failf(&f, 500, "server_error", NULL, NULL, "%s", err.msg);
+                goto fail;
+            }
+            p.own_grammar = true;
+        }
         if (!(runs[k].r = sch_request_new(jb.prompt[k / jb.n], jb.n_prompt[k / jb.n], &p, &err))) {
             http_failf(&f, 500, "server_error", NULL, NULL, "%s", err.msg);
             goto fail;

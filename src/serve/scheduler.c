@@ -269,6 +269,7 @@ static void sch_hist_add(sch_hist *h, double v) {
 sch_request *sch_request_new(const int32_t *prompt, size_t n_prompt, const sch_params *p, rl_err *err) {
     sch_request *r = calloc(1, sizeof *r);
     if (!r) {
+        if (p->own_grammar) gr_free((gr_grammar *)p->smp.grammar);
         rl_errf(err, "out of memory");
         return NULL;
     }
@@ -279,6 +280,7 @@ sch_request *sch_request_new(const int32_t *prompt, size_t n_prompt, const sch_p
     r->p.smp.bias = NULL; /* the request's own copy, below */
     r->p.smp.n_bias = 0;
     if (pthread_cond_init(&r->cond, NULL) != 0) {
+        if (p->own_grammar) gr_free((gr_grammar *)p->smp.grammar);
         free(r);
         rl_errf(err, "cannot create a condition variable");
         return NULL;
@@ -312,6 +314,7 @@ oom:
 static void sch_request_destroy(sch_request *r) {
     for (int i = 0; i < r->p.n_stop; i++) free((char *)r->p.stop[i]);
     free((smp_bias *)r->p.smp.bias);
+    if (r->p.own_grammar) gr_free((gr_grammar *)r->p.smp.grammar);
     pthread_cond_destroy(&r->cond);
     free(r->prompt);
     free(r->out);

@@ -157,6 +157,8 @@ typedef struct sch_params {
     bool split;              /* a chat reply: split its reasoning out (text/chat_out.h) in split_fmt, */
     chat_format split_fmt;
     bool thinking;           /* ... whose generation prompt opened the think section */
+    bool own_grammar;        /* smp.grammar is the request's: sch_request_new takes it over (also when it
+                              * fails) and frees it with the request */
 } sch_params;
 
 struct sch_sched;

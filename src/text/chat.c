@@ -116,6 +116,61 @@ static void json_dump(sb *b, const cJSON *v) {
     }
 }
 
+/* K3's json_sorted: every mapping's keys in byte order, no blanks, scalars as tojson(ensure_ascii=false) */
+static void json_sorted(sb *b, const cJSON *v) {
+    if (cJSON_IsObject(v)) {
+        int n = cJSON_GetArraySize(v), k = 0;
+        const cJSON **kids = n ? malloc((size_t)n * sizeof *kids) : NULL;
+        if (n && !kids) {
+            b->oom = 1;
+            return;
+        }
+        for (const cJSON *c = v->child; c; c = c->next) kids[k++] = c;
+        for (int i = 1; i < n; i++) { /* insertion sort: declarations are small */
+            const cJSON *x = kids[i];
+            int j = i;
+            for (; j > 0 && strcmp(kids[j - 1]->string, x->string) > 0; j--) kids[j] = kids[j - 1];
+            kids[j] = x;
+        }
+        sb_add(b, "{");
+        for (int i = 0; i < n; i++) {
+            if (i) sb_add(b, ",");
+            json_str(b, kids[i]->string);
+            sb_add(b, ":");
+            json_sorted(b, kids[i]);
+        }
+        sb_add(b, "}");
+        free(kids);
+    } else if (cJSON_IsArray(v)) {
+        sb_add(b, "[");
+        for (const cJSON *c = v->child; c; c = c->next) {
+            if (c != v->child) sb_add(b, ",");
+            json_sorted(b, c);
+        }
+        sb_add(b, "]");
+    } else {
+        json_dump(b, v);
+    }
+}
+
+/* chat_opts.tools, parsed: NULL with no error for none (absent or []), NULL with an error for bad JSON */
+static cJSON *tools_parse(const chat_opts *o, int *bad, rl_err *err) {
+    *bad = 0;
+    if (!o->tools) return NULL;
+    cJSON *t = cJSON_Parse(o->tools);
+    if (!t || !cJSON_IsArray(t)) {
+        cJSON_Delete(t);
+        *bad = 1;
+        rl_errf(err, "chat: the tools are not a JSON array");
+        return NULL;
+    }
+    if (!t->child) {
+        cJSON_Delete(t);
+        return NULL;
+    }
+    return t;
+}
+
 /* Tool-call arguments, parsed. llama.cpp hands templates the parsed JSON and refuses text that is not
  * JSON; no arguments at all count as {}. */
 static cJSON *args_parse(const chat_tool_call *tc, int idx, rl_err *err) {
@@ -280,6 +335,16 @@ static int render_k3(sb *b, const chat_msg *msgs, int n, const chat_opts *o, rl_
     if (o->thinking && !effort_none && !effort_ok) {
         return rl_errf(err, "chat: unsupported thinking_effort=%s; supported values are low, high, and max", effort);
     }
+    int bad;
+    cJSON *tools = tools_parse(o, &bad, err);
+    if (bad) return -1;
+    if (tools) { /* render_tool_declare(tools) */
+        sb_add(b, "<|open|>message role=\"system\" type=\"tool-declare\"<|sep|># Tools\nHere are the available tools, "
+                  "described in JSONSchema.\n\n```json\n");
+        json_sorted(b, tools);
+        sb_add(b, "\n```<|close|>message<|sep|><|end_of_msg|>");
+        cJSON_Delete(tools);
+    }
     if (o->thinking && effort_ok) { /* internal_system_message('thinking-effort', ...) */
         sb_add(b, "<|open|>message");
         k3_attr(b, "role", "system");
@@ -337,7 +402,15 @@ static int render_k3(sb *b, const chat_msg *msgs, int n, const chat_opts *o, rl_
 /* ringlm synth's template (K3 framing, reduced)                                                            */
 
 static int render_k3_lite(sb *b, const chat_msg *msgs, int n, const chat_opts *o, rl_err *err) {
-    int tool_index = 0;
+    int tool_index = 0, bad;
+    cJSON *tools = tools_parse(o, &bad, err);
+    if (bad) return -1;
+    if (tools) {
+        sb_add(b, "<|open|>message role=\"system\" type=\"tool-declare\"<|sep|># Tools\n```json\n");
+        json_dump(b, tools);
+        sb_add(b, "\n```<|close|>message<|sep|><|end_of_msg|>");
+        cJSON_Delete(tools);
+    }
     for (int i = 0; i < n; i++) {
         const chat_msg *m = &msgs[i];
         if (m->role == CHAT_TOOL) {
@@ -462,6 +535,15 @@ static int render_k2(sb *b, const chat_msg *msgs, int n, const chat_opts *o, boo
     int last_plain = -1;
     for (int i = 0; i < n; i++)
         if (msgs[i].role == CHAT_ASSISTANT && msgs[i].n_tool_calls == 0) last_plain = i;
+    int bad;
+    cJSON *tools = tools_parse(o, &bad, err);
+    if (bad) return -1;
+    if (tools) { /* <|im_system|>tool_declare<|im_middle|>{{ tools | tojson }}<|im_end|> */
+        sb_add(b, "<|im_system|>tool_declare<|im_middle|>");
+        json_dump(b, tools);
+        sb_add(b, "<|im_end|>");
+        cJSON_Delete(tools);
+    }
     if (thinking_tmpl && (n == 0 || msgs[0].role != CHAT_SYSTEM)) sb_add(b, sys_default);
     for (int i = 0; i < n && rc == 0; i++) {
         const chat_msg *m = &msgs[i];

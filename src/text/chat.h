@@ -22,8 +22,9 @@
  * their arguments as JSON text (OpenAI style; text that is not JSON is refused, as llama.cpp refuses it,
  * and NULL means {}); like llama.cpp, K3 parses them (an object becomes one
  * <|open|>argument key=... type=...> tag per key) and K3_LITE / K2 re-serialize them as the template's tojson
- * would (", " and ": " separators, non-ASCII kept, floats printed like printf %g). Not supported: tool
- * declarations, tool_choice, response_format, images (the API has no place for them). */
+ * would (", " and ": " separators, non-ASCII kept, floats printed like printf %g). Tool declarations
+ * (chat_opts.tools) come first, as llama.cpp passes them to the template. Not rendered, as llama.cpp does
+ * not pass them either: tool_choice, response_format; images (the API has no place for them). */
 #ifndef RINGLM_CHAT_H
 #define RINGLM_CHAT_H
 
@@ -59,6 +60,9 @@ typedef struct chat_opts {
     bool thinking;              /* the templates' `thinking` variable (K3, K3_LITE); their default is true */
     const char *thinking_effort; /* K3: "low", "high" or "max"; NULL = the template's default "max";
                                   * "none" = no thinking-effort message */
+    const char *tools;          /* the tools the model may call: OpenAI's `tools` array as JSON text, declared
+                                 * in a system message first (K3: its keys sorted, as the template's
+                                 * json_sorted; others: tojson); NULL or [] = none */
 } chat_opts;
 
 /* Defaults as the templates have them: generation prompt on, thinking on, effort "max". */

@@ -67,13 +67,12 @@ int smp_init(smp_sampler *s, const smp_params *p, int32_t n_vocab, rl_err *err) 
         memcpy(s->bias, p->bias, (size_t)p->n_bias * sizeof *s->bias);
     }
     s->p.bias = s->bias;
-    if (p->json) {
+    if (p->grammar) {
         if (!p->vocab || p->vocab->n != n_vocab) {
             smp_free(s);
-            return rl_errf(err, "sampler: JSON output needs the vocabulary's %d tokens", n_vocab);
+            return rl_errf(err, "sampler: constrained output needs the vocabulary's %d tokens", n_vocab);
         }
-        jg_init(&s->jg);
-        if (!(s->masked = malloc((size_t)n_vocab * sizeof *s->masked))) {
+        if (gr_state_init(p->grammar, &s->gs) || !(s->masked = malloc((size_t)n_vocab * sizeof *s->masked))) {
             smp_free(s);
             return rl_errf(err, "sampler: out of memory");
         }
@@ -98,6 +97,8 @@ void smp_free(smp_sampler *s) {
     free(s->cand);
     free(s->bias);
     free(s->masked);
+    gr_state_free(&s->gs);
+    gr_state_free(&s->gtry);
     memset(s, 0, sizeof *s);
 }
 
@@ -105,7 +106,10 @@ void smp_reset(smp_sampler *s) {
     memset(s->count, 0, (size_t)s->n_vocab * sizeof *s->count);
     s->hist_n = s->hist_head = 0;
     rng_seed(s);
-    jg_init(&s->jg);
+    if (s->p.grammar) {
+        gr_state_free(&s->gs);
+        gr_state_init(s->p.grammar, &s->gs); /* (out of memory: no parse alive, so the free choice stands) */
+    }
     s->n_gen = 0;
 }
 
@@ -254,38 +258,36 @@ void smp_filter(smp_sampler *s, const float *logits, size_t *n_out) {
 
 static int32_t smp_sample_free(smp_sampler *s, const float *logits);
 
-/* May token id come next in JSON output? It must keep the text a prefix of a JSON object and, with a
- * budget, leave the shortest completion no longer than the tokens left after it (left): every completion
- * byte is a token of its own at worst, so the object can always be finished in time. End of generation
- * only once the object is whole. */
-static bool smp_json_ok(const smp_sampler *s, int32_t id, int64_t left) {
+/* May token id come next in constrained output? It must keep the text a prefix of a sentence and, with
+ * a budget, leave the shortest completion no longer than the tokens left after it (left): every
+ * completion byte is a token of its own at worst, so the sentence can always be finished in time. End of
+ * generation only once the sentence is whole. */
+static bool smp_gram_ok(smp_sampler *s, int32_t id, int64_t left) {
     const smp_vocab *v = s->p.vocab;
-    if (v->eog[id]) return jg_done(&s->jg);
+    if (v->eog[id]) return gr_done(s->p.grammar, &s->gs);
     uint32_t n = v->len[id];
-    if (n == 0 || jg_done(&s->jg)) return false;
-    jg_state t = s->jg;
-    if (!jg_feed(&t, v->piece[id], n)) return false;
-    char close[JG_CLOSE_MAX + 1];
-    return left < 0 || (int64_t)jg_close(&t, close) <= left;
+    if (n == 0 || gr_state_copy(&s->gtry, &s->gs)) return false;
+    if (!gr_feed(s->p.grammar, &s->gtry, v->piece[id], n)) return false;
+    return left < 0 || (int64_t)gr_close_len(s->p.grammar, &s->gtry) <= left;
 }
 
 int32_t smp_sample(smp_sampler *s, const float *logits) {
-    if (!s->p.json) return smp_sample_free(s, logits);
+    if (!s->p.grammar) return smp_sample_free(s, logits);
     const int64_t left = s->p.budget > 0 ? (int64_t)s->p.budget - s->n_gen - 1 : -1; /* after this one */
     /* Sample as if free; only when the grammar refuses that token, sample again from the logits it allows.
      * (Both draws give the masked distribution exactly: p(x) + P(refused) p(x) / P(allowed) = p(x) / P(allowed).) */
     int32_t id = smp_sample_free(s, logits);
-    if (!smp_json_ok(s, id, left)) {
+    if (!smp_gram_ok(s, id, left)) {
         bool any = false;
         for (int32_t i = 0; i < s->n_vocab; i++) {
-            bool ok = smp_json_ok(s, i, left);
+            bool ok = smp_gram_ok(s, i, left);
             s->masked[i] = ok ? logits[i] : -INFINITY;
             any = any || ok;
         }
         /* (no token allowed - a vocabulary without the bytes needed: the free choice stands) */
         if (any) id = smp_sample_free(s, s->masked);
     }
-    if (!s->p.vocab->eog[id]) jg_feed(&s->jg, s->p.vocab->piece[id], s->p.vocab->len[id]);
+    if (!s->p.vocab->eog[id]) gr_feed(s->p.grammar, &s->gs, s->p.vocab->piece[id], s->p.vocab->len[id]);
     s->n_gen++;
     return id;
 }

@@ -26,7 +26,7 @@
 #include <stdint.h>
 
 #include "../base/err.h"
-#include "json_gram.h"
+#include "grammar.h"
 
 /* One token's additive logit bias (OpenAI's logit_bias, llama.cpp's --logit-bias); -INFINITY bans it. */
 typedef struct smp_bias {
@@ -36,7 +36,7 @@ typedef struct smp_bias {
 
 #define SMP_MAX_BIAS 4096 /* listed tokens per sampler (OpenAI allows 300) */
 
-/* Each token's bytes and whether it ends generation: what constrained sampling (smp_params.json) needs to
+/* Each token's bytes and whether it ends generation: what constrained sampling (smp_params.grammar) needs to
  * know of the vocabulary (tok_vocab_new builds it). */
 typedef struct smp_vocab {
     int32_t n;
@@ -57,12 +57,13 @@ typedef struct smp_params {
     int32_t penalty_last_n;  /* how many recent accepted tokens the penalties see; 0: off; -1: all of them */
     const smp_bias *bias;    /* n_bias entries, not owned: smp_init copies them (a token listed twice: both add) */
     int32_t n_bias;
-    /* 1: the output must be a JSON object (response_format json_object): every sampled token must keep the
-     * text a prefix of one (text/json_gram.h), generation may end only when it is whole, and within the
-     * last tokens of the budget the sampler writes the shortest completion, so it is whole in time. */
-    int32_t json;
-    int32_t budget;          /* json: tokens it may sample at most (max_tokens); <= 0: no limit */
-    const smp_vocab *vocab;  /* json: the tokens' bytes (not owned: must outlive the sampler) */
+    /* The output must be a sentence of this grammar (structured output: text/json_schema.h builds them;
+     * NULL: free): every sampled token must keep the text a prefix of one, generation may end only when
+     * it is whole, and no token may leave a shortest completion longer than the tokens left in the budget,
+     * so it is whole in time. Not owned: must outlive the sampler. */
+    const gr_grammar *grammar;
+    int32_t budget;          /* grammar: tokens it may sample at most (max_tokens); <= 0: no limit */
+    const smp_vocab *vocab;  /* grammar: the tokens' bytes (not owned: must outlive the sampler) */
 } smp_params;
 
 typedef struct smp_cand {
@@ -80,9 +81,10 @@ typedef struct smp_sampler {
     int32_t *count;    /* [n_vocab] occurrences of each token in hist */
     smp_cand *cand;    /* [n_vocab] scratch */
     smp_bias *bias;    /* the sampler's own copy of p.bias (p.bias points to it) */
-    jg_state jg;       /* json: the text sampled so far */
-    int32_t n_gen;     /* json: tokens sampled so far */
-    float *masked;     /* json: [n_vocab] scratch, the logits with what the grammar refuses at -inf */
+    gr_state gs;       /* grammar: the parses of the text sampled so far */
+    gr_state gtry;     /* grammar: scratch, gs with a candidate token fed */
+    int32_t n_gen;     /* grammar: tokens sampled so far */
+    float *masked;     /* grammar: [n_vocab] scratch, the logits with what the grammar refuses at -inf */
 } smp_sampler;
 
 /* llama.cpp's defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, no penalties (last_n 64). */
@@ -95,7 +97,7 @@ void smp_free(smp_sampler *s);
 void smp_reset(smp_sampler *s);
 /* Adds a token to the penalty history (the caller decides whether prompt tokens count). */
 void smp_accept(smp_sampler *s, int32_t token);
-/* Picks a token from logits[n_vocab] (left unchanged). Does not accept it. With p.json, the token is the
+/* Picks a token from logits[n_vocab] (left unchanged). Does not accept it. With p.grammar, the token is the
  * next of the output (the grammar moves on): drafts are not judged by such a sampler. */
 int32_t smp_sample(smp_sampler *s, const float *logits);
 

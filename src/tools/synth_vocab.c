@@ -747,13 +747,17 @@ int sv_build(sv_vocab *v, int32_t n_vocab, rl_err *err) {
 /* GGUF metadata                                                                                           */
 
 /* Our own template for K3's XTML chat framing (see the header for what it renders). Kept small on purpose:
- * plain text content, optional reasoning, tool calls with JSON arguments, tool results. `thinking` is K3's
+ * tool declarations (as JSON), plain text content, optional reasoning, tool calls with JSON arguments, tool
+ * results. `thinking` is K3's
  * switch; when it is not given, llama.cpp's generic `enable_thinking` (which it always passes) decides. */
 static const char sv_template[] =
     "{%- if thinking is not defined -%}\n"
     "  {%- set thinking = enable_thinking if enable_thinking is defined else true -%}\n"
     "{%- endif -%}\n"
     "{%- set ns = namespace(tool_index=0) -%}\n"
+    "{%- if tools is defined and tools -%}\n"
+    "  {{- '<|open|>message role=\"system\" type=\"tool-declare\"<|sep|># Tools\\n```json\\n' + (tools | tojson) + '\\n```<|close|>message<|sep|><|end_of_msg|>' -}}\n"
+    "{%- endif -%}\n"
     "{%- for m in messages -%}\n"
     "  {%- set role = m['role'] -%}\n"
     "  {%- if role == 'tool' -%}\n"

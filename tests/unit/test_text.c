@@ -14,7 +14,10 @@
 #include "gguf.h"
 #include "text/chat.h"
 #include "text/chat_out.h"
-#include "text/json_gram.h"
+#include <cJSON.h>
+
+#include "text/grammar.h"
+#include "text/json_schema.h"
 #include "text/sampler.h"
 #include "text/tokenizer.h"
 #include "tools/synth_vocab.h"
@@ -415,6 +418,17 @@ static const chat_msg conv_c[] = {
 };
 static const chat_msg conv_m2[] = {{.role = CHAT_USER, .content = "Hi"}};
 
+#define EXP_T13 \
+    "<|open|>message role=\"system\" type=\"tool-declare\"<|sep|># Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n[{\"function\":{\"description\":\"M\xc3""\xa9""t\xc3""\xa9""o \\\"now\\\"\",\"name\":\"get_weather\",\"parameters\":{\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"default\":3,\"minimum\":1,\"type\":\"integer\"},\"zoom\":{\"default\":2.5,\"type\":\"number\"}},\"required\":[\"city\"],\"type\":\"object\"}},\"type\":\"function\"},{\"function\":{\"name\":\"f\",\"parameters\":{\"properties\":{\"q\":{\"items\":{},\"type\":\"array\"}},\"type\":\"object\"}},\"type\":\"function\"}]\n```<|close|>message<|sep|><|end_of_msg|><|open|>message role=\"system\" type=\"thinking-effort\"<|sep|>`thinking_effort` guides on how much to think in your thinking channel (not including the response channel), supported values include `low`, `medium`, `high`, and `max`.\nNow the system is invoked with `thinking_effort=max`.<|close|>message<|sep|><|end_of_msg|><|open|>message role=\"user\"<|sep|>Solve it<|close|>message<|sep|><|end_of_msg|><|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>r1<|close|>think<|sep|><|open|>response<|sep|>a1<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|><|open|>message role=\"user\"<|sep|>Now call f<|close|>message<|sep|><|end_of_msg|><|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>r2<|close|>think<|sep|><|open|>response<|sep|><|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|><|open|>argument key=\"q\" type=\"array\"<|sep|>[1, \"two\"]<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|><|open|>message role=\"tool\" tool=\"f\" index=\"1\"<|sep|>ok<|close|>message<|sep|><|end_of_msg|><|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>"
+#define EXP_T14 \
+    "<|open|>message role=\"system\" type=\"tool-declare\"<|sep|># Tools\n```json\n[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"M\xc3""\xa9""t\xc3""\xa9""o \\\"now\\\"\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}, \"days\": {\"type\": \"integer\", \"minimum\": 1, \"default\": 3}, \"zoom\": {\"type\": \"number\", \"default\": 2.5}}, \"required\": [\"city\"]}}}, {\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", \"properties\": {\"q\": {\"type\": \"array\", \"items\": {}}}}}}]\n```<|close|>message<|sep|><|end_of_msg|><|open|>message role=\"user\"<|sep|>Hi<|close|>message<|sep|><|end_of_msg|><|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>"
+#define EXP_T15 \
+    "<|im_system|>tool_declare<|im_middle|>[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"M\xc3""\xa9""t\xc3""\xa9""o \\\"now\\\"\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}, \"days\": {\"type\": \"integer\", \"minimum\": 1, \"default\": 3}, \"zoom\": {\"type\": \"number\", \"default\": 2.5}}, \"required\": [\"city\"]}}}, {\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", \"properties\": {\"q\": {\"type\": \"array\", \"items\": {}}}}}}]<|im_end|><|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>\n<|im_user|>user<|im_middle|>Hi<|im_end|><|im_assistant|>assistant<|im_middle|>"
+#define EXP_T16 \
+    "<|im_system|>tool_declare<|im_middle|>[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"M\xc3""\xa9""t\xc3""\xa9""o \\\"now\\\"\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}, \"days\": {\"type\": \"integer\", \"minimum\": 1, \"default\": 3}, \"zoom\": {\"type\": \"number\", \"default\": 2.5}}, \"required\": [\"city\"]}}}, {\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", \"properties\": {\"q\": {\"type\": \"array\", \"items\": {}}}}}}]<|im_end|><|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|><|im_user|>user<|im_middle|>Solve it<|im_end|><|im_assistant|>assistant<|im_middle|><think></think>a1<|im_end|><|im_user|>user<|im_middle|>Now call f<|im_end|><|im_assistant|>assistant<|im_middle|><think>r2</think><|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"q\": [1, \"two\"]}<|tool_call_end|><|tool_calls_section_end|><|im_end|><|im_system|>f<|im_middle|>## Return of functions.f:0\nok<|im_end|><|im_assistant|>assistant<|im_middle|>"
+/* the tools of EXP_T13..T16, as a client sends them */
+static const char tools_json[] = "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"M\xc3""\xa9""t\xc3""\xa9""o \\\"now\\\"\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}, \"days\": {\"type\": \"integer\", \"minimum\": 1, \"default\": 3}, \"zoom\": {\"type\": \"number\", \"default\": 2.5}}, \"required\": [\"city\"]}}}, {\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", \"properties\": {\"q\": {\"type\": \"array\", \"items\": {}}}}}}]";
+
 typedef struct chat_case {
     const char *name;
     chat_format fmt;
@@ -423,25 +437,33 @@ typedef struct chat_case {
     bool gen, thinking;
     const char *effort;
     const char *want;
+    const char *tools;
 } chat_case;
 
 #define CONV(c) c, (int)(sizeof c / sizeof c[0])
 static const chat_case chat_cases[] = {
-    {"K3, thinking (default effort max)", CHAT_FMT_K3, CONV(conv_m1), true, true, NULL, EXP_T1},
-    {"K3, thinking off, no generation prompt", CHAT_FMT_K3, CONV(conv_m1), false, false, NULL, EXP_T2},
-    {"K3 lite (synth), thinking", CHAT_FMT_K3_LITE, CONV(conv_m1), true, true, NULL, EXP_T3},
-    {"K3 lite (synth), thinking off", CHAT_FMT_K3_LITE, CONV(conv_m1), true, false, NULL, EXP_T4},
-    {"K2 instruct", CHAT_FMT_K2, CONV(conv_m1), true, true, NULL, EXP_T5},
-    {"K2 thinking", CHAT_FMT_K2_THINKING, CONV(conv_m1), true, true, NULL, EXP_T6},
+    {"K3, thinking (default effort max)", CHAT_FMT_K3, CONV(conv_m1), true, true, NULL, EXP_T1, NULL},
+    {"K3, thinking off, no generation prompt", CHAT_FMT_K3, CONV(conv_m1), false, false, NULL, EXP_T2, NULL},
+    {"K3 lite (synth), thinking", CHAT_FMT_K3_LITE, CONV(conv_m1), true, true, NULL, EXP_T3, NULL},
+    {"K3 lite (synth), thinking off", CHAT_FMT_K3_LITE, CONV(conv_m1), true, false, NULL, EXP_T4, NULL},
+    {"K2 instruct", CHAT_FMT_K2, CONV(conv_m1), true, true, NULL, EXP_T5, NULL},
+    {"K2 thinking", CHAT_FMT_K2_THINKING, CONV(conv_m1), true, true, NULL, EXP_T6, NULL},
     {"K3: names, escaping, argument tags, results reordered by id, effort low", CHAT_FMT_K3, CONV(conv_m6), true,
-     true, "low", EXP_T7},
-    {"K3 lite: arguments re-serialized like tojson", CHAT_FMT_K3_LITE, CONV(conv_m6), false, true, NULL, EXP_T8},
+     true, "low", EXP_T7, NULL},
+    {"K3 lite: arguments re-serialized like tojson", CHAT_FMT_K3_LITE, CONV(conv_m6), false, true, NULL, EXP_T8, NULL},
     {"K2 instruct: named user, default system prompt + newline, queued call ids", CHAT_FMT_K2, CONV(conv_m6), true,
-     true, NULL, EXP_T9},
+     true, NULL, EXP_T9, NULL},
     {"K2 thinking: history loses its reasoning, the suffix keeps it", CHAT_FMT_K2_THINKING, CONV(conv_e), true, true,
-     NULL, EXP_T10},
-    {"K3: tool results named by call order", CHAT_FMT_K3, CONV(conv_c), true, true, NULL, EXP_T11},
-    {"K2 instruct: one user message", CHAT_FMT_K2, CONV(conv_m2), true, true, NULL, EXP_T12},
+     NULL, EXP_T10, NULL},
+    {"K3: tool results named by call order", CHAT_FMT_K3, CONV(conv_c), true, true, NULL, EXP_T11, NULL},
+    {"K2 instruct: one user message", CHAT_FMT_K2, CONV(conv_m2), true, true, NULL, EXP_T12, NULL},
+    {"K3: tools declared (keys sorted, no blanks, non-ASCII kept), then a tool-call history", CHAT_FMT_K3,
+     CONV(conv_e), true, true, NULL, EXP_T13, tools_json},
+    {"K3 lite: tools declared as tojson", CHAT_FMT_K3_LITE, CONV(conv_m2), true, true, NULL, EXP_T14, tools_json},
+    {"K2 instruct: tools declared before the default system prompt", CHAT_FMT_K2, CONV(conv_m2), true, true, NULL,
+     EXP_T15, tools_json},
+    {"K2 thinking: tools declared, then a tool-call history", CHAT_FMT_K2_THINKING, CONV(conv_e), true, true, NULL,
+     EXP_T16, tools_json},
 };
 
 static void test_chat(const tok_tokenizer *t) {
@@ -450,7 +472,8 @@ static void test_chat(const tok_tokenizer *t) {
     size_t n;
     for (size_t i = 0; i < sizeof chat_cases / sizeof chat_cases[0]; i++) {
         const chat_case *c = &chat_cases[i];
-        chat_opts o = {.add_generation_prompt = c->gen, .thinking = c->thinking, .thinking_effort = c->effort};
+        chat_opts o = {.add_generation_prompt = c->gen, .thinking = c->thinking, .thinking_effort = c->effort,
+                       .tools = c->tools};
         int rc = chat_render(c->fmt, c->msgs, c->n, &o, &out, &n, &err);
         int ok = rc == 0 && n == strlen(c->want) && strcmp(out, c->want) == 0;
         CHECK(ok, "chat %s", c->name);
@@ -631,48 +654,164 @@ static void test_chat_split(const tok_tokenizer *t) {
     CHECK(!*r && strcmp(c, "xthinky") == 0, "a format it does not split: everything is content '%s'", c);
 }
 
-/* json_gram: whole objects are done, every prefix of one is accepted and closes into a whole one by
- * jg_close; what no JSON object can continue with is refused. */
-static void test_json_gram(void) {
-    static const char *const ok_docs[] = {
-        "{}", "{\"a\":1}", " {\"a\" : [1, -2.5e+3, true, null, \"x\\u00e9\\n\"], \"b\":{\"c\":{}}}",
-        "{\"k\":\"\xc3\xa9\",\"z\":[[],[{}]],\"n\":0.25E-1}",
-    };
-    int whole = 0, prefixes = 0, closed = 0, total = 0;
-    for (size_t d = 0; d < sizeof ok_docs / sizeof *ok_docs; d++) {
-        const char *doc = ok_docs[d];
-        jg_state st;
-        jg_init(&st);
-        whole += jg_feed(&st, doc, strlen(doc)) && jg_done(&st);
-        for (size_t k = 0; k < strlen(doc); k++, total++) {
-            jg_state p;
-            jg_init(&p);
-            if (!jg_feed(&p, doc, k)) continue;
-            prefixes++;
-            char c[JG_CLOSE_MAX + 1];
-            size_t n = jg_close(&p, c);
-            closed += jg_feed(&p, c, n) && jg_done(&p);
+/* Feeds doc to a fresh state of g: 1 whole, 0 a prefix only, -1 refused. */
+static int gram_feed(const gr_grammar *g, const char *doc) {
+    gr_state st;
+    if (gr_state_init(g, &st)) return -2;
+    int r = !gr_feed(g, &st, doc, strlen(doc)) ? -1 : gr_done(g, &st) ? 1 : 0;
+    gr_state_free(&st);
+    return r;
+}
+
+/* Every prefix of doc is accepted, and closes by gr_close into a whole sentence exactly gr_close_len
+ * bytes long. */
+static bool gram_prefixes_close(const gr_grammar *g, const char *doc) {
+    bool ok = true;
+    for (size_t k = 0; k <= strlen(doc) && ok; k++) {
+        gr_state p;
+        if (gr_state_init(g, &p)) return false;
+        char c[512];
+        size_t n = SIZE_MAX, want = SIZE_MAX;
+        if (gr_feed(g, &p, doc, k)) {
+            want = gr_close_len(g, &p);
+            n = gr_close(g, &p, c, sizeof c);
         }
+        ok = n != SIZE_MAX && n == want && gr_feed(g, &p, c, n) && gr_done(g, &p);
+        if (!ok) fprintf(stderr, "  prefix %zu of %s: close %zu (len %zu)\n", k, doc, n, want);
+        gr_state_free(&p);
     }
-    CHECK(whole == 4, "whole JSON objects are done (%d of 4)", whole);
-    CHECK(prefixes == total && closed == total, "every prefix accepted (%d of %d) and closed by jg_close (%d)", prefixes, total, closed);
+    return ok;
+}
+
+static gr_grammar *schema_grammar(const char *text, rl_err *err) {
+    cJSON *j = cJSON_Parse(text);
+    gr_grammar *g = j ? js_grammar_new(j, err) : NULL;
+    cJSON_Delete(j);
+    return g;
+}
+
+/* json_object: whole objects are done, every prefix of one is accepted and closes into a whole one;
+ * what no JSON object can continue with is refused. */
+static void test_json_object_grammar(void) {
+    rl_err err;
+    gr_grammar *g = js_object_grammar_new(&err);
+    CHECK(g != NULL, "the json_object grammar builds: %s", g ? "" : err.msg);
+    if (!g) return;
+    static const char *const ok_docs[] = {
+        "{}", "{\"a\":1}", "{\"a\" : [1, -2.5e+3, true, null, \"x\\u00e9\\n\"], \"b\":{\"c\":{}}}",
+        "{\"k\":\"\xc3\xa9\",\"z\":[[],[{}]],\"n\":0.25E-1}", "{\n  \"a\": [\n    1\n  ]\n}",
+    };
+    int whole = 0, closing = 0;
+    const int n_ok = (int)(sizeof ok_docs / sizeof *ok_docs);
+    for (int d = 0; d < n_ok; d++) {
+        whole += gram_feed(g, ok_docs[d]) == 1;
+        closing += gram_prefixes_close(g, ok_docs[d]);
+    }
+    CHECK(whole == n_ok, "whole JSON objects are done (%d of %d)", whole, n_ok);
+    CHECK(closing == n_ok, "every prefix accepted and closed by a shortest completion of gr_close_len bytes (%d of %d)",
+          closing, n_ok);
     static const char *const bad[] = {"[1]", "{1:2}", "{\"a\" 1}", "{\"a\":tru3}", "{\"a\":01}", "{\"a\":1,}",
                                       "{\"a\":\"\\x\"}", "{}x", "{\"a\":\"\n\"}", "{\"a\":-}", "{\"a\":1]",
-                                      "{\"a\":\"\\u12g4\"}", "       {}"};
+                                      "{\"a\":\"\\u12g4\"}", " {}", "{  \"a\":1}", "{\"a\":\"\xf8\"}",
+                                      "{\"a\":\"\xe0\x80\x80\"}", "{\"a\":\"\xed\xa0\x80\"}", "{\"a\":\"\xf4\x90\x80\x80\"}"};
     int refused = 0;
-    for (size_t d = 0; d < sizeof bad / sizeof *bad; d++) {
-        jg_state st;
-        jg_init(&st);
-        refused += !jg_feed(&st, bad[d], strlen(bad[d]));
-    }
+    for (size_t d = 0; d < sizeof bad / sizeof *bad; d++) refused += gram_feed(g, bad[d]) == -1;
     CHECK(refused == (int)(sizeof bad / sizeof *bad), "not JSON objects (an array, bad keys, literals, numbers, escapes, "
-          "trailing text, raw newlines, runs of blanks) refused: %d of %zu", refused, sizeof bad / sizeof *bad);
-    jg_state deep;
-    jg_init(&deep);
-    char buf[64] = "{\"a\":";
-    size_t bl = strlen(buf);
-    for (int i = 0; i < JG_MAX_DEPTH - 1; i++) buf[bl++] = '[';
-    CHECK(jg_feed(&deep, buf, bl) && !jg_feed(&deep, "[", 1), "nesting stops at %d containers", JG_MAX_DEPTH);
+          "trailing text, raw newlines, runs of blanks, a special-token byte, overlong UTF-8, a surrogate, past U+10FFFF) refused: %d of %zu", refused,
+          sizeof bad / sizeof *bad);
+    char deep[2 * GR_MAX_FRAMES + 16] = "{\"a\":";
+    size_t bl = strlen(deep);
+    while (bl < sizeof deep - 1) deep[bl++] = '[';
+    deep[bl] = 0;
+    CHECK(gram_feed(g, deep) == -1 && gram_feed(g, "{\"a\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}") == 1,
+          "nesting 32 deep is fine, %d deep refused (the parse stack is bounded)", 2 * GR_MAX_FRAMES);
+    gr_free(g);
+}
+
+/* JSON schemas: matching texts are whole (and every prefix closes), the rest refused; keywords the grammar
+ * cannot enforce are refused by name. */
+static void test_json_schema(void) {
+    rl_err err;
+    static const struct {
+        const char *schema;
+        const char *ok[4];
+        const char *bad[6];
+    } cases[] = {
+        {"{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\"},"
+         "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}}},\"required\":[\"name\",\"age\"],"
+         "\"additionalProperties\":false}",
+         {"{\"name\":\"Ann\",\"age\":41}", "{\"name\": \"B\", \"age\": -3, \"tags\": [\"x\", \"y\"]}",
+          "{ \"name\":\"\",\"age\":0,\"tags\":[] }"},
+         {"{\"age\":41,\"name\":\"Ann\"}", "{\"name\":\"Ann\"}", "{\"name\":\"Ann\",\"age\":4.5}",
+          "{\"name\":\"Ann\",\"age\":1,\"x\":1}", "{\"name\":1,\"age\":1}", "{\"name\":\"A\",\"age\":1,\"tags\":[1]}"}},
+        {"{\"enum\":[\"red\",\"green\",3,null]}", {"\"red\"", "\"green\"", "3", "null"},
+         {"\"blue\"", "\"re\"", "4", "\"red\"x"}},
+        {"{\"type\":\"array\",\"items\":{\"type\":\"boolean\"},\"minItems\":2,\"maxItems\":3}",
+         {"[true,false]", "[true, true, false]"}, {"[]", "[true]", "[true,true,true,true]", "[1,2]"}},
+        {"{\"type\":\"object\",\"properties\":{\"when\":{\"type\":\"string\",\"format\":\"date-time\"},"
+         "\"id\":{\"type\":\"string\",\"format\":\"uuid\"},\"d\":{\"type\":\"string\",\"format\":\"date\"}},"
+         "\"additionalProperties\":false}",
+         {"{\"when\":\"2026-12-02T09:20:55Z\"}", "{\"id\":\"123e4567-e89b-12d3-a456-426614174000\",\"d\":\"2026-02-28\"}",
+          "{}", "{\"when\":\"2026-12-02T09:20:55.5+01:00\"}"},
+         {"{\"when\":\"2026-13-02T09:20:55Z\"}", "{\"d\":\"2026-1-2\"}", "{\"id\":\"123\"}", "{\"d\":\"2026-02-28T\"}"}},
+        {"{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"number\"},\"kids\":{\"type\":"
+         "\"array\",\"items\":{\"$ref\":\"#/$defs/node\"}}},\"required\":[\"v\"],\"additionalProperties\":false}},"
+         "\"$ref\":\"#/$defs/node\"}",
+         {"{\"v\":1}", "{\"v\":1.5e3,\"kids\":[{\"v\":2},{\"v\":3,\"kids\":[{\"v\":-0.5}]}]}"},
+         {"{\"kids\":[]}", "{\"v\":1,\"kids\":[{}]}", "{\"v\":\"1\"}"}},
+        {"{\"anyOf\":[{\"type\":\"string\",\"maxLength\":3},{\"type\":[\"integer\",\"null\"]}]}",
+         {"\"abc\"", "\"\\u00e9\"", "12", "null"}, {"\"abcd\"", "1.5", "true"}},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"const\":\"x\"}},\"additionalProperties\":{\"type\":\"integer\"}}",
+         {"{\"a\":\"x\",\"n\":1}", "{\"n\":1,\"m\":2}", "{}"}, {"{\"a\":\"y\"}", "{\"n\":\"s\"}"}},
+    };
+    int n_cases = (int)(sizeof cases / sizeof *cases), good = 0;
+    for (int i = 0; i < n_cases; i++) {
+        gr_grammar *g = schema_grammar(cases[i].schema, &err);
+        if (!g) {
+            fprintf(stderr, "  schema %d: %s\n", i, err.msg);
+            continue;
+        }
+        bool ok = true;
+        for (int k = 0; k < 4 && cases[i].ok[k]; k++) {
+            bool w = gram_feed(g, cases[i].ok[k]) == 1 && gram_prefixes_close(g, cases[i].ok[k]);
+            if (!w) fprintf(stderr, "  schema %d: '%s' not accepted\n", i, cases[i].ok[k]);
+            ok = ok && w;
+        }
+        for (int k = 0; k < 6 && cases[i].bad[k]; k++) {
+            bool r = gram_feed(g, cases[i].bad[k]) != 1;
+            if (!r) fprintf(stderr, "  schema %d: '%s' accepted\n", i, cases[i].bad[k]);
+            ok = ok && r;
+        }
+        good += ok;
+        gr_free(g);
+    }
+    CHECK(good == n_cases, "schemas (properties in order, required, additionalProperties, enum, min/maxItems, formats, "
+          "recursive $ref, anyOf, type lists, const) accept what matches and nothing else: %d of %d", good, n_cases);
+    static const struct {
+        const char *schema, *msg;
+    } refuse[] = {
+        {"{\"type\":\"string\",\"pattern\":\"^a\"}", "'pattern' is not supported"},
+        {"{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\",\"minimum\":0}}}", "/properties/n"},
+        {"{\"$ref\":\"#/$defs/missing\"}", "does not resolve"},
+        {"{\"$ref\":\"https://example.com/s.json\"}", "only local references"},
+        {"{\"type\":\"strin\"}", "unknown type 'strin'"},
+        {"{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", "maxItems is below minItems"},
+        {"false", "matches nothing"},
+        {"{\"type\":\"object\",\"required\":[\"a\"],\"additionalProperties\":false}", "required property 'a'"},
+        {"{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/a\"}},\"$ref\":\"#/$defs/a\"}", "no finite text"},
+        {"{\"anyOf\":[{\"$ref\":\"#\"},{\"$ref\":\"#\"},{\"type\":\"string\"}]}", "left recursion"},
+    };
+    int named = 0;
+    for (size_t i = 0; i < sizeof refuse / sizeof *refuse; i++) {
+        err.msg[0] = 0;
+        gr_grammar *g = schema_grammar(refuse[i].schema, &err);
+        bool ok = !g && strstr(err.msg, refuse[i].msg);
+        if (!ok) fprintf(stderr, "  %s: '%s'\n", refuse[i].schema, err.msg);
+        named += ok;
+        gr_free(g);
+    }
+    CHECK(named == (int)(sizeof refuse / sizeof *refuse), "unsupported or impossible schemas refused, naming why: %d of %zu",
+          named, sizeof refuse / sizeof *refuse);
 }
 
 static void test_sampler(void) {
@@ -853,7 +992,8 @@ int main(void) {
     test_sampler_bias();
     test_logprobs();
     test_chat_split(&t);
-    test_json_gram();
+    test_json_object_grammar();
+    test_json_schema();
     tok_free(&t);
     return check_done();
 }
