@@ -191,6 +191,70 @@ post jss_free /v1/completions "{\"prompt\":\"Schema 1:\",\"max_tokens\":41,\"tem
 check "... and without the schema the same seed writes no JSON array (the constraint did the work)" \
     py "$WORK/jss_free.json" "(lambda t: not t.lstrip().startswith('['))(d['choices'][0]['text'])"
 
+# Tools: declared in the prompt; tool_choice "required" / named makes random weights call one (the grammar
+# forces a tools section whose calls name declared tools and whose arguments match their schemas), parsed
+# into message.tool_calls, streamed as delta.tool_calls; "none" and "auto" leave the reply as text.
+TOOLS='[{"type":"function","function":{"name":"get_weather","description":"Weather now","parameters":{"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"},"unit":{"enum":["c","f"]}},"required":["city"],"additionalProperties":false}}},{"type":"function","function":{"name":"ping","parameters":{"type":"object","properties":{}}}}]'
+printf '%s' "$TOOLS" >"$WORK/tools.json"
+TMSG='"messages":[{"role":"user","content":"Weather in Paris?"}]'
+for i in $(seq 10); do
+    nothink=""; [ $((i % 2)) = 0 ] && nothink=',"chat_template_kwargs":{"thinking":false}'
+    post "tc$i" /v1/chat/completions "{$TMSG,\"tools\":$TOOLS,\"tool_choice\":\"required\",\"max_tokens\":$((150 + i * 5)),\"temperature\":$(( i % 3 == 0 ? 0 : 1 )),\"seed\":$i$nothink}"
+done
+tools_check() {
+    python3 - "$WORK" <<'PY'
+import json, sys
+w, ok = sys.argv[1], 0
+for i in range(1, 11):
+    d = json.load(open('%s/tc%d.json' % (w, i)))
+    c = d['choices'][0]
+    try:
+        assert c['finish_reason'] == 'tool_calls', c['finish_reason']
+        calls = c['message']['tool_calls']
+        assert len(calls) >= 1
+        for k, t in enumerate(calls):
+            assert t['type'] == 'function' and t['index'] == k and t['id'].startswith('call_')
+            a = json.loads(t['function']['arguments'])
+            if t['function']['name'] == 'get_weather':
+                assert isinstance(a['city'], str) and set(a) <= {'city', 'days', 'unit'}
+                assert 'days' not in a or isinstance(a['days'], int)
+                assert 'unit' not in a or a['unit'] in ('c', 'f')
+            else:
+                assert t['function']['name'] == 'ping' and isinstance(a, dict), t
+        assert len(set(t['id'] for t in calls)) == len(calls)
+        ok += 1
+    except Exception as e:
+        print('info: tool request %d: %r %s' % (i, e, json.dumps(c)[:400]))
+print('info: %d of 10' % ok)
+sys.exit(0 if ok == 10 else 1)
+PY
+}
+check "tool_choice required: 10 seeded requests (thinking on and off) all end in tool_calls naming a declared tool, arguments valid JSON for its schema" tools_check
+post tc_named /v1/chat/completions "{$TMSG,\"tools\":$TOOLS,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"ping\"}},\"max_tokens\":150,\"seed\":3}"
+check "tool_choice naming 'ping': every call is to ping" py "$WORK/tc_named.json" \
+    "d['choices'][0]['finish_reason'] == 'tool_calls' and all(t['function']['name'] == 'ping' for t in d['choices'][0]['message']['tool_calls'])"
+post tc_sse /v1/chat/completions "{$TMSG,\"tools\":$TOOLS,\"tool_choice\":\"required\",\"max_tokens\":155,\"temperature\":1,\"seed\":1,\"stream\":true}" -N
+check "tool calls streamed: delta.tool_calls carry the same calls (names, arguments), the same reasoning, then finish_reason tool_calls" py "$WORK/tc_sse.json" \
+    "[(t['index'], t['function']) for c in sse(raw) for ch in c['choices'] for t in ch['delta'].get('tool_calls') or []] == [(t['index'], t['function']) for t in load('tc1.json')['choices'][0]['message']['tool_calls']] and [ch['finish_reason'] for c in sse(raw) for ch in c['choices'] if ch['finish_reason']] == ['tool_calls'] and ''.join(ch['delta'].get('reasoning_content') or '' for c in sse(raw) for ch in c['choices']) == load('tc1.json')['choices'][0]['message'].get('reasoning_content', '')"
+post tc_none /v1/chat/completions "{$TMSG,\"tools\":$TOOLS,\"tool_choice\":\"none\",\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true}"
+post tc_auto /v1/chat/completions "{$TMSG,\"tools\":$TOOLS,\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true}"
+post tc_plain /v1/chat/completions "{$TMSG,\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true}"
+check "tool_choice none and auto: 200, no calls from random weights, the declarations in the prompt (more prompt tokens than without tools)" \
+    py "$WORK/tc_none.json" "d['choices'][0]['finish_reason'] == 'length' and 'tool_calls' not in d['choices'][0]['message'] and load('tc_auto.json')['choices'][0]['finish_reason'] == 'length' and d['usage']['prompt_tokens'] == load('tc_auto.json')['usage']['prompt_tokens'] > load('tc_plain.json')['usage']['prompt_tokens'] + 40"
+# the round trip: the calls go back in the history with their results, and the model answers
+python3 - "$WORK" >"$WORK/rt.body" <<'PY'
+import json, sys
+w = sys.argv[1]
+c = json.load(open(w + '/tc1.json'))['choices'][0]['message']
+calls = [{'id': t['id'], 'type': 'function', 'function': t['function']} for t in c['tool_calls']]
+msgs = [{'role': 'user', 'content': 'Weather in Paris?'}, {'role': 'assistant', 'content': c['content'], 'tool_calls': calls}] + \
+       [{'role': 'tool', 'tool_call_id': t['id'], 'content': '{"temp": 21}'} for t in calls]
+print(json.dumps({'messages': msgs, 'tools': json.load(open(w + '/tools.json')), 'max_tokens': 6, 'temperature': 0, 'ignore_eos': True}))
+PY
+post tc_rt /v1/chat/completions "$(cat "$WORK/rt.body")"
+check "the round trip: the assistant's tool_calls and the tool results rendered back, an answer as text" \
+    py "$WORK/tc_rt.json" "d['choices'][0]['finish_reason'] == 'length' and isinstance(d['choices'][0]['message']['content'], str) and d['usage']['prompt_tokens'] > load('tc_auto.json')['usage']['prompt_tokens']"
+
 Q="What is two plus two?"
 post chat /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"$Q\"}],\"max_completion_tokens\":20,\"temperature\":0,\"ignore_eos\":true}"
 "$RINGLM" run -m "$f" -p "$Q" --chat -n 20 --temp 0 --ignore-eos --threads 1 --metrics-json "$WORK/chat_run.json" >/dev/null 2>&1
@@ -466,6 +530,16 @@ err_case "response_format json_schema with a keyword it cannot enforce" 400 resp
 check "... naming the keyword" py "$WORK/e_rf2.json" "'pattern' in d['error']['message']"
 err_case "response_format json_schema without its json_schema object" 400 response_format e_rf4 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema"}}' "${K[@]}"
 err_case "response_format json_schema with a \$ref that does not resolve" 400 response_format e_rf5 /v1/completions '{"prompt":"hi","response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"$ref":"#/$defs/nope"}}}}' "${K[@]}"
+err_case "tools not an array" 400 tools e_t1 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"tools":{"type":"function"}}' "${K[@]}"
+err_case "a tool without a name" 400 "tools[0]" e_t2 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"parameters":{}}}]}' "${K[@]}"
+err_case "a tool's parameters not a schema" 400 "tools[0]" e_t3 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":7}}]}' "${K[@]}"
+err_case "tool_choice required without tools" 400 tool_choice e_t4 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"tool_choice":"required"}' "${K[@]}"
+err_case "tool_choice of an unknown kind" 400 tool_choice e_t5 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"always"}' "${K[@]}"
+err_case "tool_choice naming an undeclared tool" 400 tool_choice e_t6 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}}' "${K[@]}"
+check "... naming it" py "$WORK/e_t6.json" "\"'g'\" in d['error']['message']"
+err_case "a required call whose parameters use a keyword the grammar cannot enforce" 400 tool_choice e_t7 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"n":{"type":"integer","minimum":0}}}}}],"tool_choice":"required"}' "${K[@]}"
+err_case "tool_choice required with response_format json_object" 400 tool_choice e_t8 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required","response_format":{"type":"json_object"}}' "${K[@]}"
+err_case "tools on /v1/completions" 400 tools e_t9 /v1/completions '{"prompt":"hi","tools":[{"type":"function","function":{"name":"f"}}]}' "${K[@]}"
 err_case "response_format not an object" 400 response_format e_rf3 /v1/completions '{"prompt":"hi","response_format":"json"}' "${K[@]}"
 post rf_text /v1/completions '{"prompt":"hi","max_tokens":2,"response_format":{"type":"text"}}' "${K[@]}"
 check "response_format text -> 200" code_is rf_text 200

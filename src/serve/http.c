@@ -1,5 +1,7 @@
 #include "http.h"
 
+#include "../text/chat_gram.h"
+#include "../text/chat_out.h"
 #include "../text/json_schema.h"
 
 #include <arpa/inet.h>
@@ -378,11 +380,18 @@ typedef struct http_job {
     char *echo_text[HTTP_MAX_CHOICES]; /* each prompt's text, as given or decoded from its ids */
     cJSON *schema;    /* response_format json_object / json_schema: the schema each choice's grammar is
                        * compiled from (its request owns the grammar) */
+    bool parse_tools; /* chat with tools (and tool_choice not "none"): the reply's tool calls are parsed */
+    cJSON *force_tools; /* tool_choice "required" or named: the tools each choice's grammar makes it call */
+    char *force_only;   /* ... the named one (NULL: any) */
 } http_job;
 
 static void http_job_free(http_job *jb) {
     cJSON_Delete(jb->schema);
     jb->schema = NULL;
+    cJSON_Delete(jb->force_tools);
+    jb->force_tools = NULL;
+    free(jb->force_only);
+    jb->force_only = NULL;
     for (int i = 0; i < HTTP_MAX_CHOICES; i++) free(jb->prompt[i]), free(jb->echo_text[i]);
     free(jb->bias);
     http_strs_free(&jb->strs);
@@ -639,10 +648,6 @@ static int http_parse_common(const http_server *h, const cJSON *j, http_job *jb,
             return BAD(f, "response_format", "unknown response_format type '%s' (text, json_object or json_schema)", clean);
         }
     }
-    v = cJSON_GetObjectItemCaseSensitive(j, "tools");
-    if (!http_absent(v) && !(cJSON_IsArray(v) && cJSON_GetArraySize(v) == 0)) {
-        return BAD(f, "tools", "tool declarations are not supported");
-    }
     jb->p.prompt_logprobs = jb->echo && jb->p.logprobs;
     v = cJSON_GetObjectItemCaseSensitive(j, "suffix");
     if (!http_absent(v) && !(cJSON_IsString(v) && !*v->valuestring)) return BAD(f, "suffix", "'suffix' is not supported");
@@ -680,6 +685,66 @@ static int http_content(const cJSON *v, const char *param, const char **out, htt
 }
 
 /* messages -> chat_msg[] -> the model's chat format -> tokens (special markers parsed). */
+/* tools and tool_choice: the declarations (as JSON text for the template, *text; cJSON_free it), whether
+ * the reply's calls are parsed, and for tool_choice "required" or a named tool the grammar's inputs. */
+static int http_parse_tools(const http_server *h, const cJSON *j, http_job *jb, char **text, http_fail *f) {
+    *text = NULL;
+    const cJSON *tl = cJSON_GetObjectItemCaseSensitive(j, "tools"), *tc = cJSON_GetObjectItemCaseSensitive(j, "tool_choice");
+    int n_tools = 0;
+    if (!http_absent(tl)) {
+        if (!cJSON_IsArray(tl)) return BAD(f, "tools", "'tools' must be an array of {\"type\": \"function\", \"function\": {...}}");
+        const cJSON *t;
+        cJSON_ArrayForEach(t, tl) {
+            char param[64];
+            snprintf(param, sizeof param, "tools[%d]", n_tools);
+            const cJSON *type = cJSON_GetObjectItemCaseSensitive(t, "type"), *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name"), *par = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+            if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") != 0 || !cJSON_IsObject(fn) ||
+                !cJSON_IsString(name) || !*name->valuestring) {
+                return BAD(f, param, "'%s' must be {\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": {...}}}", param);
+            }
+            if (!http_absent(par) && !cJSON_IsObject(par)) return BAD(f, param, "'%s.function.parameters' must be a JSON schema (an object)", param);
+            n_tools++;
+        }
+    }
+    enum { TC_NONE, TC_AUTO, TC_REQUIRED, TC_NAMED } mode = TC_AUTO;
+    const char *named = NULL;
+    if (!http_absent(tc)) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        if (cJSON_IsString(tc) && strcmp(tc->valuestring, "none") == 0) mode = TC_NONE;
+        else if (cJSON_IsString(tc) && strcmp(tc->valuestring, "auto") == 0) mode = TC_AUTO;
+        else if (cJSON_IsString(tc) && strcmp(tc->valuestring, "required") == 0) mode = TC_REQUIRED;
+        else if (cJSON_IsObject(tc) && cJSON_IsString(nm)) mode = TC_NAMED, named = nm->valuestring;
+        else {
+            return BAD(f, "tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                       "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+        }
+    }
+    if ((mode == TC_REQUIRED || mode == TC_NAMED) && n_tools == 0) {
+        return BAD(f, "tool_choice", "'tool_choice' %s needs 'tools' to choose from", mode == TC_REQUIRED ? "\"required\"" : "naming a function");
+    }
+    if (n_tools == 0) return 0;
+    jb->parse_tools = mode != TC_NONE && jb->p.split;
+    if (mode == TC_REQUIRED || mode == TC_NAMED) {
+        if (jb->schema) return BAD(f, "tool_choice", "a required tool call and response_format cannot be combined");
+        rl_err e;
+        gr_grammar *g = chat_tools_grammar_new(h->cfg.chat_fmt, tl, named, jb->p.thinking, &e); /* refused here: a 400 */
+        if (!g) return BAD(f, "tool_choice", "%s", e.msg);
+        gr_free(g);
+        if (strcmp(h->s->be.kind, "local") != 0) return BAD(f, "tool_choice", "a required tool call is not supported through a ring yet");
+        if (!(jb->force_tools = cJSON_Duplicate(tl, true)) || (named && !(jb->force_only = strdup(named)))) {
+            return http_failf(f, 500, "server_error", NULL, NULL, "out of memory");
+        }
+        jb->p.smp.budget = jb->p.max_tokens;
+        jb->p.smp.vocab = h->vocab;
+        jb->p.draft_n = 0;
+        jb->p.draft_model = jb->p.draft_dspark = false;
+    }
+    if (!(*text = cJSON_PrintUnformatted(tl))) return http_failf(f, 500, "server_error", NULL, NULL, "out of memory");
+    return 0;
+}
+
 static int http_parse_chat(const http_server *h, const cJSON *j, http_job *jb, http_fail *f) {
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
     if (!msgs) return BAD(f, "messages", "'messages' is required");
@@ -812,10 +877,15 @@ static int http_parse_chat(const http_server *h, const cJSON *j, http_job *jb, h
     jb->p.split = h->cfg.chat_fmt == CHAT_FMT_K3 || h->cfg.chat_fmt == CHAT_FMT_K3_LITE;
     jb->p.split_fmt = h->cfg.chat_fmt;
     jb->p.thinking = co.thinking;
+    char *tools_text = NULL;
+    if (http_parse_tools(h, j, jb, &tools_text, f) != 0) goto out;
+    co.tools = tools_text;
     char *text = NULL;
     size_t len = 0;
     rl_err err = {{0}};
-    if (chat_render(h->cfg.chat_fmt, cm, n, &co, &text, &len, &err) != 0) {
+    int rr = chat_render(h->cfg.chat_fmt, cm, n, &co, &text, &len, &err);
+    cJSON_free(tools_text);
+    if (rr != 0) {
         BAD(f, "messages", "cannot render the conversation: %s", err.msg);
         goto out;
     }
@@ -871,6 +941,10 @@ static int http_parse_one_prompt(const http_server *h, const cJSON *v, http_job 
 /* A string, an array of token ids, or an array of prompts (each a string or an array of ids): one choice
  * (n of them) per prompt, in order. */
 static int http_parse_prompt(const http_server *h, const cJSON *j, http_job *jb, http_fail *f) {
+    const cJSON *tl = cJSON_GetObjectItemCaseSensitive(j, "tools");
+    if (!http_absent(tl) && !(cJSON_IsArray(tl) && cJSON_GetArraySize(tl) == 0)) {
+        return BAD(f, "tools", "'tools' are for /v1/chat/completions (a completion has no chat template to declare them in)");
+    }
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "prompt");
     if (!v) return BAD(f, "prompt", "'prompt' is required");
     const cJSON *first = cJSON_IsArray(v) ? cJSON_GetArrayItem(v, 0) : NULL;
@@ -1051,6 +1125,68 @@ static cJSON *http_choice(int index, bool chat, bool delta, bool role, const cha
 /* OpenAI has no "cancelled"/"error" finish reason: those never reach a client as one. */
 static const char *http_finish_reason(sch_finish fin) { return fin == SCH_FIN_LENGTH ? "length" : "stop"; }
 
+/* n bytes as valid UTF-8 (each invalid sequence one U+FFFD), NUL-terminated: the raw tool-call text comes
+ * straight from the model's tokens. */
+static char *http_utf8_dup(const char *p, size_t n) {
+    http_buf b = {0};
+    const unsigned char *u = (const unsigned char *)p;
+    for (size_t i = 0; i < n;) {
+        unsigned c = u[i], need = 0, lo = 0x80, hi = 0xBF;
+        if (c < 0x80) need = 0;
+        else if (c >= 0xC2 && c <= 0xDF) need = 1;
+        else if (c == 0xE0) need = 2, lo = 0xA0;
+        else if (c == 0xED) need = 2, hi = 0x9F;
+        else if (c >= 0xE1 && c <= 0xEF) need = 2;
+        else if (c == 0xF0) need = 3, lo = 0x90;
+        else if (c >= 0xF1 && c <= 0xF3) need = 3;
+        else if (c == 0xF4) need = 3, hi = 0x8F;
+        else need = 9;
+        bool ok = need < 9 && i + need < n + (need == 0);
+        for (unsigned k = 1; ok && k <= need; k++) ok = i + k < n && u[i + k] >= (k == 1 ? lo : 0x80) && u[i + k] <= (k == 1 ? hi : 0xBF);
+        if (ok) hb_add(&b, p + i, need + 1), i += need + 1;
+        else hb_add(&b, "\xEF\xBF\xBD", 3), i++;
+    }
+    hb_add(&b, "", 0);
+    if (!b.p) b.p = strdup("");
+    return b.p;
+}
+
+/* calls[from, to) as OpenAI's tool_calls entries; ids from the completion's id, the choice and the index */
+static cJSON *http_tool_calls(const chat_call *calls, int from, int to, const char *id, int choice) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = from; i < to; i++) {
+        cJSON *c = cJSON_CreateObject(), *fn;
+        char cid[96];
+        const char *tail = strchr(id, '-');
+        snprintf(cid, sizeof cid, "call_%s_%d_%d", tail ? tail + 1 : id, choice, i);
+        cJSON_AddNumberToObject(c, "index", i);
+        cJSON_AddStringToObject(c, "id", cid);
+        cJSON_AddStringToObject(c, "type", "function");
+        fn = cJSON_AddObjectToObject(c, "function");
+        char *name = http_utf8_dup(calls[i].name, strlen(calls[i].name)), *args = http_utf8_dup(calls[i].arguments, strlen(calls[i].arguments));
+        cJSON_AddStringToObject(fn, "name", name ? name : "");
+        cJSON_AddStringToObject(fn, "arguments", args ? args : "{}");
+        free(name), free(args);
+        cJSON_AddItemToArray(a, c);
+    }
+    return a;
+}
+
+/* The end of a reply with a tool-call section: its calls (returned, *n of them: chat_calls_free them), or
+ * none when it is not whole and valid - then the section is text for the content and the finish reason
+ * says why (length: cut off; tool_call_error: malformed). */
+static int http_tools_end(const http_buf *raw, sch_finish fin, chat_call *calls, int *n, const char **finish) {
+    int pr = chat_tools_parse(raw->p, raw->len, calls, n);
+    if (pr == 1 && *n > 0) {
+        *finish = "tool_calls";
+        return 1;
+    }
+    chat_calls_free(calls, *n);
+    *n = 0;
+    *finish = fin == SCH_FIN_LENGTH ? "length" : "tool_call_error";
+    return 0;
+}
+
 /* One choice being generated: its request and what it has produced. */
 typedef struct http_run {
     sch_request *r;
@@ -1058,6 +1194,9 @@ typedef struct http_run {
     sch_update end;     /* its last update (fin, counts, error, receipts) */
     http_buf text, lps; /* not streamed: the text so far, the smp_logprob entries as bytes */
     http_buf reasoning; /* not streamed: the reasoning so far (chat) */
+    http_buf tools;     /* the raw tool-call section so far (chat_out.h CHAT_CH_TOOLS) */
+    bool parse_tools;   /* ... parsed into tool_calls (else shown as text) */
+    int calls_sent;     /* streamed: the tool calls already sent as deltas */
     size_t lp_off;      /* completions' text_offset: the choice's text bytes so far */
     char *echo;         /* echo: the prompt's text, shown first (owned; NULL: no echo) */
     int32_t echo_first; /* echo with logprobs: the prompt's first token; -1 otherwise */
@@ -1075,6 +1214,7 @@ static void http_runs_free(http_run *rs, int n) {
         free(rs[i].text.p);
         free(rs[i].lps.p);
         free(rs[i].reasoning.p);
+        free(rs[i].tools.p);
         free(rs[i].echo);
     }
 }
@@ -1238,6 +1378,28 @@ static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max) 
                 http_sse(st, j);
                 free(u.reasoning);
             }
+            if (u.tools) { /* tool calls: each sent as a delta once whole; unparsed, the section is text */
+                hb_add(&rn->tools, u.tools, u.tools_len);
+                if (rn->parse_tools) {
+                    chat_call calls[CHAT_MAX_CALLS];
+                    int nc = 0;
+                    if (chat_tools_parse(rn->tools.p, rn->tools.len, calls, &nc) >= 0 && nc > rn->calls_sent) {
+                        cJSON *j = http_envelope(st->model, st->id, "chat.completion.chunk", st->created);
+                        cJSON *c = http_choice(k, true, true, false, NULL, 0, NULL, NULL);
+                        cJSON_AddItemToObject(cJSON_GetObjectItemCaseSensitive(c, "delta"), "tool_calls",
+                                              http_tool_calls(calls, rn->calls_sent, nc, st->id, k));
+                        cJSON_AddItemToArray(cJSON_AddArrayToObject(j, "choices"), c);
+                        http_sse(st, j);
+                        rn->calls_sent = nc;
+                    }
+                    chat_calls_free(calls, nc);
+                } else {
+                    char *t = http_utf8_dup(u.tools, u.tools_len);
+                    if (t) http_sse_chunk(st, k, false, t, strlen(t), NULL, NULL);
+                    free(t);
+                }
+                free(u.tools);
+            }
             size_t skip = 0; /* logprob entries already shown (the prompt's) */
             if (rn->echo && !rn->echoed) { /* echo: the prompt (and its entries) first, in a chunk of its own */
                 rn->echoed = true;
@@ -1256,7 +1418,18 @@ static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max) 
             free(u.text);
             free(u.lp);
             if (u.fin == SCH_FIN_STOP || u.fin == SCH_FIN_LENGTH) {
-                http_sse_chunk(st, k, false, st->chat ? NULL : "", 0, http_finish_reason(u.fin), NULL);
+                const char *fr = http_finish_reason(u.fin);
+                if (rn->parse_tools && rn->tools.len) {
+                    chat_call calls[CHAT_MAX_CALLS];
+                    int nc = 0;
+                    if (!http_tools_end(&rn->tools, u.fin, calls, &nc, &fr)) { /* the section as text */
+                        char *t = http_utf8_dup(rn->tools.p, rn->tools.len);
+                        if (t) http_sse_chunk(st, k, false, t, strlen(t), NULL, NULL);
+                        free(t);
+                    }
+                    chat_calls_free(calls, nc);
+                }
+                http_sse_chunk(st, k, false, st->chat ? NULL : "", 0, fr, NULL);
             }
         }
         const sch_update *failed = http_runs_failed(st->runs, st->n_runs);
@@ -1356,8 +1529,11 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
         runs[k].echo_first = jb.p.prompt_logprobs ? jb.prompt[k / jb.n][0] : -1;
         runs[k].n_plp = jb.p.prompt_logprobs ? jb.n_prompt[k / jb.n] - 1 : 0;
         runs[k].score_only = jb.score_only;
-        if (jb.schema) {
-            if (!(p.smp.grammar = js_grammar_new(jb.schema, &err))) {
+        runs[k].parse_tools = jb.parse_tools;
+        if (jb.schema || jb.force_tools) {
+            p.smp.grammar = jb.schema ? js_grammar_new(jb.schema, &err)
+                                      : chat_tools_grammar_new(h->cfg.chat_fmt, jb.force_tools, jb.force_only, jb.p.thinking, &err);
+            if (!p.smp.grammar) {
                 http_failf(&f, 500, "server_error", NULL, NULL, "%s", err.msg);
                 goto fail;
             }
@@ -1421,6 +1597,8 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
             if (u.text) hb_add(&runs[k].text, u.text, u.len);
             if (u.reasoning) hb_add(&runs[k].reasoning, u.reasoning, u.reasoning_len);
             free(u.reasoning);
+            if (u.tools) hb_add(&runs[k].tools, u.tools, u.tools_len);
+            free(u.tools);
             if (u.lp) hb_add(&runs[k].lps, (const char *)u.lp, u.n_lp * sizeof *u.lp);
             free(u.text);
             free(u.lp);
@@ -1460,10 +1638,27 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
         http_buf all = {0}; /* echo: the prompt's text, then (unless only scoring) the completion's */
         if (rn->echo) hb_add(&all, rn->echo, strlen(rn->echo));
         if (!rn->score_only && rn->text.len) hb_add(&all, rn->text.p, rn->text.len);
-        const http_buf *shown = rn->echo ? &all : &rn->text;
-        cJSON *c1 = http_choice(k, chat, false, true, shown->p ? shown->p : "", shown->p ? shown->len : 0,
-                                http_finish_reason(rn->end.fin), lpj);
+        const char *finish = http_finish_reason(rn->end.fin);
+        chat_call calls[CHAT_MAX_CALLS];
+        int nc = 0;
+        bool with_calls = false;
+        if (rn->tools.len) { /* a tool-call section: its calls, or (not parsed, or not valid) its text */
+            with_calls = rn->parse_tools && http_tools_end(&rn->tools, rn->end.fin, calls, &nc, &finish);
+            if (!with_calls) {
+                char *t = http_utf8_dup(rn->tools.p, rn->tools.len);
+                if (t) hb_add(&all, t, strlen(t));
+                free(t);
+            }
+        }
+        const http_buf *shown = rn->echo || (rn->tools.len && !with_calls) ? &all : &rn->text;
+        cJSON *c1 = http_choice(k, chat, false, true, shown->p ? shown->p : "", shown->p ? shown->len : 0, finish, lpj);
         free(all.p);
+        if (with_calls) {
+            cJSON *msg = cJSON_GetObjectItemCaseSensitive(c1, "message");
+            if (!rn->text.len) cJSON_ReplaceItemInObject(msg, "content", cJSON_CreateNull()); /* OpenAI: calls alone */
+            cJSON_AddItemToObject(msg, "tool_calls", http_tool_calls(calls, 0, nc, id, k));
+        }
+        chat_calls_free(calls, nc);
         if (chat && rn->reasoning.len) {
             cJSON_AddItemToObject(cJSON_GetObjectItemCaseSensitive(c1, "message"), "reasoning_content",
                                   http_text_item(rn->reasoning.p, rn->reasoning.len));
@@ -1948,7 +2143,8 @@ int http_start(http_server *h, const http_config *cfg, sch_sched *s, const tok_t
     h->cfg = *cfg;
     h->s = s;
     h->tok = tok;
-    if (!(h->vocab = tok_vocab_new(tok))) return rl_errf(err, "out of memory for the vocabulary");
+    static const char *const syms[] = {"<|open|>", "<|sep|>", "<|close|>"}; /* chat_gram.h's symbols */
+    if (!(h->vocab = tok_vocab_new(tok, syms, 3))) return rl_errf(err, "out of memory for the vocabulary");
     h->n_ctx = s->be.n_ctx;
     h->created = time(NULL);
     h->id_base = http_random64();

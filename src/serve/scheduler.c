@@ -319,6 +319,7 @@ static void sch_request_destroy(sch_request *r) {
     free(r->prompt);
     free(r->out);
     free(r->rout);
+    free(r->tout);
     free(r->lp);
     free(r->plp);
     free(r->receipts);
@@ -360,10 +361,16 @@ bool sch_request_wait(sch_request *r, int timeout_ms, sch_update *u) {
     dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
     if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
     pthread_mutex_lock(&s->mu);
-    while (r->out_len == 0 && r->rout_len == 0 && r->fin == SCH_RUNNING) {
+    while (r->out_len == 0 && r->rout_len == 0 && r->tout_len == 0 && r->fin == SCH_RUNNING) {
         if (pthread_cond_timedwait(&r->cond, &s->mu, &dl) == ETIMEDOUT) break;
     }
-    bool news = r->out_len > 0 || r->rout_len > 0 || r->fin != SCH_RUNNING;
+    bool news = r->out_len > 0 || r->rout_len > 0 || r->tout_len > 0 || r->fin != SCH_RUNNING;
+    if (r->tout_len > 0) {
+        u->tools = r->tout;
+        u->tools_len = r->tout_len;
+        r->tout = NULL;
+        r->tout_len = r->tout_cap = 0;
+    }
     if (r->rout_len > 0) {
         u->reasoning = r->rout;
         u->reasoning_len = r->rout_len;
@@ -641,6 +648,12 @@ static void sch_on_token(sch_sched *s, sch_request *r, int32_t id, const smp_log
             sch_finish_req(s, r, SCH_FIN_ERROR, err.msg, false);
             return;
         }
+    } else if (ch == CHAT_CH_TOOLS) { /* kept raw, the control tokens spelled out, for chat_tools_parse */
+        if (tok_piece(s->tok, id, true, &text, &len) == 0 && len) { /* bytes as they are: a character may span tokens */
+            sch_buf_append(&r->tout, &r->tout_len, &r->tout_cap, text, len);
+            pthread_cond_signal(&r->cond);
+        }
+        len = 0;
     } else {
         len = 0; /* framing: a section's name */
     }

@@ -181,6 +181,8 @@ typedef struct sch_request {
     char *out;               /* text produced and not yet taken by sch_request_wait */
     size_t out_len, out_cap;
     char *rout;              /* reasoning text (p.split) not yet taken */
+    char *tout;              /* tool-call section text (p.split; chat_out.h CHAT_CH_TOOLS) not yet taken */
+    size_t tout_len, tout_cap;
     size_t rout_len, rout_cap;
     smp_logprob *lp;         /* p.logprobs: the generated tokens' log-probabilities not yet taken, in order */
     smp_logprob *plp;        /* p.prompt_logprobs: where the backend puts the prompt's (n_prompt entries) */
@@ -210,6 +212,9 @@ typedef struct sch_update {
     size_t len;
     char *reasoning;  /* new reasoning text (p.split; malloc'ed, NUL-terminated, NULL when none; free() it) */
     size_t reasoning_len;
+    char *tools;      /* new raw text of the tool-call section (p.split: control tokens spelled out, for
+                       * chat_tools_parse; malloc'ed, NUL-terminated, NULL when none; free() it) */
+    size_t tools_len;
     sch_finish fin;
     int n_prompt, n_gen;
     int drafted, accepted; /* speculative draft tokens verified, and kept (0, 0 without drafts) */

@@ -549,14 +549,20 @@ static int schema(js_ctx *c, const cJSON *s, const char *path, int depth) {
     return any_value(c);
 }
 
-gr_grammar *js_grammar_new(const cJSON *s, rl_err *err) {
-    js_ctx c = {.root = s, .err = err, .sp = -1, .value = -1, .str = -1, .str_body = -1, .chr = -1, .num = -1,
-                .integer = -1, .digits = -1};
-    if (!(c.b = gr_builder_new())) return rl_errf(err, "json_schema: out of memory"), NULL;
+int js_rule_add(gr_builder *b, const cJSON *s, rl_err *err) {
+    js_ctx c = {.b = b, .root = s, .err = err, .sp = -1, .value = -1, .str = -1, .str_body = -1, .chr = -1,
+                .num = -1, .integer = -1, .digits = -1};
     int root = schema(&c, s, "", 0);
-    gr_grammar *g = root >= 0 ? gr_build(c.b, root, err) : NULL;
     for (int i = 0; i < c.n_refs; i++) free(c.refs[i].ref);
-    gr_builder_free(c.b);
+    return root;
+}
+
+gr_grammar *js_grammar_new(const cJSON *s, rl_err *err) {
+    gr_builder *b = gr_builder_new();
+    if (!b) return rl_errf(err, "json_schema: out of memory"), NULL;
+    int root = js_rule_add(b, s, err);
+    gr_grammar *g = root >= 0 ? gr_build(b, root, err) : NULL;
+    gr_builder_free(b);
     return g;
 }
 

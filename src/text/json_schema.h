@@ -22,6 +22,9 @@ struct cJSON;
 
 /* The grammar of the JSON texts that match schema (true, or an empty object: any JSON value). */
 gr_grammar *js_grammar_new(const struct cJSON *schema, rl_err *err);
+/* Adds to b a rule for the JSON texts that match schema (its $refs resolved within schema itself) and
+ * returns it, or -1 with err set. For grammars that hold JSON inside other text (tool-call arguments). */
+int js_rule_add(gr_builder *b, const struct cJSON *schema, rl_err *err);
 /* The grammar of any JSON object (response_format json_object). */
 gr_grammar *js_object_grammar_new(rl_err *err);
 

@@ -1036,7 +1036,10 @@ void tok_stream_free(tok_stream *s) {
 
 /* The vocabulary as constrained sampling sees it: each token's bytes as text would show them (control
  * tokens have none, so a grammar never lets one through), and which tokens end generation. */
-smp_vocab *tok_vocab_new(const tok_tokenizer *t) {
+static const char sym_bytes[8] = {(char)GR_SYM(0), (char)GR_SYM(1), (char)GR_SYM(2), (char)GR_SYM(3),
+                                  (char)GR_SYM(4), (char)GR_SYM(5), (char)GR_SYM(6), (char)GR_SYM(7)};
+
+smp_vocab *tok_vocab_new(const tok_tokenizer *t, const char *const *syms, int n_syms) {
     smp_vocab *v = calloc(1, sizeof *v);
     const char **piece = v ? malloc((size_t)t->n_vocab * sizeof *piece) : NULL;
     uint32_t *len = piece ? malloc((size_t)t->n_vocab * sizeof *len) : NULL;
@@ -1050,6 +1053,14 @@ smp_vocab *tok_vocab_new(const tok_tokenizer *t) {
         tok_piece(t, i, false, &piece[i], &n);
         len[i] = (uint32_t)n;
         eog[i] = tok_is_eog(t, i);
+        /* bytes 0xF8-0xFF never occur in UTF-8 text and stand for the symbols: a token holding one (a
+         * byte-fallback token) would pass for a control token, so no grammar may take it */
+        for (size_t b = 0; b < n; b++)
+            if ((unsigned char)piece[i][b] >= 0xF8) len[i] = 0;
+    }
+    for (int k = 0; k < n_syms && k < 8; k++) {
+        int32_t id = tok_find(t, syms[k], strlen(syms[k]));
+        if (id >= 0) piece[id] = &sym_bytes[k], len[id] = 1;
     }
     *v = (smp_vocab){.n = t->n_vocab, .piece = piece, .len = len, .eog = eog};
     return v;

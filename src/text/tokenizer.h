@@ -103,7 +103,9 @@ bool tok_is_eog(const tok_tokenizer *t, int32_t id);
 
 /* The vocabulary for constrained sampling (sampler.h): pieces point into t, which must outlive it. NULL
  * when out of memory. */
-smp_vocab *tok_vocab_new(const tok_tokenizer *t);
+/* syms[k] (a control token's text, n_syms <= 8) reads as the one byte GR_SYM(k) (grammar.h), so a grammar
+ * can ask for that token; other control tokens have no bytes (a grammar never allows them). */
+smp_vocab *tok_vocab_new(const tok_tokenizer *t, const char *const *syms, int n_syms);
 void tok_vocab_free(smp_vocab *v);
 
 /* Streaming detokenizer: feed tokens one at a time and print what comes out. A piece that ends inside a

@@ -16,6 +16,8 @@
 #include "text/chat_out.h"
 #include <cJSON.h>
 
+#include "text/chat_gram.h"
+#include "text/chat_out.h"
 #include "text/grammar.h"
 #include "text/json_schema.h"
 #include "text/sampler.h"
@@ -623,12 +625,12 @@ static void test_logprobs(void) {
 }
 
 /* chat_split: a K3 reply's framing followed token by token; the section names never reach a channel. */
-static void split_run(const tok_tokenizer *t, chat_format fmt, bool thinking, const char *reply, char *reason,
-                      char *content) {
+static void split_run3(const tok_tokenizer *t, chat_format fmt, bool thinking, const char *reply, char *reason,
+                       char *content, char *tools) {
     int32_t *ids = NULL;
     size_t n = 0;
     rl_err err;
-    reason[0] = content[0] = 0;
+    reason[0] = content[0] = tools[0] = 0;
     if (tok_encode(t, reply, strlen(reply), true, &ids, &n, &err) != 0) return;
     chat_split sp;
     chat_split_init(&sp, t, true, fmt, thinking);
@@ -636,22 +638,161 @@ static void split_run(const tok_tokenizer *t, chat_format fmt, bool thinking, co
         const char *p;
         size_t len;
         chat_chan ch = chat_split_push(&sp, t, ids[i]);
-        if (ch == CHAT_CH_NONE || tok_piece(t, ids[i], false, &p, &len) != 0) continue;
-        strncat(ch == CHAT_CH_REASONING ? reason : content, p, len);
+        if (ch == CHAT_CH_NONE || tok_piece(t, ids[i], ch == CHAT_CH_TOOLS, &p, &len) != 0) continue;
+        strncat(ch == CHAT_CH_REASONING ? reason : ch == CHAT_CH_TOOLS ? tools : content, p, len);
     }
     free(ids);
 }
 
+static void split_run(const tok_tokenizer *t, chat_format fmt, bool thinking, const char *reply, char *reason,
+                      char *content) {
+    char tools[512];
+    split_run3(t, fmt, thinking, reply, reason, content, tools);
+    strcat(content, tools);
+}
+
 static void test_chat_split(const tok_tokenizer *t) {
-    char r[256], c[256];
+    char r[256], c[256], tl[512];
     split_run(t, CHAT_FMT_K3_LITE, true, "plan it<|close|>think<|sep|><|open|>response<|sep|>Hello<|close|>response<|sep|>", r, c);
     CHECK(strcmp(r, "plan it") == 0 && strcmp(c, "Hello") == 0, "thinking: reasoning '%s', content '%s'", r, c);
     split_run(t, CHAT_FMT_K3, false, "Hi there<|close|>response<|sep|>", r, c);
     CHECK(!*r && strcmp(c, "Hi there") == 0, "not thinking: the reply is content '%s'", c);
-    split_run(t, CHAT_FMT_K3_LITE, true, "a<|close|>think<|sep|>stray<|open|>tools<|sep|>call<|close|>tools<|sep|>", r, c);
+    split_run(t, CHAT_FMT_K3_LITE, true, "a<|close|>think<|sep|>stray<|open|>other<|sep|>call<|close|>other<|sep|>", r, c);
     CHECK(strcmp(r, "a") == 0 && strcmp(c, "straycall") == 0, "text between sections and an unknown section: content '%s'", c);
+    split_run3(t, CHAT_FMT_K3, true, "a<|close|>think<|sep|><|open|>response<|sep|>ok<|close|>response<|sep|><|open|>tools<|sep|>"
+               "<|open|>call tool=\"f\" index=\"1\"<|sep|><|open|>argument key=\"x\" type=\"string\"<|sep|>tools<|close|>argument<|sep|>"
+               "<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>", r, c, tl);
+    CHECK(strcmp(r, "a") == 0 && strcmp(c, "ok") == 0 &&
+          strcmp(tl, "<|open|>call tool=\"f\" index=\"1\"<|sep|><|open|>argument key=\"x\" type=\"string\"<|sep|>tools"
+                     "<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>") == 0,
+          "the tools section, nested framing and all, goes to the tools channel up to its own closer: '%s'", tl);
     split_run(t, CHAT_FMT_K2, true, "x<|close|>think<|sep|>y", r, c);
     CHECK(!*r && strcmp(c, "xthinky") == 0, "a format it does not split: everything is content '%s'", c);
+}
+
+/* chat_tools_parse: whole sections, prefixes (more may come) and malformed ones */
+static void test_tools_parse(void) {
+    chat_call calls[CHAT_MAX_CALLS];
+    int n;
+    static const char whole[] = "<|open|>call tool=\"get_&quot;w&amp;\" index=\"1\"<|sep|><|open|>argument key=\"city\" type=\"string\"<|sep|>"
+                                "Paris \"x\"<|close|>argument<|sep|><|open|>argument key=\"days\" type=\"number\"<|sep|>3<|close|>argument<|sep|>"
+                                "<|close|>call<|sep|>\n<|open|>call tool=\"f\" index=\"2\"<|sep|><|open|>json type=\"object\"<|sep|>"
+                                "{\"q\": [1, \"two\"]}<|close|>json<|sep|><|close|>call<|sep|><|close|>tools<|sep|>";
+    int rc = chat_tools_parse(whole, strlen(whole), calls, &n);
+    CHECK(rc == 1 && n == 2 && strcmp(calls[0].name, "get_\"w&") == 0 &&
+          strcmp(calls[0].arguments, "{\"city\":\"Paris \\\"x\\\"\",\"days\":3}") == 0 && strcmp(calls[1].name, "f") == 0 &&
+          strcmp(calls[1].arguments, "{\"q\":[1,\"two\"]}") == 0,
+          "two calls: attributes unescaped, a raw string and a number argument, a JSON block (%d, %d calls)", rc, n);
+    chat_calls_free(calls, n);
+    int prefixes = 0;
+    for (size_t k = 0; k < strlen(whole); k++) {
+        int r = chat_tools_parse(whole, k, calls, &n);
+        prefixes += r == 0;
+        chat_calls_free(calls, n);
+    }
+    CHECK(prefixes == (int)strlen(whole), "every prefix of the section reads as one that may go on (%d of %zu)", prefixes, strlen(whole));
+    static const char *const bad[] = {
+        "<|open|>call index=\"1\"<|sep|><|close|>call<|sep|>", /* no tool name */
+        "<|open|>call tool=\"f\"<|sep|><|open|>argument key=\"n\" type=\"number\"<|sep|>x1<|close|>argument<|sep|>",
+        "<|open|>call tool=\"f\"<|sep|><|open|>json type=\"object\"<|sep|>[1]<|close|>json<|sep|>",
+        "<|open|>call tool=\"f\"<|sep|>junk<|close|>call<|sep|>", "hello", "<|close|>toolz<|sep|>",
+    };
+    int refused = 0;
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        refused += chat_tools_parse(bad[i], strlen(bad[i]), calls, &n) == -1;
+        chat_calls_free(calls, n);
+    }
+    CHECK(refused == (int)(sizeof bad / sizeof *bad), "malformed sections refused (no name, a number that is not JSON, a "
+          "JSON block that is no object, text between tags, text, a wrong closer): %d of %zu", refused, sizeof bad / sizeof *bad);
+}
+
+/* Replaces the grammar's symbol bytes by the markers they stand for. */
+static void unsym(const char *in, size_t n, char *out) {
+    static const char *const m[3] = {"<|open|>", "<|sep|>", "<|close|>"};
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)in[i];
+        if (c >= 0xF8 && c <= 0xFA) strcpy(out + k, m[c - 0xF8]), k += strlen(m[c - 0xF8]);
+        else out[k++] = in[i];
+    }
+    out[k] = 0;
+}
+
+/* A random sentence of g: random allowed bytes for up to `steps`, then a shortest completion. */
+static size_t gram_walk(const gr_grammar *g, uint64_t *rng, int steps, char *out, size_t cap) {
+    gr_state st, tmp = {0};
+    if (gr_state_init(g, &st)) return 0;
+    size_t n = 0;
+    for (int s = 0; s < steps && n + 1 < cap / 2; s++) {
+        unsigned char ok[256];
+        int k = 0;
+        for (int b = 0; b < 256; b++) {
+            char c = (char)b;
+            if (gr_state_copy(&tmp, &st) == 0 && gr_feed(g, &tmp, &c, 1)) ok[k++] = (unsigned char)b;
+        }
+        *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+        if (k == 0 || (gr_done(g, &st) && (*rng >> 33) % 4 == 0)) break;
+        char c = (char)ok[(*rng >> 33) % (uint64_t)k];
+        gr_feed(g, &st, &c, 1);
+        out[n++] = c;
+    }
+    size_t m = gr_close(g, &st, out + n, cap - n);
+    gr_state_free(&st);
+    gr_state_free(&tmp);
+    return m == SIZE_MAX ? 0 : n + m;
+}
+
+/* tool_choice required: every sentence of the grammar is a reply whose tools section parses into calls
+ * of declared tools with arguments matching their schemas (K3's argument tags, K3 lite's JSON block). */
+static void test_tools_grammar(void) {
+    rl_err err;
+    cJSON *tools = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
+                               "\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"},\"unit\":{\"enum\":[\"c\",\"f\"]}},"
+                               "\"required\":[\"city\"]}}},{\"type\":\"function\",\"function\":{\"name\":\"ping\"}}]");
+    static const chat_format fmts[2] = {CHAT_FMT_K3, CHAT_FMT_K3_LITE};
+    for (int fi = 0; fi < 2; fi++) {
+        for (int th = 0; th < 2; th++) {
+            gr_grammar *g = chat_tools_grammar_new(fmts[fi], tools, fi == 1 && th == 1 ? "ping" : NULL, th, &err);
+            if (!g) {
+                CHECK(false, "tool grammar builds: %s", err.msg);
+                continue;
+            }
+            uint64_t rng = 7 + (uint64_t)(fi * 2 + th);
+            int good = 0, walks = 40;
+            char raw[4096], text[8192];
+            for (int w = 0; w < walks; w++) {
+                size_t n = gram_walk(g, &rng, w * 6, raw, sizeof raw);
+                unsym(raw, n, text);
+                const char *sec = strstr(text, "<|open|>tools<|sep|>");
+                chat_call calls[CHAT_MAX_CALLS];
+                int nc = 0, rc = sec ? chat_tools_parse(sec + 20, strlen(sec + 20) - strlen("<|close|>message<|sep|>"), calls, &nc) : -2;
+                bool ok = rc == 1 && nc >= 1 && strstr(text, th ? "<|close|>think<|sep|>" : "<|close|>response<|sep|>");
+                for (int c = 0; ok && c < nc; c++) {
+                    cJSON *a = cJSON_Parse(calls[c].arguments);
+                    if (!strcmp(calls[c].name, "get_weather") && !(fi == 1 && th == 1)) {
+                        const cJSON *city = cJSON_GetObjectItemCaseSensitive(a, "city"), *d = cJSON_GetObjectItemCaseSensitive(a, "days"),
+                                    *u = cJSON_GetObjectItemCaseSensitive(a, "unit");
+                        ok = cJSON_IsString(city) && (!d || (cJSON_IsNumber(d) && d->valuedouble == (double)(long long)d->valuedouble)) &&
+                             (!u || (cJSON_IsString(u) && (!strcmp(u->valuestring, "c") || !strcmp(u->valuestring, "f"))));
+                    } else {
+                        ok = !strcmp(calls[c].name, "ping") && cJSON_IsObject(a);
+                    }
+                    cJSON_Delete(a);
+                }
+                if (!ok) fprintf(stderr, "  walk %d (rc %d, %d calls): %.300s\n", w, rc, nc, text);
+                good += ok;
+                chat_calls_free(calls, nc);
+            }
+            CHECK(good == walks, "%s, thinking %s%s: %d random sentences of the grammar all parse into valid calls (%d)",
+                  chat_format_name(fmts[fi]), th ? "on" : "off", fi == 1 && th == 1 ? ", only 'ping'" : "", walks, good);
+            gr_free(g);
+        }
+    }
+    CHECK(!chat_tools_grammar_new(CHAT_FMT_K3, tools, "nope", true, &err) && strstr(err.msg, "'nope'"),
+          "a named tool that is not declared is refused: %s", err.msg);
+    CHECK(!chat_tools_grammar_new(CHAT_FMT_K2, tools, NULL, true, &err) && strstr(err.msg, "kimi-k2"),
+          "K2 formats cannot be made to call: %s", err.msg);
+    cJSON_Delete(tools);
 }
 
 /* Feeds doc to a fresh state of g: 1 whole, 0 a prefix only, -1 refused. */
@@ -993,6 +1134,8 @@ int main(void) {
     test_logprobs();
     test_chat_split(&t);
     test_json_object_grammar();
+    test_tools_parse();
+    test_tools_grammar();
     test_json_schema();
     tok_free(&t);
     return check_done();

@@ -1,0 +1,182 @@
+/* chat_gram.c - the forced tool-call reply's grammar (chat_gram.h). */
+#include "chat_gram.h"
+
+#include <cJSON.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json_schema.h"
+
+static gr_item R(int r) { return (gr_item){.kind = GR_RULE, .rule = r}; }
+static gr_item L(const char *s) { return (gr_item){.kind = GR_LIT, .lit = s}; }
+
+/* "<O>tag<P>" / "<C>tag<P>" as literal text in buf */
+static const char *open_tag(char *buf, size_t n, const char *tag) {
+    snprintf(buf, n, "%c%s%c", CHAT_SYM_OPEN, tag, CHAT_SYM_SEP);
+    return buf;
+}
+static const char *close_tag(char *buf, size_t n, const char *tag) {
+    snprintf(buf, n, "%c%s%c", CHAT_SYM_CLOSE, tag, CHAT_SYM_SEP);
+    return buf;
+}
+
+/* the template's escape_attr */
+static void attr_esc(char *out, size_t n, const char *v) {
+    size_t k = 0;
+    for (; *v && k + 7 < n; v++) {
+        if (*v == '&') memcpy(out + k, "&amp;", 5), k += 5;
+        else if (*v == '"') memcpy(out + k, "&quot;", 6), k += 6;
+        else out[k++] = *v;
+    }
+    out[k] = 0;
+}
+
+/* text without control tokens: any bytes but the symbols' */
+static int free_text(gr_builder *b) {
+    int r = gr_rule_new(b);
+    uint8_t set[32];
+    gr_set_clear(set);
+    gr_set_add(set, 0x01, 0xF7); /* (no NUL either: replies are C strings on the way out) */
+    gr_alt_add(b, r, NULL, 0);
+    gr_alt_add(b, r, (gr_item[]){{.kind = GR_SET, .set = set}, R(r)}, 2);
+    return r;
+}
+
+/* xtml_type of the values a property's schema allows, when it is one type; NULL otherwise */
+static const char *xtml_type(const cJSON *p) {
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "type");
+    if (cJSON_IsString(t)) {
+        const char *s = t->valuestring;
+        if (!strcmp(s, "integer") || !strcmp(s, "number")) return "number";
+        if (!strcmp(s, "string") || !strcmp(s, "boolean") || !strcmp(s, "null") || !strcmp(s, "object") ||
+            !strcmp(s, "array"))
+            return s;
+        return NULL;
+    }
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(p, "enum");
+    bool strings = cJSON_IsArray(e) && e->child;
+    for (const cJSON *v = e ? e->child : NULL; v; v = v->next) strings = strings && cJSON_IsString(v);
+    return strings ? "string" : NULL;
+}
+
+/* One argument tag: <O>argument key="K" type="T"<P>VALUE<C>argument<P>. A string's value is raw text (the
+ * listed ones with an enum); any other, JSON for its schema (type "json" when the schema allows several). */
+static int k3_argument(gr_builder *b, const char *key, const cJSON *p, int text, rl_err *err) {
+    const char *type = xtml_type(p);
+    int val;
+    if (type && !strcmp(type, "string")) {
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(p, "enum");
+        if (cJSON_IsArray(e) && e->child) {
+            val = gr_rule_new(b);
+            for (const cJSON *v = e->child; v; v = v->next)
+                if (cJSON_IsString(v)) gr_alt_add(b, val, (gr_item[]){L(v->valuestring)}, 1);
+        } else {
+            val = text;
+        }
+    } else if ((val = js_rule_add(b, p, err)) < 0) {
+        return rl_err_prefix(err, "tool argument '%s'", key);
+    }
+    char k[512], head[700], end[32];
+    attr_esc(k, sizeof k, key);
+    snprintf(head, sizeof head, "%cargument key=\"%s\" type=\"%s\"%c", CHAT_SYM_OPEN, k, type ? type : "json",
+             CHAT_SYM_SEP);
+    int r = gr_rule_new(b);
+    gr_alt_add(b, r, (gr_item[]){L(head), R(val), L(close_tag(end, sizeof end, "argument"))}, 3);
+    return r;
+}
+
+/* A call's arguments: K3, the properties in order (the optional ones may be left out); K3_LITE, one JSON
+ * block for the whole parameters schema. */
+static int call_args(gr_builder *b, chat_format fmt, const cJSON *params, int text, rl_err *err) {
+    char o[32], c[32];
+    if (fmt == CHAT_FMT_K3_LITE) {
+        cJSON *any = params ? NULL : cJSON_Parse("{\"type\":\"object\"}");
+        int v = js_rule_add(b, params ? params : any, err);
+        cJSON_Delete(any);
+        if (v < 0) return rl_err_prefix(err, "tool parameters");
+        int r = gr_rule_new(b);
+        char head[64];
+        snprintf(head, sizeof head, "%cjson type=\"object\"%c", CHAT_SYM_OPEN, CHAT_SYM_SEP);
+        gr_alt_add(b, r, (gr_item[]){L(head), R(v), L(close_tag(c, sizeof c, "json"))}, 3);
+        (void)o;
+        return r;
+    }
+    const cJSON *props = cJSON_GetObjectItemCaseSensitive(params, "properties");
+    const cJSON *req = cJSON_GetObjectItemCaseSensitive(params, "required");
+    int n = cJSON_GetArraySize(props);
+    int next = gr_rule_new(b); /* after the last property: nothing */
+    gr_alt_add(b, next, NULL, 0);
+    for (int i = n - 1; i >= 0; i--) {
+        const cJSON *p = cJSON_GetArrayItem(props, i);
+        int a = k3_argument(b, p->string, p, text, err);
+        if (a < 0) return -1;
+        bool required = false;
+        for (const cJSON *q = cJSON_IsArray(req) ? req->child : NULL; q; q = q->next)
+            required = required || (cJSON_IsString(q) && !strcmp(q->valuestring, p->string));
+        int r = gr_rule_new(b);
+        gr_alt_add(b, r, (gr_item[]){R(a), R(next)}, 2);
+        if (!required) gr_alt_add(b, r, (gr_item[]){R(next)}, 1);
+        next = r;
+    }
+    return next;
+}
+
+gr_grammar *chat_tools_grammar_new(chat_format fmt, const cJSON *tools, const char *only, bool thinking,
+                                   rl_err *err) {
+    if (fmt != CHAT_FMT_K3 && fmt != CHAT_FMT_K3_LITE)
+        return rl_errf(err, "tool calls can be required only of Kimi K3 chat formats (this model's is %s)",
+                       chat_format_name(fmt)), NULL;
+    gr_builder *b = gr_builder_new();
+    if (!b) return rl_errf(err, "out of memory"), NULL;
+    int text = free_text(b);
+    /* per tool: its argument rule (built once, used by every call index) */
+    int n_tools = cJSON_GetArraySize(tools), found = 0, rc = 0;
+    int *args = calloc((size_t)(n_tools ? n_tools : 1), sizeof *args);
+    if (!args) rc = rl_errf(err, "out of memory");
+    for (int t = 0; t < n_tools && rc == 0; t++) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(tools, t), "function");
+        const char *name = cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring;
+        args[t] = -1;
+        if (only && strcmp(only, name) != 0) continue;
+        found++;
+        args[t] = call_args(b, fmt, cJSON_GetObjectItemCaseSensitive(fn, "parameters"), text, err);
+        if (args[t] < 0) rc = rl_err_prefix(err, "tool '%s'", name);
+    }
+    if (rc == 0 && found == 0) rc = rl_errf(err, "tool_choice names '%s', which is not among the tools", only ? only : "?");
+    /* calls[k]: the k-th call and those after it (at most CHAT_GRAM_MAX_CALLS) */
+    int next = -1;
+    char tag[64];
+    for (int k = CHAT_GRAM_MAX_CALLS; k >= 1 && rc == 0; k--) {
+        int call = gr_rule_new(b), r = gr_rule_new(b);
+        for (int t = 0; t < n_tools; t++) {
+            if (args[t] < 0) continue;
+            const cJSON *fn = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(tools, t), "function");
+            char nm[512], head[700];
+            attr_esc(nm, sizeof nm, cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring);
+            snprintf(head, sizeof head, "%ccall tool=\"%s\" index=\"%d\"%c", CHAT_SYM_OPEN, nm, k, CHAT_SYM_SEP);
+            gr_alt_add(b, call, (gr_item[]){L(head), R(args[t]), L(close_tag(tag, sizeof tag, "call"))}, 3);
+        }
+        gr_alt_add(b, r, (gr_item[]){R(call)}, 1);
+        if (next >= 0) gr_alt_add(b, r, (gr_item[]){R(call), R(next)}, 2);
+        next = r;
+    }
+    free(args);
+    gr_grammar *g = NULL;
+    if (rc == 0) {
+        char t1[32], t2[32], t3[32], t4[32], t5[32], t6[32];
+        int root = gr_rule_new(b), resp = gr_rule_new(b);
+        gr_alt_add(b, resp, (gr_item[]){L(open_tag(t1, sizeof t1, "response")), R(text),
+                                        L(close_tag(t2, sizeof t2, "response")), L(open_tag(t3, sizeof t3, "tools")),
+                                        R(next), L(close_tag(t4, sizeof t4, "tools")),
+                                        L(close_tag(t5, sizeof t5, "message"))}, 7);
+        if (thinking) gr_alt_add(b, root, (gr_item[]){R(text), L(close_tag(t6, sizeof t6, "think")), R(resp)}, 3);
+        else gr_alt_add(b, root, (gr_item[]){R(text), L(close_tag(t6, sizeof t6, "response")), L(open_tag(t1, sizeof t1, "tools")),
+                                             R(next), L(close_tag(t4, sizeof t4, "tools")),
+                                             L(close_tag(t5, sizeof t5, "message"))}, 6);
+        g = gr_build(b, root, err);
+    }
+    gr_builder_free(b);
+    return g;
+}

@@ -1,0 +1,35 @@
+/* chat_gram.h - the grammar of a Kimi K3 reply that must call a tool (tool_choice "required", or one named
+ * tool), for constrained decoding (grammar.h).
+ *
+ * The reply the template's generation prompt opened: [the think section's rest, <|close|>think<|sep|>]
+ * <|open|>response<|sep|>TEXT<|close|>response<|sep|> then a tools section of 1 to 8 calls, as the
+ * template writes them (chat.h), and <|close|>message<|sep|>. Each call names a declared tool (or the named
+ * one) and carries its arguments: for CHAT_FMT_K3 one <|open|>argument ...> tag per property in declared
+ * order (the required ones always), a string property's value raw, the others JSON matching the property's
+ * schema; for K3_LITE one JSON block matching the tool's parameters. The control tokens are the grammar's
+ * symbols GR_SYM(0) <|open|>, GR_SYM(1) <|sep|>, GR_SYM(2) <|close|> (tok_vocab_new maps them); free text
+ * is any other bytes but NUL. */
+#ifndef RINGLM_CHAT_GRAM_H
+#define RINGLM_CHAT_GRAM_H
+
+#include <stdbool.h>
+
+#include "../base/err.h"
+#include "chat.h"
+#include "grammar.h"
+
+struct cJSON;
+
+#define CHAT_SYM_OPEN GR_SYM(0)
+#define CHAT_SYM_SEP GR_SYM(1)
+#define CHAT_SYM_CLOSE GR_SYM(2)
+#define CHAT_GRAM_MAX_CALLS 8
+
+/* tools: OpenAI's tools array (validated by the caller: each {"type":"function","function":{"name":...}});
+ * only: the one tool to call, or NULL for any; thinking: the generation prompt opened the think section.
+ * Fails for formats other than K3 / K3_LITE, an unknown `only`, or a parameter schema json_schema.h
+ * refuses (named). */
+gr_grammar *chat_tools_grammar_new(chat_format fmt, const struct cJSON *tools, const char *only, bool thinking,
+                                   rl_err *err);
+
+#endif
