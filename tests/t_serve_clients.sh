@@ -70,6 +70,38 @@ const cmplReq = { model, prompt: 'The quick brown fox', max_tokens: 16, temperat
   out.lb = lb.choices[0].message.content;
   const think = await client.chat.completions.create({ ...chatReq, chat_template_kwargs: undefined, max_tokens: 4 });
   out.think = [think.choices[0].message.content, think.choices[0].message.reasoning_content];
+  // a tool round trip: a required call, the result sent back, the answer; streamed calls = not streamed
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather now',
+                   parameters: { type: 'object', properties: { city: { type: 'string' }, days: { type: 'integer' } },
+                                 required: ['city'], additionalProperties: false } } }];
+  const toolReq = { model, messages: [{ role: 'user', content: 'Weather in Paris?' }], tools, tool_choice: 'required',
+                    max_tokens: 170, seed: 5 };
+  const tc = await client.chat.completions.create(toolReq);
+  const msg = tc.choices[0].message;
+  out.tool = { finish: tc.choices[0].finish_reason, calls: msg.tool_calls.map((t) => [t.type, t.function.name, JSON.parse(t.function.arguments)]) };
+  const back = await client.chat.completions.create({ ...toolReq, tool_choice: 'none', max_tokens: 6, ignore_eos: true,
+    messages: [...toolReq.messages, msg, ...msg.tool_calls.map((t) => ({ role: 'tool', tool_call_id: t.id, content: '{"temp": 21}' }))] });
+  out.tool_answer = [back.choices[0].finish_reason, typeof back.choices[0].message.content, back.usage.prompt_tokens > tc.usage.prompt_tokens];
+  const ts = await client.chat.completions.create({ ...toolReq, stream: true });
+  const acc = [];
+  let tsFinish = null;
+  for await (const chunk of ts) {
+    const c = chunk.choices[0];
+    if (!c) continue;
+    for (const d of c.delta.tool_calls || []) {
+      acc[d.index] = acc[d.index] || { name: '', args: '' };
+      if (d.function && d.function.name) acc[d.index].name += d.function.name;
+      if (d.function && d.function.arguments) acc[d.index].args += d.function.arguments;
+    }
+    if (c.finish_reason) tsFinish = c.finish_reason;
+  }
+  out.tool_stream = { finish: tsFinish, calls: acc.map((t) => ['function', t.name, JSON.parse(t.args)]) };
+  // structured output through the SDK's parse helper: message.parsed
+  const schema = { type: 'object', properties: { answer: { type: 'integer' }, why: { type: 'string', maxLength: 20 } },
+                   required: ['answer', 'why'], additionalProperties: false };
+  const parsed = await client.beta.chat.completions.parse({ ...chatReq, ignore_eos: false, max_tokens: 60, temperature: 1, seed: 3,
+    response_format: { type: 'json_schema', json_schema: { name: 'answer', strict: true, schema } } });
+  out.parsed = parsed.choices[0].message.parsed;
   const cmpl = await client.completions.create(cmplReq);
   out.cmpl = cmpl.choices[0].text;
   out.cmpl_usage = cmpl.usage;
@@ -113,6 +145,12 @@ EOF
         py_sdk "d['lb'] == $(python3 -c 'import json, sys; print(repr(json.load(open(sys.argv[1]))))' "$WORK/tok7.json") and d['lb'] != d['chat'][:len(d['lb'])]"
     check "openai SDK: thinking on (the template's default): the reply comes as reasoning_content" \
         py_sdk "d['think'][0] == '' and d['think'][1]"
+    check "openai SDK: a tool round trip - tool_choice required gives tool_calls to get_weather with a string city, the result goes back, the answer is text" \
+        py_sdk "d['tool']['finish'] == 'tool_calls' and all(c[0] == 'function' and c[1] == 'get_weather' and isinstance(c[2]['city'], str) for c in d['tool']['calls']) and d['tool_answer'] == ['length', 'string', True]"
+    check "openai SDK: the same calls streamed (delta.tool_calls accumulated), finish_reason tool_calls" \
+        py_sdk "d['tool_stream'] == d['tool']"
+    check "openai SDK: chat.completions.parse with a JSON schema gives message.parsed matching it" \
+        py_sdk "isinstance(d['parsed'], dict) and set(d['parsed']) == {'answer', 'why'} and isinstance(d['parsed']['answer'], int) and isinstance(d['parsed']['why'], str) and len(d['parsed']['why']) <= 20"
     check "openai SDK: completion = curl's" test "$(sdk "d['cmpl']")" = "$(jget cmpl "d['choices'][0]['text']")"
     check "openai SDK: streamed completion = non-streamed" test "$(sdk "d['cmpl_stream']")" = "$(sdk "d['cmpl']")"
     check "openai SDK: unknown model -> NotFoundError 404 model_not_found" \
@@ -166,6 +204,7 @@ const deadline = setTimeout(() => { console.error('timed out'); chrome.kill('SIG
       msgs: document.querySelectorAll('#log .msg').length,
       last: document.querySelector('#log .msg:last-child .text') ? document.querySelector('#log .msg:last-child .text').dataset.raw : null,
       settings: document.getElementById('settings') ? document.getElementById('settings').open : null,
+      calls: document.querySelector('#log .msg:last-child .calls') ? document.querySelector('#log .msg:last-child .calls').dataset.calls : null,
       status: document.getElementById('status') ? document.getElementById('status').textContent : null })`;
   const settle = async () => {
     for (;;) {
@@ -209,6 +248,13 @@ EOF
     cp "$WORK/out" "$WORK/page2.json"
     check "chromium: after a reload the 4 messages of both turns are back, the last reply's text with them" \
         py_file page2 "d['first']['state'] == 'done' and d['again']['msgs'] == 4 and d['again']['last'] == d['first']['last']"
+    # Tools from the page: tool_choice required, the streamed calls shown below the reply.
+    tenc=$(python3 -c 'import urllib.parse; print(urllib.parse.quote("""[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}]"""))')
+    check "chromium: a request with tools and tool_choice required finishes" \
+        timeout 90 node "$WORK/page.js" "$URL/?new=1&prompt=Weather%3F&autosend=1&temperature=1&seed=5&max_tokens=170&tools=$tenc&tool_choice=required" "$WORK/page4.png" "$WORK/profile4"
+    cp "$WORK/out" "$WORK/page4.json"
+    check "chromium: the tool calls are shown, each get_weather with a string city" \
+        py_file page4 "d['state'] == 'done' and len(json.loads(d['calls'])) >= 1 and all(n == 'get_weather' and isinstance(json.loads(a)['city'], str) for n, a in json.loads(d['calls']))"
     # Against the server with --api-key and no key set: the error says where the key goes, Settings open.
     check "chromium: a 401 finishes as an error" \
         timeout 90 node "$WORK/page.js" "$KEY_URL/?new=1&prompt=hi&autosend=1" "$WORK/page3.png" "$WORK/profile3"

@@ -130,22 +130,30 @@ static int str(js_ctx *c) {
     return r;
 }
 
-static int digits(js_ctx *c) { /* [0-9]* */
-    if (c->digits >= 0) return c->digits;
-    int r = c->digits = rule(c);
+static int repeat(js_ctx *c, int item, const char *sep, int min, int max);
+
+/* [0-9]{0,max} */
+static int digits_upto(js_ctx *c, int max) {
     uint8_t d[32];
-    alt(c, r, NULL, 0);
-    alt(c, r, (gr_item[]){S(range(d, '0', '9')), R(r)}, 2);
-    return r;
+    int one = rule(c);
+    alt(c, one, (gr_item[]){S(range(d, '0', '9'))}, 1);
+    return repeat(c, one, NULL, 0, max);
 }
 
-/* -?(0|[1-9][0-9]*), without SP */
+static int digits(js_ctx *c) { /* [0-9]{0,15}: what follows a fraction's or an exponent's first digit */
+    if (c->digits >= 0) return c->digits;
+    return c->digits = digits_upto(c, 15);
+}
+
+/* -?(0|[1-9][0-9]{0,14}), without SP: at most 15 digits, so every integer is exact in a double (a
+ * JavaScript client's number), as llama.cpp bounds them too; random weights would otherwise write digits
+ * for as long as the budget lets them */
 static int int_part(js_ctx *c) {
     if (c->integer >= 0) return c->integer;
     int r = c->integer = rule(c), mag = rule(c);
     uint8_t d19[32];
     alt(c, mag, (gr_item[]){L("0")}, 1);
-    alt(c, mag, (gr_item[]){S(range(d19, '1', '9')), R(digits(c))}, 2);
+    alt(c, mag, (gr_item[]){S(range(d19, '1', '9')), R(digits_upto(c, 14))}, 2);
     alt(c, r, (gr_item[]){R(mag)}, 1);
     alt(c, r, (gr_item[]){L("-"), R(mag)}, 2);
     return r;
@@ -173,7 +181,7 @@ static int number(js_ctx *c) {
     alt(c, sign, NULL, 0);
     alt(c, sign, (gr_item[]){S(pm)}, 1);
     alt(c, ex, NULL, 0);
-    alt(c, ex, (gr_item[]){S(e), R(sign), S(d), R(digits(c))}, 4);
+    alt(c, ex, (gr_item[]){S(e), R(sign), S(d), R(digits_upto(c, 2))}, 4); /* exponents of at most 3 digits */
     alt(c, r, (gr_item[]){R(int_part(c)), R(frac), R(ex), R(sp(c))}, 4);
     return r;
 }

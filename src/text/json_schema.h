@@ -11,7 +11,8 @@
  * Like llama.cpp's json-schema-to-grammar, an object's declared properties come in their declared order
  * (the required ones always, the others when the model writes them), additional ones after them. Blank
  * space: at most one run after each token (a space, or a newline and up to 4 spaces of indentation), so a
- * model cannot stall in whitespace. The value's text is followed by nothing else. */
+ * model cannot stall in whitespace. Numbers have at most 15 integer digits (exact in a double), 16
+ * fraction digits and 3 exponent digits. The value's text is followed by nothing else. */
 #ifndef RINGLM_JSON_SCHEMA_H
 #define RINGLM_JSON_SCHEMA_H
 

@@ -898,8 +898,10 @@ static void test_json_schema(void) {
         {"{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"number\"},\"kids\":{\"type\":"
          "\"array\",\"items\":{\"$ref\":\"#/$defs/node\"}}},\"required\":[\"v\"],\"additionalProperties\":false}},"
          "\"$ref\":\"#/$defs/node\"}",
-         {"{\"v\":1}", "{\"v\":1.5e3,\"kids\":[{\"v\":2},{\"v\":3,\"kids\":[{\"v\":-0.5}]}]}"},
-         {"{\"kids\":[]}", "{\"v\":1,\"kids\":[{}]}", "{\"v\":\"1\"}"}},
+         {"{\"v\":1}", "{\"v\":1.5e3,\"kids\":[{\"v\":2},{\"v\":3,\"kids\":[{\"v\":-0.5}]}]}",
+          "{\"v\":123456789012345.1234567890123456e-123}"},
+         {"{\"kids\":[]}", "{\"v\":1,\"kids\":[{}]}", "{\"v\":\"1\"}", "{\"v\":1234567890123456}",
+          "{\"v\":1.12345678901234567}", "{\"v\":1e1234}"}},
         {"{\"anyOf\":[{\"type\":\"string\",\"maxLength\":3},{\"type\":[\"integer\",\"null\"]}]}",
          {"\"abc\"", "\"\\u00e9\"", "12", "null"}, {"\"abcd\"", "1.5", "true"}},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"const\":\"x\"}},\"additionalProperties\":{\"type\":\"integer\"}}",
@@ -927,7 +929,7 @@ static void test_json_schema(void) {
         gr_free(g);
     }
     CHECK(good == n_cases, "schemas (properties in order, required, additionalProperties, enum, min/maxItems, formats, "
-          "recursive $ref, anyOf, type lists, const) accept what matches and nothing else: %d of %d", good, n_cases);
+          "recursive $ref, number digits bounded, anyOf, type lists, const) accept what matches and nothing else: %d of %d", good, n_cases);
     static const struct {
         const char *schema, *msg;
     } refuse[] = {
