@@ -74,6 +74,7 @@ def main():
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--model")
     p.add_argument("--n-vocab", type=int, default=0)
+    p.add_argument("--extra", default="", help="JSON object merged into each request (e.g. a response_format)")
     p.add_argument("--api", choices=["openai", "llama"], default="openai",
                    help="openai: POST /v1/completions, ends with [DONE]; llama: llama-server's /completion")
     a = p.parse_args()
@@ -81,6 +82,7 @@ def main():
     req = {"prompt": ids, "max_tokens": a.max_tokens, "temperature": 0, "stream": True, "ignore_eos": True,
            "stream_options": {"include_usage": True}}
     if a.model: req["model"] = a.model
+    if a.extra: req.update(json.loads(a.extra))
     if a.api == "llama":
         # llama-server (3.21.1 bundle) ends a stream with a 500 "does not match the expected Content-only
         # format" once a random-weight model emits a lone byte token (text not valid UTF-8); ringlm holds such

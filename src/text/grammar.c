@@ -173,8 +173,8 @@ gr_grammar *gr_build(const gr_builder *b, int root, rl_err *err) {
     gr_grammar *g = calloc(1, sizeof *g);
     if (!g) return rl_errf(err, "grammar: out of memory"), NULL;
     g->root = root;
-    g->el = malloc(n_el * sizeof *g->el);
-    g->minrest = malloc(n_el * sizeof *g->minrest);
+    g->el = malloc((n_el + 1) * sizeof *g->el);
+    g->minrest = malloc((n_el + 1) * sizeof *g->minrest);
     g->alt = malloc((b->n_alts + 1) * sizeof *g->alt);
     g->rule_alt = calloc((size_t)nr + 1, sizeof *g->rule_alt);
     g->sets = malloc((b->n_sets + 1) * 32);
@@ -184,7 +184,7 @@ gr_grammar *gr_build(const gr_builder *b, int root, rl_err *err) {
         gr_free(g);
         return rl_errf(err, "grammar: out of memory"), NULL;
     }
-    memcpy(g->sets, b->sets, b->n_sets * 32);
+    if (b->n_sets) memcpy(g->sets, b->sets, b->n_sets * 32);
     /* group the alternatives by rule (counting sort keeps each rule's alternatives in their order) */
     for (size_t a = 0; a < b->n_alts; a++) g->rule_alt[b->alts[a].rule + 1]++;
     for (int r = 0; r < nr; r++) g->rule_alt[r + 1] += g->rule_alt[r];
@@ -199,7 +199,7 @@ gr_grammar *gr_build(const gr_builder *b, int root, rl_err *err) {
         for (size_t a = 0; a < b->n_alts; a++) {
             if (b->alts[a].rule != r) continue;
             g->alt[g->rule_alt[r] + fill[r]++] = (uint32_t)at;
-            memcpy(g->el + at, b->el + b->alts[a].start, b->alts[a].len * sizeof *g->el);
+            if (b->alts[a].len) memcpy(g->el + at, b->el + b->alts[a].start, b->alts[a].len * sizeof *g->el);
             at += b->alts[a].len;
             g->el[at++] = (gr_el){.op = OP_END};
         }
