@@ -187,6 +187,8 @@ PY
 check "json_schema: 52 seeded requests over 4 schemas (chat and completions, greedy and sampled): every output parses and validates within max_tokens" schema_check
 post jss_sse /v1/completions "{\"prompt\":\"Schema 1:\",\"max_tokens\":41,\"temperature\":1,\"seed\":1,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"s1\",\"schema\":$(python3 -c "import json; print(json.dumps(json.load(open('$WORK/schemas.json'))[1]))")}},\"stream\":true}" -N
 check "json_schema streamed: the same text as not streamed" py "$WORK/jss_sse.json" "text(sse(raw)) == load('jss1.json')['choices'][0]['text']"
+post jss_any /v1/completions '{"prompt":"Any JSON:","max_tokens":30,"temperature":1,"seed":2,"response_format":{"type":"json_schema","json_schema":{"name":"any"}}}'
+check "json_schema without a schema: any JSON value" py "$WORK/jss_any.json" "(json.loads(d['choices'][0]['text']), True)[1]"
 post jss_free /v1/completions "{\"prompt\":\"Schema 1:\",\"max_tokens\":41,\"temperature\":1,\"seed\":1}"
 check "... and without the schema the same seed writes no JSON array (the constraint did the work)" \
     py "$WORK/jss_free.json" "(lambda t: not t.lstrip().startswith('['))(d['choices'][0]['text'])"

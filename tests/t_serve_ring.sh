@@ -91,6 +91,13 @@ check "echo through the ring (RF_SEQ_PROMPT_LP): the prompt's entries = one mach
 post js "$(greedy "$P" 8 ',"response_format":{"type":"json_object"}')"
 check "response_format json_object through a ring: 400 saying it is not supported there yet" \
     py "$WORK/js.json" "d['error']['param'] == 'response_format' and 'ring' in d['error']['message']"
+post jss "$(greedy "$P" 8 ',"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"array"}}}')"
+check "... and json_schema" py "$WORK/jss.json" "d['error']['param'] == 'response_format' and 'ring' in d['error']['message']"
+curl "${CT[@]}" -o "$WORK/tcr.json" -H 'Content-Type: application/json' --data-binary \
+    '{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required"}' \
+    "$URL/v1/chat/completions" || true
+check "tool_choice required through a ring: 400 saying it is not supported there yet" \
+    py "$WORK/tcr.json" "d['error']['param'] == 'tool_choice' and 'ring' in d['error']['message']"
 
 # ---- 4 concurrent streams, each = its single-request result, in shared frames -----------------------------
 prompts=("The quick brown fox" "Once upon a time" "In the beginning" "Hello world, this is a longer prompt for the test")

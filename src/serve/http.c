@@ -378,20 +378,14 @@ typedef struct http_job {
     bool echo;        /* completions: the prompt's text (and logprobs) before the completion's */
     bool score_only;  /* echo with max_tokens 0: the generated token is dropped */
     char *echo_text[HTTP_MAX_CHOICES]; /* each prompt's text, as given or decoded from its ids */
-    cJSON *schema;    /* response_format json_object / json_schema: the schema each choice's grammar is
-                       * compiled from (its request owns the grammar) */
+    gr_grammar *grammar; /* response_format json_object / json_schema, or tool_choice required / named: what
+                          * the output must follow (each choice's request takes a reference) */
     bool parse_tools; /* chat with tools (and tool_choice not "none"): the reply's tool calls are parsed */
-    cJSON *force_tools; /* tool_choice "required" or named: the tools each choice's grammar makes it call */
-    char *force_only;   /* ... the named one (NULL: any) */
 } http_job;
 
 static void http_job_free(http_job *jb) {
-    cJSON_Delete(jb->schema);
-    jb->schema = NULL;
-    cJSON_Delete(jb->force_tools);
-    jb->force_tools = NULL;
-    free(jb->force_only);
-    jb->force_only = NULL;
+    gr_free(jb->grammar);
+    jb->grammar = NULL;
     for (int i = 0; i < HTTP_MAX_CHOICES; i++) free(jb->prompt[i]), free(jb->echo_text[i]);
     free(jb->bias);
     http_strs_free(&jb->strs);
@@ -628,16 +622,10 @@ static int http_parse_common(const http_server *h, const cJSON *j, http_job *jb,
                 sc = cJSON_GetObjectItemCaseSensitive(w, "schema");
                 if (http_absent(sc)) sc = NULL; /* OpenAI: no schema is any JSON value */
             }
-            cJSON *own = sc ? cJSON_Duplicate(sc, true) : cJSON_Parse(is_schema ? "true" : "{\"type\":\"object\"}");
-            if (!own) return http_failf(f, 500, "server_error", NULL, NULL, "out of memory");
+            const cJSON any = {.type = cJSON_True};
             rl_err e;
-            gr_grammar *g = js_grammar_new(own, &e); /* compiled here to refuse a bad schema with a 400 */
-            if (!g) {
-                cJSON_Delete(own);
-                return BAD(f, "response_format", "%s", e.msg);
-            }
-            gr_free(g);
-            jb->schema = own;
+            jb->grammar = is_schema ? js_grammar_new(sc ? sc : &any, &e) : js_object_grammar_new(&e);
+            if (!jb->grammar) return BAD(f, "response_format", "%s", e.msg);
             jb->p.smp.budget = jb->p.max_tokens;
             jb->p.smp.vocab = h->vocab;
             jb->p.draft_n = 0;
@@ -684,7 +672,6 @@ static int http_content(const cJSON *v, const char *param, const char **out, htt
     return *out ? 0 : http_failf(f, 500, "server_error", NULL, NULL, "out of memory");
 }
 
-/* messages -> chat_msg[] -> the model's chat format -> tokens (special markers parsed). */
 /* tools and tool_choice: the declarations (as JSON text for the template, *text; cJSON_free it), whether
  * the reply's calls are parsed, and for tool_choice "required" or a named tool the grammar's inputs. */
 static int http_parse_tools(const http_server *h, const cJSON *j, http_job *jb, char **text, http_fail *f) {
@@ -727,14 +714,11 @@ static int http_parse_tools(const http_server *h, const cJSON *j, http_job *jb, 
     if (n_tools == 0) return 0;
     jb->parse_tools = mode != TC_NONE && jb->p.split;
     if (mode == TC_REQUIRED || mode == TC_NAMED) {
-        if (jb->schema) return BAD(f, "tool_choice", "a required tool call and response_format cannot be combined");
-        rl_err e;
-        gr_grammar *g = chat_tools_grammar_new(h->cfg.chat_fmt, tl, named, jb->p.thinking, &e); /* refused here: a 400 */
-        if (!g) return BAD(f, "tool_choice", "%s", e.msg);
-        gr_free(g);
+        if (jb->grammar) return BAD(f, "tool_choice", "a required tool call and response_format cannot be combined");
         if (strcmp(h->s->be.kind, "local") != 0) return BAD(f, "tool_choice", "a required tool call is not supported through a ring yet");
-        if (!(jb->force_tools = cJSON_Duplicate(tl, true)) || (named && !(jb->force_only = strdup(named)))) {
-            return http_failf(f, 500, "server_error", NULL, NULL, "out of memory");
+        rl_err e;
+        if (!(jb->grammar = chat_tools_grammar_new(h->cfg.chat_fmt, tl, named, jb->p.thinking, &e))) {
+            return BAD(f, "tool_choice", "%s", e.msg);
         }
         jb->p.smp.budget = jb->p.max_tokens;
         jb->p.smp.vocab = h->vocab;
@@ -745,6 +729,7 @@ static int http_parse_tools(const http_server *h, const cJSON *j, http_job *jb, 
     return 0;
 }
 
+/* messages -> chat_msg[] -> the model's chat format -> tokens (special markers parsed). */
 static int http_parse_chat(const http_server *h, const cJSON *j, http_job *jb, http_fail *f) {
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
     if (!msgs) return BAD(f, "messages", "'messages' is required");
@@ -1125,32 +1110,6 @@ static cJSON *http_choice(int index, bool chat, bool delta, bool role, const cha
 /* OpenAI has no "cancelled"/"error" finish reason: those never reach a client as one. */
 static const char *http_finish_reason(sch_finish fin) { return fin == SCH_FIN_LENGTH ? "length" : "stop"; }
 
-/* n bytes as valid UTF-8 (each invalid sequence one U+FFFD), NUL-terminated: the raw tool-call text comes
- * straight from the model's tokens. */
-static char *http_utf8_dup(const char *p, size_t n) {
-    http_buf b = {0};
-    const unsigned char *u = (const unsigned char *)p;
-    for (size_t i = 0; i < n;) {
-        unsigned c = u[i], need = 0, lo = 0x80, hi = 0xBF;
-        if (c < 0x80) need = 0;
-        else if (c >= 0xC2 && c <= 0xDF) need = 1;
-        else if (c == 0xE0) need = 2, lo = 0xA0;
-        else if (c == 0xED) need = 2, hi = 0x9F;
-        else if (c >= 0xE1 && c <= 0xEF) need = 2;
-        else if (c == 0xF0) need = 3, lo = 0x90;
-        else if (c >= 0xF1 && c <= 0xF3) need = 3;
-        else if (c == 0xF4) need = 3, hi = 0x8F;
-        else need = 9;
-        bool ok = need < 9 && i + need < n + (need == 0);
-        for (unsigned k = 1; ok && k <= need; k++) ok = i + k < n && u[i + k] >= (k == 1 ? lo : 0x80) && u[i + k] <= (k == 1 ? hi : 0xBF);
-        if (ok) hb_add(&b, p + i, need + 1), i += need + 1;
-        else hb_add(&b, "\xEF\xBF\xBD", 3), i++;
-    }
-    hb_add(&b, "", 0);
-    if (!b.p) b.p = strdup("");
-    return b.p;
-}
-
 /* calls[from, to) as OpenAI's tool_calls entries; ids from the completion's id, the choice and the index */
 static cJSON *http_tool_calls(const chat_call *calls, int from, int to, const char *id, int choice) {
     cJSON *a = cJSON_CreateArray();
@@ -1163,10 +1122,8 @@ static cJSON *http_tool_calls(const chat_call *calls, int from, int to, const ch
         cJSON_AddStringToObject(c, "id", cid);
         cJSON_AddStringToObject(c, "type", "function");
         fn = cJSON_AddObjectToObject(c, "function");
-        char *name = http_utf8_dup(calls[i].name, strlen(calls[i].name)), *args = http_utf8_dup(calls[i].arguments, strlen(calls[i].arguments));
-        cJSON_AddStringToObject(fn, "name", name ? name : "");
-        cJSON_AddStringToObject(fn, "arguments", args ? args : "{}");
-        free(name), free(args);
+        cJSON_AddStringToObject(fn, "name", calls[i].name);
+        cJSON_AddStringToObject(fn, "arguments", calls[i].arguments);
         cJSON_AddItemToArray(a, c);
     }
     return a;
@@ -1394,9 +1351,7 @@ static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max) 
                     }
                     chat_calls_free(calls, nc);
                 } else {
-                    char *t = http_utf8_dup(u.tools, u.tools_len);
-                    if (t) http_sse_chunk(st, k, false, t, strlen(t), NULL, NULL);
-                    free(t);
+                    http_sse_chunk(st, k, false, u.tools, u.tools_len, NULL, NULL);
                 }
                 free(u.tools);
             }
@@ -1423,9 +1378,7 @@ static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max) 
                     chat_call calls[CHAT_MAX_CALLS];
                     int nc = 0;
                     if (!http_tools_end(&rn->tools, u.fin, calls, &nc, &fr)) { /* the section as text */
-                        char *t = http_utf8_dup(rn->tools.p, rn->tools.len);
-                        if (t) http_sse_chunk(st, k, false, t, strlen(t), NULL, NULL);
-                        free(t);
+                        http_sse_chunk(st, k, false, rn->tools.p, rn->tools.len, NULL, NULL);
                     }
                     chat_calls_free(calls, nc);
                 }
@@ -1530,15 +1483,8 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
         runs[k].n_plp = jb.p.prompt_logprobs ? jb.n_prompt[k / jb.n] - 1 : 0;
         runs[k].score_only = jb.score_only;
         runs[k].parse_tools = jb.parse_tools;
-        if (jb.schema || jb.force_tools) {
-            p.smp.grammar = jb.schema ? js_grammar_new(jb.schema, &err)
-                                      : chat_tools_grammar_new(h->cfg.chat_fmt, jb.force_tools, jb.force_only, jb.p.thinking, &err);
-            if (!p.smp.grammar) {
-                http_failf(&f, 500, "server_error", NULL, NULL, "%s", err.msg);
-                goto fail;
-            }
-            p.own_grammar = true;
-        }
+        p.smp.grammar = gr_ref(jb.grammar);
+        p.own_grammar = jb.grammar != NULL;
         if (!(runs[k].r = sch_request_new(jb.prompt[k / jb.n], jb.n_prompt[k / jb.n], &p, &err))) {
             http_failf(&f, 500, "server_error", NULL, NULL, "%s", err.msg);
             goto fail;
@@ -1644,11 +1590,7 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
         bool with_calls = false;
         if (rn->tools.len) { /* a tool-call section: its calls, or (not parsed, or not valid) its text */
             with_calls = rn->parse_tools && http_tools_end(&rn->tools, rn->end.fin, calls, &nc, &finish);
-            if (!with_calls) {
-                char *t = http_utf8_dup(rn->tools.p, rn->tools.len);
-                if (t) hb_add(&all, t, strlen(t));
-                free(t);
-            }
+            if (!with_calls) hb_add(&all, rn->tools.p, rn->tools.len);
         }
         const http_buf *shown = rn->echo || (rn->tools.len && !with_calls) ? &all : &rn->text;
         cJSON *c1 = http_choice(k, chat, false, true, shown->p ? shown->p : "", shown->p ? shown->len : 0, finish, lpj);

@@ -535,10 +535,13 @@ static void sch_finish_req(sch_sched *s, sch_request *r, sch_finish fin, const c
             if (r->hold_len) sch_emit(r, r->hold, r->hold_len);
             tok_stream_flush(&r->ts_r, &text, &len);
             if (len) sch_emit_to(r, &r->rout, &r->rout_len, &r->rout_cap, text, len);
+            tok_stream_flush(&r->ts_t, &text, &len);
+            if (len) sch_emit_to(r, &r->tout, &r->tout_len, &r->tout_cap, text, len);
         }
         r->hold_len = 0;
         tok_stream_free(&r->ts);
         tok_stream_free(&r->ts_r);
+        tok_stream_free(&r->ts_t);
         if (r->p.receipts && s->be.receipts && !r->receipts) r->receipts = s->be.receipts(s->be.impl, r->slot);
         s->be.end(s->be.impl, r->slot);
         s->slots[r->slot] = NULL;
@@ -600,6 +603,7 @@ static void sch_admit(sch_sched *s) {
         }
         tok_stream_init(&r->ts, s->tok, false);
         tok_stream_init(&r->ts_r, s->tok, false);
+        tok_stream_init(&r->ts_t, s->tok, true);
         chat_split_init(&r->split, s->tok, r->p.split, r->p.split_fmt, r->p.thinking);
         s->slots[i] = r;
         s->n_active++;
@@ -637,23 +641,20 @@ static void sch_on_token(sch_sched *s, sch_request *r, int32_t id, const smp_log
     size_t len;
     rl_err err;
     chat_chan ch = chat_split_push(&r->split, s->tok, id);
-    if (ch == CHAT_CH_REASONING) { /* reasoning_content: no stop strings there (they end the answer) */
-        if (tok_stream_push(&r->ts_r, id, &text, &len, &err) != 0) {
+    if (ch == CHAT_CH_REASONING || ch == CHAT_CH_TOOLS) { /* no stop strings there (they end the answer) */
+        bool tools = ch == CHAT_CH_TOOLS; /* kept with its control tokens spelled out, for chat_tools_parse */
+        if (tok_stream_push(tools ? &r->ts_t : &r->ts_r, id, &text, &len, &err) != 0) {
             sch_finish_req(s, r, SCH_FIN_ERROR, err.msg, false);
             return;
         }
-        sch_emit_to(r, &r->rout, &r->rout_len, &r->rout_cap, text, len);
+        if (tools) sch_emit_to(r, &r->tout, &r->tout_len, &r->tout_cap, text, len);
+        else sch_emit_to(r, &r->rout, &r->rout_len, &r->rout_cap, text, len);
+        len = 0;
     } else if (ch == CHAT_CH_CONTENT) {
         if (tok_stream_push(&r->ts, id, &text, &len, &err) != 0) {
             sch_finish_req(s, r, SCH_FIN_ERROR, err.msg, false);
             return;
         }
-    } else if (ch == CHAT_CH_TOOLS) { /* kept raw, the control tokens spelled out, for chat_tools_parse */
-        if (tok_piece(s->tok, id, true, &text, &len) == 0 && len) { /* bytes as they are: a character may span tokens */
-            sch_buf_append(&r->tout, &r->tout_len, &r->tout_cap, text, len);
-            pthread_cond_signal(&r->cond);
-        }
-        len = 0;
     } else {
         len = 0; /* framing: a section's name */
     }

@@ -157,8 +157,8 @@ typedef struct sch_params {
     bool split;              /* a chat reply: split its reasoning out (text/chat_out.h) in split_fmt, */
     chat_format split_fmt;
     bool thinking;           /* ... whose generation prompt opened the think section */
-    bool own_grammar;        /* smp.grammar is the request's: sch_request_new takes it over (also when it
-                              * fails) and frees it with the request */
+    bool own_grammar;        /* smp.grammar is a reference the request takes over (also when
+                              * sch_request_new fails) and drops (gr_free) with the request */
 } sch_params;
 
 struct sch_sched;
@@ -197,6 +197,7 @@ typedef struct sch_request {
     double t_last;           /* when the last token was sampled */
     tok_stream ts;
     tok_stream ts_r;         /* the reasoning's detokenizer */
+    tok_stream ts_t;         /* the tool-call section's (control tokens spelled out) */
     chat_split split;
     bool ds_ok;              /* DSpark: its drafter has the features of every position the target ran */
     int32_t *hist;           /* prompt and sampled tokens, for drafting (draft_n > 0) */
@@ -212,8 +213,8 @@ typedef struct sch_update {
     size_t len;
     char *reasoning;  /* new reasoning text (p.split; malloc'ed, NUL-terminated, NULL when none; free() it) */
     size_t reasoning_len;
-    char *tools;      /* new raw text of the tool-call section (p.split: control tokens spelled out, for
-                       * chat_tools_parse; malloc'ed, NUL-terminated, NULL when none; free() it) */
+    char *tools;      /* new text of the tool-call section (p.split: control tokens spelled out, for
+                       * chat_tools_parse; valid UTF-8, malloc'ed, NUL-terminated, NULL when none; free() it) */
     size_t tools_len;
     sch_finish fin;
     int n_prompt, n_gen;

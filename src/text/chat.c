@@ -153,22 +153,18 @@ static void json_sorted(sb *b, const cJSON *v) {
     }
 }
 
-/* chat_opts.tools, parsed: NULL with no error for none (absent or []), NULL with an error for bad JSON */
-static cJSON *tools_parse(const chat_opts *o, int *bad, rl_err *err) {
-    *bad = 0;
-    if (!o->tools) return NULL;
+/* chat_opts.tools, parsed (*out NULL for none: absent or []); -1 when it is not a JSON array */
+static int tools_parse(const chat_opts *o, cJSON **out, rl_err *err) {
+    *out = NULL;
+    if (!o->tools) return 0;
     cJSON *t = cJSON_Parse(o->tools);
     if (!t || !cJSON_IsArray(t)) {
         cJSON_Delete(t);
-        *bad = 1;
-        rl_errf(err, "chat: the tools are not a JSON array");
-        return NULL;
+        return rl_errf(err, "chat: the tools are not a JSON array");
     }
-    if (!t->child) {
-        cJSON_Delete(t);
-        return NULL;
-    }
-    return t;
+    if (t->child) *out = t;
+    else cJSON_Delete(t);
+    return 0;
 }
 
 /* Tool-call arguments, parsed. llama.cpp hands templates the parsed JSON and refuses text that is not
@@ -328,22 +324,18 @@ static int k3_tool_run(sb *b, const chat_msg *msgs, int n, k3_state *st, rl_err 
     return 0;
 }
 
-static int render_k3(sb *b, const chat_msg *msgs, int n, const chat_opts *o, rl_err *err) {
+static int render_k3(sb *b, const chat_msg *msgs, int n, const chat_opts *o, const cJSON *tools, rl_err *err) {
     const char *effort = o->thinking_effort ? o->thinking_effort : "max";
     bool effort_none = strcmp(effort, "none") == 0;
     bool effort_ok = strcmp(effort, "low") == 0 || strcmp(effort, "high") == 0 || strcmp(effort, "max") == 0;
     if (o->thinking && !effort_none && !effort_ok) {
         return rl_errf(err, "chat: unsupported thinking_effort=%s; supported values are low, high, and max", effort);
     }
-    int bad;
-    cJSON *tools = tools_parse(o, &bad, err);
-    if (bad) return -1;
     if (tools) { /* render_tool_declare(tools) */
         sb_add(b, "<|open|>message role=\"system\" type=\"tool-declare\"<|sep|># Tools\nHere are the available tools, "
                   "described in JSONSchema.\n\n```json\n");
         json_sorted(b, tools);
         sb_add(b, "\n```<|close|>message<|sep|><|end_of_msg|>");
-        cJSON_Delete(tools);
     }
     if (o->thinking && effort_ok) { /* internal_system_message('thinking-effort', ...) */
         sb_add(b, "<|open|>message");
@@ -401,15 +393,12 @@ static int render_k3(sb *b, const chat_msg *msgs, int n, const chat_opts *o, rl_
 /* ------------------------------------------------------------------------------------------------------ */
 /* ringlm synth's template (K3 framing, reduced)                                                            */
 
-static int render_k3_lite(sb *b, const chat_msg *msgs, int n, const chat_opts *o, rl_err *err) {
-    int tool_index = 0, bad;
-    cJSON *tools = tools_parse(o, &bad, err);
-    if (bad) return -1;
+static int render_k3_lite(sb *b, const chat_msg *msgs, int n, const chat_opts *o, const cJSON *tools, rl_err *err) {
+    int tool_index = 0;
     if (tools) {
         sb_add(b, "<|open|>message role=\"system\" type=\"tool-declare\"<|sep|># Tools\n```json\n");
         json_dump(b, tools);
         sb_add(b, "\n```<|close|>message<|sep|><|end_of_msg|>");
-        cJSON_Delete(tools);
     }
     for (int i = 0; i < n; i++) {
         const chat_msg *m = &msgs[i];
@@ -525,7 +514,8 @@ static void k2_tool_result(sb *b, const chat_msg *m, k2_state *st) {
     if (m->content) sb_add(b, m->content);
 }
 
-static int render_k2(sb *b, const chat_msg *msgs, int n, const chat_opts *o, bool thinking_tmpl, rl_err *err) {
+static int render_k2(sb *b, const chat_msg *msgs, int n, const chat_opts *o, const cJSON *tools, bool thinking_tmpl,
+                     rl_err *err) {
     k2_state st = {0};
     int rc = 0;
     static const char sys_default[] = "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by "
@@ -535,14 +525,10 @@ static int render_k2(sb *b, const chat_msg *msgs, int n, const chat_opts *o, boo
     int last_plain = -1;
     for (int i = 0; i < n; i++)
         if (msgs[i].role == CHAT_ASSISTANT && msgs[i].n_tool_calls == 0) last_plain = i;
-    int bad;
-    cJSON *tools = tools_parse(o, &bad, err);
-    if (bad) return -1;
     if (tools) { /* <|im_system|>tool_declare<|im_middle|>{{ tools | tojson }}<|im_end|> */
         sb_add(b, "<|im_system|>tool_declare<|im_middle|>");
         json_dump(b, tools);
         sb_add(b, "<|im_end|>");
-        cJSON_Delete(tools);
     }
     if (thinking_tmpl && (n == 0 || msgs[0].role != CHAT_SYSTEM)) sb_add(b, sys_default);
     for (int i = 0; i < n && rc == 0; i++) {
@@ -624,16 +610,19 @@ int chat_render(chat_format fmt, const chat_msg *msgs, int n_msgs, const chat_op
         if (msgs[i].n_tool_calls < 0 || (msgs[i].n_tool_calls > 0 && !msgs[i].tool_calls))
             return rl_errf(err, "chat: message %d has a bad tool call list", i);
     }
+    cJSON *tools;
+    if (tools_parse(o, &tools, err)) return -1;
     sb b = {0};
     sb_add(&b, ""); /* an empty conversation still gives a (NUL-terminated) string */
     int rc;
     switch (fmt) {
-    case CHAT_FMT_K3: rc = render_k3(&b, msgs, n_msgs, o, err); break;
-    case CHAT_FMT_K3_LITE: rc = render_k3_lite(&b, msgs, n_msgs, o, err); break;
-    case CHAT_FMT_K2: rc = render_k2(&b, msgs, n_msgs, o, false, err); break;
-    case CHAT_FMT_K2_THINKING: rc = render_k2(&b, msgs, n_msgs, o, true, err); break;
+    case CHAT_FMT_K3: rc = render_k3(&b, msgs, n_msgs, o, tools, err); break;
+    case CHAT_FMT_K3_LITE: rc = render_k3_lite(&b, msgs, n_msgs, o, tools, err); break;
+    case CHAT_FMT_K2: rc = render_k2(&b, msgs, n_msgs, o, tools, false, err); break;
+    case CHAT_FMT_K2_THINKING: rc = render_k2(&b, msgs, n_msgs, o, tools, true, err); break;
     default: rc = rl_errf(err, "chat: unknown format %d", (int)fmt);
     }
+    cJSON_Delete(tools);
     if (rc == 0 && b.oom) rc = rl_errf(err, "chat: out of memory");
     if (rc) {
         free(b.p);

@@ -90,7 +90,7 @@ static int k3_argument(gr_builder *b, const char *key, const cJSON *p, int text,
 /* A call's arguments: K3, the properties in order (the optional ones may be left out); K3_LITE, one JSON
  * block for the whole parameters schema. */
 static int call_args(gr_builder *b, chat_format fmt, const cJSON *params, int text, rl_err *err) {
-    char o[32], c[32];
+    char c[32];
     if (fmt == CHAT_FMT_K3_LITE) {
         cJSON *any = params ? NULL : cJSON_Parse("{\"type\":\"object\"}");
         int v = js_rule_add(b, params ? params : any, err);
@@ -100,7 +100,6 @@ static int call_args(gr_builder *b, chat_format fmt, const cJSON *params, int te
         char head[64];
         snprintf(head, sizeof head, "%cjson type=\"object\"%c", CHAT_SYM_OPEN, CHAT_SYM_SEP);
         gr_alt_add(b, r, (gr_item[]){L(head), R(v), L(close_tag(c, sizeof c, "json"))}, 3);
-        (void)o;
         return r;
     }
     const cJSON *props = cJSON_GetObjectItemCaseSensitive(params, "properties");
@@ -164,17 +163,17 @@ gr_grammar *chat_tools_grammar_new(chat_format fmt, const cJSON *tools, const ch
     }
     free(args);
     gr_grammar *g = NULL;
-    if (rc == 0) {
-        char t1[32], t2[32], t3[32], t4[32], t5[32], t6[32];
-        int root = gr_rule_new(b), resp = gr_rule_new(b);
-        gr_alt_add(b, resp, (gr_item[]){L(open_tag(t1, sizeof t1, "response")), R(text),
-                                        L(close_tag(t2, sizeof t2, "response")), L(open_tag(t3, sizeof t3, "tools")),
-                                        R(next), L(close_tag(t4, sizeof t4, "tools")),
-                                        L(close_tag(t5, sizeof t5, "message"))}, 7);
-        if (thinking) gr_alt_add(b, root, (gr_item[]){R(text), L(close_tag(t6, sizeof t6, "think")), R(resp)}, 3);
-        else gr_alt_add(b, root, (gr_item[]){R(text), L(close_tag(t6, sizeof t6, "response")), L(open_tag(t1, sizeof t1, "tools")),
-                                             R(next), L(close_tag(t4, sizeof t4, "tools")),
-                                             L(close_tag(t5, sizeof t5, "message"))}, 6);
+    if (rc == 0) { /* [the think section's rest, its closer, the response's opener] the response's rest, then tools */
+        char o_resp[32], c_resp[32], o_tools[32], c_tools[32], c_msg[32], c_think[32];
+        int section = gr_rule_new(b), response = gr_rule_new(b), root = gr_rule_new(b);
+        gr_alt_add(b, section, (gr_item[]){L(open_tag(o_tools, sizeof o_tools, "tools")), R(next),
+                                           L(close_tag(c_tools, sizeof c_tools, "tools")),
+                                           L(close_tag(c_msg, sizeof c_msg, "message"))}, 4);
+        gr_alt_add(b, response, (gr_item[]){R(text), L(close_tag(c_resp, sizeof c_resp, "response")), R(section)}, 3);
+        if (thinking)
+            gr_alt_add(b, root, (gr_item[]){R(text), L(close_tag(c_think, sizeof c_think, "think")),
+                                            L(open_tag(o_resp, sizeof o_resp, "response")), R(response)}, 4);
+        else gr_alt_add(b, root, (gr_item[]){R(response)}, 1);
         g = gr_build(b, root, err);
     }
     gr_builder_free(b);

@@ -7,6 +7,7 @@
  * out when that is END, so right recursion (how repetition is written) does not grow the stack. */
 #include "grammar.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,6 +27,7 @@ struct gr_grammar {
     uint32_t *rule_alt; /* [n_rules + 1] the rule's alternatives: alt[rule_alt[r] .. rule_alt[r + 1]) */
     uint8_t (*sets)[32];
     int root;
+    atomic_int refs;
 };
 
 /* ---- building ---------------------------------------------------------------------------------------- */
@@ -127,8 +129,13 @@ void gr_alt_add(gr_builder *b, int r, const gr_item *items, int n) {
     b->alts[b->n_alts++] = (b_alt){.rule = r, .start = start, .len = (uint32_t)b->n_el - start};
 }
 
+gr_grammar *gr_ref(gr_grammar *g) {
+    if (g) atomic_fetch_add(&g->refs, 1);
+    return g;
+}
+
 void gr_free(gr_grammar *g) {
-    if (!g) return;
+    if (!g || atomic_fetch_sub(&g->refs, 1) > 1) return;
     free(g->el), free(g->minrest), free(g->alt), free(g->rule_alt), free(g->sets), free(g);
 }
 
@@ -173,6 +180,7 @@ gr_grammar *gr_build(const gr_builder *b, int root, rl_err *err) {
     gr_grammar *g = calloc(1, sizeof *g);
     if (!g) return rl_errf(err, "grammar: out of memory"), NULL;
     g->root = root;
+    atomic_init(&g->refs, 1);
     g->el = malloc((n_el + 1) * sizeof *g->el);
     g->minrest = malloc((n_el + 1) * sizeof *g->minrest);
     g->alt = malloc((b->n_alts + 1) * sizeof *g->alt);

@@ -48,6 +48,9 @@ void gr_alt_add(gr_builder *b, int r, const gr_item *items, int n);
 /* The grammar with rule root as its start; b is left as it was. Fails on a rule with no alternative, a
  * rule that can derive no finite text, or out of memory. */
 gr_grammar *gr_build(const gr_builder *b, int root, rl_err *err);
+/* A grammar never changes once built, so requests share one: gr_ref takes a reference (returns g), gr_free
+ * drops one and frees the grammar with the last (from any thread). */
+gr_grammar *gr_ref(gr_grammar *g);
 void gr_free(gr_grammar *g);
 
 /* Byte-set helpers: 32-byte bitmaps. */

@@ -530,6 +530,14 @@ static void test_chat(const tok_tokenizer *t) {
     a1[0].tool_calls = &notjson;
     CHECK(chat_render(CHAT_FMT_K3_LITE, a1, 1, &o, &out, &n, &err) != 0 && strstr(err.msg, "not valid JSON"),
           "arguments that are not JSON (llama.cpp refuses them too): %s", err.msg);
+    chat_opts ot = o;
+    ot.tools = "{\"type\":\"function\"}";
+    CHECK(chat_render(CHAT_FMT_K2, orphan, 1, &ot, &out, &n, &err) != 0 && strstr(err.msg, "not a JSON array"),
+          "tools that are not a JSON array are refused: %s", err.msg);
+    ot.tools = "[]";
+    int rc_empty = chat_render(CHAT_FMT_K2, orphan, 1, &ot, &out, &n, &err);
+    CHECK(rc_empty == 0 && !strstr(out, "tool_declare"), "an empty tools array declares nothing");
+    if (rc_empty == 0) free(out);
     chat_opts med = o;
     med.thinking_effort = "medium";
     CHECK(chat_render(CHAT_FMT_K3, conv_m2, 1, &med, &out, &n, &err) != 0 && strstr(err.msg, "thinking_effort=medium"),
@@ -702,6 +710,12 @@ static void test_tools_parse(void) {
         refused += chat_tools_parse(bad[i], strlen(bad[i]), calls, &n) == -1;
         chat_calls_free(calls, n);
     }
+    char many[2048] = "";
+    for (int i = 0; i <= CHAT_MAX_CALLS; i++) strcat(many, "<|open|>call tool=\"f\"<|sep|><|close|>call<|sep|>");
+    int rc_many = chat_tools_parse(many, strlen(many), calls, &n);
+    CHECK(rc_many == -1 && n == CHAT_MAX_CALLS, "a section of %d calls is refused after the %d it holds (%d)", CHAT_MAX_CALLS + 1,
+          CHAT_MAX_CALLS, n);
+    chat_calls_free(calls, n);
     CHECK(refused == (int)(sizeof bad / sizeof *bad), "malformed sections refused (no name, a number that is not JSON, a "
           "JSON block that is no object, text between tags, text, a wrong closer): %d of %zu", refused, sizeof bad / sizeof *bad);
 }
