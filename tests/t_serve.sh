@@ -163,16 +163,17 @@ for i in $(seq 52); do
         post "jss$i" /v1/completions "{\"prompt\":\"Schema $i:\",\"max_tokens\":$mt,\"temperature\":$temp,\"seed\":$i,$rf}"
     fi
 done
+# schema_check NAME N: NAME1 .. NAMEN all validate against their schema, within their max_tokens.
 schema_check() {
     local pyi
     for pyi in python3 /usr/bin/python3; do "$pyi" -c 'import jsonschema' 2>/dev/null && break; done
-    "$pyi" - "$WORK" <<'PY'
+    "$pyi" - "$WORK" "$1" "$2" <<'PY'
 import json, sys, jsonschema
-w = sys.argv[1]
+w, name, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 schemas = json.load(open(w + '/schemas.json'))
 ok = 0
-for i in range(1, 53):
-    d = json.load(open('%s/jss%d.json' % (w, i)))
+for i in range(1, n + 1):
+    d = json.load(open('%s/%s%d.json' % (w, name, i)))
     c = d['choices'][0]
     text = c['message']['content'] if 'message' in c else c['text']
     try:
@@ -180,11 +181,35 @@ for i in range(1, 53):
         ok += d['usage']['completion_tokens'] <= 40 + i % 21
     except Exception as e:
         print('info: schema request %d: %r: %s' % (i, text, str(e).splitlines()[0]))
-print('info: %d of 52 valid' % ok)
-sys.exit(0 if ok == 52 else 1)
+print('info: %d of %d valid' % (ok, n))
+sys.exit(0 if ok == n else 1)
 PY
 }
-check "json_schema: 52 seeded requests over 4 schemas (chat and completions, greedy and sampled): every output parses and validates within max_tokens" schema_check
+check "json_schema: 52 seeded requests over 4 schemas (chat and completions, greedy and sampled): every output parses and validates within max_tokens" schema_check jss 52
+# ... with n-gram drafts (the prompt holds JSON to look up): drafts the grammar refuses are cut before they
+# are verified, the rest judged against the constrained distribution; greedy ones write exactly the text
+# they write undrafted.
+d0=$(metric ringlm_spec_drafted_tokens_total); r0=$(metric ringlm_spec_grammar_refused_tokens_total)
+for i in $(seq 20); do
+    k=$((i % 4)); mt=$((40 + i % 21)); temp=$(( i % 5 == 0 ? 0 : 1 ))
+    sch=$(python3 -c "import json; print(json.dumps(json.load(open('$WORK/schemas.json'))[$k]))")
+    rf="\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"s$k\",\"strict\":true,\"schema\":$sch}}"
+    post "jsd$i" /v1/completions "{\"prompt\":\"Schema $i:\",\"max_tokens\":$mt,\"temperature\":$temp,\"seed\":$i,$rf,\"draft\":\"ngram\"}"
+    # the same prompt as jss$i for odd i; for even i (chat there) the undrafted twin is made here
+    [ $((i % 2)) = 1 ] || post "jsn$i" /v1/completions "{\"prompt\":\"Schema $i:\",\"max_tokens\":$mt,\"temperature\":$temp,\"seed\":$i,$rf}"
+done
+d1=$(metric ringlm_spec_drafted_tokens_total); r1=$(metric ringlm_spec_grammar_refused_tokens_total)
+check "json_schema with n-gram drafts: 20 seeded requests all validate within max_tokens" schema_check jsd 20
+greedy_same() {
+    local i t
+    for i in 5 10 15 20; do
+        t=jss$i; [ $((i % 2)) = 1 ] || t=jsn$i
+        py "$WORK/jsd$i.json" "d['choices'][0]['text'] == load('$t.json')['choices'][0]['text']" || return 1
+    done
+}
+check "... the 4 greedy ones write exactly their undrafted text" greedy_same
+check "... drafts were verified ($((d1 - d0))) and drafts the grammar refused were cut before verification ($((r1 - r0)))" \
+    test "$((d1 - d0))" -gt 0 -a "$((r1 - r0))" -gt 0
 post jss_sse /v1/completions "{\"prompt\":\"Schema 1:\",\"max_tokens\":41,\"temperature\":1,\"seed\":1,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"s1\",\"schema\":$(python3 -c "import json; print(json.dumps(json.load(open('$WORK/schemas.json'))[1]))")}},\"stream\":true}" -N
 check "json_schema streamed: the same text as not streamed" py "$WORK/jss_sse.json" "text(sse(raw)) == load('jss1.json')['choices'][0]['text']"
 post jss_any /v1/completions '{"prompt":"Any JSON:","max_tokens":30,"temperature":1,"seed":2,"response_format":{"type":"json_schema","json_schema":{"name":"any"}}}'
@@ -434,6 +459,19 @@ check "a sampled, streamed chat request with the draft model: 200, ends with [DO
 post lp_dm /v1/completions "{\"prompt\":\"$P\",\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true,\"logprobs\":3,\"draft\":\"model\"}"
 check "logprobs of the tokens the draft model's VERIFY blocks commit = the logits' log-softmax, drafts kept" \
     py "$WORK/lp_dm.json" "lp_match(d['choices'][0]['logprobs'], ref_logprobs('lp_ref.bin', $n_prompt), 3) and d['usage']['completion_tokens_details']['accepted_prediction_tokens'] >= 4"
+# Constrained output with the draft model: it drafts what the free model would write, which the grammar
+# often refuses; those drafts are cut, and greedy output is the undrafted text.
+for i in 5 15; do
+    k=$((i % 4)); mt=$((40 + i % 21))
+    sch=$(python3 -c "import json; print(json.dumps(json.load(open('$WORK/schemas.json'))[$k]))")
+    post "jsm$i" /v1/completions "{\"prompt\":\"Schema $i:\",\"max_tokens\":$mt,\"temperature\":0,\"seed\":$i,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"s$k\",\"strict\":true,\"schema\":$sch}},\"draft\":\"model\"}"
+done
+dr=$(metric ringlm_spec_grammar_refused_tokens_total); da2=$(metric ringlm_spec_accepted_tokens_total)
+jsm_same() {
+    py "$WORK/jsm5.json" "d['choices'][0]['text'] == load('jss5.json')['choices'][0]['text']" &&
+        py "$WORK/jsm15.json" "d['choices'][0]['text'] == load('jss15.json')['choices'][0]['text']" && test "$dr" -gt 0
+}
+check "json_schema with the draft model: greedy text = undrafted ($((da2 - da)) drafts kept, $dr cut by the grammar)" jsm_same
 kill "${SRV_PID[drafted]}" 2>/dev/null; wait "${SRV_PID[drafted]}" 2>/dev/null || true; unset "SRV_PID[drafted]"
 URL=${SRV_URL[main]}
 "$RINGLM" synth --no-progress --config '{"base":"tiny","n_vocab":2048}' -o "$WORK/other.gguf" 2>/dev/null ||

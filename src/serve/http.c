@@ -606,8 +606,9 @@ static int http_parse_common(const http_server *h, const cJSON *j, http_job *jb,
         bool is_schema = strcmp(t->valuestring, "json_schema") == 0;
         if (is_schema || strcmp(t->valuestring, "json_object") == 0) {
             /* Constrained decoding (sampler.h: grammar): JSON, matching the schema, within max_tokens.
-             * Samplers on a ring live on its last stage, which does not take a grammar yet. Drafts are off:
-             * a draft the grammar would refuse must never be judged as if it could be kept. */
+             * Samplers on a ring live on its last stage, which does not take a grammar yet. Drafts stay:
+             * the scheduler cuts those the grammar refuses, and acceptance judges the rest against the
+             * constrained distribution (accept.h). */
             const char *what = is_schema ? "json_schema" : "json_object";
             if (strcmp(h->s->be.kind, "local") != 0) {
                 return BAD(f, "response_format", "response_format %s is not supported through a ring yet", what);
@@ -628,8 +629,6 @@ static int http_parse_common(const http_server *h, const cJSON *j, http_job *jb,
             if (!jb->grammar) return BAD(f, "response_format", "%s", e.msg);
             jb->p.smp.budget = jb->p.max_tokens;
             jb->p.smp.vocab = h->vocab;
-            jb->p.draft_n = 0;
-            jb->p.draft_model = jb->p.draft_dspark = false;
         } else if (strcmp(t->valuestring, "text") != 0) {
             char clean[96];
             http_clean(t->valuestring, clean, sizeof clean, false);
@@ -722,8 +721,6 @@ static int http_parse_tools(const http_server *h, const cJSON *j, http_job *jb, 
         }
         jb->p.smp.budget = jb->p.max_tokens;
         jb->p.smp.vocab = h->vocab;
-        jb->p.draft_n = 0;
-        jb->p.draft_model = jb->p.draft_dspark = false;
     }
     if (!(*text = cJSON_PrintUnformatted(tl))) return http_failf(f, 500, "server_error", NULL, NULL, "out of memory");
     return 0;
@@ -1753,6 +1750,9 @@ static enum MHD_Result http_metrics(http_conn *hc, struct MHD_Connection *c) {
     hb_printf(&b, "ringlm_spec_accepted_tokens_total %llu\n", (unsigned long long)m.accepted);
     http_family(&b, "ringlm_spec_acceptance_ratio", "gauge", "Accepted / drafted tokens so far (0 without drafts).");
     hb_printf(&b, "ringlm_spec_acceptance_ratio %.6f\n", m.drafted ? (double)m.accepted / (double)m.drafted : 0.0);
+    http_family(&b, "ringlm_spec_grammar_refused_tokens_total", "counter",
+                "Draft tokens cut before verification because the request's grammar refused them.");
+    hb_printf(&b, "ringlm_spec_grammar_refused_tokens_total %llu\n", (unsigned long long)m.draft_refused);
     http_family(&b, "ringlm_steps_total", "counter", "Batched forward steps.");
     hb_printf(&b, "ringlm_steps_total %llu\n", (unsigned long long)m.steps);
     http_family(&b, "ringlm_step_tokens_total", "counter", "Tokens carried by all steps (decode and prefill).");

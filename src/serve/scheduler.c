@@ -325,6 +325,8 @@ static void sch_request_destroy(sch_request *r) {
     free(r->receipts);
     free(r->hold);
     free(r->hist);
+    gr_state_free(&r->gs);
+    gr_state_free(&r->gtry);
     free(r);
 }
 
@@ -596,6 +598,12 @@ static void sch_admit(sch_sched *s) {
             fprintf(stderr, "ringlm serve: DSpark drafter not reset, the request goes without drafts: %s\n", e.msg);
             r->ds_ok = false;
         }
+        r->gs_on = false;
+        if (r->p.draft_n > 0 && r->p.smp.grammar) { /* without its state (no memory) it goes undrafted */
+            gr_state_free(&r->gs);
+            if (gr_state_init(r->p.smp.grammar, &r->gs) == 0) r->gs_on = true;
+            else r->p.draft_n = 0;
+        }
         if (r->p.draft_n > 0 && (r->hist = malloc((r->n_prompt + 64) * sizeof *r->hist))) {
             memcpy(r->hist, r->prompt, r->n_prompt * sizeof *r->hist);
             r->n_hist = r->n_prompt;
@@ -618,6 +626,10 @@ static void sch_on_token(sch_sched *s, sch_request *r, int32_t id, const smp_log
             if (h) r->hist = h, r->cap_hist *= 2;
         }
         if (r->n_hist < r->cap_hist) r->hist[r->n_hist++] = id;
+    }
+    if (r->gs_on && !tok_is_eog(s->tok, id)) { /* as the backend's sampler takes it (smp_take) */
+        const smp_vocab *v = r->p.smp.vocab;
+        if (id >= 0 && id < v->n) gr_feed(r->p.smp.grammar, &r->gs, v->piece[id], v->len[id]);
     }
     r->n_gen++;
     s->m.gen_tokens++;
@@ -811,6 +823,16 @@ static void *sch_main(void *arg) {
             t_draft += sch_now() - t0;
             t0 = sch_now();
         }
+        uint64_t refused = 0;
+        for (int k = 0; k < n; k++) { /* drafts the grammar refuses are not worth verifying */
+            sch_step *sp = &s->steps[k];
+            sch_request *r = s->step_req[k];
+            if (sp->n_draft <= 0 || !r->gs_on) continue;
+            int ok = smp_grammar_prefix(&r->p.smp, &r->gs, r->n_gen, sp->tokens + 1, sp->n_draft, &r->gtry);
+            refused += (uint64_t)(sp->n_draft - ok);
+            sp->n_draft = ok;
+            sp->n_tokens = (uint32_t)ok + 1;
+        }
         int rc = s->be.step(s->be.impl, s->steps, n, &err);
         double t1 = sch_now();
         sch_node_stat nodes[SCH_MAX_NODES];
@@ -820,6 +842,7 @@ static void *sch_main(void *arg) {
         s->m.steps++;
         s->m.busy_s += t1 - t0;
         s->m.draft_s += t_draft;
+        s->m.draft_refused += refused;
         sch_hist_add(&s->m.step_s, t1 - t0);
         s->m.n_nodes = n_nodes;
         memcpy(s->m.nodes, nodes, (size_t)n_nodes * sizeof *nodes);

@@ -201,6 +201,9 @@ typedef struct sch_request {
     chat_split split;
     bool ds_ok;              /* DSpark: its drafter has the features of every position the target ran */
     int32_t *hist;           /* prompt and sampled tokens, for drafting (draft_n > 0) */
+    bool gs_on;              /* drafting with p.smp.grammar: gs follows the output, so drafts it refuses are cut
+                              * before they are verified (smp_grammar_prefix); gtry is scratch */
+    gr_state gs, gtry;
     size_t n_hist, cap_hist;
     char *hold;              /* text held back because it may be the start of a stop string */
     size_t hold_len, hold_cap;
@@ -257,6 +260,7 @@ typedef struct sch_metrics {
     uint64_t prompt_tokens, gen_tokens;  /* processed / sampled, in total */
     uint64_t steps, step_tokens;         /* forward passes, and the tokens they carried */
     uint64_t drafted, accepted;          /* speculative drafts sent, and kept */
+    uint64_t draft_refused;              /* drafts cut before verification: the request's grammar refused them */
     double draft_s;                      /* seconds the draft model spent drafting */
     uint64_t finished[SCH_FIN_ERROR + 1];/* requests by finish reason */
     double busy_s;                       /* seconds inside backend steps */

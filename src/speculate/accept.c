@@ -4,19 +4,6 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
-/* The target's distribution at one row, as the sampler would draw from it: candidates in s->cand with
- * probabilities in .p (softmax of the filtered logits). Returns the count. */
-static size_t spec_target(smp_sampler *s, const float *row) {
-    size_t n = 0;
-    smp_filter(s, row, &n);
-    float mx = -INFINITY;
-    for (size_t i = 0; i < n; i++) mx = fmaxf(mx, s->cand[i].logit);
-    double sum = 0;
-    for (size_t i = 0; i < n; i++) sum += (s->cand[i].p = expf(s->cand[i].logit - mx));
-    for (size_t i = 0; i < n; i++) s->cand[i].p = (float)(s->cand[i].p / sum);
-    return n;
-}
-
 static float spec_q_of(const spec_q *q, int32_t id) {
     if (!q) return 0.0f;
     for (int i = 0; i < q->n; i++) {
@@ -63,7 +50,7 @@ int spec_accept(smp_sampler *s, const float *logits, int32_t n_vocab, const int3
             if (t != d) break;
             continue;
         }
-        size_t n = spec_target(s, row);
+        size_t n = smp_dist(s, row); /* what plain sampling draws from, the grammar's masking included */
         float p = 0.0f;
         for (size_t j = 0; j < n; j++) {
             if (s->cand[j].id == d) p = s->cand[j].p;
@@ -71,10 +58,12 @@ int spec_accept(smp_sampler *s, const float *logits, int32_t n_vocab, const int3
         const spec_q *q = qs ? &qs[i] : NULL;
         float qd = q ? spec_q_of(q, d) : 1.0f;
         if (qd > 0.0f && p > 0.0f && smp_uniform(s) < fminf(1.0f, p / qd)) {
+            smp_take(s, d);
             out[n_out++] = d;
             continue;
         }
-        out[n_out++] = spec_residual(s, n, q, d);
+        out[n_out] = spec_residual(s, n, q, d);
+        smp_take(s, out[n_out++]);
         break;
     }
     return n_out;

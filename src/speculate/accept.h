@@ -9,6 +9,9 @@
  *     final distribution (after penalties, top-k/p, min-p, temperature: exactly what plain sampling would
  *     draw from) and q the drafter's; on rejection draw from max(0, p - q) renormalized. A drafter
  *     without a distribution (n-gram) has q = 1 on its token. The output has the target's distribution.
+ * With a grammar (constrained output, sampler.h) p is what constrained sampling draws from (smp_dist), so
+ * a draft the grammar refuses is never kept, and the sampler's grammar follows the committed tokens.
+ * (Callers cut such drafts before verification - smp_grammar_prefix - rather than pay to run them.)
  * Penalty history follows the inputs: block[i] is accepted into the sampler's history just before row i is
  * judged (so the history is what plain decoding would have at that position); the returned correction or
  * bonus token is NOT accepted, since it is the next block's first input. */

@@ -72,7 +72,8 @@ int smp_init(smp_sampler *s, const smp_params *p, int32_t n_vocab, rl_err *err) 
             smp_free(s);
             return rl_errf(err, "sampler: constrained output needs the vocabulary's %d tokens", n_vocab);
         }
-        if (gr_state_init(p->grammar, &s->gs) || !(s->masked = malloc((size_t)n_vocab * sizeof *s->masked))) {
+        if (gr_state_init(p->grammar, &s->gs) || !(s->masked = malloc((size_t)n_vocab * sizeof *s->masked)) ||
+            !(s->cand2 = malloc((size_t)n_vocab * sizeof *s->cand2))) {
             smp_free(s);
             return rl_errf(err, "sampler: out of memory");
         }
@@ -97,6 +98,7 @@ void smp_free(smp_sampler *s) {
     free(s->cand);
     free(s->bias);
     free(s->masked);
+    free(s->cand2);
     gr_state_free(&s->gs);
     gr_state_free(&s->gtry);
     memset(s, 0, sizeof *s);
@@ -258,38 +260,111 @@ void smp_filter(smp_sampler *s, const float *logits, size_t *n_out) {
 
 static int32_t smp_sample_free(smp_sampler *s, const float *logits);
 
-/* May token id come next in constrained output? It must keep the text a prefix of a sentence and, with
- * a budget, leave the shortest completion no longer than the tokens left after it (left): every
- * completion byte is a token of its own at worst, so the sentence can always be finished in time. End of
- * generation only once the sentence is whole. */
-static bool smp_gram_ok(smp_sampler *s, int32_t id, int64_t left) {
-    const smp_vocab *v = s->p.vocab;
-    if (v->eog[id]) return gr_done(s->p.grammar, &s->gs);
+/* Feeds token id to a constrained state in place: may it come next? It must keep the text a prefix of a
+ * sentence and, with a budget, leave the shortest completion no longer than the tokens left after it
+ * (left < 0: no budget): every completion byte is a token of its own at worst, so the sentence can always
+ * be finished in time. End of generation only once the sentence is whole. On false st is spent. */
+static bool gram_step(const smp_params *p, gr_state *st, int32_t id, int64_t left) {
+    const smp_vocab *v = p->vocab;
+    if (v->eog[id]) return gr_done(p->grammar, st);
     uint32_t n = v->len[id];
-    if (n == 0 || gr_state_copy(&s->gtry, &s->gs)) return false;
-    if (!gr_feed(s->p.grammar, &s->gtry, v->piece[id], n)) return false;
-    return left < 0 || (int64_t)gr_close_len(s->p.grammar, &s->gtry) <= left;
+    if (n == 0 || !gr_feed(p->grammar, st, v->piece[id], n)) return false;
+    return left < 0 || (int64_t)gr_close_len(p->grammar, st) <= left;
+}
+
+/* The budget left after the next token, or -1 for none. */
+static int64_t gram_left(const smp_params *p, int32_t n_gen) {
+    return p->budget > 0 ? (int64_t)p->budget - n_gen - 1 : -1;
+}
+
+static bool smp_gram_ok(smp_sampler *s, int32_t id, int64_t left) {
+    if (gr_state_copy(&s->gtry, &s->gs)) return false;
+    return gram_step(&s->p, &s->gtry, id, left);
+}
+
+/* Masks what the grammar refuses (s->masked); false when it allows nothing (a vocabulary without the bytes
+ * needed: then the free choice stands). */
+static bool smp_gram_mask(smp_sampler *s, const float *logits, int64_t left) {
+    bool any = false;
+    for (int32_t i = 0; i < s->n_vocab; i++) {
+        bool ok = smp_gram_ok(s, i, left);
+        s->masked[i] = ok ? logits[i] : -INFINITY;
+        any = any || ok;
+    }
+    return any;
 }
 
 int32_t smp_sample(smp_sampler *s, const float *logits) {
     if (!s->p.grammar) return smp_sample_free(s, logits);
-    const int64_t left = s->p.budget > 0 ? (int64_t)s->p.budget - s->n_gen - 1 : -1; /* after this one */
-    /* Sample as if free; only when the grammar refuses that token, sample again from the logits it allows.
-     * (Both draws give the masked distribution exactly: p(x) + P(refused) p(x) / P(allowed) = p(x) / P(allowed).) */
+    const int64_t left = gram_left(&s->p, s->n_gen); /* after this one */
+    /* Sample as if free; only when the grammar refuses that token, sample again from the logits it allows
+     * (as llama.cpp's common_sampler does: most tokens pass, and a vocabulary scan per token is costly).
+     * smp_dist describes the distribution this draws from. */
     int32_t id = smp_sample_free(s, logits);
-    if (!smp_gram_ok(s, id, left)) {
-        bool any = false;
-        for (int32_t i = 0; i < s->n_vocab; i++) {
-            bool ok = smp_gram_ok(s, i, left);
-            s->masked[i] = ok ? logits[i] : -INFINITY;
-            any = any || ok;
-        }
-        /* (no token allowed - a vocabulary without the bytes needed: the free choice stands) */
-        if (any) id = smp_sample_free(s, s->masked);
-    }
-    if (!s->p.vocab->eog[id]) gr_feed(s->p.grammar, &s->gs, s->p.vocab->piece[id], s->p.vocab->len[id]);
-    s->n_gen++;
+    if (!smp_gram_ok(s, id, left) && smp_gram_mask(s, logits, left)) id = smp_sample_free(s, s->masked);
+    smp_take(s, id);
     return id;
+}
+
+void smp_take(smp_sampler *s, int32_t id) {
+    if (s->p.grammar && id >= 0 && id < s->n_vocab && !s->p.vocab->eog[id]) {
+        gr_feed(s->p.grammar, &s->gs, s->p.vocab->piece[id], s->p.vocab->len[id]);
+    }
+    s->n_gen++;
+}
+
+size_t smp_dist(smp_sampler *s, const float *logits) {
+    size_t n;
+    smp_filter(s, logits, &n);
+    softmax(s->cand, n);
+    if (!s->p.grammar) return n;
+    /* smp_sample keeps its free draw x when the grammar allows it, else draws again from the masked logits:
+     * P(x) = p_free(x) [x allowed] + R p_masked(x), R the free mass the grammar refuses. */
+    const int64_t left = gram_left(&s->p, s->n_gen);
+    size_t m = 0;
+    double refused = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (smp_gram_ok(s, s->cand[i].id, left)) s->cand2[m++] = s->cand[i];
+        else refused += s->cand[i].p;
+    }
+    if (m == n) return n;
+    if (!smp_gram_mask(s, logits, left)) { /* nothing allowed: the free draw stands */
+        smp_filter(s, logits, &n);
+        softmax(s->cand, n);
+        return n;
+    }
+    size_t n2;
+    smp_filter(s, s->masked, &n2);
+    softmax(s->cand, n2);
+    /* The two parts summed per token, with s->masked (no longer needed) as a dense accumulator, -1 marking
+     * a token already listed. */
+    float *acc = s->masked;
+    for (size_t i = 0; i < n2; i++) acc[s->cand[i].id] = 0;
+    for (size_t i = 0; i < m; i++) acc[s->cand2[i].id] = 0;
+    for (size_t i = 0; i < n2; i++) acc[s->cand[i].id] += (float)refused * s->cand[i].p;
+    for (size_t i = 0; i < m; i++) acc[s->cand2[i].id] += s->cand2[i].p;
+    for (size_t i = 0; i < n2; i++) {
+        s->cand[i].p = acc[s->cand[i].id];
+        acc[s->cand[i].id] = -1;
+    }
+    for (size_t i = 0; i < m; i++) {
+        if (acc[s->cand2[i].id] < 0) continue;
+        s->cand[n2] = s->cand2[i];
+        s->cand[n2++].p = acc[s->cand2[i].id];
+        acc[s->cand2[i].id] = -1;
+    }
+    return n2;
+}
+
+int smp_grammar_prefix(const smp_params *p, const gr_state *st, int32_t n_gen, const int32_t *tok, int n,
+                       gr_state *scratch) {
+    if (!p->grammar) return n;
+    if (gr_state_copy(scratch, st)) return 0;
+    for (int i = 0; i < n; i++) {
+        if (tok[i] < 0 || tok[i] >= p->vocab->n || !gram_step(p, scratch, tok[i], gram_left(p, n_gen + i))) return i;
+        if (p->vocab->eog[tok[i]]) return i + 1; /* the end: nothing can follow it */
+    }
+    return n;
 }
 
 static int32_t smp_sample_free(smp_sampler *s, const float *logits) {

@@ -85,6 +85,7 @@ typedef struct smp_sampler {
     gr_state gtry;     /* grammar: scratch, gs with a candidate token fed */
     int32_t n_gen;     /* grammar: tokens sampled so far */
     float *masked;     /* grammar: [n_vocab] scratch, the logits with what the grammar refuses at -inf */
+    smp_cand *cand2;   /* grammar: [n_vocab] scratch (smp_dist) */
 } smp_sampler;
 
 /* llama.cpp's defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, no penalties (last_n 64). */
@@ -98,8 +99,22 @@ void smp_reset(smp_sampler *s);
 /* Adds a token to the penalty history (the caller decides whether prompt tokens count). */
 void smp_accept(smp_sampler *s, int32_t token);
 /* Picks a token from logits[n_vocab] (left unchanged). Does not accept it. With p.grammar, the token is the
- * next of the output (the grammar moves on): drafts are not judged by such a sampler. */
+ * next of the output (the grammar moves on, as smp_take). */
 int32_t smp_sample(smp_sampler *s, const float *logits);
+
+/* The distribution smp_sample draws from at this row, the grammar's masking included: *n candidates in
+ * s->cand, probabilities in .p summing to 1 (speculative acceptance judges drafts against it; a token the
+ * grammar refuses has none). Takes nothing. */
+size_t smp_dist(smp_sampler *s, const float *logits);
+/* Token id is the output's next although smp_sample did not pick it (an accepted draft, a residual draw):
+ * the grammar and the budget move on. */
+void smp_take(smp_sampler *s, int32_t id);
+/* How many of tok[0 .. n) constrained output (p->grammar) could take in order, from state st after n_gen
+ * sampled tokens: the first one the grammar or the budget refuses and everything after it go, and nothing
+ * follows an end-of-generation token. Without a grammar, n. scratch: a state of the caller's. Drafts are cut
+ * with it before they are verified. */
+int smp_grammar_prefix(const smp_params *p, const gr_state *st, int32_t n_gen, const int32_t *tok, int n,
+                       gr_state *scratch);
 
 /* A token's log-probability and the most likely tokens' (OpenAI's logprobs / top_logprobs, at most 20). */
 #define SMP_TOP_LOGPROBS 20

@@ -21,6 +21,7 @@
 #include "text/grammar.h"
 #include "text/json_schema.h"
 #include "text/sampler.h"
+#include "speculate/accept.h"
 #include "text/tokenizer.h"
 #include "tools/synth_vocab.h"
 
@@ -1126,6 +1127,118 @@ static void test_sampler(void) {
     CHECK(smp_init(&s, &p, 2, &err) != 0 && strstr(err.msg, "repeat_penalty"), "a zero repeat penalty is refused: %s", err.msg);
 }
 
+/* Constrained sampling on a vocabulary of 8 tokens and the grammar [ab]+ "c": smp_dist is the distribution
+ * smp_sample draws from (masking included), speculative acceptance keeps that distribution whether the
+ * draft is allowed or refused (and never keeps a refused one), smp_grammar_prefix cuts a drafted block at
+ * the first token the grammar or the budget refuses, and the budget forces the sentence to close. */
+static void test_grammar_sampling(void) {
+    enum { NV = 8 };
+    static const char *const piece[NV] = {"a", "b", "c", "ab", "ca", "x", "", ""};
+    const uint32_t len[NV] = {1, 1, 1, 2, 2, 1, 0, 0};
+    const uint8_t eog[NV] = {0, 0, 0, 0, 0, 0, 1, 0}; /* 6 ends generation; 7 is a control token */
+    const smp_vocab v = {.n = NV, .piece = piece, .len = len, .eog = eog};
+    gr_builder *b = gr_builder_new();
+    uint8_t ab[32];
+    gr_set_clear(ab);
+    gr_set_add(ab, 'a', 'b');
+    int root = gr_rule_new(b), more = gr_rule_new(b);
+    gr_alt_add(b, more, (gr_item[]){{.kind = GR_SET, .set = ab}, {.kind = GR_RULE, .rule = more}}, 2);
+    gr_alt_add(b, more, NULL, 0);
+    gr_alt_add(b, root, (gr_item[]){{.kind = GR_SET, .set = ab}, {.kind = GR_RULE, .rule = more}, {.kind = GR_LIT, .lit = "c"}}, 3);
+    rl_err err;
+    gr_grammar *g = gr_build(b, root, &err);
+    gr_builder_free(b);
+    CHECK(g != NULL, "the grammar [ab]+ \"c\" builds");
+    if (!g) return;
+    /* The refused tokens ("c" first, "ca", "x", the end, the control token) hold most of the mass. */
+    const float lg[NV] = {0.2f, -0.5f, 2.0f, 0.1f, 1.5f, 1.8f, 1.0f, 2.5f};
+    smp_params p = plain(1);
+    p.grammar = g;
+    p.vocab = &v;
+    smp_sampler s;
+    CHECK(smp_init(&s, &p, NV, &err) == 0, "a constrained sampler starts");
+    double want[NV] = {0};
+    size_t n = smp_dist(&s, lg);
+    double sum = 0;
+    for (size_t i = 0; i < n; i++) want[s.cand[i].id] += s.cand[i].p, sum += s.cand[i].p;
+    CHECK(fabs(sum - 1) < 1e-5 && want[2] == 0 && want[4] == 0 && want[5] == 0 && want[6] == 0 && want[7] == 0 &&
+              want[0] > 0 && want[1] > 0 && want[3] > 0,
+          "smp_dist: mass 1 (%.6f), all of it on the tokens the grammar allows first (a %.3f, b %.3f, ab %.3f)", sum,
+          want[0], want[1], want[3]);
+    smp_free(&s);
+    /* 20000 draws each: plain constrained sampling, acceptance of an allowed draft ("a"), of a refused one
+     * ("x"); every frequency within 4.5 sigma of smp_dist's. */
+    const int N = 20000;
+    const int32_t drafts[2] = {0, 5};
+    int cnt[3][NV] = {{0}}, kept[2] = {0};
+    bool refused_kept = false;
+    for (int i = 0; i < N; i++) {
+        p.seed = 1000 + (uint64_t)i;
+        if (smp_init(&s, &p, NV, &err) != 0) break;
+        cnt[0][smp_sample(&s, lg)]++;
+        smp_free(&s);
+        for (int d = 0; d < 2; d++) {
+            if (smp_init(&s, &p, NV, &err) != 0) break;
+            /* block [last, draft]: the row judging the draft is the first; the second (a bonus) is not reached
+             * unless the draft is kept */
+            float rows[2 * NV];
+            memcpy(rows, lg, sizeof lg);
+            memcpy(rows + NV, lg, sizeof lg);
+            int32_t blk[2] = {7, drafts[d]}, out[2];
+            int no = spec_accept(&s, rows, NV, blk, 1, NULL, out);
+            cnt[1 + d][out[0]]++;
+            kept[d] += no == 2;
+            refused_kept |= d == 1 && out[0] == 5;
+            smp_free(&s);
+        }
+    }
+    for (int k = 0; k < 3; k++) {
+        double worst = 0;
+        for (int i = 0; i < NV; i++) {
+            double sd = sqrt(N * want[i] * (1 - want[i])) + 1e-9, z = fabs(cnt[k][i] - N * want[i]) / sd;
+            if (want[i] == 0) z = cnt[k][i] ? INFINITY : 0;
+            worst = z > worst ? z : worst;
+        }
+        static const char *const what[3] = {"plain constrained sampling", "acceptance of an allowed draft",
+                                             "acceptance of a refused draft"};
+        CHECK(worst < 4.5, "%s draws smp_dist's distribution (worst deviation %.2f sigma)", what[k], worst);
+    }
+    CHECK(!refused_kept && kept[1] == 0 && kept[0] > N / 4 && kept[0] < N,
+          "a refused draft is never kept; an allowed one sometimes (%d of %d)", kept[0], N);
+    /* After "ab": speculative acceptance moved the grammar over what it committed. */
+    p.seed = 5;
+    p.temperature = 0;
+    if (smp_init(&s, &p, NV, &err) == 0) {
+        float rows[3 * NV];
+        for (int r = 0; r < 3; r++) memcpy(rows + r * NV, lg, sizeof lg);
+        rows[0 * NV + 0] = 9;  /* row 0 wants "a": the draft */
+        rows[1 * NV + 1] = 9;  /* row 1 wants "b": the draft */
+        int32_t blk[3] = {7, 0, 1}, out[3];
+        int no = spec_accept(&s, rows, NV, blk, 2, NULL, out);
+        /* greedy at row 2: "c" (2.0) is now allowed and beats "ca" (refused: nothing follows c) */
+        CHECK(no == 3 && out[0] == 0 && out[1] == 1 && out[2] == 2 && gr_done(g, &s.gs),
+              "greedy acceptance keeps a, b and takes c from the third row (the sentence is whole)");
+        smp_free(&s);
+    }
+    /* smp_grammar_prefix: cut at the first refusal, after the end, or where the budget could not close */
+    gr_state st, scratch = {0};
+    if (gr_state_init(g, &st) == 0) {
+        smp_params q = p;
+        const int32_t b1[] = {0, 3, 1, 2, 6, 0}, b2[] = {0, 5, 1}, b3[] = {2}, b4[] = {0, 1, 0, 1};
+        int c1 = smp_grammar_prefix(&q, &st, 0, b1, 6, &scratch), c2 = smp_grammar_prefix(&q, &st, 0, b2, 3, &scratch);
+        int c3 = smp_grammar_prefix(&q, &st, 0, b3, 1, &scratch);
+        q.budget = 4; /* a, b, a leave one token: c must come; a fourth "b" leaves none to close with */
+        int c4 = smp_grammar_prefix(&q, &st, 0, b4, 4, &scratch);
+        int c5 = smp_grammar_prefix(&q, &st, 1, b4, 4, &scratch); /* one already sampled: "a b" then c */
+        CHECK(c1 == 5 && c2 == 1 && c3 == 0 && c4 == 3 && c5 == 2,
+              "smp_grammar_prefix: a ab b c <end> | a; a | x; c first refused; budget 4 keeps a b a (%d %d %d %d %d)",
+              c1, c2, c3, c4, c5);
+        gr_state_free(&st);
+        gr_state_free(&scratch);
+    }
+    gr_free(g);
+}
+
 int main(void) {
     rl_err err;
     sv_vocab v;
@@ -1153,6 +1266,7 @@ int main(void) {
     test_tools_parse();
     test_tools_grammar();
     test_json_schema();
+    test_grammar_sampling();
     tok_free(&t);
     return check_done();
 }
