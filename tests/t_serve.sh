@@ -109,6 +109,20 @@ done
 post n2 /v1/completions "{\"prompt\":\"$P2\",\"n\":2,\"max_tokens\":12,\"temperature\":1,\"seed\":11,\"ignore_eos\":true}"
 check "n=2: choice 0 = the request with seed 11, choice 1 = with seed 12; the prompt counted once" py "$WORK/n2.json" \
     "[c['text'] for c in d['choices']] == [load('seed11.json')['choices'][0]['text'], load('seed12.json')['choices'][0]['text']] and d['usage']['prompt_tokens'] == load('seed11.json')['usage']['prompt_tokens'] and d['usage']['completion_tokens'] == 24"
+# n = 4 over a longer prompt: the prompt is read once (the other choices are forked from the first after all
+# but its last token) and each choice is still exactly the request with its seed.
+P4="$P2 $P2 $P2 $P2"
+for sd in 21 22 23 24; do
+    post "seed$sd" /v1/completions "{\"prompt\":\"$P4\",\"max_tokens\":10,\"temperature\":1,\"seed\":$sd,\"ignore_eos\":true}"
+done
+p0=$(metric ringlm_prompt_tokens_total); s0=$(metric ringlm_prompt_tokens_shared_total)
+post n4 /v1/completions "{\"prompt\":\"$P4\",\"n\":4,\"max_tokens\":10,\"temperature\":1,\"seed\":21,\"ignore_eos\":true}"
+p1=$(metric ringlm_prompt_tokens_total); s1=$(metric ringlm_prompt_tokens_shared_total)
+n4p=$(python3 -c "import json; print(json.load(open('$WORK/seed21.json'))['usage']['prompt_tokens'])")
+check "n=4: choice j = the request with seed 21 + j" py "$WORK/n4.json" \
+    "[c['text'] for c in d['choices']] == [load('seed%d.json' % s)['choices'][0]['text'] for s in (21, 22, 23, 24)]"
+check "... the $n4p-token prompt read once: $((p1 - p0)) prompt tokens computed (= $n4p + 3), $((s1 - s0)) shared (= 3 x $((n4p - 1)))" \
+    test "$((p1 - p0))" = "$((n4p + 3))" -a "$((s1 - s0))" = "$((3 * (n4p - 1)))"
 post n2_sse /v1/completions "{\"prompt\":\"$P2\",\"n\":2,\"max_tokens\":12,\"temperature\":1,\"seed\":11,\"ignore_eos\":true,\"stream\":true}" -N
 check "n=2 streamed: each index's text = its non-streamed choice, each ends with a finish_reason" py "$WORK/n2_sse.json" \
     "all(''.join(ch['text'] for c in sse(raw) for ch in c['choices'] if ch['index'] == i) == load('n2.json')['choices'][i]['text'] and [ch['finish_reason'] for c in sse(raw) for ch in c['choices'] if ch['index'] == i][-1] == 'length' for i in (0, 1))"

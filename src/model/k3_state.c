@@ -201,6 +201,25 @@ static size_t k3_kda_bytes(const k3_state *s) {
     return n;
 }
 
+int k3_state_copy(k3_state *dst, const k3_state *src, rl_err *err) {
+    if (dst == src) return 0;
+    if (dst->a != src->a || dst->b != src->b || dst->n_ctx < src->n_past) {
+        return rl_errf(err, "cannot copy a sequence of layers [%u, %u) at position %u into a state of layers [%u, %u) "
+                       "holding %u tokens", src->a, src->b, src->n_past, dst->a, dst->b, dst->n_ctx);
+    }
+    for (uint32_t i = 0; i < src->b - src->a; i++) {
+        if (src->conv[i]) {
+            memcpy(dst->conv[i]->data, src->conv[i]->data, ggml_nbytes(src->conv[i]));
+            memcpy(dst->delta[i]->data, src->delta[i]->data, ggml_nbytes(src->delta[i]));
+        }
+        /* the cache rows written so far: rows are contiguous, position-major */
+        if (src->kcache[i]) memcpy(dst->kcache[i]->data, src->kcache[i]->data, (size_t)src->n_past * src->kcache[i]->nb[1]);
+    }
+    dst->n_past = src->n_past;
+    dst->rb_count = 0; /* its kept blocks belonged to its old history */
+    return 0;
+}
+
 int k3_state_snapshot(const k3_state *s, k3_snapshot *snap, rl_err *err) {
     size_t need = k3_kda_bytes(s);
     if (snap->n_bytes != need) {

@@ -79,6 +79,10 @@ void k3_state_free(k3_state *s);
 /* Forgets everything: the sequence starts again at position 0. */
 void k3_state_reset(k3_state *s);
 size_t k3_state_bytes(const k3_state *s);
+/* dst becomes a copy of src's sequence (same layer range, room for its tokens): its position, KDA state and
+ * the MLA cache rows written so far; dst's blocks kept for rollback are forgotten. So n sequences that read
+ * the same prompt read it once (serve's n > 1). */
+int k3_state_copy(k3_state *dst, const k3_state *src, rl_err *err);
 
 typedef struct k3_snapshot {
     uint32_t n_past;

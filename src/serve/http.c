@@ -1466,12 +1466,21 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
             goto fail;
         }
     }
-    /* Every choice is a request of its own (its prompt read again: not shared yet); choice j of a prompt
-     * samples with seed + j, so n seeded choices differ from each other and are the same every time. */
+    /* Every choice is a request of its own; those of one prompt share its reading (sch_params.share: a
+     * number no other request of this server uses). Choice j of a prompt samples with seed + j, so n
+     * seeded choices differ from each other and are the same every time. */
     n_runs = jb.n_prompts * jb.n;
+    uint64_t share0 = 0;
+    if (jb.n > 1) {
+        pthread_mutex_lock(&h->mu);
+        share0 = h->share_seq;
+        h->share_seq += (uint64_t)jb.n_prompts;
+        pthread_mutex_unlock(&h->mu);
+    }
     for (int k = 0; k < n_runs; k++) {
         sch_params p = jb.p;
         p.smp.seed = jb.p.smp.seed + (uint64_t)(k % jb.n);
+        p.share = jb.n > 1 ? share0 + 1 + (uint64_t)(k / jb.n) : 0;
         if (jb.echo && !(runs[k].echo = strdup(jb.echo_text[k / jb.n] ? jb.echo_text[k / jb.n] : ""))) {
             http_failf(&f, 500, "server_error", NULL, NULL, "out of memory");
             goto fail;
@@ -1736,6 +1745,9 @@ static enum MHD_Result http_metrics(http_conn *hc, struct MHD_Connection *c) {
     }
     http_family(&b, "ringlm_prompt_tokens_total", "counter", "Prompt tokens processed.");
     hb_printf(&b, "ringlm_prompt_tokens_total %llu\n", (unsigned long long)m.prompt_tokens);
+    http_family(&b, "ringlm_prompt_tokens_shared_total", "counter",
+                "Prompt tokens not read again: the choices of an n > 1 request share one reading of the prompt.");
+    hb_printf(&b, "ringlm_prompt_tokens_shared_total %llu\n", (unsigned long long)m.prompt_shared);
     http_family(&b, "ringlm_generated_tokens_total", "counter", "Tokens generated.");
     hb_printf(&b, "ringlm_generated_tokens_total %llu\n", (unsigned long long)m.gen_tokens);
     http_hist(&b, "ringlm_time_to_first_token_seconds", "From a request's arrival to its first generated token.",

@@ -73,6 +73,7 @@ typedef struct http_server {
     pthread_mutex_t mu;     /* guards what follows */
     pthread_cond_t idle;    /* signalled when inflight drops to 0 */
     uint64_t next_id;
+    uint64_t share_seq;     /* share groups handed out (sch_params.share) */
     int inflight;           /* requests between their first byte and the end of their response */
     bool closing;
     int codes[HTTP_MAX_CODES];

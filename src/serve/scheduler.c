@@ -189,6 +189,22 @@ static void sch_local_free(void *impl) {
     free(L);
 }
 
+static int sch_local_fork(void *impl, int src, int dst, const smp_params *smp, rl_err *err) {
+    sch_local *L = impl;
+    if (src < 0 || src >= L->n_slots || dst < 0 || dst >= L->n_slots || src == dst || !L->has_smp[src]) {
+        return rl_errf(err, "cannot fork slot %d into slot %d", src, dst);
+    }
+    if (L->st[src].n_past > L->valid[src] && k3_state_rollback(&L->st[src], L->valid[src], err) != 0) return -1;
+    if (L->has_smp[dst]) smp_free(&L->smp[dst]);
+    L->has_smp[dst] = false;
+    if (k3_state_copy(&L->st[dst], &L->st[src], err) != 0) return -1;
+    if (smp_init(&L->smp[dst], smp, (int32_t)L->e->hp.n_vocab, err) != 0) return -1;
+    smp_accept_history(&L->smp[dst], &L->smp[src]);
+    L->has_smp[dst] = true;
+    L->valid[dst] = L->st[dst].n_past;
+    return 0;
+}
+
 static int sch_local_set_taps(void *impl, const uint32_t *layers, int n, rl_err *err) {
     sch_local *L = impl;
     if (n < 0 || n > 16) return rl_errf(err, "%d taps (at most 16)", n);
@@ -245,6 +261,7 @@ int sch_backend_local(sch_backend *be, k3_engine *e, int n_slots, uint32_t n_ctx
     be->nodes = sch_local_nodes;
     be->free = sch_local_free;
     be->set_taps = sch_local_set_taps;
+    be->fork = sch_local_fork;
     return 0;
 }
 
@@ -578,6 +595,20 @@ static void sch_reap(sch_sched *s) {
     }
 }
 
+/* The request of r's share group that r can be forked from: admitted, running, sharing r's prompt, and not
+ * yet past its own prompt's last token. Mutex held. */
+static sch_request *sch_leader(sch_sched *s, const sch_request *r) {
+    for (int j = 0; j < s->be.n_slots; j++) {
+        sch_request *l = s->slots[j];
+        if (l && l != r && l->lead && l->p.share == r->p.share && l->fin == SCH_RUNNING && !l->cancelled &&
+            l->n_fed < l->n_prompt && l->n_prompt == r->n_prompt &&
+            memcmp(l->prompt, r->prompt, r->n_prompt * sizeof *r->prompt) == 0) {
+            return l;
+        }
+    }
+    return NULL;
+}
+
 static void sch_admit(sch_sched *s) {
     for (int i = 0; i < s->be.n_slots && s->q_head; i++) {
         if (s->slots[i]) continue;
@@ -597,6 +628,12 @@ static void sch_admit(sch_sched *s) {
         if (r->ds_ok && spec_drafter_begin(&s->cfg.dspark[i], NULL, 0, 0, &e) != 0) { /* forgets the last context */
             fprintf(stderr, "ringlm serve: DSpark drafter not reset, the request goes without drafts: %s\n", e.msg);
             r->ds_ok = false;
+        }
+        /* A choice of an n > 1 request: read the prompt once, in whichever came first (sch_params.share). */
+        r->lead = r->follow = false;
+        if (r->p.share && s->be.fork && r->n_prompt >= 2 && !r->p.prompt_logprobs && !r->p.receipts && !r->p.draft_dspark) {
+            r->follow = sch_leader(s, r) != NULL;
+            r->lead = !r->follow;
         }
         r->gs_on = false;
         if (r->p.draft_n > 0 && r->p.smp.grammar) { /* without its state (no memory) it goes undrafted */
@@ -712,6 +749,34 @@ static void *sch_main(void *arg) {
             pthread_cond_wait(&s->cond, &s->mu);
             continue;
         }
+        /* Forks: a request waiting for its group's first to read all but the last prompt token gets a copy of
+         * that state (outside the mutex: a ring's fork is a round trip; only this thread touches slots).
+         * One whose first went away reads its prompt itself. */
+        int nf = 0;
+        for (int i = 0; i < s->be.n_slots; i++) {
+            sch_request *r = s->slots[i], *l = r && r->follow ? sch_leader(s, r) : NULL;
+            if (r && r->follow && !l) r->follow = false;
+            if (l && l->n_fed + 1 == l->n_prompt) s->f_src[nf] = l->slot, s->f_dst[nf++] = i;
+        }
+        if (nf > 0) {
+            pthread_mutex_unlock(&s->mu);
+            for (int k = 0; k < nf; k++) {
+                rl_err e;
+                if (s->be.fork(s->be.impl, s->f_src[k], s->f_dst[k], &s->slots[s->f_dst[k]]->p.smp, &e) != 0) {
+                    fprintf(stderr, "ringlm serve: a choice could not share its prompt's state, it reads the prompt itself: %s\n",
+                            e.msg);
+                    s->f_src[k] = -1;
+                }
+            }
+            pthread_mutex_lock(&s->mu);
+            for (int k = 0; k < nf; k++) {
+                sch_request *r = s->slots[s->f_dst[k]];
+                r->follow = false;
+                if (s->f_src[k] < 0) continue;
+                r->n_fed = r->n_prompt - 1;
+                s->m.prompt_shared += r->n_fed;
+            }
+        }
         /* Decode tokens first (every generating sequence moves each step), then prompt chunks, oldest
          * request first, within the step's prompt budget. */
         int n = 0, nd_model = 0, nd_ds = 0;
@@ -755,12 +820,13 @@ static void *sch_main(void *arg) {
                 sch_request *r = s->slots[i];
                 bool taken = false;
                 for (int k = 0; k < n && !taken; k++) taken = s->step_req[k] == r;
-                if (r && !taken && r->n_fed < r->n_prompt && (!best || r->t_arrival < best->t_arrival)) best = r;
+                if (r && !taken && !r->follow && r->n_fed < r->n_prompt && (!best || r->t_arrival < best->t_arrival)) best = r;
             }
             if (!best || budget == 0) break;
             size_t left = best->n_prompt - best->n_fed;
             uint32_t k = left < budget ? (uint32_t)left : budget;
             if (best->p.prompt_logprobs) k = (uint32_t)left; /* one step: every row scores the next token */
+            if (best->lead && left > 1 && k > left - 1) k = (uint32_t)(left - 1); /* the others fork from here */
             s->steps[n] = (sch_step){.slot = best->slot, .begin = best->n_fed == 0, .smp = &best->p.smp,
                                      .receipts = best->p.receipts, .taps = best->ds_ok,
                                      .n_tokens = k, .tokens = best->prompt + best->n_fed,
@@ -915,6 +981,8 @@ static void sch_free_scratch(sch_sched *s) {
     free(s->d_out);
     free(s->s_entry);
     free(s->s_k);
+    free(s->f_src);
+    free(s->f_dst);
 }
 
 int sch_init(sch_sched *s, const sch_backend *be, const tok_tokenizer *tok, const sch_config *cfg, rl_err *err) {
@@ -939,7 +1007,9 @@ int sch_init(sch_sched *s, const sch_backend *be, const tok_tokenizer *tok, cons
     s->d_out = calloc(ns, sizeof *s->d_out);
     s->s_entry = calloc(ns, sizeof *s->s_entry);
     s->s_k = calloc(ns, sizeof *s->s_k);
-    if (!s->slots || !s->steps || !s->step_req || !s->blocks || !s->d_entry || !s->d_slot || !s->d_k || !s->d_n ||
+    s->f_src = calloc(ns, sizeof *s->f_src);
+    s->f_dst = calloc(ns, sizeof *s->f_dst);
+    if (!s->f_src || !s->f_dst || !s->slots || !s->steps || !s->step_req || !s->blocks || !s->d_entry || !s->d_slot || !s->d_k || !s->d_n ||
         !s->d_hist || !s->d_nhist || !s->d_out || !s->s_entry || !s->s_k) {
         sch_free_scratch(s);
         return rl_errf(err, "out of memory");

@@ -119,6 +119,10 @@ typedef struct sch_backend {
     /* Optional (needed for DSpark drafts): from now on, entries with `taps` return the stream entering
      * these target layers (spec §10.1.3), in this order. Called once, before the first step. */
     int (*set_taps)(void *impl, const uint32_t *layers, int n, rl_err *err);
+    /* Optional: slot dst begins as a copy of slot src's sequence where it stands (positions, state), with a
+     * fresh sampler built from *smp whose penalty history is src's; dst's next entry continues it (no
+     * `begin`). The scheduler forks a prompt read once into the slots of the other choices (n > 1). */
+    int (*fork)(void *impl, int src, int dst, const smp_params *smp, rl_err *err);
     /* Optional: from now on, fail whatever the backend waits for at once (a ring waiting on a node that
      * hangs). Called from another thread while the server stops; the scheduler thread then finishes. */
     void (*abort)(void *impl);
@@ -159,6 +163,10 @@ typedef struct sch_params {
     bool thinking;           /* ... whose generation prompt opened the think section */
     bool own_grammar;        /* smp.grammar is a reference the request takes over (also when
                               * sch_request_new fails) and drops (gr_free) with the request */
+    uint64_t share;          /* nonzero: requests with this value and the same prompt and penalty settings (the
+                              * choices of one n > 1 request) may read the prompt once: the first admitted reads
+                              * all but its last token, the others are forked from it (backend.fork) and each
+                              * reads that last token itself. Not with prompt_logprobs, receipts or DSpark. */
 } sch_params;
 
 struct sch_sched;
@@ -200,6 +208,8 @@ typedef struct sch_request {
     tok_stream ts_t;         /* the tool-call section's (control tokens spelled out) */
     chat_split split;
     bool ds_ok;              /* DSpark: its drafter has the features of every position the target ran */
+    bool lead;               /* p.share: others may be forked from it once it has read all but its last prompt token */
+    bool follow;             /* p.share: waits for such a request of its group, to be forked from it */
     int32_t *hist;           /* prompt and sampled tokens, for drafting (draft_n > 0) */
     bool gs_on;              /* drafting with p.smp.grammar: gs follows the output, so drafts it refuses are cut
                               * before they are verified (smp_grammar_prefix); gtry is scratch */
@@ -258,6 +268,7 @@ typedef struct sch_hist {
 
 typedef struct sch_metrics {
     uint64_t prompt_tokens, gen_tokens;  /* processed / sampled, in total */
+    uint64_t prompt_shared;              /* prompt tokens not read again: forked from another choice's */
     uint64_t steps, step_tokens;         /* forward passes, and the tokens they carried */
     uint64_t drafted, accepted;          /* speculative drafts sent, and kept */
     uint64_t draft_refused;              /* drafts cut before verification: the request's grammar refused them */
@@ -293,6 +304,7 @@ typedef struct sch_sched {
     const int32_t **d_hist;
     size_t *d_nhist;
     int32_t (*d_out)[SCH_MAX_DRAFT];
+    int *f_src, *f_dst;                  /* [n_slots]: the step's forks (p.share) */
 } sch_sched;
 
 /* Takes over the backend (sch_free frees it). tok must outlive the scheduler. */

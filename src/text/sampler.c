@@ -115,6 +115,10 @@ void smp_reset(smp_sampler *s) {
     s->n_gen = 0;
 }
 
+void smp_accept_history(smp_sampler *dst, const smp_sampler *src) {
+    for (size_t i = 0; i < src->hist_n; i++) smp_accept(dst, src->hist[(src->hist_head + i) % src->hist_cap]);
+}
+
 void smp_accept(smp_sampler *s, int32_t tok) {
     if (s->p.penalty_last_n == 0 || tok < 0 || tok >= s->n_vocab) return;
     if (s->p.penalty_last_n < 0) { /* unbounded history */

@@ -98,6 +98,8 @@ void smp_free(smp_sampler *s);
 void smp_reset(smp_sampler *s);
 /* Adds a token to the penalty history (the caller decides whether prompt tokens count). */
 void smp_accept(smp_sampler *s, int32_t token);
+/* Adds src's penalty history to dst's, oldest first (a sequence forked from src's: its prompt counts). */
+void smp_accept_history(smp_sampler *dst, const smp_sampler *src);
 /* Picks a token from logits[n_vocab] (left unchanged). Does not accept it. With p.grammar, the token is the
  * next of the output (the grammar moves on, as smp_take). */
 int32_t smp_sample(smp_sampler *s, const float *logits);
