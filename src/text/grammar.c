@@ -27,6 +27,7 @@ struct gr_grammar {
     uint32_t *rule_alt; /* [n_rules + 1] the rule's alternatives: alt[rule_alt[r] .. rule_alt[r + 1]) */
     uint8_t (*sets)[32];
     int root;
+    uint32_t n_rules, n_sets, n_alts, n_el;
     atomic_int refs;
 };
 
@@ -180,6 +181,10 @@ gr_grammar *gr_build(const gr_builder *b, int root, rl_err *err) {
     gr_grammar *g = calloc(1, sizeof *g);
     if (!g) return rl_errf(err, "grammar: out of memory"), NULL;
     g->root = root;
+    g->n_rules = (uint32_t)nr;
+    g->n_sets = (uint32_t)b->n_sets;
+    g->n_alts = (uint32_t)b->n_alts;
+    g->n_el = (uint32_t)n_el;
     atomic_init(&g->refs, 1);
     g->el = malloc((n_el + 1) * sizeof *g->el);
     g->minrest = malloc((n_el + 1) * sizeof *g->minrest);
@@ -250,6 +255,93 @@ gr_grammar *gr_build(const gr_builder *b, int root, rl_err *err) {
         if (left == -2) return rl_errf(err, "grammar: out of memory"), NULL;
         return rl_errf(err, "grammar: rule %d can reach itself before reading a byte (left recursion)", left), NULL;
     }
+    return g;
+}
+
+/* ---- the wire form ----------------------------------------------------------------------------------- */
+
+#define WIRE_HEAD 24 /* "RLG1", then u32 n_rules, root, n_sets, n_alts, n_items */
+
+static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static uint32_t get32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+int gr_encode(const gr_grammar *g, uint8_t **out, size_t *out_len) {
+    const uint32_t n_items = g->n_el - g->n_alts; /* every alternative's items, less its END */
+    const size_t len = WIRE_HEAD + (size_t)g->n_sets * 32 + (size_t)g->n_alts * 8 + (size_t)n_items * 4;
+    uint8_t *b = malloc(len);
+    if (!b) return -1;
+    memcpy(b, "RLG1", 4);
+    put32(b + 4, g->n_rules);
+    put32(b + 8, (uint32_t)g->root);
+    put32(b + 12, g->n_sets);
+    put32(b + 16, g->n_alts);
+    put32(b + 20, n_items);
+    size_t o = WIRE_HEAD;
+    if (g->n_sets) memcpy(b + o, g->sets, (size_t)g->n_sets * 32);
+    o += (size_t)g->n_sets * 32;
+    size_t oi = o + (size_t)g->n_alts * 8;
+    for (uint32_t r = 0; r < g->n_rules; r++) {
+        for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) {
+            uint32_t k = 0;
+            for (uint32_t p = g->alt[a]; g->el[p].op != OP_END; p++, k++) {
+                put32(b + oi, (uint32_t)g->el[p].op << 30 | g->el[p].arg);
+                oi += 4;
+            }
+            put32(b + o, r);
+            put32(b + o + 4, k);
+            o += 8;
+        }
+    }
+    *out = b;
+    *out_len = len;
+    return 0;
+}
+
+gr_grammar *gr_decode(const uint8_t *b, size_t len, rl_err *err) {
+    if (len < WIRE_HEAD || memcmp(b, "RLG1", 4) != 0) return rl_errf(err, "grammar: not a grammar's wire form"), NULL;
+    const uint32_t nr = get32(b + 4), root = get32(b + 8), ns = get32(b + 12), na = get32(b + 16), ni = get32(b + 20);
+    /* each count bounded by the bytes it needs, before anything is sized from it */
+    if (nr == 0 || nr > len || root >= nr || ns > len / 32 || na > len / 8 || ni > len / 4 || ni >= (1u << 30) ||
+        len != WIRE_HEAD + (size_t)ns * 32 + (size_t)na * 8 + (size_t)ni * 4) {
+        return rl_errf(err, "grammar: its wire form's counts do not match its %zu bytes", len), NULL;
+    }
+    const uint8_t *sets = b + WIRE_HEAD, *alts = sets + (size_t)ns * 32, *items = alts + (size_t)na * 8;
+    gr_builder *bl = gr_builder_new();
+    gr_item *it = malloc(((size_t)ni + 1) * sizeof *it);
+    if (!bl || !it) {
+        gr_builder_free(bl);
+        free(it);
+        return rl_errf(err, "grammar: out of memory"), NULL;
+    }
+    for (uint32_t r = 0; r < nr; r++) gr_rule_new(bl);
+    for (uint32_t i = 0; i < ns; i++) set_intern(bl, sets + (size_t)i * 32); /* first, so they keep their numbers */
+    const char *bad = NULL;
+    size_t at = 0;
+    for (uint32_t a = 0; a < na && !bad; a++) {
+        uint32_t rule = get32(alts + (size_t)a * 8), k = get32(alts + (size_t)a * 8 + 4);
+        if (rule >= nr || k > ni - at) {
+            bad = "an alternative of no rule, or past the items";
+            break;
+        }
+        for (uint32_t j = 0; j < k; j++) {
+            uint32_t v = get32(items + (at + j) * 4), op = v >> 30, arg = v & ((1u << 30) - 1);
+            if (op == OP_SET && arg < ns) it[j] = (gr_item){.kind = GR_SET, .set = sets + (size_t)arg * 32};
+            else if (op == OP_REF && arg < nr) it[j] = (gr_item){.kind = GR_RULE, .rule = (int)arg};
+            else bad = "an item that is neither a listed byte set nor a rule";
+        }
+        if (!bad) gr_alt_add(bl, (int)rule, it, (int)k);
+        at += k;
+    }
+    if (!bad && at != ni) bad = "items no alternative holds";
+    free(it);
+    gr_grammar *g = NULL;
+    if (bad) rl_errf(err, "grammar: its wire form has %s", bad);
+    else g = gr_build(bl, (int)root, err);
+    gr_builder_free(bl);
     return g;
 }
 

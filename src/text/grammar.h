@@ -53,6 +53,11 @@ gr_grammar *gr_build(const gr_builder *b, int root, rl_err *err);
 gr_grammar *gr_ref(gr_grammar *g);
 void gr_free(gr_grammar *g);
 
+/* The wire form (a grammar sent to the ring's last stage, which samples): *out malloc'ed, *out_len bytes;
+ * -1 out of memory. gr_decode checks every count and index of untrusted bytes and builds the grammar again
+ * (gr_build's checks included); the result recognizes exactly what the encoded one did. */
+int gr_encode(const gr_grammar *g, uint8_t **out, size_t *out_len);
+gr_grammar *gr_decode(const uint8_t *buf, size_t len, rl_err *err);
 /* Byte-set helpers: 32-byte bitmaps. */
 void gr_set_clear(uint8_t set[32]);
 void gr_set_add(uint8_t set[32], unsigned char lo, unsigned char hi);

@@ -1239,6 +1239,71 @@ static void test_grammar_sampling(void) {
     gr_free(g);
 }
 
+/* The wire form: a decoded grammar recognizes what the original does (random sentences of each are whole
+ * sentences of the other, and a sentence with a byte changed is judged alike), encoding the decoded one
+ * again gives the same bytes, and every truncation and every single-byte corruption of the first 400 bytes
+ * is refused with a message or decodes to a grammar that builds - never a crash (the ASan build runs this). */
+static void test_grammar_wire(void) {
+    rl_err err;
+    cJSON *tools = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
+                               "\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"}},\"required\":[\"city\"]}}}]");
+    gr_grammar *gs[3] = {js_object_grammar_new(&err),
+                         schema_grammar("{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"number\"},{\"enum\":[\"a\",null]}]},\"maxItems\":4}", &err),
+                         chat_tools_grammar_new(CHAT_FMT_K3, tools, NULL, true, &err)};
+    cJSON_Delete(tools);
+    for (int k = 0; k < 3; k++) {
+        if (!gs[k]) {
+            CHECK(false, "grammar %d builds: %s", k, err.msg);
+            continue;
+        }
+        uint8_t *w = NULL, *w2 = NULL;
+        size_t n = 0, n2 = 0;
+        gr_grammar *d = gr_encode(gs[k], &w, &n) == 0 ? gr_decode(w, n, &err) : NULL;
+        CHECK(d != NULL, "grammar %d: its %zu-byte wire form decodes%s%s", k, n, d ? "" : ": ", d ? "" : err.msg);
+        if (!d) {
+            free(w);
+            continue;
+        }
+        CHECK(gr_encode(d, &w2, &n2) == 0 && n2 == n && memcmp(w, w2, n) == 0, "grammar %d: encoding the decoded one gives the same bytes", k);
+        uint64_t rng = 99 + (uint64_t)k;
+        int same = 0;
+        for (int i = 0; i < 60; i++) {
+            char buf[2048];
+            const gr_grammar *from = i % 2 ? d : gs[k], *to = i % 2 ? gs[k] : d;
+            size_t m = gram_walk(from, &rng, i * 5, buf, sizeof buf);
+            buf[m] = 0;
+            bool ok = m > 0 && gram_feed(to, buf) == 1;
+            if (m > 1) { /* one byte changed: both judge it the same way */
+                buf[(rng >> 20) % m] ^= (char)(1 + (rng >> 40) % 255);
+                ok = ok && gram_feed(to, buf) == gram_feed(from, buf);
+            }
+            same += ok;
+        }
+        CHECK(same == 60, "grammar %d: 60 random sentences (30 each way) whole in the other; altered ones judged alike (%d)", k, same);
+        int bad = 0, crashed_not = 0;
+        for (size_t t = 0; t < n; t++) {
+            gr_grammar *x = gr_decode(w, t, &err);
+            bad += x == NULL && err.msg[0] != 0;
+            gr_free(x);
+        }
+        for (size_t i = 0; i < n && i < 400; i++) {
+            for (int bit = 0; bit < 8; bit += 3) {
+                w[i] ^= (uint8_t)(1u << bit);
+                gr_grammar *x = gr_decode(w, n, &err);
+                crashed_not += x != NULL || err.msg[0] != 0;
+                gr_free(x);
+                w[i] ^= (uint8_t)(1u << bit);
+            }
+        }
+        CHECK(bad == (int)n, "grammar %d: all %zu truncations refused with a message (%d)", k, n, bad);
+        CHECK(crashed_not == 3 * (int)(n < 400 ? n : 400), "grammar %d: corrupted bytes refused or decoded to a built grammar", k);
+        free(w);
+        free(w2);
+        gr_free(d);
+        gr_free(gs[k]);
+    }
+}
+
 int main(void) {
     rl_err err;
     sv_vocab v;
@@ -1267,6 +1332,7 @@ int main(void) {
     test_tools_grammar();
     test_json_schema();
     test_grammar_sampling();
+    test_grammar_wire();
     tok_free(&t);
     return check_done();
 }
