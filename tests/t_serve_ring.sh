@@ -88,16 +88,56 @@ post echo0 "{\"prompt\":\"$R\",\"max_tokens\":0,\"echo\":true,\"logprobs\":2}"
 check "echo through the ring (RF_SEQ_PROMPT_LP): the prompt's entries = one machine's log-softmax" py "$WORK/echo0.json" \
     "(lambda l: l['token_logprobs'][0] is None and lp_match({'token_logprobs': l['token_logprobs'][1:], 'top_logprobs': l['top_logprobs'][1:]}, ref_logprobs('lpp_ref.bin', 1), 2))(d['choices'][0]['logprobs'])"
 
-post js "$(greedy "$P" 8 ',"response_format":{"type":"json_object"}')"
-check "response_format json_object through a ring: 400 saying it is not supported there yet" \
-    py "$WORK/js.json" "d['error']['param'] == 'response_format' and 'ring' in d['error']['message']"
-post jss "$(greedy "$P" 8 ',"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"array"}}}')"
-check "... and json_schema" py "$WORK/jss.json" "d['error']['param'] == 'response_format' and 'ring' in d['error']['message']"
-curl "${CT[@]}" -o "$WORK/tcr.json" -H 'Content-Type: application/json' --data-binary \
-    '{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required"}' \
-    "$URL/v1/chat/completions" || true
-check "tool_choice required through a ring: 400 saying it is not supported there yet" \
-    py "$WORK/tcr.json" "d['error']['param'] == 'tool_choice' and 'ring' in d['error']['message']"
+# Constrained output through the ring: the grammar travels to the last stage with the sequence (frame.h,
+# RF_SEQ_HAS_GRAMMAR), which samples with it; each request's text = the same request to a server on one
+# machine (greedy and seeded sampling), and every output validates. Then with n-gram drafts (cut by the
+# grammar at the head, judged against the constrained distribution at the last stage), and a required tool
+# call through the chat route.
+serve_start loc -m "$f" --parallel 2 --threads 1
+SCH='{"type":"object","properties":{"name":{"type":"string","maxLength":10},"n":{"type":"integer"},"tags":{"type":"array","items":{"enum":["a","b"]},"maxItems":3}},"required":["name","n"],"additionalProperties":false}'
+printf '%s' "$SCH" >"$WORK/sch.json"
+TL='[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"}},"required":["city"]}}}]'
+cbody() { # cbody I EXTRA: request I of the constrained set
+    local t=$(( $1 % 2 )) rf
+    case $(( $1 % 3 )) in
+        0) rf="\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"s\",\"strict\":true,\"schema\":$SCH}}" ;;
+        1) rf='"response_format":{"type":"json_object"}' ;;
+        2) rf='"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"array","items":{"type":"number"},"maxItems":4}}}' ;;
+    esac
+    echo "{\"prompt\":\"Record $1:\",\"max_tokens\":$((30 + $1)),\"temperature\":$t,\"seed\":$1,$rf${2:-}}"
+}
+for i in 0 1 2 3 4 5; do
+    post "cr$i" "$(cbody $i)"
+    post "cd$i" "$(cbody $i ',"draft":"ngram"')"
+    curl "${CT[@]}" -o "$WORK/cl$i.json" -H 'Content-Type: application/json' --data-binary "$(cbody $i)" "${SRV_URL[loc]}/v1/completions" || true
+done
+tbody='{"messages":[{"role":"user","content":"Weather?"}],"max_tokens":200,"temperature":0,"tools":'"$TL"',"tool_choice":"required"}'
+curl "${CT[@]}" -o "$WORK/tcr.json" -H 'Content-Type: application/json' --data-binary "$tbody" "$URL/v1/chat/completions" || true
+curl "${CT[@]}" -o "$WORK/tcl.json" -H 'Content-Type: application/json' --data-binary "$tbody" "${SRV_URL[loc]}/v1/chat/completions" || true
+kill "${SRV_PID[loc]}"; wait "${SRV_PID[loc]}" 2>/dev/null || true; unset 'SRV_PID[loc]'
+constrained_ok() { # NAME: cNAME0..5 valid, = cl0..5 (one machine) (with drafts: the greedy ones; sampled ones
+                   # keep the distribution, not the draw)
+    python3 - "$WORK" "$1" <<'PY'
+import json, sys
+w, name = sys.argv[1], sys.argv[2]
+sch = json.load(open(w + '/sch.json'))
+ok = 0
+for i in range(6):
+    t = json.load(open('%s/c%s%d.json' % (w, name, i)))['choices'][0]['text']
+    want = json.load(open('%s/cl%d.json' % (w, i)))['choices'][0]['text']
+    v = json.loads(t)
+    good = (t == want or (name == 'd' and i % 2 == 1)) and [lambda: isinstance(v, dict) and set(sch['required']) <= set(v) and set(v) <= set(sch['properties']),
+                          lambda: isinstance(v, dict),
+                          lambda: isinstance(v, list) and len(v) <= 4 and all(isinstance(x, (int, float)) for x in v)][i % 3]()
+    if not good: print('info: request %d: %r (one machine: %r)' % (i, t, want))
+    ok += good
+sys.exit(0 if ok == 6 else 1)
+PY
+}
+check "json_schema / json_object through the ring: 6 requests (greedy and sampled) = one machine's text, all valid" constrained_ok r
+check "... with n-gram drafts: all valid, greedy ones the same texts ($(metric ringlm_spec_grammar_refused_tokens_total) drafts cut by the grammar)" constrained_ok d
+check "tool_choice required through the ring (chat): tool_calls = one machine's" py "$WORK/tcr.json" \
+    "d['choices'][0]['finish_reason'] == 'tool_calls' and d['choices'][0]['message']['tool_calls'][0]['function']['name'] == 'get_weather' and [(c['function']['name'], c['function']['arguments']) for c in d['choices'][0]['message']['tool_calls']] == [(c['function']['name'], c['function']['arguments']) for c in load('tcl.json')['choices'][0]['message']['tool_calls']]"
 
 # ---- 4 concurrent streams, each = its single-request result, in shared frames -----------------------------
 prompts=("The quick brown fox" "Once upon a time" "In the beginning" "Hello world, this is a longer prompt for the test")

@@ -20,6 +20,7 @@ void stage_init(ring_stage *s, k3_engine *e, uint32_t n_ctx, int wire) {
 static void stage_seq_free(stage_seq *q) {
     k3_state_free(&q->st);
     if (q->has_smp) smp_free(&q->smp);
+    gr_free(q->gram);
     memset(q, 0, sizeof *q);
 }
 
@@ -148,30 +149,50 @@ static uint32_t stage_seq_offset(const rf_header *h, uint32_t i) {
     return off;
 }
 
-/* The logit biases at the head of the 4th part (docs: frame.h), for the RF_SEQ_HAS_BIAS sequences in
- * frame order: bias[i] / nb[i] where sequence i's list starts and how long it is (the bytes are an
- * smp_bias array, unaligned: copied out when the sampler is made), *q_off where the drafts'
+/* A new sequence's sampler inputs at the head of the 4th part (docs: frame.h): per RF_SEQ_HAS_BIAS
+ * sequence in frame order its logit biases (the bytes are an smp_bias array, unaligned: copied out when the
+ * sampler is made), then per RF_SEQ_HAS_GRAMMAR sequence its budget and grammar; *q_off where the drafts'
  * distributions begin. Checked whole before anything runs, so a bad list fails the frame cleanly. */
-static int stage_bias_parse(const rf_header *h, const uint8_t *q, size_t q_len, const uint8_t **bias, uint32_t *nb,
-                            size_t *q_off, rl_err *err) {
+typedef struct stage_smp_in {
+    const uint8_t *bias;
+    uint32_t nb;
+    const uint8_t *gram; /* the grammar's wire form (decoded when the sampler is made), gram_len bytes */
+    uint32_t gram_len;
+    int32_t budget;
+} stage_smp_in;
+
+static int stage_smp_parse(const rf_header *h, const uint8_t *q, size_t q_len, stage_smp_in *in, size_t *q_off,
+                           rl_err *err) {
     size_t o = 0;
     for (uint32_t i = 0; i < h->n_seqs; i++) {
         const rf_seq *sq = &h->seqs[i];
-        bias[i] = NULL;
-        nb[i] = 0;
-        if (!(sq->flags & RF_SEQ_HAS_BIAS)) continue;
-        if (!(sq->flags & RF_SEQ_NEW)) {
-            return rl_errf(err, "sequence %" PRIu64 ": logit biases on a frame that does not start it", sq->seq_id);
+        in[i] = (stage_smp_in){0};
+        if ((sq->flags & (RF_SEQ_HAS_BIAS | RF_SEQ_HAS_GRAMMAR)) && !(sq->flags & RF_SEQ_NEW)) {
+            return rl_errf(err, "sequence %" PRIu64 ": %s on a frame that does not start it", sq->seq_id,
+                           sq->flags & RF_SEQ_HAS_BIAS ? "logit biases" : "a grammar");
         }
+        if (!(sq->flags & RF_SEQ_HAS_BIAS)) continue;
         uint32_t n;
         if (!q || q_len - o < 4) return rl_errf(err, "sequence %" PRIu64 ": its logit biases are missing", sq->seq_id);
         memcpy(&n, q + o, 4);
         if (n > SMP_MAX_BIAS || (q_len - o - 4) / sizeof(smp_bias) < n) {
             return rl_errf(err, "sequence %" PRIu64 ": %u logit biases do not fit the frame", sq->seq_id, n);
         }
-        bias[i] = q + o + 4;
-        nb[i] = n;
+        in[i].bias = q + o + 4;
+        in[i].nb = n;
         o += 4 + (size_t)n * sizeof(smp_bias);
+    }
+    for (uint32_t i = 0; i < h->n_seqs; i++) {
+        const rf_seq *sq = &h->seqs[i];
+        if (!(sq->flags & RF_SEQ_HAS_GRAMMAR)) continue;
+        uint32_t n;
+        if (!q || q_len - o < 8) return rl_errf(err, "sequence %" PRIu64 ": its grammar is missing", sq->seq_id);
+        memcpy(&in[i].budget, q + o, 4);
+        memcpy(&n, q + o + 4, 4);
+        if (q_len - o - 8 < n) return rl_errf(err, "sequence %" PRIu64 ": a grammar of %u bytes does not fit the frame", sq->seq_id, n);
+        in[i].gram = q + o + 8;
+        in[i].gram_len = n;
+        o += 8 + (size_t)n;
     }
     *q_off = o;
     return 0;
@@ -183,7 +204,7 @@ static int stage_bias_parse(const rf_header *h, const uint8_t *q, size_t q_len, 
  * large enough for its tokens, at position 0 - what it computes is thrown away; it is there so that the
  * batch has the node's shape. */
 static int stage_prepare(ring_stage *s, const rf_header *h, const int32_t *tokens, const stage_replay_spec *rp,
-                         const uint8_t *const *bias, const uint32_t *nb, stage_seq *stand, stage_seq **qv,
+                         const stage_smp_in *in, stage_seq *stand, stage_seq **qv,
                          k3_state **states, uint32_t *ntok, uint8_t *keep, int32_t *rows, int *n_rows, rl_err *err) {
     const k3_engine *e = s->e;
     bool last = e->b == e->hp.n_layer;
@@ -217,11 +238,27 @@ static int stage_prepare(ring_stage *s, const rf_header *h, const int32_t *token
                                  .presence_penalty = sq->smp.presence_penalty,
                                  .penalty_last_n = sq->smp.penalty_last_n};
                 smp_bias *bl = NULL;
-                if (nb[i] > 0) {
-                    if (!(bl = malloc(nb[i] * sizeof *bl))) return rl_errf(err, "out of memory");
-                    memcpy(bl, bias[i], nb[i] * sizeof *bl);
+                if (in[i].nb > 0) {
+                    if (!(bl = malloc(in[i].nb * sizeof *bl))) return rl_errf(err, "out of memory");
+                    memcpy(bl, in[i].bias, in[i].nb * sizeof *bl);
                     sp.bias = bl;
-                    sp.n_bias = (int32_t)nb[i];
+                    sp.n_bias = (int32_t)in[i].nb;
+                }
+                gr_free(q->gram);
+                q->gram = NULL;
+                if (in[i].gram) { /* constrained output: this stage needs the tokens' bytes to follow it */
+                    if (!s->vocab) {
+                        free(bl);
+                        return rl_errf(err, "sequence %" PRIu64 ": constrained output, but this stage has no vocabulary",
+                                       sq->seq_id);
+                    }
+                    if (!(q->gram = gr_decode(in[i].gram, in[i].gram_len, err))) {
+                        free(bl);
+                        return rl_errf(err, "sequence %" PRIu64 ": %s", sq->seq_id, err->msg);
+                    }
+                    sp.grammar = q->gram;
+                    sp.budget = in[i].budget;
+                    sp.vocab = s->vocab;
                 }
                 q->has_smp = smp_init(&q->smp, &sp, (int32_t)e->hp.n_vocab, err) == 0;
                 free(bl);
@@ -475,19 +512,17 @@ static int stage_exec(ring_stage *s, const rf_header *h, const uint8_t *in, size
     }
     /* The sampler's part of the 4th part on the last stage: logit biases, then the drafts' distributions.
      * A new sequence is never stale, so the lists follow the frame's order less its stale blocks. */
-    const uint8_t *bias[RF_MAX_SEQS] = {0};
-    uint32_t nb[RF_MAX_SEQS] = {0};
+    stage_smp_in sin[RF_MAX_SEQS];
     size_t q_off = 0;
+    memset(sin, 0, sizeof sin);
     if (last) {
-        if (stage_bias_parse(h, q, q_len, bias, nb, &q_off, err) != 0) goto out;
+        if (stage_smp_parse(h, q, q_len, sin, &q_off, err) != 0) goto out;
         for (uint32_t i = 0, j = 0; i < h->n_seqs; i++) {
-            if (stale[i]) continue;
-            bias[j] = bias[i];
-            nb[j++] = nb[i];
+            if (!stale[i]) sin[j++] = sin[i];
         }
     }
     if (hb->n_seqs > 0) { /* (a frame of only stale blocks is not run at all: cancelled here) */
-        if (stage_prepare(s, hb, tb, rp, bias, nb, stand, qv2, states, ntok, keep, rows, &n_rows, err) != 0) goto out;
+        if (stage_prepare(s, hb, tb, rp, sin, stand, qv2, states, ntok, keep, rows, &n_rows, err) != 0) goto out;
         for (uint32_t i = 0, j = 0; i < h->n_seqs; i++) qv[i] = stale[i] ? NULL : qv2[j++];
         k3_batch b = {.n_seqs = (int)hb->n_seqs, .seqs = states, .n_tokens = ntok, .tokens = tb,
                       .in = e->a > 0 ? bb : NULL, .keep_rollback = keep, .n_logits = last ? n_rows : 0,

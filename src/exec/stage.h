@@ -29,6 +29,7 @@ typedef struct stage_seq {
     k3_state st;
     smp_sampler smp; /* last stage only */
     bool has_smp;
+    gr_grammar *gram; /* constrained output (RF_SEQ_HAS_GRAMMAR): smp's grammar, owned */
     /* Last stage, after a VERIFY block: the sequence is valid up to valid_end and continues with next_tok.
      * A later VERIFY block that starts past valid_end, or at it with another token, was drafted assuming
      * more was accepted (pipelined speculation): it is stale and answered with 0 committed, not run. */
@@ -41,6 +42,7 @@ typedef struct ring_stage {
     k3_engine *e;   /* bound to layers [e->a, e->b); not owned */
     uint32_t n_ctx; /* per-sequence context */
     int wire;       /* enum k3_wire_dtype of the boundary state it sends */
+    const smp_vocab *vocab; /* last stage: the tokens' bytes, for constrained output (NULL: grammars refused); not owned */
     stage_seq seqs[RF_MAX_SEQS];
     /* DSpark taps this stage computes (the listed layers it holds: a < layer <= b) for RF_SEQ_TAPS
      * sequences; after stage_run, tap_rows holds them, [tap][row][n_embd], n_tap_rows rows (node: RF_TAPS) */

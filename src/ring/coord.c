@@ -607,10 +607,11 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
         for (int s = 0; s < rc->plan.n_stages; s++) pd->taps_need += ring_stage_taps(rc, s) > 0;
     }
     /* The last stage's sampler inputs, if any sequence carries them, ride in a 4th part (frame.h): the new
-     * sequences' logit biases, then the drafts' distributions. */
+     * sequences' logit biases, their grammars, then the drafts' distributions. */
     size_t qlen = 0;
     for (int i = 0; i < n_reqs; i++) {
         if (reqs[i].flags & RF_SEQ_HAS_BIAS) qlen += 4 + (size_t)reqs[i].n_bias * sizeof(smp_bias);
+        if (reqs[i].flags & RF_SEQ_HAS_GRAMMAR) qlen += 8 + (size_t)reqs[i].gram_len;
         qlen += (reqs[i].flags & RF_SEQ_HAS_Q) ? reqs[i].q_len : 0;
     }
     uint8_t *qb = qlen ? malloc(qlen) : NULL;
@@ -620,6 +621,13 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
         memcpy(qb + qo, &reqs[i].n_bias, 4);
         if (reqs[i].n_bias) memcpy(qb + qo + 4, reqs[i].bias, (size_t)reqs[i].n_bias * sizeof(smp_bias));
         qo += 4 + (size_t)reqs[i].n_bias * sizeof(smp_bias);
+    }
+    for (int i = 0; qb && i < n_reqs; i++) {
+        if (!(reqs[i].flags & RF_SEQ_HAS_GRAMMAR)) continue;
+        memcpy(qb + qo, &reqs[i].budget, 4);
+        memcpy(qb + qo + 4, &reqs[i].gram_len, 4);
+        if (reqs[i].gram_len) memcpy(qb + qo + 8, reqs[i].gram, reqs[i].gram_len);
+        qo += 8 + (size_t)reqs[i].gram_len;
     }
     for (int i = 0; qb && i < n_reqs; i++) {
         if (!(reqs[i].flags & RF_SEQ_HAS_Q)) continue;

@@ -145,6 +145,8 @@ typedef struct ring_coord {
     const mf_model *m;
     audit_draws audit;             /* which finished sequences are audited, and where (trust/audit.h) */
     void *aud_eng[PLAN_MAX_NODES]; /* k3_engine *, per stage, made at its first audit */
+    tok_tokenizer aud_tok;         /* the last stage's audits: the vocabulary its constrained sampling follows */
+    smp_vocab *aud_vocab;          /* (made at the first such audit; NULL before) */
     bool faulty[PLAN_MAX_NODES];   /* per ring.conf node: caught by a receipt check or an audit */
     char fault[PLAN_MAX_NODES][600];
     long audits, audit_failures, audit_frames, audits_skipped;
@@ -175,6 +177,9 @@ typedef struct ring_seq_req {
     size_t q_len;
     const smp_bias *bias; /* RF_SEQ_HAS_BIAS (a RF_SEQ_NEW entry): the last stage's sampler adds these */
     uint32_t n_bias;
+    const uint8_t *gram;  /* RF_SEQ_HAS_GRAMMAR (a RF_SEQ_NEW entry): the grammar's wire form, gram_len bytes, and */
+    uint32_t gram_len;
+    int32_t budget;       /* ... the tokens it may sample at most (sampler.h) */
     smp_logprob *lp;      /* out, optional, RF_SEQ_LOGPROBS: one entry per token returned, at most lp_cap kept */
     uint32_t lp_cap;
     smp_logprob *plp;     /* out, optional, RF_SEQ_PROMPT_LP: n - 1 entries (token t + 1 at row t; n >= 1) */

@@ -15,6 +15,7 @@
 #include <zmq.h>
 
 #include "../gen/emit.h"
+#include "../text/chat_gram.h"
 #include "../trust/audit.h"
 
 /* ---- audits: recompute a stage for a finished sequence (trust/audit.h) --------------------------- */
@@ -161,10 +162,20 @@ static int ring_audit_one(ring_coord *rc, uint64_t seq, int stage, rl_err *err) 
             rc->aud_eng[stage] = e;
         }
     }
+    if (rc_ == 0 && stage == rc->plan.n_stages - 1 && !rc->aud_vocab) {
+        /* The last stage samples, constrained output too: its audit follows the same grammar over the same
+         * vocabulary (chat_gram.h), from the coordinator's own copy of the model. */
+        if (tok_load(&rc->aud_tok, rc->m, err) != 0) {
+            rc_ = rl_errf(err, "audit: the model's vocabulary: %s", err->msg);
+        } else if (!(rc->aud_vocab = chat_gram_vocab_new(&rc->aud_tok))) {
+            tok_free(&rc->aud_tok);
+            rc_ = rl_errf(err, "out of memory");
+        }
+    }
     if (rc_ == 0) {
         audit_report rep;
         double tol = rc->o.audit_tol > 0 ? rc->o.audit_tol : 1e-2;
-        if (audit_replay_seq(rc->aud_eng[stage], rc->o.n_ctx, rc->o.wire, seq, fr, n, tol, &rep, err) != 0) {
+        if (audit_replay_seq(rc->aud_eng[stage], rc->o.n_ctx, rc->o.wire, rc->aud_vocab, seq, fr, n, tol, &rep, err) != 0) {
             rc_ = -1;
         } else {
             rc->audit_frames += rep.frames;
@@ -204,5 +215,10 @@ void ring_audit_free(ring_coord *rc) {
         if (rc->aud_eng[i]) k3_engine_free(rc->aud_eng[i]);
         free(rc->aud_eng[i]);
         rc->aud_eng[i] = NULL;
+    }
+    if (rc->aud_vocab) {
+        tok_vocab_free(rc->aud_vocab);
+        tok_free(&rc->aud_tok);
+        rc->aud_vocab = NULL;
     }
 }

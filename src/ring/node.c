@@ -26,7 +26,9 @@
 #include "../model/k3_forward.h"
 #include "../model/k3_memory.h"
 #include "../speculate/accept.h"
+#include "../text/chat_gram.h"
 #include "../text/sampler.h"
+#include "../text/tokenizer.h"
 #include "../trust/manifest.h"
 #include "../trust/receipt.h"
 #include "../wire/frame.h"
@@ -95,6 +97,8 @@ typedef struct node {
     uint32_t a, b, n_ctx;
     int stage, n_stages, wire;
     ring_stage stage_rt; /* the sequences' state and the compute of this stage (stage.h) */
+    tok_tokenizer tok;   /* last stage: the model's vocabulary, so it can sample constrained output */
+    smp_vocab *vocab;    /* ... (tok's bytes per token; NULL: not the last stage, or the file has no vocabulary) */
     uint32_t taps[16];   /* the ring's DSpark tap layers (ASSIGN "taps"); the stage keeps those it holds */
     int n_taps;
     uint8_t manifest[32]; /* mfst_range_hash of the assigned range: hashed by a thread from load on, so that
@@ -329,6 +333,7 @@ static void node_drop_seqs(node *n) {
     stage_free(&n->stage_rt);
     stage_init(&n->stage_rt, &n->e, n->n_ctx, n->wire);
     stage_set_taps(&n->stage_rt, n->taps, n->n_taps);
+    n->stage_rt.vocab = n->vocab;
 }
 
 static void *node_mfst_main(void *arg) {
@@ -357,6 +362,11 @@ static void node_unload(node *n) {
     if (n->loaded) {
         k3_engine_free(&n->e);
         mf_close(&n->m);
+    }
+    if (n->vocab) {
+        tok_vocab_free(n->vocab);
+        tok_free(&n->tok);
+        n->vocab = NULL;
     }
     n->loaded = false;
 }
@@ -450,6 +460,16 @@ static void node_assign(node *n, uint64_t step, const char *json, size_t len) {
         }
         k3_weights_prefault(&n->e.w, false);
         n->loaded = true;
+        /* The last stage samples: constrained output needs each token's bytes. A file without a vocabulary
+         * still serves everything else (a grammar is then refused, naming why). */
+        if ((uint32_t)b == n->hp.n_layer) {
+            rl_err te;
+            if (tok_load(&n->tok, &n->m, &te) != 0) {
+                node_log(n, "no vocabulary in %s, so no constrained output: %s", path, te.msg);
+            } else if (!(n->vocab = chat_gram_vocab_new(&n->tok))) {
+                tok_free(&n->tok);
+            }
+        }
         n->have_manifest = false;
         snprintf(n->hash, sizeof n->hash, "%s", hash);
         n->a = (uint32_t)a;
@@ -468,6 +488,7 @@ static void node_assign(node *n, uint64_t step, const char *json, size_t len) {
     const char *wire = jstr(j, "wire");
     n->wire = wire && strcmp(wire, "f16") == 0 ? K3_WIRE_F16 : wire && strcmp(wire, "bf16") == 0 ? K3_WIRE_BF16 : K3_WIRE_F32;
     stage_init(&n->stage_rt, &n->e, n->n_ctx, n->wire); /* no sequence: node_drop_seqs above */
+    n->stage_rt.vocab = n->vocab;
     n->n_taps = 0;
     const cJSON *taps = cJSON_GetObjectItemCaseSensitive(j, "taps"), *tv;
     cJSON_ArrayForEach(tv, taps) {

@@ -21,6 +21,9 @@ typedef struct ring_slot {
     rf_sampling smp;
     smp_bias *bias;    /* the request's logit biases (sent with every RF_SEQ_NEW frame: a replay needs them too) */
     uint32_t n_bias;
+    uint8_t *gram;     /* constrained output: the grammar's wire form (also sent with every RF_SEQ_NEW frame) */
+    size_t gram_len;
+    int32_t budget;
     bool sampled;      /* it returned a token, so it cannot be replayed exactly: no history is kept */
     int32_t *hist;     /* while !sampled: every token given so far (a replay sends them again) */
     uint32_t n_hist, cap_hist;
@@ -440,8 +443,9 @@ static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
             S->gen = B->gen;
             S->pos = 0;
             *q = (ring_seq_req){.seq_id = S->seq_id, .pos = 0, .n = S->n_hist + e->n_tokens, .tokens = S->hist,
-                                .flags = RF_SEQ_NEW | (S->n_bias ? RF_SEQ_HAS_BIAS : 0), .smp = S->smp,
-                                .bias = S->bias, .n_bias = S->n_bias};
+                                .flags = RF_SEQ_NEW | (S->n_bias ? RF_SEQ_HAS_BIAS : 0) | (S->gram ? RF_SEQ_HAS_GRAMMAR : 0),
+                                .smp = S->smp, .bias = S->bias, .n_bias = S->n_bias, .gram = S->gram,
+                                .gram_len = (uint32_t)S->gram_len, .budget = S->budget};
         } else {
             *q = (ring_seq_req){.seq_id = S->seq_id, .pos = S->pos, .n = e->n_tokens, .tokens = e->tokens,
                                 .smp = S->smp};
@@ -548,6 +552,16 @@ static int ring_be_step(void *impl, sch_step *steps, int n, rl_err *err) {
                 memcpy(S->bias, e->smp->bias, (size_t)e->smp->n_bias * sizeof *S->bias);
                 S->n_bias = (uint32_t)e->smp->n_bias;
             }
+            free(S->gram);
+            S->gram = NULL;
+            S->gram_len = 0;
+            S->budget = e->smp->budget;
+            if (e->smp->grammar) { /* the last stage samples, so it gets the grammar (once per ring sequence) */
+                if (gr_encode(e->smp->grammar, &S->gram, &S->gram_len) != 0) {
+                    return rl_errf(err, "out of memory for the grammar of slot %d", e->slot);
+                }
+                if (S->gram_len > UINT32_MAX / 2) return rl_errf(err, "slot %d: a grammar of %zu bytes", e->slot, S->gram_len);
+            }
             S->want_receipts = e->receipts;
             S->rcpt_len = 0;
         } else if (S->seq_id == 0 && S->n_hist == 0) {
@@ -638,7 +652,7 @@ static void ring_be_free(void *impl) {
     sch_ring *B = impl;
     if (!B) return;
     if (B->rc) ring_shut(B);
-    for (int i = 0; B->slots && i < B->cfg.n_slots; i++) free(B->slots[i].hist), free(B->slots[i].rcpt), free(B->slots[i].bias);
+    for (int i = 0; B->slots && i < B->cfg.n_slots; i++) free(B->slots[i].hist), free(B->slots[i].rcpt), free(B->slots[i].bias), free(B->slots[i].gram);
     free(B->slots);
     free(B->reqs);
     free(B->to_free);

@@ -606,13 +606,9 @@ static int http_parse_common(const http_server *h, const cJSON *j, http_job *jb,
         bool is_schema = strcmp(t->valuestring, "json_schema") == 0;
         if (is_schema || strcmp(t->valuestring, "json_object") == 0) {
             /* Constrained decoding (sampler.h: grammar): JSON, matching the schema, within max_tokens.
-             * Samplers on a ring live on its last stage, which does not take a grammar yet. Drafts stay:
+             * On a ring the last stage samples: the grammar travels to it (frame.h). Drafts stay:
              * the scheduler cuts those the grammar refuses, and acceptance judges the rest against the
              * constrained distribution (accept.h). */
-            const char *what = is_schema ? "json_schema" : "json_object";
-            if (strcmp(h->s->be.kind, "local") != 0) {
-                return BAD(f, "response_format", "response_format %s is not supported through a ring yet", what);
-            }
             const cJSON *sc = NULL;
             if (is_schema) { /* {"type":"json_schema","json_schema":{"name":..., "schema":{...}, "strict":...}} */
                 const cJSON *w = cJSON_GetObjectItemCaseSensitive(v, "json_schema");
@@ -714,7 +710,6 @@ static int http_parse_tools(const http_server *h, const cJSON *j, http_job *jb, 
     jb->parse_tools = mode != TC_NONE && jb->p.split;
     if (mode == TC_REQUIRED || mode == TC_NAMED) {
         if (jb->grammar) return BAD(f, "tool_choice", "a required tool call and response_format cannot be combined");
-        if (strcmp(h->s->be.kind, "local") != 0) return BAD(f, "tool_choice", "a required tool call is not supported through a ring yet");
         rl_err e;
         if (!(jb->grammar = chat_tools_grammar_new(h->cfg.chat_fmt, tl, named, jb->p.thinking, &e))) {
             return BAD(f, "tool_choice", "%s", e.msg);
@@ -2097,8 +2092,7 @@ int http_start(http_server *h, const http_config *cfg, sch_sched *s, const tok_t
     h->cfg = *cfg;
     h->s = s;
     h->tok = tok;
-    static const char *const syms[] = {"<|open|>", "<|sep|>", "<|close|>"}; /* chat_gram.h's symbols */
-    if (!(h->vocab = tok_vocab_new(tok, syms, 3))) return rl_errf(err, "out of memory for the vocabulary");
+    if (!(h->vocab = chat_gram_vocab_new(tok))) return rl_errf(err, "out of memory for the vocabulary");
     h->n_ctx = s->be.n_ctx;
     h->created = time(NULL);
     h->id_base = http_random64();

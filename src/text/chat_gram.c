@@ -179,3 +179,8 @@ gr_grammar *chat_tools_grammar_new(chat_format fmt, const cJSON *tools, const ch
     gr_builder_free(b);
     return g;
 }
+
+smp_vocab *chat_gram_vocab_new(const tok_tokenizer *t) {
+    static const char *const syms[] = {"<|open|>", "<|sep|>", "<|close|>"}; /* CHAT_SYM_OPEN, _SEP, _CLOSE */
+    return tok_vocab_new(t, syms, 3);
+}

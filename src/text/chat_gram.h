@@ -17,6 +17,8 @@
 #include "../base/err.h"
 #include "chat.h"
 #include "grammar.h"
+#include "sampler.h"
+#include "tokenizer.h"
 
 struct cJSON;
 
@@ -31,5 +33,10 @@ struct cJSON;
  * refuses (named). */
 gr_grammar *chat_tools_grammar_new(chat_format fmt, const struct cJSON *tools, const char *only, bool thinking,
                                    rl_err *err);
+
+/* The vocabulary constrained sampling follows (tok_vocab_new) with these grammars' symbols mapped: what the
+ * server, a ring's last stage and its auditor all build from the model file, so they judge tokens alike.
+ * NULL out of memory; free with tok_vocab_free. */
+smp_vocab *chat_gram_vocab_new(const tok_tokenizer *t);
 
 #endif

@@ -140,14 +140,15 @@ static int audit_compare(const k3_engine *e, const audit_frame *f, int idx, uint
     return 0;
 }
 
-int audit_replay_seq(k3_engine *e, uint32_t n_ctx, int wire, uint64_t seq_id, const audit_frame *frames, int n,
-                     double tol, audit_report *rep, rl_err *err) {
+int audit_replay_seq(k3_engine *e, uint32_t n_ctx, int wire, const struct smp_vocab *vocab, uint64_t seq_id,
+                     const audit_frame *frames, int n, double tol, audit_report *rep, rl_err *err) {
     memset(rep, 0, sizeof *rep);
     rep->match = true;
     rep->bad_frame = -1;
     ring_stage *st = calloc(1, sizeof *st);
     if (!st) return rl_errf(err, "out of memory");
     stage_init(st, e, n_ctx, wire);
+    st->vocab = vocab;
     int rc = 0;
     bool started = false;
     for (int fi = 0; fi < n && rep->match && rc == 0; fi++) {

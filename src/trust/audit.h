@@ -24,6 +24,8 @@
 #include "../model/k3_forward.h"
 #include "../wire/frame.h"
 
+struct smp_vocab;
+
 typedef struct audit_frame {
     const rf_header *h;                /* the FORWARD frame's header (its sequences) */
     const uint8_t *in, *out, *q;       /* payload received, payload sent on, drafts' distributions (or NULL) */
@@ -39,11 +41,12 @@ typedef struct audit_report {
 } audit_report;
 
 /* Replays sequence seq_id's share of frames[0..n) through a fresh stage on engine e (bound to the audited
- * stage's layers, n_ctx and wire as the node's) and compares. Frames without the sequence are skipped;
+ * stage's layers, n_ctx and wire as the node's) and compares. vocab: the last stage's (ring_stage.vocab),
+ * for sequences with constrained output; NULL elsewhere. Frames without the sequence are skipped;
  * the first one that has it must start it (RF_SEQ_NEW). Returns 0 with rep filled (match or not), -1 when
  * the audit could not be run (malformed input: err says why). */
-int audit_replay_seq(k3_engine *e, uint32_t n_ctx, int wire, uint64_t seq_id, const audit_frame *frames, int n,
-                     double tol, audit_report *rep, rl_err *err);
+int audit_replay_seq(k3_engine *e, uint32_t n_ctx, int wire, const struct smp_vocab *vocab, uint64_t seq_id,
+                     const audit_frame *frames, int n, double tol, audit_report *rep, rl_err *err);
 
 /* Which finished sequences are audited, and at which stage: seeded draws (splitmix64), so a run's audits
  * are reproducible from its audit seed. The queue holds the sequences drawn and not yet audited. */
