@@ -162,7 +162,7 @@ honest_serve() {
     for r in $(seq 1 8); do
         t=0; [ $((r % 2)) = 0 ] && t=0.9
         curl --max-time 60 -s -o "$WORK/$name$r.json" -H 'Content-Type: application/json' --data-binary \
-            "{\"prompt\":\"$pre$(toks "$r" 900 $((20 + r)) | tr , ' ')\",\"max_tokens\":24,\"temperature\":$t,\"seed\":$r,\"ignore_eos\":true}" \
+            "{\"prompt\":\"$pre$(toks "$r" 900 $((20 + r)) | tr , ' ')\",\"max_tokens\":24,\"temperature\":$t,\"seed\":$r,\"ignore_eos\":true${EXTRA:-}}" \
             "${SRV_URL[$name]}/v1/completions" &
         cpids+=($!)
     done
@@ -184,6 +184,15 @@ check "serve, honest ring, n-gram drafts: drafts verified, every request audited
      python3 $WORK/check.py $WORK/hd.health \"all(n['status'] == 'up' for n in d['nodes'])\" &&
      awk '/^ringlm_audits_total/ { s += \$2 } /^ringlm_spec_drafted_tokens_total/ { d = \$2 }
           END { exit !(s == 8 && d > 0) }' $WORK/hd.metrics"
+
+# ... and constrained output (a JSON schema; the grammar rides to the last stage, whose audits replay it),
+# with n-gram drafts: every output valid, every request audited exactly, the last stage among them.
+EXTRA=',"response_format":{"type":"json_schema","json_schema":{"name":"s","schema":{"type":"object","properties":{"a":{"type":"array","items":{"type":"integer"},"maxItems":3},"b":{"type":"string","maxLength":6}},"required":["a","b"],"additionalProperties":false}}}' \
+    honest_serve hj "" --draft ngram
+check "serve, honest ring, json_schema: 8 valid objects, every request audited exactly (the last stage too), no node faulty" bash -c \
+    "for r in 1 2 3 4 5 6 7 8; do python3 $WORK/check.py $WORK/hj\$r.json \"sorted(json.loads(d['choices'][0]['text'])) == ['a', 'b']\" || exit 1; done &&
+     python3 $WORK/check.py $WORK/hj.health \"all(n['status'] == 'up' for n in d['nodes']) and d['nodes'][-1].get('audits', 0) > 0\" &&
+     awk '/^ringlm_audits_total/ { s += \$2 } END { exit !(s == 8) }' $WORK/hj.metrics"
 
 # --- serve: an audited ring of 4 nodes, one of which (node 4, stage 1) perturbs what it sends. Requests go
 # on until an audit catches it; from then on it is out of the ring (/health, /metrics), and the 3 honest

@@ -6,10 +6,14 @@
 
 int rl_errf(rl_err *err, const char *fmt, ...) {
     if (err) {
+        /* Through a copy: callers add context with rl_errf(err, "...: %s", err->msg), and vsnprintf must
+         * not write the buffer it is reading. */
+        char buf[sizeof err->msg];
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        vsnprintf(buf, sizeof buf, fmt, ap);
         va_end(ap);
+        memcpy(err->msg, buf, sizeof buf);
     }
     return -1;
 }

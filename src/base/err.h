@@ -14,7 +14,8 @@ typedef struct rl_err {
     char msg[1024];
 } rl_err;
 
-/* Formats the message into err (if not NULL) and returns -1, so `return rl_errf(err, ...)` reads well. */
+/* Formats the message into err (if not NULL) and returns -1, so `return rl_errf(err, ...)` reads well. The
+ * arguments may include err->msg itself. */
 int rl_errf(rl_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Prepends "prefix: " to an existing message (for adding context on the way up). Returns -1. */

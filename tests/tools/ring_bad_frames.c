@@ -18,6 +18,10 @@
 
 #include "gguf/file_hash.h"
 #include "model/k3_hparams.h"
+#include "text/chat_gram.h"
+#include "text/grammar.h"
+#include "text/json_schema.h"
+#include "text/tokenizer.h"
 #include "wire/frame.h"
 #include "ring/zsock.h"
 
@@ -54,6 +58,16 @@ static void send_hdr(void *s, const rf_header *h, const void *payload, size_t pl
     const void *d[3] = {hb, payload ? payload : "", sb};
     size_t l[3] = {rf_header_size(h->n_seqs), plen, rf_stamps_size(0)};
     send_parts(s, d, l, with_stamps ? 3 : 2);
+}
+
+/* A FORWARD with the last stage's sampler part (the 4th). */
+static void send_hdr4(void *s, const rf_header *h, const void *payload, size_t plen, const void *q, size_t qlen) {
+    uint8_t hb[2048], sb[8];
+    rf_header_encode(h, hb);
+    rf_stamps_encode(NULL, 0, sb);
+    const void *d[4] = {hb, payload, sb, q};
+    size_t l[4] = {rf_header_size(h->n_seqs), plen, rf_stamps_size(0), qlen};
+    send_parts(s, d, l, 4);
 }
 
 static void expect(void *s, const char *what, const char *needle) {
@@ -329,6 +343,78 @@ int main(int argc, char **argv) {
     int32_t three[3] = {1, 2, 3};
     send_hdr(s, &v, three, 12, 1); /* HAS_Q but no q part */
     expect(s, "VERIFY that announces draft distributions and sends none", "malformed");
+    /* The sampler's part: logit biases and grammars of new sequences, checked before anything runs. */
+    rf_header b = f;
+    b.seqs[0].seq_id = 50;
+    b.seqs[0].flags = RF_SEQ_NEW | RF_SEQ_HAS_BIAS;
+    send_hdr(s, &b, &tok, 4, 1);
+    expect(s, "logit biases announced and not sent", "logit biases are missing");
+    uint8_t qb[256] = {0};
+    uint32_t nb = 1000;
+    memcpy(qb, &nb, 4);
+    send_hdr4(s, &b, &tok, 4, qb, 12);
+    expect(s, "more logit biases than the part holds", "do not fit the frame");
+    b.seqs[0].flags = RF_SEQ_HAS_BIAS; /* on a sequence's later frame */
+    send_hdr4(s, &b, &tok, 4, qb, 12);
+    expect(s, "logit biases on a frame that does not start the sequence", "does not start it");
+    b.seqs[0].flags = RF_SEQ_NEW | RF_SEQ_HAS_GRAMMAR;
+    send_hdr(s, &b, &tok, 4, 1);
+    expect(s, "a grammar announced and not sent", "grammar is missing");
+    uint32_t gl = 100000;
+    memcpy(qb + 4, &gl, 4);
+    send_hdr4(s, &b, &tok, 4, qb, 40);
+    expect(s, "a grammar longer than the part", "does not fit the frame");
+    gl = 32;
+    memcpy(qb + 4, &gl, 4);
+    memset(qb + 8, 'x', 32);
+    send_hdr4(s, &b, &tok, 4, qb, 40);
+    expect(s, "a grammar that is not one", "not a grammar's wire form");
+    gr_grammar *jg = js_object_grammar_new(&err);
+    uint8_t *gw = NULL;
+    size_t gwl = 0;
+    if (!jg || gr_encode(jg, &gw, &gwl) != 0) {
+        printf("not ok - a grammar to send: %s\n", err.msg);
+        n_fail++;
+    } else {
+        uint8_t *q2 = malloc(8 + gwl);
+        int32_t budget = 0;
+        uint32_t l32 = (uint32_t)gwl;
+        memcpy(q2, &budget, 4), memcpy(q2 + 4, &l32, 4), memcpy(q2 + 8, gw, gwl);
+        q2[8 + 20] ^= 1; /* n_items off by one: the counts no longer add up to its bytes */
+        send_hdr4(s, &b, &tok, 4, q2, 8 + gwl);
+        expect(s, "a grammar whose counts do not match its bytes", "do not match");
+        q2[8 + 20] ^= 1;
+        /* A valid one: the node samples the first token of a JSON object. */
+        tok_tokenizer tk;
+        b.seqs[0].seq_id = 51;
+        send_hdr4(s, &b, &tok, 4, q2, 8 + gwl);
+        zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+        zs_parts p;
+        rl_err e;
+        int32_t got = -1;
+        rf_header *rh = calloc(1, sizeof *rh);
+        if (zmq_poll(&it, 1, 5000) > 0 && zs_recv(s, &p, &e) == 0) {
+            if (p.n >= 2 && rf_header_decode(rh, p.data[0], p.len[0], &e) == 0 && rh->type == RF_RESULT && p.len[1] >= 4) {
+                memcpy(&got, p.data[1], 4);
+            }
+            zs_parts_free(&p);
+        }
+        free(rh);
+        char *text = NULL;
+        bool brace = false;
+        if (got >= 0 && tok_load(&tk, &m, &e) == 0) {
+            size_t tl = 0;
+            if (tok_decode(&tk, &got, 1, false, false, &text, &tl, &e) == 0) brace = tl > 0 && text[0] == 0x7b;
+            free(text);
+            tok_free(&tk);
+        }
+        printf("%s - a new sequence with a valid grammar (json_object) samples a token that opens an object (%d)\n",
+               brace ? "ok" : "not ok", got);
+        brace ? n_pass++ : n_fail++;
+        free(q2);
+    }
+    free(gw);
+    gr_free(jg);
     rf_header fd = {.type = RF_FETCH_DATA};
     send_hdr(s, &fd, "x", 1, 0);
     expect(s, "FETCH_DATA without FETCH_BEGIN", "without FETCH_BEGIN");
