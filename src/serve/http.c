@@ -610,6 +610,7 @@ static int http_parse_common(const http_server *h, const cJSON *j, http_job *jb,
              * the scheduler cuts those the grammar refuses, and acceptance judges the rest against the
              * constrained distribution (accept.h). */
             const cJSON *sc = NULL;
+            bool strict = false;
             if (is_schema) { /* {"type":"json_schema","json_schema":{"name":..., "schema":{...}, "strict":...}} */
                 const cJSON *w = cJSON_GetObjectItemCaseSensitive(v, "json_schema");
                 if (!cJSON_IsObject(w)) {
@@ -618,10 +619,13 @@ static int http_parse_common(const http_server *h, const cJSON *j, http_job *jb,
                 }
                 sc = cJSON_GetObjectItemCaseSensitive(w, "schema");
                 if (http_absent(sc)) sc = NULL; /* OpenAI: no schema is any JSON value */
+                /* strict: every keyword enforced, or a 400 naming the one that cannot be; otherwise those are
+                 * ignored (the output still parses, and follows everything else the schema says) */
+                strict = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(w, "strict"));
             }
             const cJSON any = {.type = cJSON_True};
             rl_err e;
-            jb->grammar = is_schema ? js_grammar_new(sc ? sc : &any, &e) : js_object_grammar_new(&e);
+            jb->grammar = is_schema ? js_grammar_new(sc ? sc : &any, !strict, &e) : js_object_grammar_new(&e);
             if (!jb->grammar) return BAD(f, "response_format", "%s", e.msg);
             jb->p.smp.budget = jb->p.max_tokens;
             jb->p.smp.vocab = h->vocab;
@@ -711,10 +715,21 @@ static int http_parse_tools(const http_server *h, const cJSON *j, http_job *jb, 
     if (mode == TC_REQUIRED || mode == TC_NAMED) {
         if (jb->grammar) return BAD(f, "tool_choice", "a required tool call and response_format cannot be combined");
         rl_err e;
-        if (!(jb->grammar = chat_tools_grammar_new(h->cfg.chat_fmt, tl, named, jb->p.thinking, &e))) {
+        if (!(jb->grammar = chat_tools_grammar_new(h->cfg.chat_fmt, tl, named, jb->p.thinking, false, &e))) {
             return BAD(f, "tool_choice", "%s", e.msg);
         }
         jb->p.smp.budget = jb->p.max_tokens;
+        jb->p.smp.vocab = h->vocab;
+    } else if (mode == TC_AUTO && jb->parse_tools && !jb->grammar &&
+               (h->cfg.chat_fmt == CHAT_FMT_K3 || h->cfg.chat_fmt == CHAT_FMT_K3_LITE)) {
+        /* As llama-server does: free text, but calls, when the model writes them, well formed and with
+         * arguments that follow their tool's schema (exactly for "strict" tools). No budget: a reply cut
+         * by max_tokens ends "length", as any text, rather than being steered to close early. */
+        rl_err e;
+        if (!(jb->grammar = chat_tools_grammar_new(h->cfg.chat_fmt, tl, NULL, jb->p.thinking, true, &e))) {
+            return BAD(f, "tools", "%s", e.msg);
+        }
+        jb->p.smp.budget = 0;
         jb->p.smp.vocab = h->vocab;
     }
     if (!(*text = cJSON_PrintUnformatted(tl))) return http_failf(f, 500, "server_error", NULL, NULL, "out of memory");

@@ -63,7 +63,7 @@ static const char *xtml_type(const cJSON *p) {
 
 /* One argument tag: <O>argument key="K" type="T"<P>VALUE<C>argument<P>. A string's value is raw text (the
  * listed ones with an enum); any other, JSON for its schema (type "json" when the schema allows several). */
-static int k3_argument(gr_builder *b, const char *key, const cJSON *p, int text, rl_err *err) {
+static int k3_argument(gr_builder *b, const char *key, const cJSON *p, int text, bool lenient, rl_err *err) {
     const char *type = xtml_type(p);
     int val;
     if (type && !strcmp(type, "string")) {
@@ -75,7 +75,7 @@ static int k3_argument(gr_builder *b, const char *key, const cJSON *p, int text,
         } else {
             val = text;
         }
-    } else if ((val = js_rule_add(b, p, err)) < 0) {
+    } else if ((val = js_rule_add(b, p, lenient, err)) < 0) {
         return rl_err_prefix(err, "tool argument '%s'", key);
     }
     char k[512], head[700], end[32];
@@ -89,11 +89,11 @@ static int k3_argument(gr_builder *b, const char *key, const cJSON *p, int text,
 
 /* A call's arguments: K3, the properties in order (the optional ones may be left out); K3_LITE, one JSON
  * block for the whole parameters schema. */
-static int call_args(gr_builder *b, chat_format fmt, const cJSON *params, int text, rl_err *err) {
+static int call_args(gr_builder *b, chat_format fmt, const cJSON *params, int text, bool lenient, rl_err *err) {
     char c[32];
     if (fmt == CHAT_FMT_K3_LITE) {
         cJSON *any = params ? NULL : cJSON_Parse("{\"type\":\"object\"}");
-        int v = js_rule_add(b, params ? params : any, err);
+        int v = js_rule_add(b, params ? params : any, lenient, err);
         cJSON_Delete(any);
         if (v < 0) return rl_err_prefix(err, "tool parameters");
         int r = gr_rule_new(b);
@@ -109,7 +109,7 @@ static int call_args(gr_builder *b, chat_format fmt, const cJSON *params, int te
     gr_alt_add(b, next, NULL, 0);
     for (int i = n - 1; i >= 0; i--) {
         const cJSON *p = cJSON_GetArrayItem(props, i);
-        int a = k3_argument(b, p->string, p, text, err);
+        int a = k3_argument(b, p->string, p, text, lenient, err);
         if (a < 0) return -1;
         bool required = false;
         for (const cJSON *q = cJSON_IsArray(req) ? req->child : NULL; q; q = q->next)
@@ -123,9 +123,9 @@ static int call_args(gr_builder *b, chat_format fmt, const cJSON *params, int te
 }
 
 gr_grammar *chat_tools_grammar_new(chat_format fmt, const cJSON *tools, const char *only, bool thinking,
-                                   rl_err *err) {
+                                   bool optional, rl_err *err) {
     if (fmt != CHAT_FMT_K3 && fmt != CHAT_FMT_K3_LITE)
-        return rl_errf(err, "tool calls can be required only of Kimi K3 chat formats (this model's is %s)",
+        return rl_errf(err, "tool calls can be constrained only in Kimi K3 chat formats (this model's is %s)",
                        chat_format_name(fmt)), NULL;
     gr_builder *b = gr_builder_new();
     if (!b) return rl_errf(err, "out of memory"), NULL;
@@ -140,7 +140,8 @@ gr_grammar *chat_tools_grammar_new(chat_format fmt, const cJSON *tools, const ch
         args[t] = -1;
         if (only && strcmp(only, name) != 0) continue;
         found++;
-        args[t] = call_args(b, fmt, cJSON_GetObjectItemCaseSensitive(fn, "parameters"), text, err);
+        bool strict = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(fn, "strict"));
+        args[t] = call_args(b, fmt, cJSON_GetObjectItemCaseSensitive(fn, "parameters"), text, !strict, err);
         if (args[t] < 0) rc = rl_err_prefix(err, "tool '%s'", name);
     }
     if (rc == 0 && found == 0) rc = rl_errf(err, "tool_choice names '%s', which is not among the tools", only ? only : "?");
@@ -170,6 +171,9 @@ gr_grammar *chat_tools_grammar_new(chat_format fmt, const cJSON *tools, const ch
                                            L(close_tag(c_tools, sizeof c_tools, "tools")),
                                            L(close_tag(c_msg, sizeof c_msg, "message"))}, 4);
         gr_alt_add(b, response, (gr_item[]){R(text), L(close_tag(c_resp, sizeof c_resp, "response")), R(section)}, 3);
+        if (optional) /* tool_choice auto: the reply may also end without calls */
+            gr_alt_add(b, response, (gr_item[]){R(text), L(close_tag(c_resp, sizeof c_resp, "response")),
+                                                L(close_tag(c_msg, sizeof c_msg, "message"))}, 3);
         if (thinking)
             gr_alt_add(b, root, (gr_item[]){R(text), L(close_tag(c_think, sizeof c_think, "think")),
                                             L(open_tag(o_resp, sizeof o_resp, "response")), R(response)}, 4);

@@ -1,5 +1,5 @@
-/* chat_gram.h - the grammar of a Kimi K3 reply that must call a tool (tool_choice "required", or one named
- * tool), for constrained decoding (grammar.h).
+/* chat_gram.h - the grammar of a Kimi K3 reply that must or may call tools (tool_choice "required", one
+ * named tool, or "auto"), for constrained decoding (grammar.h).
  *
  * The reply the template's generation prompt opened: [the think section's rest, <|close|>think<|sep|>]
  * <|open|>response<|sep|>TEXT<|close|>response<|sep|> then a tools section of 1 to 8 calls, as the
@@ -28,11 +28,13 @@ struct cJSON;
 #define CHAT_GRAM_MAX_CALLS 8
 
 /* tools: OpenAI's tools array (validated by the caller: each {"type":"function","function":{"name":...}});
- * only: the one tool to call, or NULL for any; thinking: the generation prompt opened the think section.
- * Fails for formats other than K3 / K3_LITE, an unknown `only`, or a parameter schema json_schema.h
- * refuses (named). */
+ * only: the one tool to call, or NULL for any; thinking: the generation prompt opened the think section;
+ * optional: the reply may also end without a tools section (tool_choice "auto": the text is free, the
+ * calls, when the model writes them, well formed). A tool whose function says "strict": true gets its
+ * parameters' schema exactly (a keyword json_schema.h cannot enforce fails, named); the others a lenient
+ * grammar (such keywords ignored). Fails for formats other than K3 / K3_LITE or an unknown `only`. */
 gr_grammar *chat_tools_grammar_new(chat_format fmt, const struct cJSON *tools, const char *only, bool thinking,
-                                   rl_err *err);
+                                   bool optional, rl_err *err);
 
 /* The vocabulary constrained sampling follows (tok_vocab_new) with these grammars' symbols mapped: what the
  * server, a ring's last stage and its auditor all build from the model file, so they judge tokens alike.

@@ -20,6 +20,7 @@ typedef struct js_ctx {
     const cJSON *root;
     rl_err *err;
     int failed;
+    bool lenient; /* keywords it cannot enforce are ignored (a wider grammar), not refused */
     /* shared rules, -1 until made */
     int sp, value, str, str_body, chr, num, integer, digits;
     struct {
@@ -489,7 +490,7 @@ static int schema(js_ctx *c, const cJSON *s, const char *path, int depth) {
     if (cJSON_IsTrue(s)) return any_value(c);
     if (cJSON_IsFalse(s)) return fail(c, path, "%s", "the schema false matches nothing");
     if (!cJSON_IsObject(s)) return fail(c, path, "%s", "a schema must be an object or a boolean");
-    for (size_t k = 0; k < sizeof refused / sizeof *refused; k++)
+    for (size_t k = 0; k < sizeof refused / sizeof *refused && !c->lenient; k++)
         if (cJSON_GetObjectItemCaseSensitive(s, refused[k]))
             return fail(c, path, "'%s' is not supported by constrained decoding", refused[k]);
     const cJSON *v;
@@ -557,18 +558,18 @@ static int schema(js_ctx *c, const cJSON *s, const char *path, int depth) {
     return any_value(c);
 }
 
-int js_rule_add(gr_builder *b, const cJSON *s, rl_err *err) {
-    js_ctx c = {.b = b, .root = s, .err = err, .sp = -1, .value = -1, .str = -1, .str_body = -1, .chr = -1,
+int js_rule_add(gr_builder *b, const cJSON *s, bool lenient, rl_err *err) {
+    js_ctx c = {.b = b, .root = s, .err = err, .lenient = lenient, .sp = -1, .value = -1, .str = -1, .str_body = -1, .chr = -1,
                 .num = -1, .integer = -1, .digits = -1};
     int root = schema(&c, s, "", 0);
     for (int i = 0; i < c.n_refs; i++) free(c.refs[i].ref);
     return root;
 }
 
-gr_grammar *js_grammar_new(const cJSON *s, rl_err *err) {
+gr_grammar *js_grammar_new(const cJSON *s, bool lenient, rl_err *err) {
     gr_builder *b = gr_builder_new();
     if (!b) return rl_errf(err, "json_schema: out of memory"), NULL;
-    int root = js_rule_add(b, s, err);
+    int root = js_rule_add(b, s, lenient, err);
     gr_grammar *g = root >= 0 ? gr_build(b, root, err) : NULL;
     gr_builder_free(b);
     return g;
@@ -577,7 +578,7 @@ gr_grammar *js_grammar_new(const cJSON *s, rl_err *err) {
 gr_grammar *js_object_grammar_new(rl_err *err) {
     cJSON *s = cJSON_Parse("{\"type\":\"object\"}");
     if (!s) return rl_errf(err, "json_schema: out of memory"), NULL;
-    gr_grammar *g = js_grammar_new(s, err);
+    gr_grammar *g = js_grammar_new(s, false, err);
     cJSON_Delete(s);
     return g;
 }

@@ -6,7 +6,9 @@
  * too), minLength / maxLength, and the string formats date, time, date-time and uuid. Annotations
  * (title, description, default, examples, $schema, $id, $comment, and other formats) are ignored. A
  * keyword that asserts something the grammar cannot enforce (pattern, minimum, uniqueItems, not, ...) is
- * refused by name rather than silently not enforced.
+ * refused by name rather than silently not enforced - unless the caller asks for a lenient grammar (a
+ * schema not marked strict, as OpenAI's API has it): then such keywords are ignored and the grammar
+ * allows a superset of what the schema does.
  *
  * Like llama.cpp's json-schema-to-grammar, an object's declared properties come in their declared order
  * (the required ones always, the others when the model writes them), additional ones after them. Blank
@@ -16,16 +18,18 @@
 #ifndef RINGLM_JSON_SCHEMA_H
 #define RINGLM_JSON_SCHEMA_H
 
+#include <stdbool.h>
+
 #include "../base/err.h"
 #include "grammar.h"
 
 struct cJSON;
 
 /* The grammar of the JSON texts that match schema (true, or an empty object: any JSON value). */
-gr_grammar *js_grammar_new(const struct cJSON *schema, rl_err *err);
+gr_grammar *js_grammar_new(const struct cJSON *schema, bool lenient, rl_err *err);
 /* Adds to b a rule for the JSON texts that match schema (its $refs resolved within schema itself) and
  * returns it, or -1 with err set. For grammars that hold JSON inside other text (tool-call arguments). */
-int js_rule_add(gr_builder *b, const struct cJSON *schema, rl_err *err);
+int js_rule_add(gr_builder *b, const struct cJSON *schema, bool lenient, rl_err *err);
 /* The grammar of any JSON object (response_format json_object). */
 gr_grammar *js_object_grammar_new(rl_err *err);
 

@@ -767,7 +767,7 @@ static void test_tools_grammar(void) {
     static const chat_format fmts[2] = {CHAT_FMT_K3, CHAT_FMT_K3_LITE};
     for (int fi = 0; fi < 2; fi++) {
         for (int th = 0; th < 2; th++) {
-            gr_grammar *g = chat_tools_grammar_new(fmts[fi], tools, fi == 1 && th == 1 ? "ping" : NULL, th, &err);
+            gr_grammar *g = chat_tools_grammar_new(fmts[fi], tools, fi == 1 && th == 1 ? "ping" : NULL, th, false, &err);
             if (!g) {
                 CHECK(false, "tool grammar builds: %s", err.msg);
                 continue;
@@ -803,9 +803,9 @@ static void test_tools_grammar(void) {
             gr_free(g);
         }
     }
-    CHECK(!chat_tools_grammar_new(CHAT_FMT_K3, tools, "nope", true, &err) && strstr(err.msg, "'nope'"),
+    CHECK(!chat_tools_grammar_new(CHAT_FMT_K3, tools, "nope", true, false, &err) && strstr(err.msg, "'nope'"),
           "a named tool that is not declared is refused: %s", err.msg);
-    CHECK(!chat_tools_grammar_new(CHAT_FMT_K2, tools, NULL, true, &err) && strstr(err.msg, "kimi-k2"),
+    CHECK(!chat_tools_grammar_new(CHAT_FMT_K2, tools, NULL, true, false, &err) && strstr(err.msg, "kimi-k2"),
           "K2 formats cannot be made to call: %s", err.msg);
     cJSON_Delete(tools);
 }
@@ -841,7 +841,7 @@ static bool gram_prefixes_close(const gr_grammar *g, const char *doc) {
 
 static gr_grammar *schema_grammar(const char *text, rl_err *err) {
     cJSON *j = cJSON_Parse(text);
-    gr_grammar *g = j ? js_grammar_new(j, err) : NULL;
+    gr_grammar *g = j ? js_grammar_new(j, false, err) : NULL;
     cJSON_Delete(j);
     return g;
 }
@@ -1249,7 +1249,7 @@ static void test_grammar_wire(void) {
                                "\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"}},\"required\":[\"city\"]}}}]");
     gr_grammar *gs[3] = {js_object_grammar_new(&err),
                          schema_grammar("{\"type\":\"array\",\"items\":{\"anyOf\":[{\"type\":\"number\"},{\"enum\":[\"a\",null]}]},\"maxItems\":4}", &err),
-                         chat_tools_grammar_new(CHAT_FMT_K3, tools, NULL, true, &err)};
+                         chat_tools_grammar_new(CHAT_FMT_K3, tools, NULL, true, false, &err)};
     cJSON_Delete(tools);
     for (int k = 0; k < 3; k++) {
         if (!gs[k]) {
@@ -1304,6 +1304,55 @@ static void test_grammar_wire(void) {
     }
 }
 
+/* tool_choice auto: the reply may end without calls or call well-formed; strict tools get their schema
+ * exactly (unenforceable keywords refused), the others a lenient one; lenient schemas ignore such keywords. */
+static void test_tools_grammar_auto(void) {
+    rl_err err;
+    cJSON *tools = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+                               "\"properties\":{\"n\":{\"type\":\"integer\",\"minimum\":0}},\"required\":[\"n\"]}}}]");
+    gr_grammar *g = chat_tools_grammar_new(CHAT_FMT_K3, tools, NULL, false, true, &err);
+    CHECK(g != NULL, "auto, a non-strict tool with 'minimum': the grammar builds (lenient)%s%s", g ? "" : ": ", g ? "" : err.msg);
+    int plain = 0, calls = 0, bad = 0;
+    uint64_t rng = 3;
+    for (int w = 0; g && w < 60; w++) {
+        char raw[4096], text[8192];
+        size_t n = gram_walk(g, &rng, w * 4, raw, sizeof raw);
+        unsym(raw, n, text);
+        const char *sec = strstr(text, "<|open|>tools<|sep|>");
+        if (!sec) {
+            size_t tl = strlen(text), el = strlen("<|close|>response<|sep|><|close|>message<|sep|>");
+            bool ok = tl >= el && !strcmp(text + tl - el, "<|close|>response<|sep|><|close|>message<|sep|>");
+            plain += ok, bad += !ok;
+            continue;
+        }
+        chat_call cs[CHAT_MAX_CALLS];
+        int nc = 0, rc = chat_tools_parse(sec + 20, strlen(sec + 20) - strlen("<|close|>message<|sep|>"), cs, &nc);
+        bool ok = rc == 1 && nc >= 1;
+        for (int c = 0; ok && c < nc; c++) {
+            cJSON *a = cJSON_Parse(cs[c].arguments);
+            ok = !strcmp(cs[c].name, "f") && cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(a, "n"));
+            cJSON_Delete(a);
+        }
+        chat_calls_free(cs, nc);
+        calls += ok, bad += !ok;
+    }
+    CHECK(g && bad == 0 && plain > 0 && calls > 0, "auto: 60 random replies end without calls (%d) or with valid calls (%d), none malformed",
+          plain, calls);
+    gr_free(g);
+    cJSON_AddItemToObject(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(tools, 0), "function"), "strict", cJSON_CreateTrue());
+    g = chat_tools_grammar_new(CHAT_FMT_K3, tools, NULL, false, true, &err);
+    CHECK(!g && strstr(err.msg, "minimum"), "a strict tool with 'minimum' is refused, naming it: %s", g ? "(built)" : err.msg);
+    gr_free(g);
+    cJSON_Delete(tools);
+    cJSON *sc = cJSON_Parse("{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"pattern\":\"^a\"}},\"required\":[\"s\"]}");
+    gr_grammar *strict = js_grammar_new(sc, false, &err), *lenient = js_grammar_new(sc, true, &err);
+    CHECK(!strict && lenient && gram_feed(lenient, "{\"s\": \"b\"}") == 1 && gram_feed(lenient, "{\"t\": 1}") == -1,
+          "json_schema: 'pattern' refused when strict; lenient, ignored while the rest holds (s required)");
+    gr_free(strict);
+    gr_free(lenient);
+    cJSON_Delete(sc);
+}
+
 int main(void) {
     rl_err err;
     sv_vocab v;
@@ -1333,6 +1382,7 @@ int main(void) {
     test_json_schema();
     test_grammar_sampling();
     test_grammar_wire();
+    test_tools_grammar_auto();
     tok_free(&t);
     return check_done();
 }
