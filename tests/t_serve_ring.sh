@@ -183,59 +183,57 @@ sys.exit(0 if len(secs) == 3 and min(secs) > 0 and len(steps) == 3 and min(steps
 EOF
 check "/metrics: backend ring" grep -q '^ringlm_info{model="'"$MODEL_ID"'",backend="ring"} 1' "$WORK/metrics.txt"
 
-# ---- a node killed mid-stream --------------------------------------------------------------------------
-post kill_sse "$(greedy x 100000 ',"stream":true')" -N &
+# ---- a node killed mid-stream: the ring is re-formed over the nodes left and every request goes on -------
+# (docs/serve.md "When a node fails"): each running sequence is rebuilt from the tokens it holds and its
+# sampler resumed, so the text is exactly what one machine writes.
+run_text want_x -p x -n 160
+post kill_sse "$(greedy x 160 ',"stream":true')" -N &
 sse_pid=$!
-post kill_plain "$(greedy x 100000)" &
+post kill_plain "$(greedy x 160)" &
 plain_pid=$!
 for _ in $(seq 200); do [ -s "$WORK/kill_sse.json" ] && break; sleep 0.05; done   # the stream is running
 sleep 0.3
 kill -9 "${RING_PID[2]}"
-start=$(date +%s)
 wait $sse_pid $plain_pid || true
-took=$(( $(date +%s) - start ))
-check "killed node: both requests ended within 10 s (took ${took}s)" test $took -le 10
-check "killed node: the stream ends with an error event naming the node, then [DONE]" py "$WORK/kill_sse.json" \
-    "'error' in sse(raw)[-1] and '$(addr 2)' in sse(raw)[-1]['error']['message']"
-check "killed node: the non-streamed request gets 503 naming the node" \
-    bash -c "test \"\$(cat '$WORK/kill_plain.code')\" = 503 && python3 '$WORK/check.py' '$WORK/kill_plain.json' \"'$(addr 2)' in d['error']['message']\""
+check "killed node: the stream goes on to [DONE], its text = one machine's" py "$WORK/kill_sse.json" \
+    "raw.rstrip().endswith(b'data: [DONE]') and text(sse(raw)) == load('want_x.exp')"
+check "killed node: the non-streamed request gets its 200, the same text" py "$WORK/kill_plain.json" \
+    "d['choices'][0]['text'] == load('want_x.exp')"
+check "... the server re-formed the ring without it" grep -q "re-formed (2 stages" "$WORK/srv.log"
+check "... /metrics: a recovery, tokens replayed" bash -c \
+    "curl -s --max-time 10 '$URL/metrics' >'$WORK/mrec.txt'; awk '/^ringlm_ring_recoveries_total/ { r = \$2 } /^ringlm_ring_replayed_tokens_total/ { t = \$2 } END { exit !(r >= 1 && t > 0) }' '$WORK/mrec.txt'"
 health h1
 check "/health: the killed node is down, the others up" py "$WORK/h1.json" \
     "node(d, '$(addr 2)')['status'] == 'down' and node(d, '$(addr 1)')['status'] == 'up' and node(d, '$(addr 3)')['status'] == 'up'"
 check "/metrics: 1 node down" bash -c "curl -s --max-time 10 '$URL/metrics' | grep -qx 'ringlm_nodes_down 1'"
 
-# While it is down: 503 at once, naming it. (On failure the check shows what the server logged meanwhile.)
-l0=$(wc -l <"$WORK/srv.log")
-t0=$(date +%s.%N)
-post down "$(greedy "$P" 4)"
-t1=$(date +%s.%N)
-check "while the node is down: 503 naming it" \
-    bash -c "test \"\$(cat '$WORK/down.code')\" = 503 && python3 '$WORK/check.py' '$WORK/down.json' \"'$(addr 2)' in d['error']['message']\""
-check "... answered quickly ($(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }') s)" \
-    bash -c "awk -v a=$t0 -v b=$t1 'BEGIN { exit !(b - a < 3) }' || { cat '$WORK/down.json'; tail -n +$((l0 + 1)) '$WORK/srv.log'; exit 1; }"
+# While it is down, requests run on the two nodes left.
+post down "$(greedy "$P" 24)"
+check "while the node is down: 200 on the nodes left, the same text as one machine" py "$WORK/down.json" \
+    "d['choices'][0]['text'] == load('want.exp')"
 
-# ---- restarted on the same port: the next request re-opens the ring ------------------------------------------
+# ---- restarted on the same port: taken back in at a quiet moment (a better plan), nothing failing --------
 ring_start 2 "$RING/models" || exit 1
-post again "$(greedy "$P" 24)"
-check "node restarted: the next request succeeds" bash -c "test \"\$(cat '$WORK/again.code')\" = 200 || { cat '$WORK/again.json'; exit 1; }"
-check "... with the same text as one machine" py "$WORK/again.json" "d['choices'][0]['text'] == load('want.exp')"
+for _ in $(seq 150); do grep -q "re-formed with the nodes that came back" "$WORK/srv.log" && break; sleep 0.1; done
 health h2
-check "/health: 3 nodes up again" py "$WORK/h2.json" "all(n['status'] == 'up' for n in d['nodes']) and len(d['nodes']) == 3"
-check "the server logged the re-open" grep -q "whole again" "$WORK/srv.log"
+check "node restarted: the idle server re-formed the ring with it, /health shows 3 nodes up in 3 stages" py "$WORK/h2.json" \
+    "all(n['status'] == 'up' for n in d['nodes']) and len(d['nodes']) == 3 and all(n['layers'][1] > n['layers'][0] for n in d['nodes'])"
+post again "$(greedy "$P" 24)"
+check "... and the next request gets the same text as one machine" py "$WORK/again.json" "d['choices'][0]['text'] == load('want.exp')"
 
 # ---- a node killed and restarted while the server is idle: /health follows it with no request (the server
 # looks at the nodes every 2 s while idle), the ring is re-opened before the next request, which succeeds ----
-wholes=$(grep -c "whole again" "$WORK/srv.log")
+wholes=$(grep -c "re-formed" "$WORK/srv.log")
 kill -9 "${RING_PID[3]}"
 wait "${RING_PID[3]}" 2>/dev/null || true
 for _ in $(seq 100); do health hq; py "$WORK/hq.json" "node(d, '$(addr 3)')['status'] == 'down'" >/dev/null 2>&1 && break; sleep 0.1; done
 check "idle: /health shows the killed node down, with no request sent" py "$WORK/hq.json" \
     "node(d, '$(addr 3)')['status'] == 'down' and node(d, '$(addr 1)')['status'] == 'up'"
 ring_start 3 "$RING/models" || exit 1
-for _ in $(seq 100); do [ "$(grep -c "whole again" "$WORK/srv.log")" -gt "$wholes" ] && break; sleep 0.1; done
+for _ in $(seq 150); do [ "$(grep -c "re-formed with the nodes that came back" "$WORK/srv.log")" -gt 1 ] && break; sleep 0.1; done
 health hr
 check "idle: the node back, the ring re-opened before any request, /health shows every node up" bash -c \
-    "[ \$(grep -c 'whole again' '$WORK/srv.log') -gt $wholes ] && python3 '$WORK/check.py' '$WORK/hr.json' \
+    "[ \$(grep -c 're-formed' '$WORK/srv.log') -gt $wholes ] && python3 '$WORK/check.py' '$WORK/hr.json' \
      \"all(n['status'] == 'up' for n in d['nodes']) and len(d['nodes']) == 3\""
 post idle "$(greedy "$P" 24)"
 check "node restarted while idle: the next request succeeds with the same text" py "$WORK/idle.json" \
@@ -263,7 +261,7 @@ wait $long_pid || true
 check "node stopped mid-prefill (after $at of $n_long prompt tokens)" test "$at" -lt "$n_long"
 check "... the request was replayed on the re-opened ring: 200, the same text as one machine" py "$WORK/long.json" \
     "d['choices'][0]['text'] == load('want_long.exp') and d['usage']['prompt_tokens'] == $n_long"
-check "... the server logged the retry" grep -q "retrying the step on a re-opened ring" "$WORK/srv.log"
+check "... the server logged the retry" grep -q "the step runs again on a re-formed ring" "$WORK/srv.log"
 
 # ---- SIGTERM ----------------------------------------------------------------------------------------------
 kill -TERM "${SRV_PID[srv]}"

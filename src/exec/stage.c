@@ -159,6 +159,8 @@ typedef struct stage_smp_in {
     const uint8_t *gram; /* the grammar's wire form (decoded when the sampler is made), gram_len bytes */
     uint32_t gram_len;
     int32_t budget;
+    bool resume;         /* RF_SEQ_RESUME: tokens gen_start.. of the frame were generated */
+    uint32_t gen_start;
 } stage_smp_in;
 
 static int stage_smp_parse(const rf_header *h, const uint8_t *q, size_t q_len, stage_smp_in *in, size_t *q_off,
@@ -167,9 +169,13 @@ static int stage_smp_parse(const rf_header *h, const uint8_t *q, size_t q_len, s
     for (uint32_t i = 0; i < h->n_seqs; i++) {
         const rf_seq *sq = &h->seqs[i];
         in[i] = (stage_smp_in){0};
-        if ((sq->flags & (RF_SEQ_HAS_BIAS | RF_SEQ_HAS_GRAMMAR)) && !(sq->flags & RF_SEQ_NEW)) {
+        if ((sq->flags & (RF_SEQ_HAS_BIAS | RF_SEQ_HAS_GRAMMAR | RF_SEQ_RESUME)) && !(sq->flags & RF_SEQ_NEW)) {
             return rl_errf(err, "sequence %" PRIu64 ": %s on a frame that does not start it", sq->seq_id,
-                           sq->flags & RF_SEQ_HAS_BIAS ? "logit biases" : "a grammar");
+                           sq->flags & RF_SEQ_HAS_BIAS ? "logit biases" : sq->flags & RF_SEQ_HAS_GRAMMAR ? "a grammar"
+                                                                                                  : "a resume");
+        }
+        if ((sq->flags & RF_SEQ_RESUME) && (sq->flags & RF_SEQ_VERIFY)) {
+            return rl_errf(err, "sequence %" PRIu64 ": a resumed sequence cannot start with a VERIFY block", sq->seq_id);
         }
         if (!(sq->flags & RF_SEQ_HAS_BIAS)) continue;
         uint32_t n;
@@ -193,6 +199,18 @@ static int stage_smp_parse(const rf_header *h, const uint8_t *q, size_t q_len, s
         in[i].gram = q + o + 8;
         in[i].gram_len = n;
         o += 8 + (size_t)n;
+    }
+    for (uint32_t i = 0; i < h->n_seqs; i++) {
+        const rf_seq *sq = &h->seqs[i];
+        if (!(sq->flags & RF_SEQ_RESUME)) continue;
+        if (!q || q_len - o < 4) return rl_errf(err, "sequence %" PRIu64 ": its resume point is missing", sq->seq_id);
+        memcpy(&in[i].gen_start, q + o, 4);
+        if (in[i].gen_start > sq->n_tokens) {
+            return rl_errf(err, "sequence %" PRIu64 ": resumed at token %u of a %u-token frame", sq->seq_id,
+                           in[i].gen_start, sq->n_tokens);
+        }
+        in[i].resume = true;
+        o += 4;
     }
     *q_off = o;
     return 0;
@@ -286,6 +304,11 @@ static int stage_prepare(ring_stage *s, const rf_header *h, const int32_t *token
             /* Penalty history follows the inputs; a VERIFY block's inputs are accepted as they are judged. */
             if (q->has_smp && !(sq->flags & RF_SEQ_VERIFY)) {
                 for (uint32_t t = 0; t < sq->n_tokens; t++) smp_accept(&q->smp, tokens[off + t]);
+            }
+            /* A rebuilt sequence: what it had generated is its sampler's output again (grammar, budget and the
+             * RNG's position, sampler.h), so it samples on as the lost ring would have. */
+            for (uint32_t t = in[i].resume && q->has_smp ? in[i].gen_start : sq->n_tokens; t < sq->n_tokens; t++) {
+                smp_take(&q->smp, tokens[off + t]);
             }
         }
         off += sq->n_tokens;

@@ -612,6 +612,7 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
     for (int i = 0; i < n_reqs; i++) {
         if (reqs[i].flags & RF_SEQ_HAS_BIAS) qlen += 4 + (size_t)reqs[i].n_bias * sizeof(smp_bias);
         if (reqs[i].flags & RF_SEQ_HAS_GRAMMAR) qlen += 8 + (size_t)reqs[i].gram_len;
+        if (reqs[i].flags & RF_SEQ_RESUME) qlen += 4;
         qlen += (reqs[i].flags & RF_SEQ_HAS_Q) ? reqs[i].q_len : 0;
     }
     uint8_t *qb = qlen ? malloc(qlen) : NULL;
@@ -628,6 +629,11 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
         memcpy(qb + qo + 4, &reqs[i].gram_len, 4);
         if (reqs[i].gram_len) memcpy(qb + qo + 8, reqs[i].gram, reqs[i].gram_len);
         qo += 8 + (size_t)reqs[i].gram_len;
+    }
+    for (int i = 0; qb && i < n_reqs; i++) {
+        if (!(reqs[i].flags & RF_SEQ_RESUME)) continue;
+        memcpy(qb + qo, &reqs[i].gen_start, 4);
+        qo += 4;
     }
     for (int i = 0; qb && i < n_reqs; i++) {
         if (!(reqs[i].flags & RF_SEQ_HAS_Q)) continue;

@@ -33,6 +33,7 @@ typedef struct ring_node_conf {
     char addr[128];  /* HOST:PORT */
     rk_peer key;
     double mem_gb;   /* optional cap from ring.conf (0 = what the node reports) */
+    bool standby;    /* `standby`: kept out of plans while every other node is there; stands in for one lost */
 } ring_node_conf;
 
 typedef struct ring_conf {
@@ -40,7 +41,7 @@ typedef struct ring_conf {
     ring_node_conf nodes[PLAN_MAX_NODES];
 } ring_conf;
 
-/* ring.conf: one node per line, "HOST:PORT PUBLIC_KEY_HEX [mem=GB]"; '#' starts a comment. */
+/* ring.conf: one node per line, "HOST:PORT PUBLIC_KEY_HEX [mem=GB] [standby]"; '#' starts a comment. */
 int ring_conf_load(ring_conf *c, const char *path, rl_err *err);
 
 typedef struct ring_opts {
@@ -180,6 +181,7 @@ typedef struct ring_seq_req {
     const uint8_t *gram;  /* RF_SEQ_HAS_GRAMMAR (a RF_SEQ_NEW entry): the grammar's wire form, gram_len bytes, and */
     uint32_t gram_len;
     int32_t budget;       /* ... the tokens it may sample at most (sampler.h) */
+    uint32_t gen_start;   /* RF_SEQ_RESUME (a RF_SEQ_NEW entry): index of its first generated token */
     smp_logprob *lp;      /* out, optional, RF_SEQ_LOGPROBS: one entry per token returned, at most lp_cap kept */
     uint32_t lp_cap;
     smp_logprob *plp;     /* out, optional, RF_SEQ_PROMPT_LP: n - 1 entries (token t + 1 at row t; n >= 1) */

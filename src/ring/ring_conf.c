@@ -16,11 +16,11 @@ int ring_conf_load(ring_conf *c, const char *path, rl_err *err) {
         lineno++;
         char *hash = strchr(line, '#');
         if (hash) *hash = 0;
-        char addr[256], key[256], extra[256];
-        int k = sscanf(line, "%255s %255s %255s", addr, key, extra);
+        char addr[256], key[256], extra[2][256], more[8];
+        int k = sscanf(line, "%255s %255s %255s %255s %7s", addr, key, extra[0], extra[1], more);
         if (k <= 0) continue;
-        if (k < 2) {
-            rc = rl_errf(err, "%s:%d: expected \"HOST:PORT PUBLIC_KEY_HEX [mem=GB]\"", path, lineno);
+        if (k < 2 || k > 4) {
+            rc = rl_errf(err, "%s:%d: expected \"HOST:PORT PUBLIC_KEY_HEX [mem=GB] [standby]\"", path, lineno);
             break;
         }
         if (c->n == PLAN_MAX_NODES) {
@@ -37,13 +37,13 @@ int ring_conf_load(ring_conf *c, const char *path, rl_err *err) {
             rc = rl_err_prefix(err, "%s:%d", path, lineno);
             break;
         }
-        if (k == 3) {
+        for (int x = 0; x + 2 < k && rc == 0; x++) {
             char *end;
-            if (strncmp(extra, "mem=", 4) != 0 || (nc->mem_gb = strtod(extra + 4, &end)) <= 0 || *end) {
-                rc = rl_errf(err, "%s:%d: unknown option '%s' (mem=GB)", path, lineno, extra);
-                break;
-            }
+            if (strcmp(extra[x], "standby") == 0) nc->standby = true;
+            else if (strncmp(extra[x], "mem=", 4) != 0 || (nc->mem_gb = strtod(extra[x] + 4, &end)) <= 0 || *end)
+                rc = rl_errf(err, "%s:%d: unknown option '%s' (mem=GB or standby)", path, lineno, extra[x]);
         }
+        if (rc != 0) break;
         for (int j = 0; j < c->n; j++) {
             if (strcmp(c->nodes[j].addr, nc->addr) == 0) rc = rl_errf(err, "%s:%d: %s is listed twice", path, lineno, addr);
         }

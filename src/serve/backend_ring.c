@@ -24,8 +24,10 @@ typedef struct ring_slot {
     uint8_t *gram;     /* constrained output: the grammar's wire form (also sent with every RF_SEQ_NEW frame) */
     size_t gram_len;
     int32_t budget;
-    bool sampled;      /* it returned a token, so it cannot be replayed exactly: no history is kept */
-    int32_t *hist;     /* while !sampled: every token given so far (a replay sends them again) */
+    bool sampled;      /* it returned a token: hist[gen0 ..] are generated (a replay resumes its sampler there) */
+    uint32_t gen0;
+    int32_t *hist;     /* every token the ring holds for it (prompt and committed output): a replay on a re-formed
+                        * ring sends them again, which rebuilds its state exactly (docs/serve.md) */
     uint32_t n_hist, cap_hist;
     bool want_receipts; /* the request asked for its receipts: kept here as JSON objects, comma-separated */
     char *rcpt;
@@ -43,6 +45,11 @@ typedef struct sch_ring {
     double retry_at;              /* after a slow failed re-open: fail at once until then */
     plan_result plan;             /* the last plan that opened */
     bool up[PLAN_MAX_NODES];      /* per ring.conf node: the coordinator's view */
+    bool lost[PLAN_MAX_NODES];    /* per ring.conf node: a ring failed naming it; plans leave it out until it is
+                                   * seen whole again (ring_idle_probe), even if it accepts connections (a hung
+                                   * process does) */
+    bool excl[PLAN_MAX_NODES];    /* per ring.conf node: left out of the ring that is open (or being opened) */
+    double better_at, better_wait; /* while idle with nodes left out: when to try a plan with them again */
     double compute_s[PLAN_MAX_NODES]; /* per ring.conf node: totals of rings already closed */
     uint64_t steps[PLAN_MAX_NODES];
     uint64_t audits[PLAN_MAX_NODES];
@@ -58,6 +65,9 @@ typedef struct sch_ring {
     float *feat;                  /* the step's features, token-major per entry (sch_step.feat) */
     size_t feat_cap;              /* floats */
     _Atomic bool abort;           /* set by ring_be_abort (another thread): every ring wait fails at once */
+    uint64_t recoveries;          /* rings re-formed under a running step, the seconds that took, and the */
+    double recovery_s;
+    uint64_t replayed;            /* ... tokens replayed to rebuild sequences on them */
 } sch_ring;
 
 /* How long the TCP probe waits for a node that neither accepts nor refuses (a host that is off). */
@@ -68,6 +78,8 @@ typedef struct sch_ring {
 /* After a re-open that failed slowly (such a host, or a node that connected but never answered), requests
  * fail at once for this long instead of each waiting as long again, one behind the other. */
 #define RING_BACKOFF_S 2.0
+/* A failed step is run again on a re-formed ring this many times (each failure names a node, left out). */
+#define RING_MAX_RETRIES 4
 
 /* ---- which node a message names -------------------------------------------------------------------- */
 
@@ -88,6 +100,7 @@ static int ring_blame(sch_ring *B, const char *msg) {
     for (int i = 0; i < B->cfg.conf->n; i++) {
         if (ring_names(msg, B->cfg.conf->nodes[i].addr)) {
             B->up[i] = false;
+            B->lost[i] = true;
             k++;
         }
     }
@@ -141,7 +154,7 @@ static void ring_break(sch_ring *B, const char *msg) {
 
 /* ring_open, recording the plan and the coordinator's view. */
 static int ring_try_open(sch_ring *B, rl_err *err) {
-    B->cfg.opts.exclude = B->faulty;
+    B->cfg.opts.exclude = B->excl;
     B->cfg.opts.n_seqs = B->cfg.n_slots; /* every slot's state on every node, reserved by the plan */
     if (ring_open(B->rc, B->cfg.conf, B->cfg.id, B->cfg.m, B->cfg.hp, &B->cfg.opts, err) != 0) {
         ring_blame(B, err->msg);
@@ -150,8 +163,41 @@ static int ring_try_open(sch_ring *B, rl_err *err) {
     B->open = true;
     B->gen++;
     B->plan = B->rc->plan;
-    for (int i = 0; i < B->cfg.conf->n; i++) B->up[i] = true;
+    for (int i = 0; i < B->cfg.conf->n; i++) {
+        if (!B->excl[i]) B->up[i] = true, B->lost[i] = false;
+    }
     return 0;
+}
+
+/* Which nodes a plan may use now: not faulty, not down or lost; standbys (ring.conf `standby`) only while a
+ * node that is not one is out. with_lost: try the lost ones again (they accept connections). Returns how
+ * many are left in. */
+static int ring_choose(sch_ring *B, bool with_lost) {
+    const ring_conf *c = B->cfg.conf;
+    bool primary_out = false;
+    for (int i = 0; i < c->n; i++) {
+        bool out = B->faulty[i] || !B->up[i] || (B->lost[i] && !with_lost);
+        if (out && !c->nodes[i].standby) primary_out = true;
+    }
+    int n = 0;
+    for (int i = 0; i < c->n; i++) {
+        B->excl[i] = B->faulty[i] || !B->up[i] || (B->lost[i] && !with_lost) || (c->nodes[i].standby && !primary_out);
+        n += !B->excl[i];
+    }
+    return n;
+}
+
+/* The nodes out of the ring, for a message: "a:1 (down), b:2 (faulty)". */
+static void ring_outs(const sch_ring *B, char *buf, size_t cap) {
+    size_t k = 0;
+    buf[0] = 0;
+    for (int i = 0; i < B->cfg.conf->n && k + 1 < cap; i++) {
+        const char *why = B->faulty[i] ? "faulty" : !B->up[i] ? "down" : B->lost[i] ? "lost" : NULL;
+        if (!why) continue;
+        int w = snprintf(buf + k, cap - k, "%s%s (%s)", k ? ", " : "", B->cfg.conf->nodes[i].addr, why);
+        if (w < 0 || (size_t)w >= cap - k) break;
+        k += (size_t)w;
+    }
 }
 
 /* HOST:PORT (or [V6]:PORT) into its parts. */
@@ -243,12 +289,34 @@ static int ring_reopen(sch_ring *B, bool backoff, rl_err *err) {
         return rl_errf(err, "the ring is unavailable: %s (the ring broke: %s)", B->why_down, B->broke);
     }
     rl_err e = {{0}};
-    if (ring_probe(B, RING_PROBE_S, &e) == 0 && ring_try_open(B, &e) == 0) {
-        fprintf(stderr, "ringlm serve: ring: whole again (%d stages, re-planned and re-assigned)\n", B->plan.n_stages);
-        B->broke[0] = B->why_down[0] = 0;
-        B->retry_at = 0;
-        return 0;
+    ring_probe(B, RING_PROBE_S, &e); /* marks who accepts connections */
+    /* Over the nodes still there: each failed open names the node it could not use, which is left out of
+     * the next try, until one opens or no plan fits (the planner says what is short). */
+    for (int k = 0; k <= B->cfg.conf->n; k++) {
+        if (ring_choose(B, false) == 0) {
+            rl_errf(&e, "no node is left to plan over");
+            break;
+        }
+        bool named = false;
+        rl_err oe = {{0}};
+        if (ring_try_open(B, &oe) == 0) {
+            char outs[400];
+            ring_outs(B, outs, sizeof outs);
+            fprintf(stderr, "ringlm serve: ring: re-formed (%d stages, re-planned and re-assigned%s%s)\n", B->plan.n_stages,
+                    outs[0] ? "; left out: " : "", outs);
+            B->broke[0] = B->why_down[0] = 0;
+            B->retry_at = 0;
+            B->better_wait = RING_IDLE_PROBE_S;
+            B->better_at = sch_now() + B->better_wait;
+            return 0;
+        }
+        for (int i = 0; i < B->cfg.conf->n; i++) named = named || (!B->excl[i] && B->lost[i]);
+        e = oe;
+        if (!named) break; /* not a node's fault (the plan does not fit what is left): no point in another try */
     }
+    char outs[400];
+    ring_outs(B, outs, sizeof outs);
+    if (outs[0]) rl_err_prefix(&e, "out of the ring: %s", outs);
     snprintf(B->why_down, sizeof B->why_down, "%s", e.msg);
     if (backoff && sch_now() - t0 > 0.2) B->retry_at = sch_now() + RING_BACKOFF_S;
     return rl_errf(err, "the ring is unavailable: %s (the ring broke: %s)", e.msg, B->broke);
@@ -312,10 +380,34 @@ static void ring_idle_probe(sch_ring *B) {
     B->next_probe = now + RING_IDLE_PROBE_S;
     if (B->open) {
         ring_check_links(B);
+        if (!B->open) return;
+        /* Nodes left out (down, lost, or standbys standing in): once a left-out node that is not a standby
+         * accepts connections again, and nothing runs, try the plan with it (a failure costs nothing but the
+         * try, and tries back off). */
+        bool back = false;
+        rl_err e = {{0}};
+        ring_probe(B, RING_IDLE_WAIT_S, &e);
+        for (int i = 0; i < B->cfg.conf->n; i++) {
+            back = back || (B->excl[i] && !B->faulty[i] && B->up[i] && !B->cfg.conf->nodes[i].standby);
+        }
+        if (!back || now < B->better_at) return;
+        B->better_wait = B->better_wait < 60 ? 2 * B->better_wait : 60;
+        B->better_at = now + B->better_wait;
+        bool ex[PLAN_MAX_NODES];
+        memcpy(ex, B->excl, sizeof ex);
+        ring_choose(B, true);
+        if (memcmp(ex, B->excl, sizeof ex) == 0) return;
+        ring_shut(B);
+        if (ring_try_open(B, &e) == 0) {
+            fprintf(stderr, "ringlm serve: ring: re-formed with the nodes that came back (%d stages)\n", B->plan.n_stages);
+            B->better_wait = RING_IDLE_PROBE_S;
+            return;
+        }
+        fprintf(stderr, "ringlm serve: ring: a plan with the nodes that came back failed (%s); without them again\n", e.msg);
+        if (ring_reopen(B, false, &e) != 0) fprintf(stderr, "ringlm serve: ring: still broken: %s\n", e.msg);
         return;
     }
     rl_err e = {{0}};
-    if (ring_probe(B, RING_IDLE_WAIT_S, &e) != 0) return;
     if (ring_reopen(B, false, &e) != 0) fprintf(stderr, "ringlm serve: ring: still broken: %s\n", e.msg);
 }
 
@@ -425,27 +517,31 @@ static int ring_take_feat(sch_ring *B, sch_step *steps, int n, rl_err *err) {
  * SCH_RING_UNAVAILABLE (the step cannot run on this ring: err; the ring is broken). */
 static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
     for (int i = 0; i < n; i++) {
-        const sch_step *e = &steps[i];
+        sch_step *e = &steps[i];
         ring_slot *S = &B->slots[e->slot];
         ring_seq_req *q = &B->reqs[i];
         bool fresh = S->seq_id == 0 || S->gen != B->gen; /* nothing of it on this ring */
-        if (fresh && S->sampled) {
-            /* Its state died with the old ring and its text has gone out: it cannot be resumed exactly. */
-            rl_errf(err, "the ring broke under this request: %s", B->broke[0] ? B->broke : "(no reason)");
-            return SCH_RING_UNAVAILABLE;
+        if (fresh && S->sampled && e->n_draft > 0) {
+            /* A rebuilt sequence starts with its history, not a VERIFY block: its drafts are dropped (the
+             * scheduler drafts again next step). */
+            e->n_draft = 0;
+            e->n_tokens = 1;
         }
-        if (!S->sampled && ring_hist_add(S, e->tokens, e->n_tokens) != 0) {
+        if (ring_hist_add(S, e->tokens, e->n_tokens) != 0) {
             return rl_errf(err, "out of memory for the tokens of slot %d", e->slot);
         }
         if (fresh) {
-            /* A new ring sequence: the request's first frame, or a replay of everything given so far. */
+            /* A new ring sequence: the request's first frame, or a replay of everything the lost ring held
+             * for it, which rebuilds its state exactly; one that had generated resumes its sampler there. */
+            if (S->seq_id != 0) B->replayed += S->n_hist;
             S->seq_id = B->next_seq++;
             S->gen = B->gen;
             S->pos = 0;
             *q = (ring_seq_req){.seq_id = S->seq_id, .pos = 0, .n = S->n_hist + e->n_tokens, .tokens = S->hist,
-                                .flags = RF_SEQ_NEW | (S->n_bias ? RF_SEQ_HAS_BIAS : 0) | (S->gram ? RF_SEQ_HAS_GRAMMAR : 0),
+                                .flags = RF_SEQ_NEW | (S->n_bias ? RF_SEQ_HAS_BIAS : 0) | (S->gram ? RF_SEQ_HAS_GRAMMAR : 0) |
+                                         (S->sampled ? RF_SEQ_RESUME : 0),
                                 .smp = S->smp, .bias = S->bias, .n_bias = S->n_bias, .gram = S->gram,
-                                .gram_len = (uint32_t)S->gram_len, .budget = S->budget};
+                                .gram_len = (uint32_t)S->gram_len, .budget = S->budget, .gen_start = S->gen0};
         } else {
             *q = (ring_seq_req){.seq_id = S->seq_id, .pos = S->pos, .n = e->n_tokens, .tokens = e->tokens,
                                 .smp = S->smp};
@@ -503,20 +599,19 @@ static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
         sch_step *e = &steps[i];
         ring_slot *S = &B->slots[e->slot];
         S->pos = B->reqs[i].pos + B->reqs[i].n;
-        if (!S->sampled) S->n_hist += e->n_tokens;
         if (e->n_draft > 0) { /* valid up to the committed tokens: the next frame starts there */
             e->n_out = B->reqs[i].token;
             memcpy(e->out, B->reqs[i].committed, (size_t)e->n_out * sizeof *e->out);
             e->token = e->out[e->n_out - 1];
             S->pos = B->reqs[i].pos + (uint32_t)e->n_out;
-            S->sampled = true;
-            S->n_hist = 0;
+            S->n_hist += (uint32_t)e->n_out; /* [last, the kept drafts]; the correction comes next step */
             continue;
         }
+        S->n_hist += e->n_tokens;
         if (e->sample) {
             e->token = B->reqs[i].token;
-            S->sampled = true; /* from now on only the ring holds its past */
-            S->n_hist = 0;
+            if (!S->sampled) S->gen0 = S->n_hist; /* what follows is generated */
+            S->sampled = true;
         }
     }
     return 0;
@@ -532,7 +627,6 @@ static int ring_be_set_taps(void *impl, const uint32_t *layers, int n, rl_err *e
 static int ring_be_step(void *impl, sch_step *steps, int n, rl_err *err) {
     sch_ring *B = impl;
     if (n < 1 || n > B->cfg.n_slots) return rl_errf(err, "bad batch of %d sequences", n);
-    bool replayable = true; /* nothing of the batch has been sampled: all of it can be re-run exactly */
     for (int i = 0; i < n; i++) {
         const sch_step *e = &steps[i];
         if (e->slot < 0 || e->slot >= B->cfg.n_slots) return rl_errf(err, "slot %d out of range", e->slot);
@@ -567,18 +661,29 @@ static int ring_be_step(void *impl, sch_step *steps, int n, rl_err *err) {
         } else if (S->seq_id == 0 && S->n_hist == 0) {
             return rl_errf(err, "slot %d continues a sequence that never began", e->slot);
         }
-        replayable = replayable && !S->sampled;
     }
     ring_check_links(B);
     ring_flush_frees(B);
     ring_audit_now(B);
+    /* Every sequence can be rebuilt on a re-formed ring from the tokens it holds (ring_run), so a step the
+     * ring failed is run again on a ring re-planned over the nodes still there (and standbys), a few times:
+     * each failure takes the node it names out. Only when no plan fits what is left does the step fail. */
+    double reform_s = -1;
     for (int attempt = 0;; attempt++) {
-        if (!B->open && ring_reopen(B, true, err) != 0) return SCH_RING_UNAVAILABLE;
+        if (!B->open) {
+            double t0 = sch_now();
+            if (ring_reopen(B, true, err) != 0) return SCH_RING_UNAVAILABLE;
+            reform_s = (reform_s < 0 ? 0 : reform_s) + sch_now() - t0;
+        }
+        uint64_t replayed = B->replayed;
         int rc = ring_run(B, steps, n, err);
-        if (rc != SCH_RING_UNAVAILABLE || !replayable || attempt > 0) return rc;
-        /* A batch of sequences that produced nothing yet (typically the first request after a node was
-         * restarted while the server sat idle: it answers "FORWARD before ASSIGN"): once more, re-opened. */
-        fprintf(stderr, "ringlm serve: ring: retrying the step on a re-opened ring\n");
+        if (reform_s >= 0 && B->replayed > replayed) { /* a ring re-formed under sequences it carried */
+            B->recoveries++;
+            B->recovery_s += reform_s;
+            reform_s = -1;
+        }
+        if (rc != SCH_RING_UNAVAILABLE || attempt >= RING_MAX_RETRIES) return rc;
+        fprintf(stderr, "ringlm serve: ring: the step runs again on a re-formed ring\n");
     }
 }
 
@@ -643,6 +748,12 @@ static int ring_be_nodes(void *impl, sch_node_stat *out, int max) {
     return k;
 }
 
+static void ring_be_ring_stats(void *impl, sch_ring_stat *o) {
+    const sch_ring *B = impl;
+    *o = (sch_ring_stat){.recoveries = B->recoveries, .replayed = B->replayed, .generation = B->gen,
+                         .recovery_s = B->recovery_s};
+}
+
 static void ring_be_abort(void *impl) {
     sch_ring *B = impl;
     atomic_store(&B->abort, true);
@@ -684,10 +795,13 @@ int sch_backend_ring(sch_backend *be, const sch_ring_config *cfg, rl_err *err) {
         ring_be_free(B);
         return rl_errf(err, "out of memory");
     }
+    for (int i = 0; i < cfg->conf->n; i++) B->up[i] = true;
+    ring_choose(B, false); /* standbys stand by */
     if (ring_try_open(B, err) != 0) {
         ring_be_free(B);
         return -1;
     }
+    B->better_wait = RING_IDLE_PROBE_S;
     be->impl = B;
     be->n_slots = cfg->n_slots;
     be->n_ctx = cfg->opts.n_ctx;
@@ -696,6 +810,7 @@ int sch_backend_ring(sch_backend *be, const sch_ring_config *cfg, rl_err *err) {
     be->step = ring_be_step;
     be->end = ring_be_end;
     be->nodes = ring_be_nodes;
+    be->ring_stats = ring_be_ring_stats;
     be->free = ring_be_free;
     be->idle = ring_be_idle;
     be->set_taps = ring_be_set_taps;

@@ -1798,6 +1798,16 @@ static enum MHD_Result http_metrics(http_conn *hc, struct MHD_Connection *c) {
     hb_printf(&b, "ringlm_nodes_up %d\n", up);
     http_family(&b, "ringlm_nodes_down", "gauge", "Nodes not answering.");
     hb_printf(&b, "ringlm_nodes_down %d\n", m.n_nodes - up);
+    if (m.backend && strcmp(m.backend, "ring") == 0) {
+        http_family(&b, "ringlm_ring_generation", "gauge", "Rings opened so far (the first, and each one re-formed).");
+        hb_printf(&b, "ringlm_ring_generation %llu\n", (unsigned long long)m.ring.generation);
+        http_family(&b, "ringlm_ring_recoveries_total", "counter", "Rings re-formed under running requests after a node was lost.");
+        hb_printf(&b, "ringlm_ring_recoveries_total %llu\n", (unsigned long long)m.ring.recoveries);
+        http_family(&b, "ringlm_ring_recovery_seconds_total", "counter", "Seconds spent re-forming them (re-plan, re-assign).");
+        hb_printf(&b, "ringlm_ring_recovery_seconds_total %.6f\n", m.ring.recovery_s);
+        http_family(&b, "ringlm_ring_replayed_tokens_total", "counter", "Tokens sent again to rebuild sequences on re-formed rings.");
+        hb_printf(&b, "ringlm_ring_replayed_tokens_total %llu\n", (unsigned long long)m.ring.replayed);
+    }
     http_family(&b, "ringlm_node_up", "gauge", "1 when the node answers, by node.");
     for (int i = 0; i < m.n_nodes; i++) {
         http_node_series(&b, "ringlm_node_up", &m.nodes[i], true);

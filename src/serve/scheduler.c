@@ -732,7 +732,10 @@ static void *sch_main(void *arg) {
                 int did = s->be.idle(s->be.impl);
                 sch_node_stat nodes[SCH_MAX_NODES];
                 int n_nodes = s->be.nodes(s->be.impl, nodes, SCH_MAX_NODES);
+                sch_ring_stat rs = {0};
+                if (s->be.ring_stats) s->be.ring_stats(s->be.impl, &rs);
                 pthread_mutex_lock(&s->mu);
+                s->m.ring = rs;
                 s->m.n_nodes = n_nodes; /* idle work may have found a node gone or back: /health shows it */
                 memcpy(s->m.nodes, nodes, (size_t)n_nodes * sizeof *nodes);
                 if (did) continue; /* maybe more, unless requests came meanwhile (the loop admits them first) */
@@ -903,8 +906,11 @@ static void *sch_main(void *arg) {
         double t1 = sch_now();
         sch_node_stat nodes[SCH_MAX_NODES];
         int n_nodes = s->be.nodes(s->be.impl, nodes, SCH_MAX_NODES);
+        sch_ring_stat rs = {0};
+        if (s->be.ring_stats) s->be.ring_stats(s->be.impl, &rs);
 
         pthread_mutex_lock(&s->mu);
+        s->m.ring = rs;
         s->m.steps++;
         s->m.busy_s += t1 - t0;
         s->m.draft_s += t_draft;

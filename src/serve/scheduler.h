@@ -99,6 +99,13 @@ typedef struct sch_node_stat {
 
 #define SCH_MAX_NODES 64
 
+/* A ring's recoveries (sch_backend.ring_stats): rings re-formed under running requests, the seconds that took
+ * (re-plan, re-assign), the tokens replayed to rebuild sequences, and how many rings were opened in all. */
+typedef struct sch_ring_stat {
+    uint64_t recoveries, replayed, generation;
+    double recovery_s;
+} sch_ring_stat;
+
 typedef struct sch_backend {
     void *impl;
     int n_slots;
@@ -123,6 +130,8 @@ typedef struct sch_backend {
      * fresh sampler built from *smp whose penalty history is src's; dst's next entry continues it (no
      * `begin`). The scheduler forks a prompt read once into the slots of the other choices (n > 1). */
     int (*fork)(void *impl, int src, int dst, const smp_params *smp, rl_err *err);
+    /* Optional (a ring): its recovery counters, read with nodes(). */
+    void (*ring_stats)(void *impl, sch_ring_stat *out);
     /* Optional: from now on, fail whatever the backend waits for at once (a ring waiting on a node that
      * hangs). Called from another thread while the server stops; the scheduler thread then finishes. */
     void (*abort)(void *impl);
@@ -279,6 +288,7 @@ typedef struct sch_metrics {
     sch_hist ttft, itl, step_s;
     int n_nodes;
     sch_node_stat nodes[SCH_MAX_NODES];
+    sch_ring_stat ring;
     const char *backend;
 } sch_metrics;
 

@@ -30,10 +30,13 @@ static uint64_t rng_next(uint64_t s[4]) {
 
 static double rng_uniform(uint64_t s[4]) { return (double)(rng_next(s) >> 11) * 0x1.0p-53; } /* [0, 1) */
 
-static void rng_seed(smp_sampler *s) {
-    uint64_t x = s->p.seed;
+/* The stream for output position k (k = 0: the seed's own). */
+static void rng_seed_at(smp_sampler *s, uint64_t k) {
+    uint64_t x = s->p.seed ^ (k * 0xD1B54A32D192ED03ULL);
     for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
 }
+
+static void rng_seed(smp_sampler *s) { rng_seed_at(s, 0); }
 
 /* ---- setup ---- */
 
@@ -299,7 +302,11 @@ static bool smp_gram_mask(smp_sampler *s, const float *logits, int64_t left) {
 }
 
 int32_t smp_sample(smp_sampler *s, const float *logits) {
-    if (!s->p.grammar) return smp_sample_free(s, logits);
+    if (!s->p.grammar) {
+        int32_t id = smp_sample_free(s, logits);
+        smp_take(s, id);
+        return id;
+    }
     const int64_t left = gram_left(&s->p, s->n_gen); /* after this one */
     /* Sample as if free; only when the grammar refuses that token, sample again from the logits it allows
      * (as llama.cpp's common_sampler does: most tokens pass, and a vocabulary scan per token is costly).
@@ -315,6 +322,7 @@ void smp_take(smp_sampler *s, int32_t id) {
         gr_feed(s->p.grammar, &s->gs, s->p.vocab->piece[id], s->p.vocab->len[id]);
     }
     s->n_gen++;
+    rng_seed_at(s, (uint64_t)s->n_gen); /* the next position's draws */
 }
 
 size_t smp_dist(smp_sampler *s, const float *logits) {

@@ -17,7 +17,10 @@
  * So top-p and min-p look at the distribution before temperature, as in llama.cpp. Each filter keeps at
  * least one token. Ties are broken towards the lower token id, so results never depend on sort stability.
  * NaN logits count as -inf. The RNG (xoshiro256** seeded by splitmix64) lives in the sampler: the same
- * seed and the same inputs give the same tokens; nothing is global. It is not llama.cpp's mt19937, so
+ * seed and the same inputs give the same tokens; nothing is global. It is keyed by output position: the
+ * draws made for the k-th generated token come from a stream seeded by (seed, k), so a sampler rebuilt
+ * from a sequence's tokens (a ring re-formed after a node loss: smp_take over what was generated) draws
+ * on exactly as the lost one would have. It is not llama.cpp's mt19937, so
  * sampled (non-greedy) tokens are not expected to equal llama.cpp's. */
 #ifndef RINGLM_SAMPLER_H
 #define RINGLM_SAMPLER_H
@@ -108,8 +111,9 @@ int32_t smp_sample(smp_sampler *s, const float *logits);
  * s->cand, probabilities in .p summing to 1 (speculative acceptance judges drafts against it; a token the
  * grammar refuses has none). Takes nothing. */
 size_t smp_dist(smp_sampler *s, const float *logits);
-/* Token id is the output's next although smp_sample did not pick it (an accepted draft, a residual draw):
- * the grammar and the budget move on. */
+/* Token id is the output's next although smp_sample did not pick it (an accepted draft, a residual draw,
+ * or a generated token replayed into a rebuilt sampler): the grammar, the budget and the RNG's position
+ * move on. */
 void smp_take(smp_sampler *s, int32_t id);
 /* How many of tok[0 .. n) constrained output (p->grammar) could take in order, from state st after n_gen
  * sampled tokens: the first one the grammar or the budget refuses and everything after it go, and nothing

@@ -30,7 +30,9 @@
  * sampler: first, per RF_SEQ_HAS_BIAS sequence (only with RF_SEQ_NEW: the sampler is made then), u32 n
  * then n x (i32 id, f32 bias), its logit biases; then per RF_SEQ_HAS_GRAMMAR sequence (also only with
  * RF_SEQ_NEW) i32 token budget, u32 n, then n bytes: the grammar its output must follow (text/grammar.h's
- * wire form; text/sampler.h: grammar, budget); then the drafts' distributions (RF_SEQ_HAS_Q): per
+ * wire form; text/sampler.h: grammar, budget); then per RF_SEQ_RESUME sequence u32 g, the index of its first
+ * generated token in the frame (the sampler replays tokens g.. as its output: smp_take); then the drafts'
+ * distributions (RF_SEQ_HAS_Q): per
  * VERIFY sequence, per draft, u32 n then n x (i32 id, f32 p). Every stage passes it on unchanged.
  *   PING/PONG  coord <-> node   liveness (empty)
  *   ERROR      node -> coord    JSON: msg
@@ -98,6 +100,8 @@ enum {
     RF_SEQ_LOGPROBS = 128, /* the RESULT carries the returned tokens' log-probabilities and top alternatives */
     RF_SEQ_PROMPT_LP = 256, /* ... and those of the frame's own tokens after the first (echo of a prompt) */
     RF_SEQ_HAS_GRAMMAR = 512, /* with RF_SEQ_NEW: constrained output; the sampler's grammar travels in the 4th part */
+    RF_SEQ_RESUME = 1024,  /* with RF_SEQ_NEW: a sequence rebuilt on a re-formed ring; its tokens from an index given
+                            * in the 4th part on were generated (the last stage's sampler takes them as output) */
 };
 
 #define RF_LOGPROB_BYTES 168 /* one token's entry in a RESULT (smp_logprob's layout: 2 + 2 x 20 four-byte fields) */
