@@ -169,10 +169,9 @@ static int stage_smp_parse(const rf_header *h, const uint8_t *q, size_t q_len, s
     for (uint32_t i = 0; i < h->n_seqs; i++) {
         const rf_seq *sq = &h->seqs[i];
         in[i] = (stage_smp_in){0};
-        if ((sq->flags & (RF_SEQ_HAS_BIAS | RF_SEQ_HAS_GRAMMAR | RF_SEQ_RESUME)) && !(sq->flags & RF_SEQ_NEW)) {
+        if ((sq->flags & (RF_SEQ_HAS_BIAS | RF_SEQ_HAS_GRAMMAR)) && !(sq->flags & RF_SEQ_NEW)) {
             return rl_errf(err, "sequence %" PRIu64 ": %s on a frame that does not start it", sq->seq_id,
-                           sq->flags & RF_SEQ_HAS_BIAS ? "logit biases" : sq->flags & RF_SEQ_HAS_GRAMMAR ? "a grammar"
-                                                                                                  : "a resume");
+                           sq->flags & RF_SEQ_HAS_BIAS ? "logit biases" : "a grammar");
         }
         if ((sq->flags & RF_SEQ_RESUME) && (sq->flags & RF_SEQ_VERIFY)) {
             return rl_errf(err, "sequence %" PRIu64 ": a resumed sequence cannot start with a VERIFY block", sq->seq_id);
@@ -547,9 +546,12 @@ static int stage_exec(ring_stage *s, const rf_header *h, const uint8_t *in, size
     if (hb->n_seqs > 0) { /* (a frame of only stale blocks is not run at all: cancelled here) */
         if (stage_prepare(s, hb, tb, rp, sin, stand, qv2, states, ntok, keep, rows, &n_rows, err) != 0) goto out;
         for (uint32_t i = 0, j = 0; i < h->n_seqs; i++) qv[i] = stale[i] ? NULL : qv2[j++];
+        bool step = false; /* RF_SEQ_STEP: a rebuilt sequence's decoded tokens, as their steps computed them */
+        for (uint32_t k = 0; k < hb->n_seqs; k++) step = step || (hb->seqs[k].flags & RF_SEQ_STEP);
         k3_batch b = {.n_seqs = (int)hb->n_seqs, .seqs = states, .n_tokens = ntok, .tokens = tb,
                       .in = e->a > 0 ? bb : NULL, .keep_rollback = keep, .n_logits = last ? n_rows : 0,
-                      .logit_rows = rows, .n_taps = want_taps ? s->n_taps : 0, .tap_layers = s->taps};
+                      .logit_rows = rows, .n_taps = want_taps ? s->n_taps : 0, .tap_layers = s->taps,
+                      .step_kernels = step};
         if (k3_forward(e, &b, &o, err) != 0) goto out;
     }
     if (want_taps && stage_keep_taps(s, h, stale, ran, o.taps, err) != 0) goto out; /* states moved: see stage.h */

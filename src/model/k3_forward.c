@@ -686,6 +686,9 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
     }
 
     size_t n_nodes = 2048 + (size_t)(e->b - e->a) * (256 + 96 * (size_t)g.n_groups);
+    /* Step kernels give MLA attention a few ops per token (k3_fa_seq): a rebuilt sequence's replay runs
+     * hundreds of tokens so. */
+    if (g.step_kernels) n_nodes += (size_t)(e->b - e->a) * (size_t)T * 24;
     size_t need = n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false);
     if (need > e->graph_cap) {
         void *gb = realloc(e->graph_buf, need);

@@ -58,6 +58,7 @@ typedef struct sch_ring {
     char fault[PLAN_MAX_NODES][256];
     ring_slot *slots;             /* [n_slots] */
     ring_seq_req *reqs;           /* [n_slots]: a step has at most one entry per slot */
+    ring_seq_req *reqs0;          /* [n_slots]: the prompts of sequences rebuilt at this step (a frame before it) */
     uint64_t *to_free;            /* [n_slots]: finished sequences whose FREE waits for the next step */
     int n_to_free;
     double next_probe;            /* while idle: when to look at the nodes again (ring_idle_probe) */
@@ -292,8 +293,9 @@ static int ring_reopen(sch_ring *B, bool backoff, rl_err *err) {
     ring_probe(B, RING_PROBE_S, &e); /* marks who accepts connections */
     /* Over the nodes still there: each failed open names the node it could not use, which is left out of
      * the next try, until one opens or no plan fits (the planner says what is short). */
-    for (int k = 0; k <= B->cfg.conf->n; k++) {
-        if (ring_choose(B, false) == 0) {
+    bool with_lost = false;
+    for (int k = 0; k <= B->cfg.conf->n + 1; k++) {
+        if (ring_choose(B, with_lost) == 0) {
             rl_errf(&e, "no node is left to plan over");
             break;
         }
@@ -310,9 +312,17 @@ static int ring_reopen(sch_ring *B, bool backoff, rl_err *err) {
             B->better_at = sch_now() + B->better_wait;
             return 0;
         }
-        for (int i = 0; i < B->cfg.conf->n; i++) named = named || (!B->excl[i] && B->lost[i]);
+        bool lost_up = false;
+        for (int i = 0; i < B->cfg.conf->n; i++) {
+            named = named || (!B->excl[i] && B->lost[i]);
+            lost_up = lost_up || (B->lost[i] && B->up[i] && !B->faulty[i]);
+        }
         e = oe;
-        if (!named) break; /* not a node's fault (the plan does not fit what is left): no point in another try */
+        if (named) continue;
+        /* Not a node's fault: the plan does not fit what is left. A node that was only named in a failure
+         * (a survivor reporting its dead neighbour is named too) may be fine: once, try with those. */
+        if (with_lost || !lost_up) break;
+        with_lost = true;
     }
     char outs[400];
     ring_outs(B, outs, sizeof outs);
@@ -516,6 +526,7 @@ static int ring_take_feat(sch_ring *B, sch_step *steps, int n, rl_err *err) {
 /* One FORWARD frame for the whole batch on the open ring. Returns 0, -1 (a local problem: err), or
  * SCH_RING_UNAVAILABLE (the step cannot run on this ring: err; the ring is broken). */
 static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
+    int n0 = 0;
     for (int i = 0; i < n; i++) {
         sch_step *e = &steps[i];
         ring_slot *S = &B->slots[e->slot];
@@ -537,11 +548,22 @@ static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
             S->seq_id = B->next_seq++;
             S->gen = B->gen;
             S->pos = 0;
+            const uint32_t fl = RF_SEQ_NEW | (S->n_bias ? RF_SEQ_HAS_BIAS : 0) | (S->gram ? RF_SEQ_HAS_GRAMMAR : 0);
             *q = (ring_seq_req){.seq_id = S->seq_id, .pos = 0, .n = S->n_hist + e->n_tokens, .tokens = S->hist,
-                                .flags = RF_SEQ_NEW | (S->n_bias ? RF_SEQ_HAS_BIAS : 0) | (S->gram ? RF_SEQ_HAS_GRAMMAR : 0) |
-                                         (S->sampled ? RF_SEQ_RESUME : 0),
-                                .smp = S->smp, .bias = S->bias, .n_bias = S->n_bias, .gram = S->gram,
-                                .gram_len = (uint32_t)S->gram_len, .budget = S->budget, .gen_start = S->gen0};
+                                .flags = fl, .smp = S->smp, .bias = S->bias, .n_bias = S->n_bias, .gram = S->gram,
+                                .gram_len = (uint32_t)S->gram_len, .budget = S->budget};
+            if (S->sampled) {
+                /* Rebuilt as it was built: its prompt as a prefill (a frame of its own, sent first), then what it
+                 * generated with step kernels, as its decode steps computed it (docs/numerics.md: the two
+                 * round differently), the sampler taking those tokens as its output again. */
+                ring_seq_req *q0 = &B->reqs0[n0++];
+                *q0 = *q;
+                q0->n = S->gen0;
+                q0->flags |= RF_SEQ_NO_SAMPLE;
+                *q = (ring_seq_req){.seq_id = S->seq_id, .pos = S->gen0, .n = S->n_hist - S->gen0 + e->n_tokens,
+                                    .tokens = S->hist + S->gen0, .flags = RF_SEQ_RESUME | RF_SEQ_STEP, .smp = S->smp,
+                                    .gen_start = 0};
+            }
         } else {
             *q = (ring_seq_req){.seq_id = S->seq_id, .pos = S->pos, .n = e->n_tokens, .tokens = e->tokens,
                                 .smp = S->smp};
@@ -561,8 +583,9 @@ static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
         if (B->taps && e->taps) q->flags |= RF_SEQ_TAPS;
         q->token = -1;
     }
-    uint64_t step_id;
-    if (ring_submit(B->rc, B->reqs, n, &step_id, err) != 0 || ring_collect(B->rc, step_id, B->reqs, n, err) != 0) {
+    uint64_t step_id, step0 = 0;
+    if ((n0 > 0 && ring_submit(B->rc, B->reqs0, n0, &step0, err) != 0) || ring_submit(B->rc, B->reqs, n, &step_id, err) != 0 ||
+        (n0 > 0 && ring_collect(B->rc, step0, B->reqs0, n0, err) != 0) || ring_collect(B->rc, step_id, B->reqs, n, err) != 0) {
         for (int i = 0; i < n; i++) free(B->reqs[i].taps);
         ring_break(B, err->msg);
         rl_err_prefix(err, "the ring failed");
@@ -719,6 +742,8 @@ static void ring_be_node(const sch_ring *B, int node, uint32_t a, uint32_t b, in
     o->compute_s = B->compute_s[node];
     o->steps = B->steps[node];
     o->faulty = B->faulty[node];
+    o->stage = B->open ? stage : -1;
+    o->standby = B->cfg.conf->nodes[node].standby;
     snprintf(o->fault, sizeof o->fault, "%s", B->fault[node]);
     o->audits = B->audits[node];
     o->audit_s = B->audit_s[node];
@@ -766,6 +791,7 @@ static void ring_be_free(void *impl) {
     for (int i = 0; B->slots && i < B->cfg.n_slots; i++) free(B->slots[i].hist), free(B->slots[i].rcpt), free(B->slots[i].bias), free(B->slots[i].gram);
     free(B->slots);
     free(B->reqs);
+    free(B->reqs0);
     free(B->to_free);
     free(B->feat);
     free(B->rc);
@@ -790,8 +816,9 @@ int sch_backend_ring(sch_backend *be, const sch_ring_config *cfg, rl_err *err) {
     B->rc = calloc(1, sizeof *B->rc);
     B->slots = calloc((size_t)cfg->n_slots, sizeof *B->slots);
     B->reqs = calloc((size_t)cfg->n_slots, sizeof *B->reqs);
+    B->reqs0 = calloc((size_t)cfg->n_slots, sizeof *B->reqs0);
     B->to_free = calloc((size_t)cfg->n_slots, sizeof *B->to_free);
-    if (!B->rc || !B->slots || !B->reqs || !B->to_free) {
+    if (!B->rc || !B->slots || !B->reqs || !B->reqs0 || !B->to_free) {
         ring_be_free(B);
         return rl_errf(err, "out of memory");
     }

@@ -1669,6 +1669,11 @@ static enum MHD_Result http_health(http_conn *hc, struct MHD_Connection *c) {
     cJSON_AddNumberToObject(sl, "queued", m.queued);
     cJSON_AddNumberToObject(sl, "queue_capacity", m.queue_cap);
     cJSON_AddNumberToObject(sl, "context", h->n_ctx);
+    if (m.backend && strcmp(m.backend, "ring") == 0) {
+        cJSON *r = cJSON_AddObjectToObject(j, "ring");
+        cJSON_AddNumberToObject(r, "generation", (double)m.ring.generation);
+        cJSON_AddNumberToObject(r, "recoveries", (double)m.ring.recoveries);
+    }
     cJSON *nodes = cJSON_AddArrayToObject(j, "nodes");
     for (int i = 0; i < m.n_nodes; i++) {
         cJSON *n = cJSON_CreateObject();
@@ -1678,6 +1683,10 @@ static enum MHD_Result http_health(http_conn *hc, struct MHD_Connection *c) {
         cJSON_AddItemToArray(l, cJSON_CreateNumber(m.nodes[i].layer_a));
         cJSON_AddItemToArray(l, cJSON_CreateNumber(m.nodes[i].layer_b));
         cJSON_AddStringToObject(n, "status", m.nodes[i].faulty ? "faulty" : m.nodes[i].up ? "up" : "down");
+        /* its part: a stage of the ring that is open, or a standby (up, in no stage), or down / faulty */
+        const sch_node_stat *ns = &m.nodes[i];
+        cJSON_AddStringToObject(n, "role", ns->faulty ? "faulty" : !ns->up ? "down" : ns->stage >= 0 ? "stage" : "standby");
+        if (ns->up && !ns->faulty && ns->stage >= 0) cJSON_AddNumberToObject(n, "stage", ns->stage);
         if (m.nodes[i].faulty) cJSON_AddStringToObject(n, "fault", m.nodes[i].fault);
         if (m.nodes[i].audits) cJSON_AddNumberToObject(n, "audits", (double)m.nodes[i].audits);
         cJSON_AddItemToArray(nodes, n);

@@ -92,6 +92,8 @@ typedef struct sch_node_stat {
     double compute_s;      /* seconds spent computing forward passes, in total */
     uint64_t steps;        /* forward passes */
     bool faulty;           /* caught lying (a receipt check or an audit): out of the ring for good */
+    int stage;             /* its stage in the ring that is open, -1 when it holds none (a standby, or down) */
+    bool standby;          /* ring.conf calls it a standby */
     char fault[256];       /* what was caught */
     uint64_t audits;       /* audits of this node, and the seconds they took */
     double audit_s;

@@ -100,8 +100,10 @@ enum {
     RF_SEQ_LOGPROBS = 128, /* the RESULT carries the returned tokens' log-probabilities and top alternatives */
     RF_SEQ_PROMPT_LP = 256, /* ... and those of the frame's own tokens after the first (echo of a prompt) */
     RF_SEQ_HAS_GRAMMAR = 512, /* with RF_SEQ_NEW: constrained output; the sampler's grammar travels in the 4th part */
-    RF_SEQ_RESUME = 1024,  /* with RF_SEQ_NEW: a sequence rebuilt on a re-formed ring; its tokens from an index given
-                            * in the 4th part on were generated (the last stage's sampler takes them as output) */
+    RF_SEQ_RESUME = 1024,  /* a sequence rebuilt on a re-formed ring: its tokens from an index given in the 4th
+                            * part on were generated (the last stage's sampler takes them as output again) */
+    RF_SEQ_STEP = 2048,    /* compute the frame with step kernels (k3_batch.step_kernels): each token's numbers
+                            * what a one-token step gives - how a rebuilt sequence replays its decoded tokens */
 };
 
 #define RF_LOGPROB_BYTES 168 /* one token's entry in a RESULT (smp_logprob's layout: 2 + 2 x 20 four-byte fields) */
