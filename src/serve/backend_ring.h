@@ -8,14 +8,13 @@
  * request, from a counter of this backend that survives re-opening the ring), so a frame still in flight
  * can never be mistaken for a later request's. Finished sequences are freed on the nodes (ring_free_seqs).
  *
- * Failures. A step that fails (a node died or answered ERROR; the coordinator's message names the node)
- * marks the ring broken and that node down, and fails the step with SCH_RING_UNAVAILABLE. The next step
- * re-opens the ring: a quick TCP probe of every node in ring.conf first (a node that refuses the
- * connection fails the step at once, without ring_open's 5 s wait), then ring_close + ring_open (re-plan,
- * re-assign; every node must answer). Sequences that had not yet sampled anything (prefilling, including
- * those that were not in the failed batch) are replayed on the new ring from the tokens they were given,
- * which is exact; a failed batch made only of such sequences is retried once on a re-opened ring, so a
- * node restarted while the server sat idle costs no request. Sequences that had produced tokens fail.
+ * Failures. A step that fails (a node died, went silent or answered ERROR; the coordinator's message names
+ * the node) marks the ring broken and that node lost, and the step runs again on a re-formed ring: a quick
+ * TCP probe of every ring.conf node, then ring_open over the nodes left (survivors and standbys; a node
+ * that fails the open is left out and the open tried again). Every sequence is rebuilt there from the tokens
+ * it holds (kept per slot): its prompt as a prefill, then what it generated with step kernels, the last
+ * stage's sampler resuming (RF_SEQ_RESUME). Only when no plan fits does the step fail, with
+ * SCH_RING_UNAVAILABLE. Nodes that come back are taken in while the server is idle (ring_idle_probe).
  *
  * Everything runs on the scheduler thread (after sch_backend_ring returns), as the contract requires. */
 #ifndef RINGLM_BACKEND_RING_H
