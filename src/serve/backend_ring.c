@@ -148,7 +148,21 @@ static void ring_shut(sch_ring *B) {
 static void ring_break(sch_ring *B, const char *msg) {
     if (B->open) ring_take_faults(B);
     if (!B->broke[0]) snprintf(B->broke, sizeof B->broke, "%s", msg);
-    ring_blame(B, msg);
+    /* A message may name a survivor too ("stage 1 cannot reach the next stage ADDR"): of the nodes it
+     * names, blame those whose link closed, when there are any. */
+    int closed = 0;
+    bool was_up[PLAN_MAX_NODES];
+    memcpy(was_up, B->up, sizeof was_up);
+    bool was_lost[PLAN_MAX_NODES];
+    memcpy(was_lost, B->lost, sizeof was_lost);
+    int named = ring_blame(B, msg);
+    for (int i = 0; B->open && named > 1 && i < B->cfg.conf->n; i++) {
+        zs_monitor_poll(&B->rc->nodes[i].mon);
+        if (B->lost[i] && !was_lost[i] && B->rc->nodes[i].mon.disconnected) closed++;
+    }
+    for (int i = 0; closed > 0 && i < B->cfg.conf->n; i++) {
+        if (B->lost[i] && !was_lost[i] && !B->rc->nodes[i].mon.disconnected) B->lost[i] = false, B->up[i] = was_up[i];
+    }
     fprintf(stderr, "ringlm serve: ring: %s; the ring is broken, re-opened at the next request\n", msg);
     ring_shut(B);
 }
@@ -296,6 +310,12 @@ static int ring_reopen(sch_ring *B, bool backoff, rl_err *err) {
     bool with_lost = false;
     for (int k = 0; k <= B->cfg.conf->n + 1; k++) {
         if (ring_choose(B, with_lost) == 0) {
+            bool lost_up = false;
+            for (int i = 0; i < B->cfg.conf->n; i++) lost_up = lost_up || (B->lost[i] && B->up[i] && !B->faulty[i]);
+            if (!with_lost && lost_up) {
+                with_lost = true;
+                continue;
+            }
             rl_errf(&e, "no node is left to plan over");
             break;
         }
