@@ -17,7 +17,7 @@ f=$(model full-f32 k3-full f32)
 mkdir -p "$RING/models"
 ln -sf "$f" "$RING/models/full-f32.gguf"
 CT=(--max-time 120 -s)
-trap 'serve_stop_all; kill -CONT "${RING_PID[@]}" 2>/dev/null; ring_stop
+trap 'serve_stop_all; kill -CONT "${RING_PID[@]}" 2>/dev/null; ring_stop || true
       [ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"' EXIT
 
 ring_keys 4
@@ -190,4 +190,17 @@ check "sequences audited across the re-formed rings, no node found faulty" bash 
 kill -TERM "${SRV_PID[srv]}"; wait "${SRV_PID[srv]}" || true; unset 'SRV_PID[srv]'
 check "the receipts of every ring verify" "$RINGLM" receipts verify "$WORK/rcpt.jsonl" --model "$f" --ring "$WORK/ring.conf" \
     --key "$RING/coord.pub"
+# ---- ringlm run --ring (one request): a stage killed under it, the run goes on ------------------------------
+# Sampled (seed 7), alone on the ring: the text is exactly the undisturbed run's.
+rrun() { "$RINGLM" run -m "$f" --ring "$WORK/ring.conf" --key "$RING/coord.key" -p "Run: one two three" -n 200 \
+             --temp 1 --seed 7 --ignore-eos --ctx 1024 "$@"; }
+rrun >"$WORK/run_base.txt" 2>"$WORK/run_base.err"
+rrun >"$WORK/run_kill.txt" 2>"$WORK/run_kill.err" &
+rpid=$!
+for _ in $(seq 400); do [ "$(wc -c <"$WORK/run_kill.txt")" -gt 40 ] && break; sleep 0.02; done
+kill -9 "${RING_PID[1]}"
+rc=0; wait $rpid || rc=$?
+check "run --ring: node 1 killed mid-run: exit 0, the same text as undisturbed, the ring re-formed" bash -c \
+    "test $rc = 0 && cmp -s '$WORK/run_base.txt' '$WORK/run_kill.txt' && grep -q 're-forming it over the' '$WORK/run_kill.err' ||
+     { echo rc=$rc; tail -5 '$WORK/run_kill.err'; exit 1; }"
 finish
