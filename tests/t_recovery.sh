@@ -120,8 +120,10 @@ check "two stages killed (node $K1, then node $K2): all 8 requests complete with
 health h1
 check "/health: both down, the standby in a stage, 2 recoveries" py "$WORK/h1.json" \
     "sorted(n['role'] for n in d['nodes']) == ['down', 'down', 'stage', 'stage'] and node(d, '127.0.0.1:${RING_PORT[4]}')['role'] == 'stage' and d['ring']['recoveries'] >= 2"
-check "/metrics: recoveries and replayed tokens counted" bash -c \
-    "curl -s --max-time 10 '$URL/metrics' | awk '/^ringlm_ring_recoveries_total/ { r = \$2 } /^ringlm_ring_replayed_tokens_total/ { t = \$2 } END { exit !(r >= 2 && t > 0) }'"
+check "/metrics: recoveries (counted and in the pause histogram), replayed tokens, the nodes' roles" bash -c \
+    "curl -s --max-time 10 '$URL/metrics' >'$WORK/m1.txt' && awk '/^ringlm_ring_recoveries_total/ { r = \$2 } /^ringlm_ring_replayed_tokens_total/ { t = \$2 }
+       /^ringlm_ring_recovery_seconds_count/ { c = \$2 } /^ringlm_node_role.*role=\"down\"} 1/ { d++ } /^ringlm_node_role.*role=\"stage\"} 1/ { s++ }
+       END { exit !(r >= 2 && t > 0 && c == r && d == 2 && s == 2) }' '$WORK/m1.txt'"
 
 ring_start "$K1" "$RING/models" || exit 1
 ring_start "$K2" "$RING/models" || exit 1

@@ -1814,6 +1814,7 @@ static enum MHD_Result http_metrics(http_conn *hc, struct MHD_Connection *c) {
         hb_printf(&b, "ringlm_ring_recoveries_total %llu\n", (unsigned long long)m.ring.recoveries);
         http_family(&b, "ringlm_ring_recovery_seconds_total", "counter", "Seconds spent re-forming them (re-plan, re-assign).");
         hb_printf(&b, "ringlm_ring_recovery_seconds_total %.6f\n", m.ring.recovery_s);
+        http_hist(&b, "ringlm_ring_recovery_seconds", "Each recovery: from the failed step to a re-formed ring.", &m.recovery);
         http_family(&b, "ringlm_ring_replayed_tokens_total", "counter", "Tokens sent again to rebuild sequences on re-formed rings.");
         hb_printf(&b, "ringlm_ring_replayed_tokens_total %llu\n", (unsigned long long)m.ring.replayed);
     }
@@ -1821,6 +1822,16 @@ static enum MHD_Result http_metrics(http_conn *hc, struct MHD_Connection *c) {
     for (int i = 0; i < m.n_nodes; i++) {
         http_node_series(&b, "ringlm_node_up", &m.nodes[i], true);
         hb_printf(&b, ",stage=\"%d\",layers=\"%u-%u\"} %d\n", i, m.nodes[i].layer_a, m.nodes[i].layer_b, m.nodes[i].up);
+    }
+    http_family(&b, "ringlm_node_role", "gauge", "1 for the node's part now (/health's role: stage, standby, down, faulty).");
+    for (int i = 0; i < m.n_nodes; i++) {
+        static const char *const roles[4] = {"stage", "standby", "down", "faulty"};
+        const sch_node_stat *ns = &m.nodes[i];
+        int r = ns->faulty ? 3 : !ns->up ? 2 : ns->stage >= 0 ? 0 : 1;
+        for (int k = 0; k < 4; k++) {
+            http_node_series(&b, "ringlm_node_role", ns, true);
+            hb_printf(&b, ",role=\"%s\"} %d\n", roles[k], k == r);
+        }
     }
     http_family(&b, "ringlm_node_faulty", "gauge", "1 when the node was caught lying (receipts or an audit) and left out.");
     for (int i = 0; i < m.n_nodes; i++) {

@@ -719,6 +719,15 @@ static void sch_on_token(sch_sched *s, sch_request *r, int32_t id, const smp_log
     if (r->n_prompt + (size_t)r->n_gen + 1 > s->be.n_ctx) sch_finish_req(s, r, SCH_FIN_LENGTH, NULL, true);
 }
 
+/* A ring's counters, and each new recovery's seconds into the histogram. Mutex held. */
+static void sch_ring_take(sch_sched *s, const sch_ring_stat *rs) {
+    uint64_t d = rs->recoveries - s->m.ring.recoveries;
+    for (uint64_t k = 0; rs->recoveries > s->m.ring.recoveries && k < d && k < 64; k++) {
+        sch_hist_add(&s->m.recovery, (rs->recovery_s - s->m.ring.recovery_s) / (double)d);
+    }
+    s->m.ring = *rs;
+}
+
 static void *sch_main(void *arg) {
     sch_sched *s = arg;
     pthread_mutex_lock(&s->mu);
@@ -735,7 +744,7 @@ static void *sch_main(void *arg) {
                 sch_ring_stat rs = {0};
                 if (s->be.ring_stats) s->be.ring_stats(s->be.impl, &rs);
                 pthread_mutex_lock(&s->mu);
-                s->m.ring = rs;
+                sch_ring_take(s, &rs);
                 s->m.n_nodes = n_nodes; /* idle work may have found a node gone or back: /health shows it */
                 memcpy(s->m.nodes, nodes, (size_t)n_nodes * sizeof *nodes);
                 if (did) continue; /* maybe more, unless requests came meanwhile (the loop admits them first) */
@@ -910,7 +919,7 @@ static void *sch_main(void *arg) {
         if (s->be.ring_stats) s->be.ring_stats(s->be.impl, &rs);
 
         pthread_mutex_lock(&s->mu);
-        s->m.ring = rs;
+        sch_ring_take(s, &rs);
         s->m.steps++;
         s->m.busy_s += t1 - t0;
         s->m.draft_s += t_draft;
@@ -1037,6 +1046,8 @@ int sch_init(sch_sched *s, const sch_backend *be, const tok_tokenizer *tok, cons
     sch_hist_init(&s->m.ttft, ttft_le, (int)(sizeof ttft_le / sizeof *ttft_le));
     sch_hist_init(&s->m.itl, itl_le, (int)(sizeof itl_le / sizeof *itl_le));
     sch_hist_init(&s->m.step_s, itl_le, (int)(sizeof itl_le / sizeof *itl_le));
+    static const double rec_le[] = {0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300};
+    sch_hist_init(&s->m.recovery, rec_le, (int)(sizeof rec_le / sizeof *rec_le));
     s->m.n_slots = be->n_slots;
     s->m.queue_cap = s->cfg.queue_cap;
     s->m.backend = be->kind;

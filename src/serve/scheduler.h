@@ -288,6 +288,7 @@ typedef struct sch_metrics {
     double busy_s;                       /* seconds inside backend steps */
     int active, queued, n_slots, queue_cap;
     sch_hist ttft, itl, step_s;
+    sch_hist recovery;                   /* a ring's recoveries: seconds each took to re-form it */
     int n_nodes;
     sch_node_stat nodes[SCH_MAX_NODES];
     sch_ring_stat ring;
