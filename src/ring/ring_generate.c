@@ -29,6 +29,10 @@ static bool rg_names(const char *msg, const char *addr) {
  * recoveries), as `serve --ring` does (docs/serve.md, "When a node fails"); a node that fails the open is
  * left out too. 0 when a ring is open again; -1 with err saying why not (rc is closed then). */
 static int rg_reform(ring_coord *rc, bool *ex, rl_err *err) {
+    /* A node caught lying (a receipt check) may already have corrupted what this run printed: the run
+     * fails naming it, as before, rather than go on. */
+    for (int i = 0; i < rc->conf.n; i++)
+        if (rc->faulty[i]) return -1;
     const ring_conf conf = rc->conf;
     const rk_identity *id = rc->id;
     const mf_model *m = rc->m;
