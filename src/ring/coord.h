@@ -41,6 +41,10 @@ typedef struct ring_conf {
     ring_node_conf nodes[PLAN_MAX_NODES];
 } ring_conf;
 
+/* Does a coordinator's message name node address addr, as a whole token ("127.0.0.1:80" is not named by
+ * "127.0.0.1:8080")? Which node a failure is blamed on (serve's ring backend, run --ring's recovery). */
+bool ring_names(const char *msg, const char *addr);
+
 /* ring.conf: one node per line, "HOST:PORT PUBLIC_KEY_HEX [mem=GB] [standby]"; '#' starts a comment. */
 int ring_conf_load(ring_conf *c, const char *path, rl_err *err);
 

@@ -1,6 +1,7 @@
 /* ring_conf.c - ring.conf: the nodes of a ring, one per line (coord.h). */
 #include "coord.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,4 +53,13 @@ int ring_conf_load(ring_conf *c, const char *path, rl_err *err) {
     fclose(f);
     if (rc == 0 && c->n == 0) rc = rl_errf(err, "%s lists no nodes", path);
     return rc;
+}
+
+bool ring_names(const char *msg, const char *addr) {
+    size_t n = strlen(addr);
+    for (const char *p = strstr(msg, addr); p; p = strstr(p + 1, addr)) {
+        bool left = p == msg || !(isalnum((unsigned char)p[-1]) || p[-1] == '.' || p[-1] == ':');
+        if (left && !isalnum((unsigned char)p[n])) return true;
+    }
+    return false;
 }

@@ -15,16 +15,6 @@
 
 #include "../gen/emit.h"
 
-/* Does msg name addr as a whole token ("127.0.0.1:80" is not in "127.0.0.1:8080")? */
-static bool rg_names(const char *msg, const char *addr) {
-    size_t n = strlen(addr);
-    for (const char *p = strstr(msg, addr); p; p = strstr(p + 1, addr)) {
-        bool left = p == msg || !(isalnum((unsigned char)p[-1]) || p[-1] == '.' || p[-1] == ':');
-        if (left && !isalnum((unsigned char)p[n])) return true;
-    }
-    return false;
-}
-
 /* The ring failed (err): close it and open one over the nodes the failures did not name (ex, kept across
  * recoveries), as `serve --ring` does (docs/serve.md, "When a node fails"); a node that fails the open is
  * left out too. 0 when a ring is open again; -1 with err saying why not (rc is closed then). */
@@ -42,7 +32,7 @@ static int rg_reform(ring_coord *rc, bool *ex, rl_err *err) {
     for (int attempt = 0; attempt <= conf.n; attempt++) {
         int named = 0, left = 0;
         for (int i = 0; i < conf.n; i++) {
-            if (!ex[i] && rg_names(err->msg, conf.nodes[i].addr)) ex[i] = true, named++;
+            if (!ex[i] && ring_names(err->msg, conf.nodes[i].addr)) ex[i] = true, named++;
             left += !ex[i];
         }
         if (left == 0 || (attempt > 0 && named == 0)) return -1; /* the last error stands: nothing to leave out */

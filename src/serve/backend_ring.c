@@ -84,17 +84,6 @@ typedef struct sch_ring {
 
 /* ---- which node a message names -------------------------------------------------------------------- */
 
-/* True when msg contains addr as a whole token ("127.0.0.1:80" must not match inside "127.0.0.1:8080"). */
-static bool ring_names(const char *msg, const char *addr) {
-    size_t n = strlen(addr);
-    for (const char *p = strstr(msg, addr); p; p = strstr(p + 1, addr)) {
-        bool left = p == msg || !(isalnum((unsigned char)p[-1]) || p[-1] == '.' || p[-1] == ':');
-        bool right = !isalnum((unsigned char)p[n]);
-        if (left && right) return true;
-    }
-    return false;
-}
-
 /* Marks down every ring.conf node the coordinator's message names; returns how many. */
 static int ring_blame(sch_ring *B, const char *msg) {
     int k = 0;

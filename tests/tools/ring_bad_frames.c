@@ -369,6 +369,17 @@ int main(int argc, char **argv) {
     memset(qb + 8, 'x', 32);
     send_hdr4(s, &b, &tok, 4, qb, 40);
     expect(s, "a grammar that is not one", "not a grammar's wire form");
+    /* A rebuilt sequence's resume point (RF_SEQ_RESUME): missing, past its frame, or on a VERIFY block. */
+    b.seqs[0].flags = RF_SEQ_NEW | RF_SEQ_RESUME;
+    send_hdr(s, &b, &tok, 4, 1);
+    expect(s, "a resume announced and its point not sent", "resume point is missing");
+    uint32_t at = 5;
+    send_hdr4(s, &b, &tok, 4, &at, 4);
+    expect(s, "a resume point past the frame's tokens", "resumed at token 5 of a 1-token frame");
+    b.seqs[0].flags = RF_SEQ_RESUME | RF_SEQ_VERIFY;
+    send_hdr4(s, &b, &tok, 4, &at, 4);
+    expect(s, "a resumed sequence starting with a VERIFY block", "cannot start with a VERIFY block");
+    b.seqs[0].flags = RF_SEQ_NEW | RF_SEQ_HAS_GRAMMAR;
     gr_grammar *jg = js_object_grammar_new(&err);
     uint8_t *gw = NULL;
     size_t gwl = 0;
