@@ -10,6 +10,11 @@
 # differently now and then, and a random-weight MoE amplifies that into visible differences. With the
 # same variant our logits match llama.cpp's bit for bit on every quant type we test (docs/numerics.md).
 # RINGLM_GGML_NATIVE=1 builds with -march=native instead.
+#
+# Not sapphirerapids (AMX): in this release llama.cpp's AMX buffer type takes the Q4_0/Q8_0/Q4_K... matmul
+# weights and its kernel then segfaults (llama.cpp issue 20824, unfixed; here every quantized synth model
+# crashed both llama.cpp and us). An AMX CPU gets zen4's variant instead: the same AVX-512 kernels, no AMX,
+# and the oracle loads that variant too (tests/oracle/oracle.c, init_backend).
 ggml_variant() {
     local flags
     flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
@@ -23,8 +28,7 @@ ggml_variant() {
         "icelake SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VBMI AVX512_VNNI"
         "cooperlake SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VNNI AVX512_BF16"
         "zen4 SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VBMI AVX512_VNNI AVX512_BF16"
-        "alderlake SSE42 AVX F16C FMA AVX2 BMI2 AVX_VNNI"
-        "sapphirerapids SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VBMI AVX512_VNNI AVX512_BF16 AMX_TILE AMX_INT8")
+        "alderlake SSE42 AVX F16C FMA AVX2 BMI2 AVX_VNNI")
     local best="" best_score=-1 v f score ok
     for v in "${variants[@]}"; do
         set -- $v

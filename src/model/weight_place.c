@@ -16,6 +16,9 @@ void wp_list_cpu(wp_list *l, bool extra) {
             : NULL;
     ggml_backend_buffer_type_t *b = fn && dev ? fn(dev) : NULL;
     for (; b && *b && l->n < WP_MAX_BUFT; b++) {
+        /* Never AMX (an installed ggml may have it): its kernel segfaults in this release (llama.cpp issue
+         * 20824; scripts/ggml-variant.sh). */
+        if (strcmp(ggml_backend_buft_name(*b), "AMX") == 0) continue;
         l->buft[l->n] = *b;
         l->dev[l->n] = dev;
         l->n++;

@@ -10,6 +10,7 @@
  * types and shapes it repacks); --no-repack keeps them all in the mapping, as `ringlm --no-repack` does.
  * See README.md. Any failure prints one message on stderr and exits 1. */
 #include <ctype.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
@@ -248,8 +249,9 @@ bad:
 /* The prebuilt libggml has no CPU code of its own: the CPU backend comes as libggml-cpu-<cpu>.so
  * variants that must be loaded at run time. ggml_backend_load_all() only looks next to the executable
  * and in the current directory, so instead we look where libggml itself was loaded from (via the
- * rpath), which is the unpacked package directory holding the variants. ggml picks the best variant
- * for this CPU. */
+ * rpath), which is the unpacked package directory holding the variants. Like ggml we load the variant
+ * with the best ggml_backend_score for this CPU, except sapphirerapids: its AMX buffer type segfaults in
+ * this release (llama.cpp issue 20824; scripts/ggml-variant.sh builds ours without it the same way). */
 static int init_backend(rl_err *err) {
     Dl_info info;
     if (!dladdr((void *)ggml_backend_load_all_from_path, &info) || !info.dli_fname) {
@@ -260,7 +262,28 @@ static int init_backend(rl_err *err) {
     char *slash = strrchr(dir, '/');
     if (slash) *slash = 0;
     else snprintf(dir, sizeof dir, ".");
-    ggml_backend_load_all_from_path(dir);
+    DIR *d = opendir(dir);
+    char best[4096 + 256] = "";
+    int best_score = 0;
+    for (struct dirent *de = d ? readdir(d) : NULL; de; de = readdir(d)) {
+        const char *n = de->d_name;
+        size_t len = strlen(n);
+        if (strncmp(n, "libggml-cpu-", 12) != 0 || len < 4 || strcmp(n + len - 3, ".so") != 0) continue;
+        if (strstr(n, "sapphirerapids")) continue;
+        char path[sizeof best];
+        snprintf(path, sizeof path, "%s/%s", dir, n);
+        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (!h) continue;
+        int (*score)(void) = (int (*)(void))dlsym(h, "ggml_backend_score");
+        int sc = score ? score() : 0;
+        dlclose(h);
+        if (sc > best_score) {
+            best_score = sc;
+            snprintf(best, sizeof best, "%s", path);
+        }
+    }
+    if (d) closedir(d);
+    if (best[0]) ggml_backend_load(best);
     if (!ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)) {
         return rl_errf(err, "no CPU backend could be loaded from %s (expected libggml-cpu-*.so there)", dir);
     }
