@@ -25,7 +25,8 @@ PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
 LIB_SRC  := $(sort $(wildcard src/base/*.c src/gguf/*.c src/model/*.c src/text/*.c src/gen/*.c src/ring/*.c \
-                             src/speculate/*.c src/wire/*.c src/exec/*.c src/trust/*.c src/serve/*.c src/tools/*.c))
+                             src/speculate/*.c src/wire/*.c src/exec/*.c src/trust/*.c src/serve/*.c src/tools/*.c \
+                             src/prune/*.c))
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))
 UNIT_SRC := $(sort $(wildcard tests/unit/*.c))
 TOOL_SRC := $(sort $(wildcard tests/tools/*.c))

@@ -25,6 +25,7 @@ static const cli_cmd cli_cmds[] = {
     {"logits", cmd_logits, "write the logits of a token sequence (same format as the oracle)"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"relay", cmd_relay, "forward TCP with added delay and a bandwidth cap (tests, benchmarks)"},
+    {"reap", cmd_reap, "prune routed experts by REAP saliency (router-weighted expert activation)"},
     {"receipts", cmd_receipts, "verify a log of signed receipts against the model and ring.conf"},
 };
 

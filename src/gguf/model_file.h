@@ -1,4 +1,5 @@
-/* Folder src/gguf/: model files: open and map (split sets), validation, typed metadata access. May include:
+/* Folder src/gguf/: model files: open and map (split sets), validation, typed metadata access, the streaming
+ * GGUF writer. May include:
  * base. (README "Layout"; tests/t_layout.sh checks both.)
  */
 /* model_file.h - a GGUF model opened for reading: metadata, tensor table, tensor data mapped from disk.

@@ -65,6 +65,9 @@ void k3_output_free(k3_output *o) {
     k3_boundary_free(&o->out);
     free(o->logits);
     free(o->taps);
+    free(o->routes.ids);
+    free(o->routes.weight);
+    free(o->routes.norm);
     memset(o, 0, sizeof *o);
 }
 
@@ -127,6 +130,8 @@ typedef struct k3_graph {
     struct ggml_tensor *stack; /* banked checkpoints [d, n_ckpt, T], NULL while empty */
     bool step_kernels; /* every matmul column computed as a one-token step computes it (k3_mm) */
     bool flash_attn;   /* MLA attention as one ggml_flash_attn_ext per sequence or group (k3_fa) */
+    struct ggml_tensor *(*route)[3]; /* k3_batch.routes: per layer of the range, ids / weights / norms */
+    int rel;                         /* the layer being built, relative to the range */
 } k3_graph;
 
 /* Every matmul of the graph goes through here. ggml's CPU backend computes a matmul of two or more
@@ -557,6 +562,19 @@ static struct ggml_tensor *k3_moe(k3_graph *g, const k3_layer_w *L, struct ggml_
     struct ggml_tensor *up = ggml_mul_mat_id(c, L->up_exps, xl, sel);     /* [Fe, K, T] */
     struct ggml_tensor *gate = ggml_mul_mat_id(c, L->gate_exps, xl, sel); /* [Fe, K, T] */
     struct ggml_tensor *ex = ggml_mul_mat_id(c, L->down_exps, k3_situ(g, gate, up), sel); /* [dl, K, T] */
+    if (g->route) {
+        /* ||r_e|| per chosen expert: a sum of squares in ggml's double-accumulated row sum, then sqrt. The
+         * outputs are read after the compute; nothing downstream changes, so the logits stay the same. */
+        struct ggml_tensor *nrm = ggml_sqrt(c, ggml_sum_rows(c, ggml_sqr(c, ex))); /* [1, K, T] */
+        struct ggml_tensor *outs[3] = {sel, w, nrm};
+        for (int i = 0; i < 3; i++) {
+            /* A view's memory is its source's: read back a copy (the top-k ids are a view of the argsort). */
+            if (outs[i]->view_src) outs[i] = ggml_cont(c, outs[i]);
+            ggml_set_output(outs[i]);
+            ggml_build_forward_expand(g->gf, outs[i]);
+            g->route[g->rel][i] = outs[i];
+        }
+    }
     ex = ggml_mul(c, ex, w);
     ggml_build_forward_expand(g->gf, ex);
     /* Sum in top-k order: ((e0 + e1) + e2) + ... as llama.cpp does. */
@@ -640,6 +658,29 @@ static void k3_mask_row(void *dst, enum ggml_type type, size_t n, size_t seen) {
     }
 }
 
+/* Reads the routing outputs of every MoE layer of the range into r (k3_routes). */
+static int k3_routes_get(const k3_engine *e, const k3_graph *g, k3_routes *r, rl_err *err) {
+    const k3_hparams *hp = &e->hp;
+    uint32_t first = e->a > hp->n_dense_lead ? e->a : hp->n_dense_lead;
+    r->layer0 = first;
+    r->n_layers = e->b > first ? e->b - first : 0;
+    r->n_tokens = (uint32_t)g->T;
+    r->k = hp->n_expert_used;
+    const size_t per = (size_t)g->T * r->k, n = per * r->n_layers;
+    if (n == 0) return 0;
+    r->ids = malloc(n * sizeof *r->ids);
+    r->weight = malloc(n * sizeof *r->weight);
+    r->norm = malloc(n * sizeof *r->norm);
+    if (!r->ids || !r->weight || !r->norm) return rl_errf(err, "out of memory for routing statistics");
+    for (uint32_t l = 0; l < r->n_layers; l++) {
+        struct ggml_tensor *const *t = g->route[first + l - e->a];
+        ggml_backend_tensor_get(t[0], r->ids + l * per, 0, per * sizeof(int32_t));
+        ggml_backend_tensor_get(t[1], r->weight + l * per, 0, per * sizeof(float));
+        ggml_backend_tensor_get(t[2], r->norm + l * per, 0, per * sizeof(float));
+    }
+    return 0;
+}
+
 int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
     memset(out, 0, sizeof *out);
     const k3_hparams *hp = &e->hp;
@@ -655,7 +696,8 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
     g.seqs = calloc((size_t)bt->n_seqs, sizeof *g.seqs);
     g.groups = calloc((size_t)bt->n_seqs, sizeof *g.groups);
     g.outs = calloc((size_t)bt->n_seqs, sizeof *g.outs);
-    if (!g.seqs || !g.groups || !g.outs) {
+    if (bt->routes) g.route = calloc(e->b - e->a, sizeof *g.route);
+    if (!g.seqs || !g.groups || !g.outs || (bt->routes && !g.route)) {
         rl_errf(err, "out of memory building the graph");
         goto fail_build;
     }
@@ -773,6 +815,7 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
         if (!k3_is_moe(hp, il)) {
             f = k3_mm(&g, L->ffn_down, k3_situ(&g, k3_mm(&g, L->ffn_gate, yn), k3_mm(&g, L->ffn_up, yn)));
         } else {
+            g.rel = rel;
             f = k3_moe(&g, L, yn);
         }
         h = ggml_add(c, h, f);
@@ -900,6 +943,7 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
         }
         for (int k = 0; k < bt->n_taps; k++) ggml_backend_tensor_get(tap_t[k], out->taps + k * row, 0, row * sizeof(float));
     }
+    if (g.route && (rc = k3_routes_get(e, &g, &out->routes, err)) != 0) goto done;
     if (out_h) {
         uint32_t n_ckpt = out_stack ? (uint32_t)out_stack->ne[1] : 0;
         if (k3_boundary_alloc(&out->out, (uint32_t)T, (uint32_t)d, n_ckpt, err) != 0) {
@@ -916,11 +960,13 @@ done:
     free(g.groups);
     free(g.outs);
     free(g.rb);
+    free(g.route);
     return rc;
 fail_build: /* nothing has run and no state has moved */
     if (g.ctx) ggml_free(g.ctx);
     free(g.seqs);
     free(g.groups);
     free(g.outs);
+    free(g.route);
     return -1;
 }

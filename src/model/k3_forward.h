@@ -68,13 +68,29 @@ typedef struct k3_batch {
     const int32_t *logit_rows;/* their indices in the batch (0 .. total-1) */
     int n_taps;               /* stream taps for a DSpark draft (spec §10.1.3): the stream h entering each */
     const uint32_t *tap_layers; /* listed layer, every token of the batch; ids in [a, b] (b: leaving it) */
+    bool routes;              /* report every MoE layer's routing (k3_routes): expert saliency (REAP) */
 } k3_batch;
+
+/* What the router of each MoE layer in [a, b) did to each token of a batch, with k3_batch.routes: the
+ * experts it chose (top-k order), the gate weight each got (as the layer weights it: unbiased sigmoid,
+ * renormalized, scaled) and the L2 norm of each chosen expert's output r_e, in the space the expert writes
+ * (the latent space for the latent MoE, before the weighted sum, the routed norm and the up-projection).
+ * Arrays are [layer][token][k], layers in order from the first MoE layer of the range. */
+typedef struct k3_routes {
+    uint32_t n_layers;   /* MoE layers in the range */
+    uint32_t layer0;     /* the first of them */
+    uint32_t n_tokens, k;
+    int32_t *ids;
+    float *weight;
+    float *norm;
+} k3_routes;
 
 typedef struct k3_output {
     k3_boundary out; /* b < n_layer: boundary entering layer b (allocated here) */
     float *logits;   /* b == n_layer: n_logits rows of n_vocab (malloc'ed here) */
     int n_logits;
     float *taps;     /* n_taps > 0: [tap][token][n_embd], in tap_layers order (malloc'ed here) */
+    k3_routes routes; /* k3_batch.routes: every MoE layer's routing (arrays malloc'ed here) */
 } k3_output;
 
 /* Runs the batch, advances every sequence's position. On error no state has advanced ... unless the

@@ -9,6 +9,7 @@
 
 #include "ggml.h"
 #include "gguf.h"
+#include "../gguf/gguf_write.h"
 #include "synth_vocab.h"
 
 /* ---- weights ------------------------------------------------------------------------------------
@@ -63,8 +64,9 @@ static void synth_k3_init(const synth_config *c, const k3_tensor_spec *t, synth_
         out->init = SYNTH_INIT_UNIFORM;
         out->scale = 0.35f;
     } else if (strstr(n, "exp_probs_b")) {
-        out->init = SYNTH_INIT_UNIFORM;
+        out->init = c->dead_experts ? SYNTH_INIT_PROBS_B : SYNTH_INIT_UNIFORM;
         out->scale = c->router_bias;
+        out->dead_from = (int64_t)c->hp.n_expert - c->dead_experts;
     } else if (strcmp(n, "token_embd.weight") == 0) {
         out->scale = 1.0f;
     } else if (strcmp(n, "output.weight") == 0) {
@@ -86,6 +88,7 @@ static void synth_fill(const synth_tensor *t, uint64_t stream, int64_t start, in
         case SYNTH_INIT_SSM_A: v = -(1.0f + 7.5f * (u + 1.0f)); break; /* A = -exp(A_log), A in (-16, -1) */
         case SYNTH_INIT_DT_BIAS: v = -1.0f + u; break;                 /* (-2, 0): mostly slow decay */
         case SYNTH_INIT_ZERO: v = 0.0f; break;
+        case SYNTH_INIT_PROBS_B: v = start + i >= t->dead_from ? -1000.0f : t->scale * sq3 * u; break;
         default: v = t->scale * sq3 * u; break;                         /* MATRIX, UNIFORM: std = scale */
         }
         dst[i] = v;
@@ -169,70 +172,25 @@ static int synth_tensor_data(FILE *f, const synth_tensor *t, uint64_t seed, int 
     return rc;
 }
 
-/* Redraws the bar only when the whole percentage changes (*last holds the previous one). */
-static void synth_progress(bool on, size_t done, size_t total, int *last) {
-    if (!on || total == 0) return;
-    int pct = (int)(100.0 * (double)done / (double)total);
-    if (pct == *last) return;
-    *last = pct;
-    int w = 40, fill = pct * w / 100;
-    fprintf(stderr, "\rsynth [");
-    for (int i = 0; i < w; i++) fputc(i < fill ? '#' : ' ', stderr);
-    fprintf(stderr, "] %3d%% %7.1f MiB", pct, (double)done / 1048576.0);
-    if (done == total) fputc('\n', stderr);
-    fflush(stderr);
-}
+typedef struct synth_emit_ctx {
+    const synth_tensor *tensors;
+    uint64_t seed;
+    int n_threads;
+} synth_emit_ctx;
 
-static int synth_zero_pad(FILE *f, long target, rl_err *err) {
-    long pos = ftell(f);
-    if (pos < 0 || pos > target) return rl_errf(err, "internal error: file offset %ld beyond %ld", pos, target);
-    for (; pos < target; pos++) {
-        if (fputc(0, f) == EOF) return rl_errf(err, "write failed: %s", strerror(errno));
-    }
-    return 0;
+static int synth_emit_data(void *ctx, int i, FILE *f, rl_err *err) {
+    const synth_emit_ctx *e = ctx;
+    return synth_tensor_data(f, &e->tensors[i], e->seed, e->n_threads, err);
 }
 
 int synth_emit(struct gguf_context *meta, const synth_tensor *tensors, int n_tensors, const synth_opts *o,
                rl_err *err) {
-    struct ggml_context *tctx = NULL;
-    struct gguf_context **g = NULL;
-    int n_split = o->n_split < 1 ? 1 : o->n_split;
-    int rc = -1;
-    char *path = NULL;
-    if (n_split > n_tensors) n_split = n_tensors;
-
-    /* Tensor descriptors (no data) for the gguf tensor tables. */
-    struct ggml_init_params ip = {.mem_size = (size_t)(n_tensors + 1) * ggml_tensor_overhead(), .mem_buffer = NULL,
-                                  .no_alloc = true};
-    tctx = ggml_init(ip);
-    g = calloc((size_t)n_split, sizeof *g);
-    if (!tctx || !g) {
-        rl_errf(err, "out of memory");
-        goto done;
-    }
-    for (int s = 0; s < n_split; s++) {
-        g[s] = gguf_init_empty();
-        if (s == 0) gguf_set_kv(g[0], meta); /* metadata lives in the first file */
-        if (n_split > 1) {
-            gguf_set_val_u16(g[s], "split.no", (uint16_t)s);
-            gguf_set_val_u16(g[s], "split.count", (uint16_t)n_split);
-            gguf_set_val_i32(g[s], "split.tensors.count", n_tensors);
-        }
-    }
-    size_t total = 0;
-    for (int i = 0; i < n_tensors; i++) {
-        const synth_tensor *st = &tensors[i];
-        if (st->ne[0] % ggml_blck_size((enum ggml_type)st->type) != 0) {
-            rl_errf(err, "tensor %s: row of %lld does not fit %s blocks", st->name, (long long)st->ne[0],
-                    ggml_type_name((enum ggml_type)st->type));
-            goto done;
-        }
-        struct ggml_tensor *t = ggml_new_tensor(tctx, (enum ggml_type)st->type, st->n_dims, st->ne);
-        ggml_set_name(t, st->name);
-        gguf_add_tensor(g[(int)((int64_t)i * n_split / n_tensors)], t);
-        total += ggml_nbytes(t);
-    }
     if (o->dry_run) {
+        size_t total = 0;
+        for (int i = 0; i < n_tensors; i++) {
+            total += ggml_row_size((enum ggml_type)tensors[i].type, tensors[i].ne[0]) *
+                     (size_t)(tensors[i].ne[1] * tensors[i].ne[2] * tensors[i].ne[3]);
+        }
         printf("%d tensors, %zu bytes of tensor data (%.2f GiB)\n", n_tensors, total, (double)total / (1 << 30));
         for (int t = 0; t < GGML_TYPE_COUNT; t++) {
             size_t bytes = 0;
@@ -245,65 +203,18 @@ int synth_emit(struct gguf_context *meta, const synth_tensor *tensors, int n_ten
             }
             if (n) printf("  %-8s %5d tensors %14zu bytes\n", ggml_type_name((enum ggml_type)t), n, bytes);
         }
-        rc = 0;
-        goto done;
+        return 0;
     }
-
-    size_t out_len = strlen(o->out) + 32;
-    path = malloc(out_len);
-    if (!path) {
-        rl_errf(err, "out of memory");
-        goto done;
+    gw_tensor *gt = calloc((size_t)(n_tensors > 0 ? n_tensors : 1), sizeof *gt);
+    if (!gt) return rl_errf(err, "out of memory");
+    for (int i = 0; i < n_tensors; i++) {
+        gt[i] = (gw_tensor){.name = tensors[i].name, .type = tensors[i].type, .n_dims = tensors[i].n_dims};
+        memcpy(gt[i].ne, tensors[i].ne, sizeof gt[i].ne);
     }
-    size_t done_bytes = 0;
-    int first = 0, last_pct = -1;
-    for (int s = 0; s < n_split; s++) {
-        if (n_split == 1) {
-            snprintf(path, out_len, "%s", o->out);
-        } else {
-            size_t n = strlen(o->out);
-            int stem = (n > 5 && strcmp(o->out + n - 5, ".gguf") == 0) ? (int)n - 5 : (int)n;
-            snprintf(path, out_len, "%.*s-%05d-of-%05d.gguf", stem, o->out, s + 1, n_split);
-        }
-        FILE *f = fopen(path, "wb");
-        if (!f) {
-            rl_errf(err, "cannot create %s: %s", path, strerror(errno));
-            goto done;
-        }
-        int frc = gguf_write_to_file_ptr(g[s], f, true) ? 0 : rl_errf(err, "cannot write metadata to %s", path);
-        /* A context built in memory has no data offset yet: tensor data starts after the metadata, padded to
-         * the alignment (gguf_write_to_file lays a file out the same way). */
-        size_t al = gguf_get_alignment(g[s]);
-        size_t data_off = (gguf_get_meta_size(g[s]) + al - 1) / al * al;
-        int64_t nt = gguf_get_n_tensors(g[s]);
-        for (int64_t i = 0; i < nt && frc == 0; i++) {
-            frc = synth_zero_pad(f, (long)(data_off + gguf_get_tensor_offset(g[s], i)), err);
-            if (frc == 0) frc = synth_tensor_data(f, &tensors[first + i], o->seed, o->n_threads, err);
-            done_bytes += gguf_get_tensor_size(g[s], i);
-            synth_progress(o->progress, done_bytes, total, &last_pct);
-        }
-        /* Pad the last tensor like gguf_write_to_file does, so the file size is a multiple of alignment. */
-        if (frc == 0 && nt > 0) {
-            size_t end = data_off + gguf_get_tensor_offset(g[s], nt - 1) + gguf_get_tensor_size(g[s], nt - 1);
-            frc = synth_zero_pad(f, (long)((end + al - 1) / al * al), err);
-        }
-        if (fclose(f) != 0 && frc == 0) frc = rl_errf(err, "cannot write %s: %s", path, strerror(errno));
-        if (frc != 0) {
-            remove(path); /* never leave a half-written model behind */
-            goto done;
-        }
-        first += (int)nt;
-    }
-    rc = 0;
-done:
-    free(path);
-    if (g) {
-        for (int s = 0; s < n_split; s++) {
-            if (g[s]) gguf_free(g[s]);
-        }
-        free(g);
-    }
-    if (tctx) ggml_free(tctx);
+    synth_emit_ctx ec = {tensors, o->seed, o->n_threads};
+    gw_opts go = {.out = o->out, .n_split = o->n_split, .progress = o->progress ? "synth" : NULL};
+    int rc = gw_write(meta, gt, n_tensors, &go, synth_emit_data, &ec, err);
+    free(gt);
     return rc;
 }
 

@@ -35,6 +35,7 @@ enum synth_init {
     SYNTH_INIT_SSM_A,   /* KDA A = -exp(A_log), in (-16, -1) */
     SYNTH_INIT_DT_BIAS, /* KDA gate bias, in (-2, 0) */
     SYNTH_INIT_ZERO,
+    SYNTH_INIT_PROBS_B, /* UNIFORM, except elements from dead_from on: -1000 (never-chosen experts) */
 };
 
 typedef struct synth_tensor {
@@ -44,6 +45,7 @@ typedef struct synth_tensor {
     int type; /* enum ggml_type */
     enum synth_init init;
     float scale;
+    int64_t dead_from; /* SYNTH_INIT_PROBS_B */
 } synth_tensor;
 
 /* The writer under every model kind: copies meta's key/values into the (first) file, then writes the

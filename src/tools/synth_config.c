@@ -224,6 +224,7 @@ static const char *synth_known_keys[] = {
     "n_ff", "n_ff_exp", "n_expert", "n_expert_used", "n_expert_shared", "n_dense_lead", "n_expert_latent",
     "expert_weights_norm", "expert_weights_scale", "situ_beta", "situ_linear_beta", "attn_res_block",
     "mla_gate", "shared_experts", "routed_norm", "pattern", "type", "type_k_b", "types", "logit_scale", "router_bias",
+    "dead_experts",
     NULL};
 
 static int synth_config_json(synth_config *c, const char *path, rl_err *err) {
@@ -326,6 +327,16 @@ static int synth_config_json(synth_config *c, const char *path, rl_err *err) {
     if (rc == 0 && rb) {
         if (!cJSON_IsNumber(rb) || rb->valuedouble < 0) rc = rl_errf(err, "config: router_bias must be >= 0");
         else c->router_bias = (float)rb->valuedouble;
+    }
+    const cJSON *de = cJSON_GetObjectItemCaseSensitive(root, "dead_experts");
+    if (rc == 0 && de) {
+        if (!cJSON_IsNumber(de) || de->valuedouble < 0 || de->valuedouble != (double)(uint32_t)de->valuedouble ||
+            (uint32_t)de->valuedouble + c->hp.n_expert_used > c->hp.n_expert) {
+            rc = rl_errf(err, "config: dead_experts must be an integer from 0 to n_expert - n_expert_used (%u)",
+                         c->hp.n_expert - c->hp.n_expert_used);
+        } else {
+            c->dead_experts = (uint32_t)de->valuedouble;
+        }
     }
     const cJSON *ls = cJSON_GetObjectItemCaseSensitive(root, "logit_scale");
     if (rc == 0 && ls) {

@@ -26,6 +26,8 @@ typedef struct synth_config {
     int n_over;
     float logit_scale; /* std of the logits: larger = more peaked output distribution */
     float router_bias; /* std of the selection bias exp_probs_b: larger = fewer near-ties in top-k */
+    uint32_t dead_experts; /* the last N experts of every MoE layer get a selection bias of -1000: sigmoid
+                            * scores are in (0, 1), so top-k never picks them (a REAP test's known answer) */
 } synth_config;
 
 /* Loads a preset by name, or a JSON file by path (anything containing '/' or ending in .json). */
