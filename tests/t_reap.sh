@@ -7,10 +7,18 @@
 # same bytes; the report's figures come from real forward passes (agreement 1 and KL 0 at 0%, falling as
 # more is pruned); a DSpark draft still drafts for a pruned target; every bad request is refused first.
 . "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/ring_lib.sh"
 export PYTHONPATH=$ROOT/tests/tools
 cat "$ROOT"/data/corpus/en_prose.txt "$ROOT"/data/corpus/code_c.txt >"$WORK/calib.txt"
 head -c 4000 "$ROOT"/data/corpus/gen_en_notes.txt >"$WORK/heldout.txt"
 toks=$(seq -s, 100 163)
+# Usage errors exit 2 (as every subcommand's do) and say what is wrong: usage_fails PATTERN CMD...
+usage_fails() {
+    local pat=$1 rc=0; shift
+    "$@" 2>"$WORK/uerr" || rc=$?
+    cat "$WORK/uerr"
+    [ $rc = 2 ] && grep -Eq -- "$pat" "$WORK/uerr"
+}
 
 # ---- known answer: never-chosen experts -----------------------------------------------------------------
 for c in "k3-dead f32 4 1" "k3-lean-dead q4_K 8 2"; do
@@ -139,16 +147,47 @@ check "a DSpark draft drafts for the pruned target, greedy text unchanged" \
     sh -c '"$1" run -m "$2" --tokens 5,6,7,8 -n 24 --temp 0 --ignore-eos --ids --threads 2 --draft "dspark:$3" >"$4" 2>"$5" &&
            cmp "$4" "$6" && grep -q "draft" "$5"' _ "$RINGLM" "$WORK/r.gguf" "$WORK/ds.gguf" "$WORK/ds.ids" "$WORK/ds.err" "$WORK/plain.ids"
 
+# ---- over a ring: each stage scores its own layers -------------------------------------------------------
+mkdir -p "$RING/models"
+ln -sf "$g" "$RING/models/tiny.gguf"
+ring_keys 4
+trap 'ring_stop || true; rm -rf "$WORK"' EXIT
+for i in 1 2 3; do ring_start $i "$RING/models" || exit 1; done
+ring_conf "$RING/ring.conf" 1 2 3
+check "reap --ring: scoring through a 3-node ring" sh -c '"$@" >"$0" 2>&1' "$WORK/ring.out" \
+    "$RINGLM" reap -m "$g" --calib "$WORK/calib.txt" --tokens 2000 --scores "$WORK/ring.json" --ring "$RING/ring.conf" --key "$RING/coord.key" --progress
+check "  the ring had 3 stages" grep -q "total  3 nodes" "$WORK/ring.out"
+check "scores over the 3-node ring equal one machine's, every sum bit for bit" python3 - "$WORK/tiny.json" "$WORK/ring.json" <<'PY'
+import json, sys
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert a['tokens'] == b['tokens'] == 2000 and len(a['layers']) == len(b['layers'])
+for la, lb in zip(a['layers'], b['layers']):
+    for k in ('count', 'sum_gate_norm', 'sum_gate', 'sum_norm', 'saliency'):
+        assert la[k] == lb[k], (la['layer'], k, la[k], lb[k])
+PY
+check "pruning from the ring's scores writes the same file" sh -c '"$1" reap -m "$2" --scores "$3" --keep 5 -o "$4" && cmp "$4" "$5"' \
+    _ "$RINGLM" "$g" "$WORK/ring.json" "$WORK/ringmean.gguf" "$WORK/mean.gguf"
+check "reap --ring without --key is a usage error" usage_fails "needs --key" "$RINGLM" reap -m "$g" --calib "$WORK/calib.txt" --scores "$WORK/x.json" --ring "$RING/ring.conf"
+# A node that sends malformed or duplicated routing fails the scoring, named (scores are data, not hints).
+for mode in badroutes duproutes; do
+    RING_BIN=$ROOT/build/adv/ringlm ring_start 4 "$RING/models" --misbehave "$mode" || exit 1
+    ring_conf "$RING/liar.conf" 1 4 3
+    check_fails "a node sending $mode fails the scoring, named" \
+        "node 127.0.0.1:${RING_PORT[4]} sent (malformed routing statistics|a second set of routing statistics)" \
+        "$RINGLM" reap -m "$g" --calib "$WORK/calib.txt" --tokens 600 --scores "$WORK/bad.json" --ring "$RING/liar.conf" --key "$RING/coord.key"
+    kill "${RING_PID[4]}"; wait "${RING_PID[4]}" 2>/dev/null || true; unset 'RING_PID[4]'
+done
+check "  and no scores file was written" test ! -e "$WORK/bad.json"
+ring_stop
+
 # ---- bad requests: refused before any work ---------------------------------------------------------------
 : >"$WORK/empty.txt"
 check_fails "keeping fewer experts than the router uses" "fewer than the 2 the router uses" \
     "$RINGLM" reap -m "$g" --calib "$WORK/calib.txt" --keep 1 -o "$WORK/x.gguf"
 check_fails "keeping more experts than there are" "the model has 8" \
     "$RINGLM" reap -m "$g" --calib "$WORK/calib.txt" --keep 9 -o "$WORK/x.gguf"
-# Usage errors exit 2 (as every subcommand's do), with the option and what it wants.
-usage_fails() { local rc=0; "$@" 2>"$WORK/uerr" || rc=$?; cat "$WORK/uerr"; [ $rc = 2 ] && grep -q "want a fraction in (0, 1)" "$WORK/uerr"; }
-check "a fraction outside (0, 1) is a usage error" usage_fails "$RINGLM" reap -m "$g" --calib "$WORK/calib.txt" --prune 1.5 -o "$WORK/x.gguf"
-check "a fraction of 0 is a usage error" usage_fails "$RINGLM" reap -m "$g" --calib "$WORK/calib.txt" --prune 0 -o "$WORK/x.gguf"
+check "a fraction outside (0, 1) is a usage error" usage_fails "want a fraction in \(0, 1\)" "$RINGLM" reap -m "$g" --calib "$WORK/calib.txt" --prune 1.5 -o "$WORK/x.gguf"
+check "a fraction of 0 is a usage error" usage_fails "want a fraction in \(0, 1\)" "$RINGLM" reap -m "$g" --calib "$WORK/calib.txt" --prune 0 -o "$WORK/x.gguf"
 check_fails "both --keep and --prune" "one of --keep N and --prune" "$RINGLM" reap -m "$g" --calib "$WORK/calib.txt" --prune 0.5 --keep 4 -o "$WORK/x.gguf"
 check_fails "an empty calibration file" "empty.txt has no text" "$RINGLM" reap -m "$g" --calib "$WORK/empty.txt" --keep 4 -o "$WORK/x.gguf"
 check_fails "a missing calibration file" "cannot open calibration file .*nope.txt" "$RINGLM" reap -m "$g" --calib "$WORK/nope.txt" --keep 4 -o "$WORK/x.gguf"

@@ -5,6 +5,7 @@
 
 #include "../model/k3_forward.h"
 #include "../prune/reap_job.h"
+#include "../ring/coord.h"
 #include "cli.h"
 
 static void reap_usage(FILE *f) {
@@ -12,6 +13,7 @@ static void reap_usage(FILE *f) {
             "usage: ringlm reap -m MODEL.gguf --calib FILE[,FILE...] (--keep N | --prune FRACTION) -o OUT.gguf\n"
             "                   [--tokens N] [--ctx N] [--chunk N] [--protect LIST] [--frequency] [--scores FILE.json]\n"
             "                   [--report FILE.md --eval FILE[,FILE...]] [--split N] [--threads N] [--no-progress]\n"
+            "                   [--ring ring.conf --key coord.key]\n"
             "       ringlm reap -m MODEL.gguf --scores FILE.json (--keep N | --prune FRACTION) -o OUT.gguf ...\n\n"
             "Prunes routed experts by REAP saliency (docs/reap.md): each expert's mean, over the calibration tokens\n"
             "routed to it, of its gate weight times the norm of its output; the lowest-scoring experts of every MoE\n"
@@ -27,8 +29,39 @@ static void reap_usage(FILE *f) {
             "                    without, prune from that file instead of calibrating\n"
             "  --report FILE     top-1 agreement, mean KL and perplexity of the pruned model against the\n"
             "                    unpruned one on held-out text (--eval), at the chosen ratio and 0/25/50/75%%\n"
+            "  --ring R --key K  score through a ring (ring.conf, the coordinator's key): each stage scores its\n"
+            "                    own layers as the text flows through; the same scores as one machine\n"
             "  --split N         write OUT as N files (default: as many as the input)\n"
             "  --threads N, --no-repack, --flash-attn on|off|auto, --cache-type f32|f16: as for run\n");
+}
+
+/* Scoring through a ring (--ring): the job's reap_score_fn. */
+typedef struct reap_ring {
+    const char *conf_path, *key_path, *model;
+    uint32_t ctx;
+    bool progress;
+    char where[64];
+} reap_ring;
+
+static int reap_ring_score(void *ctx, const calib_set *c, uint32_t chunk, reap_stats *s, rl_err *err) {
+    reap_ring *r = ctx;
+    ring_conf conf;
+    rk_identity id;
+    mf_model m;
+    k3_hparams hp;
+    ring_coord ring;
+    if (ring_conf_load(&conf, r->conf_path, err) != 0 || rk_load(&id, r->key_path, err) != 0) return -1;
+    if (k3_open(&m, &hp, r->model, err) != 0) return -1;
+    ring_opts ro = ring_opts_default();
+    ro.n_ctx = (r->ctx + 255u) / 256u * 256u;
+    ro.quiet = !r->progress;
+    int rc = ring_open(&ring, &conf, &id, &m, &hp, &ro, err);
+    if (rc == 0) {
+        rc = ring_reap_score(&ring, c, chunk, s, r->progress, err);
+        ring_close(&ring);
+    }
+    mf_close(&m);
+    return rc;
 }
 
 /* Splits "a,b,c" (a copy kept in *store) into up to max pointers appended to v. */
@@ -50,7 +83,7 @@ int cmd_reap(int argc, char **argv) {
     const char *calib[64], *eval[64];
     char *copies[128];
     int n_copies = 0, n_calib = 0, n_eval = 0, rc = 2;
-    const char *scores = NULL;
+    const char *scores = NULL, *ring_path = NULL, *key_path = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
@@ -75,7 +108,8 @@ int cmd_reap(int argc, char **argv) {
         if (!v) {
             static const char *const valued[] = {"-m", "--model", "-o", "--output", "--calib", "--eval", "--scores",
                                                  "--report", "--protect", "--keep", "--prune", "--tokens", "--ctx",
-                                                 "--chunk", "--split", "--threads", "--flash-attn", "--cache-type"};
+                                                 "--chunk", "--split", "--threads", "--flash-attn", "--cache-type",
+                                                 "--ring", "--key"};
             bool known = false;
             for (size_t k = 0; k < sizeof valued / sizeof *valued; k++) known |= strcmp(a, valued[k]) == 0;
             cli_bad_option("reap", a, NULL, known, NULL);
@@ -91,6 +125,10 @@ int cmd_reap(int argc, char **argv) {
             if (n_copies == 128 || !(copies[n_copies] = strdup(v))) goto out;
             int *n = a[2] == 'c' ? &n_calib : &n_eval;
             bad = reap_list(copies[n_copies++], a[2] == 'c' ? calib : eval, n, 64) != 0, want = "at most 64 files";
+        } else if (strcmp(a, "--ring") == 0) {
+            ring_path = v;
+        } else if (strcmp(a, "--key") == 0) {
+            key_path = v;
         } else if (strcmp(a, "--scores") == 0) {
             scores = v;
         } else if (strcmp(a, "--report") == 0) {
@@ -135,6 +173,17 @@ int cmd_reap(int argc, char **argv) {
     j.n_eval = n_eval;
     if (n_calib > 0) j.scores_out = scores;
     else j.scores_in = scores;
+    reap_ring rr = {.conf_path = ring_path, .key_path = key_path, .model = j.model, .ctx = j.ctx, .progress = j.progress};
+    if (ring_path) {
+        if (!key_path) {
+            fprintf(stderr, "ringlm reap: --ring needs --key (the coordinator's identity)\n");
+            goto out;
+        }
+        j.score = reap_ring_score;
+        j.score_ctx = &rr;
+        snprintf(rr.where, sizeof rr.where, "the ring of %s", ring_path);
+        j.where = rr.where;
+    }
     rl_err err = {0};
     rc = reap_job_run(&j, &err) == 0 ? 0 : 1;
     if (rc != 0) fprintf(stderr, "ringlm reap: %s\n", err.msg);

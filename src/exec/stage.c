@@ -31,6 +31,9 @@ void stage_free(ring_stage *s) {
     free(s->tap_rows);
     s->tap_rows = NULL;
     s->n_tap_rows = 0;
+    free(s->routes);
+    s->routes = NULL;
+    s->routes_len = 0;
 }
 
 void stage_set_taps(ring_stage *s, const uint32_t *layers, int n) {
@@ -477,6 +480,37 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
     return 0;
 }
 
+/* The ROUTES payload (frame.h) of the RF_SEQ_ROUTES sequences: o's routing has every token that ran (stale
+ * sequences' rows are sent as zeros, like taps; a scoring frame has none). */
+static int stage_keep_routes(ring_stage *s, const rf_header *h, const uint8_t *stale, const k3_routes *r,
+                             rl_err *err) {
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < h->n_seqs; i++) n += (h->seqs[i].flags & RF_SEQ_ROUTES) ? h->seqs[i].n_tokens : 0;
+    const size_t per = (size_t)n * r->k, cell = (size_t)r->n_layers * per;
+    s->routes_len = 16 + cell * 12;
+    s->routes = calloc(s->routes_len, 1);
+    if (!s->routes) return rl_errf(err, "out of memory for routing statistics");
+    const uint32_t hd[4] = {r->layer0, r->n_layers, r->k, n};
+    memcpy(s->routes, hd, sizeof hd);
+    uint8_t *ids = s->routes + 16, *w = ids + cell * 4, *nm = w + cell * 4;
+    for (uint32_t l = 0; l < r->n_layers; l++) {
+        const size_t src_l = (size_t)l * r->n_tokens * r->k;
+        uint32_t off = 0, row = 0;
+        for (uint32_t i = 0; i < h->n_seqs; i++) {
+            const uint32_t nt = h->seqs[i].n_tokens;
+            if ((h->seqs[i].flags & RF_SEQ_ROUTES) && !stale[i]) {
+                const size_t d = (size_t)l * per + (size_t)row * r->k, sidx = src_l + (size_t)off * r->k, c = (size_t)nt * r->k;
+                memcpy(ids + d * 4, r->ids + sidx, c * 4);
+                memcpy(w + d * 4, r->weight + sidx, c * 4);
+                memcpy(nm + d * 4, r->norm + sidx, c * 4);
+            }
+            row += (h->seqs[i].flags & RF_SEQ_ROUTES) ? nt : 0;
+            off += stale[i] ? 0 : nt;
+        }
+    }
+    return 0;
+}
+
 static int stage_exec(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_len, const uint8_t *q,
                       size_t q_len, const stage_replay_spec *rp, uint8_t **out, size_t *out_len, rl_err *err) {
     k3_engine *e = s->e;
@@ -485,8 +519,14 @@ static int stage_exec(ring_stage *s, const rf_header *h, const uint8_t *in, size
     free(s->tap_rows);
     s->tap_rows = NULL;
     s->n_tap_rows = 0;
-    bool want_taps = false;
+    free(s->routes);
+    s->routes = NULL;
+    s->routes_len = 0;
+    bool want_taps = false, want_routes = false;
     for (uint32_t i = 0; i < h->n_seqs && s->n_taps > 0; i++) want_taps |= (h->seqs[i].flags & RF_SEQ_TAPS) != 0;
+    for (uint32_t i = 0; i < h->n_seqs && e->b > e->hp.n_dense_lead; i++) {
+        want_routes |= (h->seqs[i].flags & RF_SEQ_ROUTES) != 0;
+    }
     /* Payload: the tokens of every sequence (int32), then for later stages the boundary state. */
     uint64_t total = 0;
     for (uint32_t i = 0; i < h->n_seqs; i++) total += h->seqs[i].n_tokens;
@@ -551,10 +591,11 @@ static int stage_exec(ring_stage *s, const rf_header *h, const uint8_t *in, size
         k3_batch b = {.n_seqs = (int)hb->n_seqs, .seqs = states, .n_tokens = ntok, .tokens = tb,
                       .in = e->a > 0 ? bb : NULL, .keep_rollback = keep, .n_logits = last ? n_rows : 0,
                       .logit_rows = rows, .n_taps = want_taps ? s->n_taps : 0, .tap_layers = s->taps,
-                      .step_kernels = step};
+                      .step_kernels = step, .routes = want_routes};
         if (k3_forward(e, &b, &o, err) != 0) goto out;
     }
     if (want_taps && stage_keep_taps(s, h, stale, ran, o.taps, err) != 0) goto out; /* states moved: see stage.h */
+    if (want_routes && stage_keep_routes(s, h, stale, &o.routes, err) != 0) goto out;
     if (!last) {
         size_t plen = total * 4 + k3_boundary_wire_size(&o.out, (enum k3_wire_dtype)s->wire);
         uint8_t *payload = malloc(plen);

@@ -50,6 +50,10 @@ typedef struct ring_stage {
     uint32_t taps[16];
     float *tap_rows;
     uint32_t n_tap_rows;
+    /* After stage_run of a frame with RF_SEQ_ROUTES sequences, on a stage holding MoE layers: the ROUTES
+     * payload (frame.h) for them, routes_len bytes (node: RF_ROUTES); NULL otherwise */
+    uint8_t *routes;
+    size_t routes_len;
 } ring_stage;
 
 void stage_init(ring_stage *s, k3_engine *e, uint32_t n_ctx, int wire);

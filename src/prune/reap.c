@@ -36,13 +36,14 @@ void reap_stats_free(reap_stats *s) {
 }
 
 int reap_stats_add(reap_stats *s, const k3_routes *r, rl_err *err) {
-    if (r->n_layers != s->n_layers || (r->n_layers && (r->layer0 != s->layer0 || r->k != s->k))) {
-        return rl_errf(err, "routing of layers %u+%u does not match the statistics' %u+%u", r->layer0, r->n_layers,
-                       s->layer0, s->n_layers);
+    if (r->n_layers == 0) return 0;
+    if (r->layer0 < s->layer0 || r->layer0 + r->n_layers > s->layer0 + s->n_layers || r->k != s->k) {
+        return rl_errf(err, "routing of layers %u+%u (top-%u) does not fit the statistics' %u+%u (top-%u)", r->layer0,
+                       r->n_layers, r->k, s->layer0, s->n_layers, s->k);
     }
     const size_t per = (size_t)r->n_tokens * r->k;
     for (uint32_t l = 0; l < r->n_layers; l++) {
-        const size_t base = (size_t)l * s->n_expert;
+        const size_t base = (size_t)(r->layer0 - s->layer0 + l) * s->n_expert;
         for (size_t i = 0; i < per; i++) {
             const int32_t j = r->ids[l * per + i];
             if (j < 0 || (uint32_t)j >= s->n_expert) return rl_errf(err, "routing names expert %d of %u", j, s->n_expert);
@@ -53,7 +54,7 @@ int reap_stats_add(reap_stats *s, const k3_routes *r, rl_err *err) {
             s->sum_n[base + (uint32_t)j] += nrm;
         }
     }
-    s->tokens += r->n_tokens;
+    if (r->layer0 == s->layer0) s->tokens += r->n_tokens; /* counted once: by the first MoE layer's range */
     return 0;
 }
 

@@ -41,7 +41,8 @@ typedef struct reap_stats {
 /* Statistics for the MoE layers of [a, b) (none if the range has no MoE layer). */
 int reap_stats_init(reap_stats *s, const k3_hparams *hp, uint32_t a, uint32_t b, rl_err *err);
 void reap_stats_free(reap_stats *s);
-/* Adds a batch's routing (k3_output.routes of the same range). */
+/* Adds a batch's routing (k3_output.routes of the same range, or of a part of it: a ring stage's layers;
+ * the tokens are counted by the part that starts at layer0). */
 int reap_stats_add(reap_stats *s, const k3_routes *r, rl_err *err);
 /* Copies src's layers into dst's (dst covers them; the token counts must agree: one calibration run). */
 int reap_stats_merge(reap_stats *dst, const reap_stats *src, rl_err *err);

@@ -199,6 +199,7 @@ int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const bool *
                 }
                 if (h->type == RF_RECEIPT && rc->have_ledger) ring_take_receipt(rc, i, &p, h);
                 if (h->type == RF_TAPS) ring_take_taps(rc, i, &p, h);
+                if (h->type == RF_ROUTES) ring_take_routes(rc, i, &p, h);
                 zs_parts_free(&p); /* PONGs and late answers */
             }
         }
@@ -606,6 +607,15 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
         }
         for (int s = 0; s < rc->plan.n_stages; s++) pd->taps_need += ring_stage_taps(rc, s) > 0;
     }
+    for (int i = 0; i < n_reqs; i++) pd->route_rows += (reqs[i].flags & RF_SEQ_ROUTES) ? reqs[i].n : 0;
+    if (pd->route_rows > 0) {
+        if (!rc->routes) {
+            free(toks);
+            free(h);
+            return rl_errf(err, "routing statistics asked for with nowhere to keep them");
+        }
+        pd->routes_need = ring_routes_need(rc);
+    }
     /* The last stage's sampler inputs, if any sequence carries them, ride in a 4th part (frame.h): the new
      * sequences' logit biases, their grammars, then the drafts' distributions. */
     size_t qlen = 0;
@@ -710,7 +720,23 @@ int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_req
         ring_take_taps(rc, from, &p, rh);
         zs_parts_free(&p);
     }
+    while (pd->routes_got < pd->routes_need && !pd->routes_err[0]) { /* REAP: every MoE stage's routing */
+        zs_parts p;
+        if (ring_wait(rc, RF_ROUTES, -1, rc->o.step_s, watch, &from, &p, rh, err) != 0) {
+            free(rh);
+            return rl_err_prefix(err, "waiting for routing statistics");
+        }
+        ring_take_routes(rc, from, &p, rh);
+        zs_parts_free(&p);
+    }
     free(rh);
+    if (pd->routes_err[0]) {
+        rl_errf(err, "%s", pd->routes_err);
+        zs_parts_free(&pd->parts);
+        free(pd->taps);
+        *pd = rc->pending[--rc->n_pending];
+        return -1;
+    }
     zs_parts *p = &pd->parts;
     int rc_ = 0;
     size_t want = (size_t)n_reqs * 4;

@@ -1,5 +1,6 @@
 /* Folder src/ring/: CURVE sockets and allowlist, node daemon, coordinator, planner, the ring's speculative
- * verifier, latency relay. May include: base, gguf, model, text, gen, speculate, wire, exec, trust. (README
+ * verifier, latency relay, REAP scoring through the ring. May include: base, gguf, model, text, gen, speculate,
+ * wire, exec, trust, prune. (README
  * "Layout"; tests/t_layout.sh checks both.)
  */
 /* coord.h - the coordinator: plans the ring, assigns layer ranges, drives sequences through it.
@@ -21,6 +22,8 @@
 #include "../gguf/model_file.h"
 #include "../model/k3_hparams.h"
 #include "../text/tokenizer.h"
+#include "../prune/calib.h"
+#include "../prune/reap.h"
 #include "../trust/audit.h"
 #include "../trust/keys.h"
 #include "../trust/ledger.h"
@@ -138,6 +141,10 @@ typedef struct ring_coord {
         uint32_t tap_rows;
         int taps_need, taps_got; /* TAPS messages expected (stages holding tap layers) and received */
         uint64_t taps_from;    /* stages whose TAPS counted (one each; plan stages <= 64) */
+        uint32_t route_rows;   /* RF_SEQ_ROUTES tokens of the frame */
+        int routes_need, routes_got; /* ROUTES messages expected (stages holding MoE layers) and received */
+        uint64_t routes_from;
+        char routes_err[400];  /* a malformed ROUTES message: the step fails with this, naming the node */
     } pending[64];
     int n_pending;
     double traversal_s;
@@ -145,6 +152,7 @@ typedef struct ring_coord {
     int busy_node;            /* the node whose last ERROR said it serves another coordinator (or -1) */
     long stale_msgs;          /* messages about an earlier ring's frames, dropped (ring_wait) */
     long taps_dropped;        /* TAPS messages dropped: malformed, duplicated, or from a stage without taps */
+    reap_stats *routes;       /* where RF_SEQ_ROUTES frames' ROUTES are added (REAP scoring; ring_reap.c) */
     /* Audits: the sequences waiting to be audited, an engine per audited stage (on the coordinator's model
      * file), and what was found (the evidence: the ledger's remembered traversals). */
     const mf_model *m;
@@ -223,6 +231,12 @@ int ring_audit_pending(ring_coord *rc, rl_err *err);
 /* The same contract as gen_run, over the ring. */
 int ring_generate(ring_coord *rc, const tok_tokenizer *tok, const int32_t *prompt, size_t n_prompt,
                   const gen_params *p, gen_token_cb cb, void *user, gen_metrics *m, rl_err *err);
+
+/* REAP scores over the ring (prune/reap_run.h's reap_score_local, distributed): every sequence of c in
+ * chunks of `chunk` tokens, one traversal at a time, each stage holding MoE layers returning its layers'
+ * routing (ROUTES) into s (covering the whole model). Same chunking, same kernels: the same scores as one
+ * machine, bit for bit. */
+int ring_reap_score(ring_coord *rc, const calib_set *c, uint32_t chunk, reap_stats *s, bool progress, rl_err *err);
 
 /* Per-stage figures so far: a table on f, and a JSON array (cJSON *) for --metrics-json. */
 void ring_print_stats(const ring_coord *rc, FILE *f);

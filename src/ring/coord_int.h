@@ -22,6 +22,9 @@ int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const bool *
 const char *jstr(const cJSON *o, const char *k);
 struct ring_pending *ring_find_pending(ring_coord *rc, uint64_t step);
 void ring_take_taps(ring_coord *rc, int from, const zs_parts *p, const rf_header *h);
+/* ring_reap.c: a ROUTES message of a step in flight into rc->routes; how many stages owe one. */
+void ring_take_routes(ring_coord *rc, int from, const zs_parts *p, const rf_header *h);
+int ring_routes_need(const ring_coord *rc);
 
 /* stream.c: streams node the range file for layers [a, b) and waits until it has kept it. */
 int ring_stream(ring_coord *rc, int node, const mf_model *m, uint32_t a, uint32_t b, rl_err *err);

@@ -917,6 +917,14 @@ static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
     free(hb);
     free(sb);
     if (n->stage_rt.n_tap_rows > 0) node_send_taps(n, h->step_id);
+    if (n->stage_rt.routes) {
+        size_t rl = n->stage_rt.routes_len;
+#ifdef RINGLM_ADVERSARY
+        if (node_adv_is(n, "badroutes")) rl -= 4; /* one value short */
+        if (node_adv_is(n, "duproutes")) node_reply(n, RF_ROUTES, h->step_id, n->stage_rt.routes, rl);
+#endif
+        node_reply(n, RF_ROUTES, h->step_id, n->stage_rt.routes, rl);
+    }
     /* The frame is on its way: now hash what came in and what went out, sign, and tell the coordinator
      * directly. The next stage hashes the same bytes as its input, so the coordinator can check the chain. */
     if (want_receipt) node_queue_receipt(n, h, rx.nonce, p->data[2], p->len[2], payload, plen);

@@ -52,6 +52,12 @@
  *                               f32 rows [tap][row][n_embd], the stream entering each of those layers (the
  *                               ones this stage holds: a < layer <= b) for the flagged sequences' tokens in
  *                               frame order. Draft input only: a wrong tap costs acceptance, never output.
+ *   ROUTES     node -> coord    for a FORWARD with RF_SEQ_ROUTES sequences, from every stage holding MoE
+ *                               layers, right after forwarding it (step_id = its step): u32 layer0 | u32
+ *                               n_layers | u32 k | u32 n_rows | i32 expert ids [layer][row][k] | f32 gate
+ *                               weights [same] | f32 expert output norms [same] - what each of its MoE
+ *                               layers' routers did to the flagged sequences' tokens (k3_routes; REAP scores
+ *                               over the ring). Unlike taps these are data: a malformed one fails the step.
  */
 #ifndef RINGLM_FRAME_H
 #define RINGLM_FRAME_H
@@ -84,7 +90,8 @@ enum rf_type {
     RF_AUDIT_REQ = 16,  /* coord -> node: send back what you received and sent for these steps */
     RF_AUDIT_DATA = 17, /* node -> coord: the answer (trust/audit.h) */
     RF_TAPS = 18,       /* node -> coord: DSpark taps of a FORWARD's flagged sequences (out of band) */
-    RF_TYPE_MAX = 18
+    RF_ROUTES = 19,     /* node -> coord: MoE routing of a FORWARD's flagged sequences (out of band, REAP) */
+    RF_TYPE_MAX = 19
 };
 
 /* Per-sequence flags. */
@@ -104,6 +111,7 @@ enum {
                             * part on were generated (the last stage's sampler takes them as output again) */
     RF_SEQ_STEP = 2048,    /* compute the frame with step kernels (k3_batch.step_kernels): each token's numbers
                             * what a one-token step gives - how a rebuilt sequence replays its decoded tokens */
+    RF_SEQ_ROUTES = 4096,  /* stages holding MoE layers send this sequence's routing (ROUTES) */
 };
 
 #define RF_LOGPROB_BYTES 168 /* one token's entry in a RESULT (smp_logprob's layout: 2 + 2 x 20 four-byte fields) */
