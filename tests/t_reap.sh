@@ -202,5 +202,10 @@ check_fails "a protected expert out of range" "--protect: expert 8" "$RINGLM" re
 check_fails "more protected than kept" "3 experts protected, more than the 2 kept" "$RINGLM" reap -m "$g" --scores "$WORK/tiny.json" --keep 2 --protect 1,2,3 -o "$WORK/x.gguf"
 "$TOOLS/gguf_edit" "$g" "$WORK/sliced.gguf" --reshape blk.2.ffn_up_exps.weight 128,128,6
 check_fails "an inconsistently sliced file is refused by tensor name" "ffn_up_exps" "$RINGLM" reap -m "$WORK/sliced.gguf" --calib "$WORK/calib.txt" --keep 4 -o "$WORK/x.gguf"
+check_fails "a missing held-out file, before any scoring" "cannot open held-out file .*gone.txt" \
+    "$RINGLM" reap -m "$g" --calib "$WORK/calib.txt" --keep 4 --report "$WORK/x.md" --eval "$WORK/gone.txt"
+echo '{"base": "tiny", "name": "dense", "n_dense_lead": 6}' >"$WORK/dense.json"
+check_fails "a model without MoE layers" "has no MoE layer \\(6 dense layers of 6\\)" \
+    "$RINGLM" reap -m "$(model dense "$WORK/dense.json" f32)" --calib "$WORK/calib.txt" --keep 4 -o "$WORK/x.gguf"
 check "no output was left behind by a refused request" test ! -e "$WORK/x.gguf"
 finish

@@ -6,6 +6,7 @@
 #     drafts may differ, its drafts in flight being dropped - it completes);
 #   - the killed nodes restarted: taken back in while idle (/health: roles, generation);
 #   - a stage stopped (SIGSTOP: its heartbeats stop, the link closes within 5 s): the same;
+#   - a stage killed and restarted at once (back while the server recovers from its death): the same;
 #   - two nodes killed 0.3 s apart (the second during the first recovery): the same;
 #   - the ring shrunk below the model's memory (ring.conf mem= caps): clean 503s naming what is short and
 #     the nodes out; the nodes back: served again, the same text;
@@ -138,6 +139,15 @@ kill -CONT "${RING_PID[$S1]}"
 check "a stage stopped (node $S1): all 8 complete with the undisturbed text" same stop
 check "... the server saw its link close and re-formed the ring" grep -q "re-formed (" "$WORK/srv.log"
 check "continued: taken back in" wait_whole
+
+# ---- the dead node restarted while the server recovers from its death -------------------------------------------
+health hs
+R=$(stage_pid 1)
+kill_restart() { kill -9 "${RING_PID[$R]}"; sleep 0.2; ring_start "$R" "$RING/models"; }
+round restart kill_restart
+check "a stage killed and restarted at once (node $R, back during the recovery): all 8 complete with the undisturbed text" \
+    same restart
+check "... and the ring is whole again (3 stages, no node down)" wait_whole
 
 # ---- a node killed during the recovery from another -----------------------------------------------------------
 health hs

@@ -7,9 +7,9 @@
 
 #include <cJSON.h>
 
-static int calib_read_file(const char *path, char **out, size_t *len, rl_err *err) {
+static int calib_read_file(const char *what, const char *path, char **out, size_t *len, rl_err *err) {
     FILE *f = fopen(path, "rb");
-    if (!f) return rl_errf(err, "cannot open calibration file %s: %s", path, strerror(errno));
+    if (!f) return rl_errf(err, "cannot open %s file %s: %s", what, path, strerror(errno));
     char *buf = NULL;
     size_t n = 0, cap = 0;
     for (;;) {
@@ -30,7 +30,7 @@ static int calib_read_file(const char *path, char **out, size_t *len, rl_err *er
     fclose(f);
     if (bad) {
         free(buf);
-        return rl_errf(err, "cannot read calibration file %s", path);
+        return rl_errf(err, "cannot read %s file %s", what, path);
     }
     buf[n] = 0;
     *out = buf;
@@ -109,16 +109,16 @@ static int calib_line(const char *path, int lineno, const char *line, size_t len
     return rc;
 }
 
-int calib_load(calib_set *c, const char *const *files, int n_files, const tok_tokenizer *tok, chat_format fmt,
-               uint32_t ctx, size_t max_tokens, rl_err *err) {
+int calib_load(calib_set *c, const char *what, const char *const *files, int n_files, const tok_tokenizer *tok,
+               chat_format fmt, uint32_t ctx, size_t max_tokens, rl_err *err) {
     memset(c, 0, sizeof *c);
-    if (ctx < 2) return rl_errf(err, "calibration sequences of %u tokens: at least 2", ctx);
-    if (n_files < 1) return rl_errf(err, "no calibration file");
+    if (ctx < 2) return rl_errf(err, "%s sequences of %u tokens: at least 2", what, ctx);
+    if (n_files < 1) return rl_errf(err, "no %s file", what);
     int full = 0;
     for (int fi = 0; fi < n_files && !full; fi++) {
         char *buf = NULL;
         size_t len = 0;
-        if (calib_read_file(files[fi], &buf, &len, err) != 0) goto fail;
+        if (calib_read_file(what, files[fi], &buf, &len, err) != 0) goto fail;
         size_t p = 0;
         while (p < len && (buf[p] == ' ' || buf[p] == '\t' || buf[p] == '\n' || buf[p] == '\r')) p++;
         const size_t before = c->n_ids;
@@ -163,12 +163,12 @@ int calib_load(calib_set *c, const char *const *files, int n_files, const tok_to
         free(buf);
         if (rc != 0) goto fail;
         if (c->n_ids == before && !full) {
-            rl_errf(err, "calibration file %s has no text", files[fi]);
+            rl_errf(err, "%s file %s has no text", what, files[fi]);
             goto fail;
         }
     }
     if (c->n_ids == 0) {
-        rl_errf(err, "no calibration tokens");
+        rl_errf(err, "no %s tokens", what);
         goto fail;
     }
     return 0;

@@ -22,10 +22,10 @@ typedef struct calib_set {
     int n_seq;
 } calib_set;
 
-/* Reads files[0..n_files) into sequences of at most ctx tokens (>= 2), stopping at max_tokens (0: no
+/* Reads files[0..n_files) (`what` names them in errors: "calibration", "held-out") into sequences of at most ctx tokens (>= 2), stopping at max_tokens (0: no
  * limit). A missing or unreadable file, a malformed JSONL line (named by line number) or no tokens at all
  * is an error. */
-int calib_load(calib_set *c, const char *const *files, int n_files, const tok_tokenizer *tok, chat_format fmt,
+int calib_load(calib_set *c, const char *what, const char *const *files, int n_files, const tok_tokenizer *tok, chat_format fmt,
                uint32_t ctx, size_t max_tokens, rl_err *err);
 void calib_free(calib_set *c);
 

@@ -59,7 +59,7 @@ static void rj_model_close(rj_model *r) {
 static int rj_report(const reap_job *j, const mf_model *m, const k3_hparams *hp, const reap_stats *s,
                      const uint8_t *prot, uint32_t keep, const tok_tokenizer *tok, chat_format fmt, rl_err *err) {
     calib_set h;
-    if (calib_load(&h, j->eval, j->n_eval, tok, fmt, j->ctx, 0, err) != 0) return -1;
+    if (calib_load(&h, "held-out", j->eval, j->n_eval, tok, fmt, j->ctx, 0, err) != 0) return -1;
     const double fracs[] = {0.0, 0.25, 0.5, 0.75};
     uint32_t keeps[5];
     int nk = 0;
@@ -70,7 +70,10 @@ static int rj_report(const reap_job *j, const mf_model *m, const k3_hparams *hp,
         for (int q = 0; q < nk; q++) dup |= keeps[q] == k;
         if (!dup && k >= hp->n_expert_used) keeps[nk++] = k;
     }
-    char dir[] = "/tmp/ringlm-reap-XXXXXX";
+    /* The pruned copies are whole model files: $TMPDIR names a disk with room for them. */
+    const char *td = getenv("TMPDIR");
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/ringlm-reap-XXXXXX", td && *td ? td : "/tmp");
     if (!mkdtemp(dir)) {
         calib_free(&h);
         return rl_errf(err, "cannot make a temporary directory: %s", strerror(errno));
@@ -79,7 +82,7 @@ static int rj_report(const reap_job *j, const mf_model *m, const k3_hparams *hp,
     memset(cand, 0, sizeof cand);
     k3_engine *ce[5];
     reap_quality q[5], rq;
-    char paths[5][64];
+    char paths[5][600];
     memset(paths, 0, sizeof paths);
     int rc = rj_model_open(&ref, j->model, &j->eng, err), n_open = 0;
     for (int i = 0; i < nk && rc == 0; i++) {
@@ -199,6 +202,11 @@ int reap_job_run(const reap_job *j, rl_err *err) {
     tok_ok = true;
     if (chat_detect_model(&m, &fmt, err) != 0) goto done;
 
+    if (j->report) { /* the held-out files are read again for the report; fail on them now, not after */
+        calib_set h;
+        if (calib_load(&h, "held-out", j->eval, j->n_eval, &tok, fmt, j->ctx, 1, err) != 0) goto done;
+        calib_free(&h);
+    }
     /* Scores: calibrate, or read them. */
     double t0 = rj_now(), secs = 0;
     if (j->scores_in) {
@@ -211,12 +219,7 @@ int reap_job_run(const reap_job *j, rl_err *err) {
             goto done;
         }
     } else {
-        if (calib_load(&c, j->calib, j->n_calib, &tok, fmt, j->ctx, j->max_tokens, err) != 0) goto done;
-        if (j->report) { /* the held-out files are read again for the report; fail on them now, not after */
-            calib_set h;
-            if (calib_load(&h, j->eval, j->n_eval, &tok, fmt, j->ctx, 1, err) != 0) goto done;
-            calib_free(&h);
-        }
+        if (calib_load(&c, "calibration", j->calib, j->n_calib, &tok, fmt, j->ctx, j->max_tokens, err) != 0) goto done;
         if (reap_stats_init(&s, &hp, 0, hp.n_layer, err) != 0) goto done;
         if (j->score) {
             if (j->score(j->score_ctx, &c, j->chunk, &s, err) != 0) goto done;

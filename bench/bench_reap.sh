@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# REAP (issue #19): scoring speed on one machine and through a ring, and what pruning buys at decode.
+#
+#   bench/bench_reap.sh [--model bench/models/medium.gguf] [--tokens 2048] [--threads 2] [--nodes 2]
+#                       [--prune 0.5] [--gen 64] [--reps 3] [--out reap]
+#
+# Scoring: `ringlm reap` over --tokens of calibration text (data/corpus), once on this machine with
+# --threads, once through a ring of --nodes `ringlm node`s on loopback (no relay: this measures the
+# machinery, not a network), threads split between them, so both use the same cores. The two scores files
+# must be equal. Then the model is pruned at --prune and `ringlm run` decodes --gen tokens from a 64-token
+# prompt on the unpruned and the pruned file, alternating, --reps pairs: tok/s (median of per-pair ratios)
+# and peak RSS. Results: bench/results/OUT.md and .json.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+model=bench/models/medium.gguf tokens=2048 threads=2 nodes=2 prune=0.5 gen=64 reps=3 out=reap
+while [ $# -gt 0 ]; do
+    case $1 in
+        --model) model=$2 ;; --tokens) tokens=$2 ;; --threads) threads=$2 ;; --nodes) nodes=$2 ;;
+        --prune) prune=$2 ;; --gen) gen=$2 ;; --reps) reps=$2 ;; --out) out=$2 ;;
+        *) echo "bench_reap: unknown option $1" >&2; exit 2 ;;
+    esac
+    shift 2
+done
+make -s ringlm
+mkdir -p bench/models bench/results build/bench
+if [ ! -f "$model" ]; then
+    echo "bench_reap: synthesizing $model (medium preset, once)" >&2
+    ./ringlm synth --config medium --seed 1 -o "$model.tmp" --progress && mv "$model.tmp" "$model"
+fi
+W=$(mktemp -d "$PWD/build/bench/reap.XXXXXX")
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$W"; }
+trap cleanup EXIT
+cat data/corpus/*.txt >"$W/calib.txt"
+cat "$model" >/dev/null # paged in once: neither run pays for the first read
+
+# ---- scoring on this machine and through the ring ------------------------------------------------------
+./ringlm reap -m "$model" --calib "$W/calib.txt" --tokens "$tokens" --scores "$W/local.json" --threads "$threads" \
+    --no-progress >"$W/local.out"
+local_tps=$(sed -n 's/.* \([0-9.]*\) tokens\/s$/\1/p' "$W/local.out")
+./ringlm keygen -o "$W/coord.key" >"$W/coord.pub"
+per=$((threads / nodes)); [ $per -ge 1 ] || per=1
+: >"$W/ring.conf"
+for i in $(seq "$nodes"); do
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
+    ./ringlm keygen -o "$W/n$i.key" >"$W/n$i.pub"
+    mkdir -p "$W/models"; ln -sf "$PWD/$model" "$W/models/"
+    ./ringlm node --listen "127.0.0.1:$port" --key "$W/n$i.key" --allow "$(cat "$W/coord.pub")" --models "$W/models" \
+        --threads "$per" --cache "$W/cache$i" >"$W/n$i.log" 2>&1 &
+    pids+=($!)
+    echo "127.0.0.1:$port $(cat "$W/n$i.pub")" >>"$W/ring.conf"
+done
+sleep 2
+./ringlm reap -m "$model" --calib "$W/calib.txt" --tokens "$tokens" --scores "$W/ring.json" --ring "$W/ring.conf" \
+    --key "$W/coord.key" --no-progress >"$W/ring.out" 2>&1
+ring_tps=$(sed -n 's/.* \([0-9.]*\) tokens\/s$/\1/p' "$W/ring.out")
+same=$(python3 - "$W/local.json" "$W/ring.json" <<'PY'
+import json, sys
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+print('yes' if a['layers'] == b['layers'] and a['tokens'] == b['tokens'] else 'NO')
+PY
+)
+for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+wait 2>/dev/null || true
+pids=()
+
+# ---- pruned against unpruned at decode ---------------------------------------------------------------
+./ringlm reap -m "$model" --scores "$W/local.json" --prune "$prune" -o "$W/pruned.gguf" >"$W/prune.out"
+cat "$W/pruned.gguf" >/dev/null
+prompt=$(seq -s, 100 163)
+dec=() rss=() pdec=() prss=()
+field() { sed -n "s/.*\"$1\":[[:space:]]*\([0-9.e+-]*\).*/\1/p" "$2"; }
+for r in $(seq "$reps"); do
+    ./ringlm run -m "$model" --tokens "$prompt" -n "$gen" --temp 0 --ignore-eos --ids --threads "$threads" \
+        --metrics-json "$W/u.json" >/dev/null 2>&1
+    ./ringlm run -m "$W/pruned.gguf" --tokens "$prompt" -n "$gen" --temp 0 --ignore-eos --ids --threads "$threads" \
+        --metrics-json "$W/p.json" >/dev/null 2>&1
+    dec+=("$(field decode_tok_s "$W/u.json")") rss+=("$(field peak_rss_bytes "$W/u.json")")
+    pdec+=("$(field decode_tok_s "$W/p.json")") prss+=("$(field peak_rss_bytes "$W/p.json")")
+done
+median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+ratios=() ; for i in $(seq 0 $((reps - 1))); do ratios+=("$(awk -v a="${pdec[$i]}" -v b="${dec[$i]}" 'BEGIN { printf "%.4f", a / b }')"); done
+ud=$(printf '%.2f' "$(median "${dec[@]}")") pd=$(printf '%.2f' "$(median "${pdec[@]}")") ur=$(median "${rss[@]}") pr=$(median "${prss[@]}") rr=$(median "${ratios[@]}")
+ubytes=$(stat -c %s "$model") pbytes=$(stat -c %s "$W/pruned.gguf")
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
+cat >"bench/results/$out.json" <<JSON
+{"date": "$(date -u +%F)", "cpu": "$cpu", "model": "$model", "calibration_tokens": $tokens, "threads": $threads,
+ "score_local_tok_s": $local_tps, "score_ring_tok_s": $ring_tps, "ring_nodes": $nodes, "ring_scores_equal": "$same",
+ "prune": $prune, "file_bytes": $ubytes, "pruned_file_bytes": $pbytes,
+ "decode_tok_s": $ud, "pruned_decode_tok_s": $pd, "decode_ratio_median": $rr,
+ "peak_rss_bytes": $ur, "pruned_peak_rss_bytes": $pr}
+JSON
+mib() { awk -v b="$1" 'BEGIN { printf "%.0f MiB", b / 1048576 }'; }
+cat >"bench/results/$out.md" <<MD
+# REAP: scoring speed, and the pruned model at decode
+
+\`bench/bench_reap.sh --model $model --tokens $tokens --threads $threads --nodes $nodes --prune $prune --gen $gen --reps $reps --out $out\`,
+$(date -u +%F), $cpu.
+
+## Scoring ($tokens calibration tokens, sequences of 512)
+
+| where | tokens/s |
+|---|---|
+| this machine, $threads threads | $local_tps |
+| a ring of $nodes nodes on loopback, $per thread(s) each (no relay) | $ring_tps |
+
+Scores through the ring equal this machine's, every sum bit for bit: **$same**. Scoring is a forward pass
+that also returns each MoE layer's choices, weights and output norms; the ring runs it one sequence at a
+time (up to 8 chunks in flight), so on one box its figure is the pipeline's, not a network's.
+
+## Pruned at $prune against unpruned (decode of $gen tokens after a 64-token prompt, $reps alternating pairs)
+
+| model | file | decode tok/s (median) | peak RSS (median) |
+|---|---|---|---|
+| unpruned | $(mib "$ubytes") | $ud | $(mib "$ur") |
+| pruned at $prune | $(mib "$pbytes") | $pd | $(mib "$pr") |
+
+Median of per-pair decode ratios (pruned / unpruned): **${rr}x** (pairs: ${ratios[*]}). A token reads the
+same number of experts either way (top-k is unchanged), so decode speed should barely move; what pruning
+buys is memory: the file and the resident weights shrink with the expert tensors.
+MD
+cat "bench/results/$out.md"
