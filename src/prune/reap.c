@@ -58,26 +58,6 @@ int reap_stats_add(reap_stats *s, const k3_routes *r, rl_err *err) {
     return 0;
 }
 
-int reap_stats_merge(reap_stats *dst, const reap_stats *src, rl_err *err) {
-    if (src->n_layers == 0) return 0;
-    if (src->n_expert != dst->n_expert || src->layer0 < dst->layer0 ||
-        src->layer0 + src->n_layers > dst->layer0 + dst->n_layers) {
-        return rl_errf(err, "statistics of layers %u..%u do not fit those of %u..%u", src->layer0,
-                       src->layer0 + src->n_layers - 1, dst->layer0, dst->layer0 + dst->n_layers - 1);
-    }
-    if (dst->tokens && dst->tokens != src->tokens) {
-        return rl_errf(err, "statistics over %llu and %llu tokens: not one calibration run",
-                       (unsigned long long)dst->tokens, (unsigned long long)src->tokens);
-    }
-    const size_t off = (size_t)(src->layer0 - dst->layer0) * dst->n_expert, n = (size_t)src->n_layers * src->n_expert;
-    memcpy(dst->count + off, src->count, n * sizeof *dst->count);
-    memcpy(dst->sum_gn + off, src->sum_gn, n * sizeof *dst->sum_gn);
-    memcpy(dst->sum_g + off, src->sum_g, n * sizeof *dst->sum_g);
-    memcpy(dst->sum_n + off, src->sum_n, n * sizeof *dst->sum_n);
-    dst->tokens = src->tokens;
-    return 0;
-}
-
 double reap_score(const reap_stats *s, uint32_t l, uint32_t j, bool freq) {
     const size_t i = (size_t)l * s->n_expert + j;
     if (freq) return s->sum_gn[i];
@@ -343,7 +323,7 @@ int reap_protect_parse(const char *list, const reap_stats *s, uint8_t **flags, r
             if (layer < 0 || (uint32_t)layer == s->layer0 + l) (*flags)[(size_t)l * s->n_expert + (uint32_t)ex] = 1;
         }
         p = end;
-        if (*p == ',') p++;
+        if (*p == ',' && p[1]) p++;
         else if (*p) goto bad;
     }
     return 0;

@@ -16,7 +16,7 @@
  * other experts and other weights than the model uses, so the scores here are the model's.
  *
  * The frequency-weighted variant sums instead of averaging (an expert used rarely scores low). Statistics
- * are sums, so stages that score disjoint layer ranges merge into one machine's. */
+ * are sums, so stages that score disjoint layer ranges add up to one machine's (reap_stats_add). */
 #ifndef RINGLM_REAP_H
 #define RINGLM_REAP_H
 
@@ -44,8 +44,6 @@ void reap_stats_free(reap_stats *s);
 /* Adds a batch's routing (k3_output.routes of the same range, or of a part of it: a ring stage's layers;
  * the tokens are counted by the part that starts at layer0). */
 int reap_stats_add(reap_stats *s, const k3_routes *r, rl_err *err);
-/* Copies src's layers into dst's (dst covers them; the token counts must agree: one calibration run). */
-int reap_stats_merge(reap_stats *dst, const reap_stats *src, rl_err *err);
 /* S_j of layer index l (0-based from layer0): the mean, or with freq the sum; 0 for an expert never routed. */
 double reap_score(const reap_stats *s, uint32_t l, uint32_t j, bool freq);
 
