@@ -13,7 +13,7 @@ ds=$WORK/dspark.gguf
 "$RINGLM" synth --no-progress --config "$ROOT/tests/configs/k3-full.json" --draft dspark -o "$ds" --seed 5 >/dev/null
 mkdir -p "$RING/models"
 ln -sf "$f" "$RING/models/full-f32.gguf"
-trap 'serve_stop_all; ring_stop; [ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"' EXIT
+trap 'serve_stop_all; ring_stop || true; [ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"' EXIT
 CT=(--max-time 120 -s)
 
 prompts=("The quick brown fox" "Once upon a time" "In the beginning" "Hello world, this is a longer prompt")
@@ -91,6 +91,26 @@ ring_conf "$WORK/ring.conf" 1 2 3
 serve_start ring -m "$f" --ring "$WORK/ring.conf" --key "$RING/coord.key" --draft "dspark:$ds" --parallel 4 --threads 1
 URL=${SRV_URL[ring]}
 alone_and_together ring "3-node ring"
+
+# A stage killed under a streamed DSpark request (issue: no lost request): the ring is re-formed over the two
+# nodes left, the sequence rebuilt, its drafts in flight dropped and drafting resumed from the new ring's taps;
+# the text is still plain greedy decoding's.
+"$RINGLM" run -m "$f" -p "${prompts[1]}" -n 160 --temp 0 --ignore-eos --threads 1 2>/dev/null |
+    python3 -c 'import sys, json; json.dump(sys.stdin.buffer.read().decode("utf-8", "replace"), sys.stdout)' >"$WORK/long.exp"
+metric() { curl "${CT[@]}" "$URL/metrics" | awk -v k="$1" '$1 == k { print $2 }'; }
+curl "${CT[@]}" -N -o "$WORK/long.sse" -H 'Content-Type: application/json' --data-binary \
+    "{\"prompt\":\"${prompts[1]}\",\"max_tokens\":160,\"temperature\":0,\"ignore_eos\":true,\"stream\":true,\"draft\":\"dspark\"}" \
+    "$URL/v1/completions" &
+cpid=$!
+for _ in $(seq 500); do [ "$(grep -c '^data: {' "$WORK/long.sse" 2>/dev/null || true)" -ge 12 ] && break; sleep 0.02; done
+d0=$(metric ringlm_spec_drafted_tokens_total)
+kill -9 "${RING_PID[2]}"; wait "${RING_PID[2]}" 2>/dev/null || true; unset 'RING_PID[2]'
+wait $cpid || true
+d1=$(metric ringlm_spec_drafted_tokens_total)
+check "a stage killed under a streamed DSpark request: it completes with plain greedy's text" \
+    py "$WORK/long.sse" "raw.rstrip().endswith(b'data: [DONE]') and text(sse(raw)) == load('long.exp')"
+check "... over a re-formed ring (1 recovery), drafting on after it ($d0 drafted tokens at the kill, $d1 at the end)" \
+    bash -c "test \"\$(curl -s '$URL/metrics' | awk '\$1 == \"ringlm_ring_recoveries_total\" { print \$2 }')\" -ge 1 && test ${d1:-0} -gt ${d0:-0}"
 serve_stop ring
 
 # ---- refusals ---------------------------------------------------------------------------------------------
