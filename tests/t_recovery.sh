@@ -215,4 +215,22 @@ rc=0; wait $rpid || rc=$?
 check "run --ring: node 1 killed mid-run: exit 0, the same text as undisturbed, the ring re-formed" bash -c \
     "test $rc = 0 && cmp -s '$WORK/run_base.txt' '$WORK/run_kill.txt' && grep -q 're-forming it over the' '$WORK/run_kill.err' ||
      { echo rc=$rc; tail -5 '$WORK/run_kill.err'; exit 1; }"
+ring_start 1 "$RING/models" || exit 1
+# ... and speculating (run --ring --draft): the block in flight is dropped, the sequence rebuilt up to its
+# last committed token, and speculation goes on. Greedy: the text is plain greedy decoding's.
+"$RINGLM" run -m "$f" -p "Run: one two three" -n 200 --temp 0 --ignore-eos --ctx 1024 >"$WORK/greedy.txt" 2>/dev/null
+for d in ngram "$f"; do
+    name=$([ "$d" = ngram ] && echo n-gram || echo "draft model")
+    rrun_d() { "$RINGLM" run -m "$f" --ring "$WORK/ring.conf" --key "$RING/coord.key" -p "Run: one two three" -n 200 \
+                   --temp 0 --ignore-eos --ctx 1024 --draft "$d" --draft-depth 2; }
+    rrun_d >"$WORK/spec_kill.txt" 2>"$WORK/spec_kill.err" &
+    rpid=$!
+    for _ in $(seq 400); do [ "$(wc -c <"$WORK/spec_kill.txt")" -gt 40 ] && break; sleep 0.02; done
+    kill -9 "${RING_PID[2]}"
+    rc=0; wait $rpid || rc=$?
+    check "run --ring --draft ($name): node 2 killed mid-run: exit 0, plain greedy's text, the ring re-formed" bash -c \
+        "test $rc = 0 && cmp -s '$WORK/greedy.txt' '$WORK/spec_kill.txt' && grep -q 're-forming it over the' '$WORK/spec_kill.err' ||
+         { echo rc=$rc; tail -5 '$WORK/spec_kill.err'; cmp '$WORK/greedy.txt' '$WORK/spec_kill.txt'; exit 1; }"
+    ring_start 2 "$RING/models" || exit 1
+done
 finish

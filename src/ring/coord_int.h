@@ -26,6 +26,12 @@ void ring_take_taps(ring_coord *rc, int from, const zs_parts *p, const rf_header
 void ring_take_routes(ring_coord *rc, int from, const zs_parts *p, const rf_header *h);
 int ring_routes_need(const ring_coord *rc);
 
+/* ring_generate.c: the ring failed (err): close it and open one over the nodes the failures did not name
+ * (ex, kept across recoveries); a node that fails the open is left out too. 0 when a ring is open again; -1
+ * with err saying why not (rc is closed then). A node caught lying fails it (what was printed may carry its
+ * lie). `run --ring` uses it, plain (ring_generate) and speculative (verify_ring.c). */
+int ring_reform(ring_coord *rc, bool *ex, rl_err *err);
+
 /* stream.c: streams node the range file for layers [a, b) and waits until it has kept it. */
 int ring_stream(ring_coord *rc, int node, const mf_model *m, uint32_t a, uint32_t b, rl_err *err);
 

@@ -18,7 +18,7 @@
 /* The ring failed (err): close it and open one over the nodes the failures did not name (ex, kept across
  * recoveries), as `serve --ring` does (docs/serve.md, "When a node fails"); a node that fails the open is
  * left out too. 0 when a ring is open again; -1 with err saying why not (rc is closed then). */
-static int rg_reform(ring_coord *rc, bool *ex, rl_err *err) {
+int ring_reform(ring_coord *rc, bool *ex, rl_err *err) {
     /* A node caught lying (a receipt check) may already have corrupted what this run printed: the run
      * fails naming it, as before, rather than go on. */
     for (int i = 0; i < rc->conf.n; i++)
@@ -95,7 +95,7 @@ prefill:
             got++;
         }
     }
-    if (rc_ != 0 && !gen_sigint_pending() && recoveries < 4 && rg_reform(rc, ex, err) == 0) {
+    if (rc_ != 0 && !gen_sigint_pending() && recoveries < 4 && ring_reform(rc, ex, err) == 0) {
         recoveries++; /* nothing was generated yet: the prompt again, from the start */
         rc_ = 0;
         goto prefill;
@@ -124,7 +124,7 @@ prefill:
         }
         ring_seq_req rq = {.seq_id = seq, .pos = pos, .n = 1, .tokens = &id, .smp = smp};
         rc_ = ring_step(rc, &rq, 1, err);
-        while (rc_ != 0 && !gen_sigint_pending() && recoveries < 4 && rg_reform(rc, ex, err) == 0) {
+        while (rc_ != 0 && !gen_sigint_pending() && recoveries < 4 && ring_reform(rc, ex, err) == 0) {
             /* Rebuilt as it was built: the prompt as a prefill, then what was generated with step kernels,
              * the last stage's sampler taking it as its output again (RF_SEQ_RESUME): it samples on exactly
              * as the lost ring would have. */
