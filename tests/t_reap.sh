@@ -207,5 +207,12 @@ check_fails "a missing held-out file, before any scoring" "cannot open held-out 
 echo '{"base": "tiny", "name": "dense", "n_dense_lead": 6}' >"$WORK/dense.json"
 check_fails "a model without MoE layers" "has no MoE layer \\(6 dense layers of 6\\)" \
     "$RINGLM" reap -m "$(model dense "$WORK/dense.json" f32)" --calib "$WORK/calib.txt" --keep 4 -o "$WORK/x.gguf"
+check_fails "an output folder that does not exist, before any scoring" "cannot write .*/no/such/out.gguf" \
+    "$RINGLM" reap -m "$g" --calib "$WORK/calib.txt" --keep 4 -o "$WORK/no/such/out.gguf"
+"$TOOLS/gguf_edit" "$g" "$WORK/notmpl.gguf" --set-str tokenizer.chat_template "{{ messages }}"
+check "a model whose chat template ringlm does not render is still calibrated on plain text" \
+    "$RINGLM" reap -m "$WORK/notmpl.gguf" --calib "$WORK/calib.txt" --tokens 300 --scores "$WORK/nt.json" --threads 2
+check_fails "... but its JSONL chat lines are refused, named" "chat.jsonl line 1: chat messages, but the model's chat template" \
+    "$RINGLM" reap -m "$WORK/notmpl.gguf" --calib "$WORK/chat.jsonl" --scores "$WORK/nt.json" --threads 2
 check "no output was left behind by a refused request" test ! -e "$WORK/x.gguf"
 finish

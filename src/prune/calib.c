@@ -72,7 +72,7 @@ static int calib_role(const char *r, chat_role *out) {
 }
 
 /* One JSONL line into text (malloc'ed) and whether its markers are special tokens. */
-static int calib_line(const char *path, int lineno, const char *line, size_t len, chat_format fmt, char **text,
+static int calib_line(const char *path, int lineno, const char *line, size_t len, const chat_format *fmt, char **text,
                       size_t *text_len, bool *special, rl_err *err) {
     cJSON *j = cJSON_ParseWithLength(line, len);
     int rc = 0;
@@ -99,7 +99,11 @@ static int calib_line(const char *path, int lineno, const char *line, size_t len
         }
         chat_opts co = chat_opts_default();
         co.add_generation_prompt = false;
-        if (rc == 0 && chat_render(fmt, msgs, n, &co, text, text_len, err) != 0) rc = -1;
+        if (rc == 0 && !fmt) {
+            rc = rl_errf(err, "%s line %d: chat messages, but the model's chat template is not one ringlm renders (use "
+                              "{\"text\": ...})", path, lineno);
+        }
+        if (rc == 0 && chat_render(*fmt, msgs, n, &co, text, text_len, err) != 0) rc = -1;
         *special = true;
         free(msgs);
     } else {
@@ -110,7 +114,7 @@ static int calib_line(const char *path, int lineno, const char *line, size_t len
 }
 
 int calib_load(calib_set *c, const char *what, const char *const *files, int n_files, const tok_tokenizer *tok,
-               chat_format fmt, uint32_t ctx, size_t max_tokens, rl_err *err) {
+               const chat_format *fmt, uint32_t ctx, size_t max_tokens, rl_err *err) {
     memset(c, 0, sizeof *c);
     if (ctx < 2) return rl_errf(err, "%s sequences of %u tokens: at least 2", what, ctx);
     if (n_files < 1) return rl_errf(err, "no %s file", what);

@@ -23,10 +23,11 @@ typedef struct calib_set {
 } calib_set;
 
 /* Reads files[0..n_files) (`what` names them in errors: "calibration", "held-out") into sequences of at most ctx tokens (>= 2), stopping at max_tokens (0: no
- * limit). A missing or unreadable file, a malformed JSONL line (named by line number) or no tokens at all
+ * limit). fmt: the model's chat format (NULL: its template is not one ringlm renders, and chat lines are
+ * refused). A missing or unreadable file, a malformed JSONL line (named by line number) or no tokens at all
  * is an error. */
-int calib_load(calib_set *c, const char *what, const char *const *files, int n_files, const tok_tokenizer *tok, chat_format fmt,
-               uint32_t ctx, size_t max_tokens, rl_err *err);
+int calib_load(calib_set *c, const char *what, const char *const *files, int n_files, const tok_tokenizer *tok,
+               const chat_format *fmt, uint32_t ctx, size_t max_tokens, rl_err *err);
 void calib_free(calib_set *c);
 
 #endif

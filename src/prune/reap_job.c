@@ -57,7 +57,7 @@ static void rj_model_close(rj_model *r) {
 
 /* The quality report: the reference against pruned copies at the chosen count and at 0/25/50/75%. */
 static int rj_report(const reap_job *j, const mf_model *m, const k3_hparams *hp, const reap_stats *s,
-                     const uint8_t *prot, uint32_t keep, const tok_tokenizer *tok, chat_format fmt, rl_err *err) {
+                     const uint8_t *prot, uint32_t keep, const tok_tokenizer *tok, const chat_format *fmt, rl_err *err) {
     calib_set h;
     if (calib_load(&h, "held-out", j->eval, j->n_eval, tok, fmt, j->ctx, 0, err) != 0) return -1;
     const double fracs[] = {0.0, 0.25, 0.5, 0.75};
@@ -160,6 +160,17 @@ int reap_job_run(const reap_job *j, rl_err *err) {
     if (!want_plan && !j->scores_out) return rl_errf(err, "nothing to do: give -o, --report or --scores");
     if (j->report && j->n_eval < 1) return rl_errf(err, "--report needs held-out text (--eval FILE)");
     if (j->out && rj_same_file(j->out, j->model)) return rl_errf(err, "-o %s is the input model", j->out);
+    /* Outputs whose folder cannot take them fail now, not after the calibration. */
+    const char *outs[3] = {j->out, j->scores_out, j->report};
+    for (int i = 0; i < 3; i++) {
+        if (!outs[i]) continue;
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", outs[i]);
+        char *slash = strrchr(dir, '/');
+        if (slash) *(slash == dir ? slash + 1 : slash) = 0;
+        else snprintf(dir, sizeof dir, ".");
+        if (access(dir, W_OK) != 0) return rl_errf(err, "cannot write %s: %s: %s", outs[i], dir, strerror(errno));
+    }
 
     mf_model m;
     k3_hparams hp;
@@ -200,11 +211,15 @@ int reap_job_run(const reap_job *j, rl_err *err) {
     }
     if (tok_load(&tok, &m, err) != 0) goto done;
     tok_ok = true;
-    if (chat_detect_model(&m, &fmt, err) != 0) goto done;
+    /* The template matters only for JSONL chats (calib.h): a model whose template ringlm does not render can
+     * still be calibrated on text. */
+    rl_err tmpl_err;
+    const bool have_fmt = chat_detect_model(&m, &fmt, &tmpl_err) == 0;
+    const chat_format *fmtp = have_fmt ? &fmt : NULL;
 
     if (j->report) { /* the held-out files are read again for the report; fail on them now, not after */
         calib_set h;
-        if (calib_load(&h, "held-out", j->eval, j->n_eval, &tok, fmt, j->ctx, 1, err) != 0) goto done;
+        if (calib_load(&h, "held-out", j->eval, j->n_eval, &tok, fmtp, j->ctx, 1, err) != 0) goto done;
         calib_free(&h);
     }
     /* Scores: calibrate, or read them. */
@@ -219,7 +234,7 @@ int reap_job_run(const reap_job *j, rl_err *err) {
             goto done;
         }
     } else {
-        if (calib_load(&c, "calibration", j->calib, j->n_calib, &tok, fmt, j->ctx, j->max_tokens, err) != 0) goto done;
+        if (calib_load(&c, "calibration", j->calib, j->n_calib, &tok, fmtp, j->ctx, j->max_tokens, err) != 0) goto done;
         if (reap_stats_init(&s, &hp, 0, hp.n_layer, err) != 0) goto done;
         if (j->score) {
             if (j->score(j->score_ctx, &c, j->chunk, &s, err) != 0) goto done;
@@ -256,7 +271,7 @@ int reap_job_run(const reap_job *j, rl_err *err) {
                (double)pruned_bytes / 1048576.0, (double)m.tensor_bytes / 1048576.0);
     }
     if (j->report) {
-        if (rj_report(j, &m, &hp, &s, prot, keep, &tok, fmt, err) != 0) goto done;
+        if (rj_report(j, &m, &hp, &s, prot, keep, &tok, fmtp, err) != 0) goto done;
         printf("reap: report written to %s\n", j->report);
     }
     rc = 0;
