@@ -132,6 +132,7 @@ static int hash_meta(crypto_generichash_state *h, const struct gguf_context *g, 
 
 typedef struct item {
     const mf_tensor *t;
+    int idx; /* where its hash goes in the caller's order */
     uint8_t hash[32];
 } item;
 
@@ -154,8 +155,56 @@ static int by_size_desc(const void *a, const void *b) {
     return x > y ? -1 : x < y;
 }
 
-static int by_name(const void *a, const void *b) {
-    return strcmp(((const item *)a)->t->name, ((const item *)b)->t->name);
+static int desc_by_name(const void *a, const void *b) {
+    return strcmp(((const mfst_tensor *)a)->name, ((const mfst_tensor *)b)->name);
+}
+
+int mfst_hash_descs(const struct gguf_context *meta, uint32_t n_layer, uint32_t a, uint32_t b, mfst_tensor *d, int n,
+                    uint8_t out[32], rl_err *err) {
+    qsort(d, (size_t)n, sizeof *d, desc_by_name);
+    crypto_generichash_state h;
+    crypto_generichash_init(&h, NULL, 0, 32);
+    h_bytes(&h, "RLMF", 4);
+    h_u32(&h, MFST_VERSION);
+    h_u32(&h, a);
+    h_u32(&h, b);
+    h_u32(&h, n_layer);
+    if (hash_meta(&h, meta, err) != 0) return -1;
+    h_u64(&h, (uint64_t)n);
+    for (int k = 0; k < n; k++) {
+        h_str(&h, d[k].name, 4);
+        h_u32(&h, (uint32_t)d[k].type);
+        for (int x = 0; x < 4; x++) h_u64(&h, (uint64_t)(x < d[k].n_dims ? d[k].ne[x] : 1));
+        h_u64(&h, d[k].nbytes);
+        h_bytes(&h, d[k].hash, 32);
+    }
+    crypto_generichash_final(&h, out, 32);
+    return 0;
+}
+
+int mfst_hash_tensors(const mf_tensor *const *ts, int n, int n_threads, uint8_t (*out)[32]) {
+    item *items = calloc((size_t)n + 1, sizeof *items);
+    if (!items) return -1;
+    for (int i = 0; i < n; i++) items[i].t = ts[i], items[i].idx = i;
+    qsort(items, (size_t)n, sizeof *items, by_size_desc); /* largest first: balances the threads */
+    work w = {.items = items, .n = n};
+    atomic_init(&w.next, 0);
+    if (n_threads <= 0) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = c < 1 ? 1 : c > 8 ? 8 : (int)c;
+    }
+    if (n_threads > 64) n_threads = 64;
+    if (n_threads > n) n_threads = n;
+    pthread_t th[64];
+    int started = 0;
+    for (int i = 1; i < n_threads; i++) {
+        if (pthread_create(&th[started], NULL, hash_worker, &w) == 0) started++;
+    }
+    hash_worker(&w);
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < n; i++) memcpy(out[items[i].idx], items[i].hash, 32);
+    free(items);
+    return 0;
 }
 
 int mfst_range_hash_threads(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, int n_threads,
@@ -184,44 +233,40 @@ int mfst_range_hash_threads(const mf_model *m, const k3_hparams *hp, uint32_t a,
         }
     }
 
-    /* Data hashes first (the cost), largest tensors first across the threads. */
-    qsort(items, (size_t)n, sizeof *items, by_size_desc);
-    work w = {.items = items, .n = n};
-    atomic_init(&w.next, 0);
-    if (n_threads <= 0) {
-        long c = sysconf(_SC_NPROCESSORS_ONLN);
-        n_threads = c < 1 ? 1 : c > 8 ? 8 : (int)c;
+    /* Data hashes first (the cost), in parallel. */
+    const mf_tensor **ts = calloc((size_t)n + 1, sizeof *ts);
+    uint8_t(*hs)[32] = calloc((size_t)n + 1, sizeof *hs);
+    if (!ts || !hs) {
+        free(ts);
+        free(hs);
+        rl_errf(err, "out of memory");
+        goto done;
     }
-    if (n_threads > 64) n_threads = 64;
-    if (n_threads > n) n_threads = n;
-    pthread_t th[64];
-    int started = 0;
-    for (int i = 1; i < n_threads; i++) {
-        if (pthread_create(&th[started], NULL, hash_worker, &w) == 0) started++;
+    for (int k = 0; k < n; k++) ts[k] = items[k].t;
+    int mrc = mfst_hash_tensors(ts, n, n_threads, hs);
+    for (int k = 0; k < n; k++) memcpy(items[k].hash, hs[k], 32);
+    free(ts);
+    free(hs);
+    if (mrc != 0) {
+        rl_errf(err, "out of memory");
+        goto done;
     }
-    hash_worker(&w); /* this thread works too, so a failed pthread_create only costs speed */
-    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
 
-    /* Then the canonical serialization, tensors in name order. */
-    qsort(items, (size_t)n, sizeof *items, by_name);
-    crypto_generichash_state h;
-    crypto_generichash_init(&h, NULL, 0, 32);
-    h_bytes(&h, "RLMF", 4);
-    h_u32(&h, MFST_VERSION);
-    h_u32(&h, a);
-    h_u32(&h, b);
-    h_u32(&h, L);
-    if (hash_meta(&h, m->meta, err) != 0) goto done;
-    h_u64(&h, (uint64_t)n);
+    /* Then the canonical serialization (mfst_hash_descs sorts by name). */
+    mfst_tensor *d = calloc((size_t)n + 1, sizeof *d);
+    if (!d) {
+        rl_errf(err, "out of memory");
+        goto done;
+    }
     for (int k = 0; k < n; k++) {
         const mf_tensor *t = items[k].t;
-        h_str(&h, t->name, 4);
-        h_u32(&h, (uint32_t)t->type);
-        for (int d = 0; d < 4; d++) h_u64(&h, (uint64_t)(d < t->n_dims ? t->ne[d] : 1));
-        h_u64(&h, t->nbytes);
-        h_bytes(&h, items[k].hash, 32);
+        d[k] = (mfst_tensor){.name = t->name, .type = t->type, .n_dims = t->n_dims, .nbytes = t->nbytes};
+        memcpy(d[k].ne, t->ne, sizeof d[k].ne);
+        memcpy(d[k].hash, items[k].hash, 32);
     }
-    crypto_generichash_final(&h, out, 32);
+    int hrc = mfst_hash_descs(m->meta, L, a, b, d, n, out, err);
+    free(d);
+    if (hrc != 0) goto done;
     rc = 0;
 done:
     free(items);

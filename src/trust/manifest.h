@@ -45,4 +45,25 @@ int mfst_range_hash(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_
 int mfst_range_hash_threads(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, int n_threads,
                             uint8_t out[32], rl_err *err);
 
+/* A tensor as the hash sees it: what a manifest file keeps of it (trust/manifest_file.h), without data. */
+typedef struct mfst_tensor {
+    const char *name;
+    int type; /* enum ggml_type */
+    int n_dims;
+    int64_t ne[4];
+    uint64_t nbytes;
+    uint8_t hash[32]; /* BLAKE2b-256 of its data */
+    uint32_t file;    /* manifest files: the split file it lives in, and where */
+    uint64_t offset;
+} mfst_tensor;
+
+/* The range hash above from its parts: meta's keys and the range's tensors d[0..n) (sorted here by name),
+ * the same bytes mfst_range_hash hashes. */
+struct gguf_context;
+int mfst_hash_descs(const struct gguf_context *meta, uint32_t n_layer, uint32_t a, uint32_t b, mfst_tensor *d, int n,
+                    uint8_t out[32], rl_err *err);
+/* BLAKE2b-256 of each tensor's data into out[i], on n_threads threads (0: online CPUs, at most 8); -1 when
+ * out of memory. */
+int mfst_hash_tensors(const mf_tensor *const *ts, int n, int n_threads, uint8_t (*out)[32]);
+
 #endif

@@ -1,0 +1,92 @@
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../model/k3_hparams.h"
+#include "../trust/manifest.h"
+#include "../trust/manifest_file.h"
+#include "cli.h"
+
+static void manifest_usage(FILE *f) {
+    fprintf(f, "usage: ringlm manifest MODEL.gguf -o MODEL.manifest [--threads N]\n"
+               "       ringlm manifest --range-hash A:B (MODEL.gguf | MODEL.manifest)\n\n"
+               "Writes a model's manifest: its metadata and, per tensor, name, type, shape, split file, offset and\n"
+               "BLAKE2b (src/trust/manifest_file.h). --range-hash prints the manifest hash of layers [A, B) (what\n"
+               "receipts carry), from a model or from its manifest: the two are equal.\n");
+}
+
+static void manifest_hex(const uint8_t h[32]) {
+    for (int i = 0; i < 32; i++) printf("%02x", h[i]);
+    printf("\n");
+}
+
+int cmd_manifest(int argc, char **argv) {
+    const char *in = NULL, *out = NULL, *range = NULL;
+    int threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            manifest_usage(stdout);
+            return 0;
+        } else if ((strcmp(a, "-o") == 0 || strcmp(a, "--range-hash") == 0 || strcmp(a, "--threads") == 0) && !v) {
+            return cli_bad_option("manifest", a, NULL, true, NULL);
+        } else if (strcmp(a, "-o") == 0) {
+            out = argv[++i];
+        } else if (strcmp(a, "--range-hash") == 0) {
+            range = argv[++i];
+        } else if (strcmp(a, "--threads") == 0) {
+            if (cli_parse_int(v, &threads) != 0 || threads < 1) return cli_bad_option("manifest", a, v, true, "a thread count");
+            i++;
+        } else if (a[0] == '-') {
+            return cli_bad_option("manifest", a, v, false, NULL);
+        } else {
+            in = a;
+        }
+    }
+    unsigned ra = 0, rb = 0;
+    int nch = 0;
+    if (!in || (!out && !range) || (out && range) ||
+        (range && (sscanf(range, "%u:%u%n", &ra, &rb, &nch) != 2 || range[nch] != 0))) {
+        manifest_usage(stderr);
+        return 2;
+    }
+    rl_err err = {0};
+    int rc = 1;
+    if (range) {
+        uint8_t h[32];
+        /* A manifest, or anything not named .gguf (so a damaged manifest gets a manifest's error). */
+        size_t len = strlen(in);
+        if (mfst_file_is(in) || len < 5 || strcmp(in + len - 5, ".gguf") != 0) {
+            mfst_file f;
+            if (mfst_file_read(&f, in, &err) == 0) {
+                if (mfst_file_range_hash(&f, ra, rb, h, &err) == 0) manifest_hex(h), rc = 0;
+                mfst_file_free(&f);
+            }
+        } else {
+            mf_model m;
+            k3_hparams hp;
+            if (k3_open(&m, &hp, in, &err) == 0) {
+                if (mfst_range_hash_threads(&m, &hp, ra, rb, threads, h, &err) == 0) manifest_hex(h), rc = 0;
+                mf_close(&m);
+            }
+        }
+    } else {
+        mf_model m;
+        k3_hparams hp;
+        mfst_file f;
+        if (k3_open(&m, &hp, in, &err) == 0) {
+            if (mfst_file_build(&f, &m, threads, &err) == 0) {
+                if (mfst_file_write(&f, out, &err) == 0) {
+                    printf("manifest of %s: %d tensors, %.1f MiB of weights in %d file(s), written to %s\n", in, f.n,
+                           (double)m.tensor_bytes / 1048576.0, m.n_split, out);
+                    rc = 0;
+                }
+                mfst_file_free(&f);
+            }
+            mf_close(&m);
+        }
+    }
+    if (rc != 0) fprintf(stderr, "ringlm manifest: %s\n", err.msg);
+    return rc;
+}

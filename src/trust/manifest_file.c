@@ -1,0 +1,225 @@
+#include "manifest_file.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ggml.h"
+#include "gguf.h"
+
+#define K(s) "ringlm.manifest." s
+
+static const char *mfst_base(const char *path) {
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+int mfst_file_build(mfst_file *f, const mf_model *m, int n_threads, rl_err *err) {
+    memset(f, 0, sizeof *f);
+    uint32_t L = 0;
+    if (mf_get_u32(m, K3_ARCH ".block_count", &L, true, err) < 0) return -1;
+    const int n = m->n_tensor;
+    const mf_tensor **ts = calloc((size_t)n + 1, sizeof *ts);
+    uint8_t(*hs)[32] = calloc((size_t)n + 1, sizeof *hs);
+    const char **names = calloc((size_t)n + 1, sizeof *names), **files = calloc((size_t)m->n_split + 1, sizeof *files);
+    uint32_t *ty = calloc((size_t)n + 1, 4), *nd = calloc((size_t)n + 1, 4), *fi = calloc((size_t)n + 1, 4);
+    int64_t *ne = calloc((size_t)n * 4 + 1, 8);
+    uint64_t *nb = calloc((size_t)n + 1, 8), *off = calloc((size_t)n + 1, 8);
+    int rc = -1;
+    f->g = gguf_init_empty();
+    if (!ts || !hs || !names || !files || !ty || !nd || !fi || !ne || !nb || !off || !f->g) {
+        rl_errf(err, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < n; i++) ts[i] = &m->tensors[i];
+    if (mfst_hash_tensors(ts, n, n_threads, hs) != 0) {
+        rl_errf(err, "out of memory");
+        goto done;
+    }
+    gguf_set_kv(f->g, m->meta);
+    gguf_remove_key(f->g, "split.no");
+    gguf_remove_key(f->g, "split.count");
+    gguf_remove_key(f->g, "split.tensors.count");
+    for (int i = 0; i < n; i++) {
+        const mf_tensor *t = &m->tensors[i];
+        names[i] = t->name;
+        ty[i] = (uint32_t)t->type;
+        nd[i] = (uint32_t)t->n_dims;
+        memcpy(ne + 4 * (size_t)i, t->ne, 32);
+        nb[i] = t->nbytes;
+        fi[i] = (uint32_t)t->split;
+        off[i] = t->offset;
+    }
+    for (int s = 0; s < m->n_split; s++) files[s] = mfst_base(m->splits[s].path);
+    gguf_set_val_u32(f->g, K("version"), MFST_FILE_VERSION);
+    gguf_set_arr_str(f->g, K("files"), files, (size_t)m->n_split);
+    gguf_set_arr_str(f->g, K("names"), names, (size_t)n);
+    gguf_set_arr_data(f->g, K("types"), GGUF_TYPE_UINT32, ty, (size_t)n);
+    gguf_set_arr_data(f->g, K("n_dims"), GGUF_TYPE_UINT32, nd, (size_t)n);
+    gguf_set_arr_data(f->g, K("ne"), GGUF_TYPE_INT64, ne, (size_t)n * 4);
+    gguf_set_arr_data(f->g, K("nbytes"), GGUF_TYPE_UINT64, nb, (size_t)n);
+    gguf_set_arr_data(f->g, K("file"), GGUF_TYPE_UINT32, fi, (size_t)n);
+    gguf_set_arr_data(f->g, K("offset"), GGUF_TYPE_UINT64, off, (size_t)n);
+    gguf_set_arr_data(f->g, K("hash"), GGUF_TYPE_UINT8, hs, (size_t)n * 32);
+    /* Re-read from the context just written, so a built manifest and a read one are the same object. */
+    char tmp[] = "/tmp/ringlm-manifest-XXXXXX";
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        rl_errf(err, "cannot make a temporary file: %s", strerror(errno));
+        goto done;
+    }
+    close(fd);
+    rc = mfst_file_write(f, tmp, err);
+    gguf_free(f->g);
+    f->g = NULL;
+    if (rc == 0) rc = mfst_file_read(f, tmp, err);
+    remove(tmp);
+done:
+    if (rc != 0) mfst_file_free(f);
+    free(ts);
+    free(hs);
+    free(names);
+    free(files);
+    free(ty);
+    free(nd);
+    free(fi);
+    free(ne);
+    free(nb);
+    free(off);
+    return rc;
+}
+
+int mfst_file_write(const mfst_file *f, const char *path, rl_err *err) {
+    FILE *fp = fopen(path, "wb");
+    if (!fp) return rl_errf(err, "cannot create %s: %s", path, strerror(errno));
+    int rc = gguf_write_to_file_ptr(f->g, fp, true) ? 0 : rl_errf(err, "cannot write %s", path);
+    if (fclose(fp) != 0 && rc == 0) rc = rl_errf(err, "cannot write %s: %s", path, strerror(errno));
+    if (rc != 0) remove(path);
+    return rc;
+}
+
+/* The array at key: of type t and exactly n elements, or NULL (err says which key). */
+static const void *mfst_arr(const struct gguf_context *g, const char *key, enum gguf_type t, size_t n, rl_err *err) {
+    int64_t id = gguf_find_key(g, key);
+    if (id < 0 || gguf_get_kv_type(g, id) != GGUF_TYPE_ARRAY || gguf_get_arr_type(g, id) != t ||
+        gguf_get_arr_n(g, id) != n) {
+        rl_errf(err, "manifest: %s missing, or not %zu elements of %s", key, n, gguf_type_name(t));
+        return NULL;
+    }
+    return t == GGUF_TYPE_STRING ? (const void *)g : gguf_get_arr_data(g, id);
+}
+
+bool mfst_file_is(const char *path) {
+    struct gguf_init_params ip = {.no_alloc = true, .ctx = NULL};
+    struct gguf_context *g = gguf_init_from_file(path, ip);
+    bool is = g && gguf_find_key(g, K("version")) >= 0;
+    if (g) gguf_free(g);
+    return is;
+}
+
+int mfst_file_read(mfst_file *f, const char *path, rl_err *err) {
+    memset(f, 0, sizeof *f);
+    FILE *probe = fopen(path, "rb");
+    if (!probe) return rl_errf(err, "cannot open manifest %s: %s", path, strerror(errno));
+    fclose(probe);
+    struct gguf_init_params ip = {.no_alloc = true, .ctx = NULL};
+    f->g = gguf_init_from_file(path, ip);
+    if (!f->g) return rl_errf(err, "%s: not a GGUF file (a manifest is one), or a damaged one", path);
+    struct gguf_context *g = f->g;
+    int64_t vid = gguf_find_key(g, K("version")), nid = gguf_find_key(g, K("names"));
+    int64_t lid = gguf_find_key(g, K3_ARCH ".block_count");
+    if (vid < 0 || gguf_get_kv_type(g, vid) != GGUF_TYPE_UINT32 || gguf_get_val_u32(g, vid) != MFST_FILE_VERSION) {
+        mfst_file_free(f);
+        return rl_errf(err, "%s: not a ringlm manifest (version %d)", path, MFST_FILE_VERSION);
+    }
+    if (nid < 0 || gguf_get_kv_type(g, nid) != GGUF_TYPE_ARRAY || gguf_get_arr_type(g, nid) != GGUF_TYPE_STRING ||
+        lid < 0 || gguf_get_kv_type(g, lid) != GGUF_TYPE_UINT32) {
+        mfst_file_free(f);
+        return rl_errf(err, "%s: manifest without tensor names or %s.block_count", path, K3_ARCH);
+    }
+    const size_t n = gguf_get_arr_n(g, nid);
+    f->n_layer = gguf_get_val_u32(g, lid);
+    int64_t fid = gguf_find_key(g, K("files"));
+    size_t n_files = fid >= 0 && gguf_get_kv_type(g, fid) == GGUF_TYPE_ARRAY ? gguf_get_arr_n(g, fid) : 0;
+    const uint32_t *ty = mfst_arr(g, K("types"), GGUF_TYPE_UINT32, n, err);
+    const uint32_t *nd = ty ? mfst_arr(g, K("n_dims"), GGUF_TYPE_UINT32, n, err) : NULL;
+    const int64_t *ne = nd ? mfst_arr(g, K("ne"), GGUF_TYPE_INT64, n * 4, err) : NULL;
+    const uint64_t *nb = ne ? mfst_arr(g, K("nbytes"), GGUF_TYPE_UINT64, n, err) : NULL;
+    const uint32_t *fi = nb ? mfst_arr(g, K("file"), GGUF_TYPE_UINT32, n, err) : NULL;
+    const uint64_t *off = fi ? mfst_arr(g, K("offset"), GGUF_TYPE_UINT64, n, err) : NULL;
+    const uint8_t *hs = off ? mfst_arr(g, K("hash"), GGUF_TYPE_UINT8, n * 32, err) : NULL;
+    if (!hs || n_files == 0 || n > (1u << 24)) {
+        if (hs) rl_errf(err, "manifest: no split file names, or an absurd tensor count");
+        rl_err_prefix(err, path);
+        mfst_file_free(f);
+        return -1;
+    }
+    f->t = calloc(n + 1, sizeof *f->t);
+    if (!f->t) {
+        mfst_file_free(f);
+        return rl_errf(err, "out of memory");
+    }
+    f->n = (int)n;
+    for (size_t i = 0; i < n; i++) {
+        mfst_tensor *t = &f->t[i];
+        t->name = gguf_get_arr_str(g, nid, i);
+        t->type = (int)ty[i];
+        t->n_dims = (int)nd[i];
+        memcpy(t->ne, ne + 4 * i, 32);
+        t->nbytes = nb[i];
+        t->file = fi[i];
+        t->offset = off[i];
+        memcpy(t->hash, hs + 32 * i, 32);
+        bool ok = ty[i] < GGML_TYPE_COUNT && ggml_blck_size((enum ggml_type)ty[i]) > 0 && nd[i] >= 1 && nd[i] <= 4 &&
+                  fi[i] < n_files;
+        for (int d = 0; ok && d < 4; d++) ok = ne[4 * i + d] >= 1 && ne[4 * i + d] < (1ll << 40);
+        if (ok) {
+            ok = ne[4 * i] % ggml_blck_size((enum ggml_type)ty[i]) == 0 &&
+                 ggml_row_size((enum ggml_type)ty[i], ne[4 * i]) * (uint64_t)(ne[4 * i + 1] * ne[4 * i + 2] * ne[4 * i + 3]) ==
+                     nb[i];
+        }
+        if (!ok) {
+            rl_errf(err, "%s: tensor %zu (%s): type, shape, size or file do not add up", path, i, t->name);
+            mfst_file_free(f);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int mfst_file_range_hash(const mfst_file *f, uint32_t a, uint32_t b, uint8_t out[32], rl_err *err) {
+    const uint32_t L = f->n_layer;
+    if (a >= b || b > L) return rl_errf(err, "layer range [%u, %u) is not inside the model's %u layers", a, b, L);
+    mfst_tensor *d = calloc((size_t)f->n + 1, sizeof *d);
+    bool *seen = calloc(b - a, 1);
+    int n = 0, rc = -1;
+    if (!d || !seen) {
+        rl_errf(err, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < f->n; i++) {
+        if (!mfst_tensor_in_range(f->t[i].name, a, b, L)) continue;
+        unsigned il;
+        if (sscanf(f->t[i].name, "blk.%u.", &il) == 1 && il >= a && il < b) seen[il - a] = true;
+        d[n++] = f->t[i];
+    }
+    for (uint32_t il = a; il < b; il++) {
+        if (!seen[il - a]) {
+            rl_errf(err, "the manifest lists no tensor of layer %u (needed for layers [%u, %u))", il, a, b);
+            goto done;
+        }
+    }
+    rc = mfst_hash_descs(f->g, L, a, b, d, n, out, err);
+done:
+    free(d);
+    free(seen);
+    return rc;
+}
+
+void mfst_file_free(mfst_file *f) {
+    if (f->g) gguf_free(f->g);
+    free(f->t);
+    memset(f, 0, sizeof *f);
+}

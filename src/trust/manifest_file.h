@@ -1,0 +1,43 @@
+/* manifest_file.h - a model manifest: everything about a model but its weights, in a small file.
+ *
+ * `ringlm manifest MODEL.gguf -o MODEL.manifest` reads the model (one file or a split set) once and writes
+ * its metadata (tokenizer, chat template, hyperparameters: every key but split.*) and, per tensor, name,
+ * type, shape, size, the split file and offset it lives in, and the BLAKE2b-256 of its data. From that,
+ * any layer range's manifest hash (manifest.h, what receipts carry) is computed without the weights, equal
+ * to mfst_range_hash over the model itself.
+ *
+ * The file is a GGUF without tensor data: the model's keys, then ringlm.manifest.* arrays (one element per
+ * tensor, in the model's order): names, types, n_dims, ne (4 per tensor), nbytes, file, offset, hash (32
+ * bytes per tensor), and files (the split files' names) and version. ringlm.* keys are outside the range
+ * hash, so the manifest's own keys change nothing. */
+#ifndef RINGLM_MANIFEST_FILE_H
+#define RINGLM_MANIFEST_FILE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../base/err.h"
+#include "../gguf/model_file.h"
+#include "manifest.h"
+
+#define MFST_FILE_VERSION 1
+
+typedef struct mfst_file {
+    struct gguf_context *g; /* the manifest: the model's keys and ringlm.manifest.* */
+    int n;
+    mfst_tensor *t;         /* names point into g */
+    uint32_t n_layer;
+} mfst_file;
+
+/* Hashes every tensor of m (n_threads: 0 = online CPUs, at most 8) into a manifest. */
+int mfst_file_build(mfst_file *f, const mf_model *m, int n_threads, rl_err *err);
+int mfst_file_write(const mfst_file *f, const char *path, rl_err *err);
+/* Reads and checks one (every array's length, types, sizes against shapes). */
+int mfst_file_read(mfst_file *f, const char *path, rl_err *err);
+/* Is the GGUF at path a manifest (it has ringlm.manifest.version)? */
+bool mfst_file_is(const char *path);
+/* The manifest hash of layers [a, b), as mfst_range_hash over the model. */
+int mfst_file_range_hash(const mfst_file *f, uint32_t a, uint32_t b, uint8_t out[32], rl_err *err);
+void mfst_file_free(mfst_file *f);
+
+#endif
