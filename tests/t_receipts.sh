@@ -74,8 +74,22 @@ check_fails "an empty log" "no receipts" "$RINGLM" receipts verify "$D/empty.jso
 check_fails "a bad --key" "neither a file nor a public key" \
     "$RINGLM" receipts verify "$D/good3.jsonl" --model "$f" --ring "$D/ring.conf" --key nothex
 check_fails "a missing log" "cannot open" "$RINGLM" receipts verify "$D/none.jsonl" --model "$f" --ring "$D/ring.conf"
+# With the model's manifest instead of the model (ringlm manifest): the same verdicts, no weights read.
+"$RINGLM" manifest "$f" -o "$D/f.manifest" >/dev/null
+"$RINGLM" manifest "$other" -o "$D/other.manifest" >/dev/null
+check "the honest 3-stage log verifies against the model's manifest" sh -c \
+    '"$1" receipts verify "$2" --manifest "$3" --ring "$4" | grep -qx "ok: 4 traversals, 12 receipts verified"' \
+    _ "$RINGLM" "$D/good3.jsonl" "$D/f.manifest" "$D/ring.conf"
+check_fails "... and fails against another model's manifest, naming the stage" "stage 0 \(layers \[0, 2\).*manifest: hash" \
+    "$RINGLM" receipts verify "$D/good3.jsonl" --manifest "$D/other.manifest" --ring "$D/ring.conf"
+check_fails "a tampered manifest hash is caught against the manifest too" "manifest: hash " \
+    "$RINGLM" receipts verify "$D/manifest.jsonl" --manifest "$D/f.manifest" --ring "$D/ring.conf"
+check_fails "a missing manifest" "cannot open manifest .*none.manifest" \
+    "$RINGLM" receipts verify "$D/good3.jsonl" --manifest "$D/none.manifest" --ring "$D/ring.conf"
 rc=0; "$RINGLM" receipts verify "$D/good3.jsonl" --ring "$D/ring.conf" 2>/dev/null || rc=$?
 check "no --model is a usage error (exit 2)" test $rc = 2
+rc=0; "$RINGLM" receipts verify "$D/good3.jsonl" --model "$f" --manifest "$D/f.manifest" --ring "$D/ring.conf" 2>/dev/null || rc=$?
+check "both --model and --manifest is a usage error (exit 2)" test $rc = 2
 rc=0; "$RINGLM" receipts 2>/dev/null || rc=$?
 check "no subcommand is a usage error (exit 2)" test $rc = 2
 finish

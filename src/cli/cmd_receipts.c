@@ -8,6 +8,7 @@
 
 #include "../gguf/model_file.h"
 #include "../model/k3_hparams.h"
+#include "../trust/manifest_file.h"
 #include "../ring/coord.h"
 #include "../trust/keys.h"
 #include "../trust/receipt_log.h"
@@ -15,7 +16,9 @@
 
 static void receipts_usage(FILE *f) {
     fprintf(f,
-            "usage: ringlm receipts verify FILE --model MODEL.gguf --ring ring.conf [--key COORD.pub|COORD.key|HEX]\n\n"
+            "usage: ringlm receipts verify FILE (--model MODEL.gguf | --manifest MODEL.manifest) --ring ring.conf\n"
+            "                              [--key COORD.pub|COORD.key|HEX]\n\n"
+            "--manifest: the model's manifest (ringlm manifest) instead of the model: the same checks, no weights.\n"
             "Checks a JSON-lines receipts log (one receipt per line, docs/receipts.md). Receipts are grouped into\n"
             "traversals by (request id, nonce); in each, every signature must verify, every signer must be a\n"
             "ring.conf node, the stages must follow ring.conf's order and cover the model's layers with no gap or\n"
@@ -51,7 +54,7 @@ static int parse_coord_key(uint8_t coord_pk[32], const char *arg, rl_err *err) {
 }
 
 static int receipts_verify(int argc, char **argv) {
-    const char *file = NULL, *model = NULL, *ring = NULL, *key = NULL;
+    const char *file = NULL, *model = NULL, *ring = NULL, *key = NULL, *manifest = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -59,6 +62,8 @@ static int receipts_verify(int argc, char **argv) {
             return 0;
         } else if ((strcmp(a, "--model") == 0 || strcmp(a, "-m") == 0) && val) {
             model = val, i++;
+        } else if (strcmp(a, "--manifest") == 0 && val) {
+            manifest = val, i++;
         } else if (strcmp(a, "--ring") == 0 && val) {
             ring = val, i++;
         } else if (strcmp(a, "--key") == 0 && val) {
@@ -71,7 +76,7 @@ static int receipts_verify(int argc, char **argv) {
             return 2;
         }
     }
-    if (!file || !model || !ring) {
+    if (!file || !!model == !!manifest || !ring) {
         receipts_usage(stderr);
         return 2;
     }
@@ -84,7 +89,9 @@ static int receipts_verify(int argc, char **argv) {
     }
     mf_model m;
     k3_hparams hp;
-    if (k3_open(&m, &hp, model, &err) != 0) {
+    mfst_file mf;
+    memset(&m, 0, sizeof m);
+    if (manifest ? mfst_file_read(&mf, manifest, &err) != 0 : k3_open(&m, &hp, model, &err) != 0) {
         fprintf(stderr, "ringlm receipts: %s\n", err.msg);
         return 1;
     }
@@ -93,11 +100,13 @@ static int receipts_verify(int argc, char **argv) {
         memcpy(nodes[i].sign_pk, conf.nodes[i].key.sign_pk, 32);
         snprintf(nodes[i].addr, sizeof nodes[i].addr, "%s", conf.nodes[i].addr);
     }
-    rlog_opts o = {.m = &m, .hp = &hp, .nodes = nodes, .n_nodes = conf.n, .coord_pk = key ? coord_pk : NULL,
+    rlog_opts o = {.m = manifest ? NULL : &m, .hp = manifest ? NULL : &hp, .manifest = manifest ? &mf : NULL,
+                   .nodes = nodes, .n_nodes = conf.n, .coord_pk = key ? coord_pk : NULL,
                    .problems = stderr};
     rlog_result r;
     int rc = rlog_verify(file, &o, &r, &err);
-    mf_close(&m);
+    if (manifest) mfst_file_free(&mf);
+    else mf_close(&m);
     if (rc < 0) {
         fprintf(stderr, "ringlm receipts: %s\n", err.msg);
         return 1;

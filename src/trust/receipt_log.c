@@ -10,6 +10,7 @@
 #include <sodium.h>
 
 #include "manifest.h"
+#include "manifest_file.h"
 
 typedef struct entry {
     uint64_t request_id;
@@ -47,6 +48,7 @@ typedef struct verifier {
     FILE *f;
     const mf_model *m;
     const k3_hparams *hp;
+    uint32_t n_layer; /* the model's, from its file or its manifest */
     const rlog_opts *o;
     mcache cache[256];
     int n_cache;
@@ -76,7 +78,10 @@ static int manifest_for(verifier *v, uint32_t a, uint32_t b, uint8_t out[32], rl
             return 0;
         }
     }
-    if (mfst_range_hash(v->m, v->hp, a, b, out, err) != 0) return -1;
+    if (v->o->manifest ? mfst_file_range_hash(v->o->manifest, a, b, out, err) != 0
+                       : mfst_range_hash(v->m, v->hp, a, b, out, err) != 0) {
+        return -1;
+    }
     if (v->n_cache < (int)(sizeof v->cache / sizeof v->cache[0])) {
         v->cache[v->n_cache++] = (mcache){.a = a, .b = b};
         memcpy(v->cache[v->n_cache - 1].hash, out, 32);
@@ -185,7 +190,7 @@ static void verify_traversal(verifier *v, int t, const entry *ents, size_t n, rc
         st[i].layer_start = r->layer_start;
         st[i].layer_end = r->layer_end;
         rl_err err = {{0}};
-        if (r->layer_start < r->layer_end && r->layer_end <= v->hp->n_layer) {
+        if (r->layer_start < r->layer_end && r->layer_end <= v->n_layer) {
             if (manifest_for(v, r->layer_start, r->layer_end, st[i].manifest, &err) != 0) {
                 problem(v, "stage %d: cannot hash the model's layers [%u, %u): %s", i, r->layer_start, r->layer_end,
                         err.msg);
@@ -197,7 +202,7 @@ static void verify_traversal(verifier *v, int t, const entry *ents, size_t n, rc
     }
     rcpt_expect e = {.ring_id = rs[0].ring_id,
                      .request_id = ents[0].request_id,
-                     .n_layer = v->hp->n_layer,
+                     .n_layer = v->n_layer,
                      .n_stages = k,
                      .stages = st,
                      .seen = book};
@@ -217,6 +222,7 @@ int rlog_verify(const char *file, const rlog_opts *o, rlog_result *res, rl_err *
     v->o = o;
     v->m = o->m;
     v->hp = o->hp;
+    v->n_layer = o->manifest ? o->manifest->n_layer : o->hp->n_layer;
     int rc = -1;
     entry *ents = NULL;
     group *groups = NULL;

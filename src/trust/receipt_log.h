@@ -3,8 +3,8 @@
  * Checks a JSON-lines log of receipts. Receipts are grouped into traversals by (request id, nonce). The
  * assignment is not in the log, so it is rebuilt from the ring's nodes and the receipts: every signer
  * must be one of the nodes, the stages' layer ranges must follow the nodes' order, and they must cover
- * [0, n_layer) of the model given (n_layer from the file, never from the receipts); each stage's manifest
- * hash is recomputed from the model for its range. Then every check of rcpt_check_traversal runs
+ * [0, n_layer) of the model given (n_layer from the file or its manifest, never from the receipts); each
+ * stage's manifest hash is recomputed for its range, from the model or from its manifest file. Then every check of rcpt_check_traversal runs
  * (signatures, coverage, chain, ids, positions, nonce freshness across the log).
  *
  * Memory stays small for long logs: the first pass keeps only (request id, nonce, offset, line) per
@@ -29,8 +29,10 @@ typedef struct rlog_node {
 } rlog_node;
 
 typedef struct rlog_opts {
-    const mf_model *m;        /* the model the ring ran */
-    const k3_hparams *hp;
+    const mf_model *m;        /* the model the ring ran, or NULL with manifest */
+    const k3_hparams *hp;     /* with m */
+    const struct mfst_file *manifest; /* instead of m and hp: its manifest (trust/manifest_file.h) - the range
+                                       * hashes come from it, no weights needed */
     const rlog_node *nodes;
     int n_nodes;
     const uint8_t *coord_pk;  /* the coordinator's key (or NULL): a receipt it signed is named as such */
