@@ -9,7 +9,7 @@
 #include "cli.h"
 
 static void manifest_usage(FILE *f) {
-    fprintf(f, "usage: ringlm manifest MODEL.gguf -o MODEL.manifest [--threads N]\n"
+    fprintf(f, "usage: ringlm manifest MODEL.gguf -o MODEL.manifest [--threads N] [--progress | --no-progress]\n"
                "       ringlm manifest --range-hash A:B (MODEL.gguf | MODEL.manifest)\n\n"
                "Writes a model's manifest: its metadata and, per tensor, name, type, shape, split file, offset and\n"
                "BLAKE2b (src/trust/manifest_file.h). --range-hash prints the manifest hash of layers [A, B) (what\n"
@@ -24,6 +24,7 @@ static void manifest_hex(const uint8_t h[32]) {
 int cmd_manifest(int argc, char **argv) {
     const char *in = NULL, *out = NULL, *range = NULL;
     int threads = 0;
+    bool progress = isatty(2);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -35,6 +36,8 @@ int cmd_manifest(int argc, char **argv) {
             out = argv[++i];
         } else if (strcmp(a, "--range-hash") == 0) {
             range = argv[++i];
+        } else if (strcmp(a, "--progress") == 0 || strcmp(a, "--no-progress") == 0) {
+            progress = a[2] == 'p';
         } else if (strcmp(a, "--threads") == 0) {
             if (cli_parse_int(v, &threads) != 0 || threads < 1) return cli_bad_option("manifest", a, v, true, "a thread count");
             i++;
@@ -76,7 +79,7 @@ int cmd_manifest(int argc, char **argv) {
         k3_hparams hp;
         mfst_file f;
         if (k3_open(&m, &hp, in, &err) == 0) {
-            if (mfst_file_build(&f, &m, threads, &err) == 0) {
+            if (mfst_file_build(&f, &m, threads, progress, &err) == 0) {
                 if (mfst_file_write(&f, out, &err) == 0) {
                     printf("manifest of %s: %d tensors, %.1f MiB of weights in %d file(s), written to %s\n", in, f.n,
                            (double)m.tensor_bytes / 1048576.0, m.n_split, out);

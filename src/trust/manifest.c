@@ -140,12 +140,35 @@ typedef struct work {
     item *items; /* sorted by size, largest first (balances the threads) */
     int n;
     atomic_int next;
+    const char *progress;     /* a bar on stderr with this label, or NULL */
+    atomic_ullong done;       /* bytes hashed so far */
+    unsigned long long total;
+    pthread_mutex_t print;    /* whoever finishes a tensor redraws the bar, one at a time */
+    int last_pct;             /* the bar's percentage, redrawn only when it changes (under print) */
 } work;
+
+static void hash_bar(work *w) {
+    if (!w->progress || pthread_mutex_trylock(&w->print) != 0) return;
+    unsigned long long d = atomic_load(&w->done);
+    int pct = w->total ? (int)(100.0 * (double)d / (double)w->total) : 100, fill = pct * 40 / 100;
+    if (pct == w->last_pct) {
+        pthread_mutex_unlock(&w->print);
+        return;
+    }
+    w->last_pct = pct;
+    fprintf(stderr, "\r%s [", w->progress);
+    for (int i = 0; i < 40; i++) fputc(i < fill ? '#' : ' ', stderr);
+    fprintf(stderr, "] %3d%% %9.1f MiB", pct, (double)d / 1048576.0);
+    fflush(stderr);
+    pthread_mutex_unlock(&w->print);
+}
 
 static void *hash_worker(void *arg) {
     work *w = arg;
     for (int i; (i = atomic_fetch_add(&w->next, 1)) < w->n;) {
         crypto_generichash(w->items[i].hash, 32, w->items[i].t->data, w->items[i].t->nbytes, NULL, 0);
+        atomic_fetch_add(&w->done, (unsigned long long)w->items[i].t->nbytes);
+        hash_bar(w);
     }
     return NULL;
 }
@@ -182,13 +205,16 @@ int mfst_hash_descs(const struct gguf_context *meta, uint32_t n_layer, uint32_t 
     return 0;
 }
 
-int mfst_hash_tensors(const mf_tensor *const *ts, int n, int n_threads, uint8_t (*out)[32]) {
+int mfst_hash_tensors(const mf_tensor *const *ts, int n, int n_threads, const char *progress, uint8_t (*out)[32]) {
     item *items = calloc((size_t)n + 1, sizeof *items);
     if (!items) return -1;
-    for (int i = 0; i < n; i++) items[i].t = ts[i], items[i].idx = i;
+    unsigned long long total = 0;
+    for (int i = 0; i < n; i++) items[i].t = ts[i], items[i].idx = i, total += ts[i]->nbytes;
     qsort(items, (size_t)n, sizeof *items, by_size_desc); /* largest first: balances the threads */
-    work w = {.items = items, .n = n};
+    work w = {.items = items, .n = n, .progress = progress, .total = total, .last_pct = -1};
     atomic_init(&w.next, 0);
+    atomic_init(&w.done, 0);
+    pthread_mutex_init(&w.print, NULL);
     if (n_threads <= 0) {
         long c = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = c < 1 ? 1 : c > 8 ? 8 : (int)c;
@@ -202,6 +228,12 @@ int mfst_hash_tensors(const mf_tensor *const *ts, int n, int n_threads, uint8_t 
     }
     hash_worker(&w);
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    if (progress) {
+        w.last_pct = -1; /* every worker has joined: draw the 100% a busy lock may have skipped */
+        hash_bar(&w);
+        fputc('\n', stderr);
+    }
+    pthread_mutex_destroy(&w.print);
     for (int i = 0; i < n; i++) memcpy(out[items[i].idx], items[i].hash, 32);
     free(items);
     return 0;
@@ -243,7 +275,7 @@ int mfst_range_hash_threads(const mf_model *m, const k3_hparams *hp, uint32_t a,
         goto done;
     }
     for (int k = 0; k < n; k++) ts[k] = items[k].t;
-    int mrc = mfst_hash_tensors(ts, n, n_threads, hs);
+    int mrc = mfst_hash_tensors(ts, n, n_threads, NULL, hs);
     for (int k = 0; k < n; k++) memcpy(items[k].hash, hs[k], 32);
     free(ts);
     free(hs);

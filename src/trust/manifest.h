@@ -62,8 +62,8 @@ typedef struct mfst_tensor {
 struct gguf_context;
 int mfst_hash_descs(const struct gguf_context *meta, uint32_t n_layer, uint32_t a, uint32_t b, mfst_tensor *d, int n,
                     uint8_t out[32], rl_err *err);
-/* BLAKE2b-256 of each tensor's data into out[i], on n_threads threads (0: online CPUs, at most 8); -1 when
- * out of memory. */
-int mfst_hash_tensors(const mf_tensor *const *ts, int n, int n_threads, uint8_t (*out)[32]);
+/* BLAKE2b-256 of each tensor's data into out[i], on n_threads threads (0: online CPUs, at most 8), with a
+ * progress bar on stderr labelled `progress` (NULL: none); -1 when out of memory. */
+int mfst_hash_tensors(const mf_tensor *const *ts, int n, int n_threads, const char *progress, uint8_t (*out)[32]);
 
 #endif

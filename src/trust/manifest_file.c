@@ -16,7 +16,7 @@ static const char *mfst_base(const char *path) {
     return s ? s + 1 : path;
 }
 
-int mfst_file_build(mfst_file *f, const mf_model *m, int n_threads, rl_err *err) {
+int mfst_file_build(mfst_file *f, const mf_model *m, int n_threads, bool progress, rl_err *err) {
     memset(f, 0, sizeof *f);
     uint32_t L = 0;
     if (mf_get_u32(m, K3_ARCH ".block_count", &L, true, err) < 0) return -1;
@@ -34,7 +34,7 @@ int mfst_file_build(mfst_file *f, const mf_model *m, int n_threads, rl_err *err)
         goto done;
     }
     for (int i = 0; i < n; i++) ts[i] = &m->tensors[i];
-    if (mfst_hash_tensors(ts, n, n_threads, hs) != 0) {
+    if (mfst_hash_tensors(ts, n, n_threads, progress ? "manifest" : NULL, hs) != 0) {
         rl_errf(err, "out of memory");
         goto done;
     }

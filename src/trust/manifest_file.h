@@ -29,8 +29,9 @@ typedef struct mfst_file {
     uint32_t n_layer;
 } mfst_file;
 
-/* Hashes every tensor of m (n_threads: 0 = online CPUs, at most 8) into a manifest. */
-int mfst_file_build(mfst_file *f, const mf_model *m, int n_threads, rl_err *err);
+/* Hashes every tensor of m (n_threads: 0 = online CPUs, at most 8; progress: a bar on stderr) into a
+ * manifest. */
+int mfst_file_build(mfst_file *f, const mf_model *m, int n_threads, bool progress, rl_err *err);
 int mfst_file_write(const mfst_file *f, const char *path, rl_err *err);
 /* Reads and checks one (every array's length, types, sizes against shapes). */
 int mfst_file_read(mfst_file *f, const char *path, rl_err *err);
