@@ -2,7 +2,8 @@
 # ringlm manifest (issue: a manifest for a coordinator that holds no weights): a model's manifest gives
 # every layer range's manifest hash (what receipts carry) without the weights, equal to the hash over the
 # model itself, for a split set and one file alike; its file/offset/hash entries point at the tensors'
-# bytes; metadata changes change it; damaged manifests are refused, naming what is wrong.
+# bytes; metadata changes change it; damaged manifests are refused, naming what is wrong; --check verifies
+# any subset of the split files against it, naming a damaged tensor's file and name and the files not given.
 . "$(dirname "$0")/lib.sh"
 export PYTHONPATH=$ROOT/tests/tools
 f=$(model tiny-f32 tiny f32 1)
@@ -40,6 +41,28 @@ for i, name in enumerate(names):
 assert 'split.count' not in kv and m.tensors == {}
 print(len(names), 'tensors checked')
 PY
+# --check: the split files a node downloaded, against the manifest, tensor by tensor.
+check "--check: two of the three split files match, and the third is named as not given" sh -c \
+    '"$1" manifest --check "$2" "$3" "$4" >"$5" && grep -qx "ok: 2 files match the manifest" "$5" &&
+     grep -q "to fetch for a whole set: sp-00001-of-00003.gguf" "$5"' _ "$RINGLM" "$WORK/sp.manifest" \
+    "$WORK/sp-00002-of-00003.gguf" "$WORK/sp-00003-of-00003.gguf" "$WORK/chk.out"
+mkdir -p "$WORK/bad" && cp "$WORK/sp-00002-of-00003.gguf" "$WORK/bad/"
+victim=$(python3 - "$WORK/sp.manifest" "$WORK/bad/sp-00002-of-00003.gguf" <<'PY'
+import sys
+from gguf_read import Gguf
+kv = Gguf(sys.argv[1]).kv
+i = [k for k, fi in enumerate(kv['ringlm.manifest.file']) if fi == 1][3]
+off = kv['ringlm.manifest.offset'][i] + kv['ringlm.manifest.nbytes'][i] // 2
+with open(sys.argv[2], 'r+b') as f:
+    f.seek(off); b = f.read(1); f.seek(off); f.write(bytes([b[0] ^ 0x40]))
+print(kv['ringlm.manifest.names'][i])
+PY
+)
+check_fails "--check: one flipped bit in a tensor is refused, naming the file and the tensor" \
+    "bad/sp-00002-of-00003.gguf: tensor $victim: its bytes do not hash as the manifest says" \
+    "$RINGLM" manifest --check "$WORK/sp.manifest" "$WORK/bad/sp-00002-of-00003.gguf"
+check_fails "--check: a file of another set is named" "tiny-f32-s1.gguf: not a file of this model" \
+    "$RINGLM" manifest --check "$WORK/sp.manifest" "$f"
 "$TOOLS/gguf_edit" "$f" "$WORK/renamed.gguf" --set-str general.name other
 "$RINGLM" manifest "$WORK/renamed.gguf" -o "$WORK/renamed.manifest" >/dev/null
 check "a metadata change changes the manifest's hashes" \

@@ -10,10 +10,13 @@
 
 static void manifest_usage(FILE *f) {
     fprintf(f, "usage: ringlm manifest MODEL.gguf -o MODEL.manifest [--threads N] [--progress | --no-progress]\n"
-               "       ringlm manifest --range-hash A:B (MODEL.gguf | MODEL.manifest)\n\n"
+               "       ringlm manifest --range-hash A:B (MODEL.gguf | MODEL.manifest)\n"
+               "       ringlm manifest --check MODEL.manifest SPLIT.gguf...\n\n"
                "Writes a model's manifest: its metadata and, per tensor, name, type, shape, split file, offset and\n"
                "BLAKE2b (src/trust/manifest_file.h). --range-hash prints the manifest hash of layers [A, B) (what\n"
-               "receipts carry), from a model or from its manifest: the two are equal.\n");
+               "receipts carry), from a model or from its manifest: the two are equal. --check verifies the split\n"
+               "files given (any subset of the model's) against the manifest, tensor by tensor, and lists the\n"
+               "model's files not given.\n");
 }
 
 static void manifest_hex(const uint8_t h[32]) {
@@ -22,7 +25,9 @@ static void manifest_hex(const uint8_t h[32]) {
 }
 
 int cmd_manifest(int argc, char **argv) {
-    const char *in = NULL, *out = NULL, *range = NULL;
+    const char *in = NULL, *out = NULL, *range = NULL, *check = NULL;
+    const char *files[256];
+    int n_files = 0;
     int threads = 0;
     bool progress = isatty(2);
     for (int i = 1; i < argc; i++) {
@@ -34,6 +39,8 @@ int cmd_manifest(int argc, char **argv) {
             return cli_bad_option("manifest", a, NULL, true, NULL);
         } else if (strcmp(a, "-o") == 0) {
             out = argv[++i];
+        } else if (strcmp(a, "--check") == 0 && v) {
+            check = argv[++i];
         } else if (strcmp(a, "--range-hash") == 0) {
             range = argv[++i];
         } else if (strcmp(a, "--progress") == 0 || strcmp(a, "--no-progress") == 0) {
@@ -43,9 +50,41 @@ int cmd_manifest(int argc, char **argv) {
             i++;
         } else if (a[0] == '-') {
             return cli_bad_option("manifest", a, v, false, NULL);
+        } else if (check) {
+            if (n_files == 256) return cli_bad_option("manifest", "--check", a, true, "at most 256 files");
+            files[n_files++] = a;
         } else {
             in = a;
         }
+    }
+    if (check) {
+        if (n_files == 0 || in || out || range) {
+            manifest_usage(stderr);
+            return 2;
+        }
+        rl_err err = {0};
+        mfst_file f;
+        if (mfst_file_read(&f, check, &err) != 0) {
+            fprintf(stderr, "ringlm manifest: %s\n", err.msg);
+            return 1;
+        }
+        long bad = 0;
+        char *abs_txt = NULL;
+        size_t abs_len = 0;
+        FILE *abs = open_memstream(&abs_txt, &abs_len);
+        int rc = mfst_file_check(&f, files, n_files, stderr, abs, &bad, &err);
+        if (abs) fclose(abs);
+        if (rc != 0) fprintf(stderr, "ringlm manifest: %s\n", err.msg);
+        else if (bad) fprintf(stderr, "ringlm manifest: %ld problem%s in the files checked\n", bad, bad == 1 ? "" : "s");
+        else printf("ok: %d file%s match the manifest\n", n_files, n_files == 1 ? "" : "s");
+        if (rc == 0 && abs_txt && abs_len) {
+            printf("not checked (not given), to fetch for a whole set:");
+            for (char *p = strtok(abs_txt, "\n"); p; p = strtok(NULL, "\n")) printf(" %s", p);
+            printf("\n");
+        }
+        free(abs_txt);
+        mfst_file_free(&f);
+        return rc != 0 || bad ? 1 : 0;
     }
     unsigned ra = 0, rb = 0;
     int nch = 0;

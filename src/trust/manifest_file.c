@@ -6,6 +6,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <sodium.h>
+#include <sys/types.h>
+
 #include "ggml.h"
 #include "gguf.h"
 
@@ -216,6 +219,92 @@ done:
     free(d);
     free(seen);
     return rc;
+}
+
+int mfst_file_check(const mfst_file *f, const char *const *paths, int n_paths, FILE *problems, FILE *absent,
+                    long *n_bad, rl_err *err) {
+    *n_bad = 0;
+    int64_t fid = gguf_find_key(f->g, K("files"));
+    const size_t n_files = gguf_get_arr_n(f->g, fid);
+    bool *given = calloc(n_files + 1, 1);
+    if (!given) return rl_errf(err, "out of memory");
+    for (int p = 0; p < n_paths; p++) {
+        const char *path = paths[p];
+        size_t fi = n_files;
+        for (size_t k = 0; k < n_files; k++) {
+            if (strcmp(gguf_get_arr_str(f->g, fid, k), mfst_base(path)) == 0) fi = k;
+        }
+        if (fi == n_files) {
+            fprintf(problems, "%s: not a file of this model (its manifest lists %zu other%s)\n", path, n_files,
+                    n_files == 1 ? "" : "s");
+            (*n_bad)++;
+            continue;
+        }
+        given[fi] = true;
+        struct gguf_init_params ip = {.no_alloc = true, .ctx = NULL};
+        struct gguf_context *g = gguf_init_from_file(path, ip);
+        FILE *fp = g ? fopen(path, "rb") : NULL;
+        if (!g || !fp) {
+            fprintf(problems, "%s: cannot be read as GGUF\n", path);
+            (*n_bad)++;
+            if (g) gguf_free(g);
+            continue;
+        }
+        const size_t data0 = gguf_get_data_offset(g);
+        int listed = 0;
+        for (int i = 0; i < f->n; i++) {
+            const mfst_tensor *t = &f->t[i];
+            if (t->file != fi) continue;
+            listed++;
+            int64_t ti = gguf_find_tensor(g, t->name);
+            if (ti < 0) {
+                fprintf(problems, "%s: tensor %s missing\n", path, t->name);
+                (*n_bad)++;
+                continue;
+            }
+            if ((int)gguf_get_tensor_type(g, ti) != t->type || gguf_get_tensor_size(g, ti) != t->nbytes ||
+                data0 + gguf_get_tensor_offset(g, ti) != t->offset) {
+                fprintf(problems, "%s: tensor %s: type, size or place differ from the manifest\n", path, t->name);
+                (*n_bad)++;
+                continue;
+            }
+            /* Read and hash in pieces: a K3 expert tensor is gigabytes. */
+            crypto_generichash_state h;
+            crypto_generichash_init(&h, NULL, 0, 32);
+            static const size_t piece = 1 << 22;
+            unsigned char *buf = malloc(piece);
+            bool ok = buf && fseeko(fp, (off_t)t->offset, SEEK_SET) == 0;
+            for (uint64_t left = t->nbytes; ok && left > 0;) {
+                size_t want = left < piece ? (size_t)left : piece;
+                ok = fread(buf, 1, want, fp) == want;
+                if (ok) crypto_generichash_update(&h, buf, want);
+                left -= want;
+            }
+            free(buf);
+            uint8_t got[32];
+            crypto_generichash_final(&h, got, 32);
+            if (!ok) {
+                fprintf(problems, "%s: tensor %s: its bytes cannot be read (a truncated file?)\n", path, t->name);
+                (*n_bad)++;
+            } else if (memcmp(got, t->hash, 32) != 0) {
+                fprintf(problems, "%s: tensor %s: its bytes do not hash as the manifest says (a damaged or other file)\n",
+                        path, t->name);
+                (*n_bad)++;
+            }
+        }
+        if (gguf_get_n_tensors(g) != listed) {
+            fprintf(problems, "%s: %lld tensors, the manifest places %d in it\n", path, (long long)gguf_get_n_tensors(g),
+                    listed);
+            (*n_bad)++;
+        }
+        fclose(fp);
+        gguf_free(g);
+    }
+    for (size_t k = 0; absent && k < n_files; k++) {
+        if (!given[k]) fprintf(absent, "%s\n", gguf_get_arr_str(f->g, fid, k));
+    }
+    free(given);
+    return 0;
 }
 
 void mfst_file_free(mfst_file *f) {

@@ -15,6 +15,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "../base/err.h"
 #include "../gguf/model_file.h"
@@ -39,6 +40,12 @@ int mfst_file_read(mfst_file *f, const char *path, rl_err *err);
 bool mfst_file_is(const char *path);
 /* The manifest hash of layers [a, b), as mfst_range_hash over the model. */
 int mfst_file_range_hash(const mfst_file *f, uint32_t a, uint32_t b, uint8_t out[32], rl_err *err);
+/* Checks split files of the model against its manifest: each must be one of the manifest's files (by
+ * name), hold exactly the tensors the manifest places in it, with their types, shapes and offsets, and
+ * every tensor's bytes must hash as listed. Problems go to `problems` one per line, naming the file and
+ * tensor; *n_bad counts them. The manifest's files not given are listed on `absent` (NULL: not). */
+int mfst_file_check(const mfst_file *f, const char *const *paths, int n_paths, FILE *problems, FILE *absent,
+                    long *n_bad, rl_err *err);
 void mfst_file_free(mfst_file *f);
 
 #endif
