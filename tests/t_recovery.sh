@@ -217,10 +217,12 @@ check "run --ring: node 1 killed mid-run: exit 0, the same text as undisturbed, 
      { echo rc=$rc; tail -5 '$WORK/run_kill.err'; exit 1; }"
 ring_start 1 "$RING/models" || exit 1
 # ... and speculating (run --ring --draft): the block in flight is dropped, the sequence rebuilt up to its
-# last committed token, and speculation goes on. Greedy: the text is plain greedy decoding's.
+# last committed token, and speculation goes on (DSpark from the new ring's taps). Greedy: the text is plain
+# greedy decoding's.
 "$RINGLM" run -m "$f" -p "Run: one two three" -n 200 --temp 0 --ignore-eos --ctx 1024 >"$WORK/greedy.txt" 2>/dev/null
-for d in ngram "$f"; do
-    name=$([ "$d" = ngram ] && echo n-gram || echo "draft model")
+"$RINGLM" synth --no-progress --config "$ROOT/tests/configs/k3-full.json" --draft dspark -o "$WORK/ds.gguf" --seed 5
+for d in ngram "$f" "dspark:$WORK/ds.gguf"; do
+    case $d in ngram) name=n-gram ;; dspark:*) name=DSpark ;; *) name="draft model" ;; esac
     rrun_d() { "$RINGLM" run -m "$f" --ring "$WORK/ring.conf" --key "$RING/coord.key" -p "Run: one two three" -n 200 \
                    --temp 0 --ignore-eos --ctx 1024 --draft "$d" --draft-depth 2; }
     rrun_d >"$WORK/spec_kill.txt" 2>"$WORK/spec_kill.err" &
