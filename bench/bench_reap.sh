@@ -9,7 +9,8 @@
 # machinery, not a network), threads split between them, so both use the same cores. The two scores files
 # must be equal. Then the model is pruned at --prune and `ringlm run` decodes --gen tokens from a 64-token
 # prompt on the unpruned and the pruned file, alternating, --reps pairs: tok/s (median of per-pair ratios)
-# and peak RSS. Results: bench/results/OUT.md and .json.
+# and peak RSS. Every run is ringlm at its defaults; there is no llama.cpp peer (llama.cpp has no expert
+# pruning). Results: bench/results/OUT.md and .json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=bench/models/medium.gguf tokens=2048 threads=2 nodes=2 prune=0.5 gen=64 reps=3 out=reap
@@ -96,6 +97,10 @@ cat >"bench/results/$out.md" <<MD
 
 \`bench/bench_reap.sh --model $model --tokens $tokens --threads $threads --nodes $nodes --prune $prune --gen $gen --reps $reps --out $out\`,
 $(date -u +%F), $cpu.
+
+Settings: every run is ringlm at its defaults (weights repacked where llama.cpp repacks them, flash
+attention, f16 cache), the ring nodes too. There is no llama.cpp peer: llama.cpp has no expert pruning to
+compare with, so no figure here is judged against one; the pruned model is compared with the unpruned one.
 
 ## Scoring ($tokens calibration tokens, sequences of 512)
 

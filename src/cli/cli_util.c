@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <stdlib.h>
 
+#include "../base/file.h"
 #include "../model/k3_forward.h"
 #include "cli.h"
 
@@ -38,35 +39,7 @@ static int cli_parse_double(const char *s, double *out) {
 }
 
 int cli_read_file(const char *path, char **out, size_t *len, rl_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return rl_errf(err, "cannot open %s: %s", path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n + 1 >= cap) {
-            char *nb = realloc(buf, cap *= 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-        }
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-        if (got == 0) break;
-    }
-    int bad = !buf || ferror(f);
-    fclose(f);
-    if (bad) {
-        bool oom = !buf;
-        free(buf);
-        return rl_errf(err, oom ? "out of memory reading %s" : "cannot read %s", path);
-    }
-    buf[n] = 0;
-    *out = buf;
-    *len = n;
-    return 0;
+    return rl_read_file(path, NULL, out, len, err);
 }
 
 int cli_parse_engine(const char *a, const char *v, k3_engine_opts *eo, int *bad, const char **want) {

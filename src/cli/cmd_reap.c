@@ -64,7 +64,7 @@ static int reap_ring_score(void *ctx, const calib_set *c, uint32_t chunk, reap_s
     return rc;
 }
 
-/* Splits "a,b,c" (a copy kept in *store) into up to max pointers appended to v. */
+/* Splits s ("a,b,c", a writable copy the pointers then point into) into up to max pointers appended to v. */
 static int reap_list(char *s, const char **v, int *n, int max) {
     for (char *p = strtok(s, ","); p; p = strtok(NULL, ",")) {
         if (*n == max) return -1;

@@ -1,42 +1,13 @@
 #include "calib.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cJSON.h>
 
-static int calib_read_file(const char *what, const char *path, char **out, size_t *len, rl_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return rl_errf(err, "cannot open %s file %s: %s", what, path, strerror(errno));
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 65536 > cap) {
-            char *nb = realloc(buf, cap = cap ? cap * 2 : 1 << 16);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return rl_errf(err, "out of memory reading %s", path);
-            }
-            buf = nb;
-        }
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-        if (got == 0) break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return rl_errf(err, "cannot read %s file %s", what, path);
-    }
-    buf[n] = 0;
-    *out = buf;
-    *len = n;
-    return 0;
-}
+#include "../base/file.h"
+
 
 /* Appends a document's tokens as sequences of at most ctx; returns 1 once max_tokens is reached. */
 static int calib_add(calib_set *c, const int32_t *ids, size_t n, uint32_t ctx, size_t max_tokens, rl_err *err) {
@@ -60,6 +31,21 @@ static int calib_add(calib_set *c, const int32_t *ids, size_t n, uint32_t ctx, s
         if (max_tokens && c->n_ids >= max_tokens) return 1;
     }
     return 0;
+}
+
+/* One document: tokenized, then cut into sequences; *full once max_tokens is reached. */
+static int calib_doc(calib_set *c, const tok_tokenizer *tok, const char *text, size_t len, bool special, uint32_t ctx,
+                     size_t max_tokens, int *full, rl_err *err) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = tok_encode(tok, text, len, special, &ids, &n, err);
+    if (rc == 0) {
+        int r = calib_add(c, ids, n, ctx, max_tokens, err);
+        if (r < 0) rc = -1;
+        *full = r == 1;
+    }
+    free(ids);
+    return rc;
 }
 
 static int calib_role(const char *r, chat_role *out) {
@@ -122,7 +108,9 @@ int calib_load(calib_set *c, const char *what, const char *const *files, int n_f
     for (int fi = 0; fi < n_files && !full; fi++) {
         char *buf = NULL;
         size_t len = 0;
-        if (calib_read_file(what, files[fi], &buf, &len, err) != 0) goto fail;
+        char label[64];
+        snprintf(label, sizeof label, "%s file", what);
+        if (rl_read_file(files[fi], label, &buf, &len, err) != 0) goto fail;
         size_t p = 0;
         while (p < len && (buf[p] == ' ' || buf[p] == '\t' || buf[p] == '\n' || buf[p] == '\r')) p++;
         const size_t before = c->n_ids;
@@ -139,30 +127,14 @@ int calib_load(calib_set *c, const char *what, const char *const *files, int n_f
                     char *text = NULL;
                     size_t tl = 0;
                     bool special = false;
-                    int32_t *ids = NULL;
-                    size_t n = 0;
                     rc = calib_line(files[fi], lineno, buf + s, e - s, fmt, &text, &tl, &special, err);
-                    if (rc == 0) rc = tok_encode(tok, text, tl, special, &ids, &n, err);
-                    if (rc == 0) {
-                        int r = calib_add(c, ids, n, ctx, max_tokens, err);
-                        if (r < 0) rc = -1;
-                        full = r == 1;
-                    }
+                    if (rc == 0) rc = calib_doc(c, tok, text, tl, special, ctx, max_tokens, &full, err);
                     free(text);
-                    free(ids);
                 }
                 s = e + 1;
             }
         } else {
-            int32_t *ids = NULL;
-            size_t n = 0;
-            rc = tok_encode(tok, buf, len, false, &ids, &n, err);
-            if (rc == 0) {
-                int r = calib_add(c, ids, n, ctx, max_tokens, err);
-                if (r < 0) rc = -1;
-                full = r == 1;
-            }
-            free(ids);
+            rc = calib_doc(c, tok, buf, len, false, ctx, max_tokens, &full, err);
         }
         free(buf);
         if (rc != 0) goto fail;

@@ -8,6 +8,8 @@
 
 #include <cJSON.h>
 
+#include "../base/file.h"
+
 int reap_stats_init(reap_stats *s, const k3_hparams *hp, uint32_t a, uint32_t b, rl_err *err) {
     memset(s, 0, sizeof *s);
     s->n_expert = hp->n_expert;
@@ -140,26 +142,9 @@ static int reap_json_vec(const cJSON *o, const char *key, uint32_t n, double *v)
 
 int reap_stats_read_json(reap_stats *s, const char *path, rl_err *err) {
     memset(s, 0, sizeof *s);
-    FILE *f = fopen(path, "rb");
-    if (!f) return rl_errf(err, "cannot open scores file %s: %s", path, strerror(errno));
     char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len + 65536 > cap) {
-            char *nb = realloc(buf, cap = cap ? cap * 2 : 1 << 20);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return rl_errf(err, "out of memory reading %s", path);
-            }
-            buf = nb;
-        }
-        size_t got = fread(buf + len, 1, cap - len - 1, f);
-        len += got;
-        if (got == 0) break;
-    }
-    fclose(f);
-    buf[len] = 0;
+    size_t len = 0;
+    if (rl_read_file(path, "scores file", &buf, &len, err) != 0) return -1;
     cJSON *root = cJSON_ParseWithLength(buf, len);
     free(buf);
     int rc = 0;

@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "../gguf/gguf_write.h"
@@ -14,12 +13,6 @@
 #include "../text/tokenizer.h"
 #include "reap_run.h"
 #include "reap_write.h"
-
-static double rj_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Experts kept when a fraction of E is pruned: E minus the nearest whole number of experts. */
 static uint32_t rj_keep_for(uint32_t E, double frac) {
@@ -223,7 +216,7 @@ int reap_job_run(const reap_job *j, rl_err *err) {
         calib_free(&h);
     }
     /* Scores: calibrate, or read them. */
-    double t0 = rj_now(), secs = 0;
+    double t0 = reap_clock(), secs = 0;
     if (j->scores_in) {
         if (reap_stats_read_json(&s, j->scores_in, err) != 0) goto done;
         if (s.n_expert != hp.n_expert || s.k != hp.n_expert_used || s.layer0 != hp.n_dense_lead ||
@@ -245,7 +238,7 @@ int reap_job_run(const reap_job *j, rl_err *err) {
             k3_engine_free(&e);
             if (src != 0) goto done;
         }
-        secs = rj_now() - t0;
+        secs = reap_clock() - t0;
         printf("reap: scored %llu tokens (%d sequences) on %s in %.2f s: %.1f tokens/s\n", (unsigned long long)s.tokens,
                c.n_seq, j->where ? j->where : "this machine", secs, secs > 0 ? (double)s.tokens / secs : 0.0);
     }

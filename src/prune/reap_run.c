@@ -6,15 +6,14 @@
 #include <string.h>
 #include <time.h>
 
-static double reap_now(void) {
+double reap_clock(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* A bar redrawn at most ~4 times a second: done of total tokens, tokens/s, time left. */
-static void reap_bar(const char *label, size_t done, size_t total, double t0, double *last) {
-    double now = reap_now();
+void reap_bar(const char *label, size_t done, size_t total, double t0, double *last) {
+    double now = reap_clock();
     if (done < total && now - *last < 0.25) return;
     *last = now;
     double el = now - t0, rate = el > 0 ? (double)done / el : 0, eta = rate > 0 ? (double)(total - done) / rate : 0;
@@ -37,7 +36,7 @@ int reap_score_local(k3_engine *e, const calib_set *c, uint32_t chunk, reap_stat
     if (chunk < 1) chunk = 512;
     k3_state st;
     if (k3_state_init(&st, &e->hp, e->a, e->b, reap_max_len(c), err) != 0) return -1;
-    const double t0 = reap_now();
+    const double t0 = reap_clock();
     double last = 0;
     size_t done = 0;
     int rc = 0;
@@ -108,7 +107,7 @@ int reap_eval(k3_engine *ref, k3_engine **cand, int n, const calib_set *h, uint3
     }
     uint64_t n_pred = 0;
     size_t done = 0;
-    const double t0 = reap_now();
+    const double t0 = reap_clock();
     double last = 0;
     for (int s = 0; s < h->n_seq && rc == 0; s++) {
         for (int i = 0; i <= n; i++) k3_state_reset(&st[i]);

@@ -14,6 +14,11 @@
 #include "calib.h"
 #include "reap.h"
 
+/* Seconds on a monotonic clock, and the scoring runs' progress bar: done of total tokens since t0, with
+ * tokens/s and the time left, redrawn at most 4 times a second (*last: when it last was) and at the end. */
+double reap_clock(void);
+void reap_bar(const char *label, size_t done, size_t total, double t0, double *last);
+
 /* Runs every sequence of c through e (the whole model or a layer range starting at 0) with routing
  * statistics on, adding them to s. progress: a bar on stderr with tokens/s and ETA. */
 int reap_score_local(k3_engine *e, const calib_set *c, uint32_t chunk, reap_stats *s, bool progress, rl_err *err);

@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "../prune/reap_run.h"
 #include "coord_int.h"
 
 int ring_routes_need(const ring_coord *rc) {
@@ -68,17 +68,11 @@ void ring_take_routes(ring_coord *rc, int from, const zs_parts *p, const rf_head
     free(r.norm);
 }
 
-static double rr_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 int ring_reap_score(ring_coord *rc, const calib_set *c, uint32_t chunk, reap_stats *s, bool progress, rl_err *err) {
     if (chunk < 1) chunk = 512;
     rc->routes = s;
     int rc_ = 0;
-    const double t0 = rr_now();
+    const double t0 = reap_clock();
     double last = 0;
     size_t done = 0;
     enum { IN_FLIGHT = 8 };
@@ -107,16 +101,7 @@ int ring_reap_score(ring_coord *rc, const calib_set *c, uint32_t chunk, reap_sta
             if (rc_ == 0) rc_ = ring_collect(rc, steps[got % IN_FLIGHT], &rqs[got % IN_FLIGHT], 1, err);
             if (rc_ == 0) done += rqs[got % IN_FLIGHT].n;
             got++;
-            if (progress && rc_ == 0) {
-                double now = rr_now();
-                if (now - last >= 0.25 || done == c->n_ids) {
-                    last = now;
-                    double rate = (double)done / (now - t0 + 1e-9);
-                    fprintf(stderr, "\rreap score (ring) %zu/%zu tokens %8.1f tok/s ETA %5.0f s", done, c->n_ids, rate,
-                            rate > 0 ? (double)(c->n_ids - done) / rate : 0.0);
-                    if (done == c->n_ids) fputc('\n', stderr);
-                }
-            }
+            if (progress && rc_ == 0) reap_bar("reap score (ring)", done, c->n_ids, t0, &last);
         }
         rl_err e2;
         if (ring_free_seqs(rc, &seq, 1, rc_ == 0 ? err : &e2) != 0 && rc_ == 0) rc_ = -1;

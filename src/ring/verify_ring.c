@@ -139,9 +139,9 @@ static int ring_submit_block(void *ctx, uint32_t pos, const int32_t *tokens, int
     return 0;
 }
 
-/* The ring failed (err) under the block at position pos, the next one the sequence needs (its first token
- * hist[pos] is the last committed output): re-form the ring over the nodes the failure did not name and
- * rebuild the sequence - the prompt as a prefill, then every output up to hist[pos] with step kernels, the
+/* The ring failed (err) under the block the sequence needs next (it starts at its last committed output,
+ * hist[n_hist - 1]): re-form the ring over the nodes the failure did not name and
+ * rebuild the sequence - the prompt as a prefill, then every output up to that one with step kernels, the
  * last stage's sampler taking them as its output again (RF_SEQ_RESUME) and sampling the next one, which
  * is this block's only committed token (its drafts are dropped). */
 static int ring_recover(spec_ring *r, int32_t *out, int *n_out, rl_err *err) {

@@ -182,8 +182,26 @@ static int desc_by_name(const void *a, const void *b) {
     return strcmp(((const mfst_tensor *)a)->name, ((const mfst_tensor *)b)->name);
 }
 
+/* [a, b) inside the model, and a tensor of each of its layers among d[0..n). */
+static int descs_check(const mfst_tensor *d, int n, uint32_t L, uint32_t a, uint32_t b, rl_err *err) {
+    if (a >= b || b > L) return rl_errf(err, "layer range [%u, %u) is not inside the model's %u layers", a, b, L);
+    bool *seen = calloc(b - a, 1);
+    if (!seen) return rl_errf(err, "out of memory");
+    for (int i = 0; i < n; i++) {
+        unsigned il;
+        if (sscanf(d[i].name, "blk.%u.", &il) == 1 && il >= a && il < b) seen[il - a] = true;
+    }
+    int rc = 0;
+    for (uint32_t il = a; il < b && rc == 0; il++) {
+        if (!seen[il - a]) rc = rl_errf(err, "the model holds no tensor of layer %u (needed for layers [%u, %u))", il, a, b);
+    }
+    free(seen);
+    return rc;
+}
+
 int mfst_hash_descs(const struct gguf_context *meta, uint32_t n_layer, uint32_t a, uint32_t b, mfst_tensor *d, int n,
                     uint8_t out[32], rl_err *err) {
+    if (descs_check(d, n, n_layer, a, b, err) != 0) return -1;
     qsort(d, (size_t)n, sizeof *d, desc_by_name);
     crypto_generichash_state h;
     crypto_generichash_init(&h, NULL, 0, 32);
@@ -243,66 +261,34 @@ int mfst_range_hash_threads(const mf_model *m, const k3_hparams *hp, uint32_t a,
                             uint8_t out[32], rl_err *err) {
     if (sodium_init() < 0) return rl_errf(err, "libsodium failed to initialise");
     const uint32_t L = hp->n_layer;
-    if (a >= b || b > L) return rl_errf(err, "layer range [%u, %u) is not inside the model's %u layers", a, b, L);
-    item *items = calloc((size_t)m->n_tensor + 1, sizeof *items);
-    bool *seen = calloc(b - a, 1);
+    const mf_tensor **ts = calloc((size_t)m->n_tensor + 1, sizeof *ts);
+    mfst_tensor *d = calloc((size_t)m->n_tensor + 1, sizeof *d);
+    uint8_t(*hs)[32] = calloc((size_t)m->n_tensor + 1, sizeof *hs);
     int n = 0, rc = -1;
-    if (!items || !seen) {
+    if (!ts || !d || !hs) {
         rl_errf(err, "out of memory");
         goto done;
     }
     for (int i = 0; i < m->n_tensor; i++) {
         const mf_tensor *t = &m->tensors[i];
         if (!mfst_tensor_in_range(t->name, a, b, L)) continue;
-        unsigned il;
-        if (sscanf(t->name, "blk.%u.", &il) == 1) seen[il - a] = true;
-        items[n++].t = t;
+        ts[n] = t;
+        d[n] = (mfst_tensor){.name = t->name, .type = t->type, .n_dims = t->n_dims, .nbytes = t->nbytes};
+        memcpy(d[n].ne, t->ne, sizeof d[n].ne);
+        n++;
     }
-    for (uint32_t il = a; il < b; il++) {
-        if (!seen[il - a]) {
-            rl_errf(err, "the file holds no tensor of layer %u (needed for layers [%u, %u))", il, a, b);
-            goto done;
-        }
-    }
-
-    /* Data hashes first (the cost), in parallel. */
-    const mf_tensor **ts = calloc((size_t)n + 1, sizeof *ts);
-    uint8_t(*hs)[32] = calloc((size_t)n + 1, sizeof *hs);
-    if (!ts || !hs) {
-        free(ts);
-        free(hs);
+    /* The range is checked before the weights are hashed (the cost). */
+    if (descs_check(d, n, L, a, b, err) != 0) goto done;
+    if (mfst_hash_tensors(ts, n, n_threads, NULL, hs) != 0) {
         rl_errf(err, "out of memory");
         goto done;
     }
-    for (int k = 0; k < n; k++) ts[k] = items[k].t;
-    int mrc = mfst_hash_tensors(ts, n, n_threads, NULL, hs);
-    for (int k = 0; k < n; k++) memcpy(items[k].hash, hs[k], 32);
-    free(ts);
-    free(hs);
-    if (mrc != 0) {
-        rl_errf(err, "out of memory");
-        goto done;
-    }
-
-    /* Then the canonical serialization (mfst_hash_descs sorts by name). */
-    mfst_tensor *d = calloc((size_t)n + 1, sizeof *d);
-    if (!d) {
-        rl_errf(err, "out of memory");
-        goto done;
-    }
-    for (int k = 0; k < n; k++) {
-        const mf_tensor *t = items[k].t;
-        d[k] = (mfst_tensor){.name = t->name, .type = t->type, .n_dims = t->n_dims, .nbytes = t->nbytes};
-        memcpy(d[k].ne, t->ne, sizeof d[k].ne);
-        memcpy(d[k].hash, items[k].hash, 32);
-    }
-    int hrc = mfst_hash_descs(m->meta, L, a, b, d, n, out, err);
-    free(d);
-    if (hrc != 0) goto done;
-    rc = 0;
+    for (int k = 0; k < n; k++) memcpy(d[k].hash, hs[k], 32);
+    rc = mfst_hash_descs(m->meta, L, a, b, d, n, out, err);
 done:
-    free(items);
-    free(seen);
+    free(ts);
+    free(d);
+    free(hs);
     return rc;
 }
 

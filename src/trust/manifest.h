@@ -58,7 +58,8 @@ typedef struct mfst_tensor {
 } mfst_tensor;
 
 /* The range hash above from its parts: meta's keys and the range's tensors d[0..n) (sorted here by name),
- * the same bytes mfst_range_hash hashes. */
+ * the same bytes mfst_range_hash hashes. Fails, as mfst_range_hash does, on a range outside the model or
+ * one with a layer none of d belongs to. */
 struct gguf_context;
 int mfst_hash_descs(const struct gguf_context *meta, uint32_t n_layer, uint32_t a, uint32_t b, mfst_tensor *d, int n,
                     uint8_t out[32], rl_err *err);

@@ -193,31 +193,14 @@ int mfst_file_read(mfst_file *f, const char *path, rl_err *err) {
 }
 
 int mfst_file_range_hash(const mfst_file *f, uint32_t a, uint32_t b, uint8_t out[32], rl_err *err) {
-    const uint32_t L = f->n_layer;
-    if (a >= b || b > L) return rl_errf(err, "layer range [%u, %u) is not inside the model's %u layers", a, b, L);
     mfst_tensor *d = calloc((size_t)f->n + 1, sizeof *d);
-    bool *seen = calloc(b - a, 1);
-    int n = 0, rc = -1;
-    if (!d || !seen) {
-        rl_errf(err, "out of memory");
-        goto done;
-    }
+    if (!d) return rl_errf(err, "out of memory");
+    int n = 0;
     for (int i = 0; i < f->n; i++) {
-        if (!mfst_tensor_in_range(f->t[i].name, a, b, L)) continue;
-        unsigned il;
-        if (sscanf(f->t[i].name, "blk.%u.", &il) == 1 && il >= a && il < b) seen[il - a] = true;
-        d[n++] = f->t[i];
+        if (mfst_tensor_in_range(f->t[i].name, a, b, f->n_layer)) d[n++] = f->t[i];
     }
-    for (uint32_t il = a; il < b; il++) {
-        if (!seen[il - a]) {
-            rl_errf(err, "the manifest lists no tensor of layer %u (needed for layers [%u, %u))", il, a, b);
-            goto done;
-        }
-    }
-    rc = mfst_hash_descs(f->g, L, a, b, d, n, out, err);
-done:
+    int rc = mfst_hash_descs(f->g, f->n_layer, a, b, d, n, out, err);
     free(d);
-    free(seen);
     return rc;
 }
 
