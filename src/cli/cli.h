@@ -49,6 +49,16 @@ struct k3_engine_opts;
  * Returns 1 if `a` is one of them (*bad and *want then say whether v was good and what it should be). */
 int cli_parse_engine(const char *a, const char *v, struct k3_engine_opts *eo, int *bad, const char **want);
 
+struct mf_model;
+struct k3_hparams;
+struct mfst_file;
+/* The target model of run, serve and logits: the file (-m), or, for a ring whose coordinator holds none, its
+ * manifest (--manifest; *mf filled, m its view without weights). Exactly one of model / manifest. Close with
+ * cli_close_target. */
+int cli_open_target(const char *model, const char *manifest, struct mf_model *m, struct k3_hparams *hp,
+                    struct mfst_file *mf, rl_err *err);
+void cli_close_target(struct mf_model *m, struct mfst_file *mf);
+
 /* Says on stderr what is wrong with an option, in one line, and returns 2 (bad usage): an unknown
  * option, a missing value, or a value that is not `want` (NULL: the trust options' own expectations). */
 int cli_bad_option(const char *cmd, const char *opt, const char *v, bool known, const char *want);

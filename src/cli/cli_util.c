@@ -6,7 +6,27 @@
 
 #include "../base/file.h"
 #include "../model/k3_forward.h"
+#include "../trust/manifest_file.h"
 #include "cli.h"
+
+int cli_open_target(const char *model, const char *manifest, mf_model *m, k3_hparams *hp, mfst_file *mf, rl_err *err) {
+    memset(mf, 0, sizeof *mf);
+    memset(m, 0, sizeof *m);
+    if (!manifest) return k3_open(m, hp, model, err);
+    if (mfst_file_read(mf, manifest, err) != 0) return -1;
+    if (mfst_file_model(mf, m, err) != 0 || k3_hparams_read(hp, m, err) != 0 || k3_check_tensors(hp, m, err) != 0) {
+        rl_err_prefix(err, "%s", manifest);
+        mf_close(m);
+        mfst_file_free(mf);
+        return -1;
+    }
+    return 0;
+}
+
+void cli_close_target(mf_model *m, mfst_file *mf) {
+    mf_close(m);
+    mfst_file_free(mf);
+}
 
 int cli_parse_u64(const char *s, unsigned long long *out) {
     if (!s || !*s || *s == '-') return -1;

@@ -17,7 +17,9 @@ static void logits_usage(FILE *f) {
                "--no-repack: every weight stays in the file mapping (llama.cpp's --no-repack); the default copies\n"
                "quantized matmul weights into the CPU's repacked layouts where llama.cpp would.\n"
                "--flash-attn on|off|auto, --cache-type f32|f16: MLA attention by flash attention over an f16 cache (the\n"
-               "defaults, as llama.cpp's), or the softmax path / an f32 cache.\n");
+               "defaults, as llama.cpp's), or the softmax path / an f32 cache.\n"
+               "--manifest M (with --ring, instead of -m): this machine holds only the model's manifest; the nodes\n"
+               "map their layers from the split files they hold and stream the rest from each other.\n");
 }
 
 /* Parses "1,2,3" into a malloc'ed array. */
@@ -55,7 +57,7 @@ static int parse_tokens(const char *s, int32_t **out, int *n) {
 
 int cmd_logits(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *mode = "batch", *toks = NULL, *ring_path = NULL, *key_path = NULL;
-    const char *wire = "f32";
+    const char *wire = "f32", *manifest = NULL;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), chunk = 0, prefill = 0;
     bool no_repack = false;
     k3_engine_opts eo = {0}; /* llama.cpp's defaults */
@@ -72,6 +74,8 @@ int cmd_logits(int argc, char **argv) {
             out = v, i++;
         } else if (strcmp(a, "--ring") == 0 && v) {
             ring_path = v, i++;
+        } else if (strcmp(a, "--manifest") == 0 && v) {
+            manifest = v, i++;
         } else if (strcmp(a, "--key") == 0 && v) {
             key_path = v, i++;
         } else if (strcmp(a, "--wire") == 0 && v) {
@@ -99,7 +103,8 @@ int cmd_logits(int argc, char **argv) {
     }
     int32_t *tokens = NULL;
     int n = 0;
-    if (!model || !out || !toks) {
+    if (!model == !manifest || !out || !toks || (manifest && !ring_path)) {
+        if (manifest && !ring_path) fprintf(stderr, "ringlm logits: --manifest needs --ring: the weights are on the nodes\n");
         logits_usage(stderr);
         return 2;
     }
@@ -113,7 +118,8 @@ int cmd_logits(int argc, char **argv) {
     k3_engine e;
     k3_state st;
     int rc = 1;
-    if (k3_open(&m, &hp, model, &err) != 0) {
+    mfst_file mf;
+    if (cli_open_target(model, manifest, &m, &hp, &mf, &err) != 0) {
         fprintf(stderr, "ringlm logits: %s\n", err.msg);
         free(tokens);
         return 1;
@@ -133,6 +139,8 @@ int cmd_logits(int argc, char **argv) {
         ro.n_ctx = ((uint32_t)n + 255u) / 256u * 256u;
         ro.wire = strcmp(wire, "f16") == 0 ? 1 : strcmp(wire, "bf16") == 0 ? 2 : 0;
         ro.quiet = true;
+        ro.manifest = manifest ? &mf : NULL;
+        ro.manifest_path = manifest;
         if (ring_open(&ring, &conf, &id, &m, &hp, &ro, &err) != 0) {
             free(all);
             goto fail_model;
@@ -204,7 +212,7 @@ fail_engine:
     k3_engine_free(&e);
 fail_model:
     if (rc != 0) fprintf(stderr, "ringlm logits: %s\n", err.msg);
-    mf_close(&m);
+    cli_close_target(&m, &mf);
     free(tokens);
     return rc;
 }

@@ -11,12 +11,14 @@
 static void manifest_usage(FILE *f) {
     fprintf(f, "usage: ringlm manifest MODEL.gguf -o MODEL.manifest [--threads N] [--progress | --no-progress]\n"
                "       ringlm manifest --range-hash A:B (MODEL.gguf | MODEL.manifest)\n"
-               "       ringlm manifest --check MODEL.manifest SPLIT.gguf...\n\n"
+               "       ringlm manifest --check MODEL.manifest SPLIT.gguf...\n"
+               "       ringlm manifest --range-files A:B MODEL.manifest\n\n"
                "Writes a model's manifest: its metadata and, per tensor, name, type, shape, split file, offset and\n"
                "BLAKE2b (src/trust/manifest_file.h). --range-hash prints the manifest hash of layers [A, B) (what\n"
                "receipts carry), from a model or from its manifest: the two are equal. --check verifies the split\n"
                "files given (any subset of the model's) against the manifest, tensor by tensor, and lists the\n"
-               "model's files not given.\n");
+               "model's files not given. --range-files lists the split files that hold layers [A, B) (what a node\n"
+               "given that range downloads into its --models folder), one per line with the bytes of it used.\n");
 }
 
 static void manifest_hex(const uint8_t h[32]) {
@@ -25,7 +27,7 @@ static void manifest_hex(const uint8_t h[32]) {
 }
 
 int cmd_manifest(int argc, char **argv) {
-    const char *in = NULL, *out = NULL, *range = NULL, *check = NULL;
+    const char *in = NULL, *out = NULL, *range = NULL, *check = NULL, *range_files = NULL;
     const char *files[256];
     int n_files = 0;
     int threads = 0;
@@ -35,7 +37,8 @@ int cmd_manifest(int argc, char **argv) {
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             manifest_usage(stdout);
             return 0;
-        } else if ((strcmp(a, "-o") == 0 || strcmp(a, "--range-hash") == 0 || strcmp(a, "--threads") == 0) && !v) {
+        } else if ((strcmp(a, "-o") == 0 || strcmp(a, "--range-hash") == 0 || strcmp(a, "--threads") == 0 ||
+                    strcmp(a, "--range-files") == 0) && !v) {
             return cli_bad_option("manifest", a, NULL, true, NULL);
         } else if (strcmp(a, "-o") == 0) {
             out = argv[++i];
@@ -43,6 +46,8 @@ int cmd_manifest(int argc, char **argv) {
             check = argv[++i];
         } else if (strcmp(a, "--range-hash") == 0) {
             range = argv[++i];
+        } else if (strcmp(a, "--range-files") == 0) {
+            range = range_files = argv[++i];
         } else if (strcmp(a, "--progress") == 0 || strcmp(a, "--no-progress") == 0) {
             progress = a[2] == 'p';
         } else if (strcmp(a, "--threads") == 0) {
@@ -95,7 +100,30 @@ int cmd_manifest(int argc, char **argv) {
     }
     rl_err err = {0};
     int rc = 1;
-    if (range) {
+    if (range_files) {
+        mfst_file f;
+        if (mfst_file_read(&f, in, &err) == 0) {
+            const uint32_t nf = mfst_file_n_files(&f);
+            bool *need = calloc(nf + 1, 1);
+            if (!need) {
+                rl_errf(&err, "out of memory");
+            } else if (rb <= ra || rb > f.n_layer) {
+                rl_errf(&err, "layer range [%u, %u) outside the model's %u layers", ra, rb, f.n_layer);
+            } else {
+                mfst_file_range_files(&f, ra, rb, need);
+                for (uint32_t k = 0; k < nf; k++) {
+                    uint64_t used = 0;
+                    for (int i = 0; i < f.n; i++) {
+                        if (f.t[i].file == k && mfst_tensor_in_range(f.t[i].name, ra, rb, f.n_layer)) used += f.t[i].nbytes;
+                    }
+                    if (need[k]) printf("%s %llu\n", mfst_file_name(&f, k), (unsigned long long)used);
+                }
+                rc = 0;
+            }
+            free(need);
+            mfst_file_free(&f);
+        }
+    } else if (range) {
         uint8_t h[32];
         /* A manifest, or anything not named .gguf (so a damaged manifest gets a manifest's error). */
         size_t len = strlen(in);

@@ -23,7 +23,7 @@ static void run_usage(FILE *f) {
             "                  [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
             "                  [--presence-penalty P] [--frequency-penalty F] [--logit-bias ID+B|ID-B]... [--seed S] [--threads N]\n"
             "                  [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
-            "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16]]\n"
+            "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16] [--manifest M instead of -m]]\n"
             "                  [--draft none|ngram|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-fixed]\n"
             "                  [--draft-p-min P] [--draft-depth D]] [--receipts FILE]\n"
             "                  [--audit-rate R [--audit-seed S] [--audit-tol T]] [--node-timeout S]\n\n"
@@ -43,6 +43,9 @@ static void run_usage(FILE *f) {
             "  --cache-type f32|f16  element type of the MLA latent cache (default f16, as llama.cpp's)\n"
             "  --ring FILE   run across the nodes in FILE (\"HOST:PORT PUBKEY_HEX [mem=GB]\" per line) as the\n"
             "                coordinator with identity --key; prints the plan and per-stage timings\n"
+            "  --manifest M  (ring, instead of -m) the coordinator holds only the model's manifest (ringlm\n"
+            "                manifest); nodes map their layers from the split files they hold (--models) and\n"
+            "                stream the rest from each other, every tensor checked against M\n"
             "  --draft D     speculative decoding: ngram (prompt lookup), a small draft model sharing the\n"
             "                vocabulary, or dspark:FILE (a DSpark draft: a block per pass from the target's hidden\n"
             "                states); up to --draft-n tokens (default 7) verified per target pass; --draft-p-min P\n"
@@ -145,7 +148,7 @@ static long parse_ids(const char *s, int32_t **out) {
 /* What `ringlm run` was asked to do. */
 typedef struct run_args {
     const char *model, *prompt, *ids_arg, *metrics, *system;
-    const char *ring_path, *key_path, *wire, *draft;
+    const char *ring_path, *key_path, *wire, *draft, *manifest;
     cli_trust trust;
     int draft_n, draft_depth;
     float draft_p_min;
@@ -156,6 +159,8 @@ typedef struct run_args {
     unsigned long long seed;
     gen_params gp;
     smp_bias bias[64]; /* --logit-bias (gp.smp.bias points here) */
+    const mfst_file *mf; /* --manifest, opened (cmd_run) */
+    bool have_mf;
 } run_args;
 
 /* "ID+B" / "ID-B" (B a number or inf), llama.cpp's --logit-bias form. */
@@ -216,6 +221,8 @@ static int run_parse(int argc, char **argv, run_args *a) {
         bool known = true;
         if (strcmp(opt, "-m") == 0) {
             a->model = v;
+        } else if (strcmp(opt, "--manifest") == 0) {
+            a->manifest = v;
         } else if (strcmp(opt, "-p") == 0) {
             a->prompt = v;
         } else if (strcmp(opt, "--system") == 0) {
@@ -275,9 +282,14 @@ static int run_parse(int argc, char **argv, run_args *a) {
         }
         if (bad || !given) return cli_bad_option("run", opt, given, known, want);
     }
-    if (!a->model || (!a->prompt == !a->ids_arg)) {
-        fprintf(stderr, "ringlm run: -m MODEL and exactly one of -p PROMPT or --tokens are required\n");
+    if (!a->model == !a->manifest || (!a->prompt == !a->ids_arg)) {
+        fprintf(stderr, "ringlm run: -m MODEL (or, with --ring, --manifest FILE) and exactly one of -p PROMPT or "
+                        "--tokens are required\n");
         run_usage(stderr);
+        return 2;
+    }
+    if (a->manifest && !a->ring_path) {
+        fprintf(stderr, "ringlm run: --manifest needs --ring: the weights are on the nodes\n");
         return 2;
     }
     if (cli_trust_check(&a->trust, a->ring_path != NULL, "run")) return 2;
@@ -367,6 +379,8 @@ static int run_ring(const run_args *a, mf_model *m, k3_hparams *hp, const tok_to
     if (a->trust.node_timeout > 0) ro_.dead_s = a->trust.node_timeout;
     ro_.audit_seed = a->trust.audit_seed;
     ro_.audit_tol = a->trust.audit_tol;
+    ro_.manifest = a->have_mf ? a->mf : NULL;
+    ro_.manifest_path = a->manifest;
     if (ring_open(&rc, &conf, &id, m, hp, &ro_, err) != 0) {
         if (rf) fclose(rf);
         return -1;
@@ -420,7 +434,10 @@ int cmd_run(int argc, char **argv) {
     char *text = NULL;
     int rc = 1;
     bool have_tok = false, have_engine = false;
-    if (k3_open(&m, &hp, a->model, &err) != 0) goto out_noclose;
+    mfst_file mf;
+    if (cli_open_target(a->model, a->manifest, &m, &hp, &mf, &err) != 0) goto out_noclose;
+    a->mf = &mf;
+    a->have_mf = a->manifest != NULL;
     if (tok_load(&tok, &m, &err) != 0) goto out;
     have_tok = true;
     for (int i = 0; i < a->gp.smp.n_bias; i++) {
@@ -482,7 +499,7 @@ int cmd_run(int argc, char **argv) {
 out:
     if (have_engine) k3_engine_free(&e);
     if (have_tok) tok_free(&tok);
-    mf_close(&m);
+    cli_close_target(&m, &mf);
 out_noclose:
     if (rc != 0) fprintf(stderr, "ringlm run: %s\n", err.msg);
     free(toks);

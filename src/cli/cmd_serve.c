@@ -23,7 +23,7 @@ static void serve_usage(FILE *f) {
             "                    [--max-body BYTES] [--drain SECONDS] [--header-timeout S] [--idle-timeout S]\n"
             "                    [--max-conn-per-ip N] [--alias NAME]... [--quiet]\n"
             "                    [--draft ngram|none|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-threads N]]\n"
-            "                    [--ring ring.conf --key coord.key [--wire f32|f16|bf16] [--receipts FILE]\n"
+            "                    [--ring ring.conf --key coord.key [--manifest M instead of -m] [--wire f32|f16|bf16] [--receipts FILE]\n"
             "                     [--audit-rate R [--audit-seed S] [--audit-tol T]] [--node-timeout S]]\n\n"
             "Serves the model over an OpenAI-compatible HTTP API (docs/serve.md):\n"
             "  POST /v1/chat/completions, POST /v1/completions (streamed with \"stream\": true),\n"
@@ -66,6 +66,9 @@ static void serve_usage(FILE *f) {
             "                 as their coordinator with identity --key: every step is one frame through the\n"
             "                 ring carrying every running request; a ring that breaks answers 503 and is\n"
             "                 re-planned at the next request once every node answers again\n"
+            "  --manifest M   (with --ring, instead of -m) this machine holds only the model's manifest (ringlm\n"
+            "                 manifest): nodes map their layers from the split files they hold (--models) and\n"
+            "                 stream the rest from each other, every tensor checked against M\n"
             "  --key FILE     the coordinator's key (ringlm keygen), with --ring\n"
             "  --wire T       boundary states between nodes as f32 (default, exact), f16 or bf16\n"
             "  --receipts F   every stage signs a receipt per step, checked as it arrives and appended to F\n"
@@ -86,7 +89,7 @@ static const char *serve_model_id(const char *path) {
 
 int cmd_serve(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = NULL, *ring_path = NULL, *key_path = NULL;
-    const char *wire = "f32";
+    const char *wire = "f32", *manifest = NULL;
     cli_trust trust = {0};
     FILE *rfile = NULL;
     int port = 8080, parallel = 4, ctx = 4096, queue = 16, chunk = 256, drain = 30;
@@ -120,6 +123,8 @@ int cmd_serve(int argc, char **argv) {
         bool known = true;
         if (strcmp(a, "-m") == 0) {
             model = v;
+        } else if (strcmp(a, "--manifest") == 0) {
+            manifest = v;
         } else if (strcmp(a, "--ring") == 0) {
             ring_path = v;
         } else if (strcmp(a, "--key") == 0) {
@@ -170,9 +175,13 @@ int cmd_serve(int argc, char **argv) {
         }
         if (bad || !given) return cli_bad_option("serve", a, given, known, want);
     }
-    if (!model) {
-        fprintf(stderr, "ringlm serve: -m MODEL is required\n");
+    if (!model == !manifest) {
+        fprintf(stderr, "ringlm serve: -m MODEL (or, with --ring, --manifest FILE) is required\n");
         serve_usage(stderr);
+        return 2;
+    }
+    if (manifest && !ring_path) {
+        fprintf(stderr, "ringlm serve: --manifest needs --ring: the weights are on the nodes\n");
         return 2;
     }
     if (cli_trust_check(&trust, ring_path != NULL, "serve")) return 2;
@@ -207,7 +216,8 @@ int cmd_serve(int argc, char **argv) {
     int n_dspark = 0;
     bool have_tok = false, have_engine = false, have_sched = false, have_dpool = false;
     int rc = 1;
-    if (k3_open(&m, &hp, model, &err) != 0) goto out_noclose;
+    mfst_file mf;
+    if (cli_open_target(model, manifest, &m, &hp, &mf, &err) != 0) goto out_noclose;
     if (tok_load(&tok, &m, &err) != 0) goto out;
     have_tok = true;
     chat_format fmt = CHAT_FMT_K3;
@@ -238,6 +248,8 @@ int cmd_serve(int argc, char **argv) {
                                 .n_slots = parallel};
         rcfg.opts.n_ctx = (uint32_t)ctx;
         rcfg.opts.wire = strcmp(wire, "f16") == 0 ? 1 : strcmp(wire, "bf16") == 0 ? 2 : 0;
+        rcfg.opts.manifest = manifest ? &mf : NULL;
+        rcfg.opts.manifest_path = manifest;
         rcfg.opts.audit_rate = trust.audit_rate;
         rcfg.opts.audit_seed = trust.audit_seed;
         rcfg.opts.audit_tol = trust.audit_tol;
@@ -284,7 +296,7 @@ int cmd_serve(int argc, char **argv) {
     have_sched = true;
     if (sch_start(&s, &err) != 0) goto out;
     http_config hc = {.host = host, .port = port, .api_key = api_key, .body_limit = (size_t)max_body,
-                      .model_id = serve_model_id(model), .aliases = alias, .n_aliases = n_alias, .have_chat = have_chat, .chat_fmt = fmt,
+                      .model_id = serve_model_id(model ? model : manifest), .aliases = alias, .n_aliases = n_alias, .have_chat = have_chat, .chat_fmt = fmt,
                       .chat_err = chat_err.msg, .max_connections = 64 + 2 * (parallel + queue), .quiet = quiet,
                       .max_per_ip = per_ip, .header_timeout_s = header_timeout, .idle_timeout_s = idle_timeout,
                       .draft_n = strcmp(draft, "none") != 0 ? draft_n : 0, .draft_k = draft_n,
@@ -330,7 +342,7 @@ out:
     if (have_engine) k3_engine_free(&e);
     if (rfile && fclose(rfile) != 0 && rc == 0) rc = -1, rl_errf(&err, "cannot write %s", trust.receipts);
     if (have_tok) tok_free(&tok);
-    mf_close(&m);
+    cli_close_target(&m, &mf);
 out_noclose:
     if (rc != 0) fprintf(stderr, "ringlm serve: %s\n", err.msg);
     return rc;

@@ -215,9 +215,82 @@ fail:
 
 void mf_close(mf_model *m) {
     for (int i = 0; i < m->n_split; i++) mf_close_split(&m->splits[i]);
+    for (int i = 0; m->own_names && i < m->n_tensor; i++) free((char *)m->tensors[i].name);
     free(m->splits);
     free(m->tensors);
     memset(m, 0, sizeof *m);
+}
+
+int mf_compose(mf_model *m, struct gguf_context *meta, int max_tensors, rl_err *err) {
+    memset(m, 0, sizeof *m);
+    m->splits = calloc(1, sizeof *m->splits);
+    m->tensors = calloc((size_t)(max_tensors > 0 ? max_tensors : 1), sizeof *m->tensors);
+    if (!m->splits || !m->tensors) {
+        free(m->splits);
+        free(m->tensors);
+        gguf_free(meta);
+        memset(m, 0, sizeof *m);
+        return rl_errf(err, "out of memory");
+    }
+    m->n_split = 1;
+    m->splits[0].gguf = meta;
+    m->splits[0].path = strdup("(metadata)");
+    m->meta = meta;
+    m->cap_tensor = max_tensors > 0 ? max_tensors : 1;
+    m->own_names = true;
+    return 0;
+}
+
+int mf_compose_file(mf_model *m, const char *path, bool is_gguf, int *index, rl_err *err) {
+    mf_split *ns = realloc(m->splits, (size_t)(m->n_split + 1) * sizeof *ns);
+    if (!ns) return rl_errf(err, "out of memory");
+    m->splits = ns;
+    mf_split *s = &m->splits[m->n_split];
+    int rc;
+    if (is_gguf) {
+        rc = mf_open_split(s, path, err);
+    } else { /* raw bytes: a tensor a node was streamed */
+        memset(s, 0, sizeof *s);
+        rc = -1;
+        int fd = open(path, O_RDONLY);
+        struct stat st;
+        if (fd < 0) {
+            rl_errf(err, "cannot open %s: %s", path, strerror(errno));
+        } else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
+            rl_errf(err, "%s: not a regular, non-empty file", path);
+        } else if ((s->map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+            s->map = NULL;
+            rl_errf(err, "%s: mmap failed: %s", path, strerror(errno));
+        } else {
+            s->size = (size_t)st.st_size;
+            rc = (s->path = strdup(path)) ? 0 : rl_errf(err, "out of memory");
+        }
+        if (fd >= 0) close(fd);
+    }
+    if (rc != 0) {
+        mf_close_split(s);
+        return -1;
+    }
+    *index = m->n_split++;
+    return 0;
+}
+
+int mf_compose_tensor(mf_model *m, const mf_tensor *t, rl_err *err) {
+    if (m->n_tensor >= m->cap_tensor) return rl_errf(err, "composed model: more than %d tensors", m->cap_tensor);
+    if (t->split < 0 || t->split >= m->n_split) return rl_errf(err, "tensor '%s': no such file", t->name);
+    const mf_split *s = &m->splits[t->split];
+    if (s->map && (t->offset > s->size || t->nbytes > s->size - t->offset)) {
+        return rl_errf(err, "%s: truncated: tensor '%s' needs bytes up to %zu but the file has %zu", s->path, t->name,
+                       t->offset + t->nbytes, s->size);
+    }
+    mf_tensor *d = &m->tensors[m->n_tensor];
+    *d = *t;
+    d->name = strdup(t->name);
+    if (!d->name) return rl_errf(err, "out of memory");
+    d->data = s->map ? (const char *)s->map + t->offset : NULL;
+    m->tensor_bytes += t->nbytes;
+    m->n_tensor++;
+    return 0;
 }
 
 const mf_tensor *mf_find(const mf_model *m, const char *name) {

@@ -44,10 +44,23 @@ typedef struct mf_model {
     mf_tensor *tensors; /* in file order, split by split */
     struct gguf_context *meta; /* == splits[0].gguf: metadata lives in the first split */
     size_t tensor_bytes;       /* sum of nbytes */
+    int cap_tensor;            /* composed models (mf_compose): room in tensors, whose names it owns */
+    bool own_names;
 } mf_model;
 
 int mf_open(mf_model *m, const char *path, rl_err *err);
 void mf_close(mf_model *m);
+
+/* A model put together from parts (a node that maps its range from the split files it holds and the tensors
+ * it was streamed, under a manifest's metadata): meta becomes splits[0] (no file; the model owns it and frees
+ * it), then files are added (mapped whole: a GGUF split, whose header is parsed and kept, or raw bytes), and
+ * tensors, each at an absolute offset of one added file (checked to lie inside it) or with no data at all
+ * (split 0: a manifest's view of a model, for metadata and sizes only; data is NULL). */
+int mf_compose(mf_model *m, struct gguf_context *meta, int max_tensors, rl_err *err);
+/* Maps path (is_gguf: parsed as a GGUF too) as the next split; *index is where it went. */
+int mf_compose_file(mf_model *m, const char *path, bool is_gguf, int *index, rl_err *err);
+/* Adds a tensor (t's name copied; t->split, t->offset, t->nbytes say where its bytes are; t->data ignored). */
+int mf_compose_tensor(mf_model *m, const mf_tensor *t, rl_err *err);
 
 const mf_tensor *mf_find(const mf_model *m, const char *name);
 

@@ -122,13 +122,21 @@ int k3_weights_bind(k3_weights *w, const mf_model *m, const k3_hparams *hp, uint
         return rl_errf(err, "out of memory binding weights");
     }
     for (int s = 0; s < m->n_split; s++) {
+        w->n_bufs = s + 1;
+        if (!m->splits[s].map) continue; /* a composed model's metadata (mf_compose): no tensor lives there */
         /* The mapping is page-aligned, which satisfies ggml's tensor alignment. */
         w->bufs[s] = ggml_backend_cpu_buffer_from_ptr(m->splits[s].map, m->splits[s].size);
         if (!w->bufs[s]) {
             k3_weights_free(w);
             return rl_errf(err, "cannot wrap the mapping of %s", m->splits[s].path);
         }
-        w->n_bufs = s + 1;
+    }
+    for (int i = 0; i < m->n_tensor; i++) { /* a manifest's view of a model (mf_compose) has sizes, not weights */
+        if (!m->tensors[i].data && m->tensors[i].nbytes > 0) {
+            k3_weights_free(w);
+            return rl_errf(err, "tensor %s has no data here (only the model's manifest is on this machine)",
+                           m->tensors[i].name);
+        }
     }
     char n[96];
     const int K = (int)hp->n_expert_used;

@@ -221,7 +221,11 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
     randombytes_buf(&rc->ring_id, sizeof rc->ring_id);
     rc->next_step = 1;
     rc->next_seq = 1;
-    if (fh_model_hash(m, rc->model_hash, err) != 0) return -1;
+    if (o->manifest ? ring_mf_begin(rc, err) != 0 : fh_model_hash(m, rc->model_hash, err) != 0) {
+        free(rc->mf_bytes);
+        rc->mf_bytes = NULL;
+        return -1;
+    }
     rc->zctx = zmq_ctx_new();
     if (!rc->zctx) return rl_errf(err, "cannot create a ZeroMQ context");
     /* "coord-<key>-<session>-<connection>": a node serves one session at a time (node.c: node_admit), and
@@ -313,7 +317,9 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
             const char *ct = j ? jstr(j, "cache_type") : NULL;
             eng->cache_f32 = !(ct && strcmp(ct, "f16") == 0);
             const cJSON *it;
+            if (o->manifest) ring_mf_info(rc, from, j ? cJSON_GetObjectItemCaseSensitive(j, "files") : NULL);
             cJSON_ArrayForEach(it, models) {
+                if (o->manifest) break; /* held by files (above), not by whole-file hash */
                 const char *hsh = jstr(it, "hash");
                 if (!hsh || strcmp(hsh, rc->model_hash) != 0) continue;
                 const cJSON *ra = cJSON_GetObjectItemCaseSensitive(it, "a"), *rb = cJSON_GetObjectItemCaseSensitive(it, "b");
@@ -353,22 +359,47 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
     pm.first_bytes = k3_range_weight_bytes(m, hp, 0, 0);
     pm.last_bytes = k3_range_weight_bytes(m, hp, hp->n_layer, hp->n_layer);
     pm.last_active = pm.last_bytes;
+    uint64_t (*lack)[PLAN_MAX_LAYERS + 2] = o->manifest ? calloc((size_t)conf->n, sizeof *lack) : NULL;
+    if (o->manifest && !lack) {
+        ring_close(rc);
+        return rl_errf(err, "out of memory");
+    }
     for (int i = 0; i < conf->n; i++) {
         plan_node *pn = &rc->pnodes[i];
+        if (lack) ring_mf_lack(rc, i, lack[i]), pn->lack = lack[i];
         snprintf(pn->name, sizeof pn->name, "%s", conf->nodes[i].addr);
         pn->mem_bytes = rc->nodes[i].mem_bytes;
         if (conf->nodes[i].mem_gb > 0 && (uint64_t)(conf->nodes[i].mem_gb * 1073741824.0) < pn->mem_bytes) {
             pn->mem_bytes = (uint64_t)(conf->nodes[i].mem_gb * 1073741824.0);
         }
-        if (!rc->nodes[i].has_model && o->no_fetch) pn->mem_bytes = 0; /* cannot serve without the file */
+        if (!rc->nodes[i].has_model && o->no_fetch && !o->manifest) pn->mem_bytes = 0; /* cannot serve without the file */
         if (o->exclude && o->exclude[i]) pn->mem_bytes = 0;
         pn->speed = rc->nodes[i].speed;
     }
-    if (plan_make(&pm, rc->pnodes, conf->n, 0.10, &rc->plan, err) != 0) {
+    int prc = plan_make(&pm, rc->pnodes, conf->n, 0.10, &rc->plan, err);
+    for (int i = 0; i < conf->n; i++) rc->pnodes[i].lack = NULL; /* (lack is freed now) */
+    free(lack);
+    if (prc != 0) {
         ring_close(rc);
         return -1;
     }
     if (!o->quiet) plan_print(&rc->plan, rc->pnodes, stderr);
+    if (!o->quiet && o->manifest) ring_mf_print(rc, stderr);
+    /* A manifest ring: every stage's missing split files lent to it by nodes that hold them. */
+    cJSON *holders[PLAN_MAX_NODES] = {0};
+    for (int s = 0; o->manifest && o->no_fetch && s < rc->plan.n_stages; s++) {
+        if (rc->plan.stages[s].lack_bytes) {
+            rl_errf(err, "--no-fetch: no cut gives every stage only layers its node holds (%s lacks some of [%u, %u))",
+                    conf->nodes[rc->plan.stages[s].node].addr, rc->plan.stages[s].a, rc->plan.stages[s].b);
+            ring_close(rc);
+            return -1;
+        }
+    }
+    if (o->manifest && ring_mf_lend(rc, holders, err) != 0) {
+        for (int s = 0; s < PLAN_MAX_NODES; s++) cJSON_Delete(holders[s]);
+        ring_close(rc);
+        return -1;
+    }
     if (rc->o.receipts) {
         /* What every receipt must say, from our own copy of the model and the plan, never from receipts. */
         rcpt_stage_expect rexp[PLAN_MAX_NODES];
@@ -379,7 +410,9 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
             x->layer_start = rc->plan.stages[s].a;
             x->layer_end = rc->plan.stages[s].b;
             names[s] = conf->nodes[rc->plan.stages[s].node].addr;
-            if (mfst_range_hash(m, hp, x->layer_start, x->layer_end, x->manifest, err) != 0) {
+            if ((o->manifest ? mfst_file_range_hash(o->manifest, x->layer_start, x->layer_end, x->manifest, err)
+                             : mfst_range_hash(m, hp, x->layer_start, x->layer_end, x->manifest, err)) != 0) {
+                for (int k = 0; k < PLAN_MAX_NODES; k++) cJSON_Delete(holders[k]);
                 ring_close(rc);
                 return -1;
             }
@@ -389,6 +422,7 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
                         .user = o->on_receipts_user,
                         .keep = rc->o.audit_rate > 0 ? (o->audit_keep > 0 ? o->audit_keep : 4096) : 0};
         if (tl_init(&rc->ledger, &lc, err) != 0) {
+            for (int k = 0; k < PLAN_MAX_NODES; k++) cJSON_Delete(holders[k]);
             ring_close(rc);
             return -1;
         }
@@ -398,15 +432,21 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
     for (int s = rc->plan.n_stages - 1; s >= 0; s--) {
         const plan_stage *st = &rc->plan.stages[s];
         const ring_node_state *ns = &rc->nodes[st->node];
-        bool covered = ns->has_model;
+        bool covered = ns->has_model || o->manifest; /* (a manifest ring's stages pull what they lack) */
         for (int r = 0; r < ns->n_ranges && !covered; r++) covered = ns->range_a[r] <= st->a && ns->range_b[r] >= st->b;
         if (!covered && ring_stream(rc, st->node, m, st->a, st->b, err) != 0) {
             rl_err_prefix(err, "streaming layers [%u, %u) to %s", st->a, st->b, conf->nodes[st->node].addr);
+            for (int k = 0; k < PLAN_MAX_NODES; k++) cJSON_Delete(holders[k]);
             ring_close(rc);
             return -1;
         }
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "model_hash", rc->model_hash);
+        if (o->manifest) {
+            cJSON_AddBoolToObject(j, "manifest", true);
+            cJSON_AddItemToObject(j, "holders", holders[s]);
+            holders[s] = NULL;
+        }
         cJSON_AddNumberToObject(j, "a", st->a);
         cJSON_AddNumberToObject(j, "b", st->b);
         cJSON_AddNumberToObject(j, "stage", s);
@@ -426,9 +466,11 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
         }
         char *js = cJSON_PrintUnformatted(j);
         cJSON_Delete(j);
-        int r = js ? ring_send(rc, st->node, RF_ASSIGN, 0, NULL, js, strlen(js), NULL, 0, err) : rl_errf(err, "out of memory");
+        int r = js ? ring_send(rc, st->node, RF_ASSIGN, 0, NULL, js, strlen(js), rc->mf_bytes, rc->mf_len, err)
+                   : rl_errf(err, "out of memory");
         free(js);
         if (r != 0) {
+            for (int k = 0; k < PLAN_MAX_NODES; k++) cJSON_Delete(holders[k]);
             ring_close(rc);
             return -1;
         }
@@ -437,6 +479,7 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
         int from;
         if (ring_wait(rc, RF_READY, st->node, o->load_s, NULL, &from, &p, &h, err) != 0) {
             rl_err_prefix(err, "loading layers [%u, %u) on %s", st->a, st->b, conf->nodes[st->node].addr);
+            for (int k = 0; k < PLAN_MAX_NODES; k++) cJSON_Delete(holders[k]);
             ring_close(rc);
             return -1;
         }
@@ -455,7 +498,11 @@ void ring_close(ring_coord *rc) {
         free(rc->pending[i].taps);
     }
     rc->n_pending = 0;
+    free(rc->mf_bytes);
+    rc->mf_bytes = NULL;
     for (int i = 0; i < rc->conf.n; i++) {
+        free(rc->nodes[i].files);
+        rc->nodes[i].files = NULL;
         if (rc->nodes[i].sock) {
             zmq_socket_monitor(rc->nodes[i].sock, NULL, 0);
             zs_monitor_stop(&rc->nodes[i].mon);

@@ -27,6 +27,7 @@
 #include "../trust/audit.h"
 #include "../trust/keys.h"
 #include "../trust/ledger.h"
+#include "../trust/manifest_file.h"
 #include "../trust/receipt.h"
 #include "../wire/frame.h"
 #include "plan.h"
@@ -84,6 +85,13 @@ typedef struct ring_opts {
     /* Called with every traversal's receipts once they are checked (receipts on; may be NULL). */
     void (*on_receipts)(void *user, const rcpt_receipt *rs, int n_stages);
     void *on_receipts_user;
+    /* A manifest ring (docs/ring.md, "Manifest rings"): the coordinator holds only the model's manifest, and
+     * ring_open's m is its view without weights (mfst_file_model). Nodes map their ranges from the split files
+     * they hold and pull what they lack from nodes that hold it; the plan prefers cuts that match what they
+     * hold. The model id is the manifest hash of all layers. Audits need weights, so they are refused.
+     * NULL: the coordinator holds the model (m), its whole-file hash is the id, and it streams ranges. */
+    const struct mfst_file *manifest;
+    const char *manifest_path; /* its file, sent to every stage */
 } ring_opts;
 
 ring_opts ring_opts_default(void);
@@ -108,6 +116,7 @@ typedef struct ring_node_state {
     bool has_model;   /* holds the whole model file */
     k3_engine_opts eng; /* how it computes, from INFO "repack", "flash_attn", "cache_type": audits of it
                          * compute the same way (repacked kernels, FA and cache types round differently) */
+    bool *files;      /* a manifest ring: which of the manifest's split files the node holds (INFO "files") */
     int n_ranges;     /* layer ranges of it the node was streamed before */
     uint32_t range_a[16], range_b[16];
 } ring_node_state;
@@ -122,6 +131,8 @@ typedef struct ring_coord {
     plan_result plan;
     k3_hparams hp;
     char model_hash[65];
+    char *mf_bytes;           /* a manifest ring: the manifest file, sent with every ASSIGN */
+    size_t mf_len;
     uint64_t ring_id, next_step, next_seq;
     double last_ping;
     ring_stage_stats stats[PLAN_MAX_NODES + 1]; /* [n_stages] = the return hop */

@@ -35,6 +35,17 @@ int ring_reform(ring_coord *rc, bool *ex, rl_err *err);
 /* stream.c: streams node the range file for layers [a, b) and waits until it has kept it. */
 int ring_stream(ring_coord *rc, int node, const mf_model *m, uint32_t a, uint32_t b, rl_err *err);
 
+/* coord_manifest.c: a manifest ring (ring_opts.manifest). begin: checks the options, reads the manifest's
+ * file and sets the model id; info: a node's INFO "files" into its state; lack: what a node would be streamed
+ * of each layer (plan_node.lack, PLAN_MAX_LAYERS + 2 entries); lend: the holders of every stage's missing
+ * files into holders[s] (cJSON arrays, the caller frees them, also on failure), each holder told to lend. */
+int ring_mf_begin(ring_coord *rc, rl_err *err);
+void ring_mf_info(ring_coord *rc, int from, const cJSON *files);
+void ring_mf_lack(const ring_coord *rc, int node, uint64_t *lack);
+int ring_mf_lend(ring_coord *rc, cJSON **holders, rl_err *err);
+/* The split files each stage's range needs, and how many its node holds (printed after the plan). */
+void ring_mf_print(const ring_coord *rc, FILE *out);
+
 /* coord_receipts.c: a RECEIPT message into the ledger; a failed check's node marked faulty. */
 void ring_take_receipt(ring_coord *rc, int from, const zs_parts *p, const rf_header *h);
 void ring_rcpt_blame(ring_coord *rc);

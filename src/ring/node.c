@@ -33,6 +33,7 @@
 #include "../trust/receipt.h"
 #include "../wire/frame.h"
 #include "../exec/stage.h"
+#include "range_parts.h"
 #include "zsock.h"
 
 #define NODE_MAX_MODELS 32
@@ -101,6 +102,12 @@ typedef struct node {
     smp_vocab *vocab;    /* ... (tok's bytes per token; NULL: not the last stage, or the file has no vocabulary) */
     uint32_t taps[16];   /* the ring's DSpark tap layers (ASSIGN "taps"); the stage keeps those it holds */
     int n_taps;
+    /* A manifest ring (docs/ring.md, "Manifest rings"): the range was put together from parts under the
+     * coordinator's manifest, kept here; and the fetchers' keys this node lends its split files to. */
+    mfst_file mf;
+    bool have_mf;
+    char lent[RP_MAX_HOLDERS][65];
+    int n_lent;
     uint8_t manifest[32]; /* mfst_range_hash of the assigned range: hashed by a thread from load on, so that
                            * the first receipt does not wait for a pass over every weight byte */
     bool have_manifest;
@@ -321,6 +328,23 @@ static void node_info(node *n) {
         }
         cJSON_AddItemToArray(ms, m);
     }
+    /* Every GGUF file in --models by name and size, split set members too, whole or not: a coordinator with a
+     * manifest plans from these (the tensors are checked against it when they are mapped). */
+    cJSON *fs = cJSON_AddArrayToObject(j, "files");
+    DIR *d = n->o->models_dir ? opendir(n->o->models_dir) : NULL;
+    for (struct dirent *de; d && (de = readdir(d));) {
+        size_t len = strlen(de->d_name);
+        char path[1400];
+        struct stat st;
+        if (len < 6 || de->d_name[0] == '.' || strcmp(de->d_name + len - 5, ".gguf") != 0) continue;
+        snprintf(path, sizeof path, "%s/%s", n->o->models_dir, de->d_name);
+        if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+        cJSON *fe = cJSON_CreateObject();
+        cJSON_AddStringToObject(fe, "name", de->d_name);
+        cJSON_AddNumberToObject(fe, "bytes", (double)st.st_size);
+        cJSON_AddItemToArray(fs, fe);
+    }
+    if (d) closedir(d);
     char *s = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     if (s) node_reply(n, RF_INFO, 0, s, strlen(s));
@@ -363,6 +387,8 @@ static void node_unload(node *n) {
         k3_engine_free(&n->e);
         mf_close(&n->m);
     }
+    if (n->have_mf) mfst_file_free(&n->mf);
+    n->have_mf = false;
     if (n->vocab) {
         tok_vocab_free(n->vocab);
         tok_free(&n->tok);
@@ -404,7 +430,144 @@ static int node_send_next(node *n, const void *const *parts, const size_t *lens,
     }
 }
 
-static void node_assign(node *n, uint64_t step, const char *json, size_t len) {
+static int node_mkdirs(const char *path);
+
+/* A manifest ring's range (ASSIGN "manifest": true, the manifest in the message's last part): the manifest is
+ * checked against the model id and kept in the cache, then the range is put together from this node's split
+ * files, its store and the holders ASSIGN names (range_parts.h). Fills n->mf, n->m and n->hp. */
+static int node_open_parts(node *n, const zs_parts *p, const cJSON *j, const char *hash, uint32_t a, uint32_t b,
+                           rl_err *err) {
+    if (p->n < 4 || p->len[3] < 8) return rl_errf(err, "ASSIGN says manifest but carries none");
+    if (strlen(hash) != 64 || strspn(hash, "0123456789abcdef") != 64) return rl_errf(err, "ASSIGN: bad model_hash");
+    char path[1200], tmp[1300];
+    snprintf(path, sizeof path, "%s/manifest-%s.gguf", n->cache_dir, hash);
+    snprintf(tmp, sizeof tmp, "%s.part", path);
+    if (node_mkdirs(n->cache_dir) != 0) return rl_errf(err, "cannot create %s: %s", n->cache_dir, strerror(errno));
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return rl_errf(err, "cannot create %s: %s", tmp, strerror(errno));
+    bool ok = fwrite(p->data[3], 1, p->len[3], f) == p->len[3];
+    if (fclose(f) != 0 || !ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return rl_errf(err, "cannot write %s", path);
+    }
+    if (mfst_file_read(&n->mf, path, err) != 0) return -1;
+    n->have_mf = true;
+    uint8_t id[32];
+    char hex[65];
+    if (mfst_file_range_hash(&n->mf, 0, n->mf.n_layer, id, err) != 0) return -1;
+    sodium_bin2hex(hex, sizeof hex, id, 32);
+    if (strcmp(hex, hash) != 0) return rl_errf(err, "the manifest sent is not that of model %.16s...", hash);
+    if (b > n->mf.n_layer) return rl_errf(err, "layer range [%u, %u) beyond the model's %u layers", a, b, n->mf.n_layer);
+    rp_holder hold[RP_MAX_HOLDERS];
+    int n_hold = 0, rc = -1;
+    const uint32_t n_files = mfst_file_n_files(&n->mf);
+    const cJSON *hs = cJSON_GetObjectItemCaseSensitive(j, "holders"), *it;
+    cJSON_ArrayForEach(it, hs) {
+        if (n_hold == RP_MAX_HOLDERS) break;
+        rp_holder *h = &hold[n_hold];
+        const char *addr = jstr(it, "addr"), *pk = jstr(it, "pubkey");
+        if (!addr || !pk || rk_peer_parse(&h->key, pk, err) != 0) {
+            rl_errf(err, "ASSIGN: a holder without addr or a valid pubkey");
+            goto out;
+        }
+        snprintf(h->addr, sizeof h->addr, "%s", addr);
+        if (!(h->files = calloc(n_files + 1, 1))) {
+            rl_errf(err, "out of memory");
+            goto out;
+        }
+        n_hold++;
+        const cJSON *fv;
+        cJSON_ArrayForEach(fv, cJSON_GetObjectItemCaseSensitive(it, "files")) {
+            if (cJSON_IsNumber(fv) && fv->valuedouble >= 0 && fv->valuedouble < n_files) h->files[(uint32_t)fv->valuedouble] = true;
+        }
+    }
+    rp_opts ro = {.models_dir = n->o->models_dir, .cache_dir = n->cache_dir, .id = &n->o->id, .zctx = n->zctx,
+                  .holders = hold, .n_holders = n_hold, .ring_id = n->cur_ring, .n_threads = n->o->threads,
+                  .log_name = n->o->listen};
+    rp_stats st;
+    double t0 = gen_mono();
+    if (rp_assemble(&n->mf, a, b, &ro, &n->m, &st, err) != 0) goto out;
+    if (k3_hparams_read(&n->hp, &n->m, err) != 0 || k3_check_tensors_range(&n->hp, &n->m, a, b, false, err) != 0) {
+        mf_close(&n->m);
+        goto out;
+    }
+    node_log(n, "layers [%u, %u) from parts in %.1f s: %d tensors (%.1f MiB) from its split files (%d checked now, "
+                "%d checked before), %d from its store, %d (%.1f MiB) pulled from other nodes",
+             a, b, gen_mono() - t0, st.local, (double)st.local_bytes / 1048576.0, st.local_checked,
+             st.local - st.local_checked, st.stored, st.pulled, (double)st.pulled_bytes / 1048576.0);
+    rc = 0;
+out:
+    for (int k = 0; k < n_hold; k++) free(hold[k].files);
+    return rc;
+}
+
+/* LEND: the coordinator names the nodes that will pull from this one's split files (a manifest ring); only
+ * those keys may, until the next LEND. */
+static void node_lend(node *n, uint64_t step, const zs_parts *p) {
+    cJSON *j = p->n >= 3 ? cJSON_ParseWithLength(p->data[2], p->len[2]) : NULL;
+    const cJSON *fs = j ? cJSON_GetObjectItemCaseSensitive(j, "fetchers") : NULL, *it;
+    if (!cJSON_IsArray(fs)) {
+        node_error(n, step, "LEND lacks its fetchers");
+        cJSON_Delete(j);
+        return;
+    }
+    zs_auth_forget(&n->auth, "fetcher");
+    n->n_lent = 0;
+    cJSON_ArrayForEach(it, fs) {
+        rk_peer pk;
+        rl_err e2;
+        if (!cJSON_IsString(it) || rk_peer_parse(&pk, it->valuestring, &e2) != 0) {
+            node_error(n, step, "LEND: a fetcher key is not valid");
+            cJSON_Delete(j);
+            return;
+        }
+        if (n->n_lent == RP_MAX_HOLDERS) break;
+        zs_auth_allow(&n->auth, pk.curve_pk, "fetcher", pk.pk_hex);
+        snprintf(n->lent[n->n_lent++], sizeof n->lent[0], "%s", pk.pk_hex);
+    }
+    cJSON_Delete(j);
+    node_reply(n, RF_LENT, step, NULL, 0);
+}
+
+/* PULL: bytes of one of this node's split files, for a node the coordinator lent them to. Answered at once
+ * from the file (nothing is kept between pulls), errors to the puller. */
+static void node_pull(node *n, const zs_parts *p, const rf_header *h) {
+    bool lent = false;
+    for (int i = 0; i < n->n_lent && !lent; i++) lent = strcmp(n->lent[i], p->user) == 0;
+    cJSON *j = p->n >= 3 ? cJSON_ParseWithLength(p->data[2], p->len[2]) : NULL;
+    const char *file = j ? jstr(j, "file") : NULL;
+    double off = j ? jnum(j, "offset", -1) : -1, len = j ? jnum(j, "len", -1) : -1;
+    rl_err err = {{0}};
+    uint8_t *buf = NULL;
+    int rc;
+    if (!lent) {
+        rc = rl_errf(&err, "this node lends its files only to nodes its coordinator names");
+    } else if (!file || off < 0 || len < 1 || len > (64 << 20)) {
+        rc = rl_errf(&err, "malformed PULL");
+    } else if (!(buf = malloc((size_t)len))) {
+        rc = rl_errf(&err, "out of memory");
+    } else {
+        rc = rp_read(n->o->models_dir, file, (uint64_t)off, (size_t)len, buf, &err);
+    }
+    rl_err e2;
+    if (rc == 0) {
+        node_reply_to(n, p->data[0], p->len[0], RF_PULL_DATA, h->step_id, buf, (size_t)len, &e2);
+    } else {
+        node_log(n, "refused a PULL from %.16s...: %s", p->user[0] ? p->user : "?", err.msg);
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "msg", err.msg);
+        char *es = cJSON_PrintUnformatted(e);
+        cJSON_Delete(e);
+        if (es) node_reply_to(n, p->data[0], p->len[0], RF_ERROR, h->step_id, es, strlen(es), &e2);
+        free(es);
+    }
+    free(buf);
+    cJSON_Delete(j);
+}
+
+static void node_assign(node *n, uint64_t step, const zs_parts *p) {
+    const char *json = p->data[2];
+    size_t len = p->len[2];
     cJSON *j = cJSON_ParseWithLength(json, len);
     if (!j) {
         node_error(n, step, "ASSIGN is not valid JSON");
@@ -418,7 +581,8 @@ static void node_assign(node *n, uint64_t step, const char *json, size_t len) {
         node_error(n, step, "ASSIGN lacks model_hash or a valid layer range / n_ctx");
         goto done;
     }
-    const char *path = NULL;
+    const bool by_manifest = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "manifest"));
+    const char *path = by_manifest ? "the manifest" : NULL;
     bool range_file = false;
     for (int i = 0; i < n->n_models && !path; i++) {
         if (strcmp(n->models[i].hash, hash) == 0 && !n->models[i].range) path = n->models[i].path;
@@ -441,9 +605,11 @@ static void node_assign(node *n, uint64_t step, const char *json, size_t len) {
     node_alog_clear(n); /* a new assignment is a new ring: its step ids start again */
     if (!same) {
         node_unload(n);
-        if ((range_file ? k3_open_range(&n->m, &n->hp, path, (uint32_t)a, (uint32_t)b, &err)
-                        : k3_open(&n->m, &n->hp, path, &err)) != 0) {
+        if ((by_manifest  ? node_open_parts(n, p, j, hash, (uint32_t)a, (uint32_t)b, &err)
+             : range_file ? k3_open_range(&n->m, &n->hp, path, (uint32_t)a, (uint32_t)b, &err)
+                          : k3_open(&n->m, &n->hp, path, &err)) != 0) {
             node_error(n, step, "%s", err.msg);
+            if (n->have_mf) mfst_file_free(&n->mf), n->have_mf = false;
             goto done;
         }
         if ((uint32_t)b > n->hp.n_layer) {
@@ -480,7 +646,11 @@ static void node_assign(node *n, uint64_t step, const char *json, size_t len) {
         n->mfst.a = n->a;
         n->mfst.b = n->b;
         n->mfst.rc = -1;
-        n->mfst.running = pthread_create(&n->mfst.thread, NULL, node_mfst_main, &n->mfst) == 0;
+        if (n->have_mf) { /* every tensor matched the manifest: its range hash is the range's */
+            n->have_manifest = mfst_file_range_hash(&n->mf, n->a, n->b, n->manifest, &err) == 0;
+        } else {
+            n->mfst.running = pthread_create(&n->mfst.thread, NULL, node_mfst_main, &n->mfst) == 0;
+        }
     }
     n->n_ctx = (uint32_t)n_ctx;
     n->stage = (int)jnum(j, "stage", 0);
@@ -1101,7 +1271,7 @@ static void node_watch_owner(node *n) {
  * "coord-", upstream nodes' "node-"). */
 static bool node_from_coordinator(const zs_parts *p, const rf_header *h) {
     switch (h->type) {
-    case RF_INFO_REQ: case RF_ASSIGN: case RF_PING: case RF_AUDIT_REQ:
+    case RF_INFO_REQ: case RF_ASSIGN: case RF_PING: case RF_AUDIT_REQ: case RF_LEND:
     case RF_FETCH_BEGIN: case RF_FETCH_DATA: case RF_FETCH_END: return true;
     default: return p->len[0] >= 6 && memcmp(p->data[0], "coord-", 6) == 0;
     }
@@ -1256,7 +1426,9 @@ int node_run(const node_opts *o, rl_err *err) {
             }
             switch (h->type) {
             case RF_INFO_REQ: node_info(n); break;
-            case RF_ASSIGN: node_assign(n, h->step_id, p.data[2], p.len[2]); break;
+            case RF_ASSIGN: node_assign(n, h->step_id, &p); break;
+            case RF_LEND: node_lend(n, h->step_id, &p); break;
+            case RF_PULL: node_pull(n, &p, h); break;
             case RF_PING: node_reply(n, RF_PONG, h->step_id, NULL, 0); break;
             case RF_FORWARD: node_forward(n, &p, h); break;
             case RF_FREE: node_free(n, &p, h); break;

@@ -17,6 +17,7 @@
 #include "plan.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,6 +35,7 @@ typedef struct cost_ctx {
     double headroom;
     uint64_t pre_raw[PLAN_MAX_LAYERS + 1];    /* weights + n_seq * state of layers [0, i) */
     uint64_t pre_active[PLAN_MAX_LAYERS + 1]; /* bytes read per token in layers [0, i) */
+    uint64_t *pre_lack;                       /* per node (n + 1 each): bytes it lacks of layers [0, i); NULL: none */
 } cost_ctx;
 
 /* Memory a stage with `raw` bytes needs once headroom is added, rounded up to a byte (saturating).
@@ -61,11 +63,19 @@ static double stage_time(const cost_ctx *c, int node, uint32_t a, uint32_t b) {
     return (double)active / c->nodes[node].speed;
 }
 
+static uint64_t stage_lack(const cost_ctx *c, int node, uint32_t a, uint32_t b) {
+    const uint64_t *l = c->nodes[node].lack;
+    if (!l || !c->pre_lack) return 0;
+    const uint64_t *pre = c->pre_lack + (size_t)node * (c->n + 1);
+    return pre[b] - pre[a] + (a == 0 ? l[c->n] : 0) + (b == c->n ? l[c->n + 1] : 0);
+}
+
 /* Fills a stage for layers [a, b) on `node`; returns whether it fits the node's memory. */
 static int stage_eval(const cost_ctx *c, int node, uint32_t a, uint32_t b, plan_stage *s) {
     s->node = node;
     s->a = a;
     s->b = b;
+    s->lack_bytes = stage_lack(c, node, a, b);
     s->mem_bytes = need_of(stage_raw(c, a, b), c->headroom);
     s->time = stage_time(c, node, a, b);
     return s->mem_bytes <= c->nodes[node].mem_bytes;
@@ -92,12 +102,14 @@ typedef struct dp_spec {
 #define DP_SKIP (-1)
 #define DP_NONE (-2)
 typedef struct dp_cell {
+    uint64_t lack; /* bytes streamed: compared first, a sum (so every pass still decomposes) */
     int stages;
     int from;
     double v;
 } dp_cell;
 
-static int dp_better(const dp_spec *sp, int s1, double v1, int s2, double v2) {
+static int dp_better(const dp_spec *sp, uint64_t l1, int s1, double v1, uint64_t l2, int s2, double v2) {
+    if (l1 != l2) return l1 < l2;
     if (sp->count_stages && s1 != s2) return s1 < s2;
     return v1 < v2;
 }
@@ -106,7 +118,7 @@ static int dp_better(const dp_spec *sp, int s1, double v1, int s2, double v2) {
  * as soon as a longer stage stops fitting, since memory and time only grow as the stage grows. */
 static void dp_run(const cost_ctx *c, const dp_spec *sp, dp_cell *t) {
     const uint32_t w = c->n + 1;
-    for (uint32_t k = 0; k <= c->n; k++) t[k] = (dp_cell){0, k == 0 ? DP_SKIP : DP_NONE, -INFINITY};
+    for (uint32_t k = 0; k <= c->n; k++) t[k] = (dp_cell){0, 0, k == 0 ? DP_SKIP : DP_NONE, -INFINITY};
     for (int j = 1; j <= c->n_nodes; j++) {
         const int node = j - 1;
         const dp_cell *prev = t + (size_t)(j - 1) * w;
@@ -124,8 +136,9 @@ static void dp_run(const cost_ctx *c, const dp_spec *sp, dp_cell *t) {
                 const double mv = sp->metric == DP_TIME ? s.time : sp->metric == DP_SHARE ? share : -share;
                 const int cs = prev[a].stages + 1;
                 const double cv = prev[a].v > mv ? prev[a].v : mv;
-                if (best.from == DP_NONE || dp_better(sp, cs, cv, best.stages, best.v))
-                    best = (dp_cell){cs, (int)a, cv};
+                const uint64_t cl = prev[a].lack + s.lack_bytes;
+                if (best.from == DP_NONE || dp_better(sp, cl, cs, cv, best.lack, best.stages, best.v))
+                    best = (dp_cell){cl, cs, (int)a, cv};
             }
             row[k] = best;
         }
@@ -275,6 +288,20 @@ int plan_make(const plan_model *m, const plan_node *nodes, int n_nodes, double h
         free(t);
         return rl_errf(err, "plan: the model's sizes overflow 64 bits");
     }
+    /* What each node lacks, as prefix sums; a node cannot lack more than the weights, so no sum wraps. */
+    bool any_lack = false;
+    for (int i = 0; i < n_nodes; i++) any_lack |= nodes[i].lack != NULL;
+    if (any_lack && !(c->pre_lack = calloc((size_t)n_nodes * (c->n + 1), sizeof *c->pre_lack))) {
+        free(c);
+        free(t);
+        return rl_errf(err, "plan: out of memory");
+    }
+    for (int i = 0; any_lack && i < n_nodes; i++) {
+        uint64_t *pre = c->pre_lack + (size_t)i * (c->n + 1);
+        for (uint32_t l = 0; nodes[i].lack && l < c->n; l++) {
+            pre[l + 1] = pre[l] + (nodes[i].lack[l] < m->layer_bytes[l] ? nodes[i].lack[l] : m->layer_bytes[l]);
+        }
+    }
 
     const uint32_t w = c->n + 1;
     const dp_cell *goal = t + (size_t)n_nodes * w + c->n;
@@ -283,6 +310,7 @@ int plan_make(const plan_model *m, const plan_node *nodes, int n_nodes, double h
     dp_run(c, &sp, t);
     if (goal->from == DP_NONE) {
         int rc = explain_infeasible(c, t, weights, state, err);
+        free(c->pre_lack);
         free(c);
         free(t);
         return rc;
@@ -313,6 +341,7 @@ int plan_make(const plan_model *m, const plan_node *nodes, int n_nodes, double h
         if (out->stages[i].time > out->max_time) out->max_time = out->stages[i].time;
     }
     out->n_stages = ns;
+    free(c->pre_lack);
     free(c);
     free(t);
     return 0;
@@ -336,7 +365,13 @@ void plan_print(const plan_result *r, const plan_node *nodes, FILE *f) {
         char lay[48], mem[32];
         snprintf(lay, sizeof lay, "%u-%u (%u)", s->a, s->b - 1, s->b - s->a);
         fmt_bytes(mem, sizeof mem, s->mem_bytes, 1);
-        fprintf(f, "%5d  %-*.*s  %-16s  %12s  %12.3f\n", i, wn, name_len(nd), nd->name, lay, mem, s->time * 1e3);
+        fprintf(f, "%5d  %-*.*s  %-16s  %12s  %12.3f", i, wn, name_len(nd), nd->name, lay, mem, s->time * 1e3);
+        if (s->lack_bytes) {
+            char lk[32];
+            fmt_bytes(lk, sizeof lk, s->lack_bytes, 1);
+            fprintf(f, "  (streams %s it lacks)", lk);
+        }
+        fprintf(f, "\n");
         mem_total = mem_total + s->mem_bytes < mem_total ? UINT64_MAX : mem_total + s->mem_bytes;
         time_total += s->time;
     }

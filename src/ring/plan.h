@@ -29,6 +29,9 @@ typedef struct plan_node {
     char name[64];        /* for messages: "host:port" */
     uint64_t mem_bytes;   /* memory the node offers for weights + state */
     double speed;         /* relative throughput (bytes of weights processed per second); > 0 */
+    /* Bytes of each layer the node does not hold and would be streamed ([i] for layer i, [n_layer] the
+     * embedding, [n_layer + 1] the output head), or NULL: it holds everything (or it does not matter). */
+    const uint64_t *lack;
 } plan_node;
 
 typedef struct plan_stage {
@@ -36,6 +39,7 @@ typedef struct plan_stage {
     uint32_t a, b;        /* layer range [a, b) */
     uint64_t mem_bytes;   /* weights + state + headroom this stage needs */
     double time;          /* estimated seconds per token */
+    uint64_t lack_bytes;  /* of its weights, those the node lacks (plan_node.lack) */
 } plan_stage;
 
 typedef struct plan_result {
@@ -50,7 +54,9 @@ typedef struct plan_result {
  * A stage's need is raw + ceil(raw * headroom) bytes (a product within 1e-12 of a whole number counts as
  * that number, so 10% of 10 GiB is exactly 1 GiB despite 0.1's binary error), where raw = its layers'
  * weights + n_seq * their state (+ first_bytes on the first stage, + last_bytes on the last); it fits when
- * need <= node.mem_bytes. Among the plans with the smallest max_time it picks the fewest stages, then the
+ * need <= node.mem_bytes. When nodes say what they lack (plan_node.lack), the plans that stream the fewest
+ * bytes come first: a cut that matches what the nodes hold beats a faster one that moves weights. Among the
+ * plans with the smallest max_time it picks the fewest stages, then the
  * smallest largest share of a node's memory in use (need / mem_bytes), then the largest smallest share
  * (so the memory, and with uniform layers the time, is spread evenly). Returns -1 with a message for bad
  * input or when the ring cannot hold the model. */

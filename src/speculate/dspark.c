@@ -134,6 +134,12 @@ int dspark_open(dspark *ds, const char *path, const mf_model *target, const k3_h
         rl_errf(err, "out of memory");
         goto fail;
     }
+    const mf_tensor *te = mf_find(target, "token_embd.weight"), *th = mf_find(target, "output.weight");
+    if ((te && !te->data) || (th && !th->data)) { /* a manifest's view of the target (mf_compose) */
+        rl_errf(err, "it borrows the target's token embedding and output head, and this machine holds only the "
+                     "target's manifest: give the coordinator the model (-m), or draft with ngram or a draft model");
+        goto fail;
+    }
     const mf_model *ms[2] = {&ds->m, target};
     for (int f = 0; f < 2; f++) {
         for (int s = 0; s < ms[f]->n_split; s++) {

@@ -290,6 +290,45 @@ int mfst_file_check(const mfst_file *f, const char *const *paths, int n_paths, F
     return 0;
 }
 
+uint32_t mfst_file_n_files(const mfst_file *f) {
+    return (uint32_t)gguf_get_arr_n(f->g, gguf_find_key(f->g, K("files")));
+}
+
+const char *mfst_file_name(const mfst_file *f, uint32_t k) {
+    return gguf_get_arr_str(f->g, gguf_find_key(f->g, K("files")), k);
+}
+
+void mfst_file_range_files(const mfst_file *f, uint32_t a, uint32_t b, bool *need) {
+    memset(need, 0, mfst_file_n_files(f));
+    for (int i = 0; i < f->n; i++) need[f->t[i].file] |= mfst_tensor_in_range(f->t[i].name, a, b, f->n_layer);
+}
+
+struct gguf_context *mfst_file_meta(const mfst_file *f) {
+    struct gguf_context *g = gguf_init_empty();
+    if (!g) return NULL;
+    gguf_set_kv(g, f->g);
+    static const char *const own[] = {K("version"), K("names"), K("types"), K("n_dims"), K("ne"), K("nbytes"),
+                                      K("file"), K("offset"), K("hash"), K("files")};
+    for (size_t i = 0; i < sizeof own / sizeof *own; i++) gguf_remove_key(g, own[i]);
+    return g;
+}
+
+int mfst_file_model(const mfst_file *f, mf_model *m, rl_err *err) {
+    struct gguf_context *meta = mfst_file_meta(f);
+    if (!meta) return rl_errf(err, "out of memory");
+    if (mf_compose(m, meta, f->n, err) != 0) return -1;
+    for (int i = 0; i < f->n; i++) {
+        const mfst_tensor *t = &f->t[i];
+        mf_tensor mt = {.name = t->name, .type = t->type, .n_dims = t->n_dims, .nbytes = t->nbytes, .split = 0};
+        memcpy(mt.ne, t->ne, sizeof mt.ne);
+        if (mf_compose_tensor(m, &mt, err) != 0) {
+            mf_close(m);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 void mfst_file_free(mfst_file *f) {
     if (f->g) gguf_free(f->g);
     free(f->t);

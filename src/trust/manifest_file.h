@@ -46,6 +46,18 @@ int mfst_file_range_hash(const mfst_file *f, uint32_t a, uint32_t b, uint8_t out
  * tensor; *n_bad counts them. The manifest's files not given are listed on `absent` (NULL: not). */
 int mfst_file_check(const mfst_file *f, const char *const *paths, int n_paths, FILE *problems, FILE *absent,
                     long *n_bad, rl_err *err);
+/* The split files the manifest names (tensor.file indexes them). */
+uint32_t mfst_file_n_files(const mfst_file *f);
+const char *mfst_file_name(const mfst_file *f, uint32_t k);
+/* need[k] (mfst_file_n_files entries) = does split file k hold a tensor of layers [a, b)? (What a node given
+ * that range must download.) */
+void mfst_file_range_files(const mfst_file *f, uint32_t a, uint32_t b, bool *need);
+/* A copy of the model's own metadata: the manifest's keys less ringlm.manifest.* (NULL: out of memory). */
+struct gguf_context *mfst_file_meta(const mfst_file *f);
+/* The model as the manifest describes it, without weights (gguf/model_file.h mf_compose: every tensor's data
+ * is NULL): tokenizer, chat template, hyperparameters and tensor sizes for a coordinator that holds no file.
+ * k3_hparams_read and k3_check_tensors accept it; nothing may read its weights. */
+int mfst_file_model(const mfst_file *f, mf_model *m, rl_err *err);
 void mfst_file_free(mfst_file *f);
 
 #endif

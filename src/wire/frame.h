@@ -91,7 +91,11 @@ enum rf_type {
     RF_AUDIT_DATA = 17, /* node -> coord: the answer (trust/audit.h) */
     RF_TAPS = 18,       /* node -> coord: DSpark taps of a FORWARD's flagged sequences (out of band) */
     RF_ROUTES = 19,     /* node -> coord: MoE routing of a FORWARD's flagged sequences (out of band, REAP) */
-    RF_TYPE_MAX = 19
+    RF_LEND = 20,       /* coord -> node: let these keys read your split files (a manifest ring's fetchers) */
+    RF_LENT = 21,       /* node -> coord: done */
+    RF_PULL = 22,       /* node -> node: bytes of one of your split files (JSON: file, offset, len) */
+    RF_PULL_DATA = 23,  /* node -> node: those bytes (step_id: the PULL's) */
+    RF_TYPE_MAX = 23
 };
 
 /* Per-sequence flags. */

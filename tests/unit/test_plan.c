@@ -90,9 +90,19 @@ static const char *check_valid(const plan_model *m, const plan_node *nodes, int 
  * non-empty ranges, ranking plans the way plan.h documents: max time, stages, largest memory share,
  * then smallest memory share (larger is better). Returns whether any plan fits. */
 typedef struct ref_best {
+    uint64_t lack; /* bytes streamed (plan_node.lack): ranked first */
     double time, max_share, min_share;
     int stages;
 } ref_best;
+
+static uint64_t ref_lack(const plan_model *m, const plan_node *nd, uint32_t a, uint32_t b) {
+    if (!nd->lack) return 0;
+    uint64_t l = 0;
+    for (uint32_t i = a; i < b; i++) l += nd->lack[i] < m->layer_bytes[i] ? nd->lack[i] : m->layer_bytes[i];
+    if (a == 0) l += nd->lack[m->n_layer];
+    if (b == m->n_layer) l += nd->lack[m->n_layer + 1];
+    return l;
+}
 
 static int ref_plan(const plan_model *m, const plan_node *nodes, int n_nodes, double headroom, ref_best *best) {
     const uint32_t n = m->n_layer;
@@ -108,6 +118,7 @@ static int ref_plan(const plan_model *m, const plan_node *nodes, int n_nodes, do
             uint32_t a = 0;
             int st = 0, fits = 1;
             double t = 0, hi = 0, lo = INFINITY;
+            uint64_t lk = 0;
             for (uint32_t i = 0; i < n && fits; i++) {
                 if (i == n - 1 || (cuts & (1u << i))) {
                     const plan_node *nd = &nodes[used[st++]];
@@ -115,15 +126,17 @@ static int ref_plan(const plan_model *m, const plan_node *nodes, int n_nodes, do
                     if (need > nd->mem_bytes) fits = 0;
                     double share = nd->mem_bytes ? (double)need / (double)nd->mem_bytes : 0.0;
                     t = fmax(t, ref_time(m, a, i + 1, nd->speed));
+                    lk += ref_lack(m, nd, a, i + 1);
                     hi = fmax(hi, share);
                     lo = fmin(lo, share);
                     a = i + 1;
                 }
             }
             if (!fits) continue;
-            ref_best c = {t, hi, lo, k};
-            int better = !found || c.time < best->time ||
-                         (c.time == best->time &&
+            ref_best c = {lk, t, hi, lo, k};
+            int better = !found || c.lack < best->lack ||
+                         (c.lack == best->lack && c.time < best->time) ||
+                         (c.lack == best->lack && c.time == best->time &&
                           (c.stages < best->stages ||
                            (c.stages == best->stages &&
                             (c.max_share < best->max_share ||
@@ -176,6 +189,14 @@ static void random_case(plan_model *m, plan_node *nodes, int *n_nodes, double *h
         mem = rng() % 4 == 0 ? rng_in(0, mem + 1) : rng_in(mem / 2, mem + mem / 2 + 1);
         double speed = same_speed ? 1.0 : (double)rng_in(1, 4) * (rng() % 2 ? 1.0 : 0.75);
         set_node(&nodes[i], name, mem, speed);
+        /* what it lacks: nothing (NULL), or some layers, in part or whole (a third of the cases) */
+        static uint64_t lack[PLAN_MAX_NODES][PLAN_MAX_LAYERS + 2];
+        if (rng() % 3 == 0) {
+            for (uint32_t l = 0; l < m->n_layer; l++) lack[i][l] = rng() % 2 ? 0 : rng_in(0, m->layer_bytes[l]);
+            lack[i][m->n_layer] = rng() % 2 ? 0 : m->first_bytes;
+            lack[i][m->n_layer + 1] = rng() % 2 ? 0 : m->last_bytes;
+            nodes[i].lack = lack[i];
+        }
     }
 }
 
@@ -338,11 +359,12 @@ int main(void) {
 
     /* property: small cases against the brute force */
     int n_cases = 400, n_feasible = 0, bad_valid = 0, bad_feas = 0, bad_time = 0, bad_stages = 0, bad_share = 0;
+    int bad_lack = 0, n_lack = 0;
     for (int it = 0; it < n_cases; it++) {
         int nn;
         double hr;
         random_case(&m, nodes, &nn, &hr, 10, 4);
-        ref_best best = {0, 0, 0, 0};
+        ref_best best = {0, 0, 0, 0, 0};
         int ref_ok = ref_plan(&m, nodes, nn, hr, &best);
         err.msg[0] = 0;
         rc = plan_make(&m, nodes, nn, hr, &r, &err);
@@ -356,6 +378,7 @@ int main(void) {
             continue;
         }
         n_feasible++;
+        for (int i = 0; i < nn; i++) n_lack += nodes[i].lack != NULL && i == 0;
         const char *why = check_valid(&m, nodes, nn, hr, &r);
         if (why) {
             if (bad_valid++ < 3) printf("# case %d: %s\n", it, why);
@@ -363,7 +386,15 @@ int main(void) {
         }
         double hi, lo;
         result_shares(nodes, &r, &hi, &lo);
-        if (!close_to(r.max_time, best.time)) {
+        uint64_t lk = 0, lk_said = 0;
+        for (int i = 0; i < r.n_stages; i++) {
+            lk += ref_lack(&m, &nodes[r.stages[i].node], r.stages[i].a, r.stages[i].b);
+            lk_said += r.stages[i].lack_bytes;
+        }
+        if (lk != best.lack || lk_said != lk) {
+            if (bad_lack++ < 3) printf("# case %d: streams %llu (says %llu), brute force %llu\n", it,
+                                       (unsigned long long)lk, (unsigned long long)lk_said, (unsigned long long)best.lack);
+        } else if (!close_to(r.max_time, best.time)) {
             if (bad_time++ < 3) printf("# case %d: max_time %.17g, brute force %.17g\n", it, r.max_time, best.time);
         } else if (r.n_stages != best.stages) {
             if (bad_stages++ < 3) printf("# case %d: %d stages, brute force %d\n", it, r.n_stages, best.stages);
@@ -379,6 +410,8 @@ int main(void) {
           bad_feas);
     CHECK(bad_valid == 0, "every plan covers the layers in ring order within every node's memory (%d wrong)",
           bad_valid);
+    CHECK(bad_lack == 0 && n_lack > 0, "what nodes lack: the fewest bytes streamed, first, and each stage says its share "
+          "(%d wrong, %d cases with lacks)", bad_lack, n_lack);
     CHECK(bad_time == 0, "max_time equals the brute force's optimum (%d wrong)", bad_time);
     CHECK(bad_stages == 0, "ties: the fewest stages (%d wrong)", bad_stages);
     CHECK(bad_share == 0, "ties: the most even memory (%d wrong)", bad_share);
