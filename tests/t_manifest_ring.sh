@@ -94,6 +94,13 @@ check "restarted nodes: local tensors were verified before (0 checked now), C ma
     sh -c 'grep -Eq "split files \(0 checked now, [1-9][0-9]* checked before\)" "$1" &&
            grep -Eq "[1-9][0-9]* from its store, 0 \(0.0 MiB\) pulled" "$2"' _ "$RING/n2.log" "$RING/n3.log"
 
+# ringlm plan: the same plan, nothing loaded; it names the split files C lacks (what to download there).
+loads=$(cat "$RING"/n?.log | grep -c "stage [0-9] of" || true)
+"$RINGLM" plan --manifest "$M" --ring "$WORK/ring.conf" "${K[@]}" --ctx 256 >"$WORK/plan.out" 2>&1 || cat "$WORK/plan.out"
+check "ringlm plan prints the plan and the split files the node without files lacks, and loads nothing" \
+    sh -c 'grep -q "^stage 2 needs .*($1 holds 0 of [0-9]*; it lacks sp-0000[0-9]-of-00005.gguf" "$2" &&
+           [ "$(cat "$3"/n?.log | grep -c "stage [0-9] of")" = "$4" ]' _ "$(addr 3)" "$WORK/plan.out" "$RING" "$loads"
+
 # serve from the manifest: the same text as serve with the model.
 ring_stop
 start_abc "$d" || exit 1
@@ -106,6 +113,7 @@ check "serve --manifest: a completion equals serve -m's" \
     python3 -c 'import json, sys; a, b = (json.load(open(f))["choices"][0]["text"] for f in sys.argv[1:]); assert a == b and a, (a, b)' \
     "$WORK/man.json" "$WORK/loc.json"
 serve_stop_all
+wait "${SRV_PID[@]}" 2>/dev/null || true
 
 # Errors. A damaged tensor in B's own split file (inside the range B maps): refused by file and tensor,
 # though B verified the file before (the rewrite changes its mtime).

@@ -24,6 +24,7 @@ int cmd_relay(int argc, char **argv);
 int cmd_receipts(int argc, char **argv);
 int cmd_reap(int argc, char **argv);
 int cmd_manifest(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 
 /* Helpers shared by the commands. */
 int cli_parse_u64(const char *s, unsigned long long *out); /* 0 on success */

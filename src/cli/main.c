@@ -26,6 +26,7 @@ static const cli_cmd cli_cmds[] = {
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"relay", cmd_relay, "forward TCP with added delay and a bandwidth cap (tests, benchmarks)"},
     {"reap", cmd_reap, "prune routed experts by REAP saliency (router-weighted expert activation)"},
+    {"plan", cmd_plan, "ask a ring's nodes what they offer and print the plan (and the split files each stage needs)"},
     {"manifest", cmd_manifest, "write a model's manifest (metadata, tensor table, hashes) or print a range hash"},
     {"receipts", cmd_receipts, "verify a log of signed receipts against the model and ring.conf"},
 };

@@ -385,6 +385,7 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
     }
     if (!o->quiet) plan_print(&rc->plan, rc->pnodes, stderr);
     if (!o->quiet && o->manifest) ring_mf_print(rc, stderr);
+    if (o->plan_only) return 0;
     /* A manifest ring: every stage's missing split files lent to it by nodes that hold them. */
     cJSON *holders[PLAN_MAX_NODES] = {0};
     for (int s = 0; o->manifest && o->no_fetch && s < rc->plan.n_stages; s++) {

@@ -92,6 +92,9 @@ typedef struct ring_opts {
      * NULL: the coordinator holds the model (m), its whole-file hash is the id, and it streams ranges. */
     const struct mfst_file *manifest;
     const char *manifest_path; /* its file, sent to every stage */
+    /* ring_open stops once the plan is made and printed (`ringlm plan`): nothing is lent or assigned, rc->plan
+     * holds it; ring_close it as usual. */
+    bool plan_only;
 } ring_opts;
 
 ring_opts ring_opts_default(void);

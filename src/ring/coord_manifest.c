@@ -91,8 +91,11 @@ void ring_mf_print(const ring_coord *rc, FILE *out) {
             n_need++;
             n_held += held && held[k];
         }
-        fprintf(out, " (%s holds %d of %d%s)\n", rc->conf.nodes[st->node].addr, n_held, n_need,
-                n_held < n_need ? "; the rest is streamed from nodes that hold it" : "");
+        fprintf(out, " (%s holds %d of %d", rc->conf.nodes[st->node].addr, n_held, n_need);
+        for (uint32_t k = 0, n = 0; n_held < n_need && k < nf; k++) {
+            if (need[k] && !(held && held[k])) fprintf(out, "%s%s", n++ ? ", " : "; it lacks ", mfst_file_name(f, k));
+        }
+        fprintf(out, "%s)\n", n_held < n_need ? ": streamed from nodes that hold them, or put in its --models" : "");
     }
     free(need);
 }

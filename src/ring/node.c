@@ -1261,6 +1261,8 @@ static void node_watch_owner(node *n) {
         node_log(n, "coordinator %.16s... (%s) disconnected; another may take this node now", n->owner_key,
                  n->owner_peer);
         n->owned = false;
+        zs_auth_forget(&n->auth, "fetcher"); /* what it lent, it lent for that coordinator's ring */
+        n->n_lent = 0;
     }
     n->router_mon.watch_gone = false;
     if (!n->owned) n->router_mon.watch_fd = -1;

@@ -329,9 +329,9 @@ int rp_assemble(const mfst_file *f, uint32_t a, uint32_t b, const rp_opts *o, mf
     }
 
     /* 3. Local tensors not verified before: hashed (in parallel) and compared; the matches remembered. */
-    check = calloc((size_t)n_sel + 1, sizeof *check);
-    int *check_sel = calloc((size_t)n_sel + 1, sizeof *check_sel), n_check = 0;
-    hs = calloc((size_t)n_sel + 1, sizeof *hs);
+    check = calloc((size_t)f->n + 1, sizeof *check);
+    int *check_sel = calloc((size_t)f->n + 1, sizeof *check_sel), n_check = 0;
+    hs = calloc((size_t)f->n + 1, sizeof *hs);
     if (!check || !check_sel || !hs) {
         free(check_sel);
         rl_errf(err, "out of memory");
