@@ -73,6 +73,11 @@ int cmd_manifest(int argc, char **argv) {
             fprintf(stderr, "ringlm manifest: %s\n", err.msg);
             return 1;
         }
+        if (mfst_file_need_hashes(&f, "check files", &err) != 0) {
+            fprintf(stderr, "ringlm manifest: %s\n", err.msg);
+            mfst_file_free(&f);
+            return 1;
+        }
         long bad = 0;
         char *abs_txt = NULL;
         size_t abs_len = 0;
@@ -130,7 +135,8 @@ int cmd_manifest(int argc, char **argv) {
         if (mfst_file_is(in) || len < 5 || strcmp(in + len - 5, ".gguf") != 0) {
             mfst_file f;
             if (mfst_file_read(&f, in, &err) == 0) {
-                if (mfst_file_range_hash(&f, ra, rb, h, &err) == 0) manifest_hex(h), rc = 0;
+                if (mfst_file_need_hashes(&f, "give range hashes", &err) == 0 &&
+                    mfst_file_range_hash(&f, ra, rb, h, &err) == 0) manifest_hex(h), rc = 0;
                 mfst_file_free(&f);
             }
         } else {

@@ -3,12 +3,25 @@
 #include <string.h>
 
 #include "../model/k3_hparams.h"
+#include <cJSON.h>
+
 #include "../ring/coord.h"
+#include "../ring/plan_nodes.h"
 #include "cli.h"
 
 static void plan_usage(FILE *f) {
     fprintf(f, "usage: ringlm plan (-m MODEL.gguf | --manifest MODEL.manifest) --ring ring.conf --key coord.key\n"
-               "                   [--ctx N] [--parallel N]\n\n"
+               "                   [--ctx N] [--parallel N]\n"
+               "       ringlm plan (-m MODEL.gguf | --manifest MODEL.manifest) --nodes nodes.conf [--ctx N] [--parallel N]\n"
+               "                   [--prompt N] [--chunk N] [--acceptance A [--draft-n K]] [--json]\n"
+               "       ringlm plan --devices\n\n"
+               "--nodes: a ring that does not exist yet, of machines described by their figures (nodes.conf: node,\n"
+               "delay and coordinator lines; src/ring/nodes_conf.h, docs/plan.md): chooses the ring order with the\n"
+               "shortest round trip, cuts the layers, and predicts decode tok/s (greedy, and speculative at acceptance\n"
+               "A with K drafted, chosen when not given), time to first token of an N-token prompt, aggregate tok/s\n"
+               "of --parallel streams and the network floor, saying which term dominates. --devices lists the\n"
+               "catalog of devices nodes.conf may name.\n\n"
+               "--ring:\n"
                "Asks the ring's nodes for what they offer (memory, speed, the files they hold), makes the plan that\n"
                "run --ring and serve --ring would make, prints it, and stops: nothing is loaded. With --manifest it\n"
                "also says, per stage, which split files its range needs and which of them its node lacks (what to\n"
@@ -18,13 +31,23 @@ static void plan_usage(FILE *f) {
 }
 
 int cmd_plan(int argc, char **argv) {
-    const char *model = NULL, *manifest = NULL, *ring_path = NULL, *key_path = NULL;
-    int ctx = 4096, parallel = 1;
+    const char *model = NULL, *manifest = NULL, *ring_path = NULL, *key_path = NULL, *nodes_path = NULL;
+    int ctx = 4096, parallel = 1, prompt = 512, chunk = 256, draft_n = 0;
+    double acceptance = 0;
+    bool json = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             plan_usage(stdout);
             return 0;
+        }
+        if (strcmp(a, "--devices") == 0) {
+            nc_print_catalog(stdout);
+            return 0;
+        }
+        if (strcmp(a, "--json") == 0) {
+            json = true;
+            continue;
         }
         if (!v) return cli_bad_option("plan", a, NULL, a[0] == '-', NULL);
         i++;
@@ -32,6 +55,18 @@ int cmd_plan(int argc, char **argv) {
         else if (strcmp(a, "--manifest") == 0) manifest = v;
         else if (strcmp(a, "--ring") == 0) ring_path = v;
         else if (strcmp(a, "--key") == 0) key_path = v;
+        else if (strcmp(a, "--nodes") == 0) nodes_path = v;
+        else if (strcmp(a, "--prompt") == 0) {
+            if (cli_parse_int(v, &prompt) != 0 || prompt < 1) return cli_bad_option("plan", a, v, true, "a number of tokens, at least 1");
+        } else if (strcmp(a, "--chunk") == 0) {
+            if (cli_parse_int(v, &chunk) != 0 || chunk < 1) return cli_bad_option("plan", a, v, true, "a number of tokens, at least 1");
+        } else if (strcmp(a, "--draft-n") == 0) {
+            if (cli_parse_int(v, &draft_n) != 0 || draft_n < 1 || draft_n > 16) return cli_bad_option("plan", a, v, true, "1 to 16 tokens");
+        } else if (strcmp(a, "--acceptance") == 0) {
+            char *end;
+            acceptance = strtod(v, &end);
+            if (end == v || *end || !(acceptance > 0 && acceptance < 1)) return cli_bad_option("plan", a, v, true, "a probability between 0 and 1");
+        }
         else if (strcmp(a, "--ctx") == 0) {
             if (cli_parse_int(v, &ctx) != 0 || ctx < 8) return cli_bad_option("plan", a, v, true, "a number of tokens, at least 8");
         } else if (strcmp(a, "--parallel") == 0) {
@@ -40,12 +75,41 @@ int cmd_plan(int argc, char **argv) {
             return cli_bad_option("plan", a, v, false, NULL);
         }
     }
-    if (!model == !manifest || !ring_path || !key_path) {
-        fprintf(stderr, "ringlm plan: one of -m MODEL or --manifest FILE, and --ring and --key, are required\n");
+    if (!model == !manifest || (nodes_path ? (ring_path || key_path) : (!ring_path || !key_path))) {
+        fprintf(stderr, "ringlm plan: one of -m MODEL or --manifest FILE, and either --nodes or --ring and --key, are "
+                        "required\n");
         plan_usage(stderr);
         return 2;
     }
     rl_err err = {{0}};
+    if (nodes_path) {
+        mf_model m;
+        k3_hparams hp;
+        mfst_file mf;
+        static nc_conf nc;    /* (large: off the stack) */
+        static pn_result pr;
+        pr_opts po = {.prompt = (uint32_t)prompt, .chunk = (uint32_t)chunk, .parallel = (uint32_t)parallel,
+                      .draft_k = draft_n, .acceptance = acceptance};
+        int rc = 1;
+        if (cli_open_target(model, manifest, &m, &hp, &mf, &err) == 0) {
+            if (nc_load(&nc, nodes_path, &err) == 0 && pn_plan(&m, &hp, &nc, (uint32_t)ctx, &po, &pr, &err) == 0) {
+                if (json) {
+                    cJSON *j = pn_json(&pr, &nc, &po);
+                    char *js = j ? cJSON_Print(j) : NULL;
+                    if (js) printf("%s\n", js), rc = 0;
+                    else rl_errf(&err, "out of memory");
+                    free(js);
+                    cJSON_Delete(j);
+                } else {
+                    pn_print(&pr, &nc, &po, stdout);
+                    rc = 0;
+                }
+            }
+            cli_close_target(&m, &mf);
+        }
+        if (rc != 0) fprintf(stderr, "ringlm plan: %s\n", err.msg);
+        return rc;
+    }
     mf_model m;
     k3_hparams hp;
     mfst_file mf;

@@ -95,6 +95,11 @@ static int receipts_verify(int argc, char **argv) {
         fprintf(stderr, "ringlm receipts: %s\n", err.msg);
         return 1;
     }
+    if (manifest && mfst_file_need_hashes(&mf, "verify receipts", &err) != 0) {
+        fprintf(stderr, "ringlm receipts: %s\n", err.msg);
+        mfst_file_free(&mf);
+        return 1;
+    }
     rlog_node nodes[PLAN_MAX_NODES];
     for (int i = 0; i < conf.n; i++) {
         memcpy(nodes[i].sign_pk, conf.nodes[i].key.sign_pk, 32);

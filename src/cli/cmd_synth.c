@@ -1,16 +1,19 @@
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "../tools/synth.h"
 #include "../tools/synth_config.h"
 #include "../tools/synth_dspark.h"
+#include "../trust/manifest_file.h"
 #include "cli.h"
 
 static void synth_usage(FILE *f) {
     fprintf(f,
             "usage: ringlm synth -o FILE.gguf [--seed N] [--config tiny|small|medium|draft|PATH.json]\n"
-            "                    [--type TYPE] [--split N] [--threads N] [--draft k3|dspark] [--progress] [--dry-run]\n\n"
+            "                    [--type TYPE] [--split N] [--threads N] [--draft k3|dspark] [--progress] [--dry-run]\n"
+            "                    [--shape-only]\n\n"
             "Writes a kimi-k3 GGUF with seeded random weights that llama.cpp loads too.\n"
             "  --type TYPE   storage type of every matrix (f32 f16 bf16 q8_0 q4_0 q4_K q2_K iq4_nl ...);\n"
             "                replaces the config's per-tensor types (attn_k_b stays f32)\n"
@@ -19,14 +22,17 @@ static void synth_usage(FILE *f) {
             "  --draft dspark\n"
             "                write a DSpark draft for the config as target, in llama.cpp's generic dflash\n"
             "                layout: the target's vocabulary and hidden size, taps over its layers\n"
-            "                (docs/dspark.md)\n");
+            "                (docs/dspark.md)\n"
+            "  --shape-only  write no weights: a shape-only manifest of the model (its metadata, tensor shapes and\n"
+            "                types; ringlm manifest's format without hashes) for `ringlm plan` (e.g. K3's real\n"
+            "                shapes, bench/configs/k3-real.json)\n");
 }
 
 int cmd_synth(int argc, char **argv) {
     const char *out = NULL, *config = "tiny", *type = NULL, *draft = NULL;
     unsigned long long seed = 1;
     int n_split = 1, threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    bool progress = isatty(2), dry_run = false;
+    bool progress = isatty(2), dry_run = false, shape_only = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -61,6 +67,8 @@ int cmd_synth(int argc, char **argv) {
             i++;
         } else if (strcmp(a, "--dry-run") == 0) {
             dry_run = true;
+        } else if (strcmp(a, "--shape-only") == 0) {
+            shape_only = true;
         } else if (strcmp(a, "--progress") == 0) {
             progress = true;
         } else if (strcmp(a, "--no-progress") == 0) {
@@ -108,11 +116,32 @@ int cmd_synth(int argc, char **argv) {
         c.type = t;
         c.n_over = 0;
     }
+    mf_model shapes;
     synth_opts o = {.out = out, .seed = seed, .n_split = n_split, .n_threads = threads, .progress = progress,
-                    .dry_run = dry_run};
+                    .dry_run = dry_run, .shapes = shape_only ? &shapes : NULL};
+    if (shape_only && (dspark || n_split > 1 || dry_run)) {
+        fprintf(stderr, "ringlm synth: --shape-only writes one manifest of a target model (no --split, --draft dspark, --dry-run)\n");
+        return 2;
+    }
     if ((dspark ? synth_dspark_write(&c, &o, &err) : synth_write(&c, &o, &err)) != 0) {
         fprintf(stderr, "ringlm synth: %s\n", err.msg);
         return 1;
+    }
+    if (shape_only) { /* a shape-only manifest (trust/manifest_file.h): what `ringlm plan` needs of a model */
+        mfst_file mf;
+        free(shapes.splits[0].path);
+        shapes.splits[0].path = strdup(out);
+        int rc = mfst_file_build(&mf, &shapes, 1, false, &err) == 0 ? mfst_file_write(&mf, out, &err) : -1;
+        if (rc == 0) {
+            printf("shape-only manifest of config %s: %d tensors, %.2f GiB of weights, written to %s\n", c.name, shapes.n_tensor,
+                   (double)shapes.tensor_bytes / 1073741824.0, out);
+            mfst_file_free(&mf);
+        }
+        mf_close(&shapes);
+        if (rc != 0) {
+            fprintf(stderr, "ringlm synth: %s\n", err.msg);
+            return 1;
+        }
     }
     return 0;
 }

@@ -208,6 +208,21 @@ int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const bool *
 }
 
 
+void ring_plan_model(plan_model *pm, const mf_model *m, const k3_hparams *hp, uint32_t n_seq, uint32_t n_ctx,
+                     size_t cache_elem) {
+    memset(pm, 0, sizeof *pm);
+    pm->n_layer = hp->n_layer;
+    pm->n_seq = n_seq;
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        pm->layer_bytes[il] = k3_layer_weight_bytes(m, il);
+        pm->layer_active[il] = k3_range_active_bytes(m, hp, il, il + 1) - (il == 0 ? k3_range_active_bytes(m, hp, 0, 0) : 0);
+        pm->layer_state[il] = k3_range_state_bytes(hp, il, il + 1, 1, n_ctx, cache_elem);
+    }
+    pm->first_bytes = k3_range_weight_bytes(m, hp, 0, 0);
+    pm->last_bytes = k3_range_weight_bytes(m, hp, hp->n_layer, hp->n_layer);
+    pm->last_active = pm->last_bytes;
+}
+
 int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, const mf_model *m, const k3_hparams *hp,
               const ring_opts *o, rl_err *err) {
     memset(rc, 0, sizeof *rc);
@@ -341,24 +356,14 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
         zs_parts_free(&p);
     }
     /* Plan over the nodes that hold the model. */
-    plan_model pm;
-    memset(&pm, 0, sizeof pm);
-    pm.n_layer = hp->n_layer;
-    pm.n_seq = o->n_seqs > 0 ? (uint32_t)o->n_seqs : 1;
     /* The MLA cache as the nodes keep it: f16 (the default), f32 if any node runs --cache-type f32 (the
      * plan's per-layer figure must hold wherever the layer lands). */
     size_t cache_elem = 2;
     for (int i = 0; i < conf->n; i++) {
         if (got[i] && rc->nodes[i].eng.cache_f32) cache_elem = 4;
     }
-    for (uint32_t il = 0; il < hp->n_layer; il++) {
-        pm.layer_bytes[il] = k3_layer_weight_bytes(m, il);
-        pm.layer_active[il] = k3_range_active_bytes(m, hp, il, il + 1) - (il == 0 ? k3_range_active_bytes(m, hp, 0, 0) : 0);
-        pm.layer_state[il] = k3_range_state_bytes(hp, il, il + 1, 1, o->n_ctx, cache_elem);
-    }
-    pm.first_bytes = k3_range_weight_bytes(m, hp, 0, 0);
-    pm.last_bytes = k3_range_weight_bytes(m, hp, hp->n_layer, hp->n_layer);
-    pm.last_active = pm.last_bytes;
+    plan_model pm;
+    ring_plan_model(&pm, m, hp, o->n_seqs > 0 ? (uint32_t)o->n_seqs : 1, o->n_ctx, cache_elem);
     uint64_t (*lack)[PLAN_MAX_LAYERS + 2] = o->manifest ? calloc((size_t)conf->n, sizeof *lack) : NULL;
     if (o->manifest && !lack) {
         ring_close(rc);

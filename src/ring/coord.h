@@ -182,6 +182,12 @@ typedef struct ring_coord {
     double node_audit_s[PLAN_MAX_NODES];
 } ring_coord;
 
+/* What the planner knows of a model (plan.h): per-layer weights, bytes a token reads, state of n_seq
+ * sequences at n_ctx with cache elements of cache_elem bytes, embedding and head. Used by ring_open and by
+ * `ringlm plan --nodes`. */
+void ring_plan_model(plan_model *pm, const mf_model *m, const k3_hparams *hp, uint32_t n_seq, uint32_t n_ctx,
+                     size_t cache_elem);
+
 /* Connects, asks every node for INFO, plans, prints the plan, assigns ranges and waits until all are
  * loaded. Fails with a message naming the node and the reason (unreachable, refused our key, lacks the
  * model, too little memory for the plan, ...). */

@@ -19,6 +19,7 @@ int ring_mf_begin(ring_coord *rc, rl_err *err) {
         return rl_errf(err, "audits recompute a stage from the coordinator's own copy of its weights, and with a "
                             "manifest it holds none: receipts are still checked (drop the audit option, or give -m)");
     }
+    if (mfst_file_need_hashes(f, "run one", err) != 0) return -1;
     if (f->n_layer != rc->hp.n_layer) return rl_errf(err, "the manifest's model has %u layers, not %u", f->n_layer, rc->hp.n_layer);
     if (!rc->o.manifest_path || rl_read_file(rc->o.manifest_path, "manifest", &rc->mf_bytes, &rc->mf_len, err) != 0) {
         return rc->o.manifest_path ? -1 : rl_errf(err, "ring_opts.manifest without its file");

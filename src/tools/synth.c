@@ -1,4 +1,5 @@
 #include "synth.h"
+#include "../gguf/model_file.h"
 
 #include <errno.h>
 #include <math.h>
@@ -202,6 +203,23 @@ int synth_emit(struct gguf_context *meta, const synth_tensor *tensors, int n_ten
                          (size_t)(tensors[i].ne[1] * tensors[i].ne[2] * tensors[i].ne[3]);
             }
             if (n) printf("  %-8s %5d tensors %14zu bytes\n", ggml_type_name((enum ggml_type)t), n, bytes);
+        }
+        return 0;
+    }
+    if (o->shapes) { /* K3 at its real size is planned, never synthesized: shapes and types only */
+        struct gguf_context *g = gguf_init_empty();
+        if (!g) return rl_errf(err, "out of memory");
+        gguf_set_kv(g, meta);
+        if (mf_compose(o->shapes, g, n_tensors, err) != 0) return -1;
+        for (int i = 0; i < n_tensors; i++) {
+            mf_tensor t = {.name = tensors[i].name, .type = tensors[i].type, .n_dims = tensors[i].n_dims,
+                           .nbytes = ggml_row_size((enum ggml_type)tensors[i].type, tensors[i].ne[0]) *
+                                     (size_t)(tensors[i].ne[1] * tensors[i].ne[2] * tensors[i].ne[3])};
+            memcpy(t.ne, tensors[i].ne, sizeof t.ne);
+            if (mf_compose_tensor(o->shapes, &t, err) != 0) {
+                mf_close(o->shapes);
+                return -1;
+            }
         }
         return 0;
     }

@@ -22,6 +22,8 @@ typedef struct synth_opts {
     int n_threads;
     bool progress;    /* progress bar on stderr */
     bool dry_run;     /* print the tensor count and size, write nothing */
+    struct mf_model *shapes; /* not NULL: the model without weights (gguf/model_file.h mf_compose: metadata and
+                              * the tensor table, data NULL) goes here instead of a file (--shape-only) */
 } synth_opts;
 
 /* Writes a K3 model for config c. */

@@ -36,8 +36,9 @@ int mfst_file_build(mfst_file *f, const mf_model *m, int n_threads, bool progres
         rl_errf(err, "out of memory");
         goto done;
     }
-    for (int i = 0; i < n; i++) ts[i] = &m->tensors[i];
-    if (mfst_hash_tensors(ts, n, n_threads, progress ? "manifest" : NULL, hs) != 0) {
+    bool shapes = n > 0;
+    for (int i = 0; i < n; i++) ts[i] = &m->tensors[i], shapes &= m->tensors[i].data == NULL;
+    if (!shapes && mfst_hash_tensors(ts, n, n_threads, progress ? "manifest" : NULL, hs) != 0) {
         rl_errf(err, "out of memory");
         goto done;
     }
@@ -57,6 +58,7 @@ int mfst_file_build(mfst_file *f, const mf_model *m, int n_threads, bool progres
     }
     for (int s = 0; s < m->n_split; s++) files[s] = mfst_base(m->splits[s].path);
     gguf_set_val_u32(f->g, K("version"), MFST_FILE_VERSION);
+    if (shapes) gguf_set_val_bool(f->g, K("shape_only"), true);
     gguf_set_arr_str(f->g, K("files"), files, (size_t)m->n_split);
     gguf_set_arr_str(f->g, K("names"), names, (size_t)n);
     gguf_set_arr_data(f->g, K("types"), GGUF_TYPE_UINT32, ty, (size_t)n);
@@ -159,6 +161,8 @@ int mfst_file_read(mfst_file *f, const char *path, rl_err *err) {
         mfst_file_free(f);
         return -1;
     }
+    int64_t sid = gguf_find_key(g, K("shape_only"));
+    f->shape_only = sid >= 0 && gguf_get_kv_type(g, sid) == GGUF_TYPE_BOOL && gguf_get_val_bool(g, sid);
     f->t = calloc(n + 1, sizeof *f->t);
     if (!f->t) {
         mfst_file_free(f);
@@ -290,6 +294,11 @@ int mfst_file_check(const mfst_file *f, const char *const *paths, int n_paths, F
     return 0;
 }
 
+int mfst_file_need_hashes(const mfst_file *f, const char *what, rl_err *err) {
+    if (!f->shape_only) return 0;
+    return rl_errf(err, "a shape-only manifest (synth --shape-only) has no tensor hashes: it plans rings, it cannot %s", what);
+}
+
 uint32_t mfst_file_n_files(const mfst_file *f) {
     return (uint32_t)gguf_get_arr_n(f->g, gguf_find_key(f->g, K("files")));
 }
@@ -307,7 +316,7 @@ struct gguf_context *mfst_file_meta(const mfst_file *f) {
     struct gguf_context *g = gguf_init_empty();
     if (!g) return NULL;
     gguf_set_kv(g, f->g);
-    static const char *const own[] = {K("version"), K("names"), K("types"), K("n_dims"), K("ne"), K("nbytes"),
+    static const char *const own[] = {K("shape_only"), K("version"), K("names"), K("types"), K("n_dims"), K("ne"), K("nbytes"),
                                       K("file"), K("offset"), K("hash"), K("files")};
     for (size_t i = 0; i < sizeof own / sizeof *own; i++) gguf_remove_key(g, own[i]);
     return g;

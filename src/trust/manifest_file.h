@@ -28,14 +28,18 @@ typedef struct mfst_file {
     int n;
     mfst_tensor *t;         /* names point into g */
     uint32_t n_layer;
+    bool shape_only; /* ringlm.manifest.shape_only: shapes and types, no hashes (synth --shape-only: planning) */
 } mfst_file;
 
 /* Hashes every tensor of m (n_threads: 0 = online CPUs, at most 8; progress: a bar on stderr) into a
- * manifest. */
+ * manifest. A model without data (mf_compose with no files: synth --shape-only) gives a shape-only manifest:
+ * zero hashes, marked so. */
 int mfst_file_build(mfst_file *f, const mf_model *m, int n_threads, bool progress, rl_err *err);
 int mfst_file_write(const mfst_file *f, const char *path, rl_err *err);
 /* Reads and checks one (every array's length, types, sizes against shapes). */
 int mfst_file_read(mfst_file *f, const char *path, rl_err *err);
+/* 0, or -1 with err saying that a shape-only manifest cannot do `what` (it has no hashes). */
+int mfst_file_need_hashes(const mfst_file *f, const char *what, rl_err *err);
 /* Is the GGUF at path a manifest (it has ringlm.manifest.version)? */
 bool mfst_file_is(const char *path);
 /* The manifest hash of layers [a, b), as mfst_range_hash over the model. */

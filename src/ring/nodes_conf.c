@@ -1,0 +1,216 @@
+/* nodes_conf.c - the device catalog and the nodes.conf parser (nodes_conf.h). */
+#include "nodes_conf.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Vendor figures, rounded: memory per device, memory bandwidth, dense f16 tensor throughput. They are what
+ * a plan assumes unless a line overrides them; every one is a spec sheet's, not a measurement. */
+static const nc_device catalog[] = {
+    {"rtx5090", "NVIDIA GeForce RTX 5090", 32, 1792, 105},
+    {"rtx4090", "NVIDIA GeForce RTX 4090", 24, 1008, 83},
+    {"rtx3090", "NVIDIA GeForce RTX 3090", 24, 936, 71},
+    {"rtxpro6000", "NVIDIA RTX PRO 6000 Blackwell", 96, 1792, 126},
+    {"h100", "NVIDIA H100 SXM", 80, 3350, 989},
+    {"h200", "NVIDIA H200 SXM", 141, 4800, 989},
+    {"gb10", "NVIDIA GB10 (DGX Spark class), unified memory", 128, 273, 62},
+    {"m3ultra", "Apple M3 Ultra, unified memory", 512, 819, 28},
+    {"cpu-ddr5", "a desktop CPU, 2-channel DDR5", 64, 80, 1.5},
+    {"epyc-ddr5", "a 12-channel DDR5 server CPU", 768, 460, 5},
+    {NULL, NULL, 0, 0, 0},
+};
+
+const nc_device *nc_catalog(void) { return catalog; }
+
+const nc_device *nc_find_device(const char *name) {
+    for (const nc_device *d = catalog; d->name; d++) {
+        if (strcmp(d->name, name) == 0) return d;
+    }
+    return NULL;
+}
+
+void nc_print_catalog(FILE *f) {
+    fprintf(f, "%-12s %8s %10s %8s  %s\n", "device", "mem GB", "bw GB/s", "TFLOPS", "what");
+    for (const nc_device *d = catalog; d->name; d++) {
+        fprintf(f, "%-12s %8.0f %10.0f %8.1f  %s\n", d->name, d->mem_gb, d->bw_gbs, d->tflops, d->what);
+    }
+}
+
+static int nc_place(nc_conf *c, const char *name) {
+    for (int i = 0; i < c->n_places; i++) {
+        if (strcmp(c->places[i], name) == 0) return i;
+    }
+    if (c->n_places == NC_MAX_PLACES) return -1;
+    snprintf(c->places[c->n_places], sizeof c->places[0], "%s", name);
+    for (int i = 0; i <= c->n_places; i++) c->delay_ms[i][c->n_places] = c->delay_ms[c->n_places][i] = -1;
+    c->delay_ms[c->n_places][c->n_places] = 0.1; /* one place: one switch */
+    return c->n_places++;
+}
+
+static int nc_num(const char *v, double *out) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !isfinite(x) || x < 0) return -1;
+    *out = x;
+    return 0;
+}
+
+/* What a place name means: a node's name (its place) or a place itself. */
+static int nc_resolve(nc_conf *c, const char *name) {
+    for (int i = 0; i < c->n; i++) {
+        if (strcmp(c->nodes[i].name, name) == 0) return c->nodes[i].place;
+    }
+    return nc_place(c, name);
+}
+
+int nc_load(nc_conf *c, const char *path, rl_err *err) {
+    memset(c, 0, sizeof *c);
+    c->coord_place = -1;
+    FILE *f = fopen(path, "r");
+    if (!f) return rl_errf(err, "cannot open %s: %s", path, strerror(errno));
+    char line[1024];
+    int ln = 0, rc = 0;
+    struct { char a[64], b[64]; double ms; int line; } delays[512];
+    int n_delays = 0;
+    char coord_at[64] = "";
+    while (rc == 0 && fgets(line, sizeof line, f)) {
+        ln++;
+        char *hash = strchr(line, '#');
+        if (hash) *hash = 0;
+        char *tok[24];
+        int nt = 0;
+        for (char *s = strtok(line, " \t\r\n"); s && nt < 24; s = strtok(NULL, " \t\r\n")) tok[nt++] = s;
+        if (nt == 0) continue;
+        if (strcmp(tok[0], "node") == 0) {
+            if (nt < 2 || strchr(tok[1], '=')) {
+                rc = rl_errf(err, "%s:%d: 'node' needs a name first", path, ln);
+                break;
+            }
+            if (c->n == PLAN_MAX_NODES) {
+                rc = rl_errf(err, "%s:%d: more than %d nodes", path, ln, PLAN_MAX_NODES);
+                break;
+            }
+            for (int i = 0; i < c->n; i++) {
+                if (strcmp(c->nodes[i].name, tok[1]) == 0) rc = rl_errf(err, "%s:%d: node %s named twice (line %d)", path, ln, tok[1], c->nodes[i].line);
+            }
+            if (rc) break;
+            nc_node *nd = &c->nodes[c->n];
+            memset(nd, 0, sizeof *nd);
+            snprintf(nd->name, sizeof nd->name, "%s", tok[1]);
+            nd->line = ln;
+            nd->count = 1;
+            nd->eff = 0.5;
+            nd->net_mbit = 1000;
+            double mem = -1, bw = -1, tf = -1, count = 1;
+            const char *loc = NULL;
+            for (int k = 2; k < nt && rc == 0; k++) {
+                char *eq = strchr(tok[k], '=');
+                if (!eq) {
+                    rc = rl_errf(err, "%s:%d: '%s' is not KEY=VALUE", path, ln, tok[k]);
+                    break;
+                }
+                *eq = 0;
+                const char *key = tok[k], *v = eq + 1;
+                double x = 0;
+                bool num = nc_num(v, &x) == 0;
+                if (strcmp(key, "device") == 0) snprintf(nd->device, sizeof nd->device, "%s", v);
+                else if (strcmp(key, "loc") == 0) loc = v;
+                else if (strcmp(key, "mem") == 0 && num && x > 0) mem = x;
+                else if (strcmp(key, "bw") == 0 && num && x > 0) bw = x;
+                else if (strcmp(key, "tflops") == 0 && num && x > 0) tf = x;
+                else if (strcmp(key, "count") == 0 && num && x >= 1 && x <= 64 && x == floor(x)) count = x;
+                else if (strcmp(key, "eff") == 0 && num && x > 0 && x <= 1) nd->eff = x;
+                else if (strcmp(key, "net") == 0 && num && x > 0) nd->net_mbit = x;
+                else rc = rl_errf(err, "%s:%d: bad %s=%s (keys: device, count, mem, bw, tflops, eff 0..1, net, loc)", path, ln, key, v);
+            }
+            if (rc) break;
+            if (!nd->device[0]) {
+                rc = rl_errf(err, "%s:%d: node %s has no device= (a catalog name, or custom with mem= and bw=)", path, ln, nd->name);
+                break;
+            }
+            const nc_device *d = strcmp(nd->device, "custom") == 0 ? NULL : nc_find_device(nd->device);
+            if (!d && strcmp(nd->device, "custom") != 0) {
+                rc = rl_errf(err, "%s:%d: unknown device '%s' (ringlm plan --devices lists them; or device=custom mem= bw=)", path, ln, nd->device);
+                break;
+            }
+            if (!d && (mem < 0 || bw < 0)) {
+                rc = rl_errf(err, "%s:%d: device=custom needs mem= and bw=", path, ln);
+                break;
+            }
+            nd->count = (int)count;
+            nd->mem_gb = mem > 0 ? mem : d->mem_gb * count;
+            nd->bw_gbs = bw > 0 ? bw : d->bw_gbs * count;
+            nd->tflops = tf > 0 ? tf : d ? d->tflops * count : 1.0;
+            nd->place = nc_place(c, loc ? loc : nd->name);
+            if (nd->place < 0) {
+                rc = rl_errf(err, "%s:%d: too many places", path, ln);
+                break;
+            }
+            c->n++;
+        } else if (strcmp(tok[0], "delay") == 0) {
+            double ms;
+            if (nt != 4 || nc_num(tok[3], &ms) != 0) {
+                rc = rl_errf(err, "%s:%d: 'delay A B MS' (A, B: nodes or places; MS: one-way milliseconds)", path, ln);
+                break;
+            }
+            if (n_delays == 512) {
+                rc = rl_errf(err, "%s:%d: more than 512 delays", path, ln);
+                break;
+            }
+            snprintf(delays[n_delays].a, 64, "%s", tok[1]);
+            snprintf(delays[n_delays].b, 64, "%s", tok[2]);
+            delays[n_delays].ms = ms;
+            delays[n_delays++].line = ln;
+        } else if (strcmp(tok[0], "coordinator") == 0) {
+            if (nt != 2 || (strncmp(tok[1], "at=", 3) != 0 && strncmp(tok[1], "loc=", 4) != 0)) {
+                rc = rl_errf(err, "%s:%d: 'coordinator at=NODE' or 'coordinator loc=PLACE'", path, ln);
+                break;
+            }
+            snprintf(coord_at, sizeof coord_at, "%s", tok[1]);
+        } else {
+            rc = rl_errf(err, "%s:%d: unknown statement '%s' (node, delay, coordinator)", path, ln, tok[0]);
+        }
+    }
+    fclose(f);
+    if (rc) return -1;
+    if (c->n == 0) return rl_errf(err, "%s: no nodes", path);
+    /* Places named only by delays are places too; delays apply once every node's place is known. */
+    for (int i = 0; i < n_delays; i++) {
+        int a = nc_resolve(c, delays[i].a), b = nc_resolve(c, delays[i].b);
+        if (a < 0 || b < 0) return rl_errf(err, "%s:%d: too many places", path, delays[i].line);
+        c->delay_ms[a][b] = c->delay_ms[b][a] = delays[i].ms;
+    }
+    if (coord_at[0] == 'a') {
+        int found = -1;
+        for (int i = 0; i < c->n; i++) found = strcmp(c->nodes[i].name, coord_at + 3) == 0 ? i : found;
+        if (found < 0) return rl_errf(err, "%s: coordinator at=%s: no such node", path, coord_at + 3);
+        c->coord_place = c->nodes[found].place;
+    } else if (coord_at[0] == 'l') {
+        c->coord_place = nc_resolve(c, coord_at + 4);
+    } else {
+        c->coord_place = c->nodes[0].place;
+    }
+    return 0;
+}
+
+double nc_delay_s(const nc_conf *c, int a, int b) {
+    int pa = a < 0 ? c->coord_place : c->nodes[a].place, pb = b < 0 ? c->coord_place : c->nodes[b].place;
+    double ms = c->delay_ms[pa][pb];
+    return ms < 0 ? -1 : ms * 1e-3;
+}
+
+int nc_check_delays(const nc_conf *c, rl_err *err) {
+    for (int a = -1; a < c->n; a++) {
+        for (int b = a + 1; b < c->n; b++) {
+            if (nc_delay_s(c, a, b) < 0) {
+                return rl_errf(err, "nodes.conf gives no delay between %s and %s (add 'delay %s %s MS', of the nodes or of "
+                               "their places)", a < 0 ? "the coordinator" : c->nodes[a].name, c->nodes[b].name,
+                               a < 0 ? c->places[c->coord_place] : c->places[c->nodes[a].place], c->places[c->nodes[b].place]);
+            }
+        }
+    }
+    return 0;
+}

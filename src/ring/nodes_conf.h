@@ -1,0 +1,61 @@
+/* nodes_conf.h - machines described by their figures, for `ringlm plan --nodes` (planning a ring before it
+ * exists): a small catalog of common devices, and nodes.conf.
+ *
+ * nodes.conf, one statement per line, '#' starts a comment:
+ *
+ *   node NAME device=DEV [count=N] [mem=GB] [bw=GB/s] [tflops=T] [eff=F] [net=Mbit/s] [loc=PLACE]
+ *   delay A B MS          one-way delay in ms between A and B: node names or places (symmetric)
+ *   coordinator at=NAME | loc=PLACE     where the coordinator runs (default: beside the first node)
+ *
+ * DEV is a catalog name (nc_catalog; `ringlm plan --devices` lists them) or `custom` (then mem= and bw= are
+ * required). count multiplies a device's memory and bandwidth (a box with 2 GPUs splitting its layers).
+ * eff: the fraction of the memory bandwidth (and of tflops) a decode step achieves, default 0.5. net: the
+ * node's link bandwidth (default 1000 Mbit/s). Nodes in the same place are 0.1 ms apart unless a delay says
+ * otherwise; any other pair needs a delay (of the two nodes, or of their places). Errors name the line. */
+#ifndef RINGLM_NODES_CONF_H
+#define RINGLM_NODES_CONF_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "../base/err.h"
+#include "plan.h"
+
+typedef struct nc_device {
+    const char *name, *what;
+    double mem_gb;  /* per device */
+    double bw_gbs;  /* memory bandwidth */
+    double tflops;  /* dense f16 compute (for prefill) */
+} nc_device;
+
+/* The catalog (NULL-named entry ends it). */
+const nc_device *nc_catalog(void);
+const nc_device *nc_find_device(const char *name);
+
+typedef struct nc_node {
+    char name[64], device[32];
+    int count;
+    double mem_gb, bw_gbs, tflops, eff, net_mbit;
+    int place;       /* index into nc_conf.places */
+    int line;
+} nc_node;
+
+#define NC_MAX_PLACES (2 * PLAN_MAX_NODES + 1)
+
+typedef struct nc_conf {
+    int n;
+    nc_node nodes[PLAN_MAX_NODES];
+    int n_places;
+    char places[NC_MAX_PLACES][64];
+    double delay_ms[NC_MAX_PLACES][NC_MAX_PLACES]; /* one-way; < 0: not given */
+    int coord_place;
+} nc_conf;
+
+int nc_load(nc_conf *c, const char *path, rl_err *err);
+/* One-way delay between two nodes (index -1: the coordinator), in seconds; -1 if nodes.conf gives none. */
+double nc_delay_s(const nc_conf *c, int a, int b);
+/* Every pair the plan may use has a delay (coordinator included), else an error naming the first missing. */
+int nc_check_delays(const nc_conf *c, rl_err *err);
+void nc_print_catalog(FILE *f);
+
+#endif

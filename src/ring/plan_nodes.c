@@ -1,0 +1,104 @@
+/* plan_nodes.c - planning a ring from nodes.conf (plan_nodes.h). */
+#include "plan_nodes.h"
+
+#include <math.h>
+#include <string.h>
+
+#include <cJSON.h>
+
+#include "coord.h"
+#include "ring_order.h"
+
+static double pn_delay(const void *user, int a, int b) { return nc_delay_s(user, a, b); }
+
+int pn_plan(const mf_model *m, const k3_hparams *hp, const nc_conf *c, uint32_t n_ctx, const pr_opts *po,
+            pn_result *r, rl_err *err) {
+    memset(r, 0, sizeof *r);
+    if (nc_check_delays(c, err) != 0) return -1;
+    if (ro_best_order(c->n, pn_delay, c, r->order, &r->cycle_s, &r->exact, err) != 0) return -1;
+    for (int i = 0; i < c->n; i++) {
+        const nc_node *nd = &c->nodes[r->order[i]];
+        plan_node *pn = &r->pnodes[i];
+        snprintf(pn->name, sizeof pn->name, "%s", nd->name);
+        pn->mem_bytes = (uint64_t)(nd->mem_gb * 1073741824.0);
+        pn->speed = nd->bw_gbs * 1e9 * nd->eff;
+    }
+    plan_model pm;
+    ring_plan_model(&pm, m, hp, po->parallel ? po->parallel : 1, n_ctx, 2);
+    if (plan_make(&pm, r->pnodes, c->n, 0.10, &r->plan, err) != 0) return -1;
+    /* The hops of the stages the plan uses (a node it leaves out is not on the way). */
+    pr_node pr[PLAN_MAX_NODES];
+    int prev = -1;
+    for (int s = 0; s < r->plan.n_stages; s++) {
+        int node = r->order[r->plan.stages[s].node];
+        const nc_node *nd = &c->nodes[node];
+        pr[s] = (pr_node){.speed = nd->bw_gbs * 1e9 * nd->eff, .flops = nd->tflops * 1e12 * nd->eff,
+                          .net = nd->net_mbit * 1e6 / 8};
+        r->hop_s[s] = nc_delay_s(c, prev, node);
+        prev = node;
+    }
+    r->hop_s[r->plan.n_stages] = nc_delay_s(c, prev, -1);
+    return pr_predict(m, hp, &r->plan, pr, r->hop_s, po, &r->pred, err);
+}
+
+void pn_print(const pn_result *r, const nc_conf *c, const pr_opts *po, FILE *f) {
+    fprintf(f, "ring order (round trip %.1f ms%s):", r->cycle_s * 1e3, r->exact ? ", the shortest" : ", 2-opt");
+    for (int i = 0; i < c->n; i++) fprintf(f, " %s", c->nodes[r->order[i]].name);
+    fprintf(f, "\n\n");
+    plan_print(&r->plan, r->pnodes, f);
+    const pr_result *p = &r->pred;
+    fprintf(f, "\nprediction (assumptions: docs/plan.md):\n");
+    fprintf(f, "  decode, greedy          %8.2f tok/s   one traversal %.1f ms = hops %.1f + compute %.1f + transfers %.1f"
+               " (%s dominate)\n", p->greedy_tok_s, 1e3 / p->greedy_tok_s, p->hops_s * 1e3, p->compute_s * 1e3,
+            p->xfer_s * 1e3, p->dominant);
+    if (po->acceptance > 0) {
+        fprintf(f, "  decode, speculative     %8.2f tok/s   at acceptance %.2f: %d drafted, %.2f tokens per traversal\n",
+                p->spec_tok_s, po->acceptance, p->draft_k, p->g);
+    }
+    fprintf(f, "  time to first token     %8.2f s       a %u-token prompt in %u-token chunks (%.0f tok/s)\n", p->ttft_s,
+            po->prompt ? po->prompt : 1, po->chunk ? po->chunk : 256, p->prefill_tok_s);
+    fprintf(f, "  aggregate, %3u streams  %8.2f tok/s\n", po->parallel ? po->parallel : 1, p->parallel_tok_s);
+    fprintf(f, "  network floor           %8.2f tok/s   (hops alone%s", p->floor_tok_s, po->acceptance > 0 ? "; " : ")\n");
+    if (po->acceptance > 0) fprintf(f, "%.2f with speculation)\n", p->spec_floor_tok_s);
+}
+
+cJSON *pn_json(const pn_result *r, const nc_conf *c, const pr_opts *po) {
+    cJSON *j = cJSON_CreateObject();
+    if (!j) return NULL;
+    cJSON *ord = cJSON_AddArrayToObject(j, "order");
+    for (int i = 0; i < c->n; i++) cJSON_AddItemToArray(ord, cJSON_CreateString(c->nodes[r->order[i]].name));
+    cJSON_AddNumberToObject(j, "round_trip_s", r->cycle_s);
+    cJSON_AddBoolToObject(j, "order_exact", r->exact);
+    cJSON *st = cJSON_AddArrayToObject(j, "stages");
+    for (int s = 0; s < r->plan.n_stages; s++) {
+        const plan_stage *ps = &r->plan.stages[s];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "node", c->nodes[r->order[ps->node]].name);
+        cJSON_AddNumberToObject(o, "a", ps->a);
+        cJSON_AddNumberToObject(o, "b", ps->b);
+        cJSON_AddNumberToObject(o, "mem_bytes", (double)ps->mem_bytes);
+        cJSON_AddNumberToObject(o, "compute_s", r->pred.stage_s[s]);
+        cJSON_AddNumberToObject(o, "hop_in_s", r->hop_s[s]);
+        cJSON_AddItemToArray(st, o);
+    }
+    const pr_result *p = &r->pred;
+    cJSON *pj = cJSON_AddObjectToObject(j, "predict");
+    cJSON_AddNumberToObject(pj, "greedy_tok_s", p->greedy_tok_s);
+    cJSON_AddNumberToObject(pj, "hops_s", p->hops_s);
+    cJSON_AddNumberToObject(pj, "compute_s", p->compute_s);
+    cJSON_AddNumberToObject(pj, "transfer_s", p->xfer_s);
+    cJSON_AddStringToObject(pj, "dominant", p->dominant);
+    if (po->acceptance > 0) {
+        cJSON_AddNumberToObject(pj, "acceptance", po->acceptance);
+        cJSON_AddNumberToObject(pj, "draft_k", p->draft_k);
+        cJSON_AddNumberToObject(pj, "tokens_per_traversal", p->g);
+        cJSON_AddNumberToObject(pj, "spec_tok_s", p->spec_tok_s);
+        cJSON_AddNumberToObject(pj, "spec_floor_tok_s", p->spec_floor_tok_s);
+    }
+    cJSON_AddNumberToObject(pj, "prompt", po->prompt ? po->prompt : 1);
+    cJSON_AddNumberToObject(pj, "ttft_s", p->ttft_s);
+    cJSON_AddNumberToObject(pj, "parallel", po->parallel ? po->parallel : 1);
+    cJSON_AddNumberToObject(pj, "parallel_tok_s", p->parallel_tok_s);
+    cJSON_AddNumberToObject(pj, "floor_tok_s", isinf(p->floor_tok_s) ? -1 : p->floor_tok_s);
+    return j;
+}

@@ -1,0 +1,33 @@
+/* plan_nodes.h - a ring planned before it exists (`ringlm plan --nodes`): from machines described in a
+ * nodes.conf (nodes_conf.h), the ring order with the shortest round trip (ring_order.h), the layer cut under
+ * every node's memory (plan.h), and what it will do (predict.h). */
+#ifndef RINGLM_PLAN_NODES_H
+#define RINGLM_PLAN_NODES_H
+
+#include <stdio.h>
+
+#include "../base/err.h"
+#include "../gguf/model_file.h"
+#include "../model/k3_hparams.h"
+#include "nodes_conf.h"
+#include "plan.h"
+#include "predict.h"
+
+typedef struct pn_result {
+    int order[PLAN_MAX_NODES];  /* node indices of nodes.conf in ring order */
+    double cycle_s;             /* the round trip through every node */
+    bool exact;                 /* the order is optimal (else 2-opt's local optimum) */
+    plan_node pnodes[PLAN_MAX_NODES]; /* in ring order */
+    plan_result plan;           /* stage.node indexes order[] */
+    double hop_s[PLAN_MAX_NODES + 1];
+    pr_result pred;
+} pn_result;
+
+int pn_plan(const mf_model *m, const k3_hparams *hp, const nc_conf *c, uint32_t n_ctx, const pr_opts *po,
+            pn_result *r, rl_err *err);
+/* The plan and the predictions as a table on f, and as JSON (cJSON *; NULL: out of memory). */
+void pn_print(const pn_result *r, const nc_conf *c, const pr_opts *po, FILE *f);
+struct cJSON;
+struct cJSON *pn_json(const pn_result *r, const nc_conf *c, const pr_opts *po);
+
+#endif

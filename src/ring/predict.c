@@ -1,0 +1,109 @@
+/* predict.c - a planned ring's figures from its parts (predict.h). */
+#include "predict.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../model/k3_memory.h"
+
+/* A stage's weights: bytes read once per traversal (dense), bytes of routed experts, and the weights one
+ * token multiplies (elements; routed experts at k/E, the embedding not at all: it is a lookup). */
+typedef struct pr_stage_w {
+    double dense, exps, elems;
+} pr_stage_w;
+
+static pr_stage_w pr_weights(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b) {
+    pr_stage_w w = {0, 0, 0};
+    for (int i = 0; i < m->n_tensor; i++) {
+        const mf_tensor *t = &m->tensors[i];
+        unsigned il;
+        double ne = (double)t->ne[0] * (double)t->ne[1] * (double)t->ne[2] * (double)t->ne[3];
+        if (sscanf(t->name, "blk.%u.", &il) == 1) {
+            if (il < a || il >= b) continue;
+        } else if (strcmp(t->name, "token_embd.weight") == 0) {
+            if (a == 0) w.dense += (double)t->nbytes / (double)(t->ne[1] ? t->ne[1] : 1);
+            continue;
+        } else if (b < hp->n_layer) {
+            continue;
+        }
+        if (strstr(t->name, "_exps.") && hp->n_expert) {
+            w.exps += (double)t->nbytes;
+            w.elems += ne * hp->n_expert_used / hp->n_expert;
+        } else {
+            w.dense += (double)t->nbytes;
+            w.elems += ne;
+        }
+    }
+    return w;
+}
+
+/* Seconds stage s needs for t tokens of one sequence each, n_seq sequences (t * n_seq tokens in all). */
+static double pr_stage_time(const k3_hparams *hp, const pr_stage_w *w, const pr_node *nd, double tokens) {
+    double touched = hp->n_expert ? 1.0 - pow(1.0 - (double)hp->n_expert_used / hp->n_expert, tokens) : 1.0;
+    double bytes = w->dense + w->exps * touched;
+    double t_bw = bytes / nd->speed, t_fl = 2.0 * tokens * w->elems / nd->flops;
+    return t_bw > t_fl ? t_bw : t_fl;
+}
+
+/* One traversal at `tokens` tokens: hops + stages + transfers, each part returned. */
+static double pr_traversal(const k3_hparams *hp, const plan_result *plan, const pr_stage_w *w, const pr_node *nodes,
+                           const double *hop_s, double tokens, double *hops, double *comp, double *xfer,
+                           double *slowest) {
+    *hops = *comp = *xfer = *slowest = 0;
+    for (int s = 0; s <= plan->n_stages; s++) *hops += hop_s[s];
+    for (int s = 0; s < plan->n_stages; s++) {
+        double c = pr_stage_time(hp, &w[s], &nodes[s], tokens);
+        double x = 0;
+        if (s + 1 < plan->n_stages) { /* the boundary state, f32 on the wire */
+            double net = nodes[s].net < nodes[s + 1].net ? nodes[s].net : nodes[s + 1].net;
+            x = tokens * 4.0 * (double)k3_boundary_floats(hp, plan->stages[s + 1].a) / net;
+        }
+        *comp += c;
+        *xfer += x;
+        if (c + x > *slowest) *slowest = c + x;
+    }
+    return *hops + *comp + *xfer;
+}
+
+int pr_predict(const mf_model *m, const k3_hparams *hp, const plan_result *plan, const pr_node *nodes,
+               const double *hop_s, const pr_opts *o, pr_result *r, rl_err *err) {
+    memset(r, 0, sizeof *r);
+    if (plan->n_stages < 1) return rl_errf(err, "predict: an empty plan");
+    for (int s = 0; s < plan->n_stages; s++) {
+        if (!(nodes[s].speed > 0 && nodes[s].flops > 0 && nodes[s].net > 0)) {
+            return rl_errf(err, "predict: stage %d's node has no speed, compute or link figure", s);
+        }
+    }
+    pr_stage_w w[PLAN_MAX_NODES];
+    for (int s = 0; s < plan->n_stages; s++) w[s] = pr_weights(m, hp, plan->stages[s].a, plan->stages[s].b);
+    double slowest;
+    double t1 = pr_traversal(hp, plan, w, nodes, hop_s, 1, &r->hops_s, &r->compute_s, &r->xfer_s, &slowest);
+    for (int s = 0; s < plan->n_stages; s++) r->stage_s[s] = pr_stage_time(hp, &w[s], &nodes[s], 1);
+    r->greedy_tok_s = 1.0 / t1;
+    r->floor_tok_s = r->hops_s > 0 ? 1.0 / r->hops_s : INFINITY;
+    r->dominant = r->hops_s >= r->compute_s && r->hops_s >= r->xfer_s ? "hops"
+                  : r->compute_s >= r->xfer_s                         ? "compute"
+                                                                      : "bandwidth";
+    double h, c, x;
+    if (o->acceptance > 0) {
+        const double a = o->acceptance < 0.999999 ? o->acceptance : 0.999999;
+        int k_lo = o->draft_k > 0 ? o->draft_k : 1, k_hi = o->draft_k > 0 ? o->draft_k : 16;
+        for (int k = k_lo; k <= k_hi; k++) {
+            double g = (1.0 - pow(a, k + 1)) / (1.0 - a);
+            double tk = pr_traversal(hp, plan, w, nodes, hop_s, k + 1, &h, &c, &x, &slowest);
+            if (g / tk > r->spec_tok_s) r->spec_tok_s = g / tk, r->draft_k = k, r->g = g;
+        }
+        r->spec_floor_tok_s = r->hops_s > 0 ? r->g / r->hops_s : INFINITY;
+    }
+    const uint32_t chunk = o->chunk ? o->chunk : 256, prompt = o->prompt ? o->prompt : 1;
+    const uint32_t n_chunks = (prompt + chunk - 1) / chunk;
+    const double csz = prompt < chunk ? prompt : chunk;
+    double tc = pr_traversal(hp, plan, w, nodes, hop_s, csz, &h, &c, &x, &slowest);
+    r->ttft_s = tc + (double)(n_chunks - 1) * slowest;
+    r->prefill_tok_s = prompt / r->ttft_s;
+    const uint32_t np = o->parallel ? o->parallel : 1;
+    r->parallel_tok_s = np / pr_traversal(hp, plan, w, nodes, hop_s, np, &h, &c, &x, &slowest);
+    return 0;
+}

@@ -1,0 +1,55 @@
+/* predict.h - what a planned ring will do, from its plan, the model's sizes and the nodes' figures
+ * (`ringlm plan --nodes`; docs/plan.md states the model and its assumptions).
+ *
+ * A traversal carrying t tokens per sequence costs, per stage, max(bytes(t) / speed, flops(t) / compute):
+ * bytes(t) reads the dense weights once and the routed experts that t tokens touch, E * (1 - (1 - k/E)^t)
+ * of E (each token picks k, independently), and flops(t) = 2 * t * the weights a token multiplies; per hop,
+ * the one-way delay plus the boundary state's bytes over the slower of the two links. Then
+ *   decode (greedy)       1 / (sum of hops + sum of stages(1) + transfers)
+ *   speculative           g / (the same at t = k + 1), g = (1 - a^(k+1)) / (1 - a) tokens per traversal at
+ *                          acceptance a, k drafted (chosen to maximize it when not given); one block in flight
+ *   time to first token   the prompt in chunks, pipelined: one trip at the chunk size plus (chunks - 1) times
+ *                          the slowest stage
+ *   aggregate, N streams  N / (one traversal at t = N): every step one frame carrying every stream
+ *   network floor         1 / sum of hop delays (g / that with speculation): no compute at all
+ */
+#ifndef RINGLM_PREDICT_H
+#define RINGLM_PREDICT_H
+
+#include <stdint.h>
+
+#include "../base/err.h"
+#include "../gguf/model_file.h"
+#include "../model/k3_hparams.h"
+#include "plan.h"
+
+typedef struct pr_node {
+    double speed;  /* bytes of weights read per second in a decode step (effective) */
+    double flops;  /* FLOP/s in a prefill chunk (effective) */
+    double net;    /* link bytes per second */
+} pr_node;
+
+typedef struct pr_opts {
+    uint32_t prompt, chunk, parallel;
+    int draft_k;       /* drafted tokens per traversal (0: choose 1..16) */
+    double acceptance; /* per drafted token, 0..1 (0: no speculation figures) */
+} pr_opts;
+
+typedef struct pr_result {
+    double hops_s, compute_s, xfer_s;  /* one greedy traversal's parts */
+    double greedy_tok_s;
+    int draft_k;
+    double g, spec_tok_s;
+    double ttft_s, prefill_tok_s;
+    double parallel_tok_s;
+    double floor_tok_s, spec_floor_tok_s;
+    const char *dominant;             /* "hops", "compute" or "bandwidth" */
+    double stage_s[PLAN_MAX_NODES];   /* per stage, one token */
+} pr_result;
+
+/* nodes[] and hop_s[] in plan order: hop_s[0] coordinator -> stage 0, hop_s[s] stage s-1 -> s, hop_s[n_stages]
+ * last stage -> coordinator; nodes[s] the node running stage s. */
+int pr_predict(const mf_model *m, const k3_hparams *hp, const plan_result *plan, const pr_node *nodes,
+               const double *hop_s, const pr_opts *o, pr_result *r, rl_err *err);
+
+#endif

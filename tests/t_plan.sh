@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# ringlm plan --nodes: a ring planned from machines described in nodes.conf. The order is the shortest round
+# trip (checked against every permutation in Python); the predictions are the documented sums of their
+# parts (docs/plan.md); a ring too small names the shortfall; every nodes.conf error names its line; --devices
+# lists the catalog. (Predictions against measured rings: bench/bench_plan.sh.)
+. "$(dirname "$0")/lib.sh"
+f=$(model tiny-f32 tiny f32 1)
+P=("$RINGLM" plan -m "$f")
+cat >"$WORK/nodes.conf" <<'END'
+# five machines in three cities, the coordinator in paris
+node a device=cpu-ddr5 mem=0.05 loc=paris
+node b device=cpu-ddr5 mem=0.05 loc=berlin
+node c device=custom mem=0.05 bw=40 tflops=0.5 loc=paris   # a slower one
+node d device=cpu-ddr5 mem=0.05 loc=madrid
+node e device=cpu-ddr5 mem=0.05 loc=berlin net=100
+delay paris berlin 15
+delay paris madrid 12
+delay berlin madrid 25
+coordinator loc=paris
+END
+check "a plan and its predictions" "${P[@]}" --nodes "$WORK/nodes.conf" --acceptance 0.6 --parallel 4 --prompt 300 --ctx 512
+"${P[@]}" --nodes "$WORK/nodes.conf" --acceptance 0.6 --parallel 4 --prompt 300 --ctx 512 --json >"$WORK/p.json"
+check "the order is the shortest round trip (every permutation tried), and the predictions add up" python3 - "$WORK/p.json" <<'PY'
+import itertools, json, math, sys
+j = json.load(open(sys.argv[1]))
+loc = {'a': 'paris', 'b': 'berlin', 'c': 'paris', 'd': 'madrid', 'e': 'berlin', None: 'paris'}
+ms = {frozenset(['paris', 'berlin']): 15, frozenset(['paris', 'madrid']): 12, frozenset(['berlin', 'madrid']): 25}
+def d(x, y):
+    return 0.1 if loc[x] == loc[y] else ms[frozenset([loc[x], loc[y]])]
+def cyc(o):
+    return d(None, o[0]) + sum(d(o[i], o[i + 1]) for i in range(len(o) - 1)) + d(o[-1], None)
+best = min(cyc(p) for p in itertools.permutations('abcde'))
+assert abs(cyc(j['order']) - best) < 1e-9 and abs(j['round_trip_s'] * 1e3 - best) < 1e-6, (j['order'], best)
+p = j['predict']
+hops = sum(s['hop_in_s'] for s in j['stages'])
+assert hops <= j['round_trip_s'] + 1e-12
+assert abs(1 / p['greedy_tok_s'] - (p['hops_s'] + p['compute_s'] + p['transfer_s'])) < 1e-9
+assert abs(p['floor_tok_s'] - 1 / p['hops_s']) < 1e-6
+a, k = p['acceptance'], p['draft_k']
+assert abs(p['tokens_per_traversal'] - (1 - a ** (k + 1)) / (1 - a)) < 1e-9 and 1 <= k <= 16
+assert p['spec_tok_s'] > p['greedy_tok_s'] and p['parallel_tok_s'] > p['greedy_tok_s'] and p['ttft_s'] > 0
+assert sum(s['b'] - s['a'] for s in j['stages']) == 6 and j['stages'][0]['a'] == 0
+print(j['order'], round(best, 1), 'ms', p['dominant'])
+PY
+# A shape-only manifest (synth --shape-only: no weights) plans exactly as the model itself, and runs nothing.
+"$RINGLM_SYNTH" synth --no-progress --config tiny --seed 1 --shape-only -o "$WORK/shapes.manifest" >/dev/null
+"$RINGLM" plan --manifest "$WORK/shapes.manifest" --nodes "$WORK/nodes.conf" --acceptance 0.6 --parallel 4 --prompt 300 \
+    --ctx 512 --json >"$WORK/s.json"
+check "a shape-only manifest plans and predicts as the model does" \
+    python3 -c 'import json, sys; a, b = (json.load(open(f)) for f in sys.argv[1:]); assert a == b, (a, b)' "$WORK/p.json" "$WORK/s.json"
+check "a shape-only manifest is small (no weights)" test "$(stat -c %s "$WORK/shapes.manifest")" -lt 200000
+check_fails "a shape-only manifest gives no range hashes" "shape-only manifest .* has no tensor hashes" \
+    "$RINGLM" manifest --range-hash 0:2 "$WORK/shapes.manifest"
+printf '127.0.0.1:1 %s\n' "$("$RINGLM" keygen -o "$WORK/n.key")" >"$WORK/ring.conf"
+"$RINGLM" keygen -o "$WORK/c.key" >/dev/null
+check_fails "a shape-only manifest cannot run a ring" "shape-only manifest .* cannot run one" \
+    "$RINGLM" run --manifest "$WORK/shapes.manifest" --ring "$WORK/ring.conf" --key "$WORK/c.key" -p hi -n 1
+check "hops dominate a ring across Europe" python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["predict"]["dominant"] == "hops"' "$WORK/p.json"
+printf 'node a device=cpu-ddr5 mem=0.005\nnode b device=cpu-ddr5 mem=0.005\ndelay a b 1\n' >"$WORK/small.conf"
+check_fails "a ring too small names the shortfall" "ring too small: the model needs .* but the 2 nodes offer" \
+    "${P[@]}" --nodes "$WORK/small.conf"
+bad() { # bad DESCRIPTION PATTERN LINES...
+    local desc=$1 pat=$2; shift 2
+    printf '%s\n' "$@" >"$WORK/bad.conf"
+    check_fails "nodes.conf: $desc" "$pat" "${P[@]}" --nodes "$WORK/bad.conf"
+}
+bad "an unknown device, by line" "bad.conf:2: unknown device 'rtx9090'" "node a device=cpu-ddr5" "node b device=rtx9090"
+bad "a bad value, by line" "bad.conf:1: bad mem=lots" "node a device=cpu-ddr5 mem=lots"
+bad "custom without figures" "bad.conf:1: device=custom needs mem= and bw=" "node a device=custom mem=8"
+bad "a node named twice" "bad.conf:2: node a named twice \(line 1\)" "node a device=cpu-ddr5" "node a device=h100"
+bad "an unknown statement" "bad.conf:3: unknown statement 'nod'" "node a device=cpu-ddr5" "" "nod b device=h100"
+bad "a malformed delay" "bad.conf:2: 'delay A B MS'" "node a device=cpu-ddr5" "delay a 5"
+bad "no delay between two places" "no delay between the coordinator and b \(add 'delay a b MS'" "node a device=h100" "node b device=h100"
+bad "no nodes" "bad.conf: no nodes" "# nothing"
+bad "a coordinator at no node" "coordinator at=zz: no such node" "node a device=h100" "coordinator at=zz"
+check "--devices lists the catalog" sh -c '"$1" plan --devices | grep -q "^rtx5090 .* 32 .* 1792"' _ "$RINGLM"
+rc=0
+"$RINGLM" plan -m "$f" --nodes "$WORK/nodes.conf" --ring x.conf --key k 2>"$WORK/err" || rc=$?
+check "--nodes with --ring is a usage error" test "$rc" = 2
+finish
