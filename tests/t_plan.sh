@@ -59,6 +59,48 @@ check "hops dominate a ring across Europe" python3 -c 'import json,sys; assert j
 printf 'node a device=cpu-ddr5 mem=0.005\nnode b device=cpu-ddr5 mem=0.005\ndelay a b 1\n' >"$WORK/small.conf"
 check_fails "a ring too small names the shortfall" "ring too small: the model needs .* but the 2 nodes offer" \
     "${P[@]}" --nodes "$WORK/small.conf"
+# A draft model's cost on the coordinator (plan --draft): spec_tok_s = g / (traversal at k + 1 + drafting),
+# a K3 draft k + a^k one-token steps at the coordinator's figures (twice as fast a coordinator: half the
+# time), a DSpark draft one pass for the block.
+"$RINGLM_SYNTH" synth --no-progress --config tiny --draft k3 --seed 3 -o "$WORK/dk3.gguf" >/dev/null
+"$RINGLM_SYNTH" synth --no-progress --config tiny --draft dspark --seed 3 -o "$WORK/dds.gguf" >/dev/null
+sed 's/^coordinator loc=paris$/coordinator loc=paris device=custom mem=8 bw=50 tflops=0.5/' "$WORK/nodes.conf" >"$WORK/c1.conf"
+sed 's/^coordinator loc=paris$/coordinator loc=paris device=custom mem=8 bw=100 tflops=1/' "$WORK/nodes.conf" >"$WORK/c2.conf"
+for k in 2 4; do
+    "${P[@]}" --nodes "$WORK/nodes.conf" --acceptance 0.6 --draft-n $k --json >"$WORK/nd$k.json"
+    for c in c1 c2; do
+        for d in dk3 dds; do "${P[@]}" --nodes "$WORK/$c.conf" --acceptance 0.6 --draft-n $k --draft "$WORK/$d.gguf" --json >"$WORK/$c-$d-$k.json"; done
+    done
+done
+check "drafting is priced on the coordinator: k + a^k steps of a K3 draft, one pass of a DSpark draft" python3 - "$WORK" <<'PY'
+import json, sys
+w = sys.argv[1]
+L = lambda n: json.load(open('%s/%s.json' % (w, n)))['predict']
+for k in (2, 4):
+    free = L('nd%d' % k)
+    assert 'draft_s' in free and free['draft_s'] == 0, free
+    for c in ('c1', 'c2'):
+        for d in ('dk3', 'dds'):
+            p = L('%s-%s-%d' % (c, d, k))
+            g = p['tokens_per_traversal']
+            assert p['draft_k'] == k and p['draft_s'] > 0
+            # the same traversal plus the drafting
+            assert abs(g / p['spec_tok_s'] - g / free['spec_tok_s'] - p['draft_s']) < 1e-9, (p, free)
+            # a coordinator with twice the bandwidth and compute drafts in half the time
+            assert c == 'c1' or abs(L('c1-%s-%d' % (d, k))['draft_s'] / p['draft_s'] - 2) < 1e-9
+for c in ('c1', 'c2'):
+    step = lambda k: L('%s-dk3-%d' % (c, k))['draft_s'] / (k + 0.6 ** k)
+    assert abs(step(2) / step(4) - 1) < 1e-9, (step(2), step(4))   # one K3 step costs the same at every k
+    ds2, ds4 = L('%s-dds-2' % c)['draft_s'], L('%s-dds-4' % c)['draft_s']
+    assert ds2 < ds4 < 2 * ds2, (ds2, ds4)                            # one DSpark pass: reads once
+print('ok')
+PY
+check_fails "--draft names a file that is not a GGUF" "nodes.conf: bad magic \(not a GGUF file\)" \
+    "${P[@]}" --nodes "$WORK/nodes.conf" --acceptance 0.5 --draft "$WORK/nodes.conf"
+rc=0
+"${P[@]}" --nodes "$WORK/nodes.conf" --draft "$WORK/dk3.gguf" 2>"$WORK/err" || rc=$?
+check "--draft without --acceptance is a usage error" test "$rc" = 2
+check "... that says why" grep -q "needs --nodes and --acceptance" "$WORK/err"
 bad() { # bad DESCRIPTION PATTERN LINES...
     local desc=$1 pat=$2; shift 2
     printf '%s\n' "$@" >"$WORK/bad.conf"
@@ -72,7 +114,10 @@ bad "an unknown statement" "bad.conf:3: unknown statement 'nod'" "node a device=
 bad "a malformed delay" "bad.conf:2: 'delay A B MS'" "node a device=cpu-ddr5" "delay a 5"
 bad "no delay between two places" "no delay between the coordinator and b \(add 'delay a b MS'" "node a device=h100" "node b device=h100"
 bad "no nodes" "bad.conf: no nodes" "# nothing"
-bad "a coordinator at no node" "coordinator at=zz: no such node" "node a device=h100" "coordinator at=zz"
+bad "a coordinator at no node" "bad.conf:2: coordinator at=zz: no such node" "node a device=h100" "coordinator at=zz"
+bad "a coordinator nowhere" "bad.conf:2: 'coordinator at=NODE' or 'coordinator loc=PLACE'" "node a device=h100" "coordinator device=h100"
+bad "a coordinator's unknown device, by line" "bad.conf:3: unknown device 'h900'" "node a device=h100" "" "coordinator loc=x device=h900"
+bad "a coordinator's bad figure, by line" "bad.conf:2: bad mem=0 .*at, loc" "node a device=h100" "coordinator at=a mem=0"
 check "--devices lists the catalog" sh -c '"$1" plan --devices | grep -q "^rtx5090 .* 32 .* 1792"' _ "$RINGLM"
 rc=0
 "$RINGLM" plan -m "$f" --nodes "$WORK/nodes.conf" --ring x.conf --key k 2>"$WORK/err" || rc=$?

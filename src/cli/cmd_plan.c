@@ -13,12 +13,13 @@ static void plan_usage(FILE *f) {
     fprintf(f, "usage: ringlm plan (-m MODEL.gguf | --manifest MODEL.manifest) --ring ring.conf --key coord.key\n"
                "                   [--ctx N] [--parallel N]\n"
                "       ringlm plan (-m MODEL.gguf | --manifest MODEL.manifest) --nodes nodes.conf [--ctx N] [--parallel N]\n"
-               "                   [--prompt N] [--chunk N] [--acceptance A [--draft-n K]] [--json]\n"
+               "                   [--prompt N] [--chunk N] [--acceptance A [--draft-n K] [--draft DRAFT.gguf]] [--json]\n"
                "       ringlm plan --devices\n\n"
                "--nodes: a ring that does not exist yet, of machines described by their figures (nodes.conf: node,\n"
                "delay and coordinator lines; src/ring/nodes_conf.h, docs/plan.md): chooses the ring order with the\n"
                "shortest round trip, cuts the layers, and predicts decode tok/s (greedy, and speculative at acceptance\n"
-               "A with K drafted, chosen when not given), time to first token of an N-token prompt, aggregate tok/s\n"
+               "A with K drafted, chosen when not given; with --draft, drafting on the coordinator is counted),\n"
+               "time to first token of an N-token prompt, aggregate tok/s\n"
                "of --parallel streams and the network floor, saying which term dominates. --devices lists the\n"
                "catalog of devices nodes.conf may name.\n\n"
                "--ring:\n"
@@ -31,7 +32,7 @@ static void plan_usage(FILE *f) {
 }
 
 int cmd_plan(int argc, char **argv) {
-    const char *model = NULL, *manifest = NULL, *ring_path = NULL, *key_path = NULL, *nodes_path = NULL;
+    const char *model = NULL, *manifest = NULL, *ring_path = NULL, *key_path = NULL, *nodes_path = NULL, *draft = NULL;
     int ctx = 4096, parallel = 1, prompt = 512, chunk = 256, draft_n = 0;
     double acceptance = 0;
     bool json = false;
@@ -56,6 +57,7 @@ int cmd_plan(int argc, char **argv) {
         else if (strcmp(a, "--ring") == 0) ring_path = v;
         else if (strcmp(a, "--key") == 0) key_path = v;
         else if (strcmp(a, "--nodes") == 0) nodes_path = v;
+        else if (strcmp(a, "--draft") == 0) draft = v;
         else if (strcmp(a, "--prompt") == 0) {
             if (cli_parse_int(v, &prompt) != 0 || prompt < 1) return cli_bad_option("plan", a, v, true, "a number of tokens, at least 1");
         } else if (strcmp(a, "--chunk") == 0) {
@@ -81,6 +83,10 @@ int cmd_plan(int argc, char **argv) {
         plan_usage(stderr);
         return 2;
     }
+    if (draft && (!nodes_path || acceptance <= 0)) {
+        fprintf(stderr, "ringlm plan: --draft prices speculation: it needs --nodes and --acceptance\n");
+        return 2;
+    }
     rl_err err = {{0}};
     if (nodes_path) {
         mf_model m;
@@ -92,6 +98,17 @@ int cmd_plan(int argc, char **argv) {
                       .draft_k = draft_n, .acceptance = acceptance};
         int rc = 1;
         if (cli_open_target(model, manifest, &m, &hp, &mf, &err) == 0) {
+            mf_model dm;
+            int drc = 0;
+            if (draft && (drc = mf_open(&dm, draft, &err)) == 0) {
+                if ((drc = pr_draft_read(&po.draft, &dm, &m, &err)) != 0) rl_err_prefix(&err, "%s", draft);
+                mf_close(&dm);
+            }
+            if (drc != 0) {
+                cli_close_target(&m, &mf);
+                fprintf(stderr, "ringlm plan: %s\n", err.msg);
+                return 1;
+            }
             if (nc_load(&nc, nodes_path, &err) == 0 && pn_plan(&m, &hp, &nc, (uint32_t)ctx, &po, &pr, &err) == 0) {
                 if (json) {
                     cJSON *j = pn_json(&pr, &nc, &po);

@@ -14,6 +14,7 @@
 #include "../gguf/model_file.h"
 
 #define K3_ARCH "kimi-k3"
+#define DSPARK_ARCH "dflash" /* llama.cpp's name for DFlash and DSpark drafts alike (speculate/dspark.h) */
 #define K3_MAX_LAYERS 256
 
 struct gguf_context;

@@ -66,6 +66,52 @@ static int nc_resolve(nc_conf *c, const char *name) {
     return nc_place(c, name);
 }
 
+/* A node's (or the coordinator's) KEY=VALUE figures from tok[from..nt), into nd; *loc and *at (may be NULL:
+ * the key is then refused) take loc= and at=. The device's catalog figures fill what the line leaves out. */
+static int nc_figures(nc_node *nd, char **tok, int from, int nt, const char **loc, const char **at, bool need_device,
+                      const char *path, int ln, rl_err *err) {
+    nd->line = ln;
+    nd->count = 1;
+    nd->eff = 0.5;
+    nd->net_mbit = 1000;
+    double mem = -1, bw = -1, tf = -1, count = 1;
+    for (int k = from; k < nt; k++) {
+        char *eq = strchr(tok[k], '=');
+        if (!eq) return rl_errf(err, "%s:%d: '%s' is not KEY=VALUE", path, ln, tok[k]);
+        *eq = 0;
+        const char *key = tok[k], *v = eq + 1;
+        double x = 0;
+        bool num = nc_num(v, &x) == 0;
+        if (strcmp(key, "device") == 0) snprintf(nd->device, sizeof nd->device, "%s", v);
+        else if (strcmp(key, "loc") == 0 && loc) *loc = v;
+        else if (strcmp(key, "at") == 0 && at) *at = v;
+        else if (strcmp(key, "mem") == 0 && num && x > 0) mem = x;
+        else if (strcmp(key, "bw") == 0 && num && x > 0) bw = x;
+        else if (strcmp(key, "tflops") == 0 && num && x > 0) tf = x;
+        else if (strcmp(key, "count") == 0 && num && x >= 1 && x <= 64 && x == floor(x)) count = x;
+        else if (strcmp(key, "eff") == 0 && num && x > 0 && x <= 1) nd->eff = x;
+        else if (strcmp(key, "net") == 0 && num && x > 0) nd->net_mbit = x;
+        else {
+            return rl_errf(err, "%s:%d: bad %s=%s (keys: device, count, mem, bw, tflops, eff 0..1, net, %s)", path, ln,
+                           key, v, at ? "at, loc" : "loc");
+        }
+    }
+    if (!nd->device[0]) {
+        if (!need_device) return 0;
+        return rl_errf(err, "%s:%d: node %s has no device= (a catalog name, or custom with mem= and bw=)", path, ln, nd->name);
+    }
+    const nc_device *d = strcmp(nd->device, "custom") == 0 ? NULL : nc_find_device(nd->device);
+    if (!d && strcmp(nd->device, "custom") != 0) {
+        return rl_errf(err, "%s:%d: unknown device '%s' (ringlm plan --devices lists them; or device=custom mem= bw=)", path, ln, nd->device);
+    }
+    if (!d && (mem < 0 || bw < 0)) return rl_errf(err, "%s:%d: device=custom needs mem= and bw=", path, ln);
+    nd->count = (int)count;
+    nd->mem_gb = mem > 0 ? mem : d->mem_gb * count;
+    nd->bw_gbs = bw > 0 ? bw : d->bw_gbs * count;
+    nd->tflops = tf > 0 ? tf : d ? d->tflops * count : 1.0;
+    return 0;
+}
+
 int nc_load(nc_conf *c, const char *path, rl_err *err) {
     memset(c, 0, sizeof *c);
     c->coord_place = -1;
@@ -75,7 +121,8 @@ int nc_load(nc_conf *c, const char *path, rl_err *err) {
     int ln = 0, rc = 0;
     struct { char a[64], b[64]; double ms; int line; } delays[512];
     int n_delays = 0;
-    char coord_at[64] = "";
+    char coord_at[64] = "", coord_loc[64] = "";
+    int coord_line = 0;
     while (rc == 0 && fgets(line, sizeof line, f)) {
         ln++;
         char *hash = strchr(line, '#');
@@ -100,50 +147,8 @@ int nc_load(nc_conf *c, const char *path, rl_err *err) {
             nc_node *nd = &c->nodes[c->n];
             memset(nd, 0, sizeof *nd);
             snprintf(nd->name, sizeof nd->name, "%s", tok[1]);
-            nd->line = ln;
-            nd->count = 1;
-            nd->eff = 0.5;
-            nd->net_mbit = 1000;
-            double mem = -1, bw = -1, tf = -1, count = 1;
             const char *loc = NULL;
-            for (int k = 2; k < nt && rc == 0; k++) {
-                char *eq = strchr(tok[k], '=');
-                if (!eq) {
-                    rc = rl_errf(err, "%s:%d: '%s' is not KEY=VALUE", path, ln, tok[k]);
-                    break;
-                }
-                *eq = 0;
-                const char *key = tok[k], *v = eq + 1;
-                double x = 0;
-                bool num = nc_num(v, &x) == 0;
-                if (strcmp(key, "device") == 0) snprintf(nd->device, sizeof nd->device, "%s", v);
-                else if (strcmp(key, "loc") == 0) loc = v;
-                else if (strcmp(key, "mem") == 0 && num && x > 0) mem = x;
-                else if (strcmp(key, "bw") == 0 && num && x > 0) bw = x;
-                else if (strcmp(key, "tflops") == 0 && num && x > 0) tf = x;
-                else if (strcmp(key, "count") == 0 && num && x >= 1 && x <= 64 && x == floor(x)) count = x;
-                else if (strcmp(key, "eff") == 0 && num && x > 0 && x <= 1) nd->eff = x;
-                else if (strcmp(key, "net") == 0 && num && x > 0) nd->net_mbit = x;
-                else rc = rl_errf(err, "%s:%d: bad %s=%s (keys: device, count, mem, bw, tflops, eff 0..1, net, loc)", path, ln, key, v);
-            }
-            if (rc) break;
-            if (!nd->device[0]) {
-                rc = rl_errf(err, "%s:%d: node %s has no device= (a catalog name, or custom with mem= and bw=)", path, ln, nd->name);
-                break;
-            }
-            const nc_device *d = strcmp(nd->device, "custom") == 0 ? NULL : nc_find_device(nd->device);
-            if (!d && strcmp(nd->device, "custom") != 0) {
-                rc = rl_errf(err, "%s:%d: unknown device '%s' (ringlm plan --devices lists them; or device=custom mem= bw=)", path, ln, nd->device);
-                break;
-            }
-            if (!d && (mem < 0 || bw < 0)) {
-                rc = rl_errf(err, "%s:%d: device=custom needs mem= and bw=", path, ln);
-                break;
-            }
-            nd->count = (int)count;
-            nd->mem_gb = mem > 0 ? mem : d->mem_gb * count;
-            nd->bw_gbs = bw > 0 ? bw : d->bw_gbs * count;
-            nd->tflops = tf > 0 ? tf : d ? d->tflops * count : 1.0;
+            if ((rc = nc_figures(nd, tok, 2, nt, &loc, NULL, true, path, ln, err)) != 0) break;
             nd->place = nc_place(c, loc ? loc : nd->name);
             if (nd->place < 0) {
                 rc = rl_errf(err, "%s:%d: too many places", path, ln);
@@ -165,11 +170,18 @@ int nc_load(nc_conf *c, const char *path, rl_err *err) {
             delays[n_delays].ms = ms;
             delays[n_delays++].line = ln;
         } else if (strcmp(tok[0], "coordinator") == 0) {
-            if (nt != 2 || (strncmp(tok[1], "at=", 3) != 0 && strncmp(tok[1], "loc=", 4) != 0)) {
-                rc = rl_errf(err, "%s:%d: 'coordinator at=NODE' or 'coordinator loc=PLACE'", path, ln);
+            const char *at = NULL, *loc = NULL;
+            memset(&c->coord, 0, sizeof c->coord);
+            snprintf(c->coord.name, sizeof c->coord.name, "coordinator");
+            if ((rc = nc_figures(&c->coord, tok, 1, nt, &loc, &at, false, path, ln, err)) != 0) break;
+            if (!at == !loc) {
+                rc = rl_errf(err, "%s:%d: 'coordinator at=NODE' or 'coordinator loc=PLACE' (then optionally device= and "
+                             "its figures, for the draft)", path, ln);
                 break;
             }
-            snprintf(coord_at, sizeof coord_at, "%s", tok[1]);
+            snprintf(coord_at, sizeof coord_at, "%s", at ? at : "");
+            snprintf(coord_loc, sizeof coord_loc, "%s", loc ? loc : "");
+            coord_line = ln;
         } else {
             rc = rl_errf(err, "%s:%d: unknown statement '%s' (node, delay, coordinator)", path, ln, tok[0]);
         }
@@ -183,15 +195,25 @@ int nc_load(nc_conf *c, const char *path, rl_err *err) {
         if (a < 0 || b < 0) return rl_errf(err, "%s:%d: too many places", path, delays[i].line);
         c->delay_ms[a][b] = c->delay_ms[b][a] = delays[i].ms;
     }
-    if (coord_at[0] == 'a') {
-        int found = -1;
-        for (int i = 0; i < c->n; i++) found = strcmp(c->nodes[i].name, coord_at + 3) == 0 ? i : found;
-        if (found < 0) return rl_errf(err, "%s: coordinator at=%s: no such node", path, coord_at + 3);
-        c->coord_place = c->nodes[found].place;
-    } else if (coord_at[0] == 'l') {
-        c->coord_place = nc_resolve(c, coord_at + 4);
+    /* The coordinator's machine (for pricing a draft): its own figures, else the node it runs at, else the
+     * first node's. */
+    int at_node = 0;
+    if (coord_at[0]) {
+        at_node = -1;
+        for (int i = 0; i < c->n; i++) at_node = strcmp(c->nodes[i].name, coord_at) == 0 ? i : at_node;
+        if (at_node < 0) return rl_errf(err, "%s:%d: coordinator at=%s: no such node", path, coord_line, coord_at);
+        c->coord_place = c->nodes[at_node].place;
+    } else if (coord_loc[0]) {
+        c->coord_place = nc_resolve(c, coord_loc);
+        if (c->coord_place < 0) return rl_errf(err, "%s:%d: too many places", path, coord_line);
     } else {
         c->coord_place = c->nodes[0].place;
+    }
+    if (!c->coord.device[0]) {
+        c->coord = c->nodes[at_node];
+        c->coord_figures_from = at_node;
+    } else {
+        c->coord_figures_from = -1;
     }
     return 0;
 }

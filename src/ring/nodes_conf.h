@@ -5,7 +5,9 @@
  *
  *   node NAME device=DEV [count=N] [mem=GB] [bw=GB/s] [tflops=T] [eff=F] [net=Mbit/s] [loc=PLACE]
  *   delay A B MS          one-way delay in ms between A and B: node names or places (symmetric)
- *   coordinator at=NAME | loc=PLACE     where the coordinator runs (default: beside the first node)
+ *   coordinator at=NAME | loc=PLACE [device=DEV [figures as node]]
+ *                         where the coordinator runs (default: beside the first node), and its machine's
+ *                         figures for a draft model (default: those of the node at=, else of the first node)
  *
  * DEV is a catalog name (nc_catalog; `ringlm plan --devices` lists them) or `custom` (then mem= and bw= are
  * required). count multiplies a device's memory and bandwidth (a box with 2 GPUs splitting its layers).
@@ -49,6 +51,8 @@ typedef struct nc_conf {
     char places[NC_MAX_PLACES][64];
     double delay_ms[NC_MAX_PLACES][NC_MAX_PLACES]; /* one-way; < 0: not given */
     int coord_place;
+    nc_node coord;           /* the coordinator's machine (its name "coordinator" unless copied from a node) */
+    int coord_figures_from;  /* the node whose figures coord copies, -1: its own line's */
 } nc_conf;
 
 int nc_load(nc_conf *c, const char *path, rl_err *err);

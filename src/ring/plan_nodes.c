@@ -38,7 +38,10 @@ int pn_plan(const mf_model *m, const k3_hparams *hp, const nc_conf *c, uint32_t 
         prev = node;
     }
     r->hop_s[r->plan.n_stages] = nc_delay_s(c, prev, -1);
-    return pr_predict(m, hp, &r->plan, pr, r->hop_s, po, &r->pred, err);
+    pr_opts o = *po;
+    o.draft.node = (pr_node){.speed = c->coord.bw_gbs * 1e9 * c->coord.eff, .flops = c->coord.tflops * 1e12 * c->coord.eff,
+                             .net = c->coord.net_mbit * 1e6 / 8};
+    return pr_predict(m, hp, &r->plan, pr, r->hop_s, &o, &r->pred, err);
 }
 
 void pn_print(const pn_result *r, const nc_conf *c, const pr_opts *po, FILE *f) {
@@ -49,11 +52,17 @@ void pn_print(const pn_result *r, const nc_conf *c, const pr_opts *po, FILE *f) 
     const pr_result *p = &r->pred;
     fprintf(f, "\nprediction (assumptions: docs/plan.md):\n");
     fprintf(f, "  decode, greedy          %8.2f tok/s   one traversal %.1f ms = hops %.1f + compute %.1f + transfers %.1f"
-               " (%s dominate)\n", p->greedy_tok_s, 1e3 / p->greedy_tok_s, p->hops_s * 1e3, p->compute_s * 1e3,
+               " (dominant: %s)\n", p->greedy_tok_s, 1e3 / p->greedy_tok_s, p->hops_s * 1e3, p->compute_s * 1e3,
             p->xfer_s * 1e3, p->dominant);
     if (po->acceptance > 0) {
-        fprintf(f, "  decode, speculative     %8.2f tok/s   at acceptance %.2f: %d drafted, %.2f tokens per traversal\n",
+        fprintf(f, "  decode, speculative     %8.2f tok/s   at acceptance %.2f: %d drafted, %.2f tokens per traversal",
                 p->spec_tok_s, po->acceptance, p->draft_k, p->g);
+        if (po->draft.bytes > 0) {
+            fprintf(f, ", drafting %.1f ms on the coordinator (%s's figures)\n", p->draft_s * 1e3,
+                    c->coord_figures_from < 0 ? "its own" : c->nodes[c->coord_figures_from].name);
+        } else {
+            fprintf(f, " (drafting not counted: no --draft)\n");
+        }
     }
     fprintf(f, "  time to first token     %8.2f s       a %u-token prompt in %u-token chunks (%.0f tok/s)\n", p->ttft_s,
             po->prompt ? po->prompt : 1, po->chunk ? po->chunk : 256, p->prefill_tok_s);
@@ -92,6 +101,7 @@ cJSON *pn_json(const pn_result *r, const nc_conf *c, const pr_opts *po) {
         cJSON_AddNumberToObject(pj, "acceptance", po->acceptance);
         cJSON_AddNumberToObject(pj, "draft_k", p->draft_k);
         cJSON_AddNumberToObject(pj, "tokens_per_traversal", p->g);
+        cJSON_AddNumberToObject(pj, "draft_s", p->draft_s);
         cJSON_AddNumberToObject(pj, "spec_tok_s", p->spec_tok_s);
         cJSON_AddNumberToObject(pj, "spec_floor_tok_s", p->spec_floor_tok_s);
     }

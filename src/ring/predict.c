@@ -39,12 +39,48 @@ static pr_stage_w pr_weights(const mf_model *m, const k3_hparams *hp, uint32_t a
     return w;
 }
 
-/* Seconds stage s needs for t tokens of one sequence each, n_seq sequences (t * n_seq tokens in all). */
+/* Seconds a stage needs for a traversal of `tokens` tokens. The sum, not the larger, of reading and
+ * multiplying: on a CPU node a small batch pays both (bench_plan fits 1- to 256-token batches this way
+ * within ~10%, where the larger of the two is 2x off at 5 tokens). */
 static double pr_stage_time(const k3_hparams *hp, const pr_stage_w *w, const pr_node *nd, double tokens) {
     double touched = hp->n_expert ? 1.0 - pow(1.0 - (double)hp->n_expert_used / hp->n_expert, tokens) : 1.0;
     double bytes = w->dense + w->exps * touched;
-    double t_bw = bytes / nd->speed, t_fl = 2.0 * tokens * w->elems / nd->flops;
-    return t_bw > t_fl ? t_bw : t_fl;
+    return bytes / nd->speed + 2.0 * tokens * w->elems / nd->flops;
+}
+
+int pr_draft_read(pr_draft *d, const mf_model *draft, const mf_model *target, rl_err *err) {
+    memset(d, 0, sizeof *d);
+    const char *arch = NULL;
+    if (mf_get_str(draft, "general.architecture", &arch, true, err) != 0) return -1;
+    if (strcmp(arch, DSPARK_ARCH) == 0) {
+        /* Every tensor is read once per pass; the embedding is a lookup of the block's tokens. */
+        for (int i = 0; i < draft->n_tensor; i++) {
+            const mf_tensor *t = &draft->tensors[i];
+            if (strcmp(t->name, "token_embd.weight") == 0) continue;
+            d->bytes += (double)t->nbytes;
+            d->elems += (double)t->ne[0] * (double)t->ne[1] * (double)t->ne[2] * (double)t->ne[3];
+        }
+        const mf_tensor *head = mf_find(draft, "output.weight") ? NULL : target ? mf_find(target, "output.weight") : NULL;
+        if (head) {
+            d->bytes += (double)head->nbytes;
+            d->elems += (double)head->ne[0] * (double)head->ne[1];
+        }
+        d->block = true;
+        return 0;
+    }
+    k3_hparams hp;
+    if (strcmp(arch, K3_ARCH) != 0) return rl_errf(err, "draft: architecture '%s' (a K3 draft, " K3_ARCH ", or a DSpark/DFlash draft, " DSPARK_ARCH ")", arch);
+    if (k3_hparams_read(&hp, draft, err) != 0) return rl_err_prefix(err, "draft");
+    pr_stage_w w = pr_weights(draft, &hp, 0, hp.n_layer);
+    d->bytes = w.dense + w.exps * (hp.n_expert ? (double)hp.n_expert_used / hp.n_expert : 1.0);
+    d->elems = w.elems;
+    return 0;
+}
+
+double pr_draft_time(const pr_draft *d, int k, double a) {
+    if (!(d->bytes > 0) || k < 1) return 0;
+    double step = d->bytes / d->node.speed + 2.0 * (d->block ? k : 1) * d->elems / d->node.flops;
+    return d->block ? step : (k + pow(a, k)) * step;
 }
 
 /* One traversal at `tokens` tokens: hops + stages + transfers, each part returned. */
@@ -76,6 +112,9 @@ int pr_predict(const mf_model *m, const k3_hparams *hp, const plan_result *plan,
             return rl_errf(err, "predict: stage %d's node has no speed, compute or link figure", s);
         }
     }
+    if (o->draft.bytes > 0 && !(o->draft.node.speed > 0 && o->draft.node.flops > 0)) {
+        return rl_errf(err, "predict: the coordinator has no speed or compute figure for the draft");
+    }
     pr_stage_w w[PLAN_MAX_NODES];
     for (int s = 0; s < plan->n_stages; s++) w[s] = pr_weights(m, hp, plan->stages[s].a, plan->stages[s].b);
     double slowest;
@@ -92,8 +131,9 @@ int pr_predict(const mf_model *m, const k3_hparams *hp, const plan_result *plan,
         int k_lo = o->draft_k > 0 ? o->draft_k : 1, k_hi = o->draft_k > 0 ? o->draft_k : 16;
         for (int k = k_lo; k <= k_hi; k++) {
             double g = (1.0 - pow(a, k + 1)) / (1.0 - a);
-            double tk = pr_traversal(hp, plan, w, nodes, hop_s, k + 1, &h, &c, &x, &slowest);
-            if (g / tk > r->spec_tok_s) r->spec_tok_s = g / tk, r->draft_k = k, r->g = g;
+            double ds = pr_draft_time(&o->draft, k, a);
+            double tk = pr_traversal(hp, plan, w, nodes, hop_s, k + 1, &h, &c, &x, &slowest) + ds;
+            if (g / tk > r->spec_tok_s) r->spec_tok_s = g / tk, r->draft_k = k, r->g = g, r->draft_s = ds;
         }
         r->spec_floor_tok_s = r->hops_s > 0 ? r->g / r->hops_s : INFINITY;
     }

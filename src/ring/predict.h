@@ -1,13 +1,16 @@
 /* predict.h - what a planned ring will do, from its plan, the model's sizes and the nodes' figures
  * (`ringlm plan --nodes`; docs/plan.md states the model and its assumptions).
  *
- * A traversal carrying t tokens per sequence costs, per stage, max(bytes(t) / speed, flops(t) / compute):
- * bytes(t) reads the dense weights once and the routed experts that t tokens touch, E * (1 - (1 - k/E)^t)
- * of E (each token picks k, independently), and flops(t) = 2 * t * the weights a token multiplies; per hop,
- * the one-way delay plus the boundary state's bytes over the slower of the two links. Then
+ * A traversal carrying t tokens per sequence costs, per stage, bytes(t) / speed + flops(t) / compute (reads
+ * and arithmetic do not overlap: what CPU nodes measure, bench/bench_plan.sh; on a GPU the second term is
+ * small at decode): bytes(t) reads the dense weights once and the routed experts that t tokens touch,
+ * E * (1 - (1 - k/E)^t) of E (each token picks k, independently), and flops(t) = 2 * t * the weights a
+ * token multiplies; per hop, the one-way delay plus the boundary state's bytes over the slower of the two
+ * links. Then
  *   decode (greedy)       1 / (sum of hops + sum of stages(1) + transfers)
- *   speculative           g / (the same at t = k + 1), g = (1 - a^(k+1)) / (1 - a) tokens per traversal at
- *                          acceptance a, k drafted (chosen to maximize it when not given); one block in flight
+ *   speculative           g / (the same at t = k + 1 + drafting k), g = (1 - a^(k+1)) / (1 - a) tokens per
+ *                          traversal at acceptance a, k drafted (chosen to maximize it when not given); one
+ *                          block in flight, drafted on the coordinator while the ring waits
  *   time to first token   the prompt in chunks, pipelined: one trip at the chunk size plus (chunks - 1) times
  *                          the slowest stage
  *   aggregate, N streams  N / (one traversal at t = N): every step one frame carrying every stream
@@ -16,6 +19,7 @@
 #ifndef RINGLM_PREDICT_H
 #define RINGLM_PREDICT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "../base/err.h"
@@ -29,17 +33,36 @@ typedef struct pr_node {
     double net;    /* link bytes per second */
 } pr_node;
 
+/* A draft model's cost on the coordinator. A K3 draft drafts k tokens in k steps of one token, and one more
+ * when the whole block was accepted (the last drafted token is fed before the bonus token: src/speculate/
+ * drafter.c), k + a^k steps on average; a DSpark or DFlash draft (`dflash`) drafts the block in one pass of
+ * k tokens. */
+typedef struct pr_draft {
+    double bytes;  /* weights one step reads (a K3 draft's experts at k/E) */
+    double elems;  /* weights one token multiplies */
+    bool block;    /* one pass drafts the block */
+    pr_node node;  /* the coordinator's figures (speed, flops; net unused) */
+} pr_draft;
+
 typedef struct pr_opts {
     uint32_t prompt, chunk, parallel;
     int draft_k;       /* drafted tokens per traversal (0: choose 1..16) */
     double acceptance; /* per drafted token, 0..1 (0: no speculation figures) */
+    pr_draft draft;    /* bytes == 0: drafting is free (an n-gram drafter, or not known) */
 } pr_opts;
+
+/* A draft file's pr_draft bytes and elems (node left zero): architecture `k3` (a K3 draft) or `dflash`,
+ * whose LM head is the target's (`target`, may be NULL when the draft holds its own). */
+int pr_draft_read(pr_draft *d, const mf_model *draft, const mf_model *target, rl_err *err);
+/* Seconds the coordinator drafts k tokens in at acceptance a, on average (0 when d->bytes == 0). */
+double pr_draft_time(const pr_draft *d, int k, double a);
 
 typedef struct pr_result {
     double hops_s, compute_s, xfer_s;  /* one greedy traversal's parts */
     double greedy_tok_s;
     int draft_k;
     double g, spec_tok_s;
+    double draft_s;                   /* drafting those draft_k tokens */
     double ttft_s, prefill_tok_s;
     double parallel_tok_s;
     double floor_tok_s, spec_floor_tok_s;

@@ -48,7 +48,7 @@ static int ds_keys(dspark *ds, const k3_hparams *thp, uint32_t target_layers, rl
     const mf_model *m = &ds->m;
     const char *arch = NULL;
     if (mf_get_str(m, "general.architecture", &arch, true, err) < 0) return -1;
-    if (strcmp(arch, "dflash") != 0) {
+    if (strcmp(arch, DSPARK_ARCH) != 0) {
         return rl_errf(err, "architecture is '%s', a DSpark/DFlash draft is 'dflash'", arch);
     }
     uint32_t key_len = 0, val_len = 0, mask = 0;

@@ -13,7 +13,6 @@
 #include "synth.h"
 #include "synth_config.h"
 
-#define DSPARK_ARCH "dflash"
 #define DSPARK_BLOCK_SIZE 7 /* K3's DSpark block: anchor + 6 masks, vLLM num_speculative_tokens = 7 */
 #define DSPARK_N_LAYER 2
 #define DSPARK_SYNTH_TAPS 3

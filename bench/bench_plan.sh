@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# `ringlm plan`'s predictions against measured rings (issue #21, "Validation"). Loopback rings of 2-6 nodes
+# (1 thread each) over the `medium` model, every link through `ringlm relay` at a one-way delay D (the
+# topology of bench_ring.sh: N + 1 relayed hops per traversal), measured with `ringlm run --ring`:
+#   decode   greedy tok/s (a 1-token prompt, --gen tokens, --ignore-eos)
+#   ttft     time to first token of a --prompt-token prompt read in one chunk
+#   spec     decode tok/s with 4 tokens drafted every pass (--draft-fixed --draft-n 4) by a small K3 draft
+#            sharing the vocabulary (synth --draft k3: random, so nearly nothing is accepted, but every pass
+#            verifies 5 tokens: this checks the cost of a verification traversal)
+#   twin     the same with the target itself as the draft on the coordinator (everything accepted: this
+#            checks tokens per traversal and the price of drafting, here 4 steps of the whole model)
+# and compared with `ringlm plan --nodes` for the same ring described in a nodes.conf: each node `custom`
+# with the bandwidth and compute one node measures alone (calibrated once: decode and prefill of
+# `ringlm run -m` on this machine, solved together for bw and tflops), the coordinator at the same figures,
+# every pair D apart, and for spec and twin the draft file (`plan --draft`) and the acceptance the run
+# measured. Goal: every decode and TTFT prediction within 25% (speculative ones included).
+#
+#   bench/bench_plan.sh [--nodes "2 3 4 6"] [--delays "0 10 30"] [--prompt N] [--gen N] [--out PREFIX]
+#
+# Defaults: nodes 2 3 4 6, delays 0 10 30 ms, a 256-token prompt, 26 generated tokens (the first from the
+# prompt, then five whole blocks of 5 for the twin), PREFIX bench/results/plan (.json, .md). Each figure is
+# the median of 3 runs. Speculation runs one block in flight (--draft-depth 1), as the planner models it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+argv=; [ $# -eq 0 ] || argv=$(printf ' %q' "$@")
+nodes="2 3 4 6" delays="0 10 30" prompt=256 gen=26 out=bench/results/plan
+while [ $# -gt 0 ]; do
+    case $1 in
+        --nodes) nodes=$2; shift 2 ;;
+        --delays) delays=$2; shift 2 ;;
+        --prompt) prompt=$2; shift 2 ;;
+        --gen) gen=$2; shift 2 ;;
+        --out) out=$2; shift 2 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "bench_plan: unknown option $1 (--help lists them)" >&2; exit 2 ;;
+    esac
+done
+make -s ringlm || { echo "bench_plan: building ringlm failed" >&2; exit 1; }
+model=bench/models/medium.gguf
+[ -f "$model" ] || ./ringlm synth --config medium --seed 1 -o "$model" --progress
+mkdir -p build/bench
+draft=build/bench/medium-draft-k3.gguf
+[ -f "$draft" ] || ./ringlm synth --no-progress --config medium --draft k3 --seed 2 -o "$draft"
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; pkill -f "ringlm relay --listen 127.0.0.1" 2>/dev/null || true; rm -rf "$work"' EXIT
+cp build/release/ringlm "$work/ringlm"   # the binary measured, whatever is rebuilt meanwhile
+python3 - "$work/ringlm" "$PWD/$model" "$PWD/$draft" "$work" "$nodes" "$delays" "$prompt" "$gen" "$out" "$argv" <<'PY'
+import json, os, re, socket, statistics, subprocess, sys, time
+ringlm, model, draft, work, nodes_arg, delays_arg, prompt, gen, out, argv = sys.argv[1:]
+prompt, gen = int(prompt), int(gen)
+node_counts = [int(x) for x in nodes_arg.split()]
+delays = [float(x) for x in delays_arg.split()]
+N = max(node_counts)
+def sh(args, **kw):
+    r = subprocess.run(args, capture_output=True, text=True, timeout=900, **kw)
+    if r.returncode != 0: raise SystemExit('failed: %s\n%s' % (' '.join(args), r.stderr[-3000:]))
+    return r
+def key(name): return sh([ringlm, 'keygen', '-o', '%s/%s.key' % (work, name)]).stdout.strip()
+coord = key('coord'); pubs = [key('n%d' % i) for i in range(N)]
+def free_port():
+    s = socket.socket(); s.bind(('127.0.0.1', 0)); p = s.getsockname()[1]; s.close(); return p
+nport = [free_port() for _ in range(N)]; rport = [free_port() for _ in range(N)]
+os.makedirs(work + '/models'); os.symlink(model, work + '/models/m.gguf')
+procs = []
+for i in range(N):
+    log = open('%s/n%d.log' % (work, i), 'w')
+    procs.append(subprocess.Popen([ringlm, 'node', '--listen', '127.0.0.1:%d' % nport[i], '--key', '%s/n%d.key' % (work, i),
+                                   '--allow', coord, '--models', work + '/models', '--threads', '1', '--speed', '10',
+                                   '--cache', '%s/cache%d' % (work, i)], stdout=log, stderr=log))
+for i in range(N):
+    for _ in range(600):
+        if 'ready:' in open('%s/n%d.log' % (work, i)).read(): break
+        time.sleep(0.05)
+relays = []
+def start_relays(d):
+    for r in relays: r.terminate()
+    for r in relays: r.wait()
+    relays.clear()
+    for i in range(N):
+        relays.append(subprocess.Popen([ringlm, 'relay', '--listen', '127.0.0.1:%d' % rport[i], '--to', '127.0.0.1:%d' % nport[i],
+                                        '--delay-ms', str(d)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    time.sleep(0.3)
+ids_prompt = ','.join(str(100 + (i * 7919) % 30000) for i in range(prompt))
+def parse(err):
+    m = re.search(r'prefill ([0-9.]+) tok/s, ttft ([0-9.]+) s, generated (\d+) tokens, decode ([0-9.]+) tok/s', err)
+    a = re.search(r'acceptance ([0-9.]+)%, ([0-9.]+) tokens per target pass', err)
+    return {'ttft': float(m.group(2)), 'decode': float(m.group(4)), 'acc': float(a.group(1)) / 100 if a else None,
+            'tpp': float(a.group(2)) if a else None}
+def run(extra, ring=None):
+    args = [ringlm, 'run', '-m', model, '--temp', '0', '--ignore-eos', '--ctx', '1024'] + extra
+    if ring: args += ['--ring', ring, '--key', work + '/coord.key']
+    else: args += ['--threads', '1']
+    return parse(sh(args).stderr)
+decode_args = ['--tokens', '1', '-n', str(gen)]
+ttft_args = ['--tokens', ids_prompt, '-n', '1', '--chunk', str(prompt)]
+spec_args = lambda dr: ['--tokens', '1', '-n', str(gen), '--draft', dr, '--draft-fixed', '--draft-n', '4', '--draft-depth', '1']
+med = lambda xs: statistics.median(xs)
+# Calibration: one node alone. The planner prices a traversal as bytes / bw + flops / tflops (predict.h), so
+# its one-node predictions at (bw, tflops) = (1, huge) and (huge, 1) give each term's coefficient for a
+# decode step and for the prompt; the two measured times then fix this machine's bw and tflops.
+local_dec = med([run(decode_args)['decode'] for _ in range(3)])
+local_ttft = med([run(ttft_args)['ttft'] for _ in range(3)])
+def plan(conf_text, extra):
+    open(work + '/nodes.conf', 'w').write(conf_text)
+    r = sh([ringlm, 'plan', '-m', model, '--nodes', work + '/nodes.conf', '--ctx', '1024', '--json'] + extra)
+    return json.loads(r.stdout)
+one = 'node a device=custom mem=100 bw=%g tflops=%g eff=1 net=100000\ndelay a a 0\n'
+big = 1e9
+dec_b = 1 / plan(one % (1, big), ['--prompt', '1'])['predict']['greedy_tok_s']       # s at 1 GB/s
+dec_f = 1 / plan(one % (big, 1), ['--prompt', '1'])['predict']['greedy_tok_s']       # s at 1 TFLOPS
+ttft_args_plan = ['--prompt', str(prompt), '--chunk', str(prompt)]
+tt_b = plan(one % (1, big), ttft_args_plan)['predict']['ttft_s']
+tt_f = plan(one % (big, 1), ttft_args_plan)['predict']['ttft_s']
+# dec_b * x + dec_f * y = 1 / local_dec, tt_b * x + tt_f * y = local_ttft (x = 1 / bw, y = 1 / tflops)
+det = dec_b * tt_f - dec_f * tt_b
+x = (tt_f / local_dec - dec_f * local_ttft) / det
+y = (dec_b * local_ttft - tt_b / local_dec) / det
+if not (x > 0 and y > 0): raise SystemExit('bench_plan: calibration failed (x %g, y %g)' % (x, y))
+bw, tflops = 1 / x, 1 / y
+figures = 'device=custom mem=100 bw=%.4f tflops=%.6f eff=1 net=100000' % (bw, tflops)
+def conf(n, d):
+    t = ''.join('node n%d %s loc=p%d\n' % (i, figures, i) for i in range(n))
+    places = ['p%d' % i for i in range(n)] + ['c']
+    for i in range(len(places)):
+        for j in range(i + 1, len(places)): t += 'delay %s %s %g\n' % (places[i], places[j], d)
+    return t + 'coordinator loc=c %s\n' % figures
+rows = []
+kinds = ('decode', 'ttft', 'spec', 'twin')
+for d in delays:
+    start_relays(d)
+    for n in node_counts:
+        with open(work + '/ring.conf', 'w') as f:
+            for i in range(n): f.write('127.0.0.1:%d %s\n' % (rport[i], pubs[i]))
+        rc = work + '/ring.conf'
+        dec = [run(decode_args, rc)['decode'] for _ in range(3)]
+        tt = [run(ttft_args, rc)['ttft'] for _ in range(3)]
+        row = {'nodes': n, 'delay_ms': d}
+        for name, dr in (('spec', draft), ('twin', model)):
+            sp = [run(spec_args(dr), rc) for _ in range(3)]
+            acc = med([s['acc'] for s in sp])
+            pd = plan(conf(n, d), ['--acceptance', '%.4f' % max(min(acc, 0.999), 0.001), '--draft-n', '4', '--draft', dr])
+            p = pd['predict']
+            row.update({name: med([s['decode'] for s in sp]), name + '_pred': p['spec_tok_s'], name + '_acceptance': acc,
+                        name + '_tpp': med([s['tpp'] for s in sp]), name + '_tpp_pred': p['tokens_per_traversal']})
+        pd = plan(conf(n, d), ['--prompt', str(prompt), '--chunk', str(prompt)])
+        p = pd['predict']
+        row.update({'decode': med(dec), 'decode_pred': p['greedy_tok_s'], 'ttft': med(tt), 'ttft_pred': p['ttft_s'],
+                    'dominant': p['dominant'], 'stages': [[s['a'], s['b']] for s in pd['stages']]})
+        for k in kinds: row[k + '_err'] = row[k + '_pred'] / row[k] - 1
+        rows.append(row)
+        print('%d nodes, %g ms: decode %.2f (pred %.2f), ttft %.3f (pred %.3f), spec %.2f (pred %.2f, acceptance %.2f), '
+              'twin %.2f (pred %.2f, acceptance %.2f)' % (n, d, row['decode'], row['decode_pred'], row['ttft'], row['ttft_pred'],
+              row['spec'], row['spec_pred'], row['spec_acceptance'], row['twin'], row['twin_pred'], row['twin_acceptance']),
+              file=sys.stderr)
+for p in procs: p.terminate()
+for r in relays: r.terminate()
+within = lambda k: sum(abs(r[k + '_err']) <= 0.25 for r in rows)
+res = {'argv': argv, 'calibration': {'local_decode_tok_s': local_dec, 'local_ttft_s': local_ttft, 'bw_gbs': bw, 'tflops': tflops},
+       'prompt': prompt, 'gen': gen, 'rows': rows,
+       'within_25pct': {k: [within(k), len(rows)] for k in kinds},
+       'cpu': open('/proc/cpuinfo').read().split('model name')[1].split('\n')[0].strip(': \t')}
+json.dump(res, open(out + '.json', 'w'), indent=1)
+with open(out + '.md', 'w') as f:
+    f.write('# `ringlm plan` predictions against measured rings\n\n')
+    f.write('`bench/bench_plan.sh%s` (%s). Loopback rings of N nodes (1 thread each) over the `medium` model, every link '
+            'through `ringlm relay` at one-way delay D (N + 1 relayed hops per traversal). Measured: `ringlm run --ring`, '
+            'median of 3. Predicted: `ringlm plan --nodes` for the same ring, each node `custom` at the figures one node '
+            'measures alone on this machine (calibration: decode %.2f tok/s and a %d-token prompt in %.3f s -> bw %.2f GB/s and '
+            '%.4f TFLOPS, solved together since the planner adds reading and multiplying; eff 1), every pair D apart, the '
+            'coordinator (which drafts) at the same figures; spec: a small random K3 draft, twin: the target itself '
+            'as its draft, 4 tokens drafted every pass, one block in flight (`--draft-depth 1`), priced by `plan --draft` at the acceptance the run measured. '
+            'Error = predicted / measured - 1. Goal: every prediction within 25%%.\n\n' % (argv, res['cpu'], local_dec,
+            prompt, local_ttft, bw, tflops))
+    f.write('| nodes | D ms | decode tok/s | predicted | err | TTFT s | predicted | err | spec tok/s (acceptance) | predicted | err '
+            '| twin tok/s (acceptance) | predicted | err | dominant |\n')
+    f.write('|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n')
+    for r in rows:
+        f.write('| %d | %g | %.2f | %.2f | %+.0f%% | %.3f | %.3f | %+.0f%% | %.2f (%.2f) | %.2f | %+.0f%% | %.2f (%.2f) | %.2f | %+.0f%% '
+                '| %s |\n' % (r['nodes'], r['delay_ms'], r['decode'], r['decode_pred'], 100 * r['decode_err'], r['ttft'],
+                r['ttft_pred'], 100 * r['ttft_err'], r['spec'], r['spec_acceptance'], r['spec_pred'], 100 * r['spec_err'],
+                r['twin'], r['twin_acceptance'], r['twin_pred'], 100 * r['twin_err'], r['dominant']))
+    f.write('\nWithin 25%%: decode %d of %d, TTFT %d of %d, speculative (random draft) %d of %d, speculative (twin) %d of %d.\n' % (
+        within('decode'), len(rows), within('ttft'), len(rows), within('spec'), len(rows), within('twin'), len(rows)))
+print(open(out + '.md').read())
+PY
