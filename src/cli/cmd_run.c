@@ -23,7 +23,7 @@ static void run_usage(FILE *f) {
             "                  [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
             "                  [--presence-penalty P] [--frequency-penalty F] [--logit-bias ID+B|ID-B]... [--seed S] [--threads N]\n"
             "                  [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
-            "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16] [--manifest M instead of -m]]\n"
+            "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16] [--keep-order] [--manifest M instead of -m]]\n"
             "                  [--draft none|ngram|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-fixed]\n"
             "                  [--draft-p-min P] [--draft-depth D]] [--receipts FILE]\n"
             "                  [--audit-rate R [--audit-seed S] [--audit-tol T]] [--node-timeout S]\n\n"
@@ -46,6 +46,8 @@ static void run_usage(FILE *f) {
             "  --manifest M  (ring, instead of -m) the coordinator holds only the model's manifest (ringlm\n"
             "                manifest); nodes map their layers from the split files they hold (--models) and\n"
             "                stream the rest from each other, every tensor checked against M\n"
+            "  --keep-order  (ring) run the nodes in ring.conf's order; by default, with 2 or more nodes, they\n"
+            "                time round trips to each other and run in the order with the shortest (docs/plan.md)\n"
             "  --draft D     speculative decoding: ngram (prompt lookup), a small draft model sharing the\n"
             "                vocabulary, or dspark:FILE (a DSpark draft: a block per pass from the target's hidden\n"
             "                states); up to --draft-n tokens (default 7) verified per target pass; --draft-p-min P\n"
@@ -154,7 +156,7 @@ typedef struct run_args {
     float draft_p_min;
     bool draft_fixed;
     int threads, ctx, chunk;
-    bool chat, ids, progress;
+    bool chat, ids, progress, keep_order;
     k3_engine_opts eo; /* all but n_threads (set from threads when the engine starts) */
     unsigned long long seed;
     gen_params gp;
@@ -200,6 +202,10 @@ static int run_parse(int argc, char **argv, run_args *a) {
         }
         if (strcmp(opt, "--ignore-eos") == 0) {
             a->gp.ignore_eog = true;
+            continue;
+        }
+        if (strcmp(opt, "--keep-order") == 0) {
+            a->keep_order = true;
             continue;
         }
         if (strcmp(opt, "--progress") == 0) {
@@ -362,6 +368,7 @@ static int run_ring(const run_args *a, mf_model *m, k3_hparams *hp, const tok_to
     ring_opts ro_ = ring_opts_default();
     ro_.n_ctx = (uint32_t)a->ctx;
     ro_.wire = strcmp(a->wire, "f16") == 0 ? 1 : strcmp(a->wire, "bf16") == 0 ? 2 : 0;
+    ro_.keep_order = a->keep_order;
     FILE *rf = NULL;
     if (a->trust.receipts) {
         rf = fopen(a->trust.receipts, "w");
@@ -398,6 +405,10 @@ static int run_ring(const run_args *a, mf_model *m, k3_hparams *hp, const tok_to
     if (grc == 0) {
         fprintf(stderr, "\n");
         ring_print_stats(&rc, stderr);
+        if (rc.have_prediction && !drafter && gm->generated_tokens > 1) {
+            fprintf(stderr, "decode: %.2f tok/s greedy; the plan predicted %.2f (%+.0f%%)\n", gm->decode_tok_s,
+                    rc.pred_greedy_tok_s, 100 * (rc.pred_greedy_tok_s / gm->decode_tok_s - 1));
+        }
         *ring_json = ring_stats_json(&rc);
         if (a->trust.receipts) {
             fprintf(stderr, "receipts: %ld checked (signatures, signers, ranges, chain, nonces), written to %s\n",

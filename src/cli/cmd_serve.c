@@ -23,7 +23,7 @@ static void serve_usage(FILE *f) {
             "                    [--max-body BYTES] [--drain SECONDS] [--header-timeout S] [--idle-timeout S]\n"
             "                    [--max-conn-per-ip N] [--alias NAME]... [--quiet]\n"
             "                    [--draft ngram|none|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-threads N]]\n"
-            "                    [--ring ring.conf --key coord.key [--manifest M instead of -m] [--wire f32|f16|bf16] [--receipts FILE]\n"
+            "                    [--ring ring.conf --key coord.key [--manifest M instead of -m] [--wire f32|f16|bf16] [--keep-order] [--receipts FILE]\n"
             "                     [--audit-rate R [--audit-seed S] [--audit-tol T]] [--node-timeout S]]\n\n"
             "Serves the model over an OpenAI-compatible HTTP API (docs/serve.md):\n"
             "  POST /v1/chat/completions, POST /v1/completions (streamed with \"stream\": true),\n"
@@ -71,6 +71,8 @@ static void serve_usage(FILE *f) {
             "                 stream the rest from each other, every tensor checked against M\n"
             "  --key FILE     the coordinator's key (ringlm keygen), with --ring\n"
             "  --wire T       boundary states between nodes as f32 (default, exact), f16 or bf16\n"
+            "  --keep-order   run the nodes in ring.conf's order (default: the order with the shortest measured\n"
+            "                 round trip, docs/plan.md)\n"
             "  --receipts F   every stage signs a receipt per step, checked as it arrives and appended to F\n"
             "                 (JSON lines, ringlm receipts verify); a node whose receipt fails is left out\n"
             "  --node-timeout S  a node that answers nothing for S seconds while a step waits on it is\n"
@@ -96,7 +98,7 @@ int cmd_serve(int argc, char **argv) {
     int header_timeout = 10, idle_timeout = 120, per_ip = 32;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     unsigned long long max_body = 1u << 20;
-    bool quiet = false;
+    bool quiet = false, keep_order = false;
     k3_engine_opts eo = {0}; /* llama.cpp's defaults; n_threads from --threads when the engine starts */
     const char *alias[15];
     int n_alias = 0;
@@ -114,6 +116,10 @@ int cmd_serve(int argc, char **argv) {
         }
         if (strcmp(a, "--no-repack") == 0) {
             eo.no_repack = true;
+            continue;
+        }
+        if (strcmp(a, "--keep-order") == 0) {
+            keep_order = true;
             continue;
         }
         /* A missing value still goes through the chain (as ""), so that an unknown option is named as one. */
@@ -248,6 +254,7 @@ int cmd_serve(int argc, char **argv) {
                                 .n_slots = parallel};
         rcfg.opts.n_ctx = (uint32_t)ctx;
         rcfg.opts.wire = strcmp(wire, "f16") == 0 ? 1 : strcmp(wire, "bf16") == 0 ? 2 : 0;
+        rcfg.opts.keep_order = keep_order;
         rcfg.opts.manifest = manifest ? &mf : NULL;
         rcfg.opts.manifest_path = manifest;
         rcfg.opts.audit_rate = trust.audit_rate;

@@ -24,6 +24,7 @@
 #include "gguf.h"
 
 #include "coord_int.h"
+#include "predict.h"
 
 int ring_opts_check_taps(const ring_opts *o, const uint32_t *layers, int n, rl_err *err) {
     if (n != o->n_taps || (n > 0 && memcmp(layers, o->taps, (size_t)n * sizeof *layers) != 0)) {
@@ -223,6 +224,30 @@ void ring_plan_model(plan_model *pm, const mf_model *m, const k3_hparams *hp, ui
     pm->last_active = pm->last_bytes;
 }
 
+/* What the planner predicts for the plan just made, from the nodes' speeds (INFO) and the measured delays:
+ * greedy decode, compute at each node's speed (its FLOPs are not known: not counted), transfers not
+ * counted (link bandwidths are not measured). */
+static void ring_predict(ring_coord *rc, const mf_model *m, const k3_hparams *hp) {
+    pr_node nodes[PLAN_MAX_NODES];
+    double hop_s[PLAN_MAX_NODES + 1];
+    int prev = -1;
+    for (int s = 0; s < rc->plan.n_stages; s++) {
+        int nd = rc->plan.stages[s].node;
+        nodes[s] = (pr_node){.speed = rc->nodes[nd].speed, .flops = INFINITY, .net = INFINITY};
+        hop_s[s] = prev < 0 ? rc->coord_delay_s[nd] : rc->delay_s[prev][nd];
+        prev = nd;
+    }
+    hop_s[rc->plan.n_stages] = prev >= 0 ? rc->coord_delay_s[prev] : 0;
+    pr_opts po = {.prompt = 1, .chunk = 1, .parallel = 1};
+    pr_result r;
+    rl_err e2;
+    if (pr_predict(m, hp, &rc->plan, nodes, hop_s, &po, &r, &e2) != 0) return;
+    rc->have_prediction = true;
+    rc->pred_greedy_tok_s = r.greedy_tok_s;
+    rc->pred_hops_s = r.hops_s;
+    rc->pred_compute_s = r.compute_s;
+}
+
 int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, const mf_model *m, const k3_hparams *hp,
               const ring_opts *o, rl_err *err) {
     memset(rc, 0, sizeof *rc);
@@ -362,6 +387,35 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
     for (int i = 0; i < conf->n; i++) {
         if (got[i] && rc->nodes[i].eng.cache_f32) cache_elem = 4;
     }
+    /* The order: measured (coord_probe.c) unless ring.conf's is to be kept. perm[k]: the ring.conf index of
+     * the k-th node in ring order; the nodes left out (exclude) go last, where the plan ignores them. */
+    bool use[PLAN_MAX_NODES];
+    int n_use = 0, perm[PLAN_MAX_NODES];
+    for (int i = 0; i < conf->n; i++) {
+        use[i] = !(o->exclude && o->exclude[i]);
+        n_use += use[i];
+        perm[i] = i;
+    }
+    double cycle_s = 0, conf_cycle_s = 0;
+    if (!o->keep_order && n_use >= 2) {
+        rl_err pe = {{0}};
+        int m_use = 0;
+        if (ring_probe(rc, use, &pe) != 0 || ring_order_measured(rc, use, perm, &m_use, &cycle_s, &conf_cycle_s, &pe) != 0) {
+            if (ring_aborted(rc) || gen_sigint_pending()) {
+                rl_errf(err, "interrupted");
+                ring_close(rc);
+                return -1;
+            }
+            rc->have_delays = false;
+            for (int i = 0; i < conf->n; i++) perm[i] = i;
+            if (!o->quiet) fprintf(stderr, "ring order: ring.conf's (the delays could not be measured: %s)\n", pe.msg);
+        } else {
+            for (int i = 0; i < conf->n; i++) {
+                if (!use[i]) perm[m_use++] = i;
+            }
+        }
+    }
+    memcpy(rc->order, perm, sizeof perm);
     plan_model pm;
     ring_plan_model(&pm, m, hp, o->n_seqs > 0 ? (uint32_t)o->n_seqs : 1, o->n_ctx, cache_elem);
     uint64_t (*lack)[PLAN_MAX_LAYERS + 2] = o->manifest ? calloc((size_t)conf->n, sizeof *lack) : NULL;
@@ -381,14 +435,31 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
         if (o->exclude && o->exclude[i]) pn->mem_bytes = 0;
         pn->speed = rc->nodes[i].speed;
     }
-    int prc = plan_make(&pm, rc->pnodes, conf->n, 0.10, &rc->plan, err);
+    plan_node in_order[PLAN_MAX_NODES];
+    for (int k = 0; k < conf->n; k++) in_order[k] = rc->pnodes[perm[k]];
+    int prc = plan_make(&pm, in_order, conf->n, 0.10, &rc->plan, err);
+    for (int s = 0; prc == 0 && s < rc->plan.n_stages; s++) rc->plan.stages[s].node = perm[rc->plan.stages[s].node];
     for (int i = 0; i < conf->n; i++) rc->pnodes[i].lack = NULL; /* (lack is freed now) */
     free(lack);
     if (prc != 0) {
         ring_close(rc);
         return -1;
     }
+    if (rc->have_delays) ring_predict(rc, m, hp);
+    if (!o->quiet && rc->have_delays) {
+        bool moved = false;
+        for (int k = 0; k < n_use; k++) moved |= perm[k] != k;
+        fprintf(stderr, "ring order (delays measured; round trip %.1f ms%s):", cycle_s * 1e3, moved ? "" : ", ring.conf's");
+        for (int k = 0; k < n_use; k++) fprintf(stderr, " %s", conf->nodes[perm[k]].addr);
+        if (moved) fprintf(stderr, "\n  (reordered: ring.conf's order takes %.1f ms; --keep-order keeps it)", conf_cycle_s * 1e3);
+        fprintf(stderr, "\n");
+    }
     if (!o->quiet) plan_print(&rc->plan, rc->pnodes, stderr);
+    if (!o->quiet && rc->have_prediction) {
+        fprintf(stderr, "predicted (ringlm plan's model, docs/plan.md): decode %.2f tok/s greedy = 1 / (hops %.1f ms measured + "
+                        "compute %.1f ms at the nodes' speeds)\n", rc->pred_greedy_tok_s, rc->pred_hops_s * 1e3,
+                rc->pred_compute_s * 1e3);
+    }
     if (!o->quiet && o->manifest) ring_mf_print(rc, stderr);
     if (o->plan_only) return 0;
     /* A manifest ring: every stage's missing split files lent to it by nodes that hold them. */
@@ -938,5 +1009,12 @@ cJSON *ring_stats_json(const ring_coord *rc) {
     cJSON_AddNumberToObject(o, "traversal_ms", rc->traversals ? 1e3 * rc->traversal_s / (double)rc->traversals : 0.0);
     cJSON_AddNumberToObject(o, "traversals", (double)rc->traversals);
     cJSON_AddNumberToObject(o, "taps_dropped", (double)rc->taps_dropped);
+    cJSON_AddBoolToObject(o, "delays_measured", rc->have_delays);
+    if (rc->have_prediction) {
+        cJSON *pj = cJSON_AddObjectToObject(o, "predicted");
+        cJSON_AddNumberToObject(pj, "greedy_tok_s", rc->pred_greedy_tok_s);
+        cJSON_AddNumberToObject(pj, "hops_ms", 1e3 * rc->pred_hops_s);
+        cJSON_AddNumberToObject(pj, "compute_ms", 1e3 * rc->pred_compute_s);
+    }
     return o;
 }

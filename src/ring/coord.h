@@ -95,6 +95,10 @@ typedef struct ring_opts {
     /* ring_open stops once the plan is made and printed (`ringlm plan`): nothing is lent or assigned, rc->plan
      * holds it; ring_close it as usual. */
     bool plan_only;
+    /* Keep ring.conf's order. Otherwise, with 3 or more nodes, ring_open has the nodes time round trips to
+     * each other (probe.h), times its own to each, and runs them in the order with the shortest round trip
+     * (ring_order.h); the plan printed says both orders and what the planner predicts (predict.h). */
+    bool keep_order;
 } ring_opts;
 
 ring_opts ring_opts_default(void);
@@ -180,6 +184,15 @@ typedef struct ring_coord {
     double audit_s, audit_max_diff;
     long node_audits[PLAN_MAX_NODES]; /* per ring.conf node: audits of it, and their time */
     double node_audit_s[PLAN_MAX_NODES];
+    /* Measured one-way delays (half the fastest of PB_ROUNDS round trips; coord_probe.c), per ring.conf
+     * node: delay_s[a][b] of a message a sends to b, coord_delay_s[a] between the coordinator and a. */
+    bool have_delays;
+    double delay_s[PLAN_MAX_NODES][PLAN_MAX_NODES];
+    double coord_delay_s[PLAN_MAX_NODES];
+    int order[PLAN_MAX_NODES];    /* the nodes in the order the plan used (ring.conf's, or the measured best) */
+    bool have_prediction;
+    double pred_greedy_tok_s;     /* what the planner predicts for this ring (greedy decode) */
+    double pred_hops_s, pred_compute_s;
 } ring_coord;
 
 /* What the planner knows of a model (plan.h): per-layer weights, bytes a token reads, state of n_seq

@@ -53,4 +53,13 @@ void ring_rcpt_blame(ring_coord *rc);
 /* coord_audit.c: frees the auditing engines. */
 void ring_audit_free(ring_coord *rc);
 
+/* coord_probe.c: the delays between the coordinator and the nodes use[] marks, and between those nodes,
+ * measured (probe.h) into rc->delay_s / coord_delay_s; -1 with err when a node cannot be asked (an older
+ * node, a node that does not answer): the caller keeps ring.conf's order. */
+int ring_probe(ring_coord *rc, const bool *use, rl_err *err);
+/* Orders the nodes use[] marks by the measured delays (ring_order.h) into order[0..*n); *cycle_s its round
+ * trip, *conf_cycle_s that of ring.conf's order. */
+int ring_order_measured(const ring_coord *rc, const bool *use, int *order, int *n, double *cycle_s,
+                        double *conf_cycle_s, rl_err *err);
+
 #endif

@@ -33,6 +33,7 @@
 #include "../trust/receipt.h"
 #include "../wire/frame.h"
 #include "../exec/stage.h"
+#include "probe.h"
 #include "range_parts.h"
 #include "zsock.h"
 
@@ -108,6 +109,9 @@ typedef struct node {
     bool have_mf;
     char lent[RP_MAX_HOLDERS][65];
     int n_lent;
+    /* The ring's other nodes, which may time round trips to this one (PEERS; probe.h). */
+    char probers[PB_MAX_PEERS][65];
+    int n_probers;
     uint8_t manifest[32]; /* mfst_range_hash of the assigned range: hashed by a thread from load on, so that
                            * the first receipt does not wait for a pass over every weight byte */
     bool have_manifest;
@@ -527,6 +531,84 @@ static void node_lend(node *n, uint64_t step, const zs_parts *p) {
     }
     cJSON_Delete(j);
     node_reply(n, RF_LENT, step, NULL, 0);
+}
+
+/* PEERS: the coordinator names the ring's other nodes, which may then time round trips to this one (PROBE_PING)
+ * until the next PEERS or until that coordinator leaves. */
+static void node_peers(node *n, uint64_t step, const zs_parts *p) {
+    cJSON *j = p->n >= 3 ? cJSON_ParseWithLength(p->data[2], p->len[2]) : NULL;
+    const cJSON *ps = j ? cJSON_GetObjectItemCaseSensitive(j, "peers") : NULL, *it;
+    if (!cJSON_IsArray(ps)) {
+        node_error(n, step, "PEERS lacks its peers");
+        cJSON_Delete(j);
+        return;
+    }
+    zs_auth_forget(&n->auth, "prober");
+    n->n_probers = 0;
+    cJSON_ArrayForEach(it, ps) {
+        rk_peer pk;
+        rl_err e2;
+        if (!cJSON_IsString(it) || rk_peer_parse(&pk, it->valuestring, &e2) != 0) {
+            node_error(n, step, "PEERS: a peer key is not valid");
+            cJSON_Delete(j);
+            return;
+        }
+        if (n->n_probers == PB_MAX_PEERS) break;
+        zs_auth_allow(&n->auth, pk.curve_pk, "prober", pk.pk_hex);
+        snprintf(n->probers[n->n_probers++], sizeof n->probers[0], "%s", pk.pk_hex);
+    }
+    cJSON_Delete(j);
+    node_reply(n, RF_PEERS_OK, step, NULL, 0);
+}
+
+/* PROBE: time round trips to the peers the coordinator lists (probe.h) and tell it. The node answers nothing
+ * else meanwhile; the coordinator probes one node at a time, so no peer waits on this one. */
+static void node_probe(node *n, uint64_t step, const zs_parts *p) {
+    cJSON *j = p->n >= 3 ? cJSON_ParseWithLength(p->data[2], p->len[2]) : NULL;
+    const cJSON *ps = j ? cJSON_GetObjectItemCaseSensitive(j, "peers") : NULL, *it;
+    pb_peer peers[PB_MAX_PEERS];
+    double rtt[PB_MAX_PEERS];
+    int np = 0;
+    rl_err err = {{0}};
+    if (!cJSON_IsArray(ps) || cJSON_GetArraySize(ps) > PB_MAX_PEERS) {
+        node_error(n, step, "PROBE lacks its peers, or names more than %d", PB_MAX_PEERS);
+        cJSON_Delete(j);
+        return;
+    }
+    cJSON_ArrayForEach(it, ps) {
+        const char *addr = jstr(it, "addr"), *key = jstr(it, "key");
+        if (!addr || !key || strlen(addr) >= sizeof peers[0].addr || rk_peer_parse(&peers[np].key, key, &err) != 0) {
+            node_error(n, step, "PROBE: a peer lacks a valid addr or key");
+            cJSON_Delete(j);
+            return;
+        }
+        snprintf(peers[np++].addr, sizeof peers[0].addr, "%s", addr);
+    }
+    cJSON_Delete(j);
+    if (pb_measure(n->zctx, &n->o->id, peers, np, 5.0, rtt, &err) != 0) {
+        node_error(n, step, "%s", err.msg);
+        return;
+    }
+    cJSON *r = cJSON_CreateObject();
+    cJSON *a = r ? cJSON_AddArrayToObject(r, "rtt_s") : NULL;
+    for (int i = 0; a && i < np; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(rtt[i]));
+    char *js = a ? cJSON_PrintUnformatted(r) : NULL;
+    cJSON_Delete(r);
+    if (!js) {
+        node_error(n, step, "out of memory");
+        return;
+    }
+    node_reply(n, RF_PROBE_RESULT, step, js, strlen(js));
+    free(js);
+}
+
+/* PROBE_PING from a peer the coordinator named (PEERS): answered at once. */
+static void node_probe_ping(node *n, const zs_parts *p, const rf_header *h) {
+    bool known = false;
+    for (int i = 0; i < n->n_probers && !known; i++) known = strcmp(n->probers[i], p->user) == 0;
+    rl_err e2;
+    if (known) node_reply_to(n, p->data[0], p->len[0], RF_PROBE_PONG, h->step_id, NULL, 0, &e2);
+    else node_log(n, "dropped a PROBE_PING from %.16s..., which its coordinator did not name", p->user[0] ? p->user : "?");
 }
 
 /* PULL: bytes of one of this node's split files, for a node the coordinator lent them to. Answered at once
@@ -1263,6 +1345,8 @@ static void node_watch_owner(node *n) {
         n->owned = false;
         zs_auth_forget(&n->auth, "fetcher"); /* what it lent, it lent for that coordinator's ring */
         n->n_lent = 0;
+        zs_auth_forget(&n->auth, "prober");
+        n->n_probers = 0;
     }
     n->router_mon.watch_gone = false;
     if (!n->owned) n->router_mon.watch_fd = -1;
@@ -1273,7 +1357,7 @@ static void node_watch_owner(node *n) {
  * "coord-", upstream nodes' "node-"). */
 static bool node_from_coordinator(const zs_parts *p, const rf_header *h) {
     switch (h->type) {
-    case RF_INFO_REQ: case RF_ASSIGN: case RF_PING: case RF_AUDIT_REQ: case RF_LEND:
+    case RF_INFO_REQ: case RF_ASSIGN: case RF_PING: case RF_AUDIT_REQ: case RF_LEND: case RF_PEERS: case RF_PROBE:
     case RF_FETCH_BEGIN: case RF_FETCH_DATA: case RF_FETCH_END: return true;
     default: return p->len[0] >= 6 && memcmp(p->data[0], "coord-", 6) == 0;
     }
@@ -1431,6 +1515,17 @@ int node_run(const node_opts *o, rl_err *err) {
             case RF_ASSIGN: node_assign(n, h->step_id, &p); break;
             case RF_LEND: node_lend(n, h->step_id, &p); break;
             case RF_PULL: node_pull(n, &p, h); break;
+            case RF_PEERS:
+#ifdef RINGLM_ADVERSARY
+                if (n->o->misbehave && strcmp(n->o->misbehave, "noprobe") == 0) { /* knows no probes (an older node) */
+                    node_error(n, h->step_id, "unexpected %s frame", rf_type_name(h->type));
+                    break;
+                }
+#endif
+                node_peers(n, h->step_id, &p);
+                break;
+            case RF_PROBE: node_probe(n, h->step_id, &p); break;
+            case RF_PROBE_PING: node_probe_ping(n, &p, h); break;
             case RF_PING: node_reply(n, RF_PONG, h->step_id, NULL, 0); break;
             case RF_FORWARD: node_forward(n, &p, h); break;
             case RF_FREE: node_free(n, &p, h); break;

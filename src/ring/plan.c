@@ -387,10 +387,11 @@ void plan_print(const plan_result *r, const plan_node *nodes, FILE *f) {
     fprintf(f, ")\n");
 
     /* the nodes the plan does not use, so an operator sees they were considered */
-    int first = 1, si = 0;
+    int first = 1;
     for (int i = 0; i < r->n_nodes; i++) {
-        while (si < r->n_stages && r->stages[si].node < i) si++;
-        if (si < r->n_stages && r->stages[si].node == i) continue;
+        bool used = false; /* (stages need not be in node order: a ring ordered by its delays) */
+        for (int s = 0; s < r->n_stages && !used; s++) used = r->stages[s].node == i;
+        if (used) continue;
         fprintf(f, "%s%.*s", first ? "not used: " : ", ", name_len(&nodes[i]), nodes[i].name);
         first = 0;
     }

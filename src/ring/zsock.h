@@ -14,13 +14,13 @@
 #include "../base/err.h"
 #include "../trust/keys.h"
 
-#define ZS_MAX_ALLOW 64
+#define ZS_MAX_ALLOW 192 /* a coordinator, an upstream, a ring's fetchers and its probers */
 
 typedef struct zs_allowlist {
     pthread_mutex_t mu;
     int n;
     uint8_t curve_pk[ZS_MAX_ALLOW][32];
-    char label[ZS_MAX_ALLOW][24]; /* "coordinator", "upstream" */
+    char label[ZS_MAX_ALLOW][24]; /* "coordinator", "upstream", "fetcher", "prober" */
     char name[ZS_MAX_ALLOW][65];  /* the key as users write it (Ed25519 hex): a message's "User-Id" */
 } zs_allowlist;
 

@@ -149,7 +149,7 @@ int rf_stamps_decode(rf_stamp *s, uint32_t *n, const uint8_t *b, size_t len, rl_
 
 const char *rf_type_name(int type) {
     static const char *names[] = {"?", "INFO_REQ", "INFO", "ASSIGN", "READY", "FORWARD", "RESULT", "PING",
-                                  "PONG", "ERROR", "FREE", "FETCH_BEGIN", "FETCH_DATA", "FETCH_ACK", "FETCH_END", "RECEIPT", "AUDIT_REQ", "AUDIT_DATA", "TAPS", "ROUTES", "LEND", "LENT", "PULL", "PULL_DATA"};
+                                  "PONG", "ERROR", "FREE", "FETCH_BEGIN", "FETCH_DATA", "FETCH_ACK", "FETCH_END", "RECEIPT", "AUDIT_REQ", "AUDIT_DATA", "TAPS", "ROUTES", "LEND", "LENT", "PULL", "PULL_DATA", "PEERS", "PEERS_OK", "PROBE", "PROBE_RESULT", "PROBE_PING", "PROBE_PONG"};
     return type >= 1 && type <= RF_TYPE_MAX ? names[type] : "?";
 }
 

@@ -34,7 +34,10 @@
  * generated token in the frame (the sampler replays tokens g.. as its output: smp_take); then the drafts'
  * distributions (RF_SEQ_HAS_Q): per
  * VERIFY sequence, per draft, u32 n then n x (i32 id, f32 p). Every stage passes it on unchanged.
- *   PING/PONG  coord <-> node   liveness (empty)
+ *   PING/PONG  coord <-> node   liveness (empty); the coordinator also times them (ring/probe.h)
+ *   PEERS      coord -> node    JSON {peers: [key]}: the nodes that may probe this one; PEERS_OK answers
+ *   PROBE      coord -> node    JSON {peers: [{addr, key}]}: time round trips to each (PROBE_PING/PONG,
+ *                               node -> node, step_id the round); PROBE_RESULT {rtt_s: [...]} answers
  *   ERROR      node -> coord    JSON: msg
  *   FREE       coord -> node    forget the listed sequences (forwarded down the ring)
  *   FETCH_BEGIN coord -> node   JSON {model_hash, a, b, file_bytes} then a second payload part: the GGUF
@@ -95,7 +98,13 @@ enum rf_type {
     RF_LENT = 21,       /* node -> coord: done */
     RF_PULL = 22,       /* node -> node: bytes of one of your split files (JSON: file, offset, len) */
     RF_PULL_DATA = 23,  /* node -> node: those bytes (step_id: the PULL's) */
-    RF_TYPE_MAX = 23
+    RF_PEERS = 24,      /* coord -> node: JSON {peers: [key]}: these nodes may PROBE_PING you (until the next) */
+    RF_PEERS_OK = 25,   /* node -> coord: done */
+    RF_PROBE = 26,      /* coord -> node: JSON {peers: [{addr, key}]}: time round trips to them (ring/probe.h) */
+    RF_PROBE_RESULT = 27, /* node -> coord: JSON {rtt_s: [per peer, seconds; -1 no answer]} */
+    RF_PROBE_PING = 28, /* node -> node: step_id a round */
+    RF_PROBE_PONG = 29, /* node -> node: the answer (its step_id) */
+    RF_TYPE_MAX = 29
 };
 
 /* Per-sequence flags. */

@@ -429,6 +429,45 @@ int main(int argc, char **argv) {
     rf_header fd = {.type = RF_FETCH_DATA};
     send_hdr(s, &fd, "x", 1, 0);
     expect(s, "FETCH_DATA without FETCH_BEGIN", "without FETCH_BEGIN");
+    /* Probing (ring/probe.h): malformed PEERS and PROBE are refused by name; a PROBE_PING from a key the
+     * coordinator did not name a peer (here the coordinator's own) gets no answer; a peer that is not there
+     * is reported as unanswered (-1), not as an error. */
+    rf_header pe = {.type = RF_PEERS}, pr = {.type = RF_PROBE};
+    send_hdr(s, &pe, bad_json, strlen(bad_json), 0);
+    expect(s, "PEERS that is not JSON", "PEERS lacks its peers");
+    send_hdr(s, &pe, "{\"peers\":[\"beef\"]}", strlen("{\"peers\":[\"beef\"]}"), 0);
+    expect(s, "PEERS naming a key that is not one", "a peer key is not valid");
+    send_hdr(s, &pr, "{}", 2, 0);
+    expect(s, "PROBE without peers", "PROBE lacks its peers");
+    send_hdr(s, &pr, "{\"peers\":[{\"addr\":\"127.0.0.1:1\"}]}", strlen("{\"peers\":[{\"addr\":\"127.0.0.1:1\"}]}"), 0);
+    expect(s, "PROBE of a peer without a key", "a peer lacks a valid addr or key");
+    {
+        rf_header pp = {.type = RF_PROBE_PING, .step_id = 3};
+        send_hdr(s, &pp, NULL, 0, 0);
+        zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+        int got = zmq_poll(&it, 1, 1000);
+        printf("%s - a PROBE_PING from a key not named a peer gets no answer\n", got == 0 ? "ok" : "not ok");
+        got == 0 ? n_pass++ : n_fail++;
+        char pj[256];
+        int pl = snprintf(pj, sizeof pj, "{\"peers\":[{\"addr\":\"127.0.0.1:1\",\"key\":\"%s\"}]}", node_key);
+        send_hdr(s, &pr, pj, (size_t)pl, 0);
+        char txt[256] = "";
+        int ty = 0;
+        if (zmq_poll(&it, 1, 15000) > 0) {
+            zs_parts p;
+            rl_err e;
+            rf_header *h = calloc(1, sizeof *h);
+            if (zs_recv(s, &p, &e) == 0) {
+                if (p.n >= 2 && rf_header_decode(h, p.data[0], p.len[0], &e) == 0) ty = h->type;
+                snprintf(txt, sizeof txt, "%.*s", p.n >= 2 ? (int)p.len[1] : 0, p.n >= 2 ? (const char *)p.data[1] : "");
+                zs_parts_free(&p);
+            }
+            free(h);
+        }
+        int ok = ty == RF_PROBE_RESULT && strcmp(txt, "{\"rtt_s\":[-1]}") == 0;
+        printf("%s - a PROBE of a peer that is not there: unanswered, %s\n", ok ? "ok" : "not ok", txt[0] ? txt : "(no reply)");
+        ok ? n_pass++ : n_fail++;
+    }
     if (fuzz > 0) fuzz_frames(s, fuzz, seed, hash, hp.n_layer);
     zmq_close(s);
     zmq_ctx_term(ctx);
