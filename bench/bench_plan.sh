@@ -19,7 +19,9 @@
 #
 # Defaults: nodes 2 3 4 6, delays 0 10 30 ms, a 256-token prompt, 26 generated tokens (the first from the
 # prompt, then five whole blocks of 5 for the twin), PREFIX bench/results/plan (.json, .md). Each figure is
-# the median of 3 runs. Speculation runs one block in flight (--draft-depth 1), as the planner models it.
+# the median of 3 runs. Speculation runs one block in flight (--draft-depth 1, and plan --draft-depth 1): with
+# two, the coordinator drafts while the nodes compute, on the same cores here, which the planner's pipelining
+# term (separate machines) does not model (docs/plan.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 argv=; [ $# -eq 0 ] || argv=$(printf ' %q' "$@")
@@ -52,7 +54,7 @@ node_counts = [int(x) for x in nodes_arg.split()]
 delays = [float(x) for x in delays_arg.split()]
 N = max(node_counts)
 def sh(args, **kw):
-    r = subprocess.run(args, capture_output=True, text=True, timeout=900, **kw)
+    r = subprocess.run(args, capture_output=True, text=True, errors='replace', timeout=900, **kw)
     if r.returncode != 0: raise SystemExit('failed: %s\n%s' % (' '.join(args), r.stderr[-3000:]))
     return r
 def key(name): return sh([ringlm, 'keygen', '-o', '%s/%s.key' % (work, name)]).stdout.strip()
@@ -138,7 +140,7 @@ for d in delays:
         for name, dr in (('spec', draft), ('twin', model)):
             sp = [run(spec_args(dr), rc) for _ in range(3)]
             acc = med([s['acc'] for s in sp])
-            pd = plan(conf(n, d), ['--acceptance', '%.4f' % max(min(acc, 0.999), 0.001), '--draft-n', '4', '--draft', dr])
+            pd = plan(conf(n, d), ['--acceptance', '%.4f' % max(min(acc, 0.999), 0.001), '--draft-n', '4', '--draft', dr, '--draft-depth', '1'])
             p = pd['predict']
             row.update({name: med([s['decode'] for s in sp]), name + '_pred': p['spec_tok_s'], name + '_acceptance': acc,
                         name + '_tpp': med([s['tpp'] for s in sp]), name + '_tpp_pred': p['tokens_per_traversal']})

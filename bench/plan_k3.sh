@@ -16,7 +16,8 @@ out=bench/results/plan-k3.md
     echo "bench/rings/RING.conf --ctx 32768 --prompt 4096 --acceptance 0.7\`. Every figure is a prediction from"
     echo "spec-sheet numbers and the assumptions in docs/plan.md (decode at half the memory bandwidth, the"
     echo "delays written in each ring file), not a measurement. Partial offload (a GPU tier over RAM) is not"
-    echo "modelled apart yet: the two-cluster ring declares blended figures."
+    echo "modelled apart yet: the two-cluster ring declares blended figures. Speculation: two blocks in flight"
+    echo "(plan's default, as run --ring's), drafting not counted (no DSpark file of K3's shapes is given)."
     echo
     echo "| ring | model | weights | fits | stages | greedy tok/s | speculative tok/s (k drafted) | TTFT 4k s | floor tok/s | dominant |"
     echo "|---|---|---|---|---|---|---|---|---|---|"

@@ -67,9 +67,9 @@ check_fails "a ring too small names the shortfall" "ring too small: the model ne
 sed 's/^coordinator loc=paris$/coordinator loc=paris device=custom mem=8 bw=50 tflops=0.5/' "$WORK/nodes.conf" >"$WORK/c1.conf"
 sed 's/^coordinator loc=paris$/coordinator loc=paris device=custom mem=8 bw=100 tflops=1/' "$WORK/nodes.conf" >"$WORK/c2.conf"
 for k in 2 4; do
-    "${P[@]}" --nodes "$WORK/nodes.conf" --acceptance 0.6 --draft-n $k --json >"$WORK/nd$k.json"
+    "${P[@]}" --nodes "$WORK/nodes.conf" --acceptance 0.6 --draft-n $k --draft-depth 1 --json >"$WORK/nd$k.json"
     for c in c1 c2; do
-        for d in dk3 dds; do "${P[@]}" --nodes "$WORK/$c.conf" --acceptance 0.6 --draft-n $k --draft "$WORK/$d.gguf" --json >"$WORK/$c-$d-$k.json"; done
+        for d in dk3 dds; do "${P[@]}" --nodes "$WORK/$c.conf" --acceptance 0.6 --draft-n $k --draft-depth 1 --draft "$WORK/$d.gguf" --json >"$WORK/$c-$d-$k.json"; done
     done
 done
 check "drafting is priced on the coordinator: k + a^k steps of a K3 draft, one pass of a DSpark draft" python3 - "$WORK" <<'PY'
@@ -93,6 +93,29 @@ for c in ('c1', 'c2'):
     assert abs(step(2) / step(4) - 1) < 1e-9, (step(2), step(4))   # one K3 step costs the same at every k
     ds2, ds4 = L('%s-dds-2' % c)['draft_s'], L('%s-dds-4' % c)['draft_s']
     assert ds2 < ds4 < 2 * ds2, (ds2, ds4)                            # one DSpark pass: reads once
+print('ok')
+PY
+# Blocks in flight (--draft-depth, default 2 as run --ring's): a block likely to stand whole (a^(k+1) >= 0.25)
+# has the next one behind it, g / ((1 - q) T + q I); one that is not, and depth 1, g / T.
+for d in 1 2 3; do
+    for a in 0.3 0.9; do
+        "${P[@]}" --nodes "$WORK/c1.conf" --acceptance $a --draft-n 2 --draft-depth $d --draft "$WORK/dk3.gguf" --json >"$WORK/dd$d-$a.json"
+    done
+done
+check "pipelined blocks: g / ((1 - q) T + q I) once a block likely stands, g / T otherwise" python3 - "$WORK" <<'PY'
+import json, sys
+L = lambda n: json.load(open('%s/%s.json' % (sys.argv[1], n)))['predict']
+for d in (1, 2, 3):
+    for a in (0.3, 0.9):
+        p = L('dd%d-%s' % (d, a))
+        g, T, I, q = p['tokens_per_traversal'], p['block_s'], p['interval_s'], a ** 3
+        assert p['draft_depth'] == d and p['draft_k'] == 2
+        if d == 1 or q < 0.25:
+            assert I == 0 and abs(p['spec_tok_s'] - g / T) < 1e-9, p
+        else:
+            assert I >= T / d - 1e-12 and I < T and abs(p['spec_tok_s'] - g / ((1 - q) * T + q * I)) < 1e-9, p
+assert L('dd2-0.9')['spec_tok_s'] > L('dd1-0.9')['spec_tok_s']                  # pipelining pays when blocks stand
+assert L('dd2-0.3')['spec_tok_s'] == L('dd1-0.3')['spec_tok_s']                  # and is not used when they do not
 print('ok')
 PY
 check_fails "--draft names a file that is not a GGUF" "nodes.conf: bad magic \(not a GGUF file\)" \

@@ -46,7 +46,9 @@ check "... the plan's stage 0 is the first node of the new order" grep -Eq "^ +0
 check "... and the plan uses every node" sh -c '! grep -q "^not used" "$1"' _ "$WORK/ring.err"
 check "... the same greedy tokens as one machine" diff "$WORK/local.ids" "$WORK/ring.ids"
 check "... the prediction printed at start" grep -Eq "^predicted \(ringlm plan's model, docs/plan.md\): decode [0-9.]+ tok/s greedy = 1 / \(hops [0-9.]+ ms measured" "$WORK/ring.err"
-check "... and next to what ran" grep -Eq "^decode: [0-9.]+ tok/s greedy; the plan predicted [0-9.]+ \([-+][0-9]+%\)$" "$WORK/ring.err"
+check "... and next to what ran: decode" grep -Eq "^decode: [0-9.]+ tok/s greedy; the plan predicted [0-9.]+ \([-+][0-9]+%\)$" "$WORK/ring.err"
+check "... and time to first token" grep -Eq "^time to first token: [0-9.]+ s; the plan predicted [0-9.]+ \([-+][0-9]+%\)$" "$WORK/ring.err"
+check "... the nodes measured their FLOPs at start" grep -Eq "ready: .* [0-9.]+ TFLOPS matrix-matrix" "$RING/n1.log"
 # The relays impose 50 ms a traversal in the best order (loopback adds little): the measured hops say so.
 check "... the measured hops are the relays' (50 ms, plus loopback)" python3 -c '
 import json, sys

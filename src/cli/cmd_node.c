@@ -10,7 +10,7 @@
 
 static void node_usage(FILE *f) {
     fprintf(f, "usage: ringlm node --listen HOST:PORT --key node.key --allow COORD_PUBKEY_HEX[,...]\n"
-               "                   [--models DIR] [--cache DIR] [--mem GB] [--speed GB/s] [--threads N]\n"
+               "                   [--models DIR] [--cache DIR] [--mem GB] [--speed GB/s] [--tflops T] [--threads N]\n"
                "                   [--audit-keep MB] [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16]\n"
                "                   [--verbose]\n\n"
                "Serves its share of a model to the coordinators it trusts. Links are encrypted and mutually\n"
@@ -22,7 +22,8 @@ static void node_usage(FILE *f) {
                "llama.cpp would repack them; --no-repack keeps every weight in the file mapping (less RAM).\n"
                "--flash-attn on and --cache-type f16 compute MLA attention as llama.cpp's -fa on over an f16\n"
                "cache (the defaults, as llama.cpp's); the node's INFO says which it runs, and audits of its stage\n"
-               "do the same.\n");
+               "do the same. --speed and --tflops declare what the node reports as its decode (GB/s of weights)\n"
+               "and prefill (TFLOPS) speed instead of measuring them at start.\n");
 }
 
 int cmd_node(int argc, char **argv) {
@@ -57,6 +58,7 @@ int cmd_node(int argc, char **argv) {
         else if (strcmp(a, "--cache") == 0) o.cache_dir = v;
         else if (strcmp(a, "--mem") == 0) o.mem_gb = atof(v);
         else if (strcmp(a, "--speed") == 0) o.speed_gbs = atof(v);
+        else if (strcmp(a, "--tflops") == 0) o.tflops = atof(v);
         else if (strcmp(a, "--audit-keep") == 0 && atof(v) > 0) o.audit_keep_bytes = (size_t)(atof(v) * 1048576.0);
 #ifdef RINGLM_ADVERSARY
         else if (strcmp(a, "--misbehave") == 0) o.misbehave = v; /* test builds only (make adversary) */

@@ -13,15 +13,16 @@ static void plan_usage(FILE *f) {
     fprintf(f, "usage: ringlm plan (-m MODEL.gguf | --manifest MODEL.manifest) --ring ring.conf --key coord.key\n"
                "                   [--ctx N] [--parallel N]\n"
                "       ringlm plan (-m MODEL.gguf | --manifest MODEL.manifest) --nodes nodes.conf [--ctx N] [--parallel N]\n"
-               "                   [--prompt N] [--chunk N] [--acceptance A [--draft-n K] [--draft DRAFT.gguf]] [--json]\n"
+               "                   [--prompt N] [--chunk N] [--acceptance A [--draft-n K] [--draft DRAFT.gguf]\n"
+               "                   [--draft-depth D]] [--json]\n"
                "       ringlm plan --devices\n\n"
                "--nodes: a ring that does not exist yet, of machines described by their figures (nodes.conf: node,\n"
                "delay and coordinator lines; src/ring/nodes_conf.h, docs/plan.md): chooses the ring order with the\n"
                "shortest round trip, cuts the layers, and predicts decode tok/s (greedy, and speculative at acceptance\n"
-               "A with K drafted, chosen when not given; with --draft, drafting on the coordinator is counted),\n"
-               "time to first token of an N-token prompt, aggregate tok/s\n"
-               "of --parallel streams and the network floor, saying which term dominates. --devices lists the\n"
-               "catalog of devices nodes.conf may name.\n\n"
+               "A with K drafted, chosen when not given, D blocks in flight as run --ring's --draft-depth, default 2;\n"
+               "with --draft, drafting on the coordinator is counted), time to first token of an N-token prompt,\n"
+               "aggregate tok/s of --parallel streams and the network floor, saying which term dominates.\n"
+               "--devices lists the catalog of devices nodes.conf may name.\n\n"
                "--ring:\n"
                "Asks the ring's nodes for what they offer (memory, speed, the files they hold), makes the plan that\n"
                "run --ring and serve --ring would make, prints it, and stops: nothing is loaded. With --manifest it\n"
@@ -33,7 +34,7 @@ static void plan_usage(FILE *f) {
 
 int cmd_plan(int argc, char **argv) {
     const char *model = NULL, *manifest = NULL, *ring_path = NULL, *key_path = NULL, *nodes_path = NULL, *draft = NULL;
-    int ctx = 4096, parallel = 1, prompt = 512, chunk = 256, draft_n = 0;
+    int ctx = 4096, parallel = 1, prompt = 512, chunk = 256, draft_n = 0, draft_depth = 2;
     double acceptance = 0;
     bool json = false;
     for (int i = 1; i < argc; i++) {
@@ -64,6 +65,8 @@ int cmd_plan(int argc, char **argv) {
             if (cli_parse_int(v, &chunk) != 0 || chunk < 1) return cli_bad_option("plan", a, v, true, "a number of tokens, at least 1");
         } else if (strcmp(a, "--draft-n") == 0) {
             if (cli_parse_int(v, &draft_n) != 0 || draft_n < 1 || draft_n > 16) return cli_bad_option("plan", a, v, true, "1 to 16 tokens");
+        } else if (strcmp(a, "--draft-depth") == 0) {
+            if (cli_parse_int(v, &draft_depth) != 0 || draft_depth < 1 || draft_depth > 3) return cli_bad_option("plan", a, v, true, "1 to 3 blocks in flight");
         } else if (strcmp(a, "--acceptance") == 0) {
             char *end;
             acceptance = strtod(v, &end);
@@ -95,7 +98,7 @@ int cmd_plan(int argc, char **argv) {
         static nc_conf nc;    /* (large: off the stack) */
         static pn_result pr;
         pr_opts po = {.prompt = (uint32_t)prompt, .chunk = (uint32_t)chunk, .parallel = (uint32_t)parallel,
-                      .draft_k = draft_n, .acceptance = acceptance};
+                      .draft_k = draft_n, .acceptance = acceptance, .draft_depth = draft_depth};
         int rc = 1;
         if (cli_open_target(model, manifest, &m, &hp, &mf, &err) == 0) {
             mf_model dm;

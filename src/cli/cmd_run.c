@@ -12,6 +12,7 @@
 
 #include "../gen/generate.h"
 #include "../ring/coord.h"
+#include "../ring/predict.h"
 #include "../speculate/spec_gen.h"
 #include "../ring/verify_ring.h"
 #include "../text/chat.h"
@@ -405,9 +406,15 @@ static int run_ring(const run_args *a, mf_model *m, k3_hparams *hp, const tok_to
     if (grc == 0) {
         fprintf(stderr, "\n");
         ring_print_stats(&rc, stderr);
-        if (rc.have_prediction && !drafter && gm->generated_tokens > 1) {
-            fprintf(stderr, "decode: %.2f tok/s greedy; the plan predicted %.2f (%+.0f%%)\n", gm->decode_tok_s,
-                    rc.pred_greedy_tok_s, 100 * (rc.pred_greedy_tok_s / gm->decode_tok_s - 1));
+        pr_result pr;
+        if (ring_prediction(&rc, (uint32_t)gm->prompt_tokens, (uint32_t)a->chunk, &pr) == 0) {
+            /* What ran next to what the planner predicted for it (docs/plan.md). */
+            fprintf(stderr, "time to first token: %.3f s; the plan predicted %.3f (%+.0f%%)\n", gm->ttft_s, pr.ttft_s,
+                    100 * (pr.ttft_s / gm->ttft_s - 1));
+            if (!drafter && gm->generated_tokens > 1) {
+                fprintf(stderr, "decode: %.2f tok/s greedy; the plan predicted %.2f (%+.0f%%)\n", gm->decode_tok_s,
+                        pr.greedy_tok_s, 100 * (pr.greedy_tok_s / gm->decode_tok_s - 1));
+            }
         }
         *ring_json = ring_stats_json(&rc);
         if (a->trust.receipts) {

@@ -224,24 +224,27 @@ void ring_plan_model(plan_model *pm, const mf_model *m, const k3_hparams *hp, ui
     pm->last_active = pm->last_bytes;
 }
 
-/* What the planner predicts for the plan just made, from the nodes' speeds (INFO) and the measured delays:
- * greedy decode, compute at each node's speed (its FLOPs are not known: not counted), transfers not
- * counted (link bandwidths are not measured). */
-static void ring_predict(ring_coord *rc, const mf_model *m, const k3_hparams *hp) {
+int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, pr_result *r) {
+    if (!rc->have_delays) return -1;
     pr_node nodes[PLAN_MAX_NODES];
     double hop_s[PLAN_MAX_NODES + 1];
     int prev = -1;
     for (int s = 0; s < rc->plan.n_stages; s++) {
         int nd = rc->plan.stages[s].node;
-        nodes[s] = (pr_node){.speed = rc->nodes[nd].speed, .flops = INFINITY, .net = INFINITY};
+        nodes[s] = (pr_node){.speed = rc->nodes[nd].speed, .flops = rc->nodes[nd].flops > 0 ? rc->nodes[nd].flops : INFINITY,
+                             .net = INFINITY};
         hop_s[s] = prev < 0 ? rc->coord_delay_s[nd] : rc->delay_s[prev][nd];
         prev = nd;
     }
     hop_s[rc->plan.n_stages] = prev >= 0 ? rc->coord_delay_s[prev] : 0;
-    pr_opts po = {.prompt = 1, .chunk = 1, .parallel = 1};
-    pr_result r;
+    pr_opts po = {.prompt = prompt ? prompt : 1, .chunk = chunk ? chunk : 512, .parallel = 1};
     rl_err e2;
-    if (pr_predict(m, hp, &rc->plan, nodes, hop_s, &po, &r, &e2) != 0) return;
+    return pr_predict(rc->m, &rc->hp, &rc->plan, nodes, hop_s, &po, r, &e2);
+}
+
+static void ring_predict(ring_coord *rc) {
+    pr_result r;
+    if (ring_prediction(rc, 1, 1, &r) != 0) return;
     rc->have_prediction = true;
     rc->pred_greedy_tok_s = r.greedy_tok_s;
     rc->pred_hops_s = r.hops_s;
@@ -351,6 +354,8 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
             const cJSON *models = j ? cJSON_GetObjectItemCaseSensitive(j, "models") : NULL;
             rc->nodes[from].mem_bytes = cJSON_IsNumber(mem) ? (uint64_t)mem->valuedouble : 0;
             rc->nodes[from].speed = cJSON_IsNumber(sp) && sp->valuedouble > 0 ? sp->valuedouble : 1e9;
+            const cJSON *fl = j ? cJSON_GetObjectItemCaseSensitive(j, "flops") : NULL;
+            rc->nodes[from].flops = cJSON_IsNumber(fl) && fl->valuedouble > 0 ? fl->valuedouble : 0;
             k3_engine_opts *eng = &rc->nodes[from].eng;
             eng->no_repack = cJSON_IsFalse(j ? cJSON_GetObjectItemCaseSensitive(j, "repack") : NULL);
             eng->no_flash_attn = !cJSON_IsTrue(j ? cJSON_GetObjectItemCaseSensitive(j, "flash_attn") : NULL);
@@ -445,7 +450,7 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
         ring_close(rc);
         return -1;
     }
-    if (rc->have_delays) ring_predict(rc, m, hp);
+    if (rc->have_delays) ring_predict(rc);
     if (!o->quiet && rc->have_delays) {
         bool moved = false;
         for (int k = 0; k < n_use; k++) moved |= perm[k] != k;
@@ -457,7 +462,7 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
     if (!o->quiet) plan_print(&rc->plan, rc->pnodes, stderr);
     if (!o->quiet && rc->have_prediction) {
         fprintf(stderr, "predicted (ringlm plan's model, docs/plan.md): decode %.2f tok/s greedy = 1 / (hops %.1f ms measured + "
-                        "compute %.1f ms at the nodes' speeds)\n", rc->pred_greedy_tok_s, rc->pred_hops_s * 1e3,
+                        "compute %.1f ms at the nodes' speeds and FLOPs)\n", rc->pred_greedy_tok_s, rc->pred_hops_s * 1e3,
                 rc->pred_compute_s * 1e3);
     }
     if (!o->quiet && o->manifest) ring_mf_print(rc, stderr);

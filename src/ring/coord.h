@@ -116,6 +116,7 @@ typedef struct ring_node_state {
     zs_monitor mon;
     uint64_t mem_bytes;
     double speed;
+    double flops;      /* INFO "flops" (0: not reported) */
     double last_seen;  /* when its last message arrived */
     double ping_since; /* when the first ping it has not answered was sent (<= last_seen: none outstanding).
                         * Silence is measured from here, not from last_seen: an idle ring sends nothing for
@@ -194,6 +195,12 @@ typedef struct ring_coord {
     double pred_greedy_tok_s;     /* what the planner predicts for this ring (greedy decode) */
     double pred_hops_s, pred_compute_s;
 } ring_coord;
+
+struct pr_result;
+/* What `ringlm plan`'s model predicts for this ring as planned (predict.h): from the nodes' INFO speeds and
+ * FLOPs and the measured delays, for a prompt of `prompt` tokens in `chunk`-token chunks; transfers are
+ * not counted (link bandwidths are not measured). -1 when the delays were not measured. */
+int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, struct pr_result *r);
 
 /* What the planner knows of a model (plan.h): per-layer weights, bytes a token reads, state of n_seq
  * sequences at n_ctx with cache elements of cache_elem bytes, embedding and head. Used by ring_open and by

@@ -90,6 +90,7 @@ typedef struct node {
     char cache_dir[1024];
     node_fetch fetch;
     double speed; /* bytes of weights per second in a matrix-vector product */
+    double flops; /* FLOP/s in a 128-column matrix product (a prefill chunk's shape) */
     /* the assignment */
     bool loaded;
     char hash[65];
@@ -233,16 +234,17 @@ static uint64_t node_mem_available(void) {
     return (uint64_t)kb * 1024;
 }
 
-/* Times a q8_0 matrix-vector product on 64 MiB of weights: the shape of decoding, where every weight
- * byte is read once per token. Result in bytes of weights per second. */
-static double node_probe_speed(int threads) {
-    const int64_t rows = 8192, cols = 7680; /* 7680 = 240 q8_0 blocks; 64 MiB at 34 bytes per block */
-    struct ggml_init_params ip = {.mem_size = (size_t)rows * cols * 34 / 32 + (8 << 20), .mem_buffer = NULL,
+/* Times a q8_0 matrix product on rows x cols weights and n_tok columns of input: with one column the shape
+ * of decoding, where every weight byte is read once per token (result: bytes of weights per second), with
+ * many the shape of a prefill chunk (result: FLOP/s). */
+static double node_probe_matmul(int threads, int64_t rows, int64_t cols, int64_t n_tok) {
+    struct ggml_init_params ip = {.mem_size = (size_t)rows * cols * 34 / 32 + (size_t)(cols + rows) * (size_t)n_tok * 4 +
+                                                 (8 << 20), .mem_buffer = NULL,
                                   .no_alloc = false};
     struct ggml_context *c = ggml_init(ip);
     if (!c) return 1e9;
     struct ggml_tensor *w = ggml_new_tensor_2d(c, GGML_TYPE_Q8_0, cols, rows);
-    struct ggml_tensor *x = ggml_new_tensor_2d(c, GGML_TYPE_F32, cols, 1);
+    struct ggml_tensor *x = ggml_new_tensor_2d(c, GGML_TYPE_F32, cols, n_tok);
     memset(w->data, 0, ggml_nbytes(w));
     memset(x->data, 0, ggml_nbytes(x));
     struct ggml_cgraph *g = ggml_new_graph(c);
@@ -256,10 +258,15 @@ static double node_probe_speed(int threads) {
         double dt = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
         if (dt < best) best = dt;
     }
-    double bps = (double)ggml_nbytes(w) / best;
+    double r = n_tok == 1 ? (double)ggml_nbytes(w) / best : 2.0 * (double)rows * (double)cols * (double)n_tok / best;
     ggml_free(c);
-    return bps;
+    return r;
 }
+
+/* Decode's speed: 64 MiB of weights (7680 = 240 q8_0 blocks, 34 bytes each), one token. */
+static double node_probe_speed(int threads) { return node_probe_matmul(threads, 8192, 7680, 1); }
+/* Prefill's: 8 MiB of weights times 128 tokens (2 GFLOP). */
+static double node_probe_flops(int threads) { return node_probe_matmul(threads, 1024, 7680, 128); }
 
 /* ---- replies ----------------------------------------------------------------------------------- */
 
@@ -319,6 +326,7 @@ static void node_info(node *n) {
     cJSON_AddBoolToObject(j, "flash_attn", !n->o->eng.no_flash_attn);
     cJSON_AddStringToObject(j, "cache_type", n->o->eng.cache_f32 ? "f32" : "f16");
     cJSON_AddNumberToObject(j, "speed_bps", n->speed);
+    cJSON_AddNumberToObject(j, "flops", n->flops);
     cJSON *ms = cJSON_AddArrayToObject(j, "models");
     for (int i = 0; i < n->n_models; i++) {
         cJSON *m = cJSON_CreateObject();
@@ -1455,8 +1463,9 @@ int node_run(const node_opts *o, rl_err *err) {
     node_scan_models(n);
     node_scan_cache(n);
     n->speed = o->speed_gbs > 0 ? o->speed_gbs * 1e9 : node_probe_speed(o->threads);
-    node_log(n, "ready: key %s, %d model(s), %.1f GB/s matrix-vector, %d threads", o->id.pk_hex, n->n_models,
-             n->speed / 1e9, o->threads);
+    n->flops = o->tflops > 0 ? o->tflops * 1e12 : node_probe_flops(o->threads);
+    node_log(n, "ready: key %s, %d model(s), %.1f GB/s matrix-vector, %.3f TFLOPS matrix-matrix, %d threads", o->id.pk_hex,
+             n->n_models, n->speed / 1e9, n->flops / 1e12, o->threads);
     while (!node_stop_pending()) {
         /* The router's monitor is drained on every pass, messages or not: its events queue up otherwise. */
         zmq_pollitem_t items[3] = {{n->router, 0, ZMQ_POLLIN, 0}, {n->next, 0, ZMQ_POLLIN, 0},

@@ -26,6 +26,7 @@ typedef struct node_opts {
     const char *cache_dir;   /* where streamed layer ranges are kept (NULL: ~/.cache/ringlm/node-<key>) */
     double mem_gb;           /* memory offered; 0 = what the OS reports available */
     double speed_gbs;        /* matrix-vector speed to report; 0 = measure it (a short probe) */
+    double tflops;           /* matrix-matrix speed to report (TFLOPS); 0 = measure it */
     int threads;
     k3_engine_opts eng;      /* how its engines compute (repack, flash attention, cache type); n_threads unused */
     bool verbose;

@@ -55,8 +55,10 @@ void pn_print(const pn_result *r, const nc_conf *c, const pr_opts *po, FILE *f) 
                " (dominant: %s)\n", p->greedy_tok_s, 1e3 / p->greedy_tok_s, p->hops_s * 1e3, p->compute_s * 1e3,
             p->xfer_s * 1e3, p->dominant);
     if (po->acceptance > 0) {
-        fprintf(f, "  decode, speculative     %8.2f tok/s   at acceptance %.2f: %d drafted, %.2f tokens per traversal",
-                p->spec_tok_s, po->acceptance, p->draft_k, p->g);
+        fprintf(f, "  decode, speculative     %8.2f tok/s   at acceptance %.2f: %d drafted, %.2f tokens per block, %s",
+                p->spec_tok_s, po->acceptance, p->draft_k, p->g,
+                p->interval_s > 0 ? "pipelined" : po->draft_depth > 1 ? "not pipelined (a block rarely stands whole)"
+                                                                      : "one block in flight");
         if (po->draft.bytes > 0) {
             fprintf(f, ", drafting %.1f ms on the coordinator (%s's figures)\n", p->draft_s * 1e3,
                     c->coord_figures_from < 0 ? "its own" : c->nodes[c->coord_figures_from].name);
@@ -102,6 +104,9 @@ cJSON *pn_json(const pn_result *r, const nc_conf *c, const pr_opts *po) {
         cJSON_AddNumberToObject(pj, "draft_k", p->draft_k);
         cJSON_AddNumberToObject(pj, "tokens_per_traversal", p->g);
         cJSON_AddNumberToObject(pj, "draft_s", p->draft_s);
+        cJSON_AddNumberToObject(pj, "draft_depth", po->draft_depth > 1 ? po->draft_depth : 1);
+        cJSON_AddNumberToObject(pj, "block_s", p->block_s);
+        cJSON_AddNumberToObject(pj, "interval_s", p->interval_s);
         cJSON_AddNumberToObject(pj, "spec_tok_s", p->spec_tok_s);
         cJSON_AddNumberToObject(pj, "spec_floor_tok_s", p->spec_floor_tok_s);
     }

@@ -133,7 +133,20 @@ int pr_predict(const mf_model *m, const k3_hparams *hp, const plan_result *plan,
             double g = (1.0 - pow(a, k + 1)) / (1.0 - a);
             double ds = pr_draft_time(&o->draft, k, a);
             double tk = pr_traversal(hp, plan, w, nodes, hop_s, k + 1, &h, &c, &x, &slowest) + ds;
-            if (g / tk > r->spec_tok_s) r->spec_tok_s = g / tk, r->draft_k = k, r->g = g, r->draft_s = ds;
+            double q = pow(a, k + 1), iv = 0, rate = g / tk;
+            if (o->draft_depth > 1 && q >= 0.25) {
+                /* The next block left while this one travelled: it stands with probability q (this one whole,
+                 * its bonus guessed), and then costs only the interval. The pipeline is as fast as its slowest
+                 * part: a stage, the drafting of a block (and its bonus guess), or D blocks per traversal. */
+                double dn = pr_draft_time(&o->draft, k + 1, 0);
+                iv = tk / o->draft_depth;
+                if (slowest > iv) iv = slowest;
+                if (dn > iv) iv = dn;
+                rate = g / ((1 - q) * tk + q * iv);
+            }
+            if (rate > r->spec_tok_s) {
+                r->spec_tok_s = rate, r->draft_k = k, r->g = g, r->draft_s = ds, r->block_s = tk, r->interval_s = iv;
+            }
         }
         r->spec_floor_tok_s = r->hops_s > 0 ? r->g / r->hops_s : INFINITY;
     }

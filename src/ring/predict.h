@@ -8,9 +8,12 @@
  * token multiplies; per hop, the one-way delay plus the boundary state's bytes over the slower of the two
  * links. Then
  *   decode (greedy)       1 / (sum of hops + sum of stages(1) + transfers)
- *   speculative           g / (the same at t = k + 1 + drafting k), g = (1 - a^(k+1)) / (1 - a) tokens per
- *                          traversal at acceptance a, k drafted (chosen to maximize it when not given); one
- *                          block in flight, drafted on the coordinator while the ring waits
+ *   speculative           g / T, T the same at t = k + 1 plus drafting k, g = (1 - a^(k+1)) / (1 - a) tokens
+ *                          per block at acceptance a, k drafted (chosen to maximize it when not given), one
+ *                          block in flight; with D > 1 blocks in flight (run's --draft-depth), once a block
+ *                          is likely to stand whole (q = a^(k+1) >= 0.25, as spec_gen.c decides), the next
+ *                          is already on its way: g / ((1 - q) T + q I), I = max(T / D, the slowest stage,
+ *                          drafting k + 1) the interval between pipelined blocks
  *   time to first token   the prompt in chunks, pipelined: one trip at the chunk size plus (chunks - 1) times
  *                          the slowest stage
  *   aggregate, N streams  N / (one traversal at t = N): every step one frame carrying every stream
@@ -48,6 +51,7 @@ typedef struct pr_opts {
     uint32_t prompt, chunk, parallel;
     int draft_k;       /* drafted tokens per traversal (0: choose 1..16) */
     double acceptance; /* per drafted token, 0..1 (0: no speculation figures) */
+    int draft_depth;   /* blocks in flight (0 or 1: one) */
     pr_draft draft;    /* bytes == 0: drafting is free (an n-gram drafter, or not known) */
 } pr_opts;
 
@@ -63,6 +67,8 @@ typedef struct pr_result {
     int draft_k;
     double g, spec_tok_s;
     double draft_s;                   /* drafting those draft_k tokens */
+    double block_s;                   /* T: one block's traversal plus its drafting */
+    double interval_s;                /* I: between pipelined blocks (0: not pipelined) */
     double ttft_s, prefill_tok_s;
     double parallel_tok_s;
     double floor_tok_s, spec_floor_tok_s;

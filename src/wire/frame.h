@@ -13,7 +13,7 @@
  *
  * Types and payloads:
  *   INFO_REQ   coord -> node    (empty)
- *   INFO       node -> coord    JSON: mem_bytes, threads, backend, speed_gbs, models [{name, hash, bytes}]
+ *   INFO       node -> coord    JSON: mem_bytes, threads, backend, speed_bps, flops, models [{name, hash, bytes}]
  *   ASSIGN     coord -> node    JSON: model hash, layer range, next hop, allowed upstream key, n_ctx, ...
  *   READY      node -> coord    JSON: what was loaded, resident bytes
  *   FORWARD    prev -> node     stage 0: int32 tokens; later stages: boundary state (k3_boundary wire form)
