@@ -171,7 +171,9 @@ with open(out + '.md', 'w') as f:
             '%.4f TFLOPS, solved together since the planner adds reading and multiplying; eff 1), every pair D apart, the '
             'coordinator (which drafts) at the same figures; spec: a small random K3 draft, twin: the target itself '
             'as its draft, 4 tokens drafted every pass, one block in flight (`--draft-depth 1`), priced by `plan --draft` at the acceptance the run measured. '
-            'Error = predicted / measured - 1. Goal: every prediction within 25%%.\n\n' % (argv, res['cpu'], local_dec,
+            'Error = predicted / measured - 1. Goal: every prediction within 25%%. Every run is ringlm at its defaults '
+            '(repacked weights, flash attention, f16 cache) but for the flags named here; the peer is ringlm\'s own '
+            'planner, not llama.cpp, which has none.\n\n' % (argv, res['cpu'], local_dec,
             prompt, local_ttft, bw, tflops))
     f.write('| nodes | D ms | decode tok/s | predicted | err | TTFT s | predicted | err | spec tok/s (acceptance) | predicted | err '
             '| twin tok/s (acceptance) | predicted | err | dominant |\n')

@@ -120,6 +120,9 @@ print('ok')
 PY
 check_fails "--draft names a file that is not a GGUF" "nodes.conf: bad magic \(not a GGUF file\)" \
     "${P[@]}" --nodes "$WORK/nodes.conf" --acceptance 0.5 --draft "$WORK/nodes.conf"
+"$TOOLS/gguf_edit" "$WORK/dk3.gguf" "$WORK/llama.gguf" --set-str general.architecture llama
+check_fails "--draft of another architecture names it" "llama.gguf: draft: architecture 'llama' \(a K3 draft" \
+    "${P[@]}" --nodes "$WORK/nodes.conf" --acceptance 0.5 --draft "$WORK/llama.gguf"
 rc=0
 "${P[@]}" --nodes "$WORK/nodes.conf" --draft "$WORK/dk3.gguf" 2>"$WORK/err" || rc=$?
 check "--draft without --acceptance is a usage error" test "$rc" = 2

@@ -242,15 +242,6 @@ int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, pr_re
     return pr_predict(rc->m, &rc->hp, &rc->plan, nodes, hop_s, &po, r, &e2);
 }
 
-static void ring_predict(ring_coord *rc) {
-    pr_result r;
-    if (ring_prediction(rc, 1, 1, &r) != 0) return;
-    rc->have_prediction = true;
-    rc->pred_greedy_tok_s = r.greedy_tok_s;
-    rc->pred_hops_s = r.hops_s;
-    rc->pred_compute_s = r.compute_s;
-}
-
 int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, const mf_model *m, const k3_hparams *hp,
               const ring_opts *o, rl_err *err) {
     memset(rc, 0, sizeof *rc);
@@ -420,7 +411,6 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
             }
         }
     }
-    memcpy(rc->order, perm, sizeof perm);
     plan_model pm;
     ring_plan_model(&pm, m, hp, o->n_seqs > 0 ? (uint32_t)o->n_seqs : 1, o->n_ctx, cache_elem);
     uint64_t (*lack)[PLAN_MAX_LAYERS + 2] = o->manifest ? calloc((size_t)conf->n, sizeof *lack) : NULL;
@@ -450,7 +440,6 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
         ring_close(rc);
         return -1;
     }
-    if (rc->have_delays) ring_predict(rc);
     if (!o->quiet && rc->have_delays) {
         bool moved = false;
         for (int k = 0; k < n_use; k++) moved |= perm[k] != k;
@@ -460,10 +449,11 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
         fprintf(stderr, "\n");
     }
     if (!o->quiet) plan_print(&rc->plan, rc->pnodes, stderr);
-    if (!o->quiet && rc->have_prediction) {
+    pr_result pred;
+    if (!o->quiet && ring_prediction(rc, 1, 1, &pred) == 0) {
         fprintf(stderr, "predicted (ringlm plan's model, docs/plan.md): decode %.2f tok/s greedy = 1 / (hops %.1f ms measured + "
-                        "compute %.1f ms at the nodes' speeds and FLOPs)\n", rc->pred_greedy_tok_s, rc->pred_hops_s * 1e3,
-                rc->pred_compute_s * 1e3);
+                        "compute %.1f ms at the nodes' speeds and FLOPs)\n", pred.greedy_tok_s, pred.hops_s * 1e3,
+                pred.compute_s * 1e3);
     }
     if (!o->quiet && o->manifest) ring_mf_print(rc, stderr);
     if (o->plan_only) return 0;
@@ -1015,11 +1005,12 @@ cJSON *ring_stats_json(const ring_coord *rc) {
     cJSON_AddNumberToObject(o, "traversals", (double)rc->traversals);
     cJSON_AddNumberToObject(o, "taps_dropped", (double)rc->taps_dropped);
     cJSON_AddBoolToObject(o, "delays_measured", rc->have_delays);
-    if (rc->have_prediction) {
+    pr_result pred;
+    if (ring_prediction(rc, 1, 1, &pred) == 0) {
         cJSON *pj = cJSON_AddObjectToObject(o, "predicted");
-        cJSON_AddNumberToObject(pj, "greedy_tok_s", rc->pred_greedy_tok_s);
-        cJSON_AddNumberToObject(pj, "hops_ms", 1e3 * rc->pred_hops_s);
-        cJSON_AddNumberToObject(pj, "compute_ms", 1e3 * rc->pred_compute_s);
+        cJSON_AddNumberToObject(pj, "greedy_tok_s", pred.greedy_tok_s);
+        cJSON_AddNumberToObject(pj, "hops_ms", 1e3 * pred.hops_s);
+        cJSON_AddNumberToObject(pj, "compute_ms", 1e3 * pred.compute_s);
     }
     return o;
 }

@@ -190,10 +190,6 @@ typedef struct ring_coord {
     bool have_delays;
     double delay_s[PLAN_MAX_NODES][PLAN_MAX_NODES];
     double coord_delay_s[PLAN_MAX_NODES];
-    int order[PLAN_MAX_NODES];    /* the nodes in the order the plan used (ring.conf's, or the measured best) */
-    bool have_prediction;
-    double pred_greedy_tok_s;     /* what the planner predicts for this ring (greedy decode) */
-    double pred_hops_s, pred_compute_s;
 } ring_coord;
 
 struct pr_result;

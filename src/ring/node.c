@@ -513,60 +513,58 @@ out:
     return rc;
 }
 
-/* LEND: the coordinator names the nodes that will pull from this one's split files (a manifest ring); only
- * those keys may, until the next LEND. */
-static void node_lend(node *n, uint64_t step, const zs_parts *p) {
+/* The keys a coordinator's message names in its JSON array `field` (LEND's fetchers, PEERS' peers) replace
+ * the node's keys of that label, on its allowlist and in keys[0..*n_keys). 0, or -1 after an ERROR naming
+ * what was wrong (the old keys are gone then too). */
+static int node_set_keys(node *n, uint64_t step, const zs_parts *p, const char *type, const char *field,
+                         const char *label, char (*keys)[65], int max, int *n_keys) {
     cJSON *j = p->n >= 3 ? cJSON_ParseWithLength(p->data[2], p->len[2]) : NULL;
-    const cJSON *fs = j ? cJSON_GetObjectItemCaseSensitive(j, "fetchers") : NULL, *it;
-    if (!cJSON_IsArray(fs)) {
-        node_error(n, step, "LEND lacks its fetchers");
+    const cJSON *arr = j ? cJSON_GetObjectItemCaseSensitive(j, field) : NULL, *it;
+    int rc = 0;
+    zs_auth_forget(&n->auth, label);
+    *n_keys = 0;
+    if (!cJSON_IsArray(arr)) {
+        node_error(n, step, "%s lacks its %s", type, field);
         cJSON_Delete(j);
-        return;
+        return -1;
     }
-    zs_auth_forget(&n->auth, "fetcher");
-    n->n_lent = 0;
-    cJSON_ArrayForEach(it, fs) {
+    cJSON_ArrayForEach(it, arr) {
         rk_peer pk;
         rl_err e2;
         if (!cJSON_IsString(it) || rk_peer_parse(&pk, it->valuestring, &e2) != 0) {
-            node_error(n, step, "LEND: a fetcher key is not valid");
-            cJSON_Delete(j);
-            return;
+            node_error(n, step, "%s: a %s key is not valid", type, label);
+            rc = -1;
+            break;
         }
-        if (n->n_lent == RP_MAX_HOLDERS) break;
-        zs_auth_allow(&n->auth, pk.curve_pk, "fetcher", pk.pk_hex);
-        snprintf(n->lent[n->n_lent++], sizeof n->lent[0], "%s", pk.pk_hex);
+        if (*n_keys == max) break;
+        zs_auth_allow(&n->auth, pk.curve_pk, label, pk.pk_hex);
+        snprintf(keys[(*n_keys)++], sizeof keys[0], "%s", pk.pk_hex);
     }
     cJSON_Delete(j);
-    node_reply(n, RF_LENT, step, NULL, 0);
+    return rc;
+}
+
+static bool node_key_in(char (*keys)[65], int n_keys, const char *key) {
+    for (int i = 0; i < n_keys; i++) {
+        if (strcmp(keys[i], key) == 0) return true;
+    }
+    return false;
+}
+
+/* LEND: the coordinator names the nodes that will pull from this one's split files (a manifest ring); only
+ * those keys may, until the next LEND. */
+static void node_lend(node *n, uint64_t step, const zs_parts *p) {
+    if (node_set_keys(n, step, p, "LEND", "fetchers", "fetcher", n->lent, RP_MAX_HOLDERS, &n->n_lent) == 0) {
+        node_reply(n, RF_LENT, step, NULL, 0);
+    }
 }
 
 /* PEERS: the coordinator names the ring's other nodes, which may then time round trips to this one (PROBE_PING)
  * until the next PEERS or until that coordinator leaves. */
 static void node_peers(node *n, uint64_t step, const zs_parts *p) {
-    cJSON *j = p->n >= 3 ? cJSON_ParseWithLength(p->data[2], p->len[2]) : NULL;
-    const cJSON *ps = j ? cJSON_GetObjectItemCaseSensitive(j, "peers") : NULL, *it;
-    if (!cJSON_IsArray(ps)) {
-        node_error(n, step, "PEERS lacks its peers");
-        cJSON_Delete(j);
-        return;
+    if (node_set_keys(n, step, p, "PEERS", "peers", "peer", n->probers, PB_MAX_PEERS, &n->n_probers) == 0) {
+        node_reply(n, RF_PEERS_OK, step, NULL, 0);
     }
-    zs_auth_forget(&n->auth, "prober");
-    n->n_probers = 0;
-    cJSON_ArrayForEach(it, ps) {
-        rk_peer pk;
-        rl_err e2;
-        if (!cJSON_IsString(it) || rk_peer_parse(&pk, it->valuestring, &e2) != 0) {
-            node_error(n, step, "PEERS: a peer key is not valid");
-            cJSON_Delete(j);
-            return;
-        }
-        if (n->n_probers == PB_MAX_PEERS) break;
-        zs_auth_allow(&n->auth, pk.curve_pk, "prober", pk.pk_hex);
-        snprintf(n->probers[n->n_probers++], sizeof n->probers[0], "%s", pk.pk_hex);
-    }
-    cJSON_Delete(j);
-    node_reply(n, RF_PEERS_OK, step, NULL, 0);
 }
 
 /* PROBE: time round trips to the peers the coordinator lists (probe.h) and tell it. The node answers nothing
@@ -612,8 +610,7 @@ static void node_probe(node *n, uint64_t step, const zs_parts *p) {
 
 /* PROBE_PING from a peer the coordinator named (PEERS): answered at once. */
 static void node_probe_ping(node *n, const zs_parts *p, const rf_header *h) {
-    bool known = false;
-    for (int i = 0; i < n->n_probers && !known; i++) known = strcmp(n->probers[i], p->user) == 0;
+    bool known = node_key_in(n->probers, n->n_probers, p->user);
     rl_err e2;
     if (known) node_reply_to(n, p->data[0], p->len[0], RF_PROBE_PONG, h->step_id, NULL, 0, &e2);
     else node_log(n, "dropped a PROBE_PING from %.16s..., which its coordinator did not name", p->user[0] ? p->user : "?");
@@ -622,8 +619,7 @@ static void node_probe_ping(node *n, const zs_parts *p, const rf_header *h) {
 /* PULL: bytes of one of this node's split files, for a node the coordinator lent them to. Answered at once
  * from the file (nothing is kept between pulls), errors to the puller. */
 static void node_pull(node *n, const zs_parts *p, const rf_header *h) {
-    bool lent = false;
-    for (int i = 0; i < n->n_lent && !lent; i++) lent = strcmp(n->lent[i], p->user) == 0;
+    bool lent = node_key_in(n->lent, n->n_lent, p->user);
     cJSON *j = p->n >= 3 ? cJSON_ParseWithLength(p->data[2], p->len[2]) : NULL;
     const char *file = j ? jstr(j, "file") : NULL;
     double off = j ? jnum(j, "offset", -1) : -1, len = j ? jnum(j, "len", -1) : -1;
@@ -1353,7 +1349,7 @@ static void node_watch_owner(node *n) {
         n->owned = false;
         zs_auth_forget(&n->auth, "fetcher"); /* what it lent, it lent for that coordinator's ring */
         n->n_lent = 0;
-        zs_auth_forget(&n->auth, "prober");
+        zs_auth_forget(&n->auth, "peer");
         n->n_probers = 0;
     }
     n->router_mon.watch_gone = false;

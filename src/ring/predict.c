@@ -14,12 +14,16 @@ typedef struct pr_stage_w {
     double dense, exps, elems;
 } pr_stage_w;
 
+static double pr_elems(const mf_tensor *t) {
+    return (double)t->ne[0] * (double)t->ne[1] * (double)t->ne[2] * (double)t->ne[3];
+}
+
 static pr_stage_w pr_weights(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b) {
     pr_stage_w w = {0, 0, 0};
     for (int i = 0; i < m->n_tensor; i++) {
         const mf_tensor *t = &m->tensors[i];
         unsigned il;
-        double ne = (double)t->ne[0] * (double)t->ne[1] * (double)t->ne[2] * (double)t->ne[3];
+        double ne = pr_elems(t);
         if (sscanf(t->name, "blk.%u.", &il) == 1) {
             if (il < a || il >= b) continue;
         } else if (strcmp(t->name, "token_embd.weight") == 0) {
@@ -58,12 +62,12 @@ int pr_draft_read(pr_draft *d, const mf_model *draft, const mf_model *target, rl
             const mf_tensor *t = &draft->tensors[i];
             if (strcmp(t->name, "token_embd.weight") == 0) continue;
             d->bytes += (double)t->nbytes;
-            d->elems += (double)t->ne[0] * (double)t->ne[1] * (double)t->ne[2] * (double)t->ne[3];
+            d->elems += pr_elems(t);
         }
         const mf_tensor *head = mf_find(draft, "output.weight") ? NULL : target ? mf_find(target, "output.weight") : NULL;
         if (head) {
             d->bytes += (double)head->nbytes;
-            d->elems += (double)head->ne[0] * (double)head->ne[1];
+            d->elems += pr_elems(head);
         }
         d->block = true;
         return 0;

@@ -20,7 +20,7 @@ typedef struct zs_allowlist {
     pthread_mutex_t mu;
     int n;
     uint8_t curve_pk[ZS_MAX_ALLOW][32];
-    char label[ZS_MAX_ALLOW][24]; /* "coordinator", "upstream", "fetcher", "prober" */
+    char label[ZS_MAX_ALLOW][24]; /* "coordinator", "upstream", "fetcher", "peer" */
     char name[ZS_MAX_ALLOW][65];  /* the key as users write it (Ed25519 hex): a message's "User-Id" */
 } zs_allowlist;
 
