@@ -67,6 +67,11 @@ int cli_parse_engine(const char *a, const char *v, k3_engine_opts *eo, int *bad,
         /* auto: llama.cpp's default, flash attention wherever the device runs it - every CPU does. */
         *bad = strcmp(v, "on") && strcmp(v, "off") && strcmp(v, "auto"), *want = "on, off or auto";
         eo->no_flash_attn = strcmp(v, "off") == 0;
+    } else if (strcmp(a, "--mem") == 0) {
+        /* A budget for resident weights; past it routed experts are read from the file (expert_cache.h). */
+        double gb = 0;
+        *bad = cli_parse_double(v, &gb) || !(gb > 0 && gb < 1e6), *want = "gigabytes above 0";
+        eo->mem_bytes = *bad ? 0 : (size_t)(gb * 1073741824.0);
     } else if (strcmp(a, "--cache-type") == 0) {
         *bad = strcmp(v, "f32") && strcmp(v, "f16"), *want = "f32 or f16";
         eo->cache_f32 = strcmp(v, "f32") == 0;

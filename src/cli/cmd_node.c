@@ -23,7 +23,9 @@ static void node_usage(FILE *f) {
                "--flash-attn on and --cache-type f16 compute MLA attention as llama.cpp's -fa on over an f16\n"
                "cache (the defaults, as llama.cpp's); the node's INFO says which it runs, and audits of its stage\n"
                "do the same. --speed and --tflops declare what the node reports as its decode (GB/s of weights)\n"
-               "and prefill (TFLOPS) speed instead of measuring them at start.\n");
+               "and prefill (TFLOPS) speed instead of measuring them at start. --mem GB is what the node offers\n"
+               "the planner and a hard budget for its weights: a range larger than it keeps its dense part\n"
+               "resident and reads routed experts from the file through a cache (docs/experts.md).\n");
 }
 
 int cmd_node(int argc, char **argv) {
@@ -56,7 +58,10 @@ int cmd_node(int argc, char **argv) {
         else if (strcmp(a, "--allow") == 0) allow = v;
         else if (strcmp(a, "--models") == 0) o.models_dir = v;
         else if (strcmp(a, "--cache") == 0) o.cache_dir = v;
-        else if (strcmp(a, "--mem") == 0) o.mem_gb = atof(v);
+        else if (strcmp(a, "--mem") == 0 && cli_parse_engine(a, v, &o.eng, &bad, &want)) {
+            if (bad) return cli_bad_option("node", a, v, true, want);
+            o.mem_gb = (double)o.eng.mem_bytes / 1073741824.0; /* offered to the planner, and a hard budget */
+        }
         else if (strcmp(a, "--speed") == 0) o.speed_gbs = atof(v);
         else if (strcmp(a, "--tflops") == 0) o.tflops = atof(v);
         else if (strcmp(a, "--audit-keep") == 0 && atof(v) > 0) o.audit_keep_bytes = (size_t)(atof(v) * 1048576.0);

@@ -11,6 +11,7 @@
 #include <cJSON.h>
 
 #include "../gen/generate.h"
+#include "../model/expert_cache.h"
 #include "../ring/coord.h"
 #include "../ring/predict.h"
 #include "../speculate/spec_gen.h"
@@ -23,7 +24,7 @@ static void run_usage(FILE *f) {
             "usage: ringlm run -m MODEL.gguf (-p PROMPT | --tokens 1,2,3 | --tokens @FILE) [-n N] [--chat] [--system TEXT]\n"
             "                  [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
             "                  [--presence-penalty P] [--frequency-penalty F] [--logit-bias ID+B|ID-B]... [--seed S] [--threads N]\n"
-            "                  [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
+            "                  [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--mem GB] [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
             "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16] [--keep-order] [--manifest M instead of -m]]\n"
             "                  [--draft none|ngram|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-fixed]\n"
             "                  [--draft-p-min P] [--draft-depth D]] [--receipts FILE]\n"
@@ -42,6 +43,9 @@ static void run_usage(FILE *f) {
             "  --flash-attn on|off|auto  MLA attention by flash attention, as llama.cpp's default graph (default\n"
             "                  auto: on, as every CPU runs it)\n"
             "  --cache-type f32|f16  element type of the MLA latent cache (default f16, as llama.cpp's)\n"
+            "  --mem GB      at most GB of resident weights: when the model does not fit, its dense part stays\n"
+            "                resident and routed experts are read from the file into a cache filling the rest\n"
+            "                (same output, bit for bit; docs/experts.md); the summary adds hit rate and reads\n"
             "  --ring FILE   run across the nodes in FILE (\"HOST:PORT PUBKEY_HEX [mem=GB]\" per line) as the\n"
             "                coordinator with identity --key; prints the plan and per-stage timings\n"
             "  --manifest M  (ring, instead of -m) the coordinator holds only the model's manifest (ringlm\n"
@@ -68,10 +72,15 @@ static void run_usage(FILE *f) {
 typedef struct run_out {
     bool ids;
     int n;
+    const xc_stats *xc;  /* the engine's expert cache, if it has one */
+    xc_stats xc_prefill; /* its counters when the first token came out: what prefill read */
+    bool got_first;
 } run_out;
 
 static int run_on_token(void *user, int32_t id, const char *text, size_t len) {
     run_out *o = user;
+    if (!o->got_first && o->xc) o->xc_prefill = *o->xc;
+    o->got_first = true;
     if (o->ids) {
         if (id >= 0) printf("%s%d", o->n++ ? "," : "", id);
     } else if (len) {
@@ -81,8 +90,52 @@ static int run_on_token(void *user, int32_t id, const char *text, size_t len) {
     return 0;
 }
 
-static int run_write_metrics(const char *path, const gen_metrics *m, cJSON *ring, const spec_metrics *sm, rl_err *err) {
+/* Counters of one phase (b - a) of an expert cache. */
+static xc_stats run_xc_diff(const xc_stats *b, const xc_stats *a) {
+    xc_stats d = *b;
+    d.tokens -= a->tokens, d.needed -= a->needed, d.hits -= a->hits, d.loads -= a->loads;
+    d.prefetched -= a->prefetched, d.prefetch_used -= a->prefetch_used, d.bytes_read -= a->bytes_read;
+    d.bytes_used -= a->bytes_used, d.passes -= a->passes, d.wait_s -= a->wait_s;
+    return d;
+}
+
+static cJSON *run_xc_json(const xc_stats *s) {
     cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "tokens", (double)s->tokens);
+    cJSON_AddNumberToObject(j, "hit_rate", s->needed ? (double)s->hits / (double)s->needed : 0);
+    cJSON_AddNumberToObject(j, "bytes_read", (double)s->bytes_read);
+    cJSON_AddNumberToObject(j, "bytes_read_per_token", s->tokens ? (double)s->bytes_read / (double)s->tokens : 0);
+    cJSON_AddNumberToObject(j, "bytes_used_per_token", s->tokens ? (double)s->bytes_used / (double)s->tokens : 0);
+    cJSON_AddNumberToObject(j, "prefetched", (double)s->prefetched);
+    cJSON_AddNumberToObject(j, "prefetch_accuracy", s->prefetched ? (double)s->prefetch_used / (double)s->prefetched : 0);
+    cJSON_AddNumberToObject(j, "loads", (double)s->loads);
+    cJSON_AddNumberToObject(j, "passes", (double)s->passes);
+    cJSON_AddNumberToObject(j, "wait_s", s->wait_s);
+    return j;
+}
+
+/* The summary line of an expert cache: hit rate, bytes read per token against what the tokens used, how
+ * often the look-ahead was right, and how long the compute waited for the disk. */
+static void run_xc_print(const char *phase, const xc_stats *s) {
+    fprintf(stderr, "[ringlm] experts (%s): hit rate %.1f%%, read %.2f MiB/token (the chosen experts: %.2f MiB/token), "
+                    "look-ahead %.0f%% of %llu used, waited %.3f s\n", phase,
+            s->needed ? 100.0 * (double)s->hits / (double)s->needed : 0.0,
+            s->tokens ? (double)s->bytes_read / (double)s->tokens / 1048576.0 : 0.0,
+            s->tokens ? (double)s->bytes_used / (double)s->tokens / 1048576.0 : 0.0,
+            s->prefetched ? 100.0 * (double)s->prefetch_used / (double)s->prefetched : 0.0,
+            (unsigned long long)s->prefetched, s->wait_s);
+}
+
+static int run_write_metrics(const char *path, const gen_metrics *m, cJSON *ring, const spec_metrics *sm,
+                             const run_out *ro, rl_err *err) {
+    cJSON *j = cJSON_CreateObject();
+    if (ro->xc) {
+        cJSON *x = run_xc_json(ro->xc);
+        xc_stats d = run_xc_diff(ro->xc, &ro->xc_prefill);
+        cJSON_AddItemToObject(x, "prefill", run_xc_json(&ro->xc_prefill));
+        cJSON_AddItemToObject(x, "decode", run_xc_json(&d));
+        cJSON_AddItemToObject(j, "expert_cache", x);
+    }
     if (sm) {
         cJSON_AddNumberToObject(j, "acceptance_rate", sm->acceptance_rate);
         cJSON_AddNumberToObject(j, "tokens_per_traversal", sm->tokens_per_traversal);
@@ -487,6 +540,7 @@ int cmd_run(int argc, char **argv) {
             goto out;
         }
         have_engine = true;
+        ro.xc = k3_engine_cache_stats(&e);
         k3_weights_prefault(&e.w, a->progress && m.tensor_bytes > (64u << 20));
         int grc;
         if (spec) {
@@ -511,7 +565,14 @@ int cmd_run(int argc, char **argv) {
                         "draft %.3f s, verify %.3f s\n",
                 a->draft, 100 * smx.acceptance_rate, smx.tokens_per_traversal, smx.traversals, smx.draft_s, smx.verify_s);
     }
-    if (a->metrics && run_write_metrics(a->metrics, &gm, ring_json, spec ? &smx : NULL, &err) != 0) goto out;
+    if (ro.xc) {
+        xc_stats d = run_xc_diff(ro.xc, &ro.xc_prefill);
+        fprintf(stderr, "[ringlm] expert cache: %.1f MiB for routed experts of %.1f MiB, the rest read from the file\n",
+                (double)e.xc->cache_bytes / 1048576.0, (double)xc_expert_bytes(&m, &hp, 0, hp.n_layer) / 1048576.0);
+        run_xc_print("prefill", &ro.xc_prefill);
+        run_xc_print("decode", &d);
+    }
+    if (a->metrics && run_write_metrics(a->metrics, &gm, ring_json, spec ? &smx : NULL, &ro, &err) != 0) goto out;
     if (!a->metrics) cJSON_Delete(ring_json);
     rc = 0;
 out:

@@ -19,7 +19,7 @@ static void serve_usage(FILE *f) {
     fprintf(f,
             "usage: ringlm serve -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
             "                    [--parallel N] [--ctx N] [--queue N] [--threads N] [--chunk N]\n"
-            "                    [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16]\n"
+            "                    [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--mem GB]\n"
             "                    [--max-body BYTES] [--drain SECONDS] [--header-timeout S] [--idle-timeout S]\n"
             "                    [--max-conn-per-ip N] [--alias NAME]... [--quiet]\n"
             "                    [--draft ngram|none|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-threads N]]\n"
@@ -44,6 +44,8 @@ static void serve_usage(FILE *f) {
             "                 copied into the CPU's repacked layouts where llama.cpp would; not used with --ring)\n"
             "  --flash-attn on|off|auto, --cache-type f32|f16  MLA attention by flash attention over an f16 cache,\n"
             "                 as llama.cpp's defaults (the defaults here too); off / f32: the softmax path\n"
+            "  --mem GB       at most GB of resident weights; past it routed experts are read from the file\n"
+            "                 through a cache (docs/experts.md; /metrics has its counters; not used with --ring)\n"
             "  --max-body B   largest request body in bytes (default 1048576); larger gets 413\n"
             "  --header-timeout S  a connection must send a request's headers within S seconds of connecting\n"
             "                 or of its previous response, or it is closed (default 10)\n"

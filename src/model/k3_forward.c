@@ -8,6 +8,7 @@
 #include "k3_forward.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +16,8 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
+
+#include "expert_cache.h"
 
 int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b,
                    const k3_engine_opts *o, rl_err *err) {
@@ -27,7 +30,35 @@ int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32
     e->n_threads = o->n_threads > 0 ? o->n_threads : 1;
     e->flash_attn = !o->no_flash_attn;
     e->hp.kv_type = o->cache_f32 ? GGML_TYPE_F32 : GGML_TYPE_F16;
-    if (k3_weights_bind(&e->w, m, hp, a, b, o->no_repack, err) != 0) return -1;
+    /* Under a budget the range's weights exceed, its routed experts stay in the file (expert_cache.h). */
+    bool cache = false;
+    if (o->mem_bytes > 0 && a < b && b <= hp->n_layer) {
+        const size_t dense = xc_dense_bytes(m, hp, a, b), experts = xc_expert_bytes(m, hp, a, b);
+        cache = experts > 0 && dense + experts > o->mem_bytes;
+        const size_t least = k3_range_min_bytes(m, hp, a, b);
+        if (dense + experts > o->mem_bytes && o->mem_bytes < least) {
+            const double G = 1073741824.0;
+            return rl_errf(err, "--mem %.4f GB is too small for layers [%u, %u): they keep %.4f GB resident (dense "
+                                "weights %.4f GB and two expert slots of each kind); the least that runs is --mem %.4f",
+                           (double)o->mem_bytes / G, a, b, (double)least / G, (double)dense / G,
+                           ceil((double)least / G * 1e4) / 1e4);
+        }
+    }
+    if (k3_weights_bind(&e->w, m, hp, a, b, o->no_repack, cache, err) != 0) return -1;
+    if (cache) {
+        e->xc = calloc(1, sizeof *e->xc);
+        if (!e->xc) {
+            k3_engine_free(e);
+            return rl_errf(err, "out of memory for the expert cache");
+        }
+        size_t left = o->mem_bytes - xc_dense_bytes(m, hp, a, b);
+        if (xc_open(e->xc, m, hp, a, b, left, &e->w.place, err) != 0) {
+            free(e->xc);
+            e->xc = NULL;
+            k3_engine_free(e);
+            return -1;
+        }
+    }
     e->backend = ggml_backend_cpu_init();
     if (!e->backend) {
         k3_engine_free(e);
@@ -43,6 +74,11 @@ int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32
 }
 
 void k3_engine_free(k3_engine *e) {
+    if (e->xc) {
+        xc_close(e->xc);
+        free(e->xc);
+    }
+    if (e->sched) ggml_backend_sched_free(e->sched);
     if (e->galloc) ggml_gallocr_free(e->galloc);
     if (e->backend) ggml_backend_free(e->backend);
     k3_weights_free(&e->w);
@@ -50,7 +86,14 @@ void k3_engine_free(k3_engine *e) {
     memset(e, 0, sizeof *e);
 }
 
+const struct xc_stats *k3_engine_cache_stats(const k3_engine *e) { return e->xc ? &e->xc->st : NULL; }
+
+size_t k3_range_min_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b) {
+    return xc_dense_bytes(m, hp, a, b) + xc_min_expert_bytes(m, hp, a, b);
+}
+
 size_t k3_engine_compute_bytes(const k3_engine *e) {
+    if (e->sched) return ggml_backend_sched_get_buffer_size(e->sched, e->backend);
     return e->galloc ? ggml_gallocr_get_buffer_size(e->galloc, 0) : 0;
 }
 
@@ -132,7 +175,25 @@ typedef struct k3_graph {
     bool flash_attn;   /* MLA attention as one ggml_flash_attn_ext per sequence or group (k3_fa) */
     struct ggml_tensor *(*route)[3]; /* k3_batch.routes: per layer of the range, ids / weights / norms */
     int rel;                         /* the layer being built, relative to the range */
+    uint32_t a, b;                   /* the range */
+    const k3_weights *w;
+    xc_cache *xc;                    /* routed experts through a cache: the compute stops at each pass */
+    struct k3_xstop *stops;
+    int n_stops, cap_stops;
 } k3_graph;
+
+/* Where the compute of a graph over cached experts stops (k3_compute): before each pass of a MoE layer's
+ * experts, so that the host reads what the router chose and puts those experts in slots. */
+typedef struct k3_xstop {
+    int node, end;           /* the pass's nodes: [node, end) */
+    uint32_t il;
+    int pass, n_pass;        /* this pass of the n_pass the graph has for the layer */
+    struct ggml_tensor *sel; /* pass 0: the chosen experts [K, T] (a copy kept as an output) */
+    struct ggml_tensor *ahead;/* pass 0: the next layer's choice from this layer's input (look-ahead), or NULL */
+    struct ggml_tensor *ids; /* the pass's slot ids [K, T], or [1, N] with several passes (input) */
+    struct ggml_tensor *tok; /* several passes: [N] the token each of the pass's rows reads (input) */
+    struct ggml_tensor *pick;/* pass 0 of several: [K*T] which pass's output row each row takes (input) */
+} k3_xstop;
 
 /* Every matmul of the graph goes through here. ggml's CPU backend computes a matmul of two or more
  * columns with llamafile's tiled GEMM (where it knows the weight type: f32, f16, bf16, q8_0, q4_0 ...)
@@ -537,6 +598,62 @@ static struct ggml_tensor *k3_mla(k3_graph *g, const k3_layer_w *L, int il_rel, 
     return k3_mm(g, L->wo, o);
 }
 
+/* The routed experts over the cache's slots (expert_cache.h): the same three ggml_mul_mat_id, on the slot
+ * tensors with slot ids. When one pass may not hold the batch's experts, the graph has several, each over
+ * N = K*T one-expert rows (the token each row reads, gathered, and one slot id per row: the rows of the
+ * pass's experts, then padding), and each row's output is taken back from the pass that computed it
+ * (get_rows copies, exactly). What the compute needs at its stops is recorded in g->stops. */
+static struct ggml_tensor *k3_moe_cached(k3_graph *g, struct ggml_tensor *xn, struct ggml_tensor *sel,
+                                         struct ggml_tensor *xl) {
+    struct ggml_context *c = g->ctx;
+    const k3_hparams *hp = g->hp;
+    const uint32_t il = g->a + (uint32_t)g->rel;
+    const int64_t K = hp->n_expert_used, T = g->T, dl = xl->ne[0], N = K * T;
+    const int n_pass = xc_max_passes(g->xc, il, N);
+    struct ggml_tensor *selc = ggml_cont(c, sel); /* read back at the stop: a view's memory is the argsort's */
+    ggml_set_output(selc);
+    ggml_build_forward_expand(g->gf, selc);
+    struct ggml_tensor *ahead = NULL;
+    if (il + 1 < g->b && k3_is_moe(hp, il + 1)) {
+        /* Look-ahead: the next layer's router on this layer's input, an estimate of its choice (only read). */
+        const k3_layer_w *nx = &g->w->layers[il + 1 - g->a];
+        struct ggml_tensor *pr = ggml_add(c, ggml_sigmoid(c, k3_mm(g, nx->gate_inp, xn)), nx->probs_b);
+        ahead = ggml_cont(c, ggml_argsort_top_k(c, pr, (int)K));
+        ggml_set_output(ahead);
+        ggml_build_forward_expand(g->gf, ahead);
+    }
+    ggml_build_forward_expand(g->gf, xl);
+    struct ggml_tensor *merged = NULL, *xr = ggml_reshape_2d(c, xl, dl, T);
+    for (int p = 0; p < n_pass; p++) {
+        k3_xstop *st = &g->stops[g->n_stops++];
+        struct ggml_tensor *x = xl, *ids;
+        st->node = ggml_graph_n_nodes(g->gf);
+        if (n_pass == 1) {
+            ids = ggml_new_tensor_2d(c, GGML_TYPE_I32, K, T);
+        } else {
+            st->tok = ggml_new_tensor_1d(c, GGML_TYPE_I32, N);
+            ggml_set_input(st->tok);
+            ids = ggml_new_tensor_2d(c, GGML_TYPE_I32, 1, N);
+            x = ggml_reshape_3d(c, ggml_get_rows(c, xr, st->tok), dl, 1, N);
+        }
+        ggml_set_input(ids);
+        struct ggml_tensor *up = ggml_mul_mat_id(c, xc_tensor(g->xc, il, 1), x, ids);   /* [Fe, K, T] or [Fe, 1, N] */
+        struct ggml_tensor *gate = ggml_mul_mat_id(c, xc_tensor(g->xc, il, 0), x, ids);
+        struct ggml_tensor *ex = ggml_mul_mat_id(c, xc_tensor(g->xc, il, 2), k3_situ(g, gate, up), ids);
+        ggml_build_forward_expand(g->gf, ex);
+        st->end = ggml_graph_n_nodes(g->gf);
+        st->il = il, st->pass = p, st->n_pass = n_pass, st->ids = ids;
+        if (p == 0) st->sel = selc, st->ahead = ahead;
+        if (n_pass == 1) return ex;
+        struct ggml_tensor *rows = ggml_reshape_2d(c, ex, dl, N);
+        merged = merged ? ggml_concat(c, merged, rows, 1) : rows;
+    }
+    struct ggml_tensor *pick = ggml_new_tensor_1d(c, GGML_TYPE_I32, N);
+    ggml_set_input(pick);
+    g->stops[g->n_stops - n_pass].pick = pick;
+    return ggml_reshape_3d(c, ggml_get_rows(c, merged, pick), dl, K, T);
+}
+
 static struct ggml_tensor *k3_moe(k3_graph *g, const k3_layer_w *L, struct ggml_tensor *xn) {
     struct ggml_context *c = g->ctx;
     const k3_hparams *hp = g->hp;
@@ -559,9 +676,14 @@ static struct ggml_tensor *k3_moe(k3_graph *g, const k3_layer_w *L, struct ggml_
     struct ggml_tensor *xl = L->routed_down ? k3_mm(g, L->routed_down, xn) : xn;
     const int64_t dl = xl->ne[0];
     xl = ggml_reshape_3d(c, xl, dl, 1, T);
-    struct ggml_tensor *up = ggml_mul_mat_id(c, L->up_exps, xl, sel);     /* [Fe, K, T] */
-    struct ggml_tensor *gate = ggml_mul_mat_id(c, L->gate_exps, xl, sel); /* [Fe, K, T] */
-    struct ggml_tensor *ex = ggml_mul_mat_id(c, L->down_exps, k3_situ(g, gate, up), sel); /* [dl, K, T] */
+    struct ggml_tensor *ex;
+    if (g->xc) {
+        ex = k3_moe_cached(g, xn, sel, xl);
+    } else {
+        struct ggml_tensor *up = ggml_mul_mat_id(c, L->up_exps, xl, sel);     /* [Fe, K, T] */
+        struct ggml_tensor *gate = ggml_mul_mat_id(c, L->gate_exps, xl, sel); /* [Fe, K, T] */
+        ex = ggml_mul_mat_id(c, L->down_exps, k3_situ(g, gate, up), sel);     /* [dl, K, T] */
+    }
     if (g->route) {
         /* ||r_e|| per chosen expert: a sum of squares in ggml's double-accumulated row sum, then sqrt. The
          * outputs are read after the compute; nothing downstream changes, so the logits stay the same. */
@@ -681,6 +803,109 @@ static int k3_routes_get(const k3_engine *e, const k3_graph *g, k3_routes *r, rl
     return 0;
 }
 
+/* A compute over cached experts, as the scheduler's evaluation callback sees it (k3_xc_eval). */
+typedef struct k3_xrun {
+    k3_graph *g;
+    int next;          /* the next stop */
+    int rows;
+    int32_t *ids, *slots, *tok;
+    xc_plan plan;
+    int rc;
+    rl_err *err;
+} k3_xrun;
+
+/* The scheduler computes the graph up to a node this asks for, then calls back with it: the node before
+ * each pass of a MoE layer's experts. There the host reads what the router chose (first pass), plans the
+ * passes, makes this pass's experts resident and writes their slot ids (a pass the batch does not need is all
+ * padding: computed, never picked); before the layer's last pass computes, the look-ahead's
+ * guess for the next layer starts reading, so the reads overlap it. Returning false stops the compute. */
+static bool k3_xc_eval(struct ggml_tensor *t, bool ask, void *user) {
+    k3_xrun *x = user;
+    k3_graph *g = x->g;
+    if (x->next >= g->n_stops || t != ggml_graph_node(g->gf, g->stops[x->next].node - 1)) return false;
+    if (ask) return true;
+    const k3_xstop *st = &g->stops[x->next];
+    const k3_xstop *s0 = st - st->pass;
+    x->next++;
+    if (st->pass == 0) {
+        ggml_backend_tensor_get(st->sel, x->ids, 0, (size_t)x->rows * sizeof *x->ids);
+        if ((x->rc = xc_plan_layer(g->xc, st->il, x->ids, x->rows, &x->plan, x->err)) != 0) return false;
+        if (x->plan.n_groups > st->n_pass) { /* xc_max_passes bounds it: cannot happen */
+            x->rc = rl_errf(x->err, "layer %u needs %d passes, the graph has %d", st->il, x->plan.n_groups, st->n_pass);
+            return false;
+        }
+        if (st->pick) {
+            /* Row r's output: in its pass's block, at its place among that pass's rows (in row order). */
+            int *at = calloc((size_t)st->n_pass, sizeof *at);
+            if (!at) {
+                x->rc = rl_errf(x->err, "out of memory for expert ids");
+                return false;
+            }
+            for (int r = 0; r < x->rows; r++) {
+                const int gr = x->plan.group_of[r];
+                x->slots[r] = gr * x->rows + at[gr]++;
+            }
+            free(at);
+            ggml_backend_tensor_set(st->pick, x->slots, 0, (size_t)x->rows * sizeof *x->slots);
+        }
+    }
+    const int N = x->rows;
+    int n_in = 0;
+    if (st->pass < x->plan.n_groups) {
+        if ((x->rc = xc_load_pass(g->xc, st->il, &x->plan, st->pass, x->slots, x->err)) != 0) return false;
+        if (st->pass == x->plan.n_groups - 1 && s0->ahead) {
+            ggml_backend_tensor_get(s0->ahead, x->ids, 0, (size_t)N * sizeof *x->ids);
+            xc_prefetch(g->xc, st->il + 1, x->ids, N);
+        }
+    } else {
+        for (int r = 0; r < N; r++) x->slots[r] = -1; /* a pass the batch does not need: all padding */
+    }
+    if (!st->tok) {
+        ggml_backend_tensor_set(st->ids, x->slots, 0, (size_t)N * sizeof *x->slots); /* one pass: every row */
+    } else {
+        /* The pass's rows first, in row order (their place in the pass is what pick names), then padding
+         * rows reading token 0 through slot 0. */
+        const int K = (int)g->hp->n_expert_used;
+        for (int r = 0; r < N; r++) {
+            if (x->slots[r] < 0) continue;
+            x->tok[n_in] = r / K;
+            x->ids[n_in++] = x->slots[r];
+        }
+        for (int i = n_in; i < N; i++) x->tok[i] = 0, x->ids[i] = 0;
+        ggml_backend_tensor_set(st->tok, x->tok, 0, (size_t)N * sizeof *x->tok);
+        ggml_backend_tensor_set(st->ids, x->ids, 0, (size_t)N * sizeof *x->ids);
+    }
+    if (st->pass == st->n_pass - 1) xc_plan_free(&x->plan);
+    return true;
+}
+
+/* Runs the graph: on the CPU backend at once, or over cached experts through the scheduler, which stops
+ * where k3_xc_eval asks. A read that fails stops the compute: the sequences' states are then partly
+ * advanced, as after a failed compute. */
+static int k3_compute(k3_engine *e, k3_graph *g, rl_err *err) {
+    if (!g->xc) {
+        if (ggml_backend_graph_compute(e->backend, g->gf) != GGML_STATUS_SUCCESS) return rl_errf(err, "ggml graph compute failed");
+        return 0;
+    }
+    k3_xrun x = {.g = g, .rows = (int)(g->hp->n_expert_used * g->T), .err = err};
+    x.ids = malloc((size_t)x.rows * sizeof *x.ids);
+    x.slots = malloc((size_t)x.rows * sizeof *x.slots);
+    x.tok = malloc((size_t)x.rows * sizeof *x.tok);
+    if (!x.ids || !x.slots || !x.tok) x.rc = rl_errf(err, "out of memory for expert ids");
+    if (x.rc == 0) {
+        ggml_backend_sched_set_eval_callback(e->sched, k3_xc_eval, &x);
+        enum ggml_status st = ggml_backend_sched_graph_compute(e->sched, g->gf);
+        ggml_backend_sched_set_eval_callback(e->sched, NULL, NULL);
+        if (x.rc == 0 && st != GGML_STATUS_SUCCESS) x.rc = rl_errf(err, "ggml graph compute failed");
+        if (x.rc == 0 && x.next != g->n_stops) x.rc = rl_errf(err, "the compute stopped at %d of %d expert passes", x.next, g->n_stops);
+    }
+    xc_plan_free(&x.plan);
+    free(x.ids);
+    free(x.slots);
+    free(x.tok);
+    return x.rc;
+}
+
 int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
     memset(out, 0, sizeof *out);
     const k3_hparams *hp = &e->hp;
@@ -691,13 +916,20 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
 
     bool any_mla = false;
     for (uint32_t il = e->a; il < e->b; il++) any_mla |= hp->is_mla[il];
-    k3_graph g = {.hp = hp, .n_seqs = bt->n_seqs, .T = T, .step_kernels = bt->step_kernels, .flash_attn = e->flash_attn};
+    k3_graph g = {.hp = hp, .n_seqs = bt->n_seqs, .T = T, .step_kernels = bt->step_kernels, .flash_attn = e->flash_attn,
+                  .a = e->a, .b = e->b, .w = &e->w, .xc = e->xc};
     const enum ggml_type mask_type = e->flash_attn ? GGML_TYPE_F16 : GGML_TYPE_F32; /* FA takes an f16 mask */
     g.seqs = calloc((size_t)bt->n_seqs, sizeof *g.seqs);
     g.groups = calloc((size_t)bt->n_seqs, sizeof *g.groups);
     g.outs = calloc((size_t)bt->n_seqs, sizeof *g.outs);
     if (bt->routes) g.route = calloc(e->b - e->a, sizeof *g.route);
-    if (!g.seqs || !g.groups || !g.outs || (bt->routes && !g.route)) {
+    size_t xc_nodes = 0;
+    if (g.xc) {
+        for (uint32_t il = e->a; il < e->b; il++) g.cap_stops += k3_is_moe(hp, il) ? xc_max_passes(g.xc, il, (int64_t)hp->n_expert_used * T) : 0;
+        g.stops = calloc((size_t)g.cap_stops + 1, sizeof *g.stops);
+        xc_nodes = (size_t)g.cap_stops * 12 + (size_t)(e->b - e->a) * 16;
+    }
+    if (!g.seqs || !g.groups || !g.outs || (bt->routes && !g.route) || (g.xc && !g.stops)) {
         rl_errf(err, "out of memory building the graph");
         goto fail_build;
     }
@@ -727,7 +959,7 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
         }
     }
 
-    size_t n_nodes = 2048 + (size_t)(e->b - e->a) * (256 + 96 * (size_t)g.n_groups);
+    size_t n_nodes = 2048 + (size_t)(e->b - e->a) * (256 + 96 * (size_t)g.n_groups) + xc_nodes;
     /* Step kernels give MLA attention a few ops per token (k3_fa_seq): a rebuilt sequence's replay runs
      * hundreds of tokens so. */
     if (g.step_kernels) n_nodes += (size_t)(e->b - e->a) * (size_t)T * 24;
@@ -856,14 +1088,37 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
     for (int i = 0; i < ggml_graph_n_nodes(g.gf); i++) {
         if (ggml_graph_node(g.gf, i)->flags & GGML_TENSOR_FLAG_OUTPUT) key = (key ^ (uint64_t)i) * 0x100000001b3ULL;
     }
-    if (key != e->plan_outputs && !ggml_gallocr_reserve(e->galloc, g.gf)) {
-        rc = rl_errf(err, "cannot allocate compute memory for %lld tokens", (long long)T);
-        goto done;
-    }
-    e->plan_outputs = key;
-    if (!ggml_gallocr_alloc_graph(e->galloc, g.gf)) {
-        rc = rl_errf(err, "cannot allocate compute memory for %lld tokens", (long long)T);
-        goto done;
+    if (g.xc) {
+        /* Over cached experts the scheduler runs the graph (it stops where the host must load experts); its
+         * hash set is sized once, so a larger graph gets a new one. */
+        const size_t size = (size_t)ggml_graph_n_nodes(g.gf) + (size_t)ggml_graph_size(g.gf);
+        if (!e->sched || size > e->sched_size) {
+            if (e->sched) ggml_backend_sched_free(e->sched);
+            e->sched_size = size > 2 * e->sched_size ? size : 2 * e->sched_size;
+            e->sched = ggml_backend_sched_new(&e->backend, NULL, 1, e->sched_size, false, false);
+            e->plan_outputs = 0;
+            if (!e->sched) {
+                rc = rl_errf(err, "cannot create the graph scheduler");
+                goto done;
+            }
+        }
+        ggml_backend_sched_reset(e->sched);
+        if ((key != e->plan_outputs && !ggml_backend_sched_reserve(e->sched, g.gf)) ||
+            !ggml_backend_sched_alloc_graph(e->sched, g.gf)) {
+            rc = rl_errf(err, "cannot allocate compute memory for %lld tokens", (long long)T);
+            goto done;
+        }
+        e->plan_outputs = key;
+    } else {
+        if (key != e->plan_outputs && !ggml_gallocr_reserve(e->galloc, g.gf)) {
+            rc = rl_errf(err, "cannot allocate compute memory for %lld tokens", (long long)T);
+            goto done;
+        }
+        e->plan_outputs = key;
+        if (!ggml_gallocr_alloc_graph(e->galloc, g.gf)) {
+            rc = rl_errf(err, "cannot allocate compute memory for %lld tokens", (long long)T);
+            goto done;
+        }
     }
     if (inp_tok) ggml_backend_tensor_set(inp_tok, bt->tokens, 0, (size_t)T * sizeof(int32_t));
     if (inp_h) ggml_backend_tensor_set(inp_h, bt->in->h, 0, ggml_nbytes(inp_h));
@@ -914,10 +1169,11 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
             free(kr);
         }
     }
-    if (ggml_backend_graph_compute(e->backend, g.gf) != GGML_STATUS_SUCCESS) {
-        rc = rl_errf(err, "ggml graph compute failed");
+    if (k3_compute(e, &g, err) != 0) {
+        rc = -1;
         goto done;
     }
+    if (g.xc) g.xc->st.tokens += (uint64_t)T;
     for (int i = 0; i < g.n_rb; i++) ggml_backend_tensor_get(g.rb[i].t, g.rb[i].dst, g.rb[i].offset, g.rb[i].size);
     for (int s = 0; s < bt->n_seqs; s++) {
         k3_state *st = bt->seqs[s];
@@ -961,6 +1217,7 @@ done:
     free(g.outs);
     free(g.rb);
     free(g.route);
+    free(g.stops);
     return rc;
 fail_build: /* nothing has run and no state has moved */
     if (g.ctx) ggml_free(g.ctx);
@@ -968,5 +1225,6 @@ fail_build: /* nothing has run and no state has moved */
     free(g.groups);
     free(g.outs);
     free(g.route);
+    free(g.stops);
     return -1;
 }

@@ -1,5 +1,6 @@
-/* Folder src/model/: K3 hyperparameters and tensor manifest, weights of a layer range, the forward graph, per-
- * sequence state, boundary state, memory arithmetic, the logits file format. May include: base, gguf. (README
+/* Folder src/model/: K3 hyperparameters and tensor manifest, weights of a layer range, the forward graph, the
+ * expert cache (routed experts read from the file under --mem), per-sequence state, boundary state, memory
+ * arithmetic, the logits file format. May include: base, gguf. (README
  * "Layout"; tests/t_layout.sh checks both.)
  */
 /* k3_forward.h - our K3 forward pass on ggml, for one layer range [a, b) (spec §5).
@@ -23,6 +24,9 @@
 
 struct ggml_backend;
 struct ggml_gallocr;
+struct ggml_backend_sched;
+struct xc_cache;
+struct xc_stats;
 
 typedef struct k3_engine {
     k3_hparams hp;
@@ -36,6 +40,9 @@ typedef struct k3_engine {
     void *graph_buf; /* the graph's tensor and node structs, kept between calls: a fresh multi-MiB malloc
                       * per token is a fresh mmap, and its page faults cost a few percent of decode time */
     size_t graph_cap;
+    struct ggml_backend_sched *sched; /* runs graphs over cached experts (stops at each pass), else NULL */
+    size_t sched_size;
+    struct xc_cache *xc; /* routed experts read from the file through a cache (k3_engine_opts.mem_bytes), or NULL */
 } k3_engine;
 
 /* How an engine computes. All zero is llama.cpp's defaults (a zero-initialized struct is the usual
@@ -45,11 +52,19 @@ typedef struct k3_engine_opts {
     bool no_repack; /* keep every weight in the file mapping (llama.cpp's --no-repack) */
     bool no_flash_attn; /* MLA attention by softmax(kq)·v instead of ggml_flash_attn_ext (llama.cpp's -fa off) */
     bool cache_f32;     /* the MLA latent cache in f32 instead of f16 (llama.cpp's -ctk f32) */
+    size_t mem_bytes;   /* resident weights at most this (0: no limit): when the range's weights do not fit,
+                         * its routed experts are read from the file into a cache that fills what the dense
+                         * part leaves (expert_cache.h); the logits stay the same bits */
 } k3_engine_opts;
 
 int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b,
                    const k3_engine_opts *o, rl_err *err);
 void k3_engine_free(k3_engine *e);
+/* The expert cache's counters (NULL when every weight is resident). */
+const struct xc_stats *k3_engine_cache_stats(const k3_engine *e);
+/* Bytes [a, b) needs resident at the least under a memory budget (dense part and two expert slots of each
+ * kind), and the bytes all its weights take. */
+size_t k3_range_min_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b);
 /* Bytes of the engine's compute buffer: what its largest graph so far needed (activations, masks). */
 size_t k3_engine_compute_bytes(const k3_engine *e);
 

@@ -106,7 +106,7 @@ size_t k3_weights_copied_bytes(const k3_weights *w) {
 }
 
 int k3_weights_bind(k3_weights *w, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, bool no_repack,
-                    rl_err *err) {
+                    bool experts_outside, rl_err *err) {
     memset(w, 0, sizeof *w);
     if (a >= b || b > hp->n_layer) return rl_errf(err, "bad layer range [%u, %u) for %u layers", a, b, hp->n_layer);
     w->a = a;
@@ -181,9 +181,11 @@ int k3_weights_bind(k3_weights *w, const mf_model *m, const k3_hparams *hp, uint
         T(routed_down, "blk.%u.ffn_routed_down.weight");
         T(routed_up, "blk.%u.ffn_routed_up.weight");
         T(routed_norm, "blk.%u.ffn_routed_norm.weight");
-        T(gate_exps, "blk.%u.ffn_gate_exps.weight");
-        T(up_exps, "blk.%u.ffn_up_exps.weight");
-        T(down_exps, "blk.%u.ffn_down_exps.weight");
+        if (!experts_outside) {
+            T(gate_exps, "blk.%u.ffn_gate_exps.weight");
+            T(up_exps, "blk.%u.ffn_up_exps.weight");
+            T(down_exps, "blk.%u.ffn_down_exps.weight");
+        }
         T(gate_sh, "blk.%u.ffn_gate_shexp.weight");
         T(up_sh, "blk.%u.ffn_up_shexp.weight");
         T(down_sh, "blk.%u.ffn_down_shexp.weight");

@@ -44,12 +44,14 @@ typedef struct k3_weights {
     size_t x_bytes[WP_MAX_BUFT];          /* bytes each holds */
 } k3_weights;
 
-/* no_repack: every tensor stays in the mapping (llama.cpp's --no-repack, use_extra_bufts = false). By
+/* experts_outside: the routed expert tensors are not bound (their layer's *_exps stay NULL): an expert
+ * cache reads them from the file (expert_cache.h), and none of their pages is touched here.
+ * no_repack: every tensor stays in the mapping (llama.cpp's --no-repack, use_extra_bufts = false). By
  * default quantized matmul weights go where llama.cpp puts them (weight_place.h): copied, and re-laid, into
  * the CPU's extra buffer types, which costs their size in RAM while the file pages they came from are
  * released. */
 int k3_weights_bind(k3_weights *w, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, bool no_repack,
-                    rl_err *err);
+                    bool experts_outside, rl_err *err);
 
 /* The op a K3 weight (by tensor name) is used in, which decides where it may live. */
 wp_use k3_weight_use(const char *name);

@@ -1,0 +1,524 @@
+#include "expert_cache.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "ggml.h"
+
+static const char *const xc_proj[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
+
+static double xc_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Whether a file tensor belongs to [a, b), and whether it is a routed expert tensor. */
+static bool xc_in_range(const char *name, const k3_hparams *hp, uint32_t a, uint32_t b, bool *is_exps) {
+    uint32_t il;
+    size_t n = strlen(name);
+    *is_exps = n > 12 && strcmp(name + n - 12, "_exps.weight") == 0;
+    if (sscanf(name, "blk.%u.", &il) == 1) return il >= a && il < b;
+    if (strcmp(name, "token_embd.weight") == 0) return a == 0;
+    return strncmp(name, "output", 6) == 0 && b == hp->n_layer;
+}
+
+size_t xc_dense_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b) {
+    size_t n = 0;
+    for (int i = 0; i < m->n_tensor; i++) {
+        bool ex;
+        if (xc_in_range(m->tensors[i].name, hp, a, b, &ex) && !ex) n += m->tensors[i].nbytes;
+    }
+    return n;
+}
+
+size_t xc_expert_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b) {
+    size_t n = 0;
+    for (int i = 0; i < m->n_tensor; i++) {
+        bool ex;
+        if (xc_in_range(m->tensors[i].name, hp, a, b, &ex) && ex) n += m->tensors[i].nbytes;
+    }
+    return n;
+}
+
+/* ---- reads --------------------------------------------------------------------------------------- */
+
+typedef struct xc_worker {
+    xc_cache *c;
+    uint8_t *bounce; /* a repacked projection is read here, then re-laid into its slot by set_tensor */
+    size_t cap;
+} xc_worker;
+
+static int xc_pread_all(int fd, void *dst, size_t n, size_t off) {
+    uint8_t *p = dst;
+    while (n > 0) {
+        ssize_t r = pread(fd, p, n, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return r < 0 ? errno : EIO;
+        p += r, n -= (size_t)r, off += (size_t)r;
+    }
+    return 0;
+}
+
+/* Fills one slot with one expert's three projections. Runs on an I/O thread: touches only the slot's
+ * memory and the file, never the slot tables (the main thread's). */
+static int xc_fill(xc_worker *w, const xc_job *j, char *msg, size_t msg_len) {
+    xc_cache *c = w->c;
+    const xc_pool *p = &c->pools[j->pool];
+    const xc_layer *L = &c->layers[j->il - c->a];
+    for (int k = 0; k < 3; k++) {
+        const mf_tensor *src = L->src[k];
+        const size_t n = p->bytes[k], off = src->offset + (size_t)j->expert * n;
+        struct ggml_tensor *t = p->t[k];
+        uint8_t *slot = (uint8_t *)t->data + (size_t)j->slot * t->nb[2];
+        const bool direct = p->buft_k[k] < 0; /* plain host memory: read straight into the slot */
+        int e = xc_pread_all(c->fds[src->split], direct ? slot : w->bounce, n, off);
+        if (e != 0) {
+            snprintf(msg, msg_len, "reading expert %u of layer %u (%s) from %s: %s", j->expert, j->il, xc_proj[k],
+                     c->m->splits[src->split].path, e == EIO ? "file ends early" : strerror(e));
+            return -1;
+        }
+        /* Advice only: the bytes are in the slot now, and pages left in the page cache would hold memory
+         * the budget does not count. */
+        (void)posix_fadvise(c->fds[src->split], (off_t)off, (off_t)n, POSIX_FADV_DONTNEED);
+        if (!direct) {
+            /* A one-expert descriptor over the slot: the repacking buffer re-lays whole tensors only, and
+             * its layout keeps each expert's rows to themselves (interleaved groups never cross ne1). */
+            struct ggml_tensor d = *t;
+            d.ne[2] = 1;
+            d.buffer = NULL;
+            d.data = NULL;
+            d.view_src = NULL;
+            d.extra = NULL;
+            if (ggml_backend_tensor_alloc(t->buffer, &d, slot) != GGML_STATUS_SUCCESS) {
+                snprintf(msg, msg_len, "cannot place expert %u of layer %u in its slot", j->expert, j->il);
+                return -1;
+            }
+            ggml_backend_tensor_set(&d, w->bounce, 0, n);
+        }
+    }
+    return 0;
+}
+
+static void *xc_thread(void *arg) {
+    xc_worker *w = arg;
+    xc_cache *c = w->c;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        while (!c->stop && c->q_n == 0) pthread_cond_wait(&c->cv_job, &c->mu);
+        if (c->q_n == 0 && c->stop) break;
+        xc_job j = c->q[c->q_head];
+        c->q_head = (c->q_head + 1) % c->q_cap;
+        c->q_n--;
+        c->busy++;
+        pthread_mutex_unlock(&c->mu);
+        char msg[256];
+        int rc = xc_fill(w, &j, msg, sizeof msg);
+        pthread_mutex_lock(&c->mu);
+        if (rc != 0 && !c->io_err[0]) snprintf(c->io_err, sizeof c->io_err, "%s", msg);
+        c->busy--;
+        if (c->q_n == 0 && c->busy == 0) pthread_cond_broadcast(&c->cv_idle);
+    }
+    pthread_mutex_unlock(&c->mu);
+    free(w->bounce);
+    free(w);
+    return NULL;
+}
+
+static void xc_enqueue(xc_cache *c, int pool, int slot, uint32_t il, uint32_t expert) {
+    pthread_mutex_lock(&c->mu);
+    /* The queue holds at most every slot once (a slot is queued only after the previous wait drained it). */
+    int at = (c->q_head + c->q_n) % c->q_cap;
+    c->q[at] = (xc_job){.pool = pool, .slot = slot, .il = il, .expert = expert};
+    c->q_n++;
+    pthread_cond_signal(&c->cv_job);
+    pthread_mutex_unlock(&c->mu);
+}
+
+int xc_wait(xc_cache *c, rl_err *err) {
+    double t0 = xc_now();
+    pthread_mutex_lock(&c->mu);
+    while (c->q_n > 0 || c->busy > 0) pthread_cond_wait(&c->cv_idle, &c->mu);
+    char msg[sizeof c->io_err];
+    snprintf(msg, sizeof msg, "%s", c->io_err);
+    c->io_err[0] = 0;
+    pthread_mutex_unlock(&c->mu);
+    c->st.wait_s += xc_now() - t0;
+    if (msg[0]) return rl_errf(err, "%s", msg);
+    return 0;
+}
+
+/* ---- setup --------------------------------------------------------------------------------------- */
+
+static int xc_pool_of(xc_cache *c, const mf_tensor *const src[3], rl_err *err) {
+    for (int p = 0; p < c->n_pools; p++) {
+        bool same = true;
+        for (int k = 0; k < 3; k++) {
+            same &= c->pools[p].type[k] == src[k]->type && c->pools[p].ne[k][0] == src[k]->ne[0] &&
+                    c->pools[p].ne[k][1] == src[k]->ne[1];
+        }
+        if (same) return p;
+    }
+    if (c->n_pools == XC_MAX_POOLS) return rl_errf(err, "more than %d kinds of routed expert in one range", XC_MAX_POOLS);
+    xc_pool *p = &c->pools[c->n_pools];
+    for (int k = 0; k < 3; k++) {
+        p->type[k] = src[k]->type;
+        p->ne[k][0] = src[k]->ne[0];
+        p->ne[k][1] = src[k]->ne[1];
+        p->bytes[k] = ggml_row_size((enum ggml_type)src[k]->type, src[k]->ne[0]) * (size_t)src[k]->ne[1];
+        p->expert_bytes += p->bytes[k];
+    }
+    return c->n_pools++;
+}
+
+size_t xc_min_expert_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b) {
+    xc_cache c = {0};
+    rl_err err = {{0}};
+    size_t n = 0;
+    for (uint32_t il = a; il < b && il < hp->n_layer; il++) {
+        if (!k3_is_moe(hp, il)) continue;
+        const mf_tensor *src[3];
+        char name[96];
+        for (int k = 0; k < 3; k++) {
+            snprintf(name, sizeof name, "blk.%u.%s", il, xc_proj[k]);
+            if (!(src[k] = mf_find(m, name))) return n; /* xc_open names what is missing */
+        }
+        int before = c.n_pools, p = xc_pool_of(&c, src, &err);
+        if (p < 0) return n;
+        if (c.n_pools > before) n += 2 * c.pools[p].expert_bytes;
+    }
+    return n;
+}
+
+/* Tables and slot tensors of a pool whose n_slots is set. Each projection's tensor goes into the buffer type
+ * the file's tensor would take (weight_place.h), so the same kernels run on the same layout. */
+static int xc_pool_alloc(xc_cache *c, xc_pool *p, struct ggml_context *ctx, const mf_tensor *const src[3], rl_err *err) {
+    const int S = p->n_slots;
+    p->slot_layer = malloc((size_t)S * sizeof *p->slot_layer);
+    p->slot_expert = malloc((size_t)S * sizeof *p->slot_expert);
+    p->freq = calloc((size_t)S, sizeof *p->freq);
+    p->last = calloc((size_t)S, sizeof *p->last);
+    p->pin = calloc((size_t)S, 1);
+    p->ahead = calloc((size_t)S, 1);
+    if (!p->slot_layer || !p->slot_expert || !p->freq || !p->last || !p->pin || !p->ahead) {
+        return rl_errf(err, "out of memory for the expert cache's tables");
+    }
+    for (int s = 0; s < S; s++) p->slot_layer[s] = p->slot_expert[s] = -1;
+    p->buft = -1;
+    for (int k = 0; k < 3; k++) {
+        int bt = wp_choose(c->place, src[k]->type, src[k]->ne, WP_USE_MUL_MAT_ID, (int)c->k);
+        p->buft_k[k] = bt;
+        if (bt >= 0) p->buft = bt;
+        ggml_backend_buffer_type_t buft = bt >= 0 ? c->place->buft[bt] : ggml_backend_cpu_buffer_type();
+        struct ggml_tensor *t = ggml_new_tensor_3d(ctx, (enum ggml_type)src[k]->type, p->ne[k][0], p->ne[k][1], S);
+        size_t need = ggml_backend_buft_get_alloc_size(buft, t);
+        p->buf[k] = ggml_backend_buft_alloc_buffer(buft, need);
+        if (!p->buf[k]) {
+            return rl_errf(err, "cannot allocate %.1f MiB for %d expert slots (%s)", (double)need / 1048576.0, S,
+                           ggml_backend_buft_name(buft));
+        }
+        ggml_backend_buffer_set_usage(p->buf[k], GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        if (ggml_backend_tensor_alloc(p->buf[k], t, ggml_backend_buffer_get_base(p->buf[k])) != GGML_STATUS_SUCCESS) {
+            return rl_errf(err, "cannot place the expert slots");
+        }
+        /* Padding rows of a pass read slot 0 before anything is loaded into it: zeros keep them finite. */
+        ggml_backend_buffer_clear(p->buf[k], 0);
+        p->t[k] = t;
+    }
+    return 0;
+}
+
+int xc_open(xc_cache *c, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, size_t cache_bytes,
+            const wp_list *place, rl_err *err) {
+    memset(c, 0, sizeof *c);
+    c->a = a, c->b = b, c->n_expert = hp->n_expert, c->k = hp->n_expert_used, c->m = m, c->place = place;
+    c->layers = calloc(b - a, sizeof *c->layers);
+    c->fds = malloc((size_t)m->n_split * sizeof *c->fds);
+    if (!c->layers || !c->fds) {
+        free(c->layers), free(c->fds);
+        memset(c, 0, sizeof *c);
+        return rl_errf(err, "out of memory for the expert cache");
+    }
+    for (int s = 0; s < m->n_split; s++) c->fds[s] = -1;
+    c->n_fds_open = m->n_split;
+    /* Mutex and conditions first: xc_close takes them on every path from here. */
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv_job, NULL);
+    pthread_cond_init(&c->cv_idle, NULL);
+    c->sync_ok = true;
+
+    const mf_tensor *first[XC_MAX_POOLS][3] = {{0}};
+    int n_layers[XC_MAX_POOLS] = {0};
+    for (uint32_t il = a; il < b; il++) {
+        xc_layer *L = &c->layers[il - a];
+        L->pool = -1;
+        if (!k3_is_moe(hp, il)) continue;
+        char name[96];
+        for (int k = 0; k < 3; k++) {
+            snprintf(name, sizeof name, "blk.%u.%s", il, xc_proj[k]);
+            L->src[k] = mf_find(m, name);
+            if (!L->src[k] || L->src[k]->ne[2] != (int64_t)hp->n_expert) {
+                xc_close(c);
+                return rl_errf(err, "layer %u: %s %s", il, name, L->src[k] ? "does not hold every expert" : "is missing");
+            }
+            int s = L->src[k]->split;
+            if (c->fds[s] < 0 && (c->fds[s] = open(m->splits[s].path, O_RDONLY | O_CLOEXEC)) < 0) {
+                int e = errno;
+                xc_close(c);
+                return rl_errf(err, "cannot open %s to read experts: %s", m->splits[s].path, strerror(e));
+            }
+        }
+        L->slot_of = malloc(hp->n_expert * sizeof *L->slot_of);
+        if (!L->slot_of) {
+            xc_close(c);
+            return rl_errf(err, "out of memory for the expert cache");
+        }
+        for (uint32_t e = 0; e < hp->n_expert; e++) L->slot_of[e] = -1;
+        if ((L->pool = xc_pool_of(c, L->src, err)) < 0) {
+            xc_close(c);
+            return -1;
+        }
+        if (!n_layers[L->pool]++) memcpy(first[L->pool], L->src, sizeof first[0]);
+    }
+    if (c->n_pools == 0) {
+        xc_close(c);
+        return rl_errf(err, "layers [%u, %u) have no routed experts to cache", a, b);
+    }
+    /* Two slots per kind first (a slot tensor of one would be 2-D, and the repacked kernels take only 3-D
+     * expert tensors), the rest in proportion to the bytes each kind has in the range; a kind never gets
+     * more slots than it has experts. */
+    size_t min = 0, total = 0;
+    for (int p = 0; p < c->n_pools; p++) {
+        min += 2 * c->pools[p].expert_bytes;
+        total += (size_t)n_layers[p] * hp->n_expert * c->pools[p].expert_bytes;
+    }
+    if (cache_bytes < min) {
+        xc_close(c);
+        return rl_errf(err, "%.1f MiB left for routed experts, below the %.1f MiB two of each kind need", (double)cache_bytes / 1048576.0,
+                       (double)min / 1048576.0);
+    }
+    struct ggml_init_params ip = {.mem_size = (size_t)(3 * XC_MAX_POOLS + 4) * ggml_tensor_overhead(), .mem_buffer = NULL,
+                                  .no_alloc = true};
+    c->ctx = ggml_init(ip);
+    if (!c->ctx) {
+        xc_close(c);
+        return rl_errf(err, "out of memory for the expert cache");
+    }
+    size_t rest = cache_bytes - min, bounce = 0;
+    for (int p = 0; p < c->n_pools; p++) {
+        xc_pool *P = &c->pools[p];
+        const size_t all = (size_t)n_layers[p] * hp->n_expert, mine = all * P->expert_bytes;
+        size_t extra = (size_t)((double)rest * ((double)mine / (double)total)) / P->expert_bytes;
+        size_t n = 2 + extra;
+        if (n > all) n = all;
+        if (n > (1u << 30)) n = 1u << 30;
+        P->n_slots = (int)n;
+        if (xc_pool_alloc(c, P, c->ctx, first[p], err) != 0) {
+            xc_close(c);
+            return -1;
+        }
+        c->cache_bytes += n * P->expert_bytes;
+        for (int k = 0; k < 3; k++) {
+            if (P->buft_k[k] >= 0 && P->bytes[k] > bounce) bounce = P->bytes[k];
+        }
+    }
+    int S = 0;
+    for (int p = 0; p < c->n_pools; p++) S += c->pools[p].n_slots;
+    c->q_cap = S + 1;
+    c->q = malloc((size_t)c->q_cap * sizeof *c->q);
+    if (!c->q) {
+        xc_close(c);
+        return rl_errf(err, "out of memory for the expert cache");
+    }
+    for (int i = 0; i < XC_IO_THREADS; i++) {
+        xc_worker *w = calloc(1, sizeof *w);
+        if (w) w->c = c;
+        if (w && bounce) w->bounce = malloc(w->cap = bounce);
+        if (!w || (bounce && !w->bounce) || pthread_create(&c->th[c->n_th], NULL, xc_thread, w) != 0) {
+            if (w) free(w->bounce);
+            free(w);
+            xc_close(c);
+            return rl_errf(err, "cannot start the expert cache's reader threads");
+        }
+        c->n_th++;
+    }
+    return 0;
+}
+
+void xc_close(xc_cache *c) {
+    if (c->sync_ok) {
+        pthread_mutex_lock(&c->mu);
+        c->stop = true;
+        pthread_cond_broadcast(&c->cv_job);
+        pthread_mutex_unlock(&c->mu);
+        for (int i = 0; i < c->n_th; i++) pthread_join(c->th[i], NULL);
+        pthread_mutex_destroy(&c->mu);
+        pthread_cond_destroy(&c->cv_job);
+        pthread_cond_destroy(&c->cv_idle);
+    }
+    for (int p = 0; p < c->n_pools; p++) {
+        xc_pool *P = &c->pools[p];
+        for (int k = 0; k < 3; k++) {
+            if (P->buf[k]) ggml_backend_buffer_free(P->buf[k]);
+        }
+        free(P->slot_layer), free(P->slot_expert), free(P->freq), free(P->last), free(P->pin), free(P->ahead);
+    }
+    if (c->layers) {
+        for (uint32_t i = 0; i < c->b - c->a; i++) free(c->layers[i].slot_of);
+    }
+    for (int s = 0; c->fds && s < c->n_fds_open; s++) {
+        if (c->fds[s] >= 0) close(c->fds[s]);
+    }
+    if (c->ctx) ggml_free(c->ctx);
+    free(c->fds);
+    free(c->layers);
+    free(c->q);
+    memset(c, 0, sizeof *c);
+}
+
+/* ---- use ----------------------------------------------------------------------------------------- */
+
+struct ggml_tensor *xc_tensor(const xc_cache *c, uint32_t il, int j) {
+    const xc_layer *L = &c->layers[il - c->a];
+    return L->pool < 0 ? NULL : c->pools[L->pool].t[j];
+}
+
+int xc_max_passes(const xc_cache *c, uint32_t il, int64_t n) {
+    const xc_layer *L = &c->layers[il - c->a];
+    if (L->pool < 0) return 0;
+    int64_t distinct = n < (int64_t)c->n_expert ? n : (int64_t)c->n_expert, usable = c->pools[L->pool].n_slots;
+    return (int)((distinct + usable - 1) / usable);
+}
+
+void xc_plan_free(xc_plan *p) {
+    free(p->expert), free(p->order), free(p->group_of);
+    memset(p, 0, sizeof *p);
+}
+
+int xc_plan_layer(xc_cache *c, uint32_t il, const int32_t *ids, int n_rows, xc_plan *p, rl_err *err) {
+    memset(p, 0, sizeof *p);
+    /* Reads ahead land before anything is decided: a slot's table entry is only true once its read is done. */
+    if (xc_wait(c, err) != 0) return -1;
+    const xc_layer *L = &c->layers[il - c->a];
+    const xc_pool *P = &c->pools[L->pool];
+    p->n_rows = n_rows;
+    p->expert = malloc((size_t)n_rows * sizeof *p->expert);
+    p->order = malloc((size_t)n_rows * sizeof *p->order);
+    p->group_of = malloc((size_t)n_rows * sizeof *p->group_of);
+    int *rank = malloc(c->n_expert * sizeof *rank);
+    if (!p->expert || !p->order || !p->group_of || !rank) {
+        free(rank);
+        xc_plan_free(p);
+        return rl_errf(err, "out of memory planning a layer's experts");
+    }
+    for (uint32_t e = 0; e < c->n_expert; e++) rank[e] = -1;
+    /* Distinct experts in order of first use, the resident ones first (a group of them needs no reads). */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int r = 0; r < n_rows; r++) {
+            int32_t e = ids[r];
+            if (e < 0 || (uint32_t)e >= c->n_expert) {
+                free(rank);
+                xc_plan_free(p);
+                return rl_errf(err, "layer %u: the router chose expert %d of %u", il, e, c->n_expert);
+            }
+            p->expert[r] = e;
+            if (rank[e] >= 0 || (L->slot_of[e] >= 0) != (pass == 0)) continue;
+            rank[e] = p->n_distinct;
+            p->order[p->n_distinct++] = e;
+        }
+    }
+    p->per_group = P->n_slots;
+    p->n_groups = (p->n_distinct + p->per_group - 1) / p->per_group;
+    for (int r = 0; r < n_rows; r++) p->group_of[r] = rank[p->expert[r]] / p->per_group;
+    free(rank);
+    c->st.needed += (uint64_t)p->n_distinct;
+    c->st.bytes_used += (uint64_t)p->n_distinct * P->expert_bytes;
+    return 0;
+}
+
+/* The slot to (re)fill: an empty one, else the least frequently used, least recent among equals, of those
+ * not pinned. -1 when every slot is pinned. */
+static int xc_victim(const xc_pool *P) {
+    int best = -1;
+    for (int s = 0; s < P->n_slots; s++) {
+        if (P->pin[s]) continue;
+        if (P->slot_layer[s] < 0) return s;
+        if (best < 0 || P->freq[s] < P->freq[best] || (P->freq[s] == P->freq[best] && P->last[s] < P->last[best])) best = s;
+    }
+    return best;
+}
+
+static void xc_assign(xc_cache *c, xc_pool *P, int pool, int s, uint32_t il, int32_t e) {
+    if (P->slot_layer[s] >= 0) c->layers[(uint32_t)P->slot_layer[s] - c->a].slot_of[P->slot_expert[s]] = -1;
+    P->slot_layer[s] = (int32_t)il;
+    P->slot_expert[s] = e;
+    c->layers[il - c->a].slot_of[e] = s;
+    c->st.bytes_read += P->expert_bytes;
+    xc_enqueue(c, pool, s, il, (uint32_t)e);
+}
+
+int xc_load_pass(xc_cache *c, uint32_t il, const xc_plan *p, int g, int32_t *slot_ids, rl_err *err) {
+    xc_layer *L = &c->layers[il - c->a];
+    const int pool = L->pool;
+    xc_pool *P = &c->pools[pool];
+    if (xc_wait(c, err) != 0) return -1;
+    memset(P->pin, 0, (size_t)P->n_slots);
+    const int lo = g * p->per_group, hi = lo + p->per_group < p->n_distinct ? lo + p->per_group : p->n_distinct;
+    c->tick++;
+    for (int i = lo; i < hi; i++) { /* residents first: pinned before any victim is chosen */
+        int s = L->slot_of[p->order[i]];
+        if (s < 0) continue;
+        P->pin[s] = 1;
+        P->freq[s]++;
+        P->last[s] = c->tick;
+        c->st.hits++;
+        if (P->ahead[s]) c->st.prefetch_used++, P->ahead[s] = 0;
+    }
+    for (int i = lo; i < hi; i++) {
+        int32_t e = p->order[i];
+        if (L->slot_of[e] >= 0) continue;
+        int s = xc_victim(P); /* >= 0: the group is at most the usable slots, all others unpinned */
+        xc_assign(c, P, pool, s, il, e);
+        P->pin[s] = 1;
+        P->freq[s] = 1;
+        P->last[s] = c->tick;
+        P->ahead[s] = 0;
+        c->st.loads++;
+    }
+    if (xc_wait(c, err) != 0) return -1;
+    for (int r = 0; r < p->n_rows; r++) slot_ids[r] = p->group_of[r] == g ? L->slot_of[p->expert[r]] : -1;
+    c->st.passes++;
+    /* Ageing: halve every count each time the range's layers have run about 16 times, so experts that were
+     * hot long ago give way. */
+    if (c->tick % (16u * (c->b - c->a)) == 0) {
+        for (int s = 0; s < P->n_slots; s++) P->freq[s] >>= 1;
+    }
+    return 0;
+}
+
+void xc_prefetch(xc_cache *c, uint32_t il, const int32_t *ids, int n_rows) {
+    xc_layer *L = &c->layers[il - c->a];
+    if (L->pool < 0) return;
+    xc_pool *P = &c->pools[L->pool];
+    for (int r = 0; r < n_rows; r++) {
+        int32_t e = ids[r];
+        if (e < 0 || (uint32_t)e >= c->n_expert || L->slot_of[e] >= 0) continue;
+        int s = xc_victim(P);
+        /* A guess never evicts an expert in use lately: only empty slots and cold ones (counted at most
+         * once since the last ageing) are taken. */
+        if (s < 0 || (P->slot_layer[s] >= 0 && P->freq[s] > 1)) break;
+        xc_assign(c, P, L->pool, s, il, e);
+        P->pin[s] = 1; /* not evicted again by the rest of this guess */
+        P->freq[s] = 0;
+        P->last[s] = c->tick;
+        P->ahead[s] = 1;
+        c->st.prefetched++;
+    }
+}
