@@ -57,6 +57,66 @@ assert x['passes'] > 0, x
 check "a budget the model fits uses no cache" bash -c "'$RINGLM' run -m '$q8' -p hi -n 4 --temp 0 --mem 1 2>&1 | grep -vq 'expert cache'"
 check "a budget the model fits: text = unconstrained" test "$(gen --mem 1)" = "$ref"
 
+# serve over a cache: three requests at once (one batched step carries them all) answer what they answer
+# without --mem, and /metrics exports the cache's counters.
+. "$(dirname "$0")/serve_lib.sh"
+trap 'serve_stop_all; ring_stop 2>/dev/null || true; rm -rf "$WORK"' EXIT
+serve_start free -m "$q8" --threads 2 --quiet
+serve_start capped -m "$q8" --threads 2 --quiet --mem "$(least "$q8")"
+completions() { # server: the three texts, in prompt order
+    for i in 1 2 3; do
+        curl -s "${SRV_URL[$1]}/v1/completions" -d "{\"prompt\":\"expert $i\",\"max_tokens\":16,\"temperature\":0}" >"$WORK/c$1$i.json" &
+    done
+    wait
+    for i in 1 2 3; do python3 -c "import json,sys; print(repr(json.load(open(sys.argv[1]))['choices'][0]['text']))" "$WORK/c$1$i.json"; done
+}
+check "serve --mem: concurrent completions = without --mem" test "$(completions capped)" = "$(completions free)"
+curl -s "${SRV_URL[capped]}/metrics" >"$WORK/metrics.txt"
+check "serve --mem: /metrics has the expert cache's counters" python3 -c "
+import re
+t = open('$WORK/metrics.txt').read()
+v = {k: float(x) for k, x in re.findall(r'^(ringlm_expert_[a-z_]+) ([0-9.e+]+)$', t, re.M)}
+assert v['ringlm_expert_needed_total'] > 0 and v['ringlm_expert_read_bytes_total'] > 0, v
+assert v['ringlm_expert_hits_total'] <= v['ringlm_expert_needed_total'] and v['ringlm_expert_tokens_total'] >= 48, v
+"
+check "serve without --mem: no expert counters" bash -c "! curl -s '${SRV_URL[free]}/metrics' | grep -q ringlm_expert_"
+serve_stop_all
+
+# ringlm plan over nodes.conf: disk= lets a node hold more than mem=, priced by its disk.
+printf 'node a device=custom mem=0.03 bw=20 tflops=0.5 disk=2\nnode b device=custom mem=0.02 bw=20 tflops=0.5 disk=2\ndelay coordinator a 1\ndelay coordinator b 1\ndelay a b 1\n' >"$WORK/nodes.conf"
+"$RINGLM" plan -m "$q8" --nodes "$WORK/nodes.conf" >"$WORK/plan.txt" 2>&1 || true
+check "plan --nodes with disk=: stages read experts from disk, priced" grep -Eq "in memory, the rest from disk: [0-9.]+ ms/token" "$WORK/plan.txt"
+check "plan --nodes with disk=: the disk term in the prediction" grep -q "+ disk [0-9.]*" "$WORK/plan.txt"
+sed -i 's/ disk=2//' "$WORK/nodes.conf"
+check_fails "plan --nodes without disk=: the ring is too small" "ring too small" "$RINGLM" plan -m "$q8" --nodes "$WORK/nodes.conf"
+
+# A ring whose nodes hold less than their ranges: each node's --mem is its budget, the planner gives it
+# more layers than that holds (it reports a disk speed) and the node reads its experts from the file.
+. "$(dirname "$0")/ring_lib.sh"
+mkdir -p "$RING/models"
+ln -sf "$q8" "$RING/models/q8.gguf"
+ring_keys 2
+for i in 1 2; do ring_start $i "$RING/models" --mem 0.02 --disk 1 || exit 1; done
+ring_conf "$WORK/ring2.conf" 1 2
+K=(--key "$RING/coord.key")
+"$RINGLM" logits -m "$q8" --tokens "$toks" --prefill 24 -o "$WORK/local.bin"
+"$RINGLM" logits -m "$q8" --tokens "$toks" --prefill 24 --ring "$WORK/ring2.conf" "${K[@]}" -o "$WORK/ring.bin" 2>"$WORK/ring.err"
+check "2-node ring over --mem 0.02 nodes: logits equal one machine bit for bit" \
+    "$RINGLM" compare "$WORK/local.bin" "$WORK/ring.bin" --tol 0
+check "the nodes ran their ranges through an expert cache" grep -q "expert cache" "$RING/n1.log" "$RING/n2.log"
+"$RINGLM" run -m "$q8" --tokens 5,6,7,8 -n 24 --temp 0 --ignore-eos --ids >"$WORK/local.ids" 2>/dev/null
+"$RINGLM" run -m "$q8" --tokens 5,6,7,8 -n 24 --temp 0 --ignore-eos --ids --ring "$WORK/ring2.conf" "${K[@]}" >"$WORK/ring.ids" 2>"$WORK/ring.run.err"
+check "2-node ring over --mem 0.02 nodes: same greedy tokens" diff "$WORK/local.ids" "$WORK/ring.ids"
+check "2-node ring over --mem 0.02 nodes: the plan reads experts from disk" grep -q "in memory, the rest from disk" "$WORK/ring.run.err"
+ring_stop
+# Without a disk figure (no model file to measure, none declared) a node gets only what fits.
+mkdir -p "$WORK/empty"
+ring_start 1 "$WORK/empty" --mem 0.02 || exit 1
+ring_conf "$WORK/ring1.conf" 1
+check_fails "a --mem node without a disk speed: the ring is too small, said so" "ring too small" \
+    "$RINGLM" run -m "$q8" -p hi -n 2 --ring "$WORK/ring1.conf" "${K[@]}"
+ring_stop
+
 # Bad budgets.
 check_fails "below the minimum: the error names it" "too small for layers \[0, 14\).*the least that runs is --mem [0-9.]+" \
     "$RINGLM" run -m "$q8" -p hi -n 2 --mem 0.001

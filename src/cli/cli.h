@@ -29,6 +29,7 @@ int cmd_plan(int argc, char **argv);
 /* Helpers shared by the commands. */
 int cli_parse_u64(const char *s, unsigned long long *out); /* 0 on success */
 int cli_parse_int(const char *s, int *out);
+int cli_parse_double(const char *s, double *out);
 
 /* Options of run and serve that only a ring has: --receipts FILE, --audit-rate R, --audit-seed S,
  * --audit-tol T, and --node-timeout S (ring_opts.dead_s; 0 = the default). */

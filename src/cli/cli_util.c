@@ -48,7 +48,7 @@ int cli_parse_int(const char *s, int *out) {
     return 0;
 }
 
-static int cli_parse_double(const char *s, double *out) {
+int cli_parse_double(const char *s, double *out) {
     if (!s || !*s) return -1;
     char *end;
     errno = 0;

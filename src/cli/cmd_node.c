@@ -10,7 +10,7 @@
 
 static void node_usage(FILE *f) {
     fprintf(f, "usage: ringlm node --listen HOST:PORT --key node.key --allow COORD_PUBKEY_HEX[,...]\n"
-               "                   [--models DIR] [--cache DIR] [--mem GB] [--speed GB/s] [--tflops T] [--threads N]\n"
+               "                   [--models DIR] [--cache DIR] [--mem GB [--disk GB/s]] [--speed GB/s] [--tflops T] [--threads N]\n"
                "                   [--audit-keep MB] [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16]\n"
                "                   [--verbose]\n\n"
                "Serves its share of a model to the coordinators it trusts. Links are encrypted and mutually\n"
@@ -25,7 +25,9 @@ static void node_usage(FILE *f) {
                "do the same. --speed and --tflops declare what the node reports as its decode (GB/s of weights)\n"
                "and prefill (TFLOPS) speed instead of measuring them at start. --mem GB is what the node offers\n"
                "the planner and a hard budget for its weights: a range larger than it keeps its dense part\n"
-               "resident and reads routed experts from the file through a cache (docs/experts.md).\n");
+               "resident and reads routed experts from the file through a cache (docs/experts.md); the node\n"
+               "reports its disk read speed (--disk, or measured on its largest model file) so that the planner\n"
+               "may give it more layers than its memory holds.\n");
 }
 
 int cmd_node(int argc, char **argv) {
@@ -64,6 +66,8 @@ int cmd_node(int argc, char **argv) {
         }
         else if (strcmp(a, "--speed") == 0) o.speed_gbs = atof(v);
         else if (strcmp(a, "--tflops") == 0) o.tflops = atof(v);
+        else if (strcmp(a, "--disk") == 0 && cli_parse_double(v, &o.disk_gbs) == 0 && o.disk_gbs > 0) {
+        }
         else if (strcmp(a, "--audit-keep") == 0 && atof(v) > 0) o.audit_keep_bytes = (size_t)(atof(v) * 1048576.0);
 #ifdef RINGLM_ADVERSARY
         else if (strcmp(a, "--misbehave") == 0) o.misbehave = v; /* test builds only (make adversary) */

@@ -1,5 +1,7 @@
 #include "coord.h"
 
+#include "../model/expert_cache.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -17,6 +19,7 @@
 
 #include "../gen/emit.h"
 #include "../gguf/file_hash.h"
+#include "../model/expert_cache.h"
 #include "../model/k3_memory.h"
 #include "../trust/audit.h"
 #include "../trust/manifest.h"
@@ -219,6 +222,14 @@ void ring_plan_model(plan_model *pm, const mf_model *m, const k3_hparams *hp, ui
         pm->layer_active[il] = k3_range_active_bytes(m, hp, il, il + 1) - (il == 0 ? k3_range_active_bytes(m, hp, 0, 0) : 0);
         pm->layer_state[il] = k3_range_state_bytes(hp, il, il + 1, 1, n_ctx, cache_elem);
     }
+    for (uint32_t il = 0; il < hp->n_layer && il < PLAN_MAX_LAYERS; il++) {
+        pm->layer_exps[il] = xc_expert_bytes(m, hp, il, il + 1);
+        pm->layer_exps_active[il] = hp->n_expert ? pm->layer_exps[il] / hp->n_expert * hp->n_expert_used : 0;
+        if (pm->layer_exps_active[il] > pm->layer_active[il]) pm->layer_exps_active[il] = pm->layer_active[il];
+        if (pm->layer_exps[il] > pm->layer_bytes[il]) pm->layer_exps[il] = pm->layer_bytes[il];
+        const uint64_t one = hp->n_expert ? 2 * (pm->layer_exps[il] / hp->n_expert) : 0;
+        if (one > pm->expert_min) pm->expert_min = one;
+    }
     pm->first_bytes = k3_range_weight_bytes(m, hp, 0, 0);
     pm->last_bytes = k3_range_weight_bytes(m, hp, hp->n_layer, hp->n_layer);
     pm->last_active = pm->last_bytes;
@@ -232,7 +243,7 @@ int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, pr_re
     for (int s = 0; s < rc->plan.n_stages; s++) {
         int nd = rc->plan.stages[s].node;
         nodes[s] = (pr_node){.speed = rc->nodes[nd].speed, .flops = rc->nodes[nd].flops > 0 ? rc->nodes[nd].flops : INFINITY,
-                             .net = INFINITY};
+                             .net = INFINITY, .disk = rc->nodes[nd].disk_bps};
         hop_s[s] = prev < 0 ? rc->coord_delay_s[nd] : rc->delay_s[prev][nd];
         prev = nd;
     }
@@ -345,6 +356,8 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
             const cJSON *models = j ? cJSON_GetObjectItemCaseSensitive(j, "models") : NULL;
             rc->nodes[from].mem_bytes = cJSON_IsNumber(mem) ? (uint64_t)mem->valuedouble : 0;
             rc->nodes[from].speed = cJSON_IsNumber(sp) && sp->valuedouble > 0 ? sp->valuedouble : 1e9;
+            const cJSON *dk = j ? cJSON_GetObjectItemCaseSensitive(j, "disk_bps") : NULL;
+            rc->nodes[from].disk_bps = cJSON_IsNumber(dk) && dk->valuedouble > 0 ? dk->valuedouble : 0;
             const cJSON *fl = j ? cJSON_GetObjectItemCaseSensitive(j, "flops") : NULL;
             rc->nodes[from].flops = cJSON_IsNumber(fl) && fl->valuedouble > 0 ? fl->valuedouble : 0;
             k3_engine_opts *eng = &rc->nodes[from].eng;
@@ -429,6 +442,7 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
         if (!rc->nodes[i].has_model && o->no_fetch && !o->manifest) pn->mem_bytes = 0; /* cannot serve without the file */
         if (o->exclude && o->exclude[i]) pn->mem_bytes = 0;
         pn->speed = rc->nodes[i].speed;
+        pn->disk_bps = rc->nodes[i].disk_bps;
     }
     plan_node in_order[PLAN_MAX_NODES];
     for (int k = 0; k < conf->n; k++) in_order[k] = rc->pnodes[perm[k]];

@@ -117,6 +117,7 @@ typedef struct ring_node_state {
     uint64_t mem_bytes;
     double speed;
     double flops;      /* INFO "flops" (0: not reported) */
+    double disk_bps;   /* INFO "disk_bps": reads routed experts from disk at this rate under its --mem (0: never) */
     double last_seen;  /* when its last message arrived */
     double ping_since; /* when the first ping it has not answered was sent (<= last_seen: none outstanding).
                         * Silence is measured from here, not from last_seen: an idle ring sends nothing for

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
@@ -23,6 +24,7 @@
 
 #include "../gen/emit.h"
 #include "../gguf/file_hash.h"
+#include "../model/expert_cache.h"
 #include "../model/k3_forward.h"
 #include "../model/k3_memory.h"
 #include "../speculate/accept.h"
@@ -91,6 +93,7 @@ typedef struct node {
     node_fetch fetch;
     double speed; /* bytes of weights per second in a matrix-vector product */
     double flops; /* FLOP/s in a 128-column matrix product (a prefill chunk's shape) */
+    double disk;  /* bytes per second read from disk (0: no --mem, so experts are never read from disk) */
     /* the assignment */
     bool loaded;
     char hash[65];
@@ -263,6 +266,44 @@ static double node_probe_matmul(int threads, int64_t rows, int64_t cols, int64_t
     return r;
 }
 
+/* Disk read speed: up to 256 MiB of the largest file (at least 16 MiB) in dir, read past the page cache
+ * (O_DIRECT, or after dropping the file's cached pages where the filesystem has no direct reads). 0 when
+ * there is no such file: the node then reports no disk, and the planner gives it only ranges that fit. */
+static double node_probe_disk(const char *dir) {
+    DIR *d = dir ? opendir(dir) : NULL;
+    if (!d) return 0;
+    char best[1024] = "", path[1024];
+    off_t best_size = 16 << 20;
+    for (struct dirent *de; (de = readdir(d));) {
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= best_size) {
+            best_size = st.st_size;
+            snprintf(best, sizeof best, "%s", path);
+        }
+    }
+    closedir(d);
+    if (!best[0]) return 0;
+    int fd = open(best, O_RDONLY | O_DIRECT);
+    if (fd < 0 && (fd = open(best, O_RDONLY)) >= 0) (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    const size_t chunk = 4 << 20, want = 256u << 20;
+    void *buf = NULL;
+    if (fd < 0 || posix_memalign(&buf, 4096, chunk) != 0) {
+        if (fd >= 0) close(fd);
+        return 0;
+    }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    size_t got = 0;
+    for (ssize_t r; got < want && (r = pread(fd, buf, chunk, (off_t)got)) > 0;) got += (size_t)r;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+    free(buf);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    return got >= (16u << 20) && s > 0 ? (double)got / s : 0;
+}
+
 /* Decode's speed: 64 MiB of weights (7680 = 240 q8_0 blocks, 34 bytes each), one token. */
 static double node_probe_speed(int threads) { return node_probe_matmul(threads, 8192, 7680, 1); }
 /* Prefill's: 8 MiB of weights times 128 tokens (2 GFLOP). */
@@ -327,6 +368,7 @@ static void node_info(node *n) {
     cJSON_AddStringToObject(j, "cache_type", n->o->eng.cache_f32 ? "f32" : "f16");
     cJSON_AddNumberToObject(j, "speed_bps", n->speed);
     cJSON_AddNumberToObject(j, "flops", n->flops);
+    if (n->disk > 0) cJSON_AddNumberToObject(j, "disk_bps", n->disk);
     cJSON *ms = cJSON_AddArrayToObject(j, "models");
     for (int i = 0; i < n->n_models; i++) {
         cJSON *m = cJSON_CreateObject();
@@ -711,6 +753,10 @@ static void node_assign(node *n, uint64_t step, const zs_parts *p) {
             goto done;
         }
         k3_weights_prefault(&n->e.w, false);
+        if (n->e.xc) {
+            node_log(n, "layers [%g, %g) exceed --mem: routed experts read from the file through an expert cache of "
+                        "%.1f MiB", a, b, (double)n->e.xc->cache_bytes / 1048576.0);
+        }
         n->loaded = true;
         /* The last stage samples: constrained output needs each token's bytes. A file without a vocabulary
          * still serves everything else (a grammar is then refused, naming why). */
@@ -1460,8 +1506,10 @@ int node_run(const node_opts *o, rl_err *err) {
     node_scan_cache(n);
     n->speed = o->speed_gbs > 0 ? o->speed_gbs * 1e9 : node_probe_speed(o->threads);
     n->flops = o->tflops > 0 ? o->tflops * 1e12 : node_probe_flops(o->threads);
-    node_log(n, "ready: key %s, %d model(s), %.1f GB/s matrix-vector, %.3f TFLOPS matrix-matrix, %d threads", o->id.pk_hex,
-             n->n_models, n->speed / 1e9, n->flops / 1e12, o->threads);
+    /* Only a node with a budget reads experts from disk (without --mem its weights are not capped). */
+    if (o->eng.mem_bytes > 0) n->disk = o->disk_gbs > 0 ? o->disk_gbs * 1e9 : node_probe_disk(o->models_dir);
+    node_log(n, "ready: key %s, %d model(s), %.1f GB/s matrix-vector, %.3f TFLOPS matrix-matrix, %d threads%s", o->id.pk_hex,
+             n->n_models, n->speed / 1e9, n->flops / 1e12, o->threads, n->disk > 0 ? ", experts from disk past --mem" : "");
     while (!node_stop_pending()) {
         /* The router's monitor is drained on every pass, messages or not: its events queue up otherwise. */
         zmq_pollitem_t items[3] = {{n->router, 0, ZMQ_POLLIN, 0}, {n->next, 0, ZMQ_POLLIN, 0},

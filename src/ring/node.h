@@ -27,6 +27,7 @@ typedef struct node_opts {
     double mem_gb;           /* memory offered; 0 = what the OS reports available */
     double speed_gbs;        /* matrix-vector speed to report; 0 = measure it (a short probe) */
     double tflops;           /* matrix-matrix speed to report (TFLOPS); 0 = measure it */
+    double disk_gbs;         /* with --mem (eng.mem_bytes): disk read speed to report; 0 = measure it */
     int threads;
     k3_engine_opts eng;      /* how its engines compute (repack, flash attention, cache type); n_threads unused */
     bool verbose;

@@ -91,8 +91,9 @@ static int nc_figures(nc_node *nd, char **tok, int from, int nt, const char **lo
         else if (strcmp(key, "count") == 0 && num && x >= 1 && x <= 64 && x == floor(x)) count = x;
         else if (strcmp(key, "eff") == 0 && num && x > 0 && x <= 1) nd->eff = x;
         else if (strcmp(key, "net") == 0 && num && x > 0) nd->net_mbit = x;
+        else if (strcmp(key, "disk") == 0 && num && x > 0) nd->disk_gbs = x;
         else {
-            return rl_errf(err, "%s:%d: bad %s=%s (keys: device, count, mem, bw, tflops, eff 0..1, net, %s)", path, ln,
+            return rl_errf(err, "%s:%d: bad %s=%s (keys: device, count, mem, bw, tflops, eff 0..1, net, disk, %s)", path, ln,
                            key, v, at ? "at, loc" : "loc");
         }
     }

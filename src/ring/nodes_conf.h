@@ -38,6 +38,7 @@ typedef struct nc_node {
     char name[64], device[32];
     int count;
     double mem_gb, bw_gbs, tflops, eff, net_mbit;
+    double disk_gbs; /* > 0: routed experts past mem= are read from disk at this speed (docs/experts.md) */
     int place;       /* index into nc_conf.places */
     int line;
 } nc_node;

@@ -36,6 +36,8 @@ typedef struct cost_ctx {
     uint64_t pre_raw[PLAN_MAX_LAYERS + 1];    /* weights + n_seq * state of layers [0, i) */
     uint64_t pre_active[PLAN_MAX_LAYERS + 1]; /* bytes read per token in layers [0, i) */
     uint64_t *pre_lack;                       /* per node (n + 1 each): bytes it lacks of layers [0, i); NULL: none */
+    uint64_t pre_exps[PLAN_MAX_LAYERS + 1];   /* routed expert bytes of layers [0, i) */
+    uint64_t pre_exps_active[PLAN_MAX_LAYERS + 1]; /* of pre_active, the routed experts' */
 } cost_ctx;
 
 /* Memory a stage with `raw` bytes needs once headroom is added, rounded up to a byte (saturating).
@@ -70,15 +72,30 @@ static uint64_t stage_lack(const cost_ctx *c, int node, uint32_t a, uint32_t b) 
     return pre[b] - pre[a] + (a == 0 ? l[c->n] : 0) + (b == c->n ? l[c->n + 1] : 0);
 }
 
-/* Fills a stage for layers [a, b) on `node`; returns whether it fits the node's memory. */
+/* Fills a stage for layers [a, b) on `node`; returns whether it fits the node's memory, whole or (on a node
+ * with a disk speed) with its routed experts through a cache. Memory and time only grow with the stage, as
+ * dp_run's early stop needs: more layers add dense bytes and experts to the same cache. */
 static int stage_eval(const cost_ctx *c, int node, uint32_t a, uint32_t b, plan_stage *s) {
+    const plan_node *nd = &c->nodes[node];
     s->node = node;
     s->a = a;
     s->b = b;
     s->lack_bytes = stage_lack(c, node, a, b);
     s->mem_bytes = need_of(stage_raw(c, a, b), c->headroom);
     s->time = stage_time(c, node, a, b);
-    return s->mem_bytes <= c->nodes[node].mem_bytes;
+    s->cached = 1.0;
+    s->disk_time = 0;
+    if (s->mem_bytes <= nd->mem_bytes) return 1;
+    const uint64_t exps = c->pre_exps[b] - c->pre_exps[a];
+    if (!(nd->disk_bps > 0) || exps == 0) return 0;
+    const uint64_t dense = need_of(stage_raw(c, a, b) - exps, c->headroom);
+    if (dense >= nd->mem_bytes || nd->mem_bytes - dense < c->m->expert_min) return 0;
+    s->cached = (double)(nd->mem_bytes - dense) / (double)exps;
+    const double active = (double)(c->pre_exps_active[b] - c->pre_exps_active[a]);
+    s->disk_time = active * (1.0 - s->cached) / nd->disk_bps;
+    s->time += s->disk_time;
+    s->mem_bytes = nd->mem_bytes;
+    return 1;
 }
 
 /* Share of the node's memory the stage uses; only called for stages that fit, so mem_bytes > 0 or the
@@ -209,6 +226,13 @@ static int explain_infeasible(const cost_ctx *c, const dp_cell *t, uint64_t weig
     /* Too little memory in all comes first: no cut helps then. A huge layer is named as well, since adding
      * nodes of the same size would not be enough. */
     const uint64_t total_need = need_of(weights + state, c->headroom);
+    bool any_disk = false;
+    for (int i = 0; i < c->n_nodes; i++) any_disk |= c->nodes[i].disk_bps > 0;
+    if (any_disk) {
+        /* Nodes that read experts from disk hold more than their memory: only their dense parts must fit. */
+        return rl_errf(err, "ring too small: no cut fits the nodes' memory, even with routed experts read from disk "
+                            "where nodes have a disk speed (a stage there needs its dense part and two experts)");
+    }
     if (total_need > offered) {
         char s_need[64], s_off[64], s_w[64], s_st[64], detail[256];
         fmt_pair(s_need, s_off, sizeof s_need, total_need, offered);
@@ -250,10 +274,14 @@ int plan_make(const plan_model *m, const plan_node *nodes, int n_nodes, double h
     if (m->n_layer > PLAN_MAX_LAYERS)
         return rl_errf(err, "plan: the model has %u layers, at most %d supported", m->n_layer, PLAN_MAX_LAYERS);
     if (!(headroom >= 0) || !isfinite(headroom)) return rl_errf(err, "plan: headroom %g must be >= 0", headroom);
-    for (int i = 0; i < n_nodes; i++)
+    for (int i = 0; i < n_nodes; i++) {
         if (!(nodes[i].speed > 0) || !isfinite(nodes[i].speed))
             return rl_errf(err, "plan: node %d (%.*s) has speed %g, must be a finite number > 0", i,
                            name_len(&nodes[i]), nodes[i].name, nodes[i].speed);
+        if (!(nodes[i].disk_bps >= 0) || !isfinite(nodes[i].disk_bps))
+            return rl_errf(err, "plan: node %d (%.*s) has disk speed %g, must be a finite number >= 0", i,
+                           name_len(&nodes[i]), nodes[i].name, nodes[i].disk_bps);
+    }
 
     /* on the heap: the context is ~4 KiB and the table up to ~270 KiB */
     cost_ctx *c = calloc(1, sizeof *c);
@@ -282,6 +310,10 @@ int plan_make(const plan_model *m, const plan_node *nodes, int n_nodes, double h
               __builtin_add_overflow(active, m->layer_active[i], &active);
         c->pre_raw[i + 1] = c->pre_raw[i] + m->layer_bytes[i] + st;
         c->pre_active[i + 1] = c->pre_active[i] + m->layer_active[i];
+        /* parts of the sums above, so they cannot wrap either (a model that says otherwise is refused) */
+        ovf = ovf || m->layer_exps[i] > m->layer_bytes[i] || m->layer_exps_active[i] > m->layer_active[i];
+        c->pre_exps[i + 1] = c->pre_exps[i] + m->layer_exps[i];
+        c->pre_exps_active[i + 1] = c->pre_exps_active[i] + m->layer_exps_active[i];
     }
     if (ovf || __builtin_add_overflow(weights, state, &total_raw)) {
         free(c);
@@ -370,6 +402,10 @@ void plan_print(const plan_result *r, const plan_node *nodes, FILE *f) {
             char lk[32];
             fmt_bytes(lk, sizeof lk, s->lack_bytes, 1);
             fprintf(f, "  (streams %s it lacks)", lk);
+        }
+        if (s->cached < 1.0) {
+            fprintf(f, "  (experts %.0f%% in memory, the rest from disk: %.3f ms/token of the time)", 100.0 * s->cached,
+                    s->disk_time * 1e3);
         }
         fprintf(f, "\n");
         mem_total = mem_total + s->mem_bytes < mem_total ? UINT64_MAX : mem_total + s->mem_bytes;

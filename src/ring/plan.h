@@ -22,6 +22,9 @@ typedef struct plan_model {
     uint64_t layer_state[PLAN_MAX_LAYERS];  /* per-sequence state of each layer at the planned context */
     uint64_t first_bytes, last_bytes;       /* extra on the first stage (embedding) / last (LM head, norms) */
     uint64_t last_active;                   /* LM head bytes read per token on the last stage */
+    uint64_t layer_exps[PLAN_MAX_LAYERS];        /* of layer_bytes, the routed experts (may come from disk) */
+    uint64_t layer_exps_active[PLAN_MAX_LAYERS]; /* of layer_active, the routed experts' */
+    uint64_t expert_min;                    /* the least expert cache a stage runs with (two experts) */
     uint32_t n_seq;                         /* sequences to hold state for */
 } plan_model;
 
@@ -29,6 +32,8 @@ typedef struct plan_node {
     char name[64];        /* for messages: "host:port" */
     uint64_t mem_bytes;   /* memory the node offers for weights + state */
     double speed;         /* relative throughput (bytes of weights processed per second); > 0 */
+    double disk_bps;      /* > 0: the node reads routed experts from disk at this rate when a range does not fit
+                           * its memory (expert cache, docs/experts.md); 0: every stage must fit */
     /* Bytes of each layer the node does not hold and would be streamed ([i] for layer i, [n_layer] the
      * embedding, [n_layer + 1] the output head), or NULL: it holds everything (or it does not matter). */
     const uint64_t *lack;
@@ -40,6 +45,8 @@ typedef struct plan_stage {
     uint64_t mem_bytes;   /* weights + state + headroom this stage needs */
     double time;          /* estimated seconds per token */
     uint64_t lack_bytes;  /* of its weights, those the node lacks (plan_node.lack) */
+    double cached;        /* share of its routed experts in memory: 1, or less when the rest comes from disk */
+    double disk_time;     /* of time, seconds per token reading experts from disk (misses at hit rate = cached) */
 } plan_stage;
 
 typedef struct plan_result {
@@ -54,7 +61,9 @@ typedef struct plan_result {
  * A stage's need is raw + ceil(raw * headroom) bytes (a product within 1e-12 of a whole number counts as
  * that number, so 10% of 10 GiB is exactly 1 GiB despite 0.1's binary error), where raw = its layers'
  * weights + n_seq * their state (+ first_bytes on the first stage, + last_bytes on the last); it fits when
- * need <= node.mem_bytes. When nodes say what they lack (plan_node.lack), the plans that stream the fewest
+ * need <= node.mem_bytes, or, on a node with a disk speed, when its dense part and the least expert cache fit:
+ * the rest of its memory caches routed experts, a token misses (1 - cached) of the experts it reads (the hit
+ * rate of uniform routing), and the misses cost their bytes / disk_bps on top of the stage's time. When nodes say what they lack (plan_node.lack), the plans that stream the fewest
  * bytes come first: a cut that matches what the nodes hold beats a faster one that moves weights. Among the
  * plans with the smallest max_time it picks the fewest stages, then the
  * smallest largest share of a node's memory in use (need / mem_bytes), then the largest smallest share

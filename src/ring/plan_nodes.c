@@ -22,6 +22,7 @@ int pn_plan(const mf_model *m, const k3_hparams *hp, const nc_conf *c, uint32_t 
         snprintf(pn->name, sizeof pn->name, "%s", nd->name);
         pn->mem_bytes = (uint64_t)(nd->mem_gb * 1073741824.0);
         pn->speed = nd->bw_gbs * 1e9 * nd->eff;
+        pn->disk_bps = nd->disk_gbs * 1e9;
     }
     plan_model pm;
     ring_plan_model(&pm, m, hp, po->parallel ? po->parallel : 1, n_ctx, 2);
@@ -33,7 +34,7 @@ int pn_plan(const mf_model *m, const k3_hparams *hp, const nc_conf *c, uint32_t 
         int node = r->order[r->plan.stages[s].node];
         const nc_node *nd = &c->nodes[node];
         pr[s] = (pr_node){.speed = nd->bw_gbs * 1e9 * nd->eff, .flops = nd->tflops * 1e12 * nd->eff,
-                          .net = nd->net_mbit * 1e6 / 8};
+                          .net = nd->net_mbit * 1e6 / 8, .disk = nd->disk_gbs * 1e9};
         r->hop_s[s] = nc_delay_s(c, prev, node);
         prev = node;
     }
@@ -51,9 +52,10 @@ void pn_print(const pn_result *r, const nc_conf *c, const pr_opts *po, FILE *f) 
     plan_print(&r->plan, r->pnodes, f);
     const pr_result *p = &r->pred;
     fprintf(f, "\nprediction (assumptions: docs/plan.md):\n");
-    fprintf(f, "  decode, greedy          %8.2f tok/s   one traversal %.1f ms = hops %.1f + compute %.1f + transfers %.1f"
-               " (dominant: %s)\n", p->greedy_tok_s, 1e3 / p->greedy_tok_s, p->hops_s * 1e3, p->compute_s * 1e3,
-            p->xfer_s * 1e3, p->dominant);
+    fprintf(f, "  decode, greedy          %8.2f tok/s   one traversal %.1f ms = hops %.1f + compute %.1f + transfers %.1f",
+            p->greedy_tok_s, 1e3 / p->greedy_tok_s, p->hops_s * 1e3, p->compute_s * 1e3, p->xfer_s * 1e3);
+    if (p->disk_s > 0) fprintf(f, " + disk %.1f", p->disk_s * 1e3);
+    fprintf(f, " (dominant: %s)\n", p->dominant);
     if (po->acceptance > 0) {
         fprintf(f, "  decode, speculative     %8.2f tok/s   at acceptance %.2f: %d drafted, %.2f tokens per block, %s",
                 p->spec_tok_s, po->acceptance, p->draft_k, p->g,
@@ -89,6 +91,7 @@ cJSON *pn_json(const pn_result *r, const nc_conf *c, const pr_opts *po) {
         cJSON_AddNumberToObject(o, "b", ps->b);
         cJSON_AddNumberToObject(o, "mem_bytes", (double)ps->mem_bytes);
         cJSON_AddNumberToObject(o, "compute_s", r->pred.stage_s[s]);
+        cJSON_AddNumberToObject(o, "experts_in_memory", ps->cached);
         cJSON_AddNumberToObject(o, "hop_in_s", r->hop_s[s]);
         cJSON_AddItemToArray(st, o);
     }
@@ -97,6 +100,7 @@ cJSON *pn_json(const pn_result *r, const nc_conf *c, const pr_opts *po) {
     cJSON_AddNumberToObject(pj, "greedy_tok_s", p->greedy_tok_s);
     cJSON_AddNumberToObject(pj, "hops_s", p->hops_s);
     cJSON_AddNumberToObject(pj, "compute_s", p->compute_s);
+    cJSON_AddNumberToObject(pj, "disk_s", p->disk_s);
     cJSON_AddNumberToObject(pj, "transfer_s", p->xfer_s);
     cJSON_AddStringToObject(pj, "dominant", p->dominant);
     if (po->acceptance > 0) {

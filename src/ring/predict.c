@@ -12,6 +12,7 @@
  * token multiplies (elements; routed experts at k/E, the embedding not at all: it is a lookup). */
 typedef struct pr_stage_w {
     double dense, exps, elems;
+    double miss; /* share of the routed experts a token reads from disk (plan_stage.cached: 1 - it) */
 } pr_stage_w;
 
 static double pr_elems(const mf_tensor *t) {
@@ -19,7 +20,7 @@ static double pr_elems(const mf_tensor *t) {
 }
 
 static pr_stage_w pr_weights(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b) {
-    pr_stage_w w = {0, 0, 0};
+    pr_stage_w w = {0, 0, 0, 0};
     for (int i = 0; i < m->n_tensor; i++) {
         const mf_tensor *t = &m->tensors[i];
         unsigned il;
@@ -46,10 +47,16 @@ static pr_stage_w pr_weights(const mf_model *m, const k3_hparams *hp, uint32_t a
 /* Seconds a stage needs for a traversal of `tokens` tokens. The sum, not the larger, of reading and
  * multiplying: on a CPU node a small batch pays both (bench_plan fits 1- to 256-token batches this way
  * within ~10%, where the larger of the two is 2x off at 5 tokens). */
+/* Of a stage's time, the experts its cache misses, read from disk (a hit rate equal to the cached share). */
+static double pr_stage_disk(const k3_hparams *hp, const pr_stage_w *w, const pr_node *nd, double tokens) {
+    double touched = hp->n_expert ? 1.0 - pow(1.0 - (double)hp->n_expert_used / hp->n_expert, tokens) : 1.0;
+    return w->miss > 0 && nd->disk > 0 ? w->exps * touched * w->miss / nd->disk : 0;
+}
+
 static double pr_stage_time(const k3_hparams *hp, const pr_stage_w *w, const pr_node *nd, double tokens) {
     double touched = hp->n_expert ? 1.0 - pow(1.0 - (double)hp->n_expert_used / hp->n_expert, tokens) : 1.0;
     double bytes = w->dense + w->exps * touched;
-    return bytes / nd->speed + 2.0 * tokens * w->elems / nd->flops;
+    return bytes / nd->speed + 2.0 * tokens * w->elems / nd->flops + pr_stage_disk(hp, w, nd, tokens);
 }
 
 int pr_draft_read(pr_draft *d, const mf_model *draft, const mf_model *target, rl_err *err) {
@@ -90,8 +97,8 @@ double pr_draft_time(const pr_draft *d, int k, double a) {
 /* One traversal at `tokens` tokens: hops + stages + transfers, each part returned. */
 static double pr_traversal(const k3_hparams *hp, const plan_result *plan, const pr_stage_w *w, const pr_node *nodes,
                            const double *hop_s, double tokens, double *hops, double *comp, double *xfer,
-                           double *slowest) {
-    *hops = *comp = *xfer = *slowest = 0;
+                           double *disk, double *slowest) {
+    *hops = *comp = *xfer = *disk = *slowest = 0;
     for (int s = 0; s <= plan->n_stages; s++) *hops += hop_s[s];
     for (int s = 0; s < plan->n_stages; s++) {
         double c = pr_stage_time(hp, &w[s], &nodes[s], tokens);
@@ -100,7 +107,9 @@ static double pr_traversal(const k3_hparams *hp, const plan_result *plan, const 
             double net = nodes[s].net < nodes[s + 1].net ? nodes[s].net : nodes[s + 1].net;
             x = tokens * 4.0 * (double)k3_boundary_floats(hp, plan->stages[s + 1].a) / net;
         }
-        *comp += c;
+        const double d = pr_stage_disk(hp, &w[s], &nodes[s], tokens);
+        *comp += c - d;
+        *disk += d;
         *xfer += x;
         if (c + x > *slowest) *slowest = c + x;
     }
@@ -120,23 +129,27 @@ int pr_predict(const mf_model *m, const k3_hparams *hp, const plan_result *plan,
         return rl_errf(err, "predict: the coordinator has no speed or compute figure for the draft");
     }
     pr_stage_w w[PLAN_MAX_NODES];
-    for (int s = 0; s < plan->n_stages; s++) w[s] = pr_weights(m, hp, plan->stages[s].a, plan->stages[s].b);
+    for (int s = 0; s < plan->n_stages; s++) {
+        w[s] = pr_weights(m, hp, plan->stages[s].a, plan->stages[s].b);
+        w[s].miss = plan->stages[s].cached < 1.0 ? 1.0 - plan->stages[s].cached : 0;
+    }
     double slowest;
-    double t1 = pr_traversal(hp, plan, w, nodes, hop_s, 1, &r->hops_s, &r->compute_s, &r->xfer_s, &slowest);
+    double t1 = pr_traversal(hp, plan, w, nodes, hop_s, 1, &r->hops_s, &r->compute_s, &r->xfer_s, &r->disk_s, &slowest);
     for (int s = 0; s < plan->n_stages; s++) r->stage_s[s] = pr_stage_time(hp, &w[s], &nodes[s], 1);
     r->greedy_tok_s = 1.0 / t1;
     r->floor_tok_s = r->hops_s > 0 ? 1.0 / r->hops_s : INFINITY;
-    r->dominant = r->hops_s >= r->compute_s && r->hops_s >= r->xfer_s ? "hops"
-                  : r->compute_s >= r->xfer_s                         ? "compute"
-                                                                      : "bandwidth";
-    double h, c, x;
+    r->dominant = r->disk_s > r->hops_s && r->disk_s > r->compute_s && r->disk_s > r->xfer_s ? "disk"
+                  : r->hops_s >= r->compute_s && r->hops_s >= r->xfer_s                       ? "hops"
+                  : r->compute_s >= r->xfer_s                                                 ? "compute"
+                                                                                              : "bandwidth";
+    double h, c, x, dk;
     if (o->acceptance > 0) {
         const double a = o->acceptance < 0.999999 ? o->acceptance : 0.999999;
         int k_lo = o->draft_k > 0 ? o->draft_k : 1, k_hi = o->draft_k > 0 ? o->draft_k : 16;
         for (int k = k_lo; k <= k_hi; k++) {
             double g = (1.0 - pow(a, k + 1)) / (1.0 - a);
             double ds = pr_draft_time(&o->draft, k, a);
-            double tk = pr_traversal(hp, plan, w, nodes, hop_s, k + 1, &h, &c, &x, &slowest) + ds;
+            double tk = pr_traversal(hp, plan, w, nodes, hop_s, k + 1, &h, &c, &x, &dk, &slowest) + ds;
             double q = pow(a, k + 1), iv = 0, rate = g / tk;
             if (o->draft_depth > 1 && q >= 0.25) {
                 /* The next block left while this one travelled: it stands with probability q (this one whole,
@@ -157,10 +170,10 @@ int pr_predict(const mf_model *m, const k3_hparams *hp, const plan_result *plan,
     const uint32_t chunk = o->chunk ? o->chunk : 256, prompt = o->prompt ? o->prompt : 1;
     const uint32_t n_chunks = (prompt + chunk - 1) / chunk;
     const double csz = prompt < chunk ? prompt : chunk;
-    double tc = pr_traversal(hp, plan, w, nodes, hop_s, csz, &h, &c, &x, &slowest);
+    double tc = pr_traversal(hp, plan, w, nodes, hop_s, csz, &h, &c, &x, &dk, &slowest);
     r->ttft_s = tc + (double)(n_chunks - 1) * slowest;
     r->prefill_tok_s = prompt / r->ttft_s;
     const uint32_t np = o->parallel ? o->parallel : 1;
-    r->parallel_tok_s = np / pr_traversal(hp, plan, w, nodes, hop_s, np, &h, &c, &x, &slowest);
+    r->parallel_tok_s = np / pr_traversal(hp, plan, w, nodes, hop_s, np, &h, &c, &x, &dk, &slowest);
     return 0;
 }

@@ -34,6 +34,7 @@ typedef struct pr_node {
     double speed;  /* bytes of weights read per second in a decode step (effective) */
     double flops;  /* FLOP/s in a prefill chunk (effective) */
     double net;    /* link bytes per second */
+    double disk;   /* bytes per second of routed experts read from disk (stages whose experts do not all fit) */
 } pr_node;
 
 /* A draft model's cost on the coordinator. A K3 draft drafts k tokens in k steps of one token, and one more
@@ -63,6 +64,7 @@ double pr_draft_time(const pr_draft *d, int k, double a);
 
 typedef struct pr_result {
     double hops_s, compute_s, xfer_s;  /* one greedy traversal's parts */
+    double disk_s;                     /* ... and its experts read from disk (stages that do not fit) */
     double greedy_tok_s;
     int draft_k;
     double g, spec_tok_s;

@@ -1764,6 +1764,27 @@ static enum MHD_Result http_metrics(http_conn *hc, struct MHD_Connection *c) {
     }
     http_family(&b, "ringlm_prompt_tokens_total", "counter", "Prompt tokens processed.");
     hb_printf(&b, "ringlm_prompt_tokens_total %llu\n", (unsigned long long)m.prompt_tokens);
+    if (m.has_xc) { /* routed experts through a cache (--mem, docs/experts.md) */
+        const struct {
+            const char *name, *help;
+            uint64_t v;
+        } xc[] = {
+            {"ringlm_expert_needed_total", "Routed experts the routers chose (distinct per layer and step).", m.xc.needed},
+            {"ringlm_expert_hits_total", "Of them, resident when their layer asked (read ahead included).", m.xc.hits},
+            {"ringlm_expert_loads_total", "Experts read from the file on demand.", m.xc.loads},
+            {"ringlm_expert_prefetched_total", "Experts read ahead by the look-ahead router.", m.xc.prefetched},
+            {"ringlm_expert_prefetch_used_total", "Of them, chosen by their layer before being evicted.", m.xc.prefetch_used},
+            {"ringlm_expert_read_bytes_total", "Bytes of experts read from the file.", m.xc.bytes_read},
+            {"ringlm_expert_used_bytes_total", "Bytes of the experts the routers chose.", m.xc.bytes_used},
+            {"ringlm_expert_tokens_total", "Tokens run through the layers over the cache.", m.xc.tokens},
+        };
+        for (size_t i = 0; i < sizeof xc / sizeof xc[0]; i++) {
+            http_family(&b, xc[i].name, "counter", xc[i].help);
+            hb_printf(&b, "%s %llu\n", xc[i].name, (unsigned long long)xc[i].v);
+        }
+        http_family(&b, "ringlm_expert_wait_seconds_total", "counter", "Seconds the compute waited for expert reads.");
+        hb_printf(&b, "ringlm_expert_wait_seconds_total %.6f\n", m.xc.wait_s);
+    }
     http_family(&b, "ringlm_prompt_tokens_shared_total", "counter",
                 "Prompt tokens not read again: the choices of an n > 1 request share one reading of the prompt.");
     hb_printf(&b, "ringlm_prompt_tokens_shared_total %llu\n", (unsigned long long)m.prompt_shared);

@@ -256,6 +256,7 @@ int sch_backend_local(sch_backend *be, k3_engine *e, int n_slots, uint32_t n_ctx
     be->n_ctx = n_ctx;
     be->n_vocab = e->hp.n_vocab;
     be->kind = "local";
+    be->xc = k3_engine_cache_stats(e);
     be->step = sch_local_step;
     be->end = sch_local_end;
     be->nodes = sch_local_nodes;
@@ -922,6 +923,7 @@ static void *sch_main(void *arg) {
         sch_ring_take(s, &rs);
         s->m.steps++;
         s->m.busy_s += t1 - t0;
+        if (s->be.xc) s->m.has_xc = true, s->m.xc = *s->be.xc;
         s->m.draft_s += t_draft;
         s->m.draft_refused += refused;
         sch_hist_add(&s->m.step_s, t1 - t0);

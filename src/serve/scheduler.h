@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "../base/err.h"
+#include "../model/expert_cache.h"
 #include "../model/k3_forward.h"
 #include "../text/chat_out.h"
 #include "../text/sampler.h"
@@ -137,6 +138,9 @@ typedef struct sch_backend {
     /* Optional: from now on, fail whatever the backend waits for at once (a ring waiting on a node that
      * hangs). Called from another thread while the server stops; the scheduler thread then finishes. */
     void (*abort)(void *impl);
+    /* Optional (a local engine over an expert cache, --mem): its counters, read by the scheduler thread
+     * after each step (the engine updates them while it computes). */
+    const xc_stats *xc;
 } sch_backend;
 
 /* The one-machine backend: n_slots states of n_ctx tokens each on a k3_engine for the whole model
@@ -293,6 +297,8 @@ typedef struct sch_metrics {
     sch_node_stat nodes[SCH_MAX_NODES];
     sch_ring_stat ring;
     const char *backend;
+    bool has_xc;                         /* the engine reads routed experts through a cache (--mem) */
+    xc_stats xc;                         /* its counters after the last step */
 } sch_metrics;
 
 typedef struct sch_sched {

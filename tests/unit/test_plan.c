@@ -443,5 +443,37 @@ int main(void) {
           "256 layers on 64 nodes: %d stages in %.3f s (random large cases %.3f s)", r.n_stages, sec,
           (double)(t1 - t0) / CLOCKS_PER_SEC);
 
+    /* Routed experts from disk (plan_node.disk_bps): 10 layers of 1 GiB, 3/4 of each routed experts, a token
+     * reading 1/8 of them; the least cache two experts of 1/64 GiB. */
+    uniform_model(&m, 10, GiB);
+    for (uint32_t i = 0; i < 10; i++) m.layer_exps[i] = 3 * GiB / 4, m.layer_exps_active[i] = 3 * GiB / 32;
+    m.expert_min = GiB / 32;
+    set_node(&nodes[0], "ram:7000", 6 * GiB, 1e9);
+    rc = plan_make(&m, nodes, 1, 0.0, &r, &err);
+    CHECK(rc != 0 && strstr(err.msg, "ring too small"), "6 GiB, no disk: 10 GiB do not fit (%s)", err.msg);
+    nodes[0].disk_bps = 0.5e9;
+    rc = plan_make(&m, nodes, 1, 0.0, &r, &err);
+    /* dense 2.5 GiB resident, 3.5 GiB of 7.5 GiB of experts cached: a token misses 8/15 of 0.9375 GiB */
+    const double cached = 3.5 / 7.5, miss = 10.0 * 3 * GiB / 32 * (1 - cached) / 0.5e9;
+    CHECK(rc == 0 && r.n_stages == 1 && close_to(r.stages[0].cached, cached) && close_to(r.stages[0].disk_time, miss),
+          "with a disk: one stage, %.3f of its experts cached (want %.3f), %.3f s/token from disk (want %.3f)",
+          rc == 0 ? r.stages[0].cached : 0, cached, rc == 0 ? r.stages[0].disk_time : 0, miss);
+    CHECK(rc == 0 && close_to(r.max_time, 10.0 * GiB / 1e9 + miss), "... its time adds the disk's to the compute");
+    nodes[0].mem_bytes = 2 * GiB; /* below the dense part (2.5 GiB) */
+    rc = plan_make(&m, nodes, 1, 0.0, &r, &err);
+    CHECK(rc != 0 && strstr(err.msg, "even with routed experts read from disk"), "dense part too large: said so (%s)", err.msg);
+    /* a node that holds everything beats one that would read from disk, at equal speed */
+    set_node(&nodes[0], "disk:7000", 6 * GiB, 1e9);
+    nodes[0].disk_bps = 0.5e9;
+    set_node(&nodes[1], "big:7000", 20 * GiB, 1e9);
+    rc = plan_make(&m, nodes, 2, 0.0, &r, &err);
+    CHECK(rc == 0 && r.n_stages >= 1 && r.stages[r.n_stages - 1].node == 1 && r.stages[r.n_stages - 1].cached == 1.0,
+          "the node that holds its range in memory takes the larger share");
+    for (int i = 0; rc == 0 && i < r.n_stages; i++) {
+        CHECK(r.stages[i].cached > 0 && r.stages[i].cached <= 1.0, "stage %d: a share in memory in (0, 1]", i);
+    }
+    nodes[0].disk_bps = -1;
+    CHECK(plan_make(&m, nodes, 2, 0.0, &r, &err) != 0 && strstr(err.msg, "disk speed"), "a negative disk speed is refused");
+
     return check_done();
 }

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Larger than memory (#20): decode of a model several times a memory cap, in a cgroup v1 memory group,
+# ringlm with --mem (dense part resident, routed experts through its cache, docs/experts.md) against
+# llama.cpp under the same cap, same file, same threads, the page cache dropped before every run,
+# alternating runs. The peer is llama.cpp's released library (node-llama-cpp 3.21.1's prebuilt libllama,
+# tests/oracle's `bench`: a prompt, then greedy decode steps): at its defaults (the file mapped, quantized
+# weights repacked into anonymous memory, which a cap smaller than the model cannot hold) and with
+# --no-repack (everything left to the mapping and the page cache: how llama.cpp runs a model larger than
+# memory, and the peer the goal is judged on when the defaults cannot run; the table says which).
+# Also the unconstrained case: --mem large enough that everything fits against no --mem at all.
+#
+#   bench/bench_experts.sh [--mem GB] [--cap GB] [--gen N] [--prompt N] [--reps N] [--threads N]
+#                          [--model FILE] [--no-peer]
+#
+# --mem: ringlm's weight budget (default 0.45 GiB for the 1.51 GiB medium model: 3.4x); --cap: the memory
+# group's limit for every run (default --mem + 0.4 GiB: compute buffers, state, the process itself).
+# Writes bench/results/experts.json and experts.md: tok/s, time to first token, hit rate, bytes read per
+# token against the bytes of the experts the tokens chose, and the disk floor (the file's measured read
+# speed / bytes read per token). Needs root (cgroup, drop_caches).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mem=0.45 cap= gen=32 prompt=16 reps=3 threads=2 model=bench/models/medium.gguf peer=1
+while [ $# -gt 0 ]; do
+    case $1 in
+        --mem) mem=$2; shift 2 ;;
+        --cap) cap=$2; shift 2 ;;
+        --gen) gen=$2; shift 2 ;;
+        --prompt) prompt=$2; shift 2 ;;
+        --reps) reps=$2; shift 2 ;;
+        --threads) threads=$2; shift 2 ;;
+        --model) model=$2; shift 2 ;;
+        --no-peer) peer=0; shift ;;
+        *) echo "bench_experts: unknown option $1" >&2; exit 2 ;;
+    esac
+done
+[ -n "$cap" ] || cap=$(awk -v m="$mem" 'BEGIN { printf "%.3f", m + 0.4 }')
+make -s ringlm
+mkdir -p bench/models bench/results build/bench
+if [ ! -f "$model" ]; then
+    echo "bench_experts: synthesizing $model (medium, once)" >&2
+    ./ringlm synth --config medium --seed 1 -o "$model.tmp" --progress && mv "$model.tmp" "$model"
+fi
+[ $peer = 0 ] || make -s -C tests/oracle >/dev/null
+CG=/sys/fs/cgroup/memory/ringlm-bench-$$
+[ -d /sys/fs/cgroup/memory ] || { echo "bench_experts: no cgroup v1 memory controller" >&2; exit 1; }
+mkdir "$CG"
+trap 'rmdir "$CG" 2>/dev/null || true' EXIT
+cap_bytes=$(awk -v g="$cap" 'BEGIN { printf "%d", g * 1073741824 }')
+echo "$cap_bytes" >"$CG/memory.limit_in_bytes"
+drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+capped() { bash -c 'echo $$ >"$0/cgroup.procs"; exec "$@"' "$CG" "$@"; }
+
+# The file's read speed from a cold cache (direct reads of 256 MiB), for the disk floor.
+drop
+disk=$(dd if="$model" of=/dev/null bs=4M count=64 iflag=direct 2>&1 | awk '/copied/ { print $(NF-1), $NF }')
+disk_gbs=$(echo "$disk" | awk '{ v = $1; if ($2 ~ /^MB/) v /= 1000; if ($2 ~ /^kB/) v /= 1e6; print v }')
+echo "disk: $disk" >&2
+
+V=$(./ringlm inspect --kv "$model" | awk '$1 == "n_vocab" { print $2 }')
+toks=$(awk -v n="$prompt" -v v="$((V - 256))" 'BEGIN { x = 7; for (i = 0; i < n; i++) {
+           x = (x * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), int(x / 65536) % v } }')
+j() { python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+for k in sys.argv[2].split("."): d = d[k]
+print(d)' "$@"; }
+
+ours=() ours_ttft=() hit=() rd=() used=() ahead=() ref=() ref_nr=() free_=() free_mem=()
+# llama.cpp's decode tok/s under the cap, or 0 when it was killed (out of memory) or failed.
+peer_run() {
+    local rc=0
+    capped tests/oracle/oracle bench -m "$model" --tokens "$toks" -n "$gen" --threads "$threads" "$@" \
+        >build/bench/xc_ref.json 2>build/bench/xc_ref.err || rc=$?
+    if [ $rc = 0 ]; then python3 -c 'import json; print(json.load(open("build/bench/xc_ref.json"))["decode_tok_s"])'; else echo 0; fi
+}
+for r in $(seq "$reps"); do
+    drop
+    capped ./ringlm run -m "$model" --tokens "$toks" -n "$gen" --temp 0 --ignore-eos --threads "$threads" \
+        --mem "$mem" --metrics-json build/bench/xc.json >/dev/null 2>build/bench/xc.err
+    ours+=("$(j build/bench/xc.json decode_tok_s)") ours_ttft+=("$(j build/bench/xc.json ttft_s)")
+    hit+=("$(j build/bench/xc.json expert_cache.decode.hit_rate)")
+    rd+=("$(j build/bench/xc.json expert_cache.decode.bytes_read_per_token)")
+    used+=("$(j build/bench/xc.json expert_cache.decode.bytes_used_per_token)")
+    ahead+=("$(j build/bench/xc.json expert_cache.decode.prefetch_accuracy)")
+    if [ $peer = 1 ]; then
+        drop
+        ref+=("$(peer_run)")
+        drop
+        ref_nr+=("$(peer_run --no-repack)")
+    fi
+    # Unconstrained: no cap, page cache warm, --mem large enough against no --mem.
+    cat "$model" >/dev/null
+    ./ringlm run -m "$model" --tokens "$toks" -n "$gen" --temp 0 --ignore-eos --threads "$threads" \
+        --metrics-json build/bench/xc_free.json >/dev/null 2>&1
+    ./ringlm run -m "$model" --tokens "$toks" -n "$gen" --temp 0 --ignore-eos --threads "$threads" --mem 64 \
+        --metrics-json build/bench/xc_free_mem.json >/dev/null 2>&1
+    free_+=("$(j build/bench/xc_free.json decode_tok_s)") free_mem+=("$(j build/bench/xc_free_mem.json decode_tok_s)")
+    echo "run $r: ringlm --mem $mem: ${ours[-1]} tok/s (hit ${hit[-1]}), llama.cpp: ${ref[-1]:-skipped} (defaults)" \
+         "${ref_nr[-1]:-skipped} (--no-repack), unconstrained ${free_[-1]} / --mem 64 ${free_mem[-1]}" >&2
+done
+
+python3 - "$model" "$mem" "$cap" "$gen" "$prompt" "$threads" "$disk_gbs" "$peer" \
+    "${ours[*]}" "${ours_ttft[*]}" "${hit[*]}" "${rd[*]}" "${used[*]}" "${ahead[*]}" "${ref[*]:-}" "${ref_nr[*]:-}" \
+    "${free_[*]}" "${free_mem[*]}" <<'EOF'
+import json, os, statistics as st, sys
+model, mem, cap, gen, prompt, threads, disk, peer = sys.argv[1:9]
+f = lambda s: [float(x) for x in s.split()]
+ours, ttft, hit, rd, used, ahead, ref, ref_nr, free, free_mem = (f(s) for s in sys.argv[9:19])
+disk = float(disk) * 1e9
+med = st.median
+size = os.path.getsize(model)
+# The goal is judged against llama.cpp at its defaults when they run under the cap, else against its
+# --no-repack (mapping only) run, and the table says which.
+judged = ref if any(r > 0 for r in ref) else ref_nr
+judged_name = "defaults" if judged is ref else "--no-repack (its defaults were killed under the cap)"
+pairs = [o / r for o, r in zip(ours, judged) if r > 0] if peer == "1" else []
+res = {
+    "benchmark": "larger than memory: decode under a memory cgroup cap, ringlm --mem vs llama.cpp",
+    "median_ratio_judged_against": judged_name if peer == "1" else None,
+    "model": model, "model_bytes": size, "mem_gib": float(mem), "cap_gib": float(cap), "gen": int(gen),
+    "prompt": int(prompt), "threads": int(threads), "disk_read_gb_s": disk / 1e9,
+    "ringlm": {"decode_tok_s": ours, "ttft_s": ttft, "hit_rate": hit, "bytes_read_per_token": rd,
+               "bytes_used_per_token": used, "prefetch_accuracy": ahead},
+    "llama_cpp": {"engine": "node-llama-cpp 3.21.1 prebuilt libllama (tests/oracle bench)",
+                  "defaults_decode_tok_s": ref, "defaults_killed_or_failed": sum(1 for r in ref if r == 0),
+                  "no_repack_decode_tok_s": ref_nr, "no_repack_killed_or_failed": sum(1 for r in ref_nr if r == 0),
+                  "judged_against": judged_name} if peer == "1" else None,
+    "unconstrained": {"no_mem": free, "mem_64": free_mem},
+    "median_ratio_vs_llama": med(pairs) if pairs else None,
+    "disk_floor_tok_s": disk / med(rd) if med(rd) > 0 else None,
+}
+json.dump(res, open("bench/results/experts.json", "w"), indent=1)
+MiB = 1048576
+lines = [
+    "# Larger than memory: ringlm --mem against llama.cpp under a memory cap", "",
+    f"`bench/bench_experts.sh --mem {mem} --cap {cap} --gen {gen}`: {model} ({size / 2**30:.2f} GiB, "
+    f"{size / 2**30 / float(mem):.1f}x the budget), every run in a cgroup v1 memory group of {cap} GiB, page cache "
+    f"dropped before each, {threads} threads, {len(ours)} alternating runs, medians.", "",
+    "| | decode tok/s | TTFT s | hit rate | read MiB/token | chosen experts MiB/token | look-ahead right |",
+    "|---|---|---|---|---|---|---|",
+    f"| ringlm --mem {mem} | {med(ours):.2f} | {med(ttft):.2f} | {100 * med(hit):.1f}% | {med(rd) / MiB:.2f} | "
+    f"{med(used) / MiB:.2f} | {100 * med(ahead):.0f}% |",
+]
+if peer == "1":
+    for name, xs in (("defaults", ref), ("--no-repack (mapping only)", ref_nr)):
+        ok = [r for r in xs if r > 0]
+        lines.append(f"| llama.cpp {name} | {med(ok):.2f} ({len(xs) - len(ok)} of {len(xs)} runs killed) | | | | | |" if ok
+                     else f"| llama.cpp {name} | killed under the cap in every run | | | | | |")
+lines += ["", f"Disk floor: {disk / 1e9:.2f} GB/s cold direct read / {med(rd) / MiB:.2f} MiB read per token = "
+          f"{disk / med(rd):.2f} tok/s; ringlm is at {med(ours) / (disk / med(rd)):.2f} of it." if med(rd) > 0 else "",
+          f"Median of per-run ratios against llama.cpp {judged_name}: {med(pairs):.2f}x (goal: 3x)." if pairs else
+          ("llama.cpp did not finish under the cap: no ratio." if peer == "1" else "llama.cpp not run (--no-peer)."),
+          "", f"Unconstrained (no cap, warm page cache): no --mem {med(free):.2f} tok/s, --mem 64 (everything fits, no "
+          f"cache) {med(free_mem):.2f} tok/s."]
+open("bench/results/experts.md", "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+EOF
