@@ -123,8 +123,9 @@ static void *xc_thread(void *arg) {
         int rc = xc_fill(w, &j, msg, sizeof msg);
         pthread_mutex_lock(&c->mu);
         if (rc != 0 && !c->io_err[0]) snprintf(c->io_err, sizeof c->io_err, "%s", msg);
+        __atomic_store_n(&c->pools[j.pool].loading[j.slot], 0, __ATOMIC_RELEASE);
         c->busy--;
-        if (c->q_n == 0 && c->busy == 0) pthread_cond_broadcast(&c->cv_idle);
+        pthread_cond_broadcast(&c->cv_idle); /* waiters check for their slots, or for an idle queue */
     }
     pthread_mutex_unlock(&c->mu);
     free(w->bounce);
@@ -132,27 +133,63 @@ static void *xc_thread(void *arg) {
     return NULL;
 }
 
-static void xc_enqueue(xc_cache *c, int pool, int slot, uint32_t il, uint32_t expert) {
+/* Queues a slot fill: a read on demand goes first (the compute waits for it), a read ahead last. The queue
+ * holds every slot at most once: a slot being filled is never a victim (xc_victim). */
+static void xc_enqueue(xc_cache *c, int pool, int slot, uint32_t il, uint32_t expert, bool urgent) {
     pthread_mutex_lock(&c->mu);
-    /* The queue holds at most every slot once (a slot is queued only after the previous wait drained it). */
-    int at = (c->q_head + c->q_n) % c->q_cap;
+    int at = urgent ? (c->q_head = (c->q_head + c->q_cap - 1) % c->q_cap) : (c->q_head + c->q_n) % c->q_cap;
     c->q[at] = (xc_job){.pool = pool, .slot = slot, .il = il, .expert = expert};
     c->q_n++;
+    __atomic_store_n(&c->pools[pool].loading[slot], 1, __ATOMIC_RELEASE);
     pthread_cond_signal(&c->cv_job);
     pthread_mutex_unlock(&c->mu);
+}
+
+/* Takes the first read error, if any (the mutex held). The slot it was for holds garbage, and which slot
+ * that was is the I/O thread's to know: the next layer planned starts from an empty cache (xc_flush). */
+static int xc_take_err(xc_cache *c, rl_err *err) {
+    if (!c->io_err[0]) return 0;
+    rl_errf(err, "%s", c->io_err);
+    c->io_err[0] = 0;
+    c->flush = true;
+    return -1;
 }
 
 int xc_wait(xc_cache *c, rl_err *err) {
     double t0 = xc_now();
     pthread_mutex_lock(&c->mu);
     while (c->q_n > 0 || c->busy > 0) pthread_cond_wait(&c->cv_idle, &c->mu);
-    char msg[sizeof c->io_err];
-    snprintf(msg, sizeof msg, "%s", c->io_err);
-    c->io_err[0] = 0;
+    int rc = xc_take_err(c, err);
     pthread_mutex_unlock(&c->mu);
     c->st.wait_s += xc_now() - t0;
-    if (msg[0]) return rl_errf(err, "%s", msg);
-    return 0;
+    return rc;
+}
+
+/* Blocks until none of the pool's pinned slots is being filled (the pass about to run reads them). */
+static int xc_wait_pinned(xc_cache *c, const xc_pool *P, rl_err *err) {
+    double t0 = xc_now();
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        bool busy = false;
+        for (int s = 0; s < P->n_slots && !busy; s++) busy = P->pin[s] && P->loading[s];
+        if (!busy) break;
+        pthread_cond_wait(&c->cv_idle, &c->mu);
+    }
+    int rc = xc_take_err(c, err);
+    pthread_mutex_unlock(&c->mu);
+    c->st.wait_s += xc_now() - t0;
+    return rc;
+}
+
+/* Blocks until some fill finishes (a victim may be free then). */
+static void xc_wait_any(xc_cache *c, const xc_pool *P) {
+    double t0 = xc_now();
+    pthread_mutex_lock(&c->mu);
+    bool any = false;
+    for (int s = 0; s < P->n_slots && !any; s++) any = P->loading[s] && !P->pin[s];
+    if (any) pthread_cond_wait(&c->cv_idle, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    c->st.wait_s += xc_now() - t0;
 }
 
 /* ---- setup --------------------------------------------------------------------------------------- */
@@ -207,7 +244,8 @@ static int xc_pool_alloc(xc_cache *c, xc_pool *p, struct ggml_context *ctx, cons
     p->last = calloc((size_t)S, sizeof *p->last);
     p->pin = calloc((size_t)S, 1);
     p->ahead = calloc((size_t)S, 1);
-    if (!p->slot_layer || !p->slot_expert || !p->freq || !p->last || !p->pin || !p->ahead) {
+    p->loading = calloc((size_t)S, 1);
+    if (!p->slot_layer || !p->slot_expert || !p->freq || !p->last || !p->pin || !p->ahead || !p->loading) {
         return rl_errf(err, "out of memory for the expert cache's tables");
     }
     for (int s = 0; s < S; s++) p->slot_layer[s] = p->slot_expert[s] = -1;
@@ -368,7 +406,7 @@ void xc_close(xc_cache *c) {
         for (int k = 0; k < 3; k++) {
             if (P->buf[k]) ggml_backend_buffer_free(P->buf[k]);
         }
-        free(P->slot_layer), free(P->slot_expert), free(P->freq), free(P->last), free(P->pin), free(P->ahead);
+        free(P->slot_layer), free(P->slot_expert), free(P->freq), free(P->last), free(P->pin), free(P->ahead), free(P->loading);
     }
     if (c->layers) {
         for (uint32_t i = 0; i < c->b - c->a; i++) free(c->layers[i].slot_of);
@@ -402,10 +440,46 @@ void xc_plan_free(xc_plan *p) {
     memset(p, 0, sizeof *p);
 }
 
+/* Drops the reads ahead for layer il that have not started and that its router did not choose (rank[e] < 0):
+ * a wrong guess then costs nothing, and the reads the layer needs do not queue behind it. */
+static void xc_cancel_ahead(xc_cache *c, uint32_t il, const int *rank) {
+    pthread_mutex_lock(&c->mu);
+    int kept = 0;
+    for (int i = 0; i < c->q_n; i++) {
+        xc_job j = c->q[(c->q_head + i) % c->q_cap];
+        xc_pool *P = &c->pools[j.pool];
+        if (j.il != il || rank[j.expert] >= 0 || !P->ahead[j.slot]) {
+            c->q[(c->q_head + kept++) % c->q_cap] = j;
+            continue;
+        }
+        c->layers[il - c->a].slot_of[j.expert] = -1;
+        P->slot_layer[j.slot] = P->slot_expert[j.slot] = -1;
+        __atomic_store_n(&P->loading[j.slot], 0, __ATOMIC_RELEASE);
+        P->ahead[j.slot] = 0;
+        c->st.bytes_read -= P->expert_bytes;
+        c->st.prefetched--;
+    }
+    c->q_n = kept;
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Forgets every slot's expert (after a failed read), once no read is in flight. */
+static void xc_flush(xc_cache *c) {
+    rl_err ignored;
+    (void)xc_wait(c, &ignored);
+    for (int p = 0; p < c->n_pools; p++) {
+        xc_pool *P = &c->pools[p];
+        for (int s = 0; s < P->n_slots; s++) P->slot_layer[s] = P->slot_expert[s] = -1, P->ahead[s] = P->freq[s] = 0;
+    }
+    for (uint32_t i = 0; i < c->b - c->a; i++) {
+        for (uint32_t e = 0; c->layers[i].slot_of && e < c->n_expert; e++) c->layers[i].slot_of[e] = -1;
+    }
+    c->flush = false;
+}
+
 int xc_plan_layer(xc_cache *c, uint32_t il, const int32_t *ids, int n_rows, xc_plan *p, rl_err *err) {
     memset(p, 0, sizeof *p);
-    /* Reads ahead land before anything is decided: a slot's table entry is only true once its read is done. */
-    if (xc_wait(c, err) != 0) return -1;
+    if (c->flush) xc_flush(c);
     const xc_layer *L = &c->layers[il - c->a];
     const xc_pool *P = &c->pools[L->pool];
     p->n_rows = n_rows;
@@ -434,6 +508,7 @@ int xc_plan_layer(xc_cache *c, uint32_t il, const int32_t *ids, int n_rows, xc_p
             p->order[p->n_distinct++] = e;
         }
     }
+    xc_cancel_ahead(c, il, rank);
     p->per_group = P->n_slots;
     p->n_groups = (p->n_distinct + p->per_group - 1) / p->per_group;
     for (int r = 0; r < n_rows; r++) p->group_of[r] = rank[p->expert[r]] / p->per_group;
@@ -444,11 +519,12 @@ int xc_plan_layer(xc_cache *c, uint32_t il, const int32_t *ids, int n_rows, xc_p
 }
 
 /* The slot to (re)fill: an empty one, else the least frequently used, least recent among equals, of those
- * not pinned. -1 when every slot is pinned. */
+ * neither pinned nor being filled. -1 when there is none now. (loading is read without the mutex: only
+ * this thread sets it, and an I/O thread clearing it early at worst makes a slot look busy for a moment.) */
 static int xc_victim(const xc_pool *P) {
     int best = -1;
     for (int s = 0; s < P->n_slots; s++) {
-        if (P->pin[s]) continue;
+        if (P->pin[s] || __atomic_load_n(&P->loading[s], __ATOMIC_ACQUIRE)) continue;
         if (P->slot_layer[s] < 0) return s;
         if (best < 0 || P->freq[s] < P->freq[best] || (P->freq[s] == P->freq[best] && P->last[s] < P->last[best])) best = s;
     }
@@ -461,14 +537,13 @@ static void xc_assign(xc_cache *c, xc_pool *P, int pool, int s, uint32_t il, int
     P->slot_expert[s] = e;
     c->layers[il - c->a].slot_of[e] = s;
     c->st.bytes_read += P->expert_bytes;
-    xc_enqueue(c, pool, s, il, (uint32_t)e);
+    xc_enqueue(c, pool, s, il, (uint32_t)e, !P->ahead[s]);
 }
 
 int xc_load_pass(xc_cache *c, uint32_t il, const xc_plan *p, int g, int32_t *slot_ids, rl_err *err) {
     xc_layer *L = &c->layers[il - c->a];
     const int pool = L->pool;
     xc_pool *P = &c->pools[pool];
-    if (xc_wait(c, err) != 0) return -1;
     memset(P->pin, 0, (size_t)P->n_slots);
     const int lo = g * p->per_group, hi = lo + p->per_group < p->n_distinct ? lo + p->per_group : p->n_distinct;
     c->tick++;
@@ -484,15 +559,18 @@ int xc_load_pass(xc_cache *c, uint32_t il, const xc_plan *p, int g, int32_t *slo
     for (int i = lo; i < hi; i++) {
         int32_t e = p->order[i];
         if (L->slot_of[e] >= 0) continue;
-        int s = xc_victim(P); /* >= 0: the group is at most the usable slots, all others unpinned */
+        /* The group is at most the slots, so unpinned ones remain; some may be filling (reads ahead that
+         * are not chosen now), and free up when done. */
+        int s;
+        while ((s = xc_victim(P)) < 0) xc_wait_any(c, P);
+        P->ahead[s] = 0;
         xc_assign(c, P, pool, s, il, e);
         P->pin[s] = 1;
         P->freq[s] = 1;
         P->last[s] = c->tick;
-        P->ahead[s] = 0;
         c->st.loads++;
     }
-    if (xc_wait(c, err) != 0) return -1;
+    if (xc_wait_pinned(c, P, err) != 0) return -1;
     for (int r = 0; r < p->n_rows; r++) slot_ids[r] = p->group_of[r] == g ? L->slot_of[p->expert[r]] : -1;
     c->st.passes++;
     /* Ageing: halve every count each time the range's layers have run about 16 times, so experts that were
@@ -514,11 +592,11 @@ void xc_prefetch(xc_cache *c, uint32_t il, const int32_t *ids, int n_rows) {
         /* A guess never evicts an expert in use lately: only empty slots and cold ones (counted at most
          * once since the last ageing) are taken. */
         if (s < 0 || (P->slot_layer[s] >= 0 && P->freq[s] > 1)) break;
+        P->ahead[s] = 1;
         xc_assign(c, P, L->pool, s, il, e);
         P->pin[s] = 1; /* not evicted again by the rest of this guess */
         P->freq[s] = 0;
         P->last[s] = c->tick;
-        P->ahead[s] = 1;
         c->st.prefetched++;
     }
 }

@@ -17,7 +17,8 @@
  *
  * Misses are read with pread by a few I/O threads at once. A look-ahead (the next MoE layer's router run on
  * this layer's input, in the same graph) names the experts the next layer will likely choose, and they are
- * read while this layer computes. Replacement is least-frequently-used with ageing, least recent among equals:
+ * read while this layer computes; a layer's own reads go ahead of guesses, and guesses still queued when the
+ * layer's choice is known, and wrong, are dropped. Replacement is least-frequently-used with ageing, least recent among equals:
  * the slots are shared by the range's layers, which are visited in a cycle, where pure recency evicts exactly
  * what the next token needs first. Pages read are dropped from the page cache, so the budget is the memory
  * the weights take, not a figure the kernel's cache quietly exceeds. */
@@ -70,6 +71,7 @@ typedef struct xc_pool {
     uint64_t *last;
     uint8_t *pin;              /* used by the pass about to run: not evicted */
     uint8_t *ahead;            /* read by the look-ahead and not yet chosen */
+    uint8_t *loading;          /* queued or being filled (set here, cleared by the I/O thread, under mu) */
 } xc_pool;
 
 typedef struct xc_layer {
@@ -106,6 +108,7 @@ typedef struct xc_cache {
     int q_cap, q_head, q_n, busy;
     bool stop;
     char io_err[256];          /* the first failed read, until reported */
+    bool flush;                /* a read failed: forget every slot before the next layer */
 } xc_cache;
 
 /* Bytes [a, b) keeps resident under a cache: every tensor of the range except the routed experts. */
@@ -139,10 +142,11 @@ typedef struct xc_plan {
     int n_groups, per_group;
 } xc_plan;
 
-/* Plans layer il for the rows' chosen experts (the router's output, k-major per token). */
+/* Plans layer il for the rows' chosen experts (the router's output, k-major per token); reads ahead for
+ * it that are still queued and were not chosen are dropped. */
 int xc_plan_layer(xc_cache *c, uint32_t il, const int32_t *ids, int n_rows, xc_plan *p, rl_err *err);
-/* Makes pass g's experts resident (reading the misses, several at once) and writes each row's slot id
- * (-1 for rows of other passes). Waits for reads ahead first. */
+/* Makes pass g's experts resident (reading the misses, several at once, ahead of any read ahead) and writes
+ * each row's slot id (-1 for rows of other passes). Returns once the group's slots are filled. */
 int xc_load_pass(xc_cache *c, uint32_t il, const xc_plan *p, int g, int32_t *slot_ids, rl_err *err);
 /* Starts reading, without waiting, the experts (rows of ids, k-major) the look-ahead says layer il will
  * choose, into slots the pass now running does not use. */
