@@ -8,7 +8,6 @@
 #include "k3_forward.h"
 
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
