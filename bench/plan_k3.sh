@@ -16,12 +16,13 @@ out=bench/results/plan-k3.md
     echo "bench/rings/RING.conf --ctx 32768 --prompt 4096 --acceptance 0.7\`. Every figure is a prediction from"
     echo "spec-sheet numbers and the assumptions in docs/plan.md (decode at half the memory bandwidth, the"
     echo "delays written in each ring file), not a measurement. Partial offload (a GPU tier over RAM) is not"
-    echo "modelled apart yet: the two-cluster ring declares blended figures. Speculation: two blocks in flight"
+    echo "modelled apart yet: the two-cluster ring declares blended figures. The one-desktop rings read routed experts from NVMe"
+    echo "past their RAM (the expert cache, docs/experts.md; hit rate = the share cached). Speculation: two blocks in flight"
     echo "(plan's default, as run --ring's), drafting not counted (no DSpark file of K3's shapes is given)."
     echo
     echo "| ring | model | weights | fits | stages | greedy tok/s | speculative tok/s (k drafted) | TTFT 4k s | floor tok/s | dominant |"
     echo "|---|---|---|---|---|---|---|---|---|---|"
-    for ring in eu-16x5090 eu-6xpro6000 switch-16xgb10 wan-2clusters; do
+    for ring in eu-16x5090 eu-6xpro6000 switch-16xgb10 wan-2clusters one-64gb-nvme one-192gb-nvme; do
         for cfg in k3-real k3-real-q2_k k3-real-iq1_s k3-real-iq1_s-reap50; do
             m=build/bench/$cfg.manifest
             [ -f "$m" ] || ./ringlm synth --config "bench/configs/$cfg.json" --shape-only -o "$m" >/dev/null

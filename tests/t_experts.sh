@@ -86,7 +86,14 @@ serve_stop_all
 printf 'node a device=custom mem=0.03 bw=20 tflops=0.5 disk=2\nnode b device=custom mem=0.02 bw=20 tflops=0.5 disk=2\ndelay coordinator a 1\ndelay coordinator b 1\ndelay a b 1\n' >"$WORK/nodes.conf"
 "$RINGLM" plan -m "$q8" --nodes "$WORK/nodes.conf" >"$WORK/plan.txt" 2>&1 || true
 check "plan --nodes with disk=: stages read experts from disk, priced" grep -Eq "in memory, the rest from disk: [0-9.]+ ms/token" "$WORK/plan.txt"
-check "plan --nodes with disk=: the disk term in the prediction" grep -q "+ disk [0-9.]*" "$WORK/plan.txt"
+check "plan --nodes with disk=: the disk term in the prediction, and in its sum" python3 -c "
+import re
+m = re.search(r'one traversal ([0-9.]+) ms = hops ([0-9.]+) \+ compute ([0-9.]+) \+ transfers ([0-9.]+) \+ disk ([0-9.]+)',
+              open('$WORK/plan.txt').read())
+assert m, 'no disk term'
+t, *parts = map(float, m.groups())
+assert float(parts[3]) > 0 and abs(t - sum(parts)) <= 0.15, (t, parts)
+"
 sed -i 's/ disk=2//' "$WORK/nodes.conf"
 check_fails "plan --nodes without disk=: the ring is too small" "ring too small" "$RINGLM" plan -m "$q8" --nodes "$WORK/nodes.conf"
 

@@ -113,7 +113,7 @@ static double pr_traversal(const k3_hparams *hp, const plan_result *plan, const 
         *xfer += x;
         if (c + x > *slowest) *slowest = c + x;
     }
-    return *hops + *comp + *xfer;
+    return *hops + *comp + *xfer + *disk;
 }
 
 int pr_predict(const mf_model *m, const k3_hparams *hp, const plan_result *plan, const pr_node *nodes,
