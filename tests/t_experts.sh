@@ -54,7 +54,7 @@ assert 0 <= x['hit_rate'] <= 1 and d['tokens'] >= 39, x
 assert x['bytes_read'] > 0 and d['bytes_used_per_token'] > 0 and 0 <= d['prefetch_accuracy'] <= 1, x
 assert x['passes'] > 0, x
 "
-check "a budget the model fits uses no cache" bash -c "'$RINGLM' run -m '$q8' -p hi -n 4 --temp 0 --mem 1 2>&1 | grep -vq 'expert cache'"
+check "a budget the model fits uses no cache" bash -c "! '$RINGLM' run -m '$q8' -p hi -n 4 --temp 0 --mem 1 2>&1 | grep -q 'expert cache'"
 check "a budget the model fits: text = unconstrained" test "$(gen --mem 1)" = "$ref"
 
 # serve over a cache: three requests at once (one batched step carries them all) answer what they answer
@@ -94,6 +94,13 @@ assert m, 'no disk term'
 t, *parts = map(float, m.groups())
 assert float(parts[3]) > 0 and abs(t - sum(parts)) <= 0.15, (t, parts)
 "
+sed 's/mem=0.03/mem=0.005/; s/mem=0.02/mem=0.005/' "$WORK/nodes.conf" >"$WORK/nodes-tiny.conf"
+check_fails "plan --nodes, disk= but memory below the dense part: the error names both" \
+    "even with routed experts read from disk: the model's dense part needs [0-9.]+ MiB .* offer [0-9.]+ MiB in all" \
+    "$RINGLM" plan -m "$q8" --nodes "$WORK/nodes-tiny.conf"
+sed 's/disk=2/disk=-1/' "$WORK/nodes.conf" >"$WORK/nodes-bad.conf"
+check_fails "nodes.conf disk=-1: the error names the line" "nodes-bad.conf:1: bad disk=-1" \
+    "$RINGLM" plan -m "$q8" --nodes "$WORK/nodes-bad.conf"
 sed -i 's/ disk=2//' "$WORK/nodes.conf"
 check_fails "plan --nodes without disk=: the ring is too small" "ring too small" "$RINGLM" plan -m "$q8" --nodes "$WORK/nodes.conf"
 
@@ -103,14 +110,17 @@ check_fails "plan --nodes without disk=: the ring is too small" "ring too small"
 mkdir -p "$RING/models"
 ln -sf "$q8" "$RING/models/q8.gguf"
 ring_keys 2
-for i in 1 2; do ring_start $i "$RING/models" --mem 0.02 --disk 1 || exit 1; done
+# Node 1 declares its disk speed, node 2 measures it (direct reads of its largest model file).
+ring_start 1 "$RING/models" --mem 0.02 --disk 1 || exit 1
+ring_start 2 "$RING/models" --mem 0.02 || exit 1
+check "a --mem node measures its disk and says it reads experts from it" grep -q "experts from disk past --mem" "$RING/n2.log"
 ring_conf "$WORK/ring2.conf" 1 2
 K=(--key "$RING/coord.key")
 "$RINGLM" logits -m "$q8" --tokens "$toks" --prefill 24 -o "$WORK/local.bin"
 "$RINGLM" logits -m "$q8" --tokens "$toks" --prefill 24 --ring "$WORK/ring2.conf" "${K[@]}" -o "$WORK/ring.bin" 2>"$WORK/ring.err"
 check "2-node ring over --mem 0.02 nodes: logits equal one machine bit for bit" \
     "$RINGLM" compare "$WORK/local.bin" "$WORK/ring.bin" --tol 0
-check "the nodes ran their ranges through an expert cache" grep -q "expert cache" "$RING/n1.log" "$RING/n2.log"
+for i in 1 2; do check "node $i ran its range through an expert cache" grep -q "through an expert cache" "$RING/n$i.log"; done
 "$RINGLM" run -m "$q8" --tokens 5,6,7,8 -n 24 --temp 0 --ignore-eos --ids >"$WORK/local.ids" 2>/dev/null
 "$RINGLM" run -m "$q8" --tokens 5,6,7,8 -n 24 --temp 0 --ignore-eos --ids --ring "$WORK/ring2.conf" "${K[@]}" >"$WORK/ring.ids" 2>"$WORK/ring.run.err"
 check "2-node ring over --mem 0.02 nodes: same greedy tokens" diff "$WORK/local.ids" "$WORK/ring.ids"
@@ -125,6 +135,10 @@ check_fails "a --mem node without a disk speed: the ring is too small, said so" 
 ring_stop
 
 # Bad budgets.
+for bad in "--mem -1" "--mem x" "--mem 1 --disk 0"; do
+    rc=0; "$RINGLM" node --listen 127.0.0.1:1 --key "$RING/n1.key" --allow "$(cat "$RING/coord.pub")" $bad >/dev/null 2>"$WORK/err" || rc=$?
+    check "node $bad: usage error naming the option" bash -c "test $rc = 2 && grep -Eq -- '(bad value|unknown or bad option).*--(mem|disk)' '$WORK/err'"
+done
 check_fails "below the minimum: the error names it" "too small for layers \[0, 14\).*the least that runs is --mem [0-9.]+" \
     "$RINGLM" run -m "$q8" -p hi -n 2 --mem 0.001
 rc=0; "$RINGLM" run -m "$q8" -p hi --mem -3 >/dev/null 2>"$WORK/err" || rc=$?

@@ -12,6 +12,7 @@
 
 #include "../gen/generate.h"
 #include "../model/expert_cache.h"
+#include "../model/k3_memory.h"
 #include "../ring/coord.h"
 #include "../ring/predict.h"
 #include "../speculate/spec_gen.h"
@@ -90,15 +91,6 @@ static int run_on_token(void *user, int32_t id, const char *text, size_t len) {
     return 0;
 }
 
-/* Counters of one phase (b - a) of an expert cache. */
-static xc_stats run_xc_diff(const xc_stats *b, const xc_stats *a) {
-    xc_stats d = *b;
-    d.tokens -= a->tokens, d.needed -= a->needed, d.hits -= a->hits, d.loads -= a->loads;
-    d.prefetched -= a->prefetched, d.prefetch_used -= a->prefetch_used, d.bytes_read -= a->bytes_read;
-    d.bytes_used -= a->bytes_used, d.passes -= a->passes, d.wait_s -= a->wait_s;
-    return d;
-}
-
 static cJSON *run_xc_json(const xc_stats *s) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddNumberToObject(j, "tokens", (double)s->tokens);
@@ -131,7 +123,7 @@ static int run_write_metrics(const char *path, const gen_metrics *m, cJSON *ring
     cJSON *j = cJSON_CreateObject();
     if (ro->xc) {
         cJSON *x = run_xc_json(ro->xc);
-        xc_stats d = run_xc_diff(ro->xc, &ro->xc_prefill);
+        xc_stats d = xc_stats_sub(ro->xc, &ro->xc_prefill);
         cJSON_AddItemToObject(x, "prefill", run_xc_json(&ro->xc_prefill));
         cJSON_AddItemToObject(x, "decode", run_xc_json(&d));
         cJSON_AddItemToObject(j, "expert_cache", x);
@@ -566,9 +558,9 @@ int cmd_run(int argc, char **argv) {
                 a->draft, 100 * smx.acceptance_rate, smx.tokens_per_traversal, smx.traversals, smx.draft_s, smx.verify_s);
     }
     if (ro.xc) {
-        xc_stats d = run_xc_diff(ro.xc, &ro.xc_prefill);
+        xc_stats d = xc_stats_sub(ro.xc, &ro.xc_prefill);
         fprintf(stderr, "[ringlm] expert cache: %.1f MiB for routed experts of %.1f MiB, the rest read from the file\n",
-                (double)e.xc->cache_bytes / 1048576.0, (double)xc_expert_bytes(&m, &hp, 0, hp.n_layer) / 1048576.0);
+                (double)e.xc->cache_bytes / 1048576.0, (double)k3_range_expert_bytes(&m, &hp, 0, hp.n_layer) / 1048576.0);
         run_xc_print("prefill", &ro.xc_prefill);
         run_xc_print("decode", &d);
     }

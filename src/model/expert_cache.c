@@ -20,32 +20,13 @@ static double xc_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Whether a file tensor belongs to [a, b), and whether it is a routed expert tensor. */
-static bool xc_in_range(const char *name, const k3_hparams *hp, uint32_t a, uint32_t b, bool *is_exps) {
-    uint32_t il;
-    size_t n = strlen(name);
-    *is_exps = n > 12 && strcmp(name + n - 12, "_exps.weight") == 0;
-    if (sscanf(name, "blk.%u.", &il) == 1) return il >= a && il < b;
-    if (strcmp(name, "token_embd.weight") == 0) return a == 0;
-    return strncmp(name, "output", 6) == 0 && b == hp->n_layer;
-}
-
-size_t xc_dense_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b) {
-    size_t n = 0;
-    for (int i = 0; i < m->n_tensor; i++) {
-        bool ex;
-        if (xc_in_range(m->tensors[i].name, hp, a, b, &ex) && !ex) n += m->tensors[i].nbytes;
+/* Layer il's three routed expert tensors (gate, up, down) in the file; -1 if one is missing. */
+static int xc_layer_src(const mf_model *m, uint32_t il, const mf_tensor *src[3], char *name, size_t name_len) {
+    for (int k = 0; k < 3; k++) {
+        snprintf(name, name_len, "blk.%u.%s", il, xc_proj[k]);
+        if (!(src[k] = mf_find(m, name))) return -1;
     }
-    return n;
-}
-
-size_t xc_expert_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b) {
-    size_t n = 0;
-    for (int i = 0; i < m->n_tensor; i++) {
-        bool ex;
-        if (xc_in_range(m->tensors[i].name, hp, a, b, &ex) && ex) n += m->tensors[i].nbytes;
-    }
-    return n;
+    return 0;
 }
 
 /* ---- reads --------------------------------------------------------------------------------------- */
@@ -53,7 +34,6 @@ size_t xc_expert_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint
 typedef struct xc_worker {
     xc_cache *c;
     uint8_t *bounce; /* a repacked projection is read here, then re-laid into its slot by set_tensor */
-    size_t cap;
 } xc_worker;
 
 static int xc_pread_all(int fd, void *dst, size_t n, size_t off) {
@@ -223,10 +203,7 @@ size_t xc_min_expert_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, 
         if (!k3_is_moe(hp, il)) continue;
         const mf_tensor *src[3];
         char name[96];
-        for (int k = 0; k < 3; k++) {
-            snprintf(name, sizeof name, "blk.%u.%s", il, xc_proj[k]);
-            if (!(src[k] = mf_find(m, name))) return n; /* xc_open names what is missing */
-        }
+        if (xc_layer_src(m, il, src, name, sizeof name) != 0) return n; /* xc_open names what is missing */
         int before = c.n_pools, p = xc_pool_of(&c, src, &err);
         if (p < 0) return n;
         if (c.n_pools > before) n += 2 * c.pools[p].expert_bytes;
@@ -249,11 +226,9 @@ static int xc_pool_alloc(xc_cache *c, xc_pool *p, struct ggml_context *ctx, cons
         return rl_errf(err, "out of memory for the expert cache's tables");
     }
     for (int s = 0; s < S; s++) p->slot_layer[s] = p->slot_expert[s] = -1;
-    p->buft = -1;
     for (int k = 0; k < 3; k++) {
         int bt = wp_choose(c->place, src[k]->type, src[k]->ne, WP_USE_MUL_MAT_ID, (int)c->k);
         p->buft_k[k] = bt;
-        if (bt >= 0) p->buft = bt;
         ggml_backend_buffer_type_t buft = bt >= 0 ? c->place->buft[bt] : ggml_backend_cpu_buffer_type();
         struct ggml_tensor *t = ggml_new_tensor_3d(ctx, (enum ggml_type)src[k]->type, p->ne[k][0], p->ne[k][1], S);
         size_t need = ggml_backend_buft_get_alloc_size(buft, t);
@@ -279,8 +254,9 @@ int xc_open(xc_cache *c, const mf_model *m, const k3_hparams *hp, uint32_t a, ui
     c->a = a, c->b = b, c->n_expert = hp->n_expert, c->k = hp->n_expert_used, c->m = m, c->place = place;
     c->layers = calloc(b - a, sizeof *c->layers);
     c->fds = malloc((size_t)m->n_split * sizeof *c->fds);
-    if (!c->layers || !c->fds) {
-        free(c->layers), free(c->fds);
+    c->rank = malloc(hp->n_expert * sizeof *c->rank);
+    if (!c->layers || !c->fds || !c->rank) {
+        free(c->layers), free(c->fds), free(c->rank);
         memset(c, 0, sizeof *c);
         return rl_errf(err, "out of memory for the expert cache");
     }
@@ -299,12 +275,14 @@ int xc_open(xc_cache *c, const mf_model *m, const k3_hparams *hp, uint32_t a, ui
         L->pool = -1;
         if (!k3_is_moe(hp, il)) continue;
         char name[96];
+        if (xc_layer_src(m, il, L->src, name, sizeof name) != 0) {
+            xc_close(c);
+            return rl_errf(err, "layer %u: %s is missing", il, name);
+        }
         for (int k = 0; k < 3; k++) {
-            snprintf(name, sizeof name, "blk.%u.%s", il, xc_proj[k]);
-            L->src[k] = mf_find(m, name);
-            if (!L->src[k] || L->src[k]->ne[2] != (int64_t)hp->n_expert) {
+            if (L->src[k]->ne[2] != (int64_t)hp->n_expert) {
                 xc_close(c);
-                return rl_errf(err, "layer %u: %s %s", il, name, L->src[k] ? "does not hold every expert" : "is missing");
+                return rl_errf(err, "layer %u: blk.%u.%s does not hold every expert", il, il, xc_proj[k]);
             }
             int s = L->src[k]->split;
             if (c->fds[s] < 0) {
@@ -383,7 +361,7 @@ int xc_open(xc_cache *c, const mf_model *m, const k3_hparams *hp, uint32_t a, ui
     for (int i = 0; i < XC_IO_THREADS; i++) {
         xc_worker *w = calloc(1, sizeof *w);
         if (w) w->c = c;
-        if (w && bounce) w->bounce = malloc(w->cap = bounce);
+        if (w && bounce) w->bounce = malloc(bounce);
         if (!w || (bounce && !w->bounce) || pthread_create(&c->th[c->n_th], NULL, xc_thread, w) != 0) {
             if (w) free(w->bounce);
             free(w);
@@ -422,6 +400,7 @@ void xc_close(xc_cache *c) {
     if (c->ctx) ggml_free(c->ctx);
     free(c->fds);
     free(c->layers);
+    free(c->rank);
     free(c->q);
     memset(c, 0, sizeof *c);
 }
@@ -438,6 +417,14 @@ int xc_max_passes(const xc_cache *c, uint32_t il, int64_t n) {
     if (L->pool < 0) return 0;
     int64_t distinct = n < (int64_t)c->n_expert ? n : (int64_t)c->n_expert, usable = c->pools[L->pool].n_slots;
     return (int)((distinct + usable - 1) / usable);
+}
+
+xc_stats xc_stats_sub(const xc_stats *b, const xc_stats *a) {
+    return (xc_stats){.tokens = b->tokens - a->tokens, .needed = b->needed - a->needed, .hits = b->hits - a->hits,
+                      .loads = b->loads - a->loads, .prefetched = b->prefetched - a->prefetched,
+                      .prefetch_used = b->prefetch_used - a->prefetch_used, .bytes_read = b->bytes_read - a->bytes_read,
+                      .bytes_used = b->bytes_used - a->bytes_used, .passes = b->passes - a->passes,
+                      .wait_s = b->wait_s - a->wait_s};
 }
 
 void xc_plan_free(xc_plan *p) {
@@ -491,9 +478,8 @@ int xc_plan_layer(xc_cache *c, uint32_t il, const int32_t *ids, int n_rows, xc_p
     p->expert = malloc((size_t)n_rows * sizeof *p->expert);
     p->order = malloc((size_t)n_rows * sizeof *p->order);
     p->group_of = malloc((size_t)n_rows * sizeof *p->group_of);
-    int *rank = malloc(c->n_expert * sizeof *rank);
-    if (!p->expert || !p->order || !p->group_of || !rank) {
-        free(rank);
+    int *rank = c->rank; /* each expert's place among the distinct ones, -1: not chosen */
+    if (!p->expert || !p->order || !p->group_of) {
         xc_plan_free(p);
         return rl_errf(err, "out of memory planning a layer's experts");
     }
@@ -503,7 +489,6 @@ int xc_plan_layer(xc_cache *c, uint32_t il, const int32_t *ids, int n_rows, xc_p
         for (int r = 0; r < n_rows; r++) {
             int32_t e = ids[r];
             if (e < 0 || (uint32_t)e >= c->n_expert) {
-                free(rank);
                 xc_plan_free(p);
                 return rl_errf(err, "layer %u: the router chose expert %d of %u", il, e, c->n_expert);
             }
@@ -517,7 +502,6 @@ int xc_plan_layer(xc_cache *c, uint32_t il, const int32_t *ids, int n_rows, xc_p
     p->per_group = P->n_slots;
     p->n_groups = (p->n_distinct + p->per_group - 1) / p->per_group;
     for (int r = 0; r < n_rows; r++) p->group_of[r] = rank[p->expert[r]] / p->per_group;
-    free(rank);
     c->st.needed += (uint64_t)p->n_distinct;
     c->st.bytes_used += (uint64_t)p->n_distinct * P->expert_bytes;
     return 0;

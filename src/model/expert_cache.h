@@ -61,7 +61,6 @@ typedef struct xc_pool {
     int64_t ne[3][2];
     size_t bytes[3];           /* one expert's bytes per projection (gate, up, down) */
     size_t expert_bytes;       /* their sum */
-    int buft;                  /* a projection in a placement-list buffer type (repacked), else -1 */
     int buft_k[3];             /* per projection: index into the placement list, -1: plain host memory */
     int n_slots;
     struct ggml_tensor *t[3];  /* [ne0, ne1, n_slots] */
@@ -94,6 +93,7 @@ typedef struct xc_cache {
     int *fds;                  /* per split of the model, -1 where no tensor of ours lives */
     int n_fds_open;
     struct ggml_context *ctx;  /* the slot tensors' descriptors */
+    int *rank;                 /* [n_expert] scratch of xc_plan_layer (the main thread's) */
     const mf_model *m;
     size_t dense_bytes, cache_bytes;
     uint64_t tick;
@@ -111,10 +111,8 @@ typedef struct xc_cache {
     bool flush;                /* a read failed: forget every slot before the next layer */
 } xc_cache;
 
-/* Bytes [a, b) keeps resident under a cache: every tensor of the range except the routed experts. */
-size_t xc_dense_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b);
-/* Bytes of all the range's routed experts. */
-size_t xc_expert_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b);
+/* Counters of a phase: b - a, field by field (a taken before b). */
+xc_stats xc_stats_sub(const xc_stats *b, const xc_stats *a);
 
 /* Bytes of the least cache [a, b) runs with: two experts of each kind. */
 size_t xc_min_expert_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b);

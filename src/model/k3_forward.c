@@ -17,6 +17,7 @@
 #include "ggml.h"
 
 #include "expert_cache.h"
+#include "k3_memory.h"
 
 int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b,
                    const k3_engine_opts *o, rl_err *err) {
@@ -31,10 +32,12 @@ int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32
     e->hp.kv_type = o->cache_f32 ? GGML_TYPE_F32 : GGML_TYPE_F16;
     /* Under a budget the range's weights exceed, its routed experts stay in the file (expert_cache.h). */
     bool cache = false;
+    size_t dense = 0;
     if (o->mem_bytes > 0 && a < b && b <= hp->n_layer) {
-        const size_t dense = xc_dense_bytes(m, hp, a, b), experts = xc_expert_bytes(m, hp, a, b);
+        const size_t experts = k3_range_expert_bytes(m, hp, a, b);
+        dense = k3_range_weight_bytes(m, hp, a, b) - experts;
         cache = experts > 0 && dense + experts > o->mem_bytes;
-        const size_t least = k3_range_min_bytes(m, hp, a, b);
+        const size_t least = dense + xc_min_expert_bytes(m, hp, a, b);
         if (dense + experts > o->mem_bytes && o->mem_bytes < least) {
             const double G = 1073741824.0;
             return rl_errf(err, "--mem %.4f GB is too small for layers [%u, %u): they keep %.4f GB resident (dense "
@@ -50,8 +53,7 @@ int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32
             k3_engine_free(e);
             return rl_errf(err, "out of memory for the expert cache");
         }
-        size_t left = o->mem_bytes - xc_dense_bytes(m, hp, a, b);
-        if (xc_open(e->xc, m, hp, a, b, left, &e->w.place, err) != 0) {
+        if (xc_open(e->xc, m, hp, a, b, o->mem_bytes - dense, &e->w.place, err) != 0) {
             free(e->xc);
             e->xc = NULL;
             k3_engine_free(e);
@@ -86,10 +88,6 @@ void k3_engine_free(k3_engine *e) {
 }
 
 const struct xc_stats *k3_engine_cache_stats(const k3_engine *e) { return e->xc ? &e->xc->st : NULL; }
-
-size_t k3_range_min_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b) {
-    return xc_dense_bytes(m, hp, a, b) + xc_min_expert_bytes(m, hp, a, b);
-}
 
 size_t k3_engine_compute_bytes(const k3_engine *e) {
     if (e->sched) return ggml_backend_sched_get_buffer_size(e->sched, e->backend);
@@ -189,7 +187,7 @@ typedef struct k3_graph {
 /* Where the compute of a graph over cached experts stops (k3_compute): before each pass of a MoE layer's
  * experts, so that the host reads what the router chose and puts those experts in slots. */
 typedef struct k3_xstop {
-    int node, end;           /* the pass's nodes: [node, end) */
+    int node;                /* the pass's first node */
     uint32_t il;
     int pass, n_pass;        /* this pass of the n_pass the graph has for the layer */
     struct ggml_tensor *sel; /* pass 0: the chosen experts [K, T] (a copy kept as an output) */
@@ -648,7 +646,6 @@ static struct ggml_tensor *k3_moe_cached(k3_graph *g, struct ggml_tensor *xn, st
         struct ggml_tensor *gate = ggml_mul_mat_id(c, xc_tensor(g->xc, il, 0), x, ids);
         struct ggml_tensor *ex = ggml_mul_mat_id(c, xc_tensor(g->xc, il, 2), k3_situ(g, gate, up), ids);
         ggml_build_forward_expand(g->gf, ex);
-        st->end = ggml_graph_n_nodes(g->gf);
         st->il = il, st->pass = p, st->n_pass = n_pass, st->ids = ids;
         if (p == 0) {
             st->sel = selc;

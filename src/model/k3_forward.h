@@ -62,9 +62,6 @@ int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32
 void k3_engine_free(k3_engine *e);
 /* The expert cache's counters (NULL when every weight is resident). */
 const struct xc_stats *k3_engine_cache_stats(const k3_engine *e);
-/* Bytes [a, b) needs resident at the least under a memory budget (dense part and two expert slots of each
- * kind), and the bytes all its weights take. */
-size_t k3_range_min_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b);
 /* Bytes of the engine's compute buffer: what its largest graph so far needed (activations, masks). */
 size_t k3_engine_compute_bytes(const k3_engine *e);
 

@@ -30,6 +30,19 @@ size_t k3_range_weight_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a
     return bytes;
 }
 
+size_t k3_range_expert_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b) {
+    static const char *const exps[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
+    size_t bytes = 0;
+    char name[96];
+    for (uint32_t il = a; il < b && il < hp->n_layer; il++) {
+        for (int k = 0; k < 3; k++) {
+            snprintf(name, sizeof name, "blk.%u.%s", il, exps[k]);
+            bytes += k3_named_bytes(m, name);
+        }
+    }
+    return bytes;
+}
+
 size_t k3_range_kda_state_bytes(const k3_hparams *hp, uint32_t a, uint32_t b) {
     const size_t di = k3_d_inner(hp), dk = hp->kda_head_dim;
     const size_t conv = 3 * (size_t)(hp->conv_kernel - 1) * di * sizeof(float);

@@ -13,6 +13,10 @@
  * the output tensors (output, output_norm, output_res_score) when b == n_layer. */
 size_t k3_range_weight_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b);
 
+/* Of k3_range_weight_bytes, the routed experts' (the *_exps tensors): what an expert cache may leave on disk;
+ * the rest is the range's dense part. */
+size_t k3_range_expert_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b);
+
 /* Weight bytes of one layer's blk.N.* tensors. */
 size_t k3_layer_weight_bytes(const mf_model *m, uint32_t il);
 

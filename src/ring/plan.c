@@ -229,9 +229,18 @@ static int explain_infeasible(const cost_ctx *c, const dp_cell *t, uint64_t weig
     bool any_disk = false;
     for (int i = 0; i < c->n_nodes; i++) any_disk |= c->nodes[i].disk_bps > 0;
     if (any_disk) {
-        /* Nodes that read experts from disk hold more than their memory: only their dense parts must fit. */
-        return rl_errf(err, "ring too small: no cut fits the nodes' memory, even with routed experts read from disk "
-                            "where nodes have a disk speed (a stage there needs its dense part and two experts)");
+        /* Nodes that read experts from disk hold more than their memory: only the dense parts must fit. */
+        const uint64_t dense = weights - c->pre_exps[c->n];
+        const uint64_t dense_need = need_of(dense + state, c->headroom);
+        char s_need[64], s_off[64], s_d[64], s_st[64];
+        fmt_pair(s_need, s_off, sizeof s_need, dense_need, offered);
+        fmt_bytes(s_d, sizeof s_d, dense, 1);
+        fmt_bytes(s_st, sizeof s_st, state, 1);
+        return rl_errf(err, "ring too small, even with routed experts read from disk: the model's dense part needs %s "
+                            "(dense weights %s + state %s + %g%% headroom) and the %d node%s offer%s %s in all%s", s_need,
+                       s_d, s_st, c->headroom * 100.0, c->n_nodes, c->n_nodes == 1 ? "" : "s", c->n_nodes == 1 ? "s" : "",
+                       s_off, dense_need <= offered ? "; no cut leaves every stage its dense part, state and two experts "
+                                                      "in memory (a node without a disk speed holds its layers whole)" : "");
     }
     if (total_need > offered) {
         char s_need[64], s_off[64], s_w[64], s_st[64], detail[256];

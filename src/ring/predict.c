@@ -47,15 +47,18 @@ static pr_stage_w pr_weights(const mf_model *m, const k3_hparams *hp, uint32_t a
 /* Seconds a stage needs for a traversal of `tokens` tokens. The sum, not the larger, of reading and
  * multiplying: on a CPU node a small batch pays both (bench_plan fits 1- to 256-token batches this way
  * within ~10%, where the larger of the two is 2x off at 5 tokens). */
+/* Share of a layer's routed experts that `tokens` tokens touch, choosing independently. */
+static double pr_touched(const k3_hparams *hp, double tokens) {
+    return hp->n_expert ? 1.0 - pow(1.0 - (double)hp->n_expert_used / hp->n_expert, tokens) : 1.0;
+}
+
 /* Of a stage's time, the experts its cache misses, read from disk (a hit rate equal to the cached share). */
 static double pr_stage_disk(const k3_hparams *hp, const pr_stage_w *w, const pr_node *nd, double tokens) {
-    double touched = hp->n_expert ? 1.0 - pow(1.0 - (double)hp->n_expert_used / hp->n_expert, tokens) : 1.0;
-    return w->miss > 0 && nd->disk > 0 ? w->exps * touched * w->miss / nd->disk : 0;
+    return w->miss > 0 && nd->disk > 0 ? w->exps * pr_touched(hp, tokens) * w->miss / nd->disk : 0;
 }
 
 static double pr_stage_time(const k3_hparams *hp, const pr_stage_w *w, const pr_node *nd, double tokens) {
-    double touched = hp->n_expert ? 1.0 - pow(1.0 - (double)hp->n_expert_used / hp->n_expert, tokens) : 1.0;
-    double bytes = w->dense + w->exps * touched;
+    double bytes = w->dense + w->exps * pr_touched(hp, tokens);
     return bytes / nd->speed + 2.0 * tokens * w->elems / nd->flops + pr_stage_disk(hp, w, nd, tokens);
 }
 
