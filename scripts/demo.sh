@@ -1,19 +1,33 @@
 #!/usr/bin/env bash
-# The local demo ring: synthesizes a small K3 model and a draft (once, with a progress bar), starts three
-# nodes on loopback, runs a chat prompt across them with speculative decoding, prints the plan, the
-# per-stage table, acceptance and tok/s, and shuts everything down. Exits 0 when all of it worked.
+# The local demo ring: starts three nodes on loopback, runs a chat prompt across them with speculative
+# decoding, prints the plan, the per-stage table, acceptance and tok/s, verifies the receipts, and shuts
+# everything down. Exits 0 when all of it worked.
+#
+# The model: the trained small K3 and its trained DSpark draft when tools/train/build.sh has built them on
+# this machine (real sentences, real acceptance); otherwise a synthesized small K3 with random weights and
+# its q4_0 copy as the draft (once, with a progress bar), and a line saying how to train the real pair.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 R=./ringlm
 D=build/demo
 mkdir -p "$D/models"
-if [ ! -f "$D/models/demo.gguf" ]; then
-    echo "demo: synthesizing the demo model (small K3: 14 layers, 64 experts, top-8)"
-    $R synth --config small --type q8_0 --seed 1 -o "$D/models/demo.gguf.tmp" --progress && mv "$D/models/demo.gguf.tmp" "$D/models/demo.gguf"
-fi
-if [ ! -f "$D/draft.gguf" ]; then
-    echo "demo: synthesizing the draft (the same model at q4_0: it agrees often)"
-    $R synth --config small --type q4_0 --seed 1 -o "$D/draft.gguf.tmp" --progress && mv "$D/draft.gguf.tmp" "$D/draft.gguf"
+if trained=$(tools/train/build.sh --where 2>/dev/null); then
+    echo "demo: the trained small K3 and its DSpark draft ($trained)"
+    mkdir -p "$D/trained"
+    ln -sfn "$(readlink -f "$trained/target.gguf")" "$D/trained/trained-k3.gguf"
+    model=$D/trained/trained-k3.gguf models=$D/trained draft=dspark:$trained/draft.gguf
+    prompt='What does "harbor" mean?' temp=(--temp 0) random=0
+else
+    if [ ! -f "$D/models/demo.gguf" ]; then
+        echo "demo: synthesizing the demo model (small K3: 14 layers, 64 experts, top-8)"
+        $R synth --config small --type q8_0 --seed 1 -o "$D/models/demo.gguf.tmp" --progress && mv "$D/models/demo.gguf.tmp" "$D/models/demo.gguf"
+    fi
+    if [ ! -f "$D/draft.gguf" ]; then
+        echo "demo: synthesizing the draft (the same model at q4_0: it agrees often)"
+        $R synth --config small --type q4_0 --seed 1 -o "$D/draft.gguf.tmp" --progress && mv "$D/draft.gguf.tmp" "$D/draft.gguf"
+    fi
+    model=$D/models/demo.gguf models=$D/models draft=$D/draft.gguf
+    prompt="Write one sentence about rings." temp=(--temp 0 --ignore-eos) random=1
 fi
 work=$(mktemp -d)
 pids=()
@@ -24,7 +38,7 @@ $R keygen -o "$work/coord.key" >"$work/coord.pub"
 for i in 1 2 3; do
     $R keygen -o "$work/n$i.key" >"$work/n$i.pub"
     port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    $R node --listen "127.0.0.1:$port" --key "$work/n$i.key" --allow "$(cat "$work/coord.pub")" --models "$D/models" \
+    $R node --listen "127.0.0.1:$port" --key "$work/n$i.key" --allow "$(cat "$work/coord.pub")" --models "$models" \
         --threads 1 --cache "$work/cache$i" >"$work/n$i.log" 2>&1 &
     pids+=($!)
     echo "127.0.0.1:$port $(cat "$work/n$i.pub")" >>"$work/ring.conf"
@@ -35,10 +49,16 @@ for i in 1 2 3; do
 done
 echo "demo: 3 nodes up on loopback; running a chat prompt across them with speculative decoding"
 echo
-$R run -m "$D/models/demo.gguf" --ring "$work/ring.conf" --key "$work/coord.key" --chat \
-    -p "Write one sentence about rings." -n 48 --temp 0 --ignore-eos --draft "$D/draft.gguf" \
+$R run -m "$model" --ring "$work/ring.conf" --key "$work/coord.key" --chat \
+    -p "$prompt" -n 48 "${temp[@]}" --draft "$draft" \
     --metrics-json "$work/metrics.json" --receipts "$work/receipts.jsonl"
 echo
-$R receipts verify "$work/receipts.jsonl" --model "$D/models/demo.gguf" --ring "$work/ring.conf"
+$R receipts verify "$work/receipts.jsonl" --model "$model" --ring "$work/ring.conf"
 echo
-echo "demo: done (the weights are random, so the text is too; the numbers above are real)"
+if [ $random = 1 ]; then
+    echo "demo: done (the weights are random, so the text is too; the numbers above are real)"
+    echo "demo: tools/train/build.sh trains a small K3 and its DSpark draft on this machine (python3-torch,"
+    echo "      about 40 minutes on 2 cores, once); the demo then runs them: real sentences, real acceptance"
+else
+    echo "demo: done (a 6M-parameter K3 trained on WordNet and fortunes for 25 minutes: do not ask it much)"
+fi

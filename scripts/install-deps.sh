@@ -14,6 +14,14 @@ pkgs=(
     python3-jsonschema # tests/t_serve.sh: structured output validated against its JSON schema
     chromium           # tests/t_serve_clients.sh: loads the `ringlm serve` chat page headless and checks the streamed reply
 )
+# The trained small K3 (tools/train, tests/t_trained.sh), installed without their recommends (libtorch-dev
+# and a compiler stack torch does not need to train on the CPU):
+train_pkgs=(
+    python3-torch      # trains the small K3 and its DSpark draft (Debian's torch 1.13, CPU)
+    libopenblas0-pthread # torch's matrix products through OpenBLAS: with the reference BLAS training is ~30x slower
+    wordnet-base       # training text: WordNet's glosses and example sentences
+    fortunes           # training text: fortune cookies (the non-offensive set)
+)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -22,10 +30,15 @@ done
 if command -v node >/dev/null && command -v npm >/dev/null; then
     tmp=(); for p in "${missing[@]}"; do [[ $p == nodejs || $p == npm ]] || tmp+=("$p"); done; missing=("${tmp[@]+"${tmp[@]}"}")
 fi
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "install-deps: installing ${missing[*]}" >&2
+train_missing=()
+for p in "${train_pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || train_missing+=("$p")
+done
+if [ $((${#missing[@]} + ${#train_missing[@]})) -gt 0 ]; then
+    echo "install-deps: installing ${missing[*]} ${train_missing[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq "${missing[@]}" >/dev/null
+    [ ${#missing[@]} = 0 ] || apt-get install -y -qq "${missing[@]}" >/dev/null
+    [ ${#train_missing[@]} = 0 ] || apt-get install -y -qq --no-install-recommends "${train_missing[@]}" >/dev/null
 fi
 echo "install-deps: all packages present" >&2

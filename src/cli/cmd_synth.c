@@ -13,7 +13,7 @@ static void synth_usage(FILE *f) {
     fprintf(f,
             "usage: ringlm synth -o FILE.gguf [--seed N] [--config tiny|small|medium|draft|PATH.json]\n"
             "                    [--type TYPE] [--split N] [--threads N] [--draft k3|dspark] [--progress] [--dry-run]\n"
-            "                    [--shape-only]\n\n"
+            "                    [--shape-only] [--corpus TEXT.txt]\n\n"
             "Writes a kimi-k3 GGUF with seeded random weights that llama.cpp loads too.\n"
             "  --type TYPE   storage type of every matrix (f32 f16 bf16 q8_0 q4_0 q4_K q2_K iq4_nl ...);\n"
             "                replaces the config's per-tensor types (attn_k_b stays f32)\n"
@@ -23,13 +23,15 @@ static void synth_usage(FILE *f) {
             "                write a DSpark draft for the config as target, in llama.cpp's generic dflash\n"
             "                layout: the target's vocabulary and hidden size, taps over its layers\n"
             "                (docs/dspark.md)\n"
+            "  --corpus F    learn the BPE vocabulary from text file F instead of the corpus built into ringlm\n"
+            "                (a trained model's own text: tools/train)\n"
             "  --shape-only  write no weights: a shape-only manifest of the model (its metadata, tensor shapes and\n"
             "                types; ringlm manifest's format without hashes) for `ringlm plan` (e.g. K3's real\n"
             "                shapes, bench/configs/k3-real.json)\n");
 }
 
 int cmd_synth(int argc, char **argv) {
-    const char *out = NULL, *config = "tiny", *type = NULL, *draft = NULL;
+    const char *out = NULL, *config = "tiny", *type = NULL, *draft = NULL, *corpus = NULL;
     unsigned long long seed = 1;
     int n_split = 1, threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     bool progress = isatty(2), dry_run = false, shape_only = false;
@@ -64,6 +66,9 @@ int cmd_synth(int argc, char **argv) {
                 fprintf(stderr, "ringlm synth: bad --threads '%s'\n", v);
                 return 2;
             }
+            i++;
+        } else if (strcmp(a, "--corpus") == 0 && v) {
+            corpus = v;
             i++;
         } else if (strcmp(a, "--dry-run") == 0) {
             dry_run = true;
@@ -118,7 +123,7 @@ int cmd_synth(int argc, char **argv) {
     }
     mf_model shapes;
     synth_opts o = {.out = out, .seed = seed, .n_split = n_split, .n_threads = threads, .progress = progress,
-                    .dry_run = dry_run, .shapes = shape_only ? &shapes : NULL};
+                    .dry_run = dry_run, .corpus = corpus, .shapes = shape_only ? &shapes : NULL};
     if (shape_only && (dspark || n_split > 1 || dry_run)) {
         fprintf(stderr, "ringlm synth: --shape-only writes one manifest of a target model (no --split, --draft dspark, --dry-run)\n");
         return 2;

@@ -12,6 +12,7 @@
 #include "gguf.h"
 #include "../gguf/gguf_write.h"
 #include "synth_vocab.h"
+#include "../base/file.h"
 
 /* ---- weights ------------------------------------------------------------------------------------
  *
@@ -236,6 +237,25 @@ int synth_emit(struct gguf_context *meta, const synth_tensor *tensors, int n_ten
     return rc;
 }
 
+int synth_vocab_build(sv_vocab *v, int32_t n_vocab, const synth_opts *o, rl_err *err) {
+    if (!o->corpus) return sv_build(v, n_vocab, err);
+    char *text = NULL;
+    size_t len = 0;
+    if (rl_read_file(o->corpus, "corpus file", &text, &len, err) != 0) {
+        memset(v, 0, sizeof *v);
+        return -1;
+    }
+    if (len == 0) {
+        free(text);
+        memset(v, 0, sizeof *v);
+        return rl_errf(err, "corpus file %s is empty", o->corpus);
+    }
+    sv_text t = {.name = o->corpus, .data = text, .len = len};
+    int rc = sv_build_from(v, n_vocab, &t, 1, err);
+    free(text);
+    return rc;
+}
+
 int synth_write(const synth_config *c, const synth_opts *o, rl_err *err) {
     k3_tensor_spec *spec = NULL;
     int n_spec = 0;
@@ -246,7 +266,7 @@ int synth_write(const synth_config *c, const synth_opts *o, rl_err *err) {
     int rc = -1;
 
     if (k3_manifest(&c->hp, &spec, &n_spec, err) != 0) return -1;
-    if (sv_build(&vocab, (int32_t)c->hp.n_vocab, err) != 0) goto done;
+    if (synth_vocab_build(&vocab, (int32_t)c->hp.n_vocab, o, err) != 0) goto done;
     meta = gguf_init_empty();
     k3_hparams_write(&c->hp, meta);
     char desc[160];

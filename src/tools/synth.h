@@ -22,9 +22,15 @@ typedef struct synth_opts {
     int n_threads;
     bool progress;    /* progress bar on stderr */
     bool dry_run;     /* print the tensor count and size, write nothing */
+    const char *corpus; /* not NULL: the BPE vocabulary is learned from this text file instead of the corpus
+                         * embedded in the binary (a trained model's own text, tools/train) */
     struct mf_model *shapes; /* not NULL: the model without weights (gguf/model_file.h mf_compose: metadata and
                               * the tensor table, data NULL) goes here instead of a file (--shape-only) */
 } synth_opts;
+
+/* The vocabulary a model of n_vocab ids gets: learned from o->corpus when set, else from the embedded corpus. */
+struct sv_vocab;
+int synth_vocab_build(struct sv_vocab *v, int32_t n_vocab, const synth_opts *o, rl_err *err);
 
 /* Writes a K3 model for config c. */
 int synth_write(const synth_config *c, const synth_opts *o, rl_err *err);

@@ -198,7 +198,7 @@ int synth_dspark_write(const synth_config *target, const synth_opts *o, rl_err *
     int rc = -1;
 
     if (dspark_shape_for(target, &s, err) != 0) return -1;
-    if (sv_build(&vocab, (int32_t)s.n_vocab, err) != 0) goto done;
+    if (synth_vocab_build(&vocab, (int32_t)s.n_vocab, o, err) != 0) goto done;
     meta = gguf_init_empty();
     if (!meta) {
         rl_errf(err, "dspark: out of memory");
