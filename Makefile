@@ -17,8 +17,11 @@ CFLAGS_release := -O2 -g -march=native
 CFLAGS_asan    := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 LDFLAGS_asan   := -fsanitize=address,undefined
 
-# One generated file per ggml source: the pinned build, or an installed one named by GGML_PREFIX.
-GGML_MK := build/ggml$(if $(GGML_PREFIX),-$(subst /,_,$(GGML_PREFIX))).mk
+# One generated file per ggml source: the pinned build, or an installed one named by GGML_PREFIX; and per
+# compiler that builds the pinned one (scripts/ggml.sh takes gcc-11 where installed, for bit-exact kernels):
+# a tree built before install-deps brought gcc-11 would otherwise keep a ggml that differs in the last bit.
+GGML_CC_TAG := $(if $(RINGLM_GGML_CC),-$(notdir $(RINGLM_GGML_CC)),$(if $(shell command -v gcc-11 2>/dev/null),$(if $(shell command -v g++-11 2>/dev/null),-gcc-11)))
+GGML_MK := build/ggml$(if $(GGML_PREFIX),-$(subst /,_,$(GGML_PREFIX)))$(GGML_CC_TAG).mk
 -include $(GGML_MK)
 
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)

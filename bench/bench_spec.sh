@@ -7,6 +7,7 @@
 #                       [--drafters "ngram self twin dspark"] [--depths "1 2"] [--draft-n K] [--self-type TYPE]
 #                       [--passage N] [--repeat R] [--config NAME --seed S] [--draft-dir DIR]
 #                       [--timeout S] [--out PREFIX] [--keep] [--no-build]
+#                       [--trained DIR|auto [--heldout-from K]]
 #
 # Defaults: bench/models/medium.gguf (synthesized once if absent, medium preset, seed 1, as bench_ring.sh),
 # 4 nodes, 1 thread per node and for the coordinator's drafter (the machine has 2 cores), one-way delay
@@ -39,6 +40,13 @@
 #           DIR/CONFIG-sSEED-dspark.gguf. Its weights are random: expect acceptance near zero.
 # CONFIG and SEED are read from the model's general.description ("ringlm synth --config C --seed S");
 # --config/--seed override it (needed for a model written from a JSON config, or not by synth).
+#
+# --trained DIR (auto: the pair tools/train/build.sh built on this machine, its --where): the trained small
+# K3 (DIR/target.gguf) and its trained DSpark draft (DIR/draft.gguf) instead of synthesized ones, on real
+# text: the prompt is held-out text (DIR/heldout.ids, documents K, K+1, ... joined and cut to
+# --passage x --repeat tokens; --heldout-from K, default 1), so the greedy continuation runs on through
+# the documents. The drafters default to "ngram twin dspark" (self needs a synthesized target). Issue #22's
+# acceptance figures come from here (docs/trained.md).
 # Depths (--depths): values of `ringlm run --draft-depth N` (speculative blocks in flight; 1 = one block,
 # verified before the next is drafted). Used only if `ringlm run --help` mentions --draft-depth: the
 # default is then "1 2", otherwise "1" (and the option is not passed).
@@ -57,7 +65,7 @@ cd "$(dirname "$0")/.."
 argv=$(printf ' %q' "$@")
 model=bench/models/medium.gguf nodes=4 threads=1 delay=30 gen=64 reps=3 timeout_s=600 out=bench/results/spec
 keep=0 build=1 drafters="ngram self twin dspark" depths= draft_n=7 self_type=q4_K passage=32 repeat=4
-config= seed= draft_dir=bench/models
+config= seed= draft_dir=bench/models trained= heldout_from=1
 while [ $# -gt 0 ]; do
     case $1 in
         --model) model=$2; shift 2 ;;
@@ -75,6 +83,8 @@ while [ $# -gt 0 ]; do
         --config) config=$2; shift 2 ;;
         --seed) seed=$2; shift 2 ;;
         --draft-dir) draft_dir=$2; shift 2 ;;
+        --trained) trained=$2; shift 2 ;;
+        --heldout-from) heldout_from=$2; shift 2 ;;
         --timeout) timeout_s=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
         --keep) keep=1; shift ;;
@@ -84,7 +94,18 @@ while [ $# -gt 0 ]; do
     esac
 done
 die() { echo "bench_spec: $*" >&2; exit 1; }
-for v in nodes:nodes threads:threads gen:gen reps:reps timeout_s:timeout draft_n:draft-n passage:passage repeat:repeat; do
+if [ -n "$trained" ]; then
+    if [ "$trained" = auto ]; then
+        trained=$(tools/train/build.sh --where) \
+            || die "--trained auto: no trained pair on this machine (tools/train/build.sh builds it)"
+    fi
+    [ -f "$trained/target.gguf" ] && [ -f "$trained/draft.gguf" ] && [ -f "$trained/heldout.ids" ] \
+        || die "--trained $trained: not a trained pair's folder (target.gguf, draft.gguf, heldout.ids)"
+    model=$trained/target.gguf
+    [[ " $argv " == *" --drafters "* ]] || drafters="ngram twin dspark"
+    [[ " $drafters " == *" self "* ]] && die "--trained: the self drafter needs a synthesized target"
+fi
+for v in nodes:nodes threads:threads gen:gen reps:reps timeout_s:timeout draft_n:draft-n passage:passage repeat:repeat heldout_from:heldout-from; do
     n=${v%:*}
     [[ ${!n} =~ ^[1-9][0-9]*$ ]] || die "--${v#*:} must be a positive integer, got '${!n}'"
 done
@@ -116,7 +137,8 @@ grep -q -- '--metrics-json' <<<"$run_help" || die "this ringlm's run has no --me
 depth_ok=0 default_depth=1
 grep -q -- '--draft-depth' <<<"$run_help" && depth_ok=1
 if [ $depth_ok = 1 ]; then # ringlm's own default, from its help ("... (default D; at most 3)")
-    default_depth=$(tr '\n' ' ' <<<"$run_help" | sed -n 's/.*--draft-depth D.*(default \([0-9]*\);.*/\1/p')
+    # (the first "(default N" after the option's description: a greedy match took --node-timeout's 60)
+    default_depth=$(tr '\n' ' ' <<<"$run_help" | grep -o -- '--draft-depth D ([^)]*)[^(]*(default [0-9]*' | grep -o '[0-9]*$' || true)
     [[ $default_depth =~ ^[1-9]$ ]] || default_depth=1
 fi
 if [ -z "$depths" ]; then
@@ -148,7 +170,7 @@ desc=$(head -c 1048576 "$model" | grep -a -o 'ringlm synth --config [^[:cntrl:] 
 [ -n "$config" ] || config=$(sed -n 's/^ringlm synth --config \([^ ]*\) --seed [0-9]*$/\1/p' <<<"$desc")
 [ -n "$seed" ] || seed=$(sed -n 's/^ringlm synth --config [^ ]* --seed \([0-9]*\)$/\1/p' <<<"$desc")
 need_synth=0
-for d in $drafters; do case $d in self|dspark) need_synth=1 ;; esac; done
+for d in $drafters; do case $d in self|dspark) [ -n "$trained" ] || need_synth=1 ;; esac; done
 if [ $need_synth = 1 ]; then
     [ -n "$config" ] && [ -n "$seed" ] \
         || die "cannot tell how $model was synthesized (no 'ringlm synth --config C --seed S' in its metadata): give --config and --seed"
@@ -171,7 +193,8 @@ synth_once() { # FILE ARGS...: ringlm synth ARGS -o FILE unless FILE exists
 for d in $drafters; do
     case $d in
         self) self_file=$draft_dir/$cname-s$seed-$self_type.gguf; synth_once "$self_file" --type "$self_type" ;;
-        dspark) dspark_file=$draft_dir/$cname-s$seed-dspark.gguf; synth_once "$dspark_file" --draft dspark ;;
+        dspark) if [ -n "$trained" ]; then dspark_file=$(readlink -f "$trained/draft.gguf")
+                else dspark_file=$draft_dir/$cname-s$seed-dspark.gguf; synth_once "$dspark_file" --draft dspark; fi ;;
     esac
 done
 draft_arg() { # NAME: the value of --draft
@@ -189,6 +212,10 @@ passage_ids=$(awk -v n="$passage" -v v="$((V - 256))" 'BEGIN { x = 7; for (i = 0
 toks=$passage_ids
 for _ in $(seq 2 "$repeat"); do toks+=",$passage_ids"; done
 n_prompt=$((passage * repeat))
+if [ -n "$trained" ]; then # held-out documents from the K-th on, joined, cut to n_prompt ids
+    toks=$(tail -n "+$heldout_from" "$trained/heldout.ids" | tr '\n' ',' | cut -d, -f1-"$n_prompt")
+    [ "$(tr ',' '\n' <<<"$toks" | grep -c .)" = "$n_prompt" ] || die "$trained/heldout.ids has fewer than $n_prompt ids from document $heldout_from on"
+fi
 
 # ---- processes: every one is recorded, and stopped on exit ---------------------------------------------
 work=$(mktemp -d "$PWD/build/bench/spec.XXXXXX")
@@ -372,7 +399,7 @@ SB_WORK=$work SB_OUT=$out SB_MODEL=$model SB_NODES=$nodes SB_THREADS=$threads SB
 SB_REPS=$reps SB_DRAFTERS=$drafters SB_DEPTHS=$depths SB_DEPTH_OK=$depth_ok SB_DEFAULT_DEPTH=$default_depth SB_DRAFT_N=$draft_n \
 SB_SELF_TYPE=$self_type SB_SELF_FILE=$self_file SB_DSPARK_FILE=$dspark_file SB_CONFIG=$config SB_SEED=$seed \
 SB_PASSAGE=$passage SB_REPEAT=$repeat SB_WEIGHTS=$weights SB_NLAYER=$n_layer SB_VOCAB=$V \
-SB_COMMAND="bench/bench_spec.sh$argv" SB_CPU=$cpu SB_CORES=$(nproc) SB_LOAD=$(cut -d' ' -f1 /proc/loadavg) \
+SB_COMMAND="bench/bench_spec.sh$argv" SB_TRAINED=$trained SB_HELDOUT_FROM=$heldout_from SB_CPU=$cpu SB_CORES=$(nproc) SB_LOAD=$(cut -d' ' -f1 /proc/loadavg) \
     python3 bench/tools/spec_report.py || die "bench/tools/spec_report.py failed (logs in $work)"
 cat "$out.md"
 if [ $bad = 1 ]; then

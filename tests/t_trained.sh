@@ -17,6 +17,7 @@
 # - the draft learned: on held-out prompts its measured acceptance in `ringlm run` is well above the
 #   untrained draft's (the same file before training), and speculative greedy text equals plain greedy text;
 # - errors: synth --corpus with a missing or empty file, build.sh with an unknown option.
+# Where this machine has built the full-size pair, its target equals llama.cpp bit for bit too.
 . "$(dirname "$0")/lib.sh"
 PY=/usr/bin/python3
 $PY -c 'import torch' || { echo "t_trained: python3-torch is missing (scripts/install-deps.sh installs it)"; exit 1; }
@@ -102,6 +103,36 @@ a_init=$(cat "$WORK/out")
 echo "DSpark acceptance on held-out prompts: untrained $a_init, trained $a_trained"
 check "the trained draft's acceptance ($a_trained) is at least twice the untrained one's ($a_init) and above 0.1" \
     awk -v t="$a_trained" -v u="$a_init" 'BEGIN { exit !(t >= 2 * u && t > 0.1) }'
+
+# ---- run --chat prints the reply's channels, not the framing's section names -----------------------------
+# A trained model closes its think section and opens the response (an untrained one rarely does): the text
+# is then the reasoning, a blank line, the answer, without "think"/"response" between them.
+close=$("$RINGLM" tokenize -m "$T" --special '<|close|>')
+for q in 'Define happiness.' 'What is a cat?' 'What does "harbor" mean?'; do
+    "$RINGLM" run -m "$T" --chat -p "$q" -n 60 --temp 0 --ids --threads 2 >"$WORK/chat.ids" 2>/dev/null
+    if tr ',' '\n' <"$WORK/chat.ids" | grep -qx "$close"; then
+        "$RINGLM" run -m "$T" --chat -p "$q" -n 60 --temp 0 --threads 2 >"$WORK/chat.txt" 2>/dev/null
+        check "run --chat '$q': reasoning, a blank line, the answer; no section names" python3 -c '
+import sys; t = open(sys.argv[1]).read()
+assert t.count("\n\n") >= 1 and t.split("\n\n")[0] and t.split("\n\n", 1)[1], repr(t)
+assert "thinkresponse" not in t and not t.endswith("response") and "<|" not in t, repr(t)' "$WORK/chat.txt"
+        break
+    fi
+done
+[ -f "$WORK/chat.txt" ] || echo "(the smoke model closed no think section on these prompts: run --chat's split is not checked)"
+
+# ---- the full-size pair, where this machine has built it (tools/train/build.sh; not in a fresh CI) --------
+if full=$("$ROOT/tools/train/build.sh" --where 2>/dev/null); then
+    F=$full/target.gguf
+    p=$(sed -n 2p "$full/heldout.ids" | cut -d, -f1-80)
+    "$ORACLE" logits -m "$F" --tokens "$p" --prefill 48 -o "$WORK/of.bin"
+    "$RINGLM" logits -m "$F" --tokens "$p" --prefill 48 -o "$WORK/rf.bin" --threads 2
+    check "the full trained K3 ($full): ringlm equals llama.cpp bit for bit" \
+        "$RINGLM" compare "$WORK/of.bin" "$WORK/rf.bin" --tol 0
+    check "the full trained draft loads in llama.cpp" "$ORACLE" info -m "$full/draft.gguf"
+else
+    echo "(the full trained pair is not built on this machine: its checks are skipped)"
+fi
 
 # ---- errors ---------------------------------------------------------------------------------------------------
 check_fails "synth --corpus names a missing file" "corpus file.*$WORK/none.txt" \

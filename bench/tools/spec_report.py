@@ -42,6 +42,7 @@ depth_ok = env("DEPTH_OK") == "1"
 draft_n, passage, repeat = int(env("DRAFT_N")), int(env("PASSAGE")), int(env("REPEAT"))
 config, seed, self_type = env("CONFIG", ""), env("SEED", ""), env("SELF_TYPE")
 model = env("MODEL")
+trained = env("TRAINED", "")  # the trained pair's folder (--trained), or empty: synthesized models
 med = statistics.median
 
 # ---- greedy baseline -----------------------------------------------------------------------------------
@@ -136,6 +137,9 @@ def draft_desc(name):
                         "model that agrees"}
     if name == "dspark":
         f = env("DSPARK_FILE")
+        if trained:
+            return {"draft": "dspark:" + f, "file_bytes": fsize(f),
+                    "what": "the trained DSpark draft (tools/train/dspark_train.py against this target's taps)"}
         return {"draft": "dspark:" + f, "file_bytes": fsize(f),
                 "what": "DSpark, `ringlm synth --config %s --seed %s --draft dspark` (random weights)" % (config, seed)}
     return {"draft": name, "what": name}
@@ -211,6 +215,10 @@ any_failed = any("failed" in r for r in rows)
 date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 task = ("a %d-token prompt: a passage of %d seeded token ids repeated %d times; then %d greedy tokens "
         "(--temp 0 --ignore-eos)" % (len(prompt), passage, repeat, gen))
+if trained:
+    task = ("a %d-token prompt of held-out text (the trained model's held-out documents from the %s-th on, joined "
+            "and cut; chat exchanges and plain text as it was trained on); then %d greedy tokens (--temp 0 "
+            "--ignore-eos: past a document's end the model starts another)" % (len(prompt), env("HELDOUT_FROM"), gen))
 doc = {
     "benchmark": "speculative decoding through a ring over emulated internet links",
     "command": env("COMMAND"),
@@ -224,7 +232,7 @@ doc = {
               "task": task, "prompt_tokens": len(prompt), "passage": passage, "repeat": repeat, "gen_tokens": gen,
               "reps": reps, "draft_n": draft_n, "draft_n_adaptive": True, "depths": depths,
               "draft_depth_option": depth_ok,
-              "synth": {"config": config, "seed": int(seed) if seed.isdigit() else seed}},
+              "synth": {"config": config, "seed": int(seed) if seed.isdigit() else seed}, "trained": trained or None},
     "model": {"file": model, "weight_bytes": int(env("WEIGHTS")), "n_layer": int(env("NLAYER")),
               "n_vocab": int(env("VOCAB"))},
     "greedy": greedy,
@@ -250,12 +258,14 @@ def gib(b):
 
 L = []
 L.append("# Speculative decoding through a ring over emulated internet links\n")
-L.append("`%s`, %s, %s (%s cores). Model: `%s` (%s, %d layers; synth config `%s`, seed %s). %d nodes as local "
+origin = ("the trained small K3, tools/train, `%s`" % trained) if trained else \
+    ("synth config `%s`, seed %s" % (config or "?", seed or "?"))
+L.append("`%s`, %s, %s (%s cores). Model: `%s` (%s, %d layers; %s). %d nodes as local "
          "processes, %d thread(s) each and %d for the coordinator's drafter, every node behind a `ringlm relay` of "
          "%g ms one-way delay (each direction, no rate cap; %s delays per traversal). Medians of %d runs. "
          "Load average at the end: %s.\n"
          % (env("COMMAND"), date[:10], env("CPU"), env("CORES"), os.path.basename(model), gib(int(env("WEIGHTS"))),
-            int(env("NLAYER")), config or "?", seed or "?", nodes, threads, threads, delay,
+            int(env("NLAYER")), origin, nodes, threads, threads, delay,
             (n_stages + 1) if n_stages else "N + 1", reps, env("LOAD")))
 L.append("Task (every run greedy, so speculative output must equal greedy output): %s. Drafts of up to %d tokens "
          "(`--draft-n %d`, adaptive).%s\n"
@@ -312,7 +322,16 @@ for r in rows:
         extra = " (`%s`, %s)" % (os.path.basename(r["draft"].split(":", 1)[-1]), gib(r["file_bytes"]))
     L.append("- *%s*: %s%s." % (r["drafter"], r["what"], extra))
 L.append("")
-L.append("The repetitive task and what prompt lookup could find: real models quote and edit, so their output repeats "
+if trained:
+    L.append("What prompt lookup could find: of the %d greedy tokens, %d appear anywhere in the prompt; %d are distinct; at "
+             "%d positions the last 4 tokens had occurred before. Prompt lookup's first guess (the token after the most "
+             "recent earlier match of the last 4..1 tokens, as the drafter) would have been right for %d of them "
+             "(%.1f%%).\n"
+             % (repetition["generated"], repetition["prompt_tokens_in_output"], repetition["distinct_tokens"],
+                repetition["positions_whose_last_4_tokens_occurred_before"], repetition["lookup_first_guess_hits"],
+                100 * repetition["lookup_first_guess_hit_rate"]))
+else:
+    L.append("The repetitive task and what prompt lookup could find: real models quote and edit, so their output repeats "
          "the prompt and prompt lookup drafts it; these weights are random. Of the %d greedy tokens, %d continue "
          "the repeated passage (what a model that quotes would write) and %d appear anywhere in the prompt; %d "
          "are distinct (a cycle in the output would show here); at %d positions the last 4 tokens had occurred "

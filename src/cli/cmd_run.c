@@ -18,6 +18,7 @@
 #include "../speculate/spec_gen.h"
 #include "../ring/verify_ring.h"
 #include "../text/chat.h"
+#include "../text/chat_out.h"
 #include "cli.h"
 
 static void run_usage(FILE *f) {
@@ -33,7 +34,8 @@ static void run_usage(FILE *f) {
             "Streams the generated text to stdout, then prints one metrics line on stderr.\n"
             "  -n N          tokens to generate (default 128; -1 = until the context is full)\n"
             "  --tokens @FILE  the prompt's ids from FILE (comma-separated; a long prompt does not fit a command line)\n"
-            "  --chat        wrap the prompt as a user turn in the model's chat format\n"
+            "  --chat        wrap the prompt as a user turn in the model's chat format; a K3 reply prints its\n"
+            "                reasoning, then a blank line and its answer (the section names are not text)\n"
             "  --temp 0      greedy decoding (default 0.8 with top-k 40, top-p 0.95, min-p 0.05)\n"
             "  --ids         print the generated token ids (comma-separated) instead of text\n"
             "  --logit-bias ID+B  add B to token ID's logit before sampling (ID-B subtracts, ID-inf bans it),\n"
@@ -73,6 +75,13 @@ static void run_usage(FILE *f) {
 typedef struct run_out {
     bool ids;
     int n;
+    /* --chat on a K3 model: the reply's channels (chat_out.h), so that the framing's section names
+     * ("think", "response") are not printed as text; what is printed is serve's reasoning_content, then
+     * "\n\n" where the answer begins, then its content */
+    bool split_on;
+    chat_split split;
+    const tok_tokenizer *tok;
+    chat_chan shown; /* the channel of the text printed last */
     const xc_stats *xc;  /* the engine's expert cache, if it has one */
     xc_stats xc_prefill; /* its counters when the first token came out: what prefill read */
     bool got_first;
@@ -84,8 +93,14 @@ static int run_on_token(void *user, int32_t id, const char *text, size_t len) {
     o->got_first = true;
     if (o->ids) {
         if (id >= 0) printf("%s%d", o->n++ ? "," : "", id);
-    } else if (len) {
-        fwrite(text, 1, len, stdout);
+    } else {
+        /* id -1: text held back for a whole UTF-8 sequence, flushed at the end: the channel printed last */
+        chat_chan ch = !o->split_on ? CHAT_CH_CONTENT : id >= 0 ? chat_split_push(&o->split, o->tok, id) : o->shown;
+        if (ch != CHAT_CH_NONE && len) {
+            if (ch == CHAT_CH_CONTENT && o->shown == CHAT_CH_REASONING) fputs("\n\n", stdout);
+            fwrite(text, 1, len, stdout);
+            o->shown = ch;
+        }
     }
     fflush(stdout);
     return 0;
@@ -357,7 +372,7 @@ static int run_parse(int argc, char **argv, run_args *a) {
 /* The prompt as token ids: --tokens as given (checked against the vocabulary), or -p encoded, wrapped in the
  * model's chat format with --chat (*text: the rendered chat, the caller frees it). */
 static int run_prompt(const run_args *a, const mf_model *m, const k3_hparams *hp, const tok_tokenizer *tok,
-                      int32_t **toks, size_t *n_toks, char **text, rl_err *err) {
+                      int32_t **toks, size_t *n_toks, char **text, run_out *ro, rl_err *err) {
     if (a->ids_arg) {
         /* @FILE: one argument holds at most 128 KiB on Linux (MAX_ARG_STRLEN), about 25,000 ids. */
         char *file = NULL;
@@ -394,6 +409,9 @@ static int run_prompt(const run_args *a, const mf_model *m, const k3_hparams *hp
             msgs[nm].role = CHAT_USER, msgs[nm++].content = a->prompt;
             chat_opts co = chat_opts_default();
             if (chat_render(fmt, msgs, nm, &co, text, &src_len, err) != 0) return -1;
+            chat_split_init(&ro->split, tok, true, fmt, co.thinking);
+            ro->split_on = ro->split.open >= 0; /* K3's framing tokens are in the vocabulary */
+            ro->tok = tok;
             src = *text;
             special = true; /* the a->chat markers are special tokens */
         }
@@ -509,8 +527,8 @@ int cmd_run(int argc, char **argv) {
             goto out;
         }
     }
-    if (run_prompt(a, &m, &hp, &tok, &toks, &n_toks, &text, &err) != 0) goto out;
-    run_out ro = {.ids = a->ids};
+    run_out ro = {.ids = a->ids, .shown = CHAT_CH_NONE};
+    if (run_prompt(a, &m, &hp, &tok, &toks, &n_toks, &text, &ro, &err) != 0) goto out;
     gen_metrics gm;
     cJSON *ring_json = NULL;
     spec_metrics smx;
