@@ -42,10 +42,13 @@
 # --config/--seed override it (needed for a model written from a JSON config, or not by synth).
 #
 # --trained DIR (auto: the pair tools/train/build.sh built on this machine, its --where): the trained small
-# K3 (DIR/target.gguf) and its trained DSpark draft (DIR/draft.gguf) instead of synthesized ones, on real
-# text: the prompt is held-out text (DIR/heldout.ids, documents K, K+1, ... joined and cut to
-# --passage x --repeat tokens; --heldout-from K, default 1), so the greedy continuation runs on through
-# the documents. The drafters default to "ngram twin dspark" (self needs a synthesized target). Issue #22's
+# K3 (DIR/target.gguf) and its trained DSpark draft (DIR/draft.gguf) instead of synthesized ones, on
+# held-out questions: repetition R asks the R-th question of the held-out chat exchanges (DIR/corpus/
+# heldout.txt, from the K-th document on: --heldout-from K, default 1) with `--chat -p`, and the model answers
+# until its end of message or --gen tokens. So the repetitions are prompts: each speculative run is compared
+# with its own repetition's greedy run, and the medians are over prompts. (A continuation with --ignore-eos
+# is no measure here: a small model's greedy text soon loops, whatever the prompt, and a loop is easy to
+# draft.) The drafters default to "ngram twin dspark" (self needs a synthesized target). Issue #22's
 # acceptance figures come from here (docs/trained.md).
 # Depths (--depths): values of `ringlm run --draft-depth N` (speculative blocks in flight; 1 = one block,
 # verified before the next is drafted). Used only if `ringlm run --help` mentions --draft-depth: the
@@ -212,15 +215,19 @@ passage_ids=$(awk -v n="$passage" -v v="$((V - 256))" 'BEGIN { x = 7; for (i = 0
 toks=$passage_ids
 for _ in $(seq 2 "$repeat"); do toks+=",$passage_ids"; done
 n_prompt=$((passage * repeat))
-if [ -n "$trained" ]; then # held-out documents from the K-th on, joined, cut to n_prompt ids
-    toks=$(tail -n "+$heldout_from" "$trained/heldout.ids" | tr '\n' ',' | cut -d, -f1-"$n_prompt")
-    [ "$(tr ',' '\n' <<<"$toks" | grep -c .)" = "$n_prompt" ] || die "$trained/heldout.ids has fewer than $n_prompt ids from document $heldout_from on"
+questions=()
+if [ -n "$trained" ]; then # the user's question of each held-out chat exchange from the K-th document on
+    mapfile -t questions < <(tail -n "+$heldout_from" "$trained/corpus/heldout.txt" |
+        sed -n 's/^<|open|>message role="user"<|sep|>\([^<]*\)<|close|>message<|sep|><|end_of_msg|>.*/\1/p' | head -n "$reps")
+    [ ${#questions[@]} = "$reps" ] || die "$trained/corpus/heldout.txt has fewer than $reps chat exchanges from document $heldout_from on"
+    toks=
 fi
 
 # ---- processes: every one is recorded, and stopped on exit ---------------------------------------------
 work=$(mktemp -d "$PWD/build/bench/spec.XXXXXX")
 cp "$RINGLM" "$work/ringlm" && RINGLM=$work/ringlm # one binary for the whole run, whatever `make` does meanwhile
 echo "$toks" >"$work/prompt.ids"
+[ -z "$trained" ] || printf '%s\n' "${questions[@]}" >"$work/questions.txt"
 life=$((4 * 3600)) # hard lifetime of background processes, should this script die without its trap
 pids=() fg_pid=
 # Each background command runs under `timeout`, which makes itself the leader of its own process group;
@@ -345,19 +352,24 @@ echo "bench_spec: $nodes ringlm nodes up behind relays of $delay ms, $threads th
 # page the model and the drafts in once, so that no run pays for the first read from disk
 cat "$model" ${self_file:+"$self_file"} ${dspark_file:+"$dspark_file"} >/dev/null
 
-K=(--ring "$work/ring.conf" --key "$work/coord.key" -m "$model" --temp 0 --ignore-eos --ids --threads "$threads"
-   --ctx $((n_prompt + gen + draft_n + 64)) --tokens "$toks")
+K=(--ring "$work/ring.conf" --key "$work/coord.key" -m "$model" --temp 0 --ids --threads "$threads"
+   --ctx $((n_prompt + gen + draft_n + 64)))
+prompt_args() { # R: the prompt of repetition R
+    if [ -n "$trained" ]; then P=(--chat -p "${questions[$(($1 - 1))]}"); else P=(--ignore-eos --tokens "$toks"); fi
+}
 metric() { python3 -c 'import json, sys; print("%.4g" % json.load(open(sys.argv[1]))[sys.argv[2]])' "$@"; }
 
 # the nodes load their layer ranges on the first request: keep that out of the figures
-bounded "ringlm warm-up run" /dev/null "$work/warmup.err" "$RINGLM" run "${K[@]}" -n 2
+prompt_args 1
+bounded "ringlm warm-up run" /dev/null "$work/warmup.err" "$RINGLM" run "${K[@]}" "${P[@]}" -n 2
 
 bad=0 greedy_differs=
 for r in $(seq "$reps"); do
     f=$work/greedy-r$r
-    bounded "greedy run (rep $r)" "$f.ids" "$f.err" "$RINGLM" run "${K[@]}" -n "$gen" --metrics-json "$f.json"
+    prompt_args "$r"
+    bounded "greedy run (rep $r)" "$f.ids" "$f.err" "$RINGLM" run "${K[@]}" "${P[@]}" -n "$gen" --metrics-json "$f.json"
     [ -s "$f.ids" ] || die "the greedy run (rep $r) printed no token ids (logs in $work)"
-    if [ "$r" -gt 1 ] && ! cmp -s "$f.ids" "$work/greedy-r1.ids"; then
+    if [ -z "$trained" ] && [ "$r" -gt 1 ] && ! cmp -s "$f.ids" "$work/greedy-r1.ids"; then
         echo "bench_spec: greedy rep $r gave other tokens than rep 1" >&2
         greedy_differs+="$r "
         bad=1
@@ -371,10 +383,10 @@ for r in $(seq "$reps"); do
             extra=(--draft "$(draft_arg "$d")" --draft-n "$draft_n")
             [ $depth_ok = 1 ] && extra+=(--draft-depth "$k")
             rc=0
-            attempt "$f.ids" "$f.err" "$RINGLM" run "${K[@]}" -n "$gen" "${extra[@]}" --metrics-json "$f.json" || rc=$?
+            attempt "$f.ids" "$f.err" "$RINGLM" run "${K[@]}" "${P[@]}" -n "$gen" "${extra[@]}" --metrics-json "$f.json" || rc=$?
             if [ $rc = 0 ] && [ -s "$f.json" ]; then
                 same=same
-                cmp -s "$f.ids" "$work/greedy-r1.ids" || { same="OTHER TOKENS than greedy"; bad=1; }
+                cmp -s "$f.ids" "$work/greedy-r$r.ids" || { same="OTHER TOKENS than greedy"; bad=1; }
                 line+=", $tag $(metric "$f.json" decode_tok_s) tok/s (accept $(metric "$f.json" acceptance_rate),"
                 line+=" $(metric "$f.json" tokens_per_traversal) tok/trav, $same)"
             else # one drafter failing is a finding, not the end of the benchmark: record it and go on
@@ -405,7 +417,7 @@ cat "$out.md"
 if [ $bad = 1 ]; then
     failed=$(cd "$work" && ls spec-*.failed 2>/dev/null | sed 's/^spec-//; s/\.failed$//' | tr '\n' ' ' || true)
     differ=$(for f in "$work"/spec-*-r*.ids; do
-                 [ -f "${f%.ids}.json" ] && ! cmp -s "$f" "$work/greedy-r1.ids" && basename "$f" .ids | sed 's/^spec-//'
+                 [ -f "${f%.ids}.json" ] && ! cmp -s "$f" "$work/greedy-r${f##*-r}" && basename "$f" .ids | sed 's/^spec-//'
              done | tr '\n' ' ' || true)
     msg="bench_spec: FAILED:"
     [ -n "$failed" ] && msg+=" runs that failed: ${failed% };"

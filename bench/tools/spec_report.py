@@ -1,7 +1,8 @@
 """Aggregates the runs of bench/bench_spec.sh into PREFIX.json and PREFIX.md (standard library only).
 
 Reads its settings from SB_* environment variables and the per-run files in SB_WORK:
-  prompt.ids                         the prompt's token ids (comma-separated)
+  prompt.ids                         the prompt's token ids (comma-separated; empty with --trained)
+  questions.txt                      --trained: the question of each repetition, one a line
   greedy-rR.{json,ids}               ringlm run --metrics-json / --ids of the greedy baseline, repetition R
   spec-NAME-kK-rR.{json,ids}         the same with drafter NAME at draft depth K
   spec-NAME-kK.failed                "exit RC: message" when a run of that drafter/depth failed
@@ -50,6 +51,10 @@ greedy_runs = [load("%s/greedy-r%d.json" % (work, r)) for r in range(1, reps + 1
 greedy_ids = [ids("%s/greedy-r%d.ids" % (work, r)) for r in range(1, reps + 1)]
 prompt = ids(work + "/prompt.ids")
 ref = greedy_ids[0]
+qs = None
+if trained:
+    with open(work + "/questions.txt") as fh:
+        qs = [q.rstrip("\n") for q in fh]
 
 
 def ring_field(m, key):
@@ -72,7 +77,8 @@ greedy = {
     "n_stages": n_stages,
     "generated_tokens": greedy_runs[0]["generated_tokens"],
     "ttft_s": med(m["ttft_s"] for m in greedy_runs),
-    "ids_same_every_rep": all(g == ref for g in greedy_ids),
+    # --trained: every repetition asks another question, so the greedy runs differ by design
+    "ids_same_every_rep": True if trained else all(g == ref for g in greedy_ids),
 }
 if n_stages:
     greedy["hop_delays_per_traversal"] = n_stages + 1
@@ -112,7 +118,8 @@ repetition = {
     "positions_whose_last_4_tokens_occurred_before": rep4,
     "prompt_tokens_in_output": sum(t in set(prompt) for t in ref),
     # would a model that quotes have continued the repeated passage? (the token the next repeat would bring)
-    "tokens_continuing_the_passage": sum(t == prompt[(len(prompt) + i) % passage] for i, t in enumerate(ref)),
+    "tokens_continuing_the_passage": sum(t == prompt[(len(prompt) + i) % passage] for i, t in enumerate(ref))
+    if prompt else 0,
 }
 
 # ---- drafters ------------------------------------------------------------------------------------------
@@ -156,7 +163,7 @@ for name in drafters:
             f = "%s/spec-%s-r%d.json" % (work, tag, r)
             if os.path.exists(f):
                 m = load(f)
-                m["_same"] = ids("%s/spec-%s-r%d.ids" % (work, tag, r)) == ref
+                m["_same"] = ids("%s/spec-%s-r%d.ids" % (work, tag, r)) == greedy_ids[r - 1]
                 runs.append(m)
         row = {"drafter": name, "depth": k, "runs_ok": len(runs), "runs": reps}
         row.update(draft_desc(name))
@@ -216,9 +223,9 @@ date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 task = ("a %d-token prompt: a passage of %d seeded token ids repeated %d times; then %d greedy tokens "
         "(--temp 0 --ignore-eos)" % (len(prompt), passage, repeat, gen))
 if trained:
-    task = ("a %d-token prompt of held-out text (the trained model's held-out documents from the %s-th on, joined "
-            "and cut; chat exchanges and plain text as it was trained on); then %d greedy tokens (--temp 0 "
-            "--ignore-eos: past a document's end the model starts another)" % (len(prompt), env("HELDOUT_FROM"), gen))
+    task = ("one question per repetition, the user turns of the held-out chat exchanges from document %s on, asked "
+            "with `--chat -p` (the chat template, thinking on); the model answers greedily until its end of message "
+            "or %d tokens (--temp 0). Medians are over the questions" % (env("HELDOUT_FROM"), gen))
 doc = {
     "benchmark": "speculative decoding through a ring over emulated internet links",
     "command": env("COMMAND"),
@@ -239,6 +246,7 @@ doc = {
     "greedy_output_repetition": repetition,
     "drafters": rows,
     "goal": goal,
+    "questions": qs,
     "speculative_ids_equal_greedy": all_same,
     "any_run_failed": any_failed,
 }
@@ -323,13 +331,8 @@ for r in rows:
     L.append("- *%s*: %s%s." % (r["drafter"], r["what"], extra))
 L.append("")
 if trained:
-    L.append("What prompt lookup could find: of the %d greedy tokens, %d appear anywhere in the prompt; %d are distinct; at "
-             "%d positions the last 4 tokens had occurred before. Prompt lookup's first guess (the token after the most "
-             "recent earlier match of the last 4..1 tokens, as the drafter) would have been right for %d of them "
-             "(%.1f%%).\n"
-             % (repetition["generated"], repetition["prompt_tokens_in_output"], repetition["distinct_tokens"],
-                repetition["positions_whose_last_4_tokens_occurred_before"], repetition["lookup_first_guess_hits"],
-                100 * repetition["lookup_first_guess_hit_rate"]))
+    L.append("The questions (held-out chat exchanges' user turns, one per repetition) and the greedy answers' "
+             "lengths in tokens: %s.\n" % "; ".join("%s (%d)" % (q, len(g)) for q, g in zip(qs, greedy_ids)))
 else:
     L.append("The repetitive task and what prompt lookup could find: real models quote and edit, so their output repeats "
          "the prompt and prompt lookup drafts it; these weights are random. Of the %d greedy tokens, %d continue "
@@ -355,7 +358,8 @@ L.append("- *depth* (`--draft-depth`): blocks in flight. Above 1, a block is dra
          "drafting competes with the stages for the cores.")
 L.append("- *ceiling tok/s* = tokens per kept traversal x greedy tok/s: the speed if a verify traversal cost what "
          "a greedy step does, drafting were free (or hidden by pipelining) and nothing were cancelled.")
-L.append("- *ids = greedy*: the token ids of every repetition equal the first greedy run's (`--ids`).")
+L.append("- *ids = greedy*: the token ids of every repetition equal the greedy run's (`--ids`; with --trained, the "
+         "greedy run of the same question).")
 L.append("- Every 'machine' is a process on one %s-core machine: the coordinator's drafting and the stages' "
          "compute share those cores." % env("CORES"))
 
