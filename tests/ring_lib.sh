@@ -43,7 +43,22 @@ ring_conf() {
 }
 
 ring_stop() {
+    # TERM, then KILL whoever still runs after 10 s: a node that does not stop must not hang the suite (a CI run
+    # of t_recovery passed every check, then waited here until its time limit); such a node is named.
+    local i
     for i in "${!RING_PID[@]}"; do kill "${RING_PID[$i]}" 2>/dev/null; done
+    for _ in $(seq 100); do
+        local left=0
+        for i in "${!RING_PID[@]}"; do kill -0 "${RING_PID[$i]}" 2>/dev/null && left=1; done
+        [ $left = 0 ] && break
+        sleep 0.1
+    done
+    for i in "${!RING_PID[@]}"; do
+        if kill -0 "${RING_PID[$i]}" 2>/dev/null; then
+            echo "ring_stop: node $i (pid ${RING_PID[$i]}) did not stop on TERM in 10 s: killed" >&2
+            kill -9 "${RING_PID[$i]}" 2>/dev/null
+        fi
+    done
     for i in "${!RING_PID[@]}"; do wait "${RING_PID[$i]}" 2>/dev/null; done
     RING_PID=()
 }
