@@ -217,8 +217,8 @@ for _ in $(seq 2 "$repeat"); do toks+=",$passage_ids"; done
 n_prompt=$((passage * repeat))
 questions=()
 if [ -n "$trained" ]; then # the user's question of each held-out chat exchange from the K-th document on
-    mapfile -t questions < <(tail -n "+$heldout_from" "$trained/corpus/heldout.txt" |
-        sed -n 's/^<|open|>message role="user"<|sep|>\([^<]*\)<|close|>message<|sep|><|end_of_msg|>.*/\1/p' | head -n "$reps")
+    mapfile -t questions < <(python3 tools/train/docs_io.py questions "$trained/corpus/heldout.txt" \
+                                 --from "$heldout_from" -n "$reps")
     [ ${#questions[@]} = "$reps" ] || die "$trained/corpus/heldout.txt has fewer than $reps chat exchanges from document $heldout_from on"
     toks=
 fi

@@ -34,27 +34,9 @@ fi
 [ -x ./ringlm ] || make -s ringlm
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
-# C-escaped documents (corpus.py) -> JSONL; the first N documents of each file
-python3 - "$trained/corpus/train.txt" "$W/calib.jsonl" 6000 "$trained/corpus/heldout.txt" "$W/eval.jsonl" "$eval_docs" <<'PY'
-import json, re, sys
-CHAT = re.compile(r'<\|open\|>message role="user"<\|sep\|>(.*?)<\|close\|>message<\|sep\|><\|end_of_msg\|>'
-                  r'<\|open\|>message role="assistant"<\|sep\|>(?:<\|open\|>think<\|sep\|>.*?<\|close\|>think<\|sep\|>)?'
-                  r'<\|open\|>response<\|sep\|>(.*?)<\|close\|>response', re.S)
-def unescape(s):
-    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), s)
-for src, dst, n in ((sys.argv[1], sys.argv[2], int(sys.argv[3])), (sys.argv[4], sys.argv[5], int(sys.argv[6]))):
-    with open(src) as f, open(dst, "w") as o:
-        for i, line in enumerate(f):
-            if i >= n:
-                break
-            doc = unescape(line.rstrip("\n"))
-            m = CHAT.match(doc)
-            if m:
-                o.write(json.dumps({"messages": [{"role": "user", "content": m.group(1)},
-                                                 {"role": "assistant", "content": m.group(2)}]}) + "\n")
-            else:
-                o.write(json.dumps({"text": doc.replace("[EOS]", "")}) + "\n")
-PY
+# the documents as JSONL (tools/train/docs_io.py: chat exchanges rendered again with the chat template)
+python3 tools/train/docs_io.py jsonl "$trained/corpus/train.txt" -n 6000 -o "$W/calib.jsonl"
+python3 tools/train/docs_io.py jsonl "$trained/corpus/heldout.txt" -n "$eval_docs" -o "$W/eval.jsonl"
 run() { # NAME MODEL EXTRA...: the report of one pruning
     local name=$1 m=$2; shift 2
     ./ringlm reap -m "$m" --calib "$W/calib.jsonl" --tokens "$tokens" --prune 0.5 -o "$W/$name.gguf" \

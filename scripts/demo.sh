@@ -4,7 +4,7 @@
 # everything down. Exits 0 when all of it worked.
 #
 # The model: the trained small K3 and its trained DSpark draft when tools/train/build.sh has built them on
-# this machine (real sentences, real acceptance); otherwise a synthesized small K3 with random weights and
+# this machine (learned weights, real acceptance); otherwise a synthesized small K3 with random weights and
 # its q4_0 copy as the draft (once, with a progress bar), and a line saying how to train the real pair.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,7 +58,7 @@ echo
 if [ $random = 1 ]; then
     echo "demo: done (the weights are random, so the text is too; the numbers above are real)"
     echo "demo: tools/train/build.sh trains a small K3 and its DSpark draft on this machine (python3-torch,"
-    echo "      about 40 minutes on 2 cores, once); the demo then runs them: real sentences, real acceptance"
+    echo "      about 30 minutes on 2 cores, once); the demo then runs them: learned weights, real acceptance"
 else
-    echo "demo: done (a 6M-parameter K3 trained on WordNet and fortunes for 25 minutes: do not ask it much)"
+    echo "demo: done (a 6M-parameter K3 trained on WordNet and fortunes for 22 minutes: do not ask it much)"
 fi

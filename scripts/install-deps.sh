@@ -22,18 +22,17 @@ train_pkgs=(
     wordnet-base       # training text: WordNet's glosses and example sentences
     fortunes           # training text: fortune cookies (the non-offensive set)
 )
-missing=()
-for p in "${pkgs[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
+# not_installed PKG...: those of PKG... dpkg does not have installed, one a line
+not_installed() {
+    local p
+    for p in "$@"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"; done
+}
+mapfile -t missing < <(not_installed "${pkgs[@]}")
 # node/npm may come from elsewhere (nvm, nodesource): accept working binaries.
 if command -v node >/dev/null && command -v npm >/dev/null; then
     tmp=(); for p in "${missing[@]}"; do [[ $p == nodejs || $p == npm ]] || tmp+=("$p"); done; missing=("${tmp[@]+"${tmp[@]}"}")
 fi
-train_missing=()
-for p in "${train_pkgs[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || train_missing+=("$p")
-done
+mapfile -t train_missing < <(not_installed "${train_pkgs[@]}")
 if [ $((${#missing[@]} + ${#train_missing[@]})) -gt 0 ]; then
     echo "install-deps: installing ${missing[*]} ${train_missing[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive

@@ -141,4 +141,8 @@ check_fails "synth --corpus names a missing file" "corpus file.*$WORK/none.txt" 
 check_fails "synth --corpus refuses an empty file" "corpus file $WORK/empty.txt is empty" \
     "$RINGLM" synth --no-progress --config tiny --corpus "$WORK/empty.txt" -o "$WORK/x.gguf"
 check "build.sh refuses an unknown option (exit 2)" sh -c '"$1" --bogus 2>/dev/null; [ $? = 2 ]' _ "$ROOT/tools/train/build.sh"
+check "build.sh --where on an empty cache: exit 1, nothing printed, nothing built" sh -c \
+    'out=$(RINGLM_TRAINED_CACHE="$1/empty" "$2" --where --smoke); [ $? = 1 ] && [ -z "$out" ] && [ ! -e "$1/empty" ]' _ "$WORK" "$ROOT/tools/train/build.sh"
+check_fails "build.sh names a missing ringlm binary" "no ringlm binary at $WORK/none" \
+    env RINGLM_TRAINED_CACHE="$WORK/c3" "$ROOT/tools/train/build.sh" --smoke --ringlm "$WORK/none"
 finish

@@ -275,6 +275,9 @@ L.append("`%s`, %s, %s (%s cores). Model: `%s` (%s, %d layers; %s). %d nodes as 
          % (env("COMMAND"), date[:10], env("CPU"), env("CORES"), os.path.basename(model), gib(int(env("WEIGHTS"))),
             int(env("NLAYER")), origin, nodes, threads, threads, delay,
             (n_stages + 1) if n_stages else "N + 1", reps, env("LOAD")))
+L.append("Settings: every run is ringlm at its defaults (weights repacked where llama.cpp would repack them, "
+         "flash attention, f16 cache) with the flags in the command and the table; the peer is ringlm's own greedy "
+         "decoding over the same ring, not llama.cpp, which has no ring.\n")
 L.append("Task (every run greedy, so speculative output must equal greedy output): %s. Drafts of up to %d tokens "
          "(`--draft-n %d`, adaptive).%s\n"
          % (task, draft_n, draft_n, "" if depth_ok else

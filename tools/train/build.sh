@@ -47,7 +47,7 @@ seed=1
 name=$(basename "$config" .json)
 # The target's key: what the target depends on. The draft's folder inside it adds the draft's trainer.
 key=$( {
-    cat "$here/corpus.py" "$here/gguf_io.py" "$here/k3_model.py" "$here/k3_train.py" "$config"
+    cat "$here/corpus.py" "$here/gguf_io.py" "$here/k3_model.py" "$here/k3_train.py" "$here/train_util.py" "$config"
     echo "$target_opts | seed $seed"
     cat "$root"/src/tools/synth*.c "$root"/src/tools/synth*.h "$root"/src/text/tokenizer.c
     dpkg-query -W -f='${Package} ${Version}\n' wordnet-base fortunes python3-torch 2>/dev/null || true

@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from train_util import GgufModule
+
 
 def rms_norm(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
@@ -28,7 +30,7 @@ def rope_neox(x, pos, base):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
 
 
-class DSpark(torch.nn.Module):
+class DSpark(GgufModule):
     def __init__(self, gguf, tok_embd, lm_head):
         super().__init__()
         kv = gguf.kv
@@ -45,17 +47,9 @@ class DSpark(torch.nn.Module):
         self.mask_id = kv["tokenizer.ggml.mask_token_id"]
         if not kv.get(a + "sample_from_anchor", True) or kv.get(a + "attention.causal", False):
             raise ValueError("the trainer drafts anchor-first, non-causal blocks only")
-        self.p = torch.nn.ParameterDict()
-        for name in gguf.order:
-            self.p[name.replace(".", "__")] = torch.nn.Parameter(torch.from_numpy(gguf.array(name)))
+        self.load(gguf)
         self.tok_embd = tok_embd.detach()
         self.lm_head = lm_head.detach()
-
-    def w(self, name):
-        return self.p[name.replace(".", "__")]
-
-    def tensors(self):
-        return {n.replace("__", "."): t.detach().numpy() for n, t in self.p.items()}
 
     def qk(self, x, w, heads, norm, pos):
         x = x @ w.t()

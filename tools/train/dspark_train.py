@@ -14,7 +14,7 @@ REPORT.json: per slot, on held-out windows, how often the draft's top-1 is the t
 chain) and the mean accepted prefix of a block that implies (the offline estimate of acceptance; the
 measured one comes from `ringlm run --draft`, bench/bench_spec.sh).
 """
-import argparse, json, math, os, sys, time
+import argparse, os, sys, time
 
 os.environ["OPENBLAS_NUM_THREADS"] = "2"  # fixed, as k3_train.py: one torch thread, two for OpenBLAS
 os.environ["OMP_NUM_THREADS"] = "1"
@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dspark_model  # noqa: E402
 import gguf_io  # noqa: E402
 import k3_model  # noqa: E402
-from k3_train import Windows, read_ids  # noqa: E402
+from train_util import Windows, lr_at, optimizer_step, read_ids, write_report  # noqa: E402
 
 
 def target_pass(target, draft, x):
@@ -74,22 +74,15 @@ def main():
         sys.exit(f"dspark_train: --ctx {o.ctx} is shorter than a block of {S} plus two")
     train, held = Windows(read_ids(o.train), o.ctx - 1), Windows(read_ids(o.heldout), o.ctx - 1)
     opt = torch.optim.AdamW(draft.parameters(), lr=o.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    warm = max(1, o.steps // 20)
     curve = []
     for step in range(o.steps):
-        lr = o.lr * (step + 1) / warm if step < warm else \
-            o.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, o.steps - warm))))
-        for grp in opt.param_groups:
-            grp["lr"] = lr
+        lr = lr_at(step, o.steps, o.lr)
         x = train.batch(rng.randint(0, len(train.starts), o.batch))
         logits_t, feats = target_pass(target, draft, x)
         anchors = torch.from_numpy(np.sort(rng.choice(np.arange(1, o.ctx - S + 1), o.anchors, replace=False)))
         kl, bce, hit = losses(draft, logits_t, feats, x, anchors)
         loss = kl + 0.1 * bce
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
+        optimizer_step(opt, loss, draft.parameters(), lr)
         if step % 25 == 0 or step == o.steps - 1:
             curve.append([step, round(kl.item(), 4), round(hit.float().mean().item(), 4)])
             print(f"dspark_train: step {step}/{o.steps} distill {kl.item():.3f} top-1 agreement "
@@ -112,8 +105,7 @@ def main():
               "block": S, "taps": draft.taps, "params": sum(p.numel() for p in draft.parameters()),
               "heldout_blocks": hits.shape[0], "heldout_slot_agreement": [round(v, 4) for v in hits.mean(0).tolist()],
               "heldout_accepted_per_block": round(accepted, 3), "curve": curve, "seconds": round(time.time() - t0, 1)}
-    with open(o.report, "w") as f:
-        json.dump(report, f, indent=1)
+    write_report(o.report, report)
     print(f"dspark_train: held-out slot agreement {report['heldout_slot_agreement']}, "
           f"{accepted:.2f} of {S} drafted tokens accepted per block (offline), {report['seconds']:.0f} s, wrote {o.out}")
 

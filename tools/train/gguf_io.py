@@ -54,9 +54,12 @@ class Gguf:
         self.version = r.take("<I")
         n_tensors, n_kv = r.take("<Q"), r.take("<Q")
         self.kv = {}
+        self.types = {}  # key -> (GGUF type, element type of an array), to write the keys back as read
         for _ in range(n_kv):
             k = r.string()
-            self.kv[k] = r.value(r.take("<I"))
+            t = r.take("<I")
+            self.types[k] = (t, struct.unpack_from("<I", self.raw, r.p)[0] if t == ARR else None)
+            self.kv[k] = r.value(t)
         infos = []
         for _ in range(n_tensors):
             name = r.string()
@@ -67,14 +70,6 @@ class Gguf:
         base = (r.p + align - 1) // align * align
         self.tensors = {n: (ne, t, base + off) for n, ne, t, off in infos}
         self.order = [i[0] for i in infos]
-        self.types = {}  # key -> GGUF type (and element type for arrays), to write the keys back as read
-        r.p = 24
-        for _ in range(n_kv):
-            k = r.string()
-            t = r.take("<I")
-            et = struct.unpack_from("<I", self.raw, r.p)[0] if t == ARR else None
-            self.types[k] = (t, et)
-            r.value(t)
 
     def array(self, name):
         """The tensor as a float32 numpy array shaped in row-major order (ne reversed): a ggml matrix {K, N}

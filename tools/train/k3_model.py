@@ -18,6 +18,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from train_util import GgufModule
+
 
 def rms_norm(x, w, eps):
     y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
@@ -94,7 +96,7 @@ def delta_rule_chunked(q, k, v, g, beta, C=16):
     return o * (1.0 / math.sqrt(Dk))
 
 
-class K3(torch.nn.Module):
+class K3(GgufModule):
     def __init__(self, gguf, chunked=True):
         super().__init__()
         self.chunked = chunked
@@ -123,27 +125,8 @@ class K3(torch.nn.Module):
         self.beta_lin = kv[a + "activation.situ_linear_beta"]
         if kv[a + "expert_gating_func"] != 2:
             raise ValueError("the trainer implements the sigmoid router (expert_gating_func 2) only")
-        self.p = torch.nn.ParameterDict()
-        self.buffers_ = {}
-        self.shapes = {}
-        for name in gguf.order:
-            arr = torch.from_numpy(gguf.array(name))
-            self.shapes[name] = arr.shape
-            if name.endswith("exp_probs_b.bias"):
-                self.buffers_[name] = arr.clone()
-            else:
-                self.p[name.replace(".", "__")] = torch.nn.Parameter(arr)
-
-    def w(self, name):
-        return self.p[name.replace(".", "__")]
-
-    def has(self, name):
-        return name.replace(".", "__") in self.p
-
-    def tensors(self):
-        out = {n.replace("__", "."): t.detach().numpy() for n, t in self.p.items()}
-        out.update({n: t.numpy() for n, t in self.buffers_.items()})
-        return out
+        # exp_probs_b, the selection bias, is balanced after each step (balance), not trained by gradient
+        self.load(gguf, is_buffer=lambda name: name.endswith("exp_probs_b.bias"))
 
     # ---- blocks ------------------------------------------------------------------------------------
 

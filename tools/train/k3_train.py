@@ -17,7 +17,7 @@ a function of (INIT, data, options) on a given machine, and a rerun writes the s
 REPORT.json: the loss curve, held-out cross-entropy and perplexity (the first 64 held-out windows), the
 routed experts' load on held-out text per layer, and the time taken.
 """
-import argparse, json, math, os, sys, time
+import argparse, math, os, sys, time
 
 os.environ["OPENBLAS_NUM_THREADS"] = "2"  # fixed, not inherited: the bytes written depend on it (see above)
 os.environ["OMP_NUM_THREADS"] = "1"
@@ -29,33 +29,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gguf_io  # noqa: E402
 import k3_model  # noqa: E402
-
-
-def read_ids(path):
-    docs = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                docs.append(np.array([int(x) for x in line.split(",")], dtype=np.int64))
-    if not docs:
-        sys.exit(f"k3_train: {path} holds no token ids")
-    return docs
-
-
-class Windows:
-    """T+1-token windows that start at document starts."""
-
-    def __init__(self, docs, T):
-        self.stream = np.concatenate(docs)
-        self.starts = np.cumsum([0] + [len(d) for d in docs[:-1]])
-        self.starts = self.starts[self.starts + T + 1 <= len(self.stream)]
-        self.T = T
-        if len(self.starts) == 0:
-            sys.exit(f"k3_train: the documents hold fewer than {T + 1} tokens")
-
-    def batch(self, idx):
-        return torch.from_numpy(np.stack([self.stream[s:s + self.T + 1] for s in self.starts[idx]]))
+from train_util import Windows, lr_at, optimizer_step, read_ids, write_report  # noqa: E402
 
 
 def loss_of(model, x, loads=None):
@@ -103,23 +77,16 @@ def main():
     other = [p for n, p in model.p.items() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": other, "weight_decay": 0.0}],
                             lr=o.lr, betas=(0.9, 0.95))
-    warm = max(1, o.steps // 20)
     init_ce, _ = evaluate(model, held, o.eval_windows, o.batch)
     curve = []
     for step in range(o.steps):
-        lr = o.lr * (step + 1) / warm if step < warm else \
-            o.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, o.steps - warm))))
-        for grp in opt.param_groups:
-            grp["lr"] = lr
+        lr = lr_at(step, o.steps, o.lr)
         x = train.batch(rng.randint(0, len(train.starts), o.batch))
         loads = {}
         loss = loss_of(model, x, loads)
         if not torch.isfinite(loss):
             sys.exit(f"k3_train: the loss is {loss.item()} at step {step}")
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimizer_step(opt, loss, model.parameters(), lr)
         model.balance(loads, o.balance_rate)
         if step % 25 == 0 or step == o.steps - 1:
             curve.append([step, round(loss.item(), 4)])
@@ -138,8 +105,7 @@ def main():
         "heldout_ce": ce, "heldout_ppl": math.exp(ce), "loss_curve": curve,
         "expert_load": {str(k): v for k, v in loads.items()}, "seconds": round(time.time() - t0, 1),
     }
-    with open(o.report, "w") as f:
-        json.dump(report, f, indent=1)
+    write_report(o.report, report)
     print(f"k3_train: held-out perplexity {math.exp(init_ce):.1f} -> {math.exp(ce):.2f} (vocabulary {n_vocab}), "
           f"{report['seconds']:.0f} s, wrote {o.out}")
 

@@ -1,15 +1,6 @@
-"""logits_io.py - reads and writes the logits file of `ringlm logits` and the oracle (src/model/logits_file.h),
-so the trainer's own forward pass can be held against both with `ringlm compare`."""
+"""logits_io.py - writes the logits file of `ringlm logits` and the oracle (src/model/logits_file.h), so the
+trainer's own forward pass can be held against both with `ringlm compare` (forward.py)."""
 import numpy as np
-
-
-def read(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    end = data.index(b"\nend\n") + 5
-    head = dict(l.split(" ", 1) for l in data[:end].decode().splitlines()[1:-1])
-    v, r = int(head["n_vocab"]), int(head["n_rows"])
-    return np.frombuffer(data, dtype="<f4", offset=end).reshape(r, v)
 
 
 def write(path, tokens, logits, source="torch", mode="batch"):
