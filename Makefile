@@ -15,7 +15,9 @@ WARN    := -Wall -Wextra -Werror -Wno-unused-parameter -Wno-format-truncation
 PKGS    := libsodium libzmq libmicrohttpd libcjson libpcre2-8
 CFLAGS_release := -O2 -g -march=native
 CFLAGS_asan    := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
-LDFLAGS_asan   := -fsanitize=address,undefined
+LDFLAGS_asan   := -fsanitize=address,undefined -rdynamic
+# -rdynamic: the binary exports ggml's symbols to the GPU backend modules it loads (scripts/ggml-backends.sh).
+LDFLAGS_release := -rdynamic
 
 # One generated file per ggml source: the pinned build, or an installed one named by GGML_PREFIX; and per
 # compiler that builds the pinned one (scripts/ggml.sh takes gcc-11 where installed, for bit-exact kernels):
@@ -24,10 +26,13 @@ GGML_CC_TAG := $(if $(RINGLM_GGML_CC),-$(notdir $(RINGLM_GGML_CC)),$(if $(shell 
 GGML_MK := build/ggml$(if $(GGML_PREFIX),-$(subst /,_,$(GGML_PREFIX)))$(GGML_CC_TAG).mk
 -include $(GGML_MK)
 
+# Where the GPU backend modules are looked for when RINGLM_BACKEND_DIR is not set (src/device/devices.c).
+DEFS := -DRINGLM_BACKEND_DIR='"$(GGML_BACKEND_DIR)"'
+
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
-LIB_SRC  := $(sort $(wildcard src/base/*.c src/gguf/*.c src/model/*.c src/text/*.c src/gen/*.c src/ring/*.c \
+LIB_SRC  := $(sort $(wildcard src/base/*.c src/device/*.c src/gguf/*.c src/model/*.c src/text/*.c src/gen/*.c src/ring/*.c \
                              src/speculate/*.c src/wire/*.c src/exec/*.c src/trust/*.c src/serve/*.c src/tools/*.c \
                              src/prune/*.c))
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))
@@ -37,7 +42,7 @@ TOOL_SRC := $(sort $(wildcard tests/tools/*.c))
 .PHONY: all asan test check check-full demo oracle clean units_release units_asan adversary
 all: ringlm
 
-$(GGML_MK): scripts/ggml.sh scripts/ggml-variant.sh scripts/pins.env
+$(GGML_MK): scripts/ggml.sh scripts/ggml-variant.sh scripts/ggml-backends.sh scripts/pins.env
 	@mkdir -p build
 	GGML_PREFIX="$(GGML_PREFIX)" scripts/ggml.sh > $@.tmp && mv $@.tmp $@
 
@@ -48,7 +53,7 @@ CLI_OBJ_$(1) := $$(patsubst %.c,build/$(1)/%.o,$$(CLI_SRC))
 build/$(1)/%.o: %.c $(GGML_MK)
 	@mkdir -p $$(dir $$@)
 	@echo "  CC [$(1)] $$<"
-	@$$(CC) $$(CSTD) $$(WARN) $$(CFLAGS_$(1)) -I$$(GGML_INC) $$(PKG_CFLAGS) -MMD -MP -c $$< -o $$@
+	@$$(CC) $$(CSTD) $$(WARN) $$(CFLAGS_$(1)) $$(DEFS) -I$$(GGML_INC) $$(PKG_CFLAGS) -MMD -MP -c $$< -o $$@
 build/$(1)/libringlm.a: $$(OBJ_$(1))
 	@rm -f $$@
 	@ar rcs $$@ $$^
@@ -82,7 +87,7 @@ build/adv/%.o: %.c $(GGML_MK)
 	@$(CC) $(CSTD) $(WARN) $(CFLAGS_release) -DRINGLM_ADVERSARY -I$(GGML_INC) $(PKG_CFLAGS) -MMD -MP -c $< -o $@
 build/adv/ringlm: $(ADV_OBJ) $(filter-out build/release/src/cli/cmd_node.o,$(CLI_OBJ_release)) build/release/libringlm.a
 	@echo "  LD [adv] $@"
-	@$(CC) -o $@ $^ $(GGML_LIBS) $(PKG_LIBS) -lm -lpthread
+	@$(CC) -rdynamic -o $@ $^ $(GGML_LIBS) $(PKG_LIBS) -lm -lpthread
 adversary: build/adv/ringlm
 -include $(ADV_OBJ:.o=.d)
 
@@ -96,7 +101,7 @@ ringlm: build/release/ringlm
 asan: build/asan/ringlm units_asan
 
 oracle: $(GGML_MK)
-	$(MAKE) -C tests/oracle LLAMA_SRC=$(LLAMA_SRC)
+	$(MAKE) -C tests/oracle LLAMA_SRC=$(LLAMA_SRC) oracle $(if $(GGML_BACKEND_DIR),oracle-gpu)
 
 test: ringlm units_release oracle adversary
 	RINGLM_BUILD=build/release tests/run.sh

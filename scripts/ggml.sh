@@ -16,6 +16,8 @@ if [ -n "${GGML_PREFIX:-}" ]; then
     echo "GGML_INC := $GGML_PREFIX/include"
     echo "GGML_LIBS := -L$GGML_PREFIX/lib -Wl,-rpath,$GGML_PREFIX/lib -lggml -lggml-cpu -lggml-base -lstdc++ -fopenmp"
     echo "LLAMA_SRC :="
+    # GPU backends: linked into that libggml, or modules beside it (ggml_backend_load).
+    echo "GGML_BACKEND_DIR := $GGML_PREFIX/lib"
     exit 0
 fi
 
@@ -64,5 +66,8 @@ if [ ! -f "$cache/.done" ]; then
     touch "$cache/.done"
 fi
 echo "GGML_INC := $cache/include"
-echo "GGML_LIBS := $cache/lib/libggml.a $cache/lib/libggml-cpu.a $cache/lib/libggml-base.a -lstdc++ -fopenmp"
+# The whole of ggml-base, exported from the binary (-rdynamic in the Makefile): the GPU backend modules
+# (scripts/ggml-backends.sh) call into it.
+echo "GGML_LIBS := $cache/lib/libggml.a $cache/lib/libggml-cpu.a -Wl,--whole-archive $cache/lib/libggml-base.a -Wl,--no-whole-archive -lstdc++ -fopenmp -ldl"
 echo "LLAMA_SRC := $cache/llama.cpp"
+echo "GGML_BACKEND_DIR := $("$here/ggml-backends.sh")"

@@ -13,6 +13,7 @@ pkgs=(
     python3            # test helpers
     python3-jsonschema # tests/t_serve.sh: structured output validated against its JSON schema
     chromium           # tests/t_serve_clients.sh: loads the `ringlm serve` chat page headless and checks the streamed reply
+    libvulkan1 mesa-vulkan-drivers # the Vulkan loader for the Vulkan backend module, and Mesa's software Vulkan device (tests/t_gpu.sh)
 )
 # The trained small K3 (tools/train, tests/t_trained.sh), installed without their recommends (libtorch-dev
 # and a compiler stack torch does not need to train on the CPU):

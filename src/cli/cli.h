@@ -19,6 +19,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_keygen(int argc, char **argv);
+int cmd_devices(int argc, char **argv);
 int cmd_node(int argc, char **argv);
 int cmd_relay(int argc, char **argv);
 int cmd_receipts(int argc, char **argv);
@@ -47,9 +48,11 @@ int cli_read_file(const char *path, char **out, size_t *len, rl_err *err);
 
 struct k3_engine_opts;
 /* The engine's options with a value, shared by run, serve, node and logits: --flash-attn on|off|auto,
- * --cache-type f32|f16.
+ * --cache-type f32|f16, --mem GB, --device NAME, --gpu-layers N (-ngl N).
  * Returns 1 if `a` is one of them (*bad and *want then say whether v was good and what it should be). */
 int cli_parse_engine(const char *a, const char *v, struct k3_engine_opts *eo, int *bad, const char **want);
+/* The engine's flags (no value): --no-repack, --cpu-moe. Returns 1 if `a` is one of them (and sets it). */
+int cli_engine_flag(const char *a, struct k3_engine_opts *eo);
 
 struct mf_model;
 struct k3_hparams;

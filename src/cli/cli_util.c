@@ -62,16 +62,41 @@ int cli_read_file(const char *path, char **out, size_t *len, rl_err *err) {
     return rl_read_file(path, NULL, out, len, err);
 }
 
+int cli_engine_flag(const char *a, k3_engine_opts *eo) {
+    if (strcmp(a, "--no-repack") == 0) {
+        eo->no_repack = true;
+    } else if (strcmp(a, "--cpu-moe") == 0 || strcmp(a, "-cmoe") == 0) {
+        eo->n_cpu_moe = UINT32_MAX; /* every layer's routed experts in RAM */
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
 int cli_parse_engine(const char *a, const char *v, k3_engine_opts *eo, int *bad, const char **want) {
     if (strcmp(a, "--flash-attn") == 0) {
         /* auto: llama.cpp's default, flash attention wherever the device runs it - every CPU does. */
         *bad = strcmp(v, "on") && strcmp(v, "off") && strcmp(v, "auto"), *want = "on, off or auto";
         eo->no_flash_attn = strcmp(v, "off") == 0;
+        eo->flash_attn_on = strcmp(v, "on") == 0;
     } else if (strcmp(a, "--mem") == 0) {
         /* A budget for resident weights; past it routed experts are read from the file (expert_cache.h). */
         double gb = 0;
         *bad = cli_parse_double(v, &gb) || !(gb > 0 && gb < 1e6), *want = "gigabytes above 0";
         eo->mem_bytes = *bad ? 0 : (size_t)(gb * 1073741824.0);
+    } else if (strcmp(a, "--device") == 0) {
+        /* By ggml's name (`ringlm devices`); checked when the engine starts, which lists the names. */
+        *bad = !*v || strchr(v, ',') != NULL, *want = "one device name (ringlm devices lists them)";
+        eo->device = v;
+    } else if (strcmp(a, "--gpu-layers") == 0 || strcmp(a, "-ngl") == 0) {
+        int n = -1;
+        *bad = cli_parse_int(v, &n) || n < 0, *want = "a number of layers, 0 or more";
+        eo->gpu_layers_set = !*bad;
+        eo->gpu_layers = *bad ? 0 : (uint32_t)n;
+    } else if (strcmp(a, "--n-cpu-moe") == 0 || strcmp(a, "-ncmoe") == 0) {
+        int n = -1;
+        *bad = cli_parse_int(v, &n) || n < 0, *want = "a number of layers, 0 or more";
+        eo->n_cpu_moe = *bad ? 0 : (uint32_t)n;
     } else if (strcmp(a, "--cache-type") == 0) {
         *bad = strcmp(v, "f32") && strcmp(v, "f16"), *want = "f32 or f16";
         eo->cache_f32 = strcmp(v, "f32") == 0;

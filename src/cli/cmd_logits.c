@@ -10,7 +10,8 @@
 
 static void logits_usage(FILE *f) {
     fprintf(f, "usage: ringlm logits -m MODEL.gguf --tokens 1,2,3 [--mode batch|step] [--chunk N | --prefill N]\n"
-               "                     [--threads N] [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--mem GB] [--ring ring.conf --key coord.key [--wire f32|f16|bf16]] -o OUT.bin\n\n"
+               "                     [--threads N] [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--mem GB]\n"
+            "                  [--device NAME] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe] [--ring ring.conf --key coord.key [--wire f32|f16|bf16]] -o OUT.bin\n\n"
                "Writes the logits of every position (the oracle's file format, src/model/logits_file.h).\n"
                "batch: all tokens in one forward pass (or --chunk N tokens per pass); step: one token per pass;\n"
                "--prefill N: N tokens in one pass, then one token per pass (a prompt, then decode steps).\n"
@@ -19,6 +20,8 @@ static void logits_usage(FILE *f) {
                "--flash-attn on|off|auto, --cache-type f32|f16: MLA attention by flash attention over an f16 cache (the\n"
                "defaults, as llama.cpp's), or the softmax path / an f32 cache.\n"
                "--mem GB: at most GB of resident weights, routed experts past it read from the file (the same logits).\n"
+               "--device NAME, --gpu-layers N, --n-cpu-moe N, --cpu-moe: compute on a GPU (docs/devices.md; default:\n"
+               "the first GPU found, else the CPU), its first N layers there, routed experts kept in RAM.\n"
                "--manifest M (with --ring, instead of -m): this machine holds only the model's manifest; the nodes\n"
                "map their layers from the split files they hold and stream the rest from each other.\n");
 }
@@ -60,7 +63,6 @@ int cmd_logits(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *mode = "batch", *toks = NULL, *ring_path = NULL, *key_path = NULL;
     const char *wire = "f32", *manifest = NULL;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), chunk = 0, prefill = 0;
-    bool no_repack = false;
     k3_engine_opts eo = {0}; /* llama.cpp's defaults */
     int bad = 0;
     const char *want = NULL;
@@ -91,8 +93,7 @@ int cmd_logits(int argc, char **argv) {
             i++;
         } else if (strcmp(a, "--threads") == 0 && v && cli_parse_int(v, &threads) == 0 && threads > 0) {
             i++;
-        } else if (strcmp(a, "--no-repack") == 0) {
-            no_repack = true;
+        } else if (cli_engine_flag(a, &eo)) {
         } else if (v && cli_parse_engine(a, v, &eo, &bad, &want)) {
             if (bad) return cli_bad_option("logits", a, v, true, want);
             i++;
@@ -171,7 +172,6 @@ int cmd_logits(int argc, char **argv) {
         goto fail_model;
     }
     eo.n_threads = threads;
-    eo.no_repack = no_repack;
     if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, &eo, &err) != 0) goto fail_model;
     /* Context rounded up to 256 tokens, as the oracle sizes llama.cpp's. */
     if (k3_state_init(&st, &e.hp, 0, hp.n_layer, ((uint32_t)n + 255u) / 256u * 256u, &err) != 0) goto fail_engine;

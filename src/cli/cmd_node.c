@@ -12,6 +12,7 @@ static void node_usage(FILE *f) {
     fprintf(f, "usage: ringlm node --listen HOST:PORT --key node.key --allow COORD_PUBKEY_HEX[,...]\n"
                "                   [--models DIR] [--cache DIR] [--mem GB [--disk GB/s]] [--speed GB/s] [--tflops T] [--threads N]\n"
                "                   [--audit-keep MB] [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16]\n"
+               "                   [--device NAME] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe]\n"
                "                   [--verbose]\n\n"
                "Serves its share of a model to the coordinators it trusts. Links are encrypted and mutually\n"
                "authenticated (ZeroMQ CURVE); a key not on the list is refused and logged. Layers of a model\n"
@@ -46,8 +47,7 @@ int cmd_node(int argc, char **argv) {
         } else if (strcmp(a, "--verbose") == 0) {
             o.verbose = true;
             continue;
-        } else if (strcmp(a, "--no-repack") == 0) {
-            o.eng.no_repack = true;
+        } else if (cli_engine_flag(a, &o.eng)) {
             continue;
         }
         if (!v) {

@@ -101,8 +101,7 @@ int cmd_reap(int argc, char **argv) {
         } else if (strcmp(a, "--progress") == 0) {
             j.progress = true;
             continue;
-        } else if (strcmp(a, "--no-repack") == 0) {
-            j.eng.no_repack = true;
+        } else if (cli_engine_flag(a, &j.eng)) {
             continue;
         }
         if (!v) {

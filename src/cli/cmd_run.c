@@ -26,7 +26,8 @@ static void run_usage(FILE *f) {
             "usage: ringlm run -m MODEL.gguf (-p PROMPT | --tokens 1,2,3 | --tokens @FILE) [-n N] [--chat] [--system TEXT]\n"
             "                  [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
             "                  [--presence-penalty P] [--frequency-penalty F] [--logit-bias ID+B|ID-B]... [--seed S] [--threads N]\n"
-            "                  [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--mem GB] [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
+            "                  [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--mem GB]\n"
+            "                  [--device NAME] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe] [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
             "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16] [--keep-order] [--manifest M instead of -m]]\n"
             "                  [--draft none|ngram|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-fixed]\n"
             "                  [--draft-p-min P] [--draft-depth D]] [--receipts FILE]\n"
@@ -49,6 +50,10 @@ static void run_usage(FILE *f) {
             "  --mem GB      at most GB of resident weights: when the model does not fit, its dense part stays\n"
             "                resident and routed experts are read from the file into a cache filling the rest\n"
             "                (same output, bit for bit; docs/experts.md); the summary adds hit rate and reads\n"
+            "  --device NAME  compute on that device (`ringlm devices`; default: the first GPU, else the CPU);\n"
+            "                --gpu-layers N puts the first N layers there and the rest on the CPU (default:\n"
+            "                as many as fit); --n-cpu-moe N / --cpu-moe keep the routed experts of the first N /\n"
+            "                all layers in RAM (docs/devices.md)\n"
             "  --ring FILE   run across the nodes in FILE (\"HOST:PORT PUBKEY_HEX [mem=GB]\" per line) as the\n"
             "                coordinator with identity --key; prints the plan and per-stage timings\n"
             "  --manifest M  (ring, instead of -m) the coordinator holds only the model's manifest (ringlm\n"
@@ -277,10 +282,7 @@ static int run_parse(int argc, char **argv, run_args *a) {
             a->draft_fixed = true;
             continue;
         }
-        if (strcmp(opt, "--no-repack") == 0) {
-            a->eo.no_repack = true;
-            continue;
-        }
+        if (cli_engine_flag(opt, &a->eo)) continue;
         /* A missing value still goes through the chain (as ""), so that an unknown option is named as one. */
         const char *given = i + 1 < argc ? argv[++i] : NULL, *v = given ? given : "";
         int bad = 0;
@@ -550,6 +552,11 @@ int cmd_run(int argc, char **argv) {
             goto out;
         }
         have_engine = true;
+        if (e.dev_backend) {
+            char where[512];
+            k3_engine_describe(&e, where, sizeof where);
+            fprintf(stderr, "[ringlm] computing on %s\n", where);
+        }
         ro.xc = k3_engine_cache_stats(&e);
         k3_weights_prefault(&e.w, a->progress && m.tensor_bytes > (64u << 20));
         int grc;

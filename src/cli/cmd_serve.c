@@ -20,6 +20,7 @@ static void serve_usage(FILE *f) {
             "usage: ringlm serve -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
             "                    [--parallel N] [--ctx N] [--queue N] [--threads N] [--chunk N]\n"
             "                    [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--mem GB]\n"
+            "                  [--device NAME] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe]\n"
             "                    [--max-body BYTES] [--drain SECONDS] [--header-timeout S] [--idle-timeout S]\n"
             "                    [--max-conn-per-ip N] [--alias NAME]... [--quiet]\n"
             "                    [--draft ngram|none|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-threads N]]\n"
@@ -46,6 +47,9 @@ static void serve_usage(FILE *f) {
             "                 as llama.cpp's defaults (the defaults here too); off / f32: the softmax path\n"
             "  --mem GB       at most GB of resident weights; past it routed experts are read from the file\n"
             "                 through a cache (docs/experts.md; /metrics has its counters; not used with --ring)\n"
+            "  --device NAME, --gpu-layers N, --n-cpu-moe N, --cpu-moe  where to compute: a GPU (default: the\n"
+            "                 first found, else the CPU), how many layers on it, routed experts kept in RAM\n"
+            "                 (docs/devices.md)\n"
             "  --max-body B   largest request body in bytes (default 1048576); larger gets 413\n"
             "  --header-timeout S  a connection must send a request's headers within S seconds of connecting\n"
             "                 or of its previous response, or it is closed (default 10)\n"
@@ -116,10 +120,7 @@ int cmd_serve(int argc, char **argv) {
             quiet = true;
             continue;
         }
-        if (strcmp(a, "--no-repack") == 0) {
-            eo.no_repack = true;
-            continue;
-        }
+        if (cli_engine_flag(a, &eo)) continue;
         if (strcmp(a, "--keep-order") == 0) {
             keep_order = true;
             continue;

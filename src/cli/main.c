@@ -1,5 +1,6 @@
 /* ringlm - run Kimi K3 across a ring of machines. git-style subcommands. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ggml.h"
@@ -19,6 +20,7 @@ static const cli_cmd cli_cmds[] = {
     {"serve", cmd_serve, "serve an OpenAI-compatible HTTP API (continuous batching)"},
     {"node", cmd_node, "serve a share of a model to a trusted coordinator"},
     {"keygen", cmd_keygen, "make a node or coordinator identity"},
+    {"devices", cmd_devices, "list the devices this machine can compute on (CPU, GPUs) with their memory"},
     {"synth", cmd_synth, "write a kimi-k3 GGUF with seeded random weights"},
     {"inspect", cmd_inspect, "print a model file's architecture, sizes and memory needs"},
     {"compare", cmd_compare, "compare two logits files (ours and llama.cpp's)"},
@@ -39,6 +41,12 @@ static void ggml_log_filter(enum ggml_log_level level, const char *text, void *u
     if (*last == GGML_LOG_LEVEL_WARN || *last == GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
 }
 
+/* RINGLM_GGML_LOG=all: every line of ggml's log (the scheduler's splits with GGML_SCHED_DEBUG, say). */
+static void ggml_log_all(enum ggml_log_level level, const char *text, void *user) {
+    (void)level, (void)user;
+    fputs(text, stderr);
+}
+
 static void usage(FILE *f) {
     fprintf(f, "ringlm %s - Kimi K3 across a ring of machines\n\nusage: ringlm <command> [options]\n\n", RINGLM_VERSION);
     for (size_t i = 0; i < sizeof cli_cmds / sizeof cli_cmds[0]; i++) {
@@ -49,7 +57,9 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
     enum ggml_log_level ggml_last = GGML_LOG_LEVEL_NONE;
-    ggml_log_set(ggml_log_filter, &ggml_last);
+    const char *lg = getenv("RINGLM_GGML_LOG");
+    if (lg && strcmp(lg, "all") == 0) ggml_log_set(ggml_log_all, NULL);
+    else ggml_log_set(ggml_log_filter, &ggml_last);
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

@@ -8,6 +8,7 @@
 #include "k3_forward.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,8 +17,50 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 
+#include "../device/devices.h"
 #include "expert_cache.h"
 #include "k3_memory.h"
+
+/* The device an engine's options ask for: NULL for the CPU. By name, or by default the first GPU found. */
+static int k3_pick_device(const k3_engine_opts *o, ggml_backend_dev_t *dev, rl_err *err) {
+    *dev = NULL;
+    if (o->device && strcmp(o->device, "CPU") == 0) return 0;
+    if (dv_load(NULL, NULL, 0, err) != 0) return -1;
+    if (!o->device) {
+        *dev = dv_default_gpu();
+        return 0;
+    }
+    if (dv_find(o->device, dev, err) != 0) return -1;
+    if (ggml_backend_dev_type(*dev) == GGML_BACKEND_DEVICE_TYPE_CPU) *dev = NULL;
+    return 0;
+}
+
+/* How many layers of [a, b), from a, the device holds by default: their weights (the head's too when all
+ * fit) within its free memory, less a tenth and 256 MiB for per-sequence state and compute buffers. */
+static uint32_t k3_fit_layers(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, ggml_backend_dev_t dev) {
+    size_t fr = 0, tot = 0;
+    ggml_backend_dev_memory(dev, &fr, &tot);
+    const size_t headroom = fr / 10 + ((size_t)256 << 20);
+    if (fr <= headroom) return 0;
+    uint32_t n = 0;
+    while (a + n < b && k3_range_weight_bytes(m, hp, a, a + n + 1) <= fr - headroom) n++;
+    return n;
+}
+
+int k3_engine_describe(const k3_engine *e, char *buf, size_t len) {
+    if (!e->dev_backend) return snprintf(buf, len, "CPU: layers [%u, %u)", e->a, e->b);
+    ggml_backend_dev_t d = ggml_backend_get_device(e->dev_backend);
+    int n = snprintf(buf, len, "%s (%s): layers [%u, %u)%s, %.1f MiB of weights", ggml_backend_dev_name(d),
+                     ggml_backend_dev_description(d), e->hp.dev_a, e->hp.dev_b, e->hp.dev_output ? " and the output head" : "",
+                     (double)e->w.x_bytes[K3_W_DEV] / 1048576.0);
+    if (n > 0 && (size_t)n < len && !e->flash_attn) n += snprintf(buf + n, len - (size_t)n, ", MLA attention by softmax");
+    if (n > 0 && (size_t)n < len && e->hp.dev_b < e->b) n += snprintf(buf + n, len - (size_t)n, "; layers [%u, %u) on the CPU", e->hp.dev_b, e->b);
+    if (n > 0 && (size_t)n < len && e->hp.dev_cpu_moe > e->hp.dev_a) {
+        const uint32_t hi = e->hp.dev_cpu_moe < e->hp.dev_b ? e->hp.dev_cpu_moe : e->hp.dev_b;
+        n += snprintf(buf + n, len - (size_t)n, "; routed experts of layers [%u, %u) in RAM", e->hp.dev_a, hi);
+    }
+    return n;
+}
 
 int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b,
                    const k3_engine_opts *o, rl_err *err) {
@@ -46,7 +89,33 @@ int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32
                            ceil((double)least / G * 1e4) / 1e4);
         }
     }
-    if (k3_weights_bind(&e->w, m, hp, a, b, o->no_repack, cache, err) != 0) return -1;
+    ggml_backend_dev_t dev = NULL;
+    if (a < b && k3_pick_device(o, &dev, err) != 0) return -1;
+    const uint32_t n_dev = !dev ? 0 : o->gpu_layers_set ? (o->gpu_layers < b - a ? o->gpu_layers : b - a)
+                                                       : k3_fit_layers(m, hp, a, b, dev);
+    if (n_dev > 0) {
+        if (cache) {
+            return rl_errf(err, "--mem (experts read from the file) runs on the CPU only for now, and this engine "
+                                "computes on %s: add --device CPU", ggml_backend_dev_name(dev));
+        }
+        e->hp.dev_buft = ggml_backend_dev_buffer_type(dev);
+        e->hp.dev_a = a;
+        e->hp.dev_b = a + n_dev;
+        e->hp.dev_output = n_dev == b - a && b == hp->n_layer;
+        e->hp.dev_cpu_moe = o->n_cpu_moe;
+        e->dev_backend = ggml_backend_dev_init(dev, NULL);
+        if (!e->dev_backend) return rl_errf(err, "cannot start device %s", ggml_backend_dev_name(dev));
+        /* Flash attention auto: not on Vulkan. Its kernel over the MLA cache (K the cache rows, V their latent
+         * part) wrote past its output on Mesa's lavapipe, crashing the op after it when a graph ran node by
+         * node (and now and then in whole graphs; llama.cpp's own Vulkan build too); the softmax path runs
+         * right there. --flash-attn on asks for it anyway. */
+        const char *reg = ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev));
+        if (strcmp(reg, "Vulkan") == 0 && !o->flash_attn_on) e->flash_attn = false;
+    }
+    if (k3_weights_bind(&e->w, m, &e->hp, a, b, o->no_repack, cache, err) != 0) {
+        k3_engine_free(e);
+        return -1;
+    }
     if (cache) {
         e->xc = calloc(1, sizeof *e->xc);
         if (!e->xc) {
@@ -82,6 +151,7 @@ void k3_engine_free(k3_engine *e) {
     if (e->sched) ggml_backend_sched_free(e->sched);
     if (e->galloc) ggml_gallocr_free(e->galloc);
     if (e->backend) ggml_backend_free(e->backend);
+    if (e->dev_backend) ggml_backend_free(e->dev_backend);
     k3_weights_free(&e->w);
     free(e->graph_buf);
     memset(e, 0, sizeof *e);
@@ -90,7 +160,10 @@ void k3_engine_free(k3_engine *e) {
 const struct xc_stats *k3_engine_cache_stats(const k3_engine *e) { return e->xc ? &e->xc->st : NULL; }
 
 size_t k3_engine_compute_bytes(const k3_engine *e) {
-    if (e->sched) return ggml_backend_sched_get_buffer_size(e->sched, e->backend);
+    if (e->sched) {
+        return ggml_backend_sched_get_buffer_size(e->sched, e->backend) +
+               (e->dev_backend ? ggml_backend_sched_get_buffer_size(e->sched, e->dev_backend) : 0);
+    }
     return e->galloc ? ggml_gallocr_get_buffer_size(e->galloc, 0) : 0;
 }
 
@@ -483,7 +556,11 @@ static struct ggml_tensor *k3_values(k3_graph *g, struct ggml_tensor *base, size
                                      int64_t used, int64_t n_kv) {
     struct ggml_context *c = g->ctx;
     const int64_t rkv = g->hp->kv_lora_rank;
-    if (base->type == GGML_TYPE_F32) return k3_v_t(g, ggml_view_3d(c, base, rkv, used, m, nb1, nb2, 0), n_kv);
+    /* k3_v_t is a CPU op: a layer on a device takes the transposing copy (same values, stale rows weighted
+     * by exact zeros), which every backend runs. */
+    if (base->type == GGML_TYPE_F32 && !k3_on_dev(g->hp, g->a + (uint32_t)g->rel)) {
+        return k3_v_t(g, ggml_view_3d(c, base, rkv, used, m, nb1, nb2, 0), n_kv);
+    }
     return ggml_cont(c, ggml_transpose(c, ggml_view_3d(c, base, rkv, n_kv, m, nb1, nb2, 0)));
 }
 
@@ -733,6 +810,13 @@ static int k3_check_batch(const k3_engine *e, const k3_batch *bt, int64_t *T, rl
                 return rl_errf(err, "sequence %d: its cache is %s but this engine computes with an %s cache", s,
                                ggml_type_name(st->kcache[i]->type), ggml_type_name((enum ggml_type)e->hp.kv_type));
             }
+            const struct ggml_tensor *t = st->kcache[i] ? st->kcache[i] : st->delta[i];
+            if (t && ggml_backend_buffer_is_host(t->buffer) == k3_on_dev(&e->hp, st->a + i)) {
+                return rl_errf(err, "sequence %d: its state of layer %u is in %s memory but the layer computes on %s (make "
+                                    "states from the engine's hparams)", s, st->a + i,
+                               ggml_backend_buffer_is_host(t->buffer) ? "host" : "device",
+                               k3_on_dev(&e->hp, st->a + i) ? "the device" : "the CPU");
+            }
         }
         if ((uint64_t)st->n_past + bt->n_tokens[s] > st->n_ctx) {
             return rl_errf(err, "sequence %d: %u + %u tokens exceed its context of %u", s, st->n_past,
@@ -886,12 +970,30 @@ static bool k3_xc_eval(struct ggml_tensor *t, bool ask, void *user) {
     return true;
 }
 
+/* Plans the scheduler's memory for this graph (its outputs kept apart from what later nodes write). Over
+ * two backends ggml's scheduler rewrites the graph's sources to the copies it makes between them when it
+ * splits the graph; the sources are put back, so that the same graph can then be allocated and split
+ * again (else the second split finds nothing to copy, and a device reads memory nobody wrote). */
+static int k3_sched_reserve(struct ggml_backend_sched *sched, struct ggml_cgraph *gf) {
+    const int n = ggml_graph_n_nodes(gf);
+    struct ggml_tensor **src = malloc((size_t)n * GGML_MAX_SRC * sizeof *src);
+    if (!src) return -1;
+    for (int i = 0; i < n; i++) memcpy(src + (size_t)i * GGML_MAX_SRC, ggml_graph_node(gf, i)->src, sizeof(struct ggml_tensor *) * GGML_MAX_SRC);
+    const bool ok = ggml_backend_sched_reserve(sched, gf);
+    for (int i = 0; i < n; i++) memcpy(ggml_graph_node(gf, i)->src, src + (size_t)i * GGML_MAX_SRC, sizeof(struct ggml_tensor *) * GGML_MAX_SRC);
+    free(src);
+    ggml_backend_sched_reset(sched);
+    return ok ? 0 : -1;
+}
+
 /* Runs the graph: on the CPU backend at once, or over cached experts through the scheduler, which stops
  * where k3_xc_eval asks. A read that fails stops the compute: the sequences' states are then partly
  * advanced, as after a failed compute. */
 static int k3_compute(k3_engine *e, k3_graph *g, rl_err *err) {
     if (!g->xc) {
-        if (ggml_backend_graph_compute(e->backend, g->gf) != GGML_STATUS_SUCCESS) return rl_errf(err, "ggml graph compute failed");
+        enum ggml_status st = e->sched ? ggml_backend_sched_graph_compute(e->sched, g->gf)
+                                       : ggml_backend_graph_compute(e->backend, g->gf);
+        if (st != GGML_STATUS_SUCCESS) return rl_errf(err, "ggml graph compute failed (status %d)", (int)st);
         return 0;
     }
     k3_xrun x = {.g = g, .rows = (int)(g->hp->n_expert_used * g->T), .err = err};
@@ -1039,6 +1141,7 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
         if (il == e->b) break;
         const k3_layer_w *L = &e->w.layers[il - e->a];
         const int rel = (int)(il - e->a);
+        g.rel = rel;
         /* Mixer half: mix over the bank, bank the RAW stream at checkpoint layers, restart from the output. */
         struct ggml_tensor *x = hp->attn_res_block ? k3_res_mix(&g, h, L->attn_res_score) : h;
         bool banked = hp->attn_res_block && il % hp->attn_res_block == 0;
@@ -1095,14 +1198,20 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
     for (int i = 0; i < ggml_graph_n_nodes(g.gf); i++) {
         if (ggml_graph_node(g.gf, i)->flags & GGML_TENSOR_FLAG_OUTPUT) key = (key ^ (uint64_t)i) * 0x100000001b3ULL;
     }
-    if (g.xc) {
-        /* Over cached experts the scheduler runs the graph (it stops where the host must load experts); its
-         * hash set is sized once, so a larger graph gets a new one. */
+    if (g.xc || e->dev_backend) {
+        /* Over a device and the CPU, or over cached experts, the scheduler runs the graph (splitting it by
+         * where weights and states live; stopping where the host must load experts); its hash set is sized
+         * once, so a larger graph gets a new one (rare: sized generously). The CPU comes last: ggml's
+         * scheduler puts inputs there. A device engine keeps one scheduler for its life, as llama.cpp does,
+         * rather than a new one (and new device buffers) whenever a graph's outputs change: that switch
+         * comes between every prefill and decode step. */
         const size_t size = (size_t)ggml_graph_n_nodes(g.gf) + (size_t)ggml_graph_size(g.gf);
         if (!e->sched || size > e->sched_size) {
             if (e->sched) ggml_backend_sched_free(e->sched);
             e->sched_size = size > 2 * e->sched_size ? size : 2 * e->sched_size;
-            e->sched = ggml_backend_sched_new(&e->backend, NULL, 1, e->sched_size, false, false);
+            if (e->dev_backend && e->sched_size < 65536) e->sched_size = 65536;
+            ggml_backend_t bk[2] = {e->dev_backend ? e->dev_backend : e->backend, e->backend};
+            e->sched = ggml_backend_sched_new(bk, NULL, e->dev_backend ? 2 : 1, e->sched_size, false, false);
             e->plan_outputs = 0;
             if (!e->sched) {
                 rc = rl_errf(err, "cannot create the graph scheduler");
@@ -1110,8 +1219,11 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
             }
         }
         ggml_backend_sched_reset(e->sched);
-        if ((key != e->plan_outputs && !ggml_backend_sched_reserve(e->sched, g.gf)) ||
-            !ggml_backend_sched_alloc_graph(e->sched, g.gf)) {
+        if (key != e->plan_outputs && k3_sched_reserve(e->sched, g.gf) != 0) {
+            rc = rl_errf(err, "cannot allocate compute memory for %lld tokens", (long long)T);
+            goto done;
+        }
+        if (!ggml_backend_sched_alloc_graph(e->sched, g.gf)) {
             rc = rl_errf(err, "cannot allocate compute memory for %lld tokens", (long long)T);
             goto done;
         }

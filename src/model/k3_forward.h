@@ -1,6 +1,6 @@
 /* Folder src/model/: K3 hyperparameters and tensor manifest, weights of a layer range, the forward graph, the
  * expert cache (routed experts read from the file under --mem), per-sequence state, boundary state, memory
- * arithmetic, the logits file format. May include: base, gguf. (README
+ * arithmetic, the logits file format. May include: base, device, gguf. (README
  * "Layout"; tests/t_layout.sh checks both.)
  */
 /* k3_forward.h - our K3 forward pass on ggml, for one layer range [a, b) (spec §5).
@@ -34,13 +34,15 @@ typedef struct k3_engine {
     uint32_t a, b;
     int n_threads;
     bool flash_attn;            /* !k3_engine_opts.no_flash_attn */
-    struct ggml_backend *backend;
+    struct ggml_backend *backend;     /* the CPU */
+    struct ggml_backend *dev_backend; /* the device layers [hp.dev_a, hp.dev_b) run on, or NULL (CPU only) */
     struct ggml_gallocr *galloc;
     uint64_t plan_outputs;      /* which nodes were outputs when galloc last planned (k3_forward) */
     void *graph_buf; /* the graph's tensor and node structs, kept between calls: a fresh multi-MiB malloc
                       * per token is a fresh mmap, and its page faults cost a few percent of decode time */
     size_t graph_cap;
-    struct ggml_backend_sched *sched; /* runs graphs over cached experts (stops at each pass), else NULL */
+    struct ggml_backend_sched *sched; /* runs graphs over a device and the CPU, or over cached experts (stops
+                                       * at each pass); NULL on the CPU alone */
     size_t sched_size;
     struct xc_cache *xc; /* routed experts read from the file through a cache (k3_engine_opts.mem_bytes), or NULL */
 } k3_engine;
@@ -51,15 +53,27 @@ typedef struct k3_engine_opts {
     int n_threads;  /* CPU threads; <= 0: 1 */
     bool no_repack; /* keep every weight in the file mapping (llama.cpp's --no-repack) */
     bool no_flash_attn; /* MLA attention by softmax(kq)·v instead of ggml_flash_attn_ext (llama.cpp's -fa off) */
+    bool flash_attn_on; /* --flash-attn on: flash attention on every device; auto (the default) leaves it off on a
+                         * Vulkan device, whose flash attention over the MLA cache wrote out of bounds here */
     bool cache_f32;     /* the MLA latent cache in f32 instead of f16 (llama.cpp's -ctk f32) */
     size_t mem_bytes;   /* resident weights at most this (0: no limit): when the range's weights do not fit,
                          * its routed experts are read from the file into a cache that fills what the dense
                          * part leaves (expert_cache.h); the logits stay the same bits */
+    const char *device; /* the device to compute on, by ggml's name (`ringlm devices`): CPU, Vulkan0, CUDA0;
+                         * NULL: the first GPU found, else the CPU */
+    bool gpu_layers_set;
+    uint32_t gpu_layers; /* with gpu_layers_set: the first gpu_layers layers of the range on the device, the
+                          * rest on the CPU (0: all on the CPU); else all of them, output head included */
+    uint32_t n_cpu_moe; /* the routed experts of layers 0 .. n_cpu_moe-1 stay in RAM and run on the CPU while
+                         * the rest of those layers is on the device (llama.cpp's --n-cpu-moe; UINT32_MAX:
+                         * --cpu-moe, all of them) */
 } k3_engine_opts;
 
 int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b,
                    const k3_engine_opts *o, rl_err *err);
 void k3_engine_free(k3_engine *e);
+/* One line saying where the engine computes: the device, its layers, the weights it holds there. */
+int k3_engine_describe(const k3_engine *e, char *buf, size_t len);
 /* The expert cache's counters (NULL when every weight is resident). */
 const struct xc_stats *k3_engine_cache_stats(const k3_engine *e);
 /* Bytes of the engine's compute buffer: what its largest graph so far needed (activations, masks). */

@@ -65,7 +65,20 @@ typedef struct k3_hparams {
      * GGML_TYPE_F32). k3_engine_init sets it in the engine's copy, so states made from &engine->hp get the
      * engine's cache; k3_forward refuses a state whose cache is of another type. */
     int kv_type;
+    /* Runtime too: the layers [dev_a, dev_b) compute on a device other than the CPU (k3_engine_opts.device),
+     * whose weights and per-sequence state live in dev_buft; the output head there too when dev_output.
+     * Set by k3_engine_init in its copy, like kv_type, so states made from &engine->hp are placed alike.
+     * dev_buft NULL: everything on the CPU. */
+    struct ggml_backend_buffer_type *dev_buft;
+    uint32_t dev_a, dev_b;
+    bool dev_output;
+    uint32_t dev_cpu_moe; /* the routed experts of layers below this stay on the CPU (--n-cpu-moe) */
 } k3_hparams;
+
+/* Whether layer il computes on the engine's device (k3_hparams.dev_buft). */
+static inline bool k3_on_dev(const struct k3_hparams *hp, uint32_t il) {
+    return hp->dev_buft && il >= hp->dev_a && il < hp->dev_b;
+}
 
 /* Derived sizes. */
 static inline uint32_t k3_d_inner(const k3_hparams *hp) { return hp->n_head * hp->kda_head_dim; }

@@ -8,6 +8,36 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 
+/* Allocates and zeroes the tensors of a host context and of a device context (either may be empty). */
+static int k3_alloc_pair(struct ggml_context *ctx, struct ggml_context *dctx, const k3_hparams *hp,
+                         struct ggml_backend_buffer **buf, struct ggml_backend_buffer **dbuf) {
+    if (ggml_get_first_tensor(ctx)) {
+        *buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_cpu_buffer_type());
+        if (!*buf) return -1;
+        ggml_backend_buffer_clear(*buf, 0);
+    }
+    if (dctx && ggml_get_first_tensor(dctx)) {
+        *dbuf = ggml_backend_alloc_ctx_tensors_from_buft(dctx, hp->dev_buft);
+        if (!*dbuf) return -1;
+        ggml_backend_buffer_clear(*dbuf, 0);
+    }
+    return 0;
+}
+
+/* The context a layer's state tensor is made in: the device's for a layer computing there. */
+static struct ggml_context *k3_ctx_of(const k3_hparams *hp, uint32_t il, struct ggml_context *ctx,
+                                      struct ggml_context *dctx) {
+    return k3_on_dev(hp, il) ? dctx : ctx;
+}
+
+/* Memory of device state, for an error that names it. */
+static const char *k3_where(const k3_hparams *hp, uint32_t a, uint32_t b) {
+    for (uint32_t il = a; il < b; il++) {
+        if (k3_on_dev(hp, il)) return ggml_backend_buft_name(hp->dev_buft);
+    }
+    return "host";
+}
+
 int k3_state_init(k3_state *s, const k3_hparams *hp, uint32_t a, uint32_t b, uint32_t n_ctx, rl_err *err) {
     memset(s, 0, sizeof *s);
     s->a = a;
@@ -20,28 +50,25 @@ int k3_state_init(k3_state *s, const k3_hparams *hp, uint32_t a, uint32_t b, uin
     struct ggml_init_params ip = {.mem_size = (size_t)(3 * n + 4) * ggml_tensor_overhead(), .mem_buffer = NULL,
                                   .no_alloc = true};
     s->ctx = ggml_init(ip);
-    if (!s->conv || !s->delta || !s->kcache || !s->ctx) {
+    if (hp->dev_buft) s->dctx = ggml_init(ip);
+    if (!s->conv || !s->delta || !s->kcache || !s->ctx || (hp->dev_buft && !s->dctx)) {
         k3_state_free(s);
         return rl_errf(err, "out of memory for sequence state");
     }
     const int64_t di = k3_d_inner(hp), dk = hp->kda_head_dim;
-    int any = 0;
     for (uint32_t il = a; il < b; il++) {
+        struct ggml_context *c = k3_ctx_of(hp, il, s->ctx, s->dctx);
         if (!hp->is_mla[il]) {
-            s->conv[il - a] = ggml_new_tensor_3d(s->ctx, GGML_TYPE_F32, hp->conv_kernel - 1, di, 3);
-            s->delta[il - a] = ggml_new_tensor_3d(s->ctx, GGML_TYPE_F32, dk, dk, hp->n_head);
+            s->conv[il - a] = ggml_new_tensor_3d(c, GGML_TYPE_F32, hp->conv_kernel - 1, di, 3);
+            s->delta[il - a] = ggml_new_tensor_3d(c, GGML_TYPE_F32, dk, dk, hp->n_head);
         } else {
-            s->kcache[il - a] = ggml_new_tensor_2d(s->ctx, (enum ggml_type)hp->kv_type, hp->kv_lora_rank + hp->rope_dim, n_ctx);
+            s->kcache[il - a] = ggml_new_tensor_2d(c, (enum ggml_type)hp->kv_type, hp->kv_lora_rank + hp->rope_dim, n_ctx);
         }
-        any = 1;
     }
-    if (any) {
-        s->buf = ggml_backend_alloc_ctx_tensors_from_buft(s->ctx, ggml_backend_cpu_buffer_type());
-        if (!s->buf) {
-            k3_state_free(s);
-            return rl_errf(err, "cannot allocate sequence state for layers [%u, %u) and %u tokens", a, b, n_ctx);
-        }
-        ggml_backend_buffer_clear(s->buf, 0);
+    if (k3_alloc_pair(s->ctx, s->dctx, hp, &s->buf, &s->dbuf) != 0) {
+        k3_state_free(s);
+        return rl_errf(err, "cannot allocate sequence state for layers [%u, %u) and %u tokens (%s memory)", a, b, n_ctx,
+                       k3_where(hp, a, b));
     }
     return 0;
 }
@@ -61,35 +88,35 @@ int k3_state_pool_init(k3_state_pool *p, const k3_hparams *hp, uint32_t a, uint3
     struct ggml_init_params ip = {.mem_size = (size_t)(3 * n + 4) * ggml_tensor_overhead(), .mem_buffer = NULL,
                                   .no_alloc = true};
     p->ctx = ggml_init(ip);
-    if (!p->conv || !p->delta || !p->kcache || !p->ctx) {
+    if (hp->dev_buft) p->dctx = ggml_init(ip);
+    if (!p->conv || !p->delta || !p->kcache || !p->ctx || (hp->dev_buft && !p->dctx)) {
         k3_state_pool_free(p);
         return rl_errf(err, "out of memory for a state pool");
     }
     const int64_t di = k3_d_inner(hp), dk = hp->kda_head_dim;
     for (uint32_t il = a; il < b; il++) {
+        struct ggml_context *c = k3_ctx_of(hp, il, p->ctx, p->dctx);
         if (!hp->is_mla[il]) {
-            p->conv[il - a] = ggml_new_tensor_4d(p->ctx, GGML_TYPE_F32, hp->conv_kernel - 1, di, 3, n_slots);
-            p->delta[il - a] = ggml_new_tensor_4d(p->ctx, GGML_TYPE_F32, dk, dk, hp->n_head, n_slots);
+            p->conv[il - a] = ggml_new_tensor_4d(c, GGML_TYPE_F32, hp->conv_kernel - 1, di, 3, n_slots);
+            p->delta[il - a] = ggml_new_tensor_4d(c, GGML_TYPE_F32, dk, dk, hp->n_head, n_slots);
         } else {
             p->kcache[il - a] =
-                ggml_new_tensor_3d(p->ctx, (enum ggml_type)hp->kv_type, hp->kv_lora_rank + hp->rope_dim, n_ctx, n_slots);
+                ggml_new_tensor_3d(c, (enum ggml_type)hp->kv_type, hp->kv_lora_rank + hp->rope_dim, n_ctx, n_slots);
         }
     }
-    if (n > 0) {
-        p->buf = ggml_backend_alloc_ctx_tensors_from_buft(p->ctx, ggml_backend_cpu_buffer_type());
-        if (!p->buf) {
-            k3_state_pool_free(p);
-            return rl_errf(err, "cannot allocate the state of %d sequences for layers [%u, %u) and %u tokens", n_slots, a,
-                           b, n_ctx);
-        }
-        ggml_backend_buffer_clear(p->buf, 0);
+    if (k3_alloc_pair(p->ctx, p->dctx, hp, &p->buf, &p->dbuf) != 0) {
+        k3_state_pool_free(p);
+        return rl_errf(err, "cannot allocate the state of %d sequences for layers [%u, %u) and %u tokens (%s memory)",
+                       n_slots, a, b, n_ctx, k3_where(hp, a, b));
     }
     return 0;
 }
 
 void k3_state_pool_free(k3_state_pool *p) {
     if (p->buf) ggml_backend_buffer_free(p->buf);
+    if (p->dbuf) ggml_backend_buffer_free(p->dbuf);
     if (p->ctx) ggml_free(p->ctx);
+    if (p->dctx) ggml_free(p->dctx);
     free(p->conv);
     free(p->delta);
     free(p->kcache);
@@ -128,8 +155,8 @@ int k3_state_init_pooled(k3_state *s, const k3_state_pool *p, int slot, rl_err *
                 k3_state_free(s);
                 return rl_errf(err, "cannot bind slot %d of a state pool", slot);
             }
-            memset(s->conv[i]->data, 0, ggml_nbytes(s->conv[i]));
-            memset(s->delta[i]->data, 0, ggml_nbytes(s->delta[i]));
+            ggml_backend_tensor_memset(s->conv[i], 0, 0, ggml_nbytes(s->conv[i]));
+            ggml_backend_tensor_memset(s->delta[i], 0, 0, ggml_nbytes(s->delta[i]));
         } else if ((t = p->kcache[i])) {
             s->kcache[i] = ggml_view_2d(s->ctx, t, t->ne[0], t->ne[1], t->nb[1], (size_t)slot * t->nb[2]);
             if (ggml_backend_view_init(s->kcache[i]) != GGML_STATUS_SUCCESS) {
@@ -166,7 +193,9 @@ int k3_state_keep_blocks(k3_state *s, int n_blocks, rl_err *err) {
 void k3_state_free(k3_state *s) {
     k3_rb_free(s);
     if (s->buf) ggml_backend_buffer_free(s->buf);
+    if (s->dbuf) ggml_backend_buffer_free(s->dbuf);
     if (s->ctx) ggml_free(s->ctx);
+    if (s->dctx) ggml_free(s->dctx);
     free(s->conv);
     free(s->delta);
     free(s->kcache);
@@ -176,15 +205,17 @@ void k3_state_free(k3_state *s) {
 void k3_state_reset(k3_state *s) {
     /* Only the recurrent parts need zeros; the MLA cache is addressed by position. */
     for (uint32_t i = 0; i < s->b - s->a; i++) {
-        if (s->conv[i]) memset(s->conv[i]->data, 0, ggml_nbytes(s->conv[i]));
-        if (s->delta[i]) memset(s->delta[i]->data, 0, ggml_nbytes(s->delta[i]));
+        if (s->conv[i]) ggml_backend_tensor_memset(s->conv[i], 0, 0, ggml_nbytes(s->conv[i]));
+        if (s->delta[i]) ggml_backend_tensor_memset(s->delta[i], 0, 0, ggml_nbytes(s->delta[i]));
     }
     s->n_past = 0;
     s->rb_count = 0;
 }
 
 size_t k3_state_bytes(const k3_state *s) {
-    if (!s->pool) return s->buf ? ggml_backend_buffer_get_size(s->buf) : 0;
+    if (!s->pool) {
+        return (s->buf ? ggml_backend_buffer_get_size(s->buf) : 0) + (s->dbuf ? ggml_backend_buffer_get_size(s->dbuf) : 0);
+    }
     size_t n = 0; /* a pooled state owns no buffer: count its slot */
     for (uint32_t i = 0; i < s->b - s->a; i++) {
         if (s->conv[i]) n += ggml_nbytes(s->conv[i]) + ggml_nbytes(s->delta[i]);
@@ -201,6 +232,26 @@ static size_t k3_kda_bytes(const k3_state *s) {
     return n;
 }
 
+/* Copies the first n bytes of src into dst, wherever each lives: host memory directly, device memory
+ * through its backend (with a host bounce between two device tensors). */
+static int k3_tcopy(struct ggml_tensor *dst, const struct ggml_tensor *src, size_t n, rl_err *err) {
+    const bool dh = ggml_backend_buffer_is_host(dst->buffer), sh = ggml_backend_buffer_is_host(src->buffer);
+    if (dh && sh) {
+        memcpy(dst->data, src->data, n);
+    } else if (sh) {
+        ggml_backend_tensor_set(dst, src->data, 0, n);
+    } else if (dh) {
+        ggml_backend_tensor_get(src, dst->data, 0, n);
+    } else {
+        void *tmp = malloc(n ? n : 1);
+        if (!tmp) return rl_errf(err, "out of memory copying %zu bytes of state", n);
+        ggml_backend_tensor_get(src, tmp, 0, n);
+        ggml_backend_tensor_set(dst, tmp, 0, n);
+        free(tmp);
+    }
+    return 0;
+}
+
 int k3_state_copy(k3_state *dst, const k3_state *src, rl_err *err) {
     if (dst == src) return 0;
     if (dst->a != src->a || dst->b != src->b || dst->n_ctx < src->n_past) {
@@ -208,12 +259,14 @@ int k3_state_copy(k3_state *dst, const k3_state *src, rl_err *err) {
                        "holding %u tokens", src->a, src->b, src->n_past, dst->a, dst->b, dst->n_ctx);
     }
     for (uint32_t i = 0; i < src->b - src->a; i++) {
-        if (src->conv[i]) {
-            memcpy(dst->conv[i]->data, src->conv[i]->data, ggml_nbytes(src->conv[i]));
-            memcpy(dst->delta[i]->data, src->delta[i]->data, ggml_nbytes(src->delta[i]));
+        if (src->conv[i] && (k3_tcopy(dst->conv[i], src->conv[i], ggml_nbytes(src->conv[i]), err) != 0 ||
+                             k3_tcopy(dst->delta[i], src->delta[i], ggml_nbytes(src->delta[i]), err) != 0)) {
+            return -1;
         }
         /* the cache rows written so far: rows are contiguous, position-major */
-        if (src->kcache[i]) memcpy(dst->kcache[i]->data, src->kcache[i]->data, (size_t)src->n_past * src->kcache[i]->nb[1]);
+        if (src->kcache[i] && k3_tcopy(dst->kcache[i], src->kcache[i], (size_t)src->n_past * src->kcache[i]->nb[1], err) != 0) {
+            return -1;
+        }
     }
     dst->n_past = src->n_past;
     dst->rb_count = 0; /* its kept blocks belonged to its old history */
@@ -231,9 +284,9 @@ int k3_state_snapshot(const k3_state *s, k3_snapshot *snap, rl_err *err) {
     size_t off = 0;
     for (uint32_t i = 0; i < s->b - s->a; i++) {
         if (!s->conv[i]) continue;
-        memcpy(snap->kda + off, s->conv[i]->data, ggml_nbytes(s->conv[i]));
+        ggml_backend_tensor_get(s->conv[i], snap->kda + off, 0, ggml_nbytes(s->conv[i]));
         off += ggml_nbytes(s->conv[i]);
-        memcpy(snap->kda + off, s->delta[i]->data, ggml_nbytes(s->delta[i]));
+        ggml_backend_tensor_get(s->delta[i], snap->kda + off, 0, ggml_nbytes(s->delta[i]));
         off += ggml_nbytes(s->delta[i]);
     }
     snap->n_past = s->n_past;
@@ -245,9 +298,9 @@ int k3_state_restore(k3_state *s, const k3_snapshot *snap, rl_err *err) {
     size_t off = 0;
     for (uint32_t i = 0; i < s->b - s->a; i++) {
         if (!s->conv[i]) continue;
-        memcpy(s->conv[i]->data, snap->kda + off, ggml_nbytes(s->conv[i]));
+        ggml_backend_tensor_set(s->conv[i], snap->kda + off, 0, ggml_nbytes(s->conv[i]));
         off += ggml_nbytes(s->conv[i]);
-        memcpy(s->delta[i]->data, snap->kda + off, ggml_nbytes(s->delta[i]));
+        ggml_backend_tensor_set(s->delta[i], snap->kda + off, 0, ggml_nbytes(s->delta[i]));
         off += ggml_nbytes(s->delta[i]);
     }
     s->n_past = snap->n_past;
@@ -272,16 +325,23 @@ int k3_state_rollback(k3_state *s, uint32_t pos, rl_err *err) {
         if (!s->conv[i]) continue;
         struct ggml_tensor *d = s->delta[i], *c = s->conv[i];
         const size_t dsz = ggml_nbytes(d);
-        memcpy(d->data, (const char *)rb->delta[i] + (size_t)(rb->n - j) * dsz, dsz);
+        ggml_backend_tensor_set(d, (const char *)rb->delta[i] + (size_t)(rb->n - j) * dsz, 0, dsz);
         /* Conv window after j tokens: the Kc-1 inputs ending with token j-1, i.e. columns j .. j+Kc-2 of the
-         * kept inputs [window before | block], per channel (time is the fastest axis). */
+         * kept inputs [window before | block], per channel (time is the fastest axis). Written in place in
+         * host memory, else gathered on the host and set. */
         const int64_t kc1 = c->ne[0], di = c->ne[1], w = kc1 + rb->n;
-        float *dst = c->data;
+        const bool host = ggml_backend_buffer_is_host(c->buffer);
+        float *dst = host ? c->data : malloc(ggml_nbytes(c));
+        if (!dst) return rl_errf(err, "out of memory rolling back a sequence");
         for (int64_t q = 0; q < 3; q++) {
             const float *src = rb->conv[i] + (size_t)q * (size_t)(w * di);
             for (int64_t ch = 0; ch < di; ch++) {
                 memcpy(dst + (q * di + ch) * kc1, src + ch * w + j, (size_t)kc1 * sizeof(float));
             }
+        }
+        if (!host) {
+            ggml_backend_tensor_set(c, dst, 0, ggml_nbytes(c));
+            free(dst);
         }
     }
     s->n_past = pos;

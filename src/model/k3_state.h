@@ -3,7 +3,9 @@
  * KDA layers: the short-conv windows (3 x (Kc-1) x Di f32) and the delta-rule matrices (H x Dk x Dk f32),
  * constant in length. MLA layers: the latent cache, (kv_lora + rope) f32 per token, up to n_ctx tokens.
  * A snapshot holds the KDA state and the position; restoring it rolls the sequence back (the MLA cache
- * needs no copy: rows past the restored position are simply overwritten later). */
+ * needs no copy: rows past the restored position are simply overwritten later).
+ * A layer that computes on a device (k3_on_dev) keeps its state in the device's memory; the functions
+ * below reach it through ggml's tensor get/set, so callers never read state memory directly. */
 #ifndef RINGLM_K3_STATE_H
 #define RINGLM_K3_STATE_H
 
@@ -39,8 +41,8 @@ typedef struct k3_state {
     struct ggml_tensor **conv;   /* [il - a]: {(Kc-1), Di, 3} f32 (q, k, v windows), NULL on MLA layers */
     struct ggml_tensor **delta;  /* [il - a]: {Dk, Dk, H} f32, NULL on MLA layers */
     struct ggml_tensor **kcache; /* [il - a]: {kv_lora + rope, n_ctx} of hp->kv_type (f32 or f16), NULL on KDA layers */
-    struct ggml_context *ctx;
-    struct ggml_backend_buffer *buf;
+    struct ggml_context *ctx, *dctx; /* host tensors (and a pooled state's views); tensors on the device */
+    struct ggml_backend_buffer *buf, *dbuf; /* their memory: host, and the device's (hp->dev_buft, k3_on_dev) */
     /* Rollback (speculative verification): the blocks run with keep_rollback since the last other step,
      * consecutive, rb[0 .. rb_count) oldest first (at most K3_RB_BLOCKS; the oldest is dropped beyond);
      * rb[rb_next] is the one a forward pass is writing (k3_state_rb_reserve). rb has rb_max + 1 entries
@@ -61,8 +63,8 @@ typedef struct k3_state_pool {
     uint32_t a, b, n_ctx;
     int n_slots;
     struct ggml_tensor **conv, **delta, **kcache; /* [il - a], NULL where the layer has no such state */
-    struct ggml_context *ctx;
-    struct ggml_backend_buffer *buf;
+    struct ggml_context *ctx, *dctx;        /* as in k3_state: host, device */
+    struct ggml_backend_buffer *buf, *dbuf;
 } k3_state_pool;
 
 /* Allocates the pool, zeroed. Its slots are bound to states with k3_state_init_pooled. */

@@ -39,10 +39,14 @@ typedef struct k3_weights {
     struct ggml_backend_buffer **bufs;    /* one host buffer per split, wrapping its mapping */
     int n_bufs;
     wp_list place;                        /* the buffer types offered, in llama.cpp's order */
-    struct ggml_context *xctx[WP_MAX_BUFT];      /* descriptors of the tensors copied into place.buft[i] */
-    struct ggml_backend_buffer *xbuf[WP_MAX_BUFT];/* their memory (NULL: none went there) */
-    size_t x_bytes[WP_MAX_BUFT];          /* bytes each holds */
+    /* Descriptors of the tensors copied into place.buft[i], and at K3_W_DEV those of the layers that
+     * compute on a device (hp->dev_buft: every tensor of theirs, copied into device memory). */
+    struct ggml_context *xctx[WP_MAX_BUFT + 1];
+    struct ggml_backend_buffer *xbuf[WP_MAX_BUFT + 1];/* their memory (NULL: none went there) */
+    size_t x_bytes[WP_MAX_BUFT + 1];      /* bytes each holds */
 } k3_weights;
+
+#define K3_W_DEV WP_MAX_BUFT /* the xctx/xbuf slot of device weights */
 
 /* experts_outside: the routed expert tensors are not bound (their layer's *_exps stay NULL): an expert
  * cache reads them from the file (expert_cache.h), and none of their pages is touched here.
@@ -50,6 +54,8 @@ typedef struct k3_weights {
  * default quantized matmul weights go where llama.cpp puts them (weight_place.h): copied, and re-laid, into
  * the CPU's extra buffer types, which costs their size in RAM while the file pages they came from are
  * released. */
+/* Layers on a device (k3_on_dev) have every tensor copied into hp->dev_buft, and the output head too with
+ * hp->dev_output; token_embd stays in the mapping (its get_rows runs on the CPU, as in llama.cpp). */
 int k3_weights_bind(k3_weights *w, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, bool no_repack,
                     bool experts_outside, rl_err *err);
 
@@ -60,7 +66,7 @@ wp_use k3_weight_use(const char *name);
  * none with --no-repack). Resident RAM, not evictable file pages. */
 size_t k3_range_repack_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b);
 
-/* Bytes copied out of the mapping (repacked), over every buffer type. */
+/* Bytes copied out of the mapping (repacked, or into a device), over every buffer type. */
 size_t k3_weights_copied_bytes(const k3_weights *w);
 void k3_weights_free(k3_weights *w);
 

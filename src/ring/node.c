@@ -753,6 +753,11 @@ static void node_assign(node *n, uint64_t step, const zs_parts *p) {
             goto done;
         }
         k3_weights_prefault(&n->e.w, false);
+        if (n->e.dev_backend) {
+            char where[512];
+            k3_engine_describe(&n->e, where, sizeof where);
+            node_log(n, "layers [%g, %g) computing on %s", a, b, where);
+        }
         if (n->e.xc) {
             node_log(n, "layers [%g, %g) exceed --mem: routed experts read from the file through an expert cache of "
                         "%.1f MiB", a, b, (double)n->e.xc->cache_bytes / 1048576.0);

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "ggml-backend.h"
@@ -106,6 +107,7 @@ typedef struct args {
     bool no_repack; /* llama.cpp's use_extra_bufts = false */
     bool fa;        /* --fa on|off: flash attention (default on: llama.cpp's auto, on a CPU) */
     bool cache_f16; /* --cache-type f32|f16 (default f16, llama.cpp's) */
+    int gpu_layers; /* --gpu-layers N: llama.cpp's n_gpu_layers (the oracle-gpu build: Vulkan or CUDA) */
 } args;
 
 static const char usage[] =
@@ -118,6 +120,8 @@ static const char usage[] =
     "       oracle info     -m MODEL.gguf\n"
     "       logits, generate, bench: [--no-repack] keeps every weight in the mapping (use_extra_bufts off);\n"
     "                       [--fa on|off] flash attention (default on); [--cache-type f32|f16] (default f16)\n"
+    "       logits, generate, bench: [--gpu-layers N] llama.cpp's n_gpu_layers (0: the CPU; the oracle-gpu\n"
+    "                       build, linked with llama.cpp's Vulkan build, runs them on Vulkan0)\n"
     "       any command: [--verbose] shows llama.cpp's log on stderr\n";
 
 static int parse_int(const char *s, long lo, long hi, long *out) {
@@ -159,6 +163,7 @@ static int parse_args(int argc, char **argv, args *a, rl_err *err) {
         {"--special", NULL, C_TOKENIZE, false}, {"--verbose", NULL, C_ALL, false},
         {"--no-repack", NULL, C_LOGITS | C_GENERATE | C_BENCH, false},
         {"--fa", NULL, C_LOGITS | C_GENERATE | C_BENCH, true}, {"--cache-type", NULL, C_LOGITS | C_GENERATE | C_BENCH, true},
+        {"--gpu-layers", NULL, C_LOGITS | C_GENERATE | C_BENCH, true},
     };
     for (int i = 2; i < argc; i++) {
         const char *o = argv[i];
@@ -194,6 +199,10 @@ static int parse_args(int argc, char **argv, args *a, rl_err *err) {
             if (parse_int(v, 1, 1 << 20, &t) < 0) return rl_errf(err, "%s \"%s\": want a positive number", name, v);
             if (name[1] == 'n') a->n_gen = (int)t;
             else a->prefill = (int)t;
+        } else if (strcmp(name, "--gpu-layers") == 0) {
+            long t;
+            if (parse_int(v, 0, 100000, &t) < 0) return rl_errf(err, "--gpu-layers \"%s\": want a number 0 or more", v);
+            a->gpu_layers = (int)t;
         } else if (strcmp(name, "--threads") == 0) {
             long t;
             if (parse_int(v, 1, 1024, &t) < 0) return rl_errf(err, "--threads \"%s\": want a number 1..1024", v);
@@ -284,6 +293,13 @@ static int init_backend(rl_err *err) {
     }
     if (d) closedir(d);
     if (best[0]) ggml_backend_load(best);
+    /* A GPU build (oracle-gpu) has its GPU backend module beside the CPU variants. */
+    static const char *const gpu[] = {"libggml-vulkan.so", "libggml-cuda.so"};
+    for (size_t i = 0; i < sizeof gpu / sizeof gpu[0]; i++) {
+        char path[sizeof best];
+        snprintf(path, sizeof path, "%s/%s", dir, gpu[i]);
+        if (access(path, R_OK) == 0) ggml_backend_load(path);
+    }
     if (!ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)) {
         return rl_errf(err, "no CPU backend could be loaded from %s (expected libggml-cpu-*.so there)", dir);
     }
@@ -292,7 +308,8 @@ static int init_backend(rl_err *err) {
     return 0;
 }
 
-static struct llama_model *load_model(const char *path, bool vocab_only, bool check_data, bool repack, rl_err *err) {
+static struct llama_model *load_model(const char *path, bool vocab_only, bool check_data, bool repack, int ngl,
+                                     rl_err *err) {
     /* A missing file gets a plain message, not llama.cpp's. */
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -301,7 +318,7 @@ static struct llama_model *load_model(const char *path, bool vocab_only, bool ch
     }
     fclose(f);
     struct llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = 0;
+    mp.n_gpu_layers = ngl;
     mp.vocab_only = vocab_only;
     /* `info` is the place to find bad weights, so there llama.cpp also scans the data for NaN/inf. */
     mp.check_tensors = check_data;
@@ -336,7 +353,7 @@ static struct llama_context *new_context(struct llama_model *model, int n_tokens
     cp.flash_attn_type = a->fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     cp.type_k = a->cache_f16 ? GGML_TYPE_F16 : GGML_TYPE_F32;
     cp.type_v = cp.type_k;
-    cp.offload_kqv = false;
+    cp.offload_kqv = a->gpu_layers > 0; /* the KV cache beside its layers, as llama.cpp's default */
     cp.op_offload = false;
     cp.swa_full = true; /* keep every position: a sliding window then only masks, never evicts */
     cp.embeddings = false;
@@ -395,7 +412,7 @@ static int cmd_logits(const args *a, rl_err *err) {
     float *logits = NULL;
 
     if (parse_tokens(a->tokens, &tokens, &n, err) < 0) return -1;
-    if (!(model = load_model(a->model, false, false, !a->no_repack, err))) goto done;
+    if (!(model = load_model(a->model, false, false, !a->no_repack, a->gpu_layers, err))) goto done;
     const struct llama_vocab *vocab = llama_model_get_vocab(model);
     int n_vocab = llama_vocab_n_tokens(vocab);
     for (int i = 0; i < n; i++) {
@@ -527,7 +544,7 @@ static int cmd_tokenize(const args *a, rl_err *err) {
     FILE *out = NULL;
     if (!toks) return rl_errf(err, "out of memory");
     if (read_file(a->file, &data, &len, err) < 0) goto done;
-    if (!(model = load_model(a->model, true, false, false, err))) goto done;
+    if (!(model = load_model(a->model, true, false, false, 0, err))) goto done;
     const struct llama_vocab *vocab = llama_model_get_vocab(model);
     out = a->out ? fopen(a->out, "w") : stdout;
     if (!out) {
@@ -608,7 +625,7 @@ static char *meta_str(const struct llama_model *m, int i, bool key) {
 }
 
 static int cmd_info(const args *a, rl_err *err) {
-    struct llama_model *model = load_model(a->model, false, true, false, err);
+    struct llama_model *model = load_model(a->model, false, true, false, 0, err);
     if (!model) return -1;
     int ret = -1;
     int n_meta = llama_model_meta_count(model);
@@ -693,7 +710,7 @@ static int cmd_generate(const args *a, rl_err *err) {
         return rl_errf(err, "out of memory");
     }
     tokens = all;
-    if (!(model = load_model(a->model, false, false, !a->no_repack, err))) goto done;
+    if (!(model = load_model(a->model, false, false, !a->no_repack, a->gpu_layers, err))) goto done;
     int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
     for (int i = 0; i < n; i++) {
         if (tokens[i] >= n_vocab) {

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# The GPU issue's check on a real NVIDIA GPU (the H200 this project may borrow: CUDA 13 with nvcc, 16 cores,
+# nothing fetchable there). NOT RUN YET: no GPU has been lent to a session since it was written.
+#
+#   bench/gpu_check.sh --prepare     here: stage what the device machine cannot fetch under build/gpu-carry
+#                                    (the pinned llama.cpp source, ggml and llama-bench parts only; the
+#                                    Debian packages ringlm builds with, as .debs)
+#   bench/gpu_check.sh --run OUTDIR  there (the device tool's `run`, carry build/gpu-carry): builds ggml with
+#                                    CUDA for one architecture (sm_90) as shared libraries with the CUDA backend
+#                                    as a module, ringlm against it (GGML_PREFIX), llama.cpp's CUDA build of
+#                                    the same source as the oracle (tests/oracle) and llama-bench; then
+#                                    1. ringlm devices shows CUDA0;
+#                                    2. fidelity: ringlm logits on CUDA0 vs llama.cpp's CUDA build, f32/f16/q8_0/q4_K
+#                                       files (worst relative difference), 32 greedy tokens vs llama.cpp;
+#                                    3. speed: ringlm run on CUDA0 vs llama-bench -ngl 99 (defaults otherwise),
+#                                       same file, alternating, medians of paired ratios (prefill pp512, decode tg128);
+#                                    (not yet: a 2-node ring on the GPU; the ring is checked on lavapipe, tests/t_gpu.sh).
+#                                    Writes OUTDIR/gpu.md (copy it to bench/results/gpu.md with the command used).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+CARRY=$ROOT/build/gpu-carry
+case "${1:-}" in
+--prepare)
+    src=$(scripts/ggml.sh | sed -n 's/^LLAMA_SRC := //p')
+    [ -d "$src" ] || { echo "gpu_check: no pinned llama.cpp source (run make first)"; exit 1; }
+    mkdir -p "$CARRY/debs"
+    tar czf "$CARRY/llama.cpp.tgz" -C "$src" CMakeLists.txt cmake ggml src include common vendor tools/llama-bench \
+        tools/CMakeLists.txt
+    (cd "$CARRY/debs" && apt-get download libsodium-dev libsodium23 libzmq3-dev libzmq5 libmicrohttpd-dev \
+        libmicrohttpd12 libcjson-dev libcjson1 libpcre2-dev libpcre2-8-0 libpgm-5.3-0 libnorm1 libgnutls30 \
+        libbsd0 2>&1 | tail -1)
+    du -sh "$CARRY"
+    ;;
+--run)
+    out=${2:?bench/gpu_check.sh --run OUTDIR}
+    mkdir -p "$out"
+    log=$out/gpu_check.log
+    exec > >(tee "$log") 2>&1
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+    nvcc --version | tail -1
+    work=$ROOT/build/gpu-work
+    rm -rf "$work" && mkdir -p "$work/src" "$work/sys"
+    tar xzf "$CARRY/llama.cpp.tgz" -C "$work/src"
+    # The Debian packages ringlm builds with, unpacked into a prefix when the machine lacks them.
+    if ! pkg-config --exists libsodium libzmq libmicrohttpd libcjson libpcre2-8 2>/dev/null; then
+        for d in "$CARRY"/debs/*.deb; do dpkg-deb -x "$d" "$work/sys"; done
+        export PKG_CONFIG_PATH=$work/sys/usr/lib/x86_64-linux-gnu/pkgconfig:$work/sys/usr/share/pkgconfig
+        export PKG_CONFIG_SYSROOT_DIR=$work/sys
+        export LIBRARY_PATH=$work/sys/usr/lib/x86_64-linux-gnu LD_LIBRARY_PATH=$work/sys/usr/lib/x86_64-linux-gnu
+        export C_INCLUDE_PATH=$work/sys/usr/include
+    fi
+    # ggml + llama.cpp with CUDA (sm_90 only, to keep the build short), the CUDA backend as a module.
+    cmake -S "$work/src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=ON \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF \
+        -DCMAKE_INSTALL_PREFIX="$work/prefix" >"$out/cmake.log" 2>&1
+    cmake --build "$work/build" -j"$(nproc)" --target ggml ggml-cuda ggml-cpu llama llama-bench >>"$out/cmake.log" 2>&1
+    mkdir -p "$work/prefix/lib" "$work/prefix/include"
+    cp "$work"/src/ggml/include/*.h "$work/prefix/include/"
+    find "$work/build" -name 'libggml*.so*' -exec cp -P {} "$work/prefix/lib/" \;
+    make -j"$(nproc)" GGML_PREFIX="$work/prefix" ringlm >"$out/make.log" 2>&1
+    cc -std=c11 -D_GNU_SOURCE -O2 -I"$work/src/include" -I"$work/src/ggml/include" -o "$work/oracle-cuda" \
+        tests/oracle/oracle.c src/model/logits_file.c src/base/err.c \
+        "$(find "$work/build" -name 'libllama.so' | head -1)" -L"$work/prefix/lib" -lggml -lggml-base \
+        -Wl,-rpath,"$work/prefix/lib:$(dirname "$(find "$work/build" -name 'libllama.so' | head -1)")" -ldl -lm
+    export RINGLM_BACKEND_DIR=$work/prefix/lib
+    ./ringlm devices | tee "$out/devices.txt"
+    grep -q '^CUDA0' "$out/devices.txt" || { echo "gpu_check: no CUDA0"; exit 1; }
+    {
+        echo "# ringlm on a GPU (bench/gpu_check.sh --run)"
+        echo
+        echo "GPU: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null); $(nvcc --version | tail -1)"
+        echo
+        echo "## Fidelity: ringlm on CUDA0 vs llama.cpp's CUDA build (same source, -ngl 99), 64-token prefill + 16 steps"
+        echo
+        echo "| file | worst relative difference | greedy 32 tokens |"
+        echo "|---|---|---|"
+    } >"$out/gpu.md"
+    toks=$(seq -s, 7 3 246)
+    for c in "full-f32 tests/configs/k3-full.json f32" "lean-f16 tests/configs/k3-lean.json f16" \
+             "full-q8_0 tests/configs/k3-full.json q8_0" "small-q4_K small q4_K"; do
+        read -r name config type <<<"$c"
+        f=$work/$name.gguf
+        ./ringlm synth -o "$f" --config "$config" --type "$type" --seed 2 --no-progress
+        ./ringlm logits -m "$f" --tokens "$toks" --prefill 64 -o "$work/r.bin" --device CUDA0
+        "$work/oracle-cuda" logits -m "$f" --tokens "$toks" --prefill 64 -o "$work/o.bin" --gpu-layers 99
+        rel=$(./ringlm compare "$work/o.bin" "$work/r.bin" --tol 1e9 | grep -o 'rel [^ ]*' | cut -d' ' -f2)
+        ./ringlm run -m "$f" --tokens 5,6,7,8 -n 32 --temp 0 --ignore-eos --ids --device CUDA0 >"$work/r.ids" 2>/dev/null
+        "$work/oracle-cuda" generate -m "$f" --tokens 5,6,7,8 -n 32 --gpu-layers 99 >"$work/o.ids"
+        same=$(diff -q "$work/r.ids" "$work/o.ids" >/dev/null && echo identical || echo differ)
+        echo "| $name | $rel | $same |" >>"$out/gpu.md"
+    done
+    # Speed: the medium file, ringlm vs llama-bench at its defaults with every layer on the GPU.
+    med=$work/medium.gguf
+    ./ringlm synth -o "$med" --config medium --seed 1 --no-progress
+    bench=$(find "$work/build" -name llama-bench -type f | head -1)
+    {
+        echo
+        echo "## Speed: medium file, ringlm --device CUDA0 vs llama-bench -ngl 99 (its defaults otherwise), 3 alternating runs"
+        echo
+        echo "| run | ringlm prefill tok/s | llama-bench pp512 | ringlm decode tok/s | llama-bench tg128 |"
+        echo "|---|---|---|---|---|"
+    } >>"$out/gpu.md"
+    p512=$(seq -s, 10 1 521)
+    for r in 1 2 3; do
+        ./ringlm run -m "$med" --tokens "$p512" -n 128 --temp 0 --ignore-eos --ids --device CUDA0 \
+            --metrics-json "$work/m.json" >/dev/null 2>&1
+        rp=$(python3 -c "import json; m=json.load(open('$work/m.json')); print(round(m['prefill_tok_s'],1))")
+        rd=$(python3 -c "import json; m=json.load(open('$work/m.json')); print(round(m['decode_tok_s'],1))")
+        lb=$("$bench" -m "$med" -ngl 99 -p 512 -n 128 -r 1 -o csv 2>/dev/null | tail -2)
+        lp=$(echo "$lb" | sed -n 1p | awk -F, '{print $(NF-1)}'); ld=$(echo "$lb" | sed -n 2p | awk -F, '{print $(NF-1)}')
+        echo "| $r | $rp | $lp | $rd | $ld |" >>"$out/gpu.md"
+    done
+    echo "gpu_check: done; $out/gpu.md"
+    ;;
+*)
+    sed -n 2,20p "$0"; exit 2 ;;
+esac

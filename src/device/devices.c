@@ -1,0 +1,115 @@
+#include "devices.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+
+#ifndef RINGLM_BACKEND_DIR
+#define RINGLM_BACKEND_DIR ""
+#endif
+
+/* Whether a backend whose module is libggml-<name>.so is registered already (ggml names its Vulkan
+ * backend "Vulkan", its module "vulkan"). */
+static bool dv_registered(const char *name) {
+    for (size_t i = 0; i < ggml_backend_reg_count(); i++) {
+        if (strcasecmp(ggml_backend_reg_name(ggml_backend_reg_get(i)), name) == 0) return true;
+    }
+    return false;
+}
+
+static void dv_note(char *why, size_t why_len, const char *fmt, const char *a, const char *b) {
+    if (!why || why_len == 0) return;
+    size_t n = strlen(why);
+    if (n + 1 < why_len) snprintf(why + n, why_len - n, fmt, a, b);
+}
+
+int dv_load(const char *dir, char *why, size_t why_len, rl_err *err) {
+    if (why && why_len) why[0] = 0;
+    const bool named = dir != NULL;
+    if (!dir) dir = getenv("RINGLM_BACKEND_DIR");
+    if (!dir) dir = RINGLM_BACKEND_DIR;
+    if (!*dir) return 0; /* a CPU-only build */
+    /* The Vulkan backend reorders a graph's nodes for concurrency (ggml_vk_graph_optimize). On K3's graph
+     * that made Mesa's lavapipe crash in every run (in its worker thread, under the whole graph; run node
+     * by node, which leaves nothing to reorder, it does not), and the graph in its built order runs right.
+     * Set before the module reads it; a user's own setting wins. */
+    setenv("GGML_VK_DISABLE_GRAPH_OPTIMIZE", "1", 0);
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (named) return rl_errf(err, "cannot read the backend module directory %s", dir);
+        dv_note(why, why_len, "no GPU backends: cannot read %s%s\n", dir, "");
+        return 0;
+    }
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        /* libggml-<name>.so, except the stand-in for ggml-base and CPU variants (ours is linked in). */
+        const char *f = de->d_name;
+        size_t n = strlen(f);
+        if (strncmp(f, "libggml-", 8) != 0 || n < 12 || strcmp(f + n - 3, ".so") != 0) continue;
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)(n - 11), f + 8);
+        if (strcmp(name, "base") == 0 || strncmp(name, "cpu", 3) == 0 || dv_registered(name)) continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, f);
+        if (ggml_backend_load(path)) continue;
+        /* Why not, in the dynamic loader's words (ggml's loader only logs it): a missing driver library
+         * (libvulkan.so.1, libcudart) is the usual reason. Only after the load failed: opening a module
+         * twice runs its static constructors twice, and unloading one that started driver threads is not
+         * safe. */
+        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+        if (h) {
+            dlclose(h);
+            dv_note(why, why_len, "%s: ggml could not initialize %s\n", name, path);
+        } else {
+            h = dlopen(path, RTLD_LAZY | RTLD_LOCAL);
+            dv_note(why, why_len, "%s: %s\n", name, h ? "ggml could not initialize it" : dlerror());
+            if (h) dlclose(h);
+        }
+    }
+    closedir(d);
+    return 0;
+}
+
+size_t dv_count(void) { return ggml_backend_dev_count(); }
+
+void dv_get(size_t i, dv_info *out) {
+    ggml_backend_dev_t d = ggml_backend_dev_get(i);
+    memset(out, 0, sizeof *out);
+    out->name = ggml_backend_dev_name(d);
+    out->description = ggml_backend_dev_description(d);
+    out->backend = ggml_backend_reg_name(ggml_backend_dev_backend_reg(d));
+    enum ggml_backend_dev_type t = ggml_backend_dev_type(d);
+    out->gpu = t == GGML_BACKEND_DEVICE_TYPE_GPU || t == GGML_BACKEND_DEVICE_TYPE_IGPU;
+    ggml_backend_dev_memory(d, &out->free, &out->total);
+}
+
+int dv_find(const char *name, struct ggml_backend_device **dev, rl_err *err) {
+    char names[512] = "";
+    for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+        ggml_backend_dev_t d = ggml_backend_dev_get(i);
+        if (strcmp(ggml_backend_dev_name(d), name) == 0) {
+            *dev = d;
+            return 0;
+        }
+        size_t n = strlen(names);
+        snprintf(names + n, sizeof names - n, "%s%s", n ? ", " : "", ggml_backend_dev_name(d));
+    }
+    return rl_errf(err, "no device named '%s' (this machine has: %s; `ringlm devices` lists them)", name, names);
+}
+
+struct ggml_backend_device *dv_default_gpu(void) {
+    for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+        ggml_backend_dev_t d = ggml_backend_dev_get(i);
+        enum ggml_backend_dev_type t = ggml_backend_dev_type(d);
+        if (t == GGML_BACKEND_DEVICE_TYPE_GPU || t == GGML_BACKEND_DEVICE_TYPE_IGPU) return d;
+    }
+    return NULL;
+}
+
+struct ggml_backend_device *dv_cpu(void) { return ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU); }

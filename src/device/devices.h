@@ -1,0 +1,46 @@
+/* Folder src/device/: compute devices: ggml's backends (the CPU, and GPU backend modules loaded at run
+ * time), listed, and chosen by name. May include: base.
+ */
+/* devices.h - the devices ggml can compute on, found once per process.
+ *
+ * The CPU backend is linked into ringlm. GPU backends are ggml's dynamic modules (libggml-<name>.so, built
+ * with GGML_BACKEND_DL) in a directory: RINGLM_BACKEND_DIR if set, else the one the build fetched them into
+ * (scripts/ggml-backends.sh). They share the ggml the binary exports, so a module's buffers and graphs are
+ * ours. Loading registers their devices with ggml's own registry (ggml's process-wide state, not ours):
+ * dv_load is idempotent, a module already registered is not loaded twice. */
+#ifndef RINGLM_DEVICES_H
+#define RINGLM_DEVICES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "../base/err.h"
+
+struct ggml_backend_device;
+
+/* Loads every backend module of the directory (NULL: the default above) that is not loaded yet. A module
+ * that cannot load (its driver library missing, say) is not an error: its reason is written, one line per
+ * module, into `why` (when not NULL, cut to why_len), and the CPU still works. Fails only when the
+ * directory is named explicitly and cannot be read. */
+int dv_load(const char *dir, char *why, size_t why_len, rl_err *err);
+
+/* One device as `ringlm devices` lists it. */
+typedef struct dv_info {
+    const char *name;        /* CPU, Vulkan0, CUDA0, ... (ggml's names) */
+    const char *description; /* the hardware */
+    const char *backend;     /* the backend's name: CPU, Vulkan, CUDA */
+    bool gpu;                /* a GPU (or integrated GPU), as ggml classes it */
+    size_t free, total;      /* memory in bytes, as the device reports it */
+} dv_info;
+
+size_t dv_count(void);
+void dv_get(size_t i, dv_info *out);
+
+/* The device named `name` (as listed), after dv_load. An unknown name is an error that lists the names. */
+int dv_find(const char *name, struct ggml_backend_device **dev, rl_err *err);
+/* The first GPU (or integrated GPU) ggml sees, or NULL when there is none: run on the CPU. */
+struct ggml_backend_device *dv_default_gpu(void);
+/* The CPU device. */
+struct ggml_backend_device *dv_cpu(void);
+
+#endif

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Computing on a GPU through ggml's Vulkan backend, on Mesa's software Vulkan device (lavapipe), which CI
+# machines have (issue: every ggml backend on every node, with partial offload).
+#
+# The Vulkan backend is llama.cpp's own prebuilt module of the pinned release, loaded by ringlm at run time
+# (scripts/ggml-backends.sh); lavapipe runs its shaders on the CPU, so these check placement and numbers,
+# not speed. The GPU's kernels are not the CPU's: logits are compared within a stated relative bound, and
+# the worst difference is printed.
+#   - `ringlm devices` lists the Vulkan device, and the CPU.
+#   - For f32, f16, q8_0, q4_K and IQ2_XXS files: a 32-token prefill and 8 decode steps on Vulkan0 against
+#     llama.cpp's Vulkan build (tests/oracle/oracle-gpu, all layers on the GPU, flash attention off as
+#     ringlm's default on Vulkan) on the same device: relative
+#     difference <= 1e-2 (x max|logit|), the worst printed; against ringlm on the CPU: no farther than
+#     llama.cpp's Vulkan logits are from llama.cpp's CPU logits (both printed; see below why).
+#   - 32 greedy tokens on Vulkan0 equal the CPU's, on the f32 and f16 files; and equal with the layers split
+#     between the GPU and the CPU (--gpu-layers), and with routed experts kept on the CPU (--n-cpu-moe).
+#   - Speculative decoding (n-gram drafts, rollback of the KDA state on the device) gives the plain tokens.
+#   - Errors: an unknown device name; a device too small for the weights.
+. "$(dirname "$0")/lib.sh"
+export GGML_VK_VISIBLE_DEVICES=0 # lavapipe is a CPU-type Vulkan device, which ggml skips unless named
+# llama.cpp's Vulkan build, run as ringlm runs Vulkan (docs/devices.md): without the backend's node reordering
+# and without flash attention, both of which crash lavapipe now and then (llama.cpp's build as well as ours).
+export GGML_VK_DISABLE_GRAPH_OPTIMIZE=1
+ORACLE_GPU=$ROOT/tests/oracle/oracle-gpu
+
+"$RINGLM" devices >"$WORK/devices" 2>&1 || true
+check "ringlm devices lists the Vulkan device as a GPU" grep -Eq '^Vulkan0 +Vulkan +GPU ' "$WORK/devices"
+check "ringlm devices lists the CPU" grep -Eq '^CPU +CPU +CPU ' "$WORK/devices"
+if ! grep -q '^Vulkan0' "$WORK/devices"; then
+    echo "no Vulkan device (needs libvulkan1 and mesa-vulkan-drivers, scripts/install-deps.sh):"; cat "$WORK/devices"
+    finish
+fi
+
+worst=0
+rel_of() { "$RINGLM" compare "$1" "$2" --tol 1e9 | grep -o 'rel [^ ]*' | head -1 | cut -d' ' -f2; }
+toks=$(seq -s, 7 3 126) # 40 ids
+cases=("full-f32 k3-full f32" "lean-f16 k3-lean f16" "full-q8_0 k3-full q8_0" "small-q4_K small q4_K"
+       "lean-iq2_xxs k3-lean iq2_xxs")
+for c in "${cases[@]}"; do
+    read -r name config type <<<"$c"
+    f=$(model "$name" "$config" "$type" 2)
+    "$RINGLM" logits -m "$f" --tokens "$toks" --prefill 32 -o "$WORK/cpu.bin" --device CPU --threads 2
+    "$RINGLM" logits -m "$f" --tokens "$toks" --prefill 32 -o "$WORK/vk.bin" --device Vulkan0 --threads 2
+    "$ORACLE_GPU" logits -m "$f" --tokens "$toks" --prefill 32 -o "$WORK/ovk.bin" --gpu-layers 99 --fa off
+    "$ORACLE" logits -m "$f" --tokens "$toks" --prefill 32 -o "$WORK/ocpu.bin"
+    check "$name: Vulkan0 logits (32-token prefill, 8 steps) within 1e-2 of llama.cpp's Vulkan build on the same device" \
+        "$RINGLM" compare "$WORK/ovk.bin" "$WORK/vk.bin" --tol 1e-2
+    rel=$(rel_of "$WORK/ovk.bin" "$WORK/vk.bin")
+    worst=$(awk -v a="$worst" -v b="${rel:-1}" 'BEGIN { print (b + 0 > a + 0) ? b : a }')
+    # Against the CPU: a random-weight K3 routes on near ties, so a GPU's other rounding can flip an expert
+    # (and then a row's logits) - llama.cpp's own Vulkan build against its CPU build does the same. So the
+    # bound is: no farther from ringlm's CPU logits than llama.cpp's Vulkan logits are from its CPU's (its
+    # CPU build, tests/oracle/oracle: with a GPU present llama.cpp keeps CPU weights in the GPU's pinned
+    # host memory instead of the CPU's repacked layouts, so its Vulkan build's CPU path is not its default).
+    ours=$(rel_of "$WORK/cpu.bin" "$WORK/vk.bin") theirs=$(rel_of "$WORK/ocpu.bin" "$WORK/ovk.bin")
+    echo "$name: Vulkan0 vs CPU: ringlm $ours, llama.cpp $theirs (relative to max|logit|)"
+    check "$name: ringlm's Vulkan0 logits are as close to its CPU logits as llama.cpp's are ($ours vs $theirs)" \
+        awk -v a="$ours" -v b="$theirs" 'BEGIN { exit !(a + 0 <= b + 1e-2) }'
+    check "$name: the CPU logits equal llama.cpp's CPU logits bit for bit (the baseline of that comparison)" \
+        "$RINGLM" compare "$WORK/ocpu.bin" "$WORK/cpu.bin" --tol 0
+done
+echo "worst relative difference of Vulkan0 logits from llama.cpp's Vulkan build: $worst"
+
+# Greedy text: all on the GPU, split, experts on the CPU, all on the CPU.
+gen() { "$RINGLM" run -m "$1" --tokens 5,6,7,8 -n 32 --temp 0 --ignore-eos --ids --threads 2 "${@:2}" 2>"$WORK/gen.err"; }
+for c in "full-f32 k3-full f32" "lean-f16 k3-lean f16"; do
+    read -r name config type <<<"$c"
+    f=$(model "$name" "$config" "$type" 2)
+    gen "$f" --device CPU >"$WORK/cpu.ids"
+    gen "$f" --device Vulkan0 >"$WORK/vk.ids"
+    check "$name: 32 greedy tokens on Vulkan0 equal the CPU's" diff "$WORK/cpu.ids" "$WORK/vk.ids"
+done
+f=$(model full-f32 k3-full f32 2)
+gen "$f" --device CPU >"$WORK/cpu.ids"
+gen "$f" --device Vulkan0 --gpu-layers 3 >"$WORK/split.ids"
+check "--gpu-layers 3 (3 of 6 layers on Vulkan0, the rest and the head on the CPU): the same tokens" \
+    diff "$WORK/cpu.ids" "$WORK/split.ids"
+gen "$f" --device Vulkan0 --gpu-layers 0 >"$WORK/zero.ids"
+check "--gpu-layers 0: the same tokens" diff "$WORK/cpu.ids" "$WORK/zero.ids"
+gen "$f" --device Vulkan0 --n-cpu-moe 3 >"$WORK/moe.ids"
+check "--n-cpu-moe 3 (routed experts of layers 0-2 in RAM): the same tokens" diff "$WORK/cpu.ids" "$WORK/moe.ids"
+gen "$f" --device Vulkan0 --cpu-moe >"$WORK/moe.ids"
+check "--cpu-moe (every routed expert in RAM): the same tokens" diff "$WORK/cpu.ids" "$WORK/moe.ids"
+gen "$f" --device Vulkan0 --draft ngram >"$WORK/spec.ids"
+check "speculative decoding (n-gram, KDA rollback on Vulkan0) gives the plain tokens" diff "$WORK/cpu.ids" "$WORK/spec.ids"
+
+# A 2-node ring, one node on Vulkan0 and one on the CPU: the same greedy tokens as one machine.
+. "$(dirname "$0")/ring_lib.sh"
+mkdir -p "$RING/models"
+ln -sf "$f" "$RING/models/full-f32.gguf"
+ring_keys 2
+ring_start 1 "$RING/models" --device Vulkan0 && ring_start 2 "$RING/models" --device CPU
+ring_conf "$WORK/ring.conf" 1 2
+"$RINGLM" run -m "$f" --tokens 5,6,7,8 -n 32 --temp 0 --ignore-eos --ids --ring "$WORK/ring.conf" \
+    --key "$RING/coord.key" >"$WORK/ring.ids" 2>"$WORK/ring.err" || cat "$WORK/ring.err"
+check "a 2-node ring, node 1 on Vulkan0 and node 2 on the CPU: the tokens of one machine" \
+    diff "$WORK/cpu.ids" "$WORK/ring.ids"
+check "the Vulkan node says it computes there" grep -q "computing on Vulkan0" "$RING/n1.log"
+ring_stop
+
+check_fails "an unknown device is refused, naming the devices there are" "no device named 'Vulkan7'.*Vulkan0" \
+    "$RINGLM" run -m "$f" --tokens 5,6 -n 2 --device Vulkan7
+# A device whose buffers may be at most 64 KiB cannot hold a 256 KiB weight.
+GGML_VK_FORCE_MAX_BUFFER_SIZE=65536 GGML_VK_FORCE_MAX_ALLOCATION_SIZE=65536 \
+    check_fails "weights that do not fit the device: a clear error naming it and the numbers" \
+    "Vulkan0.*MiB.*--gpu-layers" "$RINGLM" run -m "$f" --tokens 5,6 -n 2 --device Vulkan0
+finish
