@@ -7,13 +7,17 @@
 # not speed. The GPU's kernels are not the CPU's: logits are compared within a stated relative bound, and
 # the worst difference is printed.
 #   - `ringlm devices` lists the Vulkan device, and the CPU.
-#   - For f32, f16, q8_0, q4_K and IQ2_XXS files: a 32-token prefill and 8 decode steps on Vulkan0 against
+#   - For f32, f16, q8_0, q4_K and IQ2_XXS files: a 16-token prefill and 4 decode steps on Vulkan0 against
 #     llama.cpp's Vulkan build (tests/oracle/oracle-gpu, all layers on the GPU, flash attention off as
 #     ringlm's default on Vulkan) on the same device: relative
-#     difference <= 1e-2 (x max|logit|), the worst printed; against ringlm on the CPU: no farther than
-#     llama.cpp's Vulkan logits are from llama.cpp's CPU logits (both printed; see below why).
-#   - 32 greedy tokens on Vulkan0 equal the CPU's, on the f32 and f16 files; and equal with the layers split
-#     between the GPU and the CPU (--gpu-layers), and with routed experts kept on the CPU (--n-cpu-moe).
+#     difference <= 1e-2 (x max|logit|), the worst printed; against ringlm on the CPU: <= 1e-2 on the f32
+#     and f16 files, and on every file no farther than llama.cpp's Vulkan logits are from llama.cpp's CPU
+#     logits (both printed; see below why).
+#   - 32 greedy tokens on Vulkan0 equal the CPU's, on the f32 and f16 files; and (16 tokens) equal with the
+#     layers split between the GPU and the CPU (--gpu-layers), and with routed experts kept on the CPU
+#     (--n-cpu-moe, --cpu-moe).
+#   - A 2-node ring, one node on Vulkan0 and one on the CPU: the one-machine tokens; the coordinator prints
+#     where each stage computes.
 #   - Speculative decoding (n-gram drafts, rollback of the KDA state on the device) gives the plain tokens.
 #   - Errors: an unknown device name; a device too small for the weights.
 . "$(dirname "$0")/lib.sh"
@@ -33,17 +37,17 @@ fi
 
 worst=0
 rel_of() { "$RINGLM" compare "$1" "$2" --tol 1e9 | grep -o 'rel [^ ]*' | head -1 | cut -d' ' -f2; }
-toks=$(seq -s, 7 3 126) # 40 ids
-cases=("full-f32 k3-full f32" "lean-f16 k3-lean f16" "full-q8_0 k3-full q8_0" "small-q4_K small q4_K"
+toks=$(seq -s, 7 3 66) # 20 ids (lavapipe runs a tiny K3 step in ~0.4 s: the checks stay short)
+cases=("full-f32 k3-full f32" "lean-f16 k3-lean f16" "full-q8_0 k3-full q8_0" "lean-q4_K k3-lean q4_K"
        "lean-iq2_xxs k3-lean iq2_xxs")
 for c in "${cases[@]}"; do
     read -r name config type <<<"$c"
     f=$(model "$name" "$config" "$type" 2)
-    "$RINGLM" logits -m "$f" --tokens "$toks" --prefill 32 -o "$WORK/cpu.bin" --device CPU --threads 2
-    "$RINGLM" logits -m "$f" --tokens "$toks" --prefill 32 -o "$WORK/vk.bin" --device Vulkan0 --threads 2
-    "$ORACLE_GPU" logits -m "$f" --tokens "$toks" --prefill 32 -o "$WORK/ovk.bin" --gpu-layers 99 --fa off
-    "$ORACLE" logits -m "$f" --tokens "$toks" --prefill 32 -o "$WORK/ocpu.bin"
-    check "$name: Vulkan0 logits (32-token prefill, 8 steps) within 1e-2 of llama.cpp's Vulkan build on the same device" \
+    "$RINGLM" logits -m "$f" --tokens "$toks" --prefill 16 -o "$WORK/cpu.bin" --device CPU --threads 2
+    "$RINGLM" logits -m "$f" --tokens "$toks" --prefill 16 -o "$WORK/vk.bin" --device Vulkan0 --threads 2
+    "$ORACLE_GPU" logits -m "$f" --tokens "$toks" --prefill 16 -o "$WORK/ovk.bin" --gpu-layers 99 --fa off
+    "$ORACLE" logits -m "$f" --tokens "$toks" --prefill 16 -o "$WORK/ocpu.bin"
+    check "$name: Vulkan0 logits (16-token prefill, 4 steps) within 1e-2 of llama.cpp's Vulkan build on the same device" \
         "$RINGLM" compare "$WORK/ovk.bin" "$WORK/vk.bin" --tol 1e-2
     rel=$(rel_of "$WORK/ovk.bin" "$WORK/vk.bin")
     worst=$(awk -v a="$worst" -v b="${rel:-1}" 'BEGIN { print (b + 0 > a + 0) ? b : a }')
@@ -56,33 +60,35 @@ for c in "${cases[@]}"; do
     echo "$name: Vulkan0 vs CPU: ringlm $ours, llama.cpp $theirs (relative to max|logit|)"
     check "$name: ringlm's Vulkan0 logits are as close to its CPU logits as llama.cpp's are ($ours vs $theirs)" \
         awk -v a="$ours" -v b="$theirs" 'BEGIN { exit !(a + 0 <= b + 1e-2) }'
+    # Unquantized files flip no expert over these 20 tokens: there the bound is the plain one.
+    case $type in f32|f16) check "$name: Vulkan0 logits within 1e-2 of ringlm on the CPU ($ours)" \
+        awk -v a="$ours" 'BEGIN { exit !(a + 0 <= 1e-2) }' ;; esac
     check "$name: the CPU logits equal llama.cpp's CPU logits bit for bit (the baseline of that comparison)" \
         "$RINGLM" compare "$WORK/ocpu.bin" "$WORK/cpu.bin" --tol 0
 done
 echo "worst relative difference of Vulkan0 logits from llama.cpp's Vulkan build: $worst"
 
-# Greedy text: all on the GPU, split, experts on the CPU, all on the CPU.
-gen() { "$RINGLM" run -m "$1" --tokens 5,6,7,8 -n 32 --temp 0 --ignore-eos --ids --threads 2 "${@:2}" 2>"$WORK/gen.err"; }
-for c in "full-f32 k3-full f32" "lean-f16 k3-lean f16"; do
+# Greedy text: all on the GPU, split, experts on the CPU, all on the CPU (32 tokens whole, 16 for the rest).
+gen() { "$RINGLM" run -m "$1" --tokens 5,6,7,8 -n "$2" --temp 0 --ignore-eos --ids --threads 2 "${@:3}" 2>"$WORK/gen.err"; }
+for c in "lean-f16 k3-lean f16" "full-f32 k3-full f32"; do
     read -r name config type <<<"$c"
     f=$(model "$name" "$config" "$type" 2)
-    gen "$f" --device CPU >"$WORK/cpu.ids"
-    gen "$f" --device Vulkan0 >"$WORK/vk.ids"
+    gen "$f" 32 --device CPU >"$WORK/cpu.ids"
+    gen "$f" 32 --device Vulkan0 >"$WORK/vk.ids"
     check "$name: 32 greedy tokens on Vulkan0 equal the CPU's" diff "$WORK/cpu.ids" "$WORK/vk.ids"
 done
-f=$(model full-f32 k3-full f32 2)
-gen "$f" --device CPU >"$WORK/cpu.ids"
-gen "$f" --device Vulkan0 --gpu-layers 3 >"$WORK/split.ids"
+cut -d, -f1-16 "$WORK/cpu.ids" >"$WORK/cpu16.ids" # full-f32's
+gen "$f" 16 --device Vulkan0 --gpu-layers 3 >"$WORK/split.ids"
 check "--gpu-layers 3 (3 of 6 layers on Vulkan0, the rest and the head on the CPU): the same tokens" \
-    diff "$WORK/cpu.ids" "$WORK/split.ids"
-gen "$f" --device Vulkan0 --gpu-layers 0 >"$WORK/zero.ids"
-check "--gpu-layers 0: the same tokens" diff "$WORK/cpu.ids" "$WORK/zero.ids"
-gen "$f" --device Vulkan0 --n-cpu-moe 3 >"$WORK/moe.ids"
-check "--n-cpu-moe 3 (routed experts of layers 0-2 in RAM): the same tokens" diff "$WORK/cpu.ids" "$WORK/moe.ids"
-gen "$f" --device Vulkan0 --cpu-moe >"$WORK/moe.ids"
-check "--cpu-moe (every routed expert in RAM): the same tokens" diff "$WORK/cpu.ids" "$WORK/moe.ids"
-gen "$f" --device Vulkan0 --draft ngram >"$WORK/spec.ids"
-check "speculative decoding (n-gram, KDA rollback on Vulkan0) gives the plain tokens" diff "$WORK/cpu.ids" "$WORK/spec.ids"
+    diff "$WORK/cpu16.ids" "$WORK/split.ids"
+gen "$f" 16 --device Vulkan0 --gpu-layers 0 >"$WORK/zero.ids"
+check "--gpu-layers 0: the same tokens" diff "$WORK/cpu16.ids" "$WORK/zero.ids"
+gen "$f" 16 --device Vulkan0 --n-cpu-moe 3 >"$WORK/moe.ids"
+check "--n-cpu-moe 3 (routed experts of layers 0-2 in RAM): the same tokens" diff "$WORK/cpu16.ids" "$WORK/moe.ids"
+gen "$f" 16 --device Vulkan0 --cpu-moe >"$WORK/moe.ids"
+check "--cpu-moe (every routed expert in RAM): the same tokens" diff "$WORK/cpu16.ids" "$WORK/moe.ids"
+gen "$f" 16 --device Vulkan0 --draft ngram >"$WORK/spec.ids"
+check "speculative decoding (n-gram, KDA rollback on Vulkan0) gives the plain tokens" diff "$WORK/cpu16.ids" "$WORK/spec.ids"
 
 # A 2-node ring, one node on Vulkan0 and one on the CPU: the same greedy tokens as one machine.
 . "$(dirname "$0")/ring_lib.sh"
@@ -91,11 +97,13 @@ ln -sf "$f" "$RING/models/full-f32.gguf"
 ring_keys 2
 ring_start 1 "$RING/models" --device Vulkan0 && ring_start 2 "$RING/models" --device CPU
 ring_conf "$WORK/ring.conf" 1 2
-"$RINGLM" run -m "$f" --tokens 5,6,7,8 -n 32 --temp 0 --ignore-eos --ids --ring "$WORK/ring.conf" \
+"$RINGLM" run -m "$f" --tokens 5,6,7,8 -n 16 --temp 0 --ignore-eos --ids --ring "$WORK/ring.conf" \
     --key "$RING/coord.key" >"$WORK/ring.ids" 2>"$WORK/ring.err" || cat "$WORK/ring.err"
 check "a 2-node ring, node 1 on Vulkan0 and node 2 on the CPU: the tokens of one machine" \
-    diff "$WORK/cpu.ids" "$WORK/ring.ids"
+    diff "$WORK/cpu16.ids" "$WORK/ring.ids"
 check "the Vulkan node says it computes there" grep -q "computing on Vulkan0" "$RING/n1.log"
+check "the coordinator prints where each stage computes" \
+    grep -q "stage .* computes on Vulkan0 (.*): layers \[" "$WORK/ring.err"
 ring_stop
 
 check_fails "an unknown device is refused, naming the devices there are" "no device named 'Vulkan7'.*Vulkan0" \

@@ -569,6 +569,11 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
             ring_close(rc);
             return -1;
         }
+        /* Where the node computes its layers (a GPU, split with its CPU: docs/devices.md). */
+        cJSON *rj = !o->quiet && p.n >= 2 ? cJSON_ParseWithLength(p.data[1], p.len[1]) : NULL;
+        const cJSON *wh = rj ? cJSON_GetObjectItemCaseSensitive(rj, "where") : NULL;
+        if (cJSON_IsString(wh)) fprintf(stderr, "stage %d (%s) computes on %s\n", s + 1, conf->nodes[st->node].addr, wh->valuestring);
+        cJSON_Delete(rj);
         zs_parts_free(&p);
     }
     return 0;

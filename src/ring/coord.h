@@ -1,5 +1,5 @@
 /* Folder src/ring/: CURVE sockets and allowlist, node daemon, coordinator, planner, the ring's speculative
- * verifier, latency relay, REAP scoring through the ring. May include: base, gguf, model, text, gen, speculate,
+ * verifier, latency relay, REAP scoring through the ring. May include: base, device, gguf, model, text, gen, speculate,
  * wire, exec, trust, prune. (README
  * "Layout"; tests/t_layout.sh checks both.)
  */

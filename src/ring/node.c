@@ -22,6 +22,7 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 
+#include "../device/devices.h"
 #include "../gen/emit.h"
 #include "../gguf/file_hash.h"
 #include "../model/expert_cache.h"
@@ -362,7 +363,26 @@ static void node_info(node *n) {
     uint64_t mem = n->o->mem_gb > 0 ? (uint64_t)(n->o->mem_gb * 1073741824.0) : node_mem_available();
     cJSON_AddNumberToObject(j, "mem_bytes", (double)mem);
     cJSON_AddNumberToObject(j, "threads", n->o->threads);
-    cJSON_AddStringToObject(j, "backend", "cpu");
+    /* The devices this machine has and the one its engine computes on by default (docs/devices.md). The
+     * planner does not weigh them yet: a node's memory offer is its RAM. */
+    rl_err de;
+    const char *dev = n->o->eng.device;
+    cJSON *ds = cJSON_AddArrayToObject(j, "devices");
+    if (dv_load(NULL, NULL, 0, &de) == 0) {
+        for (size_t i = 0; i < dv_count(); i++) {
+            dv_info d;
+            dv_get(i, &d);
+            cJSON *dj = cJSON_CreateObject();
+            cJSON_AddStringToObject(dj, "name", d.name);
+            cJSON_AddStringToObject(dj, "backend", d.backend);
+            cJSON_AddBoolToObject(dj, "gpu", d.gpu);
+            cJSON_AddNumberToObject(dj, "free_bytes", (double)d.free);
+            cJSON_AddNumberToObject(dj, "total_bytes", (double)d.total);
+            cJSON_AddItemToArray(ds, dj);
+        }
+        if (!dev) dev = dv_default_gpu() ? ggml_backend_dev_name(dv_default_gpu()) : "CPU";
+    }
+    cJSON_AddStringToObject(j, "backend", dev ? dev : "CPU");
     cJSON_AddBoolToObject(j, "repack", !n->o->eng.no_repack);
     cJSON_AddBoolToObject(j, "flash_attn", !n->o->eng.no_flash_attn);
     cJSON_AddStringToObject(j, "cache_type", n->o->eng.cache_f32 ? "f32" : "f16");
@@ -851,6 +871,9 @@ static void node_assign(node *n, uint64_t step, const zs_parts *p) {
     cJSON_AddNumberToObject(r, "a", n->a);
     cJSON_AddNumberToObject(r, "b", n->b);
     cJSON_AddNumberToObject(r, "weight_bytes", (double)k3_range_weight_bytes(&n->m, &n->hp, n->a, n->b));
+    char where[512];
+    k3_engine_describe(&n->e, where, sizeof where);
+    cJSON_AddStringToObject(r, "where", where);
     char *s = cJSON_PrintUnformatted(r);
     cJSON_Delete(r);
     if (s) node_reply(n, RF_READY, step, s, strlen(s));
