@@ -108,6 +108,13 @@ ring_stop
 
 check_fails "an unknown device is refused, naming the devices there are" "no device named 'Vulkan7'.*Vulkan0" \
     "$RINGLM" run -m "$f" --tokens 5,6 -n 2 --device Vulkan7
+check_fails "--mem (experts from the file) with a device: refused, naming the device" "--mem .*Vulkan0.*--device CPU" \
+    "$RINGLM" run -m "$f" --tokens 5,6 -n 2 --device Vulkan0 --mem 0.025
+check_fails "ringlm devices --backends DIR that cannot be read: a clear error" "cannot read the backend module directory" \
+    "$RINGLM" devices --backends "$WORK/no-such-dir"
+RINGLM_BACKEND_DIR=$WORK/no-such-dir "$RINGLM" devices >"$WORK/nodev.out" 2>"$WORK/nodev.err"
+check "without its module directory: the CPU alone, and why" \
+    sh -c "grep -q '^CPU ' '$WORK/nodev.out' && ! grep -q Vulkan0 '$WORK/nodev.out' && grep -q 'cannot read' '$WORK/nodev.err'"
 # A device whose buffers may be at most 64 KiB cannot hold a 256 KiB weight.
 GGML_VK_FORCE_MAX_BUFFER_SIZE=65536 GGML_VK_FORCE_MAX_ALLOCATION_SIZE=65536 \
     check_fails "weights that do not fit the device: a clear error naming it and the numbers" \

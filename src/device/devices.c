@@ -111,5 +111,3 @@ struct ggml_backend_device *dv_default_gpu(void) {
     }
     return NULL;
 }
-
-struct ggml_backend_device *dv_cpu(void) { return ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU); }

@@ -40,7 +40,5 @@ void dv_get(size_t i, dv_info *out);
 int dv_find(const char *name, struct ggml_backend_device **dev, rl_err *err);
 /* The first GPU (or integrated GPU) ggml sees, or NULL when there is none: run on the CPU. */
 struct ggml_backend_device *dv_default_gpu(void);
-/* The CPU device. */
-struct ggml_backend_device *dv_cpu(void);
 
 #endif
