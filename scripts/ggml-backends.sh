@@ -14,6 +14,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/pins.env"
+. "$here/npm-fetch.sh"
 [ "${RINGLM_BACKENDS:-vulkan}" = none ] && exit 0
 case "$(uname -s)-$(uname -m)" in
     Linux-x86_64) ;;
@@ -26,19 +27,7 @@ if [ ! -f "$cache/.done" ]; then
     rm -rf "$cache" && mkdir -p "$cache/oracle"
     work=$(mktemp -d)
     trap 'rm -rf "$work"' EXIT
-    if [ -n "${VULKAN_TGZ:-}" ]; then
-        tgz="$VULKAN_TGZ"
-    else
-        (cd "$work" && npm pack --silent "$pkg" >/dev/null) || { echo "ggml-backends.sh: npm pack $pkg failed" >&2; exit 1; }
-        tgz="$work/node-llama-cpp-linux-x64-vulkan-$NLC_VERSION.tgz"
-    fi
-    [ -f "$tgz" ] || { echo "ggml-backends.sh: no $tgz" >&2; exit 1; }
-    got=$(sha256sum "$tgz" | cut -d' ' -f1)
-    if [ "$got" != "$NLC_LINUX_X64_VULKAN_SHA256" ]; then
-        echo "ggml-backends.sh: sha256 of $(basename "$tgz") is $got, expected $NLC_LINUX_X64_VULKAN_SHA256" \
-             "(NLC_LINUX_X64_VULKAN_SHA256 in scripts/pins.env); refusing it" >&2
-        exit 1
-    fi
+    tgz=$(npm_fetch ggml-backends.sh "$pkg" NLC_LINUX_X64_VULKAN_SHA256 "$work" "${VULKAN_TGZ:-}")
     tar xzf "$tgz" -C "$work" package/bins/linux-x64-vulkan
     bins="$work/package/bins/linux-x64-vulkan"
     [ -f "$bins/libggml-vulkan.so" ] || { echo "ggml-backends.sh: $pkg has no libggml-vulkan.so" >&2; exit 1; }

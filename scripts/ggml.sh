@@ -8,6 +8,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/pins.env"
+. "$here/npm-fetch.sh"
 
 if [ -n "${GGML_PREFIX:-}" ]; then
     [ -f "$GGML_PREFIX/include/ggml.h" ] || { echo "ggml.sh: GGML_PREFIX=$GGML_PREFIX has no include/ggml.h" >&2; exit 1; }
@@ -43,13 +44,7 @@ if [ ! -f "$cache/.done" ]; then
     rm -rf "$cache" && mkdir -p "$cache"
     work=$(mktemp -d)
     trap 'rm -rf "$work"' EXIT
-    (cd "$work" && npm pack --silent "node-llama-cpp@$NLC_VERSION" >/dev/null)
-    tgz="$work/node-llama-cpp-$NLC_VERSION.tgz"
-    got=$(sha256sum "$tgz" | cut -d' ' -f1)
-    if [ "$got" != "$NLC_SHA256" ]; then
-        echo "ggml.sh: sha256 of node-llama-cpp-$NLC_VERSION.tgz is $got, expected $NLC_SHA256; refusing it" >&2
-        exit 1
-    fi
+    tgz=$(npm_fetch ggml.sh "node-llama-cpp@$NLC_VERSION" NLC_SHA256 "$work")
     tar xzf "$tgz" -C "$work" package/llama/gitRelease.bundle
     git clone -q "$work/package/llama/gitRelease.bundle" "$cache/llama.cpp" 2>/dev/null
     head=$(git -C "$cache/llama.cpp" rev-parse --short=7 HEAD)

@@ -9,6 +9,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/pins.env"
+. "$here/npm-fetch.sh"
 
 pkg="@node-llama-cpp/linux-x64@$NLC_VERSION"
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/ringlm/oracle-$NLC_VERSION"
@@ -22,21 +23,7 @@ if [ ! -f "$cache/.done" ]; then
     rm -rf "$cache" && mkdir -p "$cache"
     work=$(mktemp -d)
     trap 'rm -rf "$work"' EXIT
-    if [ -n "${ORACLE_TGZ:-}" ]; then
-        [ -f "$ORACLE_TGZ" ] || { echo "oracle-lib.sh: ORACLE_TGZ=$ORACLE_TGZ does not exist" >&2; exit 1; }
-        tgz="$ORACLE_TGZ"
-    else
-        (cd "$work" && npm pack --silent "$pkg" >/dev/null) \
-            || { echo "oracle-lib.sh: npm pack $pkg failed" >&2; exit 1; }
-        tgz="$work/node-llama-cpp-linux-x64-$NLC_VERSION.tgz"
-        [ -f "$tgz" ] || { echo "oracle-lib.sh: npm pack did not produce $(basename "$tgz")" >&2; exit 1; }
-    fi
-    got=$(sha256sum "$tgz" | cut -d' ' -f1)
-    if [ "$got" != "$NLC_LINUX_X64_SHA256" ]; then
-        echo "oracle-lib.sh: sha256 of $(basename "$tgz") is $got, expected $NLC_LINUX_X64_SHA256" \
-             "(NLC_LINUX_X64_SHA256 in scripts/pins.env); refusing it" >&2
-        exit 1
-    fi
+    tgz=$(npm_fetch oracle-lib.sh "$pkg" NLC_LINUX_X64_SHA256 "$work" "${ORACLE_TGZ:-}")
     tar xzf "$tgz" -C "$work" package/bins/linux-x64
     # All the shared libraries, the libggml-cpu-<cpu>.so variants included: libggml loads the best one for
     # this CPU at run time from a directory the oracle names (ggml_backend_load_all_from_path).
