@@ -15,8 +15,8 @@ out=bench/results/plan-k3.md
     echo "\`bench/plan_k3.sh\`: \`ringlm plan --manifest (synth --shape-only of bench/configs/CONFIG.json) --nodes"
     echo "bench/rings/RING.conf --ctx 32768 --prompt 4096 --acceptance 0.7\`. Every figure is a prediction from"
     echo "spec-sheet numbers and the assumptions in docs/plan.md (decode at half the memory bandwidth, the"
-    echo "delays written in each ring file), not a measurement. Partial offload (a GPU tier over RAM) is not"
-    echo "modelled apart yet: the two-cluster ring declares blended figures. The one-desktop rings read routed experts from NVMe"
+    echo "delays written in each ring file), not a measurement. The two-cluster ring offloads partially (VRAM"
+    echo "first, then RAM: plan.h). The one-desktop rings read routed experts from NVMe"
     echo "past their RAM (the expert cache, docs/experts.md; hit rate = the share cached). Speculation: two blocks in flight"
     echo "(plan's default, as run --ring's), drafting not counted (no DSpark file of K3's shapes is given)."
     echo

@@ -17,7 +17,9 @@
 #     layers split between the GPU and the CPU (--gpu-layers), and with routed experts kept on the CPU
 #     (--n-cpu-moe, --cpu-moe).
 #   - A 2-node ring, one node on Vulkan0 and one on the CPU: the one-machine tokens; the coordinator prints
-#     where each stage computes.
+#     where each stage computes. A Vulkan node offering less device memory than its range (--vram) gets a
+#     plan that keeps routed experts, or whole layers, in RAM; it computes that split, with the same tokens.
+#   - Errors: --vram above the free memory, an unknown device on a node; `devices --measure` gives a speed.
 #   - Speculative decoding (n-gram drafts, rollback of the KDA state on the device) gives the plain tokens.
 #   - Errors: an unknown device name; a device too small for the weights.
 . "$(dirname "$0")/lib.sh"
@@ -78,9 +80,10 @@ for c in "lean-f16 k3-lean f16" "full-f32 k3-full f32"; do
     check "$name: 32 greedy tokens on Vulkan0 equal the CPU's" diff "$WORK/cpu.ids" "$WORK/vk.ids"
 done
 cut -d, -f1-16 "$WORK/cpu.ids" >"$WORK/cpu16.ids" # full-f32's
-gen "$f" 16 --device Vulkan0 --gpu-layers 3 >"$WORK/split.ids"
+gen "$f" 16 --device Vulkan0 --gpu-layers 3 --progress >"$WORK/split.ids"
 check "--gpu-layers 3 (3 of 6 layers on Vulkan0, the rest and the head on the CPU): the same tokens" \
     diff "$WORK/cpu16.ids" "$WORK/split.ids"
+check "--progress draws a bar while the weights are copied into Vulkan0" grep -q "copying to Vulkan0.*100%" "$WORK/gen.err"
 gen "$f" 16 --device Vulkan0 --gpu-layers 0 >"$WORK/zero.ids"
 check "--gpu-layers 0: the same tokens" diff "$WORK/cpu16.ids" "$WORK/zero.ids"
 gen "$f" 16 --device Vulkan0 --n-cpu-moe 3 >"$WORK/moe.ids"
@@ -94,8 +97,9 @@ check "speculative decoding (n-gram, KDA rollback on Vulkan0) gives the plain to
 . "$(dirname "$0")/ring_lib.sh"
 mkdir -p "$RING/models"
 ln -sf "$f" "$RING/models/full-f32.gguf"
-ring_keys 2
-ring_start 1 "$RING/models" --device Vulkan0 && ring_start 2 "$RING/models" --device CPU
+ring_keys 4
+# (a declared device speed: lavapipe measures ~1 GB/s, below the CPU's, and the planner would leave it idle)
+ring_start 1 "$RING/models" --device Vulkan0 --device-speed 20 && ring_start 2 "$RING/models" --device CPU
 ring_conf "$WORK/ring.conf" 1 2
 "$RINGLM" run -m "$f" --tokens 5,6,7,8 -n 16 --temp 0 --ignore-eos --ids --ring "$WORK/ring.conf" \
     --key "$RING/coord.key" >"$WORK/ring.ids" 2>"$WORK/ring.err" || cat "$WORK/ring.err"
@@ -105,6 +109,41 @@ check "the Vulkan node says it computes there" grep -q "computing on Vulkan0" "$
 check "the coordinator prints where each stage computes" \
     grep -q "stage .* computes on Vulkan0 (.*): layers \[" "$WORK/ring.err"
 ring_stop
+
+# The planner's device tier (plan.h): a Vulkan node offering less device memory than its range needs
+# (--vram) keeps the rest in RAM, as the plan says: with 30 MB the routed experts of the first layers, with
+# 10 MB the last layers whole (their dense parts alone exceed it). The node computes the plan's split, and
+# the tokens stay those of one machine.
+for v in "0.03 experts" "0.01 layers"; do
+    read -r vram how <<<"$v"
+    ring_start 3 "$RING/models" --device Vulkan0 --device-speed 20 --vram "$vram"
+    ring_conf "$WORK/ring1.conf" 3
+    "$RINGLM" run -m "$f" --tokens 5,6,7,8 -n 16 --temp 0 --ignore-eos --ids --ring "$WORK/ring1.conf" \
+        --key "$RING/coord.key" >"$WORK/ring1.ids" 2>"$WORK/ring1.err" || cat "$WORK/ring1.err"
+    ring_stop
+    check "--vram $vram: the tokens of one machine" diff "$WORK/cpu16.ids" "$WORK/ring1.ids"
+    plan=$(grep -o '(Vulkan0: layers [^)]*)' "$WORK/ring1.err" | head -1)
+    where=$(grep -o 'computes on Vulkan0 .*' "$WORK/ring1.err" | head -1)
+    echo "--vram $vram: plan $plan; node $where"
+    if [ "$how" = experts ]; then
+        n=$(sed -n 's/.*their routed experts of 0-\([0-9]*\) in RAM.*/\1/p' <<<"$plan")
+        check "--vram $vram: the plan keeps all 6 layers on Vulkan0 and the routed experts of the first ones in RAM" \
+            grep -q "layers 0-5, their routed experts of 0-[0-4] in RAM; .* on Vulkan0, .* in RAM" <<<"$plan"
+        check "... and the node computes that split" grep -q "routed experts of layers \[0, $((n + 1))) in RAM" <<<"$where"
+    else
+        n=$(sed -n 's/^(Vulkan0: layers 0-\([0-9]*\); CPU: layers .*/\1/p' <<<"$plan")
+        check "--vram $vram: the plan puts the first layers on Vulkan0 and the rest on the CPU" \
+            grep -q "^(Vulkan0: layers 0-[0-4]; CPU: layers [1-5]-5; .* on Vulkan0, .* in RAM)" <<<"$plan"
+        check "... and the node computes that split" grep -q "layers \[0, $((n + 1))),.*layers \[$((n + 1)), 6) on the CPU" <<<"$where"
+    fi
+done
+check_fails "a node offering more device memory than is free: a clear error" "--vram 1000.00 GB is more than Vulkan0 has free" \
+    "$RINGLM" node --listen 127.0.0.1:1 --key "$RING/n4.key" --allow "$(cat "$RING/coord.pub")" --device Vulkan0 --vram 1000
+check_fails "a node on an unknown device: refused at start, naming the devices" "no device named 'Vulkan7'.*Vulkan0" \
+    "$RINGLM" node --listen 127.0.0.1:1 --key "$RING/n4.key" --allow "$(cat "$RING/coord.pub")" --device Vulkan7
+"$RINGLM" devices --measure --threads 2 >"$WORK/measure" 2>&1
+check "ringlm devices --measure: a speed for Vulkan0 (what a node reports)" \
+    grep -Eq '^Vulkan0 .* [0-9]+\.[0-9]+ +[0-9]+\.[0-9]+ +llvmpipe' "$WORK/measure"
 
 check_fails "an unknown device is refused, naming the devices there are" "no device named 'Vulkan7'.*Vulkan0" \
     "$RINGLM" run -m "$f" --tokens 5,6 -n 2 --device Vulkan7

@@ -144,6 +144,32 @@ bad "a coordinator at no node" "bad.conf:2: coordinator at=zz: no such node" "no
 bad "a coordinator nowhere" "bad.conf:2: 'coordinator at=NODE' or 'coordinator loc=PLACE'" "node a device=h100" "coordinator device=h100"
 bad "a coordinator's unknown device, by line" "bad.conf:3: unknown device 'h900'" "node a device=h100" "" "coordinator loc=x device=h900"
 bad "a coordinator's bad figure, by line" "bad.conf:2: bad mem=0 .*at, loc" "node a device=h100" "coordinator at=a mem=0"
+# Partial offload (ram=): a GPU's memory first, then RAM at its own speed (plan.h). With 20 MB of device memory
+# the tiny model's first layers sit there whole and the rest in RAM; with 30 MB every layer's dense part
+# does and the routed experts of the first layers stay in RAM. Either way the tiers add up, each within its
+# size, and the prediction lies between all on the device and all in RAM.
+for v in 0.02 0.03; do
+    printf 'node g device=custom mem=%s bw=1000 tflops=50 ram=1 ram_bw=50 ram_tflops=1\n' "$v" >"$WORK/po.conf"
+    printf 'node g device=custom mem=1 bw=1000 tflops=50\n' >"$WORK/pd.conf"
+    printf 'node g device=custom mem=1 bw=50 tflops=1\n' >"$WORK/pr.conf"
+    for c in po pd pr; do "${P[@]}" --nodes "$WORK/$c.conf" --json >"$WORK/$c.json"; done
+    check "ram= with mem=$v GB of device: tiers that add up, and a prediction between all-device and all-RAM" \
+        python3 - "$WORK" "$v" <<'PY'
+import json, sys
+w, v = sys.argv[1], float(sys.argv[2])
+po, pd, pr = (json.load(open('%s/%s.json' % (w, c))) for c in ('po', 'pd', 'pr'))
+s = po['stages'][0]
+print(s)
+assert s['device_bytes'] + s['ram_bytes'] == s['mem_bytes'] and s['device_bytes'] <= v * 2**30 and s['ram_bytes'] <= 2**30
+if v == 0.02:
+    assert 0 < s['gpu_layers'] < 6 and s['cpu_moe_layers'] == 0, 'first layers whole on the device'
+else:
+    assert s['gpu_layers'] == 6 and s['cpu_moe_layers'] > 0, 'every layer on the device, some experts in RAM'
+g = [p['predict']['greedy_tok_s'] for p in (pd, po, pr)]
+assert g[0] > g[1] > g[2], g
+PY
+done
+bad "ram_bw without ram" "bad.conf:1: ram_bw= and ram_tflops= describe the RAM that ram=GB offers" "node a device=h100 ram_bw=50"
 check "--devices lists the catalog" sh -c '"$1" plan --devices | grep -q "^rtx5090 .* 32 .* 1792"' _ "$RINGLM"
 rc=0
 "$RINGLM" plan -m "$f" --nodes "$WORK/nodes.conf" --ring x.conf --key k 2>"$WORK/err" || rc=$?

@@ -12,7 +12,7 @@ static void node_usage(FILE *f) {
     fprintf(f, "usage: ringlm node --listen HOST:PORT --key node.key --allow COORD_PUBKEY_HEX[,...]\n"
                "                   [--models DIR] [--cache DIR] [--mem GB [--disk GB/s]] [--speed GB/s] [--tflops T] [--threads N]\n"
                "                   [--audit-keep MB] [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16]\n"
-               "                   [--device NAME] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe]\n"
+               "                   [--device NAME] [--vram GB] [--device-speed GB/s] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe]\n"
                "                   [--verbose]\n\n"
                "Serves its share of a model to the coordinators it trusts. Links are encrypted and mutually\n"
                "authenticated (ZeroMQ CURVE); a key not on the list is refused and logged. Layers of a model\n"
@@ -28,7 +28,12 @@ static void node_usage(FILE *f) {
                "the planner and a hard budget for its weights: a range larger than it keeps its dense part\n"
                "resident and reads routed experts from the file through a cache (docs/experts.md); the node\n"
                "reports its disk read speed (--disk, or measured on its largest model file) so that the planner\n"
-               "may give it more layers than its memory holds.\n");
+               "may give it more layers than its memory holds.\n"
+               "A node computing on a GPU (--device, default the first GPU; docs/devices.md) offers the planner\n"
+               "that device's memory (--vram GB, default its free memory less 256 MiB) at its speed (--device-speed,\n"
+               "or measured at start) before its RAM: the plan then says which layers, and which layers' routed\n"
+               "experts, sit on the device and which in RAM. --gpu-layers / --n-cpu-moe given here fix that split\n"
+               "for this node whatever the plan says.\n");
 }
 
 int cmd_node(int argc, char **argv) {
@@ -66,6 +71,10 @@ int cmd_node(int argc, char **argv) {
         }
         else if (strcmp(a, "--speed") == 0) o.speed_gbs = atof(v);
         else if (strcmp(a, "--tflops") == 0) o.tflops = atof(v);
+        else if (strcmp(a, "--vram") == 0 && cli_parse_double(v, &o.vram_gb) == 0 && o.vram_gb > 0) {
+        }
+        else if (strcmp(a, "--device-speed") == 0 && cli_parse_double(v, &o.device_speed_gbs) == 0 && o.device_speed_gbs > 0) {
+        }
         else if (strcmp(a, "--disk") == 0 && cli_parse_double(v, &o.disk_gbs) == 0 && o.disk_gbs > 0) {
         }
         else if (strcmp(a, "--audit-keep") == 0 && atof(v) > 0) o.audit_keep_bytes = (size_t)(atof(v) * 1048576.0);

@@ -547,6 +547,7 @@ int cmd_run(int argc, char **argv) {
     } else {
         k3_engine_opts eo = a->eo;
         eo.n_threads = a->threads;
+        eo.progress = a->progress;
         if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, &eo, &err) != 0) {
             if (spec) spec_drafter_close(&drafter);
             goto out;

@@ -282,6 +282,7 @@ int cmd_serve(int argc, char **argv) {
         if (sch_backend_ring(&be, &rcfg, &err) != 0) goto out;
     } else {
         eo.n_threads = threads;
+        eo.progress = isatty(2);
         if (k3_engine_init(&e, &m, &hp, 0, hp.n_layer, &eo, &err) != 0) goto out;
         have_engine = true;
         k3_weights_prefault(&e.w, isatty(2) && m.tensor_bytes > (64u << 20));

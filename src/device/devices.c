@@ -6,9 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
+#include "ggml.h"
 
 #ifndef RINGLM_BACKEND_DIR
 #define RINGLM_BACKEND_DIR ""
@@ -110,4 +112,76 @@ struct ggml_backend_device *dv_default_gpu(void) {
         if (t == GGML_BACKEND_DEVICE_TYPE_GPU || t == GGML_BACKEND_DEVICE_TYPE_IGPU) return d;
     }
     return NULL;
+}
+
+int dv_pick(const char *name, struct ggml_backend_device **dev, rl_err *err) {
+    *dev = NULL;
+    if (name && strcmp(name, "CPU") == 0) return 0;
+    if (dv_load(NULL, NULL, 0, err) != 0) return -1;
+    if (!name) {
+        *dev = dv_default_gpu();
+        return 0;
+    }
+    if (dv_find(name, dev, err) != 0) return -1;
+    if (ggml_backend_dev_type(*dev) == GGML_BACKEND_DEVICE_TYPE_CPU) *dev = NULL;
+    return 0;
+}
+
+static double dv_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* The best of four timed runs of g, after a first untimed one. */
+static int dv_time(ggml_backend_t be, struct ggml_cgraph *g, double *best) {
+    *best = 1e30;
+    for (int r = 0; r < 5; r++) {
+        const double t0 = dv_now();
+        if (ggml_backend_graph_compute(be, g) != GGML_STATUS_SUCCESS) return -1;
+        ggml_backend_synchronize(be);
+        const double dt = dv_now() - t0;
+        if (r > 0 && dt < *best) *best = dt;
+    }
+    return 0;
+}
+
+int dv_measure(struct ggml_backend_device *dev, int n_threads, double *bps, double *flops, rl_err *err) {
+    const char *name = ggml_backend_dev_name(dev);
+    ggml_backend_t be = ggml_backend_dev_init(dev, NULL);
+    if (!be) return rl_errf(err, "cannot start device %s to measure it", name);
+    if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) ggml_backend_cpu_set_n_threads(be, n_threads > 0 ? n_threads : 1);
+    /* 7680 columns = 240 q8_0 blocks; the same shapes as the node's CPU probe, so the figures compare */
+    struct ggml_init_params ip = {.mem_size = 16 * ggml_tensor_overhead() + 2 * ggml_graph_overhead(), .mem_buffer = NULL,
+                                  .no_alloc = true};
+    struct ggml_context *c = ggml_init(ip);
+    if (!c) {
+        ggml_backend_free(be);
+        return rl_errf(err, "out of memory measuring %s", name);
+    }
+    struct ggml_tensor *w1 = ggml_new_tensor_2d(c, GGML_TYPE_Q8_0, 7680, 8192);
+    struct ggml_tensor *x1 = ggml_new_tensor_2d(c, GGML_TYPE_F32, 7680, 1);
+    struct ggml_tensor *w2 = ggml_new_tensor_2d(c, GGML_TYPE_Q8_0, 7680, 1024);
+    struct ggml_tensor *x2 = ggml_new_tensor_2d(c, GGML_TYPE_F32, 7680, 128);
+    struct ggml_tensor *y1 = ggml_mul_mat(c, w1, x1), *y2 = ggml_mul_mat(c, w2, x2);
+    struct ggml_cgraph *g1 = ggml_new_graph(c), *g2 = ggml_new_graph(c);
+    ggml_build_forward_expand(g1, y1);
+    ggml_build_forward_expand(g2, y2);
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(c, be);
+    int rc = 0;
+    double t1 = 0, t2 = 0;
+    if (!buf) {
+        rc = rl_errf(err, "%s: cannot allocate 75 MiB to measure it", name);
+    } else {
+        ggml_backend_buffer_clear(buf, 0); /* zero scales and inputs: the time does not depend on the values */
+        if (dv_time(be, g1, &t1) != 0 || dv_time(be, g2, &t2) != 0) rc = rl_errf(err, "%s: a matrix product failed", name);
+    }
+    if (rc == 0) {
+        *bps = (double)ggml_nbytes(w1) / t1;
+        *flops = 2.0 * 1024.0 * 7680.0 * 128.0 / t2;
+    }
+    if (buf) ggml_backend_buffer_free(buf);
+    ggml_free(c);
+    ggml_backend_free(be);
+    return rc;
 }

@@ -21,20 +21,6 @@
 #include "expert_cache.h"
 #include "k3_memory.h"
 
-/* The device an engine's options ask for: NULL for the CPU. By name, or by default the first GPU found. */
-static int k3_pick_device(const k3_engine_opts *o, ggml_backend_dev_t *dev, rl_err *err) {
-    *dev = NULL;
-    if (o->device && strcmp(o->device, "CPU") == 0) return 0;
-    if (dv_load(NULL, NULL, 0, err) != 0) return -1;
-    if (!o->device) {
-        *dev = dv_default_gpu();
-        return 0;
-    }
-    if (dv_find(o->device, dev, err) != 0) return -1;
-    if (ggml_backend_dev_type(*dev) == GGML_BACKEND_DEVICE_TYPE_CPU) *dev = NULL;
-    return 0;
-}
-
 /* How many layers of [a, b), from a, the device holds by default: their weights (the head's too when all
  * fit) within its free memory, less a tenth and 256 MiB for per-sequence state and compute buffers. */
 static uint32_t k3_fit_layers(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, ggml_backend_dev_t dev) {
@@ -90,7 +76,7 @@ int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32
         }
     }
     ggml_backend_dev_t dev = NULL;
-    if (a < b && k3_pick_device(o, &dev, err) != 0) return -1;
+    if (a < b && dv_pick(o->device, &dev, err) != 0) return -1;
     const uint32_t n_dev = !dev ? 0 : o->gpu_layers_set ? (o->gpu_layers < b - a ? o->gpu_layers : b - a)
                                                        : k3_fit_layers(m, hp, a, b, dev);
     if (n_dev > 0) {
@@ -112,7 +98,7 @@ int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32
         const char *reg = ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev));
         if (strcmp(reg, "Vulkan") == 0 && !o->flash_attn_on) e->flash_attn = false;
     }
-    if (k3_weights_bind(&e->w, m, &e->hp, a, b, o->no_repack, cache, err) != 0) {
+    if (k3_weights_bind(&e->w, m, &e->hp, a, b, o->no_repack, cache, o->progress, err) != 0) {
         k3_engine_free(e);
         return -1;
     }

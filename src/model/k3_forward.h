@@ -52,6 +52,7 @@ typedef struct k3_engine {
 typedef struct k3_engine_opts {
     int n_threads;  /* CPU threads; <= 0: 1 */
     bool no_repack; /* keep every weight in the file mapping (llama.cpp's --no-repack) */
+    bool progress;  /* a bar on stderr while weights are copied into a device */
     bool no_flash_attn; /* MLA attention by softmax(kq)·v instead of ggml_flash_attn_ext (llama.cpp's -fa off) */
     bool flash_attn_on; /* --flash-attn on: flash attention on every device; auto (the default) leaves it off on a
                          * Vulkan device, whose flash attention over the MLA cache wrote out of bounds here */

@@ -70,7 +70,8 @@ static struct ggml_tensor *k3_bind(k3_weights *w, const mf_model *m, const char 
 /* Allocates each extra buffer type's tensors and copies them in from the mapping (the buffer's set_tensor
  * re-lays them), then tells the kernel the file pages they came from are not needed: the copy is what is
  * read from now on, and the mapping's pages would otherwise stay resident beside it. */
-static int k3_weights_copy(k3_weights *w, const mf_model *m, ggml_backend_buffer_type_t dev_buft, rl_err *err) {
+static int k3_weights_copy(k3_weights *w, const mf_model *m, ggml_backend_buffer_type_t dev_buft, bool progress,
+                           rl_err *err) {
     for (int k = 0; k <= K3_W_DEV; k++) {
         if (!w->xctx[k] || !ggml_get_first_tensor(w->xctx[k])) continue;
         size_t need = 0;
@@ -94,11 +95,22 @@ static int k3_weights_copy(k3_weights *w, const mf_model *m, ggml_backend_buffer
         }
         ggml_backend_buffer_set_usage(w->xbuf[k], GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
         const long pg = sysconf(_SC_PAGESIZE);
+        /* A bar for the copy into a device (the one that takes a while on a large range: the file is read and
+         * sent over PCIe); repacking into the CPU's layouts stays quiet, as llama.cpp's does. */
+        const bool bar = progress && k == K3_W_DEV;
+        int last_pct = -1;
         for (struct ggml_tensor *t = ggml_get_first_tensor(w->xctx[k]); t; t = ggml_get_next_tensor(w->xctx[k], t)) {
             const mf_tensor *src = mf_find(m, ggml_get_name(t));
             size_t n = ggml_nbytes(t);
             ggml_backend_tensor_set(t, src->data, 0, n);
             w->x_bytes[k] += n;
+            const int pct = need ? (int)(100.0 * (double)w->x_bytes[k] / (double)need) : 100;
+            if (bar && pct != last_pct) {
+                last_pct = pct;
+                fprintf(stderr, "\rcopying to %s [%-40.*s] %3d%% %8.1f MiB", ggml_backend_buft_name(buft), pct * 40 / 100,
+                        "########################################", pct, (double)w->x_bytes[k] / 1048576.0);
+                if (w->x_bytes[k] == need) fputc('\n', stderr);
+            }
             uintptr_t lo = ((uintptr_t)src->data + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
             uintptr_t hi = ((uintptr_t)src->data + n) & ~((uintptr_t)pg - 1);
             /* The mapping is a read-only MAP_SHARED of the file, so dropped pages are read back from it if
@@ -116,7 +128,7 @@ size_t k3_weights_copied_bytes(const k3_weights *w) {
 }
 
 int k3_weights_bind(k3_weights *w, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, bool no_repack,
-                    bool experts_outside, rl_err *err) {
+                    bool experts_outside, bool progress, rl_err *err) {
     memset(w, 0, sizeof *w);
     if (a >= b || b > hp->n_layer) return rl_errf(err, "bad layer range [%u, %u) for %u layers", a, b, hp->n_layer);
     w->a = a;
@@ -215,7 +227,7 @@ int k3_weights_bind(k3_weights *w, const mf_model *m, const k3_hparams *hp, uint
         w->output_norm = k3_bind(w, m, "output_norm.weight", k3_weight_use("output_norm.weight"), K, dev);
         w->output_res_score = k3_bind(w, m, "output_res_score.weight", k3_weight_use("output_res_score.weight"), K, dev);
     }
-    if (k3_weights_copy(w, m, hp->dev_buft, err) != 0) {
+    if (k3_weights_copy(w, m, hp->dev_buft, progress, err) != 0) {
         k3_weights_free(w);
         return -1;
     }

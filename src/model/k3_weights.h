@@ -55,9 +55,10 @@ typedef struct k3_weights {
  * the CPU's extra buffer types, which costs their size in RAM while the file pages they came from are
  * released. */
 /* Layers on a device (k3_on_dev) have every tensor copied into hp->dev_buft, and the output head too with
- * hp->dev_output; token_embd stays in the mapping (its get_rows runs on the CPU, as in llama.cpp). */
+ * hp->dev_output; token_embd stays in the mapping (its get_rows runs on the CPU, as in llama.cpp). progress:
+ * a bar on stderr while they are copied. */
 int k3_weights_bind(k3_weights *w, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, bool no_repack,
-                    bool experts_outside, rl_err *err);
+                    bool experts_outside, bool progress, rl_err *err);
 
 /* The op a K3 weight (by tensor name) is used in, which decides where it may live. */
 wp_use k3_weight_use(const char *name);

@@ -102,6 +102,11 @@ const char *jstr(const cJSON *o, const char *k) {
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
+static double jnum_or(const cJSON *o, const char *k, double def) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : def;
+}
+
 /* Waits for one message of `want` type (from any node, or from `only` if >= 0). Answers nothing itself,
  * but notes PONGs, pings every node each second and fails on ERROR, on a node silent for dead_s, or
  * after timeout_s. *from is the node index the message came from. */
@@ -244,6 +249,13 @@ int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, pr_re
         int nd = rc->plan.stages[s].node;
         nodes[s] = (pr_node){.speed = rc->nodes[nd].speed, .flops = rc->nodes[nd].flops > 0 ? rc->nodes[nd].flops : INFINITY,
                              .net = INFINITY, .disk = rc->nodes[nd].disk_bps};
+        if (rc->pnodes[nd].ram_bytes > 0) { /* the device's figures, and the CPU's for the part in RAM */
+            nodes[s].two_tier = true;
+            nodes[s].ram_speed = nodes[s].speed;
+            nodes[s].ram_flops = nodes[s].flops;
+            nodes[s].speed = rc->nodes[nd].dev_speed;
+            nodes[s].flops = rc->nodes[nd].dev_flops > 0 ? rc->nodes[nd].dev_flops : INFINITY;
+        }
         hop_s[s] = prev < 0 ? rc->coord_delay_s[nd] : rc->delay_s[prev][nd];
         prev = nd;
     }
@@ -360,6 +372,15 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
             rc->nodes[from].disk_bps = cJSON_IsNumber(dk) && dk->valuedouble > 0 ? dk->valuedouble : 0;
             const cJSON *fl = j ? cJSON_GetObjectItemCaseSensitive(j, "flops") : NULL;
             rc->nodes[from].flops = cJSON_IsNumber(fl) && fl->valuedouble > 0 ? fl->valuedouble : 0;
+            const cJSON *dv = j ? cJSON_GetObjectItemCaseSensitive(j, "device") : NULL;
+            const char *dn = jstr(dv, "name");
+            const double db = jnum_or(dv, "mem_bytes", 0), dsp = jnum_or(dv, "speed_bps", 0), dfl = jnum_or(dv, "flops", 0);
+            if (dn && db > 0 && db < 1e19 && dsp > 0 && isfinite(dsp)) {
+                snprintf(rc->nodes[from].dev_name, sizeof rc->nodes[from].dev_name, "%s", dn);
+                rc->nodes[from].dev_bytes = (uint64_t)db;
+                rc->nodes[from].dev_speed = dsp;
+                rc->nodes[from].dev_flops = dfl > 0 && isfinite(dfl) ? dfl : 0;
+            }
             k3_engine_opts *eng = &rc->nodes[from].eng;
             eng->no_repack = cJSON_IsFalse(j ? cJSON_GetObjectItemCaseSensitive(j, "repack") : NULL);
             eng->no_flash_attn = !cJSON_IsTrue(j ? cJSON_GetObjectItemCaseSensitive(j, "flash_attn") : NULL);
@@ -443,6 +464,14 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
         if (o->exclude && o->exclude[i]) pn->mem_bytes = 0;
         pn->speed = rc->nodes[i].speed;
         pn->disk_bps = rc->nodes[i].disk_bps;
+        if (rc->nodes[i].dev_bytes > 0 && pn->mem_bytes > 0) { /* a GPU first, RAM after */
+            pn->ram_bytes = pn->mem_bytes;
+            pn->ram_speed = pn->speed;
+            pn->mem_bytes = rc->nodes[i].dev_bytes;
+            pn->speed = rc->nodes[i].dev_speed;
+            _Static_assert(sizeof pn->device == sizeof rc->nodes[i].dev_name, "device names: one size");
+            memcpy(pn->device, rc->nodes[i].dev_name, sizeof pn->device);
+        }
     }
     plan_node in_order[PLAN_MAX_NODES];
     for (int k = 0; k < conf->n; k++) in_order[k] = rc->pnodes[perm[k]];
@@ -542,6 +571,10 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
         if (o->n_taps > 0) {
             cJSON *ta = cJSON_AddArrayToObject(j, "taps");
             for (int k = 0; k < o->n_taps; k++) cJSON_AddItemToArray(ta, cJSON_CreateNumber(o->taps[k]));
+        }
+        if (rc->pnodes[st->node].ram_bytes > 0) { /* how the stage splits between the node's GPU and RAM */
+            cJSON_AddNumberToObject(j, "gpu_layers", st->dev_layers);
+            cJSON_AddNumberToObject(j, "n_cpu_moe", st->cpu_moe ? st->a + st->cpu_moe : 0);
         }
         if (s > 0) cJSON_AddStringToObject(j, "upstream", conf->nodes[rc->plan.stages[s - 1].node].key.pk_hex);
         if (s + 1 < rc->plan.n_stages) {

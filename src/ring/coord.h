@@ -118,6 +118,11 @@ typedef struct ring_node_state {
     double speed;
     double flops;      /* INFO "flops" (0: not reported) */
     double disk_bps;   /* INFO "disk_bps": reads routed experts from disk at this rate under its --mem (0: never) */
+    /* INFO "device": the GPU it computes on, planned as a tier before its RAM (plan_node.ram_bytes); dev_bytes
+     * 0: none, it computes on its CPU */
+    char dev_name[32];
+    uint64_t dev_bytes;
+    double dev_speed, dev_flops;
     double last_seen;  /* when its last message arrived */
     double ping_since; /* when the first ping it has not answered was sent (<= last_seen: none outstanding).
                         * Silence is measured from here, not from last_seen: an idle ring sends nothing for

@@ -95,6 +95,12 @@ typedef struct node {
     double speed; /* bytes of weights per second in a matrix-vector product */
     double flops; /* FLOP/s in a 128-column matrix product (a prefill chunk's shape) */
     double disk;  /* bytes per second read from disk (0: no --mem, so experts are never read from disk) */
+    /* The GPU its engines compute on (docs/devices.md), offered to the planner as a tier before RAM:
+     * dev_name empty when it computes on the CPU (or under --mem, whose expert cache is CPU-only). */
+    char dev_name[32];
+    uint64_t dev_bytes;
+    double dev_speed, dev_flops;
+    uint32_t gpu_layers, n_cpu_moe; /* the split the coordinator assigned (ASSIGN), or UINT32_MAX: none */
     /* the assignment */
     bool loaded;
     char hash[65];
@@ -310,6 +316,35 @@ static double node_probe_speed(int threads) { return node_probe_matmul(threads, 
 /* Prefill's: 8 MiB of weights times 128 tokens (2 GFLOP). */
 static double node_probe_flops(int threads) { return node_probe_matmul(threads, 1024, 7680, 128); }
 
+/* The GPU this node's engines compute on (--device, else the first GPU), its memory offer and speed. A
+ * device name that does not exist stops the node now rather than at its first ASSIGN. Under --mem the
+ * engine's expert cache runs on the CPU only, so no device is offered (the planner then plans RAM). */
+static int node_probe_device(node *n, rl_err *err) {
+    const node_opts *o = n->o;
+    struct ggml_backend_device *dev = NULL;
+    if (dv_pick(o->eng.device, &dev, err) != 0) return -1;
+    if (!dev || o->eng.mem_bytes > 0) return 0;
+    size_t fr = 0, tot = 0;
+    ggml_backend_dev_memory(dev, &fr, &tot);
+    /* compute buffers outside the planner's headroom: a quarter GiB */
+    const uint64_t margin = (uint64_t)256 << 20;
+    n->dev_bytes = o->vram_gb > 0 ? (uint64_t)(o->vram_gb * 1073741824.0) : fr > margin ? fr - margin : 0;
+    if (o->vram_gb > 0 && n->dev_bytes > fr) {
+        return rl_errf(err, "--vram %.2f GB is more than %s has free (%.2f GB)", o->vram_gb, ggml_backend_dev_name(dev),
+                       (double)fr / 1073741824.0);
+    }
+    if (o->device_speed_gbs > 0) {
+        n->dev_speed = o->device_speed_gbs * 1e9;
+    } else if (dv_measure(dev, o->threads, &n->dev_speed, &n->dev_flops, err) != 0) {
+        return -1;
+    }
+    snprintf(n->dev_name, sizeof n->dev_name, "%s", ggml_backend_dev_name(dev));
+    node_log(n, "computes on %s (%s): offers %.2f GB of it at %.1f GB/s matrix-vector%s", n->dev_name,
+             ggml_backend_dev_description(dev), (double)n->dev_bytes / 1073741824.0, n->dev_speed / 1e9,
+             o->device_speed_gbs > 0 ? " (--device-speed)" : ", measured");
+    return 0;
+}
+
 /* ---- replies ----------------------------------------------------------------------------------- */
 
 /* A reply (header + payload) to the peer with routing id `to` (the coordinator, or one it refuses). */
@@ -363,12 +398,10 @@ static void node_info(node *n) {
     uint64_t mem = n->o->mem_gb > 0 ? (uint64_t)(n->o->mem_gb * 1073741824.0) : node_mem_available();
     cJSON_AddNumberToObject(j, "mem_bytes", (double)mem);
     cJSON_AddNumberToObject(j, "threads", n->o->threads);
-    /* The devices this machine has and the one its engine computes on by default (docs/devices.md). The
-     * planner does not weigh them yet: a node's memory offer is its RAM. */
-    rl_err de;
-    const char *dev = n->o->eng.device;
+    /* The devices this machine has and the one its engine computes on (docs/devices.md): that one's memory
+     * and speed are offered as a tier before the RAM above (plan.h). */
     cJSON *ds = cJSON_AddArrayToObject(j, "devices");
-    if (dv_load(NULL, NULL, 0, &de) == 0) {
+    {
         for (size_t i = 0; i < dv_count(); i++) {
             dv_info d;
             dv_get(i, &d);
@@ -380,9 +413,15 @@ static void node_info(node *n) {
             cJSON_AddNumberToObject(dj, "total_bytes", (double)d.total);
             cJSON_AddItemToArray(ds, dj);
         }
-        if (!dev) dev = dv_default_gpu() ? ggml_backend_dev_name(dv_default_gpu()) : "CPU";
     }
-    cJSON_AddStringToObject(j, "backend", dev ? dev : "CPU");
+    cJSON_AddStringToObject(j, "backend", n->dev_name[0] ? n->dev_name : "CPU");
+    if (n->dev_name[0]) {
+        cJSON *dj = cJSON_AddObjectToObject(j, "device");
+        cJSON_AddStringToObject(dj, "name", n->dev_name);
+        cJSON_AddNumberToObject(dj, "mem_bytes", (double)n->dev_bytes);
+        cJSON_AddNumberToObject(dj, "speed_bps", n->dev_speed);
+        if (n->dev_flops > 0) cJSON_AddNumberToObject(dj, "flops", n->dev_flops);
+    }
     cJSON_AddBoolToObject(j, "repack", !n->o->eng.no_repack);
     cJSON_AddBoolToObject(j, "flash_attn", !n->o->eng.no_flash_attn);
     cJSON_AddStringToObject(j, "cache_type", n->o->eng.cache_f32 ? "f32" : "f16");
@@ -748,7 +787,13 @@ static void node_assign(node *n, uint64_t step, const zs_parts *p) {
         goto done;
     }
     rl_err err;
-    bool same = n->loaded && strcmp(n->hash, hash) == 0 && n->a == (uint32_t)a && n->b == (uint32_t)b;
+    /* The plan's split of the range between the device and RAM (plan_stage.dev_layers, cpu_moe), unless this
+     * node's own --gpu-layers / --n-cpu-moe fix it. */
+    const double gl = jnum(j, "gpu_layers", -1), ncm = jnum(j, "n_cpu_moe", -1);
+    const uint32_t gpu_layers = gl >= 0 && gl <= b - a ? (uint32_t)gl : UINT32_MAX;
+    const uint32_t n_cpu_moe = ncm >= 0 && ncm <= b ? (uint32_t)ncm : UINT32_MAX;
+    bool same = n->loaded && strcmp(n->hash, hash) == 0 && n->a == (uint32_t)a && n->b == (uint32_t)b &&
+                n->gpu_layers == gpu_layers && n->n_cpu_moe == n_cpu_moe;
     node_drop_seqs(n);
     node_alog_clear(n); /* a new assignment is a new ring: its step ids start again */
     if (!same) {
@@ -767,6 +812,8 @@ static void node_assign(node *n, uint64_t step, const zs_parts *p) {
         }
         k3_engine_opts eo = n->o->eng;
         eo.n_threads = n->o->threads;
+        if (gpu_layers != UINT32_MAX && !eo.gpu_layers_set) eo.gpu_layers_set = true, eo.gpu_layers = gpu_layers;
+        if (n_cpu_moe != UINT32_MAX && eo.n_cpu_moe == 0) eo.n_cpu_moe = n_cpu_moe;
         if (k3_engine_init(&n->e, &n->m, &n->hp, (uint32_t)a, (uint32_t)b, &eo, &err) != 0) {
             node_error(n, step, "%s", err.msg);
             mf_close(&n->m);
@@ -797,6 +844,8 @@ static void node_assign(node *n, uint64_t step, const zs_parts *p) {
         snprintf(n->hash, sizeof n->hash, "%s", hash);
         n->a = (uint32_t)a;
         n->b = (uint32_t)b;
+        n->gpu_layers = gpu_layers;
+        n->n_cpu_moe = n_cpu_moe;
         /* (field by field: a compound literal of this struct, hparams inside, is a large stack temporary) */
         n->mfst.m = &n->m;
         n->mfst.hp = n->hp;
@@ -1536,6 +1585,7 @@ int node_run(const node_opts *o, rl_err *err) {
     n->flops = o->tflops > 0 ? o->tflops * 1e12 : node_probe_flops(o->threads);
     /* Only a node with a budget reads experts from disk (without --mem its weights are not capped). */
     if (o->eng.mem_bytes > 0) n->disk = o->disk_gbs > 0 ? o->disk_gbs * 1e9 : node_probe_disk(o->models_dir);
+    if (node_probe_device(n, err) != 0) goto done_sock;
     node_log(n, "ready: key %s, %d model(s), %.1f GB/s matrix-vector, %.3f TFLOPS matrix-matrix, %d threads%s", o->id.pk_hex,
              n->n_models, n->speed / 1e9, n->flops / 1e12, o->threads, n->disk > 0 ? ", experts from disk past --mem" : "");
     while (!node_stop_pending()) {

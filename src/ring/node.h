@@ -28,6 +28,8 @@ typedef struct node_opts {
     double speed_gbs;        /* matrix-vector speed to report; 0 = measure it (a short probe) */
     double tflops;           /* matrix-matrix speed to report (TFLOPS); 0 = measure it */
     double disk_gbs;         /* with --mem (eng.mem_bytes): disk read speed to report; 0 = measure it */
+    double vram_gb;          /* device memory offered (computing on a GPU); 0 = its free memory less 256 MiB */
+    double device_speed_gbs; /* the device's matrix-vector speed to report; 0 = measure it (dv_measure) */
     int threads;
     k3_engine_opts eng;      /* how its engines compute (repack, flash attention, cache type); n_threads unused */
     bool verbose;

@@ -92,9 +92,12 @@ static int nc_figures(nc_node *nd, char **tok, int from, int nt, const char **lo
         else if (strcmp(key, "eff") == 0 && num && x > 0 && x <= 1) nd->eff = x;
         else if (strcmp(key, "net") == 0 && num && x > 0) nd->net_mbit = x;
         else if (strcmp(key, "disk") == 0 && num && x > 0) nd->disk_gbs = x;
+        else if (strcmp(key, "ram") == 0 && num && x > 0) nd->ram_gb = x;
+        else if (strcmp(key, "ram_bw") == 0 && num && x > 0) nd->ram_bw_gbs = x;
+        else if (strcmp(key, "ram_tflops") == 0 && num && x > 0) nd->ram_tflops = x;
         else {
-            return rl_errf(err, "%s:%d: bad %s=%s (keys: device, count, mem, bw, tflops, eff 0..1, net, disk, %s)", path, ln,
-                           key, v, at ? "at, loc" : "loc");
+            return rl_errf(err, "%s:%d: bad %s=%s (keys: device, count, mem, bw, tflops, eff 0..1, net, disk, ram, ram_bw, "
+                                "ram_tflops, %s)", path, ln, key, v, at ? "at, loc" : "loc");
         }
     }
     if (!nd->device[0]) {
@@ -110,6 +113,14 @@ static int nc_figures(nc_node *nd, char **tok, int from, int nt, const char **lo
     nd->mem_gb = mem > 0 ? mem : d->mem_gb * count;
     nd->bw_gbs = bw > 0 ? bw : d->bw_gbs * count;
     nd->tflops = tf > 0 ? tf : d ? d->tflops * count : 1.0;
+    if ((nd->ram_bw_gbs > 0 || nd->ram_tflops > 0) && !(nd->ram_gb > 0)) {
+        return rl_errf(err, "%s:%d: ram_bw= and ram_tflops= describe the RAM that ram=GB offers: add ram=", path, ln);
+    }
+    if (nd->ram_gb > 0) { /* defaults: a desktop's two channels of DDR5 (the catalog's cpu-ddr5) */
+        const nc_device *cpu = nc_find_device("cpu-ddr5");
+        if (!(nd->ram_bw_gbs > 0)) nd->ram_bw_gbs = cpu->bw_gbs;
+        if (!(nd->ram_tflops > 0)) nd->ram_tflops = cpu->tflops;
+    }
     return 0;
 }
 

@@ -4,6 +4,7 @@
  * nodes.conf, one statement per line, '#' starts a comment:
  *
  *   node NAME device=DEV [count=N] [mem=GB] [bw=GB/s] [tflops=T] [eff=F] [net=Mbit/s] [loc=PLACE]
+ *             [disk=GB/s] [ram=GB [ram_bw=GB/s] [ram_tflops=T]]
  *   delay A B MS          one-way delay in ms between A and B: node names or places (symmetric)
  *   coordinator at=NAME | loc=PLACE [device=DEV [figures as node]]
  *                         where the coordinator runs (default: beside the first node), and its machine's
@@ -12,7 +13,10 @@
  * DEV is a catalog name (nc_catalog; `ringlm plan --devices` lists them) or `custom` (then mem= and bw= are
  * required). count multiplies a device's memory and bandwidth (a box with 2 GPUs splitting its layers).
  * eff: the fraction of the memory bandwidth (and of tflops) a decode step achieves, default 0.5. net: the
- * node's link bandwidth (default 1000 Mbit/s). Nodes in the same place are 0.1 ms apart unless a delay says
+ * node's link bandwidth (default 1000 Mbit/s). ram: the host RAM of a GPU node, which holds what its devices
+ * cannot (partial offload: routed experts of the first layers, or the last layers whole; plan.h), read at
+ * ram_bw (default 80 GB/s, two channels of DDR5) and computed at ram_tflops (default 1.5), eff applying;
+ * such a node does not read experts from disk (disk= is then ignored). Nodes in the same place are 0.1 ms apart unless a delay says
  * otherwise; any other pair needs a delay (of the two nodes, or of their places). Errors name the line. */
 #ifndef RINGLM_NODES_CONF_H
 #define RINGLM_NODES_CONF_H
@@ -39,6 +43,8 @@ typedef struct nc_node {
     int count;
     double mem_gb, bw_gbs, tflops, eff, net_mbit;
     double disk_gbs; /* > 0: routed experts past mem= are read from disk at this speed (docs/experts.md) */
+    double ram_gb, ram_bw_gbs, ram_tflops; /* ram > 0: the host's RAM, a second tier after the device's mem=
+                                            * (plan_node.ram_bytes); bandwidth and compute of its CPU */
     int place;       /* index into nc_conf.places */
     int line;
 } nc_node;

@@ -75,16 +75,72 @@ static uint64_t stage_lack(const cost_ctx *c, int node, uint32_t a, uint32_t b) 
 /* Fills a stage for layers [a, b) on `node`; returns whether it fits the node's memory, whole or (on a node
  * with a disk speed) with its routed experts through a cache. Memory and time only grow with the stage, as
  * dp_run's early stop needs: more layers add dense bytes and experts to the same cache. */
+/* One way of splitting a stage between a device and RAM (stage_eval_tiers): the device holds layers
+ * [a, a + g) less the routed experts of [a, a + n) (n <= g), and the output head when g covers the stage and
+ * it is the last; RAM the rest and the embedding. Fills the stage if both tiers fit and it beats what it
+ * holds (a tie keeps what it holds). */
+static void tier_try(const cost_ctx *c, const plan_node *nd, uint32_t a, uint32_t b, uint32_t g, uint32_t n,
+                     plan_stage *s, int *have) {
+    const bool head = b == c->n, head_dev = head && a + g == b;
+    const uint64_t x_ram = c->pre_exps[a + n] - c->pre_exps[a];
+    const uint64_t dev_raw = c->pre_raw[a + g] - c->pre_raw[a] - x_ram + (head_dev ? c->m->last_bytes : 0);
+    const uint64_t ram_raw = c->pre_raw[b] - c->pre_raw[a + g] + x_ram + (a == 0 ? c->m->first_bytes : 0) +
+                             (head && !head_dev ? c->m->last_bytes : 0);
+    const uint64_t dev = need_of(dev_raw, c->headroom), ram = need_of(ram_raw, c->headroom);
+    if (dev > nd->mem_bytes || ram > nd->ram_bytes) return;
+    const uint64_t xa_ram = c->pre_exps_active[a + n] - c->pre_exps_active[a];
+    const uint64_t head_act = head ? c->m->last_active : 0;
+    const uint64_t act_dev = c->pre_active[a + g] - c->pre_active[a] - xa_ram + (head_dev ? head_act : 0);
+    const uint64_t act_ram = c->pre_active[b] - c->pre_active[a + g] + xa_ram + (head_dev ? 0 : head_act);
+    const double t = (double)act_dev / nd->speed + (double)act_ram / nd->ram_speed;
+    if (*have && !(t < s->time)) return;
+    *have = 1;
+    s->time = t;
+    s->dev_layers = g;
+    s->cpu_moe = n;
+    s->dev_bytes = dev;
+    s->mem_bytes = dev + ram;
+}
+
+/* A stage on a node with two tiers (plan.h). Both searches are binary: the device's part only shrinks as
+ * n grows and only grows with g. */
+static int stage_eval_tiers(const cost_ctx *c, const plan_node *nd, uint32_t a, uint32_t b, plan_stage *s) {
+    const uint32_t len = b - a;
+    const bool head = b == c->n;
+    int have = 0;
+    /* the least n (experts of the first n layers in RAM) that lets the rest fit the device */
+    uint32_t lo = 0, hi = len + 1;
+    while (lo < hi) {
+        const uint32_t n = lo + (hi - lo) / 2;
+        const uint64_t x_ram = c->pre_exps[a + n] - c->pre_exps[a];
+        const uint64_t dev_raw = c->pre_raw[b] - c->pre_raw[a] - x_ram + (head ? c->m->last_bytes : 0);
+        if (need_of(dev_raw, c->headroom) <= nd->mem_bytes) hi = n;
+        else lo = n + 1;
+    }
+    if (lo <= len) tier_try(c, nd, a, b, len, lo, s, &have);
+    /* the most layers that fit the device whole, short of the whole stage (that is n = 0 above) */
+    lo = 0, hi = len - 1;
+    while (lo < hi) {
+        const uint32_t g = hi - (hi - lo) / 2;
+        if (need_of(c->pre_raw[a + g] - c->pre_raw[a], c->headroom) <= nd->mem_bytes) lo = g;
+        else hi = g - 1;
+    }
+    tier_try(c, nd, a, b, lo, 0, s, &have);
+    if (nd->ram_speed > nd->speed) tier_try(c, nd, a, b, 0, 0, s, &have);
+    return have;
+}
+
 static int stage_eval(const cost_ctx *c, int node, uint32_t a, uint32_t b, plan_stage *s) {
     const plan_node *nd = &c->nodes[node];
+    memset(s, 0, sizeof *s);
     s->node = node;
     s->a = a;
     s->b = b;
     s->lack_bytes = stage_lack(c, node, a, b);
+    s->cached = 1.0;
+    if (nd->ram_bytes > 0) return stage_eval_tiers(c, nd, a, b, s);
     s->mem_bytes = need_of(stage_raw(c, a, b), c->headroom);
     s->time = stage_time(c, node, a, b);
-    s->cached = 1.0;
-    s->disk_time = 0;
     if (s->mem_bytes <= nd->mem_bytes) return 1;
     const uint64_t exps = c->pre_exps[b] - c->pre_exps[a];
     if (!(nd->disk_bps > 0) || exps == 0) return 0;
@@ -101,7 +157,8 @@ static int stage_eval(const cost_ctx *c, int node, uint32_t a, uint32_t b, plan_
 /* Share of the node's memory the stage uses; only called for stages that fit, so mem_bytes > 0 or the
  * need is 0 too (a node with no memory can only hold a stage that needs nothing). */
 static double stage_share(const cost_ctx *c, const plan_stage *s) {
-    uint64_t mem = c->nodes[s->node].mem_bytes;
+    const plan_node *nd = &c->nodes[s->node];
+    uint64_t mem = nd->mem_bytes + nd->ram_bytes < nd->mem_bytes ? UINT64_MAX : nd->mem_bytes + nd->ram_bytes;
     return mem ? (double)s->mem_bytes / (double)mem : 0.0;
 }
 
@@ -144,11 +201,20 @@ static void dp_run(const cost_ctx *c, const dp_spec *sp, dp_cell *t) {
             /* leaving the node out comes first, so a tie keeps the node free */
             dp_cell best = prev[k];
             if (best.from != DP_NONE) best.from = DP_SKIP;
+            /* A node with two tiers moves a stage's parts between them as it grows: its memory and time need
+             * not grow in step, so every start is tried. */
+            const bool exhaustive = c->nodes[node].ram_bytes > 0;
             for (uint32_t a = k; a-- > 0;) {
                 plan_stage s;
-                if (!stage_eval(c, node, a, k, &s) || s.time > sp->max_time) break;
+                if (!stage_eval(c, node, a, k, &s) || s.time > sp->max_time) {
+                    if (exhaustive) continue;
+                    break;
+                }
                 const double share = stage_share(c, &s);
-                if (share > sp->max_share) break;
+                if (share > sp->max_share) {
+                    if (exhaustive) continue;
+                    break;
+                }
                 if (prev[a].from == DP_NONE) continue;
                 const double mv = sp->metric == DP_TIME ? s.time : sp->metric == DP_SHARE ? share : -share;
                 const int cs = prev[a].stages + 1;
@@ -198,7 +264,8 @@ static uint64_t layer_alone_need(const cost_ctx *c, uint32_t i) {
 static int explain_infeasible(const cost_ctx *c, const dp_cell *t, uint64_t weights, uint64_t state, rl_err *err) {
     uint64_t offered = 0, largest = 0;
     for (int i = 0; i < c->n_nodes; i++) {
-        uint64_t mb = c->nodes[i].mem_bytes;
+        uint64_t mb = c->nodes[i].mem_bytes + c->nodes[i].ram_bytes;
+        if (mb < c->nodes[i].mem_bytes) mb = UINT64_MAX;
         offered = offered + mb < offered ? UINT64_MAX : offered + mb;
         if (mb > largest) largest = mb;
     }
@@ -227,7 +294,7 @@ static int explain_infeasible(const cost_ctx *c, const dp_cell *t, uint64_t weig
      * nodes of the same size would not be enough. */
     const uint64_t total_need = need_of(weights + state, c->headroom);
     bool any_disk = false;
-    for (int i = 0; i < c->n_nodes; i++) any_disk |= c->nodes[i].disk_bps > 0;
+    for (int i = 0; i < c->n_nodes; i++) any_disk |= c->nodes[i].disk_bps > 0 && c->nodes[i].ram_bytes == 0;
     if (any_disk) {
         /* Nodes that read experts from disk hold more than their memory: only the dense parts must fit. */
         const uint64_t dense = weights - c->pre_exps[c->n];
@@ -287,6 +354,9 @@ int plan_make(const plan_model *m, const plan_node *nodes, int n_nodes, double h
         if (!(nodes[i].speed > 0) || !isfinite(nodes[i].speed))
             return rl_errf(err, "plan: node %d (%.*s) has speed %g, must be a finite number > 0", i,
                            name_len(&nodes[i]), nodes[i].name, nodes[i].speed);
+        if (nodes[i].ram_bytes > 0 && (!(nodes[i].ram_speed > 0) || !isfinite(nodes[i].ram_speed)))
+            return rl_errf(err, "plan: node %d (%.*s) has RAM speed %g, must be a finite number > 0", i,
+                           name_len(&nodes[i]), nodes[i].name, nodes[i].ram_speed);
         if (!(nodes[i].disk_bps >= 0) || !isfinite(nodes[i].disk_bps))
             return rl_errf(err, "plan: node %d (%.*s) has disk speed %g, must be a finite number >= 0", i,
                            name_len(&nodes[i]), nodes[i].name, nodes[i].disk_bps);
@@ -411,6 +481,20 @@ void plan_print(const plan_result *r, const plan_node *nodes, FILE *f) {
             char lk[32];
             fmt_bytes(lk, sizeof lk, s->lack_bytes, 1);
             fprintf(f, "  (streams %s it lacks)", lk);
+        }
+        if (nd->ram_bytes > 0) {
+            char db[32], rb[32], dn[40];
+            fmt_bytes(db, sizeof db, s->dev_bytes, 1);
+            fmt_bytes(rb, sizeof rb, s->mem_bytes - s->dev_bytes, 1);
+            snprintf(dn, sizeof dn, "%s", nd->device[0] ? nd->device : "device");
+            if (s->dev_layers == 0) {
+                fprintf(f, "  (all in RAM, on the CPU)");
+            } else {
+                fprintf(f, "  (%s: layers %u-%u", dn, s->a, s->a + s->dev_layers - 1);
+                if (s->cpu_moe) fprintf(f, ", their routed experts of %u-%u in RAM", s->a, s->a + s->cpu_moe - 1);
+                if (s->dev_layers < s->b - s->a) fprintf(f, "; CPU: layers %u-%u", s->a + s->dev_layers, s->b - 1);
+                fprintf(f, "; %s on %s, %s in RAM)", db, dn, rb);
+            }
         }
         if (s->cached < 1.0) {
             fprintf(f, "  (experts %.0f%% in memory, the rest from disk: %.3f ms/token of the time)", 100.0 * s->cached,

@@ -37,6 +37,14 @@ typedef struct plan_node {
     /* Bytes of each layer the node does not hold and would be streamed ([i] for layer i, [n_layer] the
      * embedding, [n_layer + 1] the output head), or NULL: it holds everything (or it does not matter). */
     const uint64_t *lack;
+    /* A node computing on a GPU (docs/devices.md): mem_bytes and speed are then the device's (the memory it
+     * offers, its measured speed), and the host's RAM takes what the device cannot hold, at the CPU's speed:
+     * the routed experts of a stage's first layers (llama.cpp's --n-cpu-moe), or its last layers whole (what
+     * --gpu-layers leaves), whichever is faster; the embedding (a row lookup) stays in RAM. 0: one tier. Such a
+     * node never reads experts from disk (disk_bps is ignored): VRAM -> RAM -> disk is not built yet. */
+    uint64_t ram_bytes;
+    double ram_speed;     /* > 0 with ram_bytes */
+    char device[32];      /* the device's name, for the printed plan ("Vulkan0"); may be empty */
 } plan_node;
 
 typedef struct plan_stage {
@@ -47,6 +55,11 @@ typedef struct plan_stage {
     uint64_t lack_bytes;  /* of its weights, those the node lacks (plan_node.lack) */
     double cached;        /* share of its routed experts in memory: 1, or less when the rest comes from disk */
     double disk_time;     /* of time, seconds per token reading experts from disk (misses at hit rate = cached) */
+    /* On a node with two tiers (plan_node.ram_bytes): layers [a, a + dev_layers) on the device, of which the
+     * first cpu_moe keep their routed experts in RAM; the rest of the range in RAM. dev_bytes: of mem_bytes,
+     * the device's part (the rest is RAM's). All 0 on a node with one tier. */
+    uint32_t dev_layers, cpu_moe;
+    uint64_t dev_bytes;
 } plan_stage;
 
 typedef struct plan_result {
@@ -63,7 +76,12 @@ typedef struct plan_result {
  * weights + n_seq * their state (+ first_bytes on the first stage, + last_bytes on the last); it fits when
  * need <= node.mem_bytes, or, on a node with a disk speed, when its dense part and the least expert cache fit:
  * the rest of its memory caches routed experts, a token misses (1 - cached) of the experts it reads (the hit
- * rate of uniform routing), and the misses cost their bytes / disk_bps on top of the stage's time. When nodes say what they lack (plan_node.lack), the plans that stream the fewest
+ * rate of uniform routing), and the misses cost their bytes / disk_bps on top of the stage's time. On a node
+ * with two tiers each tier's need (its part of raw, plus headroom) must fit that tier, and the stage takes
+ * the fastest of: the experts of its first N layers in RAM, N the least that lets the rest fit the device
+ * (N = 0: all on the device); its first g layers whole on the device, g the most that fit, the rest in
+ * RAM; and, when the CPU is the faster, g = 0; time = bytes read on the device / speed + bytes read in RAM /
+ * ram_speed (a tie keeps the first of those). When nodes say what they lack (plan_node.lack), the plans that stream the fewest
  * bytes come first: a cut that matches what the nodes hold beats a faster one that moves weights. Among the
  * plans with the smallest max_time it picks the fewest stages, then the
  * smallest largest share of a node's memory in use (need / mem_bytes), then the largest smallest share

@@ -23,6 +23,11 @@ int pn_plan(const mf_model *m, const k3_hparams *hp, const nc_conf *c, uint32_t 
         pn->mem_bytes = (uint64_t)(nd->mem_gb * 1073741824.0);
         pn->speed = nd->bw_gbs * 1e9 * nd->eff;
         pn->disk_bps = nd->disk_gbs * 1e9;
+        if (nd->ram_gb > 0) { /* partial offload: the devices first, the host's RAM after */
+            pn->ram_bytes = (uint64_t)(nd->ram_gb * 1073741824.0);
+            pn->ram_speed = nd->ram_bw_gbs * 1e9 * nd->eff;
+            snprintf(pn->device, sizeof pn->device, "%s", nd->device);
+        }
     }
     plan_model pm;
     ring_plan_model(&pm, m, hp, po->parallel ? po->parallel : 1, n_ctx, 2);
@@ -34,7 +39,8 @@ int pn_plan(const mf_model *m, const k3_hparams *hp, const nc_conf *c, uint32_t 
         int node = r->order[r->plan.stages[s].node];
         const nc_node *nd = &c->nodes[node];
         pr[s] = (pr_node){.speed = nd->bw_gbs * 1e9 * nd->eff, .flops = nd->tflops * 1e12 * nd->eff,
-                          .net = nd->net_mbit * 1e6 / 8, .disk = nd->disk_gbs * 1e9};
+                          .net = nd->net_mbit * 1e6 / 8, .disk = nd->disk_gbs * 1e9, .two_tier = nd->ram_gb > 0,
+                          .ram_speed = nd->ram_bw_gbs * 1e9 * nd->eff, .ram_flops = nd->ram_tflops * 1e12 * nd->eff};
         r->hop_s[s] = nc_delay_s(c, prev, node);
         prev = node;
     }
@@ -90,6 +96,12 @@ cJSON *pn_json(const pn_result *r, const nc_conf *c, const pr_opts *po) {
         cJSON_AddNumberToObject(o, "a", ps->a);
         cJSON_AddNumberToObject(o, "b", ps->b);
         cJSON_AddNumberToObject(o, "mem_bytes", (double)ps->mem_bytes);
+        if (r->pnodes[ps->node].ram_bytes > 0) { /* partial offload: what sits on the devices, and in RAM */
+            cJSON_AddNumberToObject(o, "device_bytes", (double)ps->dev_bytes);
+            cJSON_AddNumberToObject(o, "ram_bytes", (double)(ps->mem_bytes - ps->dev_bytes));
+            cJSON_AddNumberToObject(o, "gpu_layers", ps->dev_layers);
+            cJSON_AddNumberToObject(o, "cpu_moe_layers", ps->cpu_moe);
+        }
         cJSON_AddNumberToObject(o, "compute_s", r->pred.stage_s[s]);
         cJSON_AddNumberToObject(o, "experts_in_memory", ps->cached);
         cJSON_AddNumberToObject(o, "hop_in_s", r->hop_s[s]);

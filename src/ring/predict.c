@@ -13,32 +13,40 @@
 typedef struct pr_stage_w {
     double dense, exps, elems;
     double miss; /* share of the routed experts a token reads from disk (plan_stage.cached: 1 - it) */
+    double r_dense, r_exps, r_elems; /* on a two-tier node, the parts in RAM (the above: on the device) */
 } pr_stage_w;
 
 static double pr_elems(const mf_tensor *t) {
     return (double)t->ne[0] * (double)t->ne[1] * (double)t->ne[2] * (double)t->ne[3];
 }
 
-static pr_stage_w pr_weights(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b) {
-    pr_stage_w w = {0, 0, 0, 0};
+/* s: the stage, whose dev_layers / cpu_moe split it between a device and RAM when split is set (plan.h). */
+static pr_stage_w pr_weights(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, const plan_stage *s,
+                             bool split) {
+    pr_stage_w w = {0};
     for (int i = 0; i < m->n_tensor; i++) {
         const mf_tensor *t = &m->tensors[i];
         unsigned il;
         double ne = pr_elems(t);
+        const bool exps = strstr(t->name, "_exps.") && hp->n_expert;
+        bool ram = false;
         if (sscanf(t->name, "blk.%u.", &il) == 1) {
             if (il < a || il >= b) continue;
+            ram = split && (il >= a + s->dev_layers || (exps && il < a + s->cpu_moe));
         } else if (strcmp(t->name, "token_embd.weight") == 0) {
-            if (a == 0) w.dense += (double)t->nbytes / (double)(t->ne[1] ? t->ne[1] : 1);
+            if (a == 0) *(split ? &w.r_dense : &w.dense) += (double)t->nbytes / (double)(t->ne[1] ? t->ne[1] : 1);
             continue;
         } else if (b < hp->n_layer) {
             continue;
-        }
-        if (strstr(t->name, "_exps.") && hp->n_expert) {
-            w.exps += (double)t->nbytes;
-            w.elems += ne * hp->n_expert_used / hp->n_expert;
         } else {
-            w.dense += (double)t->nbytes;
-            w.elems += ne;
+            ram = split && s->dev_layers < b - a;
+        }
+        if (exps) {
+            *(ram ? &w.r_exps : &w.exps) += (double)t->nbytes;
+            *(ram ? &w.r_elems : &w.elems) += ne * hp->n_expert_used / hp->n_expert;
+        } else {
+            *(ram ? &w.r_dense : &w.dense) += (double)t->nbytes;
+            *(ram ? &w.r_elems : &w.elems) += ne;
         }
     }
     return w;
@@ -59,7 +67,11 @@ static double pr_stage_disk(const k3_hparams *hp, const pr_stage_w *w, const pr_
 
 static double pr_stage_time(const k3_hparams *hp, const pr_stage_w *w, const pr_node *nd, double tokens) {
     double bytes = w->dense + w->exps * pr_touched(hp, tokens);
-    return bytes / nd->speed + 2.0 * tokens * w->elems / nd->flops + pr_stage_disk(hp, w, nd, tokens);
+    double t = bytes / nd->speed + 2.0 * tokens * w->elems / nd->flops + pr_stage_disk(hp, w, nd, tokens);
+    if (w->r_dense + w->r_exps > 0) {
+        t += (w->r_dense + w->r_exps * pr_touched(hp, tokens)) / nd->ram_speed + 2.0 * tokens * w->r_elems / nd->ram_flops;
+    }
+    return t;
 }
 
 int pr_draft_read(pr_draft *d, const mf_model *draft, const mf_model *target, rl_err *err) {
@@ -85,7 +97,7 @@ int pr_draft_read(pr_draft *d, const mf_model *draft, const mf_model *target, rl
     k3_hparams hp;
     if (strcmp(arch, K3_ARCH) != 0) return rl_errf(err, "draft: architecture '%s' (a K3 draft, " K3_ARCH ", or a DSpark/DFlash draft, " DSPARK_ARCH ")", arch);
     if (k3_hparams_read(&hp, draft, err) != 0) return rl_err_prefix(err, "draft");
-    pr_stage_w w = pr_weights(draft, &hp, 0, hp.n_layer);
+    pr_stage_w w = pr_weights(draft, &hp, 0, hp.n_layer, NULL, false);
     d->bytes = w.dense + w.exps * (hp.n_expert ? (double)hp.n_expert_used / hp.n_expert : 1.0);
     d->elems = w.elems;
     return 0;
@@ -127,13 +139,16 @@ int pr_predict(const mf_model *m, const k3_hparams *hp, const plan_result *plan,
         if (!(nodes[s].speed > 0 && nodes[s].flops > 0 && nodes[s].net > 0)) {
             return rl_errf(err, "predict: stage %d's node has no speed, compute or link figure", s);
         }
+        if (nodes[s].two_tier && !(nodes[s].ram_speed > 0 && nodes[s].ram_flops > 0)) {
+            return rl_errf(err, "predict: stage %d's node has a device but no RAM speed or compute figure", s);
+        }
     }
     if (o->draft.bytes > 0 && !(o->draft.node.speed > 0 && o->draft.node.flops > 0)) {
         return rl_errf(err, "predict: the coordinator has no speed or compute figure for the draft");
     }
     pr_stage_w w[PLAN_MAX_NODES];
     for (int s = 0; s < plan->n_stages; s++) {
-        w[s] = pr_weights(m, hp, plan->stages[s].a, plan->stages[s].b);
+        w[s] = pr_weights(m, hp, plan->stages[s].a, plan->stages[s].b, &plan->stages[s], nodes[s].two_tier);
         w[s].miss = plan->stages[s].cached < 1.0 ? 1.0 - plan->stages[s].cached : 0;
     }
     double slowest;

@@ -18,6 +18,8 @@
  *                          the slowest stage
  *   aggregate, N streams  N / (one traversal at t = N): every step one frame carrying every stream
  *   network floor         1 / sum of hop delays (g / that with speculation): no compute at all
+ * On a node with a device and RAM, a stage's time is its device part's (at the device's figures) plus its
+ * RAM part's (at the CPU's): the two run one after the other within a traversal.
  */
 #ifndef RINGLM_PREDICT_H
 #define RINGLM_PREDICT_H
@@ -35,6 +37,10 @@ typedef struct pr_node {
     double flops;  /* FLOP/s in a prefill chunk (effective) */
     double net;    /* link bytes per second */
     double disk;   /* bytes per second of routed experts read from disk (stages whose experts do not all fit) */
+    /* A node with a device and RAM (plan_node.ram_bytes): the above are the device's, these the CPU's over
+     * what its stage keeps in RAM (plan_stage.dev_layers, cpu_moe). */
+    bool two_tier;
+    double ram_speed, ram_flops;
 } pr_node;
 
 /* A draft model's cost on the coordinator. A K3 draft drafts k tokens in k steps of one token, and one more

@@ -200,6 +200,98 @@ static void random_case(plan_model *m, plan_node *nodes, int *n_nodes, double *h
     }
 }
 
+/* ---- two tiers (plan_node.ram_bytes): a device and RAM, plan.h's definitions written out again ---- */
+
+/* Bytes of [a, b) on the device and in RAM, and read per token on each, for g layers on the device of which
+ * the first n keep their experts in RAM (weights and n_seq states; the embedding in RAM; the head with the
+ * device when g covers the last stage). */
+static void ref_tier(const plan_model *m, uint32_t a, uint32_t b, uint32_t g, uint32_t n, uint64_t *dev, uint64_t *ram,
+                     uint64_t *adev, uint64_t *aram) {
+    *dev = *ram = *adev = *aram = 0;
+    for (uint32_t i = a; i < b; i++) {
+        const uint64_t w = m->layer_bytes[i] + (uint64_t)m->n_seq * m->layer_state[i];
+        if (i < a + g) {
+            const uint64_t x = i < a + n ? m->layer_exps[i] : 0, xa = i < a + n ? m->layer_exps_active[i] : 0;
+            *dev += w - x, *ram += x;
+            *adev += m->layer_active[i] - xa, *aram += xa;
+        } else {
+            *ram += w, *aram += m->layer_active[i];
+        }
+    }
+    if (a == 0) *ram += m->first_bytes;
+    if (b == m->n_layer) {
+        if (g == b - a) *dev += m->last_bytes, *adev += m->last_active;
+        else *ram += m->last_bytes, *aram += m->last_active;
+    }
+}
+
+static uint64_t ref_head(uint64_t raw, double headroom) {
+    long double x = (long double)raw * (long double)headroom;
+    if (fabsl(x - roundl(x)) <= x * 1e-12L) x = roundl(x);
+    return raw + (uint64_t)ceill(x);
+}
+
+/* The stage's best time on a two-tier node by plan.h's rule, or INFINITY if nothing fits. */
+static double ref_tier_time(const plan_model *m, const plan_node *nd, uint32_t a, uint32_t b, double headroom) {
+    const uint32_t len = b - a;
+    uint32_t cand_g[3], cand_n[3];
+    int nc = 0;
+    for (uint32_t n = 0; n <= len; n++) { /* the least n that fits the device, all layers there */
+        uint64_t d, r, ad, ar;
+        ref_tier(m, a, b, len, n, &d, &r, &ad, &ar);
+        if (ref_head(d, headroom) <= nd->mem_bytes) {
+            cand_g[nc] = len, cand_n[nc++] = n;
+            break;
+        }
+    }
+    uint32_t gmax = 0;
+    for (uint32_t g = 0; g < len; g++) { /* the most whole layers short of all */
+        uint64_t d, r, ad, ar;
+        ref_tier(m, a, b, g, 0, &d, &r, &ad, &ar);
+        if (ref_head(d, headroom) <= nd->mem_bytes) gmax = g;
+    }
+    cand_g[nc] = gmax, cand_n[nc++] = 0;
+    if (nd->ram_speed > nd->speed) cand_g[nc] = 0, cand_n[nc++] = 0;
+    double best = INFINITY;
+    for (int k = 0; k < nc; k++) {
+        uint64_t d, r, ad, ar;
+        ref_tier(m, a, b, cand_g[k], cand_n[k], &d, &r, &ad, &ar);
+        if (ref_head(d, headroom) > nd->mem_bytes || ref_head(r, headroom) > nd->ram_bytes) continue;
+        best = fmin(best, (double)ad / nd->speed + (double)ar / nd->ram_speed);
+    }
+    return best;
+}
+
+/* The smallest max stage time over every node subset and cut, nodes with one or two tiers. */
+static double ref_tier_plan(const plan_model *m, const plan_node *nodes, int n_nodes, double headroom) {
+    const uint32_t n = m->n_layer;
+    double best = INFINITY;
+    for (unsigned sub = 1; sub < (1u << n_nodes); sub++) {
+        int used[PLAN_MAX_NODES], k = 0;
+        for (int i = 0; i < n_nodes; i++)
+            if (sub & (1u << i)) used[k++] = i;
+        if ((uint32_t)k > n) continue;
+        for (unsigned cuts = 0; cuts < (1u << (n - 1)); cuts++) {
+            if (__builtin_popcount(cuts) != k - 1) continue;
+            uint32_t a = 0;
+            int st = 0;
+            double t = 0;
+            for (uint32_t i = 0; i < n && isfinite(t); i++) {
+                if (i == n - 1 || (cuts & (1u << i))) {
+                    const plan_node *nd = &nodes[used[st++]];
+                    double ts = nd->ram_bytes ? ref_tier_time(m, nd, a, i + 1, headroom)
+                                : ref_need(m, a, i + 1, headroom) <= nd->mem_bytes ? ref_time(m, a, i + 1, nd->speed)
+                                                                                   : INFINITY;
+                    t = fmax(t, ts);
+                    a = i + 1;
+                }
+            }
+            best = fmin(best, t);
+        }
+    }
+    return best;
+}
+
 int main(void) {
     static plan_model m; /* ~6 KiB: static keeps it off small stacks */
     plan_node nodes[PLAN_MAX_NODES];
@@ -474,6 +566,87 @@ int main(void) {
     }
     nodes[0].disk_bps = -1;
     CHECK(plan_make(&m, nodes, 2, 0.0, &r, &err) != 0 && strstr(err.msg, "disk speed"), "a negative disk speed is refused");
+
+    /* Two tiers (plan_node.ram_bytes): 10 layers of 1 GiB, 3/4 of each routed experts, a token reading all the
+     * dense 1/4 and 1/8 of the experts; a device of 8 GiB at 10 GB/s, RAM of 64 GiB at 1 GB/s. The experts of
+     * the first 3 layers in RAM let the rest fit (10 - 2.25 = 7.75 GiB), and beat 8 whole layers on the device. */
+    uniform_model(&m, 10, GiB);
+    for (uint32_t i = 0; i < 10; i++) {
+        m.layer_exps[i] = 3 * GiB / 4, m.layer_exps_active[i] = 3 * GiB / 32;
+        m.layer_active[i] = GiB / 4 + 3 * GiB / 32;
+    }
+    set_node(&nodes[0], "gpu:7000", 8 * GiB, 10e9);
+    nodes[0].ram_bytes = 64 * GiB, nodes[0].ram_speed = 1e9;
+    snprintf(nodes[0].device, sizeof nodes[0].device, "CUDA0");
+    rc = plan_make(&m, nodes, 1, 0.0, &r, &err);
+    const double t_moe = (2.5 * GiB + 7.0 * 3 * GiB / 32) / 10e9 + 3.0 * 3 * GiB / 32 / 1e9;
+    CHECK(rc == 0 && r.n_stages == 1 && r.stages[0].dev_layers == 10 && r.stages[0].cpu_moe == 3 &&
+              r.stages[0].dev_bytes == 31 * GiB / 4 && r.stages[0].mem_bytes == 10 * GiB && close_to(r.max_time, t_moe),
+          "8 GiB device, 64 GiB RAM: all 10 layers on the device, experts of the first %u in RAM (want 3), %.3f s (want %.3f)",
+          rc == 0 ? r.stages[0].cpu_moe : 0, rc == 0 ? r.max_time : 0, t_moe);
+    CHECK(rc == 0 && fabs(ref_tier_plan(&m, nodes, 1, 0.0) - r.max_time) <= 1e-12 * r.max_time, "... the reference agrees");
+    {
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        plan_print(&r, nodes, f);
+        fclose(f);
+        CHECK(buf && strstr(buf, "CUDA0: layers 0-9, their routed experts of 0-2 in RAM") && strstr(buf, "7.8 GiB on CUDA0, 2.2 GiB in RAM"),
+              "the printed plan says what is on the device and in RAM:\n%s", buf ? buf : "");
+        free(buf);
+    }
+    nodes[0].ram_bytes = 2 * GiB; /* experts of 3 layers (2.25 GiB) no longer fit RAM; 2 whole layers do */
+    rc = plan_make(&m, nodes, 1, 0.0, &r, &err);
+    CHECK(rc == 0 && r.stages[0].dev_layers == 8 && r.stages[0].cpu_moe == 0 && r.stages[0].dev_bytes == 8 * GiB,
+          "2 GiB of RAM: 8 layers whole on the device, 2 on the CPU (got %u, %u)", rc == 0 ? r.stages[0].dev_layers : 0,
+          rc == 0 ? r.stages[0].cpu_moe : 0);
+    nodes[0].ram_bytes = GiB;
+    rc = plan_make(&m, nodes, 1, 0.0, &r, &err);
+    CHECK(rc != 0 && strstr(err.msg, "ring too small"), "1 GiB of RAM: the 10 GiB do not fit 9 GiB (%s)", err.msg);
+    set_node(&nodes[0], "slowgpu:7000", 20 * GiB, 0.5e9);
+    nodes[0].ram_bytes = 64 * GiB, nodes[0].ram_speed = 1e9;
+    rc = plan_make(&m, nodes, 1, 0.0, &r, &err);
+    CHECK(rc == 0 && r.stages[0].dev_layers == 0 && r.stages[0].dev_bytes == 0,
+          "a device slower than the CPU gets nothing when RAM holds it all");
+    nodes[0].ram_speed = 0;
+    CHECK(plan_make(&m, nodes, 1, 0.0, &r, &err) != 0 && strstr(err.msg, "RAM speed"), "RAM without a speed is refused");
+    /* random rings of one- and two-tier nodes against the brute force */
+    int bad = 0, feasible = 0;
+    for (int it = 0; it < 400; it++) {
+        int nn;
+        double hr;
+        random_case(&m, nodes, &nn, &hr, 7, 3);
+        for (uint32_t i = 0; i < m.n_layer; i++) {
+            m.layer_exps[i] = rng_in(0, m.layer_bytes[i]);
+            m.layer_exps_active[i] = rng_in(0, m.layer_active[i] < m.layer_exps[i] ? m.layer_active[i] : m.layer_exps[i]);
+        }
+        for (int i = 0; i < nn; i++) {
+            nodes[i].lack = NULL;
+            if (rng() % 2) {
+                nodes[i].ram_bytes = rng_in(1, 2 * nodes[i].mem_bytes + 50);
+                nodes[i].ram_speed = nodes[i].speed * (double)rng_in(1, 8) / 4.0;
+            }
+        }
+        const double want = ref_tier_plan(&m, nodes, nn, hr);
+        rc = plan_make(&m, nodes, nn, hr, &r, &err);
+        if ((rc == 0) != isfinite(want) || (rc == 0 && fabs(r.max_time - want) > 1e-12 * want)) {
+            if (bad++ < 3) printf("# case %d: plan %s %.6g, brute force %.6g\n", it, rc == 0 ? "ok" : err.msg, rc == 0 ? r.max_time : 0, want);
+        }
+        feasible += rc == 0;
+        for (int s2 = 0; rc == 0 && s2 < r.n_stages; s2++) {
+            const plan_stage *st = &r.stages[s2];
+            const plan_node *nd = &nodes[st->node];
+            if (!nd->ram_bytes) continue;
+            uint64_t d, rr, ad, ar;
+            ref_tier(&m, st->a, st->b, st->dev_layers, st->cpu_moe, &d, &rr, &ad, &ar);
+            if (ref_head(d, hr) != st->dev_bytes || ref_head(d, hr) + ref_head(rr, hr) != st->mem_bytes ||
+                st->dev_bytes > nd->mem_bytes || st->mem_bytes - st->dev_bytes > nd->ram_bytes) {
+                if (bad++ < 3) printf("# case %d: stage %d's tiers misreported or over\n", it, s2);
+            }
+        }
+    }
+    CHECK(bad == 0 && feasible > 50, "400 random rings with two-tier nodes: the plan's time equals the brute force's "
+          "(%d feasible, %d wrong)", feasible, bad);
 
     return check_done();
 }
