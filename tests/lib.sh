@@ -6,6 +6,9 @@
 #   finish                   prints the counts and exits non-zero if anything failed
 set -euo pipefail
 : "${RINGLM:?run through tests/run.sh}"
+# The CPU unless a test names a device: the suite compares against llama.cpp's CPU build bit for bit, and a
+# machine with a GPU would otherwise compute on it by default (docs/devices.md). tests/t_gpu.sh names its own.
+export RINGLM_DEVICE=${RINGLM_TEST_DEVICE:-CPU}
 T_PASS=0
 T_FAIL=0
 WORK=$(mktemp -d)

@@ -116,6 +116,8 @@ struct ggml_backend_device *dv_default_gpu(void) {
 
 int dv_pick(const char *name, struct ggml_backend_device **dev, rl_err *err) {
     *dev = NULL;
+    if (!name || !name[0]) name = getenv("RINGLM_DEVICE");
+    if (name && !name[0]) name = NULL;
     if (name && strcmp(name, "CPU") == 0) return 0;
     if (dv_load(NULL, NULL, 0, err) != 0) return -1;
     if (!name) {

@@ -40,8 +40,9 @@ void dv_get(size_t i, dv_info *out);
 int dv_find(const char *name, struct ggml_backend_device **dev, rl_err *err);
 /* The first GPU (or integrated GPU) ggml sees, or NULL when there is none: run on the CPU. */
 struct ggml_backend_device *dv_default_gpu(void);
-/* The device to compute on for an option's value: NULL or "CPU" gives *dev = NULL (the CPU); a name, that
- * device (the CPU again if it names a CPU device); no name, the first GPU, else NULL. Loads the modules. */
+/* The device to compute on for an option's value: "CPU" gives *dev = NULL (the CPU); a name, that device
+ * (the CPU again if it names a CPU device); no name (NULL), the environment's RINGLM_DEVICE if set, else the
+ * first GPU, else NULL. Loads the modules. */
 int dv_pick(const char *name, struct ggml_backend_device **dev, rl_err *err);
 
 /* A device's speed, measured by running on it what decoding and prefill run most: a q8_0 matrix of 64 MiB

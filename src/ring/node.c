@@ -322,6 +322,8 @@ static double node_probe_flops(int threads) { return node_probe_matmul(threads, 
 static int node_probe_device(node *n, rl_err *err) {
     const node_opts *o = n->o;
     struct ggml_backend_device *dev = NULL;
+    rl_err le;
+    (void)dv_load(NULL, NULL, 0, &le); /* every device, for INFO's list, whichever this node computes on */
     if (dv_pick(o->eng.device, &dev, err) != 0) return -1;
     if (!dev || o->eng.mem_bytes > 0) return 0;
     size_t fr = 0, tot = 0;
@@ -401,18 +403,16 @@ static void node_info(node *n) {
     /* The devices this machine has and the one its engine computes on (docs/devices.md): that one's memory
      * and speed are offered as a tier before the RAM above (plan.h). */
     cJSON *ds = cJSON_AddArrayToObject(j, "devices");
-    {
-        for (size_t i = 0; i < dv_count(); i++) {
-            dv_info d;
-            dv_get(i, &d);
-            cJSON *dj = cJSON_CreateObject();
-            cJSON_AddStringToObject(dj, "name", d.name);
-            cJSON_AddStringToObject(dj, "backend", d.backend);
-            cJSON_AddBoolToObject(dj, "gpu", d.gpu);
-            cJSON_AddNumberToObject(dj, "free_bytes", (double)d.free);
-            cJSON_AddNumberToObject(dj, "total_bytes", (double)d.total);
-            cJSON_AddItemToArray(ds, dj);
-        }
+    for (size_t i = 0; i < dv_count(); i++) {
+        dv_info d;
+        dv_get(i, &d);
+        cJSON *dj = cJSON_CreateObject();
+        cJSON_AddStringToObject(dj, "name", d.name);
+        cJSON_AddStringToObject(dj, "backend", d.backend);
+        cJSON_AddBoolToObject(dj, "gpu", d.gpu);
+        cJSON_AddNumberToObject(dj, "free_bytes", (double)d.free);
+        cJSON_AddNumberToObject(dj, "total_bytes", (double)d.total);
+        cJSON_AddItemToArray(ds, dj);
     }
     cJSON_AddStringToObject(j, "backend", n->dev_name[0] ? n->dev_name : "CPU");
     if (n->dev_name[0]) {
