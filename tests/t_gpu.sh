@@ -19,6 +19,9 @@
 #   - A 2-node ring, one node on Vulkan0 and one on the CPU: the one-machine tokens; the coordinator prints
 #     where each stage computes. A Vulkan node offering less device memory than its range (--vram) gets a
 #     plan that keeps routed experts, or whole layers, in RAM; it computes that split, with the same tokens.
+#   - Two devices (lavapipe twice): --device A,B (and no --device: every GPU) split the layers, logits equal
+#     one device's bit for bit, tokens the CPU's; a node on both is planned as one tier; a device named
+#     twice or the CPU in a list are refused.
 #   - Errors: --vram above the free memory, an unknown device on a node; `devices --measure` gives a speed.
 #   - Speculative decoding (n-gram drafts, rollback of the KDA state on the device) gives the plain tokens.
 #   - Errors: an unknown device name; a device too small for the weights.
@@ -138,6 +141,34 @@ for v in "0.03 experts" "0.01 layers"; do
         check "... and the node computes that split" grep -q "layers \[0, $((n + 1))),.*layers \[$((n + 1)), 6) on the CPU" <<<"$where"
     fi
 done
+# Two devices (lavapipe listed twice: GGML_VK_VISIBLE_DEVICES=0,0 makes Vulkan0 and Vulkan1): --device A,B splits
+# the device layers between them in proportion to free memory, as llama.cpp's default split does; with no
+# --device (and no RINGLM_DEVICE) every GPU is used. The same kernels run either way, so the logits equal
+# one device's bit for bit. A node on both offers their memory as one tier.
+export GGML_VK_VISIBLE_DEVICES=0,0
+"$RINGLM" logits -m "$f" --tokens "$toks" --prefill 16 -o "$WORK/vk1.bin" --device Vulkan0 --threads 2 2>"$WORK/l1.err"
+"$RINGLM" logits -m "$f" --tokens "$toks" --prefill 16 -o "$WORK/vk2.bin" --device Vulkan0,Vulkan1 --threads 2 2>"$WORK/l2.err"
+check "--device Vulkan0,Vulkan1: logits equal one device's bit for bit" "$RINGLM" compare "$WORK/vk1.bin" "$WORK/vk2.bin" --tol 0
+RINGLM_DEVICE= gen "$f" 16 >"$WORK/two.ids"
+check "no --device with two GPUs: both used, the CPU's tokens" \
+    sh -c "diff '$WORK/cpu16.ids' '$WORK/two.ids' && grep -q 'computing on Vulkan0 .*layers \[0, 3).*; Vulkan1 .*layers \[3, 6) and the output head' '$WORK/gen.err'"
+gen "$f" 16 --device Vulkan1,Vulkan0 --gpu-layers 4 --n-cpu-moe 2 >"$WORK/two.ids"
+check "--device Vulkan1,Vulkan0 --gpu-layers 4 --n-cpu-moe 2: in that order, the rest on the CPU, the CPU's tokens" \
+    sh -c "diff '$WORK/cpu16.ids' '$WORK/two.ids' && grep -q 'Vulkan1 .*layers \[0, 2).*; Vulkan0 .*layers \[2, 4).*layers \[4, 6) on the CPU; routed experts of layers \[0, 2) in RAM' '$WORK/gen.err'"
+check_fails "a device named twice: refused" "--device Vulkan0,Vulkan0 names Vulkan0 twice" \
+    "$RINGLM" run -m "$f" --tokens 5,6 -n 2 --device Vulkan0,Vulkan0
+check_fails "the CPU in a device list: refused, saying why" "the CPU is not a device to split layers onto" \
+    "$RINGLM" run -m "$f" --tokens 5,6 -n 2 --device Vulkan0,CPU
+ring_start 3 "$RING/models" --device Vulkan0,Vulkan1 --device-speed 20 --vram 0.03
+ring_conf "$WORK/ring1.conf" 3
+"$RINGLM" run -m "$f" --tokens 5,6,7,8 -n 16 --temp 0 --ignore-eos --ids --ring "$WORK/ring1.conf" \
+    --key "$RING/coord.key" >"$WORK/ring1.ids" 2>"$WORK/ring1.err" || cat "$WORK/ring1.err"
+ring_stop
+check "a node on two devices: planned as one tier (Vulkan0,Vulkan1), computes on both, the one-machine tokens" \
+    sh -c "diff '$WORK/cpu16.ids' '$WORK/ring1.ids' && grep -q '(Vulkan0,Vulkan1: layers 0-5' '$WORK/ring1.err' &&
+           grep -q 'computes on Vulkan0 .*; Vulkan1 ' '$WORK/ring1.err'"
+export GGML_VK_VISIBLE_DEVICES=0
+
 check_fails "a node offering more device memory than is free: a clear error" "--vram 1000.00 GB is more than Vulkan0 has free" \
     "$RINGLM" node --listen 127.0.0.1:1 --key "$RING/n4.key" --allow "$(cat "$RING/coord.pub")" --device Vulkan0 --vram 1000
 check_fails "a node on an unknown device: refused at start, naming the devices" "no device named 'Vulkan7'.*Vulkan0" \

@@ -85,8 +85,9 @@ int cli_parse_engine(const char *a, const char *v, k3_engine_opts *eo, int *bad,
         *bad = cli_parse_double(v, &gb) || !(gb > 0 && gb < 1e6), *want = "gigabytes above 0";
         eo->mem_bytes = *bad ? 0 : (size_t)(gb * 1073741824.0);
     } else if (strcmp(a, "--device") == 0) {
-        /* By ggml's name (`ringlm devices`); checked when the engine starts, which lists the names. */
-        *bad = !*v || strchr(v, ',') != NULL, *want = "one device name (ringlm devices lists them)";
+        /* By ggml's names (`ringlm devices`), comma-separated; checked when the engine starts, which lists them. */
+        *bad = !*v || v[0] == ',' || v[strlen(v) - 1] == ',' || strstr(v, ",,") != NULL,
+        *want = "device names, comma-separated (ringlm devices lists them)";
         eo->device = v;
     } else if (strcmp(a, "--gpu-layers") == 0 || strcmp(a, "-ngl") == 0) {
         int n = -1;

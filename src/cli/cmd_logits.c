@@ -11,7 +11,7 @@
 static void logits_usage(FILE *f) {
     fprintf(f, "usage: ringlm logits -m MODEL.gguf --tokens 1,2,3 [--mode batch|step] [--chunk N | --prefill N]\n"
                "                     [--threads N] [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--mem GB]\n"
-            "                  [--device NAME] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe] [--ring ring.conf --key coord.key [--wire f32|f16|bf16]] -o OUT.bin\n\n"
+            "                  [--device NAME[,NAME...]] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe] [--ring ring.conf --key coord.key [--wire f32|f16|bf16]] -o OUT.bin\n\n"
                "Writes the logits of every position (the oracle's file format, src/model/logits_file.h).\n"
                "batch: all tokens in one forward pass (or --chunk N tokens per pass); step: one token per pass;\n"
                "--prefill N: N tokens in one pass, then one token per pass (a prompt, then decode steps).\n"

@@ -12,7 +12,7 @@ static void node_usage(FILE *f) {
     fprintf(f, "usage: ringlm node --listen HOST:PORT --key node.key --allow COORD_PUBKEY_HEX[,...]\n"
                "                   [--models DIR] [--cache DIR] [--mem GB [--disk GB/s]] [--speed GB/s] [--tflops T] [--threads N]\n"
                "                   [--audit-keep MB] [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16]\n"
-               "                   [--device NAME] [--vram GB] [--device-speed GB/s] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe]\n"
+               "                   [--device NAME[,NAME...]] [--vram GB] [--device-speed GB/s] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe]\n"
                "                   [--verbose]\n\n"
                "Serves its share of a model to the coordinators it trusts. Links are encrypted and mutually\n"
                "authenticated (ZeroMQ CURVE); a key not on the list is refused and logged. Layers of a model\n"

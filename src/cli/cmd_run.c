@@ -27,7 +27,7 @@ static void run_usage(FILE *f) {
             "                  [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
             "                  [--presence-penalty P] [--frequency-penalty F] [--logit-bias ID+B|ID-B]... [--seed S] [--threads N]\n"
             "                  [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--mem GB]\n"
-            "                  [--device NAME] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe] [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
+            "                  [--device NAME[,NAME...]] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe] [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
             "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16] [--keep-order] [--manifest M instead of -m]]\n"
             "                  [--draft none|ngram|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-fixed]\n"
             "                  [--draft-p-min P] [--draft-depth D]] [--receipts FILE]\n"
@@ -553,7 +553,7 @@ int cmd_run(int argc, char **argv) {
             goto out;
         }
         have_engine = true;
-        if (e.dev_backend) {
+        if (e.hp.n_dev > 0) {
             char where[512];
             k3_engine_describe(&e, where, sizeof where);
             fprintf(stderr, "[ringlm] computing on %s\n", where);

@@ -114,18 +114,38 @@ struct ggml_backend_device *dv_default_gpu(void) {
     return NULL;
 }
 
-int dv_pick(const char *name, struct ggml_backend_device **dev, rl_err *err) {
-    *dev = NULL;
-    if (!name || !name[0]) name = getenv("RINGLM_DEVICE");
-    if (name && !name[0]) name = NULL;
-    if (name && strcmp(name, "CPU") == 0) return 0;
+int dv_pick(const char *names, struct ggml_backend_device **devs, int max, int *n, rl_err *err) {
+    *n = 0;
+    if (!names || !names[0]) names = getenv("RINGLM_DEVICE");
+    if (names && !names[0]) names = NULL;
+    if (names && strcmp(names, "CPU") == 0) return 0;
     if (dv_load(NULL, NULL, 0, err) != 0) return -1;
-    if (!name) {
-        *dev = dv_default_gpu();
+    if (!names) { /* every GPU, as llama.cpp splits layers over all it finds */
+        for (size_t i = 0; i < ggml_backend_dev_count() && *n < max; i++) {
+            ggml_backend_dev_t d = ggml_backend_dev_get(i);
+            enum ggml_backend_dev_type t = ggml_backend_dev_type(d);
+            if (t == GGML_BACKEND_DEVICE_TYPE_GPU || t == GGML_BACKEND_DEVICE_TYPE_IGPU) devs[(*n)++] = d;
+        }
         return 0;
     }
-    if (dv_find(name, dev, err) != 0) return -1;
-    if (ggml_backend_dev_type(*dev) == GGML_BACKEND_DEVICE_TYPE_CPU) *dev = NULL;
+    char list[512];
+    if (strlen(names) >= sizeof list) return rl_errf(err, "device list too long: %.40s...", names);
+    snprintf(list, sizeof list, "%s", names);
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        ggml_backend_dev_t d;
+        if (dv_find(tok, &d, err) != 0) return -1;
+        if (ggml_backend_dev_type(d) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+            if (strchr(names, ',')) return rl_errf(err, "--device %s: the CPU is not a device to split layers onto "
+                                                       "(layers not on the devices run there anyway: --gpu-layers)", names);
+            return 0;
+        }
+        for (int k = 0; k < *n; k++) {
+            if (devs[k] == d) return rl_errf(err, "--device %s names %s twice", names, tok);
+        }
+        if (*n == max) return rl_errf(err, "--device %s: at most %d devices", names, max);
+        devs[(*n)++] = d;
+    }
+    if (*n == 0) return rl_errf(err, "--device '%s' names no device", names);
     return 0;
 }
 

@@ -40,10 +40,10 @@ void dv_get(size_t i, dv_info *out);
 int dv_find(const char *name, struct ggml_backend_device **dev, rl_err *err);
 /* The first GPU (or integrated GPU) ggml sees, or NULL when there is none: run on the CPU. */
 struct ggml_backend_device *dv_default_gpu(void);
-/* The device to compute on for an option's value: "CPU" gives *dev = NULL (the CPU); a name, that device
- * (the CPU again if it names a CPU device); no name (NULL), the environment's RINGLM_DEVICE if set, else the
- * first GPU, else NULL. Loads the modules. */
-int dv_pick(const char *name, struct ggml_backend_device **dev, rl_err *err);
+/* The devices to compute on for --device's value, in order: "CPU" gives none (*n = 0: the CPU); "A,B,..." those
+ * devices (a CPU device alone counts as "CPU"; in a list, or a name twice, is an error); no value (NULL), the
+ * environment's RINGLM_DEVICE if set, else every GPU ggml sees (none: the CPU). Loads the modules. */
+int dv_pick(const char *names, struct ggml_backend_device **devs, int max, int *n, rl_err *err);
 
 /* A device's speed, measured by running on it what decoding and prefill run most: a q8_0 matrix of 64 MiB
  * times one column (bytes of weights read per second, *bps) and one of 8 MiB times 128 columns (FLOP/s,

@@ -21,24 +21,57 @@
 #include "expert_cache.h"
 #include "k3_memory.h"
 
-/* How many layers of [a, b), from a, the device holds by default: their weights (the head's too when all
- * fit) within its free memory, less a tenth and 256 MiB for per-sequence state and compute buffers. */
-static uint32_t k3_fit_layers(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, ggml_backend_dev_t dev) {
-    size_t fr = 0, tot = 0;
-    ggml_backend_dev_memory(dev, &fr, &tot);
-    const size_t headroom = fr / 10 + ((size_t)256 << 20);
-    if (fr <= headroom) return 0;
-    uint32_t n = 0;
-    while (a + n < b && k3_range_weight_bytes(m, hp, a, a + n + 1) <= fr - headroom) n++;
-    return n;
+/* Free memory of each device, less a tenth and 256 MiB for per-sequence state and compute buffers. */
+static void k3_dev_room(ggml_backend_dev_t *devs, int nd, size_t *room) {
+    for (int d = 0; d < nd; d++) {
+        size_t fr = 0, tot = 0;
+        ggml_backend_dev_memory(devs[d], &fr, &tot);
+        const size_t headroom = fr / 10 + ((size_t)256 << 20);
+        room[d] = fr > headroom ? fr - headroom : 0;
+    }
+}
+
+/* Splits layers [a, a + n) over nd devices in proportion to their room, as llama.cpp's default tensor split
+ * does (by free memory): device d gets [end[d - 1], end[d]), end[nd - 1] = a + n. */
+static void k3_split_layers(uint32_t a, uint32_t n, const size_t *room, int nd, uint32_t *end) {
+    double total = 0, acc = 0;
+    for (int d = 0; d < nd; d++) total += (double)room[d];
+    for (int d = 0; d < nd; d++) {
+        acc += (double)room[d];
+        end[d] = d == nd - 1 ? a + n : a + (uint32_t)floor((double)n * (total > 0 ? acc / total : (double)(d + 1) / nd) + 0.5);
+    }
+}
+
+/* How many layers of [a, b), from a, the devices hold by default: the most whose split (above) puts within
+ * every device's room its layers' weights (and the head's on the device whose layers end the model). */
+static uint32_t k3_fit_layers(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, ggml_backend_dev_t *devs,
+                              int nd) {
+    size_t room[K3_MAX_DEV];
+    uint32_t end[K3_MAX_DEV];
+    k3_dev_room(devs, nd, room);
+    for (uint32_t n = b - a; n > 0; n--) {
+        k3_split_layers(a, n, room, nd, end);
+        bool fits = true;
+        for (int d = 0; d < nd && fits; d++) { /* (counting the head where a device's layers end the model) */
+            const uint32_t lo = d ? end[d - 1] : a;
+            fits = lo == end[d] || k3_range_weight_bytes(m, hp, lo, end[d]) <= room[d];
+        }
+        if (fits) return n;
+    }
+    return 0;
 }
 
 int k3_engine_describe(const k3_engine *e, char *buf, size_t len) {
-    if (!e->dev_backend) return snprintf(buf, len, "CPU: layers [%u, %u)", e->a, e->b);
-    ggml_backend_dev_t d = ggml_backend_get_device(e->dev_backend);
-    int n = snprintf(buf, len, "%s (%s): layers [%u, %u)%s, %.1f MiB of weights", ggml_backend_dev_name(d),
-                     ggml_backend_dev_description(d), e->hp.dev_a, e->hp.dev_b, e->hp.dev_output ? " and the output head" : "",
-                     (double)e->w.x_bytes[K3_W_DEV] / 1048576.0);
+    if (e->hp.n_dev == 0) return snprintf(buf, len, "CPU: layers [%u, %u)", e->a, e->b);
+    int n = 0;
+    for (int d = 0; d < e->hp.n_dev && n >= 0 && (size_t)n < len; d++) {
+        ggml_backend_dev_t dv = ggml_backend_get_device(e->dev_backend[d]);
+        const uint32_t lo = d ? e->hp.dev_end[d - 1] : e->hp.dev_a;
+        const bool head = e->hp.dev_output && d == e->hp.n_dev - 1;
+        n += snprintf(buf + n, len - (size_t)n, "%s%s (%s): layers [%u, %u)%s, %.1f MiB of weights", d ? "; " : "",
+                      ggml_backend_dev_name(dv), ggml_backend_dev_description(dv), lo, e->hp.dev_end[d],
+                      head ? " and the output head" : "", (double)e->w.x_bytes[K3_W_DEV + d] / 1048576.0);
+    }
     if (n > 0 && (size_t)n < len && !e->flash_attn) n += snprintf(buf + n, len - (size_t)n, ", MLA attention by softmax");
     if (n > 0 && (size_t)n < len && e->hp.dev_b < e->b) n += snprintf(buf + n, len - (size_t)n, "; layers [%u, %u) on the CPU", e->hp.dev_b, e->b);
     if (n > 0 && (size_t)n < len && e->hp.dev_cpu_moe > e->hp.dev_a) {
@@ -75,28 +108,43 @@ int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32
                            ceil((double)least / G * 1e4) / 1e4);
         }
     }
-    ggml_backend_dev_t dev = NULL;
-    if (a < b && dv_pick(o->device, &dev, err) != 0) return -1;
-    const uint32_t n_dev = !dev ? 0 : o->gpu_layers_set ? (o->gpu_layers < b - a ? o->gpu_layers : b - a)
-                                                       : k3_fit_layers(m, hp, a, b, dev);
+    ggml_backend_dev_t devs[K3_MAX_DEV];
+    int nd = 0;
+    if (a < b && dv_pick(o->device, devs, K3_MAX_DEV, &nd, err) != 0) return -1;
+    const uint32_t n_dev = !nd ? 0 : o->gpu_layers_set ? (o->gpu_layers < b - a ? o->gpu_layers : b - a)
+                                                      : k3_fit_layers(m, hp, a, b, devs, nd);
     if (n_dev > 0) {
         if (cache) {
             return rl_errf(err, "--mem (experts read from the file) runs on the CPU only for now, and this engine "
-                                "computes on %s: add --device CPU", ggml_backend_dev_name(dev));
+                                "computes on %s: add --device CPU", ggml_backend_dev_name(devs[0]));
         }
-        e->hp.dev_buft = ggml_backend_dev_buffer_type(dev);
+        size_t room[K3_MAX_DEV];
+        uint32_t end[K3_MAX_DEV];
+        k3_dev_room(devs, nd, room);
+        k3_split_layers(a, n_dev, room, nd, end);
         e->hp.dev_a = a;
         e->hp.dev_b = a + n_dev;
         e->hp.dev_output = n_dev == b - a && b == hp->n_layer;
         e->hp.dev_cpu_moe = o->n_cpu_moe;
-        e->dev_backend = ggml_backend_dev_init(dev, NULL);
-        if (!e->dev_backend) return rl_errf(err, "cannot start device %s", ggml_backend_dev_name(dev));
-        /* Flash attention auto: not on Vulkan. Its kernel over the MLA cache (K the cache rows, V their latent
-         * part) wrote past its output on Mesa's lavapipe, crashing the op after it when a graph ran node by
-         * node (and now and then in whole graphs; llama.cpp's own Vulkan build too); the softmax path runs
-         * right there. --flash-attn on asks for it anyway. */
-        const char *reg = ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev));
-        if (strcmp(reg, "Vulkan") == 0 && !o->flash_attn_on) e->flash_attn = false;
+        /* Devices the split gives no layer are left out (the head goes with the last layer's). */
+        for (int d = 0, lo = (int)a; d < nd; lo = (int)end[d++]) {
+            if (end[d] == (uint32_t)lo) continue;
+            const int k = e->hp.n_dev++;
+            e->hp.dev_buft[k] = ggml_backend_dev_buffer_type(devs[d]);
+            e->hp.dev_end[k] = end[d];
+            e->dev_backend[k] = ggml_backend_dev_init(devs[d], NULL);
+            if (!e->dev_backend[k]) {
+                rl_errf(err, "cannot start device %s", ggml_backend_dev_name(devs[d]));
+                k3_engine_free(e);
+                return -1;
+            }
+            /* Flash attention auto: not on Vulkan. Its kernel over the MLA cache (K the cache rows, V their
+             * latent part) wrote past its output on Mesa's lavapipe, crashing the op after it when a graph ran
+             * node by node (and now and then in whole graphs; llama.cpp's own Vulkan build too); the softmax
+             * path runs right there. --flash-attn on asks for it anyway. */
+            const char *reg = ggml_backend_reg_name(ggml_backend_dev_backend_reg(devs[d]));
+            if (strcmp(reg, "Vulkan") == 0 && !o->flash_attn_on) e->flash_attn = false;
+        }
     }
     if (k3_weights_bind(&e->w, m, &e->hp, a, b, o->no_repack, cache, o->progress, err) != 0) {
         k3_engine_free(e);
@@ -137,7 +185,9 @@ void k3_engine_free(k3_engine *e) {
     if (e->sched) ggml_backend_sched_free(e->sched);
     if (e->galloc) ggml_gallocr_free(e->galloc);
     if (e->backend) ggml_backend_free(e->backend);
-    if (e->dev_backend) ggml_backend_free(e->dev_backend);
+    for (int d = 0; d < K3_MAX_DEV; d++) {
+        if (e->dev_backend[d]) ggml_backend_free(e->dev_backend[d]);
+    }
     k3_weights_free(&e->w);
     free(e->graph_buf);
     memset(e, 0, sizeof *e);
@@ -147,8 +197,9 @@ const struct xc_stats *k3_engine_cache_stats(const k3_engine *e) { return e->xc 
 
 size_t k3_engine_compute_bytes(const k3_engine *e) {
     if (e->sched) {
-        return ggml_backend_sched_get_buffer_size(e->sched, e->backend) +
-               (e->dev_backend ? ggml_backend_sched_get_buffer_size(e->sched, e->dev_backend) : 0);
+        size_t n = ggml_backend_sched_get_buffer_size(e->sched, e->backend);
+        for (int d = 0; d < e->hp.n_dev; d++) n += ggml_backend_sched_get_buffer_size(e->sched, e->dev_backend[d]);
+        return n;
     }
     return e->galloc ? ggml_gallocr_get_buffer_size(e->galloc, 0) : 0;
 }
@@ -1184,7 +1235,7 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
     for (int i = 0; i < ggml_graph_n_nodes(g.gf); i++) {
         if (ggml_graph_node(g.gf, i)->flags & GGML_TENSOR_FLAG_OUTPUT) key = (key ^ (uint64_t)i) * 0x100000001b3ULL;
     }
-    if (g.xc || e->dev_backend) {
+    if (g.xc || e->hp.n_dev > 0) {
         /* Over a device and the CPU, or over cached experts, the scheduler runs the graph (splitting it by
          * where weights and states live; stopping where the host must load experts); its hash set is sized
          * once, so a larger graph gets a new one (rare: sized generously). The CPU comes last: ggml's
@@ -1195,9 +1246,12 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
         if (!e->sched || size > e->sched_size) {
             if (e->sched) ggml_backend_sched_free(e->sched);
             e->sched_size = size > 2 * e->sched_size ? size : 2 * e->sched_size;
-            if (e->dev_backend && e->sched_size < 65536) e->sched_size = 65536;
-            ggml_backend_t bk[2] = {e->dev_backend ? e->dev_backend : e->backend, e->backend};
-            e->sched = ggml_backend_sched_new(bk, NULL, e->dev_backend ? 2 : 1, e->sched_size, false, false);
+            if (e->hp.n_dev > 0 && e->sched_size < 65536) e->sched_size = 65536;
+            ggml_backend_t bk[K3_MAX_DEV + 1];
+            int nb = 0;
+            for (int d = 0; d < e->hp.n_dev; d++) bk[nb++] = e->dev_backend[d];
+            bk[nb++] = e->backend;
+            e->sched = ggml_backend_sched_new(bk, NULL, nb, e->sched_size, false, false);
             e->plan_outputs = 0;
             if (!e->sched) {
                 rc = rl_errf(err, "cannot create the graph scheduler");

@@ -35,7 +35,8 @@ typedef struct k3_engine {
     int n_threads;
     bool flash_attn;            /* !k3_engine_opts.no_flash_attn */
     struct ggml_backend *backend;     /* the CPU */
-    struct ggml_backend *dev_backend; /* the device layers [hp.dev_a, hp.dev_b) run on, or NULL (CPU only) */
+    struct ggml_backend *dev_backend[K3_MAX_DEV]; /* the devices layers [hp.dev_a, hp.dev_b) run on, hp.n_dev of
+                                                   * them (split at hp.dev_end); none: the CPU only */
     struct ggml_gallocr *galloc;
     uint64_t plan_outputs;      /* which nodes were outputs when galloc last planned (k3_forward) */
     void *graph_buf; /* the graph's tensor and node structs, kept between calls: a fresh multi-MiB malloc
@@ -60,8 +61,9 @@ typedef struct k3_engine_opts {
     size_t mem_bytes;   /* resident weights at most this (0: no limit): when the range's weights do not fit,
                          * its routed experts are read from the file into a cache that fills what the dense
                          * part leaves (expert_cache.h); the logits stay the same bits */
-    const char *device; /* the device to compute on, by ggml's name (`ringlm devices`): CPU, Vulkan0, CUDA0;
-                         * NULL: the first GPU found, else the CPU */
+    const char *device; /* the devices to compute on, by ggml's names (`ringlm devices`): CPU, Vulkan0, CUDA0,
+                         * or a list "CUDA0,CUDA1" over which the device layers are split in proportion to free
+                         * memory; NULL: $RINGLM_DEVICE, else every GPU found, else the CPU (dv_pick) */
     bool gpu_layers_set;
     uint32_t gpu_layers; /* with gpu_layers_set: the first gpu_layers layers of the range on the device, the
                           * rest on the CPU (0: all on the CPU); else all of them, output head included */

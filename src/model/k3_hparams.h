@@ -19,6 +19,8 @@
 
 struct gguf_context;
 
+#define K3_MAX_DEV 8 /* devices one engine computes on */
+
 typedef struct k3_hparams {
     uint32_t n_layer;
     uint32_t n_embd;      /* d */
@@ -65,19 +67,30 @@ typedef struct k3_hparams {
      * GGML_TYPE_F32). k3_engine_init sets it in the engine's copy, so states made from &engine->hp get the
      * engine's cache; k3_forward refuses a state whose cache is of another type. */
     int kv_type;
-    /* Runtime too: the layers [dev_a, dev_b) compute on a device other than the CPU (k3_engine_opts.device),
-     * whose weights and per-sequence state live in dev_buft; the output head there too when dev_output.
-     * Set by k3_engine_init in its copy, like kv_type, so states made from &engine->hp are placed alike.
-     * dev_buft NULL: everything on the CPU. */
-    struct ggml_backend_buffer_type *dev_buft;
+    /* Runtime too: the layers [dev_a, dev_b) compute on devices other than the CPU (k3_engine_opts.device),
+     * split between n_dev of them in order, device d holding [d ? dev_end[d - 1] : dev_a, dev_end[d]) with
+     * its weights and per-sequence state in dev_buft[d]; the output head on the last with dev_output. Set by
+     * k3_engine_init in its copy, like kv_type, so states made from &engine->hp are placed alike. n_dev 0:
+     * everything on the CPU. */
+    int n_dev;
+    struct ggml_backend_buffer_type *dev_buft[K3_MAX_DEV];
+    uint32_t dev_end[K3_MAX_DEV];
     uint32_t dev_a, dev_b;
     bool dev_output;
     uint32_t dev_cpu_moe; /* the routed experts of layers below this stay on the CPU (--n-cpu-moe) */
 } k3_hparams;
 
-/* Whether layer il computes on the engine's device (k3_hparams.dev_buft). */
+/* Whether layer il computes on one of the engine's devices. */
 static inline bool k3_on_dev(const struct k3_hparams *hp, uint32_t il) {
-    return hp->dev_buft && il >= hp->dev_a && il < hp->dev_b;
+    return hp->n_dev > 0 && il >= hp->dev_a && il < hp->dev_b;
+}
+
+/* The device (index into dev_buft) layer il computes on, or -1: the CPU. */
+static inline int k3_dev_of(const struct k3_hparams *hp, uint32_t il) {
+    if (!k3_on_dev(hp, il)) return -1;
+    int d = 0;
+    while (d + 1 < hp->n_dev && il >= hp->dev_end[d]) d++;
+    return d;
 }
 
 /* Derived sizes. */

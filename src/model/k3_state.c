@@ -8,32 +8,50 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 
-/* Allocates and zeroes the tensors of a host context and of a device context (either may be empty). */
-static int k3_alloc_pair(struct ggml_context *ctx, struct ggml_context *dctx, const k3_hparams *hp,
-                         struct ggml_backend_buffer **buf, struct ggml_backend_buffer **dbuf) {
+/* Allocates and zeroes the tensors of a host context and of each device's context (any may be empty). */
+static int k3_alloc_all(struct ggml_context *ctx, struct ggml_context **dctx, const k3_hparams *hp,
+                        struct ggml_backend_buffer **buf, struct ggml_backend_buffer **dbuf) {
     if (ggml_get_first_tensor(ctx)) {
         *buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_cpu_buffer_type());
         if (!*buf) return -1;
         ggml_backend_buffer_clear(*buf, 0);
     }
-    if (dctx && ggml_get_first_tensor(dctx)) {
-        *dbuf = ggml_backend_alloc_ctx_tensors_from_buft(dctx, hp->dev_buft);
-        if (!*dbuf) return -1;
-        ggml_backend_buffer_clear(*dbuf, 0);
+    for (int d = 0; d < hp->n_dev; d++) {
+        if (!dctx[d] || !ggml_get_first_tensor(dctx[d])) continue;
+        dbuf[d] = ggml_backend_alloc_ctx_tensors_from_buft(dctx[d], hp->dev_buft[d]);
+        if (!dbuf[d]) return -1;
+        ggml_backend_buffer_clear(dbuf[d], 0);
     }
     return 0;
 }
 
-/* The context a layer's state tensor is made in: the device's for a layer computing there. */
+/* One context per device, as for the host (ip: the same size); false when out of memory. */
+static bool k3_dev_ctx_init(const k3_hparams *hp, struct ggml_init_params ip, struct ggml_context **dctx) {
+    for (int d = 0; d < hp->n_dev; d++) {
+        if (!(dctx[d] = ggml_init(ip))) return false;
+    }
+    return true;
+}
+
+static void k3_dev_free(struct ggml_context **dctx, struct ggml_backend_buffer **dbuf) {
+    for (int d = 0; d < K3_MAX_DEV; d++) {
+        if (dbuf[d]) ggml_backend_buffer_free(dbuf[d]);
+        if (dctx[d]) ggml_free(dctx[d]);
+    }
+}
+
+/* The context a layer's state tensor is made in: its device's for a layer computing there. */
 static struct ggml_context *k3_ctx_of(const k3_hparams *hp, uint32_t il, struct ggml_context *ctx,
-                                      struct ggml_context *dctx) {
-    return k3_on_dev(hp, il) ? dctx : ctx;
+                                      struct ggml_context **dctx) {
+    const int d = k3_dev_of(hp, il);
+    return d >= 0 ? dctx[d] : ctx;
 }
 
 /* Memory of device state, for an error that names it. */
 static const char *k3_where(const k3_hparams *hp, uint32_t a, uint32_t b) {
     for (uint32_t il = a; il < b; il++) {
-        if (k3_on_dev(hp, il)) return ggml_backend_buft_name(hp->dev_buft);
+        const int d = k3_dev_of(hp, il);
+        if (d >= 0) return ggml_backend_buft_name(hp->dev_buft[d]);
     }
     return "host";
 }
@@ -50,8 +68,8 @@ int k3_state_init(k3_state *s, const k3_hparams *hp, uint32_t a, uint32_t b, uin
     struct ggml_init_params ip = {.mem_size = (size_t)(3 * n + 4) * ggml_tensor_overhead(), .mem_buffer = NULL,
                                   .no_alloc = true};
     s->ctx = ggml_init(ip);
-    if (hp->dev_buft) s->dctx = ggml_init(ip);
-    if (!s->conv || !s->delta || !s->kcache || !s->ctx || (hp->dev_buft && !s->dctx)) {
+    const bool dev_ok = k3_dev_ctx_init(hp, ip, s->dctx);
+    if (!s->conv || !s->delta || !s->kcache || !s->ctx || !dev_ok) {
         k3_state_free(s);
         return rl_errf(err, "out of memory for sequence state");
     }
@@ -65,7 +83,7 @@ int k3_state_init(k3_state *s, const k3_hparams *hp, uint32_t a, uint32_t b, uin
             s->kcache[il - a] = ggml_new_tensor_2d(c, (enum ggml_type)hp->kv_type, hp->kv_lora_rank + hp->rope_dim, n_ctx);
         }
     }
-    if (k3_alloc_pair(s->ctx, s->dctx, hp, &s->buf, &s->dbuf) != 0) {
+    if (k3_alloc_all(s->ctx, s->dctx, hp, &s->buf, s->dbuf) != 0) {
         k3_state_free(s);
         return rl_errf(err, "cannot allocate sequence state for layers [%u, %u) and %u tokens (%s memory)", a, b, n_ctx,
                        k3_where(hp, a, b));
@@ -88,8 +106,8 @@ int k3_state_pool_init(k3_state_pool *p, const k3_hparams *hp, uint32_t a, uint3
     struct ggml_init_params ip = {.mem_size = (size_t)(3 * n + 4) * ggml_tensor_overhead(), .mem_buffer = NULL,
                                   .no_alloc = true};
     p->ctx = ggml_init(ip);
-    if (hp->dev_buft) p->dctx = ggml_init(ip);
-    if (!p->conv || !p->delta || !p->kcache || !p->ctx || (hp->dev_buft && !p->dctx)) {
+    const bool dev_ok = k3_dev_ctx_init(hp, ip, p->dctx);
+    if (!p->conv || !p->delta || !p->kcache || !p->ctx || !dev_ok) {
         k3_state_pool_free(p);
         return rl_errf(err, "out of memory for a state pool");
     }
@@ -104,7 +122,7 @@ int k3_state_pool_init(k3_state_pool *p, const k3_hparams *hp, uint32_t a, uint3
                 ggml_new_tensor_3d(c, (enum ggml_type)hp->kv_type, hp->kv_lora_rank + hp->rope_dim, n_ctx, n_slots);
         }
     }
-    if (k3_alloc_pair(p->ctx, p->dctx, hp, &p->buf, &p->dbuf) != 0) {
+    if (k3_alloc_all(p->ctx, p->dctx, hp, &p->buf, p->dbuf) != 0) {
         k3_state_pool_free(p);
         return rl_errf(err, "cannot allocate the state of %d sequences for layers [%u, %u) and %u tokens (%s memory)",
                        n_slots, a, b, n_ctx, k3_where(hp, a, b));
@@ -114,9 +132,8 @@ int k3_state_pool_init(k3_state_pool *p, const k3_hparams *hp, uint32_t a, uint3
 
 void k3_state_pool_free(k3_state_pool *p) {
     if (p->buf) ggml_backend_buffer_free(p->buf);
-    if (p->dbuf) ggml_backend_buffer_free(p->dbuf);
     if (p->ctx) ggml_free(p->ctx);
-    if (p->dctx) ggml_free(p->dctx);
+    k3_dev_free(p->dctx, p->dbuf);
     free(p->conv);
     free(p->delta);
     free(p->kcache);
@@ -193,9 +210,8 @@ int k3_state_keep_blocks(k3_state *s, int n_blocks, rl_err *err) {
 void k3_state_free(k3_state *s) {
     k3_rb_free(s);
     if (s->buf) ggml_backend_buffer_free(s->buf);
-    if (s->dbuf) ggml_backend_buffer_free(s->dbuf);
     if (s->ctx) ggml_free(s->ctx);
-    if (s->dctx) ggml_free(s->dctx);
+    k3_dev_free(s->dctx, s->dbuf);
     free(s->conv);
     free(s->delta);
     free(s->kcache);
@@ -214,7 +230,9 @@ void k3_state_reset(k3_state *s) {
 
 size_t k3_state_bytes(const k3_state *s) {
     if (!s->pool) {
-        return (s->buf ? ggml_backend_buffer_get_size(s->buf) : 0) + (s->dbuf ? ggml_backend_buffer_get_size(s->dbuf) : 0);
+        size_t n = s->buf ? ggml_backend_buffer_get_size(s->buf) : 0;
+        for (int d = 0; d < K3_MAX_DEV; d++) n += s->dbuf[d] ? ggml_backend_buffer_get_size(s->dbuf[d]) : 0;
+        return n;
     }
     size_t n = 0; /* a pooled state owns no buffer: count its slot */
     for (uint32_t i = 0; i < s->b - s->a; i++) {

@@ -41,8 +41,8 @@ typedef struct k3_state {
     struct ggml_tensor **conv;   /* [il - a]: {(Kc-1), Di, 3} f32 (q, k, v windows), NULL on MLA layers */
     struct ggml_tensor **delta;  /* [il - a]: {Dk, Dk, H} f32, NULL on MLA layers */
     struct ggml_tensor **kcache; /* [il - a]: {kv_lora + rope, n_ctx} of hp->kv_type (f32 or f16), NULL on KDA layers */
-    struct ggml_context *ctx, *dctx; /* host tensors (and a pooled state's views); tensors on the device */
-    struct ggml_backend_buffer *buf, *dbuf; /* their memory: host, and the device's (hp->dev_buft, k3_on_dev) */
+    struct ggml_context *ctx, *dctx[K3_MAX_DEV]; /* host tensors (and a pooled state's views); those on each device */
+    struct ggml_backend_buffer *buf, *dbuf[K3_MAX_DEV]; /* their memory: host, and each device's (hp->dev_buft) */
     /* Rollback (speculative verification): the blocks run with keep_rollback since the last other step,
      * consecutive, rb[0 .. rb_count) oldest first (at most K3_RB_BLOCKS; the oldest is dropped beyond);
      * rb[rb_next] is the one a forward pass is writing (k3_state_rb_reserve). rb has rb_max + 1 entries
@@ -63,8 +63,8 @@ typedef struct k3_state_pool {
     uint32_t a, b, n_ctx;
     int n_slots;
     struct ggml_tensor **conv, **delta, **kcache; /* [il - a], NULL where the layer has no such state */
-    struct ggml_context *ctx, *dctx;        /* as in k3_state: host, device */
-    struct ggml_backend_buffer *buf, *dbuf;
+    struct ggml_context *ctx, *dctx[K3_MAX_DEV]; /* as in k3_state: host, devices */
+    struct ggml_backend_buffer *buf, *dbuf[K3_MAX_DEV];
 } k3_state_pool;
 
 /* Allocates the pool, zeroed. Its slots are bound to states with k3_state_init_pooled. */

@@ -50,10 +50,10 @@ size_t k3_range_repack_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a
 
 /* Creates the descriptor of a file tensor where the placement puts it: in the mapping (zero-copy, bound
  * here) or in an extra buffer type's context (allocated and filled by k3_weights_copy). NULL if absent. */
-static struct ggml_tensor *k3_bind(k3_weights *w, const mf_model *m, const char *name, wp_use use, int n_ids, bool dev) {
+static struct ggml_tensor *k3_bind(k3_weights *w, const mf_model *m, const char *name, wp_use use, int n_ids, int dev) {
     const mf_tensor *t = mf_find(m, name);
     if (!t) return NULL;
-    int k = dev ? K3_W_DEV : wp_choose(&w->place, (int)t->type, t->ne, use, n_ids);
+    int k = dev >= 0 ? K3_W_DEV + dev : wp_choose(&w->place, (int)t->type, t->ne, use, n_ids);
     if (k >= 0 && !w->xctx[k]) {
         struct ggml_init_params ip = {.mem_size = (size_t)(m->n_tensor + 8) * ggml_tensor_overhead(),
                                       .mem_buffer = NULL, .no_alloc = true};
@@ -70,17 +70,16 @@ static struct ggml_tensor *k3_bind(k3_weights *w, const mf_model *m, const char 
 /* Allocates each extra buffer type's tensors and copies them in from the mapping (the buffer's set_tensor
  * re-lays them), then tells the kernel the file pages they came from are not needed: the copy is what is
  * read from now on, and the mapping's pages would otherwise stay resident beside it. */
-static int k3_weights_copy(k3_weights *w, const mf_model *m, ggml_backend_buffer_type_t dev_buft, bool progress,
-                           rl_err *err) {
-    for (int k = 0; k <= K3_W_DEV; k++) {
+static int k3_weights_copy(k3_weights *w, const mf_model *m, const k3_hparams *hp, bool progress, rl_err *err) {
+    for (int k = 0; k < K3_W_SLOTS; k++) {
         if (!w->xctx[k] || !ggml_get_first_tensor(w->xctx[k])) continue;
         size_t need = 0;
         for (struct ggml_tensor *t = ggml_get_first_tensor(w->xctx[k]); t; t = ggml_get_next_tensor(w->xctx[k], t)) {
             need += ggml_nbytes(t);
         }
-        ggml_backend_buffer_type_t buft = k == K3_W_DEV ? dev_buft : w->place.buft[k];
+        ggml_backend_buffer_type_t buft = k >= K3_W_DEV ? hp->dev_buft[k - K3_W_DEV] : w->place.buft[k];
         w->xbuf[k] = ggml_backend_alloc_ctx_tensors_from_buft(w->xctx[k], buft);
-        if (!w->xbuf[k] && k == K3_W_DEV) {
+        if (!w->xbuf[k] && k >= K3_W_DEV) {
             ggml_backend_dev_t d = ggml_backend_buft_get_device(buft);
             size_t fr = 0, tot = 0;
             if (d) ggml_backend_dev_memory(d, &fr, &tot);
@@ -97,7 +96,7 @@ static int k3_weights_copy(k3_weights *w, const mf_model *m, ggml_backend_buffer
         const long pg = sysconf(_SC_PAGESIZE);
         /* A bar for the copy into a device (the one that takes a while on a large range: the file is read and
          * sent over PCIe); repacking into the CPU's layouts stays quiet, as llama.cpp's does. */
-        const bool bar = progress && k == K3_W_DEV;
+        const bool bar = progress && k >= K3_W_DEV;
         int last_pct = -1;
         for (struct ggml_tensor *t = ggml_get_first_tensor(w->xctx[k]); t; t = ggml_get_next_tensor(w->xctx[k], t)) {
             const mf_tensor *src = mf_find(m, ggml_get_name(t));
@@ -123,7 +122,7 @@ static int k3_weights_copy(k3_weights *w, const mf_model *m, ggml_backend_buffer
 
 size_t k3_weights_copied_bytes(const k3_weights *w) {
     size_t n = 0;
-    for (int k = 0; k <= K3_W_DEV; k++) n += w->x_bytes[k];
+    for (int k = 0; k < K3_W_SLOTS; k++) n += w->x_bytes[k];
     return n;
 }
 
@@ -168,7 +167,7 @@ int k3_weights_bind(k3_weights *w, const mf_model *m, const k3_hparams *hp, uint
 #define T(field, fmt) (snprintf(n, sizeof n, fmt, il), L->field = k3_bind(w, m, n, k3_weight_use(n), K, dev))
     for (uint32_t il = a; il < b; il++) {
         k3_layer_w *L = &w->layers[il - a];
-        bool dev = k3_on_dev(hp, il);
+        int dev = k3_dev_of(hp, il);
         T(attn_norm, "blk.%u.attn_norm.weight");
         T(ffn_norm, "blk.%u.ffn_norm.weight");
         T(attn_res_score, "blk.%u.attn_res_score.weight");
@@ -208,8 +207,8 @@ int k3_weights_bind(k3_weights *w, const mf_model *m, const k3_hparams *hp, uint
         T(routed_up, "blk.%u.ffn_routed_up.weight");
         T(routed_norm, "blk.%u.ffn_routed_norm.weight");
         if (!experts_outside) {
-            const bool dev_layer = dev;
-            dev = dev && il >= hp->dev_cpu_moe; /* --n-cpu-moe: this layer's routed experts stay on the CPU */
+            const int dev_layer = dev;
+            if (il < hp->dev_cpu_moe) dev = -1; /* --n-cpu-moe: this layer's routed experts stay on the CPU */
             T(gate_exps, "blk.%u.ffn_gate_exps.weight");
             T(up_exps, "blk.%u.ffn_up_exps.weight");
             T(down_exps, "blk.%u.ffn_down_exps.weight");
@@ -220,14 +219,14 @@ int k3_weights_bind(k3_weights *w, const mf_model *m, const k3_hparams *hp, uint
         T(down_sh, "blk.%u.ffn_down_shexp.weight");
     }
 #undef T
-    if (a == 0) w->tok_embd = k3_bind(w, m, "token_embd.weight", k3_weight_use("token_embd.weight"), K, false);
+    if (a == 0) w->tok_embd = k3_bind(w, m, "token_embd.weight", k3_weight_use("token_embd.weight"), K, -1);
     if (b == hp->n_layer) {
-        const bool dev = hp->dev_buft && hp->dev_output;
+        const int dev = hp->n_dev > 0 && hp->dev_output ? hp->n_dev - 1 : -1;
         w->output = k3_bind(w, m, "output.weight", k3_weight_use("output.weight"), K, dev);
         w->output_norm = k3_bind(w, m, "output_norm.weight", k3_weight_use("output_norm.weight"), K, dev);
         w->output_res_score = k3_bind(w, m, "output_res_score.weight", k3_weight_use("output_res_score.weight"), K, dev);
     }
-    if (k3_weights_copy(w, m, hp->dev_buft, progress, err) != 0) {
+    if (k3_weights_copy(w, m, hp, progress, err) != 0) {
         k3_weights_free(w);
         return -1;
     }
@@ -236,7 +235,7 @@ int k3_weights_bind(k3_weights *w, const mf_model *m, const k3_hparams *hp, uint
 
 void k3_weights_free(k3_weights *w) {
     if (w->ctx) ggml_free(w->ctx);
-    for (int k = 0; k <= K3_W_DEV; k++) {
+    for (int k = 0; k < K3_W_SLOTS; k++) {
         if (w->xbuf[k]) ggml_backend_buffer_free(w->xbuf[k]);
         if (w->xctx[k]) ggml_free(w->xctx[k]);
     }

@@ -31,6 +31,9 @@ typedef struct k3_layer_w {
     struct ggml_tensor *gate_exps, *up_exps, *down_exps, *gate_sh, *up_sh, *down_sh;
 } k3_layer_w;
 
+#define K3_W_DEV WP_MAX_BUFT                /* the xctx/xbuf slot of device 0's weights */
+#define K3_W_SLOTS (WP_MAX_BUFT + K3_MAX_DEV) /* ... and of every device's */
+
 typedef struct k3_weights {
     uint32_t a, b;
     k3_layer_w *layers; /* layers[il - a] */
@@ -39,14 +42,12 @@ typedef struct k3_weights {
     struct ggml_backend_buffer **bufs;    /* one host buffer per split, wrapping its mapping */
     int n_bufs;
     wp_list place;                        /* the buffer types offered, in llama.cpp's order */
-    /* Descriptors of the tensors copied into place.buft[i], and at K3_W_DEV those of the layers that
-     * compute on a device (hp->dev_buft: every tensor of theirs, copied into device memory). */
-    struct ggml_context *xctx[WP_MAX_BUFT + 1];
-    struct ggml_backend_buffer *xbuf[WP_MAX_BUFT + 1];/* their memory (NULL: none went there) */
-    size_t x_bytes[WP_MAX_BUFT + 1];      /* bytes each holds */
+    /* Descriptors of the tensors copied into place.buft[i], and at K3_W_DEV + d those of the layers that
+     * compute on device d (hp->dev_buft[d]: every tensor of theirs, copied into device memory). */
+    struct ggml_context *xctx[K3_W_SLOTS];
+    struct ggml_backend_buffer *xbuf[K3_W_SLOTS];/* their memory (NULL: none went there) */
+    size_t x_bytes[K3_W_SLOTS];           /* bytes each holds */
 } k3_weights;
-
-#define K3_W_DEV WP_MAX_BUFT /* the xctx/xbuf slot of device weights */
 
 /* experts_outside: the routed expert tensors are not bound (their layer's *_exps stay NULL): an expert
  * cache reads them from the file (expert_cache.h), and none of their pages is touched here.
@@ -54,8 +55,8 @@ typedef struct k3_weights {
  * default quantized matmul weights go where llama.cpp puts them (weight_place.h): copied, and re-laid, into
  * the CPU's extra buffer types, which costs their size in RAM while the file pages they came from are
  * released. */
-/* Layers on a device (k3_on_dev) have every tensor copied into hp->dev_buft, and the output head too with
- * hp->dev_output; token_embd stays in the mapping (its get_rows runs on the CPU, as in llama.cpp). progress:
+/* Layers on a device (k3_dev_of) have every tensor copied into that device's hp->dev_buft, and the output head
+ * into the last device's with hp->dev_output; token_embd stays in the mapping (its get_rows runs on the CPU, as in llama.cpp). progress:
  * a bar on stderr while they are copied. */
 int k3_weights_bind(k3_weights *w, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, bool no_repack,
                     bool experts_outside, bool progress, rl_err *err);

@@ -120,7 +120,7 @@ typedef struct ring_node_state {
     double disk_bps;   /* INFO "disk_bps": reads routed experts from disk at this rate under its --mem (0: never) */
     /* INFO "device": the GPU it computes on, planned as a tier before its RAM (plan_node.ram_bytes); dev_bytes
      * 0: none, it computes on its CPU */
-    char dev_name[32];
+    char dev_name[64];
     uint64_t dev_bytes;
     double dev_speed, dev_flops;
     double last_seen;  /* when its last message arrived */

@@ -97,7 +97,7 @@ typedef struct node {
     double disk;  /* bytes per second read from disk (0: no --mem, so experts are never read from disk) */
     /* The GPU its engines compute on (docs/devices.md), offered to the planner as a tier before RAM:
      * dev_name empty when it computes on the CPU (or under --mem, whose expert cache is CPU-only). */
-    char dev_name[32];
+    char dev_name[64]; /* "Vulkan0", or "CUDA0,CUDA1" for several */
     uint64_t dev_bytes;
     double dev_speed, dev_flops;
     uint32_t gpu_layers, n_cpu_moe; /* the split the coordinator assigned (ASSIGN), or UINT32_MAX: none */
@@ -316,34 +316,53 @@ static double node_probe_speed(int threads) { return node_probe_matmul(threads, 
 /* Prefill's: 8 MiB of weights times 128 tokens (2 GFLOP). */
 static double node_probe_flops(int threads) { return node_probe_matmul(threads, 1024, 7680, 128); }
 
-/* The GPU this node's engines compute on (--device, else the first GPU), its memory offer and speed. A
- * device name that does not exist stops the node now rather than at its first ASSIGN. Under --mem the
- * engine's expert cache runs on the CPU only, so no device is offered (the planner then plans RAM). */
+/* The GPUs this node's engines compute on (--device, else every GPU), the memory it offers on them and their
+ * speed. A device name that does not exist stops the node now rather than at its first ASSIGN. Under --mem
+ * the engine's expert cache runs on the CPU only, so no device is offered (the planner then plans RAM).
+ * Several devices split a range's device layers in proportion to their free memory and run them one after
+ * another: they are offered as one, their memory summed, their speed that of a byte spread alike over them
+ * (sum of memory / sum of memory over speed). */
 static int node_probe_device(node *n, rl_err *err) {
     const node_opts *o = n->o;
-    struct ggml_backend_device *dev = NULL;
+    struct ggml_backend_device *devs[K3_MAX_DEV];
+    int nd = 0;
     rl_err le;
     (void)dv_load(NULL, NULL, 0, &le); /* every device, for INFO's list, whichever this node computes on */
-    if (dv_pick(o->eng.device, &dev, err) != 0) return -1;
-    if (!dev || o->eng.mem_bytes > 0) return 0;
-    size_t fr = 0, tot = 0;
-    ggml_backend_dev_memory(dev, &fr, &tot);
-    /* compute buffers outside the planner's headroom: a quarter GiB */
+    if (dv_pick(o->eng.device, devs, K3_MAX_DEV, &nd, err) != 0) return -1;
+    if (nd == 0 || o->eng.mem_bytes > 0) return 0;
+    /* compute buffers outside the planner's headroom: a quarter GiB per device */
     const uint64_t margin = (uint64_t)256 << 20;
-    n->dev_bytes = o->vram_gb > 0 ? (uint64_t)(o->vram_gb * 1073741824.0) : fr > margin ? fr - margin : 0;
-    if (o->vram_gb > 0 && n->dev_bytes > fr) {
-        return rl_errf(err, "--vram %.2f GB is more than %s has free (%.2f GB)", o->vram_gb, ggml_backend_dev_name(dev),
-                       (double)fr / 1073741824.0);
+    uint64_t free_all = 0, room = 0;
+    double per_speed = 0, per_flops = 0;
+    for (int d = 0; d < nd; d++) {
+        size_t fr = 0, tot = 0;
+        ggml_backend_dev_memory(devs[d], &fr, &tot);
+        free_all += fr;
+        const uint64_t r = fr > margin ? fr - margin : 0;
+        room += r;
+        size_t len = strlen(n->dev_name);
+        snprintf(n->dev_name + len, sizeof n->dev_name - len, "%s%s", d ? "," : "", ggml_backend_dev_name(devs[d]));
+        double bps = 0, fl = 0;
+        if (o->device_speed_gbs > 0) continue;
+        if (dv_measure(devs[d], o->threads, &bps, &fl, err) != 0) return -1;
+        per_speed += (double)r / bps;
+        per_flops += (double)r / fl;
     }
-    if (o->device_speed_gbs > 0) {
-        n->dev_speed = o->device_speed_gbs * 1e9;
-    } else if (dv_measure(dev, o->threads, &n->dev_speed, &n->dev_flops, err) != 0) {
-        return -1;
+    n->dev_bytes = o->vram_gb > 0 ? (uint64_t)(o->vram_gb * 1073741824.0) : room;
+    if (o->vram_gb > 0 && n->dev_bytes > free_all) {
+        return rl_errf(err, "--vram %.2f GB is more than %s ha%s free (%.2f GB)", o->vram_gb, n->dev_name,
+                       nd > 1 ? "ve" : "s", (double)free_all / 1073741824.0);
     }
-    snprintf(n->dev_name, sizeof n->dev_name, "%s", ggml_backend_dev_name(dev));
-    node_log(n, "computes on %s (%s): offers %.2f GB of it at %.1f GB/s matrix-vector%s", n->dev_name,
-             ggml_backend_dev_description(dev), (double)n->dev_bytes / 1073741824.0, n->dev_speed / 1e9,
-             o->device_speed_gbs > 0 ? " (--device-speed)" : ", measured");
+    n->dev_speed = o->device_speed_gbs > 0 ? o->device_speed_gbs * 1e9 : per_speed > 0 ? (double)room / per_speed : 0;
+    n->dev_flops = o->device_speed_gbs > 0 || !(per_flops > 0) ? 0 : (double)room / per_flops;
+    if (!(n->dev_speed > 0)) { /* no room on any device (full, or a figure that cannot be measured): offer none */
+        node_log(n, "computes on %s, but offers none of it to the planner (no free memory)", n->dev_name);
+        n->dev_name[0] = 0;
+        return 0;
+    }
+    node_log(n, "computes on %s (%s%s): offers %.2f GB of it at %.1f GB/s matrix-vector%s", n->dev_name,
+             ggml_backend_dev_description(devs[0]), nd > 1 ? ", ..." : "", (double)n->dev_bytes / 1073741824.0,
+             n->dev_speed / 1e9, o->device_speed_gbs > 0 ? " (--device-speed)" : ", measured");
     return 0;
 }
 
@@ -820,7 +839,7 @@ static void node_assign(node *n, uint64_t step, const zs_parts *p) {
             goto done;
         }
         k3_weights_prefault(&n->e.w, false);
-        if (n->e.dev_backend) {
+        if (n->e.hp.n_dev > 0) {
             char where[512];
             k3_engine_describe(&n->e, where, sizeof where);
             node_log(n, "layers [%g, %g) computing on %s", a, b, where);

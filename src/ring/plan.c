@@ -483,7 +483,7 @@ void plan_print(const plan_result *r, const plan_node *nodes, FILE *f) {
             fprintf(f, "  (streams %s it lacks)", lk);
         }
         if (nd->ram_bytes > 0) {
-            char db[32], rb[32], dn[40];
+            char db[32], rb[32], dn[72];
             fmt_bytes(db, sizeof db, s->dev_bytes, 1);
             fmt_bytes(rb, sizeof rb, s->mem_bytes - s->dev_bytes, 1);
             snprintf(dn, sizeof dn, "%s", nd->device[0] ? nd->device : "device");

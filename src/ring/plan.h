@@ -44,7 +44,7 @@ typedef struct plan_node {
      * node never reads experts from disk (disk_bps is ignored): VRAM -> RAM -> disk is not built yet. */
     uint64_t ram_bytes;
     double ram_speed;     /* > 0 with ram_bytes */
-    char device[32];      /* the device's name, for the printed plan ("Vulkan0"); may be empty */
+    char device[64];      /* the device's name, for the printed plan ("Vulkan0"); may be empty */
 } plan_node;
 
 typedef struct plan_stage {
