@@ -19,8 +19,8 @@
 #   - A 2-node ring, one node on Vulkan0 and one on the CPU: the one-machine tokens; the coordinator prints
 #     where each stage computes. A Vulkan node offering less device memory than its range (--vram) gets a
 #     plan that keeps routed experts, or whole layers, in RAM; it computes that split, with the same tokens.
-#   - Two devices (lavapipe twice): --device A,B (and no --device: every GPU) split the layers, logits equal
-#     one device's bit for bit, tokens the CPU's; a node on both is planned as one tier; a device named
+#   - Two devices (lavapipe twice): --device A,B (and no --device: every GPU) split the layers, logits within
+#     1e-2 of one device's, tokens the CPU's; a node on both is planned as one tier; a device named
 #     twice or the CPU in a list are refused.
 #   - Errors: --vram above the free memory, an unknown device on a node; `devices --measure` gives a speed.
 #   - Speculative decoding (n-gram drafts, rollback of the KDA state on the device) gives the plain tokens.
@@ -52,9 +52,9 @@ for c in "${cases[@]}"; do
     "$RINGLM" logits -m "$f" --tokens "$toks" --prefill 16 -o "$WORK/vk.bin" --device Vulkan0 --threads 2
     "$ORACLE_GPU" logits -m "$f" --tokens "$toks" --prefill 16 -o "$WORK/ovk.bin" --gpu-layers 99 --fa off
     "$ORACLE" logits -m "$f" --tokens "$toks" --prefill 16 -o "$WORK/ocpu.bin"
-    check "$name: Vulkan0 logits (16-token prefill, 4 steps) within 1e-2 of llama.cpp's Vulkan build on the same device" \
-        "$RINGLM" compare "$WORK/ovk.bin" "$WORK/vk.bin" --tol 1e-2
     rel=$(rel_of "$WORK/ovk.bin" "$WORK/vk.bin")
+    check "$name: Vulkan0 logits (16-token prefill, 4 steps) within 1e-2 of llama.cpp's Vulkan build on the same device ($rel)" \
+        "$RINGLM" compare "$WORK/ovk.bin" "$WORK/vk.bin" --tol 1e-2
     worst=$(awk -v a="$worst" -v b="${rel:-1}" 'BEGIN { print (b + 0 > a + 0) ? b : a }')
     # Against the CPU: a random-weight K3 routes on near ties, so a GPU's other rounding can flip an expert
     # (and then a row's logits) - llama.cpp's own Vulkan build against its CPU build does the same. So the
@@ -143,12 +143,15 @@ for v in "0.03 experts" "0.01 layers"; do
 done
 # Two devices (lavapipe listed twice: GGML_VK_VISIBLE_DEVICES=0,0 makes Vulkan0 and Vulkan1): --device A,B splits
 # the device layers between them in proportion to free memory, as llama.cpp's default split does; with no
-# --device (and no RINGLM_DEVICE) every GPU is used. The same kernels run either way, so the logits equal
-# one device's bit for bit. A node on both offers their memory as one tier.
+# --device (and no RINGLM_DEVICE) every GPU is used. The same kernels run either way, but not always fused
+# alike (ggml-vulkan fuses neighbouring ops within a split, and a second device moves the splits), so the
+# logits are held within 1e-2 of one device's and the tokens to the CPU's. A node on both offers their
+# memory as one tier.
 export GGML_VK_VISIBLE_DEVICES=0,0
 "$RINGLM" logits -m "$f" --tokens "$toks" --prefill 16 -o "$WORK/vk1.bin" --device Vulkan0 --threads 2 2>"$WORK/l1.err"
 "$RINGLM" logits -m "$f" --tokens "$toks" --prefill 16 -o "$WORK/vk2.bin" --device Vulkan0,Vulkan1 --threads 2 2>"$WORK/l2.err"
-check "--device Vulkan0,Vulkan1: logits equal one device's bit for bit" "$RINGLM" compare "$WORK/vk1.bin" "$WORK/vk2.bin" --tol 0
+check "--device Vulkan0,Vulkan1: logits within 1e-2 of one device's ($(rel_of "$WORK/vk1.bin" "$WORK/vk2.bin"))" \
+    "$RINGLM" compare "$WORK/vk1.bin" "$WORK/vk2.bin" --tol 1e-2
 RINGLM_DEVICE= gen "$f" 16 >"$WORK/two.ids"
 check "no --device with two GPUs: both used, the CPU's tokens" \
     sh -c "diff '$WORK/cpu16.ids' '$WORK/two.ids' && grep -q 'computing on Vulkan0 .*layers \[0, 3).*; Vulkan1 .*layers \[3, 6) and the output head' '$WORK/gen.err'"

@@ -373,7 +373,18 @@ static struct ggml_tensor *k3_res_mix(k3_graph *g, struct ggml_tensor *cur, stru
     struct ggml_tensor *probs = ggml_soft_max(c, ggml_concat(c, sc_src, sc_cur, 0));                 /* [n+1, T] */
     struct ggml_tensor *p_src = ggml_cont(c, ggml_view_2d(c, probs, n_ckpt, T, probs->nb[1], 0));
     struct ggml_tensor *p_cur = ggml_cont(c, ggml_view_2d(c, probs, 1, T, probs->nb[1], probs->nb[0] * n_ckpt));
-    return ggml_add(c, ggml_dsv4_hc_pre(c, g->stack, p_src), ggml_mul(c, cur, p_cur));
+    struct ggml_tensor *mixed = ggml_dsv4_hc_pre(c, g->stack, p_src); /* [n_embd, T]: the bank weighted by p_src */
+    /* A device without a kernel for it (Vulkan at the pinned commit) would send it to the CPU: two graph splits
+     * and two copies per ResMix, four a layer. The same sum in plain ops stays on the device instead: the bank
+     * times the weights (broadcast over the embedding), the checkpoints brought to the rows and summed. Not
+     * the op's bits (its sum runs in another order), which a device's kernels do not give anyway. */
+    const int d = k3_dev_of(g->hp, g->a + (uint32_t)g->rel);
+    if (d >= 0 && !ggml_backend_dev_supports_op(ggml_backend_buft_get_device(g->hp->dev_buft[d]), mixed)) {
+        struct ggml_tensor *prod = ggml_mul(c, g->stack, ggml_reshape_3d(c, p_src, 1, n_ckpt, T));
+        struct ggml_tensor *rows = ggml_sum_rows(c, ggml_cont(c, ggml_permute(c, prod, 1, 0, 2, 3))); /* [1, n_embd, T] */
+        mixed = ggml_reshape_2d(c, rows, g->stack->ne[0], T);
+    }
+    return ggml_add(c, mixed, ggml_mul(c, cur, p_cur));
 }
 
 static void k3_res_push(k3_graph *g, struct ggml_tensor *h) {
