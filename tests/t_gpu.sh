@@ -19,6 +19,8 @@
 #   - A 2-node ring, one node on Vulkan0 and one on the CPU: the one-machine tokens; the coordinator prints
 #     where each stage computes. A Vulkan node offering less device memory than its range (--vram) gets a
 #     plan that keeps routed experts, or whole layers, in RAM; it computes that split, with the same tokens.
+#     Audits of its stage recompute on the coordinator's CPU within --audit-tol, or on the coordinator's own
+#     Vulkan device with the same split, bit for bit; the summary says which.
 #   - Two devices (lavapipe twice): --device A,B (and no --device: every GPU) split the layers, logits within
 #     1e-2 of one device's, tokens the CPU's; a node on both is planned as one tier; a device named
 #     twice or the CPU in a list are refused.
@@ -122,10 +124,22 @@ for v in "0.03 experts" "0.01 layers"; do
     read -r vram how <<<"$v"
     ring_start 3 "$RING/models" --device Vulkan0 --device-speed 20 --vram "$vram"
     ring_conf "$WORK/ring1.conf" 3
-    "$RINGLM" run -m "$f" --tokens 5,6,7,8 -n 16 --temp 0 --ignore-eos --ids --ring "$WORK/ring1.conf" \
-        --key "$RING/coord.key" >"$WORK/ring1.ids" 2>"$WORK/ring1.err" || cat "$WORK/ring1.err"
+    # Audits of the Vulkan stage: recomputed on the coordinator's CPU (RINGLM_DEVICE=CPU, the suite's) within
+    # --audit-tol, or on its own Vulkan device with the node's split, where they match bit for bit.
+    cdev=CPU; [ "$how" = layers ] && cdev=Vulkan0
+    RINGLM_DEVICE=$cdev "$RINGLM" run -m "$f" --tokens 5,6,7,8 -n 16 --temp 0 --ignore-eos --ids --ring "$WORK/ring1.conf" \
+        --key "$RING/coord.key" --receipts "$WORK/rc.jsonl" --audit-rate 1 >"$WORK/ring1.ids" 2>"$WORK/ring1.err" || cat "$WORK/ring1.err"
     ring_stop
     check "--vram $vram: the tokens of one machine" diff "$WORK/cpu16.ids" "$WORK/ring1.ids"
+    grep -A1 '^audits:' "$WORK/ring1.err" || true
+    if [ "$cdev" = CPU ]; then
+        check "audits of a Vulkan stage from a CPU coordinator: on the CPU within the tolerance, and say so" \
+            sh -c "grep -q 'none failed' '$WORK/ring1.err' && grep -q 'stage 1 recomputed on the CPU (the node computes on Vulkan' '$WORK/ring1.err'"
+    else
+        check "audits of a Vulkan stage from a Vulkan coordinator: on Vulkan0 with the node's split, bit for bit" \
+            sh -c "grep -q 'largest difference 0 (tolerance 0.01); none failed' '$WORK/ring1.err' &&
+                   grep -q 'stage 1 recomputed on Vulkan0 (the node.s backend, Vulkan)' '$WORK/ring1.err'"
+    fi
     plan=$(grep -o '(Vulkan0: layers [^)]*)' "$WORK/ring1.err" | head -1)
     where=$(grep -o 'computes on Vulkan0 .*' "$WORK/ring1.err" | head -1)
     echo "--vram $vram: plan $plan; node $where"

@@ -488,7 +488,11 @@ static int run_ring(const run_args *a, mf_model *m, k3_hparams *hp, const tok_to
         }
         if (a->trust.audit_rate > 0) {
             fprintf(stderr, "audits: %ld sequence(s) audited, %ld frame(s) recomputed in %.0f ms, largest difference "
-                    "%.2g; none failed\n", rc.audits, rc.audit_frames, rc.audit_s * 1e3, rc.audit_max_diff);
+                    "%.2g (tolerance %.2g); none failed\n", rc.audits, rc.audit_frames, rc.audit_s * 1e3, rc.audit_max_diff,
+                    a->trust.audit_tol > 0 ? a->trust.audit_tol : 1e-2);
+            for (int s = 0; s < rc.plan.n_stages; s++) {
+                if (rc.aud_where[s][0]) fprintf(stderr, "  stage %d recomputed %s\n", s + 1, rc.aud_where[s]);
+            }
         }
     }
     ring_close(&rc);

@@ -372,6 +372,17 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
             rc->nodes[from].disk_bps = cJSON_IsNumber(dk) && dk->valuedouble > 0 ? dk->valuedouble : 0;
             const cJSON *fl = j ? cJSON_GetObjectItemCaseSensitive(j, "flops") : NULL;
             rc->nodes[from].flops = cJSON_IsNumber(fl) && fl->valuedouble > 0 ? fl->valuedouble : 0;
+            /* The backend of the device it computes on ("backend" names the device; "devices" its backend). */
+            const char *bk = j ? jstr(j, "backend") : NULL;
+            char first[64] = "";
+            if (bk) snprintf(first, sizeof first, "%.*s", (int)strcspn(bk, ","), bk);
+            const cJSON *dl = j ? cJSON_GetObjectItemCaseSensitive(j, "devices") : NULL, *de;
+            cJSON_ArrayForEach(de, dl) {
+                const char *nm = jstr(de, "name"), *br = jstr(de, "backend");
+                if (nm && br && first[0] && strcmp(first, "CPU") != 0 && strcmp(nm, first) == 0) {
+                    snprintf(rc->nodes[from].dev_reg, sizeof rc->nodes[from].dev_reg, "%s", br);
+                }
+            }
             const cJSON *dv = j ? cJSON_GetObjectItemCaseSensitive(j, "device") : NULL;
             const char *dn = jstr(dv, "name");
             const double db = jnum_or(dv, "mem_bytes", 0), dsp = jnum_or(dv, "speed_bps", 0), dfl = jnum_or(dv, "flops", 0);

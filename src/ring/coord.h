@@ -121,6 +121,8 @@ typedef struct ring_node_state {
     /* INFO "device": the GPU it computes on, planned as a tier before its RAM (plan_node.ram_bytes); dev_bytes
      * 0: none, it computes on its CPU */
     char dev_name[64];
+    char dev_reg[16];  /* the backend (ggml registry) of the device it computes on, "" for the CPU: its audits
+                        * recompute on a device of that backend here if there is one (coord_audit.c) */
     uint64_t dev_bytes;
     double dev_speed, dev_flops;
     double last_seen;  /* when its last message arrived */
@@ -183,6 +185,7 @@ typedef struct ring_coord {
     const mf_model *m;
     audit_draws audit;             /* which finished sequences are audited, and where (trust/audit.h) */
     void *aud_eng[PLAN_MAX_NODES]; /* k3_engine *, per stage, made at its first audit */
+    char aud_where[PLAN_MAX_NODES][96]; /* where each stage's audits recompute, and so how they compare */
     tok_tokenizer aud_tok;         /* the last stage's audits: the vocabulary its constrained sampling follows */
     smp_vocab *aud_vocab;          /* (made at the first such audit; NULL before) */
     bool faulty[PLAN_MAX_NODES];   /* per ring.conf node: caught by a receipt check or an audit */

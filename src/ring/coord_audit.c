@@ -14,6 +14,9 @@
 #include <sodium.h>
 #include <zmq.h>
 
+#include "ggml-backend.h"
+
+#include "../device/devices.h"
 #include "../gen/emit.h"
 #include "../text/chat_gram.h"
 #include "../trust/audit.h"
@@ -151,9 +154,37 @@ static int ring_audit_one(ring_coord *rc, uint64_t seq, int stage, rl_err *err) 
          * barriers - on a machine that is also running nodes or serving, more threads than free cores make
          * an audit hundreds of times slower, not faster. */
         int th = rc->o.audit_threads > 0 ? rc->o.audit_threads : 1;
-        /* The node's own weight layout, attention and cache type: each rounds differently. */
+        /* The node's own weight layout, attention and cache type: each rounds differently. And its backend: a
+         * CPU stage is recomputed on the CPU (whatever GPUs this machine has), a GPU stage on a device of the
+         * same backend here with the same split, when there is one, else on the CPU, where only --audit-tol
+         * stands between a GPU's rounding (or a near-tied expert it flipped) and a verdict (docs/receipts.md). */
         k3_engine_opts eo = rc->nodes[ps->node].eng;
         eo.n_threads = th;
+        char same[64] = "";
+        const ring_node_state *ns = &rc->nodes[ps->node];
+        rl_err de;
+        struct ggml_backend_device *devs[K3_MAX_DEV];
+        int nd = 0;
+        if (ns->dev_reg[0] && dv_pick(NULL, devs, K3_MAX_DEV, &nd, &de) == 0) { /* (this machine's GPUs) */
+            for (int k = 0; k < nd && !same[0]; k++) {
+                const char *reg = ggml_backend_reg_name(ggml_backend_dev_backend_reg(devs[k]));
+                if (strcmp(reg, ns->dev_reg) == 0) snprintf(same, sizeof same, "%s", ggml_backend_dev_name(devs[k]));
+            }
+        }
+        eo.device = same[0] ? same : "CPU";
+        if (same[0] && rc->pnodes[ps->node].ram_bytes > 0) { /* the split the plan gave the node */
+            eo.gpu_layers_set = true;
+            eo.gpu_layers = ps->dev_layers;
+            eo.n_cpu_moe = ps->cpu_moe ? ps->a + ps->cpu_moe : 0;
+        }
+        if (same[0]) {
+            snprintf(rc->aud_where[stage], sizeof rc->aud_where[stage], "on %s (the node's backend, %s)", same, ns->dev_reg);
+        } else if (ns->dev_reg[0]) {
+            snprintf(rc->aud_where[stage], sizeof rc->aud_where[stage], "on the CPU (the node computes on %s: no "
+                     "such device here)", ns->dev_reg);
+        } else {
+            snprintf(rc->aud_where[stage], sizeof rc->aud_where[stage], "on the CPU (as the node)");
+        }
         if (!e || k3_engine_init(e, rc->m, &rc->hp, ps->a, ps->b, &eo, err) != 0) {
             free(e);
             rc_ = e ? rl_errf(err, "audit: cannot run layers [%u, %u) here: %s", ps->a, ps->b, err->msg)
