@@ -177,13 +177,14 @@ static int ring_audit_one(ring_coord *rc, uint64_t seq, int stage, rl_err *err) 
             eo.gpu_layers = ps->dev_layers;
             eo.n_cpu_moe = ps->cpu_moe ? ps->a + ps->cpu_moe : 0;
         }
+        char reg[sizeof ns->dev_reg], *where = rc->aud_where[stage]; /* (a copy: both live in rc) */
+        memcpy(reg, ns->dev_reg, sizeof reg);
         if (same[0]) {
-            snprintf(rc->aud_where[stage], sizeof rc->aud_where[stage], "on %s (the node's backend, %s)", same, ns->dev_reg);
-        } else if (ns->dev_reg[0]) {
-            snprintf(rc->aud_where[stage], sizeof rc->aud_where[stage], "on the CPU (the node computes on %s: no "
-                     "such device here)", ns->dev_reg);
+            snprintf(where, sizeof rc->aud_where[stage], "on %s (the node's backend, %s)", same, reg);
+        } else if (reg[0]) {
+            snprintf(where, sizeof rc->aud_where[stage], "on the CPU (the node computes on %s: no such device here)", reg);
         } else {
-            snprintf(rc->aud_where[stage], sizeof rc->aud_where[stage], "on the CPU (as the node)");
+            snprintf(where, sizeof rc->aud_where[stage], "on the CPU (as the node)");
         }
         if (!e || k3_engine_init(e, rc->m, &rc->hp, ps->a, ps->b, &eo, err) != 0) {
             free(e);
