@@ -72,9 +72,6 @@ static uint64_t stage_lack(const cost_ctx *c, int node, uint32_t a, uint32_t b) 
     return pre[b] - pre[a] + (a == 0 ? l[c->n] : 0) + (b == c->n ? l[c->n + 1] : 0);
 }
 
-/* Fills a stage for layers [a, b) on `node`; returns whether it fits the node's memory, whole or (on a node
- * with a disk speed) with its routed experts through a cache. Memory and time only grow with the stage, as
- * dp_run's early stop needs: more layers add dense bytes and experts to the same cache. */
 /* One way of splitting a stage between a device and RAM (stage_eval_tiers): the device holds layers
  * [a, a + g) less the routed experts of [a, a + n) (n <= g), and the output head when g covers the stage and
  * it is the last; RAM the rest and the embedding. Fills the stage if both tiers fit and it beats what it
@@ -130,6 +127,10 @@ static int stage_eval_tiers(const cost_ctx *c, const plan_node *nd, uint32_t a, 
     return have;
 }
 
+/* Fills a stage for layers [a, b) on `node`; returns whether it fits the node's memory, whole or (on a node
+ * with a disk speed) with its routed experts through a cache. Memory and time only grow with the stage, as
+ * dp_run's early stop needs: more layers add dense bytes and experts to the same cache. On a node with two
+ * tiers the stage splits between them (stage_eval_tiers), and dp_run tries every start instead. */
 static int stage_eval(const cost_ctx *c, int node, uint32_t a, uint32_t b, plan_stage *s) {
     const plan_node *nd = &c->nodes[node];
     memset(s, 0, sizeof *s);
