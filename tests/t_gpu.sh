@@ -186,6 +186,12 @@ check_fails "a device named twice: refused" "--device Vulkan0,Vulkan0 names Vulk
     "$RINGLM" run -m "$f" --tokens 5,6 -n 2 --device Vulkan0,Vulkan0
 check_fails "the CPU in a device list: refused, saying why" "the CPU is not a device to split layers onto" \
     "$RINGLM" run -m "$f" --tokens 5,6 -n 2 --device Vulkan0,CPU
+for v in "Vulkan0," ",Vulkan0" "Vulkan0,,Vulkan1"; do
+    rc=0
+    "$RINGLM" run -m "$f" --tokens 5 -n 1 --device "$v" >/dev/null 2>"$WORK/err" || rc=$?
+    check "--device '$v' (an empty name in the list): a usage error naming the option" \
+        sh -c "[ $rc = 2 ] && grep -q \"bad value '$v' for --device\" '$WORK/err'"
+done
 ring_start 3 "$RING/models" --device Vulkan0,Vulkan1 --device-speed 20 --vram 0.03
 ring_conf "$WORK/ring1.conf" 3
 "$RINGLM" run -m "$f" --tokens 5,6,7,8 -n 8 --temp 0 --ignore-eos --ids --ring "$WORK/ring1.conf" \

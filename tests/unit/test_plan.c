@@ -104,48 +104,68 @@ static uint64_t ref_lack(const plan_model *m, const plan_node *nd, uint32_t a, u
     return l;
 }
 
-static int ref_plan(const plan_model *m, const plan_node *nodes, int n_nodes, double headroom, ref_best *best) {
-    const uint32_t n = m->n_layer;
-    int found = 0;
+/* Every plan there is: each non-empty subset of the nodes, in ring order, and each way of cutting the layers
+ * into that many contiguous stages; visit gets stage s as nodes node[s], layers [a[s], b[s]). */
+typedef struct ref_cut {
+    int n;
+    int node[PLAN_MAX_NODES];
+    uint32_t a[PLAN_MAX_NODES], b[PLAN_MAX_NODES];
+} ref_cut;
+
+static void ref_each_plan(uint32_t n, int n_nodes, void (*visit)(const ref_cut *, void *), void *user) {
     for (unsigned sub = 1; sub < (1u << n_nodes); sub++) {
-        int used[PLAN_MAX_NODES], k = 0;
+        ref_cut c = {0};
         for (int i = 0; i < n_nodes; i++)
-            if (sub & (1u << i)) used[k++] = i;
-        if ((uint32_t)k > n) continue;
+            if (sub & (1u << i)) c.node[c.n++] = i;
+        if ((uint32_t)c.n > n) continue;
         /* cut positions: a bit set at i means a stage ends after layer i (i < n - 1) */
         for (unsigned cuts = 0; cuts < (1u << (n - 1)); cuts++) {
-            if (__builtin_popcount(cuts) != k - 1) continue;
-            uint32_t a = 0;
-            int st = 0, fits = 1;
-            double t = 0, hi = 0, lo = INFINITY;
-            uint64_t lk = 0;
-            for (uint32_t i = 0; i < n && fits; i++) {
-                if (i == n - 1 || (cuts & (1u << i))) {
-                    const plan_node *nd = &nodes[used[st++]];
-                    uint64_t need = ref_need(m, a, i + 1, headroom);
-                    if (need > nd->mem_bytes) fits = 0;
-                    double share = nd->mem_bytes ? (double)need / (double)nd->mem_bytes : 0.0;
-                    t = fmax(t, ref_time(m, a, i + 1, nd->speed));
-                    lk += ref_lack(m, nd, a, i + 1);
-                    hi = fmax(hi, share);
-                    lo = fmin(lo, share);
-                    a = i + 1;
-                }
+            if (__builtin_popcount(cuts) != c.n - 1) continue;
+            for (uint32_t i = 0, st = 0, a = 0; i < n; i++) {
+                if (i == n - 1 || (cuts & (1u << i))) c.a[st] = a, c.b[st++] = i + 1, a = i + 1;
             }
-            if (!fits) continue;
-            ref_best c = {lk, t, hi, lo, k};
-            int better = !found || c.lack < best->lack ||
-                         (c.lack == best->lack && c.time < best->time) ||
-                         (c.lack == best->lack && c.time == best->time &&
-                          (c.stages < best->stages ||
-                           (c.stages == best->stages &&
-                            (c.max_share < best->max_share ||
-                             (c.max_share == best->max_share && c.min_share > best->min_share)))));
-            if (better) *best = c;
-            found = 1;
+            visit(&c, user);
         }
     }
-    return found;
+}
+
+typedef struct ref_plan_ctx {
+    const plan_model *m;
+    const plan_node *nodes;
+    double headroom;
+    ref_best *best;
+    int found;
+} ref_plan_ctx;
+
+static void ref_plan_visit(const ref_cut *c, void *user) {
+    ref_plan_ctx *x = user;
+    double t = 0, hi = 0, lo = INFINITY;
+    uint64_t lk = 0;
+    for (int s = 0; s < c->n; s++) {
+        const plan_node *nd = &x->nodes[c->node[s]];
+        uint64_t need = ref_need(x->m, c->a[s], c->b[s], x->headroom);
+        if (need > nd->mem_bytes) return;
+        double share = nd->mem_bytes ? (double)need / (double)nd->mem_bytes : 0.0;
+        t = fmax(t, ref_time(x->m, c->a[s], c->b[s], nd->speed));
+        lk += ref_lack(x->m, nd, c->a[s], c->b[s]);
+        hi = fmax(hi, share);
+        lo = fmin(lo, share);
+    }
+    ref_best cand = {lk, t, hi, lo, c->n};
+    const ref_best *b = x->best;
+    int better = !x->found || cand.lack < b->lack || (cand.lack == b->lack && cand.time < b->time) ||
+                 (cand.lack == b->lack && cand.time == b->time &&
+                  (cand.stages < b->stages ||
+                   (cand.stages == b->stages &&
+                    (cand.max_share < b->max_share || (cand.max_share == b->max_share && cand.min_share > b->min_share)))));
+    if (better) *x->best = cand;
+    x->found = 1;
+}
+
+static int ref_plan(const plan_model *m, const plan_node *nodes, int n_nodes, double headroom, ref_best *best) {
+    ref_plan_ctx x = {m, nodes, headroom, best, 0};
+    ref_each_plan(m->n_layer, n_nodes, ref_plan_visit, &x);
+    return x.found;
 }
 
 static void result_shares(const plan_node *nodes, const plan_result *r, double *hi, double *lo) {
@@ -263,33 +283,29 @@ static double ref_tier_time(const plan_model *m, const plan_node *nd, uint32_t a
 }
 
 /* The smallest max stage time over every node subset and cut, nodes with one or two tiers. */
-static double ref_tier_plan(const plan_model *m, const plan_node *nodes, int n_nodes, double headroom) {
-    const uint32_t n = m->n_layer;
-    double best = INFINITY;
-    for (unsigned sub = 1; sub < (1u << n_nodes); sub++) {
-        int used[PLAN_MAX_NODES], k = 0;
-        for (int i = 0; i < n_nodes; i++)
-            if (sub & (1u << i)) used[k++] = i;
-        if ((uint32_t)k > n) continue;
-        for (unsigned cuts = 0; cuts < (1u << (n - 1)); cuts++) {
-            if (__builtin_popcount(cuts) != k - 1) continue;
-            uint32_t a = 0;
-            int st = 0;
-            double t = 0;
-            for (uint32_t i = 0; i < n && isfinite(t); i++) {
-                if (i == n - 1 || (cuts & (1u << i))) {
-                    const plan_node *nd = &nodes[used[st++]];
-                    double ts = nd->ram_bytes ? ref_tier_time(m, nd, a, i + 1, headroom)
-                                : ref_need(m, a, i + 1, headroom) <= nd->mem_bytes ? ref_time(m, a, i + 1, nd->speed)
-                                                                                   : INFINITY;
-                    t = fmax(t, ts);
-                    a = i + 1;
-                }
-            }
-            best = fmin(best, t);
-        }
+typedef struct ref_tier_ctx {
+    const plan_model *m;
+    const plan_node *nodes;
+    double headroom, best;
+} ref_tier_ctx;
+
+static void ref_tier_visit(const ref_cut *c, void *user) {
+    ref_tier_ctx *x = user;
+    double t = 0;
+    for (int s = 0; s < c->n && isfinite(t); s++) {
+        const plan_node *nd = &x->nodes[c->node[s]];
+        const uint32_t a = c->a[s], b = c->b[s];
+        t = fmax(t, nd->ram_bytes ? ref_tier_time(x->m, nd, a, b, x->headroom)
+                    : ref_need(x->m, a, b, x->headroom) <= nd->mem_bytes ? ref_time(x->m, a, b, nd->speed)
+                                                                         : INFINITY);
     }
-    return best;
+    x->best = fmin(x->best, t);
+}
+
+static double ref_tier_plan(const plan_model *m, const plan_node *nodes, int n_nodes, double headroom) {
+    ref_tier_ctx x = {m, nodes, headroom, INFINITY};
+    ref_each_plan(m->n_layer, n_nodes, ref_tier_visit, &x);
+    return x.best;
 }
 
 int main(void) {
