@@ -14,6 +14,7 @@
 #                                       files (worst relative difference), 32 greedy tokens vs llama.cpp;
 #                                    3. speed: ringlm run on CUDA0 vs llama-bench -ngl 99 (defaults otherwise),
 #                                       same file, alternating, medians of paired ratios (prefill pp512, decode tg128);
+#                                    4. DSpark on CUDA0: 5 runs give the plain greedy tokens, none crashes;
 #                                    (not yet: a 2-node ring on the GPU; the ring is checked on lavapipe, tests/t_gpu.sh).
 #                                    Writes OUTDIR/gpu.md (copy it to bench/results/gpu.md with the command used).
 set -euo pipefail
@@ -91,6 +92,20 @@ case "${1:-}" in
         same=$(diff -q "$work/r.ids" "$work/o.ids" >/dev/null && echo identical || echo differ)
         echo "| $name | $rel | $same |" >>"$out/gpu.md"
     done
+    # DSpark on the GPU (taps read back from CUDA0, KDA rollback there), 5 runs of 20 tokens: on lavapipe
+    # with ggml-vulkan's op fusion on, such runs corrupted the heap (docs/devices.md); does a real GPU?
+    f=$work/full-f32.gguf
+    ./ringlm synth -o "$work/dspark.gguf" --config tests/configs/k3-full.json --draft dspark --seed 3 --no-progress
+    ./ringlm run -m "$f" --tokens 5,6,7,8 -n 20 --temp 0 --ignore-eos --ids --device CUDA0 >"$work/plain.ids" 2>/dev/null
+    ds_ok=0 ds_crash=0
+    for r in 1 2 3 4 5; do
+        ./ringlm run -m "$f" --tokens 5,6,7,8 -n 20 --temp 0 --ignore-eos --ids --device CUDA0 \
+            --draft "dspark:$work/dspark.gguf" >"$work/ds.ids" 2>"$work/ds.err" && rc=0 || rc=$?
+        [ $rc -ge 128 ] && ds_crash=$((ds_crash + 1))
+        [ $rc = 0 ] && cmp -s "$work/plain.ids" "$work/ds.ids" && ds_ok=$((ds_ok + 1))
+    done
+    echo "" >>"$out/gpu.md"
+    echo "DSpark on CUDA0 (full-f32, 20 tokens, 5 runs): $ds_ok gave the plain greedy tokens, $ds_crash died of a signal." >>"$out/gpu.md"
     # Speed: the medium file, ringlm vs llama-bench at its defaults with every layer on the GPU.
     med=$work/medium.gguf
     ./ringlm synth -o "$med" --config medium --seed 1 --no-progress
