@@ -23,13 +23,21 @@ prompt() { # 24 ids whose second half repeats part of the first, so prompt looku
         for (i = 0; i < 24; i++) printf "%s%d", (i ? "," : ""), t[i] }'
 }
 
+# plain PR: the plain greedy tokens of prompt PR into $WORK/plain, computed once per prompt (every loop
+# below compares against the same 20).
+plain() {
+    [ -f "$WORK/plain-$1" ] ||
+        "$RINGLM" run -m "$target" --tokens "$(prompt "$1")" -n 20 --temp 0 --ignore-eos --ids >"$WORK/plain-$1" 2>/dev/null
+    cp "$WORK/plain-$1" "$WORK/plain"
+}
+
 for d in ngram "$self8" "dspark:$WORK/dspark.gguf"; do
     case $d in ngram) name=n-gram ;; dspark:*) name=DSpark ;; *) name="q8_0 self-draft" ;; esac
     for n in 1 3; do
         same=0
         for pr in $(seq 20); do
             p=$(prompt "$pr")
-            "$RINGLM" run -m "$target" --tokens "$p" -n 20 --temp 0 --ignore-eos --ids >"$WORK/plain" 2>/dev/null
+            plain "$pr"
             "$RINGLM" run -m "$target" --tokens "$p" -n 20 --temp 0 --ignore-eos --ids --draft "$d" \
                 --ring "$WORK/ring$n.conf" "${K[@]}" --metrics-json "$WORK/m.json" >"$WORK/spec" 2>"$WORK/err" || cat "$WORK/err"
             cmp -s "$WORK/plain" "$WORK/spec" && same=$((same + 1))
@@ -47,7 +55,7 @@ for dd in "2 ngram" "2 $self8" "2 dspark:$WORK/dspark.gguf" "3 ngram"; do
     same=0 cancelled=0
     for pr in $(seq 20); do
         p=$(prompt "$pr")
-        "$RINGLM" run -m "$target" --tokens "$p" -n 20 --temp 0 --ignore-eos --ids >"$WORK/plain" 2>/dev/null
+        plain "$pr"
         "$RINGLM" run -m "$target" --tokens "$p" -n 20 --temp 0 --ignore-eos --ids --draft "$d" --draft-depth "$depth" --draft-fixed \
             --ring "$WORK/ring3.conf" "${K[@]}" --metrics-json "$WORK/m.json" >"$WORK/spec" 2>"$WORK/err" || cat "$WORK/err"
         cmp -s "$WORK/plain" "$WORK/spec" && same=$((same + 1))
@@ -60,7 +68,7 @@ for dd in "2 ngram" "2 $self8" "2 dspark:$WORK/dspark.gguf" "3 ngram"; do
 done
 # Receipts on verify traversals: drafted blocks and rollbacks still chain, and the file verifies offline.
 p=$(prompt 3)
-"$RINGLM" run -m "$target" --tokens "$p" -n 20 --temp 0 --ignore-eos --ids >"$WORK/plain" 2>/dev/null
+plain 3
 "$RINGLM" run -m "$target" --tokens "$p" -n 20 --temp 0 --ignore-eos --ids --draft "$self8" \
     --ring "$WORK/ring3.conf" "${K[@]}" --receipts "$WORK/rc.jsonl" --metrics-json "$WORK/m.json" >"$WORK/spec" 2>"$WORK/err" ||
     cat "$WORK/err"
