@@ -15,7 +15,7 @@
 #                                    3. speed: ringlm run on CUDA0 vs llama-bench -ngl 99 (defaults otherwise),
 #                                       same file, alternating, medians of paired ratios (prefill pp512, decode tg128);
 #                                    4. DSpark on CUDA0: 5 runs give the plain greedy tokens, none crashes;
-#                                    (not yet: a 2-node ring on the GPU; the ring is checked on lavapipe, tests/t_gpu.sh).
+#                                    5. a 2-node ring, both nodes on CUDA0: the one-machine tokens, the plan printed.
 #                                    Writes OUTDIR/gpu.md (copy it to bench/results/gpu.md with the command used).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -106,6 +106,37 @@ case "${1:-}" in
     done
     echo "" >>"$out/gpu.md"
     echo "DSpark on CUDA0 (full-f32, 20 tokens, 5 runs): $ds_ok gave the plain greedy tokens, $ds_crash died of a signal." >>"$out/gpu.md"
+    # A 2-node ring on the GPU: two nodes on loopback, both on CUDA0 (one GPU here), each offering 25 MB of
+    # it (--vram: less than the 35 MiB file, so the planner needs both); greedy tokens against one
+    # machine's, and the plan's per-stage placement.
+    rdir=$work/ring && mkdir -p "$rdir/models" && ln -sf "$f" "$rdir/models/full-f32.gguf"
+    ./ringlm keygen -o "$rdir/coord.key" >"$rdir/coord.pub"
+    : >"$rdir/ring.conf"
+    pids=()
+    for i in 1 2; do
+        ./ringlm keygen -o "$rdir/n$i.key" >"$rdir/n$i.pub"
+        port=$((47810 + i))
+        ./ringlm node --listen "127.0.0.1:$port" --key "$rdir/n$i.key" --allow "$(cat "$rdir/coord.pub")" \
+            --models "$rdir/models" --device CUDA0 --vram 0.025 --cache "$rdir/cache$i" >"$rdir/n$i.log" 2>&1 &
+        pids+=($!)
+        echo "127.0.0.1:$port $(cat "$rdir/n$i.pub")" >>"$rdir/ring.conf"
+    done
+    for _ in $(seq 300); do grep -qs "ready:" "$rdir/n1.log" && grep -qs "ready:" "$rdir/n2.log" && break; sleep 0.1; done
+    ./ringlm run -m "$f" --tokens 5,6,7,8 -n 32 --temp 0 --ignore-eos --ids --ring "$rdir/ring.conf" \
+        --key "$rdir/coord.key" >"$work/ring.ids" 2>"$work/ring.err" && rc=0 || rc=$?
+    ./ringlm run -m "$f" --tokens 5,6,7,8 -n 32 --temp 0 --ignore-eos --ids --device CUDA0 >"$work/one.ids" 2>/dev/null || true
+    kill "${pids[@]}" 2>/dev/null || true
+    wait "${pids[@]}" 2>/dev/null || true
+    same=$( [ $rc = 0 ] && cmp -s "$work/ring.ids" "$work/one.ids" && echo "the same 32 greedy tokens as one machine" ||
+            echo "NOT the same tokens as one machine (exit $rc)")
+    {
+        echo
+        echo "## A 2-node ring, both nodes on CUDA0 (full-f32): $same"
+        echo
+        echo '```'
+        sed -n '/^stage  node  /,/^decode:/p' "$work/ring.err" | grep -v '^$' || tail -5 "$work/ring.err"
+        echo '```'
+    } >>"$out/gpu.md"
     # Speed: the medium file, ringlm vs llama-bench at its defaults with every layer on the GPU.
     med=$work/medium.gguf
     ./ringlm synth -o "$med" --config medium --seed 1 --no-progress
