@@ -3,11 +3,11 @@
 # nothing fetchable there). NOT RUN YET: no GPU has been lent to a session since it was written.
 #
 #   bench/gpu_check.sh --prepare     here: stage what the device machine cannot fetch under build/gpu-carry
-#                                    (the pinned llama.cpp source, ggml and llama-bench parts only; the
+#                                    (the pinned llama.cpp source, without docs, models and tests; the
 #                                    Debian packages ringlm builds with, as .debs)
 #   bench/gpu_check.sh --run OUTDIR  there (the device tool's `run`, carry build/gpu-carry): builds ggml with
 #                                    CUDA for one architecture (sm_90) as shared libraries with the CUDA backend
-#                                    as a module, ringlm against it (GGML_PREFIX), llama.cpp's CUDA build of
+#                                    linked in, ringlm against it (GGML_PREFIX), llama.cpp's CUDA build of
 #                                    the same source as the oracle (tests/oracle) and llama-bench; then
 #                                    1. ringlm devices shows CUDA0;
 #                                    2. fidelity: ringlm logits on CUDA0 vs llama.cpp's CUDA build, f32/f16/q8_0/q4_K
@@ -26,8 +26,7 @@ case "${1:-}" in
     src=$(scripts/ggml.sh | sed -n 's/^LLAMA_SRC := //p')
     [ -d "$src" ] || { echo "gpu_check: no pinned llama.cpp source (run make first)"; exit 1; }
     mkdir -p "$CARRY/debs"
-    tar czf "$CARRY/llama.cpp.tgz" -C "$src" CMakeLists.txt cmake ggml src include common vendor tools/llama-bench \
-        tools/CMakeLists.txt
+    tar czf "$CARRY/llama.cpp.tgz" -C "$src" CMakeLists.txt cmake ggml src include common vendor tools app
     (cd "$CARRY/debs" && apt-get download libsodium-dev libsodium23 libzmq3-dev libzmq5 libmicrohttpd-dev \
         libmicrohttpd12 libcjson-dev libcjson1 libpcre2-dev libpcre2-8-0 libpgm-5.3-0 libnorm1 libgnutls30 \
         libbsd0 2>&1 | tail -1)
@@ -35,11 +34,15 @@ case "${1:-}" in
     ;;
 --run)
     out=${2:?bench/gpu_check.sh --run OUTDIR}
+    # GPU_CHECK_DEVICE=CPU: a dry run on a machine without CUDA (ggml and llama.cpp built without it, the CPU
+    # in CUDA0's place), to catch the script's own faults before the few minutes a GPU is lent for.
+    dev=${GPU_CHECK_DEVICE:-CUDA0}
+    if [ "$dev" = CUDA0 ]; then cuda=(-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90); cuda_t=(ggml-cuda); else cuda=(-DGGML_CUDA=OFF); cuda_t=(); fi
     mkdir -p "$out"
     log=$out/gpu_check.log
     exec > >(tee "$log") 2>&1
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-    nvcc --version | tail -1
+    nvcc --version | tail -1 || true
     work=$ROOT/build/gpu-work
     rm -rf "$work" && mkdir -p "$work/src" "$work/sys"
     tar xzf "$CARRY/llama.cpp.tgz" -C "$work/src"
@@ -51,12 +54,14 @@ case "${1:-}" in
         export LIBRARY_PATH=$work/sys/usr/lib/x86_64-linux-gnu LD_LIBRARY_PATH=$work/sys/usr/lib/x86_64-linux-gnu
         export C_INCLUDE_PATH=$work/sys/usr/include
     fi
-    # ggml + llama.cpp with CUDA (sm_90 only, to keep the build short), the CUDA backend as a module.
-    cmake -S "$work/src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-        -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=ON \
+    # ggml + llama.cpp with CUDA (sm_90 only, to keep the build short) as shared libraries, the CUDA backend
+    # linked into libggml (ggml refuses GGML_NATIVE with backends as modules: GGML_BACKEND_DL).
+    cmake -S "$work/src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release "${cuda[@]}" \
+        -DGGML_BACKEND_DL=OFF -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=ON \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF \
+        -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
         -DCMAKE_INSTALL_PREFIX="$work/prefix" >"$out/cmake.log" 2>&1
-    cmake --build "$work/build" -j"$(nproc)" --target ggml ggml-cuda ggml-cpu llama llama-bench >>"$out/cmake.log" 2>&1
+    cmake --build "$work/build" -j"$(nproc)" --target ggml "${cuda_t[@]}" ggml-cpu llama llama-bench >>"$out/cmake.log" 2>&1
     mkdir -p "$work/prefix/lib" "$work/prefix/include"
     cp "$work"/src/ggml/include/*.h "$work/prefix/include/"
     find "$work/build" -name 'libggml*.so*' -exec cp -P {} "$work/prefix/lib/" \;
@@ -67,13 +72,13 @@ case "${1:-}" in
         -Wl,-rpath,"$work/prefix/lib:$(dirname "$(find "$work/build" -name 'libllama.so' | head -1)")" -ldl -lm
     export RINGLM_BACKEND_DIR=$work/prefix/lib
     ./ringlm devices | tee "$out/devices.txt"
-    grep -q '^CUDA0' "$out/devices.txt" || { echo "gpu_check: no CUDA0"; exit 1; }
+    grep -q "^$dev " "$out/devices.txt" || { echo "gpu_check: no $dev"; exit 1; }
     {
         echo "# ringlm on a GPU (bench/gpu_check.sh --run)"
         echo
         echo "GPU: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null); $(nvcc --version | tail -1)"
         echo
-        echo "## Fidelity: ringlm on CUDA0 vs llama.cpp's CUDA build (same source, -ngl 99), 64-token prefill + 16 steps"
+        echo "## Fidelity: ringlm on $dev vs llama.cpp's CUDA build (same source, -ngl 99), 64-token prefill + 16 steps"
         echo
         echo "| file | worst relative difference | greedy 32 tokens |"
         echo "|---|---|---|"
@@ -84,29 +89,29 @@ case "${1:-}" in
         read -r name config type <<<"$c"
         f=$work/$name.gguf
         ./ringlm synth -o "$f" --config "$config" --type "$type" --seed 2 --no-progress
-        ./ringlm logits -m "$f" --tokens "$toks" --prefill 64 -o "$work/r.bin" --device CUDA0
+        ./ringlm logits -m "$f" --tokens "$toks" --prefill 64 -o "$work/r.bin" --device "$dev"
         "$work/oracle-cuda" logits -m "$f" --tokens "$toks" --prefill 64 -o "$work/o.bin" --gpu-layers 99
         rel=$(./ringlm compare "$work/o.bin" "$work/r.bin" --tol 1e9 | grep -o 'rel [^ ]*' | cut -d' ' -f2)
-        ./ringlm run -m "$f" --tokens 5,6,7,8 -n 32 --temp 0 --ignore-eos --ids --device CUDA0 >"$work/r.ids" 2>/dev/null
+        ./ringlm run -m "$f" --tokens 5,6,7,8 -n 32 --temp 0 --ignore-eos --ids --device "$dev" >"$work/r.ids" 2>/dev/null
         "$work/oracle-cuda" generate -m "$f" --tokens 5,6,7,8 -n 32 --gpu-layers 99 >"$work/o.ids"
         same=$(diff -q "$work/r.ids" "$work/o.ids" >/dev/null && echo identical || echo differ)
         echo "| $name | $rel | $same |" >>"$out/gpu.md"
     done
-    # DSpark on the GPU (taps read back from CUDA0, KDA rollback there), 5 runs of 20 tokens: on lavapipe
+    # DSpark on the GPU (taps read back from the device, KDA rollback there), 5 runs of 20 tokens: on lavapipe
     # with ggml-vulkan's op fusion on, such runs corrupted the heap (docs/devices.md); does a real GPU?
     f=$work/full-f32.gguf
     ./ringlm synth -o "$work/dspark.gguf" --config tests/configs/k3-full.json --draft dspark --seed 3 --no-progress
-    ./ringlm run -m "$f" --tokens 5,6,7,8 -n 20 --temp 0 --ignore-eos --ids --device CUDA0 >"$work/plain.ids" 2>/dev/null
+    ./ringlm run -m "$f" --tokens 5,6,7,8 -n 20 --temp 0 --ignore-eos --ids --device "$dev" >"$work/plain.ids" 2>/dev/null
     ds_ok=0 ds_crash=0
     for r in 1 2 3 4 5; do
-        ./ringlm run -m "$f" --tokens 5,6,7,8 -n 20 --temp 0 --ignore-eos --ids --device CUDA0 \
+        ./ringlm run -m "$f" --tokens 5,6,7,8 -n 20 --temp 0 --ignore-eos --ids --device "$dev" \
             --draft "dspark:$work/dspark.gguf" >"$work/ds.ids" 2>"$work/ds.err" && rc=0 || rc=$?
         [ $rc -ge 128 ] && ds_crash=$((ds_crash + 1))
         [ $rc = 0 ] && cmp -s "$work/plain.ids" "$work/ds.ids" && ds_ok=$((ds_ok + 1))
     done
     echo "" >>"$out/gpu.md"
-    echo "DSpark on CUDA0 (full-f32, 20 tokens, 5 runs): $ds_ok gave the plain greedy tokens, $ds_crash died of a signal." >>"$out/gpu.md"
-    # A 2-node ring on the GPU: two nodes on loopback, both on CUDA0 (one GPU here), each offering 25 MB of
+    echo "DSpark on $dev (full-f32, 20 tokens, 5 runs): $ds_ok gave the plain greedy tokens, $ds_crash died of a signal." >>"$out/gpu.md"
+    # A 2-node ring on the GPU: two nodes on loopback, both on the one GPU, each offering 25 MB of
     # it (--vram: less than the 35 MiB file, so the planner needs both); greedy tokens against one
     # machine's, and the plan's per-stage placement.
     rdir=$work/ring && mkdir -p "$rdir/models" && ln -sf "$f" "$rdir/models/full-f32.gguf"
@@ -117,21 +122,21 @@ case "${1:-}" in
         ./ringlm keygen -o "$rdir/n$i.key" >"$rdir/n$i.pub"
         port=$((47810 + i))
         ./ringlm node --listen "127.0.0.1:$port" --key "$rdir/n$i.key" --allow "$(cat "$rdir/coord.pub")" \
-            --models "$rdir/models" --device CUDA0 --vram 0.025 --cache "$rdir/cache$i" >"$rdir/n$i.log" 2>&1 &
+            --models "$rdir/models" --device "$dev" --vram 0.025 --cache "$rdir/cache$i" >"$rdir/n$i.log" 2>&1 &
         pids+=($!)
         echo "127.0.0.1:$port $(cat "$rdir/n$i.pub")" >>"$rdir/ring.conf"
     done
     for _ in $(seq 300); do grep -qs "ready:" "$rdir/n1.log" && grep -qs "ready:" "$rdir/n2.log" && break; sleep 0.1; done
     ./ringlm run -m "$f" --tokens 5,6,7,8 -n 32 --temp 0 --ignore-eos --ids --ring "$rdir/ring.conf" \
         --key "$rdir/coord.key" >"$work/ring.ids" 2>"$work/ring.err" && rc=0 || rc=$?
-    ./ringlm run -m "$f" --tokens 5,6,7,8 -n 32 --temp 0 --ignore-eos --ids --device CUDA0 >"$work/one.ids" 2>/dev/null || true
+    ./ringlm run -m "$f" --tokens 5,6,7,8 -n 32 --temp 0 --ignore-eos --ids --device "$dev" >"$work/one.ids" 2>/dev/null || true
     kill "${pids[@]}" 2>/dev/null || true
     wait "${pids[@]}" 2>/dev/null || true
     same=$( [ $rc = 0 ] && cmp -s "$work/ring.ids" "$work/one.ids" && echo "the same 32 greedy tokens as one machine" ||
             echo "NOT the same tokens as one machine (exit $rc)")
     {
         echo
-        echo "## A 2-node ring, both nodes on CUDA0 (full-f32): $same"
+        echo "## A 2-node ring, both nodes on $dev (full-f32): $same"
         echo
         echo '```'
         sed -n '/^stage  node  /,/^decode:/p' "$work/ring.err" | grep -v '^$' || tail -5 "$work/ring.err"
@@ -143,14 +148,14 @@ case "${1:-}" in
     bench=$(find "$work/build" -name llama-bench -type f | head -1)
     {
         echo
-        echo "## Speed: medium file, ringlm --device CUDA0 vs llama-bench -ngl 99 (its defaults otherwise), 3 alternating runs"
+        echo "## Speed: medium file, ringlm --device $dev vs llama-bench -ngl 99 (its defaults otherwise), 3 alternating runs"
         echo
         echo "| run | ringlm prefill tok/s | llama-bench pp512 | ringlm decode tok/s | llama-bench tg128 |"
         echo "|---|---|---|---|---|"
     } >>"$out/gpu.md"
     p512=$(seq -s, 10 1 521)
     for r in 1 2 3; do
-        ./ringlm run -m "$med" --tokens "$p512" -n 128 --temp 0 --ignore-eos --ids --device CUDA0 \
+        ./ringlm run -m "$med" --tokens "$p512" -n 128 --temp 0 --ignore-eos --ids --device "$dev" \
             --metrics-json "$work/m.json" >/dev/null 2>&1
         rp=$(python3 -c "import json; m=json.load(open('$work/m.json')); print(round(m['prefill_tok_s'],1))")
         rd=$(python3 -c "import json; m=json.load(open('$work/m.json')); print(round(m['decode_tok_s'],1))")
