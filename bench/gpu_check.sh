@@ -17,6 +17,8 @@
 #                                    4. DSpark on CUDA0: 5 runs give the plain greedy tokens, none crashes;
 #                                    5. a 2-node ring, both nodes on CUDA0: the one-machine tokens, the plan printed.
 #                                    Writes OUTDIR/gpu.md (copy it to bench/results/gpu.md with the command used).
+#                                    If the device's time limit stops it during the build, run it again: the
+#                                    build in build/gpu-work is kept and resumes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -44,8 +46,11 @@ case "${1:-}" in
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
     nvcc --version | tail -1 || true
     work=$ROOT/build/gpu-work
-    rm -rf "$work" && mkdir -p "$work/src" "$work/sys"
-    tar xzf "$CARRY/llama.cpp.tgz" -C "$work/src"
+    # Kept between runs: a run stopped by the device's time limit during the CUDA build (ggml-cuda is the
+    # long part) resumes it when started again; only the results are made afresh.
+    mkdir -p "$work/src" "$work/sys"
+    [ -f "$work/src/CMakeLists.txt" ] || tar xzf "$CARRY/llama.cpp.tgz" -C "$work/src"
+    rm -rf "$work/ring"
     # The Debian packages ringlm builds with, unpacked into a prefix when the machine lacks them.
     if ! pkg-config --exists libsodium libzmq libmicrohttpd libcjson libpcre2-8 2>/dev/null; then
         for d in "$CARRY"/debs/*.deb; do dpkg-deb -x "$d" "$work/sys"; done
@@ -154,15 +159,25 @@ case "${1:-}" in
         echo "|---|---|---|---|---|"
     } >>"$out/gpu.md"
     p512=$(seq -s, 10 1 521)
+    rm -f "$work/speed.txt"
     for r in 1 2 3; do
         ./ringlm run -m "$med" --tokens "$p512" -n 128 --temp 0 --ignore-eos --ids --device "$dev" \
             --metrics-json "$work/m.json" >/dev/null 2>&1
         rp=$(python3 -c "import json; m=json.load(open('$work/m.json')); print(round(m['prefill_tok_s'],1))")
         rd=$(python3 -c "import json; m=json.load(open('$work/m.json')); print(round(m['decode_tok_s'],1))")
         lb=$("$bench" -m "$med" -ngl 99 -p 512 -n 128 -r 1 -o csv 2>/dev/null | tail -2)
-        lp=$(echo "$lb" | sed -n 1p | awk -F, '{print $(NF-1)}'); ld=$(echo "$lb" | sed -n 2p | awk -F, '{print $(NF-1)}')
+        lp=$(echo "$lb" | sed -n 1p | awk -F, '{print $(NF-1)}' | tr -d '"')
+        ld=$(echo "$lb" | sed -n 2p | awk -F, '{print $(NF-1)}' | tr -d '"')
         echo "| $r | $rp | $lp | $rd | $ld |" >>"$out/gpu.md"
+        echo "$rp $lp $rd $ld" >>"$work/speed.txt"
     done
+    python3 - "$work/speed.txt" >>"$out/gpu.md" <<'PY'
+import statistics, sys
+rows = [[float(x) for x in l.split()] for l in open(sys.argv[1]) if l.strip()]
+pp = statistics.median(r[0] / r[1] for r in rows)
+tg = statistics.median(r[2] / r[3] for r in rows)
+print("\nMedian of per-run ratios, ringlm / llama-bench: prefill %.2fx, decode %.2fx (goal: at least 1.0x)" % (pp, tg))
+PY
     echo "gpu_check: done; $out/gpu.md"
     ;;
 *)
