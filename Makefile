@@ -110,8 +110,8 @@ test: ringlm units_release oracle adversary
 # program and the tests that feed the binary malformed, hostile or corrupt input (files, frames, HTTP,
 # tokenizer text) or walk its small commands. The whole suite twice took 42 minutes on a 2-core machine,
 # past CI's 30; the ring, serve and speculation scenarios run on the release build only there, and
-# `make check-full` still runs every test against both builds. RINGLM_TEST_QUICK=1 makes the longest unit
-# programs (test_forward, test_spec) repeat less under the sanitizers: the same paths, fewer shapes and prompts.
+# `make check-full` still runs every test against both builds. RINGLM_TEST_QUICK=1 makes test_forward run
+# its tiny configs only under the sanitizers: the same paths, fewer shapes.
 ASAN_TESTS = test_ fuzz_ =t_hostile =t_corrupt =t_transport =t_serve_clients =t_relay =t_manifest \
              =t_receipts =t_layout =t_synth =t_tokenizer =t_run =t_plan
 check:

@@ -112,6 +112,7 @@ check "... and it ran speculatively, every layer and the head on the device" \
     bash -c "grep -q 'speculative (dspark:' '$WORK/gen.err' && grep -q 'layers \[0, 6) and the output head' '$WORK/gen.err'"
 GGML_VK_DISABLE_FUSION=1 gen "$f" 8 --device Vulkan0 --gpu-layers 5 --draft "dspark:$WORK/dspark.gguf" >"$WORK/spec.ids"
 check "... and with layers 0-4 on Vulkan0, the last and the head on the CPU" diff "$WORK/cpu8.ids" "$WORK/spec.ids"
+check "... and it ran speculatively" grep -q "speculative (dspark:" "$WORK/gen.err"
 
 # A 2-node ring, one node on Vulkan0 and one on the CPU: the same greedy tokens as one machine.
 . "$(dirname "$0")/ring_lib.sh"

@@ -18,11 +18,6 @@ post() {
     curl "${CT[@]}" -o "$WORK/$name.json" -w '%{http_code}' -H 'Content-Type: application/json' \
         --data-binary "$body" "$@" "$URL$path" >"$WORK/$name.code" || true
 }
-# post_bg NAME PATH JSON [curl args]: post in the background (its pid kept); post_wait waits for those
-# only (a bare `wait` would wait for the server too).
-BG=()
-post_bg() { post "$@" & BG+=($!); }
-post_wait() { [ ${#BG[@]} = 0 ] || wait "${BG[@]}"; BG=(); }
 code_is() { test "$(cat "$WORK/$1.code")" = "$2"; }
 # run_text NAME ARGS: the text `ringlm run` prints, as the API shows it (invalid UTF-8 replaced the
 # WHATWG/Python way), as a JSON string in $WORK/NAME.exp.
@@ -137,22 +132,16 @@ check "chat n=3 streamed at temperature 0: three choices, each opened with its r
 
 # response_format json_object: constrained decoding makes random weights write a JSON object every time,
 # whole within max_tokens (the sampler writes the shortest completion when the budget runs out).
-# The requests go 8 at a time (the server batches them; seeded and greedy outputs do not depend on what
-# shares a batch), then each is checked.
 json_ok=0 json_stop=0
 for i in $(seq 50); do
     mt=$((4 + i % 23)); temp=$(( i % 5 == 0 ? 0 : 1 ))
     if [ $((i % 2)) = 0 ]; then
-        post_bg "js$i" /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"Give me JSON $i\"}],\"max_tokens\":$mt,\"temperature\":$temp,\"seed\":$i,\"response_format\":{\"type\":\"json_object\"},\"chat_template_kwargs\":{\"thinking\":false}}"
+        post "js$i" /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"Give me JSON $i\"}],\"max_tokens\":$mt,\"temperature\":$temp,\"seed\":$i,\"response_format\":{\"type\":\"json_object\"},\"chat_template_kwargs\":{\"thinking\":false}}"
+        field="d['choices'][0]['message']['content']"
     else
-        post_bg "js$i" /v1/completions "{\"prompt\":\"JSON $i:\",\"max_tokens\":$mt,\"temperature\":$temp,\"seed\":$i,\"response_format\":{\"type\":\"json_object\"}}"
+        post "js$i" /v1/completions "{\"prompt\":\"JSON $i:\",\"max_tokens\":$mt,\"temperature\":$temp,\"seed\":$i,\"response_format\":{\"type\":\"json_object\"}}"
+        field="d['choices'][0]['text']"
     fi
-    [ $((i % 8)) = 0 ] && post_wait
-done
-post_wait
-for i in $(seq 50); do
-    mt=$((4 + i % 23)); temp=$(( i % 5 == 0 ? 0 : 1 ))
-    field="d['choices'][0]['text']"; [ $((i % 2)) = 0 ] && field="d['choices'][0]['message']['content']"
     if py "$WORK/js$i.json" "isinstance(json.loads($field), dict) and d['usage']['completion_tokens'] <= $mt" >/dev/null; then
         json_ok=$((json_ok + 1))
     else
@@ -183,13 +172,11 @@ for i in $(seq 52); do
     sch=$(python3 -c "import json; print(json.dumps(json.load(open('$WORK/schemas.json'))[$k]))")
     rf="\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"s$k\",\"strict\":true,\"schema\":$sch}}"
     if [ $((i % 2)) = 0 ]; then
-        post_bg "jss$i" /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"Schema $i\"}],\"max_tokens\":$mt,\"temperature\":$temp,\"seed\":$i,$rf,\"chat_template_kwargs\":{\"thinking\":false}}"
+        post "jss$i" /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"Schema $i\"}],\"max_tokens\":$mt,\"temperature\":$temp,\"seed\":$i,$rf,\"chat_template_kwargs\":{\"thinking\":false}}"
     else
-        post_bg "jss$i" /v1/completions "{\"prompt\":\"Schema $i:\",\"max_tokens\":$mt,\"temperature\":$temp,\"seed\":$i,$rf}"
+        post "jss$i" /v1/completions "{\"prompt\":\"Schema $i:\",\"max_tokens\":$mt,\"temperature\":$temp,\"seed\":$i,$rf}"
     fi
-    [ $((i % 8)) = 0 ] && post_wait # 8 at a time, as above
 done
-post_wait
 # schema_check NAME N: NAME1 .. NAMEN all validate against their schema, within their max_tokens.
 schema_check() {
     local pyi
@@ -221,12 +208,10 @@ for i in $(seq 20); do
     k=$((i % 4)); mt=$((40 + i % 21)); temp=$(( i % 5 == 0 ? 0 : 1 ))
     sch=$(python3 -c "import json; print(json.dumps(json.load(open('$WORK/schemas.json'))[$k]))")
     rf="\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"s$k\",\"strict\":true,\"schema\":$sch}}"
-    post_bg "jsd$i" /v1/completions "{\"prompt\":\"Schema $i:\",\"max_tokens\":$mt,\"temperature\":$temp,\"seed\":$i,$rf,\"draft\":\"ngram\"}"
+    post "jsd$i" /v1/completions "{\"prompt\":\"Schema $i:\",\"max_tokens\":$mt,\"temperature\":$temp,\"seed\":$i,$rf,\"draft\":\"ngram\"}"
     # the same prompt as jss$i for odd i; for even i (chat there) the undrafted twin is made here
-    [ $((i % 2)) = 1 ] || post_bg "jsn$i" /v1/completions "{\"prompt\":\"Schema $i:\",\"max_tokens\":$mt,\"temperature\":$temp,\"seed\":$i,$rf}"
-    [ $((i % 4)) = 0 ] && post_wait # at most 6 in flight
+    [ $((i % 2)) = 1 ] || post "jsn$i" /v1/completions "{\"prompt\":\"Schema $i:\",\"max_tokens\":$mt,\"temperature\":$temp,\"seed\":$i,$rf}"
 done
-post_wait
 d1=$(metric ringlm_spec_drafted_tokens_total); r1=$(metric ringlm_spec_grammar_refused_tokens_total)
 check "json_schema with n-gram drafts: 20 seeded requests all validate within max_tokens" schema_check jsd 20
 greedy_same() {
