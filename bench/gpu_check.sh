@@ -153,7 +153,10 @@ case "${1:-}" in
     bench=$(find "$work/build" -name llama-bench -type f | head -1)
     {
         echo
-        echo "## Speed: medium file, ringlm --device $dev vs llama-bench -ngl 99 (its defaults otherwise), 3 alternating runs"
+        echo "## Speed: medium file, 3 alternating runs"
+        echo
+        echo "ringlm: \`run --device $dev\` at its defaults (flash attention auto, f16 cache). llama-bench: \`-ngl 99\`,"
+        echo "its defaults otherwise (flash attention auto, f16 cache; on the CPU, repacked weights)."
         echo
         echo "| run | ringlm prefill tok/s | llama-bench pp512 | ringlm decode tok/s | llama-bench tg128 |"
         echo "|---|---|---|---|---|"
