@@ -24,10 +24,14 @@
 #   - Two devices (lavapipe twice): --device A,B (and no --device: every GPU) split the layers, logits within
 #     1e-2 of one device's, tokens the CPU's; a node on both is planned as one tier; a device named
 #     twice or the CPU in a list are refused.
+#   - VRAM -> RAM -> disk: --mem with a device (run --vram: a smaller device): the dense parts on Vulkan0, the
+#     routed experts it cannot hold in RAM through the expert cache: the CPU's tokens, and logits equal to the
+#     same split without --mem (fusion off); a node offering a device, RAM and a disk gets that plan.
 #   - Errors: --vram above the free memory, an unknown device on a node; `devices --measure` gives a speed.
 #   - Speculative decoding (a DSpark draft on taps read from the device, rollback of the KDA state on the
 #     device) gives the plain tokens.
-#   - Errors: an unknown device name; a device too small for the weights.
+#   - Errors: an unknown device name; a device too small for the weights; --mem below the least with a device;
+#     a forced split larger than --vram.
 . "$(dirname "$0")/lib.sh"
 export GGML_VK_VISIBLE_DEVICES=0 # lavapipe is a CPU-type Vulkan device, which ggml skips unless named
 # llama.cpp's Vulkan build, run as ringlm runs Vulkan (docs/devices.md): without the backend's node reordering
@@ -99,18 +103,56 @@ check "RINGLM_DEVICE is the default --device (the suite sets CPU, tests/lib.sh)"
 check "--n-cpu-moe 3 (routed experts of layers 0-2 in RAM): the same tokens" diff "$WORK/cpu8.ids" "$WORK/moe.ids"
 gen "$f" 8 --device Vulkan0 --cpu-moe >"$WORK/moe.ids"
 check "--cpu-moe (every routed expert in RAM): the same tokens" diff "$WORK/cpu8.ids" "$WORK/moe.ids"
+# VRAM -> RAM -> disk: --mem with a device. With --vram 0.025 GB the full-f32 file's dense parts fit Vulkan0
+# and one layer's experts beside them; the default under --mem puts every layer there with the experts of the
+# first ones in RAM, read through the expert cache (--mem 0.004: room for a few). Logits equal the same split
+# without --mem (--n-cpu-moe, the split read from the run's line) bit for bit with ggml-vulkan's op fusion off
+# (on, a chunked prefill moved the last bits: docs/devices.md); greedy tokens with it on equal the CPU's. At
+# --vram 0.012 the dense parts alone do not fit: the first layers on the device, every expert in RAM.
+gen "$f" 8 --device Vulkan0 --vram 0.025 --mem 0.004 >"$WORK/xc.ids"
+cp "$WORK/gen.err" "$WORK/xc.err"
+ncm=$(sed -n 's/.*layers \[0, 6) and the output head.*routed experts of layers \[0, \([0-9]*\)) in RAM.*/\1/p' "$WORK/xc.err")
+check "--mem with Vulkan0 (--vram 0.025): dense parts on the device, the first layers' experts ($ncm) through the cache" \
+    bash -c "[ -n '$ncm' ] && [ '$ncm' -gt 1 ] && [ '$ncm' -lt 6 ] && grep -q 'expert cache: ' '$WORK/xc.err'"
+check "... the CPU's greedy tokens" diff "$WORK/cpu8.ids" "$WORK/xc.ids"
+check_fails "--mem below the least with a device: the error names the RAM it needs" \
+    "too small for layers \[0, 6\): they keep .* resident in RAM.*the least that runs is --mem [0-9.]+" \
+    "$RINGLM" run -m "$f" --tokens 5,6 -n 2 --device Vulkan0 --vram 0.025 --mem 0.0001
+least=$(sed -n 's/.*the least that runs is --mem \([0-9.]*\).*/\1/p' "$WORK/err")
+# At the least budget (two slots of each kind) a chunk's layer runs in passes: the gathered rows and slot ids
+# the host writes at each stop are read on the CPU.
+GGML_VK_DISABLE_FUSION=1 "$RINGLM" logits -m "$f" --tokens "$toks" --chunk 7 --device Vulkan0 --n-cpu-moe "${ncm:-1}" -o "$WORK/xa.bin" --threads 2 2>/dev/null
+GGML_VK_DISABLE_FUSION=1 "$RINGLM" logits -m "$f" --tokens "$toks" --chunk 7 --device Vulkan0 --vram 0.025 --mem "${least:-1}" -o "$WORK/xb.bin" --threads 2 2>/dev/null
+check "... logits (chunks of 7, --mem $least: in passes) = --n-cpu-moe $ncm without --mem, bit for bit (fusion off)" cmp "$WORK/xa.bin" "$WORK/xb.bin"
+gen "$f" 8 --device Vulkan0 --vram 0.012 --mem 0.012 >"$WORK/xc.ids"
+check "--mem with Vulkan0 (--vram 0.012): the first layers on the device, all experts through the cache, the CPU's tokens" \
+    bash -c "diff '$WORK/cpu8.ids' '$WORK/xc.ids' && grep -q 'layers \[0, [1-5]), .*on the CPU; routed experts of layers \[0, [1-5]) in RAM' '$WORK/gen.err' &&
+             grep -q 'expert cache: ' '$WORK/gen.err'"
+check_fails "a split that --vram cannot hold: a clear error naming both" "layers \[0, 6\) put .* MiB of weights on Vulkan0, more than --vram 0.0100 GB" \
+    "$RINGLM" run -m "$f" --tokens 5,6 -n 2 --device Vulkan0 --gpu-layers 6 --vram 0.01
 # A DSpark draft reads the target's tapped hidden states, which come back from the device; its blocks are
 # verified with rollback of the KDA state on the device. 8 tokens: lavapipe verifies a block in ~1 s. Every
 # layer and the head on the device (taps: inputs of layers 1, 3 and 5), then layers 0-4 there and layer 5
 # with the head on the CPU. Both with ggml-vulkan's op fusion off: with it on, lavapipe's queue thread
 # corrupted the heap in most DSpark runs, with it off never (docs/devices.md).
+# With fusion off a DSpark run on lavapipe still died once in this suite's runs (a segfault in a split run):
+# a run killed by a signal is run once more, and the log says so; wrong tokens still fail.
+gen_once_more() { # OUT gen-args...: gen into OUT; again if a signal killed it
+    local out=$1 rc=0; shift
+    gen "$@" >"$out" || rc=$?
+    if [ $rc -ge 128 ]; then
+        echo "# lavapipe: the run died of signal $((rc - 128)); once more (docs/devices.md)"
+        rc=0; gen "$@" >"$out" || rc=$?
+    fi
+    return $rc
+}
 "$RINGLM" synth --no-progress -o "$WORK/dspark.gguf" --config "$ROOT/tests/configs/k3-full.json" --draft dspark --seed 3 >/dev/null
-GGML_VK_DISABLE_FUSION=1 gen "$f" 8 --device Vulkan0 --draft "dspark:$WORK/dspark.gguf" >"$WORK/spec.ids"
+GGML_VK_DISABLE_FUSION=1 gen_once_more "$WORK/spec.ids" "$f" 8 --device Vulkan0 --draft "dspark:$WORK/dspark.gguf"
 check "speculative decoding (DSpark: taps from Vulkan0, KDA rollback and the head on the device) gives the plain tokens" \
     diff "$WORK/cpu8.ids" "$WORK/spec.ids"
 check "... and it ran speculatively, every layer and the head on the device" \
     bash -c "grep -q 'speculative (dspark:' '$WORK/gen.err' && grep -q 'layers \[0, 6) and the output head' '$WORK/gen.err'"
-GGML_VK_DISABLE_FUSION=1 gen "$f" 8 --device Vulkan0 --gpu-layers 5 --draft "dspark:$WORK/dspark.gguf" >"$WORK/spec.ids"
+GGML_VK_DISABLE_FUSION=1 gen_once_more "$WORK/spec.ids" "$f" 8 --device Vulkan0 --gpu-layers 5 --draft "dspark:$WORK/dspark.gguf"
 check "... and with layers 0-4 on Vulkan0, the last and the head on the CPU" diff "$WORK/cpu8.ids" "$WORK/spec.ids"
 check "... and it ran speculatively" grep -q "speculative (dspark:" "$WORK/gen.err"
 
@@ -170,6 +212,20 @@ for v in "0.03 experts" "0.01 layers"; do
         check "... and the node computes that split" grep -q "layers \[0, $((n + 1))),.*layers \[$((n + 1)), 6) on the CPU" <<<"$where"
     fi
 done
+# VRAM -> RAM -> disk on a node: Vulkan0 offering 25 MB, RAM 6 MB (--mem) and a disk. The planner puts the
+# dense parts on the device and the routed experts it cannot hold in RAM, of which it caches what fits and
+# reads the rest from disk; the node computes that split through its expert cache; one machine's tokens.
+ring_start 3 "$RING/models" --device Vulkan0 --device-speed 20 --vram 0.025 --mem 0.006 --disk 1
+ring_conf "$WORK/ring1.conf" 3
+"$RINGLM" run -m "$f" --tokens 5,6,7,8 -n 8 --temp 0 --ignore-eos --ids --ring "$WORK/ring1.conf" \
+    --key "$RING/coord.key" >"$WORK/ring1.ids" 2>"$WORK/ring1.err" || cat "$WORK/ring1.err"
+ring_stop
+grep -o '(Vulkan0: layers .*' "$WORK/ring1.err" | head -1
+check "--vram 0.025 --mem 0.006 on a node: the tokens of one machine" diff "$WORK/cpu8.ids" "$WORK/ring1.ids"
+check "... the plan: every layer on Vulkan0, experts of the first in RAM, part of them read from disk" \
+    grep -q "(Vulkan0: layers 0-5, their routed experts of 0-[0-5] in RAM; .*(experts in RAM [0-9]*% in memory, the rest from disk" "$WORK/ring1.err"
+check "... and the node computes it through its expert cache" \
+    sh -c "grep -q 'computing on Vulkan0 .*routed experts of layers \[0, [1-6]) in RAM' '$RING/n3.log' && grep -q 'expert cache of' '$RING/n3.log'"
 # Two devices (lavapipe listed twice: GGML_VK_VISIBLE_DEVICES=0,0 makes Vulkan0 and Vulkan1): --device A,B splits
 # the device layers between them in proportion to free memory, as llama.cpp's default split does; with no
 # --device (and no RINGLM_DEVICE) every GPU is used. The same kernels run either way, but not always fused
@@ -216,8 +272,6 @@ check "ringlm devices --measure: a speed for Vulkan0 (what a node reports)" \
 
 check_fails "an unknown device is refused, naming the devices there are" "no device named 'Vulkan7'.*Vulkan0" \
     "$RINGLM" run -m "$f" --tokens 5,6 -n 2 --device Vulkan7
-check_fails "--mem (experts from the file) with a device: refused, naming the device" "--mem .*Vulkan0.*--device CPU" \
-    "$RINGLM" run -m "$f" --tokens 5,6 -n 2 --device Vulkan0 --mem 0.025
 check_fails "ringlm devices --backends DIR that cannot be read: a clear error" "cannot read the backend module directory" \
     "$RINGLM" devices --backends "$WORK/no-such-dir"
 RINGLM_BACKEND_DIR=$WORK/no-such-dir "$RINGLM" devices >"$WORK/nodev.out" 2>"$WORK/nodev.err"

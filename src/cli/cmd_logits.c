@@ -11,7 +11,7 @@
 static void logits_usage(FILE *f) {
     fprintf(f, "usage: ringlm logits -m MODEL.gguf --tokens 1,2,3 [--mode batch|step] [--chunk N | --prefill N]\n"
                "                     [--threads N] [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--mem GB]\n"
-            "                  [--device NAME[,NAME...]] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe] [--ring ring.conf --key coord.key [--wire f32|f16|bf16]] -o OUT.bin\n\n"
+            "                  [--device NAME[,NAME...]] [--vram GB] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe] [--ring ring.conf --key coord.key [--wire f32|f16|bf16]] -o OUT.bin\n\n"
                "Writes the logits of every position (the oracle's file format, src/model/logits_file.h).\n"
                "batch: all tokens in one forward pass (or --chunk N tokens per pass); step: one token per pass;\n"
                "--prefill N: N tokens in one pass, then one token per pass (a prompt, then decode steps).\n"
@@ -21,7 +21,8 @@ static void logits_usage(FILE *f) {
                "defaults, as llama.cpp's), or the softmax path / an f32 cache.\n"
                "--mem GB: at most GB of resident weights, routed experts past it read from the file (the same logits).\n"
                "--device NAME, --gpu-layers N, --n-cpu-moe N, --cpu-moe: compute on a GPU (docs/devices.md; default:\n"
-               "the first GPU found, else the CPU), its first N layers there, routed experts kept in RAM.\n"
+               "the first GPU found, else the CPU), its first N layers there, routed experts kept in RAM; --vram GB:\n"
+               "the device memory the weights may take. With --mem too: VRAM -> RAM -> disk.\n"
                "--manifest M (with --ring, instead of -m): this machine holds only the model's manifest; the nodes\n"
                "map their layers from the split files they hold and stream the rest from each other.\n");
 }

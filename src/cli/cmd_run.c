@@ -27,7 +27,7 @@ static void run_usage(FILE *f) {
             "                  [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
             "                  [--presence-penalty P] [--frequency-penalty F] [--logit-bias ID+B|ID-B]... [--seed S] [--threads N]\n"
             "                  [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--mem GB]\n"
-            "                  [--device NAME[,NAME...]] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe] [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
+            "                  [--device NAME[,NAME...]] [--vram GB] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe] [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
             "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16] [--keep-order] [--manifest M instead of -m]]\n"
             "                  [--draft none|ngram|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-fixed]\n"
             "                  [--draft-p-min P] [--draft-depth D]] [--receipts FILE]\n"
@@ -49,11 +49,13 @@ static void run_usage(FILE *f) {
             "  --cache-type f32|f16  element type of the MLA latent cache (default f16, as llama.cpp's)\n"
             "  --mem GB      at most GB of resident weights: when the model does not fit, its dense part stays\n"
             "                resident and routed experts are read from the file into a cache filling the rest\n"
-            "                (same output, bit for bit; docs/experts.md); the summary adds hit rate and reads\n"
+            "                (same output, bit for bit; docs/experts.md); the summary adds hit rate and reads.\n"
+            "                With a device it is the RAM below it: VRAM -> RAM -> disk (dense parts on the device)\n"
             "  --device NAME  compute on that device (`ringlm devices`; default: the first GPU, else the CPU);\n"
             "                --gpu-layers N puts the first N layers there and the rest on the CPU (default:\n"
             "                as many as fit); --n-cpu-moe N / --cpu-moe keep the routed experts of the first N /\n"
-            "                all layers in RAM (docs/devices.md)\n"
+            "                all layers in RAM; --vram GB: the device memory weights may take, at most\n"
+            "                (default: its free memory less a tenth and 256 MiB) (docs/devices.md)\n"
             "  --ring FILE   run across the nodes in FILE (\"HOST:PORT PUBKEY_HEX [mem=GB]\" per line) as the\n"
             "                coordinator with identity --key; prints the plan and per-stage timings\n"
             "  --manifest M  (ring, instead of -m) the coordinator holds only the model's manifest (ringlm\n"
@@ -589,8 +591,10 @@ int cmd_run(int argc, char **argv) {
     }
     if (ro.xc) {
         xc_stats d = xc_stats_sub(ro.xc, &ro.xc_prefill);
-        fprintf(stderr, "[ringlm] expert cache: %.1f MiB for routed experts of %.1f MiB, the rest read from the file\n",
-                (double)e.xc->cache_bytes / 1048576.0, (double)k3_range_expert_bytes(&m, &hp, 0, hp.n_layer) / 1048576.0);
+        size_t ram_dense = 0, ram_experts = 0; /* (the experts in RAM: a device holds the others) */
+        k3_range_ram_bytes(&m, &e.hp, 0, hp.n_layer, &ram_dense, &ram_experts);
+        fprintf(stderr, "[ringlm] expert cache: %.1f MiB for routed experts of %.1f MiB in RAM, the rest read from the file\n",
+                (double)e.xc->cache_bytes / 1048576.0, (double)ram_experts / 1048576.0);
         run_xc_print("prefill", &ro.xc_prefill);
         run_xc_print("decode", &d);
     }

@@ -200,7 +200,7 @@ size_t xc_min_expert_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, 
     rl_err err = {{0}};
     size_t n = 0;
     for (uint32_t il = a; il < b && il < hp->n_layer; il++) {
-        if (!k3_is_moe(hp, il)) continue;
+        if (!k3_is_moe(hp, il) || !k3_experts_on_cpu(hp, il)) continue;
         const mf_tensor *src[3];
         char name[96];
         if (xc_layer_src(m, il, src, name, sizeof name) != 0) return n; /* xc_open names what is missing */
@@ -273,7 +273,7 @@ int xc_open(xc_cache *c, const mf_model *m, const k3_hparams *hp, uint32_t a, ui
     for (uint32_t il = a; il < b; il++) {
         xc_layer *L = &c->layers[il - a];
         L->pool = -1;
-        if (!k3_is_moe(hp, il)) continue;
+        if (!k3_is_moe(hp, il) || !k3_experts_on_cpu(hp, il)) continue; /* a device layer's experts stay there */
         char name[96];
         if (xc_layer_src(m, il, L->src, name, sizeof name) != 0) {
             xc_close(c);

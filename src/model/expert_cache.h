@@ -114,12 +114,13 @@ typedef struct xc_cache {
 /* Counters of a phase: b - a, field by field (a taken before b). */
 xc_stats xc_stats_sub(const xc_stats *b, const xc_stats *a);
 
-/* Bytes of the least cache [a, b) runs with: two experts of each kind. */
+/* Bytes of the least cache [a, b) runs with: two experts of each kind in RAM (k3_experts_on_cpu). */
 size_t xc_min_expert_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b);
 
-/* Sets up slots for [a, b)'s routed experts in cache_bytes (the budget left after the dense part; at least
- * two experts of each kind), over the file m (which must outlive the cache).
- * place: the buffer types weights may take (the engine's; the cache follows the file tensors' choice). */
+/* Sets up slots for [a, b)'s routed experts in RAM (k3_experts_on_cpu under hp's device layout: a device
+ * layer's own experts are not the cache's, and xc_max_passes is 0 for its layer) in cache_bytes (the budget
+ * left after the dense part; at least two experts of each kind), over the file m (which must outlive the
+ * cache). place: the buffer types weights may take (the engine's; the cache follows the file tensors' choice). */
 int xc_open(xc_cache *c, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, size_t cache_bytes,
             const wp_list *place, rl_err *err);
 void xc_close(xc_cache *c);

@@ -21,14 +21,18 @@
 #include "expert_cache.h"
 #include "k3_memory.h"
 
-/* Free memory of each device, less a tenth and 256 MiB for per-sequence state and compute buffers. */
-static void k3_dev_room(ggml_backend_dev_t *devs, int nd, size_t *room) {
+/* What the weights may take on each device: its free memory less a tenth and 256 MiB (compute buffers and
+ * states), and with a cap (--vram) at most that in all, shared in proportion. */
+static void k3_dev_room(ggml_backend_dev_t *devs, int nd, size_t cap, size_t *room) {
+    double total = 0;
     for (int d = 0; d < nd; d++) {
         size_t fr = 0, tot = 0;
         ggml_backend_dev_memory(devs[d], &fr, &tot);
         const size_t headroom = fr / 10 + ((size_t)256 << 20);
         room[d] = fr > headroom ? fr - headroom : 0;
+        total += (double)room[d];
     }
+    for (int d = 0; cap > 0 && (double)cap < total && d < nd; d++) room[d] = (size_t)((double)room[d] * (double)cap / total);
 }
 
 /* Splits layers [a, a + n) over nd devices in proportion to their room, as llama.cpp's default tensor split
@@ -45,16 +49,51 @@ static void k3_split_layers(uint32_t a, uint32_t n, const size_t *room, int nd, 
 /* How many layers of [a, b), from a, the devices hold by default: the most whose split (above) puts within
  * every device's room its layers' weights (and the head's on the device whose layers end the model). */
 static uint32_t k3_fit_layers(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, ggml_backend_dev_t *devs,
-                              int nd) {
+                              int nd, size_t cap) {
     size_t room[K3_MAX_DEV];
     uint32_t end[K3_MAX_DEV];
-    k3_dev_room(devs, nd, room);
+    k3_dev_room(devs, nd, cap, room);
     for (uint32_t n = b - a; n > 0; n--) {
         k3_split_layers(a, n, room, nd, end);
         bool fits = true;
         for (int d = 0; d < nd && fits; d++) { /* (counting the head where a device's layers end the model) */
             const uint32_t lo = d ? end[d - 1] : a;
             fits = lo == end[d] || k3_range_weight_bytes(m, hp, lo, end[d]) <= room[d];
+        }
+        if (fits) return n;
+    }
+    return 0;
+}
+
+/* The default layout under --mem with devices (VRAM -> RAM -> disk): every layer on the devices, with the
+ * routed experts of the first N in RAM, N the least that lets the rest fit (the dense parts, read whole every
+ * token, take the device's memory first; the experts in RAM are then cached or read from the file); when the
+ * dense parts alone overflow, the most layers whose dense parts fit, all their experts in RAM. Returns the
+ * layers on the devices; *n_cpu_moe is a layer index (experts of the layers below it in RAM). */
+static uint32_t k3_fit_mem(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, ggml_backend_dev_t *devs,
+                           int nd, size_t cap, uint32_t *n_cpu_moe) {
+    size_t room[K3_MAX_DEV];
+    uint32_t end[K3_MAX_DEV];
+    k3_dev_room(devs, nd, cap, room);
+    k3_split_layers(a, b - a, room, nd, end);
+    for (uint32_t cm = a; cm <= b; cm++) {
+        bool fits = true;
+        for (int d = 0; d < nd && fits; d++) {
+            const uint32_t lo = d ? end[d - 1] : a, hi = cm < lo ? lo : cm > end[d] ? end[d] : cm;
+            fits = lo == end[d] || k3_range_weight_bytes(m, hp, lo, end[d]) - k3_range_expert_bytes(m, hp, lo, hi) <= room[d];
+        }
+        if (fits) {
+            *n_cpu_moe = cm;
+            return b - a;
+        }
+    }
+    *n_cpu_moe = UINT32_MAX;
+    for (uint32_t n = b - a - 1; n > 0; n--) {
+        k3_split_layers(a, n, room, nd, end);
+        bool fits = true;
+        for (int d = 0; d < nd && fits; d++) {
+            const uint32_t lo = d ? end[d - 1] : a;
+            fits = lo == end[d] || k3_range_weight_bytes(m, hp, lo, end[d]) - k3_range_expert_bytes(m, hp, lo, end[d]) <= room[d];
         }
         if (fits) return n;
     }
@@ -92,40 +131,26 @@ int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32
     e->n_threads = o->n_threads > 0 ? o->n_threads : 1;
     e->flash_attn = !o->no_flash_attn;
     e->hp.kv_type = o->cache_f32 ? GGML_TYPE_F32 : GGML_TYPE_F16;
-    /* Under a budget the range's weights exceed, its routed experts stay in the file (expert_cache.h). */
-    bool cache = false;
-    size_t dense = 0;
-    if (o->mem_bytes > 0 && a < b && b <= hp->n_layer) {
-        const size_t experts = k3_range_expert_bytes(m, hp, a, b);
-        dense = k3_range_weight_bytes(m, hp, a, b) - experts;
-        cache = experts > 0 && dense + experts > o->mem_bytes;
-        const size_t least = dense + xc_min_expert_bytes(m, hp, a, b);
-        if (dense + experts > o->mem_bytes && o->mem_bytes < least) {
-            const double G = 1073741824.0;
-            return rl_errf(err, "--mem %.4f GB is too small for layers [%u, %u): they keep %.4f GB resident (dense "
-                                "weights %.4f GB and two expert slots of each kind); the least that runs is --mem %.4f",
-                           (double)o->mem_bytes / G, a, b, (double)least / G, (double)dense / G,
-                           ceil((double)least / G * 1e4) / 1e4);
-        }
-    }
     ggml_backend_dev_t devs[K3_MAX_DEV];
     int nd = 0;
     if (a < b && dv_pick(o->device, devs, K3_MAX_DEV, &nd, err) != 0) return -1;
-    const uint32_t n_dev = !nd ? 0 : o->gpu_layers_set ? (o->gpu_layers < b - a ? o->gpu_layers : b - a)
-                                                      : k3_fit_layers(m, hp, a, b, devs, nd);
+    uint32_t n_cpu_moe = o->n_cpu_moe, n_dev = 0;
+    if (nd && o->gpu_layers_set) {
+        n_dev = o->gpu_layers < b - a ? o->gpu_layers : b - a;
+    } else if (nd && o->mem_bytes > 0 && o->n_cpu_moe == 0) {
+        n_dev = k3_fit_mem(m, hp, a, b, devs, nd, o->vram_bytes, &n_cpu_moe);
+    } else if (nd) {
+        n_dev = k3_fit_layers(m, hp, a, b, devs, nd, o->vram_bytes);
+    }
     if (n_dev > 0) {
-        if (cache) {
-            return rl_errf(err, "--mem (experts read from the file) runs on the CPU only for now, and this engine "
-                                "computes on %s: add --device CPU", ggml_backend_dev_name(devs[0]));
-        }
         size_t room[K3_MAX_DEV];
         uint32_t end[K3_MAX_DEV];
-        k3_dev_room(devs, nd, room);
+        k3_dev_room(devs, nd, o->vram_bytes, room);
         k3_split_layers(a, n_dev, room, nd, end);
         e->hp.dev_a = a;
         e->hp.dev_b = a + n_dev;
         e->hp.dev_output = n_dev == b - a && b == hp->n_layer;
-        e->hp.dev_cpu_moe = o->n_cpu_moe;
+        e->hp.dev_cpu_moe = n_cpu_moe;
         /* Devices the split gives no layer are left out (the head goes with the last layer's). */
         for (int d = 0, lo = (int)a; d < nd; lo = (int)end[d++]) {
             if (end[d] == (uint32_t)lo) continue;
@@ -145,6 +170,38 @@ int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32
             const char *reg = ggml_backend_reg_name(ggml_backend_dev_backend_reg(devs[d]));
             if (strcmp(reg, "Vulkan") == 0 && !o->flash_attn_on) e->flash_attn = false;
         }
+        if (o->vram_bytes > 0) { /* a forced split (--gpu-layers, --n-cpu-moe) against the cap */
+            size_t ram_dense = 0, ram_experts = 0;
+            k3_range_ram_bytes(m, &e->hp, a, b, &ram_dense, &ram_experts);
+            const size_t on_dev = k3_range_weight_bytes(m, hp, a, b) - ram_dense - ram_experts;
+            if (on_dev > o->vram_bytes) {
+                rl_errf(err, "layers [%u, %u) put %.1f MiB of weights on %s, more than --vram %.4f GB (%.1f MiB): "
+                             "offload fewer layers (--gpu-layers) or keep more experts in RAM (--n-cpu-moe)",
+                        a, a + n_dev, (double)on_dev / 1048576.0, ggml_backend_dev_name(devs[0]),
+                        (double)o->vram_bytes / 1073741824.0, (double)o->vram_bytes / 1048576.0);
+                k3_engine_free(e);
+                return -1;
+            }
+        }
+    }
+    /* Under a budget the weights in RAM exceed, the routed experts there stay in the file (expert_cache.h):
+     * the dense part in RAM is resident, the experts go through the cache in what it leaves. Weights on a
+     * device do not count: --mem is the machine's RAM, and the device's memory is the tier above it. */
+    bool cache = false;
+    size_t dense = 0;
+    if (o->mem_bytes > 0 && a < b && b <= hp->n_layer) {
+        size_t experts = 0;
+        k3_range_ram_bytes(m, &e->hp, a, b, &dense, &experts);
+        cache = experts > 0 && dense + experts > o->mem_bytes;
+        const size_t least = dense + xc_min_expert_bytes(m, &e->hp, a, b);
+        if (dense + experts > o->mem_bytes && o->mem_bytes < least) {
+            const double G = 1073741824.0;
+            rl_errf(err, "--mem %.4f GB is too small for layers [%u, %u): they keep %.4f GB resident in RAM (dense "
+                         "weights %.4f GB and two expert slots of each kind); the least that runs is --mem %.4f",
+                    (double)o->mem_bytes / G, a, b, (double)least / G, (double)dense / G, ceil((double)least / G * 1e4) / 1e4);
+            k3_engine_free(e);
+            return -1;
+        }
     }
     if (k3_weights_bind(&e->w, m, &e->hp, a, b, o->no_repack, cache, o->progress, err) != 0) {
         k3_engine_free(e);
@@ -156,7 +213,7 @@ int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32
             k3_engine_free(e);
             return rl_errf(err, "out of memory for the expert cache");
         }
-        if (xc_open(e->xc, m, hp, a, b, o->mem_bytes - dense, &e->w.place, err) != 0) {
+        if (xc_open(e->xc, m, &e->hp, a, b, o->mem_bytes - dense, &e->w.place, err) != 0) {
             free(e->xc);
             e->xc = NULL;
             k3_engine_free(e);
@@ -306,6 +363,10 @@ typedef struct k3_xstop {
     struct ggml_tensor *ids; /* the pass's slot ids [K, T], or [1, N] with several passes (input) */
     struct ggml_tensor *tok; /* several passes: [N] the token each of the pass's rows reads (input) */
     struct ggml_tensor *pick;/* pass 0 of several: [K*T] which pass's output row each row takes (input) */
+    /* The ops reading tok and pick (get_rows). The host writes those inputs at the stop, while the compute
+     * runs: the ops must run on the CPU, which reads them where they are written. On a device they would
+     * read the copy the scheduler made when their split began, which may be before the stop. */
+    struct ggml_tensor *gather, *merge;
 } k3_xstop;
 
 /* Every matmul of the graph goes through here. ggml's CPU backend computes a matmul of two or more
@@ -743,7 +804,7 @@ static struct ggml_tensor *k3_moe_cached(k3_graph *g, struct ggml_tensor *xn, st
     ggml_build_forward_expand(g->gf, selc);
     struct ggml_tensor *ahead[K3_XC_AHEAD] = {0};
     for (uint32_t d = 1; d <= K3_XC_AHEAD; d++) {
-        if (il + d >= g->b || !k3_is_moe(hp, il + d)) break;
+        if (il + d >= g->b || !xc_max_passes(g->xc, il + d, 1)) break; /* not a layer of the cache's */
         /* Look-ahead: the next layer's router on this layer's input, an estimate of its choice (only read):
          * its reads are queued while this one computes. */
         const k3_layer_w *nx = &g->w->layers[il + d - g->a];
@@ -752,25 +813,29 @@ static struct ggml_tensor *k3_moe_cached(k3_graph *g, struct ggml_tensor *xn, st
         ggml_set_output(ahead[d - 1]);
         ggml_build_forward_expand(g->gf, ahead[d - 1]);
     }
-    ggml_build_forward_expand(g->gf, xl);
+    /* The passes are not put into the graph here: the final expansion places them where a run without the
+     * cache has its expert ops, so the graph's order is that run's (a device fuses neighbouring ops, and a
+     * different order fuses differently: last bits). k3_stops_locate finds where each pass begins. */
     struct ggml_tensor *merged = NULL, *xr = ggml_reshape_2d(c, xl, dl, T);
     for (int p = 0; p < n_pass; p++) {
-        k3_xstop *st = &g->stops[g->n_stops++];
+        const int k = g->n_stops++;
+        k3_xstop *st = &g->stops[k];
         struct ggml_tensor *x = xl, *ids;
-        st->node = ggml_graph_n_nodes(g->gf);
         if (n_pass == 1) {
             ids = ggml_new_tensor_2d(c, GGML_TYPE_I32, K, T);
         } else {
             st->tok = ggml_new_tensor_1d(c, GGML_TYPE_I32, N);
             ggml_set_input(st->tok);
+            ggml_format_name(st->tok, "xc.stop%d", k);
             ids = ggml_new_tensor_2d(c, GGML_TYPE_I32, 1, N);
-            x = ggml_reshape_3d(c, ggml_get_rows(c, xr, st->tok), dl, 1, N);
+            st->gather = ggml_get_rows(c, xr, st->tok);
+            x = ggml_reshape_3d(c, st->gather, dl, 1, N);
         }
         ggml_set_input(ids);
+        ggml_format_name(ids, "xc.stop%d", k);
         struct ggml_tensor *up = ggml_mul_mat_id(c, xc_tensor(g->xc, il, 1), x, ids);   /* [Fe, K, T] or [Fe, 1, N] */
         struct ggml_tensor *gate = ggml_mul_mat_id(c, xc_tensor(g->xc, il, 0), x, ids);
         struct ggml_tensor *ex = ggml_mul_mat_id(c, xc_tensor(g->xc, il, 2), k3_situ(g, gate, up), ids);
-        ggml_build_forward_expand(g->gf, ex);
         st->il = il, st->pass = p, st->n_pass = n_pass, st->ids = ids;
         if (p == 0) {
             st->sel = selc;
@@ -783,7 +848,9 @@ static struct ggml_tensor *k3_moe_cached(k3_graph *g, struct ggml_tensor *xn, st
     struct ggml_tensor *pick = ggml_new_tensor_1d(c, GGML_TYPE_I32, N);
     ggml_set_input(pick);
     g->stops[g->n_stops - n_pass].pick = pick;
-    return ggml_reshape_3d(c, ggml_get_rows(c, merged, pick), dl, K, T);
+    struct ggml_tensor *out = ggml_get_rows(c, merged, pick);
+    g->stops[g->n_stops - n_pass].merge = out;
+    return ggml_reshape_3d(c, out, dl, K, T);
 }
 
 static struct ggml_tensor *k3_moe(k3_graph *g, const k3_layer_w *L, struct ggml_tensor *xn) {
@@ -809,7 +876,7 @@ static struct ggml_tensor *k3_moe(k3_graph *g, const k3_layer_w *L, struct ggml_
     const int64_t dl = xl->ne[0];
     xl = ggml_reshape_3d(c, xl, dl, 1, T);
     struct ggml_tensor *ex;
-    if (g->xc) {
+    if (g->xc && xc_max_passes(g->xc, g->a + (uint32_t)g->rel, 1) > 0) { /* experts in RAM, through the cache */
         ex = k3_moe_cached(g, xn, sel, xl);
     } else {
         struct ggml_tensor *up = ggml_mul_mat_id(c, L->up_exps, xl, sel);     /* [Fe, K, T] */
@@ -1022,6 +1089,36 @@ static bool k3_xc_eval(struct ggml_tensor *t, bool ask, void *user) {
  * two backends ggml's scheduler rewrites the graph's sources to the copies it makes between them when it
  * splits the graph; the sources are put back, so that the same graph can then be allocated and split
  * again (else the second split finds nothing to copy, and a device reads memory nobody wrote). */
+/* Where each pass of cached experts begins in the finished graph: its first node reading the pass's slot ids
+ * or token rows (named "xc.stopK"). The compute stops before it (k3_xc_eval), so the passes must come in the
+ * order of g->stops, each after every node of the one before: a pass's reads may evict the slots the pass
+ * before it uses. The graph's depth-first order gives that (a layer needs the one before it, and a pass's
+ * rows are merged after the pass before); it is checked, not assumed. */
+static int k3_stops_locate(k3_graph *g, rl_err *err) {
+    int cur = -1;
+    for (int i = 0; i < ggml_graph_n_nodes(g->gf); i++) {
+        const struct ggml_tensor *t = ggml_graph_node(g->gf, i);
+        const struct ggml_tensor *in = t->op == GGML_OP_MUL_MAT_ID ? t->src[2] : t->op == GGML_OP_GET_ROWS ? t->src[1] : NULL;
+        int k = -1;
+        if (!in || sscanf(ggml_get_name(in), "xc.stop%d", &k) != 1 || k == cur) continue;
+        if (k != cur + 1 || k >= g->n_stops || i == 0) {
+            return rl_errf(err, "expert pass %d of the graph comes out of order (at node %d, after pass %d)", k, i, cur);
+        }
+        g->stops[k].node = i;
+        cur = k;
+    }
+    if (cur != g->n_stops - 1) return rl_errf(err, "expert pass %d is not in the graph", cur + 1);
+    return 0;
+}
+
+/* Puts on the CPU the ops that read what the host writes at the cached experts' stops (k3_xstop). */
+static void k3_sched_pin_stops(k3_engine *e, const k3_graph *g) {
+    for (int i = 0; i < g->n_stops; i++) {
+        if (g->stops[i].gather) ggml_backend_sched_set_tensor_backend(e->sched, g->stops[i].gather, e->backend);
+        if (g->stops[i].merge) ggml_backend_sched_set_tensor_backend(e->sched, g->stops[i].merge, e->backend);
+    }
+}
+
 static int k3_sched_reserve(struct ggml_backend_sched *sched, struct ggml_cgraph *gf) {
     const int n = ggml_graph_n_nodes(gf);
     struct ggml_tensor **src = malloc((size_t)n * GGML_MAX_SRC * sizeof *src);
@@ -1238,6 +1335,10 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
     }
 
     int rc = 0;
+    if (g.xc && k3_stops_locate(&g, err) != 0) {
+        rc = -1;
+        goto done;
+    }
     /* ggml_gallocr_alloc_graph reuses the last plan when the nodes have the same count and fit in it, without
      * looking at which are outputs: a one-token step kept for rollback has the very shapes of a plain one,
      * and under the plain plan the tensors read back after compute (kept states, taps) share memory with
@@ -1270,10 +1371,12 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
             }
         }
         ggml_backend_sched_reset(e->sched);
+        k3_sched_pin_stops(e, &g);
         if (key != e->plan_outputs && k3_sched_reserve(e->sched, g.gf) != 0) {
             rc = rl_errf(err, "cannot allocate compute memory for %lld tokens", (long long)T);
             goto done;
         }
+        k3_sched_pin_stops(e, &g); /* the reserve's reset forgot them */
         if (!ggml_backend_sched_alloc_graph(e->sched, g.gf)) {
             rc = rl_errf(err, "cannot allocate compute memory for %lld tokens", (long long)T);
             goto done;

@@ -64,6 +64,9 @@ typedef struct k3_engine_opts {
     const char *device; /* the devices to compute on, by ggml's names (`ringlm devices`): CPU, Vulkan0, CUDA0,
                          * or a list "CUDA0,CUDA1" over which the device layers are split in proportion to free
                          * memory; NULL: $RINGLM_DEVICE, else every GPU found, else the CPU (dv_pick) */
+    size_t vram_bytes;  /* device memory the weights may take, at most, all devices together (0: each device's
+                         * free memory less a tenth and 256 MiB); decides the default split, and refuses one
+                         * that does not fit it */
     bool gpu_layers_set;
     uint32_t gpu_layers; /* with gpu_layers_set: the first gpu_layers layers of the range on the device, the
                           * rest on the CPU (0: all on the CPU); else all of them, output head included */

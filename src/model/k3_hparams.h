@@ -93,6 +93,12 @@ static inline int k3_dev_of(const struct k3_hparams *hp, uint32_t il) {
     return d;
 }
 
+/* Whether layer il's routed experts live in RAM and run on the CPU: a CPU layer's, and a device layer's
+ * under --n-cpu-moe. Under --mem these are the experts the expert cache holds (VRAM -> RAM -> disk). */
+static inline bool k3_experts_on_cpu(const struct k3_hparams *hp, uint32_t il) {
+    return !k3_on_dev(hp, il) || il < hp->dev_cpu_moe;
+}
+
 /* Derived sizes. */
 static inline uint32_t k3_d_inner(const k3_hparams *hp) { return hp->n_head * hp->kda_head_dim; }
 static inline uint32_t k3_latent(const k3_hparams *hp) { return hp->n_expert_latent ? hp->n_expert_latent : hp->n_embd; }

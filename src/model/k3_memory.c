@@ -43,6 +43,21 @@ size_t k3_range_expert_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a
     return bytes;
 }
 
+void k3_range_ram_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, size_t *dense,
+                        size_t *experts) {
+    *dense = *experts = 0;
+    for (uint32_t il = a; il < b && il < hp->n_layer; il++) {
+        const size_t ex = k3_range_expert_bytes(m, hp, il, il + 1);
+        if (!k3_on_dev(hp, il)) *dense += k3_layer_weight_bytes(m, il) - ex;
+        if (k3_experts_on_cpu(hp, il)) *experts += ex;
+    }
+    if (a == 0) *dense += k3_named_bytes(m, "token_embd.weight");
+    if (b >= hp->n_layer && !(hp->n_dev > 0 && hp->dev_output)) {
+        *dense += k3_named_bytes(m, "output.weight") + k3_named_bytes(m, "output_norm.weight") +
+                  k3_named_bytes(m, "output_res_score.weight");
+    }
+}
+
 size_t k3_range_kda_state_bytes(const k3_hparams *hp, uint32_t a, uint32_t b) {
     const size_t di = k3_d_inner(hp), dk = hp->kda_head_dim;
     const size_t conv = 3 * (size_t)(hp->conv_kernel - 1) * di * sizeof(float);

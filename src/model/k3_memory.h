@@ -17,6 +17,13 @@ size_t k3_range_weight_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a
  * the rest is the range's dense part. */
 size_t k3_range_expert_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b);
 
+/* Of [a, b)'s weights under hp's device layout (hp->n_dev 0: all on the CPU), what stays in RAM: *dense the
+ * CPU layers' weights other than routed experts, the token embeddings and the head where the CPU holds it;
+ * *experts the routed experts in RAM (k3_experts_on_cpu). Under --mem these two are what the budget holds:
+ * the dense part resident, the experts through the cache. */
+void k3_range_ram_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, size_t *dense,
+                        size_t *experts);
+
 /* Weight bytes of one layer's blk.N.* tensors. */
 size_t k3_layer_weight_bytes(const mf_model *m, uint32_t il);
 

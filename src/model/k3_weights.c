@@ -206,7 +206,7 @@ int k3_weights_bind(k3_weights *w, const mf_model *m, const k3_hparams *hp, uint
         T(routed_down, "blk.%u.ffn_routed_down.weight");
         T(routed_up, "blk.%u.ffn_routed_up.weight");
         T(routed_norm, "blk.%u.ffn_routed_norm.weight");
-        if (!experts_outside) {
+        if (!experts_outside || !k3_experts_on_cpu(hp, il)) { /* the cache holds those in RAM (expert_cache.h) */
             const int dev_layer = dev;
             if (il < hp->dev_cpu_moe) dev = -1; /* --n-cpu-moe: this layer's routed experts stay on the CPU */
             T(gate_exps, "blk.%u.ffn_gate_exps.weight");

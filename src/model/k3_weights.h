@@ -49,8 +49,9 @@ typedef struct k3_weights {
     size_t x_bytes[K3_W_SLOTS];           /* bytes each holds */
 } k3_weights;
 
-/* experts_outside: the routed expert tensors are not bound (their layer's *_exps stay NULL): an expert
- * cache reads them from the file (expert_cache.h), and none of their pages is touched here.
+/* experts_outside: the routed expert tensors that would be in RAM (k3_experts_on_cpu: a CPU layer's, a device
+ * layer's under --n-cpu-moe) are not bound (their layer's *_exps stay NULL): an expert cache reads them from
+ * the file (expert_cache.h), and none of their pages is touched here. A device layer's others go to it.
  * no_repack: every tensor stays in the mapping (llama.cpp's --no-repack, use_extra_bufts = false). By
  * default quantized matmul weights go where llama.cpp puts them (weight_place.h): copied, and re-laid, into
  * the CPU's extra buffer types, which costs their size in RAM while the file pages they came from are

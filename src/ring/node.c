@@ -95,8 +95,8 @@ typedef struct node {
     double speed; /* bytes of weights per second in a matrix-vector product */
     double flops; /* FLOP/s in a 128-column matrix product (a prefill chunk's shape) */
     double disk;  /* bytes per second read from disk (0: no --mem, so experts are never read from disk) */
-    /* The GPU its engines compute on (docs/devices.md), offered to the planner as a tier before RAM:
-     * dev_name empty when it computes on the CPU (or under --mem, whose expert cache is CPU-only). */
+    /* The GPU its engines compute on (docs/devices.md), offered to the planner as a tier before RAM (and,
+     * under --mem, RAM before disk): dev_name empty when it computes on the CPU. */
     char dev_name[64]; /* "Vulkan0", or "CUDA0,CUDA1" for several */
     uint64_t dev_bytes;
     double dev_speed, dev_flops;
@@ -318,7 +318,7 @@ static double node_probe_flops(int threads) { return node_probe_matmul(threads, 
 
 /* The GPUs this node's engines compute on (--device, else every GPU), the memory it offers on them and their
  * speed. A device name that does not exist stops the node now rather than at its first ASSIGN. Under --mem
- * the engine's expert cache runs on the CPU only, so no device is offered (the planner then plans RAM).
+ * the device is the tier above RAM, and the routed experts planned for RAM go through the expert cache.
  * Several devices split a range's device layers in proportion to their free memory and run them one after
  * another: they are offered as one, their memory summed, their speed that of a byte spread alike over them
  * (sum of memory / sum of memory over speed). */
@@ -329,7 +329,7 @@ static int node_probe_device(node *n, rl_err *err) {
     rl_err le;
     (void)dv_load(NULL, NULL, 0, &le); /* every device, for INFO's list, whichever this node computes on */
     if (dv_pick(o->eng.device, devs, K3_MAX_DEV, &nd, err) != 0) return -1;
-    if (nd == 0 || o->eng.mem_bytes > 0) return 0;
+    if (nd == 0) return 0;
     /* compute buffers outside the planner's headroom: a quarter GiB per device */
     const uint64_t margin = (uint64_t)256 << 20;
     uint64_t free_all = 0, room = 0;

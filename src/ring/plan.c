@@ -75,7 +75,9 @@ static uint64_t stage_lack(const cost_ctx *c, int node, uint32_t a, uint32_t b) 
 /* One way of splitting a stage between a device and RAM (stage_eval_tiers): the device holds layers
  * [a, a + g) less the routed experts of [a, a + n) (n <= g), and the output head when g covers the stage and
  * it is the last; RAM the rest and the embedding. Fills the stage if both tiers fit and it beats what it
- * holds (a tie keeps what it holds). */
+ * holds (a tie keeps what it holds). On a node with a disk speed the RAM tier may hold less than its part: its
+ * dense weights and the least expert cache must fit, its routed experts are cached in what is left and the
+ * misses read from disk, as on a node of one tier (VRAM -> RAM -> disk). */
 static void tier_try(const cost_ctx *c, const plan_node *nd, uint32_t a, uint32_t b, uint32_t g, uint32_t n,
                      plan_stage *s, int *have) {
     const bool head = b == c->n, head_dev = head && a + g == b;
@@ -83,13 +85,24 @@ static void tier_try(const cost_ctx *c, const plan_node *nd, uint32_t a, uint32_
     const uint64_t dev_raw = c->pre_raw[a + g] - c->pre_raw[a] - x_ram + (head_dev ? c->m->last_bytes : 0);
     const uint64_t ram_raw = c->pre_raw[b] - c->pre_raw[a + g] + x_ram + (a == 0 ? c->m->first_bytes : 0) +
                              (head && !head_dev ? c->m->last_bytes : 0);
-    const uint64_t dev = need_of(dev_raw, c->headroom), ram = need_of(ram_raw, c->headroom);
-    if (dev > nd->mem_bytes || ram > nd->ram_bytes) return;
+    const uint64_t dev = need_of(dev_raw, c->headroom);
+    uint64_t ram = need_of(ram_raw, c->headroom);
+    if (dev > nd->mem_bytes) return;
     const uint64_t xa_ram = c->pre_exps_active[a + n] - c->pre_exps_active[a];
+    double cached = 1.0, disk_t = 0;
+    if (ram > nd->ram_bytes) {
+        const uint64_t ram_x = x_ram + c->pre_exps[b] - c->pre_exps[a + g]; /* the routed experts in RAM */
+        if (!(nd->disk_bps > 0) || ram_x == 0) return;
+        const uint64_t dense = need_of(ram_raw - ram_x, c->headroom);
+        if (dense >= nd->ram_bytes || nd->ram_bytes - dense < c->m->expert_min) return;
+        cached = fmin(1.0, (double)(nd->ram_bytes - dense) / (double)ram_x); /* (1: only headroom overflowed) */
+        disk_t = (double)(xa_ram + c->pre_exps_active[b] - c->pre_exps_active[a + g]) * (1.0 - cached) / nd->disk_bps;
+        ram = nd->ram_bytes;
+    }
     const uint64_t head_act = head ? c->m->last_active : 0;
     const uint64_t act_dev = c->pre_active[a + g] - c->pre_active[a] - xa_ram + (head_dev ? head_act : 0);
     const uint64_t act_ram = c->pre_active[b] - c->pre_active[a + g] + xa_ram + (head_dev ? 0 : head_act);
-    const double t = (double)act_dev / nd->speed + (double)act_ram / nd->ram_speed;
+    const double t = (double)act_dev / nd->speed + (double)act_ram / nd->ram_speed + disk_t;
     if (*have && !(t < s->time)) return;
     *have = 1;
     s->time = t;
@@ -97,6 +110,8 @@ static void tier_try(const cost_ctx *c, const plan_node *nd, uint32_t a, uint32_
     s->cpu_moe = n;
     s->dev_bytes = dev;
     s->mem_bytes = dev + ram;
+    s->cached = cached;
+    s->disk_time = disk_t;
 }
 
 /* A stage on a node with two tiers (plan.h). Both searches are binary: the device's part only shrinks as
@@ -147,7 +162,7 @@ static int stage_eval(const cost_ctx *c, int node, uint32_t a, uint32_t b, plan_
     if (!(nd->disk_bps > 0) || exps == 0) return 0;
     const uint64_t dense = need_of(stage_raw(c, a, b) - exps, c->headroom);
     if (dense >= nd->mem_bytes || nd->mem_bytes - dense < c->m->expert_min) return 0;
-    s->cached = (double)(nd->mem_bytes - dense) / (double)exps;
+    s->cached = fmin(1.0, (double)(nd->mem_bytes - dense) / (double)exps); /* (1: only headroom overflowed) */
     const double active = (double)(c->pre_exps_active[b] - c->pre_exps_active[a]);
     s->disk_time = active * (1.0 - s->cached) / nd->disk_bps;
     s->time += s->disk_time;
@@ -295,7 +310,7 @@ static int explain_infeasible(const cost_ctx *c, const dp_cell *t, uint64_t weig
      * nodes of the same size would not be enough. */
     const uint64_t total_need = need_of(weights + state, c->headroom);
     bool any_disk = false;
-    for (int i = 0; i < c->n_nodes; i++) any_disk |= c->nodes[i].disk_bps > 0 && c->nodes[i].ram_bytes == 0;
+    for (int i = 0; i < c->n_nodes; i++) any_disk |= c->nodes[i].disk_bps > 0;
     if (any_disk) {
         /* Nodes that read experts from disk hold more than their memory: only the dense parts must fit. */
         const uint64_t dense = weights - c->pre_exps[c->n];
@@ -498,8 +513,8 @@ void plan_print(const plan_result *r, const plan_node *nodes, FILE *f) {
             }
         }
         if (s->cached < 1.0) {
-            fprintf(f, "  (experts %.0f%% in memory, the rest from disk: %.3f ms/token of the time)", 100.0 * s->cached,
-                    s->disk_time * 1e3);
+            fprintf(f, "  (experts %s%.0f%% in memory, the rest from disk: %.3f ms/token of the time)",
+                    nd->ram_bytes > 0 ? "in RAM " : "", 100.0 * s->cached, s->disk_time * 1e3);
         }
         fprintf(f, "\n");
         mem_total = mem_total + s->mem_bytes < mem_total ? UINT64_MAX : mem_total + s->mem_bytes;

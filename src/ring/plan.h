@@ -40,8 +40,9 @@ typedef struct plan_node {
     /* A node computing on a GPU (docs/devices.md): mem_bytes and speed are then the device's (the memory it
      * offers, its measured speed), and the host's RAM takes what the device cannot hold, at the CPU's speed:
      * the routed experts of a stage's first layers (llama.cpp's --n-cpu-moe), or its last layers whole (what
-     * --gpu-layers leaves), whichever is faster; the embedding (a row lookup) stays in RAM. 0: one tier. Such a
-     * node never reads experts from disk (disk_bps is ignored): VRAM -> RAM -> disk is not built yet. */
+     * --gpu-layers leaves), whichever is faster; the embedding (a row lookup) stays in RAM. 0: one tier. With
+     * disk_bps too, the routed experts in RAM may exceed it: cached there, the rest read from disk (VRAM ->
+     * RAM -> disk). */
     uint64_t ram_bytes;
     double ram_speed;     /* > 0 with ram_bytes */
     char device[64];      /* the device's name, for the printed plan ("Vulkan0"); may be empty */
@@ -53,7 +54,8 @@ typedef struct plan_stage {
     uint64_t mem_bytes;   /* weights + state + headroom this stage needs */
     double time;          /* estimated seconds per token */
     uint64_t lack_bytes;  /* of its weights, those the node lacks (plan_node.lack) */
-    double cached;        /* share of its routed experts in memory: 1, or less when the rest comes from disk */
+    double cached;        /* share of its routed experts in memory (on a node of two tiers: of those in RAM): 1,
+                           * or less when the rest comes from disk */
     double disk_time;     /* of time, seconds per token reading experts from disk (misses at hit rate = cached) */
     /* On a node with two tiers (plan_node.ram_bytes): layers [a, a + dev_layers) on the device, of which the
      * first cpu_moe keep their routed experts in RAM; the rest of the range in RAM. dev_bytes: of mem_bytes,

@@ -276,8 +276,20 @@ static double ref_tier_time(const plan_model *m, const plan_node *nd, uint32_t a
     for (int k = 0; k < nc; k++) {
         uint64_t d, r, ad, ar;
         ref_tier(m, a, b, cand_g[k], cand_n[k], &d, &r, &ad, &ar);
-        if (ref_head(d, headroom) > nd->mem_bytes || ref_head(r, headroom) > nd->ram_bytes) continue;
-        best = fmin(best, (double)ad / nd->speed + (double)ar / nd->ram_speed);
+        if (ref_head(d, headroom) > nd->mem_bytes) continue;
+        double disk = 0;
+        if (ref_head(r, headroom) > nd->ram_bytes) {
+            /* VRAM -> RAM -> disk: the RAM part's routed experts cached in what its dense part leaves */
+            uint64_t x = 0, xa = 0;
+            for (uint32_t i = a; i < b; i++) {
+                if (i >= a + cand_g[k] || i < a + cand_n[k]) x += m->layer_exps[i], xa += m->layer_exps_active[i];
+            }
+            if (!(nd->disk_bps > 0) || x == 0) continue;
+            const uint64_t dense = ref_head(r - x, headroom);
+            if (dense >= nd->ram_bytes || nd->ram_bytes - dense < m->expert_min) continue;
+            disk = (double)xa * (1.0 - fmin(1.0, (double)(nd->ram_bytes - dense) / (double)x)) / nd->disk_bps;
+        }
+        best = fmin(best, (double)ad / nd->speed + (double)ar / nd->ram_speed + disk);
     }
     return best;
 }
@@ -619,6 +631,33 @@ int main(void) {
     nodes[0].ram_bytes = GiB;
     rc = plan_make(&m, nodes, 1, 0.0, &r, &err);
     CHECK(rc != 0 && strstr(err.msg, "ring too small"), "1 GiB of RAM: the 10 GiB do not fit 9 GiB (%s)", err.msg);
+    /* VRAM -> RAM -> disk: with a disk the 1 GiB of RAM caches what it can of the experts of the first 3
+     * layers (with --mem on a GPU node); the least cache is 1/32 GiB. The least n still decides the device's
+     * part; 1 GiB of 2.25 caches 4/9, and a token misses 5/9 of the 3 layers' 9/32 GiB read from RAM. */
+    m.expert_min = GiB / 32;
+    nodes[0].disk_bps = 0.5e9;
+    rc = plan_make(&m, nodes, 1, 0.0, &r, &err);
+    const double miss3 = 3.0 * 3 * GiB / 32 * (1.0 - 4.0 / 9.0) / 0.5e9;
+    CHECK(rc == 0 && r.stages[0].dev_layers == 10 && r.stages[0].cpu_moe == 3 && close_to(r.stages[0].cached, 4.0 / 9.0) &&
+              close_to(r.stages[0].disk_time, miss3) && close_to(r.max_time, t_moe + miss3),
+          "1 GiB of RAM and a disk: dense parts on the device, the first 3 layers' experts %.3f cached (want %.3f), "
+          "%.4f s/token from disk (want %.4f)", rc == 0 ? r.stages[0].cached : 0, 4.0 / 9.0,
+          rc == 0 ? r.stages[0].disk_time : 0, miss3);
+    CHECK(rc == 0 && fabs(ref_tier_plan(&m, nodes, 1, 0.0) - r.max_time) <= 1e-12 * r.max_time, "... the reference agrees");
+    {
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        plan_print(&r, nodes, f);
+        fclose(f);
+        CHECK(buf && strstr(buf, "their routed experts of 0-2 in RAM") && strstr(buf, "experts in RAM 44% in memory, the rest from disk"),
+              "the printed plan says how much of the experts in RAM is cached:\n%s", buf ? buf : "");
+        free(buf);
+    }
+    nodes[0].ram_bytes = GiB / 2;
+    rc = plan_make(&m, nodes, 1, 0.0, &r, &err);
+    CHECK(rc == 0 && r.stages[0].cpu_moe == 3 && close_to(r.stages[0].cached, 2.0 / 9.0), "1/2 GiB of RAM: 2/9 cached");
+    nodes[0].disk_bps = 0, m.expert_min = 0;
     set_node(&nodes[0], "slowgpu:7000", 20 * GiB, 0.5e9);
     nodes[0].ram_bytes = 64 * GiB, nodes[0].ram_speed = 1e9;
     rc = plan_make(&m, nodes, 1, 0.0, &r, &err);
@@ -632,6 +671,7 @@ int main(void) {
         int nn;
         double hr;
         random_case(&m, nodes, &nn, &hr, 7, 3);
+        m.expert_min = rng_in(0, 8);
         for (uint32_t i = 0; i < m.n_layer; i++) {
             m.layer_exps[i] = rng_in(0, m.layer_bytes[i]);
             m.layer_exps_active[i] = rng_in(0, m.layer_active[i] < m.layer_exps[i] ? m.layer_active[i] : m.layer_exps[i]);
@@ -641,6 +681,7 @@ int main(void) {
             if (rng() % 2) {
                 nodes[i].ram_bytes = rng_in(1, 2 * nodes[i].mem_bytes + 50);
                 nodes[i].ram_speed = nodes[i].speed * (double)rng_in(1, 8) / 4.0;
+                if (rng() % 2) nodes[i].disk_bps = nodes[i].speed * (double)rng_in(1, 4) / 8.0; /* VRAM -> RAM -> disk */
             }
         }
         const double want = ref_tier_plan(&m, nodes, nn, hr);
@@ -655,13 +696,14 @@ int main(void) {
             if (!nd->ram_bytes) continue;
             uint64_t d, rr, ad, ar;
             ref_tier(&m, st->a, st->b, st->dev_layers, st->cpu_moe, &d, &rr, &ad, &ar);
-            if (ref_head(d, hr) != st->dev_bytes || ref_head(d, hr) + ref_head(rr, hr) != st->mem_bytes ||
+            const uint64_t ram_part = ref_head(rr, hr) > nd->ram_bytes ? nd->ram_bytes : ref_head(rr, hr); /* (a cache fills RAM) */
+            if (ref_head(d, hr) != st->dev_bytes || ref_head(d, hr) + ram_part != st->mem_bytes ||
                 st->dev_bytes > nd->mem_bytes || st->mem_bytes - st->dev_bytes > nd->ram_bytes) {
                 if (bad++ < 3) printf("# case %d: stage %d's tiers misreported or over\n", it, s2);
             }
         }
     }
-    CHECK(bad == 0 && feasible > 50, "400 random rings with two-tier nodes: the plan's time equals the brute force's "
+    CHECK(bad == 0 && feasible > 50, "400 random rings with two-tier nodes (some with a disk): the plan's time equals the brute force's "
           "(%d feasible, %d wrong)", feasible, bad);
 
     return check_done();
