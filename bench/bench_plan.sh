@@ -15,7 +15,15 @@
 # every pair D apart, and for spec and twin the draft file (`plan --draft`) and the acceptance the run
 # measured. Goal: every decode and TTFT prediction within 25% (speculative ones included).
 #
+# A second part ("sweep") takes prompt lengths and concurrent streams, on rings of --sweep-nodes at one
+# delay: the time to first token of prompts of --sweep-prompts tokens read in chunks of 256 (several chunks
+# pipelined through the ring), and the aggregate decode tok/s of S streams at once through `ringlm serve
+# --ring` (each step one frame carrying every stream's token): S requests of G1 and then of G2 tokens sent
+# together, S * (G2 - G1) / (T2 - T1), so prompts and start-up cancel; predicted by `plan --parallel S`.
+#
 #   bench/bench_plan.sh [--nodes "2 3 4 6"] [--delays "0 10 30"] [--prompt N] [--gen N] [--out PREFIX]
+#                       [--parts "main sweep"] [--sweep-nodes "2 4"] [--sweep-delay MS]
+#                       [--sweep-prompts "64 300 1000"] [--sweep-streams "1 4 8"]
 #
 # Defaults: nodes 2 3 4 6, delays 0 10 30 ms, a 256-token prompt, 26 generated tokens (the first from the
 # prompt, then five whole blocks of 5 for the twin), PREFIX bench/results/plan (.json, .md). Each figure is
@@ -26,8 +34,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 argv=; [ $# -eq 0 ] || argv=$(printf ' %q' "$@")
 nodes="2 3 4 6" delays="0 10 30" prompt=256 gen=26 out=bench/results/plan
+parts="main sweep" sweep_nodes="2 4" sweep_delay=10 sweep_prompts="64 300 1000" sweep_streams="1 4 8"
 while [ $# -gt 0 ]; do
     case $1 in
+        --parts) parts=$2; shift 2 ;;
+        --sweep-nodes) sweep_nodes=$2; shift 2 ;;
+        --sweep-delay) sweep_delay=$2; shift 2 ;;
+        --sweep-prompts) sweep_prompts=$2; shift 2 ;;
+        --sweep-streams) sweep_streams=$2; shift 2 ;;
         --nodes) nodes=$2; shift 2 ;;
         --delays) delays=$2; shift 2 ;;
         --prompt) prompt=$2; shift 2 ;;
@@ -46,13 +60,21 @@ draft=build/bench/medium-draft-k3.gguf
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; pkill -f "ringlm relay --listen 127.0.0.1" 2>/dev/null || true; rm -rf "$work"' EXIT
 cp build/release/ringlm "$work/ringlm"   # the binary measured, whatever is rebuilt meanwhile
+BP_PARTS=$parts BP_SWEEP_NODES=$sweep_nodes BP_SWEEP_DELAY=$sweep_delay BP_SWEEP_PROMPTS=$sweep_prompts \
+BP_SWEEP_STREAMS=$sweep_streams \
 python3 - "$work/ringlm" "$PWD/$model" "$PWD/$draft" "$work" "$nodes" "$delays" "$prompt" "$gen" "$out" "$argv" <<'PY'
-import json, os, re, socket, statistics, subprocess, sys, time
+import json, os, re, socket, statistics, subprocess, sys, threading, time, urllib.request
 ringlm, model, draft, work, nodes_arg, delays_arg, prompt, gen, out, argv = sys.argv[1:]
 prompt, gen = int(prompt), int(gen)
-node_counts = [int(x) for x in nodes_arg.split()]
-delays = [float(x) for x in delays_arg.split()]
-N = max(node_counts)
+E = os.environ
+parts = E['BP_PARTS'].split()
+node_counts = [int(x) for x in nodes_arg.split()] if 'main' in parts else []
+delays = [float(x) for x in delays_arg.split()] if 'main' in parts else []
+sweep_nodes = [int(x) for x in E['BP_SWEEP_NODES'].split()] if 'sweep' in parts else []
+sweep_delay = float(E['BP_SWEEP_DELAY'])
+sweep_prompts = [int(x) for x in E['BP_SWEEP_PROMPTS'].split()]
+sweep_streams = [int(x) for x in E['BP_SWEEP_STREAMS'].split()]
+N = max(node_counts + sweep_nodes)
 def sh(args, **kw):
     r = subprocess.run(args, capture_output=True, text=True, errors='replace', timeout=900, **kw)
     if r.returncode != 0: raise SystemExit('failed: %s\n%s' % (' '.join(args), r.stderr[-3000:]))
@@ -88,8 +110,8 @@ def parse(err):
     a = re.search(r'acceptance ([0-9.]+)%, ([0-9.]+) tokens per target pass', err)
     return {'ttft': float(m.group(2)), 'decode': float(m.group(4)), 'acc': float(a.group(1)) / 100 if a else None,
             'tpp': float(a.group(2)) if a else None}
-def run(extra, ring=None):
-    args = [ringlm, 'run', '-m', model, '--temp', '0', '--ignore-eos', '--ctx', '1024'] + extra
+def run(extra, ring=None, ctx=1024):
+    args = [ringlm, 'run', '-m', model, '--temp', '0', '--ignore-eos', '--ctx', str(ctx)] + extra
     if ring: args += ['--ring', ring, '--key', work + '/coord.key']
     else: args += ['--threads', '1']
     return parse(sh(args).stderr)
@@ -154,12 +176,66 @@ for d in delays:
               'twin %.2f (pred %.2f, acceptance %.2f)' % (n, d, row['decode'], row['decode_pred'], row['ttft'], row['ttft_pred'],
               row['spec'], row['spec_pred'], row['spec_acceptance'], row['twin'], row['twin_pred'], row['twin_acceptance']),
               file=sys.stderr)
+# The sweep: prompt lengths (TTFT, chunks of 256) and concurrent streams (aggregate decode through serve).
+def write_ring(n):
+    with open(work + '/ring.conf', 'w') as f:
+        for i in range(n): f.write('127.0.0.1:%d %s\n' % (rport[i], pubs[i]))
+    return work + '/ring.conf'
+def post(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={'Content-Type': 'application/json'})
+    with urllib.request.urlopen(req, timeout=600) as r: return json.loads(r.read())
+def streams_at_once(url, s, g):
+    """s completions of g tokens sent together; seconds until the last one is back"""
+    res, t0 = [None] * s, time.time()
+    def one(i):
+        res[i] = post(url + '/v1/completions', {'prompt': [1 + i], 'max_tokens': g, 'temperature': 0, 'ignore_eos': True})
+    th = [threading.Thread(target=one, args=(i,)) for i in range(s)]
+    for t in th: t.start()
+    for t in th: t.join()
+    dt = time.time() - t0
+    got = [r['usage']['completion_tokens'] if r else 0 for r in res]
+    if got != [g] * s: raise SystemExit('bench_plan: %d streams of %d tokens came back with %s' % (s, g, got))
+    return dt
+sweep = []
+chunk, g1, g2 = 256, 8, 40
+if sweep_nodes: start_relays(sweep_delay)
+for n in sweep_nodes:
+    rc = write_ring(n)
+    sctx = max(sweep_prompts) + 16
+    for pl in sweep_prompts:
+        ids = ','.join(str(100 + (i * 7919) % 30000) for i in range(pl))
+        tt = med([run(['--tokens', ids, '-n', '1', '--chunk', str(chunk)], rc, sctx)['ttft'] for _ in range(3)])
+        p = plan(conf(n, sweep_delay), ['--prompt', str(pl), '--chunk', str(chunk), '--ctx', str(sctx)])['predict']
+        sweep.append({'nodes': n, 'delay_ms': sweep_delay, 'kind': 'ttft', 'x': pl, 'measured': tt, 'pred': p['ttft_s'],
+                      'err': p['ttft_s'] / tt - 1})
+        print('sweep %d nodes: %d-token prompt ttft %.3f s (pred %.3f)' % (n, pl, tt, p['ttft_s']), file=sys.stderr)
+    port = free_port()
+    slog = open('%s/serve%d.log' % (work, n), 'w')
+    srv = subprocess.Popen([ringlm, 'serve', '-m', model, '--port', str(port), '--parallel', str(max(sweep_streams)),
+                            '--ctx', '128', '--ring', rc, '--key', work + '/coord.key', '--quiet'], stdout=slog, stderr=slog)
+    url = 'http://127.0.0.1:%d' % port
+    for _ in range(1200):
+        try:
+            urllib.request.urlopen(url + '/health', timeout=2).read(); break
+        except Exception: time.sleep(0.1)
+    streams_at_once(url, 1, 2) # warm-up: the nodes load their ranges
+    for s in sweep_streams:
+        t1 = med([streams_at_once(url, s, g1) for _ in range(3)])
+        t2 = med([streams_at_once(url, s, g2) for _ in range(3)])
+        agg = s * (g2 - g1) / (t2 - t1)
+        p = plan(conf(n, sweep_delay), ['--parallel', str(s), '--ctx', '128'])['predict']
+        sweep.append({'nodes': n, 'delay_ms': sweep_delay, 'kind': 'streams', 'x': s, 'measured': agg,
+                      'pred': p['parallel_tok_s'], 'err': p['parallel_tok_s'] / agg - 1})
+        print('sweep %d nodes: %d streams %.2f tok/s aggregate (pred %.2f)' % (n, s, agg, p['parallel_tok_s']), file=sys.stderr)
+    srv.terminate(); srv.wait()
 for p in procs: p.terminate()
 for r in relays: r.terminate()
 within = lambda k: sum(abs(r[k + '_err']) <= 0.25 for r in rows)
+sweep_within = lambda k: [sum(abs(r['err']) <= 0.25 for r in sweep if r['kind'] == k), sum(r['kind'] == k for r in sweep)]
 res = {'argv': argv, 'calibration': {'local_decode_tok_s': local_dec, 'local_ttft_s': local_ttft, 'bw_gbs': bw, 'tflops': tflops},
-       'prompt': prompt, 'gen': gen, 'rows': rows,
-       'within_25pct': {k: [within(k), len(rows)] for k in kinds},
+       'prompt': prompt, 'gen': gen, 'rows': rows, 'sweep': sweep,
+       'within_25pct': dict({k: [within(k), len(rows)] for k in kinds}, sweep_ttft=sweep_within('ttft'),
+                            sweep_streams=sweep_within('streams')),
        'cpu': open('/proc/cpuinfo').read().split('model name')[1].split('\n')[0].strip(': \t')}
 json.dump(res, open(out + '.json', 'w'), indent=1)
 with open(out + '.md', 'w') as f:
@@ -175,15 +251,29 @@ with open(out + '.md', 'w') as f:
             '(repacked weights, flash attention, f16 cache) but for the flags named here; the peer is ringlm\'s own '
             'planner, not llama.cpp, which has none.\n\n' % (argv, res['cpu'], local_dec,
             prompt, local_ttft, bw, tflops))
-    f.write('| nodes | D ms | decode tok/s | predicted | err | TTFT s | predicted | err | spec tok/s (acceptance) | predicted | err '
+    if rows: f.write('| nodes | D ms | decode tok/s | predicted | err | TTFT s | predicted | err | spec tok/s (acceptance) | predicted | err '
             '| twin tok/s (acceptance) | predicted | err | dominant |\n')
-    f.write('|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n')
+    if rows: f.write('|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n')
     for r in rows:
         f.write('| %d | %g | %.2f | %.2f | %+.0f%% | %.3f | %.3f | %+.0f%% | %.2f (%.2f) | %.2f | %+.0f%% | %.2f (%.2f) | %.2f | %+.0f%% '
                 '| %s |\n' % (r['nodes'], r['delay_ms'], r['decode'], r['decode_pred'], 100 * r['decode_err'], r['ttft'],
                 r['ttft_pred'], 100 * r['ttft_err'], r['spec'], r['spec_acceptance'], r['spec_pred'], 100 * r['spec_err'],
                 r['twin'], r['twin_acceptance'], r['twin_pred'], 100 * r['twin_err'], r['dominant']))
-    f.write('\nWithin 25%%: decode %d of %d, TTFT %d of %d, speculative (random draft) %d of %d, speculative (twin) %d of %d.\n' % (
+    if rows: f.write('\nWithin 25%%: decode %d of %d, TTFT %d of %d, speculative (random draft) %d of %d, speculative (twin) %d of %d.\n' % (
         within('decode'), len(rows), within('ttft'), len(rows), within('spec'), len(rows), within('twin'), len(rows)))
+    if sweep:
+        f.write('\n## Prompt lengths and concurrent streams\n\n'
+                'Rings of %s nodes at D = %g ms, the nodes and calibration above. TTFT: `run --ring` of a P-token prompt in chunks of %d (the '
+                'chunks pipelined through the ring), median of 3, against `plan --prompt P --chunk %d`. Streams: `ringlm serve --ring '
+                '--parallel %d` (one frame per step carries every running stream), S completions of %d and then of %d tokens '
+                '(1-token prompts, temperature 0, ignore_eos) sent at once, median of 3 each: aggregate decode = S x (%d - %d) / '
+                '(T%d - T%d), against `plan --parallel S`.\n\n' % (' and '.join(map(str, sweep_nodes)), sweep_delay, chunk, chunk,
+                max(sweep_streams), g1, g2, g2, g1, g2, g1))
+        f.write('| nodes | what | measured | predicted | err |\n|---|---|---|---|---|\n')
+        for r in sweep:
+            what = ('TTFT of a %d-token prompt, s' % r['x']) if r['kind'] == 'ttft' else ('%d streams, aggregate tok/s' % r['x'])
+            f.write('| %d | %s | %.3f | %.3f | %+.0f%% |\n' % (r['nodes'], what, r['measured'], r['pred'], 100 * r['err']))
+        a, b = sweep_within('ttft'), sweep_within('streams')
+        f.write('\nWithin 25%%: TTFT %d of %d, streams %d of %d.\n' % (a[0], a[1], b[0], b[1]))
 print(open(out + '.md').read())
 PY

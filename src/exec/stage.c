@@ -10,10 +10,11 @@ _Static_assert(sizeof(smp_logprob) == RF_LOGPROB_BYTES, "the wire's log-probabil
 
 static stage_seq *stage_find(ring_stage *s, uint64_t id, bool create);
 
-void stage_init(ring_stage *s, k3_engine *e, uint32_t n_ctx, int wire) {
+void stage_init(ring_stage *s, k3_engine *e, uint32_t n_ctx, int n_pool, int wire) {
     memset(s, 0, sizeof *s);
     s->e = e;
     s->n_ctx = n_ctx;
+    s->n_pool = n_pool < 0 ? 0 : n_pool > RF_MAX_SEQS ? RF_MAX_SEQS : n_pool;
     s->wire = wire;
 }
 
@@ -28,6 +29,8 @@ void stage_free(ring_stage *s) {
     for (int i = 0; i < RF_MAX_SEQS; i++) {
         if (s->seqs[i].used) stage_seq_free(&s->seqs[i]);
     }
+    if (s->pool_ready) k3_state_pool_free(&s->pool); /* (after the states bound to it) */
+    s->pool_ready = false;
     free(s->tap_rows);
     s->tap_rows = NULL;
     s->n_tap_rows = 0;
@@ -242,8 +245,22 @@ static int stage_prepare(ring_stage *s, const rf_header *h, const int32_t *token
         qv[i] = q;
         if (standin || (sq->flags & RF_SEQ_NEW)) {
             if (!standin && sq->pos != 0) return rl_errf(err, "new sequence %" PRIu64 " must start at position 0", sq->seq_id);
-            if (q->st.ctx) k3_state_reset(&q->st);
-            else if (k3_state_init(&q->st, &e->hp, e->a, e->b, standin ? sq->n_tokens : s->n_ctx, err) != 0) {
+            const int slot = standin ? -1 : (int)(q - s->seqs);
+            if (q->st.ctx) {
+                k3_state_reset(&q->st);
+            } else if (slot >= 0 && slot < s->n_pool) { /* a slot of the stage's pool, made with its first */
+                if (!s->pool_ready) {
+                    if (k3_state_pool_init(&s->pool, &e->hp, e->a, e->b, s->n_ctx, s->n_pool, err) != 0) {
+                        stage_seq_free(q);
+                        return rl_err_prefix(err, "states of %d sequences", s->n_pool);
+                    }
+                    s->pool_ready = true;
+                }
+                if (k3_state_init_pooled(&q->st, &s->pool, slot, err) != 0) {
+                    stage_seq_free(q);
+                    return -1;
+                }
+            } else if (k3_state_init(&q->st, &e->hp, e->a, e->b, standin ? sq->n_tokens : s->n_ctx, err) != 0) {
                 stage_seq_free(q);
                 return -1;
             }

@@ -44,6 +44,13 @@ typedef struct ring_stage {
     int wire;       /* enum k3_wire_dtype of the boundary state it sends */
     const smp_vocab *vocab; /* last stage: the tokens' bytes, for constrained output (NULL: grammars refused); not owned */
     stage_seq seqs[RF_MAX_SEQS];
+    /* The states of seqs[0 .. n_pool) are slots of one pool (k3_state_pool), made with the first of them: the
+     * forward pass then runs their KDA recurrence and MLA attention as one op each, as a server's do, instead
+     * of a few ops per sequence. n_pool is the ring's sequences at once (ASSIGN's n_seqs); more, and stand-ins,
+     * get states of their own. */
+    int n_pool;
+    bool pool_ready;
+    k3_state_pool pool;
     /* DSpark taps this stage computes (the listed layers it holds: a < layer <= b) for RF_SEQ_TAPS
      * sequences; after stage_run, tap_rows holds them, [tap][row][n_embd], n_tap_rows rows (node: RF_TAPS) */
     int n_taps;
@@ -56,7 +63,7 @@ typedef struct ring_stage {
     size_t routes_len;
 } ring_stage;
 
-void stage_init(ring_stage *s, k3_engine *e, uint32_t n_ctx, int wire);
+void stage_init(ring_stage *s, k3_engine *e, uint32_t n_ctx, int n_pool, int wire);
 void stage_free(ring_stage *s); /* frees every sequence's state */
 /* Keeps, of the ring's tap layers, those this stage computes. */
 void stage_set_taps(ring_stage *s, const uint32_t *layers, int n);

@@ -578,6 +578,7 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
         cJSON_AddNumberToObject(j, "stage", s);
         cJSON_AddNumberToObject(j, "n_stages", rc->plan.n_stages);
         cJSON_AddNumberToObject(j, "n_ctx", o->n_ctx);
+        cJSON_AddNumberToObject(j, "n_seqs", o->n_seqs > 0 ? o->n_seqs : 1); /* the node pools their states */
         cJSON_AddStringToObject(j, "wire", o->wire == 1 ? "f16" : o->wire == 2 ? "bf16" : "f32");
         if (o->n_taps > 0) {
             cJSON *ta = cJSON_AddArrayToObject(j, "taps");

@@ -108,6 +108,7 @@ typedef struct node {
     k3_hparams hp;
     k3_engine e;
     uint32_t a, b, n_ctx;
+    int n_seqs; /* sequences the ring holds at once (ASSIGN): the stage pools their states */
     int stage, n_stages, wire;
     ring_stage stage_rt; /* the sequences' state and the compute of this stage (stage.h) */
     tok_tokenizer tok;   /* last stage: the model's vocabulary, so it can sample constrained output */
@@ -487,7 +488,7 @@ static void node_info(node *n) {
 
 static void node_drop_seqs(node *n) {
     stage_free(&n->stage_rt);
-    stage_init(&n->stage_rt, &n->e, n->n_ctx, n->wire);
+    stage_init(&n->stage_rt, &n->e, n->n_ctx, n->n_seqs, n->wire);
     stage_set_taps(&n->stage_rt, n->taps, n->n_taps);
     n->stage_rt.vocab = n->vocab;
 }
@@ -878,11 +879,13 @@ static void node_assign(node *n, uint64_t step, const zs_parts *p) {
         }
     }
     n->n_ctx = (uint32_t)n_ctx;
+    const double n_seqs = jnum(j, "n_seqs", 1);
+    n->n_seqs = n_seqs >= 1 && n_seqs <= RF_MAX_SEQS ? (int)n_seqs : 1;
     n->stage = (int)jnum(j, "stage", 0);
     n->n_stages = (int)jnum(j, "n_stages", 1);
     const char *wire = jstr(j, "wire");
     n->wire = wire && strcmp(wire, "f16") == 0 ? K3_WIRE_F16 : wire && strcmp(wire, "bf16") == 0 ? K3_WIRE_BF16 : K3_WIRE_F32;
-    stage_init(&n->stage_rt, &n->e, n->n_ctx, n->wire); /* no sequence: node_drop_seqs above */
+    stage_init(&n->stage_rt, &n->e, n->n_ctx, n->n_seqs, n->wire); /* no sequence: node_drop_seqs above */
     n->stage_rt.vocab = n->vocab;
     n->n_taps = 0;
     const cJSON *taps = cJSON_GetObjectItemCaseSensitive(j, "taps"), *tv;

@@ -131,6 +131,31 @@ static double pr_traversal(const k3_hparams *hp, const plan_result *plan, const 
     return *hops + *comp + *xfer + *disk;
 }
 
+/* Time to the first token of a prompt read in chunks. The coordinator sends every chunk at once
+ * (ring_generate.c): each stage computes the chunks in order, as soon as one has arrived and the one before
+ * is done, and each link carries them in order; the first token comes when the last chunk is back. Each
+ * chunk is priced at its own size (the last is what is left of the prompt). One chunk: a traversal. */
+static double pr_prefill(const k3_hparams *hp, const plan_result *plan, const pr_stage_w *w, const pr_node *nodes,
+                         const double *hop_s, uint32_t prompt, uint32_t chunk) {
+    double stage_free[PLAN_MAX_NODES] = {0}, link_free[PLAN_MAX_NODES] = {0}, at = 0;
+    for (uint32_t done = 0; done < prompt; done += chunk) {
+        const double c = prompt - done < chunk ? (double)(prompt - done) : (double)chunk;
+        at = hop_s[0];
+        for (int s = 0; s < plan->n_stages; s++) {
+            stage_free[s] = (at > stage_free[s] ? at : stage_free[s]) + pr_stage_time(hp, &w[s], &nodes[s], c);
+            at = stage_free[s];
+            if (s + 1 < plan->n_stages) { /* the boundary state, f32 on the wire */
+                const double net = nodes[s].net < nodes[s + 1].net ? nodes[s].net : nodes[s + 1].net;
+                const double x = c * 4.0 * (double)k3_boundary_floats(hp, plan->stages[s + 1].a) / net;
+                link_free[s] = (at > link_free[s] ? at : link_free[s]) + x;
+                at = link_free[s];
+            }
+            at += hop_s[s + 1];
+        }
+    }
+    return at;
+}
+
 int pr_predict(const mf_model *m, const k3_hparams *hp, const plan_result *plan, const pr_node *nodes,
                const double *hop_s, const pr_opts *o, pr_result *r, rl_err *err) {
     memset(r, 0, sizeof *r);
@@ -186,10 +211,7 @@ int pr_predict(const mf_model *m, const k3_hparams *hp, const plan_result *plan,
         r->spec_floor_tok_s = r->hops_s > 0 ? r->g / r->hops_s : INFINITY;
     }
     const uint32_t chunk = o->chunk ? o->chunk : 256, prompt = o->prompt ? o->prompt : 1;
-    const uint32_t n_chunks = (prompt + chunk - 1) / chunk;
-    const double csz = prompt < chunk ? prompt : chunk;
-    double tc = pr_traversal(hp, plan, w, nodes, hop_s, csz, &h, &c, &x, &dk, &slowest);
-    r->ttft_s = tc + (double)(n_chunks - 1) * slowest;
+    r->ttft_s = pr_prefill(hp, plan, w, nodes, hop_s, prompt, chunk);
     r->prefill_tok_s = prompt / r->ttft_s;
     const uint32_t np = o->parallel ? o->parallel : 1;
     r->parallel_tok_s = np / pr_traversal(hp, plan, w, nodes, hop_s, np, &h, &c, &x, &dk, &slowest);

@@ -147,7 +147,7 @@ int audit_replay_seq(k3_engine *e, uint32_t n_ctx, int wire, const struct smp_vo
     rep->bad_frame = -1;
     ring_stage *st = calloc(1, sizeof *st);
     if (!st) return rl_errf(err, "out of memory");
-    stage_init(st, e, n_ctx, wire);
+    stage_init(st, e, n_ctx, 0, wire); /* (states of their own: a group computes what each sequence alone does) */
     st->vocab = vocab;
     int rc = 0;
     bool started = false;

@@ -90,8 +90,10 @@ static void test_model(const char *cfg_name, const char *type, const char *dir, 
     }
     const uint32_t V = hp.n_vocab, n_ctx = 128;
     ring_stage s0, s1;
-    stage_init(&s0, &e0, n_ctx, K3_WIRE_F32);
-    stage_init(&s1, &e1, n_ctx, K3_WIRE_F32);
+    /* The node's stages pool their sequences' states, as a node does for the ring's n_seqs (the audit
+     * recomputes with states of their own: the same bits are the point). */
+    stage_init(&s0, &e0, n_ctx, N_SEQ, K3_WIRE_F32);
+    stage_init(&s1, &e1, n_ctx, N_SEQ, K3_WIRE_F32);
 
     /* The schedule: per frame, per sequence (0 = absent) its token count and flags. */
     enum { V_ = RF_SEQ_VERIFY, A_ = RF_SEQ_ALL_LOGITS, S_ = 64 /* stale: pipelined, drafted as if the last block were all accepted */ };
@@ -201,7 +203,7 @@ static void test_model(const char *cfg_name, const char *type, const char *dir, 
     size_t n_differ = 0;
     for (int q = 1; q <= N_SEQ && ok; q++) {
         ring_stage a0;
-        stage_init(&a0, &e0, n_ctx, K3_WIRE_F32);
+        stage_init(&a0, &e0, n_ctx, 0, K3_WIRE_F32);
         for (int fi = 0; fi < n_frames; fi++) {
             const rec *r = &recs[fi];
             uint32_t off = 0, total = 0;
