@@ -22,7 +22,8 @@
 #     Audits of its stage recompute on the coordinator's CPU within --audit-tol, or on the coordinator's own
 #     Vulkan device with the same split, bit for bit; the summary says which.
 #   - Two devices (lavapipe twice): --device A,B (and no --device: every GPU) split the layers, logits within
-#     1e-2 of one device's, tokens the CPU's; a node on both is planned as one tier; a device named
+#     1e-2 of one device's, tokens the CPU's; a node on both is planned as one tier, its plan line naming each
+#     device's layers as the node splits them; a device named
 #     twice or the CPU in a list are refused.
 #   - VRAM -> RAM -> disk: --mem with a device (run --vram: a smaller device): the dense parts on Vulkan0, the
 #     routed experts it cannot hold in RAM through the expert cache: the CPU's tokens, and logits equal to the
@@ -258,8 +259,14 @@ ring_conf "$WORK/ring1.conf" 3
     --key "$RING/coord.key" >"$WORK/ring1.ids" 2>"$WORK/ring1.err" || cat "$WORK/ring1.err"
 ring_stop
 check "a node on two devices: planned as one tier (Vulkan0,Vulkan1), computes on both, the one-machine tokens" \
-    sh -c "diff '$WORK/cpu8.ids' '$WORK/ring1.ids' && grep -q '(Vulkan0,Vulkan1: layers 0-5' '$WORK/ring1.err' &&
+    sh -c "diff '$WORK/cpu8.ids' '$WORK/ring1.ids' && grep -q 'on Vulkan0,Vulkan1, .* in RAM)' '$WORK/ring1.err' &&
            grep -q 'computes on Vulkan0 .*; Vulkan1 ' '$WORK/ring1.err'"
+# The printed plan says which layers each of the node's devices gets (split by their free memory, as the
+# node's engine splits them), and the node computes exactly that split.
+cut0=$(sed -n 's/.*(Vulkan0: layers 0-\([0-9]*\), Vulkan1: layers [0-9]*-5[,;].*/\1/p' "$WORK/ring1.err" | head -1)
+check "... the plan names each device's layers (Vulkan0: 0-$cut0), and the node computes that split" \
+    sh -c "[ -n '$cut0' ] && grep -q 'Vulkan1: layers $((${cut0:-0} + 1))-5' '$WORK/ring1.err' &&
+           grep -q 'computes on Vulkan0 (.*): layers \[0, $((${cut0:-0} + 1))),.*; Vulkan1 (.*): layers \[$((${cut0:-0} + 1)), 6)' '$WORK/ring1.err'"
 export GGML_VK_VISIBLE_DEVICES=0
 
 check_fails "a node offering more device memory than is free: a clear error" "--vram 1000.00 GB is more than Vulkan0 has free" \

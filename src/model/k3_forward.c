@@ -21,29 +21,17 @@
 #include "expert_cache.h"
 #include "k3_memory.h"
 
-/* What the weights may take on each device: its free memory less a tenth and 256 MiB (compute buffers and
- * states), and with a cap (--vram) at most that in all, shared in proportion. */
-static void k3_dev_room(ggml_backend_dev_t *devs, int nd, size_t cap, size_t *room) {
+/* What the weights may take on each device (k3_dev_room), and with a cap (--vram) at most that in all,
+ * shared in proportion. */
+static void k3_dev_rooms(ggml_backend_dev_t *devs, int nd, size_t cap, size_t *room) {
     double total = 0;
     for (int d = 0; d < nd; d++) {
         size_t fr = 0, tot = 0;
         ggml_backend_dev_memory(devs[d], &fr, &tot);
-        const size_t headroom = fr / 10 + ((size_t)256 << 20);
-        room[d] = fr > headroom ? fr - headroom : 0;
+        room[d] = k3_dev_room(fr);
         total += (double)room[d];
     }
     for (int d = 0; cap > 0 && (double)cap < total && d < nd; d++) room[d] = (size_t)((double)room[d] * (double)cap / total);
-}
-
-/* Splits layers [a, a + n) over nd devices in proportion to their room, as llama.cpp's default tensor split
- * does (by free memory): device d gets [end[d - 1], end[d]), end[nd - 1] = a + n. */
-static void k3_split_layers(uint32_t a, uint32_t n, const size_t *room, int nd, uint32_t *end) {
-    double total = 0, acc = 0;
-    for (int d = 0; d < nd; d++) total += (double)room[d];
-    for (int d = 0; d < nd; d++) {
-        acc += (double)room[d];
-        end[d] = d == nd - 1 ? a + n : a + (uint32_t)floor((double)n * (total > 0 ? acc / total : (double)(d + 1) / nd) + 0.5);
-    }
 }
 
 /* How many layers of [a, b), from a, the devices hold by default: the most whose split (above) puts within
@@ -52,9 +40,9 @@ static uint32_t k3_fit_layers(const mf_model *m, const k3_hparams *hp, uint32_t 
                               int nd, size_t cap) {
     size_t room[K3_MAX_DEV];
     uint32_t end[K3_MAX_DEV];
-    k3_dev_room(devs, nd, cap, room);
+    k3_dev_rooms(devs, nd, cap, room);
     for (uint32_t n = b - a; n > 0; n--) {
-        k3_split_layers(a, n, room, nd, end);
+        k3_dev_split(a, n, room, nd, end);
         bool fits = true;
         for (int d = 0; d < nd && fits; d++) { /* (counting the head where a device's layers end the model) */
             const uint32_t lo = d ? end[d - 1] : a;
@@ -74,8 +62,8 @@ static uint32_t k3_fit_mem(const mf_model *m, const k3_hparams *hp, uint32_t a, 
                            int nd, size_t cap, uint32_t *n_cpu_moe) {
     size_t room[K3_MAX_DEV];
     uint32_t end[K3_MAX_DEV];
-    k3_dev_room(devs, nd, cap, room);
-    k3_split_layers(a, b - a, room, nd, end);
+    k3_dev_rooms(devs, nd, cap, room);
+    k3_dev_split(a, b - a, room, nd, end);
     for (uint32_t cm = a; cm <= b; cm++) {
         bool fits = true;
         for (int d = 0; d < nd && fits; d++) {
@@ -89,7 +77,7 @@ static uint32_t k3_fit_mem(const mf_model *m, const k3_hparams *hp, uint32_t a, 
     }
     *n_cpu_moe = UINT32_MAX;
     for (uint32_t n = b - a - 1; n > 0; n--) {
-        k3_split_layers(a, n, room, nd, end);
+        k3_dev_split(a, n, room, nd, end);
         bool fits = true;
         for (int d = 0; d < nd && fits; d++) {
             const uint32_t lo = d ? end[d - 1] : a;
@@ -145,8 +133,8 @@ int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32
     if (n_dev > 0) {
         size_t room[K3_MAX_DEV];
         uint32_t end[K3_MAX_DEV];
-        k3_dev_room(devs, nd, o->vram_bytes, room);
-        k3_split_layers(a, n_dev, room, nd, end);
+        k3_dev_rooms(devs, nd, o->vram_bytes, room);
+        k3_dev_split(a, n_dev, room, nd, end);
         e->hp.dev_a = a;
         e->hp.dev_b = a + n_dev;
         e->hp.dev_output = n_dev == b - a && b == hp->n_layer;

@@ -1,8 +1,23 @@
 #include "k3_memory.h"
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+
+size_t k3_dev_room(size_t free) {
+    const size_t headroom = free / 10 + ((size_t)256 << 20);
+    return free > headroom ? free - headroom : 0;
+}
+
+void k3_dev_split(uint32_t a, uint32_t n, const size_t *room, int nd, uint32_t *end) {
+    double total = 0, acc = 0;
+    for (int d = 0; d < nd; d++) total += (double)room[d];
+    for (int d = 0; d < nd; d++) {
+        acc += (double)room[d];
+        end[d] = d == nd - 1 ? a + n : a + (uint32_t)floor((double)n * (total > 0 ? acc / total : (double)(d + 1) / nd) + 0.5);
+    }
+}
 
 size_t k3_layer_weight_bytes(const mf_model *m, uint32_t il) {
     char prefix[32];

@@ -24,6 +24,15 @@ size_t k3_range_expert_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a
 void k3_range_ram_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, size_t *dense,
                         size_t *experts);
 
+/* What the weights may take on a device with `free` bytes free: less a tenth and 256 MiB (compute buffers
+ * and per-sequence state). */
+size_t k3_dev_room(size_t free);
+
+/* Splits layers [a, a + n) over nd devices in proportion to their room, as llama.cpp's default tensor split
+ * does (by free memory): device d gets [end[d - 1], end[d]) (end[-1] = a), end[nd - 1] = a + n. The engine
+ * splits its device layers so, and the coordinator's printed plan says it per device. */
+void k3_dev_split(uint32_t a, uint32_t n, const size_t *room, int nd, uint32_t *end);
+
 /* Weight bytes of one layer's blk.N.* tensors. */
 size_t k3_layer_weight_bytes(const mf_model *m, uint32_t il);
 

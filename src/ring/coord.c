@@ -391,6 +391,25 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
                 rc->nodes[from].dev_bytes = (uint64_t)db;
                 rc->nodes[from].dev_speed = dsp;
                 rc->nodes[from].dev_flops = dfl > 0 && isfinite(dfl) ? dfl : 0;
+                /* Several devices: each one's room from the "devices" list, to print the node's split. */
+                rc->nodes[from].n_parts = 0;
+                for (const char *p = dn; *p && rc->nodes[from].n_parts < PLAN_MAX_PARTS;) {
+                    const size_t len = strcspn(p, ",");
+                    const int k = rc->nodes[from].n_parts;
+                    snprintf(rc->nodes[from].part_name[k], sizeof rc->nodes[from].part_name[k], "%.*s", (int)len, p);
+                    double fr = -1;
+                    cJSON_ArrayForEach(de, dl) {
+                        const char *nm = jstr(de, "name");
+                        if (nm && strcmp(nm, rc->nodes[from].part_name[k]) == 0) fr = jnum_or(de, "free_bytes", -1);
+                    }
+                    if (!(fr >= 0 && fr < 1e19)) { /* a device the list does not have: no split to print */
+                        rc->nodes[from].n_parts = 0;
+                        break;
+                    }
+                    rc->nodes[from].part_room[k] = k3_dev_room((size_t)fr);
+                    rc->nodes[from].n_parts++;
+                    p += len + (p[len] == ',');
+                }
             }
             k3_engine_opts *eng = &rc->nodes[from].eng;
             eng->no_repack = cJSON_IsFalse(j ? cJSON_GetObjectItemCaseSensitive(j, "repack") : NULL);
@@ -482,6 +501,9 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
             pn->speed = rc->nodes[i].dev_speed;
             _Static_assert(sizeof pn->device == sizeof rc->nodes[i].dev_name, "device names: one size");
             memcpy(pn->device, rc->nodes[i].dev_name, sizeof pn->device);
+            pn->n_parts = rc->nodes[i].n_parts;
+            memcpy(pn->part_name, rc->nodes[i].part_name, sizeof pn->part_name);
+            memcpy(pn->part_room, rc->nodes[i].part_room, sizeof pn->part_room);
         }
     }
     plan_node in_order[PLAN_MAX_NODES];

@@ -125,6 +125,9 @@ typedef struct ring_node_state {
                         * recompute on a device of that backend here if there is one (coord_audit.c) */
     uint64_t dev_bytes;
     double dev_speed, dev_flops;
+    int n_parts;                       /* dev_name lists several devices: each one's name and room */
+    char part_name[PLAN_MAX_PARTS][24];
+    uint64_t part_room[PLAN_MAX_PARTS];
     double last_seen;  /* when its last message arrived */
     double ping_since; /* when the first ping it has not answered was sent (<= last_seen: none outstanding).
                         * Silence is measured from here, not from last_seen: an idle ring sends nothing for

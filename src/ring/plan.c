@@ -16,6 +16,8 @@
  * pass, so comparing with T* and M* is exact in floating point. */
 #include "plan.h"
 
+#include "../model/k3_memory.h"
+
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -506,7 +508,19 @@ void plan_print(const plan_result *r, const plan_node *nodes, FILE *f) {
             if (s->dev_layers == 0) {
                 fprintf(f, "  (all in RAM, on the CPU)");
             } else {
-                fprintf(f, "  (%s: layers %u-%u", dn, s->a, s->a + s->dev_layers - 1);
+                if (nd->n_parts > 1) { /* the node's split between its devices, as its engine makes it */
+                    size_t room[PLAN_MAX_PARTS];
+                    uint32_t end[PLAN_MAX_PARTS];
+                    for (int k = 0; k < nd->n_parts; k++) room[k] = (size_t)nd->part_room[k];
+                    k3_dev_split(s->a, s->dev_layers, room, nd->n_parts, end);
+                    fprintf(f, "  (");
+                    for (int k = 0, n = 0, lo = (int)s->a; k < nd->n_parts; lo = (int)end[k++]) {
+                        if (end[k] == (uint32_t)lo) continue; /* (a device given no layer is left out) */
+                        fprintf(f, "%s%s: layers %d-%u", n++ ? ", " : "", nd->part_name[k], lo, end[k] - 1);
+                    }
+                } else {
+                    fprintf(f, "  (%s: layers %u-%u", dn, s->a, s->a + s->dev_layers - 1);
+                }
                 if (s->cpu_moe) fprintf(f, ", their routed experts of %u-%u in RAM", s->a, s->a + s->cpu_moe - 1);
                 if (s->dev_layers < s->b - s->a) fprintf(f, "; CPU: layers %u-%u", s->a + s->dev_layers, s->b - 1);
                 fprintf(f, "; %s on %s, %s in RAM)", db, dn, rb);

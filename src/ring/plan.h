@@ -14,6 +14,7 @@
 
 #define PLAN_MAX_NODES 64
 #define PLAN_MAX_LAYERS 256
+#define PLAN_MAX_PARTS 8 /* devices of one node (K3_MAX_DEV) */
 
 typedef struct plan_model {
     uint32_t n_layer;
@@ -46,6 +47,12 @@ typedef struct plan_node {
     uint64_t ram_bytes;
     double ram_speed;     /* > 0 with ram_bytes */
     char device[64];      /* the device's name, for the printed plan ("Vulkan0"); may be empty */
+    /* A node on several devices ("Vulkan0,Vulkan1"): each one's name and room (k3_dev_room of its free
+     * memory). The plan treats them as one tier; the node splits the stage's device layers between them in
+     * proportion to their room (k3_dev_split), and the printed plan says which layers go where. */
+    int n_parts;
+    char part_name[PLAN_MAX_PARTS][24];
+    uint64_t part_room[PLAN_MAX_PARTS];
 } plan_node;
 
 typedef struct plan_stage {
