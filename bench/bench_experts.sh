@@ -10,16 +10,20 @@
 # Also the unconstrained case: --mem large enough that everything fits against no --mem at all.
 #
 #   bench/bench_experts.sh [--mem GB] [--cap GB] [--gen N] [--prompt N] [--reps N] [--threads N]
-#                          [--model FILE] [--no-peer]
+#                          [--model FILE] [--no-peer] [--expert-copy DIR] [--out PREFIX]
 #
 # --mem: ringlm's weight budget (default 0.45 GiB for the 1.51 GiB medium model: 3.4x); --cap: the memory
 # group's limit for every run (default --mem + 0.4 GiB: compute buffers, state, the process itself).
 # Writes bench/results/experts.json and experts.md: tok/s, time to first token, hit rate, bytes read per
 # token against the bytes of the experts the tokens chose, and the disk floor (the file's measured read
-# speed / bytes read per token). Needs root (cgroup, drop_caches).
+# speed / bytes read per token). --expert-copy DIR: every rep also runs ringlm with its repacked copy of
+# the experts kept there (docs/experts.md; filled by one uncounted run first, as on a machine that has run
+# the model before), alternating with the run without, and the table adds that row and the median of the
+# paired ratios; the floor is then judged on it. --out PREFIX writes PREFIX.json / .md instead (default
+# bench/results/experts). Needs root (cgroup, drop_caches).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mem=0.45 cap= gen=32 prompt=16 reps=3 threads=2 model=bench/models/medium.gguf peer=1
+mem=0.45 cap= gen=32 prompt=16 reps=3 threads=2 model=bench/models/medium.gguf peer=1 copy= out=bench/results/experts
 while [ $# -gt 0 ]; do
     case $1 in
         --mem) mem=$2; shift 2 ;;
@@ -30,6 +34,8 @@ while [ $# -gt 0 ]; do
         --threads) threads=$2; shift 2 ;;
         --model) model=$2; shift 2 ;;
         --no-peer) peer=0; shift ;;
+        --expert-copy) copy=$2; shift 2 ;;
+        --out) out=$2; shift 2 ;;
         *) echo "bench_experts: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -86,7 +92,12 @@ j() { python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
 for k in sys.argv[2].split("."): d = d[k]
 print(d)' "$@"; }
 
-ours=() ours_ttft=() hit=() rd=() used=() ahead=() ref=() ref_nr=() free_=() free_mem=()
+ours=() ours_ttft=() hit=() rd=() used=() ahead=() ref=() ref_nr=() free_=() free_mem=() cp=() cp_rd=()
+if [ -n "$copy" ]; then
+    capped ./ringlm run -m "$model" --tokens "$toks" -n "$gen" --temp 0 --ignore-eos --threads "$threads" \
+        --mem "$mem" --expert-copy "$copy" >/dev/null 2>build/bench/xc_fill.err
+    grep 'repacked copy' build/bench/xc_fill.err >&2 || true
+fi
 # llama.cpp's decode tok/s under the cap, or 0 when it was killed (out of memory) or failed.
 peer_run() {
     local rc=0
@@ -103,6 +114,13 @@ for r in $(seq "$reps"); do
     rd+=("$(j build/bench/xc.json expert_cache.decode.bytes_read_per_token)")
     used+=("$(j build/bench/xc.json expert_cache.decode.bytes_used_per_token)")
     ahead+=("$(j build/bench/xc.json expert_cache.decode.prefetch_accuracy)")
+    if [ -n "$copy" ]; then
+        drop
+        capped ./ringlm run -m "$model" --tokens "$toks" -n "$gen" --temp 0 --ignore-eos --threads "$threads" \
+            --mem "$mem" --expert-copy "$copy" --metrics-json build/bench/xc_cp.json >/dev/null 2>build/bench/xc_cp.err
+        cp+=("$(j build/bench/xc_cp.json decode_tok_s)") cp_rd+=("$(j build/bench/xc_cp.json expert_cache.decode.bytes_read_per_token)")
+        echo "run $r: ringlm --mem $mem --expert-copy: ${cp[-1]} tok/s" >&2
+    fi
     if [ $peer = 1 ]; then
         drop
         ref+=("$(peer_run)")
@@ -120,14 +138,14 @@ for r in $(seq "$reps"); do
          "${ref_nr[-1]:-skipped} (--no-repack), unconstrained ${free_[-1]} / --mem 64 ${free_mem[-1]}" >&2
 done
 
-python3 - "$model" "$mem" "$cap" "$gen" "$prompt" "$threads" "$disk_gbs" "$peer" "$rand_gbs" \
+XC_COPY=$copy XC_OUT=$out python3 - "$model" "$mem" "$cap" "$gen" "$prompt" "$threads" "$disk_gbs" "$peer" "$rand_gbs" \
     "${ours[*]}" "${ours_ttft[*]}" "${hit[*]}" "${rd[*]}" "${used[*]}" "${ahead[*]}" "${ref[*]:-}" "${ref_nr[*]:-}" \
-    "${free_[*]}" "${free_mem[*]}" <<'EOF'
+    "${free_[*]}" "${free_mem[*]}" "${cp[*]:-}" "${cp_rd[*]:-}" <<'EOF'
 import json, os, statistics as st, sys
 model, mem, cap, gen, prompt, threads, disk, peer, rand = sys.argv[1:10]
 rand = float(rand) * 1e9
 f = lambda s: [float(x) for x in s.split()]
-ours, ttft, hit, rd, used, ahead, ref, ref_nr, free, free_mem = (f(s) for s in sys.argv[10:20])
+ours, ttft, hit, rd, used, ahead, ref, ref_nr, free, free_mem, cp, cp_rd = (f(s) for s in sys.argv[10:22])
 disk = float(disk) * 1e9
 med = st.median
 size = os.path.getsize(model)
@@ -153,11 +171,14 @@ res = {
     "disk_random_read_gb_s": rand / 1e9,
     "disk_floor_random_tok_s": rand / med(rd) if med(rd) > 0 else None,
 }
-json.dump(res, open("bench/results/experts.json", "w"), indent=1)
+copy, out = os.environ["XC_COPY"], os.environ["XC_OUT"]
+res["expert_copy"] = {"decode_tok_s": cp, "bytes_read_per_token": cp_rd,
+                      "median_ratio_vs_no_copy": med([c / o for c, o in zip(cp, ours)])} if cp else None
+json.dump(res, open(out + ".json", "w"), indent=1)
 MiB = 1048576
 lines = [
     "# Larger than memory: ringlm --mem against llama.cpp under a memory cap", "",
-    f"`bench/bench_experts.sh --mem {mem} --cap {cap} --gen {gen}`: {model} ({size / 2**30:.2f} GiB, "
+    f"`bench/bench_experts.sh --mem {mem} --cap {cap} --gen {gen}{' --expert-copy DIR' if cp else ''}`: {model} ({size / 2**30:.2f} GiB, "
     f"{size / 2**30 / float(mem):.1f}x the budget), every run in a cgroup v1 memory group of {cap} GiB, page cache "
     f"dropped before each, {threads} threads, {len(ours)} alternating runs, medians.", "",
     "| | decode tok/s | TTFT s | hit rate | read MiB/token | chosen experts MiB/token | look-ahead right |",
@@ -165,6 +186,9 @@ lines = [
     f"| ringlm --mem {mem} (otherwise its defaults: repacked weights, flash attention, f16 cache) | {med(ours):.2f} | {med(ttft):.2f} | {100 * med(hit):.1f}% | {med(rd) / MiB:.2f} | "
     f"{med(used) / MiB:.2f} | {100 * med(ahead):.0f}% |",
 ]
+if cp:
+    lines.append(f"| ringlm --mem {mem} --expert-copy (its copy filled by one run before; runs alternating with the row above) | "
+                 f"{med(cp):.2f} | | | {med(cp_rd) / MiB:.2f} | | |")
 if peer == "1":
     for name, xs in (("at its defaults (repacked weights, flash attention auto: on, f16 cache)", ref),
                      ("--no-repack (mapping only; flash attention on, f16 cache)", ref_nr)):
@@ -175,10 +199,13 @@ lines += ["", f"Disk floor: {disk / 1e9:.2f} GB/s cold direct read (4 MiB sequen
           f"per token = {disk / med(rd):.2f} tok/s; ringlm is at {med(ours) / (disk / med(rd)):.2f} of it. With the disk's "
           f"speed for reads like the cache's (160 KiB at random places, four at once, direct: {rand / 1e9:.2f} GB/s) the "
           f"floor is {rand / med(rd):.2f} tok/s and ringlm is at {med(ours) / (rand / med(rd)):.2f} of it." if med(rd) > 0 else "",
+          (f"With --expert-copy: {med(cp):.2f} tok/s, the median of per-run ratios to the run without it {med([c / o for c, o in zip(cp, ours)]):.2f}x "
+           f"(runs {' '.join('%.2f' % x for x in cp)} against {' '.join('%.2f' % x for x in ours)}); at {med(cp) / (disk / med(cp_rd)):.2f} of the "
+           f"sequential floor and {med(cp) / (rand / med(cp_rd)):.2f} of the random-read floor." if cp else ""),
           f"Median of per-run ratios against llama.cpp {judged_name}: {med(pairs):.2f}x (goal: 3x)." if pairs else
           ("llama.cpp did not finish under the cap: no ratio." if peer == "1" else "llama.cpp not run (--no-peer)."),
           "", f"Unconstrained (no cap, warm page cache): no --mem {med(free):.2f} tok/s, --mem 64 (everything fits, no "
           f"cache) {med(free_mem):.2f} tok/s."]
-open("bench/results/experts.md", "w").write("\n".join(lines) + "\n")
+open(out + ".md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF

@@ -2,7 +2,8 @@
 # Routed experts under a memory budget (--mem, src/model/expert_cache.h): logits and greedy text equal the
 # unconstrained run bit for bit, on repacked and plain expert layouts, mixed expert types, a roomy cache, a
 # small one and the least that runs (one usable slot, fewer than one token's experts: every layer in
-# passes); the budget error names the minimum; the counters reach the summary line and the metrics JSON.
+# passes); the budget error names the minimum; the counters reach the summary line and the metrics JSON;
+# the repacked copy (--expert-copy) is filled, read, rebuilt when damaged, and changes no bit.
 . "$(dirname "$0")/lib.sh"
 q8=$(model xc-q8 small q8_0 3)
 q4=$(model xc-q4 small q4_0 4)     # Q4_0 experts take the CPU's repacked layout
@@ -56,6 +57,33 @@ assert x['passes'] > 0, x
 "
 check "a budget the model fits uses no cache" bash -c "! '$RINGLM' run -m '$q8' -p hi -n 4 --temp 0 --mem 1 2>&1 | grep -q 'expert cache'"
 check "a budget the model fits: text = unconstrained" test "$(gen --mem 1)" = "$ref"
+
+# The repacked copy (--expert-copy DIR, src/model/expert_copy.h): the q4_0 file's experts take the CPU's
+# repacked layout, so the cache re-lays each one it reads; with a copy, the first read of an expert writes
+# its slot bytes there and later reads take them as they are. A first run fills the copy, a second reads
+# from it; both give the unconstrained text, and logits over the copy are the unconstrained bits. A copy
+# whose header is damaged is rebuilt, not trusted.
+gen4() { "$RINGLM" run -m "$q4" -p "The expert cache reads" -n 24 --temp 0 --ignore-eos --ids "$@" 2>"$WORK/run4.err"; }
+ref4=$(gen4)
+least4=$(least "$q4")
+xj() { python3 -c "import json, sys; print(int(json.load(open(sys.argv[1]))['expert_cache'][sys.argv[2]]))" "$@"; }
+got=$(gen4 --mem "$least4" --expert-copy "$WORK/xcopy" --metrics-json "$WORK/c1.json")
+check "--expert-copy, first run: the copy gets experts ($(xj "$WORK/c1.json" copied)), text = unconstrained" \
+    sh -c "[ '$got' = '$ref4' ] && [ $(xj "$WORK/c1.json" copied) -gt 0 ] && ls '$WORK'/xcopy/*.xcopy >/dev/null"
+got=$(gen4 --mem "$least4" --expert-copy "$WORK/xcopy" --metrics-json "$WORK/c2.json")
+check "... second run: reads them from the copy ($(xj "$WORK/c2.json" from_copy)), text = unconstrained" \
+    sh -c "[ '$got' = '$ref4' ] && [ $(xj "$WORK/c2.json" from_copy) -gt 0 ] && grep -q 'repacked copy .*there when opened' '$WORK/run4.err'"
+check "... logits over the copy (prefill 16, then steps) = unconstrained, bit for bit" \
+    same_logits "$q4" "$least4" --prefill 16 --expert-copy "$WORK/xcopy"
+printf 'XXXXXXXX' | dd of="$(ls "$WORK"/xcopy/*.xcopy)" bs=1 conv=notrunc 2>/dev/null
+got=$(gen4 --mem "$least4" --expert-copy "$WORK/xcopy" --metrics-json "$WORK/c3.json")
+check "... a damaged copy is rebuilt, not read: nothing there when opened, text = unconstrained" \
+    sh -c "[ '$got' = '$ref4' ] && grep -q 'repacked copy .*: 0 experts there when opened' '$WORK/run4.err' && [ $(xj "$WORK/c3.json" copied) -gt 0 ]"
+gen --mem "$(least "$q8")" --expert-copy "$WORK/xcopy8" >/dev/null
+check "q8_0 experts (not re-laid here): no copy is made" sh -c "! ls '$WORK'/xcopy8/*.xcopy 2>/dev/null && ! grep -q 'repacked copy' '$WORK/run.err'"
+touch "$WORK/afile"
+check_fails "--expert-copy under a file: a clear error naming it" "--expert-copy $WORK/afile/x: cannot create the folder" \
+    "$RINGLM" run -m "$q4" -p hi -n 2 --mem "$least4" --expert-copy "$WORK/afile/x"
 
 # serve over a cache: three requests at once (one batched step carries them all) answer what they answer
 # without --mem, and /metrics exports the cache's counters.

@@ -84,6 +84,10 @@ int cli_parse_engine(const char *a, const char *v, k3_engine_opts *eo, int *bad,
         double gb = 0;
         *bad = cli_parse_double(v, &gb) || !(gb > 0 && gb < 1e6), *want = "gigabytes above 0";
         eo->mem_bytes = *bad ? 0 : (size_t)(gb * 1073741824.0);
+    } else if (strcmp(a, "--expert-copy") == 0) {
+        /* A folder for the repacked copy of the experts the cache reads (expert_copy.h). */
+        *bad = !*v, *want = "a folder";
+        eo->expert_copy = v;
     } else if (strcmp(a, "--vram") == 0) {
         /* The device memory the weights may take (less than the device has free: room for other programs). */
         double gb = 0;

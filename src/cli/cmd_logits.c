@@ -10,7 +10,7 @@
 
 static void logits_usage(FILE *f) {
     fprintf(f, "usage: ringlm logits -m MODEL.gguf --tokens 1,2,3 [--mode batch|step] [--chunk N | --prefill N]\n"
-               "                     [--threads N] [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--mem GB]\n"
+               "                     [--threads N] [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--mem GB [--expert-copy DIR]]\n"
             "                  [--device NAME[,NAME...]] [--vram GB] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe] [--ring ring.conf --key coord.key [--wire f32|f16|bf16]] -o OUT.bin\n\n"
                "Writes the logits of every position (the oracle's file format, src/model/logits_file.h).\n"
                "batch: all tokens in one forward pass (or --chunk N tokens per pass); step: one token per pass;\n"
@@ -19,7 +19,8 @@ static void logits_usage(FILE *f) {
                "quantized matmul weights into the CPU's repacked layouts where llama.cpp would.\n"
                "--flash-attn on|off|auto, --cache-type f32|f16: MLA attention by flash attention over an f16 cache (the\n"
                "defaults, as llama.cpp's), or the softmax path / an f32 cache.\n"
-               "--mem GB: at most GB of resident weights, routed experts past it read from the file (the same logits).\n"
+               "--mem GB: at most GB of resident weights, routed experts past it read from the file (the same logits);\n"
+               "--expert-copy DIR keeps them there re-laid for the CPU's repacked kernels.\n"
                "--device NAME, --gpu-layers N, --n-cpu-moe N, --cpu-moe: compute on a GPU (docs/devices.md; default:\n"
                "the first GPU found, else the CPU), its first N layers there, routed experts kept in RAM; --vram GB:\n"
                "the device memory the weights may take. With --mem too: VRAM -> RAM -> disk.\n"

@@ -10,7 +10,7 @@
 
 static void node_usage(FILE *f) {
     fprintf(f, "usage: ringlm node --listen HOST:PORT --key node.key --allow COORD_PUBKEY_HEX[,...]\n"
-               "                   [--models DIR] [--cache DIR] [--mem GB [--disk GB/s]] [--speed GB/s] [--tflops T] [--threads N]\n"
+               "                   [--models DIR] [--cache DIR] [--mem GB [--disk GB/s] [--expert-copy DIR]] [--speed GB/s] [--tflops T] [--threads N]\n"
                "                   [--audit-keep MB] [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16]\n"
                "                   [--device NAME[,NAME...]] [--vram GB] [--device-speed GB/s] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe]\n"
                "                   [--verbose]\n\n"
@@ -28,7 +28,8 @@ static void node_usage(FILE *f) {
                "the planner and a hard budget for its weights: a range larger than it keeps its dense part\n"
                "resident and reads routed experts from the file through a cache (docs/experts.md); the node\n"
                "reports its disk read speed (--disk, or measured on its largest model file) so that the planner\n"
-               "may give it more layers than its memory holds.\n"
+               "may give it more layers than its memory holds; --expert-copy DIR keeps the experts it re-lays\n"
+               "for the CPU's repacked kernels there, each re-laid once instead of at every read.\n"
                "A node computing on a GPU (--device, default the first GPU; docs/devices.md) offers the planner\n"
                "that device's memory (--vram GB, default its free memory less 256 MiB) at its speed (--device-speed,\n"
                "or measured at start) before its RAM: the plan then says which layers, and which layers' routed\n"

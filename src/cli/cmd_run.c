@@ -26,7 +26,7 @@ static void run_usage(FILE *f) {
             "usage: ringlm run -m MODEL.gguf (-p PROMPT | --tokens 1,2,3 | --tokens @FILE) [-n N] [--chat] [--system TEXT]\n"
             "                  [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
             "                  [--presence-penalty P] [--frequency-penalty F] [--logit-bias ID+B|ID-B]... [--seed S] [--threads N]\n"
-            "                  [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--mem GB]\n"
+            "                  [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--mem GB [--expert-copy DIR]]\n"
             "                  [--device NAME[,NAME...]] [--vram GB] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe] [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
             "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16] [--keep-order] [--manifest M instead of -m]]\n"
             "                  [--draft none|ngram|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-fixed]\n"
@@ -50,6 +50,8 @@ static void run_usage(FILE *f) {
             "  --mem GB      at most GB of resident weights: when the model does not fit, its dense part stays\n"
             "                resident and routed experts are read from the file into a cache filling the rest\n"
             "                (same output, bit for bit; docs/experts.md); the summary adds hit rate and reads.\n"
+            "                --expert-copy DIR keeps the experts re-laid for the CPU's repacked kernels in DIR\n"
+            "                (a sparse file up to their size), so each is re-laid once, not at every read\n"
             "                With a device it is the RAM below it: VRAM -> RAM -> disk (dense parts on the device)\n"
             "  --device NAME  compute on that device (`ringlm devices`; default: the first GPU, else the CPU);\n"
             "                --gpu-layers N puts the first N layers there and the rest on the CPU (default:\n"
@@ -125,6 +127,8 @@ static cJSON *run_xc_json(const xc_stats *s) {
     cJSON_AddNumberToObject(j, "loads", (double)s->loads);
     cJSON_AddNumberToObject(j, "passes", (double)s->passes);
     cJSON_AddNumberToObject(j, "wait_s", s->wait_s);
+    cJSON_AddNumberToObject(j, "from_copy", (double)s->from_copy);
+    cJSON_AddNumberToObject(j, "copied", (double)s->copied);
     return j;
 }
 
@@ -597,6 +601,11 @@ int cmd_run(int argc, char **argv) {
                 (double)e.xc->cache_bytes / 1048576.0, (double)ram_experts / 1048576.0);
         run_xc_print("prefill", &ro.xc_prefill);
         run_xc_print("decode", &d);
+        if (e.xc->copy_layer) {
+            fprintf(stderr, "[ringlm] repacked copy %s: %llu experts there when opened, %llu read from it, %llu added\n",
+                    e.xc->copy.path, (unsigned long long)e.xc->copy.n_have, (unsigned long long)ro.xc->from_copy,
+                    (unsigned long long)ro.xc->copied);
+        }
     }
     if (a->metrics && run_write_metrics(a->metrics, &gm, ring_json, spec ? &smx : NULL, &ro, &err) != 0) goto out;
     if (!a->metrics) cJSON_Delete(ring_json);

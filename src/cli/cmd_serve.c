@@ -19,7 +19,7 @@ static void serve_usage(FILE *f) {
     fprintf(f,
             "usage: ringlm serve -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
             "                    [--parallel N] [--ctx N] [--queue N] [--threads N] [--chunk N]\n"
-            "                    [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--mem GB]\n"
+            "                    [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--mem GB [--expert-copy DIR]]\n"
             "                    [--device NAME[,NAME...]] [--vram GB] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe]\n"
             "                    [--max-body BYTES] [--drain SECONDS] [--header-timeout S] [--idle-timeout S]\n"
             "                    [--max-conn-per-ip N] [--alias NAME]... [--quiet]\n"
@@ -46,7 +46,8 @@ static void serve_usage(FILE *f) {
             "  --flash-attn on|off|auto, --cache-type f32|f16  MLA attention by flash attention over an f16 cache,\n"
             "                 as llama.cpp's defaults (the defaults here too); off / f32: the softmax path\n"
             "  --mem GB       at most GB of resident weights; past it routed experts are read from the file\n"
-            "                 through a cache (docs/experts.md; /metrics has its counters; not used with --ring)\n"
+            "                 through a cache (docs/experts.md; /metrics has its counters; not used with --ring);\n"
+            "                 --expert-copy DIR keeps them re-laid for the repacked kernels there\n"
             "  --device NAME, --gpu-layers N, --n-cpu-moe N, --cpu-moe  where to compute: a GPU (default: the\n"
             "                 first found, else the CPU), how many layers on it, routed experts kept in RAM;\n"
             "                 --vram GB: the device memory weights may take (docs/devices.md). With --mem:\n"

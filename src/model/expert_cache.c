@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -49,10 +50,18 @@ static int xc_pread_all(int fd, void *dst, size_t n, size_t off) {
 
 /* Fills one slot with one expert's three projections. Runs on an I/O thread: touches only the slot's
  * memory and the file, never the slot tables (the main thread's). */
-static int xc_fill(xc_worker *w, const xc_job *j, char *msg, size_t msg_len) {
+static int xc_fill(xc_worker *w, const xc_job *j, int *from_copy, int *copied, char *msg, size_t msg_len) {
     xc_cache *c = w->c;
     const xc_pool *p = &c->pools[j->pool];
     const xc_layer *L = &c->layers[j->il - c->a];
+    const uint32_t l = j->il - c->a;
+    void *parts[3];
+    for (int k = 0; k < 3; k++) parts[k] = (uint8_t *)p->t[k]->data + (size_t)j->slot * p->t[k]->nb[2];
+    *from_copy = *copied = 0;
+    if (c->copy_layer && c->copy_layer[l] && xcp_has(&c->copy, l, j->expert)) {
+        /* Its slot bytes were kept: read as they are, no re-layout. A failed read falls back to the file. */
+        if (xcp_read(&c->copy, l, j->expert, 3, parts, p->bytes) == 0) return *from_copy = 1, 0;
+    }
     for (int k = 0; k < 3; k++) {
         const mf_tensor *src = L->src[k];
         const size_t n = p->bytes[k], off = src->offset + (size_t)j->expert * n;
@@ -84,6 +93,9 @@ static int xc_fill(xc_worker *w, const xc_job *j, char *msg, size_t msg_len) {
             ggml_backend_tensor_set(&d, w->bounce, 0, n);
         }
     }
+    /* Written before the slot is marked filled: once it is, it may be refilled under us. A failed write
+     * leaves the expert absent from the copy, read from the file again next time. */
+    if (c->copy_layer && c->copy_layer[l]) *copied = xcp_write(&c->copy, l, j->expert, 3, (const void *const *)parts, p->bytes) == 0;
     return 0;
 }
 
@@ -100,8 +112,11 @@ static void *xc_thread(void *arg) {
         c->busy++;
         pthread_mutex_unlock(&c->mu);
         char msg[256];
-        int rc = xc_fill(w, &j, msg, sizeof msg);
+        int from_copy = 0, copied = 0;
+        int rc = xc_fill(w, &j, &from_copy, &copied, msg, sizeof msg);
         pthread_mutex_lock(&c->mu);
+        c->st.from_copy += (uint64_t)from_copy;
+        c->st.copied += (uint64_t)copied;
         if (rc != 0 && !c->io_err[0]) snprintf(c->io_err, sizeof c->io_err, "%s", msg);
         __atomic_store_n(&c->pools[j.pool].loading[j.slot], 0, __ATOMIC_RELEASE);
         c->busy--;
@@ -394,6 +409,8 @@ void xc_close(xc_cache *c) {
     if (c->layers) {
         for (uint32_t i = 0; i < c->b - c->a; i++) free(c->layers[i].slot_of);
     }
+    if (c->copy_layer) xcp_close(&c->copy); /* (after the reader threads: the map is final) */
+    free(c->copy_layer);
     for (int s = 0; c->fds && s < c->n_fds_open; s++) {
         if (c->fds[s] >= 0) close(c->fds[s]);
     }
@@ -403,6 +420,55 @@ void xc_close(xc_cache *c) {
     free(c->rank);
     free(c->q);
     memset(c, 0, sizeof *c);
+}
+
+int xc_copy_open(xc_cache *c, const char *copy_dir, rl_err *err) {
+    const uint32_t n = c->b - c->a;
+    uint64_t *stride = calloc(n, sizeof *stride);
+    c->copy_layer = calloc(n, sizeof *c->copy_layer);
+    if (!stride || !c->copy_layer) {
+        free(stride);
+        return rl_errf(err, "out of memory for the expert copy");
+    }
+    /* The key: whatever decides the bytes kept - the files, each copied layer's tensors, the slots' layouts. */
+    uint64_t key = XCP_HASH_INIT;
+    bool any = false;
+    for (int s = 0; s < c->m->n_split; s++) {
+        struct stat st;
+        const char *path = c->m->splits[s].path;
+        if (!path || stat(path, &st) != 0) continue;
+        key = xcp_hash(key, path, strlen(path) + 1);
+        key = xcp_hash(key, &st.st_size, sizeof st.st_size);
+        key = xcp_hash(key, &st.st_mtim, sizeof st.st_mtim);
+    }
+    for (uint32_t l = 0; l < n; l++) {
+        const xc_layer *L = &c->layers[l];
+        if (L->pool < 0) continue;
+        const xc_pool *P = &c->pools[L->pool];
+        bool repacked = false;
+        for (int k = 0; k < 3; k++) repacked |= P->buft_k[k] >= 0;
+        if (!repacked) continue; /* the file holds these as the slots do: read straight from it */
+        c->copy_layer[l] = any = true;
+        stride[l] = P->expert_bytes;
+        const uint32_t il = c->a + l;
+        key = xcp_hash(key, &il, sizeof il);
+        for (int k = 0; k < 3; k++) {
+            const char *bt = ggml_backend_buft_name(c->place->buft[P->buft_k[k] >= 0 ? P->buft_k[k] : 0]);
+            key = xcp_hash(key, &L->src[k]->offset, sizeof L->src[k]->offset);
+            key = xcp_hash(key, &L->src[k]->type, sizeof L->src[k]->type);
+            key = xcp_hash(key, L->src[k]->ne, sizeof L->src[k]->ne);
+            key = xcp_hash(key, &P->buft_k[k], sizeof P->buft_k[k]);
+            if (P->buft_k[k] >= 0) key = xcp_hash(key, bt, strlen(bt));
+        }
+    }
+    int rc = 0;
+    if (any) rc = xcp_open(&c->copy, copy_dir, key, n, c->n_expert, stride, err);
+    free(stride);
+    if (!any || rc != 0) {
+        free(c->copy_layer);
+        c->copy_layer = NULL;
+    }
+    return rc;
 }
 
 /* ---- use ----------------------------------------------------------------------------------------- */
@@ -424,7 +490,8 @@ xc_stats xc_stats_sub(const xc_stats *b, const xc_stats *a) {
                       .loads = b->loads - a->loads, .prefetched = b->prefetched - a->prefetched,
                       .prefetch_used = b->prefetch_used - a->prefetch_used, .bytes_read = b->bytes_read - a->bytes_read,
                       .bytes_used = b->bytes_used - a->bytes_used, .passes = b->passes - a->passes,
-                      .wait_s = b->wait_s - a->wait_s};
+                      .wait_s = b->wait_s - a->wait_s, .from_copy = b->from_copy - a->from_copy,
+                      .copied = b->copied - a->copied};
 }
 
 void xc_plan_free(xc_plan *p) {

@@ -32,6 +32,7 @@
 
 #include "../base/err.h"
 #include "../gguf/model_file.h"
+#include "expert_copy.h"
 #include "k3_hparams.h"
 #include "weight_place.h"
 
@@ -53,6 +54,8 @@ typedef struct xc_stats {
     uint64_t bytes_used;    /* bytes of the experts the batches chose (what a cache-less engine reads) */
     uint64_t passes;        /* layer passes run (> MoE layers run when groups did not fit) */
     double wait_s;          /* time the compute waited for reads */
+    uint64_t from_copy;     /* of loads and prefetched, read from the repacked copy (--expert-copy) */
+    uint64_t copied;        /* experts written to the copy */
 } xc_stats;
 
 /* One kind of expert: its projections' types and shapes, and the slots holding experts of that kind. */
@@ -107,6 +110,8 @@ typedef struct xc_cache {
     xc_job *q;
     int q_cap, q_head, q_n, busy;
     bool stop;
+    xcp_file copy;             /* the repacked copy (expert_copy.h); copy.fd -1: none */
+    bool *copy_layer;          /* [b - a]: the layer's experts go through the copy (a repacked slot layout) */
     char io_err[256];          /* the first failed read, until reported */
     bool flush;                /* a read failed: forget every slot before the next layer */
 } xc_cache;
@@ -123,6 +128,9 @@ size_t xc_min_expert_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, 
  * cache). place: the buffer types weights may take (the engine's; the cache follows the file tensors' choice). */
 int xc_open(xc_cache *c, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, size_t cache_bytes,
             const wp_list *place, rl_err *err);
+/* Keeps a copy of the experts as the slots hold them in copy_dir (expert_copy.h), for the layers whose slots
+ * are re-laid (repacked); none such: nothing to do. After xc_open, before any use. */
+int xc_copy_open(xc_cache *c, const char *copy_dir, rl_err *err);
 void xc_close(xc_cache *c);
 
 /* The slot tensor standing for layer il's projection j (0 gate, 1 up, 2 down). */

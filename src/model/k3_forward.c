@@ -207,6 +207,10 @@ int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32
             k3_engine_free(e);
             return -1;
         }
+        if (o->expert_copy && xc_copy_open(e->xc, o->expert_copy, err) != 0) {
+            k3_engine_free(e);
+            return -1;
+        }
     }
     e->backend = ggml_backend_cpu_init();
     if (!e->backend) {

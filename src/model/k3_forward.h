@@ -61,6 +61,9 @@ typedef struct k3_engine_opts {
     size_t mem_bytes;   /* resident weights at most this (0: no limit): when the range's weights do not fit,
                          * its routed experts are read from the file into a cache that fills what the dense
                          * part leaves (expert_cache.h); the logits stay the same bits */
+    const char *expert_copy; /* with the expert cache (mem_bytes): a folder keeping the experts as the cache's
+                              * repacked slots hold them, so each is re-laid once, not at every read
+                              * (expert_copy.h; NULL: none) */
     const char *device; /* the devices to compute on, by ggml's names (`ringlm devices`): CPU, Vulkan0, CUDA0,
                          * or a list "CUDA0,CUDA1" over which the device layers are split in proportion to free
                          * memory; NULL: $RINGLM_DEVICE, else every GPU found, else the CPU (dv_pick) */
