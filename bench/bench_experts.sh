@@ -92,7 +92,7 @@ j() { python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
 for k in sys.argv[2].split("."): d = d[k]
 print(d)' "$@"; }
 
-ours=() ours_ttft=() hit=() rd=() used=() ahead=() ref=() ref_nr=() free_=() free_mem=() cp=() cp_rd=()
+ours=() ours_ttft=() hit=() rd=() used=() ahead=() ref=() ref_nr=() free_=() free_mem=() cp=() cp_rd=() cp_ttft=() cp_hit=() cp_ahead=()
 if [ -n "$copy" ]; then
     capped ./ringlm run -m "$model" --tokens "$toks" -n "$gen" --temp 0 --ignore-eos --threads "$threads" \
         --mem "$mem" --expert-copy "$copy" >/dev/null 2>build/bench/xc_fill.err
@@ -119,6 +119,8 @@ for r in $(seq "$reps"); do
         capped ./ringlm run -m "$model" --tokens "$toks" -n "$gen" --temp 0 --ignore-eos --threads "$threads" \
             --mem "$mem" --expert-copy "$copy" --metrics-json build/bench/xc_cp.json >/dev/null 2>build/bench/xc_cp.err
         cp+=("$(j build/bench/xc_cp.json decode_tok_s)") cp_rd+=("$(j build/bench/xc_cp.json expert_cache.decode.bytes_read_per_token)")
+        cp_ttft+=("$(j build/bench/xc_cp.json ttft_s)") cp_hit+=("$(j build/bench/xc_cp.json expert_cache.decode.hit_rate)")
+        cp_ahead+=("$(j build/bench/xc_cp.json expert_cache.decode.prefetch_accuracy)")
         echo "run $r: ringlm --mem $mem --expert-copy: ${cp[-1]} tok/s" >&2
     fi
     if [ $peer = 1 ]; then
@@ -140,12 +142,12 @@ done
 
 XC_COPY=$copy XC_OUT=$out python3 - "$model" "$mem" "$cap" "$gen" "$prompt" "$threads" "$disk_gbs" "$peer" "$rand_gbs" \
     "${ours[*]}" "${ours_ttft[*]}" "${hit[*]}" "${rd[*]}" "${used[*]}" "${ahead[*]}" "${ref[*]:-}" "${ref_nr[*]:-}" \
-    "${free_[*]}" "${free_mem[*]}" "${cp[*]:-}" "${cp_rd[*]:-}" <<'EOF'
+    "${free_[*]}" "${free_mem[*]}" "${cp[*]:-}" "${cp_rd[*]:-}" "${cp_ttft[*]:-}" "${cp_hit[*]:-}" "${cp_ahead[*]:-}" <<'EOF'
 import json, os, statistics as st, sys
 model, mem, cap, gen, prompt, threads, disk, peer, rand = sys.argv[1:10]
 rand = float(rand) * 1e9
 f = lambda s: [float(x) for x in s.split()]
-ours, ttft, hit, rd, used, ahead, ref, ref_nr, free, free_mem, cp, cp_rd = (f(s) for s in sys.argv[10:22])
+ours, ttft, hit, rd, used, ahead, ref, ref_nr, free, free_mem, cp, cp_rd, cp_ttft, cp_hit, cp_ahead = (f(s) for s in sys.argv[10:25])
 disk = float(disk) * 1e9
 med = st.median
 size = os.path.getsize(model)
@@ -172,7 +174,8 @@ res = {
     "disk_floor_random_tok_s": rand / med(rd) if med(rd) > 0 else None,
 }
 copy, out = os.environ["XC_COPY"], os.environ["XC_OUT"]
-res["expert_copy"] = {"decode_tok_s": cp, "bytes_read_per_token": cp_rd,
+res["expert_copy"] = {"decode_tok_s": cp, "bytes_read_per_token": cp_rd, "ttft_s": cp_ttft, "hit_rate": cp_hit,
+                      "prefetch_accuracy": cp_ahead,
                       "median_ratio_vs_no_copy": med([c / o for c, o in zip(cp, ours)])} if cp else None
 json.dump(res, open(out + ".json", "w"), indent=1)
 MiB = 1048576
@@ -188,7 +191,8 @@ lines = [
 ]
 if cp:
     lines.append(f"| ringlm --mem {mem} --expert-copy (its copy filled by one run before; runs alternating with the row above) | "
-                 f"{med(cp):.2f} | | | {med(cp_rd) / MiB:.2f} | | |")
+                 f"{med(cp):.2f} | {med(cp_ttft):.2f} | {100 * med(cp_hit):.1f}% | {med(cp_rd) / MiB:.2f} | {med(used) / MiB:.2f} | "
+                 f"{100 * med(cp_ahead):.0f}% |")
 if peer == "1":
     for name, xs in (("at its defaults (repacked weights, flash attention auto: on, f16 cache)", ref),
                      ("--no-repack (mapping only; flash attention on, f16 cache)", ref_nr)):

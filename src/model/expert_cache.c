@@ -430,8 +430,15 @@ int xc_copy_open(xc_cache *c, const char *copy_dir, rl_err *err) {
         free(stride);
         return rl_errf(err, "out of memory for the expert copy");
     }
-    /* The key: whatever decides the bytes kept - the files, each copied layer's tensors, the slots' layouts. */
+    /* The key: whatever decides the bytes kept - the files, each copied layer's tensors, the slots' layouts
+     * (the buffer type, and the CPU's features, by which the repacking picks its interleaving: a copy on a
+     * shared disk must not serve a machine that lays the experts out otherwise). */
     uint64_t key = XCP_HASH_INIT;
+    const int feat[] = {ggml_cpu_has_avx(), ggml_cpu_has_avx2(), ggml_cpu_has_avx512(), ggml_cpu_has_avx512_vnni(),
+                        ggml_cpu_has_avx512_bf16(), ggml_cpu_has_avx512_vbmi(), ggml_cpu_has_avx_vnni(), ggml_cpu_has_fma(),
+                        ggml_cpu_has_f16c(), ggml_cpu_has_amx_int8(), ggml_cpu_has_neon(), ggml_cpu_has_dotprod(),
+                        ggml_cpu_has_matmul_int8(), ggml_cpu_has_sve(), ggml_cpu_has_sme(), ggml_cpu_has_riscv_v()};
+    key = xcp_hash(key, feat, sizeof feat);
     bool any = false;
     for (int s = 0; s < c->m->n_split; s++) {
         struct stat st;
