@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int rl_read_file(const char *path, const char *what, char **out, size_t *len, rl_err *err) {
     const char *w = what ? what : "", *sp = what ? " " : "";
@@ -36,5 +37,27 @@ int rl_read_file(const char *path, const char *what, char **out, size_t *len, rl
     buf[n] = 0;
     *out = buf;
     *len = n;
+    return 0;
+}
+
+int rl_pread_all(int fd, void *dst, size_t n, uint64_t off) {
+    uint8_t *p = dst;
+    while (n > 0) {
+        ssize_t r = pread(fd, p, n, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return r < 0 ? errno : EIO;
+        p += r, n -= (size_t)r, off += (uint64_t)r;
+    }
+    return 0;
+}
+
+int rl_pwrite_all(int fd, const void *src, size_t n, uint64_t off) {
+    const uint8_t *p = src;
+    while (n > 0) {
+        ssize_t r = pwrite(fd, p, n, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return r < 0 ? errno : EIO;
+        p += r, n -= (size_t)r, off += (uint64_t)r;
+    }
     return 0;
 }

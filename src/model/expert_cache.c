@@ -1,5 +1,7 @@
 #include "expert_cache.h"
 
+#include "../base/file.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -37,17 +39,6 @@ typedef struct xc_worker {
     uint8_t *bounce; /* a repacked projection is read here, then re-laid into its slot by set_tensor */
 } xc_worker;
 
-static int xc_pread_all(int fd, void *dst, size_t n, size_t off) {
-    uint8_t *p = dst;
-    while (n > 0) {
-        ssize_t r = pread(fd, p, n, (off_t)off);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return r < 0 ? errno : EIO;
-        p += r, n -= (size_t)r, off += (size_t)r;
-    }
-    return 0;
-}
-
 /* Fills one slot with one expert's three projections. Runs on an I/O thread: touches only the slot's
  * memory and the file, never the slot tables (the main thread's). */
 static int xc_fill(xc_worker *w, const xc_job *j, int *from_copy, int *copied, char *msg, size_t msg_len) {
@@ -68,7 +59,7 @@ static int xc_fill(xc_worker *w, const xc_job *j, int *from_copy, int *copied, c
         struct ggml_tensor *t = p->t[k];
         uint8_t *slot = (uint8_t *)t->data + (size_t)j->slot * t->nb[2];
         const bool direct = p->buft_k[k] < 0; /* plain host memory: read straight into the slot */
-        int e = xc_pread_all(c->fds[src->split], direct ? slot : w->bounce, n, off);
+        int e = rl_pread_all(c->fds[src->split], direct ? slot : w->bounce, n, off);
         if (e != 0) {
             snprintf(msg, msg_len, "reading expert %u of layer %u (%s) from %s: %s", j->expert, j->il, xc_proj[k],
                      c->m->splits[src->split].path, e == EIO ? "file ends early" : strerror(e));

@@ -1,6 +1,8 @@
 /* (sync_file_range is a GNU extension: _GNU_SOURCE comes from the build flags) */
 #include "expert_copy.h"
 
+#include "../base/file.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -28,28 +30,6 @@ uint64_t xcp_hash(uint64_t h, const void *p, size_t n) {
 }
 
 static uint64_t xcp_round(uint64_t n) { return (n + XCP_ALIGN - 1) / XCP_ALIGN * XCP_ALIGN; }
-
-static int xcp_pread_all(int fd, void *dst, size_t n, uint64_t off) {
-    uint8_t *p = dst;
-    while (n > 0) {
-        ssize_t r = pread(fd, p, n, (off_t)off);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return r < 0 ? errno : EIO;
-        p += r, n -= (size_t)r, off += (uint64_t)r;
-    }
-    return 0;
-}
-
-static int xcp_pwrite_all(int fd, const void *src, size_t n, uint64_t off) {
-    const uint8_t *p = src;
-    while (n > 0) {
-        ssize_t r = pwrite(fd, p, n, (off_t)off);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) return r < 0 ? errno : EIO;
-        p += r, n -= (size_t)r, off += (uint64_t)r;
-    }
-    return 0;
-}
 
 /* The file's header bytes for this layout (magic, key, counts, strides). */
 static uint8_t *xcp_header(uint64_t key, uint32_t n_layers, uint32_t n_expert, const uint64_t *stride, size_t *len) {
@@ -100,8 +80,8 @@ int xcp_open(xcp_file *f, const char *dir, uint64_t key, uint32_t n_layers, uint
     if (fd >= 0) {
         uint8_t *got = malloc(hlen);
         struct stat st;
-        bool ok = got && fstat(fd, &st) == 0 && (uint64_t)st.st_size == size && xcp_pread_all(fd, got, hlen, 0) == 0 &&
-                  memcmp(got, head, hlen) == 0 && xcp_pread_all(fd, f->have, (size_t)n_layers * n_expert, f->map_off) == 0;
+        bool ok = got && fstat(fd, &st) == 0 && (uint64_t)st.st_size == size && rl_pread_all(fd, got, hlen, 0) == 0 &&
+                  memcmp(got, head, hlen) == 0 && rl_pread_all(fd, f->have, (size_t)n_layers * n_expert, f->map_off) == 0;
         free(got);
         for (size_t i = 0; ok && i < (size_t)n_layers * n_expert; i++) {
             ok = f->have[i] <= 1 && (!f->have[i] || stride[i / n_expert]);
@@ -126,7 +106,7 @@ int xcp_open(xcp_file *f, const char *dir, uint64_t key, uint32_t n_layers, uint
         fd = open(f->path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         int e = fd < 0 ? errno : 0;
         /* A fresh file: the header and an empty (sparse, zero) map, so a crash from here leaves a copy of nothing. */
-        if (fd >= 0 && (ftruncate(fd, (off_t)size) != 0 || (e = xcp_pwrite_all(fd, head, hlen, 0)) != 0)) {
+        if (fd >= 0 && (ftruncate(fd, (off_t)size) != 0 || (e = rl_pwrite_all(fd, head, hlen, 0)) != 0)) {
             if (!e) e = errno;
             close(fd);
             fd = -1;
@@ -146,7 +126,7 @@ int xcp_open(xcp_file *f, const char *dir, uint64_t key, uint32_t n_layers, uint
 void xcp_close(xcp_file *f) {
     if (f->fd >= 0) {
         /* The data first, then the map that vouches for them. */
-        if (fdatasync(f->fd) == 0 && xcp_pwrite_all(f->fd, f->have, (size_t)f->n_layers * f->n_expert, f->map_off) == 0) {
+        if (fdatasync(f->fd) == 0 && rl_pwrite_all(f->fd, f->have, (size_t)f->n_layers * f->n_expert, f->map_off) == 0) {
             (void)fdatasync(f->fd);
         }
         close(f->fd);
@@ -166,7 +146,7 @@ int xcp_read(const xcp_file *f, uint32_t l, uint32_t e, int n, void *const *dst,
     uint64_t at = f->off[l] + (uint64_t)e * f->stride[l];
     const uint64_t start = at;
     for (int i = 0; i < n; i++) {
-        int rc = xcp_pread_all(f->fd, dst[i], len[i], at);
+        int rc = rl_pread_all(f->fd, dst[i], len[i], at);
         if (rc) return rc;
         at += len[i];
     }
@@ -179,7 +159,7 @@ int xcp_write(xcp_file *f, uint32_t l, uint32_t e, int n, const void *const *src
     uint64_t at = f->off[l] + (uint64_t)e * f->stride[l];
     const uint64_t start = at;
     for (int i = 0; i < n; i++) {
-        int rc = xcp_pwrite_all(f->fd, src[i], len[i], at);
+        int rc = rl_pwrite_all(f->fd, src[i], len[i], at);
         if (rc) return rc;
         at += len[i];
     }
