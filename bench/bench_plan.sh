@@ -108,8 +108,12 @@ ids_prompt = ','.join(str(100 + (i * 7919) % 30000) for i in range(prompt))
 def parse(err):
     m = re.search(r'prefill ([0-9.]+) tok/s, ttft ([0-9.]+) s, generated (\d+) tokens, decode ([0-9.]+) tok/s', err)
     a = re.search(r'acceptance ([0-9.]+)%, ([0-9.]+) tokens per target pass', err)
+    # what the ring printed it had predicted, from the stages' own timed frames (docs/plan.md, "A running ring")
+    ld = re.search(r'^decode: [0-9.]+ tok/s greedy; the plan predicted ([0-9.]+)', err, re.M)
+    lt = re.search(r'^time to first token: [0-9.]+ s; the plan predicted ([0-9.]+)', err, re.M)
     return {'ttft': float(m.group(2)), 'decode': float(m.group(4)), 'acc': float(a.group(1)) / 100 if a else None,
-            'tpp': float(a.group(2)) if a else None}
+            'tpp': float(a.group(2)) if a else None, 'live_decode': float(ld.group(1)) if ld else None,
+            'live_ttft': float(lt.group(1)) if lt else None}
 def run(extra, ring=None, ctx=1024):
     args = [ringlm, 'run', '-m', model, '--temp', '0', '--ignore-eos', '--ctx', str(ctx)] + extra
     if ring: args += ['--ring', ring, '--key', work + '/coord.key']
@@ -128,7 +132,7 @@ def plan(conf_text, extra):
     open(work + '/nodes.conf', 'w').write(conf_text)
     r = sh([ringlm, 'plan', '-m', model, '--nodes', work + '/nodes.conf', '--ctx', '1024', '--json'] + extra)
     return json.loads(r.stdout)
-one = 'node a device=custom mem=100 bw=%g tflops=%g eff=1 net=100000\ndelay a a 0\n'
+one = 'node a device=custom mem=100 bw=%g tflops=%g col_reads=4 eff=1 net=100000\ndelay a a 0\n'
 big = 1e9
 dec_b = 1 / plan(one % (1, big), ['--prompt', '1'])['predict']['greedy_tok_s']       # s at 1 GB/s
 dec_f = 1 / plan(one % (big, 1), ['--prompt', '1'])['predict']['greedy_tok_s']       # s at 1 TFLOPS
@@ -141,7 +145,7 @@ x = (tt_f / local_dec - dec_f * local_ttft) / det
 y = (dec_b * local_ttft - tt_b / local_dec) / det
 if not (x > 0 and y > 0): raise SystemExit('bench_plan: calibration failed (x %g, y %g)' % (x, y))
 bw, tflops = 1 / x, 1 / y
-figures = 'device=custom mem=100 bw=%.4f tflops=%.6f eff=1 net=100000' % (bw, tflops)
+figures = 'device=custom mem=100 bw=%.4f tflops=%.6f col_reads=4 eff=1 net=100000' % (bw, tflops)
 def conf(n, d):
     t = ''.join('node n%d %s loc=p%d\n' % (i, figures, i) for i in range(n))
     places = ['p%d' % i for i in range(n)] + ['c']
@@ -156,8 +160,9 @@ for d in delays:
         with open(work + '/ring.conf', 'w') as f:
             for i in range(n): f.write('127.0.0.1:%d %s\n' % (rport[i], pubs[i]))
         rc = work + '/ring.conf'
-        dec = [run(decode_args, rc)['decode'] for _ in range(3)]
-        tt = [run(ttft_args, rc)['ttft'] for _ in range(3)]
+        dres = [run(decode_args, rc) for _ in range(3)]
+        tres = [run(ttft_args, rc) for _ in range(3)]
+        dec, tt = [x['decode'] for x in dres], [x['ttft'] for x in tres]
         row = {'nodes': n, 'delay_ms': d}
         for name, dr in (('spec', draft), ('twin', model)):
             sp = [run(spec_args(dr), rc) for _ in range(3)]
@@ -168,9 +173,12 @@ for d in delays:
                         name + '_tpp': med([s['tpp'] for s in sp]), name + '_tpp_pred': p['tokens_per_traversal']})
         pd = plan(conf(n, d), ['--prompt', str(prompt), '--chunk', str(prompt)])
         p = pd['predict']
+        live = lambda xs, k: med([x[k] for x in xs]) if all(x[k] for x in xs) else None
+        row.update({'decode_live': live(dres, 'live_decode'), 'ttft_live': live(tres, 'live_ttft')})
         row.update({'decode': med(dec), 'decode_pred': p['greedy_tok_s'], 'ttft': med(tt), 'ttft_pred': p['ttft_s'],
                     'dominant': p['dominant'], 'stages': [[s['a'], s['b']] for s in pd['stages']]})
         for k in kinds: row[k + '_err'] = row[k + '_pred'] / row[k] - 1
+        for k in ('decode', 'ttft'): row[k + '_live_err'] = row[k + '_live'] / row[k] - 1 if row[k + '_live'] else None
         rows.append(row)
         print('%d nodes, %g ms: decode %.2f (pred %.2f), ttft %.3f (pred %.3f), spec %.2f (pred %.2f, acceptance %.2f), '
               'twin %.2f (pred %.2f, acceptance %.2f)' % (n, d, row['decode'], row['decode_pred'], row['ttft'], row['ttft_pred'],
@@ -244,7 +252,7 @@ with open(out + '.md', 'w') as f:
             'through `ringlm relay` at one-way delay D (N + 1 relayed hops per traversal). Measured: `ringlm run --ring`, '
             'median of 3. Predicted: `ringlm plan --nodes` for the same ring, each node `custom` at the figures one node '
             'measures alone on this machine (calibration: decode %.2f tok/s and a %d-token prompt in %.3f s -> bw %.2f GB/s and '
-            '%.4f TFLOPS, solved together since the planner adds reading and multiplying; eff 1), every pair D apart, the '
+            '%.4f TFLOPS, solved together since the planner adds reading and multiplying; eff 1; col_reads 4, a CPU: below 4 columns ggml\'s kernels read the weights once per column), every pair D apart, the '
             'coordinator (which drafts) at the same figures; spec: a small random K3 draft, twin: the target itself '
             'as its draft, 4 tokens drafted every pass, one block in flight (`--draft-depth 1`), priced by `plan --draft` at the acceptance the run measured. '
             'Error = predicted / measured - 1. Goal: every prediction within 25%%. Every run is ringlm at its defaults '
@@ -261,6 +269,18 @@ with open(out + '.md', 'w') as f:
                 r['twin'], r['twin_acceptance'], r['twin_pred'], 100 * r['twin_err'], r['dominant']))
     if rows: f.write('\nWithin 25%%: decode %d of %d, TTFT %d of %d, speculative (random draft) %d of %d, speculative (twin) %d of %d.\n' % (
         within('decode'), len(rows), within('ttft'), len(rows), within('spec'), len(rows), within('twin'), len(rows)))
+    if rows and all(r['decode_live'] and r['ttft_live'] for r in rows):
+        lw = lambda k: sum(abs(r[k + '_live_err']) <= 0.25 for r in rows)
+        f.write('\n## What a running ring predicts for itself\n\n'
+                'The same runs: what `run --ring` printed next to what ran (`decode: ... the plan predicted`, `time to first '
+                'token: ... the plan predicted`), its own prediction from the measured delays and each stage\'s figures fitted '
+                'to the frames the node timed at ASSIGN (two one-token frames and a 64-token chunk; predict.h, '
+                'pr_stage_calibrate), with no calibration by this script.\n\n'
+                '| nodes | D ms | decode tok/s | ring predicted | err | TTFT s | ring predicted | err |\n|---|---|---|---|---|---|---|---|\n')
+        for r in rows:
+            f.write('| %d | %g | %.2f | %.2f | %+.0f%% | %.3f | %.3f | %+.0f%% |\n' % (r['nodes'], r['delay_ms'], r['decode'],
+                    r['decode_live'], 100 * r['decode_live_err'], r['ttft'], r['ttft_live'], 100 * r['ttft_live_err']))
+        f.write('\nWithin 25%%: decode %d of %d, TTFT %d of %d.\n' % (lw('decode'), len(rows), lw('ttft'), len(rows)))
     if sweep:
         f.write('\n## Prompt lengths and concurrent streams\n\n'
                 'Rings of %s nodes at D = %g ms, the nodes and calibration above. TTFT: `run --ring` of a P-token prompt in chunks of %d (the '

@@ -169,6 +169,43 @@ g = [p['predict']['greedy_tok_s'] for p in (pd, po, pr)]
 assert g[0] > g[1] > g[2], g
 PY
 done
+# Small batches (col_reads=N, predict.h): a product of c columns reads its weights min(c, N) times - ggml's CPU
+# kernels multiply fewer than 4 columns one at a time. One node at 1 GB/s and compute for free: col_reads=1
+# gives the dense (D) and expert (X) bytes from a step of 1 token (D + X k/E) and of 64 (D + X, all touched);
+# col_reads=4 must then price a step of t tokens at D min(t, 4) + X U min(t k / (E U), 4), U = 1 - (1 - k/E)^t,
+# and the catalog's CPUs default to 4, its GPUs and custom to 1.
+for n in 1 4; do
+    printf 'node a device=custom mem=1 bw=1 tflops=1000000 eff=1 net=1000000 col_reads=%s\n' $n >"$WORK/cr$n.conf"
+    for t in 1 2 3 4 6 8 16 64; do "${P[@]}" --nodes "$WORK/cr$n.conf" --parallel $t --json >"$WORK/cr$n-$t.json"; done
+done
+printf 'node a device=cpu-ddr5 mem=1\n' >"$WORK/crc.conf"
+printf 'node a device=cpu-ddr5 mem=1 col_reads=%s\n' 4 >"$WORK/crc4.conf"
+printf 'node a device=cpu-ddr5 mem=1 col_reads=%s\n' 1 >"$WORK/crc1.conf"
+printf 'node a device=rtx5090\n' >"$WORK/crg.conf"
+printf 'node a device=rtx5090 col_reads=1\n' >"$WORK/crg1.conf"
+for c in crc crc4 crc1 crg crg1; do "${P[@]}" --nodes "$WORK/$c.conf" --parallel 4 --json >"$WORK/$c.json"; done
+check "col_reads: a step of t tokens reads each matrix min(t's columns, N) times; CPUs default to 4" python3 - "$WORK" <<'PY'
+import json, sys
+w = sys.argv[1]
+L = lambda n: json.load(open('%s/%s.json' % (w, n)))['predict']
+step = lambda n, t: t / L('cr%d-%d' % (n, t))['parallel_tok_s'] - L('cr%d-%d' % (n, t))['hops_s']
+E, k = 8, 2   # the tiny model: 8 experts, top-2
+q = k / E
+U = lambda t: 1 - (1 - q) ** t
+r1, r64 = step(1, 1) * 1e9, step(1, 64) * 1e9
+X = (r64 - r1) / (U(64) - q)
+D = r1 - X * q
+assert D > 0 and X > 0, (D, X)
+for t in (1, 2, 3, 4, 6, 8, 16, 64):
+    assert abs(step(1, t) * 1e9 - (D + X * U(t))) < 1e-6 * r64, ('col_reads=1', t)
+    want = D * min(t, 4) + X * U(t) * min(t * q / U(t), 4)
+    assert abs(step(4, t) * 1e9 - want) < 1e-6 * want, ('col_reads=4', t, step(4, t) * 1e9, want)
+assert L('cr1-1')['greedy_tok_s'] == L('cr4-1')['greedy_tok_s']          # one token: one read either way
+assert L('crc')['parallel_tok_s'] == L('crc4')['parallel_tok_s'] < L('crc1')['parallel_tok_s']
+assert L('crg')['parallel_tok_s'] == L('crg1')['parallel_tok_s']
+print('D %.0f X %.0f bytes; 4 tokens: %.2f reads of D' % (D, X, step(4, 4) / step(1, 4)))
+PY
+bad "col_reads out of range, by line" "bad.conf:1: bad col_reads=0 .*col_reads 1..64" "node a device=cpu-ddr5 col_reads=0"
 bad "ram_bw without ram" "bad.conf:1: ram_bw= and ram_tflops= describe the RAM that ram=GB offers" "node a device=h100 ram_bw=50"
 check "--devices lists the catalog" sh -c '"$1" plan --devices | grep -q "^rtx5090 .* 32 .* 1792"' _ "$RINGLM"
 rc=0

@@ -49,6 +49,10 @@ check "... the prediction printed at start" grep -Eq "^predicted \(ringlm plan's
 check "... and next to what ran: decode" grep -Eq "^decode: [0-9.]+ tok/s greedy; the plan predicted [0-9.]+ \([-+][0-9]+%\)$" "$WORK/ring.err"
 check "... and time to first token" grep -Eq "^time to first token: [0-9.]+ s; the plan predicted [0-9.]+ \([-+][0-9]+%\)$" "$WORK/ring.err"
 check "... the nodes measured their FLOPs at start" grep -Eq "ready: .* [0-9.]+ TFLOPS matrix-matrix" "$RING/n1.log"
+check "... each node timed its stage at ASSIGN (one-token frames and a chunk)" grep -Eq \
+    "stage timed: a 1-token frame [0-9.]+ / [0-9.]+ ms, [0-9]+ tokens [0-9.]+ ms" "$RING/n1.log"
+check "... and the prediction from those frames printed once loaded" grep -Eq \
+    "^predicted from the stages' own timed frames: decode [0-9.]+ tok/s greedy = 1 / \(hops [0-9.]+ ms \+ compute [0-9.]+ ms\)$" "$WORK/ring.err"
 # The relays impose 50 ms a traversal in the best order (loopback adds little): the measured hops say so.
 check "... the measured hops are the relays' (50 ms, plus loopback)" python3 -c '
 import json, sys

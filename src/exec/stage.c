@@ -3,6 +3,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../speculate/accept.h"
 
@@ -652,4 +653,59 @@ int stage_replay(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in
                  uint64_t seq_id, const uint8_t *stale, uint8_t **out, size_t *out_len, rl_err *err) {
     const stage_replay_spec rp = {.seq_id = seq_id, .stale = stale};
     return stage_exec(s, h, in, in_len, q, q_len, &rp, out, out_len, err);
+}
+
+/* One frame of n tokens of the scratch sequence at pos: its payload built as the previous stage sends it. */
+static int stage_time_frame(ring_stage *s, uint32_t pos, uint32_t n, double *sec, rl_err *err) {
+    const k3_engine *e = s->e;
+    rf_header h = {.type = RF_FORWARD, .n_seqs = 1};
+    h.seqs[0] = (rf_seq){.seq_id = STAGE_SCRATCH_ID, .pos = pos, .n_tokens = n, .flags = pos == 0 ? RF_SEQ_NEW : 0,
+                         .smp = {.temperature = 0, .top_p = 1, .repeat_penalty = 1}}; /* greedy */
+    k3_boundary b = {0};
+    const uint32_t n_ckpt = k3_n_banked_before(&e->hp, e->a);
+    if (e->a > 0 && k3_boundary_alloc(&b, n, e->hp.n_embd, n_ckpt, err) != 0) return -1;
+    const size_t bw = e->a > 0 ? k3_boundary_wire_size(&b, (enum k3_wire_dtype)s->wire) : 0;
+    uint8_t *in = malloc((size_t)n * 4 + bw), *out = NULL;
+    if (!in) {
+        k3_boundary_free(&b);
+        return rl_errf(err, "out of memory");
+    }
+    for (uint32_t t = 0; t < n; t++) { /* tokens of the vocabulary, spread over it; a state of small values */
+        int32_t tok = (int32_t)(1 + (pos + t) * 7919u % (e->hp.n_vocab - 1));
+        memcpy(in + 4 * (size_t)t, &tok, 4);
+    }
+    if (e->a > 0) {
+        const size_t nh = (size_t)n * e->hp.n_embd, nc = nh * n_ckpt;
+        for (size_t i = 0; i < nh; i++) b.h[i] = 0.01f * (float)((int)(i * 2654435761u % 201) - 100);
+        for (size_t i = 0; i < nc; i++) b.ckpt[i] = 0.01f * (float)((int)(i * 40503u % 201) - 100);
+        k3_boundary_encode(&b, (enum k3_wire_dtype)s->wire, in + (size_t)n * 4);
+    }
+    k3_boundary_free(&b);
+    h.payload_bytes = (size_t)n * 4 + bw;
+    size_t out_len = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = stage_run(s, &h, in, h.payload_bytes, NULL, 0, &out, &out_len, err);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    free(in);
+    free(out);
+    if (sec) *sec = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    return rc;
+}
+
+int stage_time(ring_stage *s, const uint32_t *n_tok, int n, double *sec, rl_err *err) {
+    uint64_t total = 1;
+    for (int i = 0; i < n; i++) {
+        if (n_tok[i] < 1) return rl_errf(err, "stage_time: a frame of no tokens");
+        total += n_tok[i];
+    }
+    if (total >= s->n_ctx) return rl_errf(err, "stage_time: %" PRIu64 " tokens do not fit a context of %u", total, s->n_ctx);
+    int rc = stage_time_frame(s, 0, 1, NULL, err);
+    uint32_t pos = 1;
+    for (int i = 0; i < n && rc == 0; i++) {
+        rc = stage_time_frame(s, pos, n_tok[i], &sec[i], err);
+        pos += n_tok[i];
+    }
+    stage_forget(s, STAGE_SCRATCH_ID);
+    return rc;
 }

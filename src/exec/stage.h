@@ -77,6 +77,14 @@ void stage_forget(ring_stage *s, uint64_t seq_id);
 int stage_run(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_len, const uint8_t *q, size_t q_len,
               uint8_t **out, size_t *out_len, rl_err *err);
 
+/* Times frames of n_tok[0..n) tokens of one scratch sequence (id STAGE_SCRATCH_ID) through this stage, after
+ * a one-token frame that starts it (the first run of a graph pays its allocation, so it is not timed); the
+ * sequence is forgotten after. The frames are what the ring sends: tokens (and on a later stage a boundary
+ * state of small values), the last stage sampling greedily. sec[i]: wall seconds of frame i. Every n_tok[i]
+ * must be at least 1 and their sum below n_ctx. (node.c: the node's own measure of its stage, docs/plan.md.) */
+#define STAGE_SCRATCH_ID UINT64_MAX
+int stage_time(ring_stage *s, const uint32_t *n_tok, int n, double *sec, rl_err *err);
+
 /* Replays what a node ran for one sequence (trust/audit.h): the whole frame runs as stage_run would run
  * it, with seq_id on its state here and every other sequence of the frame on a stand-in - a fresh state
  * holding just its tokens, at position 0, dropped after the frame. Why the whole frame and not the

@@ -248,13 +248,18 @@ int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, pr_re
     for (int s = 0; s < rc->plan.n_stages; s++) {
         int nd = rc->plan.stages[s].node;
         nodes[s] = (pr_node){.speed = rc->nodes[nd].speed, .flops = rc->nodes[nd].flops > 0 ? rc->nodes[nd].flops : INFINITY,
-                             .net = INFINITY, .disk = rc->nodes[nd].disk_bps};
+                             .net = INFINITY, .disk = rc->nodes[nd].disk_bps, .col_reads = PR_CPU_COL_READS};
         if (rc->pnodes[nd].ram_bytes > 0) { /* the device's figures, and the CPU's for the part in RAM */
             nodes[s].two_tier = true;
+            nodes[s].col_reads = 1;
             nodes[s].ram_speed = nodes[s].speed;
             nodes[s].ram_flops = nodes[s].flops;
             nodes[s].speed = rc->nodes[nd].dev_speed;
             nodes[s].flops = rc->nodes[nd].dev_flops > 0 ? rc->nodes[nd].dev_flops : INFINITY;
+        }
+        const ring_node_state *ns = &rc->nodes[nd];
+        if (ns->n_steps > 0 && ns->step_a == rc->plan.stages[s].a && ns->step_b == rc->plan.stages[s].b) {
+            (void)pr_stage_calibrate(rc->m, &rc->hp, &rc->plan.stages[s], &nodes[s], ns->step_tok, ns->step_s, ns->n_steps);
         }
         hop_s[s] = prev < 0 ? rc->coord_delay_s[nd] : rc->delay_s[prev][nd];
         prev = nd;
@@ -636,12 +641,33 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
             ring_close(rc);
             return -1;
         }
-        /* Where the node computes its layers (a GPU, split with its CPU: docs/devices.md). */
-        cJSON *rj = !o->quiet && p.n >= 2 ? cJSON_ParseWithLength(p.data[1], p.len[1]) : NULL;
+        /* Where the node computes its layers (a GPU, split with its CPU: docs/devices.md), and its stage's
+         * own timed frames for the prediction (a malformed entry leaves them all out). */
+        cJSON *rj = p.n >= 2 ? cJSON_ParseWithLength(p.data[1], p.len[1]) : NULL;
         const cJSON *wh = rj ? cJSON_GetObjectItemCaseSensitive(rj, "where") : NULL;
-        if (cJSON_IsString(wh)) fprintf(stderr, "stage %d (%s) computes on %s\n", s + 1, conf->nodes[st->node].addr, wh->valuestring);
+        if (!o->quiet && cJSON_IsString(wh)) fprintf(stderr, "stage %d (%s) computes on %s\n", s + 1, conf->nodes[st->node].addr, wh->valuestring);
+        ring_node_state *ns2 = &rc->nodes[st->node];
+        ns2->n_steps = 0;
+        const cJSON *steps = rj ? cJSON_GetObjectItemCaseSensitive(rj, "steps") : NULL, *sv;
+        cJSON_ArrayForEach(sv, steps) {
+            const double tk = jnum_or(sv, "tokens", 0), sec = jnum_or(sv, "s", 0);
+            if (ns2->n_steps < 0 || ns2->n_steps == 8 || !(tk >= 1 && tk <= o->n_ctx && sec > 0 && sec < 3600)) {
+                ns2->n_steps = -1;
+                continue;
+            }
+            ns2->step_tok[ns2->n_steps] = tk;
+            ns2->step_s[ns2->n_steps++] = sec;
+        }
+        if (ns2->n_steps < 0) ns2->n_steps = 0;
+        ns2->step_a = st->a, ns2->step_b = st->b;
         cJSON_Delete(rj);
         zs_parts_free(&p);
+    }
+    bool timed = false;
+    for (int s = 0; s < rc->plan.n_stages; s++) timed |= rc->nodes[rc->plan.stages[s].node].n_steps > 0;
+    if (!o->quiet && timed && ring_prediction(rc, 1, 1, &pred) == 0) {
+        fprintf(stderr, "predicted from the stages' own timed frames: decode %.2f tok/s greedy = 1 / (hops %.1f ms + "
+                        "compute %.1f ms)\n", pred.greedy_tok_s, pred.hops_s * 1e3, pred.compute_s * 1e3);
     }
     return 0;
 }

@@ -125,6 +125,11 @@ typedef struct ring_node_state {
                         * recompute on a device of that backend here if there is one (coord_audit.c) */
     uint64_t dev_bytes;
     double dev_speed, dev_flops;
+    /* READY "steps": its stage's own timed frames at the last ASSIGN (node.c), for the prediction
+     * (predict.h pr_stage_calibrate); n_steps 0: none (the probe's figures stand) */
+    int n_steps;
+    double step_tok[8], step_s[8];
+    uint32_t step_a, step_b; /* the range they timed */
     int n_parts;                       /* dev_name lists several devices: each one's name and room */
     char part_name[PLAN_MAX_PARTS][24];
     uint64_t part_room[PLAN_MAX_PARTS];

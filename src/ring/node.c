@@ -109,6 +109,13 @@ typedef struct node {
     k3_engine e;
     uint32_t a, b, n_ctx;
     int n_seqs; /* sequences the ring holds at once (ASSIGN): the stage pools their states */
+    /* Its stage's own timed frames (stage_time at ASSIGN; READY "steps"), from which the coordinator fits
+     * this node's figures for its prediction (predict.h, pr_stage_calibrate); kept for the assignment they
+     * timed (step_key), so an ASSIGN of the same range and shape does not time it again. */
+    int n_steps;
+    uint32_t step_tok[3];
+    double step_s[3];
+    char step_key[200];
     int stage, n_stages, wire;
     ring_stage stage_rt; /* the sequences' state and the compute of this stage (stage.h) */
     tok_tokenizer tok;   /* last stage: the model's vocabulary, so it can sample constrained output */
@@ -772,6 +779,35 @@ static void node_pull(node *n, const zs_parts *p, const rf_header *h) {
     cJSON_Delete(j);
 }
 
+/* Times the assigned stage on a scratch sequence: two one-token frames (a decode step; the faster counts
+ * twice as the fit's data, which is what two samples of the same shape do) and one chunk of up to 64
+ * tokens, for the coordinator's prediction (READY "steps"; docs/plan.md). Not under --mem (the frames
+ * would time the disk and fill the expert cache with the scratch's experts), and not for a context too
+ * small to hold them. A failure only leaves the steps out: the probe's figures then stand. */
+static void node_time_stage(node *n) {
+    char key[sizeof n->step_key];
+    snprintf(key, sizeof key, "%s %u %u %u %d %u %u %d", n->hash, n->a, n->b, n->n_ctx, n->n_seqs, n->gpu_layers,
+             n->n_cpu_moe, n->wire);
+    if (n->n_steps > 0 && strcmp(key, n->step_key) == 0) return;
+    n->n_steps = 0;
+    n->step_key[0] = 0;
+    if (n->disk > 0 || n->n_ctx < 16) return;
+    const uint32_t chunk = n->n_ctx - 3 < 64 ? n->n_ctx - 3 : 64;
+    uint32_t tok[3] = {1, 1, chunk};
+    double sec[3];
+    rl_err err;
+    if (stage_time(&n->stage_rt, tok, 3, sec, &err) != 0) {
+        node_log(n, "timing the stage failed (%s); the coordinator predicts from the probe's figures", err.msg);
+        return;
+    }
+    memcpy(n->step_tok, tok, sizeof tok);
+    memcpy(n->step_s, sec, sizeof sec);
+    n->n_steps = 3;
+    snprintf(n->step_key, sizeof n->step_key, "%s", key);
+    node_log(n, "stage timed: a 1-token frame %.1f / %.1f ms, %u tokens %.1f ms", sec[0] * 1e3, sec[1] * 1e3, chunk,
+             sec[2] * 1e3);
+}
+
 static void node_assign(node *n, uint64_t step, const zs_parts *p) {
     const char *json = p->data[2];
     size_t len = p->len[2];
@@ -938,6 +974,7 @@ static void node_assign(node *n, uint64_t step, const zs_parts *p) {
     }
     node_log(n, "stage %d of %d: layers [%u, %u) of %.12s..., %s", n->stage + 1, n->n_stages, n->a, n->b, n->hash,
              n->next ? "forwarding downstream" : "last stage, returning to the coordinator");
+    node_time_stage(n);
     cJSON *r = cJSON_CreateObject();
     cJSON_AddNumberToObject(r, "a", n->a);
     cJSON_AddNumberToObject(r, "b", n->b);
@@ -945,6 +982,15 @@ static void node_assign(node *n, uint64_t step, const zs_parts *p) {
     char where[512];
     k3_engine_describe(&n->e, where, sizeof where);
     cJSON_AddStringToObject(r, "where", where);
+    if (n->n_steps > 0) {
+        cJSON *sa = cJSON_AddArrayToObject(r, "steps");
+        for (int i = 0; i < n->n_steps; i++) {
+            cJSON *st = cJSON_CreateObject();
+            cJSON_AddNumberToObject(st, "tokens", n->step_tok[i]);
+            cJSON_AddNumberToObject(st, "s", n->step_s[i]);
+            cJSON_AddItemToArray(sa, st);
+        }
+    }
     char *s = cJSON_PrintUnformatted(r);
     cJSON_Delete(r);
     if (s) node_reply(n, RF_READY, step, s, strlen(s));

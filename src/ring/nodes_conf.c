@@ -9,17 +9,17 @@
 /* Vendor figures, rounded: memory per device, memory bandwidth, dense f16 tensor throughput. They are what
  * a plan assumes unless a line overrides them; every one is a spec sheet's, not a measurement. */
 static const nc_device catalog[] = {
-    {"rtx5090", "NVIDIA GeForce RTX 5090", 32, 1792, 105},
-    {"rtx4090", "NVIDIA GeForce RTX 4090", 24, 1008, 83},
-    {"rtx3090", "NVIDIA GeForce RTX 3090", 24, 936, 71},
-    {"rtxpro6000", "NVIDIA RTX PRO 6000 Blackwell", 96, 1792, 126},
-    {"h100", "NVIDIA H100 SXM", 80, 3350, 989},
-    {"h200", "NVIDIA H200 SXM", 141, 4800, 989},
-    {"gb10", "NVIDIA GB10 (DGX Spark class), unified memory", 128, 273, 62},
-    {"m3ultra", "Apple M3 Ultra, unified memory", 512, 819, 28},
-    {"cpu-ddr5", "a desktop CPU, 2-channel DDR5", 64, 80, 1.5},
-    {"epyc-ddr5", "a 12-channel DDR5 server CPU", 768, 460, 5},
-    {NULL, NULL, 0, 0, 0},
+    {"rtx5090", "NVIDIA GeForce RTX 5090", 32, 1792, 105, 1},
+    {"rtx4090", "NVIDIA GeForce RTX 4090", 24, 1008, 83, 1},
+    {"rtx3090", "NVIDIA GeForce RTX 3090", 24, 936, 71, 1},
+    {"rtxpro6000", "NVIDIA RTX PRO 6000 Blackwell", 96, 1792, 126, 1},
+    {"h100", "NVIDIA H100 SXM", 80, 3350, 989, 1},
+    {"h200", "NVIDIA H200 SXM", 141, 4800, 989, 1},
+    {"gb10", "NVIDIA GB10 (DGX Spark class), unified memory", 128, 273, 62, 1},
+    {"m3ultra", "Apple M3 Ultra, unified memory", 512, 819, 28, 1},
+    {"cpu-ddr5", "a desktop CPU, 2-channel DDR5", 64, 80, 1.5, 4},
+    {"epyc-ddr5", "a 12-channel DDR5 server CPU", 768, 460, 5, 4},
+    {NULL, NULL, 0, 0, 0, 0},
 };
 
 const nc_device *nc_catalog(void) { return catalog; }
@@ -32,9 +32,9 @@ const nc_device *nc_find_device(const char *name) {
 }
 
 void nc_print_catalog(FILE *f) {
-    fprintf(f, "%-12s %8s %10s %8s  %s\n", "device", "mem GB", "bw GB/s", "TFLOPS", "what");
+    fprintf(f, "%-12s %8s %10s %8s %9s  %s\n", "device", "mem GB", "bw GB/s", "TFLOPS", "col_reads", "what");
     for (const nc_device *d = catalog; d->name; d++) {
-        fprintf(f, "%-12s %8.0f %10.0f %8.1f  %s\n", d->name, d->mem_gb, d->bw_gbs, d->tflops, d->what);
+        fprintf(f, "%-12s %8.0f %10.0f %8.1f %9.0f  %s\n", d->name, d->mem_gb, d->bw_gbs, d->tflops, d->col_reads, d->what);
     }
 }
 
@@ -74,7 +74,7 @@ static int nc_figures(nc_node *nd, char **tok, int from, int nt, const char **lo
     nd->count = 1;
     nd->eff = 0.5;
     nd->net_mbit = 1000;
-    double mem = -1, bw = -1, tf = -1, count = 1;
+    double mem = -1, bw = -1, tf = -1, count = 1, cr = -1;
     for (int k = from; k < nt; k++) {
         char *eq = strchr(tok[k], '=');
         if (!eq) return rl_errf(err, "%s:%d: '%s' is not KEY=VALUE", path, ln, tok[k]);
@@ -88,6 +88,7 @@ static int nc_figures(nc_node *nd, char **tok, int from, int nt, const char **lo
         else if (strcmp(key, "mem") == 0 && num && x > 0) mem = x;
         else if (strcmp(key, "bw") == 0 && num && x > 0) bw = x;
         else if (strcmp(key, "tflops") == 0 && num && x > 0) tf = x;
+        else if (strcmp(key, "col_reads") == 0 && num && x >= 1 && x <= 64) cr = x;
         else if (strcmp(key, "count") == 0 && num && x >= 1 && x <= 64 && x == floor(x)) count = x;
         else if (strcmp(key, "eff") == 0 && num && x > 0 && x <= 1) nd->eff = x;
         else if (strcmp(key, "net") == 0 && num && x > 0) nd->net_mbit = x;
@@ -96,8 +97,8 @@ static int nc_figures(nc_node *nd, char **tok, int from, int nt, const char **lo
         else if (strcmp(key, "ram_bw") == 0 && num && x > 0) nd->ram_bw_gbs = x;
         else if (strcmp(key, "ram_tflops") == 0 && num && x > 0) nd->ram_tflops = x;
         else {
-            return rl_errf(err, "%s:%d: bad %s=%s (keys: device, count, mem, bw, tflops, eff 0..1, net, disk, ram, ram_bw, "
-                                "ram_tflops, %s)", path, ln, key, v, at ? "at, loc" : "loc");
+            return rl_errf(err, "%s:%d: bad %s=%s (keys: device, count, mem, bw, tflops, col_reads 1..64, eff 0..1, net, disk, "
+                                "ram, ram_bw, ram_tflops, %s)", path, ln, key, v, at ? "at, loc" : "loc");
         }
     }
     if (!nd->device[0]) {
@@ -113,6 +114,7 @@ static int nc_figures(nc_node *nd, char **tok, int from, int nt, const char **lo
     nd->mem_gb = mem > 0 ? mem : d->mem_gb * count;
     nd->bw_gbs = bw > 0 ? bw : d->bw_gbs * count;
     nd->tflops = tf > 0 ? tf : d ? d->tflops * count : 1.0;
+    nd->col_reads = cr > 0 ? cr : d ? d->col_reads : 1.0;
     if ((nd->ram_bw_gbs > 0 || nd->ram_tflops > 0) && !(nd->ram_gb > 0)) {
         return rl_errf(err, "%s:%d: ram_bw= and ram_tflops= describe the RAM that ram=GB offers: add ram=", path, ln);
     }

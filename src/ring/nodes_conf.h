@@ -3,7 +3,7 @@
  *
  * nodes.conf, one statement per line, '#' starts a comment:
  *
- *   node NAME device=DEV [count=N] [mem=GB] [bw=GB/s] [tflops=T] [eff=F] [net=Mbit/s] [loc=PLACE]
+ *   node NAME device=DEV [count=N] [mem=GB] [bw=GB/s] [tflops=T] [col_reads=N] [eff=F] [net=Mbit/s] [loc=PLACE]
  *             [disk=GB/s] [ram=GB [ram_bw=GB/s] [ram_tflops=T]]
  *   delay A B MS          one-way delay in ms between A and B: node names or places (symmetric)
  *   coordinator at=NAME | loc=PLACE [device=DEV [figures as node]]
@@ -12,6 +12,8 @@
  *
  * DEV is a catalog name (nc_catalog; `ringlm plan --devices` lists them) or `custom` (then mem= and bw= are
  * required). count multiplies a device's memory and bandwidth (a box with 2 GPUs splitting its layers).
+ * col_reads: a product of c columns (a step of c streams) reads its weights min(c, N) times - 1 on a GPU,
+ * 4 on a CPU (ggml's CPU kernels: predict.h); the catalog says which, custom defaults to 1.
  * eff: the fraction of the memory bandwidth (and of tflops) a decode step achieves, default 0.5. net: the
  * node's link bandwidth (default 1000 Mbit/s). ram: the host RAM of a GPU node, which holds what its devices
  * cannot (partial offload: routed experts of the first layers, or the last layers whole; plan.h), read at
@@ -32,6 +34,7 @@ typedef struct nc_device {
     double mem_gb;  /* per device */
     double bw_gbs;  /* memory bandwidth */
     double tflops;  /* dense f16 compute (for prefill) */
+    double col_reads; /* a product of c columns reads the weights min(c, col_reads) times (predict.h) */
 } nc_device;
 
 /* The catalog (NULL-named entry ends it). */
@@ -41,7 +44,7 @@ const nc_device *nc_find_device(const char *name);
 typedef struct nc_node {
     char name[64], device[32];
     int count;
-    double mem_gb, bw_gbs, tflops, eff, net_mbit;
+    double mem_gb, bw_gbs, tflops, eff, net_mbit, col_reads;
     double disk_gbs; /* > 0: routed experts past mem= are read from disk at this speed (docs/experts.md) */
     double ram_gb, ram_bw_gbs, ram_tflops; /* ram > 0: the host's RAM, a second tier after the device's mem=
                                             * (plan_node.ram_bytes); bandwidth and compute of its CPU */

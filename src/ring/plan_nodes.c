@@ -39,7 +39,8 @@ int pn_plan(const mf_model *m, const k3_hparams *hp, const nc_conf *c, uint32_t 
         int node = r->order[r->plan.stages[s].node];
         const nc_node *nd = &c->nodes[node];
         pr[s] = (pr_node){.speed = nd->bw_gbs * 1e9 * nd->eff, .flops = nd->tflops * 1e12 * nd->eff,
-                          .net = nd->net_mbit * 1e6 / 8, .disk = nd->disk_gbs * 1e9, .two_tier = nd->ram_gb > 0,
+                          .net = nd->net_mbit * 1e6 / 8, .disk = nd->disk_gbs * 1e9, .col_reads = nd->col_reads,
+                          .two_tier = nd->ram_gb > 0,
                           .ram_speed = nd->ram_bw_gbs * 1e9 * nd->eff, .ram_flops = nd->ram_tflops * 1e12 * nd->eff};
         r->hop_s[s] = nc_delay_s(c, prev, node);
         prev = node;
@@ -47,7 +48,7 @@ int pn_plan(const mf_model *m, const k3_hparams *hp, const nc_conf *c, uint32_t 
     r->hop_s[r->plan.n_stages] = nc_delay_s(c, prev, -1);
     pr_opts o = *po;
     o.draft.node = (pr_node){.speed = c->coord.bw_gbs * 1e9 * c->coord.eff, .flops = c->coord.tflops * 1e12 * c->coord.eff,
-                             .net = c->coord.net_mbit * 1e6 / 8};
+                             .net = c->coord.net_mbit * 1e6 / 8, .col_reads = c->coord.col_reads};
     return pr_predict(m, hp, &r->plan, pr, r->hop_s, &o, &r->pred, err);
 }
 

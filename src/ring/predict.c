@@ -52,9 +52,6 @@ static pr_stage_w pr_weights(const mf_model *m, const k3_hparams *hp, uint32_t a
     return w;
 }
 
-/* Seconds a stage needs for a traversal of `tokens` tokens. The sum, not the larger, of reading and
- * multiplying: on a CPU node a small batch pays both (bench_plan fits 1- to 256-token batches this way
- * within ~10%, where the larger of the two is 2x off at 5 tokens). */
 /* Share of a layer's routed experts that `tokens` tokens touch, choosing independently. */
 static double pr_touched(const k3_hparams *hp, double tokens) {
     return hp->n_expert ? 1.0 - pow(1.0 - (double)hp->n_expert_used / hp->n_expert, tokens) : 1.0;
@@ -65,13 +62,67 @@ static double pr_stage_disk(const k3_hparams *hp, const pr_stage_w *w, const pr_
     return w->miss > 0 && nd->disk > 0 ? w->exps * pr_touched(hp, tokens) * w->miss / nd->disk : 0;
 }
 
-static double pr_stage_time(const k3_hparams *hp, const pr_stage_w *w, const pr_node *nd, double tokens) {
-    double bytes = w->dense + w->exps * pr_touched(hp, tokens);
-    double t = bytes / nd->speed + 2.0 * tokens * w->elems / nd->flops + pr_stage_disk(hp, w, nd, tokens);
+/* Bytes a traversal of `tokens` tokens reads from weights of `dense` and `exps` bytes: each product of c
+ * columns reads its matrix min(c, col_reads) times (predict.h); an expert's columns are the tokens routed
+ * to it, tokens * k / the experts they touch, on average. */
+static double pr_read_bytes(const k3_hparams *hp, double dense, double exps, double tokens, double col_reads) {
+    const double r = col_reads > 1 ? col_reads : 1, touched = pr_touched(hp, tokens);
+    const double exp_cols = hp->n_expert && touched > 0 ? tokens * hp->n_expert_used / (hp->n_expert * touched) : tokens;
+    return dense * (tokens < r ? tokens : r) + exps * touched * (exp_cols < r ? exp_cols : r);
+}
+
+/* A stage's reading and multiplying for a traversal of `tokens` tokens, seconds (its disk reads apart). A
+ * verified block (verify) computes every column as a one-token step does, for the same bits (k3_forward.c,
+ * k3_mm_prec): on a CPU each column then reads the weights again. */
+static void pr_stage_parts(const k3_hparams *hp, const pr_stage_w *w, const pr_node *nd, double tokens, bool verify,
+                           double *read_s, double *mul_s) {
+    const double cr = verify && nd->col_reads > 1 ? INFINITY : nd->col_reads;
+    *read_s = pr_read_bytes(hp, w->dense, w->exps, tokens, cr) / nd->speed;
+    *mul_s = 2.0 * tokens * w->elems / nd->flops;
     if (w->r_dense + w->r_exps > 0) {
-        t += (w->r_dense + w->r_exps * pr_touched(hp, tokens)) / nd->ram_speed + 2.0 * tokens * w->r_elems / nd->ram_flops;
+        *read_s += pr_read_bytes(hp, w->r_dense, w->r_exps, tokens, verify ? INFINITY : PR_CPU_COL_READS) / nd->ram_speed;
+        *mul_s += 2.0 * tokens * w->r_elems / nd->ram_flops;
     }
-    return t;
+}
+
+/* Seconds a stage needs for a traversal of `tokens` tokens. The sum, not the larger, of reading and
+ * multiplying: on a CPU node a small batch pays both (where the larger of the two is 2x off at 5 tokens). */
+static double pr_stage_time(const k3_hparams *hp, const pr_stage_w *w, const pr_node *nd, double tokens, bool verify) {
+    double r, m;
+    pr_stage_parts(hp, w, nd, tokens, verify, &r, &m);
+    return r + m + pr_stage_disk(hp, w, nd, tokens);
+}
+
+int pr_stage_calibrate(const mf_model *m, const k3_hparams *hp, const plan_stage *st, pr_node *nd, const double *tokens,
+                       const double *sec, int n) {
+    if (n < 1 || st->cached < 1.0) return -1; /* a stage reading experts from disk: its steps time the disk too */
+    /* Figures a node did not report (0 or infinite) start at a placeholder the fit then scales. */
+    if (!(nd->speed > 0 && isfinite(nd->speed))) nd->speed = 1e10;
+    if (!(nd->flops > 0 && isfinite(nd->flops))) nd->flops = 1e12;
+    if (nd->two_tier && !(nd->ram_speed > 0 && isfinite(nd->ram_speed))) nd->ram_speed = nd->speed;
+    if (nd->two_tier && !(nd->ram_flops > 0 && isfinite(nd->ram_flops))) nd->ram_flops = nd->flops;
+    const pr_stage_w w = pr_weights(m, hp, st->a, st->b, st, nd->two_tier);
+    double R[8], M[8];
+    for (int i = 0; i < n && i < 8; i++) pr_stage_parts(hp, &w, nd, tokens[i], false, &R[i], &M[i]);
+    /* sec = alpha R + beta M: reading alpha times slower than the figures say, multiplying beta times;
+     * least squares over the frames, relative to each (the smallest frame counts as much as the largest). */
+    double srr = 0, srm = 0, smm = 0, srs = 0, sms = 0;
+    for (int i = 0; i < n && i < 8; i++) {
+        if (!(sec[i] > 0)) return -1;
+        const double r = R[i] / sec[i], mm = M[i] / sec[i];
+        srr += r * r, srm += r * mm, smm += mm * mm, srs += r, sms += mm;
+    }
+    const double det = srr * smm - srm * srm;
+    const bool apart = det > 1e-9 * srr * smm; /* frames of one shape only: reading and multiplying in one ratio */
+    double alpha = apart ? (srs * smm - sms * srm) / det : -1, beta = apart ? (srr * sms - srm * srs) / det : -1;
+    if (!(alpha > 0 && beta > 0)) { /* the frames cannot tell the two apart: one factor for both */
+        const double g = (srs + sms) > 0 ? (srs + sms) / (srr + 2 * srm + smm) : -1;
+        if (!(g > 0)) return -1;
+        alpha = beta = g;
+    }
+    nd->speed /= alpha, nd->flops /= beta;
+    if (nd->two_tier) nd->ram_speed /= alpha, nd->ram_flops /= beta;
+    return 0;
 }
 
 int pr_draft_read(pr_draft *d, const mf_model *draft, const mf_model *target, rl_err *err) {
@@ -105,18 +156,19 @@ int pr_draft_read(pr_draft *d, const mf_model *draft, const mf_model *target, rl
 
 double pr_draft_time(const pr_draft *d, int k, double a) {
     if (!(d->bytes > 0) || k < 1) return 0;
-    double step = d->bytes / d->node.speed + 2.0 * (d->block ? k : 1) * d->elems / d->node.flops;
+    const double cols = d->block ? k : 1, r = d->node.col_reads > 1 ? d->node.col_reads : 1;
+    double step = d->bytes * (cols < r ? cols : r) / d->node.speed + 2.0 * cols * d->elems / d->node.flops;
     return d->block ? step : (k + pow(a, k)) * step;
 }
 
-/* One traversal at `tokens` tokens: hops + stages + transfers, each part returned. */
+/* One traversal at `tokens` tokens (a verified block: verify): hops + stages + transfers, each part returned. */
 static double pr_traversal(const k3_hparams *hp, const plan_result *plan, const pr_stage_w *w, const pr_node *nodes,
-                           const double *hop_s, double tokens, double *hops, double *comp, double *xfer,
+                           const double *hop_s, double tokens, bool verify, double *hops, double *comp, double *xfer,
                            double *disk, double *slowest) {
     *hops = *comp = *xfer = *disk = *slowest = 0;
     for (int s = 0; s <= plan->n_stages; s++) *hops += hop_s[s];
     for (int s = 0; s < plan->n_stages; s++) {
-        double c = pr_stage_time(hp, &w[s], &nodes[s], tokens);
+        double c = pr_stage_time(hp, &w[s], &nodes[s], tokens, verify);
         double x = 0;
         if (s + 1 < plan->n_stages) { /* the boundary state, f32 on the wire */
             double net = nodes[s].net < nodes[s + 1].net ? nodes[s].net : nodes[s + 1].net;
@@ -142,7 +194,7 @@ static double pr_prefill(const k3_hparams *hp, const plan_result *plan, const pr
         const double c = prompt - done < chunk ? (double)(prompt - done) : (double)chunk;
         at = hop_s[0];
         for (int s = 0; s < plan->n_stages; s++) {
-            stage_free[s] = (at > stage_free[s] ? at : stage_free[s]) + pr_stage_time(hp, &w[s], &nodes[s], c);
+            stage_free[s] = (at > stage_free[s] ? at : stage_free[s]) + pr_stage_time(hp, &w[s], &nodes[s], c, false);
             at = stage_free[s];
             if (s + 1 < plan->n_stages) { /* the boundary state, f32 on the wire */
                 const double net = nodes[s].net < nodes[s + 1].net ? nodes[s].net : nodes[s + 1].net;
@@ -177,8 +229,8 @@ int pr_predict(const mf_model *m, const k3_hparams *hp, const plan_result *plan,
         w[s].miss = plan->stages[s].cached < 1.0 ? 1.0 - plan->stages[s].cached : 0;
     }
     double slowest;
-    double t1 = pr_traversal(hp, plan, w, nodes, hop_s, 1, &r->hops_s, &r->compute_s, &r->xfer_s, &r->disk_s, &slowest);
-    for (int s = 0; s < plan->n_stages; s++) r->stage_s[s] = pr_stage_time(hp, &w[s], &nodes[s], 1);
+    double t1 = pr_traversal(hp, plan, w, nodes, hop_s, 1, false, &r->hops_s, &r->compute_s, &r->xfer_s, &r->disk_s, &slowest);
+    for (int s = 0; s < plan->n_stages; s++) r->stage_s[s] = pr_stage_time(hp, &w[s], &nodes[s], 1, false);
     r->greedy_tok_s = 1.0 / t1;
     r->floor_tok_s = r->hops_s > 0 ? 1.0 / r->hops_s : INFINITY;
     r->dominant = r->disk_s > r->hops_s && r->disk_s > r->compute_s && r->disk_s > r->xfer_s ? "disk"
@@ -192,7 +244,7 @@ int pr_predict(const mf_model *m, const k3_hparams *hp, const plan_result *plan,
         for (int k = k_lo; k <= k_hi; k++) {
             double g = (1.0 - pow(a, k + 1)) / (1.0 - a);
             double ds = pr_draft_time(&o->draft, k, a);
-            double tk = pr_traversal(hp, plan, w, nodes, hop_s, k + 1, &h, &c, &x, &dk, &slowest) + ds;
+            double tk = pr_traversal(hp, plan, w, nodes, hop_s, k + 1, true, &h, &c, &x, &dk, &slowest) + ds;
             double q = pow(a, k + 1), iv = 0, rate = g / tk;
             if (o->draft_depth > 1 && q >= 0.25) {
                 /* The next block left while this one travelled: it stands with probability q (this one whole,
@@ -214,6 +266,6 @@ int pr_predict(const mf_model *m, const k3_hparams *hp, const plan_result *plan,
     r->ttft_s = pr_prefill(hp, plan, w, nodes, hop_s, prompt, chunk);
     r->prefill_tok_s = prompt / r->ttft_s;
     const uint32_t np = o->parallel ? o->parallel : 1;
-    r->parallel_tok_s = np / pr_traversal(hp, plan, w, nodes, hop_s, np, &h, &c, &x, &dk, &slowest);
+    r->parallel_tok_s = np / pr_traversal(hp, plan, w, nodes, hop_s, np, false, &h, &c, &x, &dk, &slowest);
     return 0;
 }

@@ -3,12 +3,18 @@
  *
  * A traversal carrying t tokens per sequence costs, per stage, bytes(t) / speed + flops(t) / compute (reads
  * and arithmetic do not overlap: what CPU nodes measure, bench/bench_plan.sh; on a GPU the second term is
- * small at decode): bytes(t) reads the dense weights once and the routed experts that t tokens touch,
+ * small at decode): bytes(t) reads the dense weights and the routed experts that t tokens touch,
  * E * (1 - (1 - k/E)^t) of E (each token picks k, independently), and flops(t) = 2 * t * the weights a
  * token multiplies; per hop, the one-way delay plus the boundary state's bytes over the slower of the two
- * links. Then
+ * links. A product of c columns (c = t for a dense matrix, t k / touched experts for an expert's) reads its
+ * weights min(c, col_reads) times: on a GPU once (col_reads 1), on a CPU up to PR_CPU_COL_READS times -
+ * ggml's CPU kernels multiply fewer than 4 columns one at a time, each a matrix-vector product streaming
+ * the weights again, and share a read among 4 columns only from 4 on (a 4-stream step costs about 4
+ * decode steps there: bench/results/plan-sweep.md). Then
  *   decode (greedy)       1 / (sum of hops + sum of stages(1) + transfers)
- *   speculative           g / T, T the same at t = k + 1 plus drafting k, g = (1 - a^(k+1)) / (1 - a) tokens
+ *   speculative           g / T, T the same at t = k + 1 (a verified block: each column computed as a
+ *                          one-token step computes it, for the same bits, so on a CPU reading the weights
+ *                          k + 1 times) plus drafting k, g = (1 - a^(k+1)) / (1 - a) tokens
  *                          per block at acceptance a, k drafted (chosen to maximize it when not given), one
  *                          block in flight; with D > 1 blocks in flight (run's --draft-depth), once a block
  *                          is likely to stand whole (q = a^(k+1) >= 0.25, as spec_gen.c decides), the next
@@ -32,11 +38,16 @@
 #include "../model/k3_hparams.h"
 #include "plan.h"
 
+/* ggml's CPU matrix kernels: below 4 columns, one matrix-vector product per column (predict.c). */
+#define PR_CPU_COL_READS 4.0
+
 typedef struct pr_node {
     double speed;  /* bytes of weights read per second in a decode step (effective) */
     double flops;  /* FLOP/s in a prefill chunk (effective) */
     double net;    /* link bytes per second */
     double disk;   /* bytes per second of routed experts read from disk (stages whose experts do not all fit) */
+    double col_reads; /* a product of c columns reads its weights min(c, col_reads) times (0: once, a GPU;
+                       * PR_CPU_COL_READS on a CPU); the RAM part of a two-tier node is a CPU's */
     /* A node with a device and RAM (plan_node.ram_bytes): the above are the device's, these the CPU's over
      * what its stage keeps in RAM (plan_stage.dev_layers, cpu_moe). */
     bool two_tier;
@@ -83,6 +94,16 @@ typedef struct pr_result {
     const char *dominant;             /* "hops", "compute" or "bandwidth" */
     double stage_s[PLAN_MAX_NODES];   /* per stage, one token */
 } pr_result;
+
+/* Fits a node's figures (nd: speed and flops, and ram_speed / ram_flops on a two-tier node) to its stage's
+ * own timed traversals: sec[i] seconds for tokens[i] tokens (n of them, at most 8; node.c times a scratch
+ * sequence at ASSIGN). The stage's predicted time is reading R / speed plus multiplying M / flops; the fit
+ * scales the two by factors alpha and beta (least squares on relative errors), or by one factor for both
+ * when the frames cannot tell them apart. -1 (nd unchanged) for a stage reading experts from disk, or
+ * times that are not positive. Why: the nodes' probes time one q8_0 product, not the model's ops, and a
+ * ring's printed prediction from them was 37-49% fast (docs/plan.md). */
+int pr_stage_calibrate(const mf_model *m, const k3_hparams *hp, const plan_stage *st, pr_node *nd, const double *tokens,
+                       const double *sec, int n);
 
 /* nodes[] and hop_s[] in plan order: hop_s[0] coordinator -> stage 0, hop_s[s] stage s-1 -> s, hop_s[n_stages]
  * last stage -> coordinator; nodes[s] the node running stage s. */

@@ -15,7 +15,8 @@
  *   INFO_REQ   coord -> node    (empty)
  *   INFO       node -> coord    JSON: mem_bytes, threads, backend, speed_bps, flops, models [{name, hash, bytes}]
  *   ASSIGN     coord -> node    JSON: model hash, layer range, next hop, allowed upstream key, n_ctx, ...
- *   READY      node -> coord    JSON: what was loaded, resident bytes
+ *   READY      node -> coord    JSON: what was loaded, resident bytes, where it computes, and "steps": its stage's
+ *                               own timed frames [{tokens, s}] (node.c node_time_stage; predict.h)
  *   FORWARD    prev -> node     stage 0: int32 tokens; later stages: boundary state (k3_boundary wire form)
  *   RESULT     last -> coord    int32 per sequence (the token; for VERIFY the number committed), then f32
  *                               logits when asked, then the committed tokens of every VERIFY sequence,

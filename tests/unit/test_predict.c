@@ -1,0 +1,110 @@
+/* test_predict - fitting a node's figures to its stage's own timed frames (src/ring/predict.h,
+ * pr_stage_calibrate), on a hand-made model whose bytes and elements are known.
+ *
+ * The times the fit is given are computed here from predict.h's documented model on its own (a stage of t
+ * tokens reads its dense weights min(t, col_reads) times and the experts it touches min(columns, col_reads)
+ * times, at `speed`, and multiplies 2 t elements at `flops`), so the test checks that the fit recovers the
+ * figures that produced them, not a copy of the fit. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ring/predict.h"
+
+#include "check.h"
+
+/* One layer of a two-layer model: a dense matrix and a routed-expert tensor of E experts, f32. */
+enum { D_ROWS = 64, D_COLS = 96, X_ROWS = 64, X_COLS = 32, E = 8, K = 2 };
+
+static void fake_model(mf_model *m, mf_tensor *t, k3_hparams *hp) {
+    memset(m, 0, sizeof *m);
+    memset(t, 0, 2 * sizeof *t);
+    t[0] = (mf_tensor){.name = "blk.0.attn_q.weight", .n_dims = 2, .ne = {D_COLS, D_ROWS, 1, 1},
+                       .nbytes = (size_t)D_ROWS * D_COLS * 4};
+    t[1] = (mf_tensor){.name = "blk.0.ffn_up_exps.weight", .n_dims = 3, .ne = {X_COLS, X_ROWS, E, 1},
+                       .nbytes = (size_t)X_ROWS * X_COLS * E * 4};
+    m->n_tensor = 2;
+    m->tensors = t;
+    memset(hp, 0, sizeof *hp);
+    hp->n_layer = 2; /* the stage below is layer 0 only: no output head */
+    hp->n_expert = E;
+    hp->n_expert_used = K;
+}
+
+/* The documented model, recomputed: seconds for a stage of t tokens at (speed, flops, col_reads). */
+static double model_time(double t, double speed, double flops, double r) {
+    const double dense = (double)D_ROWS * D_COLS * 4, exps = (double)X_ROWS * X_COLS * E * 4;
+    const double elems = (double)D_ROWS * D_COLS + (double)X_ROWS * X_COLS * E * K / E;
+    const double touched = 1 - pow(1 - (double)K / E, t), cols = t * K / (E * touched);
+    const double bytes = dense * fmin(t, r) + exps * touched * fmin(cols, r);
+    return bytes / speed + 2 * t * elems / flops;
+}
+
+int main(void) {
+    mf_model m;
+    mf_tensor t[2];
+    k3_hparams hp;
+    fake_model(&m, t, &hp);
+    plan_stage st = {.a = 0, .b = 1, .cached = 1.0};
+    const double true_speed = 2.5e10, true_flops = 3e11;
+
+    /* Two shapes (two one-token frames and a 64-token chunk, as a node times them): both figures back. */
+    for (int cr = 1; cr <= 4; cr += 3) {
+        double tok[3] = {1, 1, 64}, sec[3];
+        for (int i = 0; i < 3; i++) sec[i] = model_time(tok[i], true_speed, true_flops, cr);
+        pr_node nd = {.speed = 1e10, .flops = 1e12, .net = 1e9, .col_reads = cr};
+        CHECK(pr_stage_calibrate(&m, &hp, &st, &nd, tok, sec, 3) == 0, "col_reads %d: the fit is made", cr);
+        CHECK(fabs(nd.speed / true_speed - 1) < 1e-9 && fabs(nd.flops / true_flops - 1) < 1e-9,
+              "col_reads %d: the figures that produced the times come back", cr);
+        printf("col_reads %d: speed %.6g (want %.6g), flops %.6g (want %.6g)\n", cr, nd.speed, true_speed, nd.flops,
+               true_flops);
+    }
+
+    /* Figures the node did not report (infinite compute, as the coordinator keeps a missing one) fit too. */
+    {
+        double tok[2] = {1, 32}, sec[2] = {model_time(1, true_speed, true_flops, 4), model_time(32, true_speed, true_flops, 4)};
+        pr_node nd = {.speed = 1e10, .flops = INFINITY, .net = 1e9, .col_reads = 4};
+        CHECK(pr_stage_calibrate(&m, &hp, &st, &nd, tok, sec, 2) == 0, "infinite compute: the fit is made");
+        CHECK(isfinite(nd.flops) && fabs(nd.speed / true_speed - 1) < 1e-9 && fabs(nd.flops / true_flops - 1) < 1e-9,
+              "... and finds both figures");
+    }
+
+    /* One shape only cannot tell reading from multiplying: one factor scales both, and the stage's predicted
+     * time then equals the timed one. */
+    {
+        double tok[2] = {1, 1}, sec[2] = {0.010, 0.012};
+        pr_node nd = {.speed = 1e10, .flops = 1e12, .net = 1e9, .col_reads = 4};
+        CHECK(pr_stage_calibrate(&m, &hp, &st, &nd, tok, sec, 2) == 0, "one shape: the fit is made");
+        CHECK(fabs(nd.speed / nd.flops / (1e10 / 1e12) - 1) < 1e-12, "... by one factor for both figures");
+        const double got = model_time(1, nd.speed, nd.flops, 4);
+        CHECK(got > 0.010 && got < 0.012, "... the prediction between the two timed frames (%.6f)", got);
+        printf("one shape: predicted %.6f s between the timed 0.010 and 0.012\n", got);
+    }
+
+    /* Nothing to fit: a stage reading experts from disk (its frames time the disk), or a time that is not
+     * positive; the figures stay as they were. */
+    {
+        double tok[2] = {1, 64}, sec[2] = {0.01, 0.3};
+        pr_node nd = {.speed = 1e10, .flops = 1e12, .net = 1e9, .col_reads = 4};
+        plan_stage disk = st;
+        disk.cached = 0.5;
+        CHECK(pr_stage_calibrate(&m, &hp, &disk, &nd, tok, sec, 2) == -1, "a stage reading experts from disk: no fit");
+        CHECK(nd.speed == 1e10 && nd.flops == 1e12, "... the figures unchanged");
+        sec[1] = 0;
+        CHECK(pr_stage_calibrate(&m, &hp, &st, &nd, tok, sec, 2) == -1, "a time of 0: no fit");
+        CHECK(nd.speed == 1e10 && nd.flops == 1e12, "... the figures unchanged");
+        CHECK(pr_stage_calibrate(&m, &hp, &st, &nd, tok, sec, 0) == -1, "no frames: no fit");
+    }
+
+    /* A two-tier node (a device and RAM): the same two factors scale both tiers' figures. */
+    {
+        plan_stage two = st;
+        two.dev_layers = 1, two.cpu_moe = 1; /* the layer on the device, its experts in RAM */
+        pr_node nd = {.speed = 1e11, .flops = 1e13, .net = 1e9, .two_tier = true, .ram_speed = 1e10, .ram_flops = 1e12};
+        double tok[3] = {1, 1, 64}, sec[3] = {0.004, 0.004, 0.05};
+        CHECK(pr_stage_calibrate(&m, &hp, &two, &nd, tok, sec, 3) == 0, "two tiers: the fit is made");
+        CHECK(fabs(nd.speed / nd.ram_speed - 10) < 1e-9 && fabs(nd.flops / nd.ram_flops - 10) < 1e-9,
+              "... scaling both tiers alike");
+    }
+    return check_done();
+}
