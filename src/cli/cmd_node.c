@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../base/heap.h"
 #include "../model/k3_forward.h"
 #include "../ring/node.h"
 #include "cli.h"
@@ -114,6 +115,7 @@ int cmd_node(int argc, char **argv) {
     sigaddset(&s, SIGINT);
     sigaddset(&s, SIGTERM);
     sigprocmask(SIG_BLOCK, &s, NULL);
+    if (!o.eng.mem_bytes) rl_heap_keep(); /* a frame's buffers stay for the next (base/heap.h) */
     if (node_run(&o, &err) != 0) {
         fprintf(stderr, "ringlm node: %s\n", err.msg);
         return 1;

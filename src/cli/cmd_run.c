@@ -10,6 +10,7 @@
 
 #include <cJSON.h>
 
+#include "../base/heap.h"
 #include "../gen/generate.h"
 #include "../model/expert_cache.h"
 #include "../model/k3_memory.h"
@@ -539,6 +540,7 @@ int cmd_run(int argc, char **argv) {
             goto out;
         }
     }
+    if (!a->eo.mem_bytes) rl_heap_keep(); /* a step's buffers stay for the next (base/heap.h) */
     run_out ro = {.ids = a->ids, .shown = CHAT_CH_NONE};
     if (run_prompt(a, &m, &hp, &tok, &toks, &n_toks, &text, &ro, &err) != 0) goto out;
     gen_metrics gm;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "../serve/backend_ring.h"
+#include "../base/heap.h"
 #include "../speculate/draft_pool.h"
 #include "../speculate/drafter.h"
 #include "../serve/http.h"
@@ -200,6 +201,8 @@ int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "ringlm serve: --ring and --key go together (the ring's nodes, the coordinator's identity)\n");
         return 2;
     }
+
+    if (!eo.mem_bytes) rl_heap_keep(); /* a step's buffers stay for the next (base/heap.h) */
 
     /* SIGINT/SIGTERM are blocked here, before any thread exists, so every thread inherits the mask and the
      * signals stay pending until this thread takes them with sigwaitinfo: shutdown then runs as ordinary
