@@ -779,8 +779,8 @@ static void node_pull(node *n, const zs_parts *p, const rf_header *h) {
     cJSON_Delete(j);
 }
 
-/* Times the assigned stage on a scratch sequence: two one-token frames (a decode step; the faster counts
- * twice as the fit's data, which is what two samples of the same shape do) and one chunk of up to 64
+/* Times the assigned stage on a scratch sequence: two one-token frames (a decode step, sampled twice: both
+ * go to the fit, which weighs each frame relative to its own time) and one chunk of up to 64
  * tokens, for the coordinator's prediction (READY "steps"; docs/plan.md). Not under --mem (the frames
  * would time the disk and fill the expert cache with the scratch's experts), not on a GPU, and not for a
  * context too small to hold them. A failure only leaves the steps out: the probe's figures then stand. */
