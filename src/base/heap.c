@@ -1,6 +1,10 @@
 /* heap.c - the allocator's thresholds for computing processes (heap.h). */
 #include "heap.h"
 
+/* <stdlib.h> brings <features.h>, which defines __GLIBC__: without a C library header first, the test below
+ * is always false and this function compiles to nothing (as it did when it was first written). */
+#include <stdlib.h>
+
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif

@@ -4,8 +4,9 @@
  * rollback staging, the graph's host copies) and frees them at its end. glibc's defaults hand memory above
  * 128 KiB back to the kernel as soon as it is freed at the top of the heap (and map larger blocks of their
  * own), so the next step faults every page in again, zeroed. On a paravirtualized VM a page fault costs
- * several microseconds: a ring node's 5-token verification frame took 2.3x its compute (bench/results/
- * plan.md, "twin"; 155 ms against 64 ms on the same frame with the heap kept). rl_heap_keep raises both
+ * several microseconds (16 on this project's 2-vCPU VM): a ring node's 5-token verification frames took
+ * 130-230 ms instead of 65-90 while a sequence's rollback buffers (30 MB a block there) were first touched,
+ * and again for every sequence, since freeing them handed the pages back. rl_heap_keep raises both
  * thresholds so that a step's buffers stay in the process for the next one: resident memory then stays at
  * its peak instead of falling between steps, which is why a memory-capped run (--mem) does not call it. */
 #ifndef RINGLM_HEAP_H
