@@ -42,6 +42,32 @@ assert p['spec_tok_s'] > p['greedy_tok_s'] and p['parallel_tok_s'] > p['greedy_t
 assert sum(s['b'] - s['a'] for s in j['stages']) == 6 and j['stages'][0]['a'] == 0
 print(j['order'], round(best, 1), 'ms', p['dominant'])
 PY
+# Speculating, each stage keeps every sequence's blocks in flight for rollback: a copy of the KDA state per
+# token (k3_range_rollback_bytes). The plan counts them: from inspect's shapes, (depth + 1) slots of k + 1
+# tokens per KDA layer and stream, and the stages' memory is that much more (and its headroom) than without.
+"${P[@]}" --nodes "$WORK/nodes.conf" --parallel 4 --prompt 300 --ctx 512 --json >"$WORK/p0.json"
+"${P[@]}" --nodes "$WORK/nodes.conf" --acceptance 0.6 --draft-n 3 --draft-depth 1 --parallel 4 --prompt 300 --ctx 512 \
+    --json >"$WORK/p1.json"
+"$RINGLM" inspect "$f" --kv >"$WORK/kv.txt"
+check "the plan holds the rollback copies of speculative blocks (inspect's shapes; with and without)" \
+    python3 - "$WORK/p.json" "$WORK/p0.json" "$WORK/p1.json" "$WORK/kv.txt" <<'PY'
+import json, sys
+p, p0, p1 = (json.load(open(x)) for x in sys.argv[1:4])
+kv = dict(l.split(' ', 1) for l in open(sys.argv[4]).read().splitlines())
+L, H, dk, kc = (int(kv[k]) for k in ('n_layer', 'n_head', 'kda_head_dim', 'conv_kernel'))
+kda = L - len(kv['mla_layers'].split())
+def want(block, depth, streams):  # per KDA layer and slot: the delta state per token and the conv windows
+    return streams * (depth + 1) * kda * (block * H * dk * dk * 4 + 3 * (kc - 1 + block) * H * dk * 4)
+k = p['predict']['draft_k']
+assert p['predict']['rollback_block'] == k + 1 and p['predict']['rollback_bytes'] == want(k + 1, 2, 4), p['predict']
+assert p1['predict']['rollback_block'] == 4 and p1['predict']['rollback_bytes'] == want(4, 1, 4), p1['predict']
+assert 'rollback_bytes' not in p0['predict']
+cut = lambda j: [(s['a'], s['b']) for s in j['stages']]
+mem = lambda j: sum(s['mem_bytes'] for s in j['stages'])
+assert cut(p1) == cut(p0), (cut(p0), cut(p1))
+assert abs(mem(p1) - mem(p0) - 1.10 * want(4, 1, 4)) <= 8, (mem(p1) - mem(p0), want(4, 1, 4))  # with the plan's 10% headroom
+print('rollback', want(k + 1, 2, 4), 'bytes at k', k, 'depth 2;', want(4, 1, 4), 'at k 3 depth 1')
+PY
 # A shape-only manifest (synth --shape-only: no weights) plans exactly as the model itself, and runs nothing.
 "$RINGLM_SYNTH" synth --no-progress --config tiny --seed 1 --shape-only -o "$WORK/shapes.manifest" >/dev/null
 "$RINGLM" plan --manifest "$WORK/shapes.manifest" --nodes "$WORK/nodes.conf" --acceptance 0.6 --parallel 4 --prompt 300 \

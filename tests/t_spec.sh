@@ -64,6 +64,13 @@ for dd in "2 ngram" "2 $self8" "2 dspark:$WORK/dspark.gguf" "3 ngram"; do
     done
     check "$name, $depth blocks in flight through a 3-node ring: 20/20 prompts give the plain greedy tokens ($same/20, $cancelled stale blocks cancelled)" \
         test $same = 20
+    # Each stage kept only the blocks in flight for rollback (ASSIGN's rollback_blocks), and that was enough.
+    kept=0
+    for i in 1 2 3; do
+        grep "stage . of 3" "$RING/n$i.log" | tail -1 | grep -q "; $depth speculative blocks\{0,1\} in flight kept for rollback" &&
+            kept=$((kept + 1))
+    done
+    check "... every stage kept $depth block(s) for rollback, as many as were in flight ($kept/3)" test $kept = 3
     [ "$d" = ngram ] && [ "$depth" = 2 ] && check "... and stale blocks were exercised ($cancelled)" test "$cancelled" -gt 0
 done
 # Receipts on verify traversals: drafted blocks and rollbacks still chain, and the file verifies offline.

@@ -145,6 +145,10 @@ int cmd_plan(int argc, char **argv) {
     o.manifest = manifest ? &mf : NULL;
     o.manifest_path = manifest;
     o.plan_only = true;
+    if (acceptance > 0 && draft_n > 0) { /* the rollback copies of speculative blocks (pn_plan's) */
+        o.spec_block = (uint32_t)draft_n + 1;
+        o.spec_depth = draft_depth;
+    }
     if (ring_open(&rc, &conf, &id, &m, &hp, &o, &err) != 0) goto out;
     ring_close(&rc);
     rc_ = 0;

@@ -461,6 +461,10 @@ static int run_ring(const run_args *a, mf_model *m, k3_hparams *hp, const tok_to
     ro_.audit_tol = a->trust.audit_tol;
     ro_.manifest = a->have_mf ? a->mf : NULL;
     ro_.manifest_path = a->manifest;
+    if (drafter) { /* blocks of up to k_max drafts and the token before them, depth of them in flight */
+        ro_.spec_block = (uint32_t)spp->k_max + 1;
+        ro_.spec_depth = spp->depth < 1 ? 1 : spp->depth > SPEC_MAX_DEPTH ? SPEC_MAX_DEPTH : spp->depth;
+    }
     if (ring_open(&rc, &conf, &id, m, hp, &ro_, err) != 0) {
         if (rf) fclose(rf);
         return -1;

@@ -269,6 +269,10 @@ int cmd_serve(int argc, char **argv) {
         rcfg.opts.audit_seed = trust.audit_seed;
         rcfg.opts.audit_tol = trust.audit_tol;
         if (trust.node_timeout > 0) rcfg.opts.dead_s = trust.node_timeout;
+        if (strcmp(draft, "none") != 0) { /* each step verifies a block of up to draft_n drafts per sequence */
+            rcfg.opts.spec_block = (uint32_t)draft_n + 1;
+            rcfg.opts.spec_depth = 1;
+        }
         if (draft_dspark) {
             const uint32_t *layers;
             rcfg.opts.n_taps = spec_drafter_taps(&dspark[0], &layers);

@@ -265,6 +265,10 @@ static int stage_prepare(ring_stage *s, const rf_header *h, const int32_t *token
                 stage_seq_free(q);
                 return -1;
             }
+            if (s->rb_blocks > 0 && q->st.rb_max != s->rb_blocks && k3_state_keep_blocks(&q->st, s->rb_blocks, err) != 0) {
+                stage_seq_free(q);
+                return -1;
+            }
             q->used = true;
             q->id = sq->seq_id;
             if (last) {

@@ -50,6 +50,9 @@ typedef struct ring_stage {
      * get states of their own. */
     int n_pool;
     bool pool_ready;
+    /* Blocks each sequence keeps for rollback: the coordinator's speculative blocks in flight (ASSIGN's
+     * rollback_blocks), so that a node holds the copies it can need and no more; 0: K3_RB_BLOCKS. */
+    int rb_blocks;
     k3_state_pool pool;
     /* DSpark taps this stage computes (the listed layers it holds: a < layer <= b) for RF_SEQ_TAPS
      * sequences; after stage_run, tap_rows holds them, [tap][row][n_embd], n_tap_rows rows (node: RF_TAPS) */

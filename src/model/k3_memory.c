@@ -84,6 +84,18 @@ size_t k3_range_kda_state_bytes(const k3_hparams *hp, uint32_t a, uint32_t b) {
     return bytes;
 }
 
+size_t k3_range_rollback_bytes(const k3_hparams *hp, uint32_t a, uint32_t b, uint32_t block, int n_blocks) {
+    if (block == 0 || n_blocks < 1) return 0;
+    const size_t di = k3_d_inner(hp), dk = hp->kda_head_dim;
+    const size_t conv = 3 * ((size_t)(hp->conv_kernel - 1) + block) * di * sizeof(float);
+    const size_t delta = (size_t)block * hp->n_head * dk * dk * sizeof(float);
+    size_t bytes = 0;
+    for (uint32_t il = a; il < b && il < hp->n_layer; il++) {
+        if (!hp->is_mla[il]) bytes += conv + delta;
+    }
+    return (size_t)(n_blocks + 1) * bytes;
+}
+
 size_t k3_range_mla_bytes_per_token(const k3_hparams *hp, uint32_t a, uint32_t b, size_t elem_size) {
     size_t per_layer = (size_t)(hp->kv_lora_rank + hp->rope_dim) * elem_size, bytes = 0;
     for (uint32_t il = a; il < b && il < hp->n_layer; il++) {

@@ -40,6 +40,13 @@ size_t k3_layer_weight_bytes(const mf_model *m, uint32_t il);
  * constant in context length. */
 size_t k3_range_kda_state_bytes(const k3_hparams *hp, uint32_t a, uint32_t b);
 
+/* The copies one sequence keeps in [a, b) for rolling back verified blocks of up to `block` tokens when it
+ * keeps n_blocks of them (k3_state_keep_blocks; the speculation's blocks in flight), with the slot a new
+ * block is computed into: per KDA layer and slot, the delta state after every token of the block and the
+ * conv windows (k3_state_rb_reserve). KDA state is large (K3: 6.3 MiB a layer), so this is often more than
+ * the rest of the state: 0 when block or n_blocks is 0 (no speculation). */
+size_t k3_range_rollback_bytes(const k3_hparams *hp, uint32_t a, uint32_t b, uint32_t block, int n_blocks);
+
 /* MLA latent cache bytes per token for the MLA layers in [a, b), with elem_size 4 (f32) or 2 (f16). */
 size_t k3_range_mla_bytes_per_token(const k3_hparams *hp, uint32_t a, uint32_t b, size_t elem_size);
 

@@ -242,6 +242,19 @@ size_t k3_state_bytes(const k3_state *s) {
     return n;
 }
 
+size_t k3_state_rb_bytes(const k3_state *s) {
+    size_t n = 0;
+    for (int r = 0; s->rb && r <= s->rb_max; r++) {
+        const k3_rb_block *rb = &s->rb[r];
+        for (uint32_t i = 0; rb->delta && rb->cap && i < s->b - s->a; i++) {
+            if (!s->conv[i]) continue;
+            n += (size_t)rb->cap * ggml_nbytes(s->delta[i]);
+            n += 3 * (size_t)(s->conv[i]->ne[0] + rb->cap) * (size_t)s->conv[i]->ne[1] * sizeof(float);
+        }
+    }
+    return n;
+}
+
 static size_t k3_kda_bytes(const k3_state *s) {
     size_t n = 0;
     for (uint32_t i = 0; i < s->b - s->a; i++) {

@@ -81,6 +81,9 @@ void k3_state_free(k3_state *s);
 /* Forgets everything: the sequence starts again at position 0. */
 void k3_state_reset(k3_state *s);
 size_t k3_state_bytes(const k3_state *s);
+/* What its blocks kept for rollback hold now (allocated as they are first used; k3_memory.h,
+ * k3_range_rollback_bytes, says how much they come to). Not in k3_state_bytes. */
+size_t k3_state_rb_bytes(const k3_state *s);
 /* dst becomes a copy of src's sequence (same layer range, room for its tokens): its position, KDA state and
  * the MLA cache rows written so far; dst's blocks kept for rollback are forgotten. So n sequences that read
  * the same prompt read it once (serve's n > 1). */

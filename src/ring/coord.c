@@ -218,14 +218,15 @@ int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const bool *
 
 
 void ring_plan_model(plan_model *pm, const mf_model *m, const k3_hparams *hp, uint32_t n_seq, uint32_t n_ctx,
-                     size_t cache_elem) {
+                     size_t cache_elem, uint32_t spec_block, int spec_depth) {
     memset(pm, 0, sizeof *pm);
     pm->n_layer = hp->n_layer;
     pm->n_seq = n_seq;
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         pm->layer_bytes[il] = k3_layer_weight_bytes(m, il);
         pm->layer_active[il] = k3_range_active_bytes(m, hp, il, il + 1) - (il == 0 ? k3_range_active_bytes(m, hp, 0, 0) : 0);
-        pm->layer_state[il] = k3_range_state_bytes(hp, il, il + 1, 1, n_ctx, cache_elem);
+        pm->layer_state[il] = k3_range_state_bytes(hp, il, il + 1, 1, n_ctx, cache_elem) +
+                              k3_range_rollback_bytes(hp, il, il + 1, spec_block, spec_depth);
         /* The routed experts' part of both (k3_range_active_bytes counts them at k/E). */
         pm->layer_exps[il] = k3_range_expert_bytes(m, hp, il, il + 1);
         pm->layer_exps_active[il] = hp->n_expert ? (uint64_t)((double)pm->layer_exps[il] * hp->n_expert_used / hp->n_expert) : 0;
@@ -481,7 +482,8 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
         }
     }
     plan_model pm;
-    ring_plan_model(&pm, m, hp, o->n_seqs > 0 ? (uint32_t)o->n_seqs : 1, o->n_ctx, cache_elem);
+    ring_plan_model(&pm, m, hp, o->n_seqs > 0 ? (uint32_t)o->n_seqs : 1, o->n_ctx, cache_elem, o->spec_block,
+                    o->spec_block ? o->spec_depth : 0);
     uint64_t (*lack)[PLAN_MAX_LAYERS + 2] = o->manifest ? calloc((size_t)conf->n, sizeof *lack) : NULL;
     if (o->manifest && !lack) {
         ring_close(rc);
@@ -607,6 +609,7 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
         cJSON_AddNumberToObject(j, "n_ctx", o->n_ctx);
         cJSON_AddNumberToObject(j, "n_seqs", o->n_seqs > 0 ? o->n_seqs : 1); /* the node pools their states */
         cJSON_AddStringToObject(j, "wire", o->wire == 1 ? "f16" : o->wire == 2 ? "bf16" : "f32");
+        if (o->spec_block > 0 && o->spec_depth > 0) cJSON_AddNumberToObject(j, "rollback_blocks", o->spec_depth);
         if (o->n_taps > 0) {
             cJSON *ta = cJSON_AddArrayToObject(j, "taps");
             for (int k = 0; k < o->n_taps; k++) cJSON_AddItemToArray(ta, cJSON_CreateNumber(o->taps[k]));

@@ -99,6 +99,12 @@ typedef struct ring_opts {
      * each other (probe.h), times its own to each, and runs them in the order with the shortest round trip
      * (ring_order.h); the plan printed says both orders and what the planner predicts (predict.h). */
     bool keep_order;
+    /* Speculation through this ring (spec_block 0: none): the most tokens a verified block carries (the drafts
+     * and the token before them) and the blocks in flight at once. Every stage keeps spec_depth blocks of
+     * each sequence for rollback (ASSIGN's rollback_blocks), and the plan counts their copies of the KDA state
+     * in each sequence's state (k3_range_rollback_bytes). */
+    uint32_t spec_block;
+    int spec_depth;
 } ring_opts;
 
 ring_opts ring_opts_default(void);
@@ -216,10 +222,11 @@ struct pr_result;
 int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, struct pr_result *r);
 
 /* What the planner knows of a model (plan.h): per-layer weights, bytes a token reads, state of n_seq
- * sequences at n_ctx with cache elements of cache_elem bytes, embedding and head. Used by ring_open and by
- * `ringlm plan --nodes`. */
+ * sequences at n_ctx with cache elements of cache_elem bytes (and, when they speculate in blocks of up to
+ * spec_block tokens, spec_depth in flight, the copies they keep for rollback), embedding and head. Used by
+ * ring_open and by `ringlm plan --nodes`. */
 void ring_plan_model(plan_model *pm, const mf_model *m, const k3_hparams *hp, uint32_t n_seq, uint32_t n_ctx,
-                     size_t cache_elem);
+                     size_t cache_elem, uint32_t spec_block, int spec_depth);
 
 /* Connects, asks every node for INFO, plans, prints the plan, assigns ranges and waits until all are
  * loaded. Fails with a message naming the node and the reason (unreachable, refused our key, lacks the

@@ -120,6 +120,7 @@ typedef struct node {
     ring_stage stage_rt; /* the sequences' state and the compute of this stage (stage.h) */
     tok_tokenizer tok;   /* last stage: the model's vocabulary, so it can sample constrained output */
     smp_vocab *vocab;    /* ... (tok's bytes per token; NULL: not the last stage, or the file has no vocabulary) */
+    int rb_blocks;       /* ASSIGN "rollback_blocks": blocks a sequence keeps for rollback (0: K3_RB_BLOCKS) */
     uint32_t taps[16];   /* the ring's DSpark tap layers (ASSIGN "taps"); the stage keeps those it holds */
     int n_taps;
     /* A manifest ring (docs/ring.md, "Manifest rings"): the range was put together from parts under the
@@ -497,6 +498,7 @@ static void node_drop_seqs(node *n) {
     stage_free(&n->stage_rt);
     stage_init(&n->stage_rt, &n->e, n->n_ctx, n->n_seqs, n->wire);
     stage_set_taps(&n->stage_rt, n->taps, n->n_taps);
+    n->stage_rt.rb_blocks = n->rb_blocks;
     n->stage_rt.vocab = n->vocab;
 }
 
@@ -923,7 +925,10 @@ static void node_assign(node *n, uint64_t step, const zs_parts *p) {
     n->n_stages = (int)jnum(j, "n_stages", 1);
     const char *wire = jstr(j, "wire");
     n->wire = wire && strcmp(wire, "f16") == 0 ? K3_WIRE_F16 : wire && strcmp(wire, "bf16") == 0 ? K3_WIRE_BF16 : K3_WIRE_F32;
+    const double rb = jnum(j, "rollback_blocks", 0);
+    n->rb_blocks = rb >= 1 && rb <= K3_RB_BLOCKS ? (int)rb : 0;
     stage_init(&n->stage_rt, &n->e, n->n_ctx, n->n_seqs, n->wire); /* no sequence: node_drop_seqs above */
+    n->stage_rt.rb_blocks = n->rb_blocks;
     n->stage_rt.vocab = n->vocab;
     n->n_taps = 0;
     const cJSON *taps = cJSON_GetObjectItemCaseSensitive(j, "taps"), *tv;
@@ -974,8 +979,13 @@ static void node_assign(node *n, uint64_t step, const zs_parts *p) {
             goto done;
         }
     }
-    node_log(n, "stage %d of %d: layers [%u, %u) of %.12s..., %s", n->stage + 1, n->n_stages, n->a, n->b, n->hash,
-             n->next ? "forwarding downstream" : "last stage, returning to the coordinator");
+    char spec[96] = "";
+    if (n->rb_blocks > 0) { /* what a sequence's rollback copies come to, at most (k3_memory.h) */
+        snprintf(spec, sizeof spec, "; %d speculative block%s in flight kept for rollback", n->rb_blocks,
+                 n->rb_blocks > 1 ? "s" : "");
+    }
+    node_log(n, "stage %d of %d: layers [%u, %u) of %.12s..., %s%s", n->stage + 1, n->n_stages, n->a, n->b, n->hash,
+             n->next ? "forwarding downstream" : "last stage, returning to the coordinator", spec);
     node_time_stage(n);
     cJSON *r = cJSON_CreateObject();
     cJSON_AddNumberToObject(r, "a", n->a);

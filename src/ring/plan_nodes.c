@@ -6,13 +6,15 @@
 
 #include <cJSON.h>
 
+#include "../model/k3_memory.h"
 #include "coord.h"
 #include "ring_order.h"
 
 static double pn_delay(const void *user, int a, int b) { return nc_delay_s(user, a, b); }
 
-int pn_plan(const mf_model *m, const k3_hparams *hp, const nc_conf *c, uint32_t n_ctx, const pr_opts *po,
-            pn_result *r, rl_err *err) {
+/* One plan and its prediction, with the rollback copies of blocks of spec_block tokens counted (0: none). */
+static int pn_plan_once(const mf_model *m, const k3_hparams *hp, const nc_conf *c, uint32_t n_ctx, const pr_opts *po,
+                        uint32_t spec_block, pn_result *r, rl_err *err) {
     memset(r, 0, sizeof *r);
     if (nc_check_delays(c, err) != 0) return -1;
     if (ro_best_order(c->n, pn_delay, c, r->order, &r->cycle_s, &r->exact, err) != 0) return -1;
@@ -30,7 +32,11 @@ int pn_plan(const mf_model *m, const k3_hparams *hp, const nc_conf *c, uint32_t 
         }
     }
     plan_model pm;
-    ring_plan_model(&pm, m, hp, po->parallel ? po->parallel : 1, n_ctx, 2);
+    ring_plan_model(&pm, m, hp, po->parallel ? po->parallel : 1, n_ctx, 2, spec_block,
+                    po->draft_depth > 1 ? po->draft_depth : 1);
+    r->spec_block = spec_block;
+    r->rollback_bytes = (uint64_t)(po->parallel ? po->parallel : 1) *
+                        k3_range_rollback_bytes(hp, 0, hp->n_layer, spec_block, po->draft_depth > 1 ? po->draft_depth : 1);
     if (plan_make(&pm, r->pnodes, c->n, 0.10, &r->plan, err) != 0) return -1;
     /* The hops of the stages the plan uses (a node it leaves out is not on the way). */
     pr_node pr[PLAN_MAX_NODES];
@@ -50,6 +56,21 @@ int pn_plan(const mf_model *m, const k3_hparams *hp, const nc_conf *c, uint32_t 
     o.draft.node = (pr_node){.speed = c->coord.bw_gbs * 1e9 * c->coord.eff, .flops = c->coord.tflops * 1e12 * c->coord.eff,
                              .net = c->coord.net_mbit * 1e6 / 8, .col_reads = c->coord.col_reads};
     return pr_predict(m, hp, &r->plan, pr, r->hop_s, &o, &r->pred, err);
+}
+
+/* Speculating, every stage keeps each sequence's blocks in flight for rollback: a copy of the KDA state per
+ * token of each (k3_range_rollback_bytes), which the plan must hold. Their size depends on the drafts a block
+ * carries, which the prediction chooses when --draft-n is not given: so the plan is made once without them
+ * to choose it, then again with that many counted and the prediction held to it. */
+int pn_plan(const mf_model *m, const k3_hparams *hp, const nc_conf *c, uint32_t n_ctx, const pr_opts *po,
+            pn_result *r, rl_err *err) {
+    if (po->acceptance <= 0) return pn_plan_once(m, hp, c, n_ctx, po, 0, r, err);
+    pr_opts o = *po;
+    if (o.draft_k <= 0) {
+        if (pn_plan_once(m, hp, c, n_ctx, po, 0, r, err) != 0) return -1;
+        o.draft_k = r->pred.draft_k > 0 ? r->pred.draft_k : 1;
+    }
+    return pn_plan_once(m, hp, c, n_ctx, &o, (uint32_t)o.draft_k + 1, r, err);
 }
 
 void pn_print(const pn_result *r, const nc_conf *c, const pr_opts *po, FILE *f) {
@@ -74,6 +95,9 @@ void pn_print(const pn_result *r, const nc_conf *c, const pr_opts *po, FILE *f) 
         } else {
             fprintf(f, " (drafting not counted: no --draft)\n");
         }
+        fprintf(f, "  rollback copies         %8.1f MiB    blocks of %u tokens, %d in flight and one more, %u stream%s: in the "
+                "stages' memory above\n", (double)r->rollback_bytes / 1048576.0, r->spec_block,
+                po->draft_depth > 1 ? po->draft_depth : 1, po->parallel ? po->parallel : 1, po->parallel > 1 ? "s" : "");
     }
     fprintf(f, "  time to first token     %8.2f s       a %u-token prompt in %u-token chunks (%.0f tok/s)\n", p->ttft_s,
             po->prompt ? po->prompt : 1, po->chunk ? po->chunk : 256, p->prefill_tok_s);
@@ -126,6 +150,8 @@ cJSON *pn_json(const pn_result *r, const nc_conf *c, const pr_opts *po) {
         cJSON_AddNumberToObject(pj, "interval_s", p->interval_s);
         cJSON_AddNumberToObject(pj, "spec_tok_s", p->spec_tok_s);
         cJSON_AddNumberToObject(pj, "spec_floor_tok_s", p->spec_floor_tok_s);
+        cJSON_AddNumberToObject(pj, "rollback_block", r->spec_block);
+        cJSON_AddNumberToObject(pj, "rollback_bytes", (double)r->rollback_bytes);
     }
     cJSON_AddNumberToObject(pj, "prompt", po->prompt ? po->prompt : 1);
     cJSON_AddNumberToObject(pj, "ttft_s", p->ttft_s);

@@ -21,6 +21,11 @@ typedef struct pn_result {
     plan_result plan;           /* stage.node indexes order[] */
     double hop_s[PLAN_MAX_NODES + 1];
     pr_result pred;
+    /* Speculating (--acceptance): the block size whose rollback copies the plan holds (drafts + 1; 0: none)
+     * and those copies for every sequence over the whole model (k3_range_rollback_bytes), in the stages'
+     * memory already. */
+    uint32_t spec_block;
+    uint64_t rollback_bytes;
 } pn_result;
 
 int pn_plan(const mf_model *m, const k3_hparams *hp, const nc_conf *c, uint32_t n_ctx, const pr_opts *po,

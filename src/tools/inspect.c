@@ -31,6 +31,7 @@ static void inspect_kv(FILE *out, const mf_model *m, const k3_hparams *hp) {
             hp->n_expert, hp->n_expert_used, hp->n_expert_shared, hp->n_ff_exp, hp->n_expert_latent);
     fprintf(out, "n_dense_lead %u\nattn_res_block %u\nq_lora_rank %u\nkv_lora_rank %u\n", hp->n_dense_lead,
             hp->attn_res_block, hp->q_lora_rank, hp->kv_lora_rank);
+    fprintf(out, "kda_head_dim %u\nconv_kernel %u\n", hp->kda_head_dim, hp->conv_kernel);
     fprintf(out, "weight_bytes %zu\nactive_bytes_per_token %zu\n", m->tensor_bytes,
             k3_range_active_bytes(m, hp, 0, hp->n_layer));
     fprintf(out, "mla_layers");

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "model/k3_forward.h"
+#include "model/k3_memory.h"
 #include "tools/synth.h"
 #include "tools/synth_config.h"
 
@@ -532,7 +533,7 @@ static void test_model_opts(const char *cfg_name, const char *type_arg, const ch
         uint8_t keep = 1;
         uint32_t nb = 4;
         k3_state *sp = &st;
-        int ok = 1;
+        int ok = k3_state_keep_blocks(&st, K3_RB_BLOCKS, &err) == 0; /* buffers sized for 4-token blocks only */
         for (int blk = 0; blk < K3_RB_BLOCKS + 1 && ok; blk++) {
             k3_batch b = {.n_seqs = 1, .seqs = &sp, .n_tokens = &nb, .tokens = tok + 20 + 4 * blk, .keep_rollback = &keep};
             k3_output o;
@@ -544,6 +545,26 @@ static void test_model_opts(const char *cfg_name, const char *type_arg, const ch
               K3_RB_BLOCKS + 1, K3_RB_BLOCKS, err.msg);
         CHECK(k3_state_rollback(&st, 20 + 4 + 1, &err) == 0 && st.n_past == 25, "%s/%s: ... and one into the second still works",
               cfg_name, type);
+        /* What the planner counts for them (k3_memory.h) is what they took: every slot, 4 tokens each. */
+        CHECK(k3_state_rb_bytes(&st) == k3_range_rollback_bytes(hp, 0, L, 4, K3_RB_BLOCKS) && k3_state_rb_bytes(&st) > 0,
+              "%s/%s: the kept blocks hold %zu bytes, k3_range_rollback_bytes says %zu", cfg_name, type, k3_state_rb_bytes(&st),
+              k3_range_rollback_bytes(hp, 0, L, 4, K3_RB_BLOCKS));
+        /* A ring node keeps only the blocks its coordinator has in flight (ASSIGN's rollback_blocks). */
+        ok = k3_state_keep_blocks(&st, 2, &err) == 0;
+        k3_state_reset(&st);
+        free(run_chunks(&f.e, &st, tok, 20, 0));
+        for (int blk = 0; blk < 4 && ok; blk++) {
+            k3_batch b = {.n_seqs = 1, .seqs = &sp, .n_tokens = &nb, .tokens = tok + 20 + 4 * blk, .keep_rollback = &keep};
+            k3_output o;
+            ok = k3_forward(&f.e, &b, &o, &err) == 0;
+            if (ok) k3_output_free(&o);
+        }
+        CHECK(ok && st.rb_count == 2 && k3_state_rb_bytes(&st) == k3_range_rollback_bytes(hp, 0, L, 4, 2) &&
+                  k3_state_rollback(&st, 20 + 4 + 1, &err) != 0 && k3_state_rollback(&st, 20 + 8 + 1, &err) == 0,
+              "%s/%s: keeping 2 blocks: 3 slots of memory (%zu bytes), a rollback into the third block back refused, "
+              "into the second back done",
+              cfg_name, type, k3_state_rb_bytes(&st));
+        k3_state_keep_blocks(&st, K3_RB_BLOCKS, &err);
     }
     /* One-token blocks kept for rollback (a draft model keeps one per drafted token) right after plain
      * one-token steps: the same graph shapes, so the compute plan must still keep the kept states apart.
