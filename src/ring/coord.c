@@ -225,8 +225,8 @@ void ring_plan_model(plan_model *pm, const mf_model *m, const k3_hparams *hp, ui
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         pm->layer_bytes[il] = k3_layer_weight_bytes(m, il);
         pm->layer_active[il] = k3_range_active_bytes(m, hp, il, il + 1) - (il == 0 ? k3_range_active_bytes(m, hp, 0, 0) : 0);
-        pm->layer_state[il] = k3_range_state_bytes(hp, il, il + 1, 1, n_ctx, cache_elem) +
-                              k3_range_rollback_bytes(hp, il, il + 1, spec_block, spec_depth);
+        pm->layer_host[il] = k3_range_rollback_bytes(hp, il, il + 1, spec_block, spec_depth);
+        pm->layer_state[il] = k3_range_state_bytes(hp, il, il + 1, 1, n_ctx, cache_elem) + pm->layer_host[il];
         /* The routed experts' part of both (k3_range_active_bytes counts them at k/E). */
         pm->layer_exps[il] = k3_range_expert_bytes(m, hp, il, il + 1);
         pm->layer_exps_active[il] = hp->n_expert ? (uint64_t)((double)pm->layer_exps[il] * hp->n_expert_used / hp->n_expert) : 0;

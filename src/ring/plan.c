@@ -40,6 +40,7 @@ typedef struct cost_ctx {
     uint64_t *pre_lack;                       /* per node (n + 1 each): bytes it lacks of layers [0, i); NULL: none */
     uint64_t pre_exps[PLAN_MAX_LAYERS + 1];   /* routed expert bytes of layers [0, i) */
     uint64_t pre_exps_active[PLAN_MAX_LAYERS + 1]; /* of pre_active, the routed experts' */
+    uint64_t pre_host[PLAN_MAX_LAYERS + 1];   /* of pre_raw, n_seq * the state held in host memory */
 } cost_ctx;
 
 /* Memory a stage with `raw` bytes needs once headroom is added, rounded up to a byte (saturating).
@@ -84,8 +85,9 @@ static void tier_try(const cost_ctx *c, const plan_node *nd, uint32_t a, uint32_
                      plan_stage *s, int *have) {
     const bool head = b == c->n, head_dev = head && a + g == b;
     const uint64_t x_ram = c->pre_exps[a + n] - c->pre_exps[a];
-    const uint64_t dev_raw = c->pre_raw[a + g] - c->pre_raw[a] - x_ram + (head_dev ? c->m->last_bytes : 0);
-    const uint64_t ram_raw = c->pre_raw[b] - c->pre_raw[a + g] + x_ram + (a == 0 ? c->m->first_bytes : 0) +
+    const uint64_t host_dev = c->pre_host[a + g] - c->pre_host[a]; /* the device layers' state kept in RAM */
+    const uint64_t dev_raw = c->pre_raw[a + g] - c->pre_raw[a] - x_ram - host_dev + (head_dev ? c->m->last_bytes : 0);
+    const uint64_t ram_raw = c->pre_raw[b] - c->pre_raw[a + g] + x_ram + host_dev + (a == 0 ? c->m->first_bytes : 0) +
                              (head && !head_dev ? c->m->last_bytes : 0);
     const uint64_t dev = need_of(dev_raw, c->headroom);
     uint64_t ram = need_of(ram_raw, c->headroom);
@@ -127,7 +129,8 @@ static int stage_eval_tiers(const cost_ctx *c, const plan_node *nd, uint32_t a, 
     while (lo < hi) {
         const uint32_t n = lo + (hi - lo) / 2;
         const uint64_t x_ram = c->pre_exps[a + n] - c->pre_exps[a];
-        const uint64_t dev_raw = c->pre_raw[b] - c->pre_raw[a] - x_ram + (head ? c->m->last_bytes : 0);
+        const uint64_t dev_raw = c->pre_raw[b] - c->pre_raw[a] - x_ram - (c->pre_host[b] - c->pre_host[a]) +
+                                 (head ? c->m->last_bytes : 0);
         if (need_of(dev_raw, c->headroom) <= nd->mem_bytes) hi = n;
         else lo = n + 1;
     }
@@ -136,7 +139,7 @@ static int stage_eval_tiers(const cost_ctx *c, const plan_node *nd, uint32_t a, 
     lo = 0, hi = len - 1;
     while (lo < hi) {
         const uint32_t g = hi - (hi - lo) / 2;
-        if (need_of(c->pre_raw[a + g] - c->pre_raw[a], c->headroom) <= nd->mem_bytes) lo = g;
+        if (need_of(c->pre_raw[a + g] - c->pre_raw[a] - (c->pre_host[a + g] - c->pre_host[a]), c->headroom) <= nd->mem_bytes) lo = g;
         else hi = g - 1;
     }
     tier_try(c, nd, a, b, lo, 0, s, &have);
@@ -408,7 +411,9 @@ int plan_make(const plan_model *m, const plan_node *nodes, int n_nodes, double h
         c->pre_raw[i + 1] = c->pre_raw[i] + m->layer_bytes[i] + st;
         c->pre_active[i + 1] = c->pre_active[i] + m->layer_active[i];
         /* parts of the sums above, so they cannot wrap either (a model that says otherwise is refused) */
-        ovf = ovf || m->layer_exps[i] > m->layer_bytes[i] || m->layer_exps_active[i] > m->layer_active[i];
+        ovf = ovf || m->layer_exps[i] > m->layer_bytes[i] || m->layer_exps_active[i] > m->layer_active[i] ||
+              m->layer_host[i] > m->layer_state[i];
+        c->pre_host[i + 1] = c->pre_host[i] + (uint64_t)m->n_seq * m->layer_host[i];
         c->pre_exps[i + 1] = c->pre_exps[i] + m->layer_exps[i];
         c->pre_exps_active[i + 1] = c->pre_exps_active[i] + m->layer_exps_active[i];
     }

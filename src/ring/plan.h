@@ -21,6 +21,9 @@ typedef struct plan_model {
     uint64_t layer_bytes[PLAN_MAX_LAYERS];  /* weights of each layer (k3_layer_weight_bytes) */
     uint64_t layer_active[PLAN_MAX_LAYERS]; /* weight bytes one token reads in each layer (cost model) */
     uint64_t layer_state[PLAN_MAX_LAYERS];  /* per-sequence state of each layer at the planned context */
+    /* Of layer_state, what sits in host memory wherever the layer computes: speculation's rollback copies,
+     * read back from a device after each verified block. A node with two tiers holds it in RAM. */
+    uint64_t layer_host[PLAN_MAX_LAYERS];
     uint64_t first_bytes, last_bytes;       /* extra on the first stage (embedding) / last (LM head, norms) */
     uint64_t last_active;                   /* LM head bytes read per token on the last stage */
     uint64_t layer_exps[PLAN_MAX_LAYERS];        /* of layer_bytes, the routed experts (may come from disk) */

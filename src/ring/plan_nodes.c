@@ -61,7 +61,8 @@ static int pn_plan_once(const mf_model *m, const k3_hparams *hp, const nc_conf *
 /* Speculating, every stage keeps each sequence's blocks in flight for rollback: a copy of the KDA state per
  * token of each (k3_range_rollback_bytes), which the plan must hold. Their size depends on the drafts a block
  * carries, which the prediction chooses when --draft-n is not given: so the plan is made once without them
- * to choose it, then again with that many counted and the prediction held to it. */
+ * to choose it, then again with that many counted and the prediction held to it (with fewer drafts, down to
+ * one, when those copies do not fit). */
 int pn_plan(const mf_model *m, const k3_hparams *hp, const nc_conf *c, uint32_t n_ctx, const pr_opts *po,
             pn_result *r, rl_err *err) {
     if (po->acceptance <= 0) return pn_plan_once(m, hp, c, n_ctx, po, 0, r, err);
@@ -70,7 +71,15 @@ int pn_plan(const mf_model *m, const k3_hparams *hp, const nc_conf *c, uint32_t 
         if (pn_plan_once(m, hp, c, n_ctx, po, 0, r, err) != 0) return -1;
         o.draft_k = r->pred.draft_k > 0 ? r->pred.draft_k : 1;
     }
-    return pn_plan_once(m, hp, c, n_ctx, &o, (uint32_t)o.draft_k + 1, r, err);
+    for (;;) {
+        if (pn_plan_once(m, hp, c, n_ctx, &o, (uint32_t)o.draft_k + 1, r, err) == 0) return 0;
+        if (po->draft_k > 0 || o.draft_k == 1) break;
+        o.draft_k--;
+    }
+    rl_err e2 = *err;
+    return rl_errf(err, "%s (speculating, with the rollback copies of blocks of %d tokens, %d in flight and one more: "
+                   "without --acceptance the plan is for greedy decoding)", e2.msg, o.draft_k + 1,
+                   po->draft_depth > 1 ? po->draft_depth : 1);
 }
 
 void pn_print(const pn_result *r, const nc_conf *c, const pr_opts *po, FILE *f) {

@@ -191,6 +191,7 @@ static void random_case(plan_model *m, plan_node *nodes, int *n_nodes, double *h
         m->layer_bytes[i] = uniform ? ub : rng_in(1, 100);
         m->layer_active[i] = rng() % 2 ? m->layer_bytes[i] : rng_in(0, 100);
         m->layer_state[i] = rng() % 2 ? 0 : rng_in(0, 10);
+        m->layer_host[i] = i % 2 ? m->layer_state[i] / 2 : 0; /* (no draw: the cases stay those of before) */
     }
     m->n_seq = (uint32_t)rng_in(0, 3);
     m->first_bytes = rng() % 2 ? 0 : rng_in(0, 60);
@@ -223,8 +224,8 @@ static void random_case(plan_model *m, plan_node *nodes, int *n_nodes, double *h
 /* ---- two tiers (plan_node.ram_bytes): a device and RAM, plan.h's definitions written out again ---- */
 
 /* Bytes of [a, b) on the device and in RAM, and read per token on each, for g layers on the device of which
- * the first n keep their experts in RAM (weights and n_seq states; the embedding in RAM; the head with the
- * device when g covers the last stage). */
+ * the first n keep their experts in RAM (weights and n_seq states, of which the host part in RAM; the
+ * embedding in RAM; the head with the device when g covers the last stage). */
 static void ref_tier(const plan_model *m, uint32_t a, uint32_t b, uint32_t g, uint32_t n, uint64_t *dev, uint64_t *ram,
                      uint64_t *adev, uint64_t *aram) {
     *dev = *ram = *adev = *aram = 0;
@@ -232,7 +233,8 @@ static void ref_tier(const plan_model *m, uint32_t a, uint32_t b, uint32_t g, ui
         const uint64_t w = m->layer_bytes[i] + (uint64_t)m->n_seq * m->layer_state[i];
         if (i < a + g) {
             const uint64_t x = i < a + n ? m->layer_exps[i] : 0, xa = i < a + n ? m->layer_exps_active[i] : 0;
-            *dev += w - x, *ram += x;
+            const uint64_t h = (uint64_t)m->n_seq * m->layer_host[i];
+            *dev += w - x - h, *ram += x + h;
             *adev += m->layer_active[i] - xa, *aram += xa;
         } else {
             *ram += w, *aram += m->layer_active[i];
@@ -613,6 +615,20 @@ int main(void) {
           "8 GiB device, 64 GiB RAM: all 10 layers on the device, experts of the first %u in RAM (want 3), %.3f s (want %.3f)",
           rc == 0 ? r.stages[0].cpu_moe : 0, rc == 0 ? r.max_time : 0, t_moe);
     CHECK(rc == 0 && fabs(ref_tier_plan(&m, nodes, 1, 0.0) - r.max_time) <= 1e-12 * r.max_time, "... the reference agrees");
+    /* State held in host memory (speculation's rollback copies, read back from the device): 1/8 GiB a layer
+     * for one sequence goes to RAM, so the device's part is the same 7.75 GiB and RAM takes 1.25 GiB more;
+     * counted on the device it would have pushed a fourth layer's experts out. */
+    m.n_seq = 1;
+    for (uint32_t i = 0; i < 10; i++) m.layer_state[i] = m.layer_host[i] = GiB / 8;
+    rc = plan_make(&m, nodes, 1, 0.0, &r, &err);
+    CHECK(rc == 0 && r.stages[0].dev_layers == 10 && r.stages[0].cpu_moe == 3 && r.stages[0].dev_bytes == 31 * GiB / 4 &&
+              r.stages[0].mem_bytes == 45 * GiB / 4,
+          "rollback copies of device layers sit in RAM: the device keeps 7.75 GiB, RAM 3.5 GiB (got %u layers' experts "
+          "in RAM, %.3f GiB on the device, %.3f in all)", rc == 0 ? r.stages[0].cpu_moe : 0,
+          rc == 0 ? (double)r.stages[0].dev_bytes / GiB : 0, rc == 0 ? (double)r.stages[0].mem_bytes / GiB : 0);
+    CHECK(rc == 0 && fabs(ref_tier_plan(&m, nodes, 1, 0.0) - r.max_time) <= 1e-12 * r.max_time, "... the reference agrees");
+    for (uint32_t i = 0; i < 10; i++) m.layer_state[i] = m.layer_host[i] = 0;
+    rc = plan_make(&m, nodes, 1, 0.0, &r, &err);
     {
         char *buf = NULL;
         size_t len = 0;
