@@ -18,9 +18,12 @@ out=bench/results/plan-k3.md
     echo "delays written in each ring file), not a measurement. The two-cluster ring offloads partially (VRAM"
     echo "first, then RAM: plan.h). The one-desktop rings read routed experts from NVMe"
     echo "past their RAM (the expert cache, docs/experts.md; hit rate = the share cached). Speculation: two blocks in flight"
-    echo "(plan's default, as run --ring's), drafting not counted (no DSpark file of K3's shapes is given)."
+    echo "(plan's default, as run --ring's), drafting not counted (no DSpark file of K3's shapes is given). The plan"
+    echo "holds speculation's rollback copies (every KDA layer's state after each token of the blocks in flight and"
+    echo "the one being computed: 3 x (k + 1) copies of 443 MiB per sequence over the ring; docs/plan.md): the"
+    echo "speculative column gives k and their size."
     echo
-    echo "| ring | model | weights | fits | stages | greedy tok/s | speculative tok/s (k drafted) | TTFT 4k s | floor tok/s | dominant |"
+    echo "| ring | model | weights | fits | stages | greedy tok/s | speculative tok/s (k drafted; rollback copies) | TTFT 4k s | floor tok/s | dominant |"
     echo "|---|---|---|---|---|---|---|---|---|---|"
     for ring in eu-16x5090 eu-6xpro6000 switch-16xgb10 wan-2clusters one-64gb-nvme one-192gb-nvme; do
         for cfg in k3-real k3-real-q2_k k3-real-iq1_s k3-real-iq1_s-reap50; do
@@ -33,8 +36,18 @@ out=bench/results/plan-k3.md
 import json, sys
 ring, cfg, gib, path = sys.argv[1:]
 j = json.load(open(path)); p = j['predict']
-print('| %s | %s | %s GiB | yes | %d | %.2f | %.2f (%d) | %.1f | %.0f | %s |' % (ring, cfg, gib, len(j['stages']),
-      p['greedy_tok_s'], p['spec_tok_s'], p['draft_k'], p['ttft_s'], p['floor_tok_s'], p['dominant']))
+print('| %s | %s | %s GiB | yes | %d | %.2f | %.2f (%d; %.1f GiB) | %.1f | %.0f | %s |' % (ring, cfg, gib, len(j['stages']),
+      p['greedy_tok_s'], p['spec_tok_s'], p['draft_k'], p['rollback_bytes'] / 2**30, p['ttft_s'], p['floor_tok_s'],
+      p['dominant']))
+PY
+            elif ./ringlm plan --manifest "$m" --nodes "bench/rings/$ring.conf" --ctx 32768 --prompt 4096 \
+                --json >build/bench/plan.json 2>/dev/null; then # greedy fits, speculation's copies do not
+                python3 - "$ring" "$cfg" "$gib" build/bench/plan.json <<'PY'
+import json, sys
+ring, cfg, gib, path = sys.argv[1:]
+j = json.load(open(path)); p = j['predict']
+print('| %s | %s | %s GiB | greedy only | %d | %.2f | no room for the rollback copies | %.1f | %.0f | %s |' % (ring, cfg, gib,
+      len(j['stages']), p['greedy_tok_s'], p['ttft_s'], p['floor_tok_s'], p['dominant']))
 PY
             else
                 why=$(sed 's/^ringlm plan: //; s/|/\\|/g' build/bench/plan.err | head -1)
