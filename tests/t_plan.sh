@@ -85,6 +85,12 @@ check "hops dominate a ring across Europe" python3 -c 'import json,sys; assert j
 printf 'node a device=cpu-ddr5 mem=0.005\nnode b device=cpu-ddr5 mem=0.005\ndelay a b 1\n' >"$WORK/small.conf"
 check_fails "a ring too small names the shortfall" "ring too small: the model needs .* but the 2 nodes offer" \
     "${P[@]}" --nodes "$WORK/small.conf"
+# Greedy fits one node, speculation's rollback copies do not: the error says speculation is why.
+printf 'node a device=cpu-ddr5 mem=0.045\ncoordinator at=a\n' >"$WORK/one.conf"
+check "greedy decoding fits a node of 45 MB" "${P[@]}" --nodes "$WORK/one.conf" --parallel 8 --ctx 512
+check_fails "... speculating there does not, and the error says why" \
+    "ring too small: .*\\(speculating, with the rollback copies of blocks of 2 tokens, 2 in flight and one more" \
+    "${P[@]}" --nodes "$WORK/one.conf" --parallel 8 --ctx 512 --acceptance 0.6
 # A draft model's cost on the coordinator (plan --draft): spec_tok_s = g / (traversal at k + 1 + drafting),
 # a K3 draft k + a^k one-token steps at the coordinator's figures (twice as fast a coordinator: half the
 # time), a DSpark draft one pass for the block.

@@ -6,7 +6,6 @@
 
 #include <cJSON.h>
 
-#include "../model/k3_memory.h"
 #include "coord.h"
 #include "ring_order.h"
 
@@ -35,8 +34,7 @@ static int pn_plan_once(const mf_model *m, const k3_hparams *hp, const nc_conf *
     ring_plan_model(&pm, m, hp, po->parallel ? po->parallel : 1, n_ctx, 2, spec_block,
                     po->draft_depth > 1 ? po->draft_depth : 1);
     r->spec_block = spec_block;
-    r->rollback_bytes = (uint64_t)(po->parallel ? po->parallel : 1) *
-                        k3_range_rollback_bytes(hp, 0, hp->n_layer, spec_block, po->draft_depth > 1 ? po->draft_depth : 1);
+    for (uint32_t il = 0; il < pm.n_layer; il++) r->rollback_bytes += (uint64_t)pm.n_seq * pm.layer_host[il];
     if (plan_make(&pm, r->pnodes, c->n, 0.10, &r->plan, err) != 0) return -1;
     /* The hops of the stages the plan uses (a node it leaves out is not on the way). */
     pr_node pr[PLAN_MAX_NODES];
