@@ -444,8 +444,10 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
         stage_seq *q = qv[i];
         const float *lrow = NULL;
         lp_row[i] = p_row[i] = logits ? logits + (size_t)row * n_vocab : NULL;
-        if (sq->flags & RF_SEQ_ALL_LOGITS) {
-            memcpy(payload + h->n_seqs * 4 + lo * 4, logits + (size_t)row * n_vocab, (size_t)sq->n_tokens * n_vocab * 4);
+        if (sq->flags & RF_SEQ_ALL_LOGITS) { /* a stale block did not run: its rows are zeros, as its taps */
+            const size_t nb = (size_t)sq->n_tokens * n_vocab * 4;
+            if (stale[i]) memset(payload + h->n_seqs * 4 + lo * 4, 0, nb);
+            else memcpy(payload + h->n_seqs * 4 + lo * 4, logits + (size_t)row * n_vocab, nb);
             lo += (size_t)sq->n_tokens * n_vocab;
         }
         if (sq->flags & RF_SEQ_VERIFY) {

@@ -346,6 +346,47 @@ int main(int argc, char **argv) {
     int32_t three[3] = {1, 2, 3};
     send_hdr(s, &v, three, 12, 1); /* HAS_Q but no q part */
     expect(s, "VERIFY that announces draft distributions and sends none", "malformed");
+    /* A stale VERIFY block (it starts past what its sequence committed: the coordinator moved on) is not run;
+     * one that also asks for every row's logits (no coordinator sends both, a fuzzer did) gets zero rows back,
+     * never rows read from a batch it was not part of (CI's fuzz seed 1796450711 crashed the node there). */
+    rf_header sv = f;
+    sv.seqs[0].seq_id = 60;
+    sv.seqs[0].n_tokens = 2;
+    sv.seqs[0].flags = RF_SEQ_NEW | RF_SEQ_VERIFY;
+    sv.payload_bytes = 8;
+    int32_t two[2] = {1, 2};
+    send_hdr(s, &sv, two, 8, 1);
+    int st1 = reply(s, msg, sizeof msg);
+    sv.seqs[0].flags = RF_SEQ_VERIFY | RF_SEQ_ALL_LOGITS;
+    sv.seqs[0].pos = 10;
+    send_hdr(s, &sv, two, 8, 1);
+    {
+        zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+        zs_parts p;
+        rl_err e;
+        int ok = 0;
+        size_t got_len = 0;
+        rf_header *rh = calloc(1, sizeof *rh);
+        if (zmq_poll(&it, 1, 5000) > 0 && zs_recv(s, &p, &e) == 0) {
+            const size_t want = 4 + 2 * (size_t)hp.n_vocab * 4;
+            if (p.n >= 2 && rf_header_decode(rh, p.data[0], p.len[0], &e) == 0 && rh->type == RF_RESULT) {
+                got_len = p.len[1];
+                ok = got_len == want;
+                for (size_t k = 0; ok && k < want; k++) ok = ((const uint8_t *)p.data[1])[k] == 0;
+            }
+            zs_parts_free(&p);
+        }
+        free(rh);
+        ok = ok && st1 == RF_RESULT;
+        printf("%s - a stale VERIFY block that asks for every row's logits: not run, 0 committed, zero rows (%zu bytes)\n",
+               ok ? "ok" : "not ok", got_len);
+        ok ? n_pass++ : n_fail++;
+        rf_header ping = {.type = RF_PING, .step_id = 78};
+        send_hdr(s, &ping, NULL, 0, 0);
+        int alive = reply(s, msg, sizeof msg) == RF_PONG;
+        printf("%s - still answering after: a stale VERIFY block with every row's logits\n", alive ? "ok" : "not ok");
+        alive ? n_pass++ : n_fail++;
+    }
     /* The sampler's part: logit biases and grammars of new sequences, checked before anything runs. */
     rf_header b = f;
     b.seqs[0].seq_id = 50;
