@@ -21,7 +21,12 @@ check "the ring works before" ring_ok
 
 # --- Mutated frames from an authenticated coordinator (tests/tools/ring_bad_frames.c --fuzz), to node 3,
 # which nothing was assigned yet (the tool's fixed checks start with FORWARD before ASSIGN).
-SEED=${RINGLM_FUZZ_SEED:-$(date +%s)}
+# A fixed seed by default, so that CI judges every commit on the same frames (a clock seed found a crash in
+# CI that no run here had met: the seed below, now a regression check). To explore, run with
+# RINGLM_FUZZ_SEED=random, many times, under the sanitizer build:
+#   for i in $(seq 20); do RINGLM_FUZZ_SEED=random RINGLM_BUILD=build/asan tests/run.sh =t_transport || break; done
+SEED=${RINGLM_FUZZ_SEED:-1796450711}
+[ "$SEED" = random ] && SEED=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 echo "# fuzz seed $SEED (RINGLM_FUZZ_SEED=$SEED reproduces it)"
 check "3000 mutated frames of every type: the node answers every liveness check" \
     "$TOOLS/ring_bad_frames" --node "127.0.0.1:${RING_PORT[3]}" --node-key "$(cat "$RING/n3.pub")" --key "$RING/coord.key" \
