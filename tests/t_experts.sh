@@ -3,7 +3,8 @@
 # unconstrained run bit for bit, on repacked and plain expert layouts, mixed expert types, a roomy cache, a
 # small one and the least that runs (one usable slot, fewer than one token's experts: every layer in
 # passes); the budget error names the minimum; the counters reach the summary line and the metrics JSON;
-# the repacked copy (--expert-copy) is filled, read, rebuilt when damaged, and changes no bit.
+# the repacked copy (--expert-copy) is filled, read, rebuilt when damaged, and changes no bit; a copy that
+# cannot be made (its file, a full disk) is a clear error.
 . "$(dirname "$0")/lib.sh"
 q8=$(model xc-q8 small q8_0 3)
 q4=$(model xc-q4 small q4_0 4)     # Q4_0 experts take the CPU's repacked layout
@@ -84,6 +85,23 @@ check "q8_0 experts (not re-laid here): no copy is made" sh -c "! ls '$WORK'/xco
 touch "$WORK/afile"
 check_fails "--expert-copy under a file: a clear error naming it" "--expert-copy $WORK/afile/x: cannot create the folder" \
     "$RINGLM" run -m "$q4" -p hi -n 2 --mem "$least4" --expert-copy "$WORK/afile/x"
+# The copy's file cannot be created (a folder has its name): the error names the file and why.
+xname=$(basename "$(ls "$WORK"/xcopy/*.xcopy)")
+mkdir -p "$WORK/xblock/$xname"
+check_fails "--expert-copy whose file cannot be created: a clear error naming it" \
+    "cannot create $WORK/xblock/$xname: Is a directory" \
+    "$RINGLM" run -m "$q4" -p hi -n 2 --mem "$least4" --expert-copy "$WORK/xblock"
+# A disk too small for the copy: a 1 MiB tmpfs, mounted in a mount namespace of this test's own (gone with
+# it). Needs root, as CI runs; elsewhere the check is skipped and says so.
+if unshare -m true 2>/dev/null; then
+    mkdir -p "$WORK/small"
+    check_fails "--expert-copy on a disk too small for it: both sizes, before anything is written" \
+        "--expert-copy $WORK/small/x: the copy may take [0-9.]+ GB and the disk has 0.00 GB free" \
+        unshare -m sh -c 'mount -t tmpfs -o size=1m tmpfs "$1" && shift && exec "$@"' sh "$WORK/small" \
+        "$RINGLM" run -m "$q4" -p hi -n 2 --mem "$least4" --expert-copy "$WORK/small/x"
+else
+    echo "# skipped: --expert-copy on a small disk (unshare -m needs root)"
+fi
 
 # serve over a cache: three requests at once (one batched step carries them all) answer what they answer
 # without --mem, and /metrics exports the cache's counters.

@@ -111,10 +111,11 @@ int xcp_open(xcp_file *f, const char *dir, uint64_t key, uint32_t n_layers, uint
             close(fd);
             fd = -1;
         }
-        if (fd < 0) {
+        if (fd < 0) { /* (the message first: closing clears f->path) */
+            rl_errf(err, "--expert-copy: cannot create %s: %s", f->path, strerror(e));
             free(head);
             xcp_close(f);
-            return rl_errf(err, "--expert-copy: cannot create %s: %s", f->path, strerror(e));
+            return -1;
         }
     }
     free(head);
