@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One machine: ringlm run against llama.cpp as its users run it, `llama-bench` at its defaults (repacked CPU
 # weights, flash attention auto, f16 cache), built from the same pinned source with the same CPU kernels
-# (scripts/llama-tools.sh). Same file, same thread count, alternating runs, medians of per-pair ratios.
+# (scripts/llama-tools.sh). Same file, same thread count, pairs of runs in alternating order, medians of
+# per-pair ratios.
 #
 #   bench/bench_single.sh [--threads N] [--prompt N] [--gen N] [--reps N] [--model FILE] [--depth N]
 #                         [--out NAME] [--ringlm-args "ARGS"]
@@ -59,13 +60,15 @@ cat "$model" >/dev/null
 # model, the sizes and the thread count are given (and -r 1: this script does the repetitions, alternating).
 lb_ts() { python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(d[int(sys.argv[2])]["avg_ts"])' "$@"; }
 ours_p=() ours_d=() ref_p=() ref_d=() rss=()
-for r in $(seq "$reps"); do
+run_ours() {
     # shellcheck disable=SC2086
     ./ringlm run -m "$model" --tokens @build/bench/prompt.ids -n "$gen" --temp 0 --ignore-eos --ids --threads "$threads" \
         --ctx $((n_prompt + gen + 8)) --chunk 512 --metrics-json build/bench/ours.json $rargs >/dev/null 2>&1
     ours_p+=("$(sed -n 's/.*"prefill_tok_s":[[:space:]]*\([0-9.e+-]*\).*/\1/p' build/bench/ours.json)")
     ours_d+=("$(sed -n 's/.*"decode_tok_s":[[:space:]]*\([0-9.e+-]*\).*/\1/p' build/bench/ours.json)")
     rss+=("$(sed -n 's/.*"peak_rss_bytes":[[:space:]]*\([0-9.e+-]*\).*/\1/p' build/bench/ours.json)")
+}
+run_ref() {
     if [ "$depth" -gt 0 ]; then
         "$B/llama-bench" -m "$model" -t "$threads" -r 1 -o json -p "$depth" -n 0 >build/bench/ref_p.json 2>/dev/null
         "$B/llama-bench" -m "$model" -t "$threads" -r 1 -o json -p 0 -n "$gen" -d "$depth" >build/bench/ref_d.json 2>/dev/null
@@ -76,6 +79,11 @@ for r in $(seq "$reps"); do
         ref_p+=("$(lb_ts build/bench/ref.json 0)")
         ref_d+=("$(lb_ts build/bench/ref.json 1)")
     fi
+}
+# Pairs in alternating order (ringlm first, then llama-bench first, ...): whichever runs second in a pair
+# meets a machine the first one just warmed or tired, and a fixed order would hand that to one side.
+for r in $(seq "$reps"); do
+    if [ $((r % 2)) = 1 ]; then run_ours; run_ref; else run_ref; run_ours; fi
     echo "run $r: ringlm prefill ${ours_p[-1]} decode ${ours_d[-1]} | llama-bench prefill ${ref_p[-1]} decode ${ref_d[-1]} tok/s" >&2
 done
 median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
