@@ -5,7 +5,8 @@
 # order (the 0 ms node first) takes 75 ms, the best (it last) 50 ms. The coordinator must measure that,
 # reorder, say so, predict decode from the measured hops, and produce the same tokens as ring.conf's order
 # and one machine; --keep-order keeps ring.conf's. The nodes answer probes only from peers the coordinator
-# named (PEERS); a node that cannot be probed leaves ring.conf's order, saying why.
+# named (PEERS); a node that cannot be probed leaves ring.conf's order, saying why; malformed timed frames in
+# a READY are dropped, not predicted from.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/ring_lib.sh"
 
@@ -81,5 +82,20 @@ rc=0; run_ring >"$WORK/np.ids" 2>"$WORK/np.err" || rc=$?
 check "a node that cannot be probed: the ring runs in ring.conf's order" test $rc = 0
 check "... saying why" grep -Eq "^ring order: ring.conf's \(the delays could not be measured: node 127.0.0.1:[0-9]+: unexpected PEERS frame\)" "$WORK/np.err"
 check "... the same tokens" diff "$WORK/local.ids" "$WORK/np.ids"
+# Nodes whose READY times a frame at -1 s (the test build's "badsteps"): the coordinator drops a node's timed
+# frames, all of them, when one is malformed (a prediction from half a list could mislead), and with no
+# stage's frames left predicts nothing from them (the honest rings above did); the ring runs.
+for i in 2 3; do
+    kill "${RING_PID[$i]}"; wait "${RING_PID[$i]}" 2>/dev/null
+    RING_BIN=$ADV ring_start $i "$RING/models" --misbehave badsteps || exit 1
+done
+ring_conf "$WORK/bad.conf" 2 3
+rc=0; "$RINGLM" run -m "$m" --tokens "$p" -n 12 --temp 0 --ignore-eos --ids --ring "$WORK/bad.conf" "${K[@]}" \
+    >"$WORK/bs.ids" 2>"$WORK/bs.err" || rc=$?
+check "nodes whose READY has a malformed timed frame: the ring runs" test $rc = 0
+check "... they did time their stages" grep -Eq "stage timed: a 1-token frame" "$RING/n2.log" "$RING/n3.log"
+check "... the coordinator measured the delays" grep -Eq "^ring order \(delays measured" "$WORK/bs.err"
+check "... but no prediction comes from their frames" sh -c '! grep -q "^predicted from the stages" "$1"' _ "$WORK/bs.err"
+check "... the same tokens" diff "$WORK/local.ids" "$WORK/bs.ids"
 # (Malformed PEERS and PROBE, a PROBE_PING from a key not named, an absent peer: tests/tools/ring_bad_frames.c.)
 finish

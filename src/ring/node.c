@@ -1002,6 +1002,14 @@ static void node_assign(node *n, uint64_t step, const zs_parts *p) {
             cJSON_AddNumberToObject(st, "s", n->step_s[i]);
             cJSON_AddItemToArray(sa, st);
         }
+#ifdef RINGLM_ADVERSARY
+        if (n->o->misbehave && strcmp(n->o->misbehave, "badsteps") == 0) { /* a frame that took no time */
+            cJSON *st = cJSON_CreateObject();
+            cJSON_AddNumberToObject(st, "tokens", 1);
+            cJSON_AddNumberToObject(st, "s", -1);
+            cJSON_AddItemToArray(sa, st);
+        }
+#endif
     }
     char *s = cJSON_PrintUnformatted(r);
     cJSON_Delete(r);
