@@ -10,8 +10,9 @@
 #   twin     the same with the target itself as the draft on the coordinator (everything accepted: this
 #            checks tokens per traversal and the price of drafting, here 4 steps of the whole model)
 # and compared with `ringlm plan --nodes` for the same ring described in a nodes.conf: each node `custom`
-# with the bandwidth and compute one node measures alone (calibrated once: decode and prefill of
-# `ringlm run -m` on this machine, solved together for bw and tflops), the coordinator at the same figures,
+# with the bandwidth and compute one node measures alone (decode and prefill of `ringlm run -m` on this
+# machine, solved together for bw and tflops, measured in each ring's own minutes: a one-node run before
+# every ring run, since this VM's speed moves by 10-30% between minutes), the coordinator at the same figures,
 # every pair D apart, and for spec and twin the draft file (`plan --draft`) and the acceptance the run
 # measured. Goal: every decode and TTFT prediction within 25% (speculative ones included).
 #
@@ -140,18 +141,20 @@ ttft_args_plan = ['--prompt', str(prompt), '--chunk', str(prompt)]
 tt_b = plan(one % (1, big), ttft_args_plan)['predict']['ttft_s']
 tt_f = plan(one % (big, 1), ttft_args_plan)['predict']['ttft_s']
 # dec_b * x + dec_f * y = 1 / local_dec, tt_b * x + tt_f * y = local_ttft (x = 1 / bw, y = 1 / tflops)
-det = dec_b * tt_f - dec_f * tt_b
-x = (tt_f / local_dec - dec_f * local_ttft) / det
-y = (dec_b * local_ttft - tt_b / local_dec) / det
-if not (x > 0 and y > 0): raise SystemExit('bench_plan: calibration failed (x %g, y %g)' % (x, y))
-bw, tflops = 1 / x, 1 / y
-figures = 'device=custom mem=100 bw=%.4f tflops=%.6f col_reads=4 eff=1 net=100000' % (bw, tflops)
-def conf(n, d):
-    t = ''.join('node n%d %s loc=p%d\n' % (i, figures, i) for i in range(n))
+def figures_from(local_dec, local_ttft):
+    det = dec_b * tt_f - dec_f * tt_b
+    x = (tt_f / local_dec - dec_f * local_ttft) / det
+    y = (dec_b * local_ttft - tt_b / local_dec) / det
+    if not (x > 0 and y > 0): raise SystemExit('bench_plan: calibration failed (x %g, y %g)' % (x, y))
+    return 'device=custom mem=100 bw=%.4f tflops=%.6f col_reads=4 eff=1 net=100000' % (1 / x, 1 / y), 1 / x, 1 / y
+figures, bw, tflops = figures_from(local_dec, local_ttft)  # the sweep's; each main row measures its own
+def conf(n, d, fig=None):
+    fig = fig or figures
+    t = ''.join('node n%d %s loc=p%d\n' % (i, fig, i) for i in range(n))
     places = ['p%d' % i for i in range(n)] + ['c']
     for i in range(len(places)):
         for j in range(i + 1, len(places)): t += 'delay %s %s %g\n' % (places[i], places[j], d)
-    return t + 'coordinator loc=c %s\n' % figures
+    return t + 'coordinator loc=c %s\n' % fig
 rows = []
 kinds = ('decode', 'ttft', 'spec', 'twin')
 for d in delays:
@@ -160,18 +163,29 @@ for d in delays:
         with open(work + '/ring.conf', 'w') as f:
             for i in range(n): f.write('127.0.0.1:%d %s\n' % (rport[i], pubs[i]))
         rc = work + '/ring.conf'
-        dres = [run(decode_args, rc) for _ in range(3)]
-        tres = [run(ttft_args, rc) for _ in range(3)]
-        dec, tt = [x['decode'] for x in dres], [x['ttft'] for x in tres]
-        row = {'nodes': n, 'delay_ms': d}
+        # This VM's speed moves by 10-30% between minutes: the row's nodes are described at figures measured
+        # in its own minutes, a one-node run before each ring run (the prediction is for the machine as it
+        # ran, not as it was when the bench started).
+        loc_d, loc_t, dres, tres, sps = [], [], [], [], {}
+        for _ in range(3):
+            loc_d.append(run(decode_args)['decode']); dres.append(run(decode_args, rc))
+        for _ in range(3):
+            loc_t.append(run(ttft_args)['ttft']); tres.append(run(ttft_args, rc))
         for name, dr in (('spec', draft), ('twin', model)):
-            sp = [run(spec_args(dr), rc) for _ in range(3)]
+            sps[name] = []
+            for _ in range(3):
+                loc_d.append(run(decode_args)['decode']); sps[name].append(run(spec_args(dr), rc))
+        fig, row_bw, row_tflops = figures_from(med(loc_d), med(loc_t))
+        dec, tt = [x['decode'] for x in dres], [x['ttft'] for x in tres]
+        row = {'nodes': n, 'delay_ms': d, 'local_decode': med(loc_d), 'local_ttft': med(loc_t), 'bw': row_bw, 'tflops': row_tflops}
+        for name, dr in (('spec', draft), ('twin', model)):
+            sp = sps[name]
             acc = med([s['acc'] for s in sp])
-            pd = plan(conf(n, d), ['--acceptance', '%.4f' % max(min(acc, 0.999), 0.001), '--draft-n', '4', '--draft', dr, '--draft-depth', '1'])
+            pd = plan(conf(n, d, fig), ['--acceptance', '%.4f' % max(min(acc, 0.999), 0.001), '--draft-n', '4', '--draft', dr, '--draft-depth', '1'])
             p = pd['predict']
             row.update({name: med([s['decode'] for s in sp]), name + '_pred': p['spec_tok_s'], name + '_acceptance': acc,
                         name + '_tpp': med([s['tpp'] for s in sp]), name + '_tpp_pred': p['tokens_per_traversal']})
-        pd = plan(conf(n, d), ['--prompt', str(prompt), '--chunk', str(prompt)])
+        pd = plan(conf(n, d, fig), ['--prompt', str(prompt), '--chunk', str(prompt)])
         p = pd['predict']
         live = lambda xs, k: med([x[k] for x in xs]) if all(x[k] for x in xs) else None
         row.update({'decode_live': live(dres, 'live_decode'), 'ttft_live': live(tres, 'live_ttft')})
@@ -251,7 +265,8 @@ with open(out + '.md', 'w') as f:
     f.write('`bench/bench_plan.sh%s` (%s). Loopback rings of N nodes (1 thread each) over the `medium` model, every link '
             'through `ringlm relay` at one-way delay D (N + 1 relayed hops per traversal). Measured: `ringlm run --ring`, '
             'median of 3. Predicted: `ringlm plan --nodes` for the same ring, each node `custom` at the figures one node '
-            'measures alone on this machine (calibration: decode %.2f tok/s and a %d-token prompt in %.3f s -> bw %.2f GB/s and '
+            'measures alone on this machine in the row\'s own minutes (a one-node run before every ring run, medians: the '
+            '"1 node" column; this VM\'s speed moves by 10-30%% between minutes; at the start: decode %.2f tok/s and a %d-token prompt in %.3f s -> bw %.2f GB/s and '
             '%.4f TFLOPS, solved together since the planner adds reading and multiplying; eff 1; col_reads 4, a CPU: below 4 columns ggml\'s kernels read the weights once per column), every pair D apart, the '
             'coordinator (which drafts) at the same figures; spec: a small random K3 draft, twin: the target itself '
             'as its draft, 4 tokens drafted every pass, one block in flight (`--draft-depth 1`), priced by `plan --draft` at the acceptance the run measured. '
@@ -259,12 +274,12 @@ with open(out + '.md', 'w') as f:
             '(repacked weights, flash attention, f16 cache) but for the flags named here; the peer is ringlm\'s own '
             'planner, not llama.cpp, which has none.\n\n' % (argv, res['cpu'], local_dec,
             prompt, local_ttft, bw, tflops))
-    if rows: f.write('| nodes | D ms | decode tok/s | predicted | err | TTFT s | predicted | err | spec tok/s (acceptance) | predicted | err '
+    if rows: f.write('| nodes | D ms | 1 node: decode tok/s, TTFT s | decode tok/s | predicted | err | TTFT s | predicted | err | spec tok/s (acceptance) | predicted | err '
             '| twin tok/s (acceptance) | predicted | err | dominant |\n')
-    if rows: f.write('|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n')
+    if rows: f.write('|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n')
     for r in rows:
-        f.write('| %d | %g | %.2f | %.2f | %+.0f%% | %.3f | %.3f | %+.0f%% | %.2f (%.2f) | %.2f | %+.0f%% | %.2f (%.2f) | %.2f | %+.0f%% '
-                '| %s |\n' % (r['nodes'], r['delay_ms'], r['decode'], r['decode_pred'], 100 * r['decode_err'], r['ttft'],
+        f.write('| %d | %g | %.2f, %.3f | %.2f | %.2f | %+.0f%% | %.3f | %.3f | %+.0f%% | %.2f (%.2f) | %.2f | %+.0f%% | %.2f (%.2f) | %.2f | %+.0f%% '
+                '| %s |\n' % (r['nodes'], r['delay_ms'], r['local_decode'], r['local_ttft'], r['decode'], r['decode_pred'], 100 * r['decode_err'], r['ttft'],
                 r['ttft_pred'], 100 * r['ttft_err'], r['spec'], r['spec_acceptance'], r['spec_pred'], 100 * r['spec_err'],
                 r['twin'], r['twin_acceptance'], r['twin_pred'], 100 * r['twin_err'], r['dominant']))
     if rows: f.write('\nWithin 25%%: decode %d of %d, TTFT %d of %d, speculative (random draft) %d of %d, speculative (twin) %d of %d.\n' % (
@@ -283,7 +298,7 @@ with open(out + '.md', 'w') as f:
         f.write('\nWithin 25%%: decode %d of %d, TTFT %d of %d.\n' % (lw('decode'), len(rows), lw('ttft'), len(rows)))
     if sweep:
         f.write('\n## Prompt lengths and concurrent streams\n\n'
-                'Rings of %s nodes at D = %g ms, the nodes and calibration above. TTFT: `run --ring` of a P-token prompt in chunks of %d (the '
+                'Rings of %s nodes at D = %g ms, the nodes at the calibration made at the start. TTFT: `run --ring` of a P-token prompt in chunks of %d (the '
                 'chunks pipelined through the ring), median of 3, against `plan --prompt P --chunk %d`. Streams: `ringlm serve --ring '
                 '--parallel %d` (one frame per step carries every running stream), S completions of %d and then of %d tokens '
                 '(1-token prompts, temperature 0, ignore_eos) sent at once, median of 3 each: aggregate decode = S x (%d - %d) / '
