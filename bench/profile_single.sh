@@ -67,8 +67,8 @@ what = f"prefill of {n} tokens" if mode == 'prefill' else f"{n} decode steps aft
 L = [f"# Where the time goes: ringlm and llama-bench, {what}", "",
      f"`bench/profile_single.sh --model {model} --threads {threads} --{mode} {n}" + (f" --depth {depth}" if mode == 'decode' else '') + f"`, "
      f"{datetime.date.today()}, samples of `perf record -e cpu-clock -F 1999` (one per 0.5 ms of a thread's CPU time).", "",
-     f"- ringlm: `{ours_cmd.replace('./ringlm', 'ringlm')}`",
-     f"- llama-bench (its defaults, no warm-up run): `llama-bench {ref_cmd.split('llama-bench ', 1)[1]}`", "",
+     f"- ringlm (its defaults: repacked weights where llama.cpp repacks them, flash attention, f16 cache): `{ours_cmd.replace('./ringlm', 'ringlm')}`",
+     f"- llama-bench (its defaults: repacked weights, flash attention auto, f16 cache; no warm-up run, so both sides compute the same tokens once): `llama-bench {ref_cmd.split('llama-bench ', 1)[1]}`", "",
      f"Samples in all: ringlm {ta}, llama-bench {tb} (ratio {ta / tb:.3f}); both include loading and repacking the model.", "",
      "How to read it: the two runs are minutes apart on a VM whose speed moves by 10-20% between minutes, so the",
      "samples of a function that does the same work on both sides (`__tanhf`, `ggml_compute_forward_dsv4_hc_pre`,",

@@ -94,11 +94,11 @@ check_fails "--expert-copy whose file cannot be created: a clear error naming it
 # A disk too small for the copy: a 1 MiB tmpfs, mounted in a mount namespace of this test's own (gone with
 # it). Needs root, as CI runs; elsewhere the check is skipped and says so.
 mkdir -p "$WORK/small"
-if unshare -m sh -c 'mount -t tmpfs -o size=1m tmpfs "$1"' sh "$WORK/small" 2>/dev/null; then
+on_small_disk() { unshare -m sh -c 'mount -t tmpfs -o size=1m tmpfs "$1" && shift && exec "$@"' sh "$WORK/small" "$@"; }
+if on_small_disk true 2>/dev/null; then
     check_fails "--expert-copy on a disk too small for it: both sizes, before anything is written" \
         "--expert-copy $WORK/small/x: the copy may take [0-9.]+ GB and the disk has 0.00 GB free" \
-        unshare -m sh -c 'mount -t tmpfs -o size=1m tmpfs "$1" && shift && exec "$@"' sh "$WORK/small" \
-        "$RINGLM" run -m "$q4" -p hi -n 2 --mem "$least4" --expert-copy "$WORK/small/x"
+        on_small_disk "$RINGLM" run -m "$q4" -p hi -n 2 --mem "$least4" --expert-copy "$WORK/small/x"
 else
     echo "# skipped: --expert-copy on a small disk (no tmpfs in a mount namespace here: it needs root)"
 fi

@@ -73,18 +73,43 @@ static void send_hdr4(void *s, const rf_header *h, const void *payload, size_t p
     send_parts(s, d, l, 4);
 }
 
+/* The node answers a PING after `what`. */
+static void still_answering(void *s, const char *what) {
+    char msg[1024];
+    rf_header h = {.type = RF_PING, .step_id = 77};
+    send_hdr(s, &h, NULL, 0, 0);
+    int alive = reply(s, msg, sizeof msg) == RF_PONG;
+    printf("%s - still answering after: %s\n", alive ? "ok" : "not ok", what);
+    alive ? n_pass++ : n_fail++;
+}
+
 static void expect(void *s, const char *what, const char *needle) {
     char msg[1024];
     int t = reply(s, msg, sizeof msg);
     int ok = t == RF_ERROR && strstr(msg, needle) != NULL;
     printf("%s - %s: %s\n", ok ? "ok" : "not ok", what, t == RF_ERROR ? msg : t ? "(another reply)" : "(no reply)");
     ok ? n_pass++ : n_fail++;
-    /* ... and the node is still there. */
-    rf_header h = {.type = RF_PING, .step_id = 77};
-    send_hdr(s, &h, NULL, 0, 0);
-    int alive = reply(s, msg, sizeof msg) == RF_PONG;
-    printf("%s - still answering after: %s\n", alive ? "ok" : "not ok", what);
-    alive ? n_pass++ : n_fail++;
+    still_answering(s, what);
+}
+
+/* Waits up to 5 s for a RESULT; returns its payload (malloc'ed, *len bytes), or NULL for anything else. */
+static uint8_t *result_payload(void *s, size_t *len) {
+    zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+    zs_parts p;
+    rl_err e;
+    uint8_t *out = NULL;
+    *len = 0;
+    rf_header *rh = calloc(1, sizeof *rh);
+    if (rh && zmq_poll(&it, 1, 5000) > 0 && zs_recv(s, &p, &e) == 0) {
+        if (p.n >= 2 && rf_header_decode(rh, p.data[0], p.len[0], &e) == 0 && rh->type == RF_RESULT &&
+            (out = malloc(p.len[1] ? p.len[1] : 1)) != NULL) {
+            memcpy(out, p.data[1], p.len[1]);
+            *len = p.len[1];
+        }
+        zs_parts_free(&p);
+    }
+    free(rh);
+    return out;
 }
 
 /* ---- fuzzing ----------------------------------------------------------------------------------------- */
@@ -360,33 +385,16 @@ int main(int argc, char **argv) {
     sv.seqs[0].flags = RF_SEQ_VERIFY | RF_SEQ_ALL_LOGITS;
     sv.seqs[0].pos = 10;
     send_hdr(s, &sv, two, 8, 1);
-    {
-        zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
-        zs_parts p;
-        rl_err e;
-        int ok = 0;
-        size_t got_len = 0;
-        rf_header *rh = calloc(1, sizeof *rh);
-        if (zmq_poll(&it, 1, 5000) > 0 && zs_recv(s, &p, &e) == 0) {
-            const size_t want = 4 + 2 * (size_t)hp.n_vocab * 4;
-            if (p.n >= 2 && rf_header_decode(rh, p.data[0], p.len[0], &e) == 0 && rh->type == RF_RESULT) {
-                got_len = p.len[1];
-                ok = got_len == want;
-                for (size_t k = 0; ok && k < want; k++) ok = ((const uint8_t *)p.data[1])[k] == 0;
-            }
-            zs_parts_free(&p);
-        }
-        free(rh);
-        ok = ok && st1 == RF_RESULT;
-        printf("%s - a stale VERIFY block that asks for every row's logits: not run, 0 committed, zero rows (%zu bytes)\n",
-               ok ? "ok" : "not ok", got_len);
-        ok ? n_pass++ : n_fail++;
-        rf_header ping = {.type = RF_PING, .step_id = 78};
-        send_hdr(s, &ping, NULL, 0, 0);
-        int alive = reply(s, msg, sizeof msg) == RF_PONG;
-        printf("%s - still answering after: a stale VERIFY block with every row's logits\n", alive ? "ok" : "not ok");
-        alive ? n_pass++ : n_fail++;
-    }
+    size_t got_len = 0;
+    uint8_t *got = result_payload(s, &got_len);
+    const size_t want = 4 + 2 * (size_t)hp.n_vocab * 4;
+    int zeros = st1 == RF_RESULT && got && got_len == want;
+    for (size_t k = 0; zeros && k < want; k++) zeros = got[k] == 0;
+    free(got);
+    printf("%s - a stale VERIFY block that asks for every row's logits: not run, 0 committed, zero rows (%zu bytes)\n",
+           zeros ? "ok" : "not ok", got_len);
+    zeros ? n_pass++ : n_fail++;
+    still_answering(s, "a stale VERIFY block with every row's logits");
     /* The sampler's part: logit biases and grammars of new sequences, checked before anything runs. */
     rf_header b = f;
     b.seqs[0].seq_id = 50;
@@ -443,18 +451,12 @@ int main(int argc, char **argv) {
         tok_tokenizer tk;
         b.seqs[0].seq_id = 51;
         send_hdr4(s, &b, &tok, 4, q2, 8 + gwl);
-        zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
-        zs_parts p;
         rl_err e;
         int32_t got = -1;
-        rf_header *rh = calloc(1, sizeof *rh);
-        if (zmq_poll(&it, 1, 5000) > 0 && zs_recv(s, &p, &e) == 0) {
-            if (p.n >= 2 && rf_header_decode(rh, p.data[0], p.len[0], &e) == 0 && rh->type == RF_RESULT && p.len[1] >= 4) {
-                memcpy(&got, p.data[1], 4);
-            }
-            zs_parts_free(&p);
-        }
-        free(rh);
+        size_t rl = 0;
+        uint8_t *res = result_payload(s, &rl);
+        if (res && rl >= 4) memcpy(&got, res, 4);
+        free(res);
         char *text = NULL;
         bool brace = false;
         if (got >= 0 && tok_load(&tk, &m, &e) == 0) {
