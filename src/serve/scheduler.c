@@ -240,7 +240,9 @@ int sch_backend_local(sch_backend *be, k3_engine *e, int n_slots, uint32_t n_ctx
         return -1;
     }
     for (int i = 0; i < n_slots; i++) {
-        if (k3_state_init_pooled(&L->st[i], &L->pool, i, err) != 0) {
+        /* A slot rolls back only into its last speculative entry (L->valid): one block kept, not
+         * K3_RB_BLOCKS, each of which holds a copy of every KDA state per token once touched. */
+        if (k3_state_init_pooled(&L->st[i], &L->pool, i, err) != 0 || k3_state_keep_blocks(&L->st[i], 1, err) != 0) {
             rl_err_prefix(err, "sequence state %d of %d (%u tokens each)", i + 1, n_slots, n_ctx);
             sch_local_free(L);
             return -1;

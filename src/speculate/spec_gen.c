@@ -285,6 +285,10 @@ static int local_begin(void *ctx, const int32_t *prompt, size_t n, const smp_par
     spec_local *l = ctx;
     if (k3_state_init(&l->st, &l->e->hp, 0, l->e->hp.n_layer, l->n_ctx, err) != 0) return -1;
     l->have_st = true;
+    /* One block is all this verifier returns into (a verification rolls back only inside itself, and no
+     * block is ever in flight behind it); the default K3_RB_BLOCKS would keep five blocks' copies, each
+     * touched page by page the first time it is used (docs/spec.md). */
+    if (k3_state_keep_blocks(&l->st, 1, err) != 0) return -1;
     if (smp_init(&l->smp, sp, (int32_t)l->e->hp.n_vocab, err) != 0) return -1;
     l->have_smp = true;
     l->n_feat = 0;
