@@ -239,6 +239,7 @@ void k3_engine_free(k3_engine *e) {
     }
     k3_weights_free(&e->w);
     free(e->graph_buf);
+    if (e->mask_buf) ggml_backend_buffer_free(e->mask_buf);
     memset(e, 0, sizeof *e);
 }
 
@@ -248,9 +249,9 @@ size_t k3_engine_compute_bytes(const k3_engine *e) {
     if (e->sched) {
         size_t n = ggml_backend_sched_get_buffer_size(e->sched, e->backend);
         for (int d = 0; d < e->hp.n_dev; d++) n += ggml_backend_sched_get_buffer_size(e->sched, e->dev_backend[d]);
-        return n;
+        return n + e->mask_cap;
     }
-    return e->galloc ? ggml_gallocr_get_buffer_size(e->galloc, 0) : 0;
+    return (e->galloc ? ggml_gallocr_get_buffer_size(e->galloc, 0) : 0) + e->mask_cap;
 }
 
 void k3_tap_rows(const float *taps, int n_taps, uint32_t n_embd, size_t total, size_t t0, uint32_t n, float *dst) {
@@ -965,17 +966,61 @@ static int k3_check_batch(const k3_engine *e, const k3_batch *bt, int64_t *T, rl
     return 0;
 }
 
-/* One row of a causal mask: n columns, the first `seen` (<= n: k3_n_kv pads past every position) 0, the
- * rest -inf, in f32 or f16 (FA's type). */
-static void k3_mask_row(void *dst, enum ggml_type type, size_t n, size_t seen) {
-    if (type == GGML_TYPE_F16) {
-        uint16_t *r = dst;
-        const uint16_t zero = 0x0000, ninf = 0xfc00; /* binary16 +0 and -inf */
-        for (size_t j = 0; j < n; j++) r[j] = j < seen ? zero : ninf;
-    } else {
-        float *r = dst;
-        for (size_t j = 0; j < n; j++) r[j] = j < seen ? 0.0f : -INFINITY;
+/* Rows of a causal mask: row t has n columns, the first seen0 + t (<= n: k3_n_kv pads past every position)
+ * 0, the rest -inf, in f32 or f16 (FA's type). Both zeros are all-zero bytes; each row's -inf tail is a
+ * copy of the row above's (one column shorter), so only the first row is written element by element: at
+ * long context the masks are the graph's largest input (n_kv x chunk), written once per chunk. */
+static void k3_mask_rows(uint8_t *dst, enum ggml_type type, size_t n, size_t seen0, uint32_t rows) {
+    const size_t el = type == GGML_TYPE_F16 ? sizeof(uint16_t) : sizeof(float);
+    for (uint32_t t = 0; t < rows; t++) {
+        uint8_t *r = dst + (size_t)t * n * el;
+        const size_t seen = seen0 + t < n ? seen0 + t : n;
+        memset(r, 0, seen * el);
+        if (t > 0) {
+            memcpy(r + seen * el, r - n * el + seen * el, (n - seen) * el);
+        } else if (type == GGML_TYPE_F16) {
+            uint16_t *h = (uint16_t *)r;
+            for (size_t j = seen; j < n; j++) h[j] = 0xfc00; /* binary16 -inf */
+        } else {
+            float *f = (float *)r;
+            for (size_t j = seen; j < n; j++) f[j] = -INFINITY;
+        }
     }
+}
+
+/* Gives the graph's masks their memory in e->mask_buf (engine header: why not the compute buffer), grown to
+ * at least what they need now and, by doubling, toward what the same sequences need at full context. */
+static int k3_masks_place(k3_engine *e, k3_graph *g, rl_err *err) {
+    const size_t align = ggml_backend_buft_get_alignment(ggml_backend_cpu_buffer_type());
+    size_t need = 0, full = 0;
+    for (int gi = 0; gi < g->n_groups; gi++) {
+        const k3_group *gr = &g->groups[gi];
+        const struct ggml_tensor *mt = gr->m > 1 ? gr->mask : g->seqs[gr->first].mask;
+        if (!mt) continue;
+        need += GGML_PAD(ggml_nbytes(mt), align);
+        full += GGML_PAD((size_t)g->seqs[gr->first].st->n_ctx * (ggml_nbytes(mt) / (size_t)mt->ne[0]), align);
+    }
+    if (need == 0) return 0;
+    if (need > e->mask_cap) {
+        size_t cap = 2 * e->mask_cap < full ? 2 * e->mask_cap : full;
+        if (cap < need) cap = need;
+        if (e->mask_buf) ggml_backend_buffer_free(e->mask_buf);
+        e->mask_cap = 0;
+        e->mask_buf = ggml_backend_buft_alloc_buffer(ggml_backend_cpu_buffer_type(), cap);
+        if (!e->mask_buf) return rl_errf(err, "out of memory for attention masks (%zu MiB)", cap >> 20);
+        e->mask_cap = cap;
+    }
+    uint8_t *at = ggml_backend_buffer_get_base(e->mask_buf);
+    for (int gi = 0; gi < g->n_groups; gi++) {
+        const k3_group *gr = &g->groups[gi];
+        struct ggml_tensor *mt = gr->m > 1 ? gr->mask : g->seqs[gr->first].mask;
+        if (!mt) continue;
+        if (ggml_backend_tensor_alloc(e->mask_buf, mt, at) != GGML_STATUS_SUCCESS) {
+            return rl_errf(err, "cannot place an attention mask");
+        }
+        at += GGML_PAD(ggml_nbytes(mt), align);
+    }
+    return 0;
 }
 
 /* Reads the routing outputs of every MoE layer of the range into r (k3_routes). */
@@ -1335,6 +1380,10 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
      * looking at which are outputs: a one-token step kept for rollback has the very shapes of a plain one,
      * and under the plain plan the tensors read back after compute (kept states, taps) share memory with
      * later nodes. A different set of outputs gets a plan of its own. */
+    if (any_mla && k3_masks_place(e, &g, err) != 0) {
+        rc = -1;
+        goto done;
+    }
     uint64_t key = 0xcbf29ce484222325ULL;
     for (int i = 0; i < ggml_graph_n_nodes(g.gf); i++) {
         if (ggml_graph_node(g.gf, i)->flags & GGML_TENSOR_FLAG_OUTPUT) key = (key ^ (uint64_t)i) * 0x100000001b3ULL;
@@ -1403,19 +1452,16 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
         }
         if (!any_mla) continue;
         /* Causal mask: the token at position p sees cached positions 0..p of its own sequence. Written in
-         * place (the engine's only backend is the CPU, whose buffers are host memory): at long context it is
-         * the largest input of the graph (n_kv x chunk, 128 MiB for 512 tokens at 128k), and a staging copy,
-         * let alone an f32 one converted to f16, would double or triple that. */
+         * place in e->mask_buf (host memory, k3_masks_place): at long context it is the largest input of the
+         * graph (n_kv x chunk, 128 MiB for 512 tokens at 128k), and a staging copy, let alone an f32 one
+         * converted to f16, would double or triple that. */
         struct ggml_tensor *mt = gr->m > 1 ? gr->mask : g.seqs[gr->first].mask;
         GGML_ASSERT(ggml_backend_buffer_is_host(mt->buffer));
         const size_t n_kv = gr->n_kv, el = ggml_element_size(mt);
         uint8_t *mk = mt->data;
         for (int i = 0; i < gr->m; i++) {
             const k3_state *st = g.seqs[gr->first + i].st;
-            for (uint32_t t = 0; t < gr->n; t++) {
-                size_t seen = st->n_past + t + 1, row = (size_t)i * gr->n + t;
-                k3_mask_row(mk + row * n_kv * el, mt->type, n_kv, seen);
-            }
+            k3_mask_rows(mk + (size_t)i * gr->n * n_kv * el, mt->type, n_kv, (size_t)st->n_past + 1, gr->n);
         }
         if (gr->m > 1) {
             /* Key rows: the pool's cache tensor seen as n_slots * n_ctx rows. */

@@ -42,6 +42,12 @@ typedef struct k3_engine {
     void *graph_buf; /* the graph's tensor and node structs, kept between calls: a fresh multi-MiB malloc
                       * per token is a fresh mmap, and its page faults cost a few percent of decode time */
     size_t graph_cap;
+    /* The MLA causal masks, outside the compute buffer: a mask grows with the context (n_kv x chunk; 64 MiB
+     * for a 512-token chunk at 64k), so in the compute buffer every chunk of a long prompt needed a larger
+     * buffer, which the allocator maps anew and the kernel faults in again, page by page; here it grows by
+     * doubling, up to what the sequences' context can need (k3_masks_place). */
+    struct ggml_backend_buffer *mask_buf;
+    size_t mask_cap;
     struct ggml_backend_sched *sched; /* runs graphs over a device and the CPU, or over cached experts (stops
                                        * at each pass); NULL on the CPU alone */
     size_t sched_size;
