@@ -380,6 +380,26 @@ int k3_state_rollback(k3_state *s, uint32_t pos, rl_err *err) {
     return 0;
 }
 
+static void k3_rb_reverse(k3_rb_block *b, int n) {
+    for (int i = 0, j = n - 1; i < j; i++, j--) {
+        k3_rb_block t = b[i];
+        b[i] = b[j];
+        b[j] = t;
+    }
+}
+
+void k3_state_rb_forget(k3_state *s, uint32_t pos) {
+    int d = 0;
+    while (d < s->rb_count && s->rb[d].start + s->rb[d].n <= pos) d++;
+    if (d == 0) return;
+    /* rb[0 .. rb_count) rotated left by d (three reversals): the forgotten blocks' buffers come right after
+     * the kept ones, where the next kept block is written, before any spare never allocated. */
+    k3_rb_reverse(s->rb, d);
+    k3_rb_reverse(s->rb + d, s->rb_count - d);
+    k3_rb_reverse(s->rb, s->rb_count);
+    s->rb_count -= d;
+}
+
 int k3_state_rb_reserve(k3_state *s, uint32_t n, rl_err *err) {
     if (!s->rb) {
         if (s->rb_max < 1) s->rb_max = K3_RB_BLOCKS;

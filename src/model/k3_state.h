@@ -105,6 +105,11 @@ int k3_state_rollback(k3_state *s, uint32_t pos, rl_err *err);
 /* How many consecutive blocks the sequence keeps for rollback (default K3_RB_BLOCKS); each kept block holds
  * a copy of the KDA state per token, allocated as it is first used. Forgets what is kept. */
 int k3_state_keep_blocks(k3_state *s, int n_blocks, rl_err *err);
+/* Forgets the kept blocks that end at or before `pos` (nothing will return into them: a draft model's
+ * committed tokens), moving their buffers right behind the kept ones, where the next blocks reuse them. A draft model
+ * keeps one block per drafted token and never rolls back past what is committed; without this its kept
+ * chain grew by a block per token up to its limit, each a fresh copy of every KDA state touched page by page. */
+void k3_state_rb_forget(k3_state *s, uint32_t pos);
 /* Rolls back to the snapshot's position. The snapshot stays valid (it can be restored again). */
 int k3_state_restore(k3_state *s, const k3_snapshot *snap, rl_err *err);
 void k3_snapshot_free(k3_snapshot *snap);

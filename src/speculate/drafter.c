@@ -266,5 +266,6 @@ int spec_drafter_commit(spec_drafter *d, const int32_t *committed, int n, rl_err
     }
     d->base += (uint32_t)n;
     d->pending = committed[n - 1];
+    k3_state_rb_forget(&d->st, d->base); /* spec_seek returns only past base */
     return 0;
 }

@@ -564,6 +564,24 @@ static void test_model_opts(const char *cfg_name, const char *type_arg, const ch
               "%s/%s: keeping 2 blocks: 3 slots of memory (%zu bytes), a rollback into the third block back refused, "
               "into the second back done",
               cfg_name, type, k3_state_rb_bytes(&st));
+        /* A draft model forgets the blocks behind what is committed after each pass (k3_state_rb_forget):
+         * however many passes, it holds the buffers of the blocks it can return into and one more. */
+        ok = k3_state_keep_blocks(&st, 8, &err) == 0;
+        k3_state_reset(&st);
+        free(run_chunks(&f.e, &st, tok, 20, 0));
+        for (int blk = 0; blk < 6 && ok; blk++) {
+            k3_batch b = {.n_seqs = 1, .seqs = &sp, .n_tokens = &nb, .tokens = tok + 20 + 4 * blk, .keep_rollback = &keep};
+            k3_output o;
+            ok = k3_forward(&f.e, &b, &o, &err) == 0;
+            if (ok) k3_output_free(&o);
+            k3_state_rb_forget(&st, 20 + 4 * (uint32_t)blk + 2); /* committed: halfway into the block just run */
+        }
+        CHECK(ok && st.rb_count == 1 && k3_state_rb_bytes(&st) == k3_range_rollback_bytes(hp, 0, L, 4, 1) &&
+                  k3_state_rollback(&st, 20 + 16 + 2, &err) != 0 && k3_state_rollback(&st, 20 + 20 + 3, &err) == 0 &&
+                  st.n_past == 43,
+              "%s/%s: 6 blocks, each forgotten once committed past: 1 kept, 2 slots of memory (%zu bytes, %zu expected), "
+              "a rollback into the one before refused, into the kept one done",
+              cfg_name, type, k3_state_rb_bytes(&st), k3_range_rollback_bytes(hp, 0, L, 4, 1));
         k3_state_keep_blocks(&st, K3_RB_BLOCKS, &err);
     }
     /* One-token blocks kept for rollback (a draft model keeps one per drafted token) right after plain
