@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -226,6 +227,14 @@ int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32
     return 0;
 }
 
+static void k3_masks_unmap(k3_engine *e) {
+    if (e->mask_buf) ggml_backend_buffer_free(e->mask_buf); /* a buffer over our pointer: frees nothing */
+    if (e->mask_mem) munmap(e->mask_mem, e->mask_cap);
+    e->mask_buf = NULL;
+    e->mask_mem = NULL;
+    e->mask_cap = 0;
+}
+
 void k3_engine_free(k3_engine *e) {
     if (e->xc) {
         xc_close(e->xc);
@@ -239,7 +248,7 @@ void k3_engine_free(k3_engine *e) {
     }
     k3_weights_free(&e->w);
     free(e->graph_buf);
-    if (e->mask_buf) ggml_backend_buffer_free(e->mask_buf);
+    k3_masks_unmap(e);
     memset(e, 0, sizeof *e);
 }
 
@@ -1004,11 +1013,16 @@ static int k3_masks_place(k3_engine *e, k3_graph *g, rl_err *err) {
     if (need > e->mask_cap) {
         size_t cap = 2 * e->mask_cap < full ? 2 * e->mask_cap : full;
         if (cap < need) cap = need;
-        if (e->mask_buf) ggml_backend_buffer_free(e->mask_buf);
-        e->mask_cap = 0;
-        e->mask_buf = ggml_backend_buft_alloc_buffer(ggml_backend_cpu_buffer_type(), cap);
-        if (!e->mask_buf) return rl_errf(err, "out of memory for attention masks (%zu MiB)", cap >> 20);
+        k3_masks_unmap(e);
+        void *mem = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (mem == MAP_FAILED) return rl_errf(err, "out of memory for attention masks (%zu MiB)", cap >> 20);
+        e->mask_mem = mem;
         e->mask_cap = cap;
+        e->mask_buf = ggml_backend_cpu_buffer_from_ptr(mem, cap);
+        if (!e->mask_buf) {
+            k3_masks_unmap(e);
+            return rl_errf(err, "cannot make a buffer of the attention masks' memory");
+        }
     }
     uint8_t *at = ggml_backend_buffer_get_base(e->mask_buf);
     for (int gi = 0; gi < g->n_groups; gi++) {

@@ -45,8 +45,10 @@ typedef struct k3_engine {
     /* The MLA causal masks, outside the compute buffer: a mask grows with the context (n_kv x chunk; 64 MiB
      * for a 512-token chunk at 64k), so in the compute buffer every chunk of a long prompt needed a larger
      * buffer, which the allocator maps anew and the kernel faults in again, page by page; here it grows by
-     * doubling, up to what the sequences' context can need (k3_masks_place). */
+     * doubling, up to what the sequences' context can need (k3_masks_place). Mapped by us (mask_mem), not
+     * malloc'ed: the smaller sizes it outgrows would stay as holes in the heap, which rl_heap_keep keeps. */
     struct ggml_backend_buffer *mask_buf;
+    void *mask_mem;
     size_t mask_cap;
     struct ggml_backend_sched *sched; /* runs graphs over a device and the CPU, or over cached experts (stops
                                        * at each pass); NULL on the CPU alone */
