@@ -42,7 +42,10 @@ p_total=$(pred range_total_bytes)
 [ -n "$p_total" ] || die "ringlm inspect --kv printed no range_total_bytes"
 cat "$model" >/dev/null
 t0=$(date +%s)
-./ringlm run -m "$model" --tokens @build/bench/context.ids -n "$gen" --temp 0 --ignore-eos --ids --threads "$threads" \
+# RINGLM_BACKEND_DIR empty: no GPU backend modules, as a CPU-only build. Device discovery otherwise maps
+# them and the drivers they open (here Mesa's lavapipe, with libLLVM: about 52 MiB resident), code that
+# is the same at any context and that inspect does not count.
+RINGLM_BACKEND_DIR= ./ringlm run -m "$model" --tokens @build/bench/context.ids -n "$gen" --temp 0 --ignore-eos --ids --threads "$threads" \
     --ctx "$ctx" --chunk 512 --metrics-json build/bench/context.json >/dev/null 2>build/bench/context.err ||
     { tail -5 build/bench/context.err >&2; die "ringlm run failed"; }
 wall=$(($(date +%s) - t0))
@@ -69,7 +72,9 @@ cat >"bench/results/$out.md" <<MD
 
 \`bench/bench_context.sh$argv\`, $(date -u +%Y-%m-%d), $cpu, $threads threads. Model \`$model\`; context of
 $ctx tokens: a $n_prompt-token prompt (prefill in chunks of 512), then $gen_n decode steps; ringlm at its defaults
-(flash attention over an f16 cache).
+(flash attention over an f16 cache), with no GPU backend modules loaded (\`RINGLM_BACKEND_DIR=\`, as a CPU-only
+build): a default run on this machine also maps the Vulkan module and Mesa's software driver it opens while
+looking for GPUs (libLLVM and libggml-vulkan, about 52 MiB resident), whatever the context.
 
 | | bytes |
 |---|---|
