@@ -997,6 +997,11 @@ static void k3_mask_rows(uint8_t *dst, enum ggml_type type, size_t n, size_t see
     }
 }
 
+/* A group's causal mask: its own with several sequences, else its one sequence's (NULL: no MLA layer). */
+static struct ggml_tensor *k3_group_mask(const k3_graph *g, const k3_group *gr) {
+    return gr->m > 1 ? gr->mask : g->seqs[gr->first].mask;
+}
+
 /* Gives the graph's masks their memory in e->mask_buf (engine header: why not the compute buffer), grown to
  * at least what they need now and, by doubling, toward what the same sequences need at full context. */
 static int k3_masks_place(k3_engine *e, k3_graph *g, rl_err *err) {
@@ -1004,7 +1009,7 @@ static int k3_masks_place(k3_engine *e, k3_graph *g, rl_err *err) {
     size_t need = 0, full = 0;
     for (int gi = 0; gi < g->n_groups; gi++) {
         const k3_group *gr = &g->groups[gi];
-        const struct ggml_tensor *mt = gr->m > 1 ? gr->mask : g->seqs[gr->first].mask;
+        const struct ggml_tensor *mt = k3_group_mask(g, gr);
         if (!mt) continue;
         need += GGML_PAD(ggml_nbytes(mt), align);
         full += GGML_PAD((size_t)g->seqs[gr->first].st->n_ctx * (ggml_nbytes(mt) / (size_t)mt->ne[0]), align);
@@ -1027,7 +1032,7 @@ static int k3_masks_place(k3_engine *e, k3_graph *g, rl_err *err) {
     uint8_t *at = ggml_backend_buffer_get_base(e->mask_buf);
     for (int gi = 0; gi < g->n_groups; gi++) {
         const k3_group *gr = &g->groups[gi];
-        struct ggml_tensor *mt = gr->m > 1 ? gr->mask : g->seqs[gr->first].mask;
+        struct ggml_tensor *mt = k3_group_mask(g, gr);
         if (!mt) continue;
         if (ggml_backend_tensor_alloc(e->mask_buf, mt, at) != GGML_STATUS_SUCCESS) {
             return rl_errf(err, "cannot place an attention mask");
@@ -1469,7 +1474,7 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
          * place in e->mask_buf (host memory, k3_masks_place): at long context it is the largest input of the
          * graph (n_kv x chunk, 128 MiB for 512 tokens at 128k), and a staging copy, let alone an f32 one
          * converted to f16, would double or triple that. */
-        struct ggml_tensor *mt = gr->m > 1 ? gr->mask : g.seqs[gr->first].mask;
+        struct ggml_tensor *mt = k3_group_mask(&g, gr);
         GGML_ASSERT(ggml_backend_buffer_is_host(mt->buffer));
         const size_t n_kv = gr->n_kv, el = ggml_element_size(mt);
         uint8_t *mk = mt->data;
