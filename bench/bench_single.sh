@@ -2,7 +2,9 @@
 # One machine: ringlm run against llama.cpp as its users run it, `llama-bench` at its defaults (repacked CPU
 # weights, flash attention auto, f16 cache), built from the same pinned source with the same CPU kernels
 # (scripts/llama-tools.sh). Same file, same thread count, pairs of runs in alternating order, medians of
-# per-pair ratios.
+# per-pair ratios. Both sides are timed warm: llama-bench runs the test once untimed first (its default
+# warm-up run) and ringlm run does the same (--warmup: the prompt and a step, then a clean state), so
+# neither side's figure holds the first touch of its compute memory.
 #
 #   bench/bench_single.sh [--threads N] [--prompt N] [--gen N] [--reps N] [--model FILE] [--depth N]
 #                         [--out NAME] [--ringlm-args "ARGS"]
@@ -63,7 +65,7 @@ ours_p=() ours_d=() ref_p=() ref_d=() rss=()
 run_ours() {
     # shellcheck disable=SC2086
     ./ringlm run -m "$model" --tokens @build/bench/prompt.ids -n "$gen" --temp 0 --ignore-eos --ids --threads "$threads" \
-        --ctx $((n_prompt + gen + 8)) --chunk 512 --metrics-json build/bench/ours.json $rargs >/dev/null 2>&1
+        --ctx $((n_prompt + gen + 8)) --chunk 512 --warmup --metrics-json build/bench/ours.json $rargs >/dev/null 2>&1
     ours_p+=("$(sed -n 's/.*"prefill_tok_s":[[:space:]]*\([0-9.e+-]*\).*/\1/p' build/bench/ours.json)")
     ours_d+=("$(sed -n 's/.*"decode_tok_s":[[:space:]]*\([0-9.e+-]*\).*/\1/p' build/bench/ours.json)")
     rss+=("$(sed -n 's/.*"peak_rss_bytes":[[:space:]]*\([0-9.e+-]*\).*/\1/p' build/bench/ours.json)")
@@ -112,8 +114,8 @@ long=""
 [ "$depth" -gt 0 ] && cmd="$cmd --depth $depth" long=" (long context)"
 [ -n "$out" ] && cmd="$cmd --out $out"
 [ -n "$rargs" ] && cmd="$cmd --ringlm-args \"$rargs\"" long="$long, ringlm with $rargs"
-ours_set="defaults: repacked weights where llama.cpp repacks them, flash attention, f16 cache"
-[ -n "$rargs" ] && ours_set="repacked weights where llama.cpp repacks them, $rargs"
+ours_set="defaults: repacked weights where llama.cpp repacks them, flash attention, f16 cache; --warmup (one untimed run first, as llama-bench)"
+[ -n "$rargs" ] && ours_set="repacked weights where llama.cpp repacks them, $rargs; --warmup (one untimed run first, as llama-bench)"
 # (not grep -m1 in a pipe: strings dies of SIGPIPE, pipefail fails the pipeline, and both lines printed)
 peer_cc=$(strings "$B/llama-bench" | grep '^GCC: ' | head -n 1 || true)
 [ -n "$peer_cc" ] || peer_cc='an unknown compiler'
@@ -126,7 +128,7 @@ cat >"bench/results/$out.json" <<JSON
   "model": {"file": "$model", "weight_bytes": $weights, "active_bytes_per_token": $active, "repacked": "$repacked"},
   "ringlm": {"settings": "$ours_set",
              "prefill_tok_s": $op, "decode_tok_s": $od, "peak_rss_bytes": $rs},
-  "llama_cpp": {"settings": "llama-bench defaults: repacked weights, flash attention auto (on, CPU), f16 cache",
+  "llama_cpp": {"settings": "llama-bench defaults: repacked weights, flash attention auto (on, CPU), f16 cache, one warm-up run",
                 "command": "$lb_cmd", "prefill_tok_s": $rp, "decode_tok_s": $rd,
                 "engine": "llama-bench built from llama.cpp 80fb11a (node-llama-cpp 3.21.1), scripts/llama-tools.sh"},
   "ratio": {"prefill": $ratio_p, "decode": $ratio_d, "how": "median of per-run-pair ratios"},
@@ -146,7 +148,7 @@ $(awk -v b="$active" 'BEGIN { printf "%.0f MiB", b / 1048576 }') of weights read
 | engine | settings | $what_p, tok/s | $what_d, tok/s |
 |---|---|---|---|
 | ringlm | $ours_set | $(printf '%.1f' "$op") | $(printf '%.2f' "$od") |
-| llama-bench (llama.cpp 80fb11a) | its defaults: repacked weights, flash attention auto (on), f16 cache | $(printf '%.1f' "$rp") | $(printf '%.2f' "$rd") |
+| llama-bench (llama.cpp 80fb11a) | its defaults: repacked weights, flash attention auto (on), f16 cache, a warm-up run before timing | $(printf '%.1f' "$rp") | $(printf '%.2f' "$rd") |
 | ratio (median of per-pair ratios) | | $(printf '%.2fx' "$ratio_p") | $(printf '%.2fx' "$ratio_d") |
 
 Per-pair ratios, prefill: ${pr[*]}; decode: ${dr[*]}. llama-bench ran as \`$lb_cmd\`, built by

@@ -50,6 +50,15 @@ check_fails "--tokens @FILE with a bad id" "bad --tokens file '.*bad.ids' \(comm
 fa() { "$RINGLM" run -m "$f" -p "Once upon a time" -n 12 --temp 0 --ignore-eos --ids "$@" 2>/dev/null; }
 check "--flash-attn auto gives the default's tokens" test "$(fa --flash-attn auto)" = "$(fa)"
 check "--flash-attn auto: the same as on" test "$(fa --flash-attn auto)" = "$(fa --flash-attn on)"
+# --warmup (llama-bench's warm-up run: the prompt and a step, untimed) leaves nothing behind: the KDA and
+# conv states are cleared and the cache is overwritten, so the tokens are the cold run's, chunked or not.
+wu() { "$RINGLM" run -m "$f" -p "Once upon a time there was a fox" -n 12 --ignore-eos --ids "$@" 2>/dev/null; }
+check "--warmup: the greedy tokens of a run without it" test "$(wu --temp 0 --warmup)" = "$(wu --temp 0)"
+check "--warmup with --chunk 3: the same tokens" test "$(wu --temp 0 --chunk 3 --warmup)" = "$(wu --temp 0 --chunk 3)"
+check "--warmup: the sampled tokens of the same seed without it" test "$(wu --seed 5 --warmup)" = "$(wu --seed 5)"
+rc=0; "$RINGLM" run -m "$f" -p hi --warmup --draft ngram >/dev/null 2>"$WORK/wu.err" || rc=$?
+check "--warmup with --draft: exit 2, saying it is for plain decoding" \
+    bash -c "test $rc = 2 && grep -q 'warmup times plain decoding on one machine' '$WORK/wu.err'"
 # Every command with the engine's options says what is wrong with a value, in one line, exit 2.
 for c in "run -m $f -p hi" "logits -m $f --tokens 1,2 -o $WORK/x.bin" "node --listen 127.0.0.1:1"; do
     for o in "--flash-attn maybe:on, off or auto" "--cache-type q9:f32 or f16"; do

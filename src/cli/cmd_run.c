@@ -28,7 +28,7 @@ static void run_usage(FILE *f) {
             "                  [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
             "                  [--presence-penalty P] [--frequency-penalty F] [--logit-bias ID+B|ID-B]... [--seed S] [--threads N]\n"
             "                  [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--mem GB [--expert-copy DIR]]\n"
-            "                  [--device NAME[,NAME...]] [--vram GB] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe] [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress]\n"
+            "                  [--device NAME[,NAME...]] [--vram GB] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe] [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress] [--warmup]\n"
             "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16] [--keep-order] [--manifest M instead of -m]]\n"
             "                  [--draft none|ngram|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-fixed]\n"
             "                  [--draft-p-min P] [--draft-depth D]] [--receipts FILE]\n"
@@ -40,6 +40,8 @@ static void run_usage(FILE *f) {
             "                reasoning, then a blank line and its answer (the section names are not text)\n"
             "  --temp 0      greedy decoding (default 0.8 with top-k 40, top-p 0.95, min-p 0.05)\n"
             "  --ids         print the generated token ids (comma-separated) instead of text\n"
+            "  --warmup      first run the prompt and one step untimed, then start over: the timings are then of\n"
+            "                warm compute memory, as llama-bench's (its default warm-up run); for benchmarks\n"
             "  --logit-bias ID+B  add B to token ID's logit before sampling (ID-B subtracts, ID-inf bans it),\n"
             "                as llama.cpp's --logit-bias; repeatable\n"
             "  --no-repack   keep every weight in the file mapping; by default quantized matmul weights are\n"
@@ -273,6 +275,10 @@ static int run_parse(int argc, char **argv, run_args *a) {
             a->ids = true;
             continue;
         }
+        if (strcmp(opt, "--warmup") == 0) {
+            a->gp.warmup = true;
+            continue;
+        }
         if (strcmp(opt, "--ignore-eos") == 0) {
             a->gp.ignore_eog = true;
             continue;
@@ -371,6 +377,10 @@ static int run_parse(int argc, char **argv, run_args *a) {
     if (cli_trust_check(&a->trust, a->ring_path != NULL, "run")) return 2;
     if (a->ring_path && !a->key_path) {
         fprintf(stderr, "ringlm run: --ring needs --key (the coordinator's identity, from ringlm keygen)\n");
+        return 2;
+    }
+    if (a->gp.warmup && (a->ring_path || (a->draft && strcmp(a->draft, "none") != 0))) {
+        fprintf(stderr, "ringlm run: --warmup times plain decoding on one machine; it does not go with --ring or --draft\n");
         return 2;
     }
     a->gp.n_ctx = (uint32_t)a->ctx;

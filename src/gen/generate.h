@@ -25,6 +25,7 @@ typedef struct gen_params {
     uint32_t n_ctx;      /* context capacity (prompt + generated) */
     uint32_t chunk;      /* prefill chunk size (0: the whole prompt at once) */
     bool ignore_eog;     /* keep going past end-of-generation tokens */
+    bool warmup;         /* first the prompt and one step untimed, then a clean state (llama-bench's warm-up) */
     smp_params smp;
 } gen_params;
 
