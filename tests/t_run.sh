@@ -42,6 +42,16 @@ check "--tokens @FILE gives what the same ids inline give" test \
 awk 'BEGIN { for (i = 0; i < 40000; i++) printf "%s%d", (i ? "," : ""), 300 + i % 500 }' >"$WORK/long.ids"
 check "--tokens @FILE of 40,000 ids (~160 KiB, more than one argument may hold) is read whole" bash -c \
     "'$RINGLM' run -m '$f' --tokens @'$WORK/long.ids' --ctx 100 -n 1 2>&1 | grep -q '40000 tokens.*does not fit the context'"
+# Ctrl-C during --warmup's untimed prefill (40,000 tokens in chunks of 64: many seconds) stops it the same way.
+"$RINGLM" run -m "$f" --tokens @"$WORK/long.ids" -n 4 --ctx 40100 --chunk 64 --warmup --temp 0 \
+    --metrics-json "$WORK/wint.json" >/dev/null 2>&1 &
+pid=$!
+sleep 1
+kill -INT $pid
+rc=0; wait $pid || rc=$?
+check "Ctrl-C in --warmup: exit 0, stop reason interrupted, no token generated" bash -c \
+    "test $rc = 0 && grep -q '\"stop_reason\":[[:space:]]*\"interrupted\"' '$WORK/wint.json' &&
+     grep -Eq '\"generated_tokens\":[[:space:]]*0,' '$WORK/wint.json'"
 check_fails "--tokens @FILE that does not exist" "--tokens: cannot open .*nope.ids" "$RINGLM" run -m "$f" --tokens @"$WORK/nope.ids"
 printf '1,x,3' >"$WORK/bad.ids"
 check_fails "--tokens @FILE with a bad id" "bad --tokens file '.*bad.ids' \(comma-separated ids\)" "$RINGLM" run -m "$f" --tokens @"$WORK/bad.ids"

@@ -104,6 +104,16 @@ echo "DSpark acceptance on held-out prompts: untrained $a_init, trained $a_train
 check "the trained draft's acceptance ($a_trained) is at least twice the untrained one's ($a_init) and above 0.1" \
     awk -v t="$a_trained" -v u="$a_init" 'BEGIN { exit !(t >= 2 * u && t > 0.1) }'
 
+# ---- copy_probe (docs/trained.md: does the model repeat the asked word?) reads this corpus's exchanges -----
+# Its default cues are corpus.py's reasoning line and answer head: all 20 exchanges found, none skipped (a
+# cue that no longer matches the format, or a cut that tokenizes apart from the document, shows here).
+$PY "$ROOT/tools/train/copy_probe.py" "$T" "$dir/corpus/heldout.txt" "$dir/heldout.ids" --n 20 \
+    --ringlm "$RINGLM" >"$WORK/probe.out" 2>&1
+check "copy_probe: both spans found in 20 held-out exchanges, none skipped" \
+    test "$(grep -Ec 'whole spans [0-9]+/20 = [0-9.]+ \(0 skipped\)' "$WORK/probe.out")" = 2
+check_fails "copy_probe: a --cue without its --end" "give an --end for every --cue" \
+    $PY "$ROOT/tools/train/copy_probe.py" "$T" "$dir/corpus/heldout.txt" "$dir/heldout.ids" --cue x
+
 # ---- run --chat prints the reply's channels, not the framing's section names -----------------------------
 # A trained model closes its think section and opens the response (an untrained one rarely does): the text
 # is then the reasoning, a blank line, the answer, without "think"/"response" between them.

@@ -21,23 +21,34 @@ static int gen_step(k3_engine *e, k3_state *st, const int32_t *tokens, uint32_t 
     return 0;
 }
 
+/* Prefills prompt[0..n_prompt) in chunks of `chunk`; the logits of the last token into *row. Returns 0, -1 on
+ * an error, or 1 when SIGINT is pending between two chunks (the caller stops, "interrupted"). */
+static int gen_prefill(k3_engine *e, k3_state *st, const int32_t *prompt, size_t n_prompt, uint32_t chunk,
+                       float **row, rl_err *err) {
+    for (size_t i = 0; i < n_prompt; i += chunk) {
+        uint32_t n = (uint32_t)(n_prompt - i < chunk ? n_prompt - i : chunk);
+        bool last = i + n == n_prompt;
+        if (gen_step(e, st, prompt + i, n, last, row, err) != 0) return -1;
+        if (!last && gen_sigint_pending()) return 1;
+    }
+    return 0;
+}
+
 /* The warm-up run: the prompt once and one decode step, untimed, then the state cleared. llama-bench does
  * this before it times anything (its default warm-up run), so its figures are of compute memory already
  * allocated and touched; a timed first pass pays for both (page faults of the compute buffer: 3-5% of a
- * 512-token prefill of bench/models/medium.gguf here). With it the two engines are timed alike. */
+ * 512-token prefill of bench/models/medium.gguf here). With it the two engines are timed alike. The caller
+ * has checked that the prompt leaves room for the step. Returns as gen_prefill. */
 static int gen_warmup(k3_engine *e, k3_state *st, const int32_t *prompt, size_t n_prompt, uint32_t chunk,
                       rl_err *err) {
     float *row = NULL;
-    for (size_t i = 0; i < n_prompt; i += chunk) {
-        uint32_t n = (uint32_t)(n_prompt - i < chunk ? n_prompt - i : chunk);
-        if (gen_step(e, st, prompt + i, n, i + n == n_prompt, &row, err) != 0) return -1;
-    }
+    int rc = gen_prefill(e, st, prompt, n_prompt, chunk, &row, err);
     free(row);
     row = NULL;
-    if (st->n_past < st->n_ctx && gen_step(e, st, prompt + n_prompt - 1, 1, true, &row, err) != 0) return -1;
+    if (rc == 0) rc = gen_step(e, st, prompt + n_prompt - 1, 1, true, &row, err);
     free(row);
     k3_state_reset(st);
-    return 0;
+    return rc;
 }
 
 int gen_run(k3_engine *e, const tok_tokenizer *tok, const int32_t *prompt, size_t n_prompt, const gen_params *p,
@@ -57,25 +68,17 @@ int gen_run(k3_engine *e, const tok_tokenizer *tok, const int32_t *prompt, size_
         return -1;
     }
     uint32_t chunk = p->chunk ? p->chunk : (uint32_t)n_prompt;
-    if (p->warmup && gen_warmup(e, &st, prompt, n_prompt, chunk, err) != 0) {
-        smp_free(&smp);
-        k3_state_free(&st);
-        return -1;
-    }
+    int rc = p->warmup ? gen_warmup(e, &st, prompt, n_prompt, chunk, err) : 0;
     gen_out_begin(&out, tok, p, cb, user, m);
     for (size_t i = 0; i < n_prompt; i++) smp_accept(&smp, prompt[i]); /* penalties see the prompt too */
 
-    int rc = 0;
     float *row = NULL;
     m->stop_reason = "length";
-    for (size_t i = 0; i < n_prompt && rc == 0; i += chunk) {
-        uint32_t n = (uint32_t)(n_prompt - i < chunk ? n_prompt - i : chunk);
-        bool last = i + n == n_prompt;
-        rc = gen_step(e, &st, prompt + i, n, last, &row, err);
-        if (rc == 0 && !last && gen_sigint_pending()) {
-            m->stop_reason = "interrupted";
-            goto done;
-        }
+    if (rc == 0) rc = gen_prefill(e, &st, prompt, n_prompt, chunk, &row, err);
+    if (rc == 1) {
+        m->stop_reason = "interrupted";
+        rc = 0;
+        goto done;
     }
     if (rc != 0) goto done;
     m->prefill_s = gen_mono() - out.t0;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "model/k3_forward.h"
@@ -795,6 +796,67 @@ static void test_placement(const char *dir) {
     unlink(path);
 }
 
+/* The engine maps the MLA masks' memory itself (k3_masks_place); when the mapping fails the batch is
+ * refused with a message that says so, the sequence is where it was, and once memory is back the same batch
+ * runs. The address space is capped just above what the process holds, so the masks of a 2048-token chunk
+ * (about 8 MiB) cannot be mapped. Not under ASan, whose allocator aborts rather than fail. */
+#if !defined(__SANITIZE_ADDRESS__)
+static size_t vm_size_kb(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    size_t kb = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        if (sscanf(line, "VmSize: %zu kB", &kb) == 1) break;
+    }
+    if (f) fclose(f);
+    return kb;
+}
+#endif
+
+static void test_mask_oom(const char *dir) {
+#if defined(__SANITIZE_ADDRESS__)
+    (void)dir;
+#else
+    char path[256];
+    snprintf(path, sizeof path, "%s/mask-oom.gguf", dir);
+    synth_config c;
+    rl_err err;
+    if (synth_config_load(&c, "tiny", &err) != 0) exit(1);
+    synth_opts so = {.out = path, .seed = 9, .n_split = 1, .n_threads = 2};
+    if (synth_write(&c, &so, &err) != 0) exit(1);
+    mf_model m;
+    k3_hparams hp;
+    k3_engine e;
+    k3_state st, *sp = &st;
+    if (k3_open(&m, &hp, path, &err) != 0 || k3_engine_init(&e, &m, &hp, 0, hp.n_layer, &(k3_engine_opts){.n_threads = 2}, &err) != 0 ||
+        k3_state_init(&st, &e.hp, 0, hp.n_layer, 4096, &err) != 0) {
+        fprintf(stderr, "mask_oom setup: %s\n", err.msg);
+        exit(1);
+    }
+    enum { N = 2048 };
+    static int32_t tok[8 + N];
+    for (int i = 0; i < 8 + N; i++) tok[i] = rnd_tok(hp.n_vocab);
+    free(run_chunks(&e, &st, tok, 8, 0));
+    uint32_t n = N;
+    k3_batch b = {.n_seqs = 1, .seqs = &sp, .n_tokens = &n, .tokens = tok + 8};
+    k3_output o;
+    struct rlimit old;
+    getrlimit(RLIMIT_AS, &old);
+    struct rlimit cap = {(rlim_t)(vm_size_kb() + 512) * 1024, old.rlim_max};
+    int rc = setrlimit(RLIMIT_AS, &cap) == 0 ? k3_forward(&e, &b, &o, &err) : 0;
+    setrlimit(RLIMIT_AS, &old);
+    CHECK(rc != 0 && strstr(err.msg, "out of memory for attention masks") && st.n_past == 8,
+          "masks that cannot be mapped: the batch refused, the sequence still at 8 (%u): %s", st.n_past,
+          rc ? err.msg : "(ran)");
+    CHECK(k3_forward(&e, &b, &o, &err) == 0 && st.n_past == 8 + N, "with the cap lifted the same batch runs");
+    k3_output_free(&o);
+    k3_state_free(&st);
+    k3_engine_free(&e);
+    mf_close(&m);
+    unlink(path);
+#endif
+}
+
 int main(void) {
     char dir[] = "/tmp/ringlm-fwd-XXXXXX";
     if (!mkdtemp(dir)) return 1;
@@ -812,6 +874,7 @@ int main(void) {
     test_model_opts("tiny", "f32", dir, 1, true);
     test_model_opts(quick ? "tiny" : "small", "q8_0", dir, 0, true);
     test_placement(dir);
+    test_mask_oom(dir);
     rmdir(dir);
     return check_done();
 }

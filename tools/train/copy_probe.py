@@ -32,9 +32,9 @@ def main():
     ap.add_argument("--cue", action="append"); ap.add_argument("--end", action="append")
     ap.add_argument("--ringlm", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../ringlm"))
     o = ap.parse_args()
-    spans = list(zip(o.cue, o.end)) if o.cue else DEFAULT
-    if o.cue and len(o.cue) != len(o.end or []):
+    if len(o.cue or []) != len(o.end or []):
         sys.exit("copy_probe: give an --end for every --cue")
+    spans = list(zip(o.cue, o.end)) if o.cue else DEFAULT
     docs = [l.rstrip("\n") for l in open(o.text)]
     ids = [l.strip() for l in open(o.ids)]
     if len(docs) != len(ids):
