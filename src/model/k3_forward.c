@@ -18,6 +18,7 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 
+#include "../base/heap.h"
 #include "../device/devices.h"
 #include "expert_cache.h"
 #include "k3_memory.h"
@@ -247,7 +248,7 @@ void k3_engine_free(k3_engine *e) {
         if (e->dev_backend[d]) ggml_backend_free(e->dev_backend[d]);
     }
     k3_weights_free(&e->w);
-    free(e->graph_buf);
+    rl_heap_unmap(e->graph_buf, e->graph_cap);
     k3_masks_unmap(e);
     memset(e, 0, sizeof *e);
 }
@@ -1275,12 +1276,13 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
     if (g.step_kernels) n_nodes += (size_t)(e->b - e->a) * (size_t)T * 24;
     size_t need = n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false);
     if (need > e->graph_cap) {
-        void *gb = realloc(e->graph_buf, need);
-        if (!gb) {
+        /* Not realloc: the old graph is not needed, and copying it would touch the new pages twice. */
+        rl_heap_unmap(e->graph_buf, e->graph_cap);
+        e->graph_cap = 0;
+        if (!(e->graph_buf = rl_heap_map(need))) { /* several MiB, written node by node: huge pages */
             rl_errf(err, "out of memory for the graph");
             goto fail_build;
         }
-        e->graph_buf = gb;
         e->graph_cap = need;
     }
     struct ggml_init_params ip = {.mem_size = need, .mem_buffer = e->graph_buf, .no_alloc = true};
@@ -1451,6 +1453,14 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
         if (!ggml_gallocr_alloc_graph(e->galloc, g.gf)) {
             rc = rl_errf(err, "cannot allocate compute memory for %lld tokens", (long long)T);
             goto done;
+        }
+        /* A new compute buffer (galloc grew it) is touched page by page by the steps that first reach each
+         * part of it: ask for huge pages once per buffer (base/heap.h). The last node is an output, which
+         * galloc places in its buffer. */
+        ggml_backend_buffer_t cb = ggml_graph_node(g.gf, -1)->buffer;
+        if (cb && ggml_backend_buffer_is_host(cb) && ggml_backend_buffer_get_base(cb) != e->compute_base) {
+            e->compute_base = ggml_backend_buffer_get_base(cb);
+            rl_heap_advise_huge(e->compute_base, ggml_backend_buffer_get_size(cb));
         }
     }
     if (inp_tok) ggml_backend_tensor_set(inp_tok, bt->tokens, 0, (size_t)T * sizeof(int32_t));

@@ -39,6 +39,7 @@ typedef struct k3_engine {
                                                    * them (split at hp.dev_end); none: the CPU only */
     struct ggml_gallocr *galloc;
     uint64_t plan_outputs;      /* which nodes were outputs when galloc last planned (k3_forward) */
+    void *compute_base;         /* galloc's buffer when it was last given huge pages (base/heap.h) */
     void *graph_buf; /* the graph's tensor and node structs, kept between calls: a fresh multi-MiB malloc
                       * per token is a fresh mmap, and its page faults cost a few percent of decode time */
     size_t graph_cap;

@@ -27,6 +27,8 @@ typedef struct k3_rb_block {
     uint32_t start, n, cap; /* the block's first position, its length, the tokens the buffers hold */
     float **delta;          /* [il - a]: n slots of Dk*Dk*H, slot s = the state after n - s tokens */
     float **conv;           /* [il - a]: 3 x (Kc-1+n) x Di: the conv inputs (the window before, then the block) */
+    void *mem;              /* one mapping holding every layer's delta and conv copies (rl_heap_map) */
+    size_t mem_bytes;
 } k3_rb_block;
 
 /* Consecutive verified blocks a sequence can roll back into, by default: pipelined speculation has several

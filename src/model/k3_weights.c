@@ -11,6 +11,8 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 
+#include "../base/heap.h"
+
 /* The op each K3 weight is used in (k3_forward.c), as llama.cpp's tensor table has it; it decides which
  * buffer types may hold the weight. Everything not listed (norms, biases, ResMix scores, the short
  * convolutions, ssm_a, token_embd's get_rows) is WP_USE_OTHER. */
@@ -93,6 +95,12 @@ static int k3_weights_copy(k3_weights *w, const mf_model *m, const k3_hparams *h
                                 "in the file mapping)", (double)need / 1048576.0, ggml_backend_buft_name(buft));
         }
         ggml_backend_buffer_set_usage(w->xbuf[k], GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        /* Written whole just below, tensor by tensor: huge pages make that one fault per 2 MiB (base/heap.h).
+         * The CPU's extra buffer types are its memory, though not "host" to ggml (their layouts are not
+         * the tensors' own); a device's is not ours to advise. */
+        if (k < K3_W_DEV) {
+            rl_heap_advise_huge(ggml_backend_buffer_get_base(w->xbuf[k]), ggml_backend_buffer_get_size(w->xbuf[k]));
+        }
         const long pg = sysconf(_SC_PAGESIZE);
         /* A bar for the copy into a device (the one that takes a while on a large range: the file is read and
          * sent over PCIe); repacking into the CPU's layouts stays quiet, as llama.cpp's does. */
