@@ -22,19 +22,24 @@
 # --ring` (each step one frame carrying every stream's token): S requests of G1 and then of G2 tokens sent
 # together, S * (G2 - G1) / (T2 - T1), so prompts and start-up cancel; predicted by `plan --parallel S`.
 #
-#   bench/bench_plan.sh [--nodes "2 3 4 6"] [--delays "0 10 30"] [--prompt N] [--gen N] [--out PREFIX]
+#   bench/bench_plan.sh [--nodes "2 3 4 6"] [--delays "0 10 30"] [--prompt N] [--gen N] [--spec-gen N]
+#                       [--out PREFIX]
 #                       [--parts "main sweep"] [--sweep-nodes "2 4"] [--sweep-delay MS]
 #                       [--sweep-prompts "64 300 1000"] [--sweep-streams "1 4 8"]
 #
-# Defaults: nodes 2 3 4 6, delays 0 10 30 ms, a 256-token prompt, 26 generated tokens (the first from the
-# prompt, then five whole blocks of 5 for the twin), PREFIX bench/results/plan (.json, .md). Each figure is
+# Defaults: nodes 2 3 4 6, delays 0 10 30 ms, a 256-token prompt, 26 generated tokens greedy and 51 with
+# speculation (the first from the prompt, then ten whole blocks of 5 for the twin: the planner predicts a
+# steady rate, and a speculative sequence's first two blocks are the first to touch its rollback copies and
+# its verification's compute memory on every process, ~100 MB on `medium`, at ~1 ms a MB on this VM, whose
+# host backs guest memory when first touched; with five blocks that was a fifth of the twin's run, with
+# ten a tenth; docs/plan.md), PREFIX bench/results/plan (.json, .md). Each figure is
 # the median of 3 runs. Speculation runs one block in flight (--draft-depth 1, and plan --draft-depth 1): with
 # two, the coordinator drafts while the nodes compute, on the same cores here, which the planner's pipelining
 # term (separate machines) does not model (docs/plan.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 argv=; [ $# -eq 0 ] || argv=$(printf ' %q' "$@")
-nodes="2 3 4 6" delays="0 10 30" prompt=256 gen=26 out=bench/results/plan
+nodes="2 3 4 6" delays="0 10 30" prompt=256 gen=26 spec_gen=51 out=bench/results/plan
 parts="main sweep" sweep_nodes="2 4" sweep_delay=10 sweep_prompts="64 300 1000" sweep_streams="1 4 8"
 while [ $# -gt 0 ]; do
     case $1 in
@@ -47,6 +52,7 @@ while [ $# -gt 0 ]; do
         --delays) delays=$2; shift 2 ;;
         --prompt) prompt=$2; shift 2 ;;
         --gen) gen=$2; shift 2 ;;
+        --spec-gen) spec_gen=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench_plan: unknown option $1 (--help lists them)" >&2; exit 2 ;;
@@ -63,10 +69,10 @@ trap 'kill $(jobs -p) 2>/dev/null || true; pkill -f "ringlm relay --listen 127.0
 cp build/release/ringlm "$work/ringlm"   # the binary measured, whatever is rebuilt meanwhile
 BP_PARTS=$parts BP_SWEEP_NODES=$sweep_nodes BP_SWEEP_DELAY=$sweep_delay BP_SWEEP_PROMPTS=$sweep_prompts \
 BP_SWEEP_STREAMS=$sweep_streams \
-python3 - "$work/ringlm" "$PWD/$model" "$PWD/$draft" "$work" "$nodes" "$delays" "$prompt" "$gen" "$out" "$argv" <<'PY'
+python3 - "$work/ringlm" "$PWD/$model" "$PWD/$draft" "$work" "$nodes" "$delays" "$prompt" "$gen" "$spec_gen" "$out" "$argv" <<'PY'
 import json, os, re, socket, statistics, subprocess, sys, threading, time, urllib.request
-ringlm, model, draft, work, nodes_arg, delays_arg, prompt, gen, out, argv = sys.argv[1:]
-prompt, gen = int(prompt), int(gen)
+ringlm, model, draft, work, nodes_arg, delays_arg, prompt, gen, spec_gen, out, argv = sys.argv[1:]
+prompt, gen, spec_gen = int(prompt), int(gen), int(spec_gen)
 E = os.environ
 parts = E['BP_PARTS'].split()
 node_counts = [int(x) for x in nodes_arg.split()] if 'main' in parts else []
@@ -122,7 +128,7 @@ def run(extra, ring=None, ctx=1024):
     return parse(sh(args).stderr)
 decode_args = ['--tokens', '1', '-n', str(gen)]
 ttft_args = ['--tokens', ids_prompt, '-n', '1', '--chunk', str(prompt)]
-spec_args = lambda dr: ['--tokens', '1', '-n', str(gen), '--draft', dr, '--draft-fixed', '--draft-n', '4', '--draft-depth', '1']
+spec_args = lambda dr: ['--tokens', '1', '-n', str(spec_gen), '--draft', dr, '--draft-fixed', '--draft-n', '4', '--draft-depth', '1']
 med = lambda xs: statistics.median(xs)
 # Calibration: one node alone. The planner prices a traversal as bytes / bw + flops / tflops (predict.h), so
 # its one-node predictions at (bw, tflops) = (1, huge) and (huge, 1) give each term's coefficient for a
@@ -255,7 +261,7 @@ for r in relays: r.terminate()
 within = lambda k: sum(abs(r[k + '_err']) <= 0.25 for r in rows)
 sweep_within = lambda k: [sum(abs(r['err']) <= 0.25 for r in sweep if r['kind'] == k), sum(r['kind'] == k for r in sweep)]
 res = {'argv': argv, 'calibration': {'local_decode_tok_s': local_dec, 'local_ttft_s': local_ttft, 'bw_gbs': bw, 'tflops': tflops},
-       'prompt': prompt, 'gen': gen, 'rows': rows, 'sweep': sweep,
+       'prompt': prompt, 'gen': gen, 'spec_gen': spec_gen, 'rows': rows, 'sweep': sweep,
        'within_25pct': dict({k: [within(k), len(rows)] for k in kinds}, sweep_ttft=sweep_within('ttft'),
                             sweep_streams=sweep_within('streams')),
        'cpu': open('/proc/cpuinfo').read().split('model name')[1].split('\n')[0].strip(': \t')}
@@ -269,11 +275,13 @@ with open(out + '.md', 'w') as f:
             '"1 node" column; this VM\'s speed moves by 10-30%% between minutes; at the start: decode %.2f tok/s and a %d-token prompt in %.3f s -> bw %.2f GB/s and '
             '%.4f TFLOPS, solved together since the planner adds reading and multiplying; eff 1; col_reads 4, a CPU: below 4 columns ggml\'s kernels read the weights once per column), every pair D apart, the '
             'coordinator (which drafts) at the same figures; spec: a small random K3 draft, twin: the target itself '
-            'as its draft, 4 tokens drafted every pass, one block in flight (`--draft-depth 1`), priced by `plan --draft` at the acceptance the run measured. '
+            'as its draft, 4 tokens drafted every pass, one block in flight (`--draft-depth 1`), priced by `plan --draft` at the acceptance the run measured; '
+            'greedy runs generate %d tokens, speculative ones %d (a steady rate is what the planner predicts: a speculative '
+            'sequence\'s first two blocks touch fresh rollback and verification memory, slow on this VM; docs/plan.md). '
             'Error = predicted / measured - 1. Goal: every prediction within 25%%. Every run is ringlm at its defaults '
             '(repacked weights, flash attention, f16 cache) but for the flags named here; the peer is ringlm\'s own '
             'planner, not llama.cpp, which has none.\n\n' % (argv, res['cpu'], local_dec,
-            prompt, local_ttft, bw, tflops))
+            prompt, local_ttft, bw, tflops, gen, spec_gen))
     if rows: f.write('| nodes | D ms | 1 node: decode tok/s, TTFT s | decode tok/s | predicted | err | TTFT s | predicted | err | spec tok/s (acceptance) | predicted | err '
             '| twin tok/s (acceptance) | predicted | err | dominant |\n')
     if rows: f.write('|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n')
