@@ -154,9 +154,12 @@ def figures_from(local_dec, local_ttft):
     if not (x > 0 and y > 0): raise SystemExit('bench_plan: calibration failed (x %g, y %g)' % (x, y))
     return 'device=custom mem=100 bw=%.4f tflops=%.6f col_reads=4 eff=1 net=100000' % (1 / x, 1 / y), 1 / x, 1 / y
 figures, bw, tflops = figures_from(local_dec, local_ttft)  # the sweep's; each main row measures its own
+# Every node runs here, on this machine's cores, one thread each (`host`: the planner then lets only that many
+# stages compute at once, which only a pipelined prompt asks for).
+cores = os.cpu_count()
 def conf(n, d, fig=None):
     fig = fig or figures
-    t = ''.join('node n%d %s loc=p%d\n' % (i, fig, i) for i in range(n))
+    t = ''.join('node n%d %s loc=p%d host=here threads=1\n' % (i, fig, i) for i in range(n)) + 'host here cores=%d\n' % cores
     places = ['p%d' % i for i in range(n)] + ['c']
     for i in range(len(places)):
         for j in range(i + 1, len(places)): t += 'delay %s %s %g\n' % (places[i], places[j], d)
@@ -310,8 +313,10 @@ with open(out + '.md', 'w') as f:
                 'chunks pipelined through the ring), median of 3, against `plan --prompt P --chunk %d`. Streams: `ringlm serve --ring '
                 '--parallel %d` (one frame per step carries every running stream), S completions of %d and then of %d tokens '
                 '(1-token prompts, temperature 0, ignore_eos) sent at once, median of 3 each: aggregate decode = S x (%d - %d) / '
-                '(T%d - T%d), against `plan --parallel S`.\n\n' % (' and '.join(map(str, sweep_nodes)), sweep_delay, chunk, chunk,
-                max(sweep_streams), g1, g2, g2, g1, g2, g1))
+                '(T%d - T%d), against `plan --parallel S`. The nodes.conf says the nodes share this machine\'s %d cores '
+                '(`host here cores=%d`, one thread a node): a prompt\'s chunks pipelined through 4 nodes find only %d '
+                'cores.\n\n' % (' and '.join(map(str, sweep_nodes)), sweep_delay, chunk, chunk,
+                max(sweep_streams), g1, g2, g2, g1, g2, g1, cores, cores, cores))
         f.write('| nodes | what | measured | predicted | err |\n|---|---|---|---|---|\n')
         for r in sweep:
             what = ('TTFT of a %d-token prompt, s' % r['x']) if r['kind'] == 'ttft' else ('%d streams, aggregate tok/s' % r['x'])

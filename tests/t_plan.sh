@@ -239,6 +239,39 @@ print('D %.0f X %.0f bytes; 4 tokens: %.2f reads of D' % (D, X, step(4, 4) / ste
 PY
 bad "col_reads out of range, by line" "bad.conf:1: bad col_reads=0 .*col_reads 1..64" "node a device=cpu-ddr5 col_reads=0"
 bad "ram_bw without ram" "bad.conf:1: ram_bw= and ram_tflops= describe the RAM that ram=GB offers" "node a device=h100 ram_bw=50"
+# Nodes on one machine (host=): a pipelined prompt waits for its cores, nothing else changes.
+for h in own c1 c2 c4 t2; do
+    for i in 0 1 2 3; do
+        case $h in own) x= ;; c*) x=" host=box" ;; t2) x=" host=box threads=2" ;; esac
+        echo "node n$i device=cpu-ddr5 mem=1 loc=p$i$x"
+    done >"$WORK/h-$h.conf"
+    case $h in c1) echo "host box cores=1" ;; c2|t2) echo "host box cores=2" ;; c4) echo "host box cores=4" ;; esac >>"$WORK/h-$h.conf"
+    printf 'delay p0 p1 1\ndelay p0 p2 1\ndelay p0 p3 1\ndelay p1 p2 1\ndelay p1 p3 1\ndelay p2 p3 1\n' >>"$WORK/h-$h.conf"
+    "${P[@]}" --nodes "$WORK/h-$h.conf" --prompt 1024 --chunk 128 --json >"$WORK/h-$h.json"
+    "${P[@]}" --nodes "$WORK/h-$h.conf" --prompt 1024 --chunk 128 >"$WORK/h-$h.txt"
+done
+check "stages on one machine: a pipelined prompt waits for its cores (1 < 2 < 4 = machines of their own), decode does not" \
+    python3 - "$WORK" <<'PY'
+import json, sys
+w = sys.argv[1]
+L = lambda n: json.load(open('%s/h-%s.json' % (w, n)))
+own, c1, c2, c4, t2 = (L(n) for n in ('own', 'c1', 'c2', 'c4', 't2'))
+assert len(own['stages']) == 4, own['stages']
+T = lambda p: p['predict']['ttft_s']
+assert T(c1) > T(c2) > T(c4) == T(own), (T(c1), T(c2), T(c4), T(own))
+assert T(t2) == T(c1)                                       # 2 cores, 2 threads a node: one at a time
+for p in (c1, c2, c4, t2):
+    for k in ('greedy_tok_s', 'parallel_tok_s', 'hops_s'): assert p['predict'][k] == own['predict'][k], k
+print('ttft own %.3f, 4 cores %.3f, 2 cores %.3f, 1 core %.3f' % (T(own), T(c4), T(c2), T(c1)))
+PY
+check "... and the plan says which nodes share it" grep -q "one machine, box (2 cores; 2 of its nodes compute at once): n0 n1 n2 n3" "$WORK/h-c2.txt"
+bad "host= with no host line, by line" "bad.conf:2: node b: host=box, but no 'host box cores=N' line" \
+    "node a device=cpu-ddr5" "node b device=cpu-ddr5 host=box" "delay a b 1"
+bad "a malformed host line" "bad.conf:2: 'host MACHINE cores=N'" "node a device=cpu-ddr5 host=box" "host box cores=0"
+bad "a host described twice" "bad.conf:3: host box described twice \(line 2\)" "node a device=cpu-ddr5 host=box" \
+    "host box cores=4" "host box cores=8"
+bad "a coordinator with a host" "bad.conf:2: bad host=box .*at, loc" "node a device=cpu-ddr5" "coordinator at=a host=box"
+bad "threads out of range" "bad.conf:1: bad threads=0 .*threads 1..4096" "node a device=cpu-ddr5 host=box threads=0"
 check "--devices lists the catalog" sh -c '"$1" plan --devices | grep -q "^rtx5090 .* 32 .* 1792"' _ "$RINGLM"
 rc=0
 "$RINGLM" plan -m "$f" --nodes "$WORK/nodes.conf" --ring x.conf --key k 2>"$WORK/err" || rc=$?

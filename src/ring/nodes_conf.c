@@ -66,11 +66,13 @@ static int nc_resolve(nc_conf *c, const char *name) {
     return nc_place(c, name);
 }
 
-/* A node's (or the coordinator's) KEY=VALUE figures from tok[from..nt), into nd; *loc and *at (may be NULL:
- * the key is then refused) take loc= and at=. The device's catalog figures fill what the line leaves out. */
-static int nc_figures(nc_node *nd, char **tok, int from, int nt, const char **loc, const char **at, bool need_device,
-                      const char *path, int ln, rl_err *err) {
+/* A node's (or the coordinator's) KEY=VALUE figures from tok[from..nt), into nd; *loc, *at and *host (may be
+ * NULL: the key is then refused) take loc=, at= and host=. The device's catalog figures fill what the line
+ * leaves out. */
+static int nc_figures(nc_node *nd, char **tok, int from, int nt, const char **loc, const char **at, const char **host,
+                      bool need_device, const char *path, int ln, rl_err *err) {
     nd->line = ln;
+    nd->threads = 1;
     nd->count = 1;
     nd->eff = 0.5;
     nd->net_mbit = 1000;
@@ -85,6 +87,8 @@ static int nc_figures(nc_node *nd, char **tok, int from, int nt, const char **lo
         if (strcmp(key, "device") == 0) snprintf(nd->device, sizeof nd->device, "%s", v);
         else if (strcmp(key, "loc") == 0 && loc) *loc = v;
         else if (strcmp(key, "at") == 0 && at) *at = v;
+        else if (strcmp(key, "host") == 0 && host && v[0]) *host = v;
+        else if (strcmp(key, "threads") == 0 && host && num && x >= 1 && x <= 4096 && x == floor(x)) nd->threads = (int)x;
         else if (strcmp(key, "mem") == 0 && num && x > 0) mem = x;
         else if (strcmp(key, "bw") == 0 && num && x > 0) bw = x;
         else if (strcmp(key, "tflops") == 0 && num && x > 0) tf = x;
@@ -98,7 +102,7 @@ static int nc_figures(nc_node *nd, char **tok, int from, int nt, const char **lo
         else if (strcmp(key, "ram_tflops") == 0 && num && x > 0) nd->ram_tflops = x;
         else {
             return rl_errf(err, "%s:%d: bad %s=%s (keys: device, count, mem, bw, tflops, col_reads 1..64, eff 0..1, net, disk, "
-                                "ram, ram_bw, ram_tflops, %s)", path, ln, key, v, at ? "at, loc" : "loc");
+                                "ram, ram_bw, ram_tflops, %s)", path, ln, key, v, at ? "at, loc" : "loc, host, threads 1..4096");
         }
     }
     if (!nd->device[0]) {
@@ -136,6 +140,8 @@ int nc_load(nc_conf *c, const char *path, rl_err *err) {
     struct { char a[64], b[64]; double ms; int line; } delays[512];
     int n_delays = 0;
     char coord_at[64] = "", coord_loc[64] = "";
+    char node_host[PLAN_MAX_NODES][64]; /* each node's host=, resolved once every 'host' line is read */
+    int host_line[PLAN_MAX_NODES] = {0};
     int coord_line = 0;
     while (rc == 0 && fgets(line, sizeof line, f)) {
         ln++;
@@ -161,8 +167,9 @@ int nc_load(nc_conf *c, const char *path, rl_err *err) {
             nc_node *nd = &c->nodes[c->n];
             memset(nd, 0, sizeof *nd);
             snprintf(nd->name, sizeof nd->name, "%s", tok[1]);
-            const char *loc = NULL;
-            if ((rc = nc_figures(nd, tok, 2, nt, &loc, NULL, true, path, ln, err)) != 0) break;
+            const char *loc = NULL, *host = NULL;
+            if ((rc = nc_figures(nd, tok, 2, nt, &loc, NULL, &host, true, path, ln, err)) != 0) break;
+            snprintf(node_host[c->n], sizeof node_host[0], "%s", host ? host : "");
             nd->place = nc_place(c, loc ? loc : nd->name);
             if (nd->place < 0) {
                 rc = rl_errf(err, "%s:%d: too many places", path, ln);
@@ -187,7 +194,7 @@ int nc_load(nc_conf *c, const char *path, rl_err *err) {
             const char *at = NULL, *loc = NULL;
             memset(&c->coord, 0, sizeof c->coord);
             snprintf(c->coord.name, sizeof c->coord.name, "coordinator");
-            if ((rc = nc_figures(&c->coord, tok, 1, nt, &loc, &at, false, path, ln, err)) != 0) break;
+            if ((rc = nc_figures(&c->coord, tok, 1, nt, &loc, &at, NULL, false, path, ln, err)) != 0) break;
             if (!at == !loc) {
                 rc = rl_errf(err, "%s:%d: 'coordinator at=NODE' or 'coordinator loc=PLACE' (then optionally device= and "
                              "its figures, for the draft)", path, ln);
@@ -196,13 +203,44 @@ int nc_load(nc_conf *c, const char *path, rl_err *err) {
             snprintf(coord_at, sizeof coord_at, "%s", at ? at : "");
             snprintf(coord_loc, sizeof coord_loc, "%s", loc ? loc : "");
             coord_line = ln;
+        } else if (strcmp(tok[0], "host") == 0) {
+            double cores = 0;
+            if (nt != 3 || strncmp(tok[2], "cores=", 6) != 0 || nc_num(tok[2] + 6, &cores) != 0 || cores < 1 ||
+                cores > 65536 || cores != floor(cores)) {
+                rc = rl_errf(err, "%s:%d: 'host MACHINE cores=N' (N: the machine's cores, a whole number)", path, ln);
+                break;
+            }
+            int k = 0;
+            while (k < c->n_hosts && strcmp(c->hosts[k], tok[1]) != 0) k++;
+            if (k < c->n_hosts) {
+                rc = rl_errf(err, "%s:%d: host %s described twice (line %d)", path, ln, tok[1], host_line[k]);
+                break;
+            }
+            if (k == PLAN_MAX_NODES) {
+                rc = rl_errf(err, "%s:%d: more than %d hosts", path, ln, PLAN_MAX_NODES);
+                break;
+            }
+            snprintf(c->hosts[k], sizeof c->hosts[0], "%s", tok[1]);
+            c->host_cores[k] = (int)cores;
+            host_line[k] = ln;
+            c->n_hosts++;
         } else {
-            rc = rl_errf(err, "%s:%d: unknown statement '%s' (node, delay, coordinator)", path, ln, tok[0]);
+            rc = rl_errf(err, "%s:%d: unknown statement '%s' (node, delay, coordinator, host)", path, ln, tok[0]);
         }
     }
     fclose(f);
     if (rc) return -1;
     if (c->n == 0) return rl_errf(err, "%s: no nodes", path);
+    for (int i = 0; i < c->n; i++) { /* host= names a 'host' line, before or after the node's */
+        if (!node_host[i][0]) continue;
+        int k = 0;
+        while (k < c->n_hosts && strcmp(c->hosts[k], node_host[i]) != 0) k++;
+        if (k == c->n_hosts) {
+            return rl_errf(err, "%s:%d: node %s: host=%s, but no 'host %s cores=N' line says how many cores it has", path,
+                           c->nodes[i].line, c->nodes[i].name, node_host[i], node_host[i]);
+        }
+        c->nodes[i].host = k + 1;
+    }
     /* Places named only by delays are places too; delays apply once every node's place is known. */
     for (int i = 0; i < n_delays; i++) {
         int a = nc_resolve(c, delays[i].a), b = nc_resolve(c, delays[i].b);
@@ -230,6 +268,16 @@ int nc_load(nc_conf *c, const char *path, rl_err *err) {
         c->coord_figures_from = -1;
     }
     return 0;
+}
+
+int nc_host_slots(const nc_conf *c, int k) {
+    if (k < 1 || k > c->n_hosts) return 1;
+    int threads = 1;
+    for (int i = 0; i < c->n; i++) {
+        if (c->nodes[i].host == k && c->nodes[i].threads > threads) threads = c->nodes[i].threads;
+    }
+    const int slots = c->host_cores[k - 1] / threads;
+    return slots < 1 ? 1 : slots;
 }
 
 double nc_delay_s(const nc_conf *c, int a, int b) {

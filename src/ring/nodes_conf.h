@@ -4,7 +4,9 @@
  * nodes.conf, one statement per line, '#' starts a comment:
  *
  *   node NAME device=DEV [count=N] [mem=GB] [bw=GB/s] [tflops=T] [col_reads=N] [eff=F] [net=Mbit/s] [loc=PLACE]
- *             [disk=GB/s] [ram=GB [ram_bw=GB/s] [ram_tflops=T]]
+ *             [disk=GB/s] [ram=GB [ram_bw=GB/s] [ram_tflops=T]] [host=MACHINE [threads=N]]
+ *   host MACHINE cores=N  nodes with host=MACHINE run on one machine of N cores, each with threads= of them
+ *                         (default 1): at most N / threads of them compute at once (a pipelined prompt)
  *   delay A B MS          one-way delay in ms between A and B: node names or places (symmetric)
  *   coordinator at=NAME | loc=PLACE [device=DEV [figures as node]]
  *                         where the coordinator runs (default: beside the first node), and its machine's
@@ -49,6 +51,8 @@ typedef struct nc_node {
     double ram_gb, ram_bw_gbs, ram_tflops; /* ram > 0: the host's RAM, a second tier after the device's mem=
                                             * (plan_node.ram_bytes); bandwidth and compute of its CPU */
     int place;       /* index into nc_conf.places */
+    int host;        /* 0: a machine of its own; k > 0: nc_conf.hosts[k - 1], shared with other nodes */
+    int threads;     /* of the host's cores, with host= (default 1) */
     int line;
 } nc_node;
 
@@ -63,7 +67,14 @@ typedef struct nc_conf {
     int coord_place;
     nc_node coord;           /* the coordinator's machine (its name "coordinator" unless copied from a node) */
     int coord_figures_from;  /* the node whose figures coord copies, -1: its own line's */
+    int n_hosts;
+    char hosts[PLAN_MAX_NODES][64]; /* machines that nodes share (host=), each with its 'host' line's cores */
+    int host_cores[PLAN_MAX_NODES];
 } nc_conf;
+
+/* How many of host k's nodes (nc_node.host, k > 0) compute at once: its cores over the most threads one of
+ * them uses, at least 1. */
+int nc_host_slots(const nc_conf *c, int k);
 
 int nc_load(nc_conf *c, const char *path, rl_err *err);
 /* One-way delay between two nodes (index -1: the coordinator), in seconds; -1 if nodes.conf gives none. */

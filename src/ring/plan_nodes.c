@@ -45,7 +45,8 @@ static int pn_plan_once(const mf_model *m, const k3_hparams *hp, const nc_conf *
         pr[s] = (pr_node){.speed = nd->bw_gbs * 1e9 * nd->eff, .flops = nd->tflops * 1e12 * nd->eff,
                           .net = nd->net_mbit * 1e6 / 8, .disk = nd->disk_gbs * 1e9, .col_reads = nd->col_reads,
                           .two_tier = nd->ram_gb > 0,
-                          .ram_speed = nd->ram_bw_gbs * 1e9 * nd->eff, .ram_flops = nd->ram_tflops * 1e12 * nd->eff};
+                          .ram_speed = nd->ram_bw_gbs * 1e9 * nd->eff, .ram_flops = nd->ram_tflops * 1e12 * nd->eff,
+                          .host = nd->host, .host_slots = nc_host_slots(c, nd->host)};
         r->hop_s[s] = nc_delay_s(c, prev, node);
         prev = node;
     }
@@ -83,7 +84,16 @@ int pn_plan(const mf_model *m, const k3_hparams *hp, const nc_conf *c, uint32_t 
 void pn_print(const pn_result *r, const nc_conf *c, const pr_opts *po, FILE *f) {
     fprintf(f, "ring order (round trip %.1f ms%s):", r->cycle_s * 1e3, r->exact ? ", the shortest" : ", 2-opt");
     for (int i = 0; i < c->n; i++) fprintf(f, " %s", c->nodes[r->order[i]].name);
-    fprintf(f, "\n\n");
+    fprintf(f, "\n");
+    for (int k = 1; k <= c->n_hosts; k++) { /* host= */
+        fprintf(f, "one machine, %s (%d cores; %d of its nodes compute at once):", c->hosts[k - 1], c->host_cores[k - 1],
+                nc_host_slots(c, k));
+        for (int i = 0; i < c->n; i++) {
+            if (c->nodes[i].host == k) fprintf(f, " %s", c->nodes[i].name);
+        }
+        fprintf(f, "\n");
+    }
+    fprintf(f, "\n");
     plan_print(&r->plan, r->pnodes, f);
     const pr_result *p = &r->pred;
     fprintf(f, "\nprediction (assumptions: docs/plan.md):\n");

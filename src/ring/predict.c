@@ -2,6 +2,7 @@
 #include "predict.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -186,25 +187,76 @@ static double pr_traversal(const k3_hparams *hp, const plan_result *plan, const 
 /* Time to the first token of a prompt read in chunks. The coordinator sends every chunk at once
  * (ring_generate.c): each stage computes the chunks in order, as soon as one has arrived and the one before
  * is done, and each link carries them in order; the first token comes when the last chunk is back. Each
- * chunk is priced at its own size (the last is what is left of the prompt). One chunk: a traversal. */
+ * chunk is priced at its own size (the last is what is left of the prompt). One chunk: a traversal.
+ * Stages whose nodes share a machine (pr_node.host > 0) also wait for one of its host_slots: the chunks are then
+ * scheduled as they become ready, the earliest first, each on its host's first free slot (a machine's
+ * scheduler serves runnable threads, not stages in ring order). Without shared hosts both give the same
+ * times, since nothing then depends on the order. */
 static double pr_prefill(const k3_hparams *hp, const plan_result *plan, const pr_stage_w *w, const pr_node *nodes,
                          const double *hop_s, uint32_t prompt, uint32_t chunk) {
+    const int S = plan->n_stages;
+    bool shared = false;
+    for (int s = 0; s < S; s++) shared |= nodes[s].host > 0;
     double stage_free[PLAN_MAX_NODES] = {0}, link_free[PLAN_MAX_NODES] = {0}, at = 0;
-    for (uint32_t done = 0; done < prompt; done += chunk) {
-        const double c = prompt - done < chunk ? (double)(prompt - done) : (double)chunk;
-        at = hop_s[0];
-        for (int s = 0; s < plan->n_stages; s++) {
-            stage_free[s] = (at > stage_free[s] ? at : stage_free[s]) + pr_stage_time(hp, &w[s], &nodes[s], c, false);
-            at = stage_free[s];
-            if (s + 1 < plan->n_stages) { /* the boundary state, f32 on the wire */
-                const double net = nodes[s].net < nodes[s + 1].net ? nodes[s].net : nodes[s + 1].net;
-                const double x = c * 4.0 * (double)k3_boundary_floats(hp, plan->stages[s + 1].a) / net;
-                link_free[s] = (at > link_free[s] ? at : link_free[s]) + x;
-                at = link_free[s];
+    const uint32_t n_chunks = (prompt + chunk - 1) / chunk;
+    /* arr[s * n_chunks + c]: when chunk c's input has reached stage s (shared hosts only) */
+    double *arr = shared ? malloc((size_t)S * n_chunks * sizeof *arr) : NULL;
+    if (!arr) { /* no shared host (or no memory for the schedule: then as if none) */
+        for (uint32_t done = 0; done < prompt; done += chunk) {
+            const double c = prompt - done < chunk ? (double)(prompt - done) : (double)chunk;
+            at = hop_s[0];
+            for (int s = 0; s < S; s++) {
+                stage_free[s] = (at > stage_free[s] ? at : stage_free[s]) + pr_stage_time(hp, &w[s], &nodes[s], c, false);
+                at = stage_free[s];
+                if (s + 1 < S) { /* the boundary state, f32 on the wire */
+                    const double net = nodes[s].net < nodes[s + 1].net ? nodes[s].net : nodes[s + 1].net;
+                    const double x = c * 4.0 * (double)k3_boundary_floats(hp, plan->stages[s + 1].a) / net;
+                    link_free[s] = (at > link_free[s] ? at : link_free[s]) + x;
+                    at = link_free[s];
+                }
+                at += hop_s[s + 1];
             }
-            at += hop_s[s + 1];
+        }
+        return at;
+    }
+    double slot_free[PLAN_MAX_NODES][PLAN_MAX_NODES] = {{0}}; /* [host][slot] */
+    uint32_t next[PLAN_MAX_NODES] = {0};                      /* each stage's next chunk */
+    for (uint32_t c = 0; c < n_chunks; c++) arr[c] = hop_s[0];
+    for (;;) {
+        /* The ready chunk that can start earliest: stage s's next, once stage s - 1 has passed it on. */
+        int best = -1;
+        double best_t = 0;
+        for (int s = 0; s < S; s++) {
+            if (next[s] >= n_chunks || (s > 0 && next[s - 1] <= next[s])) continue;
+            const double a = arr[(size_t)s * n_chunks + next[s]], t = a > stage_free[s] ? a : stage_free[s];
+            if (best < 0 || t < best_t) best = s, best_t = t;
+        }
+        if (best < 0) break;
+        const int s = best;
+        const uint32_t ci = next[s]++;
+        const double c = ci + 1 == n_chunks ? (double)(prompt - ci * chunk) : (double)chunk;
+        double start = best_t;
+        int slot = -1;
+        if (nodes[s].host > 0 && nodes[s].host <= PLAN_MAX_NODES) {
+            const int h = nodes[s].host - 1;
+            const int k = nodes[s].host_slots < 1 ? 1 : nodes[s].host_slots > PLAN_MAX_NODES ? PLAN_MAX_NODES : nodes[s].host_slots;
+            slot = 0;
+            for (int j = 1; j < k; j++) slot = slot_free[h][j] < slot_free[h][slot] ? j : slot;
+            if (slot_free[h][slot] > start) start = slot_free[h][slot];
+        }
+        stage_free[s] = start + pr_stage_time(hp, &w[s], &nodes[s], c, false);
+        if (slot >= 0) slot_free[nodes[s].host - 1][slot] = stage_free[s];
+        double out = stage_free[s];
+        if (s + 1 < S) {
+            const double net = nodes[s].net < nodes[s + 1].net ? nodes[s].net : nodes[s + 1].net;
+            const double x = c * 4.0 * (double)k3_boundary_floats(hp, plan->stages[s + 1].a) / net;
+            link_free[s] = (out > link_free[s] ? out : link_free[s]) + x;
+            arr[(size_t)(s + 1) * n_chunks + ci] = link_free[s] + hop_s[s + 1];
+        } else {
+            at = out + hop_s[S]; /* chunks come back in order: the last one's is the answer */
         }
     }
+    free(arr);
     return at;
 }
 

@@ -21,7 +21,8 @@
  *                          is already on its way: g / ((1 - q) T + q I), I = max(T / D, the slowest stage,
  *                          drafting k + 1) the interval between pipelined blocks
  *   time to first token   the prompt in chunks, pipelined: one trip at the chunk size plus (chunks - 1) times
- *                          the slowest stage
+ *                          the slowest stage; stages on one host (pr_node.host) compute at most host_slots
+ *                          chunks at once, the others waiting for a slot
  *   aggregate, N streams  N / (one traversal at t = N): every step one frame carrying every stream
  *   network floor         1 / sum of hop delays (g / that with speculation): no compute at all
  * On a node with a device and RAM, a stage's time is its device part's (at the device's figures) plus its
@@ -52,6 +53,10 @@ typedef struct pr_node {
      * what its stage keeps in RAM (plan_stage.dev_layers, cpu_moe). */
     bool two_tier;
     double ram_speed, ram_flops;
+    /* Nodes on one machine (nodes.conf host=): host > 0 numbers it, and host_slots is how many of its nodes
+     * can compute at once at their own figures (its cores over their threads). Only a pipelined prompt runs
+     * several stages at once, so only the time to first token depends on it. host 0: a machine of its own. */
+    int host, host_slots;
 } pr_node;
 
 /* A draft model's cost on the coordinator. A K3 draft drafts k tokens in k steps of one token, and one more

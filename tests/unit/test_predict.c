@@ -1,5 +1,6 @@
 /* test_predict - fitting a node's figures to its stage's own timed frames (src/ring/predict.h,
- * pr_stage_calibrate), on a hand-made model whose bytes and elements are known.
+ * pr_stage_calibrate), and the time to first token of stages that share a machine (pr_node.host), on a
+ * hand-made model whose bytes and elements are known.
  *
  * The times the fit is given are computed here from predict.h's documented model on its own (a stage of t
  * tokens reads its dense weights min(t, col_reads) times and the experts it touches min(columns, col_reads)
@@ -105,6 +106,41 @@ int main(void) {
         CHECK(pr_stage_calibrate(&m, &hp, &two, &nd, tok, sec, 3) == 0, "two tiers: the fit is made");
         CHECK(fabs(nd.speed / nd.ram_speed - 10) < 1e-9 && fabs(nd.flops / nd.ram_flops - 10) < 1e-9,
               "... scaling both tiers alike");
+    }
+    /* A pipelined prompt on stages sharing one machine. Two stages of the same layer (time t per chunk at
+     * their figures), no delays, a prompt of two chunks: on machines of their own stage 1 computes chunk 1
+     * while stage 0 computes chunk 2, so the first token comes after 3 t; on one machine that computes one
+     * stage at a time, after 4 t (every chunk on every stage, one after another); with room for two at once,
+     * 3 t again. Three stages, three chunks: 5 t on machines of their own, 9 t one at a time, and 6 t two at
+     * once: in the third t all three stages have a chunk, so one waits, and the last stage, which must take
+     * the three chunks in turn, cannot then finish before 6 t whichever waits (worked by hand). */
+    {
+        const double t = model_time(64, true_speed, true_flops, 4);
+        plan_result plan;
+        memset(&plan, 0, sizeof plan);
+        double hops[4] = {0, 0, 0, 0};
+        pr_opts o = {.prompt = 128, .chunk = 64};
+        struct { int stages, slots, host; uint32_t prompt; double want; } cases[] = {
+            {2, 1, 0, 128, 3}, {2, 1, 1, 128, 4}, {2, 2, 1, 128, 3}, {2, 1, 1, 64, 2},
+            {3, 1, 0, 192, 5}, {3, 1, 1, 192, 9}, {3, 2, 1, 192, 6}, {3, 3, 1, 192, 5},
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            plan.n_stages = cases[i].stages;
+            pr_node nodes[3];
+            for (int s = 0; s < plan.n_stages; s++) {
+                plan.stages[s] = st;
+                nodes[s] = (pr_node){.speed = true_speed, .flops = true_flops, .net = 1e12, .col_reads = 4,
+                                     .host = cases[i].host, .host_slots = cases[i].slots};
+            }
+            o.prompt = cases[i].prompt;
+            pr_result r;
+            rl_err e;
+            CHECK(pr_predict(&m, &hp, &plan, nodes, hops, &o, &r, &e) == 0, "%d stages: predicted", plan.n_stages);
+            CHECK(fabs(r.ttft_s / (cases[i].want * t) - 1) < 1e-9, "%d stages, %u-token prompt in chunks of 64, %s: first "
+                  "token after %.0f chunk times (got %.4f)", plan.n_stages, o.prompt,
+                  cases[i].host ? (cases[i].slots == 1 ? "one machine, one at a time" : "one machine, several at once")
+                                : "machines of their own", cases[i].want, r.ttft_s / t);
+        }
     }
     return check_done();
 }
