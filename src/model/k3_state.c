@@ -189,6 +189,15 @@ int k3_state_init_pooled(k3_state *s, const k3_state_pool *p, int slot, rl_err *
     return 0;
 }
 
+#define K3_ROUND_UP(x, a) (((x) + (a) - 1) / (a) * (a))
+
+/* A rollback block's copies for layer i (a KDA layer) at n tokens: the delta states, and the conv inputs
+ * (the window before, then the block). */
+static size_t k3_rb_delta_bytes(const k3_state *s, uint32_t i, uint32_t n) { return (size_t)n * ggml_nbytes(s->delta[i]); }
+static size_t k3_rb_conv_bytes(const k3_state *s, uint32_t i, uint32_t n) {
+    return 3 * (size_t)(s->conv[i]->ne[0] + n) * (size_t)s->conv[i]->ne[1] * sizeof(float);
+}
+
 static void k3_rb_free(k3_state *s) {
     for (int r = 0; s->rb && r <= s->rb_max; r++) {
         k3_rb_block *rb = &s->rb[r];
@@ -249,8 +258,7 @@ size_t k3_state_rb_bytes(const k3_state *s) {
         const k3_rb_block *rb = &s->rb[r];
         for (uint32_t i = 0; rb->delta && rb->cap && i < s->b - s->a; i++) {
             if (!s->conv[i]) continue;
-            n += (size_t)rb->cap * ggml_nbytes(s->delta[i]);
-            n += 3 * (size_t)(s->conv[i]->ne[0] + rb->cap) * (size_t)s->conv[i]->ne[1] * sizeof(float);
+            n += k3_rb_delta_bytes(s, i, rb->cap) + k3_rb_conv_bytes(s, i, rb->cap);
         }
     }
     return n;
@@ -427,8 +435,7 @@ int k3_state_rb_reserve(k3_state *s, uint32_t n, rl_err *err) {
     size_t total = 0;
     for (uint32_t i = 0; i < s->b - s->a; i++) {
         if (!s->conv[i]) continue;
-        total += ((size_t)n * ggml_nbytes(s->delta[i]) + al - 1) / al * al;
-        total += (3 * (size_t)(s->conv[i]->ne[0] + n) * (size_t)s->conv[i]->ne[1] * sizeof(float) + al - 1) / al * al;
+        total += K3_ROUND_UP(k3_rb_delta_bytes(s, i, n), al) + K3_ROUND_UP(k3_rb_conv_bytes(s, i, n), al);
     }
     rl_heap_unmap(rb->mem, rb->mem_bytes);
     rb->cap = 0;
@@ -441,9 +448,9 @@ int k3_state_rb_reserve(k3_state *s, uint32_t n, rl_err *err) {
     for (uint32_t i = 0; i < s->b - s->a; i++) {
         if (!s->conv[i]) continue;
         rb->delta[i] = (float *)at;
-        at += ((size_t)n * ggml_nbytes(s->delta[i]) + al - 1) / al * al;
+        at += K3_ROUND_UP(k3_rb_delta_bytes(s, i, n), al);
         rb->conv[i] = (float *)at;
-        at += (3 * (size_t)(s->conv[i]->ne[0] + n) * (size_t)s->conv[i]->ne[1] * sizeof(float) + al - 1) / al * al;
+        at += K3_ROUND_UP(k3_rb_conv_bytes(s, i, n), al);
     }
     rb->cap = n;
     return 0;

@@ -2,9 +2,9 @@
 #include "predict.h"
 
 #include <math.h>
-#include <stdlib.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../model/k3_memory.h"
@@ -162,6 +162,13 @@ double pr_draft_time(const pr_draft *d, int k, double a) {
     return d->block ? step : (k + pow(a, k)) * step;
 }
 
+/* Seconds to send the boundary state of `tokens` tokens from stage s to stage s + 1 (f32 on the wire, over
+ * the slower of the two nodes' links). */
+static double pr_link_time(const k3_hparams *hp, const plan_result *plan, const pr_node *nodes, int s, double tokens) {
+    const double net = nodes[s].net < nodes[s + 1].net ? nodes[s].net : nodes[s + 1].net;
+    return tokens * 4.0 * (double)k3_boundary_floats(hp, plan->stages[s + 1].a) / net;
+}
+
 /* One traversal at `tokens` tokens (a verified block: verify): hops + stages + transfers, each part returned. */
 static double pr_traversal(const k3_hparams *hp, const plan_result *plan, const pr_stage_w *w, const pr_node *nodes,
                            const double *hop_s, double tokens, bool verify, double *hops, double *comp, double *xfer,
@@ -171,10 +178,7 @@ static double pr_traversal(const k3_hparams *hp, const plan_result *plan, const 
     for (int s = 0; s < plan->n_stages; s++) {
         double c = pr_stage_time(hp, &w[s], &nodes[s], tokens, verify);
         double x = 0;
-        if (s + 1 < plan->n_stages) { /* the boundary state, f32 on the wire */
-            double net = nodes[s].net < nodes[s + 1].net ? nodes[s].net : nodes[s + 1].net;
-            x = tokens * 4.0 * (double)k3_boundary_floats(hp, plan->stages[s + 1].a) / net;
-        }
+        if (s + 1 < plan->n_stages) x = pr_link_time(hp, plan, nodes, s, tokens);
         const double d = pr_stage_disk(hp, &w[s], &nodes[s], tokens);
         *comp += c - d;
         *disk += d;
@@ -201,17 +205,16 @@ static double pr_prefill(const k3_hparams *hp, const plan_result *plan, const pr
     const uint32_t n_chunks = (prompt + chunk - 1) / chunk;
     /* arr[s * n_chunks + c]: when chunk c's input has reached stage s (shared hosts only) */
     double *arr = shared ? malloc((size_t)S * n_chunks * sizeof *arr) : NULL;
-    if (!arr) { /* no shared host (or no memory for the schedule: then as if none) */
+    if (!arr) { /* no shared host: the pipeline's formula, O(chunks x stages) with no memory (or no memory
+                 * for the schedule: then as if none) */
         for (uint32_t done = 0; done < prompt; done += chunk) {
             const double c = prompt - done < chunk ? (double)(prompt - done) : (double)chunk;
             at = hop_s[0];
             for (int s = 0; s < S; s++) {
                 stage_free[s] = (at > stage_free[s] ? at : stage_free[s]) + pr_stage_time(hp, &w[s], &nodes[s], c, false);
                 at = stage_free[s];
-                if (s + 1 < S) { /* the boundary state, f32 on the wire */
-                    const double net = nodes[s].net < nodes[s + 1].net ? nodes[s].net : nodes[s + 1].net;
-                    const double x = c * 4.0 * (double)k3_boundary_floats(hp, plan->stages[s + 1].a) / net;
-                    link_free[s] = (at > link_free[s] ? at : link_free[s]) + x;
+                if (s + 1 < S) {
+                    link_free[s] = (at > link_free[s] ? at : link_free[s]) + pr_link_time(hp, plan, nodes, s, c);
                     at = link_free[s];
                 }
                 at += hop_s[s + 1];
@@ -248,9 +251,7 @@ static double pr_prefill(const k3_hparams *hp, const plan_result *plan, const pr
         if (slot >= 0) slot_free[nodes[s].host - 1][slot] = stage_free[s];
         double out = stage_free[s];
         if (s + 1 < S) {
-            const double net = nodes[s].net < nodes[s + 1].net ? nodes[s].net : nodes[s + 1].net;
-            const double x = c * 4.0 * (double)k3_boundary_floats(hp, plan->stages[s + 1].a) / net;
-            link_free[s] = (out > link_free[s] ? out : link_free[s]) + x;
+            link_free[s] = (out > link_free[s] ? out : link_free[s]) + pr_link_time(hp, plan, nodes, s, c);
             arr[(size_t)(s + 1) * n_chunks + ci] = link_free[s] + hop_s[s + 1];
         } else {
             at = out + hop_s[S]; /* chunks come back in order: the last one's is the answer */
