@@ -236,7 +236,10 @@ static void k3_masks_unmap(k3_engine *e) {
     e->mask_cap = 0;
 }
 
+static void k3_kept_drop(k3_engine *e);
+
 void k3_engine_free(k3_engine *e) {
+    k3_kept_drop(e);
     if (e->xc) {
         xc_close(e->xc);
         free(e->xc);
@@ -289,6 +292,9 @@ typedef struct k3_seq_view {
     uint32_t off, n; /* token range in the batch */
     uint32_t n_kv;   /* cache rows attention reads: n_past + n, padded (k3_n_kv) */
     struct ggml_tensor *mask; /* [n_kv, n] f32, 0 or -inf (MLA causal mask) */
+    struct ggml_tensor *kpos; /* [n] I64: the cache rows this batch's keys go to, n_past .. n_past+n-1 (an
+                               * input, as llama.cpp's k_idxs, not a view at n_past: the graph of the next
+                               * step is then this one's, and is kept; k3_kept) */
 } k3_seq_view;
 
 /* Consecutive sequences of the batch that run their causal parts as one op each: m > 1 of them, all slots
@@ -347,6 +353,12 @@ typedef struct k3_graph {
     xc_cache *xc;                    /* routed experts through a cache: the compute stops at each pass */
     struct k3_xstop *stops;
     int n_stops, cap_stops;
+    bool any_mla;                    /* the range has an MLA layer: masks and key rows are inputs */
+    /* Inputs and outputs, NULL where the batch has none. */
+    struct ggml_tensor *inp_tok, *inp_h, *inp_stack, *inp_rows;
+    struct ggml_tensor *tap_t[16];   /* k3_batch.tap_layers' streams, n_taps of them */
+    int n_taps;
+    struct ggml_tensor *logits, *out_h, *out_stack;
 } k3_graph;
 
 /* How many layers ahead the look-ahead guesses (k3_moe_cached). One: on the medium bench model two layers
@@ -768,9 +780,7 @@ static struct ggml_tensor *k3_mla(k3_graph *g, const k3_layer_w *L, int il_rel, 
         struct ggml_tensor *cache = sv->st->kcache[il_rel]; /* {dk, n_ctx} */
         const int64_t n = sv->n, n_kv = sv->n_kv;
         /* Store this batch's keys first; the reads below come later in graph order. */
-        ggml_build_forward_expand(g->gf, ggml_cpy(c, k3_cols(g, knew, sv->off, sv->n),
-                                                  ggml_view_2d(c, cache, dk, n, cache->nb[1],
-                                                               cache->nb[1] * sv->st->n_past)));
+        ggml_build_forward_expand(g->gf, ggml_set_rows(c, cache, k3_cols(g, knew, sv->off, sv->n), sv->kpos));
         struct ggml_tensor *q = ggml_permute(c, ggml_view_3d(c, Q, dk, H, n, Q->nb[1], Q->nb[2], Q->nb[2] * sv->off),
                                              0, 2, 1, 3);                                   /* [dk, n, H] */
         struct ggml_tensor *k = ggml_view_2d(c, cache, dk, n_kv, cache->nb[1], 0);         /* [dk, n_kv] */
@@ -1217,63 +1227,72 @@ static int k3_compute(k3_engine *e, k3_graph *g, rl_err *err) {
     return x.rc;
 }
 
-int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
-    memset(out, 0, sizeof *out);
+static void k3_graph_free(k3_graph *g) {
+    if (g->ctx) ggml_free(g->ctx);
+    free(g->seqs);
+    free(g->groups);
+    free(g->outs);
+    free(g->rb);
+    free(g->route);
+    free(g->stops);
+    memset(g, 0, sizeof *g);
+}
+
+/* Builds the batch's graph into g (its nodes in e->graph_buf). On error g is freed; no state has moved. */
+static int k3_build(k3_engine *e, const k3_batch *bt, int64_t T, k3_graph *g, rl_err *err) {
     const k3_hparams *hp = &e->hp;
-    int64_t T = 0;
-    if (k3_check_batch(e, bt, &T, err) != 0) return -1;
     const bool last = e->b == hp->n_layer;
     const int64_t d = hp->n_embd;
 
     bool any_mla = false;
     for (uint32_t il = e->a; il < e->b; il++) any_mla |= hp->is_mla[il];
-    k3_graph g = {.hp = hp, .n_seqs = bt->n_seqs, .T = T, .step_kernels = bt->step_kernels, .flash_attn = e->flash_attn,
-                  .a = e->a, .b = e->b, .w = &e->w, .xc = e->xc};
+    *g = (k3_graph){.hp = hp, .n_seqs = bt->n_seqs, .T = T, .step_kernels = bt->step_kernels, .flash_attn = e->flash_attn,
+                    .a = e->a, .b = e->b, .w = &e->w, .xc = e->xc, .any_mla = any_mla, .n_taps = bt->n_taps};
     const enum ggml_type mask_type = e->flash_attn ? GGML_TYPE_F16 : GGML_TYPE_F32; /* FA takes an f16 mask */
-    g.seqs = calloc((size_t)bt->n_seqs, sizeof *g.seqs);
-    g.groups = calloc((size_t)bt->n_seqs, sizeof *g.groups);
-    g.outs = calloc((size_t)bt->n_seqs, sizeof *g.outs);
-    if (bt->routes) g.route = calloc(e->b - e->a, sizeof *g.route);
+    g->seqs = calloc((size_t)bt->n_seqs, sizeof *g->seqs);
+    g->groups = calloc((size_t)bt->n_seqs, sizeof *g->groups);
+    g->outs = calloc((size_t)bt->n_seqs, sizeof *g->outs);
+    if (bt->routes) g->route = calloc(e->b - e->a, sizeof *g->route);
     size_t xc_nodes = 0;
-    if (g.xc) {
-        for (uint32_t il = e->a; il < e->b; il++) g.cap_stops += k3_is_moe(hp, il) ? xc_max_passes(g.xc, il, (int64_t)hp->n_expert_used * T) : 0;
-        g.stops = calloc((size_t)g.cap_stops + 1, sizeof *g.stops);
-        xc_nodes = (size_t)g.cap_stops * 12 + (size_t)(e->b - e->a) * 16;
+    if (g->xc) {
+        for (uint32_t il = e->a; il < e->b; il++) g->cap_stops += k3_is_moe(hp, il) ? xc_max_passes(g->xc, il, (int64_t)hp->n_expert_used * T) : 0;
+        g->stops = calloc((size_t)g->cap_stops + 1, sizeof *g->stops);
+        xc_nodes = (size_t)g->cap_stops * 12 + (size_t)(e->b - e->a) * 16;
     }
-    if (!g.seqs || !g.groups || !g.outs || (bt->routes && !g.route) || (g.xc && !g.stops)) {
+    if (!g->seqs || !g->groups || !g->outs || (bt->routes && !g->route) || (g->xc && !g->stops)) {
         rl_errf(err, "out of memory building the graph");
-        goto fail_build;
+        goto fail;
     }
     uint32_t off = 0;
     for (int s = 0; s < bt->n_seqs; s++) {
-        k3_seq_view *sv = &g.seqs[s];
+        k3_seq_view *sv = &g->seqs[s];
         sv->st = bt->seqs[s];
         sv->keep_rb = bt->keep_rollback && bt->keep_rollback[s];
-        g.step_kernels |= sv->keep_rb; /* a verified block must give what single steps give */
-        if (sv->keep_rb && k3_state_rb_reserve(sv->st, bt->n_tokens[s], err) != 0) goto fail_build;
+        g->step_kernels |= sv->keep_rb; /* a verified block must give what single steps give */
+        if (sv->keep_rb && k3_state_rb_reserve(sv->st, bt->n_tokens[s], err) != 0) goto fail;
         sv->off = off;
         sv->n = bt->n_tokens[s];
         off += sv->n;
         sv->n_kv = k3_n_kv(sv->st, sv->n);
         /* Joins the previous group when it runs the same shapes on slots of the same pool. */
-        k3_group *gr = g.n_groups ? &g.groups[g.n_groups - 1] : NULL;
-        const k3_seq_view *pv = gr ? &g.seqs[gr->first] : NULL;
+        k3_group *gr = g->n_groups ? &g->groups[g->n_groups - 1] : NULL;
+        const k3_seq_view *pv = gr ? &g->seqs[gr->first] : NULL;
         if (gr && sv->st->pool && pv->st->pool == sv->st->pool && !sv->keep_rb && !pv->keep_rb && pv->n == sv->n &&
             pv->n_kv == sv->n_kv) {
             if (gr->slot0 >= 0 && sv->st->slot != gr->slot0 + gr->m) gr->slot0 = -1;
             gr->m++;
             if (sv->st->n_past + sv->n > gr->n_used) gr->n_used = sv->st->n_past + sv->n;
         } else {
-            g.groups[g.n_groups++] = (k3_group){.first = s, .m = 1, .off = sv->off, .n = sv->n, .n_kv = sv->n_kv,
-                                                .n_used = sv->st->n_past + sv->n,
-                                                .slot0 = sv->st->slot, .pool = sv->st->pool};
+            g->groups[g->n_groups++] = (k3_group){.first = s, .m = 1, .off = sv->off, .n = sv->n, .n_kv = sv->n_kv,
+                                                  .n_used = sv->st->n_past + sv->n,
+                                                  .slot0 = sv->st->slot, .pool = sv->st->pool};
         }
     }
 
-    size_t n_nodes = 2048 + (size_t)(e->b - e->a) * (256 + 96 * (size_t)g.n_groups) + xc_nodes;
+    size_t n_nodes = 2048 + (size_t)(e->b - e->a) * (256 + 96 * (size_t)g->n_groups) + xc_nodes;
     /* Step kernels give MLA attention a few ops per token (k3_fa_seq): a rebuilt sequence's replay runs
      * hundreds of tokens so. */
-    if (g.step_kernels) n_nodes += (size_t)(e->b - e->a) * (size_t)T * 24;
+    if (g->step_kernels) n_nodes += (size_t)(e->b - e->a) * (size_t)T * 24;
     size_t need = n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false);
     if (need > e->graph_cap) {
         /* Not realloc: the old graph is not needed, and copying it would touch the new pages twice. */
@@ -1281,25 +1300,27 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
         e->graph_cap = 0;
         if (!(e->graph_buf = rl_heap_map(need))) { /* several MiB, written node by node: huge pages */
             rl_errf(err, "out of memory for the graph");
-            goto fail_build;
+            goto fail;
         }
         e->graph_cap = need;
     }
     struct ggml_init_params ip = {.mem_size = need, .mem_buffer = e->graph_buf, .no_alloc = true};
-    g.ctx = ggml_init(ip);
-    if (!g.ctx) {
+    g->ctx = ggml_init(ip);
+    if (!g->ctx) {
         rl_errf(err, "out of memory building the graph");
-        goto fail_build;
+        goto fail;
     }
-    struct ggml_context *c = g.ctx;
-    g.gf = ggml_new_graph_custom(c, n_nodes, false);
-    for (int gi = 0; gi < g.n_groups; gi++) {
-        k3_group *gr = &g.groups[gi];
+    struct ggml_context *c = g->ctx;
+    g->gf = ggml_new_graph_custom(c, n_nodes, false);
+    for (int gi = 0; gi < g->n_groups; gi++) {
+        k3_group *gr = &g->groups[gi];
         if (gr->m == 1) {
             if (any_mla) {
-                k3_seq_view *sv = &g.seqs[gr->first];
+                k3_seq_view *sv = &g->seqs[gr->first];
                 sv->mask = ggml_new_tensor_2d(c, mask_type, sv->n_kv, sv->n);
                 ggml_set_input(sv->mask);
+                sv->kpos = ggml_new_tensor_1d(c, GGML_TYPE_I64, sv->n);
+                ggml_set_input(sv->kpos);
             }
             continue;
         }
@@ -1316,107 +1337,106 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
     }
 
     /* Input: embeddings, or the boundary state from the previous stage. */
-    struct ggml_tensor *inp_tok = NULL, *inp_h = NULL, *inp_stack = NULL, *inp_rows = NULL, *h;
+    struct ggml_tensor *h;
     if (e->a == 0) {
-        inp_tok = ggml_new_tensor_1d(c, GGML_TYPE_I32, T);
-        ggml_set_input(inp_tok);
-        h = ggml_get_rows(c, e->w.tok_embd, inp_tok);
+        g->inp_tok = ggml_new_tensor_1d(c, GGML_TYPE_I32, T);
+        ggml_set_input(g->inp_tok);
+        h = ggml_get_rows(c, e->w.tok_embd, g->inp_tok);
     } else {
-        inp_h = ggml_new_tensor_2d(c, GGML_TYPE_F32, d, T);
-        ggml_set_input(inp_h);
-        h = inp_h;
+        g->inp_h = ggml_new_tensor_2d(c, GGML_TYPE_F32, d, T);
+        ggml_set_input(g->inp_h);
+        h = g->inp_h;
         if (bt->in->n_ckpt) {
-            inp_stack = ggml_new_tensor_3d(c, GGML_TYPE_F32, d, bt->in->n_ckpt, T);
-            ggml_set_input(inp_stack);
-            g.stack = inp_stack;
+            g->inp_stack = ggml_new_tensor_3d(c, GGML_TYPE_F32, d, bt->in->n_ckpt, T);
+            ggml_set_input(g->inp_stack);
+            g->stack = g->inp_stack;
         }
     }
 
     /* Taps: the stream entering a layer is h at the top of its iteration (or after the last one). */
-    struct ggml_tensor *tap_t[16] = {0};
     for (uint32_t il = e->a; il <= e->b; il++) {
         for (int k = 0; k < bt->n_taps; k++) {
             if (bt->tap_layers[k] != il) continue;
-            tap_t[k] = h->view_src || !ggml_is_contiguous(h) ? ggml_cont(c, h) : h; /* read back: no view */
-            ggml_set_output(tap_t[k]);
-            ggml_build_forward_expand(g.gf, tap_t[k]);
+            g->tap_t[k] = h->view_src || !ggml_is_contiguous(h) ? ggml_cont(c, h) : h; /* read back: no view */
+            ggml_set_output(g->tap_t[k]);
+            ggml_build_forward_expand(g->gf, g->tap_t[k]);
         }
         if (il == e->b) break;
         const k3_layer_w *L = &e->w.layers[il - e->a];
         const int rel = (int)(il - e->a);
-        g.rel = rel;
+        g->rel = rel;
         /* Mixer half: mix over the bank, bank the RAW stream at checkpoint layers, restart from the output. */
-        struct ggml_tensor *x = hp->attn_res_block ? k3_res_mix(&g, h, L->attn_res_score) : h;
+        struct ggml_tensor *x = hp->attn_res_block ? k3_res_mix(g, h, L->attn_res_score) : h;
         bool banked = hp->attn_res_block && il % hp->attn_res_block == 0;
-        if (banked) k3_res_push(&g, h);
-        struct ggml_tensor *xn = k3_norm(&g, x, L->attn_norm);
-        ggml_build_forward_expand(g.gf, xn);
-        struct ggml_tensor *a = hp->is_mla[il] ? k3_mla(&g, L, rel, xn) : k3_kda(&g, L, rel, xn);
+        if (banked) k3_res_push(g, h);
+        struct ggml_tensor *xn = k3_norm(g, x, L->attn_norm);
+        ggml_build_forward_expand(g->gf, xn);
+        struct ggml_tensor *a = hp->is_mla[il] ? k3_mla(g, L, rel, xn) : k3_kda(g, L, rel, xn);
         h = banked ? a : ggml_add(c, h, a);
         /* FFN half. */
-        struct ggml_tensor *y = hp->attn_res_block ? k3_res_mix(&g, h, L->ffn_res_score) : h;
-        struct ggml_tensor *yn = k3_norm(&g, y, L->ffn_norm);
+        struct ggml_tensor *y = hp->attn_res_block ? k3_res_mix(g, h, L->ffn_res_score) : h;
+        struct ggml_tensor *yn = k3_norm(g, y, L->ffn_norm);
         struct ggml_tensor *f;
         if (!k3_is_moe(hp, il)) {
-            f = k3_mm(&g, L->ffn_down, k3_situ(&g, k3_mm(&g, L->ffn_gate, yn), k3_mm(&g, L->ffn_up, yn)));
+            f = k3_mm(g, L->ffn_down, k3_situ(g, k3_mm(g, L->ffn_gate, yn), k3_mm(g, L->ffn_up, yn)));
         } else {
-            g.rel = rel;
-            f = k3_moe(&g, L, yn);
+            g->rel = rel;
+            f = k3_moe(g, L, yn);
         }
         h = ggml_add(c, h, f);
     }
 
-    struct ggml_tensor *logits = NULL, *out_h = NULL, *out_stack = NULL;
     if (last) {
-        struct ggml_tensor *z = hp->attn_res_block ? k3_res_mix(&g, h, e->w.output_res_score) : h;
+        struct ggml_tensor *z = hp->attn_res_block ? k3_res_mix(g, h, e->w.output_res_score) : h;
         if (bt->n_logits > 0) {
             if (bt->n_logits < T) {
-                inp_rows = ggml_new_tensor_1d(c, GGML_TYPE_I32, bt->n_logits);
-                ggml_set_input(inp_rows);
-                z = ggml_get_rows(c, z, inp_rows);
+                g->inp_rows = ggml_new_tensor_1d(c, GGML_TYPE_I32, bt->n_logits);
+                ggml_set_input(g->inp_rows);
+                z = ggml_get_rows(c, z, g->inp_rows);
             }
-            logits = k3_mm(&g, e->w.output, k3_norm(&g, z, e->w.output_norm));
-            ggml_set_output(logits);
-            ggml_build_forward_expand(g.gf, logits);
+            g->logits = k3_mm(g, e->w.output, k3_norm(g, z, e->w.output_norm));
+            ggml_set_output(g->logits);
+            ggml_build_forward_expand(g->gf, g->logits);
         } else {
-            ggml_build_forward_expand(g.gf, h); /* states still advance */
+            ggml_build_forward_expand(g->gf, h); /* states still advance */
         }
     } else {
-        out_h = ggml_cont(c, h);
-        ggml_set_output(out_h);
-        ggml_build_forward_expand(g.gf, out_h);
-        if (g.stack) {
-            out_stack = ggml_cont(c, g.stack);
-            ggml_set_output(out_stack);
-            ggml_build_forward_expand(g.gf, out_stack);
+        g->out_h = ggml_cont(c, h);
+        ggml_set_output(g->out_h);
+        ggml_build_forward_expand(g->gf, g->out_h);
+        if (g->stack) {
+            g->out_stack = ggml_cont(c, g->stack);
+            ggml_set_output(g->out_stack);
+            ggml_build_forward_expand(g->gf, g->out_stack);
         }
     }
+    if (g->xc && k3_stops_locate(g, err) != 0) goto fail;
+    return 0;
+fail:
+    k3_graph_free(g);
+    return -1;
+}
 
-    int rc = 0;
-    if (g.xc && k3_stops_locate(&g, err) != 0) {
-        rc = -1;
-        goto done;
-    }
+/* Gives the graph its memory: the masks in e->mask_buf, the rest from galloc's buffer or the scheduler's. */
+static int k3_alloc(k3_engine *e, k3_graph *g, rl_err *err) {
+    const int64_t T = g->T;
     /* ggml_gallocr_alloc_graph reuses the last plan when the nodes have the same count and fit in it, without
      * looking at which are outputs: a one-token step kept for rollback has the very shapes of a plain one,
      * and under the plain plan the tensors read back after compute (kept states, taps) share memory with
      * later nodes. A different set of outputs gets a plan of its own. */
-    if (any_mla && k3_masks_place(e, &g, err) != 0) {
-        rc = -1;
-        goto done;
-    }
+    if (g->any_mla && k3_masks_place(e, g, err) != 0) return -1;
     uint64_t key = 0xcbf29ce484222325ULL;
-    for (int i = 0; i < ggml_graph_n_nodes(g.gf); i++) {
-        if (ggml_graph_node(g.gf, i)->flags & GGML_TENSOR_FLAG_OUTPUT) key = (key ^ (uint64_t)i) * 0x100000001b3ULL;
+    for (int i = 0; i < ggml_graph_n_nodes(g->gf); i++) {
+        if (ggml_graph_node(g->gf, i)->flags & GGML_TENSOR_FLAG_OUTPUT) key = (key ^ (uint64_t)i) * 0x100000001b3ULL;
     }
-    if (g.xc || e->hp.n_dev > 0) {
+    if (g->xc || e->hp.n_dev > 0) {
         /* Over a device and the CPU, or over cached experts, the scheduler runs the graph (splitting it by
          * where weights and states live; stopping where the host must load experts); its hash set is sized
          * once, so a larger graph gets a new one (rare: sized generously). The CPU comes last: ggml's
          * scheduler puts inputs there. A device engine keeps one scheduler for its life, as llama.cpp does,
          * rather than a new one (and new device buffers) whenever a graph's outputs change: that switch
          * comes between every prefill and decode step. */
-        const size_t size = (size_t)ggml_graph_n_nodes(g.gf) + (size_t)ggml_graph_size(g.gf);
+        const size_t size = (size_t)ggml_graph_n_nodes(g->gf) + (size_t)ggml_graph_size(g->gf);
         if (!e->sched || size > e->sched_size) {
             if (e->sched) ggml_backend_sched_free(e->sched);
             e->sched_size = size > 2 * e->sched_size ? size : 2 * e->sched_size;
@@ -1427,144 +1447,201 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
             bk[nb++] = e->backend;
             e->sched = ggml_backend_sched_new(bk, NULL, nb, e->sched_size, false, false);
             e->plan_outputs = 0;
-            if (!e->sched) {
-                rc = rl_errf(err, "cannot create the graph scheduler");
-                goto done;
-            }
+            if (!e->sched) return rl_errf(err, "cannot create the graph scheduler");
         }
         ggml_backend_sched_reset(e->sched);
-        k3_sched_pin_stops(e, &g);
-        if (key != e->plan_outputs && k3_sched_reserve(e->sched, g.gf) != 0) {
-            rc = rl_errf(err, "cannot allocate compute memory for %lld tokens", (long long)T);
-            goto done;
+        k3_sched_pin_stops(e, g);
+        if (key != e->plan_outputs && k3_sched_reserve(e->sched, g->gf) != 0) {
+            return rl_errf(err, "cannot allocate compute memory for %lld tokens", (long long)T);
         }
-        k3_sched_pin_stops(e, &g); /* the reserve's reset forgot them */
-        if (!ggml_backend_sched_alloc_graph(e->sched, g.gf)) {
-            rc = rl_errf(err, "cannot allocate compute memory for %lld tokens", (long long)T);
-            goto done;
+        k3_sched_pin_stops(e, g); /* the reserve's reset forgot them */
+        if (!ggml_backend_sched_alloc_graph(e->sched, g->gf)) {
+            return rl_errf(err, "cannot allocate compute memory for %lld tokens", (long long)T);
         }
         e->plan_outputs = key;
-    } else {
-        if (key != e->plan_outputs && !ggml_gallocr_reserve(e->galloc, g.gf)) {
-            rc = rl_errf(err, "cannot allocate compute memory for %lld tokens", (long long)T);
-            goto done;
-        }
-        e->plan_outputs = key;
-        if (!ggml_gallocr_alloc_graph(e->galloc, g.gf)) {
-            rc = rl_errf(err, "cannot allocate compute memory for %lld tokens", (long long)T);
-            goto done;
-        }
-        /* A new compute buffer (galloc grew it) is touched page by page by the steps that first reach each
-         * part of it: ask for huge pages once per buffer (base/heap.h). The last node is an output, which
-         * galloc places in its buffer. */
-        ggml_backend_buffer_t cb = ggml_graph_node(g.gf, -1)->buffer;
-        if (cb && ggml_backend_buffer_is_host(cb) && ggml_backend_buffer_get_base(cb) != e->compute_base) {
-            e->compute_base = ggml_backend_buffer_get_base(cb);
-            rl_heap_advise_huge(e->compute_base, ggml_backend_buffer_get_size(cb));
-        }
+        return 0;
     }
-    if (inp_tok) ggml_backend_tensor_set(inp_tok, bt->tokens, 0, (size_t)T * sizeof(int32_t));
-    if (inp_h) ggml_backend_tensor_set(inp_h, bt->in->h, 0, ggml_nbytes(inp_h));
-    if (inp_stack) ggml_backend_tensor_set(inp_stack, bt->in->ckpt, 0, ggml_nbytes(inp_stack));
-    if (inp_rows) ggml_backend_tensor_set(inp_rows, bt->logit_rows, 0, (size_t)bt->n_logits * sizeof(int32_t));
-    for (int gi = 0; gi < g.n_groups; gi++) {
-        const k3_group *gr = &g.groups[gi];
+    if (key != e->plan_outputs && !ggml_gallocr_reserve(e->galloc, g->gf)) {
+        return rl_errf(err, "cannot allocate compute memory for %lld tokens", (long long)T);
+    }
+    e->plan_outputs = key;
+    if (!ggml_gallocr_alloc_graph(e->galloc, g->gf)) {
+        return rl_errf(err, "cannot allocate compute memory for %lld tokens", (long long)T);
+    }
+    /* A new compute buffer (galloc grew it) is touched page by page by the steps that first reach each
+     * part of it: ask for huge pages once per buffer (base/heap.h). The last node is an output, which
+     * galloc places in its buffer. */
+    ggml_backend_buffer_t cb = ggml_graph_node(g->gf, -1)->buffer;
+    if (cb && ggml_backend_buffer_is_host(cb) && ggml_backend_buffer_get_base(cb) != e->compute_base) {
+        e->compute_base = ggml_backend_buffer_get_base(cb);
+        rl_heap_advise_huge(e->compute_base, ggml_backend_buffer_get_size(cb));
+    }
+    return 0;
+}
+
+/* Writes the batch's inputs into the allocated graph: tokens or boundary state, logit rows, slot indices,
+ * the causal masks and the cache rows the new keys go to (all that depends on the sequences' positions). */
+static int k3_inputs_set(const k3_batch *bt, const k3_graph *g, rl_err *err) {
+    if (g->inp_tok) ggml_backend_tensor_set(g->inp_tok, bt->tokens, 0, (size_t)g->T * sizeof(int32_t));
+    if (g->inp_h) ggml_backend_tensor_set(g->inp_h, bt->in->h, 0, ggml_nbytes(g->inp_h));
+    if (g->inp_stack) ggml_backend_tensor_set(g->inp_stack, bt->in->ckpt, 0, ggml_nbytes(g->inp_stack));
+    if (g->inp_rows) ggml_backend_tensor_set(g->inp_rows, bt->logit_rows, 0, (size_t)bt->n_logits * sizeof(int32_t));
+    for (int gi = 0; gi < g->n_groups; gi++) {
+        const k3_group *gr = &g->groups[gi];
         if (gr->slots) {
             int32_t *ix = malloc((size_t)gr->m * sizeof *ix);
-            if (!ix) {
-                rc = rl_errf(err, "out of memory for slot indices");
-                goto done;
-            }
-            for (int i = 0; i < gr->m; i++) ix[i] = g.seqs[gr->first + i].st->slot;
+            if (!ix) return rl_errf(err, "out of memory for slot indices");
+            for (int i = 0; i < gr->m; i++) ix[i] = g->seqs[gr->first + i].st->slot;
             ggml_backend_tensor_set(gr->slots, ix, 0, (size_t)gr->m * sizeof *ix);
             free(ix);
         }
-        if (!any_mla) continue;
+        if (!g->any_mla) continue;
         /* Causal mask: the token at position p sees cached positions 0..p of its own sequence. Written in
          * place in e->mask_buf (host memory, k3_masks_place): at long context it is the largest input of the
          * graph (n_kv x chunk, 128 MiB for 512 tokens at 128k), and a staging copy, let alone an f32 one
          * converted to f16, would double or triple that. */
-        struct ggml_tensor *mt = k3_group_mask(&g, gr);
+        struct ggml_tensor *mt = k3_group_mask(g, gr);
         GGML_ASSERT(ggml_backend_buffer_is_host(mt->buffer));
         const size_t n_kv = gr->n_kv, el = ggml_element_size(mt);
         uint8_t *mk = mt->data;
         for (int i = 0; i < gr->m; i++) {
-            const k3_state *st = g.seqs[gr->first + i].st;
+            const k3_state *st = g->seqs[gr->first + i].st;
             k3_mask_rows(mk + (size_t)i * gr->n * n_kv * el, mt->type, n_kv, (size_t)st->n_past + 1, gr->n);
         }
-        if (gr->m > 1) {
-            /* Key rows: the pool's cache tensor seen as n_slots * n_ctx rows. */
-            int32_t *kr = malloc((size_t)gr->m * gr->n * sizeof *kr);
-            if (!kr) {
-                rc = rl_errf(err, "out of memory for cache row indices");
-                goto done;
+        if (gr->m == 1) {
+            const k3_seq_view *sv = &g->seqs[gr->first];
+            int64_t *kp = malloc((size_t)sv->n * sizeof *kp);
+            if (!kp) return rl_errf(err, "out of memory for cache row indices");
+            for (uint32_t t = 0; t < sv->n; t++) kp[t] = (int64_t)sv->st->n_past + t;
+            ggml_backend_tensor_set(sv->kpos, kp, 0, (size_t)sv->n * sizeof *kp);
+            free(kp);
+            continue;
+        }
+        /* Key rows: the pool's cache tensor seen as n_slots * n_ctx rows. */
+        int32_t *kr = malloc((size_t)gr->m * gr->n * sizeof *kr);
+        if (!kr) return rl_errf(err, "out of memory for cache row indices");
+        for (int i = 0; i < gr->m; i++) {
+            const k3_state *st = g->seqs[gr->first + i].st;
+            for (uint32_t t = 0; t < gr->n; t++) {
+                kr[(size_t)i * gr->n + t] = (int32_t)((uint32_t)st->slot * gr->pool->n_ctx + st->n_past + t);
             }
-            for (int i = 0; i < gr->m; i++) {
-                const k3_state *st = g.seqs[gr->first + i].st;
-                for (uint32_t t = 0; t < gr->n; t++) {
-                    kr[(size_t)i * gr->n + t] = (int32_t)((uint32_t)st->slot * gr->pool->n_ctx + st->n_past + t);
-                }
-            }
-            ggml_backend_tensor_set(gr->krows, kr, 0, (size_t)gr->m * gr->n * sizeof *kr);
-            free(kr);
+        }
+        ggml_backend_tensor_set(gr->krows, kr, 0, (size_t)gr->m * gr->n * sizeof *kr);
+        free(kr);
+    }
+    return 0;
+}
+
+/* Copies what the batch asked for out of the computed graph into out. */
+static int k3_outputs_get(const k3_engine *e, const k3_batch *bt, const k3_graph *g, k3_output *out, rl_err *err) {
+    if (g->logits) {
+        out->n_logits = bt->n_logits;
+        out->logits = malloc(ggml_nbytes(g->logits));
+        if (!out->logits) return rl_errf(err, "out of memory for logits");
+        ggml_backend_tensor_get(g->logits, out->logits, 0, ggml_nbytes(g->logits));
+    }
+    if (g->n_taps > 0) {
+        size_t row = (size_t)g->T * (size_t)e->hp.n_embd;
+        out->taps = malloc((size_t)g->n_taps * row * sizeof(float));
+        if (!out->taps) return rl_errf(err, "out of memory for taps");
+        for (int k = 0; k < g->n_taps; k++) ggml_backend_tensor_get(g->tap_t[k], out->taps + k * row, 0, row * sizeof(float));
+    }
+    if (g->route && k3_routes_get(e, g, &out->routes, err) != 0) return -1;
+    if (g->out_h) {
+        uint32_t n_ckpt = g->out_stack ? (uint32_t)g->out_stack->ne[1] : 0;
+        if (k3_boundary_alloc(&out->out, (uint32_t)g->T, (uint32_t)e->hp.n_embd, n_ckpt, err) != 0) return -1;
+        ggml_backend_tensor_get(g->out_h, out->out.h, 0, ggml_nbytes(g->out_h));
+        if (g->out_stack) ggml_backend_tensor_get(g->out_stack, out->out.ckpt, 0, ggml_nbytes(g->out_stack));
+    }
+    return 0;
+}
+
+/* The graph of the last one-token step of a sequence, kept (allocated, in e->graph_buf and galloc's buffer)
+ * for the next step of the same sequence: decoding runs the same graph token after token, with only its
+ * inputs changed (the token, the mask, the cache row of the new key), so it is built and allocated once per
+ * 256 positions (the padding of the cache rows attention reads, k3_n_kv) instead of once per token. llama.cpp
+ * reuses its graphs the same way. Building and allocating a graph cost 0.3-0.5 ms here, a tenth of a
+ * one-token step of a small model. Only on the CPU without an expert cache: a scheduler splits and copies
+ * per graph, and the cached experts stop the compute at host-written inputs. Any other graph drops it first
+ * (the nodes share graph_buf, and galloc's next plan moves every tensor). */
+struct k3_kept {
+    k3_graph g;
+    const k3_state *st;
+    uint64_t st_id;  /* k3_state.id: another state at the same address is another sequence */
+    uint32_t n_kv;
+    int n_logits;
+    bool step_kernels;
+    uint32_t tap_layers[16];
+};
+
+static void k3_kept_drop(k3_engine *e) {
+    if (!e->kept) return;
+    k3_graph_free(&e->kept->g);
+    free(e->kept);
+    e->kept = NULL;
+}
+
+/* Whether a graph for this batch may be kept for the next (see struct k3_kept). The values attention reads
+ * from an f32 cache without flash attention are a copy of the rows the sequence has written (k3_v_t), whose
+ * count is in the graph; that path rebuilds every step. */
+static bool k3_keepable(const k3_engine *e, const k3_batch *bt) {
+    return bt->n_seqs == 1 && bt->n_tokens[0] == 1 && !(bt->keep_rollback && bt->keep_rollback[0]) && !bt->routes &&
+           !e->xc && e->hp.n_dev == 0 && bt->seqs[0]->id != 0 && (e->flash_attn || e->hp.kv_type != GGML_TYPE_F32);
+}
+
+static bool k3_kept_fits(const k3_engine *e, const k3_batch *bt) {
+    const struct k3_kept *k = e->kept;
+    if (!k || !k3_keepable(e, bt)) return false;
+    const k3_state *st = bt->seqs[0];
+    if (st != k->st || st->id != k->st_id || k3_n_kv(st, 1) != k->n_kv || bt->n_logits != k->n_logits ||
+        bt->step_kernels != k->step_kernels || bt->n_taps != k->g.n_taps) {
+        return false;
+    }
+    for (int i = 0; i < bt->n_taps; i++) {
+        if (bt->tap_layers[i] != k->tap_layers[i]) return false;
+    }
+    return true;
+}
+
+int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
+    memset(out, 0, sizeof *out);
+    int64_t T = 0;
+    if (k3_check_batch(e, bt, &T, err) != 0) return -1;
+    k3_graph built, *g = &built;
+    const bool reuse = k3_kept_fits(e, bt);
+    if (reuse) {
+        g = &e->kept->g;
+        e->n_reused++;
+    } else {
+        k3_kept_drop(e);
+        if (k3_build(e, bt, T, g, err) != 0) return -1;
+        if (k3_alloc(e, g, err) != 0) {
+            k3_graph_free(g);
+            return -1;
         }
     }
-    if (k3_compute(e, &g, err) != 0) {
-        rc = -1;
-        goto done;
-    }
-    if (g.xc) g.xc->st.tokens += (uint64_t)T;
-    for (int i = 0; i < g.n_rb; i++) ggml_backend_tensor_get(g.rb[i].t, g.rb[i].dst, g.rb[i].offset, g.rb[i].size);
+    int rc = 0;
+    if ((rc = k3_inputs_set(bt, g, err)) != 0) goto done; /* nothing has run and no state has moved */
+    if ((rc = k3_compute(e, g, err)) != 0) goto done;
+    if (g->xc) g->xc->st.tokens += (uint64_t)T;
+    for (int i = 0; i < g->n_rb; i++) ggml_backend_tensor_get(g->rb[i].t, g->rb[i].dst, g->rb[i].offset, g->rb[i].size);
     for (int s = 0; s < bt->n_seqs; s++) {
         k3_state *st = bt->seqs[s];
-        k3_state_rb_commit(st, g.seqs[s].keep_rb, st->n_past, bt->n_tokens[s]);
+        k3_state_rb_commit(st, g->seqs[s].keep_rb, st->n_past, bt->n_tokens[s]);
         st->n_past += bt->n_tokens[s];
     }
-
-    if (logits) {
-        out->n_logits = bt->n_logits;
-        out->logits = malloc(ggml_nbytes(logits));
-        if (!out->logits) {
-            rc = rl_errf(err, "out of memory for logits");
-            goto done;
-        }
-        ggml_backend_tensor_get(logits, out->logits, 0, ggml_nbytes(logits));
-    }
-    if (bt->n_taps > 0) {
-        size_t row = (size_t)T * (size_t)d;
-        out->taps = malloc((size_t)bt->n_taps * row * sizeof(float));
-        if (!out->taps) {
-            rc = rl_errf(err, "out of memory for taps");
-            goto done;
-        }
-        for (int k = 0; k < bt->n_taps; k++) ggml_backend_tensor_get(tap_t[k], out->taps + k * row, 0, row * sizeof(float));
-    }
-    if (g.route && (rc = k3_routes_get(e, &g, &out->routes, err)) != 0) goto done;
-    if (out_h) {
-        uint32_t n_ckpt = out_stack ? (uint32_t)out_stack->ne[1] : 0;
-        if (k3_boundary_alloc(&out->out, (uint32_t)T, (uint32_t)d, n_ckpt, err) != 0) {
-            rc = -1;
-            goto done;
-        }
-        ggml_backend_tensor_get(out_h, out->out.h, 0, ggml_nbytes(out_h));
-        if (out_stack) ggml_backend_tensor_get(out_stack, out->out.ckpt, 0, ggml_nbytes(out_stack));
-    }
+    rc = k3_outputs_get(e, bt, g, out, err);
 done:
     if (rc != 0) k3_output_free(out);
-    ggml_free(c);
-    free(g.seqs);
-    free(g.groups);
-    free(g.outs);
-    free(g.rb);
-    free(g.route);
-    free(g.stops);
+    if (reuse) {
+        if (rc != 0) k3_kept_drop(e);
+    } else if (rc == 0 && k3_keepable(e, bt) && (e->kept = malloc(sizeof *e->kept)) != NULL) {
+        const k3_state *st = bt->seqs[0];
+        *e->kept = (struct k3_kept){.g = built, .st = st, .st_id = st->id, .n_kv = g->seqs[0].n_kv,
+                                    .n_logits = bt->n_logits, .step_kernels = bt->step_kernels};
+        for (int i = 0; i < bt->n_taps; i++) e->kept->tap_layers[i] = bt->tap_layers[i];
+    } else {
+        k3_graph_free(g);
+    }
     return rc;
-fail_build: /* nothing has run and no state has moved */
-    if (g.ctx) ggml_free(g.ctx);
-    free(g.seqs);
-    free(g.groups);
-    free(g.outs);
-    free(g.route);
-    free(g.stops);
-    return -1;
 }

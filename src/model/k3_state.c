@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -60,8 +61,17 @@ static const char *k3_where(const k3_hparams *hp, uint32_t a, uint32_t b) {
     return "host";
 }
 
+/* A new sequence's id (k3_state.id): drawn at random rather than counted, so that no counter is shared by
+ * every engine and thread of the process. 0 when the kernel gives no bytes: such a state gets no kept graph. */
+static uint64_t k3_state_id_draw(void) {
+    uint64_t id = 0;
+    if (getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id) id = 0;
+    return id;
+}
+
 int k3_state_init(k3_state *s, const k3_hparams *hp, uint32_t a, uint32_t b, uint32_t n_ctx, rl_err *err) {
     memset(s, 0, sizeof *s);
+    s->id = k3_state_id_draw();
     s->a = a;
     s->b = b;
     s->n_ctx = n_ctx;
@@ -146,6 +156,7 @@ void k3_state_pool_free(k3_state_pool *p) {
 
 int k3_state_init_pooled(k3_state *s, const k3_state_pool *p, int slot, rl_err *err) {
     memset(s, 0, sizeof *s);
+    s->id = k3_state_id_draw();
     if (slot < 0 || slot >= p->n_slots) return rl_errf(err, "slot %d outside a pool of %d", slot, p->n_slots);
     s->a = p->a;
     s->b = p->b;

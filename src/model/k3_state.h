@@ -40,6 +40,9 @@ typedef struct k3_state {
     uint32_t a, b;    /* layer range */
     uint32_t n_ctx;   /* cache capacity in tokens */
     uint32_t n_past;  /* tokens processed so far */
+    uint64_t id;      /* drawn when the state is made: an engine keeps the graph of a sequence's last step for its
+                       * next one (k3_forward.c, k3_kept) and knows the sequence by this, not by its address,
+                       * which a later state may reuse */
     struct ggml_tensor **conv;   /* [il - a]: {(Kc-1), Di, 3} f32 (q, k, v windows), NULL on MLA layers */
     struct ggml_tensor **delta;  /* [il - a]: {Dk, Dk, H} f32, NULL on MLA layers */
     struct ggml_tensor **kcache; /* [il - a]: {kv_lora + rope, n_ctx} of hp->kv_type (f32 or f16), NULL on KDA layers */

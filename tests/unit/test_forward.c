@@ -857,6 +857,70 @@ static void test_mask_oom(const char *dir) {
 #endif
 }
 
+/* The kept graph (k3_forward.c, k3_kept): a sequence decoded step after step runs its last step's graph
+ * again, with new inputs; every step must give the bits of a graph built for it. The reference builds every
+ * step's graph (another sequence's step between two of them drops the kept one). Past 256 positions the
+ * cache rows attention reads grow, which takes a new graph; a state freed and made again at the same
+ * address is another sequence (k3_state.id), whose step must not run the old tensors' graph. Over an f32
+ * cache without flash attention the graph holds the count of rows written, and is never kept. */
+static void test_kept_graph(const char *dir) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/kept.gguf", dir);
+    synth_config c;
+    rl_err err;
+    if (synth_config_load(&c, "tiny", &err) != 0) exit(1);
+    synth_opts so = {.out = path, .seed = 5, .n_split = 1, .n_threads = 2};
+    if (synth_write(&c, &so, &err) != 0) exit(1);
+    const struct {
+        bool no_fa, f32;
+        const char *name;
+    } cfgs[] = {{false, false, "flash attention, f16 cache"}, {true, false, "softmax, f16 cache"},
+                {true, true, "softmax, f32 cache"}};
+    for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
+        fx f;
+        const k3_engine_opts eo = {.n_threads = 2, .no_flash_attn = cfgs[ci].no_fa, .cache_f32 = cfgs[ci].f32};
+        if (open_fx_opts(&f, path, &eo) != 0) exit(1);
+        const uint32_t V = f.hp.n_vocab, L = f.hp.n_layer;
+        const bool kept = !cfgs[ci].f32;
+        enum { N = 300 };
+        int32_t tok[N];
+        for (int i = 0; i < N; i++) tok[i] = rnd_tok(V);
+        k3_state a, b;
+        if (k3_state_init(&a, &f.hp, 0, L, 512, &err) != 0 || k3_state_init(&b, &f.hp, 0, L, 512, &err) != 0) exit(1);
+        float *ref = malloc((size_t)N * V * sizeof(float)), *got = malloc((size_t)N * V * sizeof(float));
+        float *other = malloc((size_t)V * sizeof(float));
+        for (int i = 0; i < N; i++) {
+            run_batch(&f.e, &a, tok + i, 1, RUN_PLAIN, ref + (size_t)i * V);
+            run_batch(&f.e, &b, tok + N - 1 - i, 1, RUN_PLAIN, other);
+        }
+        CHECK(f.e.n_reused == 0, "%s: two sequences stepping in turn never run a kept graph (%llu did)", cfgs[ci].name,
+              (unsigned long long)f.e.n_reused);
+        k3_state_reset(&a);
+        for (int i = 0; i < N; i++) run_batch(&f.e, &a, tok + i, 1, RUN_PLAIN, got + (size_t)i * V);
+        CHECK(memcmp(ref, got, (size_t)N * V * sizeof(float)) == 0,
+              "%s: %d steps of one sequence, graphs kept == graphs built, bit for bit", cfgs[ci].name, N);
+        /* Built at positions 0 and 256 (the rows read grow from 256 to 512), run again at the other 298. */
+        CHECK(f.e.n_reused == (kept ? N - 2 : 0), "%s: %llu steps ran the kept graph, expected %d", cfgs[ci].name,
+              (unsigned long long)f.e.n_reused, kept ? N - 2 : 0);
+        k3_state_reset(&a);
+        run_batch(&f.e, &a, tok, 1, RUN_PLAIN, got); /* kept: a at position 0 */
+        const uint64_t before = f.e.n_reused;
+        k3_state_free(&a);
+        if (k3_state_init(&a, &f.hp, 0, L, 512, &err) != 0) exit(1);
+        run_batch(&f.e, &a, tok, 1, RUN_PLAIN, got);
+        CHECK(f.e.n_reused == before && memcmp(ref, got, (size_t)V * sizeof(float)) == 0,
+              "%s: a new state at the freed one's address gets a graph of its own, and the same logits", cfgs[ci].name);
+        free(ref);
+        free(got);
+        free(other);
+        k3_state_free(&a);
+        k3_state_free(&b);
+        k3_engine_free(&f.e);
+        mf_close(&f.m);
+    }
+    unlink(path);
+}
+
 int main(void) {
     char dir[] = "/tmp/ringlm-fwd-XXXXXX";
     if (!mkdtemp(dir)) return 1;
@@ -875,6 +939,7 @@ int main(void) {
     test_model_opts(quick ? "tiny" : "small", "q8_0", dir, 0, true);
     test_placement(dir);
     test_mask_oom(dir);
+    test_kept_graph(dir);
     rmdir(dir);
     return check_done();
 }
