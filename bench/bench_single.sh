@@ -9,10 +9,10 @@
 #   bench/bench_single.sh [--threads N] [--prompt N] [--gen N] [--reps N] [--model FILE] [--depth N]
 #                         [--out NAME] [--ringlm-args "ARGS"]
 #
-# Short context (default): prefill of a --prompt-token prompt and --gen decode steps, on the `medium`
+# Short context (default): prefill of a --prompt-token prompt and --gen decode steps after it, on the `medium`
 # synthesized model (> 1 GiB, Q4_K experts; --model build/bench/medium-iq2_xxs.gguf: the same with IQ2_XXS
-# experts, from bench/configs/medium-iq2_xxs.json). Long context (--depth N): prefill of an N-token prompt
-# (llama-bench pp N) and --gen decode steps after it (llama-bench tg at depth N).
+# experts, from bench/configs/medium-iq2_xxs.json). Long context (--depth N): the same with an N-token
+# prompt. llama-bench runs pp N, then tg at depth N (-d N), the same work as ringlm's decode.
 # Writes bench/results/NAME.json and NAME.md (NAME: single, or single-long with --depth). Also reports
 # decode against the memory-bandwidth ceiling: read bandwidth / active weight bytes per token.
 set -euo pipefail
@@ -37,8 +37,10 @@ B=$(scripts/llama-tools.sh)
 mkdir -p bench/models bench/results build/bench
 if [ ! -f "$model" ]; then
     # A model named after a bench/configs/NAME.json (e.g. build/bench/medium-iq2_xxs.gguf) is synthesized
-    # from that config; any other missing file from the medium preset.
-    cfg=bench/configs/$(basename "$model" .gguf).json
+    # from that config, one named after a synth preset (bench/models/tiny.gguf) from the preset; any other
+    # missing file from the medium preset.
+    name=$(basename "$model" .gguf) cfg=bench/configs/$(basename "$model" .gguf).json
+    case $name in tiny | small | medium) [ -f "$cfg" ] || cfg=$name ;; esac
     [ -f "$cfg" ] || cfg=medium
     echo "bench_single: synthesizing $model ($cfg, once)" >&2
     ./ringlm synth --config "$cfg" --seed 1 -o "$model.tmp" --progress && mv "$model.tmp" "$model"
@@ -70,17 +72,14 @@ run_ours() {
     ours_d+=("$(sed -n 's/.*"decode_tok_s":[[:space:]]*\([0-9.e+-]*\).*/\1/p' build/bench/ours.json)")
     rss+=("$(sed -n 's/.*"peak_rss_bytes":[[:space:]]*\([0-9.e+-]*\).*/\1/p' build/bench/ours.json)")
 }
+# llama-bench times decoding at the depth it is given, 0 by default (`-p 512 -n 64` runs tg64 on an empty
+# cache), while ringlm decodes after its prompt; so decode is timed at the prompt's depth on both sides (-d),
+# the same attention work. Without it, llama-bench's figure is of a cache 512 rows shorter.
 run_ref() {
-    if [ "$depth" -gt 0 ]; then
-        "$B/llama-bench" -m "$model" -t "$threads" -r 1 -o json -p "$depth" -n 0 >build/bench/ref_p.json 2>/dev/null
-        "$B/llama-bench" -m "$model" -t "$threads" -r 1 -o json -p 0 -n "$gen" -d "$depth" >build/bench/ref_d.json 2>/dev/null
-        ref_p+=("$(lb_ts build/bench/ref_p.json 0)")
-        ref_d+=("$(lb_ts build/bench/ref_d.json 0)")
-    else
-        "$B/llama-bench" -m "$model" -t "$threads" -r 1 -o json -p "$prompt" -n "$gen" >build/bench/ref.json 2>/dev/null
-        ref_p+=("$(lb_ts build/bench/ref.json 0)")
-        ref_d+=("$(lb_ts build/bench/ref.json 1)")
-    fi
+    "$B/llama-bench" -m "$model" -t "$threads" -r 1 -o json -p "$n_prompt" -n 0 >build/bench/ref_p.json 2>/dev/null
+    "$B/llama-bench" -m "$model" -t "$threads" -r 1 -o json -p 0 -n "$gen" -d "$n_prompt" >build/bench/ref_d.json 2>/dev/null
+    ref_p+=("$(lb_ts build/bench/ref_p.json 0)")
+    ref_d+=("$(lb_ts build/bench/ref_d.json 0)")
 }
 # Pairs in alternating order (ringlm first, then llama-bench first, ...): whichever runs second in a pair
 # meets a machine the first one just warmed or tired, and a fixed order would hand that to one side.
@@ -102,13 +101,8 @@ rs=$(median "${rss[@]}")
 ceiling=$(awk -v bw="$bw" -v a="$active" 'BEGIN { printf "%.2f", bw * 1e9 / a }')
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
 load=$(cut -d' ' -f1 /proc/loadavg)
-if [ "$depth" -gt 0 ]; then
-    what_p="prefill of a $depth-token prompt" what_d="decode of $gen tokens after $depth"
-    lb_cmd="llama-bench -m MODEL -t $threads -r 1 -p $depth -n 0; llama-bench -m MODEL -t $threads -r 1 -p 0 -n $gen -d $depth"
-else
-    what_p="prefill of a $prompt-token prompt" what_d="decode of $gen tokens"
-    lb_cmd="llama-bench -m MODEL -t $threads -r 1 -p $prompt -n $gen"
-fi
+what_p="prefill of a $n_prompt-token prompt" what_d="decode of $gen tokens after $n_prompt"
+lb_cmd="llama-bench -m MODEL -t $threads -r 1 -p $n_prompt -n 0; llama-bench -m MODEL -t $threads -r 1 -p 0 -n $gen -d $n_prompt"
 cmd="bench/bench_single.sh --threads $threads --prompt $prompt --gen $gen --reps $reps --model $model"
 long=""
 [ "$depth" -gt 0 ] && cmd="$cmd --depth $depth" long=" (long context)"
@@ -152,7 +146,9 @@ $(awk -v b="$active" 'BEGIN { printf "%.0f MiB", b / 1048576 }') of weights read
 | ratio (median of per-pair ratios) | | $(printf '%.2fx' "$ratio_p") | $(printf '%.2fx' "$ratio_d") |
 
 Per-pair ratios, prefill: ${pr[*]}; decode: ${dr[*]}. llama-bench ran as \`$lb_cmd\`, built by
-$peer_cc (scripts/llama-tools.sh: the compiler scripts/ggml.sh builds ringlm's ggml with).
+$peer_cc (scripts/llama-tools.sh: the compiler scripts/ggml.sh builds ringlm's ggml with). Decode is
+timed after the prompt on both sides (llama-bench \`-d $n_prompt\`; at its default depth 0 it would decode on an
+empty cache); its settings are its defaults.
 
 Decode bandwidth ceiling (read bandwidth / active bytes per token): $ceiling tok/s; ringlm reaches
 $(awk -v a="$od" -v c="$ceiling" 'BEGIN { printf "%.0f%%", 100 * a / c }') of it. ringlm peak RSS $(awk -v b="$rs" 'BEGIN { printf "%.0f MiB", b / 1048576 }').

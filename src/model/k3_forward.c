@@ -334,6 +334,7 @@ typedef struct k3_readback {
 typedef struct k3_graph {
     k3_readback *rb;
     int n_rb, cap_rb;
+    bool rb_oom; /* a rollback copy could not be recorded */
     struct ggml_context *ctx;
     struct ggml_cgraph *gf;
     const k3_hparams *hp;
@@ -415,7 +416,10 @@ static void k3_readback_add(k3_graph *g, struct ggml_tensor *t, size_t offset, s
     if (g->n_rb == g->cap_rb) {
         int cap = g->cap_rb ? g->cap_rb * 2 : 64;
         k3_readback *nb = realloc(g->rb, (size_t)cap * sizeof *nb);
-        if (!nb) return; /* checked after the build: n_rb stays short and the batch fails */
+        if (!nb) { /* checked after the build (k3_build): the batch fails */
+            g->rb_oom = true;
+            return;
+        }
         g->rb = nb;
         g->cap_rb = cap;
     }
@@ -1410,6 +1414,10 @@ static int k3_build(k3_engine *e, const k3_batch *bt, int64_t T, k3_graph *g, rl
             ggml_build_forward_expand(g->gf, g->out_stack);
         }
     }
+    if (g->rb_oom) {
+        rl_errf(err, "out of memory for the rollback copies' list");
+        goto fail;
+    }
     if (g->xc && k3_stops_locate(g, err) != 0) goto fail;
     return 0;
 fail:
@@ -1561,9 +1569,10 @@ static int k3_outputs_get(const k3_engine *e, const k3_batch *bt, const k3_graph
  * inputs changed (the token, the mask, the cache row of the new key), so it is built and allocated once per
  * 256 positions (the padding of the cache rows attention reads, k3_n_kv) instead of once per token. llama.cpp
  * reuses its graphs the same way. Building and allocating a graph cost 0.3-0.5 ms here, a tenth of a
- * one-token step of a small model. Only on the CPU without an expert cache: a scheduler splits and copies
- * per graph, and the cached experts stop the compute at host-written inputs. Any other graph drops it first
- * (the nodes share graph_buf, and galloc's next plan moves every tensor). */
+ * one-token step of a small model. Over a device the scheduler keeps the splits and copies it made for the
+ * graph (ggml_backend_sched_graph_compute runs them again while the graph stays allocated, as in llama.cpp);
+ * not with an expert cache, whose passes stop the compute at inputs the host writes per step. Any other
+ * graph drops it first (the nodes share graph_buf, and the next plan moves every tensor). */
 struct k3_kept {
     k3_graph g;
     const k3_state *st;
@@ -1586,7 +1595,7 @@ static void k3_kept_drop(k3_engine *e) {
  * count is in the graph; that path rebuilds every step. */
 static bool k3_keepable(const k3_engine *e, const k3_batch *bt) {
     return bt->n_seqs == 1 && bt->n_tokens[0] == 1 && !(bt->keep_rollback && bt->keep_rollback[0]) && !bt->routes &&
-           !e->xc && e->hp.n_dev == 0 && bt->seqs[0]->id != 0 && (e->flash_attn || e->hp.kv_type != GGML_TYPE_F32);
+           !e->xc && bt->seqs[0]->id != 0 && (e->flash_attn || e->hp.kv_type != GGML_TYPE_F32);
 }
 
 static bool k3_kept_fits(const k3_engine *e, const k3_batch *bt) {
