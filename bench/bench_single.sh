@@ -39,7 +39,8 @@ if [ ! -f "$model" ]; then
     # A model named after a bench/configs/NAME.json (e.g. build/bench/medium-iq2_xxs.gguf) is synthesized
     # from that config, one named after a synth preset (bench/models/tiny.gguf) from the preset; any other
     # missing file from the medium preset.
-    name=$(basename "$model" .gguf) cfg=bench/configs/$(basename "$model" .gguf).json
+    name=$(basename "$model" .gguf)
+    cfg=bench/configs/$name.json
     case $name in tiny | small | medium) [ -f "$cfg" ] || cfg=$name ;; esac
     [ -f "$cfg" ] || cfg=medium
     echo "bench_single: synthesizing $model ($cfg, once)" >&2

@@ -334,7 +334,6 @@ typedef struct k3_readback {
 typedef struct k3_graph {
     k3_readback *rb;
     int n_rb, cap_rb;
-    bool rb_oom; /* a rollback copy could not be recorded */
     struct ggml_context *ctx;
     struct ggml_cgraph *gf;
     const k3_hparams *hp;
@@ -357,7 +356,8 @@ typedef struct k3_graph {
     bool any_mla;                    /* the range has an MLA layer: masks and key rows are inputs */
     /* Inputs and outputs, NULL where the batch has none. */
     struct ggml_tensor *inp_tok, *inp_h, *inp_stack, *inp_rows;
-    struct ggml_tensor *tap_t[16];   /* k3_batch.tap_layers' streams, n_taps of them */
+    struct ggml_tensor *tap_t[16];   /* the streams at k3_batch.tap_layers, n_taps of them */
+    uint32_t tap_layers[16];
     int n_taps;
     struct ggml_tensor *logits, *out_h, *out_stack;
 } k3_graph;
@@ -412,17 +412,11 @@ static struct ggml_tensor *k3_mm(k3_graph *g, struct ggml_tensor *w, struct ggml
     return k3_mm_prec(g, w, x, false);
 }
 
+/* Each KDA layer of a sequence keeping rollback copies reads back its three conv windows and its states. */
+enum { K3_READBACKS_PER_LAYER = 4 };
+
 static void k3_readback_add(k3_graph *g, struct ggml_tensor *t, size_t offset, size_t size, void *dst) {
-    if (g->n_rb == g->cap_rb) {
-        int cap = g->cap_rb ? g->cap_rb * 2 : 64;
-        k3_readback *nb = realloc(g->rb, (size_t)cap * sizeof *nb);
-        if (!nb) { /* checked after the build (k3_build): the batch fails */
-            g->rb_oom = true;
-            return;
-        }
-        g->rb = nb;
-        g->cap_rb = cap;
-    }
+    GGML_ASSERT(g->n_rb < g->cap_rb); /* sized by k3_build */
     ggml_set_output(t); /* the allocator must not reuse its memory before we read it */
     g->rb[g->n_rb++] = (k3_readback){t, offset, size, dst};
 }
@@ -1249,7 +1243,12 @@ static int k3_build(k3_engine *e, const k3_batch *bt, int64_t T, k3_graph *g, rl
     const int64_t d = hp->n_embd;
 
     bool any_mla = false;
-    for (uint32_t il = e->a; il < e->b; il++) any_mla |= hp->is_mla[il];
+    int n_kda = 0, n_keep = 0;
+    for (uint32_t il = e->a; il < e->b; il++) {
+        any_mla |= hp->is_mla[il];
+        n_kda += !hp->is_mla[il];
+    }
+    for (int s = 0; bt->keep_rollback && s < bt->n_seqs; s++) n_keep += bt->keep_rollback[s] != 0;
     *g = (k3_graph){.hp = hp, .n_seqs = bt->n_seqs, .T = T, .step_kernels = bt->step_kernels, .flash_attn = e->flash_attn,
                     .a = e->a, .b = e->b, .w = &e->w, .xc = e->xc, .any_mla = any_mla, .n_taps = bt->n_taps};
     const enum ggml_type mask_type = e->flash_attn ? GGML_TYPE_F16 : GGML_TYPE_F32; /* FA takes an f16 mask */
@@ -1257,13 +1256,15 @@ static int k3_build(k3_engine *e, const k3_batch *bt, int64_t T, k3_graph *g, rl
     g->groups = calloc((size_t)bt->n_seqs, sizeof *g->groups);
     g->outs = calloc((size_t)bt->n_seqs, sizeof *g->outs);
     if (bt->routes) g->route = calloc(e->b - e->a, sizeof *g->route);
+    g->cap_rb = n_keep * n_kda * K3_READBACKS_PER_LAYER;
+    if (g->cap_rb) g->rb = calloc((size_t)g->cap_rb, sizeof *g->rb);
     size_t xc_nodes = 0;
     if (g->xc) {
         for (uint32_t il = e->a; il < e->b; il++) g->cap_stops += k3_is_moe(hp, il) ? xc_max_passes(g->xc, il, (int64_t)hp->n_expert_used * T) : 0;
         g->stops = calloc((size_t)g->cap_stops + 1, sizeof *g->stops);
         xc_nodes = (size_t)g->cap_stops * 12 + (size_t)(e->b - e->a) * 16;
     }
-    if (!g->seqs || !g->groups || !g->outs || (bt->routes && !g->route) || (g->xc && !g->stops)) {
+    if (!g->seqs || !g->groups || !g->outs || (bt->routes && !g->route) || (g->xc && !g->stops) || (g->cap_rb && !g->rb)) {
         rl_errf(err, "out of memory building the graph");
         goto fail;
     }
@@ -1361,6 +1362,7 @@ static int k3_build(k3_engine *e, const k3_batch *bt, int64_t T, k3_graph *g, rl
     for (uint32_t il = e->a; il <= e->b; il++) {
         for (int k = 0; k < bt->n_taps; k++) {
             if (bt->tap_layers[k] != il) continue;
+            g->tap_layers[k] = il;
             g->tap_t[k] = h->view_src || !ggml_is_contiguous(h) ? ggml_cont(c, h) : h; /* read back: no view */
             ggml_set_output(g->tap_t[k]);
             ggml_build_forward_expand(g->gf, g->tap_t[k]);
@@ -1413,10 +1415,6 @@ static int k3_build(k3_engine *e, const k3_batch *bt, int64_t T, k3_graph *g, rl
             ggml_set_output(g->out_stack);
             ggml_build_forward_expand(g->gf, g->out_stack);
         }
-    }
-    if (g->rb_oom) {
-        rl_errf(err, "out of memory for the rollback copies' list");
-        goto fail;
     }
     if (g->xc && k3_stops_locate(g, err) != 0) goto fail;
     return 0;
@@ -1574,13 +1572,8 @@ static int k3_outputs_get(const k3_engine *e, const k3_batch *bt, const k3_graph
  * not with an expert cache, whose passes stop the compute at inputs the host writes per step. Any other
  * graph drops it first (the nodes share graph_buf, and the next plan moves every tensor). */
 struct k3_kept {
-    k3_graph g;
-    const k3_state *st;
+    k3_graph g;      /* its one sequence: g.seqs[0] */
     uint64_t st_id;  /* k3_state.id: another state at the same address is another sequence */
-    uint32_t n_kv;
-    int n_logits;
-    bool step_kernels;
-    uint32_t tap_layers[16];
 };
 
 static void k3_kept_drop(k3_engine *e) {
@@ -1601,15 +1594,14 @@ static bool k3_keepable(const k3_engine *e, const k3_batch *bt) {
 static bool k3_kept_fits(const k3_engine *e, const k3_batch *bt) {
     const struct k3_kept *k = e->kept;
     if (!k || !k3_keepable(e, bt)) return false;
+    const k3_graph *g = &k->g;
     const k3_state *st = bt->seqs[0];
-    if (st != k->st || st->id != k->st_id || k3_n_kv(st, 1) != k->n_kv || bt->n_logits != k->n_logits ||
-        bt->step_kernels != k->step_kernels || bt->n_taps != k->g.n_taps) {
+    const bool logits = e->b == e->hp.n_layer && bt->n_logits > 0; /* one token: one row or none */
+    if (st != g->seqs[0].st || st->id != k->st_id || k3_n_kv(st, 1) != g->seqs[0].n_kv ||
+        logits != (g->logits != NULL) || bt->step_kernels != g->step_kernels || bt->n_taps != g->n_taps) {
         return false;
     }
-    for (int i = 0; i < bt->n_taps; i++) {
-        if (bt->tap_layers[i] != k->tap_layers[i]) return false;
-    }
-    return true;
+    return bt->n_taps == 0 || memcmp(bt->tap_layers, g->tap_layers, (size_t)bt->n_taps * sizeof *bt->tap_layers) == 0;
 }
 
 int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
@@ -1645,10 +1637,7 @@ done:
     if (reuse) {
         if (rc != 0) k3_kept_drop(e);
     } else if (rc == 0 && k3_keepable(e, bt) && (e->kept = malloc(sizeof *e->kept)) != NULL) {
-        const k3_state *st = bt->seqs[0];
-        *e->kept = (struct k3_kept){.g = built, .st = st, .st_id = st->id, .n_kv = g->seqs[0].n_kv,
-                                    .n_logits = bt->n_logits, .step_kernels = bt->step_kernels};
-        for (int i = 0; i < bt->n_taps; i++) e->kept->tap_layers[i] = bt->tap_layers[i];
+        *e->kept = (struct k3_kept){.g = built, .st_id = bt->seqs[0]->id};
     } else {
         k3_graph_free(g);
     }

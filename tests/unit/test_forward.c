@@ -70,6 +70,19 @@ static double rel_diff(const float *a, const float *b, size_t n) {
     return ma > 0 ? md / ma : md;
 }
 
+/* Writes the tiny preset, in storage type `type` (NULL: its own), with `seed` to path; exits on failure. */
+static void synth_tiny(const char *path, const char *type, uint64_t seed) {
+    synth_config c;
+    rl_err err;
+    if (synth_config_load(&c, "tiny", &err) != 0) exit(1);
+    if (type) c.type = synth_type_parse(type);
+    synth_opts so = {.out = path, .seed = seed, .n_split = 1, .n_threads = 2};
+    if (synth_write(&c, &so, &err) != 0) {
+        fprintf(stderr, "%s\n", err.msg);
+        exit(1);
+    }
+}
+
 /* Flash attention and an f16 cache for every engine and state of a fixture (test_model's fa). */
 static int open_fx_opts(fx *f, const char *path, const k3_engine_opts *eo) {
     rl_err err;
@@ -736,12 +749,8 @@ static void test_model(const char *cfg_name, const char *type, const char *dir, 
 static void test_placement(const char *dir) {
     char path[256];
     snprintf(path, sizeof path, "%s/place-q4_0.gguf", dir);
-    synth_config c;
+    synth_tiny(path, "q4_0", 5);
     rl_err err;
-    if (synth_config_load(&c, "tiny", &err) != 0) exit(1);
-    c.type = synth_type_parse("q4_0");
-    synth_opts so = {.out = path, .seed = 5, .n_split = 1, .n_threads = 2};
-    if (synth_write(&c, &so, &err) != 0) exit(1);
     mf_model m;
     k3_hparams hp;
     if (k3_open(&m, &hp, path, &err) != 0) exit(1);
@@ -819,11 +828,8 @@ static void test_mask_oom(const char *dir) {
 #else
     char path[256];
     snprintf(path, sizeof path, "%s/mask-oom.gguf", dir);
-    synth_config c;
+    synth_tiny(path, NULL, 9);
     rl_err err;
-    if (synth_config_load(&c, "tiny", &err) != 0) exit(1);
-    synth_opts so = {.out = path, .seed = 9, .n_split = 1, .n_threads = 2};
-    if (synth_write(&c, &so, &err) != 0) exit(1);
     mf_model m;
     k3_hparams hp;
     k3_engine e;
@@ -857,20 +863,38 @@ static void test_mask_oom(const char *dir) {
 #endif
 }
 
+/* One one-token step with a DSpark-style tap at layer `tap` (none when tap < 0): its logits and tapped row.
+ * False when the output's taps are not what was asked (present without a tap, missing with one). */
+static bool run_tap_step(k3_engine *e, k3_state *st, int32_t tok, int tap, float *logits, float *taps) {
+    uint32_t nt = 1, tl = tap < 0 ? 0 : (uint32_t)tap;
+    int32_t row = 0;
+    k3_batch b = {.n_seqs = 1, .seqs = &st, .n_tokens = &nt, .tokens = &tok, .n_logits = 1, .logit_rows = &row,
+                  .n_taps = tap >= 0, .tap_layers = &tl};
+    k3_output o;
+    rl_err err;
+    if (k3_forward(e, &b, &o, &err) != 0) {
+        fprintf(stderr, "forward failed: %s\n", err.msg);
+        exit(1);
+    }
+    memcpy(logits, o.logits, (size_t)e->hp.n_vocab * sizeof(float));
+    const bool ok = (o.taps != NULL) == (tap >= 0);
+    if (ok && tap >= 0) memcpy(taps, o.taps, (size_t)e->hp.n_embd * sizeof(float));
+    k3_output_free(&o);
+    return ok;
+}
+
 /* The kept graph (k3_forward.c, k3_kept): a sequence decoded step after step runs its last step's graph
  * again, with new inputs; every step must give the bits of a graph built for it. The reference builds every
  * step's graph (another sequence's step between two of them drops the kept one). Past 256 positions the
  * cache rows attention reads grow, which takes a new graph; a state freed and made again at the same
- * address is another sequence (k3_state.id), whose step must not run the old tensors' graph. Over an f32
- * cache without flash attention the graph holds the count of rows written, and is never kept. */
+ * address is another sequence (k3_state.id), whose step must not run the old tensors' graph; a step asking
+ * for other taps than the kept graph has (none, or another layer) gets a graph of its own. Over an f32 cache
+ * without flash attention the graph holds the count of rows written, and is never kept. */
 static void test_kept_graph(const char *dir) {
     char path[256];
     snprintf(path, sizeof path, "%s/kept.gguf", dir);
-    synth_config c;
+    synth_tiny(path, NULL, 5);
     rl_err err;
-    if (synth_config_load(&c, "tiny", &err) != 0) exit(1);
-    synth_opts so = {.out = path, .seed = 5, .n_split = 1, .n_threads = 2};
-    if (synth_write(&c, &so, &err) != 0) exit(1);
     const struct {
         bool no_fa, f32;
         const char *name;
@@ -910,6 +934,28 @@ static void test_kept_graph(const char *dir) {
         run_batch(&f.e, &a, tok, 1, RUN_PLAIN, got);
         CHECK(f.e.n_reused == before && memcmp(ref, got, (size_t)V * sizeof(float)) == 0,
               "%s: a new state at the freed one's address gets a graph of its own, and the same logits", cfgs[ci].name);
+        /* Taps changing between steps: none, none, layer 1, layer 1, layer 2, none. Kept only where a step asks
+         * what the one before asked (steps 1 and 3); the reference steps b before each step of a. */
+        enum { NT = 6 };
+        const int taps[NT] = {-1, -1, 1, 1, 2, -1};
+        const size_t d = f.hp.n_embd;
+        float *tref = calloc(NT * d, sizeof(float)), *tgot = calloc(NT * d, sizeof(float));
+        bool ok = true;
+        k3_state_reset(&a);
+        for (int i = 0; i < NT; i++) {
+            run_batch(&f.e, &b, tok + i, 1, RUN_PLAIN, other);
+            ok &= run_tap_step(&f.e, &a, tok[i], taps[i], ref + (size_t)i * V, tref + (size_t)i * d);
+        }
+        k3_state_reset(&a);
+        run_batch(&f.e, &b, tok, 1, RUN_PLAIN, other);
+        const uint64_t t0 = f.e.n_reused;
+        for (int i = 0; i < NT; i++) ok &= run_tap_step(&f.e, &a, tok[i], taps[i], got + (size_t)i * V, tgot + (size_t)i * d);
+        CHECK(ok && memcmp(ref, got, (size_t)NT * V * sizeof(float)) == 0 && memcmp(tref, tgot, NT * d * sizeof(float)) == 0,
+              "%s: steps whose taps change: the taps asked for, logits and taps as built graphs give them", cfgs[ci].name);
+        CHECK(f.e.n_reused - t0 == (kept ? 2 : 0), "%s: %llu of those steps ran the kept graph, expected %d", cfgs[ci].name,
+              (unsigned long long)(f.e.n_reused - t0), kept ? 2 : 0);
+        free(tref);
+        free(tgot);
         free(ref);
         free(got);
         free(other);
