@@ -288,6 +288,7 @@ void k3_output_free(k3_output *o) {
 
 typedef struct k3_seq_view {
     k3_state *st;
+    uint64_t id;     /* st->id when built: a kept graph (k3_kept) knows the sequence by it */
     bool keep_rb;    /* keep rollback copies of this block */
     uint32_t off, n; /* token range in the batch */
     uint32_t n_kv;   /* cache rows attention reads: n_past + n, padded (k3_n_kv) */
@@ -1237,6 +1238,13 @@ static void k3_graph_free(k3_graph *g) {
 }
 
 /* Builds the batch's graph into g (its nodes in e->graph_buf). On error g is freed; no state has moved. */
+/* Whether sequence sv joins the group whose first sequence is pv: it runs the same shapes on slots of the
+ * same pool, and neither keeps rollback copies. */
+static bool k3_joins(const k3_seq_view *pv, const k3_seq_view *sv) {
+    return sv->st->pool && pv->st->pool == sv->st->pool && !sv->keep_rb && !pv->keep_rb && pv->n == sv->n &&
+           pv->n_kv == sv->n_kv;
+}
+
 static int k3_build(k3_engine *e, const k3_batch *bt, int64_t T, k3_graph *g, rl_err *err) {
     const k3_hparams *hp = &e->hp;
     const bool last = e->b == hp->n_layer;
@@ -1272,6 +1280,7 @@ static int k3_build(k3_engine *e, const k3_batch *bt, int64_t T, k3_graph *g, rl
     for (int s = 0; s < bt->n_seqs; s++) {
         k3_seq_view *sv = &g->seqs[s];
         sv->st = bt->seqs[s];
+        sv->id = sv->st->id;
         sv->keep_rb = bt->keep_rollback && bt->keep_rollback[s];
         g->step_kernels |= sv->keep_rb; /* a verified block must give what single steps give */
         if (sv->keep_rb && k3_state_rb_reserve(sv->st, bt->n_tokens[s], err) != 0) goto fail;
@@ -1279,11 +1288,8 @@ static int k3_build(k3_engine *e, const k3_batch *bt, int64_t T, k3_graph *g, rl
         sv->n = bt->n_tokens[s];
         off += sv->n;
         sv->n_kv = k3_n_kv(sv->st, sv->n);
-        /* Joins the previous group when it runs the same shapes on slots of the same pool. */
         k3_group *gr = g->n_groups ? &g->groups[g->n_groups - 1] : NULL;
-        const k3_seq_view *pv = gr ? &g->seqs[gr->first] : NULL;
-        if (gr && sv->st->pool && pv->st->pool == sv->st->pool && !sv->keep_rb && !pv->keep_rb && pv->n == sv->n &&
-            pv->n_kv == sv->n_kv) {
+        if (gr && k3_joins(&g->seqs[gr->first], sv)) {
             if (gr->slot0 >= 0 && sv->st->slot != gr->slot0 + gr->m) gr->slot0 = -1;
             gr->m++;
             if (sv->st->n_past + sv->n > gr->n_used) gr->n_used = sv->st->n_past + sv->n;
@@ -1562,18 +1568,22 @@ static int k3_outputs_get(const k3_engine *e, const k3_batch *bt, const k3_graph
     return 0;
 }
 
-/* The graph of the last one-token step of a sequence, kept (allocated, in e->graph_buf and galloc's buffer)
- * for the next step of the same sequence: decoding runs the same graph token after token, with only its
- * inputs changed (the token, the mask, the cache row of the new key), so it is built and allocated once per
- * 256 positions (the padding of the cache rows attention reads, k3_n_kv) instead of once per token. llama.cpp
- * reuses its graphs the same way. Building and allocating a graph cost 0.3-0.5 ms here, a tenth of a
+/* The graph of the last decode step, kept (allocated, in e->graph_buf and galloc's buffer) for the next one:
+ * decoding runs the same graph token after token, with only its inputs changed (the tokens, the masks, the
+ * cache rows of the new keys, the pool slots of a group), so it is built and allocated once per 256
+ * positions (the padding of the cache rows attention reads, k3_n_kv) instead of once per token. llama.cpp
+ * reuses its graphs the same way. A step of one token per sequence fits the kept graph when it has the same
+ * layout: the same number of sequences, grouped the same way (k3_group: a server's decoding sequences are
+ * one group), each reading as many cache rows, the same outputs and taps. A sequence alone in its group
+ * (views of its own state tensors are in the graph) must be the same sequence; the sequences of a group may
+ * be others of the same pool, since the graph reaches their slots through an input (gathered) or at the
+ * same slots (consecutive, slot0). Building and allocating a graph cost 0.3-0.5 ms here, a tenth of a
  * one-token step of a small model. Over a device the scheduler keeps the splits and copies it made for the
  * graph (ggml_backend_sched_graph_compute runs them again while the graph stays allocated, as in llama.cpp);
  * not with an expert cache, whose passes stop the compute at inputs the host writes per step. Any other
  * graph drops it first (the nodes share graph_buf, and the next plan moves every tensor). */
 struct k3_kept {
-    k3_graph g;      /* its one sequence: g.seqs[0] */
-    uint64_t st_id;  /* k3_state.id: another state at the same address is another sequence */
+    k3_graph g; /* its sequences, g.seqs[i].st and .id, are the last step's */
 };
 
 static void k3_kept_drop(k3_engine *e) {
@@ -1583,25 +1593,55 @@ static void k3_kept_drop(k3_engine *e) {
     e->kept = NULL;
 }
 
-/* Whether a graph for this batch may be kept for the next (see struct k3_kept). The values attention reads
- * from an f32 cache without flash attention are a copy of the rows the sequence has written (k3_v_t), whose
- * count is in the graph; that path rebuilds every step. */
+/* Whether a graph for this batch may be kept for the next (see struct k3_kept): one token per sequence, no
+ * rollback copies, routes or expert cache. The values attention reads from an f32 cache without flash
+ * attention are a copy of the rows the sequences have written (k3_v_t), whose count is in the graph; that
+ * path rebuilds every step. */
 static bool k3_keepable(const k3_engine *e, const k3_batch *bt) {
-    return bt->n_seqs == 1 && bt->n_tokens[0] == 1 && !(bt->keep_rollback && bt->keep_rollback[0]) && !bt->routes &&
-           !e->xc && bt->seqs[0]->id != 0 && (e->flash_attn || e->hp.kv_type != GGML_TYPE_F32);
+    if (bt->routes || e->xc || !(e->flash_attn || e->hp.kv_type != GGML_TYPE_F32)) return false;
+    for (int s = 0; s < bt->n_seqs; s++) {
+        if (bt->n_tokens[s] != 1 || (bt->keep_rollback && bt->keep_rollback[s]) || bt->seqs[s]->id == 0) return false;
+    }
+    return true;
 }
 
+/* Whether the kept graph runs this batch: the batch's sequences, grouped as k3_build would group them, fall
+ * into the kept graph's groups one for one (same first, size, cache rows read, pool and consecutive slots). */
 static bool k3_kept_fits(const k3_engine *e, const k3_batch *bt) {
     const struct k3_kept *k = e->kept;
-    if (!k || !k3_keepable(e, bt)) return false;
+    if (!k || k->g.n_seqs != bt->n_seqs || !k3_keepable(e, bt)) return false;
     const k3_graph *g = &k->g;
-    const k3_state *st = bt->seqs[0];
-    const bool logits = e->b == e->hp.n_layer && bt->n_logits > 0; /* one token: one row or none */
-    if (st != g->seqs[0].st || st->id != k->st_id || k3_n_kv(st, 1) != g->seqs[0].n_kv ||
-        logits != (g->logits != NULL) || bt->step_kernels != g->step_kernels || bt->n_taps != g->n_taps) {
+    const int n_logits = e->b == e->hp.n_layer ? bt->n_logits : 0;
+    if ((g->logits ? (int)g->logits->ne[1] : 0) != n_logits || bt->step_kernels != g->step_kernels ||
+        bt->n_taps != g->n_taps) {
         return false;
     }
-    return bt->n_taps == 0 || memcmp(bt->tap_layers, g->tap_layers, (size_t)bt->n_taps * sizeof *bt->tap_layers) == 0;
+    if (bt->n_taps > 0 && memcmp(bt->tap_layers, g->tap_layers, (size_t)bt->n_taps * sizeof *bt->tap_layers) != 0) return false;
+    for (int gi = 0; gi < g->n_groups; gi++) {
+        const k3_group *gr = &g->groups[gi];
+        for (int i = 0; i < gr->m; i++) {
+            const int s = gr->first + i;
+            const k3_state *st = bt->seqs[s];
+            const k3_seq_view sv = {.st = bt->seqs[s], .n = 1, .n_kv = k3_n_kv(st, 1)};
+            if (sv.n_kv != gr->n_kv) return false;
+            if (gr->m == 1) {
+                if (st != g->seqs[s].st || st->id != g->seqs[s].id) return false;
+            } else if (st->pool != gr->pool || (gr->slot0 >= 0 && st->slot != gr->slot0 + i)) {
+                return false;
+            }
+            /* The group ends where k3_build would end it; a gathered group must not be consecutive now. */
+            if (s + 1 < bt->n_seqs) {
+                const k3_seq_view nx = {.st = bt->seqs[s + 1], .n = 1, .n_kv = k3_n_kv(bt->seqs[s + 1], 1)};
+                if (k3_joins(&sv, &nx) != (i + 1 < gr->m)) return false;
+            }
+        }
+        if (gr->m > 1 && gr->slot0 < 0) {
+            bool consecutive = true;
+            for (int i = 1; i < gr->m; i++) consecutive &= bt->seqs[gr->first + i]->slot == bt->seqs[gr->first]->slot + i;
+            if (consecutive) return false;
+        }
+    }
+    return true;
 }
 
 int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
@@ -1612,6 +1652,10 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
     const bool reuse = k3_kept_fits(e, bt);
     if (reuse) {
         g = &e->kept->g;
+        for (int s = 0; s < bt->n_seqs; s++) { /* the same sequences, or (in groups) others of the same slots' pool */
+            g->seqs[s].st = bt->seqs[s];
+            g->seqs[s].id = bt->seqs[s]->id;
+        }
         e->n_reused++;
     } else {
         k3_kept_drop(e);
@@ -1637,7 +1681,7 @@ done:
     if (reuse) {
         if (rc != 0) k3_kept_drop(e);
     } else if (rc == 0 && k3_keepable(e, bt) && (e->kept = malloc(sizeof *e->kept)) != NULL) {
-        *e->kept = (struct k3_kept){.g = built, .st_id = bt->seqs[0]->id};
+        *e->kept = (struct k3_kept){.g = built};
     } else {
         k3_graph_free(g);
     }

@@ -967,6 +967,118 @@ static void test_kept_graph(const char *dir) {
     unlink(path);
 }
 
+/* One decode step of several sequences, a token each (from the sequence's index and position); the logits
+ * of every row into dst. */
+static void run_multi(k3_engine *e, k3_state **all, const int *idx, int n, float *dst) {
+    k3_state *seqs[8];
+    uint32_t nt[8];
+    int32_t tok[8], rows[8];
+    for (int i = 0; i < n; i++) {
+        seqs[i] = all[idx[i]];
+        nt[i] = 1;
+        tok[i] = (int32_t)((seqs[i]->n_past * 7919u + (uint32_t)idx[i] * 104729u) % (e->hp.n_vocab - 256));
+        rows[i] = i;
+    }
+    k3_batch b = {.n_seqs = n, .seqs = seqs, .n_tokens = nt, .tokens = tok, .n_logits = n, .logit_rows = rows};
+    k3_output o;
+    rl_err err;
+    if (k3_forward(e, &b, &o, &err) != 0) {
+        fprintf(stderr, "forward failed: %s\n", err.msg);
+        exit(1);
+    }
+    memcpy(dst, o.logits, (size_t)n * e->hp.n_vocab * sizeof(float));
+    k3_output_free(&o);
+}
+
+/* The kept graph of a server's decode steps: several sequences, a token each, grouped (k3_group). A step runs
+ * the kept graph when its sequences fall into the same groups: the same sequence where it is alone in its
+ * group, any sequences of the same pool in a group of gathered slots, the same slots in a group of
+ * consecutive ones. Every step must give the bits of a graph built for it; the reference steps an unrelated
+ * sequence between two steps (which drops the kept graph). Sequences 0-5 hold pool slots 0, 1, 2, 3, 5, 7
+ * (so {0,1,2,3} and {2,3} are consecutive, {0,2,4} and {1,3,5} gathered); 6 is a state of its own. */
+static void test_kept_groups(const char *dir) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/kept-groups.gguf", dir);
+    synth_tiny(path, NULL, 9);
+    rl_err err;
+    static const struct {
+        int n, idx[6];
+        bool reuse; /* runs the graph of the step before */
+    } steps[] = {
+        {4, {0, 1, 2, 3}, false}, {4, {0, 1, 2, 3}, true},  /* consecutive slots 0-3 */
+        {4, {1, 2, 3, 4}, false},                            /* slots 1, 2, 3, 5: gathered */
+        {3, {0, 2, 4}, false},    {3, {1, 3, 5}, true},      /* gathered: other sequences, same graph */
+        {3, {5, 3, 1}, true},     {3, {0, 1, 2}, false},     /* order changed; then consecutive again */
+        {3, {1, 2, 3}, false},                               /* consecutive, but from slot 1 */
+        {3, {6, 0, 1}, false},    {3, {6, 0, 1}, true},      /* a sequence alone in its group, then a group */
+        {3, {6, 2, 3}, false},    {3, {6, 4, 5}, false},     /* slots 2-3 consecutive; 5 and 7 are not */
+        {3, {6, 5, 4}, true},     {2, {6, 0}, false},        /* gathered again; two groups of one */
+        {2, {6, 0}, true},        {2, {6, 1}, false},        /* a group of one is its sequence */
+    };
+    const int n_steps = (int)(sizeof steps / sizeof steps[0]);
+    static const int slot_of[6] = {0, 1, 2, 3, 5, 7};
+    const struct {
+        bool no_fa;
+        const char *name;
+    } cfgs[] = {{false, "flash attention, f16 cache"}, {true, "softmax, f16 cache"}};
+    for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
+        fx f;
+        const k3_engine_opts eo = {.n_threads = 2, .no_flash_attn = cfgs[ci].no_fa};
+        if (open_fx_opts(&f, path, &eo) != 0) exit(1);
+        const uint32_t V = f.hp.n_vocab, L = f.hp.n_layer;
+        size_t rows = 0;
+        for (int i = 0; i < n_steps; i++) rows += (size_t)steps[i].n;
+        float *res[2] = {malloc(rows * V * sizeof(float)), malloc(rows * V * sizeof(float))};
+        float *other = malloc((size_t)V * sizeof(float));
+        bool reuse_ok = true;
+        for (int pass = 0; pass < 2; pass++) { /* 0: every step built; 1: kept graphs where they fit */
+            k3_state_pool pool;
+            k3_state st[7], x, *all[7];
+            if (k3_state_pool_init(&pool, &f.hp, 0, L, 64, 8, &err) != 0 || k3_state_init(&st[6], &f.hp, 0, L, 64, &err) != 0 ||
+                k3_state_init(&x, &f.hp, 0, L, 64, &err) != 0) {
+                fprintf(stderr, "%s\n", err.msg);
+                exit(1);
+            }
+            for (int i = 0; i < 6; i++) {
+                if (k3_state_init_pooled(&st[i], &pool, slot_of[i], &err) != 0) exit(1);
+            }
+            for (int i = 0; i < 7; i++) {
+                all[i] = &st[i];
+                int32_t pre[16];
+                for (int t = 0; t < 3 + i; t++) pre[t] = (int32_t)((100 + 37 * i + t) % (V - 256));
+                float *lg = malloc((size_t)(3 + i) * V * sizeof(float));
+                run_batch(&f.e, &st[i], pre, (uint32_t)(3 + i), RUN_PLAIN, lg); /* prompts of 3 to 9 tokens */
+                free(lg);
+            }
+            size_t at = 0;
+            for (int i = 0; i < n_steps; i++) {
+                if (pass == 0) run_batch(&f.e, &x, (const int32_t[]){(int32_t)(500 + i)}, 1, RUN_PLAIN, other);
+                const uint64_t before = f.e.n_reused;
+                run_multi(&f.e, all, steps[i].idx, steps[i].n, res[pass] + at * V);
+                at += (size_t)steps[i].n;
+                const bool reused = f.e.n_reused != before;
+                if (reused != (pass == 1 && steps[i].reuse)) {
+                    fprintf(stderr, "  %s: step %d %s the kept graph\n", cfgs[ci].name, i, reused ? "ran" : "did not run");
+                    reuse_ok = false;
+                }
+            }
+            for (int i = 0; i < 7; i++) k3_state_free(&st[i]);
+            k3_state_free(&x);
+            k3_state_pool_free(&pool);
+        }
+        CHECK(memcmp(res[0], res[1], rows * V * sizeof(float)) == 0,
+              "%s: %d decode steps of grouped sequences, graphs kept where they fit == graphs built, bit for bit",
+              cfgs[ci].name, n_steps);
+        CHECK(reuse_ok, "%s: the kept graph ran exactly for the steps whose groups match the step before", cfgs[ci].name);
+        free(res[0]);
+        free(res[1]);
+        free(other);
+        k3_engine_free(&f.e);
+        mf_close(&f.m);
+    }
+    unlink(path);
+}
+
 int main(void) {
     char dir[] = "/tmp/ringlm-fwd-XXXXXX";
     if (!mkdtemp(dir)) return 1;
@@ -986,6 +1098,7 @@ int main(void) {
     test_placement(dir);
     test_mask_oom(dir);
     test_kept_graph(dir);
+    test_kept_groups(dir);
     rmdir(dir);
     return check_done();
 }
