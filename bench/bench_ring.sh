@@ -4,7 +4,7 @@
 # (one-way delay D, docs/relay.md). The "machines" are local processes; this kernel has no netem.
 #
 #   bench/bench_ring.sh [--model FILE] [--nodes N] [--threads N] [--delays "0 10 30"] [--prompt N]
-#                       [--gen N] [--chunks "512 64"] [--reps N] [--llama-reps N] [--timeout S]
+#                       [--gen N] [--chunks "512 64"] [--reps N] [--timeout S]
 #                       [--out PREFIX] [--keep] [--no-build]
 #
 # Defaults: bench/models/medium.gguf (synthesized once if absent), 4 nodes, 1 thread per node (the
@@ -25,9 +25,11 @@
 #           fails is recorded as failed (with ringlm's message) and skipped for the other repetitions at
 #           that delay; the benchmark goes on.
 # llama.cpp: N `ggml-rpc-server -t T`, each behind its own relay with the same delay,
-#   `llama-bench --rpc R1,..,RN -ngl 99 -p N_prompt -n N_gen -t T -r REPS`, otherwise at its defaults (flash
-#   attention auto, f16 cache; the RPC servers repack as a CPU backend does) (tg from an empty context,
-#   like our 1-token-prompt decode); TTFT = N_prompt / pp t/s.
+#   `llama-bench --rpc R1,..,RN -ngl 99 -p N_prompt -n N_gen -t T -r 1`, otherwise at its defaults (flash
+#   attention auto, f16 cache, a warm-up before each test; the RPC servers repack as a CPU backend does)
+#   (tg from an empty context, like our 1-token-prompt decode); TTFT = N_prompt / pp t/s.
+# Pairs: each repetition runs ringlm's decode and prefill runs and one llama-bench, alternating which goes
+# first; a ratio is the median of the per-pair ratios (this VM's speed drifts between minutes).
 # Network floor for greedy decode: 1 / ((stages + 1) x D + sum of per-stage decode compute_ms).
 #
 # Every process started here is stopped on exit (trap), every foreground run is bounded by --timeout, and
@@ -36,7 +38,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 argv=$(printf ' %q' "$@")
 model=bench/models/medium.gguf nodes=4 threads=1 delays="0 10 30" prompt=512 gen=32 chunks=
-reps=3 llama_reps=3 timeout_s=1200 out=bench/results/ring keep=0 build=1
+reps=3 timeout_s=1200 out=bench/results/ring keep=0 build=1
 while [ $# -gt 0 ]; do
     case $1 in
         --model) model=$2; shift 2 ;;
@@ -47,7 +49,6 @@ while [ $# -gt 0 ]; do
         --gen) gen=$2; shift 2 ;;
         --chunks) chunks=$2; shift 2 ;;
         --reps) reps=$2; shift 2 ;;
-        --llama-reps) llama_reps=$2; shift 2 ;;
         --timeout) timeout_s=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
         --keep) keep=1; shift ;;
@@ -57,7 +58,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 die() { echo "bench_ring: $*" >&2; exit 1; }
-for v in nodes:nodes threads:threads prompt:prompt gen:gen reps:reps llama_reps:llama-reps timeout_s:timeout; do
+for v in nodes:nodes threads:threads prompt:prompt gen:gen reps:reps timeout_s:timeout; do
     n=${v%:*}
     [[ ${!n} =~ ^[1-9][0-9]*$ ]] || die "--${v#*:} must be a positive integer, got '${!n}'"
 done
@@ -230,6 +231,16 @@ K=(--ring "$work/ring.conf" --key "$work/coord.key" -m "$model" --temp 0 --ignor
    --ctx $((prompt + gen + 8)))
 metric() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$@"; }
 
+# llama_rep DELAY REP: one llama-bench run (pp and tg, each after its own warm-up, as llama-bench does) over
+# the RPC servers behind this delay's relays ($rpc), paired with ringlm's runs of the same repetition.
+llama_rep() {
+    local f=$work/llama-d$1-r$2
+    bounded "llama-bench (delay $1 ms, rep $2)" "$f.json" "$f.err" "$B/llama-bench" -m "$model" --rpc "$rpc" -ngl 99 \
+        -p "$prompt" -n "$gen" -t "$threads" -r 1 -o json
+    echo "bench_ring: delay $1 ms, rep $2: llama.cpp RPC $(python3 -c 'import json, sys
+print(", ".join("%s %.2f t/s" % ("pp" if t["n_prompt"] else "tg", t["avg_ts"]) for t in json.load(open(sys.argv[1]))))' "$f.json")" >&2
+}
+
 first=1
 for d in $delays; do
     relays=()
@@ -251,6 +262,7 @@ for d in $delays; do
         first=0
     fi
     for r in $(seq "$reps"); do
+        [ $((r % 2)) = 1 ] || llama_rep "$d" "$r" # pairs alternate which engine goes first
         f=$work/ringlm-d$d-decode-r$r
         bounded "ringlm decode run (delay $d ms)" "$f.ids" "$f.err" \
             "$RINGLM" run "${K[@]}" --tokens "$tok1" -n $((gen + 1)) --metrics-json "$f.json"
@@ -273,12 +285,8 @@ for d in $delays; do
             fi
         done
         echo "bench_ring: $line" >&2
+        [ $((r % 2)) = 0 ] || llama_rep "$d" "$r"
     done
-    f=$work/llama-d$d
-    bounded "llama-bench (delay $d ms)" "$f.json" "$f.err" "$B/llama-bench" -m "$model" --rpc "$rpc" -ngl 99 \
-        -p "$prompt" -n "$gen" -t "$threads" -r "$llama_reps" -o json
-    echo "bench_ring: delay $d ms: llama.cpp RPC $(python3 -c 'import json, sys
-print(", ".join("%s %.2f t/s" % ("pp" if t["n_prompt"] else "tg", t["avg_ts"]) for t in json.load(open(sys.argv[1]))))' "$f.json")" >&2
     stop_pids "${relays[@]}"
     keep_pids=() # forget them: a reaped process's id may be reused by someone else's
     for p in "${pids[@]}"; do [[ " ${relays[*]} " == *" $p "* ]] || keep_pids+=("$p"); done
@@ -287,7 +295,7 @@ done
 
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
 RB_WORK=$work RB_OUT=$out RB_MODEL=$model RB_NODES=$nodes RB_THREADS=$threads RB_DELAYS=$delays RB_PROMPT=$prompt \
-RB_GEN=$gen RB_CHUNKS=$chunks RB_REPS=$reps RB_LLAMA_REPS=$llama_reps RB_WEIGHTS=$weights RB_NLAYER=$n_layer \
+RB_GEN=$gen RB_CHUNKS=$chunks RB_REPS=$reps RB_WEIGHTS=$weights RB_NLAYER=$n_layer \
 RB_COMMAND="bench/bench_ring.sh$argv" RB_CPU=$cpu RB_CORES=$(nproc) RB_LOAD=$(cut -d' ' -f1 /proc/loadavg) \
 RB_LLAMA_BIN=$B python3 bench/tools/ring_report.py
 cat "$out.md"

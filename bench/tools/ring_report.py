@@ -3,7 +3,7 @@
 Reads its settings from RB_* environment variables and the per-run files in RB_WORK:
   ringlm-dD-decode-rR.json       ringlm run --metrics-json of a decode run (1-token prompt)
   ringlm-dD-ttft-cC-rR.json      the same for a prefill run of the whole prompt in chunks of C
-  llama-dD.json                  llama-bench -o json
+  llama-dD-rR.json               llama-bench -r 1 -o json, paired with ringlm's runs of repetition R
 """
 import json
 import os
@@ -30,7 +30,7 @@ delays = [fnum(d) for d in env("DELAYS").split()]
 chunks = [int(c) for c in env("CHUNKS").split()]
 nodes, threads = int(env("NODES")), int(env("THREADS"))
 prompt, gen = int(env("PROMPT")), int(env("GEN"))
-reps, llama_reps = int(env("REPS")), int(env("LLAMA_REPS"))
+reps = int(env("REPS"))
 med = statistics.median
 
 
@@ -94,20 +94,31 @@ for d in delays:
     ring["best_chunk"] = best
     ring["ttft_s"] = ring["prefill"][str(best)]["ttft_s"] if ok else None
 
-    lb = load("%s/llama-d%s.json" % (work, dname(d)))
-    pp = next(t for t in lb if t["n_prompt"] > 0 and t["n_gen"] == 0)
-    tg = next(t for t in lb if t["n_gen"] > 0 and t["n_prompt"] == 0)
+    pps, tgs = [], []
+    for r in range(1, reps + 1):
+        lb = load("%s/llama-d%s-r%d.json" % (work, dname(d), r))
+        pps.append(next(t for t in lb if t["n_prompt"] > 0 and t["n_gen"] == 0)["avg_ts"])
+        tgs.append(next(t for t in lb if t["n_gen"] > 0 and t["n_prompt"] == 0)["avg_ts"])
     llama = {
-        "pp_tok_s": pp["avg_ts"], "pp_stddev_tok_s": pp["stddev_ts"],
-        "decode_tok_s": tg["avg_ts"], "decode_stddev_tok_s": tg["stddev_ts"],
-        "ttft_s": prompt / pp["avg_ts"], "reps": len(tg["samples_ts"]),
+        "pp_tok_s": med(pps), "pp_tok_s_runs": pps, "decode_tok_s": med(tgs), "decode_tok_s_runs": tgs,
+        "ttft_s": prompt / med(pps), "reps": reps,
     }
+    # Per pair: ringlm's run of a repetition against llama-bench's of the same one (run back to back).
+    dec_pairs = [m["decode_tok_s"] / t for m, t in zip(dec, tgs)]
+    ttft_pairs = []
+    for r in range(1, reps + 1):
+        best_r = [ring["prefill"][str(c)]["ttft_s_runs"][r - 1] for c in ok
+                  if ring["prefill"][str(c)]["runs_ok"] == reps]
+        if best_r:
+            ttft_pairs.append((prompt / pps[r - 1]) / min(best_r))
     results.append({
         "delay_ms": d,
         "ringlm": ring,
         "llama_cpp_rpc": llama,
-        "decode_ratio": decode / llama["decode_tok_s"],
-        "ttft_ratio": llama["ttft_s"] / ring["ttft_s"] if ring["ttft_s"] else None,
+        "decode_ratio": med(dec_pairs),
+        "decode_ratio_pairs": dec_pairs,
+        "ttft_ratio": med(ttft_pairs) if ttft_pairs else None,
+        "ttft_ratio_pairs": ttft_pairs,
         "network_floor": {"hop_delays": n_stages + 1, "hop_delay_ms": hop_delay_ms,
                           "stage_compute_ms": compute_ms, "tok_s": floor},
         "decode_fraction_of_floor": decode / floor,
@@ -136,13 +147,14 @@ doc = {
               "ringlm_coordinator_threads": threads, "delays_ms": delays,
               "link": "ringlm relay per node: one-way delay in each direction, no rate cap",
               "prompt_tokens": prompt, "gen_tokens": gen, "chunks": chunks, "ringlm_reps": reps,
-              "llama_bench_reps": llama_reps,
               "ringlm_decode": "1-token prompt, then %d greedy steps (--temp 0 --ignore-eos); median of %d runs"
                                % (gen, reps),
               "ringlm_ttft": "%d-token prompt of seeded ids, -n 1, per chunk size; median of %d runs" % (prompt, reps),
-              "llama_cpp": "llama-bench --rpc (%d ggml-rpc-server -t %d) -ngl 99 -p %d -n %d -t %d -fa 0 -r %d; "
-                           "tg from an empty context; TTFT = %d / pp t/s" % (nodes, threads, prompt, gen, threads,
-                                                                            llama_reps, prompt),
+              "llama_cpp": "llama-bench --rpc (%d ggml-rpc-server -t %d) -ngl 99 -p %d -n %d -t %d -r 1 per "
+                           "repetition, at its defaults otherwise (repacked CPU weights, -fa auto, f16 cache); tg from "
+                           "an empty context; TTFT = %d / pp t/s" % (nodes, threads, prompt, gen, threads, prompt),
+              "pairs": "each repetition: ringlm's runs and one llama-bench, alternating which goes first; ratios are "
+                       "medians of per-pair ratios",
               "network_floor": "1 / ((stages + 1) x delay + sum of per-stage decode compute_ms)",
               "llama_bin": env("LLAMA_BIN")},
     "model": {"file": env("MODEL"), "weight_bytes": int(env("WEIGHTS")), "n_layer": int(env("NLAYER"))},
@@ -163,9 +175,10 @@ L = []
 L.append("# A ring over emulated internet links: ringlm vs llama.cpp RPC\n")
 L.append("`%s`, %s, %s (%s cores). Model: `%s` (%.2f GiB, %d layers). %d nodes as local processes, %d thread(s) "
          "each (the machine has %s cores), every link through a `ringlm relay` with the one-way delay below "
-         "(each direction, no rate cap). Medians of %d ringlm runs; llama-bench `-r %d`.\n"
+         "(each direction, no rate cap). %d pairs per delay: ringlm's runs and one llama-bench `-r 1`, alternating "
+         "which goes first; figures are medians, ratios medians of the per-pair ratios.\n"
          % (env("COMMAND"), date[:10], env("CPU"), env("CORES"), os.path.basename(env("MODEL")),
-            int(env("WEIGHTS")) / 2**30, int(env("NLAYER")), nodes, threads, env("CORES"), reps, llama_reps))
+            int(env("WEIGHTS")) / 2**30, int(env("NLAYER")), nodes, threads, env("CORES"), reps))
 L.append("| one-way delay | ringlm decode tok/s | llama.cpp RPC decode tok/s | ratio | ringlm TTFT | llama.cpp TTFT "
          "| network floor tok/s | ringlm / floor |")
 L.append("|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -190,6 +203,9 @@ L.append("- *ringlm decode*: a 1-token prompt, then %d greedy steps (`--temp 0 -
          "`ggml-rpc-server -t %d`.\n- *Settings*: ringlm at its defaults (repacked weights where llama.cpp repacks them, flash attention, "
          "f16 cache); llama.cpp at its defaults too (repacked weights on the CPU, `-fa auto`, f16 cache), with only "
          "`--rpc`, `-ngl 99`, `-t`, `-p`, `-n`, `-r` given." % (gen, gen, nodes, threads))
+L.append("- *ratio*: the median over the pairs of ringlm's decode tok/s over llama-bench's in the same pair; "
+         "per pair: " + "; ".join("%s ms: %s" % (dname(r["delay_ms"]), ", ".join("%.2f" % x for x in r["decode_ratio_pairs"]))
+                                   for r in results) + ".")
 L.append("- *ringlm TTFT*: the %d-token prompt (seeded ids) sent in chunks of %s (one chunk = no pipelining); the "
          "table shows the fastest. *llama.cpp TTFT* = %d / llama-bench `pp%d` t/s (llama-bench has no TTFT; "
          "its pp test is the prompt in one batch, without sampling)." % (prompt, ", ".join(map(str, chunks)),
@@ -223,11 +239,11 @@ for r in results:
     L.append("| %s ms | return | | | | %.3f | %+.3f |" % (dname(d), g["return_wire_ms"], g["return_wire_ms"] - d))
     L.append("| %s ms | traversal | | %.3f total compute | | %.3f | overhead %+.3f |"
              % (dname(d), r["network_floor"]["stage_compute_ms"], g["traversal_ms"], g["traversal_overhead_ms"]))
-L.append("\nllama.cpp RPC: " + "; ".join(
-    "%s ms: pp%d %.2f ± %.2f t/s, tg%d %.2f ± %.2f t/s" % (dname(r["delay_ms"]), prompt, r["llama_cpp_rpc"]["pp_tok_s"],
-                                                          r["llama_cpp_rpc"]["pp_stddev_tok_s"], gen,
-                                                          r["llama_cpp_rpc"]["decode_tok_s"],
-                                                          r["llama_cpp_rpc"]["decode_stddev_tok_s"]) for r in results) + ".")
+L.append("\nllama.cpp RPC, per pair: " + "; ".join(
+    "%s ms: pp%d %s t/s, tg%d %s t/s" % (dname(r["delay_ms"]), prompt,
+                                         " / ".join("%.2f" % x for x in r["llama_cpp_rpc"]["pp_tok_s_runs"]), gen,
+                                         " / ".join("%.2f" % x for x in r["llama_cpp_rpc"]["decode_tok_s_runs"]))
+    for r in results) + ".")
 with open(out + ".md.tmp", "w") as f:
     f.write("\n".join(L) + "\n")
 os.replace(out + ".md.tmp", out + ".md")
