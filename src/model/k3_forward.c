@@ -1237,7 +1237,6 @@ static void k3_graph_free(k3_graph *g) {
     memset(g, 0, sizeof *g);
 }
 
-/* Builds the batch's graph into g (its nodes in e->graph_buf). On error g is freed; no state has moved. */
 /* Whether sequence sv joins the group whose first sequence is pv: it runs the same shapes on slots of the
  * same pool, and neither keeps rollback copies. */
 static bool k3_joins(const k3_seq_view *pv, const k3_seq_view *sv) {
@@ -1245,6 +1244,7 @@ static bool k3_joins(const k3_seq_view *pv, const k3_seq_view *sv) {
            pv->n_kv == sv->n_kv;
 }
 
+/* Builds the batch's graph into g (its nodes in e->graph_buf). On error g is freed; no state has moved. */
 static int k3_build(k3_engine *e, const k3_batch *bt, int64_t T, k3_graph *g, rl_err *err) {
     const k3_hparams *hp = &e->hp;
     const bool last = e->b == hp->n_layer;
