@@ -310,6 +310,7 @@ typedef struct k3_group {
     uint32_t n_used;      /* cache rows written by the longest sequence after this batch: n_past + n, at most */
     int slot0;            /* >= 0: the slots are slot0 .. slot0+m-1, so plain views reach them; else gathered */
     const k3_state_pool *pool;
+    uint64_t pool_id;     /* pool->id when built (k3_kept: a pool made at a freed one's address is another) */
     struct ggml_tensor *slots; /* [m] I32: the pool slots, for get_rows / set_rows */
     struct ggml_tensor *krows; /* [m*n] I32: cache rows (slot * n_ctx + position) the new keys go to */
     struct ggml_tensor *mask;  /* [n_kv, n, 1, m] f32 */
@@ -1296,7 +1297,8 @@ static int k3_build(k3_engine *e, const k3_batch *bt, int64_t T, k3_graph *g, rl
         } else {
             g->groups[g->n_groups++] = (k3_group){.first = s, .m = 1, .off = sv->off, .n = sv->n, .n_kv = sv->n_kv,
                                                   .n_used = sv->st->n_past + sv->n,
-                                                  .slot0 = sv->st->slot, .pool = sv->st->pool};
+                                                  .slot0 = sv->st->slot, .pool = sv->st->pool,
+                                                  .pool_id = sv->st->pool ? sv->st->pool->id : 0};
         }
     }
 
@@ -1600,7 +1602,10 @@ static void k3_kept_drop(k3_engine *e) {
 static bool k3_keepable(const k3_engine *e, const k3_batch *bt) {
     if (bt->routes || e->xc || !(e->flash_attn || e->hp.kv_type != GGML_TYPE_F32)) return false;
     for (int s = 0; s < bt->n_seqs; s++) {
-        if (bt->n_tokens[s] != 1 || (bt->keep_rollback && bt->keep_rollback[s]) || bt->seqs[s]->id == 0) return false;
+        const k3_state *st = bt->seqs[s];
+        if (bt->n_tokens[s] != 1 || (bt->keep_rollback && bt->keep_rollback[s]) || st->id == 0 || (st->pool && st->pool->id == 0)) {
+            return false;
+        }
     }
     return true;
 }
@@ -1626,7 +1631,7 @@ static bool k3_kept_fits(const k3_engine *e, const k3_batch *bt) {
             if (sv.n_kv != gr->n_kv) return false;
             if (gr->m == 1) {
                 if (st != g->seqs[s].st || st->id != g->seqs[s].id) return false;
-            } else if (st->pool != gr->pool || (gr->slot0 >= 0 && st->slot != gr->slot0 + i)) {
+            } else if (st->pool != gr->pool || st->pool->id != gr->pool_id || (gr->slot0 >= 0 && st->slot != gr->slot0 + i)) {
                 return false;
             }
             /* The group ends where k3_build would end it; a gathered group must not be consecutive now. */

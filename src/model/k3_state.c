@@ -61,8 +61,9 @@ static const char *k3_where(const k3_hparams *hp, uint32_t a, uint32_t b) {
     return "host";
 }
 
-/* A new sequence's id (k3_state.id): drawn at random rather than counted, so that no counter is shared by
- * every engine and thread of the process. 0 when the kernel gives no bytes: such a state gets no kept graph. */
+/* A new sequence's or pool's id (k3_state.id, k3_state_pool.id): drawn at random rather than counted, so that
+ * no counter is shared by every engine and thread of the process. 0 when the kernel gives no bytes: such a
+ * state or pool gets no kept graph. */
 static uint64_t k3_state_id_draw(void) {
     uint64_t id = 0;
     if (getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id) id = 0;
@@ -109,6 +110,7 @@ int k3_state_pool_init(k3_state_pool *p, const k3_hparams *hp, uint32_t a, uint3
                        rl_err *err) {
     memset(p, 0, sizeof *p);
     if (n_slots < 1) return rl_errf(err, "a state pool needs at least one slot");
+    p->id = k3_state_id_draw();
     p->a = a;
     p->b = b;
     p->n_ctx = n_ctx;

@@ -65,6 +65,8 @@ typedef struct k3_state {
  * n_slots}. A server allocates its slots this way so that a batch of equal-length steps can read and write
  * all their states with one gather and one scatter per tensor instead of a few graph nodes per sequence. */
 typedef struct k3_state_pool {
+    uint64_t id; /* drawn when the pool is made: a kept graph of a group of its slots (k3_forward.c, k3_kept)
+                  * knows the pool by this, not by its address, which a later pool may reuse */
     uint32_t a, b, n_ctx;
     int n_slots;
     struct ggml_tensor **conv, **delta, **kcache; /* [il - a], NULL where the layer has no such state */

@@ -1070,6 +1070,33 @@ static void test_kept_groups(const char *dir) {
               "%s: %d decode steps of grouped sequences, graphs kept where they fit == graphs built, bit for bit",
               cfgs[ci].name, n_steps);
         CHECK(reuse_ok, "%s: the kept graph ran exactly for the steps whose groups match the step before", cfgs[ci].name);
+        /* A pool freed and made again (here at the same address) is another pool: a group of its slots gets a
+         * graph of its own (the kept one's tensors are the freed pool's), and the logits of a built graph. */
+        float *pl[4] = {malloc(2 * V * sizeof(float)), malloc(2 * V * sizeof(float)), malloc(2 * V * sizeof(float)),
+                        malloc(2 * V * sizeof(float))};
+        bool pool_ok = true;
+        for (int round = 0; round < 3; round++) { /* 0: keeps a group's graph; 1: a new pool; 2: the reference */
+            k3_state_pool pool;
+            k3_state st[2], x, *all[2] = {&st[0], &st[1]};
+            if (k3_state_pool_init(&pool, &f.hp, 0, L, 64, 4, &err) != 0 || k3_state_init_pooled(&st[0], &pool, 0, &err) != 0 ||
+                k3_state_init_pooled(&st[1], &pool, 2, &err) != 0 || k3_state_init(&x, &f.hp, 0, L, 64, &err) != 0) {
+                fprintf(stderr, "%s\n", err.msg);
+                exit(1);
+            }
+            if (round == 2) run_batch(&f.e, &x, (const int32_t[]){7}, 1, RUN_PLAIN, other);
+            const uint64_t before = f.e.n_reused;
+            run_multi(&f.e, all, (const int[]){0, 1}, 2, pl[round]);
+            pool_ok &= f.e.n_reused == before; /* never the graph of the pool before */
+            if (round == 0) run_multi(&f.e, all, (const int[]){0, 1}, 2, pl[3]); /* its graph is kept now */
+            k3_state_free(&st[0]);
+            k3_state_free(&st[1]);
+            k3_state_free(&x);
+            k3_state_pool_free(&pool);
+        }
+        CHECK(pool_ok && memcmp(pl[1], pl[2], 2 * V * sizeof(float)) == 0 && memcmp(pl[0], pl[2], 2 * V * sizeof(float)) == 0,
+              "%s: a group of a pool made again at a freed pool's address gets a graph of its own, and its logits",
+              cfgs[ci].name);
+        for (int i = 0; i < 4; i++) free(pl[i]);
         free(res[0]);
         free(res[1]);
         free(other);
