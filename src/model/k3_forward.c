@@ -288,14 +288,14 @@ void k3_output_free(k3_output *o) {
 
 typedef struct k3_seq_view {
     k3_state *st;
-    uint64_t id;     /* st->id when built: a kept graph (k3_kept) knows the sequence by it */
+    uint64_t id;     /* st->id when built: a kept graph (e->kept) knows the sequence by it */
     bool keep_rb;    /* keep rollback copies of this block */
     uint32_t off, n; /* token range in the batch */
     uint32_t n_kv;   /* cache rows attention reads: n_past + n, padded (k3_n_kv) */
     struct ggml_tensor *mask; /* [n_kv, n] f32, 0 or -inf (MLA causal mask) */
     struct ggml_tensor *kpos; /* [n] I64: the cache rows this batch's keys go to, n_past .. n_past+n-1 (an
                                * input, as llama.cpp's k_idxs, not a view at n_past: the graph of the next
-                               * step is then this one's, and is kept; k3_kept) */
+                               * step is then this one's, and is kept; e->kept) */
 } k3_seq_view;
 
 /* Consecutive sequences of the batch that run their causal parts as one op each: m > 1 of them, all slots
@@ -310,7 +310,7 @@ typedef struct k3_group {
     uint32_t n_used;      /* cache rows written by the longest sequence after this batch: n_past + n, at most */
     int slot0;            /* >= 0: the slots are slot0 .. slot0+m-1, so plain views reach them; else gathered */
     const k3_state_pool *pool;
-    uint64_t pool_id;     /* pool->id when built (k3_kept: a pool made at a freed one's address is another) */
+    uint64_t pool_id;     /* pool->id when built (e->kept: a pool made at a freed one's address is another) */
     struct ggml_tensor *slots; /* [m] I32: the pool slots, for get_rows / set_rows */
     struct ggml_tensor *krows; /* [m*n] I32: cache rows (slot * n_ctx + position) the new keys go to */
     struct ggml_tensor *mask;  /* [n_kv, n, 1, m] f32 */
@@ -1570,7 +1570,7 @@ static int k3_outputs_get(const k3_engine *e, const k3_batch *bt, const k3_graph
     return 0;
 }
 
-/* The graph of the last decode step, kept (allocated, in e->graph_buf and galloc's buffer) for the next one:
+/* e->kept: the graph of the last decode step, kept (allocated, in e->graph_buf and galloc's buffer) for the next one:
  * decoding runs the same graph token after token, with only its inputs changed (the tokens, the masks, the
  * cache rows of the new keys, the pool slots of a group), so it is built and allocated once per 256
  * positions (the padding of the cache rows attention reads, k3_n_kv) instead of once per token. llama.cpp
@@ -1584,18 +1584,14 @@ static int k3_outputs_get(const k3_engine *e, const k3_batch *bt, const k3_graph
  * graph (ggml_backend_sched_graph_compute runs them again while the graph stays allocated, as in llama.cpp);
  * not with an expert cache, whose passes stop the compute at inputs the host writes per step. Any other
  * graph drops it first (the nodes share graph_buf, and the next plan moves every tensor). */
-struct k3_kept {
-    k3_graph g; /* its sequences, g.seqs[i].st and .id, are the last step's */
-};
-
 static void k3_kept_drop(k3_engine *e) {
     if (!e->kept) return;
-    k3_graph_free(&e->kept->g);
+    k3_graph_free(e->kept);
     free(e->kept);
     e->kept = NULL;
 }
 
-/* Whether a graph for this batch may be kept for the next (see struct k3_kept): one token per sequence, no
+/* Whether a graph for this batch may be kept for the next (see e->kept above): one token per sequence, no
  * rollback copies, routes or expert cache. The values attention reads from an f32 cache without flash
  * attention are a copy of the rows the sequences have written (k3_v_t), whose count is in the graph; that
  * path rebuilds every step. */
@@ -1613,9 +1609,8 @@ static bool k3_keepable(const k3_engine *e, const k3_batch *bt) {
 /* Whether the kept graph runs this batch: the batch's sequences, grouped as k3_build would group them, fall
  * into the kept graph's groups one for one (same first, size, cache rows read, pool and consecutive slots). */
 static bool k3_kept_fits(const k3_engine *e, const k3_batch *bt) {
-    const struct k3_kept *k = e->kept;
-    if (!k || k->g.n_seqs != bt->n_seqs || !k3_keepable(e, bt)) return false;
-    const k3_graph *g = &k->g;
+    const k3_graph *g = e->kept;
+    if (!g || g->n_seqs != bt->n_seqs || !k3_keepable(e, bt)) return false;
     const int n_logits = e->b == e->hp.n_layer ? bt->n_logits : 0;
     if ((g->logits ? (int)g->logits->ne[1] : 0) != n_logits || bt->step_kernels != g->step_kernels ||
         bt->n_taps != g->n_taps) {
@@ -1624,27 +1619,22 @@ static bool k3_kept_fits(const k3_engine *e, const k3_batch *bt) {
     if (bt->n_taps > 0 && memcmp(bt->tap_layers, g->tap_layers, (size_t)bt->n_taps * sizeof *bt->tap_layers) != 0) return false;
     for (int gi = 0; gi < g->n_groups; gi++) {
         const k3_group *gr = &g->groups[gi];
+        int slot0 = bt->seqs[gr->first]->slot; /* as k3_build derives it: -1 once the slots stop being consecutive */
         for (int i = 0; i < gr->m; i++) {
             const int s = gr->first + i;
             const k3_state *st = bt->seqs[s];
             const k3_seq_view sv = {.st = bt->seqs[s], .n = 1, .n_kv = k3_n_kv(st, 1)};
             if (sv.n_kv != gr->n_kv) return false;
-            if (gr->m == 1) {
-                if (st != g->seqs[s].st || st->id != g->seqs[s].id) return false;
-            } else if (st->pool != gr->pool || st->pool->id != gr->pool_id || (gr->slot0 >= 0 && st->slot != gr->slot0 + i)) {
-                return false;
-            }
-            /* The group ends where k3_build would end it; a gathered group must not be consecutive now. */
+            if (gr->m == 1 && (st != g->seqs[s].st || st->id != g->seqs[s].id)) return false;
+            if (gr->m > 1 && (st->pool != gr->pool || st->pool->id != gr->pool_id)) return false;
+            if (slot0 >= 0 && st->slot != slot0 + i) slot0 = -1;
+            /* The group ends where k3_build would end it. */
             if (s + 1 < bt->n_seqs) {
                 const k3_seq_view nx = {.st = bt->seqs[s + 1], .n = 1, .n_kv = k3_n_kv(bt->seqs[s + 1], 1)};
                 if (k3_joins(&sv, &nx) != (i + 1 < gr->m)) return false;
             }
         }
-        if (gr->m > 1 && gr->slot0 < 0) {
-            bool consecutive = true;
-            for (int i = 1; i < gr->m; i++) consecutive &= bt->seqs[gr->first + i]->slot == bt->seqs[gr->first]->slot + i;
-            if (consecutive) return false;
-        }
+        if (gr->m > 1 && slot0 != gr->slot0) return false; /* views at the same slots, or gathered both times */
     }
     return true;
 }
@@ -1656,7 +1646,7 @@ int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
     k3_graph built, *g = &built;
     const bool reuse = k3_kept_fits(e, bt);
     if (reuse) {
-        g = &e->kept->g;
+        g = e->kept;
         for (int s = 0; s < bt->n_seqs; s++) { /* the same sequences, or (in groups) others of the same slots' pool */
             g->seqs[s].st = bt->seqs[s];
             g->seqs[s].id = bt->seqs[s]->id;
@@ -1686,7 +1676,7 @@ done:
     if (reuse) {
         if (rc != 0) k3_kept_drop(e);
     } else if (rc == 0 && k3_keepable(e, bt) && (e->kept = malloc(sizeof *e->kept)) != NULL) {
-        *e->kept = (struct k3_kept){.g = built};
+        *e->kept = built; /* its sequences, seqs[i].st and .id, are this step's */
     } else {
         k3_graph_free(g);
     }

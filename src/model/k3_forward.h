@@ -55,8 +55,8 @@ typedef struct k3_engine {
                                        * at each pass); NULL on the CPU alone */
     size_t sched_size;
     struct xc_cache *xc; /* routed experts read from the file through a cache (k3_engine_opts.mem_bytes), or NULL */
-    struct k3_kept *kept; /* the last decode step's graph (one token per sequence), built and allocated, for
-                           * the next step of the same sequences (k3_forward.c), or NULL */
+    struct k3_graph *kept;  /* the last decode step's graph (one token per sequence), built and allocated, for
+                            * the next step of the same sequences (k3_forward.c), or NULL */
     uint64_t n_reused;    /* steps that ran the kept graph instead of building one */
 } k3_engine;
 

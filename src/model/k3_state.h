@@ -41,7 +41,7 @@ typedef struct k3_state {
     uint32_t n_ctx;   /* cache capacity in tokens */
     uint32_t n_past;  /* tokens processed so far */
     uint64_t id;      /* drawn when the state is made: an engine keeps the graph of a sequence's last step for its
-                       * next one (k3_forward.c, k3_kept) and knows the sequence by this, not by its address,
+                       * next one (k3_forward.c, k3_engine.kept) and knows the sequence by this, not by its address,
                        * which a later state may reuse */
     struct ggml_tensor **conv;   /* [il - a]: {(Kc-1), Di, 3} f32 (q, k, v windows), NULL on MLA layers */
     struct ggml_tensor **delta;  /* [il - a]: {Dk, Dk, H} f32, NULL on MLA layers */
@@ -65,7 +65,7 @@ typedef struct k3_state {
  * n_slots}. A server allocates its slots this way so that a batch of equal-length steps can read and write
  * all their states with one gather and one scatter per tensor instead of a few graph nodes per sequence. */
 typedef struct k3_state_pool {
-    uint64_t id; /* drawn when the pool is made: a kept graph of a group of its slots (k3_forward.c, k3_kept)
+    uint64_t id; /* drawn when the pool is made: a kept graph of a group of its slots (k3_forward.c, k3_engine.kept)
                   * knows the pool by this, not by its address, which a later pool may reuse */
     uint32_t a, b, n_ctx;
     int n_slots;

@@ -29,6 +29,15 @@ static int32_t rnd_tok(uint32_t v) {
     return (int32_t)((rs >> 33) % (v - 256)); /* stay below the special-token region */
 }
 
+/* Runs the batch into o; exits with the engine's message when it fails. */
+static void forward_ok(k3_engine *e, const k3_batch *b, k3_output *o) {
+    rl_err err;
+    if (k3_forward(e, b, o, &err) != 0) {
+        fprintf(stderr, "forward failed: %s\n", err.msg);
+        exit(1);
+    }
+}
+
 /* How a batch runs: plainly, with step kernels, or keeping rollback copies (which implies step kernels). */
 enum { RUN_PLAIN, RUN_STEP_KERNELS, RUN_KEEP };
 
@@ -40,11 +49,7 @@ static void run_batch(k3_engine *e, k3_state *st, const int32_t *tok, uint32_t n
     k3_batch b = {.n_seqs = 1, .seqs = &st, .n_tokens = &nt, .tokens = tok, .n_logits = (int)nt, .logit_rows = rows,
                   .step_kernels = how == RUN_STEP_KERNELS, .keep_rollback = how == RUN_KEEP ? &keep : NULL};
     k3_output o;
-    rl_err err;
-    if (k3_forward(e, &b, &o, &err) != 0) {
-        fprintf(stderr, "forward failed: %s\n", err.msg);
-        exit(1);
-    }
+    forward_ok(e, &b, &o);
     memcpy(dst, o.logits, (size_t)nt * e->hp.n_vocab * sizeof(float));
     k3_output_free(&o);
 }
@@ -125,11 +130,7 @@ static float *run_sched(k3_engine *e, k3_state **st, const sched_step *steps, in
         k3_batch b = {.n_seqs = sp->n, .seqs = seqs, .n_tokens = sp->nt, .tokens = in, .keep_rollback = sp->keep,
                       .n_logits = T, .logit_rows = rows};
         k3_output o;
-        rl_err err;
-        if (k3_forward(e, &b, &o, &err) != 0) {
-            fprintf(stderr, "forward failed: %s\n", err.msg);
-            exit(1);
-        }
+        forward_ok(e, &b, &o);
         memcpy(all + done * V, o.logits, (size_t)T * V * sizeof(float));
         done += (size_t)T;
         k3_output_free(&o);
@@ -871,11 +872,7 @@ static bool run_tap_step(k3_engine *e, k3_state *st, int32_t tok, int tap, float
     k3_batch b = {.n_seqs = 1, .seqs = &st, .n_tokens = &nt, .tokens = &tok, .n_logits = 1, .logit_rows = &row,
                   .n_taps = tap >= 0, .tap_layers = &tl};
     k3_output o;
-    rl_err err;
-    if (k3_forward(e, &b, &o, &err) != 0) {
-        fprintf(stderr, "forward failed: %s\n", err.msg);
-        exit(1);
-    }
+    forward_ok(e, &b, &o);
     memcpy(logits, o.logits, (size_t)e->hp.n_vocab * sizeof(float));
     const bool ok = (o.taps != NULL) == (tap >= 0);
     if (ok && tap >= 0) memcpy(taps, o.taps, (size_t)e->hp.n_embd * sizeof(float));
@@ -883,7 +880,7 @@ static bool run_tap_step(k3_engine *e, k3_state *st, int32_t tok, int tap, float
     return ok;
 }
 
-/* The kept graph (k3_forward.c, k3_kept): a sequence decoded step after step runs its last step's graph
+/* The kept graph (k3_forward.c, k3_engine.kept): a sequence decoded step after step runs its last step's graph
  * again, with new inputs; every step must give the bits of a graph built for it. The reference builds every
  * step's graph (another sequence's step between two of them drops the kept one). Past 256 positions the
  * cache rows attention reads grow, which takes a new graph; a state freed and made again at the same
@@ -981,11 +978,7 @@ static void run_multi(k3_engine *e, k3_state **all, const int *idx, int n, float
     }
     k3_batch b = {.n_seqs = n, .seqs = seqs, .n_tokens = nt, .tokens = tok, .n_logits = n, .logit_rows = rows};
     k3_output o;
-    rl_err err;
-    if (k3_forward(e, &b, &o, &err) != 0) {
-        fprintf(stderr, "forward failed: %s\n", err.msg);
-        exit(1);
-    }
+    forward_ok(e, &b, &o);
     memcpy(dst, o.logits, (size_t)n * e->hp.n_vocab * sizeof(float));
     k3_output_free(&o);
 }
