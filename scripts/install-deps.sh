@@ -22,6 +22,7 @@ train_pkgs=(
     libopenblas0-pthread # torch's matrix products through OpenBLAS: with the reference BLAS training is ~30x slower
     wordnet-base       # training text: WordNet's glosses and example sentences
     fortunes           # training text: fortune cookies (the non-offensive set)
+    bible-kjv-text bible-kjv # training text: the King James Bible, 820,000 words of regular prose (bible-kjv's reader decodes it)
 )
 # not_installed PKG...: those of PKG... dpkg does not have installed, one a line
 not_installed() {

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The trained small K3 and its DSpark draft (issue #22), at CI's smoke size: tools/train/build.sh --smoke
-# builds the corpus from Debian's wordnet-base and fortunes, learns the vocabulary, trains a 4-layer K3 with
+# builds the corpus from Debian's wordnet-base, fortunes and bible-kjv-text, learns the vocabulary, trains a 4-layer K3 with
 # every layer type (KDA, MLA, a dense block, the latent MoE with shared experts and the sigmoid router,
-# AttnRes banks) for 60 steps and a DSpark draft against its taps for 40, in about a minute. The models are
+# AttnRes banks) for 120 steps and a DSpark draft against its taps for 40, in about a minute. The models are
 # cached under build/trained by content (the release and sanitizer passes share them).
 #
 # What must hold (each can fail):
@@ -34,7 +34,9 @@ check "the draft was written" test -s "$D"
 # ---- training worked --------------------------------------------------------------------------------------
 j() { $PY -c 'import json, sys; r = json.load(open(sys.argv[1])); print(eval(sys.argv[2], {}, r))' "$@"; }
 first=$(j "$dir/target.json" 'loss_curve[0][1]') last=$(j "$dir/target.json" 'loss_curve[-1][1]')
-check "the training loss falls ($first -> $last)" awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a / 3) }'
+# The first loss is about ln(vocabulary) (k3_train scales the output head down to near-uniform logits): a
+# model that learned anything is nats below it.
+check "the training loss falls by 2 nats or more ($first -> $last)" awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 2) }'
 ppl0=$(j "$dir/target.json" heldout_ppl_init) ppl=$(j "$dir/target.json" heldout_ppl) V=$(j "$dir/target.json" n_vocab)
 echo "held-out perplexity: $ppl0 untrained -> $ppl trained (vocabulary $V)"
 check "held-out perplexity ($ppl) is far below the vocabulary size ($V)" awk -v p="$ppl" -v v="$V" 'BEGIN { exit !(p < v / 20) }'
@@ -111,25 +113,36 @@ $PY "$ROOT/tools/train/copy_probe.py" "$T" "$dir/corpus/heldout.txt" "$dir/heldo
     --ringlm "$RINGLM" >"$WORK/probe.out" 2>&1
 check "copy_probe: both spans found in 20 held-out exchanges, none skipped" \
     test "$(grep -Ec 'whole spans [0-9]+/20 = [0-9.]+ \(0 skipped\)' "$WORK/probe.out")" = 2
+$PY "$ROOT/tools/train/copy_probe.py" "$T" "$dir/corpus/heldout.txt" "$dir/heldout.ids" --n 20 --swap \
+    --ringlm "$RINGLM" >"$WORK/probe-swap.out" 2>&1
+check "copy_probe --swap (the question's word swapped): both spans found in 20 exchanges, none skipped" \
+    test "$(grep -Ec 'whole spans [0-9]+/20 = [0-9.]+ \(0 skipped\)' "$WORK/probe-swap.out")" = 2
 check_fails "copy_probe: a --cue without its --end" "give an --end for every --cue" \
     $PY "$ROOT/tools/train/copy_probe.py" "$T" "$dir/corpus/heldout.txt" "$dir/heldout.ids" --cue x
 
 # ---- run --chat prints the reply's channels, not the framing's section names -----------------------------
 # A trained model closes its think section and opens the response (an untrained one rarely does): the text
-# is then the reasoning, a blank line, the answer, without "think"/"response" between them.
-close=$("$RINGLM" tokenize -m "$T" --special '<|close|>')
-for q in 'Define happiness.' 'What is a cat?' 'What does "harbor" mean?'; do
-    "$RINGLM" run -m "$T" --chat -p "$q" -n 60 --temp 0 --ids --threads 2 >"$WORK/chat.ids" 2>/dev/null
-    if tr ',' '\n' <"$WORK/chat.ids" | grep -qx "$close"; then
-        "$RINGLM" run -m "$T" --chat -p "$q" -n 60 --temp 0 --threads 2 >"$WORK/chat.txt" 2>/dev/null
-        check "run --chat '$q': reasoning, a blank line, the answer; no section names" python3 -c '
+# is then the reasoning, a blank line, the answer, without "think"/"response" between them. chat_split
+# MODEL: checks that on the first prompt whose greedy reply opens a response section; 1 if none does.
+chat_split() {
+    local m=$1 q opener
+    opener=$("$RINGLM" tokenize -m "$m" --special '<|close|>think<|sep|><|open|>response<|sep|>')
+    for q in 'Define "happiness".' 'What is "cat"?' 'What does "harbor" mean?' 'What is "water"?' 'Define "run".'; do
+        "$RINGLM" run -m "$m" --chat -p "$q" -n 60 --temp 0 --ids --threads 2 >"$WORK/chat.ids" 2>/dev/null
+        if grep -q "\(^\|,\)$opener\(,\|$\)" "$WORK/chat.ids"; then
+            "$RINGLM" run -m "$m" --chat -p "$q" -n 60 --temp 0 --threads 2 >"$WORK/chat.txt" 2>/dev/null
+            check "run --chat '$q' on $(basename "$(dirname "$m")"): reasoning, a blank line, the answer; no section names" python3 -c '
 import sys; t = open(sys.argv[1]).read()
 assert t.count("\n\n") >= 1 and t.split("\n\n")[0] and t.split("\n\n", 1)[1], repr(t)
 assert "thinkresponse" not in t and not t.endswith("response") and "<|" not in t, repr(t)' "$WORK/chat.txt"
-        break
-    fi
-done
-[ -f "$WORK/chat.txt" ] || echo "(the smoke model closed no think section on these prompts: run --chat's split is not checked)"
+            return 0
+        fi
+    done
+    return 1
+}
+# The smoke model often garbles the section name (a 1024-token vocabulary spells "response" in 5 pieces);
+# the full-size pair below, where built, must open it.
+chat_split "$T" || echo "(the smoke model opened no response section on these prompts: checked on the full pair only)"
 
 # ---- the full-size pair, where this machine has built it (tools/train/build.sh; not in a fresh CI) --------
 if full=$("$ROOT/tools/train/build.sh" --where 2>/dev/null); then
@@ -140,6 +153,7 @@ if full=$("$ROOT/tools/train/build.sh" --where 2>/dev/null); then
     check "the full trained K3 ($full): ringlm equals llama.cpp bit for bit" \
         "$RINGLM" compare "$WORK/of.bin" "$WORK/rf.bin" --tol 0
     check "the full trained draft loads in llama.cpp" "$ORACLE" info -m "$full/draft.gguf"
+    chat_split "$F" || check "the full trained K3 opens a response section on one of the chat prompts" false
 else
     echo "(the full trained pair is not built on this machine: its checks are skipped)"
 fi

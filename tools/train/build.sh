@@ -3,8 +3,8 @@
 #
 #   tools/train/build.sh [--smoke] [--target-only] [--ringlm PATH] [--where]
 #
-# Stages, each skipped when its output is there: the corpus (corpus.py, from Debian's wordnet-base and
-# fortunes), the vocabulary and the starting weights (`ringlm synth --corpus --type f32`), token ids
+# Stages, each skipped when its output is there: the corpus (corpus.py, from Debian's wordnet-base,
+# fortunes and bible-kjv-text), the vocabulary and the starting weights (`ringlm synth --corpus --type f32`), token ids
 # (`ringlm tokenize`), the target (k3_train.py), the draft (`ringlm synth --draft dspark`, then
 # dspark_train.py against the trained target's taps). The folder is
 #   ${RINGLM_TRAINED_CACHE:-~/.cache/ringlm/trained}/<config>-<key>      target.gguf, target.json, ...
@@ -36,11 +36,11 @@ done
 PY=/usr/bin/python3
 if [ $smoke = 1 ]; then
     config=$here/k3-smoke.json
-    target_opts="--steps 60 --batch 8 --ctx 64 --lr 1e-2 --eval-windows 32"
-    draft_opts="--steps 40 --batch 8 --ctx 64 --lr 3e-3"
+    target_opts="--steps 120 --batch 8 --ctx 64 --lr 1e-2 --eval-windows 32"
+    draft_opts="--steps 120 --batch 8 --ctx 64 --lr 3e-3"
 else
     config=$here/k3-small.json
-    target_opts="--steps 1000 --batch 16 --ctx 128 --lr 3e-3"
+    target_opts="--steps 2400 --batch 8 --ctx 128 --lr 3e-3"
     draft_opts="--steps 600 --batch 16 --ctx 128 --lr 2e-3"
 fi
 seed=1
@@ -50,7 +50,7 @@ key=$( {
     cat "$here/corpus.py" "$here/gguf_io.py" "$here/k3_model.py" "$here/k3_train.py" "$here/train_util.py" "$config"
     echo "$target_opts | seed $seed"
     cat "$root"/src/tools/synth*.c "$root"/src/tools/synth*.h "$root"/src/text/tokenizer.c
-    dpkg-query -W -f='${Package} ${Version}\n' wordnet-base fortunes python3-torch 2>/dev/null || true
+    dpkg-query -W -f='${Package} ${Version}\n' wordnet-base fortunes bible-kjv-text bible-kjv python3-torch 2>/dev/null || true
 } | sha256sum | cut -c1-16)
 dkey=$( { cat "$here/dspark_model.py" "$here/dspark_train.py" 2>/dev/null; echo "$draft_opts"; } | sha256sum | cut -c1-16)
 dir=${RINGLM_TRAINED_CACHE:-$HOME/.cache/ringlm/trained}/$name-$key
@@ -65,7 +65,7 @@ mkdir -p "$dir"
 log() { echo "build.sh: $*" >&2; }
 
 if [ ! -f "$dir/corpus/train.txt" ]; then
-    log "corpus (wordnet-base, fortunes)"
+    log "corpus (wordnet-base, fortunes, bible-kjv-text)"
     $PY "$here/corpus.py" "$dir/corpus.tmp" >&2 && rm -rf "$dir/corpus" && mv "$dir/corpus.tmp" "$dir/corpus"
 fi
 if [ ! -f "$dir/init.gguf" ]; then

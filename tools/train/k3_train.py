@@ -2,7 +2,7 @@
 """k3_train.py - trains a small K3 on token ids and writes it as a GGUF.
 
   k3_train.py INIT.gguf TRAIN.ids HELDOUT.ids OUT.gguf REPORT.json [--steps N] [--batch B] [--ctx T]
-              [--lr X] [--seed S]
+              [--lr X] [--seed S] [--head-std X]
 
 INIT.gguf is `ringlm synth --type f32 --corpus ...` output: the shapes, the tokenizer and the starting
 values (synth's seeded draw). *.ids are `ringlm tokenize --special --file` output, one document per line.
@@ -64,6 +64,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--balance-rate", type=float, default=1e-3)
     ap.add_argument("--eval-windows", type=int, default=64)
+    ap.add_argument("--head-std", type=float, default=0.02)
     o = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(o.seed)
@@ -71,6 +72,11 @@ def main():
     t0 = time.time()
     g = gguf_io.Gguf(o.init)
     model = k3_model.K3(g)
+    # synth draws output.weight for random-weight tests (std ~0.36: logits of std ~5, a first loss of 19 nats
+    # where chance is ln 4096 = 8.3); a trained start wants near-uniform logits, so the head is scaled down.
+    with torch.no_grad():
+        head = model.w("output.weight")
+        head.mul_(o.head_std / head.std())
     n_params = sum(p.numel() for p in model.parameters())
     train, held = Windows(read_ids(o.train), o.ctx), Windows(read_ids(o.heldout), o.ctx)
     decay = [p for n, p in model.p.items() if p.dim() >= 2]
