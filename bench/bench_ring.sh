@@ -36,7 +36,7 @@
 # the background ones carry a hard lifetime too, in case this script itself is killed with SIGKILL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-argv=$(printf ' %q' "$@")
+argv=; [ $# -eq 0 ] || argv=$(printf ' %q' "$@")
 model=bench/models/medium.gguf nodes=4 threads=1 delays="0 10 30" prompt=512 gen=32 chunks=
 reps=3 timeout_s=1200 out=bench/results/ring keep=0 build=1
 while [ $# -gt 0 ]; do

@@ -65,7 +65,7 @@
 # the background ones carry a hard lifetime too, in case this script itself is killed with SIGKILL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-argv=$(printf ' %q' "$@")
+argv=; [ $# -eq 0 ] || argv=$(printf ' %q' "$@")
 model=bench/models/medium.gguf nodes=4 threads=1 delay=30 gen=64 reps=3 timeout_s=600 out=bench/results/spec
 keep=0 build=1 drafters="ngram self twin dspark" depths= draft_n=7 self_type=q4_K passage=32 repeat=4
 config= seed= draft_dir=bench/models trained= heldout_from=1

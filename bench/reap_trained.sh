@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 trained=auto tokens=16384 eval_docs=400 threads=2 out=bench/results/reap-trained
-argv=$(printf ' %q' "$@")
+argv=; [ $# -eq 0 ] || argv=$(printf ' %q' "$@")
 while [ $# -gt 0 ]; do
     case $1 in
         --trained) trained=$2 ;; --tokens) tokens=$2 ;; --eval-docs) eval_docs=$2 ;; --threads) threads=$2 ;;
