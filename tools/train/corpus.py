@@ -14,7 +14,7 @@ Out (in OUT_DIR):
   corpus.json             counts, and the sources' package versions
 
 Why this mix: a 6M-parameter model that sees 2-3 M tokens learns what it sees most. When a chat exchange was
-written for every synset (113,000 of them), exchanges were two thirds of the text and most asked about rare
+written for every synset (113,000 of them), exchanges were most of the text (34 of 39 MB), most about rare
 words (split by the 4096-token vocabulary into fragments the model then recombined into non-words), while
 the plain prose was half a million words of short example sentences and cookies. So now: exchanges only about
 words among the COMMON most frequent of the plain text (whole tokens the model meets in many sentences,
@@ -27,7 +27,8 @@ import hashlib, json, os, random, re, subprocess, sys
 
 WORDNET = "/usr/share/wordnet"
 FORTUNES = "/usr/share/games/fortunes"
-BIBLE = "/usr/bin/bible"  # bible-kjv's reader for bible-kjv-text's compressed /usr/lib/bible.data
+BIBLE = "/usr/bin/bible"  # bible-kjv's reader for bible-kjv-text's compressed BIBLE_DATA
+BIBLE_DATA = "/usr/lib/bible.data"
 COMMON = 5000  # chat exchanges ask about words among this many most frequent of the plain text
 PASSAGE = 480  # a Bible document: consecutive verses of one chapter up to about this many characters
 SKIP_FORTUNES = {"art", "ascii-art", "debian", "linux", "linuxcookie", "perl", "translate-me", "zippy"}
@@ -141,7 +142,8 @@ def main():
     if len(sys.argv) != 2:
         sys.exit("usage: corpus.py OUT_DIR")
     out_dir = sys.argv[1]
-    for p, pkg in ((WORDNET, "wordnet-base"), (FORTUNES, "fortunes"), (BIBLE, "bible-kjv")):
+    for p, pkg in ((WORDNET, "wordnet-base"), (FORTUNES, "fortunes"), (BIBLE, "bible-kjv"),
+                   (BIBLE_DATA, "bible-kjv-text")):
         if not os.path.exists(p):
             sys.exit(f"corpus.py: {p} is missing: install the Debian package {pkg}")
     rng = random.Random(20261203)
