@@ -2,7 +2,7 @@
 # The trained small K3 and its DSpark draft (issue #22), at CI's smoke size: tools/train/build.sh --smoke
 # builds the corpus from Debian's wordnet-base, fortunes and bible-kjv-text, learns the vocabulary, trains a 4-layer K3 with
 # every layer type (KDA, MLA, a dense block, the latent MoE with shared experts and the sigmoid router,
-# AttnRes banks) for 120 steps and a DSpark draft against its taps for 40, in about a minute. The models are
+# AttnRes banks) for 120 steps and a DSpark draft against its taps for 120, in about half a minute. The models are
 # cached under build/trained by content (the release and sanitizer passes share them).
 #
 # What must hold (each can fail):
