@@ -119,6 +119,11 @@ check "copy_probe --swap (the question's word swapped): both spans found in 20 e
     test "$(grep -Ec 'whole spans [0-9]+/20 = [0-9.]+ \(0 skipped\)' "$WORK/probe-swap.out")" = 2
 check_fails "copy_probe: a --cue without its --end" "give an --end for every --cue" \
     $PY "$ROOT/tools/train/copy_probe.py" "$T" "$dir/corpus/heldout.txt" "$dir/heldout.ids" --cue x
+# --swap with the answer's span first: its text ('"word', the opening quote included) is quoted nowhere
+# before it, so there is no question to swap it in.
+check_fails "copy_probe --swap: a first span not quoted before its cue" "nothing to swap" \
+    $PY "$ROOT/tools/train/copy_probe.py" "$T" "$dir/corpus/heldout.txt" "$dir/heldout.ids" --n 5 --swap \
+    --cue '<|open|>response<|sep|>' --end '":' --ringlm "$RINGLM"
 
 # ---- run --chat prints the reply's channels, not the framing's section names -----------------------------
 # A trained model closes its think section and opens the response (an untrained one rarely does): the text

@@ -32,6 +32,12 @@ import k3_model  # noqa: E402
 DEFAULT = [('The user asks about the word "', '".<|close|>think'), ('<|open|>response<|sep|>', '":')]
 
 
+def bounds(doc, cue, end):
+    """The span's [start, end) in doc: after the first cue, up to the end marker that follows it."""
+    a = doc.index(cue) + len(cue)
+    return a, doc.index(end, a)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model"); ap.add_argument("text"); ap.add_argument("ids")
@@ -52,14 +58,17 @@ def main():
         sys.exit("copy_probe: no held-out document holds every cue")
     texts = [docs[i] for i in sel]
     if o.swap:  # the first span's text, quoted, swapped at its first occurrence for the next document's
-        words = [d[d.index(spans[0][0]) + len(spans[0][0]):d.index(spans[0][1], d.index(spans[0][0]) + len(spans[0][0]))]
-                 for d in texts]
+        words = [d[slice(*bounds(d, *spans[0]))] for d in texts]
+        for d, w in zip(texts, words):
+            # The swap must hit the question, before the span: swapping the span itself would score nothing.
+            if not 0 <= d.find(f'"{w}"') < d.index(spans[0][0]):
+                sys.exit(f"copy_probe --swap: the first span's text, quoted (\"{w}\"), is not before its cue in the "
+                         f"document {d[:60]!r}...: nothing to swap")
         texts = [d.replace(f'"{w}"', f'"{words[(j + 1) % len(words)]}"', 1) for j, (d, w) in enumerate(zip(texts, words))]
     cuts = []  # per document and span: the text before the span, and through it (and, swapped, the whole)
     for d in texts:
-        for cue, end in spans:
-            a = d.index(cue) + len(cue)
-            b = d.index(end, a)
+        for span in spans:
+            a, b = bounds(d, *span)
             cuts += [d[:a], d[:b]]
         if o.swap:
             cuts.append(d)
