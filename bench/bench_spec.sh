@@ -60,6 +60,7 @@
 # skipped in later repetitions); the script then exits 1 after writing the report. Goal (issue #5), judged
 # at ringlm's default depth (read from `ringlm run --help`; the other depths are shown for comparison):
 # speculative tok/s >= 2.5x greedy whenever the mean committed tokens per traversal is >= 4.
+# With --trained it is judged on the trained DSpark draft alone (issue #22; twin is the upper bound beside it).
 #
 # Every process started here is stopped on exit (trap), every foreground run is bounded by --timeout, and
 # the background ones carry a hard lifetime too, in case this script itself is killed with SIGKILL.
