@@ -114,6 +114,10 @@ done
 tbody='{"messages":[{"role":"user","content":"Weather?"}],"max_tokens":200,"temperature":0,"tools":'"$TL"',"tool_choice":"required"}'
 curl "${CT[@]}" -o "$WORK/tcr.json" -H 'Content-Type: application/json' --data-binary "$tbody" "$URL/v1/chat/completions" || true
 curl "${CT[@]}" -o "$WORK/tcl.json" -H 'Content-Type: application/json' --data-binary "$tbody" "${SRV_URL[loc]}/v1/chat/completions" || true
+# a chat reply with thinking on: the schema's grammar opens with the reasoning (chat_json_grammar_new)
+jbody='{"messages":[{"role":"user","content":"Record?"}],"max_tokens":90,"temperature":1,"seed":4,"response_format":{"type":"json_schema","json_schema":{"name":"s","strict":true,"schema":'"$SCH"'}}}'
+curl "${CT[@]}" -o "$WORK/jcr.json" -H 'Content-Type: application/json' --data-binary "$jbody" "$URL/v1/chat/completions" || true
+curl "${CT[@]}" -o "$WORK/jcl.json" -H 'Content-Type: application/json' --data-binary "$jbody" "${SRV_URL[loc]}/v1/chat/completions" || true
 kill "${SRV_PID[loc]}"; wait "${SRV_PID[loc]}" 2>/dev/null || true; unset 'SRV_PID[loc]'
 constrained_ok() { # NAME: cNAME0..5 valid, = cl0..5 (one machine) (with drafts: the greedy ones; sampled ones
                    # keep the distribution, not the draw)
@@ -136,6 +140,8 @@ PY
 }
 check "json_schema / json_object through the ring: 6 requests (greedy and sampled) = one machine's text, all valid" constrained_ok r
 check "... with n-gram drafts: all valid, greedy ones the same texts ($(metric ringlm_spec_grammar_refused_tokens_total) drafts cut by the grammar)" constrained_ok d
+check "json_schema in a thinking chat reply through the ring: content and reasoning = one machine's, content an object" py "$WORK/jcr.json" \
+    "d['choices'][0]['message'] == load('jcl.json')['choices'][0]['message'] and isinstance(json.loads(d['choices'][0]['message']['content']), dict) and d['choices'][0]['message'].get('reasoning_content')"
 check "tool_choice required through the ring (chat): tool_calls = one machine's" py "$WORK/tcr.json" \
     "d['choices'][0]['finish_reason'] == 'tool_calls' and d['choices'][0]['message']['tool_calls'][0]['function']['name'] == 'get_weather' and [(c['function']['name'], c['function']['arguments']) for c in d['choices'][0]['message']['tool_calls']] == [(c['function']['name'], c['function']['arguments']) for c in load('tcl.json')['choices'][0]['message']['tool_calls']]"
 

@@ -596,46 +596,8 @@ static int http_parse_common(const http_server *h, const cJSON *j, http_job *jb,
         jb->p.logprobs = true;
         jb->top_logprobs = (int)ll;
     }
-    /* Asked-for features we do not have: say so rather than silently ignore them. */
-    v = cJSON_GetObjectItemCaseSensitive(j, "response_format");
-    if (!http_absent(v)) {
-        const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
-        if (!cJSON_IsString(t)) {
-            return BAD(f, "response_format", "'response_format' must be an object with a 'type' (text, json_object or json_schema)");
-        }
-        bool is_schema = strcmp(t->valuestring, "json_schema") == 0;
-        if (is_schema || strcmp(t->valuestring, "json_object") == 0) {
-            /* Constrained decoding (sampler.h: grammar): JSON, matching the schema, within max_tokens.
-             * On a ring the last stage samples: the grammar travels to it (frame.h). Drafts stay:
-             * the scheduler cuts those the grammar refuses, and acceptance judges the rest against the
-             * constrained distribution (accept.h). */
-            const cJSON *sc = NULL;
-            bool strict = false;
-            if (is_schema) { /* {"type":"json_schema","json_schema":{"name":..., "schema":{...}, "strict":...}} */
-                const cJSON *w = cJSON_GetObjectItemCaseSensitive(v, "json_schema");
-                if (!cJSON_IsObject(w)) {
-                    return BAD(f, "response_format", "response_format json_schema needs 'json_schema': an object "
-                               "with the 'schema'");
-                }
-                sc = cJSON_GetObjectItemCaseSensitive(w, "schema");
-                if (http_absent(sc)) sc = NULL; /* OpenAI: no schema is any JSON value */
-                /* strict: every keyword enforced, or a 400 naming the one that cannot be; otherwise those are
-                 * ignored (the output still parses, and follows everything else the schema says) */
-                strict = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(w, "strict"));
-            }
-            const cJSON any = {.type = cJSON_True};
-            rl_err e;
-            jb->grammar = is_schema ? js_grammar_new(sc ? sc : &any, !strict, &e) : js_object_grammar_new(&e);
-            if (!jb->grammar) return BAD(f, "response_format", "%s", e.msg);
-            jb->p.smp.budget = jb->p.max_tokens;
-            jb->p.smp.vocab = h->vocab;
-        } else if (strcmp(t->valuestring, "text") != 0) {
-            char clean[96];
-            http_clean(t->valuestring, clean, sizeof clean, false);
-            return BAD(f, "response_format", "unknown response_format type '%s' (text, json_object or json_schema)", clean);
-        }
-    }
     jb->p.prompt_logprobs = jb->echo && jb->p.logprobs;
+    /* Asked-for features we do not have: say so rather than silently ignore them. */
     v = cJSON_GetObjectItemCaseSensitive(j, "suffix");
     if (!http_absent(v) && !(cJSON_IsString(v) && !*v->valuestring)) return BAD(f, "suffix", "'suffix' is not supported");
     ll = 1;
@@ -669,6 +631,56 @@ static int http_content(const cJSON *v, const char *param, const char **out, htt
     if (!b.p && hb_add(&b, "", 0) != 0) return http_failf(f, 500, "server_error", NULL, NULL, "out of memory");
     *out = http_keep(strs, b.p);
     return *out ? 0 : http_failf(f, 500, "server_error", NULL, NULL, "out of memory");
+}
+
+/* response_format json_object / json_schema: constrained decoding (sampler.h: grammar), JSON matching the
+ * schema, within max_tokens. On a ring the last stage samples: the grammar travels to it (frame.h). Drafts
+ * stay: the scheduler cuts those the grammar refuses, and acceptance judges the rest against the
+ * constrained distribution (accept.h). A K3 chat reply (jb->p.split, the markers in the vocabulary) gets the
+ * JSON as its response section's body, after the reasoning when thinking is on: the answer lands in
+ * `content`, as llama-server applies a schema after the reasoning. Parsed after the prompt, which decides
+ * the reply's shape. */
+static int http_parse_format(const http_server *h, const cJSON *j, http_job *jb, http_fail *f) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "response_format");
+    if (http_absent(v)) return 0;
+    const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
+    if (!cJSON_IsString(t)) {
+        return BAD(f, "response_format", "'response_format' must be an object with a 'type' (text, json_object or json_schema)");
+    }
+    bool is_schema = strcmp(t->valuestring, "json_schema") == 0;
+    if (!is_schema && strcmp(t->valuestring, "json_object") != 0) {
+        if (strcmp(t->valuestring, "text") == 0) return 0;
+        char clean[96];
+        http_clean(t->valuestring, clean, sizeof clean, false);
+        return BAD(f, "response_format", "unknown response_format type '%s' (text, json_object or json_schema)", clean);
+    }
+    const cJSON *sc = NULL;
+    bool strict = false;
+    if (is_schema) { /* {"type":"json_schema","json_schema":{"name":..., "schema":{...}, "strict":...}} */
+        const cJSON *w = cJSON_GetObjectItemCaseSensitive(v, "json_schema");
+        if (!cJSON_IsObject(w)) {
+            return BAD(f, "response_format", "response_format json_schema needs 'json_schema': an object "
+                       "with the 'schema'");
+        }
+        sc = cJSON_GetObjectItemCaseSensitive(w, "schema");
+        if (http_absent(sc)) sc = NULL; /* OpenAI: no schema is any JSON value */
+        /* strict: every keyword enforced, or a 400 naming the one that cannot be; otherwise those are
+         * ignored (the output still parses, and follows everything else the schema says) */
+        strict = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(w, "strict"));
+    }
+    if (!h->caps.eog) { /* the JSON could never end: the output would run on unconstrained past it */
+        return http_failf(f, 400, "invalid_request_error", "response_format_unsupported", "response_format",
+                          "this model cannot honour response_format: its vocabulary lacks %s", h->caps.lacks);
+    }
+    const cJSON any = {.type = cJSON_True};
+    rl_err e;
+    if (jb->p.split && h->caps.sections)
+        jb->grammar = chat_json_grammar_new(jb->p.split_fmt, is_schema ? (sc ? sc : &any) : NULL, !strict, jb->p.thinking, &e);
+    else jb->grammar = is_schema ? js_grammar_new(sc ? sc : &any, !strict, &e) : js_object_grammar_new(&e);
+    if (!jb->grammar) return BAD(f, "response_format", "%s", e.msg);
+    jb->p.smp.budget = jb->p.max_tokens;
+    jb->p.smp.vocab = h->vocab;
+    return 0;
 }
 
 /* tools and tool_choice: the declarations (as JSON text for the template, *text; cJSON_free it), whether
@@ -712,6 +724,13 @@ static int http_parse_tools(const http_server *h, const cJSON *j, http_job *jb, 
     }
     if (n_tools == 0) return 0;
     jb->parse_tools = mode != TC_NONE && jb->p.split;
+    if ((mode == TC_REQUIRED || mode == TC_NAMED) && !h->caps.sections) {
+        /* the calls' grammar is made of the markers: without them it cannot be met, and the reply would be
+         * free text posing as a forced call */
+        return http_failf(f, 400, "invalid_request_error", "tool_calls_unsupported", "tool_choice",
+                          "tool_choice %s cannot be honoured by this model: its vocabulary lacks %s",
+                          mode == TC_REQUIRED ? "\"required\"" : "naming a function", h->caps.lacks);
+    }
     if (mode == TC_REQUIRED || mode == TC_NAMED) {
         if (jb->grammar) return BAD(f, "tool_choice", "a required tool call and response_format cannot be combined");
         rl_err e;
@@ -720,8 +739,7 @@ static int http_parse_tools(const http_server *h, const cJSON *j, http_job *jb, 
         }
         jb->p.smp.budget = jb->p.max_tokens;
         jb->p.smp.vocab = h->vocab;
-    } else if (mode == TC_AUTO && jb->parse_tools && !jb->grammar &&
-               (h->cfg.chat_fmt == CHAT_FMT_K3 || h->cfg.chat_fmt == CHAT_FMT_K3_LITE)) {
+    } else if (mode == TC_AUTO && jb->parse_tools && !jb->grammar && h->caps.sections) {
         /* As llama-server does: free text, but calls, when the model writes them, well formed and with
          * arguments that follow their tool's schema (exactly for "strict" tools). No budget: a reply cut
          * by max_tokens ends "length", as any text, rather than being steered to close early. */
@@ -869,6 +887,7 @@ static int http_parse_chat(const http_server *h, const cJSON *j, http_job *jb, h
     jb->p.split = h->cfg.chat_fmt == CHAT_FMT_K3 || h->cfg.chat_fmt == CHAT_FMT_K3_LITE;
     jb->p.split_fmt = h->cfg.chat_fmt;
     jb->p.thinking = co.thinking;
+    if (http_parse_format(h, j, jb, f) != 0) goto out;
     char *tools_text = NULL;
     if (http_parse_tools(h, j, jb, &tools_text, f) != 0) goto out;
     co.tools = tools_text;
@@ -1463,7 +1482,8 @@ static enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, 
         goto fail;
     }
     if (http_parse_common(h, j, &jb, &f) != 0) goto fail;
-    if ((chat ? http_parse_chat(h, j, &jb, &f) : http_parse_prompt(h, j, &jb, &f)) != 0) goto fail;
+    if (chat ? http_parse_chat(h, j, &jb, &f) != 0 : (http_parse_prompt(h, j, &jb, &f) != 0 || http_parse_format(h, j, &jb, &f) != 0))
+        goto fail;
     for (int i = 0; i < jb.n_prompts; i++) {
         if (jb.n_prompt[i] >= h->n_ctx) {
             http_failf(&f, 400, "invalid_request_error", "context_length_exceeded", chat ? "messages" : "prompt",
@@ -1649,6 +1669,12 @@ static cJSON *http_model_obj(const http_server *h, const char *name) {
     cJSON_AddNumberToObject(m, "created", (double)h->created);
     cJSON_AddStringToObject(m, "owned_by", "ringlm");
     cJSON_AddNumberToObject(m, "context_length", h->n_ctx);
+    /* what a request may ask of this model (chat_gram_caps): a client can tell before it gets a 400 */
+    cJSON *c = cJSON_AddObjectToObject(m, "capabilities");
+    cJSON_AddBoolToObject(c, "chat", h->cfg.have_chat);
+    cJSON_AddBoolToObject(c, "reasoning", h->cfg.have_chat && h->caps.sections);
+    cJSON_AddBoolToObject(c, "tool_choice_required", h->cfg.have_chat && h->caps.sections);
+    cJSON_AddBoolToObject(c, "response_format", h->caps.eog);
     return m;
 }
 
@@ -2159,6 +2185,11 @@ int http_start(http_server *h, const http_config *cfg, sch_sched *s, const tok_t
     h->s = s;
     h->tok = tok;
     if (!(h->vocab = chat_gram_vocab_new(tok))) return rl_errf(err, "out of memory for the vocabulary");
+    chat_gram_caps_get(tok, cfg->chat_fmt, &h->caps);
+    if (!cfg->quiet && cfg->have_chat && !h->caps.sections)
+        fprintf(stderr, "ringlm serve: warning: tool_choice required or named is refused (400): the vocabulary lacks %s\n", h->caps.lacks);
+    if (!cfg->quiet && !h->caps.eog)
+        fprintf(stderr, "ringlm serve: warning: response_format is refused (400): the vocabulary lacks %s\n", h->caps.lacks);
     h->n_ctx = s->be.n_ctx;
     h->created = time(NULL);
     h->id_base = http_random64();

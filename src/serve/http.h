@@ -22,6 +22,7 @@
 
 #include "../base/err.h"
 #include "../text/chat.h"
+#include "../text/chat_gram.h"
 #include "../text/tokenizer.h"
 #include "scheduler.h"
 
@@ -67,6 +68,7 @@ typedef struct http_server {
     sch_sched *s;
     const tok_tokenizer *tok;
     smp_vocab *vocab;        /* tok's pieces for JSON-constrained sampling (owned) */
+    chat_gram_caps caps;     /* the constrained output this model can honour (checked at start) */
     uint32_t n_ctx;
     time_t created;
     uint64_t id_base;

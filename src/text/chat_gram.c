@@ -122,6 +122,18 @@ static int call_args(gr_builder *b, chat_format fmt, const cJSON *params, int te
     return next;
 }
 
+/* The reply's root: with thinking, the think section's rest (the generation prompt opened it), its closer
+ * and the response's opener, then `response` (the response section's body onwards); without, `response`. */
+static int reply_root(gr_builder *b, int text, bool thinking, int response) {
+    char c_think[32], o_resp[32];
+    int root = gr_rule_new(b);
+    if (thinking)
+        gr_alt_add(b, root, (gr_item[]){R(text), L(close_tag(c_think, sizeof c_think, "think")),
+                                        L(open_tag(o_resp, sizeof o_resp, "response")), R(response)}, 4);
+    else gr_alt_add(b, root, (gr_item[]){R(response)}, 1);
+    return root;
+}
+
 gr_grammar *chat_tools_grammar_new(chat_format fmt, const cJSON *tools, const char *only, bool thinking,
                                    bool optional, rl_err *err) {
     if (fmt != CHAT_FMT_K3 && fmt != CHAT_FMT_K3_LITE)
@@ -165,8 +177,8 @@ gr_grammar *chat_tools_grammar_new(chat_format fmt, const cJSON *tools, const ch
     free(args);
     gr_grammar *g = NULL;
     if (rc == 0) { /* [the think section's rest, its closer, the response's opener] the response's rest, then tools */
-        char o_resp[32], c_resp[32], o_tools[32], c_tools[32], c_msg[32], c_think[32];
-        int section = gr_rule_new(b), response = gr_rule_new(b), root = gr_rule_new(b);
+        char c_resp[32], o_tools[32], c_tools[32], c_msg[32];
+        int section = gr_rule_new(b), response = gr_rule_new(b);
         gr_alt_add(b, section, (gr_item[]){L(open_tag(o_tools, sizeof o_tools, "tools")), R(next),
                                            L(close_tag(c_tools, sizeof c_tools, "tools")),
                                            L(close_tag(c_msg, sizeof c_msg, "message"))}, 4);
@@ -174,14 +186,56 @@ gr_grammar *chat_tools_grammar_new(chat_format fmt, const cJSON *tools, const ch
         if (optional) /* tool_choice auto: the reply may also end without calls */
             gr_alt_add(b, response, (gr_item[]){R(text), L(close_tag(c_resp, sizeof c_resp, "response")),
                                                 L(close_tag(c_msg, sizeof c_msg, "message"))}, 3);
-        if (thinking)
-            gr_alt_add(b, root, (gr_item[]){R(text), L(close_tag(c_think, sizeof c_think, "think")),
-                                            L(open_tag(o_resp, sizeof o_resp, "response")), R(response)}, 4);
-        else gr_alt_add(b, root, (gr_item[]){R(response)}, 1);
-        g = gr_build(b, root, err);
+        g = gr_build(b, reply_root(b, text, thinking, response), err);
     }
     gr_builder_free(b);
     return g;
+}
+
+gr_grammar *chat_json_grammar_new(chat_format fmt, const cJSON *schema, bool lenient, bool thinking, rl_err *err) {
+    if (fmt != CHAT_FMT_K3 && fmt != CHAT_FMT_K3_LITE)
+        return rl_errf(err, "chat_json_grammar_new: not a Kimi K3 chat format (%s)", chat_format_name(fmt)), NULL;
+    cJSON *object = schema ? NULL : cJSON_Parse("{\"type\":\"object\"}");
+    gr_builder *b = (schema || object) ? gr_builder_new() : NULL;
+    if (!b) {
+        cJSON_Delete(object);
+        return rl_errf(err, "out of memory"), NULL;
+    }
+    gr_grammar *g = NULL;
+    int value = js_rule_add(b, schema ? schema : object, lenient, err);
+    if (value >= 0) {
+        /* the value, then either the end of generation at once (the split ends the content there) or the
+         * sections closed as the template closes them: a budget never has to pay for the closers */
+        char c_resp[32], c_msg[32];
+        int response = gr_rule_new(b);
+        gr_alt_add(b, response, (gr_item[]){R(value)}, 1);
+        gr_alt_add(b, response, (gr_item[]){R(value), L(close_tag(c_resp, sizeof c_resp, "response")),
+                                            L(close_tag(c_msg, sizeof c_msg, "message"))}, 3);
+        g = gr_build(b, reply_root(b, free_text(b), thinking, response), err);
+    }
+    gr_builder_free(b);
+    cJSON_Delete(object);
+    return g;
+}
+
+void chat_gram_caps_get(const tok_tokenizer *t, chat_format fmt, chat_gram_caps *c) {
+    static const char *const marks[] = {"<|open|>", "<|sep|>", "<|close|>"};
+    memset(c, 0, sizeof *c);
+    size_t k = 0;
+    if (fmt == CHAT_FMT_K3 || fmt == CHAT_FMT_K3_LITE) {
+        c->sections = true;
+        for (int i = 0; i < 3; i++) {
+            if (tok_find(t, marks[i], strlen(marks[i])) >= 0) continue;
+            c->sections = false;
+            k += (size_t)snprintf(c->lacks + k, sizeof c->lacks - k, "%s%s", k ? " " : "the tokens ", marks[i]);
+        }
+    } else {
+        k += (size_t)snprintf(c->lacks, sizeof c->lacks, "K3's section markers (its chat format is %s)",
+                              chat_format_name(fmt));
+    }
+    for (int32_t i = 0; i < t->n_vocab && !c->eog; i++) c->eog = tok_is_eog(t, i);
+    if (!c->eog && k < sizeof c->lacks)
+        snprintf(c->lacks + k, sizeof c->lacks - k, "%san end-of-generation token", k ? " and " : "");
 }
 
 smp_vocab *chat_gram_vocab_new(const tok_tokenizer *t) {

@@ -36,6 +36,27 @@ struct cJSON;
 gr_grammar *chat_tools_grammar_new(chat_format fmt, const struct cJSON *tools, const char *only, bool thinking,
                                    bool optional, rl_err *err);
 
+/* Structured output (response_format json_schema / json_object) in a K3 reply: with thinking, the
+ * reasoning is free text that the model closes itself, and the JSON is the response section's body, so it
+ * reaches the content, never the reasoning (as llama-server applies a schema to the answer after the
+ * reasoning). The JSON may end the reply at once or be followed by the closers the template writes.
+ * schema: the JSON schema (cJSON true: any value), or NULL for any object. Fails as js_rule_add does, or
+ * for formats other than K3 / K3_LITE (whose replies have no sections: use js_grammar_new). */
+gr_grammar *chat_json_grammar_new(chat_format fmt, const struct cJSON *schema, bool lenient, bool thinking,
+                                  rl_err *err);
+
+/* What constrained output a model can honour, decided once at start from its chat format and vocabulary:
+ * K3's section markers <|open|> <|sep|> <|close|> as tokens, which tool-call grammars and a structured
+ * answer after the reasoning need (a kimi-k3 file without a chat template is given the K3 format, but its
+ * vocabulary may lack them), and an end-of-generation token, without which no constrained output can
+ * end. lacks: what is missing, for messages ("" when nothing). */
+typedef struct chat_gram_caps {
+    bool sections; /* a K3 format whose markers are all tokens: tool calls can be constrained */
+    bool eog;      /* an end-of-generation token: response_format can be honoured */
+    char lacks[160];
+} chat_gram_caps;
+void chat_gram_caps_get(const tok_tokenizer *t, chat_format fmt, chat_gram_caps *c);
+
 /* The vocabulary constrained sampling follows (tok_vocab_new) with these grammars' symbols mapped: what the
  * server, a ring's last stage and its auditor all build from the model file, so they judge tokens alike.
  * NULL out of memory; free with tok_vocab_free. */

@@ -290,15 +290,21 @@ static bool smp_gram_ok(smp_sampler *s, int32_t id, int64_t left) {
 }
 
 /* Masks what the grammar refuses (s->masked); false when it allows nothing (a vocabulary without the bytes
- * needed: then the free choice stands). */
-static bool smp_gram_mask(smp_sampler *s, const float *logits, int64_t left) {
-    bool any = false;
-    for (int32_t i = 0; i < s->n_vocab; i++) {
-        bool ok = smp_gram_ok(s, i, left);
-        s->masked[i] = ok ? logits[i] : -INFINITY;
-        any = any || ok;
+ * needed: then the free choice stands). A budget no token can keep (max_tokens below the shortest whole
+ * sentence: a schema after a reasoning section, say) is dropped, and *left says so: the output stays in
+ * the grammar and ends "length" unfinished, rather than running free. */
+static bool smp_gram_mask(smp_sampler *s, const float *logits, int64_t *left) {
+    for (int pass = 0; pass < 2; pass++) {
+        bool any = false;
+        for (int32_t i = 0; i < s->n_vocab; i++) {
+            bool ok = smp_gram_ok(s, i, *left);
+            s->masked[i] = ok ? logits[i] : -INFINITY;
+            any = any || ok;
+        }
+        if (any || *left < 0) return any;
+        *left = -1;
     }
-    return any;
+    return false;
 }
 
 int32_t smp_sample(smp_sampler *s, const float *logits) {
@@ -307,12 +313,17 @@ int32_t smp_sample(smp_sampler *s, const float *logits) {
         smp_take(s, id);
         return id;
     }
-    const int64_t left = gram_left(&s->p, s->n_gen); /* after this one */
+    int64_t left = gram_left(&s->p, s->n_gen); /* after this one */
     /* Sample as if free; only when the grammar refuses that token, sample again from the logits it allows
      * (as llama.cpp's common_sampler does: most tokens pass, and a vocabulary scan per token is costly).
      * smp_dist describes the distribution this draws from. */
     int32_t id = smp_sample_free(s, logits);
-    if (!smp_gram_ok(s, id, left) && smp_gram_mask(s, logits, left)) id = smp_sample_free(s, s->masked);
+    if (!smp_gram_ok(s, id, left)) {
+        const int64_t asked = left;
+        /* with the budget dropped the free draw is judged again, as smp_dist counts it */
+        if (smp_gram_mask(s, logits, &left) && (left == asked || !smp_gram_ok(s, id, left)))
+            id = smp_sample_free(s, s->masked);
+    }
     smp_take(s, id);
     return id;
 }
@@ -332,7 +343,7 @@ size_t smp_dist(smp_sampler *s, const float *logits) {
     if (!s->p.grammar) return n;
     /* smp_sample keeps its free draw x when the grammar allows it, else draws again from the masked logits:
      * P(x) = p_free(x) [x allowed] + R p_masked(x), R the free mass the grammar refuses. */
-    const int64_t left = gram_left(&s->p, s->n_gen);
+    int64_t left = gram_left(&s->p, s->n_gen);
     size_t m = 0;
     double refused = 0;
     for (size_t i = 0; i < n; i++) {
@@ -340,10 +351,18 @@ size_t smp_dist(smp_sampler *s, const float *logits) {
         else refused += s->cand[i].p;
     }
     if (m == n) return n;
-    if (!smp_gram_mask(s, logits, left)) { /* nothing allowed: the free draw stands */
+    const int64_t asked = left;
+    if (!smp_gram_mask(s, logits, &left)) { /* nothing allowed: the free draw stands */
         smp_filter(s, logits, &n);
         softmax(s->cand, n);
         return n;
+    }
+    if (left != asked) { /* the budget was dropped (smp_gram_mask): the free draw's part is judged without it */
+        m = 0, refused = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (smp_gram_ok(s, s->cand[i].id, left)) s->cand2[m++] = s->cand[i];
+            else refused += s->cand[i].p;
+        }
     }
     size_t n2;
     smp_filter(s, s->masked, &n2);

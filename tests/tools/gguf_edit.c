@@ -2,8 +2,9 @@
  *
  *   gguf_edit IN OUT [--drop-tensor NAME] [--reshape NAME NE0,NE1,NE2] [--retype NAME TYPE]
  *                    [--set-str KEY VAL] [--set-u32 KEY VAL] [--set-u16 KEY VAL] [--set-f64 KEY VAL]
- *                    [--set-i32 KEY VAL] [--del-key KEY]
+ *                    [--set-i32 KEY VAL] [--del-key KEY] [--rename-token OLD NEW]
  *
+ * --rename-token respells one entry of tokenizer.ggml.tokens (a vocabulary without K3's markers, say).
  * Reshaped or retyped tensors get zero data of the new size. Everything else is copied as it is. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +59,25 @@ int main(int argc, char **argv) {
             gguf_set_val_u16(out, a, (uint16_t)strtoul(b, NULL, 0)), i += 2;
         } else if (strcmp(op, "--set-i32") == 0) {
             gguf_set_val_i32(out, a, (int32_t)strtol(b, NULL, 0)), i += 2;
+        } else if (strcmp(op, "--rename-token") == 0) {
+            int64_t k = gguf_find_key(out, "tokenizer.ggml.tokens");
+            size_t n = k >= 0 ? gguf_get_arr_n(out, k) : 0;
+            /* copies: gguf_set_arr_str drops the old array before it reads the new one */
+            char **tok = calloc(n ? n : 1, sizeof *tok);
+            int hit = 0;
+            for (size_t t = 0; t < n && tok; t++) {
+                const char *w = gguf_get_arr_str(out, k, t);
+                hit |= strcmp(w, a) == 0;
+                tok[t] = strdup(strcmp(w, a) == 0 ? b : w);
+            }
+            if (hit) gguf_set_arr_str(out, "tokenizer.ggml.tokens", (const char **)tok, n);
+            for (size_t t = 0; t < n && tok; t++) free(tok[t]);
+            free(tok);
+            if (!hit) {
+                fprintf(stderr, "gguf_edit: no token '%s'\n", a);
+                return 1;
+            }
+            i += 2;
         } else if (strcmp(op, "--set-f64") == 0) {
             gguf_set_val_f64(out, a, strtod(b, NULL)), i += 2;
         } else {

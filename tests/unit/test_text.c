@@ -1205,6 +1205,35 @@ static void test_grammar_sampling(void) {
     }
     CHECK(!refused_kept && kept[1] == 0 && kept[0] > N / 4 && kept[0] < N,
           "a refused draft is never kept; an allowed one sometimes (%d of %d)", kept[0], N);
+    /* A budget no token can keep (1: every sentence takes two tokens, "a" "c" at least) is dropped rather
+     * than the grammar: the output stays constrained (and ends "length" unfinished), never free - before,
+     * the free draw stood and "x" came out. smp_sample still draws what smp_dist says. */
+    {
+        smp_params q = p;
+        q.budget = 1;
+        double w1[NV] = {0};
+        int c1[NV] = {0}, n1 = 4000;
+        if (smp_init(&s, &q, NV, &err) == 0) {
+            size_t m = smp_dist(&s, lg);
+            for (size_t i = 0; i < m; i++) w1[s.cand[i].id] += s.cand[i].p;
+            smp_free(&s);
+        }
+        for (int i = 0; i < n1; i++) {
+            q.seed = 7000 + (uint64_t)i;
+            if (smp_init(&s, &q, NV, &err) != 0) break;
+            c1[smp_sample(&s, lg)]++;
+            smp_free(&s);
+        }
+        double worst = 0;
+        for (int i = 0; i < NV; i++) {
+            double sd = sqrt(n1 * w1[i] * (1 - w1[i])) + 1e-9, z = fabs(c1[i] - n1 * w1[i]) / sd;
+            if (w1[i] == 0) z = c1[i] ? INFINITY : 0;
+            worst = z > worst ? z : worst;
+        }
+        CHECK(w1[0] > 0 && w1[1] > 0 && w1[3] > 0 && fabs(w1[0] + w1[1] + w1[3] - 1) < 1e-5 && worst < 4.5,
+              "a budget too small for any sentence keeps the grammar: a %.3f b %.3f ab %.3f, nothing else; "
+              "draws follow (worst %.2f sigma)", w1[0], w1[1], w1[3], worst);
+    }
     /* After "ab": speculative acceptance moved the grammar over what it committed. */
     p.seed = 5;
     p.temperature = 0;
