@@ -12,6 +12,7 @@
 #include "../base/heap.h"
 #include "../speculate/draft_pool.h"
 #include "../speculate/drafter.h"
+#include "../serve/backend_local.h"
 #include "../serve/http.h"
 #include "../serve/scheduler.h"
 #include "cli.h"

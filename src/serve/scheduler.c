@@ -26,248 +26,6 @@ const char *sch_finish_name(sch_finish f) {
     }
 }
 
-/* ---- the local backend ------------------------------------------------------------------------------ */
-
-typedef struct sch_local {
-    k3_engine *e;
-    int n_slots;
-    k3_state_pool pool;  /* the slots' states side by side: a decode step runs them as one batch (k3_forward) */
-    k3_state *st;        /* [n_slots], slot i of the pool */
-    smp_sampler *smp;    /* [n_slots] */
-    bool *has_smp;       /* [n_slots] */
-    uint32_t *valid;     /* [n_slots]: positions committed; past them, a speculative entry's rejected drafts */
-    uint8_t *keep;       /* [n_slots] batch scratch: keep rollback copies (speculative entries) */
-    /* batch scratch */
-    k3_state **seqs;     /* [n_slots] */
-    uint32_t *ntok;      /* [n_slots] */
-    int32_t *rows;       /* [n_slots] */
-    int32_t *tokens;
-    size_t tokens_cap;
-    /* DSpark taps (set_taps): the layers, and the step's features, token-major per entry */
-    int n_taps;
-    uint32_t taps[16];
-    float *feat;
-    size_t feat_cap;         /* floats */
-    sch_node_stat node;
-} sch_local;
-
-static int sch_local_step(void *impl, sch_step *steps, int n, rl_err *err) {
-    sch_local *L = impl;
-    const int32_t n_vocab = (int32_t)L->e->hp.n_vocab;
-    size_t total = 0;
-    for (int i = 0; i < n; i++) total += steps[i].n_tokens;
-    if (total > L->tokens_cap) {
-        int32_t *t = realloc(L->tokens, total * sizeof *t), *rw = t ? realloc(L->rows, total * sizeof *rw) : NULL;
-        if (t) L->tokens = t;
-        if (rw) L->rows = rw;
-        if (!t || !rw) return rl_errf(err, "out of memory for a batch of %zu tokens", total);
-        L->tokens_cap = total;
-    }
-    int n_rows = 0;
-    size_t off = 0;
-    for (int i = 0; i < n; i++) {
-        sch_step *sp = &steps[i];
-        if (sp->slot < 0 || sp->slot >= L->n_slots) return rl_errf(err, "slot %d out of range", sp->slot);
-        if (sp->begin) {
-            k3_state_reset(&L->st[sp->slot]);
-            if (L->has_smp[sp->slot]) smp_free(&L->smp[sp->slot]);
-            L->has_smp[sp->slot] = false;
-            if (smp_init(&L->smp[sp->slot], sp->smp, n_vocab, err) != 0) return -1;
-            L->has_smp[sp->slot] = true;
-        } else if (!L->has_smp[sp->slot]) {
-            return rl_errf(err, "slot %d continues a sequence that never began", sp->slot);
-        } else if (L->st[sp->slot].n_past > L->valid[sp->slot] &&
-                   k3_state_rollback(&L->st[sp->slot], L->valid[sp->slot], err) != 0) {
-            return -1; /* drop the last speculative entry's rejected drafts */
-        }
-        if (sp->n_draft < 0 || sp->n_draft > SCH_MAX_DRAFT || (sp->n_draft > 0 && (!sp->sample || sp->n_tokens != (uint32_t)sp->n_draft + 1))) {
-            return rl_errf(err, "slot %d: a speculative entry of %u tokens with %d drafts", sp->slot, sp->n_tokens, sp->n_draft);
-        }
-        L->seqs[i] = &L->st[sp->slot];
-        L->ntok[i] = sp->n_tokens;
-        L->keep[i] = sp->n_draft > 0;
-        memcpy(L->tokens + off, sp->tokens, sp->n_tokens * sizeof(int32_t));
-        off += sp->n_tokens;
-        int t0 = sp->n_draft > 0 || sp->prompt_lp ? 0 : (int)sp->n_tokens - 1;
-        for (int t = t0; (sp->sample || sp->prompt_lp) && t < (int)sp->n_tokens; t++) {
-            if (!sp->sample && t == (int)sp->n_tokens - 1) break; /* (prompt_lp alone: the last row has no token) */
-            L->rows[n_rows++] = (int32_t)(off - sp->n_tokens + (uint32_t)t);
-        }
-    }
-    bool want_taps = false;
-    for (int i = 0; i < n; i++) want_taps = want_taps || (L->n_taps > 0 && steps[i].taps);
-    k3_batch b = {.n_seqs = n, .seqs = L->seqs, .n_tokens = L->ntok, .tokens = L->tokens, .keep_rollback = L->keep,
-                  .n_logits = n_rows, .logit_rows = L->rows, .n_taps = want_taps ? L->n_taps : 0, .tap_layers = L->taps};
-    k3_output o;
-    double t0 = sch_now();
-    if (k3_forward(L->e, &b, &o, err) != 0) return -1;
-    L->node.compute_s += sch_now() - t0;
-    L->node.steps++;
-    if (want_taps) { /* the engine gives [tap][token][n_embd] over the batch; entries get [token][tap][n_embd] */
-        const size_t d = L->e->hp.n_embd, row = (size_t)L->n_taps * d;
-        if (total * row > L->feat_cap) {
-            float *f = realloc(L->feat, total * row * sizeof *f);
-            if (!f) {
-                k3_output_free(&o);
-                return rl_errf(err, "out of memory for the DSpark features of %zu tokens", total);
-            }
-            L->feat = f;
-            L->feat_cap = total * row;
-        }
-        size_t at = 0;
-        for (int i = 0; i < n; i++) {
-            steps[i].feat = steps[i].taps ? L->feat + at * row : NULL;
-            if (steps[i].taps) k3_tap_rows(o.taps, L->n_taps, (uint32_t)d, total, at, steps[i].n_tokens, L->feat + at * row);
-            at += steps[i].n_tokens;
-        }
-    } else {
-        for (int i = 0; i < n; i++) steps[i].feat = NULL;
-    }
-    int r = 0;
-    for (int i = 0; i < n; i++) {
-        sch_step *sp = &steps[i];
-        smp_sampler *smp = &L->smp[sp->slot];
-        L->valid[sp->slot] = L->st[sp->slot].n_past;
-        if (sp->n_draft > 0) { /* spec_accept takes the inputs into the penalty history as it judges them */
-            sp->n_out = spec_accept(smp, o.logits + (size_t)r * (size_t)n_vocab, n_vocab, sp->tokens, sp->n_draft, NULL,
-                                    sp->out);
-            r += (int)sp->n_tokens;
-            L->valid[sp->slot] -= (uint32_t)(sp->n_tokens - (uint32_t)sp->n_out);
-            sp->token = sp->out[sp->n_out - 1];
-            for (int t = 0; sp->logprobs && t < sp->n_out; t++) {
-                smp_logprobs(o.logits + (size_t)(r - (int)sp->n_tokens + t) * (size_t)n_vocab, n_vocab, sp->out[t], &sp->lp[t]);
-            }
-            continue;
-        }
-        /* The penalty history sees every token of the sequence, prompt included, as gen_run's does. */
-        for (uint32_t t = 0; t < sp->n_tokens; t++) smp_accept(smp, sp->tokens[t]);
-        if (sp->prompt_lp) { /* rows 0 .. n-2 score the entry's own next tokens; the last one samples */
-            for (uint32_t t = 0; t + 1 < sp->n_tokens; t++) {
-                smp_logprobs(o.logits + (size_t)r++ * (size_t)n_vocab, n_vocab, sp->tokens[t + 1], &sp->plp[t]);
-            }
-        }
-        if (sp->sample) {
-            const float *row = o.logits + (size_t)r++ * (size_t)n_vocab;
-            sp->token = smp_sample(smp, row);
-            if (sp->logprobs) smp_logprobs(row, n_vocab, sp->token, &sp->lp[0]);
-        }
-    }
-    k3_output_free(&o);
-    return 0;
-}
-
-static void sch_local_end(void *impl, int slot) {
-    (void)impl;
-    (void)slot; /* states are reused: the next begin resets them */
-}
-
-static int sch_local_nodes(void *impl, sch_node_stat *out, int max) {
-    sch_local *L = impl;
-    if (max < 1) return 0;
-    out[0] = L->node;
-    return 1;
-}
-
-static void sch_local_free(void *impl) {
-    sch_local *L = impl;
-    if (!L) return;
-    for (int i = 0; i < L->n_slots; i++) {
-        if (L->st && L->st[i].ctx) k3_state_free(&L->st[i]);
-        if (L->has_smp && L->has_smp[i]) smp_free(&L->smp[i]);
-    }
-    k3_state_pool_free(&L->pool);
-    free(L->st);
-    free(L->smp);
-    free(L->has_smp);
-    free(L->valid);
-    free(L->keep);
-    free(L->seqs);
-    free(L->ntok);
-    free(L->rows);
-    free(L->tokens);
-    free(L->feat);
-    free(L);
-}
-
-static int sch_local_fork(void *impl, int src, int dst, const smp_params *smp, rl_err *err) {
-    sch_local *L = impl;
-    if (src < 0 || src >= L->n_slots || dst < 0 || dst >= L->n_slots || src == dst || !L->has_smp[src]) {
-        return rl_errf(err, "cannot fork slot %d into slot %d", src, dst);
-    }
-    if (L->st[src].n_past > L->valid[src] && k3_state_rollback(&L->st[src], L->valid[src], err) != 0) return -1;
-    if (L->has_smp[dst]) smp_free(&L->smp[dst]);
-    L->has_smp[dst] = false;
-    if (k3_state_copy(&L->st[dst], &L->st[src], err) != 0) return -1;
-    if (smp_init(&L->smp[dst], smp, (int32_t)L->e->hp.n_vocab, err) != 0) return -1;
-    smp_accept_history(&L->smp[dst], &L->smp[src]);
-    L->has_smp[dst] = true;
-    L->valid[dst] = L->st[dst].n_past;
-    return 0;
-}
-
-static int sch_local_set_taps(void *impl, const uint32_t *layers, int n, rl_err *err) {
-    sch_local *L = impl;
-    if (n < 0 || n > 16) return rl_errf(err, "%d taps (at most 16)", n);
-    for (int k = 0; k < n; k++) {
-        if (layers[k] > L->e->hp.n_layer) return rl_errf(err, "a tap at layer %u of a %u-layer model", layers[k], L->e->hp.n_layer);
-    }
-    memcpy(L->taps, layers, (size_t)n * sizeof *layers);
-    L->n_taps = n;
-    return 0;
-}
-
-int sch_backend_local(sch_backend *be, k3_engine *e, int n_slots, uint32_t n_ctx, rl_err *err) {
-    memset(be, 0, sizeof *be);
-    if (n_slots < 1) return rl_errf(err, "need at least one sequence slot");
-    if (e->a != 0 || e->b != e->hp.n_layer) return rl_errf(err, "the local backend needs an engine for the whole model");
-    sch_local *L = calloc(1, sizeof *L);
-    if (!L) return rl_errf(err, "out of memory");
-    L->e = e;
-    L->n_slots = n_slots;
-    L->st = calloc((size_t)n_slots, sizeof *L->st);
-    L->smp = calloc((size_t)n_slots, sizeof *L->smp);
-    L->has_smp = calloc((size_t)n_slots, sizeof *L->has_smp);
-    L->seqs = calloc((size_t)n_slots, sizeof *L->seqs);
-    L->ntok = calloc((size_t)n_slots, sizeof *L->ntok);
-    L->valid = calloc((size_t)n_slots, sizeof *L->valid);
-    L->keep = calloc((size_t)n_slots, sizeof *L->keep);
-    if (!L->st || !L->smp || !L->has_smp || !L->seqs || !L->ntok || !L->valid || !L->keep) {
-        sch_local_free(L);
-        return rl_errf(err, "out of memory");
-    }
-    if (k3_state_pool_init(&L->pool, &e->hp, 0, e->hp.n_layer, n_ctx, n_slots, err) != 0) {
-        sch_local_free(L);
-        return -1;
-    }
-    for (int i = 0; i < n_slots; i++) {
-        /* A slot rolls back only into its last speculative entry (L->valid): one block kept, not
-         * K3_RB_BLOCKS, each of which holds a copy of every KDA state per token once touched. */
-        if (k3_state_init_pooled(&L->st[i], &L->pool, i, err) != 0 || k3_state_keep_blocks(&L->st[i], 1, err) != 0) {
-            rl_err_prefix(err, "sequence state %d of %d (%u tokens each)", i + 1, n_slots, n_ctx);
-            sch_local_free(L);
-            return -1;
-        }
-    }
-    snprintf(L->node.name, sizeof L->node.name, "local");
-    snprintf(L->node.addr, sizeof L->node.addr, "local");
-    L->node.layer_a = 0;
-    L->node.layer_b = e->hp.n_layer;
-    L->node.up = true;
-    be->impl = L;
-    be->n_slots = n_slots;
-    be->n_ctx = n_ctx;
-    be->n_vocab = e->hp.n_vocab;
-    be->kind = "local";
-    be->xc = k3_engine_cache_stats(e);
-    be->step = sch_local_step;
-    be->end = sch_local_end;
-    be->nodes = sch_local_nodes;
-    be->free = sch_local_free;
-    be->set_taps = sch_local_set_taps;
-    be->fork = sch_local_fork;
-    return 0;
-}
-
 /* ---- histograms -------------------------------------------------------------------------------------- */
 
 static void sch_hist_init(sch_hist *h, const double *le, int n) {
@@ -731,6 +489,242 @@ static void sch_ring_take(sch_sched *s, const sch_ring_stat *rs) {
     s->m.ring = *rs;
 }
 
+/* Nothing running: the backend's idle work (a ring's audits and node checks) or a sleep until a request, a
+ * cancel or stop. Called and returns with the mutex held. Returns false when the thread should end. */
+static bool sch_idle(sch_sched *s) {
+    if (s->stopping && s->n_queued == 0) return false;
+    if (!s->be.idle || s->n_queued != 0) {
+        pthread_cond_wait(&s->cond, &s->mu);
+        return true;
+    }
+    pthread_mutex_unlock(&s->mu);
+    int did = s->be.idle(s->be.impl);
+    sch_node_stat nodes[SCH_MAX_NODES];
+    int n_nodes = s->be.nodes(s->be.impl, nodes, SCH_MAX_NODES);
+    sch_ring_stat rs = {0};
+    if (s->be.ring_stats) s->be.ring_stats(s->be.impl, &rs);
+    pthread_mutex_lock(&s->mu);
+    sch_ring_take(s, &rs);
+    s->m.n_nodes = n_nodes; /* idle work may have found a node gone or back: /health shows it */
+    memcpy(s->m.nodes, nodes, (size_t)n_nodes * sizeof *nodes);
+    if (did) return true; /* maybe more, unless requests came meanwhile (the loop admits them first) */
+    /* Nothing now: sleep until a request, a cancel or stop, but call idle() again within a second (the
+     * backend paces its own background checks). */
+    if (!s->stopping) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 1;
+        pthread_cond_timedwait(&s->cond, &s->mu, &until);
+    }
+    return true;
+}
+
+/* Forks: a request waiting for its group's first to read all but the last prompt token gets a copy of that
+ * state (outside the mutex: a ring's fork is a round trip; only this thread touches slots). One whose first
+ * went away reads its prompt itself. Called and returns with the mutex held. */
+static void sch_forks(sch_sched *s) {
+    int nf = 0;
+    for (int i = 0; i < s->be.n_slots; i++) {
+        sch_request *r = s->slots[i], *l = r && r->follow ? sch_leader(s, r) : NULL;
+        if (r && r->follow && !l) r->follow = false;
+        if (l && l->n_fed + 1 == l->n_prompt) s->f_src[nf] = l->slot, s->f_dst[nf++] = i;
+    }
+    if (nf == 0) return;
+    pthread_mutex_unlock(&s->mu);
+    for (int k = 0; k < nf; k++) {
+        rl_err e;
+        if (s->be.fork(s->be.impl, s->f_src[k], s->f_dst[k], &s->slots[s->f_dst[k]]->p.smp, &e) != 0) {
+            fprintf(stderr, "ringlm serve: a choice could not share its prompt's state, it reads the prompt itself: %s\n",
+                    e.msg);
+            s->f_src[k] = -1;
+        }
+    }
+    pthread_mutex_lock(&s->mu);
+    for (int k = 0; k < nf; k++) {
+        sch_request *r = s->slots[s->f_dst[k]];
+        r->follow = false;
+        if (s->f_src[k] < 0) continue;
+        r->n_fed = r->n_prompt - 1;
+        s->m.prompt_shared += r->n_fed;
+    }
+}
+
+/* The step's batch, under the mutex: decode tokens first (every generating sequence moves each step, with
+ * its n-gram drafts; those a draft model or DSpark drafts are listed for sch_drafts), then prompt chunks,
+ * oldest request first, within the step's prompt budget. Returns the number of entries. */
+static int sch_batch(sch_sched *s, int *nd_model, int *nd_ds) {
+    int n = 0;
+    *nd_model = *nd_ds = 0;
+    uint32_t budget = s->cfg.chunk;
+    for (int i = 0; i < s->be.n_slots; i++) {
+        sch_request *r = s->slots[i];
+        if (!r || r->n_fed < r->n_prompt) continue;
+        s->steps[n] = (sch_step){.slot = i, .n_tokens = 1, .tokens = &r->last, .sample = true,
+                                 .logprobs = r->p.logprobs, .taps = r->ds_ok};
+        /* Speculation: prompt lookup over the request's tokens, bounded by what is left to generate and the
+         * context (fed so far: the prompt and every sampled token but the last). */
+        int k = r->hist ? r->p.draft_n : 0;
+        if (k > SCH_MAX_DRAFT) k = SCH_MAX_DRAFT;
+        if (r->p.max_tokens > 0 && r->p.max_tokens - r->n_gen - 1 < k) k = r->p.max_tokens - r->n_gen - 1;
+        int64_t room = (int64_t)s->be.n_ctx - (int64_t)(r->n_prompt + (size_t)r->n_gen);
+        if (room < k) k = (int)room;
+        if (k > 0 && r->p.draft_model) { /* drafted by sch_drafts, for all such requests at once */
+            s->d_entry[*nd_model] = n;
+            s->d_slot[*nd_model] = i;
+            s->d_k[*nd_model] = k;
+            s->d_hist[*nd_model] = r->hist;
+            s->d_nhist[(*nd_model)++] = r->n_hist;
+            k = 0;
+        }
+        if (r->p.draft_dspark) { /* drafted by sch_drafts, from the features of its committed positions */
+            if (k > 0 && r->ds_ok) s->s_entry[*nd_ds] = n, s->s_k[(*nd_ds)++] = k;
+            k = 0;
+        }
+        int nd = k > 0 ? spec_ngram(r->hist, r->n_hist, k, s->blocks[i] + 1) : 0;
+        if (nd > 0) {
+            s->blocks[i][0] = r->last;
+            s->steps[n].tokens = s->blocks[i];
+            s->steps[n].n_tokens = (uint32_t)nd + 1;
+            s->steps[n].n_draft = nd;
+        }
+        s->step_req[n++] = r;
+    }
+    for (;;) {
+        sch_request *best = NULL;
+        for (int i = 0; i < s->be.n_slots; i++) {
+            sch_request *r = s->slots[i];
+            bool taken = false;
+            for (int k = 0; k < n && !taken; k++) taken = s->step_req[k] == r;
+            if (r && !taken && !r->follow && r->n_fed < r->n_prompt && (!best || r->t_arrival < best->t_arrival)) best = r;
+        }
+        if (!best || budget == 0) break;
+        size_t left = best->n_prompt - best->n_fed;
+        uint32_t k = left < budget ? (uint32_t)left : budget;
+        if (best->p.prompt_logprobs) k = (uint32_t)left; /* one step: every row scores the next token */
+        if (best->lead && left > 1 && k > left - 1) k = (uint32_t)(left - 1); /* the others fork from here */
+        s->steps[n] = (sch_step){.slot = best->slot, .begin = best->n_fed == 0, .smp = &best->p.smp,
+                                 .receipts = best->p.receipts, .taps = best->ds_ok,
+                                 .n_tokens = k, .tokens = best->prompt + best->n_fed,
+                                 .sample = best->n_fed + k == best->n_prompt, .logprobs = best->p.logprobs,
+                                 .prompt_lp = best->p.prompt_logprobs, .plp = best->plp};
+        s->step_req[n++] = best;
+        budget = k >= budget ? 0 : budget - k;
+    }
+    return n;
+}
+
+/* The drafts of the batch's draft-model and DSpark entries, outside the mutex (r->hist changes on this
+ * thread only), then every drafted block cut where the request's grammar refuses it (not worth verifying).
+ * A drafting failure costs drafts, never requests. Returns the seconds drafting took; *refused, the drafts
+ * the grammar cut. */
+static double sch_drafts(sch_sched *s, int n, int nd_model, int nd_ds, uint64_t *refused) {
+    rl_err err = {{0}};
+    double t0 = sch_now();
+    if (nd_model > 0) { /* the draft model, for every request that uses it at once */
+        if (spec_pool_propose(s->cfg.draft, nd_model, s->d_slot, s->d_hist, s->d_nhist, s->d_k, &s->d_out[0][0],
+                              SCH_MAX_DRAFT, s->d_n, &err) != 0) {
+            fprintf(stderr, "ringlm serve: drafting failed, this step goes without drafts: %s\n", err.msg);
+        }
+        for (int d = 0; d < nd_model; d++) {
+            int slot = s->d_slot[d], e = s->d_entry[d], nd = s->d_n[d];
+            if (nd <= 0) continue;
+            s->blocks[slot][0] = *s->steps[e].tokens;
+            memcpy(&s->blocks[slot][1], s->d_out[d], (size_t)nd * sizeof(int32_t));
+            s->steps[e].tokens = s->blocks[slot];
+            s->steps[e].n_tokens = (uint32_t)nd + 1;
+            s->steps[e].n_draft = nd;
+        }
+    }
+    for (int d = 0; d < nd_ds; d++) {
+        /* DSpark, one block per request: [last, MASK...] over the features the target gave so far. A drafter
+         * out of step with its sequence (a failure below) stops drafting for the request; the request itself
+         * goes on, undrafted. */
+        int e = s->s_entry[d];
+        sch_request *r = s->step_req[e];
+        int32_t *blk = s->blocks[r->slot];
+        const spec_q *qs;
+        int nd = 0;
+        if (spec_drafter_propose(&s->cfg.dspark[r->slot], r->hist, r->n_hist, r->n_hist, s->s_k[d], blk + 1, &nd, &qs,
+                                 &err) != 0) {
+            fprintf(stderr, "ringlm serve: DSpark drafting failed, the request goes on without drafts: %s\n", err.msg);
+            r->ds_ok = false;
+            s->steps[e].taps = false;
+            continue;
+        }
+        if (nd <= 0) continue;
+        blk[0] = r->last;
+        s->steps[e].tokens = blk;
+        s->steps[e].n_tokens = (uint32_t)nd + 1;
+        s->steps[e].n_draft = nd;
+    }
+    double t_draft = nd_model > 0 || nd_ds > 0 ? sch_now() - t0 : 0;
+    *refused = 0;
+    for (int k = 0; k < n; k++) {
+        sch_step *sp = &s->steps[k];
+        sch_request *r = s->step_req[k];
+        if (sp->n_draft <= 0 || !r->gs_on) continue;
+        int ok = smp_grammar_prefix(&r->p.smp, &r->gs, r->n_gen, sp->tokens + 1, sp->n_draft, &r->gtry);
+        *refused += (uint64_t)(sp->n_draft - ok);
+        sp->n_draft = ok;
+        sp->n_tokens = (uint32_t)ok + 1;
+    }
+    return t_draft;
+}
+
+/* What entry k of a step that returned rc brought its request, under the mutex: a failure ends it; prompt
+ * tokens and their log-probabilities are counted in; DSpark features go to its drafter; the sampled or
+ * committed tokens go through sch_on_token (r stays valid after it ends: an uncancelled request still holds
+ * its submitter's reference, so sch_finish_req does not free it). */
+static void sch_take(sch_sched *s, int k, int rc, const rl_err *err, double now) {
+    sch_request *r = s->step_req[k];
+    sch_step *sp = &s->steps[k];
+    if (rc != 0) {
+        r->unavailable = rc == SCH_STEP_UNAVAILABLE;
+        sch_finish_req(s, r, SCH_FIN_ERROR, err->msg, false);
+        return;
+    }
+    s->m.step_tokens += sp->n_tokens;
+    if (r->n_fed < r->n_prompt) {
+        r->n_fed += sp->n_tokens;
+        s->m.prompt_tokens += sp->n_tokens;
+        if (sp->prompt_lp && sp->n_tokens > 1) { /* the prompt's entries come before the generated ones */
+            size_t need = r->n_lp + sp->n_tokens - 1;
+            if (need > r->cap_lp) {
+                smp_logprob *nl = realloc(r->lp, need * sizeof *nl);
+                if (nl) r->lp = nl, r->cap_lp = need;
+            }
+            if (need <= r->cap_lp) {
+                memcpy(r->lp + r->n_lp, sp->plp, (sp->n_tokens - 1) * sizeof *sp->plp);
+                r->n_lp = need;
+            }
+        }
+    }
+    if (r->cancelled) return; /* reaped at the top of the loop */
+    if (sp->taps && r->ds_ok) { /* the features of the positions the target ran and kept */
+        uint32_t rows = sp->n_draft > 0 ? (uint32_t)sp->n_out : sp->n_tokens;
+        rl_err e;
+        if (!sp->feat || spec_drafter_features(&s->cfg.dspark[r->slot], sp->feat, rows, &e) != 0) {
+            fprintf(stderr, "ringlm serve: DSpark features lost, the request goes on without drafts: %s\n",
+                    sp->feat ? e.msg : "the backend returned none");
+            r->ds_ok = false;
+        }
+    }
+    if (sp->n_draft > 0) { /* the committed tokens in order, until one ends the request */
+        s->m.drafted += (uint64_t)sp->n_draft;
+        s->m.accepted += (uint64_t)(sp->n_out - 1);
+        r->drafted += sp->n_draft;
+        r->accepted += sp->n_out - 1;
+        for (int t = 0; t < sp->n_out && r->fin == SCH_RUNNING; t++) {
+            sch_on_token(s, r, sp->out[t], sp->logprobs ? &sp->lp[t] : NULL, now);
+        }
+    } else if (sp->sample) {
+        sch_on_token(s, r, sp->token, sp->logprobs ? &sp->lp[0] : NULL, now);
+    }
+}
+
+/* The scheduler thread: the loop of scheduler.h, one step per turn. The requests of a step stay in their
+ * slots while the mutex is released for the drafts and the step: only this thread removes them, and a
+ * cancel merely marks them. */
 static void *sch_main(void *arg) {
     sch_sched *s = arg;
     pthread_mutex_lock(&s->mu);
@@ -738,182 +732,18 @@ static void *sch_main(void *arg) {
         sch_reap(s);
         sch_admit(s);
         if (s->n_active == 0) {
-            if (s->stopping && s->n_queued == 0) break;
-            if (s->be.idle && s->n_queued == 0) {
-                pthread_mutex_unlock(&s->mu);
-                int did = s->be.idle(s->be.impl);
-                sch_node_stat nodes[SCH_MAX_NODES];
-                int n_nodes = s->be.nodes(s->be.impl, nodes, SCH_MAX_NODES);
-                sch_ring_stat rs = {0};
-                if (s->be.ring_stats) s->be.ring_stats(s->be.impl, &rs);
-                pthread_mutex_lock(&s->mu);
-                sch_ring_take(s, &rs);
-                s->m.n_nodes = n_nodes; /* idle work may have found a node gone or back: /health shows it */
-                memcpy(s->m.nodes, nodes, (size_t)n_nodes * sizeof *nodes);
-                if (did) continue; /* maybe more, unless requests came meanwhile (the loop admits them first) */
-                /* Nothing now: sleep until a request, a cancel or stop, but call idle() again within a second
-                 * (the backend paces its own background checks). */
-                if (!s->stopping) {
-                    struct timespec until;
-                    clock_gettime(CLOCK_REALTIME, &until);
-                    until.tv_sec += 1;
-                    pthread_cond_timedwait(&s->cond, &s->mu, &until);
-                }
-                continue;
-            }
-            pthread_cond_wait(&s->cond, &s->mu);
+            if (!sch_idle(s)) break;
             continue;
         }
-        /* Forks: a request waiting for its group's first to read all but the last prompt token gets a copy of
-         * that state (outside the mutex: a ring's fork is a round trip; only this thread touches slots).
-         * One whose first went away reads its prompt itself. */
-        int nf = 0;
-        for (int i = 0; i < s->be.n_slots; i++) {
-            sch_request *r = s->slots[i], *l = r && r->follow ? sch_leader(s, r) : NULL;
-            if (r && r->follow && !l) r->follow = false;
-            if (l && l->n_fed + 1 == l->n_prompt) s->f_src[nf] = l->slot, s->f_dst[nf++] = i;
-        }
-        if (nf > 0) {
-            pthread_mutex_unlock(&s->mu);
-            for (int k = 0; k < nf; k++) {
-                rl_err e;
-                if (s->be.fork(s->be.impl, s->f_src[k], s->f_dst[k], &s->slots[s->f_dst[k]]->p.smp, &e) != 0) {
-                    fprintf(stderr, "ringlm serve: a choice could not share its prompt's state, it reads the prompt itself: %s\n",
-                            e.msg);
-                    s->f_src[k] = -1;
-                }
-            }
-            pthread_mutex_lock(&s->mu);
-            for (int k = 0; k < nf; k++) {
-                sch_request *r = s->slots[s->f_dst[k]];
-                r->follow = false;
-                if (s->f_src[k] < 0) continue;
-                r->n_fed = r->n_prompt - 1;
-                s->m.prompt_shared += r->n_fed;
-            }
-        }
-        /* Decode tokens first (every generating sequence moves each step), then prompt chunks, oldest
-         * request first, within the step's prompt budget. */
-        int n = 0, nd_model = 0, nd_ds = 0;
-        uint32_t budget = s->cfg.chunk;
-        for (int i = 0; i < s->be.n_slots; i++) {
-            sch_request *r = s->slots[i];
-            if (!r || r->n_fed < r->n_prompt) continue;
-            s->steps[n] = (sch_step){.slot = i, .n_tokens = 1, .tokens = &r->last, .sample = true,
-                                     .logprobs = r->p.logprobs, .taps = r->ds_ok};
-            /* Speculation: prompt lookup over the request's tokens, bounded by what is left to generate and
-             * the context (fed so far: the prompt and every sampled token but the last). */
-            int k = r->hist ? r->p.draft_n : 0;
-            if (k > SCH_MAX_DRAFT) k = SCH_MAX_DRAFT;
-            if (r->p.max_tokens > 0 && r->p.max_tokens - r->n_gen - 1 < k) k = r->p.max_tokens - r->n_gen - 1;
-            int64_t room = (int64_t)s->be.n_ctx - (int64_t)(r->n_prompt + (size_t)r->n_gen);
-            if (room < k) k = (int)room;
-            if (k > 0 && r->p.draft_model) { /* drafted below, for all such requests at once */
-                s->d_entry[nd_model] = n;
-                s->d_slot[nd_model] = i;
-                s->d_k[nd_model] = k;
-                s->d_hist[nd_model] = r->hist;
-                s->d_nhist[nd_model++] = r->n_hist;
-                k = 0;
-            }
-            if (r->p.draft_dspark) { /* drafted below, from the features of its committed positions */
-                if (k > 0 && r->ds_ok) s->s_entry[nd_ds] = n, s->s_k[nd_ds++] = k;
-                k = 0;
-            }
-            int nd = k > 0 ? spec_ngram(r->hist, r->n_hist, k, s->blocks[i] + 1) : 0;
-            if (nd > 0) {
-                s->blocks[i][0] = r->last;
-                s->steps[n].tokens = s->blocks[i];
-                s->steps[n].n_tokens = (uint32_t)nd + 1;
-                s->steps[n].n_draft = nd;
-            }
-            s->step_req[n++] = r;
-        }
-        for (;;) {
-            sch_request *best = NULL;
-            for (int i = 0; i < s->be.n_slots; i++) {
-                sch_request *r = s->slots[i];
-                bool taken = false;
-                for (int k = 0; k < n && !taken; k++) taken = s->step_req[k] == r;
-                if (r && !taken && !r->follow && r->n_fed < r->n_prompt && (!best || r->t_arrival < best->t_arrival)) best = r;
-            }
-            if (!best || budget == 0) break;
-            size_t left = best->n_prompt - best->n_fed;
-            uint32_t k = left < budget ? (uint32_t)left : budget;
-            if (best->p.prompt_logprobs) k = (uint32_t)left; /* one step: every row scores the next token */
-            if (best->lead && left > 1 && k > left - 1) k = (uint32_t)(left - 1); /* the others fork from here */
-            s->steps[n] = (sch_step){.slot = best->slot, .begin = best->n_fed == 0, .smp = &best->p.smp,
-                                     .receipts = best->p.receipts, .taps = best->ds_ok,
-                                     .n_tokens = k, .tokens = best->prompt + best->n_fed,
-                                     .sample = best->n_fed + k == best->n_prompt, .logprobs = best->p.logprobs,
-                                     .prompt_lp = best->p.prompt_logprobs, .plp = best->plp};
-            s->step_req[n++] = best;
-            budget = k >= budget ? 0 : budget - k;
-        }
+        sch_forks(s);
+        int nd_model, nd_ds;
+        int n = sch_batch(s, &nd_model, &nd_ds);
         pthread_mutex_unlock(&s->mu);
 
-        /* The requests in this step stay in their slots while the mutex is released: only this thread
-         * removes them, and a cancel merely marks them. */
+        uint64_t refused;
+        double t_draft = sch_drafts(s, n, nd_model, nd_ds, &refused);
         rl_err err = {{0}};
         double t0 = sch_now();
-        double t_draft = 0;
-        if (nd_model > 0) {
-            /* The draft model, for every request that uses it at once, outside the mutex (r->hist changes on
-             * this thread only). A failure costs this step its drafts, not the requests. */
-            if (spec_pool_propose(s->cfg.draft, nd_model, s->d_slot, s->d_hist, s->d_nhist, s->d_k, &s->d_out[0][0],
-                                  SCH_MAX_DRAFT, s->d_n, &err) != 0) {
-                fprintf(stderr, "ringlm serve: drafting failed, this step goes without drafts: %s\n", err.msg);
-                err = (rl_err){{0}};
-            }
-            for (int d = 0; d < nd_model; d++) {
-                int slot = s->d_slot[d], e = s->d_entry[d], nd = s->d_n[d];
-                if (nd <= 0) continue;
-                s->blocks[slot][0] = *s->steps[e].tokens;
-                memcpy(&s->blocks[slot][1], s->d_out[d], (size_t)nd * sizeof(int32_t));
-                s->steps[e].tokens = s->blocks[slot];
-                s->steps[e].n_tokens = (uint32_t)nd + 1;
-                s->steps[e].n_draft = nd;
-            }
-            t_draft = sch_now() - t0;
-            t0 = sch_now();
-        }
-        for (int d = 0; d < nd_ds; d++) {
-            /* DSpark, one block per request: [last, MASK...] over the features the target gave so far. A
-             * drafter out of step with its sequence (a failure below) stops drafting for the request; the
-             * request itself goes on, undrafted. */
-            int e = s->s_entry[d];
-            sch_request *r = s->step_req[e];
-            int32_t *blk = s->blocks[r->slot];
-            const spec_q *qs;
-            int nd = 0;
-            if (spec_drafter_propose(&s->cfg.dspark[r->slot], r->hist, r->n_hist, r->n_hist, s->s_k[d], blk + 1, &nd, &qs,
-                                     &err) != 0) {
-                fprintf(stderr, "ringlm serve: DSpark drafting failed, the request goes on without drafts: %s\n", err.msg);
-                err = (rl_err){{0}};
-                r->ds_ok = false;
-                s->steps[e].taps = false;
-                continue;
-            }
-            if (nd <= 0) continue;
-            blk[0] = r->last;
-            s->steps[e].tokens = blk;
-            s->steps[e].n_tokens = (uint32_t)nd + 1;
-            s->steps[e].n_draft = nd;
-        }
-        if (nd_ds > 0) {
-            t_draft += sch_now() - t0;
-            t0 = sch_now();
-        }
-        uint64_t refused = 0;
-        for (int k = 0; k < n; k++) { /* drafts the grammar refuses are not worth verifying */
-            sch_step *sp = &s->steps[k];
-            sch_request *r = s->step_req[k];
-            if (sp->n_draft <= 0 || !r->gs_on) continue;
-            int ok = smp_grammar_prefix(&r->p.smp, &r->gs, r->n_gen, sp->tokens + 1, sp->n_draft, &r->gtry);
-            refused += (uint64_t)(sp->n_draft - ok);
-            sp->n_draft = ok;
-            sp->n_tokens = (uint32_t)ok + 1;
-        }
         int rc = s->be.step(s->be.impl, s->steps, n, &err);
         double t1 = sch_now();
         sch_node_stat nodes[SCH_MAX_NODES];
@@ -931,54 +761,7 @@ static void *sch_main(void *arg) {
         sch_hist_add(&s->m.step_s, t1 - t0);
         s->m.n_nodes = n_nodes;
         memcpy(s->m.nodes, nodes, (size_t)n_nodes * sizeof *nodes);
-        for (int k = 0; k < n; k++) {
-            sch_request *r = s->step_req[k];
-            sch_step *sp = &s->steps[k];
-            if (rc != 0) {
-                r->unavailable = rc == SCH_STEP_UNAVAILABLE;
-                sch_finish_req(s, r, SCH_FIN_ERROR, err.msg, false);
-                continue;
-            }
-            s->m.step_tokens += sp->n_tokens;
-            if (r->n_fed < r->n_prompt) {
-                r->n_fed += sp->n_tokens;
-                s->m.prompt_tokens += sp->n_tokens;
-                if (sp->prompt_lp && sp->n_tokens > 1) { /* the prompt's entries come before the generated ones */
-                    size_t need = r->n_lp + sp->n_tokens - 1;
-                    if (need > r->cap_lp) {
-                        smp_logprob *nl = realloc(r->lp, need * sizeof *nl);
-                        if (nl) r->lp = nl, r->cap_lp = need;
-                    }
-                    if (need <= r->cap_lp) {
-                        memcpy(r->lp + r->n_lp, sp->plp, (sp->n_tokens - 1) * sizeof *sp->plp);
-                        r->n_lp = need;
-                    }
-                }
-            }
-            if (r->cancelled) continue; /* reaped at the top of the loop */
-            if (sp->taps && r->ds_ok) { /* the features of the positions the target ran and kept */
-                uint32_t rows = sp->n_draft > 0 ? (uint32_t)sp->n_out : sp->n_tokens;
-                rl_err e;
-                if (!sp->feat || spec_drafter_features(&s->cfg.dspark[r->slot], sp->feat, rows, &e) != 0) {
-                    fprintf(stderr, "ringlm serve: DSpark features lost, the request goes on without drafts: %s\n",
-                            sp->feat ? e.msg : "the backend returned none");
-                    r->ds_ok = false;
-                }
-            }
-            if (sp->n_draft > 0) { /* the committed tokens in order, until one ends the request (r stays
-                                    * valid after it ends: an uncancelled request still holds its submitter's
-                                    * reference, so sch_finish_req does not free it) */
-                s->m.drafted += (uint64_t)sp->n_draft;
-                s->m.accepted += (uint64_t)(sp->n_out - 1);
-                r->drafted += sp->n_draft;
-                r->accepted += sp->n_out - 1;
-                for (int t = 0; t < sp->n_out && r->fin == SCH_RUNNING; t++) {
-                    sch_on_token(s, r, sp->out[t], sp->logprobs ? &sp->lp[t] : NULL, t1);
-                }
-            } else if (sp->sample) {
-                sch_on_token(s, r, sp->token, sp->logprobs ? &sp->lp[0] : NULL, t1);
-            }
-        }
+        for (int k = 0; k < n; k++) sch_take(s, k, rc, &err, t1);
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;

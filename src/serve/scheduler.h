@@ -20,8 +20,8 @@
  * running streams keep getting a token every step while it does.
  *
  * The scheduler knows nothing of HTTP: text in, text and a finish reason out. It knows nothing of where
- * the model runs either: every forward pass goes through an sch_backend (below). sch_backend_local runs
- * it on this machine with a k3_engine; a ring backend can take its place without touching this file. */
+ * the model runs either: every forward pass goes through an sch_backend (below). sch_backend_local
+ * (backend_local.h) runs it on this machine with a k3_engine; a ring backend can take its place without touching this file. */
 #ifndef RINGLM_SCHEDULER_H
 #define RINGLM_SCHEDULER_H
 
@@ -143,10 +143,7 @@ typedef struct sch_backend {
     const xc_stats *xc;
 } sch_backend;
 
-/* The one-machine backend: n_slots states of n_ctx tokens each on a k3_engine for the whole model
- * (allocated here, so an impossible --parallel x --ctx fails at start, not under load). The engine stays
- * the caller's and must outlive the backend. */
-int sch_backend_local(sch_backend *be, k3_engine *e, int n_slots, uint32_t n_ctx, rl_err *err);
+/* The one-machine backend is backend_local.h's, the ring's backend_ring.h's. */
 
 /* ---- requests ---------------------------------------------------------------------------------------- */
 

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "ring/coord.h"
-#include "serve/scheduler.h"
+#include "serve/backend_local.h"
 #include "speculate/drafter.h"
 #include "tools/synth.h"
 #include "tools/synth_config.h"

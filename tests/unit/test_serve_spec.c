@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "serve/scheduler.h"
+#include "serve/backend_local.h"
 #include "tools/synth.h"
 #include "tools/synth_config.h"
 
