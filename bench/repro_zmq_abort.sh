@@ -9,6 +9,7 @@
 # Prints one line per round and the nodes' assertion lines, if any; exits 1 if a node died.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 bin=./ringlm model="" idle=66 rounds=3
 while [ $# -gt 0 ]; do
     case $1 in
@@ -17,43 +18,32 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ "$bin" = ./ringlm ] && make -s ringlm
-w=$(mktemp -d)
+work=$(mktemp -d) RINGLM=$bin
 pids=()
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null; rm -rf "$w"' EXIT
-mkdir -p "$w/models"
-if [ -z "$model" ]; then model=$w/tiny.gguf; "$bin" synth --no-progress -o "$model" --config tiny --seed 1 >/dev/null 2>&1; fi
-ln -s "$(realpath "$model")" "$w/models/m.gguf"
-"$bin" keygen -o "$w/c.key" >"$w/c.pub"
-: >"$w/ring.conf"
-for i in 1 2 3; do
-    "$bin" keygen -o "$w/n$i.key" >"$w/n$i.pub"
-    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    "$bin" node --listen "127.0.0.1:$port" --key "$w/n$i.key" --allow "$(cat "$w/c.pub")" --models "$w/models" \
-        --threads 1 --speed 10 --cache "$w/cache$i" >"$w/n$i.log" 2>&1 &
-    pids+=($!)
-    echo "127.0.0.1:$port $(cat "$w/n$i.pub")" >>"$w/ring.conf"
-done
-for i in 1 2 3; do for _ in $(seq 100); do grep -q "ready:" "$w/n$i.log" && break; sleep 0.1; done; done
-node_pids=("${pids[@]}")
-"$bin" serve -m "$model" --ring "$w/ring.conf" --key "$w/c.key" --receipts "$w/r.jsonl" --port 0 2>"$w/srv.log" &
+trap 'stop_pids "${pids[@]}"; rm -rf "$work"' EXIT
+mkdir -p "$work/models"
+if [ -z "$model" ]; then model=$work/tiny.gguf; "$bin" synth --no-progress -o "$model" --config tiny --seed 1 >/dev/null 2>&1; fi
+ln -s "$(realpath "$model")" "$work/models/m.gguf"
+start_nodes 3 1 10 --speed 10 # node_pids: the three nodes
+"$bin" serve -m "$model" --ring "$work/ring.conf" --key "$work/coord.key" --receipts "$work/r.jsonl" --port 0 2>"$work/srv.log" &
 pids+=($!)
-for _ in $(seq 300); do url=$(grep -so 'http://127\.0\.0\.1:[0-9]*' "$w/srv.log" | head -1 || true); [ -n "$url" ] && break; sleep 0.1; done
+for _ in $(seq 300); do url=$(grep -so 'http://127\.0\.0\.1:[0-9]*' "$work/srv.log" | head -1 || true); [ -n "$url" ] && break; sleep 0.1; done
 req() { curl -s --max-time 60 -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' \
             --data-binary "{\"prompt\":\"hello there\",\"max_tokens\":$1,\"temperature\":0}" "$url/v1/completions" || true; }
 echo "first request: $(req 8)"
 dead=0
 for r in $(seq "$rounds"); do
     sleep "$idle"
-    req 32 >"$w/req.code" &
+    req 32 >"$work/req.code" &
     cp=$!
     rc=0
-    timeout 30 "$bin" run -m "$model" --ring "$w/ring.conf" --key "$w/c.key" -p hi -n 32 --temp 0 >/dev/null 2>"$w/run.err" || rc=$?
+    timeout 30 "$bin" run -m "$model" --ring "$work/ring.conf" --key "$work/coord.key" -p hi -n 32 --temp 0 >/dev/null 2>"$work/run.err" || rc=$?
     wait $cp || true
     after=$(req 8)
     dead=0
     for p in "${node_pids[@]}"; do kill -0 "$p" 2>/dev/null || dead=$((dead + 1)); done
-    echo "round $r: request during the second coordinator $(cat "$w/req.code"), request after $after, second coordinator exit $rc ($(tail -1 "$w/run.err" | cut -c1-160)), dead nodes $dead"
+    echo "round $r: request during the second coordinator $(cat "$work/req.code"), request after $after, second coordinator exit $rc ($(tail -1 "$work/run.err" | cut -c1-160)), dead nodes $dead"
     [ $dead -gt 0 ] && break
 done
-grep -h "Assert" "$w"/n*.log || true
+grep -h "Assert" "$work"/node*.log || true
 [ $dead = 0 ]
