@@ -5,10 +5,10 @@
 # "Assertion failed: !_io_error (src/stream_engine_base.cpp:331)"; two coordinators took one routing id in
 # turns through ZMQ_ROUTER_HANDOVER). Bounded: about 4 minutes.
 #
-#   bench/repro_zmq_abort.sh [--bin RINGLM] [--model FILE] [--idle S] [--rounds N]
+#   bench/repro/repro_zmq_abort.sh [--bin RINGLM] [--model FILE] [--idle S] [--rounds N]
 # Prints one line per round and the nodes' assertion lines, if any; exits 1 if a node died.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 . bench/lib.sh
 bin=./ringlm model="" idle=66 rounds=3
 while [ $# -gt 0 ]; do
