@@ -10,6 +10,7 @@
 # 2 threads. Writes bench/results/NAME.json and NAME.md (NAME: context).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 model=bench/models/tiny.gguf ctx=131072 gen=16 threads=2 out=context
 argv=; [ $# -gt 0 ] && argv=$(printf ' %q' "$@")
 while [ $# -gt 0 ]; do
@@ -22,7 +23,6 @@ while [ $# -gt 0 ]; do
         *) echo "bench_context: unknown option $1" >&2; exit 2 ;;
     esac
 done
-die() { echo "bench_context: $*" >&2; exit 1; }
 [ -x ./ringlm ] || make ringlm >/dev/null || die "cannot build ringlm"
 mkdir -p build/bench bench/results
 if [ ! -f "$model" ]; then
@@ -32,8 +32,7 @@ if [ ! -f "$model" ]; then
 fi
 n_prompt=$((ctx - gen - 8))
 V=$(./ringlm inspect --kv "$model" | awk '$1 == "n_vocab" { print $2 }')
-awk -v n="$n_prompt" -v v="$((V - 256))" 'BEGIN { x = 11; for (i = 0; i < n; i++) {
-    x = (x * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), int(x / 65536) % v } }' >build/bench/context.ids
+seeded_ids "$n_prompt" 11 >build/bench/context.ids
 # inspect's prediction for one sequence of ctx tokens, in bytes (its --kv lines).
 kv=$(./ringlm inspect --kv "$model" --seqs 1 --ctx "$ctx")
 pred() { echo "$kv" | awk -v k="$1" '$1 == k { print $2 }'; }

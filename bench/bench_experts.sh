@@ -23,6 +23,7 @@
 # bench/results/experts). Needs root (cgroup, drop_caches).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 mem=0.45 cap= gen=32 prompt=16 reps=3 threads=2 model=bench/models/medium.gguf peer=1 copy= out=bench/results/experts
 while [ $# -gt 0 ]; do
     case $1 in
@@ -86,8 +87,7 @@ PY
 echo "disk, 160 KiB random reads x4: $rand_gbs GB/s" >&2
 
 V=$(./ringlm inspect --kv "$model" | awk '$1 == "n_vocab" { print $2 }')
-toks=$(awk -v n="$prompt" -v v="$((V - 256))" 'BEGIN { x = 7; for (i = 0; i < n; i++) {
-           x = (x * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), int(x / 65536) % v } }')
+toks=$(seeded_ids "$prompt")
 j() { python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
 for k in sys.argv[2].split("."): d = d[k]
 print(d)' "$@"; }

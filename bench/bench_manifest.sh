@@ -19,13 +19,14 @@
 #   bench/bench_manifest.sh [--reps N] [--out PREFIX]     (default 3, bench/results/manifest)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 argv=; [ $# -eq 0 ] || argv=$(printf ' %q' "$@")
 reps=3 out=bench/results/manifest
 while [ $# -gt 0 ]; do
     case $1 in
         --reps) reps=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
-        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) usage; exit 0 ;;
         *) echo "bench_manifest: unknown option $1 (--help lists them)" >&2; exit 2 ;;
     esac
 done

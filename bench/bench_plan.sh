@@ -38,6 +38,7 @@
 # term (separate machines) does not model (docs/plan.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 argv=; [ $# -eq 0 ] || argv=$(printf ' %q' "$@")
 nodes="2 3 4 6" delays="0 10 30" prompt=256 gen=26 spec_gen=51 out=bench/results/plan
 parts="main sweep" sweep_nodes="2 4" sweep_delay=10 sweep_prompts="64 300 1000" sweep_streams="1 4 8"
@@ -54,7 +55,7 @@ while [ $# -gt 0 ]; do
         --gen) gen=$2; shift 2 ;;
         --spec-gen) spec_gen=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
-        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) usage; exit 0 ;;
         *) echo "bench_plan: unknown option $1 (--help lists them)" >&2; exit 2 ;;
     esac
 done

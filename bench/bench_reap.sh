@@ -13,6 +13,7 @@
 # pruning). Results: bench/results/OUT.md and .json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 model=bench/models/medium.gguf tokens=2048 threads=2 nodes=2 prune=0.5 gen=64 reps=3 out=reap
 while [ $# -gt 0 ]; do
     case $1 in
@@ -28,61 +29,48 @@ if [ ! -f "$model" ]; then
     echo "bench_reap: synthesizing $model (medium preset, once)" >&2
     ./ringlm synth --config medium --seed 1 -o "$model.tmp" --progress && mv "$model.tmp" "$model"
 fi
-W=$(mktemp -d "$PWD/build/bench/reap.XXXXXX")
+work=$(mktemp -d "$PWD/build/bench/reap.XXXXXX") RINGLM=./ringlm
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$W"; }
-trap cleanup EXIT
-cat data/corpus/*.txt >"$W/calib.txt"
+trap 'stop_pids "${pids[@]}"; rm -rf "$work"' EXIT
+cat data/corpus/*.txt >"$work/calib.txt"
 cat "$model" >/dev/null # paged in once: neither run pays for the first read
 
 # ---- scoring on this machine and through the ring ------------------------------------------------------
-./ringlm reap -m "$model" --calib "$W/calib.txt" --tokens "$tokens" --scores "$W/local.json" --threads "$threads" \
-    --no-progress >"$W/local.out"
-local_tps=$(sed -n 's/.* \([0-9.]*\) tokens\/s$/\1/p' "$W/local.out")
-./ringlm keygen -o "$W/coord.key" >"$W/coord.pub"
+./ringlm reap -m "$model" --calib "$work/calib.txt" --tokens "$tokens" --scores "$work/local.json" --threads "$threads" \
+    --no-progress >"$work/local.out"
+local_tps=$(sed -n 's/.* \([0-9.]*\) tokens\/s$/\1/p' "$work/local.out")
 per=$((threads / nodes)); [ $per -ge 1 ] || per=1
-: >"$W/ring.conf"
-for i in $(seq "$nodes"); do
-    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
-    ./ringlm keygen -o "$W/n$i.key" >"$W/n$i.pub"
-    mkdir -p "$W/models"; ln -sf "$PWD/$model" "$W/models/"
-    ./ringlm node --listen "127.0.0.1:$port" --key "$W/n$i.key" --allow "$(cat "$W/coord.pub")" --models "$W/models" \
-        --threads "$per" --cache "$W/cache$i" >"$W/n$i.log" 2>&1 &
-    pids+=($!)
-    echo "127.0.0.1:$port $(cat "$W/n$i.pub")" >>"$W/ring.conf"
-done
-sleep 2
-./ringlm reap -m "$model" --calib "$W/calib.txt" --tokens "$tokens" --scores "$W/ring.json" --ring "$W/ring.conf" \
-    --key "$W/coord.key" --no-progress >"$W/ring.out" 2>&1
-ring_tps=$(sed -n 's/.* \([0-9.]*\) tokens\/s$/\1/p' "$W/ring.out")
-same=$(python3 - "$W/local.json" "$W/ring.json" <<'PY'
+mkdir -p "$work/models"; ln -sf "$PWD/$model" "$work/models/"
+start_nodes "$nodes" "$per" 30
+./ringlm reap -m "$model" --calib "$work/calib.txt" --tokens "$tokens" --scores "$work/ring.json" --ring "$work/ring.conf" \
+    --key "$work/coord.key" --no-progress >"$work/ring.out" 2>&1
+ring_tps=$(sed -n 's/.* \([0-9.]*\) tokens\/s$/\1/p' "$work/ring.out")
+same=$(python3 - "$work/local.json" "$work/ring.json" <<'PY'
 import json, sys
 a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 print('yes' if a['layers'] == b['layers'] and a['tokens'] == b['tokens'] else 'NO')
 PY
 )
-for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-wait 2>/dev/null || true
+stop_pids "${pids[@]}"
 pids=()
 
 # ---- pruned against unpruned at decode ---------------------------------------------------------------
-./ringlm reap -m "$model" --scores "$W/local.json" --prune "$prune" -o "$W/pruned.gguf" >"$W/prune.out"
-cat "$W/pruned.gguf" >/dev/null
+./ringlm reap -m "$model" --scores "$work/local.json" --prune "$prune" -o "$work/pruned.gguf" >"$work/prune.out"
+cat "$work/pruned.gguf" >/dev/null
 prompt=$(seq -s, 100 163)
 dec=() rss=() pdec=() prss=()
 field() { sed -n "s/.*\"$1\":[[:space:]]*\([0-9.e+-]*\).*/\1/p" "$2"; }
 for r in $(seq "$reps"); do
     ./ringlm run -m "$model" --tokens "$prompt" -n "$gen" --temp 0 --ignore-eos --ids --threads "$threads" \
-        --metrics-json "$W/u.json" >/dev/null 2>&1
-    ./ringlm run -m "$W/pruned.gguf" --tokens "$prompt" -n "$gen" --temp 0 --ignore-eos --ids --threads "$threads" \
-        --metrics-json "$W/p.json" >/dev/null 2>&1
-    dec+=("$(field decode_tok_s "$W/u.json")") rss+=("$(field peak_rss_bytes "$W/u.json")")
-    pdec+=("$(field decode_tok_s "$W/p.json")") prss+=("$(field peak_rss_bytes "$W/p.json")")
+        --metrics-json "$work/u.json" >/dev/null 2>&1
+    ./ringlm run -m "$work/pruned.gguf" --tokens "$prompt" -n "$gen" --temp 0 --ignore-eos --ids --threads "$threads" \
+        --metrics-json "$work/p.json" >/dev/null 2>&1
+    dec+=("$(field decode_tok_s "$work/u.json")") rss+=("$(field peak_rss_bytes "$work/u.json")")
+    pdec+=("$(field decode_tok_s "$work/p.json")") prss+=("$(field peak_rss_bytes "$work/p.json")")
 done
-median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 ratios=() ; for i in $(seq 0 $((reps - 1))); do ratios+=("$(awk -v a="${pdec[$i]}" -v b="${dec[$i]}" 'BEGIN { printf "%.4f", a / b }')"); done
 ud=$(printf '%.2f' "$(median "${dec[@]}")") pd=$(printf '%.2f' "$(median "${pdec[@]}")") ur=$(median "${rss[@]}") pr=$(median "${prss[@]}") rr=$(median "${ratios[@]}")
-ubytes=$(stat -c %s "$model") pbytes=$(stat -c %s "$W/pruned.gguf")
+ubytes=$(stat -c %s "$model") pbytes=$(stat -c %s "$work/pruned.gguf")
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
 cat >"bench/results/$out.json" <<JSON
 {"date": "$(date -u +%F)", "cpu": "$cpu", "model": "$model", "calibration_tokens": $tokens, "threads": $threads,

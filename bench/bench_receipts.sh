@@ -8,6 +8,7 @@
 # Writes bench/results/receipts.json and .md. The issue's goal: at most 1% of decode time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 model=bench/models/medium.gguf nodes=4 pairs=7 gen=33
 while [ $# -gt 0 ]; do
     case $1 in
@@ -17,31 +18,19 @@ while [ $# -gt 0 ]; do
 done
 make -s ringlm
 [ -f "$model" ] || { echo "bench_receipts: $model is missing (bench/bench_single.sh synthesizes it)" >&2; exit 1; }
-w=$(mktemp -d)
+work=$(mktemp -d) RINGLM=./ringlm
 pids=()
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null; rm -rf "$w"' EXIT
-mkdir -p "$w/models" bench/results
-ln -s "$(realpath "$model")" "$w/models/m.gguf"
-./ringlm keygen -o "$w/c.key" >"$w/c.pub"
-: >"$w/ring.conf"
-for i in $(seq "$nodes"); do
-    ./ringlm keygen -o "$w/n$i.key" >"$w/n$i.pub"
-    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    ./ringlm node --listen "127.0.0.1:$port" --key "$w/n$i.key" --allow "$(cat "$w/c.pub")" --models "$w/models" \
-        --threads 1 --speed 10 --cache "$w/cache$i" >"$w/n$i.log" 2>&1 &
-    pids+=($!)
-    echo "127.0.0.1:$port $(cat "$w/n$i.pub")" >>"$w/ring.conf"
-done
-for i in $(seq "$nodes"); do
-    for _ in $(seq 100); do grep -q "ready:" "$w/n$i.log" && break; sleep 0.1; done
-done
+trap 'stop_pids "${pids[@]}"; rm -rf "$work"' EXIT
+mkdir -p "$work/models" bench/results
+ln -s "$(realpath "$model")" "$work/models/m.gguf"
+start_nodes "$nodes" 1 10 --speed 10
 run() { # run MODE -> decode tok/s
     local extra=()
-    [ "$1" = receipts ] && extra=(--receipts "$w/r.jsonl")
+    [ "$1" = receipts ] && extra=(--receipts "$work/r.jsonl")
     [ "$1" = audit ] && extra=(--audit-rate 1 --audit-seed "$2")
-    timeout 300 ./ringlm run -m "$model" --tokens 5 -n "$gen" --temp 0 --ignore-eos --ids --ring "$w/ring.conf" \
-        --key "$w/c.key" --metrics-json "$w/m.json" "${extra[@]}" >/dev/null 2>"$w/e.log"
-    sed -n 's/.*"decode_tok_s":[[:space:]]*\([0-9.e+-]*\).*/\1/p' "$w/m.json"
+    timeout 300 ./ringlm run -m "$model" --tokens 5 -n "$gen" --temp 0 --ignore-eos --ids --ring "$work/ring.conf" \
+        --key "$work/coord.key" --metrics-json "$work/m.json" "${extra[@]}" >/dev/null 2>"$work/e.log"
+    sed -n 's/.*"decode_tok_s":[[:space:]]*\([0-9.e+-]*\).*/\1/p' "$work/m.json"
 }
 # One warm-up run of each (nodes load their ranges and hash their manifests, the page cache fills); not counted.
 run plain >/dev/null
@@ -58,15 +47,14 @@ done
 aud=() aud_pct=()
 for p in $(seq "$pairs"); do
     t=$(run audit "$p")
-    a_ms=$(sed -n 's/^audits: .* recomputed in \([0-9.]*\) ms.*/\1/p' "$w/e.log")
-    [ -n "$a_ms" ] || { echo "bench_receipts: no audit line in run $p" >&2; cat "$w/e.log" >&2; exit 1; }
+    a_ms=$(sed -n 's/^audits: .* recomputed in \([0-9.]*\) ms.*/\1/p' "$work/e.log")
+    [ -n "$a_ms" ] || { echo "bench_receipts: no audit line in run $p" >&2; cat "$work/e.log" >&2; exit 1; }
     aud+=("$a_ms")
     aud_pct+=("$(awk -v a="$a_ms" -v t="$t" -v g="$gen" 'BEGIN { printf "%.2f", 100 * a / (1000 * g / t) }')")
     echo "audit run $p: decode $t tok/s, audit of one stage $a_ms ms = ${aud_pct[-1]}% of the decode time" >&2
 done
-median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 ms=$(median "${slow[@]}")
-n_rcpt=$(wc -l <"$w/r.jsonl")
+n_rcpt=$(wc -l <"$work/r.jsonl")
 cat >bench/results/receipts.json <<JSON
 {"benchmark": "receipts cost", "command": "bench/bench_receipts.sh --nodes $nodes --pairs $pairs --gen $gen",
  "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)", "model": "$model", "nodes": $nodes,

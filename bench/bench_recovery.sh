@@ -12,6 +12,7 @@
 # Defaults: 50 kills, at most 900 s, seed 1, PREFIX bench/results/recovery (.json and .md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 argv=; [ $# -eq 0 ] || argv=$(printf ' %q' "$@")
 kills=50 max_s=900 seed=1 out=bench/results/recovery
 while [ $# -gt 0 ]; do
@@ -20,7 +21,7 @@ while [ $# -gt 0 ]; do
         --max-seconds) max_s=$2; shift 2 ;;
         --seed) seed=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
-        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) usage; exit 0 ;;
         *) echo "bench_recovery: unknown option $1 (--help lists them)" >&2; exit 2 ;;
     esac
 done

@@ -36,6 +36,7 @@
 # the background ones carry a hard lifetime too, in case this script itself is killed with SIGKILL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 argv=; [ $# -eq 0 ] || argv=$(printf ' %q' "$@")
 model=bench/models/medium.gguf nodes=4 threads=1 delays="0 10 30" prompt=512 gen=32 chunks=
 reps=3 timeout_s=1200 out=bench/results/ring keep=0 build=1
@@ -53,15 +54,11 @@ while [ $# -gt 0 ]; do
         --out) out=$2; shift 2 ;;
         --keep) keep=1; shift ;;
         --no-build) build=0; shift ;;
-        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) usage; exit 0 ;;
         *) echo "bench_ring: unknown option $1 (--help lists them)" >&2; exit 2 ;;
     esac
 done
-die() { echo "bench_ring: $*" >&2; exit 1; }
-for v in nodes:nodes threads:threads prompt:prompt gen:gen reps:reps timeout_s:timeout; do
-    n=${v%:*}
-    [[ ${!n} =~ ^[1-9][0-9]*$ ]] || die "--${v#*:} must be a positive integer, got '${!n}'"
-done
+positive_ints nodes:nodes threads:threads prompt:prompt gen:gen reps:reps timeout_s:timeout
 for d in $delays; do [[ $d =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--delays: '$d' is not a delay in ms"; done
 [ -n "$chunks" ] || chunks="$prompt $((prompt / 4)) $((prompt / 8))" # 512 128 64 at the default prompt
 [ -n "$delays" ] || die "--delays needs at least one value"
@@ -71,13 +68,11 @@ chunks=$(for c in $chunks; do echo $((c < prompt ? c : prompt)); done | sort -nr
 chunks=${chunks% }
 
 # ---- tools -------------------------------------------------------------------------------------------
-for t in python3 timeout make; do command -v "$t" >/dev/null || die "needs $t (scripts/install-deps.sh)"; done
+need_tools python3 timeout make
 if [ $build = 1 ]; then make -s ringlm || die "building ringlm failed (--no-build uses ./ringlm as it is)"; fi
 RINGLM=$PWD/ringlm
 [ -x "$RINGLM" ] || die "no ./ringlm after make"
-for sub in relay node keygen; do
-    "$RINGLM" "$sub" --help >/dev/null 2>&1 || die "this ringlm has no '$sub' command"
-done
+need_subcommands relay node keygen
 B=$(scripts/llama-tools.sh) || die "scripts/llama-tools.sh could not build llama.cpp's tools"
 for t in ggml-rpc-server llama-bench; do [ -x "$B/$t" ] || die "missing $B/$t (scripts/llama-tools.sh)"; done
 
@@ -93,123 +88,21 @@ V=$(echo "$kv" | awk '$1 == "n_vocab" { print $2 }')
 n_layer=$(echo "$kv" | awk '$1 == "n_layer" { print $2 }')
 weights=$(echo "$kv" | awk '$1 == "weight_bytes" { print $2 }')
 [ -n "$V" ] && [ -n "$n_layer" ] || die "ringlm inspect could not read $model"
-seeded() { awk -v n="$1" -v v="$((V - 256))" 'BEGIN { x = 7; for (i = 0; i < n; i++) {
-               x = (x * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), int(x / 65536) % v } }'; }
-toks=$(seeded "$prompt")
-tok1=$(seeded 1)
+toks=$(seeded_ids "$prompt")
+tok1=$(seeded_ids 1)
 
 # ---- processes: every one is recorded, and stopped on exit ---------------------------------------------
 work=$(mktemp -d "$PWD/build/bench/ring.XXXXXX")
 cp "$RINGLM" "$work/ringlm" && RINGLM=$work/ringlm # one binary for the whole run, whatever `make` does meanwhile
 life=$((4 * 3600)) # hard lifetime of background processes, should this script die without its trap
 pids=() fg_pid=
-# Each background command runs under `timeout`, which makes itself the leader of its own process group;
-# signals go to that group, so the command under it gets them too (also SIGKILL, which timeout cannot pass on).
-sig_group() { # SIG PID
-    if [ "$(ps -o pgid= -p "$2" 2>/dev/null | tr -d ' ')" = "$2" ]; then kill "-$1" -- "-$2" 2>/dev/null || true
-    else kill "-$1" "$2" 2>/dev/null || true; fi
-}
-stop_pids() { # PID... : TERM, wait up to 5 s, then KILL
-    local p left
-    for p in "$@"; do sig_group TERM "$p"; done
-    for _ in $(seq 50); do
-        left=0
-        for p in "$@"; do kill -0 "$p" 2>/dev/null && left=1; done
-        [ $left = 0 ] && break
-        sleep 0.1
-    done
-    for p in "$@"; do kill -0 "$p" 2>/dev/null && sig_group KILL "$p"; done
-    for p in "$@"; do wait "$p" 2>/dev/null || true; done
-}
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM
-    [ -n "$fg_pid" ] && stop_pids "$fg_pid"
-    [ ${#pids[@]} -gt 0 ] && stop_pids "${pids[@]}"
-    if [ $rc != 0 ] || [ $keep = 1 ]; then
-        echo "bench_ring: logs kept in $work" >&2
-    else
-        rm -rf "$work"
-    fi
-    exit $rc
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
-# attempt OUT ERR CMD...: runs CMD (stdout to OUT, stderr to ERR) with the per-run timeout and returns its
-# status (124/137: timed out). CMD runs in the background and is waited for, so that a signal to this
-# script is handled at once (bash runs traps only between foreground commands) and the trap stops CMD too.
-attempt() {
-    local o=$1 e=$2 rc=0; shift 2
-    timeout -k 10 "$timeout_s" "$@" >"$o" 2>"$e" &
-    fg_pid=$!
-    wait "$fg_pid" || rc=$?
-    fg_pid=
-    return $rc
-}
-# bounded WHAT OUT ERR CMD...: attempt, and end the script on failure with a message naming WHAT.
-bounded() {
-    local what=$1 rc=0; shift
-    attempt "$@" || rc=$?
-    [ $rc = 0 ] && return 0
-    tail -20 "$2" >&2
-    if [ $rc = 124 ] || [ $rc = 137 ]; then die "$what took longer than --timeout $timeout_s s (logs in $work)"; fi
-    die "$what failed (exit $rc; logs in $work)"
-}
-# nodes_idle: after a failed run the nodes may still be working through frames the coordinator left
-# behind; wait (up to 60 s) until their CPU time stops growing.
-nodes_idle() {
-    local kids prev cur
-    kids=$(for i in $(seq "$nodes"); do pgrep -P "${pids[$((i - 1))]}"; done)
-    prev=-1
-    for _ in $(seq 120); do
-        cur=$(for k in $kids; do awk '{ print $14 + $15 }' "/proc/$k/stat" 2>/dev/null; done | awk '{ s += $1 } END { print s + 0 }')
-        [ "$cur" = "$prev" ] && return 0
-        prev=$cur
-        sleep 0.5
-    done
-}
-# wait_log FILE PATTERN PID SECONDS: until FILE has PATTERN; fails if PID exits first.
-wait_log() {
-    local i
-    for i in $(seq $(($4 * 20))); do
-        grep -q "$2" "$1" 2>/dev/null && return 0
-        kill -0 "$3" 2>/dev/null || return 1
-        sleep 0.05
-    done
-    return 1
-}
-# start_relay NAME TARGET DELAY: a relay in front of TARGET; sets RELAY_ADDR and RELAY_PID.
-start_relay() {
-    local log=$work/relay-$1.log
-    timeout -k 5 $life "$RINGLM" relay --listen 127.0.0.1:0 --to "$2" --delay-ms "$3" 2>"$log" &
-    RELAY_PID=$!
-    pids+=("$RELAY_PID")
-    wait_log "$log" "^relay: listening on" "$RELAY_PID" 10 || { cat "$log" >&2; die "relay $1 did not start"; }
-    RELAY_ADDR=$(sed -n 's/^relay: listening on \([^ ]*\) .*/\1/p' "$log" | head -1)
-}
+harness_traps # (bench/lib.sh) every process is stopped on exit; the work folder is kept on failure or --keep
 
 # ---- the ringlm nodes and the llama.cpp RPC servers, started once ------------------------------------------
 mkdir -p "$work/models"
 ln -s "$model" "$work/models/$(basename "$model")"
-"$RINGLM" keygen -o "$work/coord.key" >"$work/coord.pub"
-node_addr=() rpc_addr=()
-for i in $(seq "$nodes"); do
-    "$RINGLM" keygen -o "$work/n$i.key" >"$work/n$i.pub"
-    port=$(free_port)
-    timeout -k 5 $life "$RINGLM" node --listen "127.0.0.1:$port" --key "$work/n$i.key" --allow "$(cat "$work/coord.pub")" \
-        --models "$work/models" --threads "$threads" --cache "$work/cache$i" >"$work/node$i.log" 2>&1 &
-    pids+=($!)
-    node_addr+=("127.0.0.1:$port")
-done
-for i in $(seq "$nodes"); do
-    wait_log "$work/node$i.log" "ready:" "${pids[$((i - 1))]}" 300 \
-        || { cat "$work/node$i.log" >&2; die "ringlm node $i did not start"; }
-done
+start_nodes "$nodes" "$threads" 300 # node_addr: their own addresses; ring.conf is rewritten below to list the relays
+rpc_addr=()
 for i in $(seq "$nodes"); do
     port=$(free_port)
     timeout -k 5 $life "$B/ggml-rpc-server" -H 127.0.0.1 -p "$port" -t "$threads" >"$work/rpc$i.log" 2>&1 &

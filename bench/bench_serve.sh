@@ -29,6 +29,7 @@
 # banned, see load_serve.py), one event per token.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 argv=; [ $# -eq 0 ] || argv=$(printf ' %q' "$@")
 model=build/bench/small.gguf concs="1 4 16" requests=128 max_tokens=64 prompt=32 parallel=16 ctx=256
 threads=2 node_threads=1 nodes=3 timeout_s=300 out=bench/results/serve keep=0 build=1 reps=3
@@ -49,26 +50,22 @@ while [ $# -gt 0 ]; do
         --out) out=$2; shift 2 ;;
         --keep) keep=1; shift ;;
         --no-build) build=0; shift ;;
-        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) usage; exit 0 ;;
         *) echo "bench_serve: unknown option $1 (--help lists them)" >&2; exit 2 ;;
     esac
 done
-die() { echo "bench_serve: $*" >&2; exit 1; }
-for v in requests:requests max_tokens:max-tokens prompt:prompt parallel:parallel ctx:ctx threads:threads \
-         node_threads:node-threads nodes:nodes timeout_s:timeout; do
-    n=${v%:*}
-    [[ ${!n} =~ ^[1-9][0-9]*$ ]] || die "--${v#*:} must be a positive integer, got '${!n}'"
-done
+positive_ints requests:requests max_tokens:max-tokens prompt:prompt parallel:parallel ctx:ctx threads:threads \
+              node_threads:node-threads nodes:nodes timeout_s:timeout
 for c in $concs; do [[ $c =~ ^[1-9][0-9]*$ ]] || die "--concurrency: '$c' is not a count"; done
 [[ $reps =~ ^[0-9]+$ ]] || die "--reps must be a count, got '$reps'"
 [ $((prompt + max_tokens)) -le "$ctx" ] || die "--prompt + --max-tokens must fit in --ctx"
 
 # ---- tools -------------------------------------------------------------------------------------------
-for t in python3 timeout make curl; do command -v "$t" >/dev/null || die "needs $t (scripts/install-deps.sh)"; done
+need_tools python3 timeout make curl
 if [ $build = 1 ]; then make -s ringlm || die "building ringlm failed (--no-build uses ./ringlm as it is)"; fi
 RINGLM=$PWD/ringlm
 [ -x "$RINGLM" ] || die "no ./ringlm after make"
-for sub in serve node keygen; do "$RINGLM" "$sub" --help >/dev/null 2>&1 || die "this ringlm has no '$sub' command"; done
+need_subcommands serve node keygen
 B=$(scripts/llama-tools.sh) || die "scripts/llama-tools.sh could not build llama.cpp's tools"
 [ -x "$B/llama-server" ] || die "missing $B/llama-server (scripts/llama-tools.sh)"
 
@@ -83,61 +80,15 @@ kv=$("$RINGLM" inspect --kv "$model")
 V=$(echo "$kv" | awk '$1 == "n_vocab" { print $2 }')
 weights=$(echo "$kv" | awk '$1 == "weight_bytes" { print $2 }')
 [ -n "$V" ] || die "ringlm inspect could not read $model"
-toks=$(awk -v n="$prompt" -v v="$((V - 256))" 'BEGIN { x = 7; for (i = 0; i < n; i++) {
-           x = (x * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), int(x / 65536) % v } }')
+toks=$(seeded_ids "$prompt")
 
 # ---- processes: every one is recorded, and stopped on exit ---------------------------------------------
 work=$(mktemp -d "$PWD/build/bench/serve.XXXXXX")
 cp "$RINGLM" "$work/ringlm" && RINGLM=$work/ringlm
 life=$((2 * 3600))
 pids=()
-sig_group() {
-    if [ "$(ps -o pgid= -p "$2" 2>/dev/null | tr -d ' ')" = "$2" ]; then kill "-$1" -- "-$2" 2>/dev/null || true
-    else kill "-$1" "$2" 2>/dev/null || true; fi
-}
-stop_pids() {
-    local p left
-    for p in "$@"; do sig_group TERM "$p"; done
-    for _ in $(seq 100); do
-        left=0
-        for p in "$@"; do kill -0 "$p" 2>/dev/null && left=1; done
-        [ $left = 0 ] && break
-        sleep 0.1
-    done
-    for p in "$@"; do kill -0 "$p" 2>/dev/null && sig_group KILL "$p"; done
-    for p in "$@"; do wait "$p" 2>/dev/null || true; done
-}
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM
-    [ ${#pids[@]} -gt 0 ] && stop_pids "${pids[@]}"
-    if [ $rc != 0 ] || [ $keep = 1 ]; then echo "bench_serve: logs kept in $work" >&2; else rm -rf "$work"; fi
-    exit $rc
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
-wait_log() { # FILE PATTERN PID SECONDS
-    local i
-    for i in $(seq $(($4 * 20))); do
-        grep -aq "$2" "$1" 2>/dev/null && return 0
-        kill -0 "$3" 2>/dev/null || return 1
-        sleep 0.05
-    done
-    return 1
-}
-wait_health() { # PORT PID SECONDS: until GET /health answers 200
-    local i
-    for i in $(seq $(($3 * 10))); do
-        curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0
-        kill -0 "$2" 2>/dev/null || return 1
-        sleep 0.1
-    done
-    return 1
-}
+STOP_WAIT_S=10 # stop_pids: a server gets 10 s after TERM before KILL
+harness_traps # (bench/lib.sh) every process is stopped on exit; the work folder is kept on failure or --keep
 cat "$model" >/dev/null # page the model in once
 
 # start_local PORT LOG / start_llama PORT LOG: a server in the background (its pid in $spid and in pids), up
@@ -189,19 +140,7 @@ stop_pids "$spid"; pids=()
 # ---- 2. ringlm serve --ring over N loopback nodes ----------------------------------------------------
 mkdir -p "$work/models"
 ln -s "$model" "$work/models/$(basename "$model")"
-"$RINGLM" keygen -o "$work/coord.key" >"$work/coord.pub"
-: >"$work/ring.conf"
-for i in $(seq "$nodes"); do
-    "$RINGLM" keygen -o "$work/n$i.key" >"$work/n$i.pub"
-    p=$(free_port)
-    timeout -k 5 $life "$RINGLM" node --listen "127.0.0.1:$p" --key "$work/n$i.key" --allow "$(cat "$work/coord.pub")" \
-        --models "$work/models" --threads "$node_threads" --cache "$work/cache$i" >"$work/node$i.log" 2>&1 &
-    pids+=($!)
-    echo "127.0.0.1:$p $(cat "$work/n$i.pub")" >>"$work/ring.conf"
-done
-for i in $(seq "$nodes"); do
-    wait_log "$work/node$i.log" "ready:" "${pids[$((i - 1))]}" 120 || { cat "$work/node$i.log" >&2; die "ringlm node $i did not start"; }
-done
+start_nodes "$nodes" "$node_threads" 120
 port=$(free_port)
 timeout -k 5 $life "$RINGLM" serve -m "$model" --port "$port" --parallel "$parallel" --ctx "$ctx" \
     --ring "$work/ring.conf" --key "$work/coord.key" >"$work/ringlm-ring.log" 2>&1 &

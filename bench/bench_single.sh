@@ -17,6 +17,7 @@
 # decode against the memory-bandwidth ceiling: read bandwidth / active weight bytes per token.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 threads=2 prompt=512 gen=64 reps=3 model=bench/models/medium.gguf depth=0 out= rargs=
 while [ $# -gt 0 ]; do
     case $1 in
@@ -55,8 +56,7 @@ weights=$(echo "$kv" | awk '$1 == "weight_bytes" { print $2 }')
 repacked=$(./ringlm inspect "$model" | awk '/are repacked on this CPU/ { print $4, $5 }')
 n_prompt=$prompt
 [ "$depth" -gt 0 ] && n_prompt=$depth
-toks=$(awk -v n="$n_prompt" -v v="$((V - 256))" 'BEGIN { x = 7; for (i = 0; i < n; i++) {
-           x = (x * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), int(x / 65536) % v } }')
+toks=$(seeded_ids "$n_prompt")
 echo "$toks" >build/bench/prompt.ids
 # Page the model in once so neither engine pays for the first read from disk.
 cat "$model" >/dev/null
@@ -88,7 +88,6 @@ for r in $(seq "$reps"); do
     if [ $((r % 2)) = 1 ]; then run_ours; run_ref; else run_ref; run_ours; fi
     echo "run $r: ringlm prefill ${ours_p[-1]} decode ${ours_d[-1]} | llama-bench prefill ${ref_p[-1]} decode ${ref_d[-1]} tok/s" >&2
 done
-median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 op=$(median "${ours_p[@]}") od=$(median "${ours_d[@]}") rp=$(median "${ref_p[@]}") rd=$(median "${ref_d[@]}")
 # Ratios per pair of adjacent runs (same machine conditions), then their median: the machine's speed
 # drifts during a run, which skews a ratio of separate medians.

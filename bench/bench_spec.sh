@@ -66,6 +66,7 @@
 # the background ones carry a hard lifetime too, in case this script itself is killed with SIGKILL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 argv=; [ $# -eq 0 ] || argv=$(printf ' %q' "$@")
 model=bench/models/medium.gguf nodes=4 threads=1 delay=30 gen=64 reps=3 timeout_s=600 out=bench/results/spec
 keep=0 build=1 drafters="ngram self twin dspark" depths= draft_n=7 self_type=q4_K passage=32 repeat=4
@@ -93,11 +94,10 @@ while [ $# -gt 0 ]; do
         --out) out=$2; shift 2 ;;
         --keep) keep=1; shift ;;
         --no-build) build=0; shift ;;
-        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) usage; exit 0 ;;
         *) echo "bench_spec: unknown option $1 (--help lists them)" >&2; exit 2 ;;
     esac
 done
-die() { echo "bench_spec: $*" >&2; exit 1; }
 if [ -n "$trained" ]; then
     if [ "$trained" = auto ]; then
         trained=$(tools/train/build.sh --where) \
@@ -109,10 +109,8 @@ if [ -n "$trained" ]; then
     [[ " $argv " == *" --drafters "* ]] || drafters="ngram twin dspark"
     [[ " $drafters " == *" self "* ]] && die "--trained: the self drafter needs a synthesized target"
 fi
-for v in nodes:nodes threads:threads gen:gen reps:reps timeout_s:timeout draft_n:draft-n passage:passage repeat:repeat heldout_from:heldout-from; do
-    n=${v%:*}
-    [[ ${!n} =~ ^[1-9][0-9]*$ ]] || die "--${v#*:} must be a positive integer, got '${!n}'"
-done
+positive_ints nodes:nodes threads:threads gen:gen reps:reps timeout_s:timeout draft_n:draft-n passage:passage repeat:repeat \
+              heldout_from:heldout-from
 [[ $delay =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--delay: '$delay' is not a delay in ms"
 [ -z "$seed" ] || [[ $seed =~ ^[0-9]+$ ]] || die "--seed must be a non-negative integer, got '$seed'"
 [[ $self_type =~ ^[A-Za-z0-9_]+$ ]] || die "--self-type: '$self_type' is not a type name"
@@ -125,16 +123,14 @@ for d in $drafters; do
 done
 
 # ---- tools -------------------------------------------------------------------------------------------
-for t in python3 timeout awk; do command -v "$t" >/dev/null || die "needs $t (scripts/install-deps.sh)"; done
+need_tools python3 timeout awk
 if [ $build = 1 ] && [ ! -x ./ringlm ]; then
-    command -v make >/dev/null || die "needs make (scripts/install-deps.sh)"
+    need_tools make
     make -s ringlm || die "building ringlm failed"
 fi
 RINGLM=$PWD/ringlm
 [ -x "$RINGLM" ] || die "no ./ringlm (build it with make ringlm, or drop --no-build)"
-for sub in relay node keygen synth inspect; do
-    "$RINGLM" "$sub" --help >/dev/null 2>&1 || die "this ringlm has no '$sub' command"
-done
+need_subcommands relay node keygen synth inspect
 run_help=$("$RINGLM" run --help 2>&1 || true)
 grep -q -- '--draft ' <<<"$run_help" || die "this ringlm's run has no --draft option"
 grep -q -- '--metrics-json' <<<"$run_help" || die "this ringlm's run has no --metrics-json option"
@@ -211,8 +207,7 @@ draft_arg() { # NAME: the value of --draft
 }
 
 # the prompt: a passage of seeded ids, repeated
-passage_ids=$(awk -v n="$passage" -v v="$((V - 256))" 'BEGIN { x = 7; for (i = 0; i < n; i++) {
-                   x = (x * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), int(x / 65536) % v } }')
+passage_ids=$(seeded_ids "$passage")
 toks=$passage_ids
 for _ in $(seq 2 "$repeat"); do toks+=",$passage_ids"; done
 n_prompt=$((passage * repeat))
@@ -231,118 +226,12 @@ echo "$toks" >"$work/prompt.ids"
 [ -z "$trained" ] || printf '%s\n' "${questions[@]}" >"$work/questions.txt"
 life=$((4 * 3600)) # hard lifetime of background processes, should this script die without its trap
 pids=() fg_pid=
-# Each background command runs under `timeout`, which makes itself the leader of its own process group;
-# signals go to that group, so the command under it gets them too (also SIGKILL, which timeout cannot pass on).
-sig_group() { # SIG PID
-    if [ "$(ps -o pgid= -p "$2" 2>/dev/null | tr -d ' ')" = "$2" ]; then kill "-$1" -- "-$2" 2>/dev/null || true
-    else kill "-$1" "$2" 2>/dev/null || true; fi
-}
-stop_pids() { # PID... : TERM, wait up to 5 s, then KILL
-    local p left
-    for p in "$@"; do sig_group TERM "$p"; done
-    for _ in $(seq 50); do
-        left=0
-        for p in "$@"; do kill -0 "$p" 2>/dev/null && left=1; done
-        [ $left = 0 ] && break
-        sleep 0.1
-    done
-    for p in "$@"; do kill -0 "$p" 2>/dev/null && sig_group KILL "$p"; done
-    for p in "$@"; do wait "$p" 2>/dev/null || true; done
-}
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM
-    [ -n "$fg_pid" ] && stop_pids "$fg_pid"
-    [ ${#pids[@]} -gt 0 ] && stop_pids "${pids[@]}"
-    if [ $rc != 0 ] || [ $keep = 1 ]; then
-        echo "bench_spec: logs kept in $work" >&2
-    else
-        rm -rf "$work"
-    fi
-    exit $rc
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
-# attempt OUT ERR CMD...: runs CMD (stdout to OUT, stderr to ERR) with the per-run timeout and returns its
-# status (124/137: timed out). CMD runs in the background and is waited for, so that a signal to this
-# script is handled at once (bash runs traps only between foreground commands) and the trap stops CMD too.
-attempt() {
-    local o=$1 e=$2 rc=0; shift 2
-    timeout -k 10 "$timeout_s" "$@" >"$o" 2>"$e" &
-    fg_pid=$!
-    wait "$fg_pid" || rc=$?
-    fg_pid=
-    return $rc
-}
-# bounded WHAT OUT ERR CMD...: attempt, and end the script on failure with a message naming WHAT.
-bounded() {
-    local what=$1 rc=0; shift
-    attempt "$@" || rc=$?
-    [ $rc = 0 ] && return 0
-    tail -20 "$2" >&2
-    if [ $rc = 124 ] || [ $rc = 137 ]; then die "$what took longer than --timeout $timeout_s s (logs in $work)"; fi
-    die "$what failed (exit $rc; logs in $work)"
-}
-# nodes_idle: after a failed run the nodes may still be working through frames the coordinator left
-# behind; wait (up to 60 s) until their CPU time stops growing.
-nodes_idle() {
-    local kids prev cur
-    kids=$(for i in $(seq "$nodes"); do pgrep -P "${pids[$((i - 1))]}" || true; done)
-    prev=-1
-    for _ in $(seq 120); do
-        cur=$(for k in $kids; do awk '{ print $14 + $15 }' "/proc/$k/stat" 2>/dev/null; done | awk '{ s += $1 } END { print s + 0 }')
-        [ "$cur" = "$prev" ] && return 0
-        prev=$cur
-        sleep 0.5
-    done
-}
-# nodes_alive: every node process still runs (a failed run must not hide a dead node)
-nodes_alive() {
-    local i
-    for i in $(seq "$nodes"); do kill -0 "${pids[$((i - 1))]}" 2>/dev/null || return 1; done
-}
-# wait_log FILE PATTERN PID SECONDS: until FILE has PATTERN; fails if PID exits first.
-wait_log() {
-    local i
-    for i in $(seq $(($4 * 20))); do
-        grep -q "$2" "$1" 2>/dev/null && return 0
-        kill -0 "$3" 2>/dev/null || return 1
-        sleep 0.05
-    done
-    return 1
-}
-# start_relay NAME TARGET DELAY: a relay in front of TARGET; sets RELAY_ADDR and RELAY_PID.
-start_relay() {
-    local log=$work/relay-$1.log
-    timeout -k 5 $life "$RINGLM" relay --listen 127.0.0.1:0 --to "$2" --delay-ms "$3" 2>"$log" &
-    RELAY_PID=$!
-    pids+=("$RELAY_PID")
-    wait_log "$log" "^relay: listening on" "$RELAY_PID" 10 || { cat "$log" >&2; die "relay $1 did not start"; }
-    RELAY_ADDR=$(sed -n 's/^relay: listening on \([^ ]*\) .*/\1/p' "$log" | head -1)
-}
+harness_traps # (bench/lib.sh) every process is stopped on exit; the work folder is kept on failure or --keep
 
 # ---- the ring: N nodes, each behind its own relay ------------------------------------------------------------
 mkdir -p "$work/models"
 ln -s "$model" "$work/models/$(basename "$model")"
-"$RINGLM" keygen -o "$work/coord.key" >"$work/coord.pub"
-node_addr=()
-for i in $(seq "$nodes"); do
-    "$RINGLM" keygen -o "$work/n$i.key" >"$work/n$i.pub"
-    port=$(free_port)
-    timeout -k 5 $life "$RINGLM" node --listen "127.0.0.1:$port" --key "$work/n$i.key" --allow "$(cat "$work/coord.pub")" \
-        --models "$work/models" --threads "$threads" --cache "$work/cache$i" >"$work/node$i.log" 2>&1 &
-    pids+=($!)
-    node_addr+=("127.0.0.1:$port")
-done
-for i in $(seq "$nodes"); do
-    wait_log "$work/node$i.log" "ready:" "${pids[$((i - 1))]}" 300 \
-        || { cat "$work/node$i.log" >&2; die "ringlm node $i did not start"; }
-done
+start_nodes "$nodes" "$threads" 300 # node_addr: their own addresses; ring.conf is rewritten below to list the relays
 conf=()
 for i in $(seq "$nodes"); do
     start_relay "ring$i" "${node_addr[$((i - 1))]}" "$delay"

@@ -14,6 +14,7 @@
 # with text, so most tokens are sampled inside the grammar rather than forced by its budget.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 argv=; [ $# -eq 0 ] || argv=$(printf ' %q' "$@")
 model=build/bench/small.gguf concs="1 16" max_tokens=64 reps=3 threads=2 out=bench/results/structured
 while [ $# -gt 0 ]; do
@@ -24,11 +25,10 @@ while [ $# -gt 0 ]; do
         --reps) reps=$2; shift 2 ;;
         --threads) threads=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
-        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) usage; exit 0 ;;
         *) echo "bench_structured: unknown option $1 (--help lists them)" >&2; exit 2 ;;
     esac
 done
-die() { echo "bench_structured: $*" >&2; exit 1; }
 for v in max_tokens reps threads; do [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "--${v//_/-} must be a positive integer"; done
 for c in $concs; do [[ $c =~ ^[1-9][0-9]*$ ]] || die "--concurrency: '$c' is not a count"; done
 make -s ringlm || die "building ringlm failed"
@@ -39,15 +39,13 @@ if [ ! -f "$model" ]; then
     "$RINGLM" synth --config small --seed 1 -o "$model.tmp" && mv "$model.tmp" "$model"
 fi
 V=$("$RINGLM" inspect --kv "$model" | awk '$1 == "n_vocab" { print $2 }')
-toks=$(awk -v v="$((V - 256))" 'BEGIN { x = 7; for (i = 0; i < 32; i++) {
-           x = (x * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), int(x / 65536) % v } }')
+toks=$(seeded_ids 32)
 work=$(mktemp -d "$PWD/build/bench/structured.XXXXXX")
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
+port=$(free_port)
 "$RINGLM" serve -m "$model" --port "$port" --parallel 16 --ctx 256 --threads "$threads" >"$work/serve.log" 2>&1 &
 spid=$!
 trap 'kill $spid 2>/dev/null || true; wait $spid 2>/dev/null || true; rm -rf "$work"' EXIT
-for _ in $(seq 600); do curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.1; done
-curl -sf "http://127.0.0.1:$port/health" >/dev/null || { cat "$work/serve.log" >&2; die "ringlm serve did not start"; }
+wait_health "$port" "$spid" 60 || { cat "$work/serve.log" >&2; die "ringlm serve did not start"; }
 
 declare -A EXTRA=(
     [plain]=''

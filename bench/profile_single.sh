@@ -13,6 +13,7 @@
 # Writes bench/results/NAME.md (default profile-prefill or profile-decode).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 threads=2 model=bench/models/medium.gguf mode=prefill n=512 depth=0 out=
 while [ $# -gt 0 ]; do
     case $1 in
@@ -33,8 +34,7 @@ B=$(scripts/llama-tools.sh)
 mkdir -p build/bench bench/results
 V=$(./ringlm inspect --kv "$model" | awk '$1 == "n_vocab" { print $2 }')
 if [ "$mode" = prefill ]; then np=$n ng=1 lb=(-p "$n" -n 0); else np=$((depth > 0 ? depth : 1)) ng=$n lb=(-p 0 -n "$n" -d "$depth"); fi
-awk -v n="$np" -v v="$((V - 256))" 'BEGIN { x = 7; for (i = 0; i < n; i++) {
-    x = (x * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), int(x / 65536) % v } }' >build/bench/profile.ids
+seeded_ids "$np" >build/bench/profile.ids
 cat "$model" >/dev/null
 ours=(./ringlm run -m "$model" --tokens @build/bench/profile.ids -n "$ng" --temp 0 --ignore-eos --ids --threads "$threads"
       --ctx $((np + ng + 8)) --chunk 512)

@@ -15,6 +15,7 @@
 # defaults; there is no llama.cpp peer (llama.cpp has no expert pruning).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 trained=auto tokens=16384 eval_docs=400 threads=2 out=bench/results/reap-trained
 argv=; [ $# -eq 0 ] || argv=$(printf ' %q' "$@")
 while [ $# -gt 0 ]; do
@@ -25,7 +26,6 @@ while [ $# -gt 0 ]; do
     esac
     shift 2
 done
-die() { echo "reap_trained: $*" >&2; exit 1; }
 if [ "$trained" = auto ]; then
     trained=$(tools/train/build.sh --where --target-only) || die "no trained model on this machine (tools/train/build.sh builds it)"
 fi

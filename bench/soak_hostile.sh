@@ -12,6 +12,7 @@
 # text, no node death, no server crash; the second coordinator refused every time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 rounds=8 good=12 model=""
 while [ $# -gt 0 ]; do
     case $1 in
@@ -20,28 +21,17 @@ while [ $# -gt 0 ]; do
     esac
 done
 make -s ringlm
-w=$(mktemp -d)
+work=$(mktemp -d) RINGLM=./ringlm
 node_pids=()
-trap 'for p in "${node_pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; wait 2>/dev/null; rm -rf "$w"' EXIT
-mkdir -p "$w/models" bench/results
-if [ -z "$model" ]; then model=$w/tiny.gguf; ./ringlm synth --no-progress -o "$model" --config tiny --seed 1 >/dev/null 2>&1; fi
-ln -s "$(realpath "$model")" "$w/models/m.gguf"
-./ringlm keygen -o "$w/c.key" >"$w/c.pub"
-: >"$w/ring.conf"
-ports=()
-for i in 1 2 3; do
-    ./ringlm keygen -o "$w/n$i.key" >"$w/n$i.pub"
-    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    ports+=("$port")
-    ./ringlm node --listen "127.0.0.1:$port" --key "$w/n$i.key" --allow "$(cat "$w/c.pub")" --models "$w/models" \
-        --threads 1 --speed 10 --cache "$w/cache$i" >"$w/n$i.log" 2>&1 &
-    node_pids+=($!)
-    echo "127.0.0.1:$port $(cat "$w/n$i.pub")" >>"$w/ring.conf"
-done
-for i in 1 2 3; do for _ in $(seq 100); do grep -q "ready:" "$w/n$i.log" && break; sleep 0.1; done; done
+trap 'for p in "${node_pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; wait 2>/dev/null; rm -rf "$work"' EXIT
+mkdir -p "$work/models" bench/results
+if [ -z "$model" ]; then model=$work/tiny.gguf; ./ringlm synth --no-progress -o "$model" --config tiny --seed 1 >/dev/null 2>&1; fi
+ln -s "$(realpath "$model")" "$work/models/m.gguf"
+start_nodes 3 1 10 --speed 10
+ports=("${node_addr[@]##*:}")
 
 NODE_TIMEOUT=3 HEADER_TIMEOUT=2
-python3 - "$w" "$rounds" "$good" "${ports[*]}" "$NODE_TIMEOUT" "$HEADER_TIMEOUT" <<'PY' >"$w/soak.json"
+python3 - "$work" "$rounds" "$good" "${ports[*]}" "$NODE_TIMEOUT" "$HEADER_TIMEOUT" <<'PY' >"$work/soak.json"
 import json, os, random, signal, socket, subprocess, sys, threading, time
 w, rounds, good, ports = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), [int(p) for p in sys.argv[4].split()]
 node_timeout, header_timeout = float(sys.argv[5]), float(sys.argv[6])
@@ -56,7 +46,7 @@ srv, srv_url, srv_log = None, None, open(os.path.join(w, "srv.log"), "ab")
 def start_srv():
     global srv, srv_url
     srv = subprocess.Popen(["./ringlm", "serve", "-m", os.path.join(w, "models/m.gguf"), "--ring", os.path.join(w, "ring.conf"),
-                            "--key", os.path.join(w, "c.key"), "--receipts", os.path.join(w, "r.jsonl"), "--port", "0",
+                            "--key", os.path.join(w, "coord.key"), "--receipts", os.path.join(w, "r.jsonl"), "--port", "0",
                             "--node-timeout", str(int(node_timeout)), "--header-timeout", str(int(header_timeout)),
                             "--parallel", "4"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     for line in srv.stderr:
@@ -173,7 +163,7 @@ def garbage_nodes():
 def second_coordinator():
     c["second_coord"] += 1
     r = subprocess.run(["./ringlm", "run", "-m", os.path.join(w, "models/m.gguf"), "--ring", os.path.join(w, "ring.conf"),
-                        "--key", os.path.join(w, "c.key"), "-p", "hi", "-n", "4", "--temp", "0"],
+                        "--key", os.path.join(w, "coord.key"), "-p", "hi", "-n", "4", "--temp", "0"],
                        capture_output=True, text=True, timeout=60)
     if r.returncode == 1 and "in use by another coordinator" in r.stderr:
         c["second_coord_refused"] += 1
@@ -224,7 +214,7 @@ except subprocess.TimeoutExpired:
     srv.kill()
 json.dump({"counts": c, "failures": failures[:20]}, sys.stdout, indent=1)
 PY
-cp "$w/soak.json" bench/results/soak.json
+cp "$work/soak.json" bench/results/soak.json
 python3 - bench/results/soak.json "$rounds" "$good" <<'PY' >bench/results/soak.md
 import json, sys
 d = json.load(open(sys.argv[1]))

@@ -2,25 +2,25 @@
 # The GPU issue's check on a real NVIDIA GPU (the H200 this project may borrow: CUDA 13 with nvcc, 16 cores,
 # nothing fetchable there). NOT RUN YET: no GPU has been lent to a session since it was written.
 #
-#   bench/gpu_check.sh --prepare     here: stage what the device machine cannot fetch under build/gpu-carry
-#                                    (the pinned llama.cpp source, without docs, models and tests; the
-#                                    Debian packages ringlm builds with, as .debs)
-#   bench/gpu_check.sh --run OUTDIR  there (the device tool's `run`, carry build/gpu-carry): builds ggml with
-#                                    CUDA for one architecture (sm_90) as shared libraries with the CUDA backend
-#                                    linked in, ringlm against it (GGML_PREFIX), llama.cpp's CUDA build of
-#                                    the same source as the oracle (tests/oracle) and llama-bench; then
-#                                    1. ringlm devices shows CUDA0;
-#                                    2. fidelity: ringlm logits on CUDA0 vs llama.cpp's CUDA build, f32/f16/q8_0/q4_K
-#                                       files (worst relative difference), 32 greedy tokens vs llama.cpp;
-#                                    3. speed: ringlm run on CUDA0 vs llama-bench -ngl 99 (defaults otherwise),
-#                                       same file, alternating, medians of paired ratios (prefill pp512, decode tg128);
-#                                    4. DSpark on CUDA0: 5 runs give the plain greedy tokens, none crashes;
-#                                    5. a 2-node ring, both nodes on CUDA0: the one-machine tokens, the plan printed.
-#                                    Writes OUTDIR/gpu.md (copy it to bench/results/gpu.md with the command used).
-#                                    If the device's time limit stops it during the build, run it again: the
-#                                    build in build/gpu-work is kept and resumes.
+#   bench/device/gpu_check.sh --prepare     here: stage what the device machine cannot fetch under build/gpu-carry
+#                                           (the pinned llama.cpp source, without docs, models and tests; the
+#                                           Debian packages ringlm builds with, as .debs)
+#   bench/device/gpu_check.sh --run OUTDIR  there (the device tool's `run`, carry build/gpu-carry): builds ggml with
+#                                           CUDA for one architecture (sm_90) as shared libraries with the CUDA backend
+#                                           linked in, ringlm against it (GGML_PREFIX), llama.cpp's CUDA build of
+#                                           the same source as the oracle (tests/oracle) and llama-bench; then
+#                                           1. ringlm devices shows CUDA0;
+#                                           2. fidelity: ringlm logits on CUDA0 vs llama.cpp's CUDA build, f32/f16/q8_0/q4_K
+#                                              files (worst relative difference), 32 greedy tokens vs llama.cpp;
+#                                           3. speed: ringlm run on CUDA0 vs llama-bench -ngl 99 (defaults otherwise),
+#                                              same file, alternating, medians of paired ratios (prefill pp512, decode tg128);
+#                                           4. DSpark on CUDA0: 5 runs give the plain greedy tokens, none crashes;
+#                                           5. a 2-node ring, both nodes on CUDA0: the one-machine tokens, the plan printed.
+#                                           Writes OUTDIR/gpu.md (copy it to bench/results/gpu.md with the command used).
+#                                           If the device's time limit stops it during the build, run it again: the
+#                                           build in build/gpu-work is kept and resumes.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$PWD
 CARRY=$ROOT/build/gpu-carry
 case "${1:-}" in
@@ -35,7 +35,7 @@ case "${1:-}" in
     du -sh "$CARRY"
     ;;
 --run)
-    out=${2:?bench/gpu_check.sh --run OUTDIR}
+    out=${2:?bench/device/gpu_check.sh --run OUTDIR}
     # GPU_CHECK_DEVICE=CPU: a dry run on a machine without CUDA (ggml and llama.cpp built without it, the CPU
     # in CUDA0's place), to catch the script's own faults before the few minutes a GPU is lent for.
     dev=${GPU_CHECK_DEVICE:-CUDA0}
@@ -79,7 +79,7 @@ case "${1:-}" in
     ./ringlm devices | tee "$out/devices.txt"
     grep -q "^$dev " "$out/devices.txt" || { echo "gpu_check: no $dev"; exit 1; }
     {
-        echo "# ringlm on a GPU (bench/gpu_check.sh --run)"
+        echo "# ringlm on a GPU (bench/device/gpu_check.sh --run)"
         echo
         echo "GPU: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null); $(nvcc --version | tail -1)"
         echo
