@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../ring/target.h"
 #include "../serve/backend_ring.h"
 #include "../base/heap.h"
 #include "../speculate/draft_pool.h"
@@ -101,7 +102,7 @@ static const char *serve_model_id(const char *path) {
 int cmd_serve(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = NULL, *ring_path = NULL, *key_path = NULL;
     const char *wire = "f32", *manifest = NULL;
-    cli_trust trust = {0};
+    ring_trust trust = {0};
     FILE *rfile = NULL;
     int port = 8080, parallel = 4, ctx = 4096, queue = 16, chunk = 256, drain = 30;
     int header_timeout = 10, idle_timeout = 120, per_ip = 32;
@@ -231,7 +232,7 @@ int cmd_serve(int argc, char **argv) {
     bool have_tok = false, have_engine = false, have_sched = false, have_dpool = false;
     int rc = 1;
     mfst_file mf;
-    if (cli_open_target(model, manifest, &m, &hp, &mf, &err) != 0) goto out_noclose;
+    if (ring_target_open(model, manifest, &m, &hp, &mf, &err) != 0) goto out_noclose;
     if (tok_load(&tok, &m, &err) != 0) goto out;
     have_tok = true;
     chat_format fmt = CHAT_FMT_K3;
@@ -362,7 +363,7 @@ out:
     if (have_engine) k3_engine_free(&e);
     if (rfile && fclose(rfile) != 0 && rc == 0) rc = -1, rl_errf(&err, "cannot write %s", trust.receipts);
     if (have_tok) tok_free(&tok);
-    cli_close_target(&m, &mf);
+    ring_target_close(&m, &mf);
 out_noclose:
     if (rc != 0) fprintf(stderr, "ringlm serve: %s\n", err.msg);
     return rc;
