@@ -32,19 +32,11 @@ int cli_parse_u64(const char *s, unsigned long long *out); /* 0 on success */
 int cli_parse_int(const char *s, int *out);
 int cli_parse_double(const char *s, double *out);
 
-/* Options of run and serve that only a ring has: --receipts FILE, --audit-rate R, --audit-seed S,
- * --audit-tol T, and --node-timeout S (ring_opts.dead_s; 0 = the default). */
-typedef struct cli_trust {
-    const char *receipts;
-    double audit_rate, audit_tol;
-    unsigned long long audit_seed;
-    double node_timeout;
-} cli_trust;
-/* 1 when option a is one of them (its value v parsed into t; *bad set if v is invalid), else 0. */
-int cli_parse_trust(const char *a, const char *v, cli_trust *t, int *bad);
-
-/* The whole of a file, NUL-terminated (*out malloc'ed, *len bytes without the NUL). */
-int cli_read_file(const char *path, char **out, size_t *len, rl_err *err);
+struct ring_trust;
+/* Options of run and serve that only a ring has (ring_trust, ring/coord.h): --receipts FILE, --audit-rate R,
+ * --audit-seed S, --audit-tol T, and --node-timeout S. 1 when option a is one of them (its value v parsed into
+ * t; *bad set if v is invalid), else 0. */
+int cli_parse_trust(const char *a, const char *v, struct ring_trust *t, int *bad);
 
 struct k3_engine_opts;
 /* The engine's options with a value, shared by run, serve, node and logits: --flash-attn on|off|auto,
@@ -54,20 +46,10 @@ int cli_parse_engine(const char *a, const char *v, struct k3_engine_opts *eo, in
 /* The engine's flags (no value): --no-repack, --cpu-moe. Returns 1 if `a` is one of them (and sets it). */
 int cli_engine_flag(const char *a, struct k3_engine_opts *eo);
 
-struct mf_model;
-struct k3_hparams;
-struct mfst_file;
-/* The target model of run, serve and logits: the file (-m), or, for a ring whose coordinator holds none, its
- * manifest (--manifest; *mf filled, m its view without weights). Exactly one of model / manifest. Close with
- * cli_close_target. */
-int cli_open_target(const char *model, const char *manifest, struct mf_model *m, struct k3_hparams *hp,
-                    struct mfst_file *mf, rl_err *err);
-void cli_close_target(struct mf_model *m, struct mfst_file *mf);
-
 /* Says on stderr what is wrong with an option, in one line, and returns 2 (bad usage): an unknown
  * option, a missing value, or a value that is not `want` (NULL: the trust options' own expectations). */
 int cli_bad_option(const char *cmd, const char *opt, const char *v, bool known, const char *want);
 /* 0, or 2 after saying on stderr that they need a ring (cmd names the command). */
-int cli_trust_check(const cli_trust *t, int have_ring, const char *cmd);
+int cli_trust_check(const struct ring_trust *t, int have_ring, const char *cmd);
 
 #endif

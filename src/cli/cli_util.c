@@ -4,29 +4,9 @@
 #include <limits.h>
 #include <stdlib.h>
 
-#include "../base/file.h"
 #include "../model/k3_forward.h"
-#include "../trust/manifest_file.h"
+#include "../ring/coord.h"
 #include "cli.h"
-
-int cli_open_target(const char *model, const char *manifest, mf_model *m, k3_hparams *hp, mfst_file *mf, rl_err *err) {
-    memset(mf, 0, sizeof *mf);
-    memset(m, 0, sizeof *m);
-    if (!manifest) return k3_open(m, hp, model, err);
-    if (mfst_file_read(mf, manifest, err) != 0) return -1;
-    if (mfst_file_model(mf, m, err) != 0 || k3_hparams_read(hp, m, err) != 0 || k3_check_tensors(hp, m, err) != 0) {
-        rl_err_prefix(err, "%s", manifest);
-        mf_close(m);
-        mfst_file_free(mf);
-        return -1;
-    }
-    return 0;
-}
-
-void cli_close_target(mf_model *m, mfst_file *mf) {
-    mf_close(m);
-    mfst_file_free(mf);
-}
 
 int cli_parse_u64(const char *s, unsigned long long *out) {
     if (!s || !*s || *s == '-') return -1;
@@ -56,10 +36,6 @@ int cli_parse_double(const char *s, double *out) {
     if (errno || *end) return -1;
     *out = v;
     return 0;
-}
-
-int cli_read_file(const char *path, char **out, size_t *len, rl_err *err) {
-    return rl_read_file(path, NULL, out, len, err);
 }
 
 int cli_engine_flag(const char *a, k3_engine_opts *eo) {
@@ -136,7 +112,7 @@ int cli_bad_option(const char *cmd, const char *opt, const char *v, bool known, 
     return 2;
 }
 
-int cli_parse_trust(const char *a, const char *v, cli_trust *t, int *bad) {
+int cli_parse_trust(const char *a, const char *v, ring_trust *t, int *bad) {
     if (strcmp(a, "--receipts") == 0) {
         t->receipts = v;
     } else if (strcmp(a, "--audit-rate") == 0) {
@@ -153,7 +129,7 @@ int cli_parse_trust(const char *a, const char *v, cli_trust *t, int *bad) {
     return 1;
 }
 
-int cli_trust_check(const cli_trust *t, int have_ring, const char *cmd) {
+int cli_trust_check(const ring_trust *t, int have_ring, const char *cmd) {
     if (have_ring || (!t->receipts && t->audit_rate <= 0 && t->node_timeout <= 0)) return 0;
     if (t->node_timeout > 0) {
         fprintf(stderr, "ringlm %s: --node-timeout is for a ring (--ring): one machine waits on no node\n", cmd);

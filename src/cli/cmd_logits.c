@@ -6,6 +6,7 @@
 #include "../model/k3_forward.h"
 #include "../model/logits_file.h"
 #include "../ring/coord.h"
+#include "../ring/target.h"
 #include "cli.h"
 
 static void logits_usage(FILE *f) {
@@ -123,7 +124,7 @@ int cmd_logits(int argc, char **argv) {
     k3_state st;
     int rc = 1;
     mfst_file mf;
-    if (cli_open_target(model, manifest, &m, &hp, &mf, &err) != 0) {
+    if (ring_target_open(model, manifest, &m, &hp, &mf, &err) != 0) {
         fprintf(stderr, "ringlm logits: %s\n", err.msg);
         free(tokens);
         return 1;
@@ -215,7 +216,7 @@ fail_engine:
     k3_engine_free(&e);
 fail_model:
     if (rc != 0) fprintf(stderr, "ringlm logits: %s\n", err.msg);
-    cli_close_target(&m, &mf);
+    ring_target_close(&m, &mf);
     free(tokens);
     return rc;
 }

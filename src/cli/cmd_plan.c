@@ -7,6 +7,7 @@
 
 #include "../ring/coord.h"
 #include "../ring/plan_nodes.h"
+#include "../ring/target.h"
 #include "cli.h"
 
 static void plan_usage(FILE *f) {
@@ -100,7 +101,7 @@ int cmd_plan(int argc, char **argv) {
         pr_opts po = {.prompt = (uint32_t)prompt, .chunk = (uint32_t)chunk, .parallel = (uint32_t)parallel,
                       .draft_k = draft_n, .acceptance = acceptance, .draft_depth = draft_depth};
         int rc = 1;
-        if (cli_open_target(model, manifest, &m, &hp, &mf, &err) == 0) {
+        if (ring_target_open(model, manifest, &m, &hp, &mf, &err) == 0) {
             mf_model dm;
             int drc = 0;
             if (draft && (drc = mf_open(&dm, draft, &err)) == 0) {
@@ -108,7 +109,7 @@ int cmd_plan(int argc, char **argv) {
                 mf_close(&dm);
             }
             if (drc != 0) {
-                cli_close_target(&m, &mf);
+                ring_target_close(&m, &mf);
                 fprintf(stderr, "ringlm plan: %s\n", err.msg);
                 return 1;
             }
@@ -125,7 +126,7 @@ int cmd_plan(int argc, char **argv) {
                     rc = 0;
                 }
             }
-            cli_close_target(&m, &mf);
+            ring_target_close(&m, &mf);
         }
         if (rc != 0) fprintf(stderr, "ringlm plan: %s\n", err.msg);
         return rc;
@@ -137,7 +138,7 @@ int cmd_plan(int argc, char **argv) {
     rk_identity id;
     ring_coord rc;
     int rc_ = 1;
-    if (cli_open_target(model, manifest, &m, &hp, &mf, &err) != 0) goto out_noclose;
+    if (ring_target_open(model, manifest, &m, &hp, &mf, &err) != 0) goto out_noclose;
     if (ring_conf_load(&conf, ring_path, &err) != 0 || rk_load(&id, key_path, &err) != 0) goto out;
     ring_opts o = ring_opts_default();
     o.n_ctx = (uint32_t)ctx;
@@ -153,7 +154,7 @@ int cmd_plan(int argc, char **argv) {
     ring_close(&rc);
     rc_ = 0;
 out:
-    cli_close_target(&m, &mf);
+    ring_target_close(&m, &mf);
 out_noclose:
     if (rc_ != 0) fprintf(stderr, "ringlm plan: %s\n", err.msg);
     return rc_;

@@ -112,6 +112,16 @@ ring_opts ring_opts_default(void);
  * with err saying so. */
 int ring_opts_check_taps(const ring_opts *o, const uint32_t *layers, int n, rl_err *err);
 
+/* What run and serve are told of a ring's trust on their command lines (--receipts FILE, --audit-rate R,
+ * --audit-seed S, --audit-tol T, --node-timeout S), before it becomes ring_opts: the receipts file is opened
+ * by each as it needs (run writes a new one, serve appends), so it is a path here. */
+typedef struct ring_trust {
+    const char *receipts;   /* NULL: no receipts */
+    double audit_rate, audit_tol;
+    unsigned long long audit_seed;
+    double node_timeout;    /* ring_opts.dead_s; 0 = the default */
+} ring_trust;
+
 typedef struct ring_stage_stats {
     double compute_s, queue_s, wire_s; /* sums over traversals */
     long n;

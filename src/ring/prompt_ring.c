@@ -1,0 +1,104 @@
+/* prompt_run on a ring (prompt_int.h): this machine is the coordinator. */
+#include <stdio.h>
+#include <string.h>
+
+#include "predict.h"
+#include "prompt_int.h"
+#include "verify_ring.h"
+
+/* The ring's options for this run: context, wire, order, receipts into rf (or none), DSpark's taps, audits,
+ * the manifest, and the blocks a speculative run keeps in flight. */
+static ring_opts prompt_ring_opts(const prompt_opts *o, const mfst_file *mf, FILE *rf, spec_drafter *drafter,
+                                  const spec_params *spp) {
+    ring_opts ro = ring_opts_default();
+    ro.n_ctx = (uint32_t)o->ctx;
+    ro.wire = o->wire;
+    ro.keep_order = o->keep_order;
+    if (rf) {
+        ro.receipts = true;
+        ro.receipts_out = rf;
+    }
+    const uint32_t *taps;
+    ro.n_taps = drafter ? spec_drafter_taps(drafter, &taps) : 0;
+    if (ro.n_taps > 0) memcpy(ro.taps, taps, (size_t)ro.n_taps * sizeof *taps);
+    ro.audit_rate = o->trust.audit_rate;
+    if (o->trust.node_timeout > 0) ro.dead_s = o->trust.node_timeout;
+    ro.audit_seed = o->trust.audit_seed;
+    ro.audit_tol = o->trust.audit_tol;
+    ro.manifest = mf;
+    ro.manifest_path = o->manifest;
+    if (drafter) { /* blocks of up to k_max drafts and the token before them, depth of them in flight */
+        ro.spec_block = (uint32_t)spp->k_max + 1;
+        ro.spec_depth = spp->depth < 1 ? 1 : spp->depth > SPEC_MAX_DEPTH ? SPEC_MAX_DEPTH : spp->depth;
+    }
+    return ro;
+}
+
+/* After a good run: the per-stage table, what ran next to what the planner predicted, the receipts checked
+ * and the audits run. */
+static void prompt_ring_print(const prompt_opts *o, const ring_coord *rc, bool spec, const gen_metrics *gm) {
+    fprintf(stderr, "\n");
+    ring_print_stats(rc, stderr);
+    pr_result pr;
+    if (ring_prediction(rc, (uint32_t)gm->prompt_tokens, (uint32_t)o->chunk, &pr) == 0) {
+        /* What ran next to what the planner predicted for it (docs/plan.md). */
+        fprintf(stderr, "time to first token: %.3f s; the plan predicted %.3f (%+.0f%%)\n", gm->ttft_s, pr.ttft_s,
+                100 * (pr.ttft_s / gm->ttft_s - 1));
+        if (!spec && gm->generated_tokens > 1) {
+            fprintf(stderr, "decode: %.2f tok/s greedy; the plan predicted %.2f (%+.0f%%)\n", gm->decode_tok_s,
+                    pr.greedy_tok_s, 100 * (pr.greedy_tok_s / gm->decode_tok_s - 1));
+        }
+    }
+    if (o->trust.receipts) {
+        fprintf(stderr, "receipts: %ld checked (signatures, signers, ranges, chain, nonces), written to %s\n",
+                rc->ledger.checked, o->trust.receipts);
+    }
+    if (o->trust.audit_rate > 0) {
+        fprintf(stderr, "audits: %ld sequence(s) audited, %ld frame(s) recomputed in %.0f ms, largest difference "
+                "%.2g (tolerance %.2g); none failed\n", rc->audits, rc->audit_frames, rc->audit_s * 1e3,
+                rc->audit_max_diff, o->trust.audit_tol > 0 ? o->trust.audit_tol : 1e-2);
+        for (int s = 0; s < rc->plan.n_stages; s++) {
+            if (rc->aud_where[s][0]) fprintf(stderr, "  stage %d recomputed %s\n", s + 1, rc->aud_where[s]);
+        }
+    }
+}
+
+int prompt_ring_generate(const prompt_opts *o, mf_model *m, k3_hparams *hp, const mfst_file *mf,
+                         const tok_tokenizer *tok, spec_drafter *drafter, const spec_params *spp, const int32_t *toks,
+                         size_t n_toks, prompt_out *po, gen_metrics *gm, spec_metrics *smx, cJSON **ring_json,
+                         rl_err *err) {
+    ring_conf conf;
+    rk_identity id;
+    ring_coord rc;
+    if (ring_conf_load(&conf, o->ring_path, err) != 0 || rk_load(&id, o->key_path, err) != 0) return -1;
+    FILE *rf = NULL;
+    if (o->trust.receipts) {
+        rf = fopen(o->trust.receipts, "w");
+        if (!rf) {
+            rl_errf(err, "cannot create %s", o->trust.receipts);
+            return -1;
+        }
+    }
+    ring_opts ro = prompt_ring_opts(o, mf, rf, drafter, spp);
+    if (ring_open(&rc, &conf, &id, m, hp, &ro, err) != 0) {
+        if (rf) fclose(rf);
+        return -1;
+    }
+    int grc;
+    if (drafter) {
+        spec_ring sr = {.rc = &rc, .chunk = (uint32_t)o->chunk};
+        spec_verifier v = spec_verifier_ring(&sr);
+        grc = spec_run(&v, drafter, tok, toks, n_toks, &o->gp, spp, prompt_on_token, po, gm, smx, err);
+    } else {
+        grc = ring_generate(&rc, tok, toks, n_toks, &o->gp, prompt_on_token, po, gm, err);
+    }
+    if (grc == 0 && rc.o.receipts) grc = ring_receipts_finish(&rc, 10.0, err); /* the last steps' receipts */
+    if (grc == 0 && o->trust.audit_rate > 0) grc = ring_audit_pending(&rc, err);
+    if (grc == 0) {
+        prompt_ring_print(o, &rc, drafter != NULL, gm);
+        *ring_json = ring_stats_json(&rc);
+    }
+    ring_close(&rc);
+    if (rf && fclose(rf) != 0 && grc == 0) grc = rl_errf(err, "cannot write %s", o->trust.receipts);
+    return grc;
+}
