@@ -2,6 +2,7 @@
 #
 #   check DESC CMD...        run CMD; count a pass if it exits 0, else a failure (the script goes on)
 #   check_fails DESC PATTERN CMD...   CMD must exit 1 (not crash) and print PATTERN (grep -E) on stderr
+#   check_eq DESC A B        A = B, and neither is empty (check_ne: A != B, neither empty)
 #   model NAME CONFIG TYPE [SEED]     path of a synthesized fixture, made once and cached in $MODELS
 #   finish                   prints the counts and exits non-zero if anything failed
 set -euo pipefail
@@ -31,6 +32,27 @@ check_fails() {
         T_PASS=$((T_PASS + 1)); echo "ok - $desc: $(head -c 300 "$WORK/err")"
     else
         T_FAIL=$((T_FAIL + 1)); echo "not ok - $desc (exit $rc, want 1 and /$pattern/)"; sed 's/^/    /' "$WORK/err" | tail -20
+    fi
+}
+
+# check_eq DESC A B: A and B are usually two commands' captured outputs, and a command that failed captures
+# "": two failures would agree ("" = "") and pass, and with check_ne one failure would differ from the other's
+# output and pass. So an empty value fails, named; only two values that are both there are compared.
+check_eq() { check_cmp = "$@"; }
+check_ne() { check_cmp != "$@"; }
+check_cmp() {
+    local op=$1 desc=$2 a=$3 b=$4 why=""
+    if [ -z "$a" ] && [ -z "$b" ]; then why="both values are empty"
+    elif [ -z "$a" ]; then why="the first value is empty"
+    elif [ -z "$b" ]; then why="the second value is empty"
+    elif ! [ "$a" "$op" "$b" ]; then [ "$op" = = ] && why="the values differ" || why="the values are equal"
+    fi
+    if [ -z "$why" ]; then
+        T_PASS=$((T_PASS + 1)); echo "ok - $desc"
+    else
+        T_FAIL=$((T_FAIL + 1)); echo "not ok - $desc ($why)"
+        [ -z "$a" ] || { echo "    first:"; printf '%s\n' "${a:0:300}" | sed 's/^/        /'; }
+        [ -z "$b" ] || { echo "    second:"; printf '%s\n' "${b:0:300}" | sed 's/^/        /'; }
     fi
 }
 

@@ -26,10 +26,10 @@ for c in "${cases[@]}"; do
     D=$WORK/$cfg-d.info T=$WORK/$cfg-t.info
 
     check "$cfg: architecture is dflash" test "$(val "$D" arch)" = dflash
-    check "$cfg: n_vocab equals the target's ($(val "$T" n_vocab))" test "$(val "$D" n_vocab)" = "$(val "$T" n_vocab)"
-    check "$cfg: n_embd equals the target's ($(val "$T" n_embd))" test "$(val "$D" n_embd)" = "$(val "$T" n_embd)"
-    check "$cfg: embedding_length key equals the target's" \
-        test "$(val "$D" "kv dflash.embedding_length")" = "$(val "$T" "kv kimi-k3.embedding_length")"
+    check_eq "$cfg: n_vocab equals the target's ($(val "$T" n_vocab))" "$(val "$D" n_vocab)" "$(val "$T" n_vocab)"
+    check_eq "$cfg: n_embd equals the target's ($(val "$T" n_embd))" "$(val "$D" n_embd)" "$(val "$T" n_embd)"
+    check_eq "$cfg: embedding_length key equals the target's" \
+        "$(val "$D" "kv dflash.embedding_length")" "$(val "$T" "kv kimi-k3.embedding_length")"
     check "$cfg: dflash.block_size is 7" test "$(val "$D" "kv dflash.block_size")" = 7
     check "$cfg: dflash.sample_from_anchor is true" test "$(val "$D" "kv dflash.sample_from_anchor")" = true
     check "$cfg: dflash.has_confidence_head is true" test "$(val "$D" "kv dflash.has_confidence_head")" = true

@@ -45,8 +45,8 @@ check "f32 cache, softmax attention: logits = unconstrained" same_logits "$q8" 0
 gen() { "$RINGLM" run -m "$q8" -p "The expert cache reads" -n 40 --temp 0 --ignore-eos --ids "$@" 2>"$WORK/run.err"; }
 ref=$(gen)
 got=$(gen --mem "$(least "$q8")" --metrics-json "$WORK/m.json")
-check "greedy text at the least budget = unconstrained" test "$got" = "$ref"
-check "greedy text with a roomy cache = unconstrained" test "$(gen --mem 0.03)" = "$ref"
+check_eq "greedy text at the least budget = unconstrained" "$got" "$ref"
+check_eq "greedy text with a roomy cache = unconstrained" "$(gen --mem 0.03)" "$ref"
 check "summary line: hit rate and reads per token" grep -Eq 'experts \(decode\): hit rate [0-9.]+%, read [0-9.]+ MiB/token' "$WORK/run.err"
 check "metrics JSON: expert_cache with its counters" python3 -c "
 import json, sys
@@ -57,7 +57,7 @@ assert x['bytes_read'] > 0 and d['bytes_used_per_token'] > 0 and 0 <= d['prefetc
 assert x['passes'] > 0, x
 "
 check "a budget the model fits uses no cache" bash -c "! '$RINGLM' run -m '$q8' -p hi -n 4 --temp 0 --mem 1 2>&1 | grep -q 'expert cache'"
-check "a budget the model fits: text = unconstrained" test "$(gen --mem 1)" = "$ref"
+check_eq "a budget the model fits: text = unconstrained" "$(gen --mem 1)" "$ref"
 
 # The repacked copy (--expert-copy DIR, src/model/expert_copy.h): the q4_0 file's experts take the CPU's
 # repacked layout, so the cache re-lays each one it reads; with a copy, the first read of an expert writes
@@ -116,7 +116,7 @@ completions() { # server: the three texts, in prompt order
     wait
     for i in 1 2 3; do python3 -c "import json,sys; print(repr(json.load(open(sys.argv[1]))['choices'][0]['text']))" "$WORK/c$1$i.json"; done
 }
-check "serve --mem: concurrent completions = without --mem" test "$(completions capped)" = "$(completions free)"
+check_eq "serve --mem: concurrent completions = without --mem" "$(completions capped)" "$(completions free)"
 curl -s "${SRV_URL[capped]}/metrics" >"$WORK/metrics.txt"
 check "serve --mem: /metrics has the expert cache's counters" python3 -c "
 import re

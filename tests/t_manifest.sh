@@ -65,8 +65,8 @@ check_fails "--check: a file of another set is named" "tiny-f32-s1.gguf: not a f
     "$RINGLM" manifest --check "$WORK/sp.manifest" "$f"
 "$TOOLS/gguf_edit" "$f" "$WORK/renamed.gguf" --set-str general.name other
 "$RINGLM" manifest "$WORK/renamed.gguf" -o "$WORK/renamed.manifest" >/dev/null
-check "a metadata change changes the manifest's hashes" \
-    test "$("$RINGLM" manifest --range-hash 2:4 "$WORK/renamed.manifest")" != "$("$RINGLM" manifest --range-hash 2:4 "$WORK/one.manifest")"
+check_ne "a metadata change changes the manifest's hashes" \
+    "$("$RINGLM" manifest --range-hash 2:4 "$WORK/renamed.manifest")" "$("$RINGLM" manifest --range-hash 2:4 "$WORK/one.manifest")"
 head -c 3000 "$WORK/one.manifest" >"$WORK/cut.manifest"
 check_fails "a truncated manifest" "not a GGUF file .*or a damaged one|not a ringlm manifest" \
     "$RINGLM" manifest --range-hash 0:2 "$WORK/cut.manifest"

@@ -23,13 +23,13 @@ for c in "${cases[@]}"; do
     cp "$WORK/out" "$WORK/oracle-$name.txt"
     "$RINGLM" inspect --kv "$f" >"$WORK/ours-$name.txt"
     for k in n_layer n_embd n_head n_vocab n_ctx_train n_params n_tensors n_kv; do
-        check "$name: $k agrees" test "$(grep "^$k " "$WORK/oracle-$name.txt")" = "$(grep "^$k " "$WORK/ours-$name.txt")"
+        check_eq "$name: $k agrees" "$(grep "^$k " "$WORK/oracle-$name.txt")" "$(grep "^$k " "$WORK/ours-$name.txt")"
     done
     # Hyperparameters llama.cpp only exposes as metadata strings.
     for pair in expert_count:n_expert expert_used_count:n_expert_used expert_shared_count:n_expert_shared \
                 attn_res.block_size:attn_res_block leading_dense_block_count:n_dense_lead; do
         key=${pair%%:*}; ours=${pair##*:}
-        check "$name: $key agrees" test "$(awk -v k="kimi-k3.$key" '$1=="kv" && $2==k {print $3}' "$WORK/oracle-$name.txt")" = \
+        check_eq "$name: $key agrees" "$(awk -v k="kimi-k3.$key" '$1=="kv" && $2==k {print $3}' "$WORK/oracle-$name.txt")" \
             "$(awk -v k="$ours" '$1==k {print $2}' "$WORK/ours-$name.txt")"
     done
     check "$name: oracle logits (batch)" "$ORACLE" logits -m "$f" --tokens $tokens --mode batch -o "$WORK/$name-b.bin"

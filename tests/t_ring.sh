@@ -124,7 +124,7 @@ check "killed node: the run re-forms the ring and finishes (exit $rc), its token
 check "killed node: the log names it and the re-forming" bash -c \
     "grep -q '127.0.0.1:${RING_PORT[2]}' '$WORK/kill.err' && grep -q 're-forming it over the 2 node' '$WORK/kill.err'"
 check "the surviving nodes keep running" bash -c "kill -0 ${RING_PID[1]} && kill -0 ${RING_PID[3]}"
-ring_start 2 "$RING/models" && check "the killed node restarts" true
+check "the killed node restarts" ring_start 2 "$RING/models" # in this shell: it sets RING_PID[2]
 "$RINGLM" run -m "$m" --tokens "$(toks 5 700 12)" -n 8 --temp 0 --ignore-eos --ids --ring "$WORK/ring3.conf" "${K[@]}" \
     >"$WORK/again.ids" 2>"$WORK/again.err" || cat "$WORK/again.err"
 check "once the ring is whole again it serves the next request" diff "$WORK/after-local.ids" "$WORK/again.ids"

@@ -420,8 +420,8 @@ check "a NUL byte in the text: all of it = ringlm run's, streamed and not" bash 
 seeded() { post "seed$1_$2" /v1/completions "{\"prompt\":\"Once upon a time\",\"max_tokens\":24,\"temperature\":1,\"seed\":$1,\"ignore_eos\":true}"
            python3 -c "import json; print(json.dumps(json.load(open('$WORK/seed$1_$2.json'))['choices'][0]['text']))"; }
 a=$(seeded 7 a); b=$(seeded 7 b); c=$(seeded 8 c)
-check "seed: same seed at temperature 1, same text" test "$a" = "$b"
-check "seed: another seed, another text" test "$a" != "$c"
+check_eq "seed: same seed at temperature 1, same text" "$a" "$b"
+check_ne "seed: another seed, another text" "$a" "$c"
 
 # ---- stop strings ----------------------------------------------------------------------------------------
 # A stop string taken from inside the greedy text: the reply is the text before its first occurrence.

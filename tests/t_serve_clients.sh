@@ -132,12 +132,12 @@ EOF
     python3 -c 'import json, sys; json.dump(json.load(open(sys.argv[1]))["choices"][0]["message"]["content"], open(sys.argv[2], "w"))' "$WORK/tok7p.json" "$WORK/tok7.json"
     echo "    (openai $(sdk "d['version']"))"
     check "openai SDK: models.list" test "$(sdk "d['models']")" = "[\"$MODEL_ID\"]"
-    check "openai SDK: chat = curl's" test "$(sdk "d['chat']")" = "$(jget chat "d['choices'][0]['message']['content']")"
-    check "openai SDK: chat usage = curl's" test "$(sdk "d['chat_usage']")" = "$(jget chat "d['usage']")"
-    check "openai SDK: streamed chat = non-streamed" test "$(sdk "d['chat_stream']")" = "$(sdk "d['chat']")"
+    check_eq "openai SDK: chat = curl's" "$(sdk "d['chat']")" "$(jget chat "d['choices'][0]['message']['content']")"
+    check_eq "openai SDK: chat usage = curl's" "$(sdk "d['chat_usage']")" "$(jget chat "d['usage']")"
+    check_eq "openai SDK: streamed chat = non-streamed" "$(sdk "d['chat_stream']")" "$(sdk "d['chat']")"
     check "openai SDK: streamed chat came in several chunks" test "$(sdk "d['chat_stream_chunks']")" -gt 1
-    check "openai SDK: streamed chat finish_reason and usage" \
-        test "$(sdk "[d['chat_stream_finish'], d['chat_stream_usage']]")" = "$(sdk "['length', d['chat_usage']]")"
+    check_eq "openai SDK: streamed chat finish_reason and usage" \
+        "$(sdk "[d['chat_stream_finish'], d['chat_stream_usage']]")" "$(sdk "['length', d['chat_usage']]")"
     check "openai SDK: chat logprobs, 3 alternatives per token, one per token (16), the tokens' bytes = the content" \
         py_sdk "len(d['lp']) == 16 and all(a <= 0 and n == 3 for a, n in d['lp']) and d['lp_text'] == d['lp_content']"
     check "openai SDK: n = 2 gives choices 0 and 1" py_sdk "d['n2'] == [[0, True], [1, True]]"
@@ -151,8 +151,8 @@ EOF
         py_sdk "d['tool_stream'] == d['tool']"
     check "openai SDK: chat.completions.parse with a JSON schema gives message.parsed matching it" \
         py_sdk "isinstance(d['parsed'], dict) and set(d['parsed']) == {'answer', 'why'} and isinstance(d['parsed']['answer'], int) and isinstance(d['parsed']['why'], str) and len(d['parsed']['why']) <= 20"
-    check "openai SDK: completion = curl's" test "$(sdk "d['cmpl']")" = "$(jget cmpl "d['choices'][0]['text']")"
-    check "openai SDK: streamed completion = non-streamed" test "$(sdk "d['cmpl_stream']")" = "$(sdk "d['cmpl']")"
+    check_eq "openai SDK: completion = curl's" "$(sdk "d['cmpl']")" "$(jget cmpl "d['choices'][0]['text']")"
+    check_eq "openai SDK: streamed completion = non-streamed" "$(sdk "d['cmpl_stream']")" "$(sdk "d['cmpl']")"
     check "openai SDK: unknown model -> NotFoundError 404 model_not_found" \
         test "$(sdk "d['bad_model']")" = '{"cls": "NotFoundError", "status": 404, "code": "model_not_found", "param": "model"}'
     check "openai SDK: wrong key -> AuthenticationError 401" \
@@ -237,8 +237,8 @@ EOF
     # The request the page sends (stream: true) answered without streaming: the reply must be the same text.
     api want "$URL/v1/chat/completions" "{\"messages\":[{\"role\":\"user\",\"content\":\"$q\"}],\"temperature\":0,\"max_tokens\":24,\"chat_template_kwargs\":{\"thinking\":false}}"
     check "chromium: state done" test "$(jget page "d['state']")" = '"done"'
-    check "chromium: the streamed reply shows the API's answer" \
-        test "$(jget page "d['reply']")" = "$(jget want "d['choices'][0]['message']['content']")"
+    check_eq "chromium: the streamed reply shows the API's answer" \
+        "$(jget page "d['reply']")" "$(jget want "d['choices'][0]['message']['content']")"
     check "chromium: the reply grew chunk by chunk" test "$(jget page "int(d['chunks'] or 0)")" -gt 1
     check "chromium: usage shown" grep -q "prompt + .* generated tokens" "$WORK/page.json"
     check "chromium: the reply is not empty (thinking off: content)" test "$(jget page "len(d['reply'])")" -gt 0

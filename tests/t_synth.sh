@@ -17,8 +17,8 @@ check "split set of 4 files written" test -f "$WORK/sp-00004-of-00004.gguf"
 "$RINGLM" inspect --kv "$WORK/sp-00001-of-00004.gguf" | grep -v '^n_kv' >"$WORK/split.kv"
 check "split set inspects like the single file" diff "$WORK/one.kv" "$WORK/split.kv"
 check "llama.cpp loads the split set" "$ORACLE" info -m "$WORK/sp-00001-of-00004.gguf"
-check "llama.cpp: split set has the single file's tensor count" \
-    test "$(grep '^n_params' "$WORK/out")" = "$(grep '^n_params' "$WORK/one.kv")"
+check_eq "llama.cpp: split set has the single file's tensor count" \
+    "$(grep '^n_params' "$WORK/out")" "$(grep '^n_params' "$WORK/one.kv")"
 
 # Presets and sizes.
 S --dry-run --config medium >"$WORK/medium.txt"
@@ -26,7 +26,7 @@ check "medium preset is at least 1 GiB" awk 'NR == 1 { for (i = 1; i <= NF; i++)
 check "medium experts are q4_K (69 tensors: 3 x 23 MoE layers)" grep -Eq "^ +q4_K +69 tensors" "$WORK/medium.txt"
 S -o "$WORK/draft.gguf" --config tiny --draft k3
 "$RINGLM" inspect --kv "$WORK/draft.gguf" >"$WORK/draft.kv"
-check "k3 draft shares the target vocabulary" test "$(grep '^n_vocab' "$WORK/draft.kv")" = "$(grep '^n_vocab' "$WORK/one.kv")"
+check_eq "k3 draft shares the target vocabulary" "$(grep '^n_vocab' "$WORK/draft.kv")" "$(grep '^n_vocab' "$WORK/one.kv")"
 check "k3 draft is much smaller" test "$(stat -c %s "$WORK/draft.gguf")" -lt "$(( $(stat -c %s "$WORK/a.gguf") / 4 ))"
 check "llama.cpp loads the k3 draft" "$ORACLE" info -m "$WORK/draft.gguf"
 

@@ -59,8 +59,8 @@ agree "tiny every code point" "$tiny" "$WORK/sweep0.txt"
 agree "v32k every code point (other contexts)" "$v32k" "$WORK/sweep3.txt" --special
 
 # The CLI: one text on the command line, the --decode round trip, errors.
-check "a text argument gives the same ids as the first corpus line" \
-    test "$("$RINGLM" tokenize -m "$tiny" "Hello world")" = "$("$ORACLE" tokenize -m "$tiny" --file "$corpus" | head -1)"
+check_eq "a text argument gives the same ids as the first corpus line" \
+    "$("$RINGLM" tokenize -m "$tiny" "Hello world")" "$("$ORACLE" tokenize -m "$tiny" --file "$corpus" | head -1)"
 grep -v '\\' "$corpus" | grep -v '^$' >"$WORK/plain.txt" || true # lines that need no escapes read back as they are
 "$RINGLM" tokenize -m "$v32k" --special --file "$WORK/plain.txt" >"$WORK/plain.ids"
 "$RINGLM" tokenize -m "$v32k" --special --decode --file "$WORK/plain.ids" >"$WORK/plain.back"

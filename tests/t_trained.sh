@@ -50,7 +50,7 @@ if [ "$RINGLM_BUILD" = build/release ]; then
     dir2=$(build "$WORK/again" 2>"$WORK/build2.log") || { cat "$WORK/build2.log"; exit 1; }
     check "a second build (another folder) writes the same target bytes" cmp "$T" "$dir2/target.gguf"
     check "... and the same draft bytes" cmp "$D" "$dir2/draft.gguf"
-    check "... and the same held-out perplexity" test "$(j "$dir2/target.json" heldout_ppl)" = "$ppl"
+    check_eq "... and the same held-out perplexity" "$(j "$dir2/target.json" heldout_ppl)" "$ppl"
     rm -rf "$WORK/again"
 fi
 
