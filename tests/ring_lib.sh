@@ -46,7 +46,8 @@ ring_stop() {
     # TERM, then KILL whoever still runs after 10 s: a node that does not stop must not hang the suite (a CI run
     # of t_recovery passed every check, then waited here until its time limit); such a node is named.
     local i
-    for i in "${!RING_PID[@]}"; do kill "${RING_PID[$i]}" 2>/dev/null; done
+    # (|| true: under set -e a node already gone would end the loop, leaving the others running)
+    for i in "${!RING_PID[@]}"; do kill "${RING_PID[$i]}" 2>/dev/null || true; done
     for _ in $(seq 100); do
         local left=0
         for i in "${!RING_PID[@]}"; do kill -0 "${RING_PID[$i]}" 2>/dev/null && left=1; done
@@ -56,10 +57,10 @@ ring_stop() {
     for i in "${!RING_PID[@]}"; do
         if kill -0 "${RING_PID[$i]}" 2>/dev/null; then
             echo "ring_stop: node $i (pid ${RING_PID[$i]}) did not stop on TERM in 10 s: killed" >&2
-            kill -9 "${RING_PID[$i]}" 2>/dev/null
+            kill -9 "${RING_PID[$i]}" 2>/dev/null || true
         fi
     done
-    for i in "${!RING_PID[@]}"; do wait "${RING_PID[$i]}" 2>/dev/null; done
+    for i in "${!RING_PID[@]}"; do wait "${RING_PID[$i]}" 2>/dev/null || true; done
     RING_PID=()
 }
 trap 'ring_stop; rm -rf "$WORK"' EXIT

@@ -100,7 +100,7 @@ if on_small_disk true 2>/dev/null; then
         "--expert-copy $WORK/small/x: the copy may take [0-9.]+ GB and the disk has 0.00 GB free" \
         on_small_disk "$RINGLM" run -m "$q4" -p hi -n 2 --mem "$least4" --expert-copy "$WORK/small/x"
 else
-    echo "# skipped: --expert-copy on a small disk (no tmpfs in a mount namespace here: it needs root)"
+    skip "--expert-copy on a small disk (no tmpfs in a mount namespace here: it needs root)"
 fi
 
 # serve over a cache: three requests at once (one batched step carries them all) answer what they answer

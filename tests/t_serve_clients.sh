@@ -28,7 +28,7 @@ if [ ! -f "$NPM_DIR/node_modules/openai/package.json" ]; then
         have_openai=0
 fi
 if [ $have_openai = 0 ]; then
-    echo "ok - skipped: the openai npm package cannot be installed here:"; sed 's/^/    /' "$WORK/npm.log" | tail -5
+    skip "the openai SDK checks: the openai npm package cannot be installed here"; sed 's/^/    /' "$WORK/npm.log" | tail -5
 else
     start key --api-key sekrit
     URL=${SRV_URL[key]}
@@ -161,7 +161,7 @@ fi
 
 # ---- the chat page in headless chromium ------------------------------------------------------------------
 if ! command -v chromium >/dev/null; then
-    echo "ok - skipped: chromium is not installed (scripts/install-deps.sh installs it)"
+    skip "the chat page checks: chromium is not installed (scripts/install-deps.sh installs it)"
 else
     start page
     URL=${SRV_URL[page]}
