@@ -1,5 +1,5 @@
-/* Folder src/base/: the error type and whole-file reading shared by every layer. May include: nothing (the
- * bottom layer). (README "Layout"; tests/t_layout.sh checks both.)
+/* Folder src/base/: the error type, whole-file reading, the growable buffer and the monotonic clock, shared by
+ * every layer. May include: nothing (the bottom layer). (README "Layout"; tests/t_layout.sh checks both.)
  */
 /* err.h - one error type for the whole tree: a message that names the problem.
  *

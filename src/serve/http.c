@@ -3,6 +3,7 @@
 #include "../text/chat_gram.h"
 #include "../text/chat_out.h"
 #include "../text/json_schema.h"
+#include "../text/utf8.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -25,39 +26,6 @@
 #include <microhttpd.h>
 
 /* ---- small helpers ------------------------------------------------------------------------------------ */
-
-int hb_add(http_buf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 256;
-        while (nc < b->len + n + 1) nc *= 2;
-        char *np = realloc(b->p, nc);
-        if (!np) return -1;
-        b->p = np;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-    return 0;
-}
-
-int hb_printf(http_buf *b, const char *fmt, ...) {
-    char tmp[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0) return -1;
-    if ((size_t)n < sizeof tmp) return hb_add(b, tmp, (size_t)n);
-    char *big = malloc((size_t)n + 1);
-    if (!big) return -1;
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    int rc = hb_add(b, big, (size_t)n);
-    free(big);
-    return rc;
-}
 
 uint64_t http_random64(void) {
     uint64_t v = 0;
@@ -82,23 +50,6 @@ int http_conn_fd(struct MHD_Connection *c) {
     return ci ? ci->connect_fd : -1;
 }
 
-/* Length of the valid UTF-8 sequence at s (1-4), or 0 if the bytes there are not one (overlong forms,
- * surrogates and code points above U+10FFFF included). */
-static size_t http_utf8_len(const unsigned char *s, size_t left) {
-    unsigned c = s[0];
-    if (c < 0x80) return 1;
-    size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
-    if (n == 0 || n > left) return 0;
-    for (size_t i = 1; i < n; i++) {
-        if ((s[i] & 0xc0) != 0x80) return 0;
-    }
-    if (c == 0xe0 && s[1] < 0xa0) return 0; /* overlong */
-    if (c == 0xed && s[1] >= 0xa0) return 0; /* surrogate */
-    if (c == 0xf0 && s[1] < 0x90) return 0; /* overlong */
-    if (c == 0xf4 && s[1] >= 0x90) return 0; /* above U+10FFFF */
-    return n;
-}
-
 /* Text that came from a client, made safe to show. For a JSON body (log = false) every byte that is not
  * valid UTF-8 becomes U+FFFD, so a client's JSON parser never meets invalid text (cJSON escapes control
  * characters itself). For the log (log = true) control characters and invalid bytes become \xNN, so no
@@ -107,7 +58,7 @@ void http_clean(const char *in, char *out, size_t out_size, bool log) {
     const unsigned char *s = (const unsigned char *)in;
     size_t n = strlen(in), o = 0;
     for (size_t i = 0; i < n && o + 5 < out_size;) {
-        size_t k = http_utf8_len(s + i, n - i);
+        size_t k = utf8_len(s + i, n - i, NULL);
         /* In the log, C1 controls (U+0080..U+009F: U+009B starts an escape sequence on some terminals) and
          * the line and paragraph separators U+2028/U+2029 are escaped too. */
         bool c1 = k == 2 && s[i] == 0xc2 && s[i + 1] < 0xa0;
@@ -427,7 +378,7 @@ static enum MHD_Result http_handle(void *cls, struct MHD_Connection *c, const ch
     }
     if (*upload_size) {
         if (hc->body.len + *upload_size > h->cfg.body_limit) hc->too_large = true;
-        if (!hc->too_large && hb_add(&hc->body, upload, *upload_size) != 0) hc->too_large = true;
+        if (!hc->too_large && rl_buf_add(&hc->body, upload, *upload_size) != 0) hc->too_large = true;
         *upload_size = 0;
         return MHD_YES;
     }

@@ -13,19 +13,15 @@
 #include <cJSON.h>
 #include <microhttpd.h>
 
+#include "../base/buf.h"
 #include "../text/chat_out.h"
 #include "http.h"
-
-typedef struct http_buf {
-    char *p;
-    size_t len, cap;
-} http_buf;
 
 /* Per request (one call chain of the access handler). */
 typedef struct http_conn {
     http_server *h;
     int ep;
-    http_buf body;
+    rl_buf body;
     bool too_large;
     bool answered;
 } http_conn;
@@ -74,9 +70,9 @@ typedef struct http_run {
     sch_request *r;
     bool done;
     sch_update end;     /* its last update (fin, counts, error, receipts) */
-    http_buf text, lps; /* not streamed: the text so far, the smp_logprob entries as bytes */
-    http_buf reasoning; /* not streamed: the reasoning so far (chat) */
-    http_buf tools;     /* the raw tool-call section so far (chat_out.h CHAT_CH_TOOLS) */
+    rl_buf text, lps; /* not streamed: the text so far, the smp_logprob entries as bytes */
+    rl_buf reasoning; /* not streamed: the reasoning so far (chat) */
+    rl_buf tools;     /* the raw tool-call section so far (chat_out.h CHAT_CH_TOOLS) */
     bool parse_tools;   /* ... parsed into tool_calls (else shown as text) */
     int calls_sent;     /* streamed: the tool calls already sent as deltas */
     size_t lp_off;      /* completions' text_offset: the choice's text bytes so far */
@@ -98,15 +94,12 @@ typedef struct http_stream {
     char id[64];
     time_t created;
     double t0;
-    http_buf out;
+    rl_buf out;
     size_t off;
 } http_stream;
 
 /* ---- http.c: buffers, names, logging, errors, sending ---- */
 
-/* Appends (the buffer stays NUL-terminated); -1 out of memory. */
-int hb_add(http_buf *b, const char *s, size_t n);
-int hb_printf(http_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Client text made safe to echo in a message or a log line (cut to out_size; log: escapes for a terminal). */
 void http_clean(const char *in, char *out, size_t out_size, bool log);
 /* The client hung up (its socket polls as closed); fd from http_conn_fd, -1 when unknown. */

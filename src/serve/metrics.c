@@ -54,38 +54,38 @@ enum MHD_Result http_health(http_conn *hc, struct MHD_Connection *c) {
 }
 
 /* Prometheus label values escape backslash, quote and newline. */
-static void http_label(http_buf *b, const char *s) {
+static void http_label(rl_buf *b, const char *s) {
     for (; *s; s++) {
-        if (*s == '\\' || *s == '"') hb_printf(b, "\\%c", *s);
-        else if (*s == '\n') hb_add(b, "\\n", 2);
-        else hb_add(b, s, 1);
+        if (*s == '\\' || *s == '"') rl_buf_printf(b, "\\%c", *s);
+        else if (*s == '\n') rl_buf_add(b, "\\n", 2);
+        else rl_buf_add(b, s, 1);
     }
 }
 
 /* The start of one node's series: NAME{node="..."[,addr="..."] - the caller adds more labels, "}" and the value. */
-static void http_node_series(http_buf *b, const char *name, const sch_node_stat *n, bool with_addr) {
-    hb_printf(b, "%s{node=\"", name);
+static void http_node_series(rl_buf *b, const char *name, const sch_node_stat *n, bool with_addr) {
+    rl_buf_printf(b, "%s{node=\"", name);
     http_label(b, n->name);
     if (with_addr) {
-        hb_add(b, "\",addr=\"", 8);
+        rl_buf_add(b, "\",addr=\"", 8);
         http_label(b, n->addr);
     }
-    hb_add(b, "\"", 1);
+    rl_buf_add(b, "\"", 1);
 }
 
-static void http_family(http_buf *b, const char *name, const char *type, const char *help) {
-    hb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+static void http_family(rl_buf *b, const char *name, const char *type, const char *help) {
+    rl_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-static void http_hist(http_buf *b, const char *name, const char *help, const sch_hist *hs) {
+static void http_hist(rl_buf *b, const char *name, const char *help, const sch_hist *hs) {
     http_family(b, name, "histogram", help);
     uint64_t cum = 0;
     for (int i = 0; i < hs->n; i++) {
         cum += hs->count[i];
-        hb_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, hs->le[i], (unsigned long long)cum);
+        rl_buf_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, hs->le[i], (unsigned long long)cum);
     }
     cum += hs->count[hs->n];
-    hb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, (unsigned long long)cum, name,
+    rl_buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, (unsigned long long)cum, name,
               hs->sum, name, (unsigned long long)hs->total);
 }
 
@@ -103,26 +103,26 @@ enum MHD_Result http_metrics(http_conn *hc, struct MHD_Connection *c) {
     uint64_t header_timeouts = h->header_timeouts;
     pthread_mutex_unlock(&h->mu);
 
-    http_buf b = {0};
+    rl_buf b = {0};
     http_family(&b, "ringlm_http_header_timeouts_total", "counter",
                 "Connections closed for sending no complete request headers in time (--header-timeout).");
-    hb_printf(&b, "ringlm_http_header_timeouts_total %llu\n", (unsigned long long)header_timeouts);
+    rl_buf_printf(&b, "ringlm_http_header_timeouts_total %llu\n", (unsigned long long)header_timeouts);
     http_family(&b, "ringlm_http_requests_total", "counter", "HTTP requests answered, by endpoint and status code.");
     for (int e = 0; e < HTTP_EP_COUNT; e++) {
         for (int i = 0; i < HTTP_MAX_CODES && codes[i]; i++) {
             if (counts[e][i]) {
-                hb_printf(&b, "ringlm_http_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n", ep_names[e], codes[i],
+                rl_buf_printf(&b, "ringlm_http_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n", ep_names[e], codes[i],
                           (unsigned long long)counts[e][i]);
             }
         }
     }
     http_family(&b, "ringlm_requests_finished_total", "counter", "Generation requests ended, by reason.");
     for (int f = SCH_FIN_STOP; f <= SCH_FIN_ERROR; f++) {
-        hb_printf(&b, "ringlm_requests_finished_total{reason=\"%s\"} %llu\n", sch_finish_name((sch_finish)f),
+        rl_buf_printf(&b, "ringlm_requests_finished_total{reason=\"%s\"} %llu\n", sch_finish_name((sch_finish)f),
                   (unsigned long long)m.finished[f]);
     }
     http_family(&b, "ringlm_prompt_tokens_total", "counter", "Prompt tokens processed.");
-    hb_printf(&b, "ringlm_prompt_tokens_total %llu\n", (unsigned long long)m.prompt_tokens);
+    rl_buf_printf(&b, "ringlm_prompt_tokens_total %llu\n", (unsigned long long)m.prompt_tokens);
     if (m.has_xc) { /* routed experts through a cache (--mem, docs/experts.md) */
         const struct {
             const char *name, *help;
@@ -139,69 +139,69 @@ enum MHD_Result http_metrics(http_conn *hc, struct MHD_Connection *c) {
         };
         for (size_t i = 0; i < sizeof xc / sizeof xc[0]; i++) {
             http_family(&b, xc[i].name, "counter", xc[i].help);
-            hb_printf(&b, "%s %llu\n", xc[i].name, (unsigned long long)xc[i].v);
+            rl_buf_printf(&b, "%s %llu\n", xc[i].name, (unsigned long long)xc[i].v);
         }
         http_family(&b, "ringlm_expert_wait_seconds_total", "counter", "Seconds the compute waited for expert reads.");
-        hb_printf(&b, "ringlm_expert_wait_seconds_total %.6f\n", m.xc.wait_s);
+        rl_buf_printf(&b, "ringlm_expert_wait_seconds_total %.6f\n", m.xc.wait_s);
     }
     http_family(&b, "ringlm_prompt_tokens_shared_total", "counter",
                 "Prompt tokens not read again: the choices of an n > 1 request share one reading of the prompt.");
-    hb_printf(&b, "ringlm_prompt_tokens_shared_total %llu\n", (unsigned long long)m.prompt_shared);
+    rl_buf_printf(&b, "ringlm_prompt_tokens_shared_total %llu\n", (unsigned long long)m.prompt_shared);
     http_family(&b, "ringlm_generated_tokens_total", "counter", "Tokens generated.");
-    hb_printf(&b, "ringlm_generated_tokens_total %llu\n", (unsigned long long)m.gen_tokens);
+    rl_buf_printf(&b, "ringlm_generated_tokens_total %llu\n", (unsigned long long)m.gen_tokens);
     http_hist(&b, "ringlm_time_to_first_token_seconds", "From a request's arrival to its first generated token.",
               &m.ttft);
     http_hist(&b, "ringlm_inter_token_latency_seconds", "Between consecutive generated tokens of one request.", &m.itl);
     http_hist(&b, "ringlm_step_duration_seconds", "One batched forward step (all sequences together).", &m.step_s);
     http_family(&b, "ringlm_spec_draft_seconds_total", "counter", "Seconds the draft model spent drafting.");
-    hb_printf(&b, "ringlm_spec_draft_seconds_total %.6f\n", m.draft_s);
+    rl_buf_printf(&b, "ringlm_spec_draft_seconds_total %.6f\n", m.draft_s);
     http_family(&b, "ringlm_spec_drafted_tokens_total", "counter", "Speculative draft tokens verified.");
-    hb_printf(&b, "ringlm_spec_drafted_tokens_total %llu\n", (unsigned long long)m.drafted);
+    rl_buf_printf(&b, "ringlm_spec_drafted_tokens_total %llu\n", (unsigned long long)m.drafted);
     http_family(&b, "ringlm_spec_accepted_tokens_total", "counter", "Speculative draft tokens the model kept.");
-    hb_printf(&b, "ringlm_spec_accepted_tokens_total %llu\n", (unsigned long long)m.accepted);
+    rl_buf_printf(&b, "ringlm_spec_accepted_tokens_total %llu\n", (unsigned long long)m.accepted);
     http_family(&b, "ringlm_spec_acceptance_ratio", "gauge", "Accepted / drafted tokens so far (0 without drafts).");
-    hb_printf(&b, "ringlm_spec_acceptance_ratio %.6f\n", m.drafted ? (double)m.accepted / (double)m.drafted : 0.0);
+    rl_buf_printf(&b, "ringlm_spec_acceptance_ratio %.6f\n", m.drafted ? (double)m.accepted / (double)m.drafted : 0.0);
     http_family(&b, "ringlm_spec_grammar_refused_tokens_total", "counter",
                 "Draft tokens cut before verification because the request's grammar refused them.");
-    hb_printf(&b, "ringlm_spec_grammar_refused_tokens_total %llu\n", (unsigned long long)m.draft_refused);
+    rl_buf_printf(&b, "ringlm_spec_grammar_refused_tokens_total %llu\n", (unsigned long long)m.draft_refused);
     http_family(&b, "ringlm_steps_total", "counter", "Batched forward steps.");
-    hb_printf(&b, "ringlm_steps_total %llu\n", (unsigned long long)m.steps);
+    rl_buf_printf(&b, "ringlm_steps_total %llu\n", (unsigned long long)m.steps);
     http_family(&b, "ringlm_step_tokens_total", "counter", "Tokens carried by all steps (decode and prefill).");
-    hb_printf(&b, "ringlm_step_tokens_total %llu\n", (unsigned long long)m.step_tokens);
+    rl_buf_printf(&b, "ringlm_step_tokens_total %llu\n", (unsigned long long)m.step_tokens);
     http_family(&b, "ringlm_busy_seconds_total", "counter", "Seconds spent inside forward steps.");
-    hb_printf(&b, "ringlm_busy_seconds_total %.6f\n", m.busy_s);
+    rl_buf_printf(&b, "ringlm_busy_seconds_total %.6f\n", m.busy_s);
     http_family(&b, "ringlm_sequences_active", "gauge", "Sequences holding a slot (prefilling or generating).");
-    hb_printf(&b, "ringlm_sequences_active %d\n", m.active);
+    rl_buf_printf(&b, "ringlm_sequences_active %d\n", m.active);
     http_family(&b, "ringlm_sequences_queued", "gauge", "Requests waiting for a slot.");
-    hb_printf(&b, "ringlm_sequences_queued %d\n", m.queued);
+    rl_buf_printf(&b, "ringlm_sequences_queued %d\n", m.queued);
     http_family(&b, "ringlm_sequence_slots", "gauge", "Sequences that can run at once (--parallel).");
-    hb_printf(&b, "ringlm_sequence_slots %d\n", m.n_slots);
+    rl_buf_printf(&b, "ringlm_sequence_slots %d\n", m.n_slots);
     http_family(&b, "ringlm_queue_capacity", "gauge", "Requests that may wait for a slot (--queue).");
-    hb_printf(&b, "ringlm_queue_capacity %d\n", m.queue_cap);
+    rl_buf_printf(&b, "ringlm_queue_capacity %d\n", m.queue_cap);
     http_family(&b, "ringlm_context_tokens", "gauge", "Context capacity of each sequence (--ctx).");
-    hb_printf(&b, "ringlm_context_tokens %u\n", h->n_ctx);
+    rl_buf_printf(&b, "ringlm_context_tokens %u\n", h->n_ctx);
     /* Per node / per stage: one machine is one node running stage 0 with every layer; a ring fills in more. */
     int up = 0;
     for (int i = 0; i < m.n_nodes; i++) up += m.nodes[i].up;
     http_family(&b, "ringlm_nodes_up", "gauge", "Nodes answering.");
-    hb_printf(&b, "ringlm_nodes_up %d\n", up);
+    rl_buf_printf(&b, "ringlm_nodes_up %d\n", up);
     http_family(&b, "ringlm_nodes_down", "gauge", "Nodes not answering.");
-    hb_printf(&b, "ringlm_nodes_down %d\n", m.n_nodes - up);
+    rl_buf_printf(&b, "ringlm_nodes_down %d\n", m.n_nodes - up);
     if (m.backend && strcmp(m.backend, "ring") == 0) {
         http_family(&b, "ringlm_ring_generation", "gauge", "Rings opened so far (the first, and each one re-formed).");
-        hb_printf(&b, "ringlm_ring_generation %llu\n", (unsigned long long)m.ring.generation);
+        rl_buf_printf(&b, "ringlm_ring_generation %llu\n", (unsigned long long)m.ring.generation);
         http_family(&b, "ringlm_ring_recoveries_total", "counter", "Rings re-formed under running requests after a node was lost.");
-        hb_printf(&b, "ringlm_ring_recoveries_total %llu\n", (unsigned long long)m.ring.recoveries);
+        rl_buf_printf(&b, "ringlm_ring_recoveries_total %llu\n", (unsigned long long)m.ring.recoveries);
         http_family(&b, "ringlm_ring_recovery_seconds_total", "counter", "Seconds spent re-forming them (re-plan, re-assign).");
-        hb_printf(&b, "ringlm_ring_recovery_seconds_total %.6f\n", m.ring.recovery_s);
+        rl_buf_printf(&b, "ringlm_ring_recovery_seconds_total %.6f\n", m.ring.recovery_s);
         http_hist(&b, "ringlm_ring_recovery_seconds", "Each recovery: from the failed step to a re-formed ring.", &m.recovery);
         http_family(&b, "ringlm_ring_replayed_tokens_total", "counter", "Tokens sent again to rebuild sequences on re-formed rings.");
-        hb_printf(&b, "ringlm_ring_replayed_tokens_total %llu\n", (unsigned long long)m.ring.replayed);
+        rl_buf_printf(&b, "ringlm_ring_replayed_tokens_total %llu\n", (unsigned long long)m.ring.replayed);
     }
     http_family(&b, "ringlm_node_up", "gauge", "1 when the node answers, by node.");
     for (int i = 0; i < m.n_nodes; i++) {
         http_node_series(&b, "ringlm_node_up", &m.nodes[i], true);
-        hb_printf(&b, ",stage=\"%d\",layers=\"%u-%u\"} %d\n", i, m.nodes[i].layer_a, m.nodes[i].layer_b, m.nodes[i].up);
+        rl_buf_printf(&b, ",stage=\"%d\",layers=\"%u-%u\"} %d\n", i, m.nodes[i].layer_a, m.nodes[i].layer_b, m.nodes[i].up);
     }
     http_family(&b, "ringlm_node_role", "gauge", "1 for the node's part now (/health's role: stage, standby, down, faulty).");
     for (int i = 0; i < m.n_nodes; i++) {
@@ -210,40 +210,40 @@ enum MHD_Result http_metrics(http_conn *hc, struct MHD_Connection *c) {
         int r = ns->faulty ? 3 : !ns->up ? 2 : ns->stage >= 0 ? 0 : 1;
         for (int k = 0; k < 4; k++) {
             http_node_series(&b, "ringlm_node_role", ns, true);
-            hb_printf(&b, ",role=\"%s\"} %d\n", roles[k], k == r);
+            rl_buf_printf(&b, ",role=\"%s\"} %d\n", roles[k], k == r);
         }
     }
     http_family(&b, "ringlm_node_faulty", "gauge", "1 when the node was caught lying (receipts or an audit) and left out.");
     for (int i = 0; i < m.n_nodes; i++) {
         http_node_series(&b, "ringlm_node_faulty", &m.nodes[i], true);
-        hb_printf(&b, "} %d\n", m.nodes[i].faulty);
+        rl_buf_printf(&b, "} %d\n", m.nodes[i].faulty);
     }
     http_family(&b, "ringlm_audits_total", "counter", "Audits of each node (a sequence's frames recomputed).");
     for (int i = 0; i < m.n_nodes; i++) {
         http_node_series(&b, "ringlm_audits_total", &m.nodes[i], false);
-        hb_printf(&b, "} %llu\n", (unsigned long long)m.nodes[i].audits);
+        rl_buf_printf(&b, "} %llu\n", (unsigned long long)m.nodes[i].audits);
     }
     http_family(&b, "ringlm_audit_seconds_total", "counter", "Seconds the coordinator spent auditing each node.");
     for (int i = 0; i < m.n_nodes; i++) {
         http_node_series(&b, "ringlm_audit_seconds_total", &m.nodes[i], false);
-        hb_printf(&b, "} %.6f\n", m.nodes[i].audit_s);
+        rl_buf_printf(&b, "} %.6f\n", m.nodes[i].audit_s);
     }
     http_family(&b, "ringlm_stage_compute_seconds_total", "counter", "Seconds each stage spent computing.");
     for (int i = 0; i < m.n_nodes; i++) {
-        hb_printf(&b, "ringlm_stage_compute_seconds_total{stage=\"%d\",node=\"", i);
+        rl_buf_printf(&b, "ringlm_stage_compute_seconds_total{stage=\"%d\",node=\"", i);
         http_label(&b, m.nodes[i].name);
-        hb_printf(&b, "\"} %.6f\n", m.nodes[i].compute_s);
+        rl_buf_printf(&b, "\"} %.6f\n", m.nodes[i].compute_s);
     }
     http_family(&b, "ringlm_stage_steps_total", "counter", "Forward passes each stage ran.");
     for (int i = 0; i < m.n_nodes; i++) {
-        hb_printf(&b, "ringlm_stage_steps_total{stage=\"%d\",node=\"", i);
+        rl_buf_printf(&b, "ringlm_stage_steps_total{stage=\"%d\",node=\"", i);
         http_label(&b, m.nodes[i].name);
-        hb_printf(&b, "\"} %llu\n", (unsigned long long)m.nodes[i].steps);
+        rl_buf_printf(&b, "\"} %llu\n", (unsigned long long)m.nodes[i].steps);
     }
     http_family(&b, "ringlm_info", "gauge", "The served model and backend.");
-    hb_add(&b, "ringlm_info{model=\"", 19);
+    rl_buf_add(&b, "ringlm_info{model=\"", 19);
     http_label(&b, h->names[0]);
-    hb_printf(&b, "\",backend=\"%s\"} 1\n", m.backend ? m.backend : "");
+    rl_buf_printf(&b, "\",backend=\"%s\"} 1\n", m.backend ? m.backend : "");
     if (!b.p) return MHD_NO;
     return http_send(hc, c, 200, "text/plain; version=0.0.4; charset=utf-8", b.p, b.len);
 }

@@ -305,7 +305,7 @@ static int http_content(const cJSON *v, const char *param, const char **out, htt
         return 0;
     }
     if (!cJSON_IsArray(v)) return BAD(f, param, "'%s' must be a string or an array of text parts", param);
-    http_buf b = {0};
+    rl_buf b = {0};
     const cJSON *part;
     cJSON_ArrayForEach(part, v) {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "type");
@@ -314,12 +314,12 @@ static int http_content(const cJSON *v, const char *param, const char **out, htt
             free(b.p);
             return BAD(f, param, "'%s': only parts of type \"text\" with a string \"text\" are supported", param);
         }
-        if (hb_add(&b, x->valuestring, strlen(x->valuestring)) != 0) {
+        if (rl_buf_add(&b, x->valuestring, strlen(x->valuestring)) != 0) {
             free(b.p);
             return http_failf(f, 500, "server_error", NULL, NULL, "out of memory");
         }
     }
-    if (!b.p && hb_add(&b, "", 0) != 0) return http_failf(f, 500, "server_error", NULL, NULL, "out of memory");
+    if (!b.p && rl_buf_add(&b, "", 0) != 0) return http_failf(f, 500, "server_error", NULL, NULL, "out of memory");
     *out = http_keep(strs, b.p);
     return *out ? 0 : http_failf(f, 500, "server_error", NULL, NULL, "out of memory");
 }

@@ -52,20 +52,20 @@ static cJSON *http_envelope(const char *model, const char *id, const char *objec
  * end at, dropping the rest of the text: such text is escaped here and kept as raw JSON, NUL as \u0000. */
 static cJSON *http_text_item(const char *p, size_t n) {
     if (!memchr(p, 0, n)) return cJSON_CreateString(p);
-    http_buf b = {0};
-    hb_add(&b, "\"", 1);
+    rl_buf b = {0};
+    rl_buf_add(&b, "\"", 1);
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)p[i];
         if (ch == '"' || ch == '\\') {
             char e[2] = {'\\', (char)ch};
-            hb_add(&b, e, 2);
+            rl_buf_add(&b, e, 2);
         } else if (ch < 0x20) {
-            hb_printf(&b, "\\u%04x", ch);
+            rl_buf_printf(&b, "\\u%04x", ch);
         } else {
-            hb_add(&b, p + i, 1);
+            rl_buf_add(&b, p + i, 1);
         }
     }
-    hb_add(&b, "\"", 1);
+    rl_buf_add(&b, "\"", 1);
     cJSON *j = b.p ? cJSON_CreateRaw(b.p) : cJSON_CreateString("");
     free(b.p);
     return j;
@@ -192,7 +192,7 @@ static cJSON *http_tool_calls(const chat_call *calls, int from, int to, const ch
 /* The end of a reply with a tool-call section: its calls (returned, *n of them: chat_calls_free them), or
  * none when it is not whole and valid - then the section is text for the content and the finish reason
  * says why (length: cut off; tool_call_error: malformed). */
-static int http_tools_end(const http_buf *raw, sch_finish fin, chat_call *calls, int *n, const char **finish) {
+static int http_tools_end(const rl_buf *raw, sch_finish fin, chat_call *calls, int *n, const char **finish) {
     int pr = chat_tools_parse(raw->p, raw->len, calls, n);
     if (pr == 1 && *n > 0) {
         *finish = "tool_calls";
@@ -288,9 +288,9 @@ static void http_sse(http_stream *st, cJSON *j) {
     char *s = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     if (!s) return;
-    hb_add(&st->out, "data: ", 6);
-    hb_add(&st->out, s, strlen(s));
-    hb_add(&st->out, "\n\n", 2);
+    rl_buf_add(&st->out, "data: ", 6);
+    rl_buf_add(&st->out, s, strlen(s));
+    rl_buf_add(&st->out, "\n\n", 2);
     free(s);
 }
 
@@ -315,7 +315,7 @@ static void http_sse_end(http_stream *st, const sch_update *failed) {
         char *s = cJSON_PrintUnformatted(e);
         cJSON_Delete(e);
         if (s) {
-            hb_printf(&st->out, "data: %s\n\n", s);
+            rl_buf_printf(&st->out, "data: %s\n\n", s);
             free(s);
         }
     } else {
@@ -333,7 +333,7 @@ static void http_sse_end(http_stream *st, const sch_update *failed) {
             http_sse(st, j);
         }
     }
-    hb_add(&st->out, "data: [DONE]\n\n", 14);
+    rl_buf_add(&st->out, "data: [DONE]\n\n", 14);
     http_log(st->h, "%s stream: %d choice(s), prompt %d, completion %d tokens, %s, %.2f s", st->chat ? "chat" : "completion",
              st->n_runs, st->runs[0].end.n_prompt, n_gen, failed ? sch_finish_name(failed->fin) : "done", sch_now() - st->t0);
 }
@@ -363,7 +363,7 @@ static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max) 
                 free(u.reasoning);
             }
             if (u.tools) { /* tool calls: each sent as a delta once whole; unparsed, the section is text */
-                hb_add(&rn->tools, u.tools, u.tools_len);
+                rl_buf_add(&rn->tools, u.tools, u.tools_len);
                 if (rn->parse_tools) {
                     chat_call calls[CHAT_MAX_CALLS];
                     int nc = 0;
@@ -575,12 +575,12 @@ enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, bool ch
         sch_update u;
         int k;
         if (http_runs_wait(runs, n_runs, 100, &u, &k)) {
-            if (u.text) hb_add(&runs[k].text, u.text, u.len);
-            if (u.reasoning) hb_add(&runs[k].reasoning, u.reasoning, u.reasoning_len);
+            if (u.text) rl_buf_add(&runs[k].text, u.text, u.len);
+            if (u.reasoning) rl_buf_add(&runs[k].reasoning, u.reasoning, u.reasoning_len);
             free(u.reasoning);
-            if (u.tools) hb_add(&runs[k].tools, u.tools, u.tools_len);
+            if (u.tools) rl_buf_add(&runs[k].tools, u.tools, u.tools_len);
             free(u.tools);
-            if (u.lp) hb_add(&runs[k].lps, (const char *)u.lp, u.n_lp * sizeof *u.lp);
+            if (u.lp) rl_buf_add(&runs[k].lps, (const char *)u.lp, u.n_lp * sizeof *u.lp);
             free(u.text);
             free(u.lp);
         }
@@ -616,18 +616,18 @@ enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, bool ch
         if (rn->score_only && n_lp > rn->n_plp) n_lp = rn->n_plp; /* max_tokens 0: the prompt's alone */
         cJSON *lpj = want_lp ? http_logprobs(h, chat, (const smp_logprob *)rn->lps.p, n_lp, top_lp, &lp_off, rn->echo_first)
                              : NULL;
-        http_buf all = {0}; /* echo: the prompt's text, then (unless only scoring) the completion's */
-        if (rn->echo) hb_add(&all, rn->echo, strlen(rn->echo));
-        if (!rn->score_only && rn->text.len) hb_add(&all, rn->text.p, rn->text.len);
+        rl_buf all = {0}; /* echo: the prompt's text, then (unless only scoring) the completion's */
+        if (rn->echo) rl_buf_add(&all, rn->echo, strlen(rn->echo));
+        if (!rn->score_only && rn->text.len) rl_buf_add(&all, rn->text.p, rn->text.len);
         const char *finish = http_finish_reason(rn->end.fin);
         chat_call calls[CHAT_MAX_CALLS];
         int nc = 0;
         bool with_calls = false;
         if (rn->tools.len) { /* a tool-call section: its calls, or (not parsed, or not valid) its text */
             with_calls = rn->parse_tools && http_tools_end(&rn->tools, rn->end.fin, calls, &nc, &finish);
-            if (!with_calls) hb_add(&all, rn->tools.p, rn->tools.len);
+            if (!with_calls) rl_buf_add(&all, rn->tools.p, rn->tools.len);
         }
-        const http_buf *shown = rn->echo || (rn->tools.len && !with_calls) ? &all : &rn->text;
+        const rl_buf *shown = rn->echo || (rn->tools.len && !with_calls) ? &all : &rn->text;
         cJSON *c1 = http_choice(k, chat, false, true, shown->p ? shown->p : "", shown->p ? shown->len : 0, finish, lpj);
         free(all.p);
         if (with_calls) {

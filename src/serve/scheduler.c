@@ -1,6 +1,7 @@
 #include "scheduler.h"
 
 #include "../speculate/accept.h"
+#include "../text/utf8.h"
 #include "../speculate/draft_pool.h"
 #include "../speculate/drafter.h"
 
@@ -95,13 +96,13 @@ static void sch_request_destroy(sch_request *r) {
     if (r->p.own_grammar) gr_free((gr_grammar *)r->p.smp.grammar);
     pthread_cond_destroy(&r->cond);
     free(r->prompt);
-    free(r->out);
-    free(r->rout);
-    free(r->tout);
+    rl_buf_free(&r->out);
+    rl_buf_free(&r->rout);
+    rl_buf_free(&r->tout);
     free(r->lp);
     free(r->plp);
     free(r->receipts);
-    free(r->hold);
+    rl_buf_free(&r->hold);
     free(r->hist);
     gr_state_free(&r->gs);
     gr_state_free(&r->gtry);
@@ -141,35 +142,20 @@ bool sch_request_wait(sch_request *r, int timeout_ms, sch_update *u) {
     dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
     if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
     pthread_mutex_lock(&s->mu);
-    while (r->out_len == 0 && r->rout_len == 0 && r->tout_len == 0 && r->fin == SCH_RUNNING) {
+    while (r->out.len == 0 && r->rout.len == 0 && r->tout.len == 0 && r->fin == SCH_RUNNING) {
         if (pthread_cond_timedwait(&r->cond, &s->mu, &dl) == ETIMEDOUT) break;
     }
-    bool news = r->out_len > 0 || r->rout_len > 0 || r->tout_len > 0 || r->fin != SCH_RUNNING;
-    if (r->tout_len > 0) {
-        u->tools = r->tout;
-        u->tools_len = r->tout_len;
-        r->tout = NULL;
-        r->tout_len = r->tout_cap = 0;
-    }
-    if (r->rout_len > 0) {
-        u->reasoning = r->rout;
-        u->reasoning_len = r->rout_len;
-        r->rout = NULL;
-        r->rout_len = r->rout_cap = 0;
-    }
+    bool news = r->out.len > 0 || r->rout.len > 0 || r->tout.len > 0 || r->fin != SCH_RUNNING;
+    /* Hand over the buffers themselves; the scheduler starts new ones. */
+    if (r->tout.len > 0) u->tools = rl_buf_take(&r->tout, &u->tools_len);
+    if (r->rout.len > 0) u->reasoning = rl_buf_take(&r->rout, &u->reasoning_len);
     if (news && r->n_lp > 0) {
         u->lp = r->lp;
         u->n_lp = r->n_lp;
         r->lp = NULL;
         r->n_lp = r->cap_lp = 0;
     }
-    if (r->out_len > 0) {
-        /* Hand over the buffer itself; the scheduler starts a new one. */
-        u->text = r->out;
-        u->len = r->out_len;
-        r->out = NULL;
-        r->out_len = r->out_cap = 0;
-    }
+    if (r->out.len > 0) u->text = rl_buf_take(&r->out, &u->len);
     u->fin = r->fin;
     u->n_prompt = (int)r->n_prompt;
     u->n_gen = r->n_gen;
@@ -187,80 +173,34 @@ bool sch_request_wait(sch_request *r, int timeout_ms, sch_update *u) {
 
 /* ---- text out ---------------------------------------------------------------------------------------- */
 
-static int sch_buf_append(char **buf, size_t *len, size_t *cap, const char *src, size_t n) {
-    if (*len + n + 1 > *cap) {
-        size_t nc = *cap ? *cap : 64;
-        while (nc < *len + n + 1) nc *= 2;
-        char *nb = realloc(*buf, nc);
-        if (!nb) return -1;
-        *buf = nb;
-        *cap = nc;
-    }
-    memcpy(*buf + *len, src, n);
-    *len += n;
-    (*buf)[*len] = 0;
-    return 0;
-}
-
-/* Length of the valid UTF-8 sequence at s[0..n), or 0 if the bytes there are not one (WHATWG decoder rules:
- * no overlongs, no surrogates, nothing above U+10FFFF). *bad gets how many bytes one U+FFFD replaces (the
- * maximal subpart), so the output equals what a browser or Python's errors='replace' would show. */
-static size_t sch_utf8_len(const unsigned char *s, size_t n, size_t *bad) {
-    unsigned char c = s[0];
-    size_t need;
-    unsigned char lo = 0x80, hi = 0xBF;
-    *bad = 1;
-    if (c < 0x80) return 1;
-    if (c >= 0xC2 && c <= 0xDF) need = 1;
-    else if (c >= 0xE0 && c <= 0xEF) {
-        need = 2;
-        if (c == 0xE0) lo = 0xA0;
-        if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        need = 3;
-        if (c == 0xF0) lo = 0x90;
-        if (c == 0xF4) hi = 0x8F;
-    } else {
-        return 0;
-    }
-    for (size_t i = 1; i <= need; i++) {
-        if (i >= n || s[i] < lo || s[i] > hi) {
-            *bad = i;
-            return 0;
-        }
-        lo = 0x80, hi = 0xBF;
-    }
-    return need + 1;
-}
-
 /* Appends text to the request's output as valid UTF-8: the API speaks JSON, which must be UTF-8, and a
  * random-weight model can emit lone byte tokens. Called with the scheduler's mutex held. */
-static void sch_emit_to(sch_request *r, char **out, size_t *out_len, size_t *out_cap, const char *text, size_t len) {
+static void sch_emit_to(sch_request *r, rl_buf *out, const char *text, size_t len) {
     static const char repl[] = "\xEF\xBF\xBD";
     const unsigned char *u = (const unsigned char *)text;
     size_t i = 0, run = 0;
     bool changed = false;
     while (i < len) {
-        size_t bad, k = sch_utf8_len(u + i, len - i, &bad);
+        size_t bad, k = utf8_len(u + i, len - i, &bad);
         if (k) {
             i += k;
             continue;
         }
         changed = true;
-        if (i > run) sch_buf_append(out, out_len, out_cap, text + run, i - run);
-        sch_buf_append(out, out_len, out_cap, repl, 3);
+        if (i > run) rl_buf_add(out, text + run, i - run);
+        rl_buf_add(out, repl, 3);
         i += bad;
         run = i;
     }
     if (!changed) {
-        if (len) sch_buf_append(out, out_len, out_cap, text, len);
+        if (len) rl_buf_add(out, text, len);
     } else if (len > run) {
-        sch_buf_append(out, out_len, out_cap, text + run, len - run);
+        rl_buf_add(out, text + run, len - run);
     }
     if (len) pthread_cond_signal(&r->cond);
 }
 
-static void sch_emit(sch_request *r, const char *text, size_t len) { sch_emit_to(r, &r->out, &r->out_len, &r->out_cap, text, len); }
+static void sch_emit(sch_request *r, const char *text, size_t len) { sch_emit_to(r, &r->out, text, len); }
 
 /* New text from the detokenizer: emit what cannot be part of a stop string, hold back the rest. Returns
  * true when a stop string matched (the text before it is emitted, the match and what follows are not). */
@@ -269,34 +209,34 @@ static bool sch_text(sch_request *r, const char *text, size_t len) {
         sch_emit(r, text, len);
         return false;
     }
-    if (len && sch_buf_append(&r->hold, &r->hold_len, &r->hold_cap, text, len) != 0) {
+    if (len && rl_buf_add(&r->hold, text, len) != 0) {
         sch_emit(r, text, len); /* no memory to hold it back: better to show it than to lose it */
         return false;
     }
     size_t first = (size_t)-1;
     for (int i = 0; i < r->p.n_stop; i++) {
-        const char *m = memmem(r->hold, r->hold_len, r->p.stop[i], strlen(r->p.stop[i]));
-        if (m && (size_t)(m - r->hold) < first) first = (size_t)(m - r->hold);
+        const char *m = memmem(r->hold.p, r->hold.len, r->p.stop[i], strlen(r->p.stop[i]));
+        if (m && (size_t)(m - r->hold.p) < first) first = (size_t)(m - r->hold.p);
     }
     if (first != (size_t)-1) {
-        sch_emit(r, r->hold, first);
-        r->hold_len = 0;
+        sch_emit(r, r->hold.p, first);
+        r->hold.len = 0;
         return true;
     }
     /* Keep the longest tail that is a proper prefix of some stop string: it may complete later. */
     size_t keep = 0;
     for (int i = 0; i < r->p.n_stop; i++) {
         size_t sl = strlen(r->p.stop[i]);
-        for (size_t k = sl - 1 < r->hold_len ? sl - 1 : r->hold_len; k > keep; k--) {
-            if (memcmp(r->hold + r->hold_len - k, r->p.stop[i], k) == 0) {
+        for (size_t k = sl - 1 < r->hold.len ? sl - 1 : r->hold.len; k > keep; k--) {
+            if (memcmp(r->hold.p + r->hold.len - k, r->p.stop[i], k) == 0) {
                 keep = k;
                 break;
             }
         }
     }
-    sch_emit(r, r->hold, r->hold_len - keep);
-    memmove(r->hold, r->hold + r->hold_len - keep, keep);
-    r->hold_len = keep;
+    sch_emit(r, r->hold.p, r->hold.len - keep);
+    if (keep) memmove(r->hold.p, r->hold.p + r->hold.len - keep, keep);
+    r->hold.len = keep;
     return false;
 }
 
@@ -311,14 +251,14 @@ static void sch_finish_req(sch_sched *s, sch_request *r, sch_finish fin, const c
             const char *text;
             size_t len;
             tok_stream_flush(&r->ts, &text, &len);
-            if (len) sch_buf_append(&r->hold, &r->hold_len, &r->hold_cap, text, len);
-            if (r->hold_len) sch_emit(r, r->hold, r->hold_len);
+            if (len) rl_buf_add(&r->hold, text, len);
+            if (r->hold.len) sch_emit(r, r->hold.p, r->hold.len);
             tok_stream_flush(&r->ts_r, &text, &len);
-            if (len) sch_emit_to(r, &r->rout, &r->rout_len, &r->rout_cap, text, len);
+            if (len) sch_emit_to(r, &r->rout, text, len);
             tok_stream_flush(&r->ts_t, &text, &len);
-            if (len) sch_emit_to(r, &r->tout, &r->tout_len, &r->tout_cap, text, len);
+            if (len) sch_emit_to(r, &r->tout, text, len);
         }
-        r->hold_len = 0;
+        r->hold.len = 0;
         tok_stream_free(&r->ts);
         tok_stream_free(&r->ts_r);
         tok_stream_free(&r->ts_t);
@@ -457,8 +397,8 @@ static void sch_on_token(sch_sched *s, sch_request *r, int32_t id, const smp_log
             sch_finish_req(s, r, SCH_FIN_ERROR, err.msg, false);
             return;
         }
-        if (tools) sch_emit_to(r, &r->tout, &r->tout_len, &r->tout_cap, text, len);
-        else sch_emit_to(r, &r->rout, &r->rout_len, &r->rout_cap, text, len);
+        if (tools) sch_emit_to(r, &r->tout, text, len);
+        else sch_emit_to(r, &r->rout, text, len);
         len = 0;
     } else if (ch == CHAT_CH_CONTENT) {
         if (tok_stream_push(&r->ts, id, &text, &len, &err) != 0) {

@@ -30,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../base/buf.h"
 #include "../base/err.h"
 #include "../model/expert_cache.h"
 #include "../model/k3_forward.h"
@@ -198,12 +199,9 @@ typedef struct sch_request {
     char err[256];
     bool unavailable;        /* SCH_FIN_ERROR because the backend returned SCH_STEP_UNAVAILABLE */
     char *receipts;          /* at the end, when asked: a JSON array of receipts (handed to the last update) */
-    char *out;               /* text produced and not yet taken by sch_request_wait */
-    size_t out_len, out_cap;
-    char *rout;              /* reasoning text (p.split) not yet taken */
-    char *tout;              /* tool-call section text (p.split; chat_out.h CHAT_CH_TOOLS) not yet taken */
-    size_t tout_len, tout_cap;
-    size_t rout_len, rout_cap;
+    rl_buf out;              /* text produced and not yet taken by sch_request_wait */
+    rl_buf rout;             /* reasoning text (p.split) not yet taken */
+    rl_buf tout;             /* tool-call section text (p.split; chat_out.h CHAT_CH_TOOLS) not yet taken */
     smp_logprob *lp;         /* p.logprobs: the generated tokens' log-probabilities not yet taken, in order */
     smp_logprob *plp;        /* p.prompt_logprobs: where the backend puts the prompt's (n_prompt entries) */
     size_t n_lp, cap_lp;
@@ -227,8 +225,7 @@ typedef struct sch_request {
                               * before they are verified (smp_grammar_prefix); gtry is scratch */
     gr_state gs, gtry;
     size_t n_hist, cap_hist;
-    char *hold;              /* text held back because it may be the start of a stop string */
-    size_t hold_len, hold_cap;
+    rl_buf hold;             /* text held back because it may be the start of a stop string */
 } sch_request;
 
 /* What sch_request_wait hands over: new text (malloc'ed, NUL-terminated, NULL when none; free() it) and,

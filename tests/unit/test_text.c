@@ -23,6 +23,7 @@
 #include "text/sampler.h"
 #include "speculate/accept.h"
 #include "text/tokenizer.h"
+#include "text/utf8.h"
 #include "tools/synth_vocab.h"
 
 #include "check.h"
@@ -1382,6 +1383,23 @@ static void test_tools_grammar_auto(void) {
     cJSON_Delete(sc);
 }
 
+/* utf8_len: the lengths of valid sequences, and for invalid ones 0 with the maximal subpart the WHATWG
+ * decoder replaces by one U+FFFD (what Python's errors='replace' shows). */
+static void test_utf8(void) {
+    static const struct { const char *s; size_t n, len, bad; } cs[] = {
+        {"a", 1, 1, 0},          {"\xC3\xA9", 2, 2, 0},    {"\xE2\x82\xAC", 3, 3, 0}, {"\xF0\x9F\x98\x80", 4, 4, 0},
+        {"\xC3", 1, 0, 1},       /* cut off */             {"\xE2\x82", 2, 0, 2},     {"\xC0\xAF", 2, 0, 1}, /* overlong */
+        {"\xE0\x80\x80", 3, 0, 1}, {"\xED\xA0\x80", 3, 0, 1}, /* surrogate */  {"\xF4\x90\x80\x80", 4, 0, 1},
+        {"\xF0\x9F\x98", 3, 0, 3}, {"\xFF", 1, 0, 1},         {"\x80", 1, 0, 1},
+    };
+    int ok = 0, n = (int)(sizeof cs / sizeof cs[0]);
+    for (int i = 0; i < n; i++) {
+        size_t bad = 0, len = utf8_len((const unsigned char *)cs[i].s, cs[i].n, &bad);
+        ok += len == cs[i].len && (len || bad == cs[i].bad) && utf8_len((const unsigned char *)cs[i].s, cs[i].n, NULL) == len;
+    }
+    CHECK(ok == n, "utf8_len: %d of %d sequences judged as the WHATWG decoder does (lengths, maximal subparts)", ok, n);
+}
+
 int main(void) {
     rl_err err;
     sv_vocab v;
@@ -1412,6 +1430,7 @@ int main(void) {
     test_grammar_sampling();
     test_grammar_wire();
     test_tools_grammar_auto();
+    test_utf8();
     tok_free(&t);
     return check_done();
 }
