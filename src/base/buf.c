@@ -7,11 +7,15 @@
 #include <string.h>
 
 int rl_buf_add(rl_buf *b, const void *s, size_t n) {
+    if (b->oom) return -1;
     if (b->len + n + 1 > b->cap) {
         size_t nc = b->cap ? b->cap : 64;
         while (nc < b->len + n + 1) nc *= 2;
         char *np = realloc(b->p, nc);
-        if (!np) return -1;
+        if (!np) {
+            b->oom = true;
+            return -1;
+        }
         b->p = np;
         b->cap = nc;
     }
@@ -27,10 +31,13 @@ int rl_buf_printf(rl_buf *b, const char *fmt, ...) {
     va_start(ap, fmt);
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    if (n < 0) return -1;
+    if (n < 0 || b->oom) return -1;
     if ((size_t)n < sizeof tmp) return rl_buf_add(b, tmp, (size_t)n);
     char *big = malloc((size_t)n + 1);
-    if (!big) return -1;
+    if (!big) {
+        b->oom = true;
+        return -1;
+    }
     va_start(ap, fmt);
     vsnprintf(big, (size_t)n + 1, fmt, ap);
     va_end(ap);

@@ -15,35 +15,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../base/buf.h"
 #include "../gguf/model_file.h"
 
 /* ------------------------------------------------------------------------------------------------------ */
-/* A growing string                                                                                        */
+/* A growing string                                                                                       */
 
-typedef struct sb {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sb;
+typedef rl_buf sb; /* (base/buf.h; its oom flag lets a renderer check once, at the end) */
 
-static void sb_addn(sb *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->n + n + 1) c *= 2;
-        char *np = realloc(b->p, c);
-        if (!np) {
-            b->oom = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = c;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
+static void sb_addn(sb *b, const char *s, size_t n) { rl_buf_add(b, s, n); }
 static void sb_add(sb *b, const char *s) { sb_addn(b, s, strlen(s)); }
 
 static void sb_addf(sb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -625,10 +605,9 @@ int chat_render(chat_format fmt, const chat_msg *msgs, int n_msgs, const chat_op
     cJSON_Delete(tools);
     if (rc == 0 && b.oom) rc = rl_errf(err, "chat: out of memory");
     if (rc) {
-        free(b.p);
+        rl_buf_free(&b);
         return -1;
     }
-    *out = b.p;
-    *out_len = b.n;
+    *out = rl_buf_take(&b, out_len);
     return 0;
 }
