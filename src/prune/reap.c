@@ -9,6 +9,7 @@
 #include <cJSON.h>
 
 #include "../base/file.h"
+#include "../base/json.h"
 
 int reap_stats_init(reap_stats *s, const k3_hparams *hp, uint32_t a, uint32_t b, rl_err *err) {
     memset(s, 0, sizeof *s);
@@ -118,15 +119,7 @@ int reap_stats_write_json(const reap_stats *s, const char *model_name, const cha
     return rc;
 }
 
-static int reap_json_u32(const cJSON *o, const char *key, uint32_t *v) {
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 4294967295.0 ||
-        x->valuedouble != floor(x->valuedouble)) {
-        return -1;
-    }
-    *v = (uint32_t)x->valuedouble;
-    return 0;
-}
+static int reap_json_u32(const cJSON *o, const char *key, uint32_t *v) { return rl_json_u32(o, key, true, v, NULL); }
 
 /* An array of exactly n finite numbers >= 0 into v. */
 static int reap_json_vec(const cJSON *o, const char *key, uint32_t n, double *v) {

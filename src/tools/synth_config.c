@@ -1,5 +1,7 @@
 #include "synth_config.h"
 
+#include "../base/json.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <fnmatch.h>
@@ -178,16 +180,9 @@ fail:
     return NULL;
 }
 
-/* Reads an unsigned integer field if present. */
+/* Optional fields (base/json.h), their errors said as the config's. */
 static int synth_json_u32(const cJSON *o, const char *key, uint32_t *out, rl_err *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v) return 0;
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 4294967295.0 ||
-        v->valuedouble != floor(v->valuedouble)) {
-        return rl_errf(err, "config field \"%s\" must be a non-negative integer", key);
-    }
-    *out = (uint32_t)v->valuedouble;
-    return 0;
+    return rl_json_u32(o, key, false, out, err) ? rl_err_prefix(err, "config") : 0;
 }
 
 static int synth_json_f32(const cJSON *o, const char *key, float *out, rl_err *err) {
@@ -203,11 +198,7 @@ static int synth_json_f32(const cJSON *o, const char *key, float *out, rl_err *e
 }
 
 static int synth_json_bool(const cJSON *o, const char *key, bool *out, rl_err *err) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v) return 0;
-    if (!cJSON_IsBool(v)) return rl_errf(err, "config field \"%s\" must be true or false", key);
-    *out = cJSON_IsTrue(v);
-    return 0;
+    return rl_json_bool(o, key, false, out, err) ? rl_err_prefix(err, "config") : 0;
 }
 
 static int synth_json_type(const cJSON *v, const char *what, int *out, rl_err *err) {
