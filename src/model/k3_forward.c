@@ -39,36 +39,6 @@ void k3_output_free(k3_output *o) {
 
 /* ---- graph building ---------------------------------------------------------------------------- */
 
-typedef struct k3_seq_view {
-    k3_state *st;
-    uint64_t id;     /* st->id when built: a kept graph (e->kept) knows the sequence by it */
-    bool keep_rb;    /* keep rollback copies of this block */
-    uint32_t off, n; /* token range in the batch */
-    uint32_t n_kv;   /* cache rows attention reads: n_past + n, padded (k3_n_kv) */
-    struct ggml_tensor *mask; /* [n_kv, n] f32, 0 or -inf (MLA causal mask) */
-    struct ggml_tensor *kpos; /* [n] I64: the cache rows this batch's keys go to, n_past .. n_past+n-1 (an
-                               * input, as llama.cpp's k_idxs, not a view at n_past: the graph of the next
-                               * step is then this one's, and is kept; e->kept) */
-} k3_seq_view;
-
-/* Consecutive sequences of the batch that run their causal parts as one op each: m > 1 of them, all slots
- * of one state pool, the same token count n and cache read length n_kv, none keeping rollback copies. The
- * typical group is every decoding sequence of a server step. Built once over the group, the KDA recurrence
- * and MLA attention cost a fixed number of graph nodes instead of a few per sequence; every op computes
- * each sequence exactly as the per-sequence graph does (same kernels, same per-slice shapes), so the
- * results are the same bits. A group of one (m == 1) takes the per-sequence graph. */
-typedef struct k3_group {
-    int first, m;         /* g->seqs[first .. first+m) */
-    uint32_t off, n, n_kv;/* tokens start at off, n per sequence */
-    uint32_t n_used;      /* cache rows written by the longest sequence after this batch: n_past + n, at most */
-    int slot0;            /* >= 0: the slots are slot0 .. slot0+m-1, so plain views reach them; else gathered */
-    const k3_state_pool *pool;
-    uint64_t pool_id;     /* pool->id when built (e->kept: a pool made at a freed one's address is another) */
-    struct ggml_tensor *slots; /* [m] I32: the pool slots, for get_rows / set_rows */
-    struct ggml_tensor *krows; /* [m*n] I32: cache rows (slot * n_ctx + position) the new keys go to */
-    struct ggml_tensor *mask;  /* [n_kv, n, 1, m] f32 */
-} k3_group;
-
 /* Attention reads the cache padded to a multiple of 256 rows (at least 256, at most the capacity), the
  * masked rows contributing exact zeros. llama.cpp pads its cache view the same way, so both run matmuls of
  * the same shapes and round the same: on quantized models, where activations are requantized to 8 bits
@@ -78,67 +48,6 @@ static uint32_t k3_n_kv(const k3_state *st, uint32_t n) {
     uint32_t used = st->n_past + n, pad = (used + 255u) / 256u * 256u;
     return pad < st->n_ctx ? pad : st->n_ctx;
 }
-
-/* A tensor region to copy to host memory after the compute (rollback copies). */
-typedef struct k3_readback {
-    struct ggml_tensor *t;
-    size_t offset, size;
-    void *dst;
-} k3_readback;
-
-typedef struct k3_graph {
-    k3_readback *rb;
-    int n_rb, cap_rb;
-    struct ggml_context *ctx;
-    struct ggml_cgraph *gf;
-    const k3_hparams *hp;
-    k3_seq_view *seqs;
-    int n_seqs;
-    k3_group *groups; /* the batch's sequences, in order, in groups (m == 1: one sequence) */
-    int n_groups;
-    struct ggml_tensor **outs; /* [n_groups] scratch: a layer's per-group attention outputs */
-    int64_t T; /* tokens in the batch */
-    struct ggml_tensor *stack; /* banked checkpoints [d, n_ckpt, T], NULL while empty */
-    bool step_kernels; /* every matmul column computed as a one-token step computes it (k3_mm) */
-    bool flash_attn;   /* MLA attention as one ggml_flash_attn_ext per sequence or group (k3_fa) */
-    struct ggml_tensor *(*route)[3]; /* k3_batch.routes: per layer of the range, ids / weights / norms */
-    int rel;                         /* the layer being built, relative to the range */
-    uint32_t a, b;                   /* the range */
-    const k3_weights *w;
-    xc_cache *xc;                    /* routed experts through a cache: the compute stops at each pass */
-    struct k3_xstop *stops;
-    int n_stops, cap_stops;
-    bool any_mla;                    /* the range has an MLA layer: masks and key rows are inputs */
-    /* Inputs and outputs, NULL where the batch has none. */
-    struct ggml_tensor *inp_tok, *inp_h, *inp_stack, *inp_rows;
-    struct ggml_tensor *tap_t[16];   /* the streams at k3_batch.tap_layers, n_taps of them */
-    uint32_t tap_layers[16];
-    int n_taps;
-    struct ggml_tensor *logits, *out_h, *out_stack;
-} k3_graph;
-
-/* How many layers ahead the look-ahead guesses (k3_moe_cached). One: on the medium bench model two layers
- * ahead guessed 39% right instead of ~75%, read 119 MiB per token instead of 77 and decoded 6.3 tok/s
- * instead of 8.2 (bench_experts.sh's setup). */
-#define K3_XC_AHEAD 1
-
-/* Where the compute of a graph over cached experts stops (k3_compute): before each pass of a MoE layer's
- * experts, so that the host reads what the router chose and puts those experts in slots. */
-typedef struct k3_xstop {
-    int node;                /* the pass's first node */
-    uint32_t il;
-    int pass, n_pass;        /* this pass of the n_pass the graph has for the layer */
-    struct ggml_tensor *sel; /* pass 0: the chosen experts [K, T] (a copy kept as an output) */
-    struct ggml_tensor *ahead[K3_XC_AHEAD]; /* pass 0: the next layers' choice from this layer's input
-                                             * (look-ahead), or NULL */
-    struct ggml_tensor *ids; /* the pass's slot ids [K, T], or [1, N] with several passes (input) */
-    struct ggml_tensor *tok; /* several passes: [N] the token each of the pass's rows reads (input) */
-    struct ggml_tensor *pick;/* pass 0 of several: [K*T] which pass's output row each row takes (input) */
-    /* The ops reading tok and pick (get_rows). The host writes those inputs at the stop, while the compute
-     * runs: the ops must run on the CPU, which reads them where they are written. On a device they would
-     * read the copy the scheduler made when their split began, which may be before the stop. */
-    struct ggml_tensor *gather, *merge;
-} k3_xstop;
 
 /* Every matmul of the graph goes through here. ggml's CPU backend computes a matmul of two or more
  * columns with llamafile's tiled GEMM (where it knows the weight type: f32, f16, bf16, q8_0, q4_0 ...)
@@ -163,7 +72,7 @@ static struct ggml_tensor *k3_mm_prec(k3_graph *g, struct ggml_tensor *w, struct
     return ggml_reshape_4d(c, y, y->ne[0], n1, n2, n3);
 }
 
-static struct ggml_tensor *k3_mm(k3_graph *g, struct ggml_tensor *w, struct ggml_tensor *x) {
+struct ggml_tensor *k3_mm(k3_graph *g, struct ggml_tensor *w, struct ggml_tensor *x) {
     return k3_mm_prec(g, w, x, false);
 }
 
@@ -181,7 +90,7 @@ static struct ggml_tensor *k3_norm(k3_graph *g, struct ggml_tensor *x, struct gg
 }
 
 /* SiTU(gate, up) = beta*tanh(gate/beta)*sigmoid(gate) * lb*tanh(up/lb)   (lb <= 0: up unchanged) */
-static struct ggml_tensor *k3_situ(k3_graph *g, struct ggml_tensor *gate, struct ggml_tensor *up) {
+struct ggml_tensor *k3_situ(k3_graph *g, struct ggml_tensor *gate, struct ggml_tensor *up) {
     const float beta = g->hp->situ_beta, lb = g->hp->situ_linear_beta;
     struct ggml_context *c = g->ctx;
     struct ggml_tensor *a = ggml_scale(c, ggml_tanh(c, ggml_scale(c, gate, 1.0f / beta)), beta);
@@ -553,72 +462,6 @@ static struct ggml_tensor *k3_mla(k3_graph *g, const k3_layer_w *L, int il_rel, 
     return k3_mm(g, L->wo, o);
 }
 
-/* The routed experts over the cache's slots (expert_cache.h): the same three ggml_mul_mat_id, on the slot
- * tensors with slot ids. When one pass may not hold the batch's experts, the graph has several, each over
- * N = K*T one-expert rows (the token each row reads, gathered, and one slot id per row: the rows of the
- * pass's experts, then padding), and each row's output is taken back from the pass that computed it
- * (get_rows copies, exactly). What the compute needs at its stops is recorded in g->stops. */
-static struct ggml_tensor *k3_moe_cached(k3_graph *g, struct ggml_tensor *xn, struct ggml_tensor *sel,
-                                         struct ggml_tensor *xl) {
-    struct ggml_context *c = g->ctx;
-    const k3_hparams *hp = g->hp;
-    const uint32_t il = g->a + (uint32_t)g->rel;
-    const int64_t K = hp->n_expert_used, T = g->T, dl = xl->ne[0], N = K * T;
-    const int n_pass = xc_max_passes(g->xc, il, N);
-    struct ggml_tensor *selc = ggml_cont(c, sel); /* read back at the stop: a view's memory is the argsort's */
-    ggml_set_output(selc);
-    ggml_build_forward_expand(g->gf, selc);
-    struct ggml_tensor *ahead[K3_XC_AHEAD] = {0};
-    for (uint32_t d = 1; d <= K3_XC_AHEAD; d++) {
-        if (il + d >= g->b || !xc_max_passes(g->xc, il + d, 1)) break; /* not a layer of the cache's */
-        /* Look-ahead: the next layer's router on this layer's input, an estimate of its choice (only read):
-         * its reads are queued while this one computes. */
-        const k3_layer_w *nx = &g->w->layers[il + d - g->a];
-        struct ggml_tensor *pr = ggml_add(c, ggml_sigmoid(c, k3_mm(g, nx->gate_inp, xn)), nx->probs_b);
-        ahead[d - 1] = ggml_cont(c, ggml_argsort_top_k(c, pr, (int)K));
-        ggml_set_output(ahead[d - 1]);
-        ggml_build_forward_expand(g->gf, ahead[d - 1]);
-    }
-    /* The passes are not put into the graph here: the final expansion places them where a run without the
-     * cache has its expert ops, so the graph's order is that run's (a device fuses neighbouring ops, and a
-     * different order fuses differently: last bits). k3_stops_locate finds where each pass begins. */
-    struct ggml_tensor *merged = NULL, *xr = ggml_reshape_2d(c, xl, dl, T);
-    for (int p = 0; p < n_pass; p++) {
-        const int k = g->n_stops++;
-        k3_xstop *st = &g->stops[k];
-        struct ggml_tensor *x = xl, *ids;
-        if (n_pass == 1) {
-            ids = ggml_new_tensor_2d(c, GGML_TYPE_I32, K, T);
-        } else {
-            st->tok = ggml_new_tensor_1d(c, GGML_TYPE_I32, N);
-            ggml_set_input(st->tok);
-            ggml_format_name(st->tok, "xc.stop%d", k);
-            ids = ggml_new_tensor_2d(c, GGML_TYPE_I32, 1, N);
-            st->gather = ggml_get_rows(c, xr, st->tok);
-            x = ggml_reshape_3d(c, st->gather, dl, 1, N);
-        }
-        ggml_set_input(ids);
-        ggml_format_name(ids, "xc.stop%d", k);
-        struct ggml_tensor *up = ggml_mul_mat_id(c, xc_tensor(g->xc, il, 1), x, ids);   /* [Fe, K, T] or [Fe, 1, N] */
-        struct ggml_tensor *gate = ggml_mul_mat_id(c, xc_tensor(g->xc, il, 0), x, ids);
-        struct ggml_tensor *ex = ggml_mul_mat_id(c, xc_tensor(g->xc, il, 2), k3_situ(g, gate, up), ids);
-        st->il = il, st->pass = p, st->n_pass = n_pass, st->ids = ids;
-        if (p == 0) {
-            st->sel = selc;
-            memcpy(st->ahead, ahead, sizeof ahead);
-        }
-        if (n_pass == 1) return ex;
-        struct ggml_tensor *rows = ggml_reshape_2d(c, ex, dl, N);
-        merged = merged ? ggml_concat(c, merged, rows, 1) : rows;
-    }
-    struct ggml_tensor *pick = ggml_new_tensor_1d(c, GGML_TYPE_I32, N);
-    ggml_set_input(pick);
-    g->stops[g->n_stops - n_pass].pick = pick;
-    struct ggml_tensor *out = ggml_get_rows(c, merged, pick);
-    g->stops[g->n_stops - n_pass].merge = out;
-    return ggml_reshape_3d(c, out, dl, K, T);
-}
-
 static struct ggml_tensor *k3_moe(k3_graph *g, const k3_layer_w *L, struct ggml_tensor *xn) {
     struct ggml_context *c = g->ctx;
     const k3_hparams *hp = g->hp;
@@ -816,116 +659,10 @@ static int k3_routes_get(const k3_engine *e, const k3_graph *g, k3_routes *r, rl
     return 0;
 }
 
-/* A compute over cached experts, as the scheduler's evaluation callback sees it (k3_xc_eval). */
-typedef struct k3_xrun {
-    k3_graph *g;
-    int next;          /* the next stop */
-    int rows;
-    int32_t *ids, *slots, *tok;
-    xc_plan plan;
-    int rc;
-    rl_err *err;
-} k3_xrun;
-
-/* The scheduler computes the graph up to a node this asks for, then calls back with it: the node before
- * each pass of a MoE layer's experts. There the host reads what the router chose (first pass), plans the
- * passes, makes this pass's experts resident and writes their slot ids (a pass the batch does not need is all
- * padding: computed, never picked); before the layer's last pass computes, the look-ahead's
- * guess for the next layer starts reading, so the reads overlap it. Returning false stops the compute. */
-static bool k3_xc_eval(struct ggml_tensor *t, bool ask, void *user) {
-    k3_xrun *x = user;
-    k3_graph *g = x->g;
-    if (x->next >= g->n_stops || t != ggml_graph_node(g->gf, g->stops[x->next].node - 1)) return false;
-    if (ask) return true;
-    const k3_xstop *st = &g->stops[x->next];
-    const k3_xstop *s0 = st - st->pass;
-    x->next++;
-    if (st->pass == 0) {
-        ggml_backend_tensor_get(st->sel, x->ids, 0, (size_t)x->rows * sizeof *x->ids);
-        if ((x->rc = xc_plan_layer(g->xc, st->il, x->ids, x->rows, &x->plan, x->err)) != 0) return false;
-        if (x->plan.n_groups > st->n_pass) { /* xc_max_passes bounds it: cannot happen */
-            x->rc = rl_errf(x->err, "layer %u needs %d passes, the graph has %d", st->il, x->plan.n_groups, st->n_pass);
-            return false;
-        }
-        if (st->pick) {
-            /* Row r's output: in its pass's block, at its place among that pass's rows (in row order). */
-            int *at = calloc((size_t)st->n_pass, sizeof *at);
-            if (!at) {
-                x->rc = rl_errf(x->err, "out of memory for expert ids");
-                return false;
-            }
-            for (int r = 0; r < x->rows; r++) {
-                const int gr = x->plan.group_of[r];
-                x->slots[r] = gr * x->rows + at[gr]++;
-            }
-            free(at);
-            ggml_backend_tensor_set(st->pick, x->slots, 0, (size_t)x->rows * sizeof *x->slots);
-        }
-    }
-    const int N = x->rows;
-    int n_in = 0;
-    if (st->pass < x->plan.n_groups) {
-        if ((x->rc = xc_load_pass(g->xc, st->il, &x->plan, st->pass, x->slots, x->err)) != 0) return false;
-        for (int d = 0; st->pass == x->plan.n_groups - 1 && d < K3_XC_AHEAD && s0->ahead[d]; d++) {
-            ggml_backend_tensor_get(s0->ahead[d], x->ids, 0, (size_t)N * sizeof *x->ids);
-            xc_prefetch(g->xc, st->il + 1 + (uint32_t)d, x->ids, N);
-        }
-    } else {
-        for (int r = 0; r < N; r++) x->slots[r] = -1; /* a pass the batch does not need: all padding */
-    }
-    if (!st->tok) {
-        ggml_backend_tensor_set(st->ids, x->slots, 0, (size_t)N * sizeof *x->slots); /* one pass: every row */
-    } else {
-        /* The pass's rows first, in row order (their place in the pass is what pick names), then padding
-         * rows reading token 0 through slot 0. */
-        const int K = (int)g->hp->n_expert_used;
-        for (int r = 0; r < N; r++) {
-            if (x->slots[r] < 0) continue;
-            x->tok[n_in] = r / K;
-            x->ids[n_in++] = x->slots[r];
-        }
-        for (int i = n_in; i < N; i++) x->tok[i] = 0, x->ids[i] = 0;
-        ggml_backend_tensor_set(st->tok, x->tok, 0, (size_t)N * sizeof *x->tok);
-        ggml_backend_tensor_set(st->ids, x->ids, 0, (size_t)N * sizeof *x->ids);
-    }
-    if (st->pass == st->n_pass - 1) xc_plan_free(&x->plan);
-    return true;
-}
-
 /* Plans the scheduler's memory for this graph (its outputs kept apart from what later nodes write). Over
  * two backends ggml's scheduler rewrites the graph's sources to the copies it makes between them when it
  * splits the graph; the sources are put back, so that the same graph can then be allocated and split
  * again (else the second split finds nothing to copy, and a device reads memory nobody wrote). */
-/* Where each pass of cached experts begins in the finished graph: its first node reading the pass's slot ids
- * or token rows (named "xc.stopK"). The compute stops before it (k3_xc_eval), so the passes must come in the
- * order of g->stops, each after every node of the one before: a pass's reads may evict the slots the pass
- * before it uses. The graph's depth-first order gives that (a layer needs the one before it, and a pass's
- * rows are merged after the pass before); it is checked, not assumed. */
-static int k3_stops_locate(k3_graph *g, rl_err *err) {
-    int cur = -1;
-    for (int i = 0; i < ggml_graph_n_nodes(g->gf); i++) {
-        const struct ggml_tensor *t = ggml_graph_node(g->gf, i);
-        const struct ggml_tensor *in = t->op == GGML_OP_MUL_MAT_ID ? t->src[2] : t->op == GGML_OP_GET_ROWS ? t->src[1] : NULL;
-        int k = -1;
-        if (!in || sscanf(ggml_get_name(in), "xc.stop%d", &k) != 1 || k == cur) continue;
-        if (k != cur + 1 || k >= g->n_stops || i == 0) {
-            return rl_errf(err, "expert pass %d of the graph comes out of order (at node %d, after pass %d)", k, i, cur);
-        }
-        g->stops[k].node = i;
-        cur = k;
-    }
-    if (cur != g->n_stops - 1) return rl_errf(err, "expert pass %d is not in the graph", cur + 1);
-    return 0;
-}
-
-/* Puts on the CPU the ops that read what the host writes at the cached experts' stops (k3_xstop). */
-static void k3_sched_pin_stops(k3_engine *e, const k3_graph *g) {
-    for (int i = 0; i < g->n_stops; i++) {
-        if (g->stops[i].gather) ggml_backend_sched_set_tensor_backend(e->sched, g->stops[i].gather, e->backend);
-        if (g->stops[i].merge) ggml_backend_sched_set_tensor_backend(e->sched, g->stops[i].merge, e->backend);
-    }
-}
-
 static int k3_sched_reserve(struct ggml_backend_sched *sched, struct ggml_cgraph *gf) {
     const int n = ggml_graph_n_nodes(gf);
     struct ggml_tensor **src = malloc((size_t)n * GGML_MAX_SRC * sizeof *src);
@@ -939,8 +676,7 @@ static int k3_sched_reserve(struct ggml_backend_sched *sched, struct ggml_cgraph
 }
 
 /* Runs the graph: on the CPU backend at once, or over cached experts through the scheduler, which stops
- * where k3_xc_eval asks. A read that fails stops the compute: the sequences' states are then partly
- * advanced, as after a failed compute. */
+ * where k3_xc_eval asks (k3_xc_compute). */
 static int k3_compute(k3_engine *e, k3_graph *g, rl_err *err) {
     if (!g->xc) {
         enum ggml_status st = e->sched ? ggml_backend_sched_graph_compute(e->sched, g->gf)
@@ -948,23 +684,7 @@ static int k3_compute(k3_engine *e, k3_graph *g, rl_err *err) {
         if (st != GGML_STATUS_SUCCESS) return rl_errf(err, "ggml graph compute failed (status %d)", (int)st);
         return 0;
     }
-    k3_xrun x = {.g = g, .rows = (int)(g->hp->n_expert_used * g->T), .err = err};
-    x.ids = malloc((size_t)x.rows * sizeof *x.ids);
-    x.slots = malloc((size_t)x.rows * sizeof *x.slots);
-    x.tok = malloc((size_t)x.rows * sizeof *x.tok);
-    if (!x.ids || !x.slots || !x.tok) x.rc = rl_errf(err, "out of memory for expert ids");
-    if (x.rc == 0) {
-        ggml_backend_sched_set_eval_callback(e->sched, k3_xc_eval, &x);
-        enum ggml_status st = ggml_backend_sched_graph_compute(e->sched, g->gf);
-        ggml_backend_sched_set_eval_callback(e->sched, NULL, NULL);
-        if (x.rc == 0 && st != GGML_STATUS_SUCCESS) x.rc = rl_errf(err, "ggml graph compute failed");
-        if (x.rc == 0 && x.next != g->n_stops) x.rc = rl_errf(err, "the compute stopped at %d of %d expert passes", x.next, g->n_stops);
-    }
-    xc_plan_free(&x.plan);
-    free(x.ids);
-    free(x.slots);
-    free(x.tok);
-    return x.rc;
+    return k3_xc_compute(e, g, err);
 }
 
 static void k3_graph_free(k3_graph *g) {
@@ -1007,12 +727,7 @@ static int k3_build(k3_engine *e, const k3_batch *bt, int64_t T, k3_graph *g, rl
     if (bt->routes) g->route = calloc(e->b - e->a, sizeof *g->route);
     g->cap_rb = n_keep * n_kda * K3_READBACKS_PER_LAYER;
     if (g->cap_rb) g->rb = calloc((size_t)g->cap_rb, sizeof *g->rb);
-    size_t xc_nodes = 0;
-    if (g->xc) {
-        for (uint32_t il = e->a; il < e->b; il++) g->cap_stops += k3_is_moe(hp, il) ? xc_max_passes(g->xc, il, (int64_t)hp->n_expert_used * T) : 0;
-        g->stops = calloc((size_t)g->cap_stops + 1, sizeof *g->stops);
-        xc_nodes = (size_t)g->cap_stops * 12 + (size_t)(e->b - e->a) * 16;
-    }
+    const size_t xc_nodes = g->xc ? k3_xc_stops_new(g) : 0;
     if (!g->seqs || !g->groups || !g->outs || (bt->routes && !g->route) || (g->xc && !g->stops) || (g->cap_rb && !g->rb)) {
         rl_errf(err, "out of memory building the graph");
         goto fail;
