@@ -262,7 +262,7 @@ size_t k3_engine_compute_bytes(const k3_engine *e) {
     return (e->galloc ? ggml_gallocr_get_buffer_size(e->galloc, 0) : 0) + e->mask_cap;
 }
 
-/* ---- memory kept from batch to batch (k3_forward.c asks for it) ---------------------------------- */
+/* ---- memory kept from batch to batch (k3_forward.c asks for it) -------------------------------- */
 
 int k3_engine_graph_mem(k3_engine *e, size_t need, rl_err *err) {
     if (need <= e->graph_cap) return 0;

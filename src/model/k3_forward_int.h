@@ -1,6 +1,7 @@
 /* k3_forward_int.h - what the files behind k3_forward.h share, and nothing outside them includes:
  *   k3_engine.c      the engine's life, and the memory it keeps from one batch to the next
  *   k3_forward.c     running a batch: check, build, allocate, inputs, compute, outputs; the kept graph
+ *   k3_layers.c      the layers, read top to bottom: the pass over the range that k3_forward.c builds
  *   k3_expert_run.c  routed experts through the expert cache (--mem): their passes and the stops before them
  * and the graph of a batch (k3_graph), which all of them build or read.
  */
@@ -15,7 +16,7 @@
 #include "expert_cache.h"
 #include "k3_forward.h"
 
-/* ---- the graph of a batch ------------------------------------------------------------------------- */
+/* ---- the graph of a batch ---------------------------------------------------------------------- */
 
 typedef struct k3_seq_view {
     k3_state *st;
@@ -46,6 +47,9 @@ typedef struct k3_group {
     struct ggml_tensor *krows; /* [m*n] I32: cache rows (slot * n_ctx + position) the new keys go to */
     struct ggml_tensor *mask;  /* [n_kv, n, 1, m] f32 */
 } k3_group;
+
+/* Each KDA layer of a sequence keeping rollback copies reads back its three conv windows and its states. */
+enum { K3_READBACKS_PER_LAYER = 4 };
 
 /* A tensor region to copy to host memory after the compute (rollback copies). */
 typedef struct k3_readback {
@@ -85,7 +89,7 @@ typedef struct k3_graph {
     struct ggml_tensor *logits, *out_h, *out_stack;
 } k3_graph;
 
-/* ---- k3_engine.c: memory an engine keeps between batches ---------------------------------------- */
+/* ---- k3_engine.c: memory an engine keeps between batches --------------------------------------- */
 
 /* At least need bytes for a graph's tensor and node structs in e->graph_buf (k3_engine.graph_buf: why kept). */
 int k3_engine_graph_mem(k3_engine *e, size_t need, rl_err *err);
@@ -95,15 +99,21 @@ int k3_engine_mask_mem(k3_engine *e, size_t need, size_t full, rl_err *err);
 /* e->sched, made anew when there is none or its hash set is smaller than size (a graph's nodes and leafs). */
 int k3_engine_sched(k3_engine *e, size_t size, rl_err *err);
 
-/* ---- k3_forward.c ------------------------------------------------------------------------------------ */
+/* ---- k3_forward.c ------------------------------------------------------------------------------ */
 
 /* Frees e->kept, the last decode step's graph, if there is one. */
 void k3_kept_drop(k3_engine *e);
+
+/* ---- k3_layers.c: the layers ------------------------------------------------------------------- */
+
+/* Builds the pass over the range into g, whose sequences, groups and their inputs are made: the stream in,
+ * every layer, the stream out (logits or boundary state) and the taps. */
+void k3_graph_forward(k3_graph *g, const k3_batch *bt);
 /* Every matmul of the graph (k3_mm_prec: why), and the SiTU activation of the experts and the dense FFN. */
 struct ggml_tensor *k3_mm(k3_graph *g, struct ggml_tensor *w, struct ggml_tensor *x);
 struct ggml_tensor *k3_situ(k3_graph *g, struct ggml_tensor *gate, struct ggml_tensor *up);
 
-/* ---- k3_expert_run.c: routed experts through the expert cache ----------------------------------------- */
+/* ---- k3_expert_run.c: routed experts through the expert cache ---------------------------------- */
 
 /* Room in g->stops for the passes the batch may need (NULL: out of memory); returns the graph nodes they add. */
 size_t k3_xc_stops_new(k3_graph *g);
