@@ -33,19 +33,7 @@ void k3_output_free(k3_output *o) {
     memset(o, 0, sizeof *o);
 }
 
-/* ---- building the graph ------------------------------------------------------------------------ */
-
-/* Attention reads the cache padded to a multiple of 256 rows (at least 256, at most the capacity), the
- * masked rows contributing exact zeros. llama.cpp pads its cache view the same way, so both run matmuls of
- * the same shapes and round the same: on quantized models, where activations are requantized to 8 bits
- * before every matmul, a one-ulp difference from another tiling can otherwise cross a rounding boundary
- * and flip an expert choice (docs/numerics.md). Rows past n_past + n hold zeros or stale finite values. */
-static uint32_t k3_n_kv(const k3_state *st, uint32_t n) {
-    uint32_t used = st->n_past + n, pad = (used + 255u) / 256u * 256u;
-    return pad < st->n_ctx ? pad : st->n_ctx;
-}
-
-/* ---- running a batch --------------------------------------------------------------------------- */
+/* ---- checking a batch -------------------------------------------------------------------------- */
 
 static int k3_check_batch(const k3_engine *e, const k3_batch *bt, int64_t *T, rl_err *err) {
     if (bt->n_seqs < 1) return rl_errf(err, "empty batch");
@@ -107,109 +95,23 @@ static int k3_check_batch(const k3_engine *e, const k3_batch *bt, int64_t *T, rl
     return 0;
 }
 
-/* Rows of a causal mask: row t has n columns, the first seen0 + t (<= n: k3_n_kv pads past every position)
- * 0, the rest -inf, in f32 or f16 (FA's type). Both zeros are all-zero bytes; each row's -inf tail is a
- * copy of the row above's (one column shorter), so only the first row is written element by element: at
- * long context the masks are the graph's largest input (n_kv x chunk), written once per chunk. */
-static void k3_mask_rows(uint8_t *dst, enum ggml_type type, size_t n, size_t seen0, uint32_t rows) {
-    const size_t el = type == GGML_TYPE_F16 ? sizeof(uint16_t) : sizeof(float);
-    for (uint32_t t = 0; t < rows; t++) {
-        uint8_t *r = dst + (size_t)t * n * el;
-        const size_t seen = seen0 + t < n ? seen0 + t : n;
-        memset(r, 0, seen * el);
-        if (t > 0) {
-            memcpy(r + seen * el, r - n * el + seen * el, (n - seen) * el);
-        } else if (type == GGML_TYPE_F16) {
-            uint16_t *h = (uint16_t *)r;
-            for (size_t j = seen; j < n; j++) h[j] = 0xfc00; /* binary16 -inf */
-        } else {
-            float *f = (float *)r;
-            for (size_t j = seen; j < n; j++) f[j] = -INFINITY;
-        }
-    }
+/* ---- building its graph ------------------------------------------------------------------------ */
+
+/* Attention reads the cache padded to a multiple of 256 rows (at least 256, at most the capacity), the
+ * masked rows contributing exact zeros. llama.cpp pads its cache view the same way, so both run matmuls of
+ * the same shapes and round the same: on quantized models, where activations are requantized to 8 bits
+ * before every matmul, a one-ulp difference from another tiling can otherwise cross a rounding boundary
+ * and flip an expert choice (docs/numerics.md). Rows past n_past + n hold zeros or stale finite values. */
+static uint32_t k3_n_kv(const k3_state *st, uint32_t n) {
+    uint32_t used = st->n_past + n, pad = (used + 255u) / 256u * 256u;
+    return pad < st->n_ctx ? pad : st->n_ctx;
 }
 
-/* A group's causal mask: its own with several sequences, else its one sequence's (NULL: no MLA layer). */
-static struct ggml_tensor *k3_group_mask(const k3_graph *g, const k3_group *gr) {
-    return gr->m > 1 ? gr->mask : g->seqs[gr->first].mask;
-}
-
-/* Gives the graph's masks their memory in e->mask_buf (engine header: why not the compute buffer), grown to
- * at least what they need now and, by doubling, toward what the same sequences need at full context. */
-static int k3_masks_place(k3_engine *e, k3_graph *g, rl_err *err) {
-    const size_t align = ggml_backend_buft_get_alignment(ggml_backend_cpu_buffer_type());
-    size_t need = 0, full = 0;
-    for (int gi = 0; gi < g->n_groups; gi++) {
-        const k3_group *gr = &g->groups[gi];
-        const struct ggml_tensor *mt = k3_group_mask(g, gr);
-        if (!mt) continue;
-        need += GGML_PAD(ggml_nbytes(mt), align);
-        full += GGML_PAD((size_t)g->seqs[gr->first].st->n_ctx * (ggml_nbytes(mt) / (size_t)mt->ne[0]), align);
-    }
-    if (need == 0) return 0;
-    if (k3_engine_mask_mem(e, need, full, err) != 0) return -1;
-    uint8_t *at = ggml_backend_buffer_get_base(e->mask_buf);
-    for (int gi = 0; gi < g->n_groups; gi++) {
-        const k3_group *gr = &g->groups[gi];
-        struct ggml_tensor *mt = k3_group_mask(g, gr);
-        if (!mt) continue;
-        if (ggml_backend_tensor_alloc(e->mask_buf, mt, at) != GGML_STATUS_SUCCESS) {
-            return rl_errf(err, "cannot place an attention mask");
-        }
-        at += GGML_PAD(ggml_nbytes(mt), align);
-    }
-    return 0;
-}
-
-/* Reads the routing outputs of every MoE layer of the range into r (k3_routes). */
-static int k3_routes_get(const k3_engine *e, const k3_graph *g, k3_routes *r, rl_err *err) {
-    const k3_hparams *hp = &e->hp;
-    uint32_t first = e->a > hp->n_dense_lead ? e->a : hp->n_dense_lead;
-    r->layer0 = first;
-    r->n_layers = e->b > first ? e->b - first : 0;
-    r->n_tokens = (uint32_t)g->T;
-    r->k = hp->n_expert_used;
-    const size_t per = (size_t)g->T * r->k, n = per * r->n_layers;
-    if (n == 0) return 0;
-    r->ids = malloc(n * sizeof *r->ids);
-    r->weight = malloc(n * sizeof *r->weight);
-    r->norm = malloc(n * sizeof *r->norm);
-    if (!r->ids || !r->weight || !r->norm) return rl_errf(err, "out of memory for routing statistics");
-    for (uint32_t l = 0; l < r->n_layers; l++) {
-        struct ggml_tensor *const *t = g->route[first + l - e->a];
-        ggml_backend_tensor_get(t[0], r->ids + l * per, 0, per * sizeof(int32_t));
-        ggml_backend_tensor_get(t[1], r->weight + l * per, 0, per * sizeof(float));
-        ggml_backend_tensor_get(t[2], r->norm + l * per, 0, per * sizeof(float));
-    }
-    return 0;
-}
-
-/* Plans the scheduler's memory for this graph (its outputs kept apart from what later nodes write). Over
- * two backends ggml's scheduler rewrites the graph's sources to the copies it makes between them when it
- * splits the graph; the sources are put back, so that the same graph can then be allocated and split
- * again (else the second split finds nothing to copy, and a device reads memory nobody wrote). */
-static int k3_sched_reserve(struct ggml_backend_sched *sched, struct ggml_cgraph *gf) {
-    const int n = ggml_graph_n_nodes(gf);
-    struct ggml_tensor **src = malloc((size_t)n * GGML_MAX_SRC * sizeof *src);
-    if (!src) return -1;
-    for (int i = 0; i < n; i++) memcpy(src + (size_t)i * GGML_MAX_SRC, ggml_graph_node(gf, i)->src, sizeof(struct ggml_tensor *) * GGML_MAX_SRC);
-    const bool ok = ggml_backend_sched_reserve(sched, gf);
-    for (int i = 0; i < n; i++) memcpy(ggml_graph_node(gf, i)->src, src + (size_t)i * GGML_MAX_SRC, sizeof(struct ggml_tensor *) * GGML_MAX_SRC);
-    free(src);
-    ggml_backend_sched_reset(sched);
-    return ok ? 0 : -1;
-}
-
-/* Runs the graph: on the CPU backend at once, or over cached experts through the scheduler, which stops
- * where k3_xc_eval asks (k3_xc_compute). */
-static int k3_compute(k3_engine *e, k3_graph *g, rl_err *err) {
-    if (!g->xc) {
-        enum ggml_status st = e->sched ? ggml_backend_sched_graph_compute(e->sched, g->gf)
-                                       : ggml_backend_graph_compute(e->backend, g->gf);
-        if (st != GGML_STATUS_SUCCESS) return rl_errf(err, "ggml graph compute failed (status %d)", (int)st);
-        return 0;
-    }
-    return k3_xc_compute(e, g, err);
+/* Whether sequence sv joins the group whose first sequence is pv: it runs the same shapes on slots of the
+ * same pool, and neither keeps rollback copies. */
+static bool k3_joins(const k3_seq_view *pv, const k3_seq_view *sv) {
+    return sv->st->pool && pv->st->pool == sv->st->pool && !sv->keep_rb && !pv->keep_rb && pv->n == sv->n &&
+           pv->n_kv == sv->n_kv;
 }
 
 static void k3_graph_free(k3_graph *g) {
@@ -221,13 +123,6 @@ static void k3_graph_free(k3_graph *g) {
     free(g->route);
     free(g->stops);
     memset(g, 0, sizeof *g);
-}
-
-/* Whether sequence sv joins the group whose first sequence is pv: it runs the same shapes on slots of the
- * same pool, and neither keeps rollback copies. */
-static bool k3_joins(const k3_seq_view *pv, const k3_seq_view *sv) {
-    return sv->st->pool && pv->st->pool == sv->st->pool && !sv->keep_rb && !pv->keep_rb && pv->n == sv->n &&
-           pv->n_kv == sv->n_kv;
 }
 
 /* Builds the batch's graph into g (its nodes in e->graph_buf). On error g is freed; no state has moved. */
@@ -326,6 +221,56 @@ fail:
     return -1;
 }
 
+/* ---- giving the graph memory ------------------------------------------------------------------- */
+
+/* A group's causal mask: its own with several sequences, else its one sequence's (NULL: no MLA layer). */
+static struct ggml_tensor *k3_group_mask(const k3_graph *g, const k3_group *gr) {
+    return gr->m > 1 ? gr->mask : g->seqs[gr->first].mask;
+}
+
+/* Gives the graph's masks their memory in e->mask_buf (engine header: why not the compute buffer), grown to
+ * at least what they need now and, by doubling, toward what the same sequences need at full context. */
+static int k3_masks_place(k3_engine *e, k3_graph *g, rl_err *err) {
+    const size_t align = ggml_backend_buft_get_alignment(ggml_backend_cpu_buffer_type());
+    size_t need = 0, full = 0;
+    for (int gi = 0; gi < g->n_groups; gi++) {
+        const k3_group *gr = &g->groups[gi];
+        const struct ggml_tensor *mt = k3_group_mask(g, gr);
+        if (!mt) continue;
+        need += GGML_PAD(ggml_nbytes(mt), align);
+        full += GGML_PAD((size_t)g->seqs[gr->first].st->n_ctx * (ggml_nbytes(mt) / (size_t)mt->ne[0]), align);
+    }
+    if (need == 0) return 0;
+    if (k3_engine_mask_mem(e, need, full, err) != 0) return -1;
+    uint8_t *at = ggml_backend_buffer_get_base(e->mask_buf);
+    for (int gi = 0; gi < g->n_groups; gi++) {
+        const k3_group *gr = &g->groups[gi];
+        struct ggml_tensor *mt = k3_group_mask(g, gr);
+        if (!mt) continue;
+        if (ggml_backend_tensor_alloc(e->mask_buf, mt, at) != GGML_STATUS_SUCCESS) {
+            return rl_errf(err, "cannot place an attention mask");
+        }
+        at += GGML_PAD(ggml_nbytes(mt), align);
+    }
+    return 0;
+}
+
+/* Plans the scheduler's memory for this graph (its outputs kept apart from what later nodes write). Over
+ * two backends ggml's scheduler rewrites the graph's sources to the copies it makes between them when it
+ * splits the graph; the sources are put back, so that the same graph can then be allocated and split
+ * again (else the second split finds nothing to copy, and a device reads memory nobody wrote). */
+static int k3_sched_reserve(struct ggml_backend_sched *sched, struct ggml_cgraph *gf) {
+    const int n = ggml_graph_n_nodes(gf);
+    struct ggml_tensor **src = malloc((size_t)n * GGML_MAX_SRC * sizeof *src);
+    if (!src) return -1;
+    for (int i = 0; i < n; i++) memcpy(src + (size_t)i * GGML_MAX_SRC, ggml_graph_node(gf, i)->src, sizeof(struct ggml_tensor *) * GGML_MAX_SRC);
+    const bool ok = ggml_backend_sched_reserve(sched, gf);
+    for (int i = 0; i < n; i++) memcpy(ggml_graph_node(gf, i)->src, src + (size_t)i * GGML_MAX_SRC, sizeof(struct ggml_tensor *) * GGML_MAX_SRC);
+    free(src);
+    ggml_backend_sched_reset(sched);
+    return ok ? 0 : -1;
+}
+
 /* Gives the graph its memory: the masks in e->mask_buf, the rest from galloc's buffer or the scheduler's. */
 static int k3_alloc(k3_engine *e, k3_graph *g, rl_err *err) {
     const int64_t T = g->T;
@@ -371,6 +316,30 @@ static int k3_alloc(k3_engine *e, k3_graph *g, rl_err *err) {
         rl_heap_advise_huge(e->compute_base, ggml_backend_buffer_get_size(cb));
     }
     return 0;
+}
+
+/* ---- inputs, compute, outputs ------------------------------------------------------------------ */
+
+/* Rows of a causal mask: row t has n columns, the first seen0 + t (<= n: k3_n_kv pads past every position)
+ * 0, the rest -inf, in f32 or f16 (FA's type). Both zeros are all-zero bytes; each row's -inf tail is a
+ * copy of the row above's (one column shorter), so only the first row is written element by element: at
+ * long context the masks are the graph's largest input (n_kv x chunk), written once per chunk. */
+static void k3_mask_rows(uint8_t *dst, enum ggml_type type, size_t n, size_t seen0, uint32_t rows) {
+    const size_t el = type == GGML_TYPE_F16 ? sizeof(uint16_t) : sizeof(float);
+    for (uint32_t t = 0; t < rows; t++) {
+        uint8_t *r = dst + (size_t)t * n * el;
+        const size_t seen = seen0 + t < n ? seen0 + t : n;
+        memset(r, 0, seen * el);
+        if (t > 0) {
+            memcpy(r + seen * el, r - n * el + seen * el, (n - seen) * el);
+        } else if (type == GGML_TYPE_F16) {
+            uint16_t *h = (uint16_t *)r;
+            for (size_t j = seen; j < n; j++) h[j] = 0xfc00; /* binary16 -inf */
+        } else {
+            float *f = (float *)r;
+            for (size_t j = seen; j < n; j++) f[j] = -INFINITY;
+        }
+    }
 }
 
 /* Writes the batch's inputs into the allocated graph: tokens or boundary state, logit rows, slot indices,
@@ -426,6 +395,41 @@ static int k3_inputs_set(const k3_batch *bt, const k3_graph *g, rl_err *err) {
     return 0;
 }
 
+/* Runs the graph: on the CPU backend at once, or over cached experts through the scheduler, which stops
+ * where k3_xc_eval asks (k3_xc_compute). */
+static int k3_compute(k3_engine *e, k3_graph *g, rl_err *err) {
+    if (!g->xc) {
+        enum ggml_status st = e->sched ? ggml_backend_sched_graph_compute(e->sched, g->gf)
+                                       : ggml_backend_graph_compute(e->backend, g->gf);
+        if (st != GGML_STATUS_SUCCESS) return rl_errf(err, "ggml graph compute failed (status %d)", (int)st);
+        return 0;
+    }
+    return k3_xc_compute(e, g, err);
+}
+
+/* Reads the routing outputs of every MoE layer of the range into r (k3_routes). */
+static int k3_routes_get(const k3_engine *e, const k3_graph *g, k3_routes *r, rl_err *err) {
+    const k3_hparams *hp = &e->hp;
+    uint32_t first = e->a > hp->n_dense_lead ? e->a : hp->n_dense_lead;
+    r->layer0 = first;
+    r->n_layers = e->b > first ? e->b - first : 0;
+    r->n_tokens = (uint32_t)g->T;
+    r->k = hp->n_expert_used;
+    const size_t per = (size_t)g->T * r->k, n = per * r->n_layers;
+    if (n == 0) return 0;
+    r->ids = malloc(n * sizeof *r->ids);
+    r->weight = malloc(n * sizeof *r->weight);
+    r->norm = malloc(n * sizeof *r->norm);
+    if (!r->ids || !r->weight || !r->norm) return rl_errf(err, "out of memory for routing statistics");
+    for (uint32_t l = 0; l < r->n_layers; l++) {
+        struct ggml_tensor *const *t = g->route[first + l - e->a];
+        ggml_backend_tensor_get(t[0], r->ids + l * per, 0, per * sizeof(int32_t));
+        ggml_backend_tensor_get(t[1], r->weight + l * per, 0, per * sizeof(float));
+        ggml_backend_tensor_get(t[2], r->norm + l * per, 0, per * sizeof(float));
+    }
+    return 0;
+}
+
 /* Copies what the batch asked for out of the computed graph into out. */
 static int k3_outputs_get(const k3_engine *e, const k3_batch *bt, const k3_graph *g, k3_output *out, rl_err *err) {
     if (g->logits) {
@@ -449,6 +453,8 @@ static int k3_outputs_get(const k3_engine *e, const k3_batch *bt, const k3_graph
     }
     return 0;
 }
+
+/* ---- the kept graph of a decode step ----------------------------------------------------------- */
 
 /* e->kept: the graph of the last decode step, kept (allocated, in e->graph_buf and galloc's buffer) for the next one:
  * decoding runs the same graph token after token, with only its inputs changed (the tokens, the masks, the
@@ -518,6 +524,8 @@ static bool k3_kept_fits(const k3_engine *e, const k3_batch *bt) {
     }
     return true;
 }
+
+/* ---- running a batch --------------------------------------------------------------------------- */
 
 int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
     memset(out, 0, sizeof *out);
