@@ -125,31 +125,9 @@ static void k3_graph_free(k3_graph *g) {
     memset(g, 0, sizeof *g);
 }
 
-/* Builds the batch's graph into g (its nodes in e->graph_buf). On error g is freed; no state has moved. */
-static int k3_build(k3_engine *e, const k3_batch *bt, int64_t T, k3_graph *g, rl_err *err) {
-    const k3_hparams *hp = &e->hp;
-
-    bool any_mla = false;
-    int n_kda = 0, n_keep = 0;
-    for (uint32_t il = e->a; il < e->b; il++) {
-        any_mla |= hp->is_mla[il];
-        n_kda += !hp->is_mla[il];
-    }
-    for (int s = 0; bt->keep_rollback && s < bt->n_seqs; s++) n_keep += bt->keep_rollback[s] != 0;
-    *g = (k3_graph){.hp = hp, .n_seqs = bt->n_seqs, .T = T, .step_kernels = bt->step_kernels, .flash_attn = e->flash_attn,
-                    .a = e->a, .b = e->b, .w = &e->w, .xc = e->xc, .any_mla = any_mla, .n_taps = bt->n_taps};
-    const enum ggml_type mask_type = e->flash_attn ? GGML_TYPE_F16 : GGML_TYPE_F32; /* FA takes an f16 mask */
-    g->seqs = calloc((size_t)bt->n_seqs, sizeof *g->seqs);
-    g->groups = calloc((size_t)bt->n_seqs, sizeof *g->groups);
-    g->outs = calloc((size_t)bt->n_seqs, sizeof *g->outs);
-    if (bt->routes) g->route = calloc(e->b - e->a, sizeof *g->route);
-    g->cap_rb = n_keep * n_kda * K3_READBACKS_PER_LAYER;
-    if (g->cap_rb) g->rb = calloc((size_t)g->cap_rb, sizeof *g->rb);
-    const size_t xc_nodes = g->xc ? k3_xc_stops_new(g) : 0;
-    if (!g->seqs || !g->groups || !g->outs || (bt->routes && !g->route) || (g->xc && !g->stops) || (g->cap_rb && !g->rb)) {
-        rl_errf(err, "out of memory building the graph");
-        goto fail;
-    }
+/* The batch's sequences as views of it (token range, cache rows read), in order, in groups: a sequence joins
+ * the group before it where k3_joins says so. A sequence keeping rollback copies gets their room here. */
+static int k3_seqs_group(k3_graph *g, const k3_batch *bt, rl_err *err) {
     uint32_t off = 0;
     for (int s = 0; s < bt->n_seqs; s++) {
         k3_seq_view *sv = &g->seqs[s];
@@ -157,7 +135,7 @@ static int k3_build(k3_engine *e, const k3_batch *bt, int64_t T, k3_graph *g, rl
         sv->id = sv->st->id;
         sv->keep_rb = bt->keep_rollback && bt->keep_rollback[s];
         g->step_kernels |= sv->keep_rb; /* a verified block must give what single steps give */
-        if (sv->keep_rb && k3_state_rb_reserve(sv->st, bt->n_tokens[s], err) != 0) goto fail;
+        if (sv->keep_rb && k3_state_rb_reserve(sv->st, bt->n_tokens[s], err) != 0) return -1;
         sv->off = off;
         sv->n = bt->n_tokens[s];
         off += sv->n;
@@ -174,6 +152,64 @@ static int k3_build(k3_engine *e, const k3_batch *bt, int64_t T, k3_graph *g, rl
                                                   .pool_id = sv->st->pool ? sv->st->pool->id : 0};
         }
     }
+    return 0;
+}
+
+/* The graph's inputs that say where each sequence is (k3_inputs_set writes them): with an MLA layer in the
+ * range, a sequence alone gets its causal mask and the cache rows of its new keys, a group its mask and key
+ * rows; a group whose slots are not consecutive gets their list. */
+static void k3_seq_inputs_new(k3_graph *g, enum ggml_type mask_type) {
+    struct ggml_context *c = g->ctx;
+    for (int gi = 0; gi < g->n_groups; gi++) {
+        k3_group *gr = &g->groups[gi];
+        if (gr->m == 1) {
+            if (g->any_mla) {
+                k3_seq_view *sv = &g->seqs[gr->first];
+                sv->mask = ggml_new_tensor_2d(c, mask_type, sv->n_kv, sv->n);
+                ggml_set_input(sv->mask);
+                sv->kpos = ggml_new_tensor_1d(c, GGML_TYPE_I64, sv->n);
+                ggml_set_input(sv->kpos);
+            }
+            continue;
+        }
+        if (gr->slot0 < 0) {
+            gr->slots = ggml_new_tensor_1d(c, GGML_TYPE_I32, gr->m);
+            ggml_set_input(gr->slots);
+        }
+        if (g->any_mla) {
+            gr->krows = ggml_new_tensor_1d(c, GGML_TYPE_I32, (int64_t)gr->m * gr->n);
+            ggml_set_input(gr->krows);
+            gr->mask = ggml_new_tensor_4d(c, mask_type, gr->n_kv, gr->n, 1, gr->m);
+            ggml_set_input(gr->mask);
+        }
+    }
+}
+
+/* Builds the batch's graph into g (its nodes in e->graph_buf). On error g is freed; no state has moved. */
+static int k3_build(k3_engine *e, const k3_batch *bt, int64_t T, k3_graph *g, rl_err *err) {
+    const k3_hparams *hp = &e->hp;
+
+    bool any_mla = false;
+    int n_kda = 0, n_keep = 0;
+    for (uint32_t il = e->a; il < e->b; il++) {
+        any_mla |= hp->is_mla[il];
+        n_kda += !hp->is_mla[il];
+    }
+    for (int s = 0; bt->keep_rollback && s < bt->n_seqs; s++) n_keep += bt->keep_rollback[s] != 0;
+    *g = (k3_graph){.hp = hp, .n_seqs = bt->n_seqs, .T = T, .step_kernels = bt->step_kernels, .flash_attn = e->flash_attn,
+                    .a = e->a, .b = e->b, .w = &e->w, .xc = e->xc, .any_mla = any_mla, .n_taps = bt->n_taps};
+    g->seqs = calloc((size_t)bt->n_seqs, sizeof *g->seqs);
+    g->groups = calloc((size_t)bt->n_seqs, sizeof *g->groups);
+    g->outs = calloc((size_t)bt->n_seqs, sizeof *g->outs);
+    if (bt->routes) g->route = calloc(e->b - e->a, sizeof *g->route);
+    g->cap_rb = n_keep * n_kda * K3_READBACKS_PER_LAYER;
+    if (g->cap_rb) g->rb = calloc((size_t)g->cap_rb, sizeof *g->rb);
+    const size_t xc_nodes = g->xc ? k3_xc_stops_new(g) : 0;
+    if (!g->seqs || !g->groups || !g->outs || (bt->routes && !g->route) || (g->xc && !g->stops) || (g->cap_rb && !g->rb)) {
+        rl_errf(err, "out of memory building the graph");
+        goto fail;
+    }
+    if (k3_seqs_group(g, bt, err) != 0) goto fail;
 
     size_t n_nodes = 2048 + (size_t)(e->b - e->a) * (256 + 96 * (size_t)g->n_groups) + xc_nodes;
     /* Step kernels give MLA attention a few ops per token (k3_fa_seq): a rebuilt sequence's replay runs
@@ -187,32 +223,8 @@ static int k3_build(k3_engine *e, const k3_batch *bt, int64_t T, k3_graph *g, rl
         rl_errf(err, "out of memory building the graph");
         goto fail;
     }
-    struct ggml_context *c = g->ctx;
-    g->gf = ggml_new_graph_custom(c, n_nodes, false);
-    for (int gi = 0; gi < g->n_groups; gi++) {
-        k3_group *gr = &g->groups[gi];
-        if (gr->m == 1) {
-            if (any_mla) {
-                k3_seq_view *sv = &g->seqs[gr->first];
-                sv->mask = ggml_new_tensor_2d(c, mask_type, sv->n_kv, sv->n);
-                ggml_set_input(sv->mask);
-                sv->kpos = ggml_new_tensor_1d(c, GGML_TYPE_I64, sv->n);
-                ggml_set_input(sv->kpos);
-            }
-            continue;
-        }
-        if (gr->slot0 < 0) {
-            gr->slots = ggml_new_tensor_1d(c, GGML_TYPE_I32, gr->m);
-            ggml_set_input(gr->slots);
-        }
-        if (any_mla) {
-            gr->krows = ggml_new_tensor_1d(c, GGML_TYPE_I32, (int64_t)gr->m * gr->n);
-            ggml_set_input(gr->krows);
-            gr->mask = ggml_new_tensor_4d(c, mask_type, gr->n_kv, gr->n, 1, gr->m);
-            ggml_set_input(gr->mask);
-        }
-    }
-
+    g->gf = ggml_new_graph_custom(g->ctx, n_nodes, false);
+    k3_seq_inputs_new(g, e->flash_attn ? GGML_TYPE_F16 : GGML_TYPE_F32); /* FA takes an f16 mask */
     k3_graph_forward(g, bt);
     if (g->xc && k3_stops_locate(g, err) != 0) goto fail;
     return 0;
@@ -492,8 +504,9 @@ static bool k3_keepable(const k3_engine *e, const k3_batch *bt) {
     return true;
 }
 
-/* Whether the kept graph runs this batch: the batch's sequences, grouped as k3_build would group them, fall
- * into the kept graph's groups one for one (same first, size, cache rows read, pool and consecutive slots). */
+/* Whether the kept graph runs this batch: the batch's sequences, grouped as k3_seqs_group would group them,
+ * fall into the kept graph's groups one for one (same first, size, cache rows read, pool and consecutive
+ * slots). */
 static bool k3_kept_fits(const k3_engine *e, const k3_batch *bt) {
     const k3_graph *g = e->kept;
     if (!g || g->n_seqs != bt->n_seqs || !k3_keepable(e, bt)) return false;
@@ -505,7 +518,7 @@ static bool k3_kept_fits(const k3_engine *e, const k3_batch *bt) {
     if (bt->n_taps > 0 && memcmp(bt->tap_layers, g->tap_layers, (size_t)bt->n_taps * sizeof *bt->tap_layers) != 0) return false;
     for (int gi = 0; gi < g->n_groups; gi++) {
         const k3_group *gr = &g->groups[gi];
-        int slot0 = bt->seqs[gr->first]->slot; /* as k3_build derives it: -1 once the slots stop being consecutive */
+        int slot0 = bt->seqs[gr->first]->slot; /* as k3_seqs_group derives it: -1 once not consecutive */
         for (int i = 0; i < gr->m; i++) {
             const int s = gr->first + i;
             const k3_state *st = bt->seqs[s];
@@ -514,7 +527,7 @@ static bool k3_kept_fits(const k3_engine *e, const k3_batch *bt) {
             if (gr->m == 1 && (st != g->seqs[s].st || st->id != g->seqs[s].id)) return false;
             if (gr->m > 1 && (st->pool != gr->pool || st->pool->id != gr->pool_id)) return false;
             if (slot0 >= 0 && st->slot != slot0 + i) slot0 = -1;
-            /* The group ends where k3_build would end it. */
+            /* The group ends where k3_seqs_group would end it. */
             if (s + 1 < bt->n_seqs) {
                 const k3_seq_view nx = {.st = bt->seqs[s + 1], .n = 1, .n_kv = k3_n_kv(bt->seqs[s + 1], 1)};
                 if (k3_joins(&sv, &nx) != (i + 1 < gr->m)) return false;
