@@ -4,7 +4,7 @@
  * layer range stays resident and the routed experts live here: per kind of expert (the types and shapes of
  * its three projections; a mixed quant has several) one tensor [ne0, ne1, n_slots] per projection, in the
  * buffer type the file's expert tensor would have had (repacked like it, so the same kernels run). The
- * forward pass stops after each MoE layer's router (k3_forward.c), asks here for the experts it chose, gets
+ * forward pass stops after each MoE layer's router (k3_expert_run.c), asks here for the experts it chose, gets
  * the slots they are in, and runs ggml_mul_mat_id on the slot tensors with slot ids in place of expert ids:
  * every expert's rows go to one slot in the same order as to the expert in the file, so the kernels compute
  * the same numbers, bit for bit.

@@ -1,17 +1,12 @@
-/* k3_forward.c - the K3 graph for a layer range, read top to bottom like spec §5.1.
- *
- * The op sequence mirrors llama.cpp's kimi-k3 graph (same ggml ops in the same order), so the two agree to
- * rounding. Projections, routing and experts run batched over every token of every sequence; the causal
- * parts (KDA short conv and delta rule, MLA attention) run per sequence on views of the batch, each on its
- * own state, except that neighbouring sequences of equal length whose states share a pool (a server's
- * decode step) run them once over all of them, the sequences stacked on the outermost axis (k3_group). */
-#include "k3_forward.h"
+/* k3_forward.c - running a batch through an engine (k3_forward.h): check it, build its graph (the sequences'
+ * views and groups, the graph's memory, the inputs that depend on positions; the layers themselves are
+ * k3_layers.c's), give the graph memory, write the inputs, compute, read the outputs. A decode step may run
+ * the graph the step before it built (e->kept). */
+#include "k3_forward_int.h"
 
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -19,253 +14,7 @@
 #include "ggml.h"
 
 #include "../base/heap.h"
-#include "../device/devices.h"
 #include "expert_cache.h"
-#include "k3_memory.h"
-
-/* What the weights may take on each device (k3_dev_room), and with a cap (--vram) at most that in all,
- * shared in proportion. */
-static void k3_dev_rooms(ggml_backend_dev_t *devs, int nd, size_t cap, size_t *room) {
-    double total = 0;
-    for (int d = 0; d < nd; d++) {
-        size_t fr = 0, tot = 0;
-        ggml_backend_dev_memory(devs[d], &fr, &tot);
-        room[d] = k3_dev_room(fr);
-        total += (double)room[d];
-    }
-    for (int d = 0; cap > 0 && (double)cap < total && d < nd; d++) room[d] = (size_t)((double)room[d] * (double)cap / total);
-}
-
-/* How many layers of [a, b), from a, the devices hold by default: the most whose split (above) puts within
- * every device's room its layers' weights (and the head's on the device whose layers end the model). */
-static uint32_t k3_fit_layers(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, ggml_backend_dev_t *devs,
-                              int nd, size_t cap) {
-    size_t room[K3_MAX_DEV];
-    uint32_t end[K3_MAX_DEV];
-    k3_dev_rooms(devs, nd, cap, room);
-    for (uint32_t n = b - a; n > 0; n--) {
-        k3_dev_split(a, n, room, nd, end);
-        bool fits = true;
-        for (int d = 0; d < nd && fits; d++) { /* (counting the head where a device's layers end the model) */
-            const uint32_t lo = d ? end[d - 1] : a;
-            fits = lo == end[d] || k3_range_weight_bytes(m, hp, lo, end[d]) <= room[d];
-        }
-        if (fits) return n;
-    }
-    return 0;
-}
-
-/* The default layout under --mem with devices (VRAM -> RAM -> disk): every layer on the devices, with the
- * routed experts of the first N in RAM, N the least that lets the rest fit (the dense parts, read whole every
- * token, take the device's memory first; the experts in RAM are then cached or read from the file); when the
- * dense parts alone overflow, the most layers whose dense parts fit, all their experts in RAM. Returns the
- * layers on the devices; *n_cpu_moe is a layer index (experts of the layers below it in RAM). */
-static uint32_t k3_fit_mem(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, ggml_backend_dev_t *devs,
-                           int nd, size_t cap, uint32_t *n_cpu_moe) {
-    size_t room[K3_MAX_DEV];
-    uint32_t end[K3_MAX_DEV];
-    k3_dev_rooms(devs, nd, cap, room);
-    k3_dev_split(a, b - a, room, nd, end);
-    for (uint32_t cm = a; cm <= b; cm++) {
-        bool fits = true;
-        for (int d = 0; d < nd && fits; d++) {
-            const uint32_t lo = d ? end[d - 1] : a, hi = cm < lo ? lo : cm > end[d] ? end[d] : cm;
-            fits = lo == end[d] || k3_range_weight_bytes(m, hp, lo, end[d]) - k3_range_expert_bytes(m, hp, lo, hi) <= room[d];
-        }
-        if (fits) {
-            *n_cpu_moe = cm;
-            return b - a;
-        }
-    }
-    *n_cpu_moe = UINT32_MAX;
-    for (uint32_t n = b - a - 1; n > 0; n--) {
-        k3_dev_split(a, n, room, nd, end);
-        bool fits = true;
-        for (int d = 0; d < nd && fits; d++) {
-            const uint32_t lo = d ? end[d - 1] : a;
-            fits = lo == end[d] || k3_range_weight_bytes(m, hp, lo, end[d]) - k3_range_expert_bytes(m, hp, lo, end[d]) <= room[d];
-        }
-        if (fits) return n;
-    }
-    return 0;
-}
-
-int k3_engine_describe(const k3_engine *e, char *buf, size_t len) {
-    if (e->hp.n_dev == 0) return snprintf(buf, len, "CPU: layers [%u, %u)", e->a, e->b);
-    int n = 0;
-    for (int d = 0; d < e->hp.n_dev && n >= 0 && (size_t)n < len; d++) {
-        ggml_backend_dev_t dv = ggml_backend_get_device(e->dev_backend[d]);
-        const uint32_t lo = d ? e->hp.dev_end[d - 1] : e->hp.dev_a;
-        const bool head = e->hp.dev_output && d == e->hp.n_dev - 1;
-        n += snprintf(buf + n, len - (size_t)n, "%s%s (%s): layers [%u, %u)%s, %.1f MiB of weights", d ? "; " : "",
-                      ggml_backend_dev_name(dv), ggml_backend_dev_description(dv), lo, e->hp.dev_end[d],
-                      head ? " and the output head" : "", (double)e->w.x_bytes[K3_W_DEV + d] / 1048576.0);
-    }
-    if (n > 0 && (size_t)n < len && !e->flash_attn) n += snprintf(buf + n, len - (size_t)n, ", MLA attention by softmax");
-    if (n > 0 && (size_t)n < len && e->hp.dev_b < e->b) n += snprintf(buf + n, len - (size_t)n, "; layers [%u, %u) on the CPU", e->hp.dev_b, e->b);
-    if (n > 0 && (size_t)n < len && e->hp.dev_cpu_moe > e->hp.dev_a) {
-        const uint32_t hi = e->hp.dev_cpu_moe < e->hp.dev_b ? e->hp.dev_cpu_moe : e->hp.dev_b;
-        n += snprintf(buf + n, len - (size_t)n, "; routed experts of layers [%u, %u) in RAM", e->hp.dev_a, hi);
-    }
-    return n;
-}
-
-int k3_engine_init(k3_engine *e, const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b,
-                   const k3_engine_opts *o, rl_err *err) {
-    const k3_engine_opts dflt = {0};
-    if (!o) o = &dflt;
-    memset(e, 0, sizeof *e);
-    e->hp = *hp;
-    e->a = a;
-    e->b = b;
-    e->n_threads = o->n_threads > 0 ? o->n_threads : 1;
-    e->flash_attn = !o->no_flash_attn;
-    e->hp.kv_type = o->cache_f32 ? GGML_TYPE_F32 : GGML_TYPE_F16;
-    ggml_backend_dev_t devs[K3_MAX_DEV];
-    int nd = 0;
-    if (a < b && dv_pick(o->device, devs, K3_MAX_DEV, &nd, err) != 0) return -1;
-    uint32_t n_cpu_moe = o->n_cpu_moe, n_dev = 0;
-    if (nd && o->gpu_layers_set) {
-        n_dev = o->gpu_layers < b - a ? o->gpu_layers : b - a;
-    } else if (nd && o->mem_bytes > 0 && o->n_cpu_moe == 0) {
-        n_dev = k3_fit_mem(m, hp, a, b, devs, nd, o->vram_bytes, &n_cpu_moe);
-    } else if (nd) {
-        n_dev = k3_fit_layers(m, hp, a, b, devs, nd, o->vram_bytes);
-    }
-    if (n_dev > 0) {
-        size_t room[K3_MAX_DEV];
-        uint32_t end[K3_MAX_DEV];
-        k3_dev_rooms(devs, nd, o->vram_bytes, room);
-        k3_dev_split(a, n_dev, room, nd, end);
-        e->hp.dev_a = a;
-        e->hp.dev_b = a + n_dev;
-        e->hp.dev_output = n_dev == b - a && b == hp->n_layer;
-        e->hp.dev_cpu_moe = n_cpu_moe;
-        /* Devices the split gives no layer are left out (the head goes with the last layer's). */
-        for (int d = 0, lo = (int)a; d < nd; lo = (int)end[d++]) {
-            if (end[d] == (uint32_t)lo) continue;
-            const int k = e->hp.n_dev++;
-            e->hp.dev_buft[k] = ggml_backend_dev_buffer_type(devs[d]);
-            e->hp.dev_end[k] = end[d];
-            e->dev_backend[k] = ggml_backend_dev_init(devs[d], NULL);
-            if (!e->dev_backend[k]) {
-                rl_errf(err, "cannot start device %s", ggml_backend_dev_name(devs[d]));
-                k3_engine_free(e);
-                return -1;
-            }
-            /* Flash attention auto: not on Vulkan. Its kernel over the MLA cache (K the cache rows, V their
-             * latent part) wrote past its output on Mesa's lavapipe, crashing the op after it when a graph ran
-             * node by node (and now and then in whole graphs; llama.cpp's own Vulkan build too); the softmax
-             * path runs right there. --flash-attn on asks for it anyway. */
-            const char *reg = ggml_backend_reg_name(ggml_backend_dev_backend_reg(devs[d]));
-            if (strcmp(reg, "Vulkan") == 0 && !o->flash_attn_on) e->flash_attn = false;
-        }
-        if (o->vram_bytes > 0) { /* a forced split (--gpu-layers, --n-cpu-moe) against the cap */
-            size_t ram_dense = 0, ram_experts = 0;
-            k3_range_ram_bytes(m, &e->hp, a, b, &ram_dense, &ram_experts);
-            const size_t on_dev = k3_range_weight_bytes(m, hp, a, b) - ram_dense - ram_experts;
-            if (on_dev > o->vram_bytes) {
-                rl_errf(err, "layers [%u, %u) put %.1f MiB of weights on %s, more than --vram %.4f GB (%.1f MiB): "
-                             "offload fewer layers (--gpu-layers) or keep more experts in RAM (--n-cpu-moe)",
-                        a, a + n_dev, (double)on_dev / 1048576.0, ggml_backend_dev_name(devs[0]),
-                        (double)o->vram_bytes / 1073741824.0, (double)o->vram_bytes / 1048576.0);
-                k3_engine_free(e);
-                return -1;
-            }
-        }
-    }
-    /* Under a budget the weights in RAM exceed, the routed experts there stay in the file (expert_cache.h):
-     * the dense part in RAM is resident, the experts go through the cache in what it leaves. Weights on a
-     * device do not count: --mem is the machine's RAM, and the device's memory is the tier above it. */
-    bool cache = false;
-    size_t dense = 0;
-    if (o->mem_bytes > 0 && a < b && b <= hp->n_layer) {
-        size_t experts = 0;
-        k3_range_ram_bytes(m, &e->hp, a, b, &dense, &experts);
-        cache = experts > 0 && dense + experts > o->mem_bytes;
-        const size_t least = dense + xc_min_expert_bytes(m, &e->hp, a, b);
-        if (dense + experts > o->mem_bytes && o->mem_bytes < least) {
-            const double G = 1073741824.0;
-            rl_errf(err, "--mem %.4f GB is too small for layers [%u, %u): they keep %.4f GB resident in RAM (dense "
-                         "weights %.4f GB and two expert slots of each kind); the least that runs is --mem %.4f",
-                    (double)o->mem_bytes / G, a, b, (double)least / G, (double)dense / G, ceil((double)least / G * 1e4) / 1e4);
-            k3_engine_free(e);
-            return -1;
-        }
-    }
-    if (k3_weights_bind(&e->w, m, &e->hp, a, b, o->no_repack, cache, o->progress, err) != 0) {
-        k3_engine_free(e);
-        return -1;
-    }
-    if (cache) {
-        e->xc = calloc(1, sizeof *e->xc);
-        if (!e->xc) {
-            k3_engine_free(e);
-            return rl_errf(err, "out of memory for the expert cache");
-        }
-        if (xc_open(e->xc, m, &e->hp, a, b, o->mem_bytes - dense, &e->w.place, err) != 0) {
-            free(e->xc);
-            e->xc = NULL;
-            k3_engine_free(e);
-            return -1;
-        }
-        if (o->expert_copy && xc_copy_open(e->xc, o->expert_copy, err) != 0) {
-            k3_engine_free(e);
-            return -1;
-        }
-    }
-    e->backend = ggml_backend_cpu_init();
-    if (!e->backend) {
-        k3_engine_free(e);
-        return rl_errf(err, "cannot start the ggml CPU backend");
-    }
-    ggml_backend_cpu_set_n_threads(e->backend, e->n_threads);
-    e->galloc = ggml_gallocr_new(ggml_backend_cpu_buffer_type());
-    if (!e->galloc) {
-        k3_engine_free(e);
-        return rl_errf(err, "cannot create the graph allocator");
-    }
-    return 0;
-}
-
-static void k3_masks_unmap(k3_engine *e) {
-    if (e->mask_buf) ggml_backend_buffer_free(e->mask_buf); /* a buffer over our pointer: frees nothing */
-    if (e->mask_mem) munmap(e->mask_mem, e->mask_cap);
-    e->mask_buf = NULL;
-    e->mask_mem = NULL;
-    e->mask_cap = 0;
-}
-
-static void k3_kept_drop(k3_engine *e);
-
-void k3_engine_free(k3_engine *e) {
-    k3_kept_drop(e);
-    if (e->xc) {
-        xc_close(e->xc);
-        free(e->xc);
-    }
-    if (e->sched) ggml_backend_sched_free(e->sched);
-    if (e->galloc) ggml_gallocr_free(e->galloc);
-    if (e->backend) ggml_backend_free(e->backend);
-    for (int d = 0; d < K3_MAX_DEV; d++) {
-        if (e->dev_backend[d]) ggml_backend_free(e->dev_backend[d]);
-    }
-    k3_weights_free(&e->w);
-    rl_heap_unmap(e->graph_buf, e->graph_cap);
-    k3_masks_unmap(e);
-    memset(e, 0, sizeof *e);
-}
-
-const struct xc_stats *k3_engine_cache_stats(const k3_engine *e) { return e->xc ? &e->xc->st : NULL; }
-
-size_t k3_engine_compute_bytes(const k3_engine *e) {
-    if (e->sched) {
-        size_t n = ggml_backend_sched_get_buffer_size(e->sched, e->backend);
-        for (int d = 0; d < e->hp.n_dev; d++) n += ggml_backend_sched_get_buffer_size(e->sched, e->dev_backend[d]);
-        return n + e->mask_cap;
-    }
-    return (e->galloc ? ggml_gallocr_get_buffer_size(e->galloc, 0) : 0) + e->mask_cap;
-}
 
 void k3_tap_rows(const float *taps, int n_taps, uint32_t n_embd, size_t total, size_t t0, uint32_t n, float *dst) {
     const size_t d = n_embd, row = (size_t)n_taps * d;
@@ -284,647 +33,7 @@ void k3_output_free(k3_output *o) {
     memset(o, 0, sizeof *o);
 }
 
-/* ---- graph building ---------------------------------------------------------------------------- */
-
-typedef struct k3_seq_view {
-    k3_state *st;
-    uint64_t id;     /* st->id when built: a kept graph (e->kept) knows the sequence by it */
-    bool keep_rb;    /* keep rollback copies of this block */
-    uint32_t off, n; /* token range in the batch */
-    uint32_t n_kv;   /* cache rows attention reads: n_past + n, padded (k3_n_kv) */
-    struct ggml_tensor *mask; /* [n_kv, n] f32, 0 or -inf (MLA causal mask) */
-    struct ggml_tensor *kpos; /* [n] I64: the cache rows this batch's keys go to, n_past .. n_past+n-1 (an
-                               * input, as llama.cpp's k_idxs, not a view at n_past: the graph of the next
-                               * step is then this one's, and is kept; e->kept) */
-} k3_seq_view;
-
-/* Consecutive sequences of the batch that run their causal parts as one op each: m > 1 of them, all slots
- * of one state pool, the same token count n and cache read length n_kv, none keeping rollback copies. The
- * typical group is every decoding sequence of a server step. Built once over the group, the KDA recurrence
- * and MLA attention cost a fixed number of graph nodes instead of a few per sequence; every op computes
- * each sequence exactly as the per-sequence graph does (same kernels, same per-slice shapes), so the
- * results are the same bits. A group of one (m == 1) takes the per-sequence graph. */
-typedef struct k3_group {
-    int first, m;         /* g->seqs[first .. first+m) */
-    uint32_t off, n, n_kv;/* tokens start at off, n per sequence */
-    uint32_t n_used;      /* cache rows written by the longest sequence after this batch: n_past + n, at most */
-    int slot0;            /* >= 0: the slots are slot0 .. slot0+m-1, so plain views reach them; else gathered */
-    const k3_state_pool *pool;
-    uint64_t pool_id;     /* pool->id when built (e->kept: a pool made at a freed one's address is another) */
-    struct ggml_tensor *slots; /* [m] I32: the pool slots, for get_rows / set_rows */
-    struct ggml_tensor *krows; /* [m*n] I32: cache rows (slot * n_ctx + position) the new keys go to */
-    struct ggml_tensor *mask;  /* [n_kv, n, 1, m] f32 */
-} k3_group;
-
-/* Attention reads the cache padded to a multiple of 256 rows (at least 256, at most the capacity), the
- * masked rows contributing exact zeros. llama.cpp pads its cache view the same way, so both run matmuls of
- * the same shapes and round the same: on quantized models, where activations are requantized to 8 bits
- * before every matmul, a one-ulp difference from another tiling can otherwise cross a rounding boundary
- * and flip an expert choice (docs/numerics.md). Rows past n_past + n hold zeros or stale finite values. */
-static uint32_t k3_n_kv(const k3_state *st, uint32_t n) {
-    uint32_t used = st->n_past + n, pad = (used + 255u) / 256u * 256u;
-    return pad < st->n_ctx ? pad : st->n_ctx;
-}
-
-/* A tensor region to copy to host memory after the compute (rollback copies). */
-typedef struct k3_readback {
-    struct ggml_tensor *t;
-    size_t offset, size;
-    void *dst;
-} k3_readback;
-
-typedef struct k3_graph {
-    k3_readback *rb;
-    int n_rb, cap_rb;
-    struct ggml_context *ctx;
-    struct ggml_cgraph *gf;
-    const k3_hparams *hp;
-    k3_seq_view *seqs;
-    int n_seqs;
-    k3_group *groups; /* the batch's sequences, in order, in groups (m == 1: one sequence) */
-    int n_groups;
-    struct ggml_tensor **outs; /* [n_groups] scratch: a layer's per-group attention outputs */
-    int64_t T; /* tokens in the batch */
-    struct ggml_tensor *stack; /* banked checkpoints [d, n_ckpt, T], NULL while empty */
-    bool step_kernels; /* every matmul column computed as a one-token step computes it (k3_mm) */
-    bool flash_attn;   /* MLA attention as one ggml_flash_attn_ext per sequence or group (k3_fa) */
-    struct ggml_tensor *(*route)[3]; /* k3_batch.routes: per layer of the range, ids / weights / norms */
-    int rel;                         /* the layer being built, relative to the range */
-    uint32_t a, b;                   /* the range */
-    const k3_weights *w;
-    xc_cache *xc;                    /* routed experts through a cache: the compute stops at each pass */
-    struct k3_xstop *stops;
-    int n_stops, cap_stops;
-    bool any_mla;                    /* the range has an MLA layer: masks and key rows are inputs */
-    /* Inputs and outputs, NULL where the batch has none. */
-    struct ggml_tensor *inp_tok, *inp_h, *inp_stack, *inp_rows;
-    struct ggml_tensor *tap_t[16];   /* the streams at k3_batch.tap_layers, n_taps of them */
-    uint32_t tap_layers[16];
-    int n_taps;
-    struct ggml_tensor *logits, *out_h, *out_stack;
-} k3_graph;
-
-/* How many layers ahead the look-ahead guesses (k3_moe_cached). One: on the medium bench model two layers
- * ahead guessed 39% right instead of ~75%, read 119 MiB per token instead of 77 and decoded 6.3 tok/s
- * instead of 8.2 (bench_experts.sh's setup). */
-#define K3_XC_AHEAD 1
-
-/* Where the compute of a graph over cached experts stops (k3_compute): before each pass of a MoE layer's
- * experts, so that the host reads what the router chose and puts those experts in slots. */
-typedef struct k3_xstop {
-    int node;                /* the pass's first node */
-    uint32_t il;
-    int pass, n_pass;        /* this pass of the n_pass the graph has for the layer */
-    struct ggml_tensor *sel; /* pass 0: the chosen experts [K, T] (a copy kept as an output) */
-    struct ggml_tensor *ahead[K3_XC_AHEAD]; /* pass 0: the next layers' choice from this layer's input
-                                             * (look-ahead), or NULL */
-    struct ggml_tensor *ids; /* the pass's slot ids [K, T], or [1, N] with several passes (input) */
-    struct ggml_tensor *tok; /* several passes: [N] the token each of the pass's rows reads (input) */
-    struct ggml_tensor *pick;/* pass 0 of several: [K*T] which pass's output row each row takes (input) */
-    /* The ops reading tok and pick (get_rows). The host writes those inputs at the stop, while the compute
-     * runs: the ops must run on the CPU, which reads them where they are written. On a device they would
-     * read the copy the scheduler made when their split began, which may be before the stop. */
-    struct ggml_tensor *gather, *merge;
-} k3_xstop;
-
-/* Every matmul of the graph goes through here. ggml's CPU backend computes a matmul of two or more
- * columns with llamafile's tiled GEMM (where it knows the weight type: f32, f16, bf16, q8_0, q4_0 ...)
- * and a single column with its per-row dot kernels, and the two round differently in the last bit. On a
- * MoE that is enough to swap a near-tied expert, so a verified block would not reproduce greedy decoding.
- * With g->step_kernels the columns move to the third axis: ggml then offers the GEMM one column at a
- * time, it declines (n < 2), and every column goes through the dot kernel a single step uses; the
- * result is the same bits as running the tokens one by one. The index arithmetic holds for per-head
- * weights too: column i1 of head i2 becomes i1 + i2*n1, and ggml maps it back to weight i2 (see
- * docs/numerics.md). */
-static struct ggml_tensor *k3_mm_prec(k3_graph *g, struct ggml_tensor *w, struct ggml_tensor *x, bool f32_prec) {
-    struct ggml_context *c = g->ctx;
-    if (!g->step_kernels || x->ne[1] == 1) {
-        struct ggml_tensor *y = ggml_mul_mat(c, w, x);
-        if (f32_prec) ggml_mul_mat_set_prec(y, GGML_PREC_F32);
-        return y;
-    }
-    const int64_t n1 = x->ne[1], n2 = x->ne[2], n3 = x->ne[3];
-    if (!ggml_is_contiguous(x)) x = ggml_cont(c, x);
-    struct ggml_tensor *y = ggml_mul_mat(c, w, ggml_reshape_4d(c, x, x->ne[0], 1, n1 * n2, n3));
-    if (f32_prec) ggml_mul_mat_set_prec(y, GGML_PREC_F32);
-    return ggml_reshape_4d(c, y, y->ne[0], n1, n2, n3);
-}
-
-static struct ggml_tensor *k3_mm(k3_graph *g, struct ggml_tensor *w, struct ggml_tensor *x) {
-    return k3_mm_prec(g, w, x, false);
-}
-
-/* Each KDA layer of a sequence keeping rollback copies reads back its three conv windows and its states. */
-enum { K3_READBACKS_PER_LAYER = 4 };
-
-static void k3_readback_add(k3_graph *g, struct ggml_tensor *t, size_t offset, size_t size, void *dst) {
-    GGML_ASSERT(g->n_rb < g->cap_rb); /* sized by k3_build */
-    ggml_set_output(t); /* the allocator must not reuse its memory before we read it */
-    g->rb[g->n_rb++] = (k3_readback){t, offset, size, dst};
-}
-
-static struct ggml_tensor *k3_norm(k3_graph *g, struct ggml_tensor *x, struct ggml_tensor *w) {
-    return ggml_mul(g->ctx, ggml_rms_norm(g->ctx, x, g->hp->rms_eps), w);
-}
-
-/* SiTU(gate, up) = beta*tanh(gate/beta)*sigmoid(gate) * lb*tanh(up/lb)   (lb <= 0: up unchanged) */
-static struct ggml_tensor *k3_situ(k3_graph *g, struct ggml_tensor *gate, struct ggml_tensor *up) {
-    const float beta = g->hp->situ_beta, lb = g->hp->situ_linear_beta;
-    struct ggml_context *c = g->ctx;
-    struct ggml_tensor *a = ggml_scale(c, ggml_tanh(c, ggml_scale(c, gate, 1.0f / beta)), beta);
-    a = ggml_mul(c, a, ggml_sigmoid(c, gate));
-    if (lb > 0.0f) up = ggml_scale(c, ggml_tanh(c, ggml_scale(c, up, 1.0f / lb)), lb);
-    return ggml_mul(c, a, up);
-}
-
-/* ResMix (spec §5.2): softmax over the scores of [checkpoints..., cur] mixes the raw candidates. */
-static struct ggml_tensor *k3_res_mix(k3_graph *g, struct ggml_tensor *cur, struct ggml_tensor *score_w) {
-    if (!g->stack) return cur;
-    struct ggml_context *c = g->ctx;
-    const int64_t n_ckpt = g->stack->ne[1], T = g->T;
-    const float eps = g->hp->rms_eps;
-    struct ggml_tensor *sc_src = ggml_sum_rows(c, ggml_mul(c, ggml_rms_norm(c, g->stack, eps), score_w));
-    sc_src = ggml_reshape_2d(c, sc_src, n_ckpt, T);
-    struct ggml_tensor *sc_cur = ggml_sum_rows(c, ggml_mul(c, ggml_rms_norm(c, cur, eps), score_w)); /* [1, T] */
-    struct ggml_tensor *probs = ggml_soft_max(c, ggml_concat(c, sc_src, sc_cur, 0));                 /* [n+1, T] */
-    struct ggml_tensor *p_src = ggml_cont(c, ggml_view_2d(c, probs, n_ckpt, T, probs->nb[1], 0));
-    struct ggml_tensor *p_cur = ggml_cont(c, ggml_view_2d(c, probs, 1, T, probs->nb[1], probs->nb[0] * n_ckpt));
-    struct ggml_tensor *mixed = ggml_dsv4_hc_pre(c, g->stack, p_src); /* [n_embd, T]: the bank weighted by p_src */
-    /* A device without a kernel for it (Vulkan at the pinned commit) would send it to the CPU: two graph splits
-     * and two copies per ResMix, four a layer. The same sum in plain ops stays on the device instead: the bank
-     * times the weights (broadcast over the embedding), the checkpoints brought to the rows and summed. Not
-     * the op's bits (its sum runs in another order), which a device's kernels do not give anyway. */
-    const int d = k3_dev_of(g->hp, g->a + (uint32_t)g->rel);
-    if (d >= 0 && !ggml_backend_dev_supports_op(ggml_backend_buft_get_device(g->hp->dev_buft[d]), mixed)) {
-        struct ggml_tensor *prod = ggml_mul(c, g->stack, ggml_reshape_3d(c, p_src, 1, n_ckpt, T));
-        struct ggml_tensor *rows = ggml_sum_rows(c, ggml_cont(c, ggml_permute(c, prod, 1, 0, 2, 3))); /* [1, n_embd, T] */
-        mixed = ggml_reshape_2d(c, rows, g->stack->ne[0], T);
-    }
-    return ggml_add(c, mixed, ggml_mul(c, cur, p_cur));
-}
-
-static void k3_res_push(k3_graph *g, struct ggml_tensor *h) {
-    struct ggml_tensor *ck = ggml_reshape_3d(g->ctx, h, h->ne[0], 1, g->T);
-    g->stack = g->stack ? ggml_concat(g->ctx, g->stack, ck, 1) : ck;
-}
-
-/* Concatenates per-group results [X, m*n] along tokens into [X, T]. */
-static struct ggml_tensor *k3_join(k3_graph *g, struct ggml_tensor **parts) {
-    struct ggml_tensor *r = parts[0];
-    for (int s = 1; s < g->n_groups; s++) r = ggml_concat(g->ctx, r, parts[s], 1);
-    return r;
-}
-
-/* The group's slots of a pool tensor seen as rows: t_rows is [R, n_slots] (R floats per slot, any slot
- * stride). Returns [R, m]: a view when the slots are consecutive, else a gathered copy. */
-static struct ggml_tensor *k3_gather(k3_graph *g, const k3_group *gr, struct ggml_tensor *t_rows) {
-    if (gr->slot0 >= 0) {
-        return ggml_view_2d(g->ctx, t_rows, t_rows->ne[0], gr->m, t_rows->nb[1], (size_t)gr->slot0 * t_rows->nb[1]);
-    }
-    return ggml_get_rows(g->ctx, t_rows, gr->slots);
-}
-
-/* Writes src [R, m] (contiguous rows) back to the group's slots of t_rows [R, n_slots]. */
-static void k3_scatter(k3_graph *g, const k3_group *gr, struct ggml_tensor *t_rows, struct ggml_tensor *src) {
-    struct ggml_tensor *w;
-    if (gr->slot0 >= 0) {
-        w = ggml_cpy(g->ctx, src, ggml_view_2d(g->ctx, t_rows, t_rows->ne[0], gr->m, t_rows->nb[1],
-                                               (size_t)gr->slot0 * t_rows->nb[1]));
-    } else {
-        w = ggml_set_rows(g->ctx, t_rows, src, gr->slots);
-    }
-    ggml_build_forward_expand(g->gf, w);
-}
-
-/* KDA short conv of one of q/k/v over a group: the windows of all its sequences at once, like k3_conv. */
-static struct ggml_tensor *k3_conv_group(k3_graph *g, const k3_group *gr, int il_rel, int which,
-                                         struct ggml_tensor *proj, struct ggml_tensor *conv_w) {
-    struct ggml_context *c = g->ctx;
-    struct ggml_tensor *pool = gr->pool->conv[il_rel]; /* {Kc-1, Di, 3, n_slots} */
-    const int64_t kc1 = pool->ne[0], di = pool->ne[1], n = gr->n, m = gr->m;
-    /* This window (q, k or v) of every slot as a row of (Kc-1)*Di floats. */
-    struct ggml_tensor *rows = ggml_view_2d(c, pool, kc1 * di, pool->ne[3], pool->nb[3], (size_t)which * pool->nb[2]);
-    struct ggml_tensor *wr = k3_gather(g, gr, rows);
-    struct ggml_tensor *win = ggml_view_3d(c, wr, kc1, di, m, pool->nb[1], wr->nb[1], 0);          /* [Kc-1, Di, m] */
-    struct ggml_tensor *x = ggml_view_3d(c, proj, di, n, m, proj->nb[1], proj->nb[1] * n, proj->nb[1] * gr->off);
-    struct ggml_tensor *cx = ggml_concat(c, win, ggml_permute(c, x, 1, 0, 2, 3), 0);        /* [Kc-1+n, Di, m] */
-    /* The new windows are the last Kc-1 inputs of each sequence. */
-    struct ggml_tensor *nw = ggml_cont(c, ggml_view_3d(c, cx, kc1, di, m, cx->nb[1], cx->nb[2], n * cx->nb[0]));
-    k3_scatter(g, gr, rows, ggml_reshape_2d(c, nw, kc1 * di, m));
-    struct ggml_tensor *y = ggml_ssm_conv(c, cx, ggml_reshape_2d(c, conv_w, kc1 + 1, di)); /* [Di, n, m] */
-    return ggml_silu(c, ggml_reshape_2d(c, y, di, n * m));
-}
-
-/* KDA short conv and delta rule of a group; returns the attention output [Dk*H, m*n]. */
-static struct ggml_tensor *k3_kda_group(k3_graph *g, const k3_layer_w *L, int il_rel, const k3_group *gr,
-                                        struct ggml_tensor *pq, struct ggml_tensor *pk, struct ggml_tensor *pv,
-                                        struct ggml_tensor *gt, struct ggml_tensor *beta) {
-    struct ggml_context *c = g->ctx;
-    const k3_hparams *hp = g->hp;
-    const int64_t H = hp->n_head, Dk = hp->kda_head_dim, n = gr->n, m = gr->m;
-    struct ggml_tensor *q = k3_conv_group(g, gr, il_rel, 0, pq, L->conv_q);
-    struct ggml_tensor *k = k3_conv_group(g, gr, il_rel, 1, pk, L->conv_k);
-    struct ggml_tensor *v = k3_conv_group(g, gr, il_rel, 2, pv, L->conv_v);
-    q = ggml_l2_norm(c, ggml_reshape_4d(c, q, Dk, H, n, m), hp->rms_eps);
-    k = ggml_l2_norm(c, ggml_reshape_4d(c, k, Dk, H, n, m), hp->rms_eps);
-    v = ggml_reshape_4d(c, v, Dk, H, n, m);
-    struct ggml_tensor *gs = ggml_view_4d(c, gt, Dk, H, n, m, gt->nb[1], gt->nb[2], gt->nb[2] * n, gt->nb[2] * gr->off);
-    struct ggml_tensor *bs = ggml_view_4d(c, beta, 1, H, n, m, beta->nb[1], beta->nb[2], beta->nb[2] * n,
-                                          beta->nb[2] * gr->off);
-    struct ggml_tensor *pool = gr->pool->delta[il_rel]; /* {Dk, Dk, H, n_slots} */
-    struct ggml_tensor *rows = ggml_view_2d(c, pool, Dk * Dk * H, pool->ne[3], pool->nb[3], 0);
-    struct ggml_tensor *s0 = k3_gather(g, gr, rows);          /* contiguous either way: slots are whole rows */
-    struct ggml_tensor *o = ggml_gated_delta_net(c, q, k, v, gs, bs, ggml_reshape_4d(c, s0, Dk, Dk, H, m), 1);
-    /* Packed output: m*n rows of attention [Dk*H] (sequence after sequence), then the m final states. */
-    k3_scatter(g, gr, rows,
-               ggml_view_2d(c, o, Dk * Dk * H, m, (size_t)(Dk * Dk * H) * sizeof(float), o->nb[1] * (size_t)(n * m)));
-    return ggml_view_2d(c, o, Dk * H, n * m, o->nb[1], 0);
-}
-
-/* Columns [off, off+n) of a 2-D [X, T] tensor. */
-static struct ggml_tensor *k3_cols(k3_graph *g, struct ggml_tensor *x, uint32_t off, uint32_t n) {
-    return ggml_view_2d(g->ctx, x, x->ne[0], n, x->nb[1], off * x->nb[1]);
-}
-
-/* KDA short conv for one of q/k/v (which = 0/1/2) of one sequence; updates that window of its state. */
-static struct ggml_tensor *k3_conv(k3_graph *g, const k3_seq_view *sv, int il_rel, int which,
-                                   struct ggml_tensor *proj, struct ggml_tensor *conv_w) {
-    struct ggml_context *c = g->ctx;
-    struct ggml_tensor *st = sv->st->conv[il_rel]; /* {Kc-1, Di, 3} */
-    const int64_t kc1 = st->ne[0], di = st->ne[1], n = sv->n;
-    struct ggml_tensor *win = ggml_view_2d(c, st, kc1, di, st->nb[1], (size_t)which * st->nb[2]);
-    struct ggml_tensor *x = k3_cols(g, proj, sv->off, sv->n);                 /* [Di, n] */
-    struct ggml_tensor *cx = ggml_concat(c, win, ggml_transpose(c, x), 0);   /* [Kc-1+n, Di] */
-    if (sv->keep_rb) {
-        k3_readback_add(g, cx, 0, ggml_nbytes(cx),
-                        (char *)sv->st->rb[sv->st->rb_next].conv[il_rel] + (size_t)which * ggml_nbytes(cx));
-    }
-    /* The new window is the last Kc-1 inputs. */
-    ggml_build_forward_expand(g->gf, ggml_cpy(c, ggml_view_2d(c, cx, kc1, di, cx->nb[1], n * cx->nb[0]), win));
-    struct ggml_tensor *y = ggml_ssm_conv(c, ggml_reshape_3d(c, cx, kc1 + n, di, 1),
-                                          ggml_reshape_2d(c, conv_w, kc1 + 1, di)); /* [Di, n, 1] */
-    return ggml_silu(c, ggml_reshape_2d(c, y, di, n));
-}
-
-static struct ggml_tensor *k3_kda(k3_graph *g, const k3_layer_w *L, int il_rel, struct ggml_tensor *xn) {
-    struct ggml_context *c = g->ctx;
-    const k3_hparams *hp = g->hp;
-    const int64_t H = hp->n_head, Dk = hp->kda_head_dim, T = g->T;
-    struct ggml_tensor *pq = k3_mm(g, L->wq, xn), *pk = k3_mm(g, L->wk, xn),
-                       *pv = k3_mm(g, L->wv, xn);
-
-    /* Decay gate: lb * sigmoid(-(f * A)) with the bound, softplus(f) * A without (spec §5.3). */
-    struct ggml_tensor *gt = ggml_add(c, k3_mm(g, L->f_b, k3_mm(g, L->f_a, xn)), L->dt_b);
-    struct ggml_tensor *A = ggml_reshape_3d(c, L->ssm_a, 1, H, 1);
-    if (isfinite(hp->kda_gate_lb)) {
-        gt = ggml_mul(c, ggml_reshape_3d(c, gt, Dk, H, T), A);
-        gt = ggml_scale(c, ggml_sigmoid(c, ggml_scale(c, gt, -1.0f)), hp->kda_gate_lb);
-    } else {
-        gt = ggml_mul(c, ggml_reshape_3d(c, ggml_softplus(c, gt), Dk, H, T), A);
-    }
-    struct ggml_tensor *beta = ggml_sigmoid(c, ggml_reshape_3d(c, k3_mm(g, L->beta, xn), 1, H, T));
-
-    struct ggml_tensor **outs = g->outs;
-    for (int gi = 0; gi < g->n_groups; gi++) {
-        const k3_group *gr = &g->groups[gi];
-        if (gr->m > 1) {
-            outs[gi] = k3_kda_group(g, L, il_rel, gr, pq, pk, pv, gt, beta);
-            continue;
-        }
-        const k3_seq_view *sv = &g->seqs[gr->first];
-        const int64_t n = sv->n;
-        struct ggml_tensor *q = k3_conv(g, sv, il_rel, 0, pq, L->conv_q);
-        struct ggml_tensor *k = k3_conv(g, sv, il_rel, 1, pk, L->conv_k);
-        struct ggml_tensor *v = k3_conv(g, sv, il_rel, 2, pv, L->conv_v);
-        q = ggml_l2_norm(c, ggml_reshape_4d(c, q, Dk, H, n, 1), hp->rms_eps);
-        k = ggml_l2_norm(c, ggml_reshape_4d(c, k, Dk, H, n, 1), hp->rms_eps);
-        v = ggml_reshape_4d(c, v, Dk, H, n, 1);
-        struct ggml_tensor *gs = ggml_view_4d(c, gt, Dk, H, n, 1, gt->nb[1], gt->nb[2], gt->nb[2] * n,
-                                              gt->nb[2] * sv->off);
-        struct ggml_tensor *bs = ggml_view_4d(c, beta, 1, H, n, 1, beta->nb[1], beta->nb[2], beta->nb[2] * n,
-                                              beta->nb[2] * sv->off);
-        struct ggml_tensor *state = sv->st->delta[il_rel]; /* {Dk, Dk, H} */
-        struct ggml_tensor *s4 = ggml_reshape_4d(c, state, Dk, Dk, H, 1);
-        /* With rollback, the op also writes the state after each of the n tokens (slot s = s tokens back). */
-        struct ggml_tensor *o = ggml_gated_delta_net(c, q, k, v, gs, bs, s4, sv->keep_rb ? n : 1);
-        if (sv->keep_rb) {
-            k3_readback_add(g, o, o->nb[1] * (size_t)n, (size_t)n * (size_t)(Dk * Dk * H) * sizeof(float),
-                            sv->st->rb[sv->st->rb_next].delta[il_rel]);
-        }
-        /* Packed output: n rows of attention [Dk*H], then the final state [Dk*Dk*H]. */
-        ggml_build_forward_expand(g->gf, ggml_cpy(c, ggml_view_1d(c, o, Dk * Dk * H, o->nb[1] * n),
-                                                  ggml_view_1d(c, state, Dk * Dk * H, 0)));
-        outs[gi] = ggml_view_2d(c, o, Dk * H, n, o->nb[1], 0);
-    }
-    struct ggml_tensor *o = g->n_groups == 1 ? ggml_cont(c, outs[0]) : k3_join(g, outs);
-
-    /* Per-head output norm, full-rank sigmoid gate, output projection. */
-    struct ggml_tensor *gate = ggml_reshape_3d(c, k3_mm(g, L->ssm_g, xn), Dk, H, T);
-    struct ggml_tensor *normed = k3_norm(g, ggml_reshape_3d(c, o, Dk, H, T), L->ssm_norm);
-    struct ggml_tensor *gated = ggml_mul(c, normed, ggml_sigmoid(c, gate));
-    return k3_mm(g, L->wo, ggml_cont_2d(c, gated, Dk * H, T));
-}
-
-/* The attention values of a sequence (or group): the latent part of the cache rows it has written, vr
- * [rkv, used, m], transposed to [n_kv, rkv, m] for the kq-weighted sum. Rows from used to n_kv are masked
- * (their kq weights are exact zeros), so they are zero-filled rather than copied: the transposing copy is
- * the costliest op of decode attention, and a sequence has usually written far fewer rows than the
- * 256-row padding it reads. Every product the sum sees is the same (0 * stale = 0 * 0), so are the bits. */
-static void k3_v_t_op(struct ggml_tensor *dst, int ith, int nth, void *userdata) {
-    (void)userdata;
-    const struct ggml_tensor *src = dst->src[0];
-    const int64_t rkv = src->ne[0], used = src->ne[1], n_kv = dst->ne[0], m = dst->ne[2];
-    enum { RB = 16 }; /* dst rows per block: one 64-byte line of each src row, RB dst lines kept hot */
-    const int64_t n_blocks = (rkv + RB - 1) / RB;
-    float *d = dst->data;
-    for (int64_t job = ith; job < m * n_blocks; job += nth) {
-        const int64_t sq = job / n_blocks, r0 = (job % n_blocks) * RB, r1 = r0 + RB < rkv ? r0 + RB : rkv;
-        float *out = d + (size_t)(sq * rkv) * (size_t)n_kv;
-        for (int64_t t = 0; t < used; t++) {
-            const float *in = (const float *)((const char *)src->data + t * src->nb[1] + sq * src->nb[2]);
-            for (int64_t r = r0; r < r1; r++) out[r * n_kv + t] = in[r];
-        }
-        for (int64_t r = r0; r < r1; r++) memset(out + r * n_kv + used, 0, (size_t)(n_kv - used) * sizeof(float));
-    }
-}
-
-static struct ggml_tensor *k3_v_t(k3_graph *g, struct ggml_tensor *vr, int64_t n_kv) {
-    /* ggml_pad of the transposed view did this element by element with four index checks each, a tenth of
-     * a 16-stream serve step; this op copies it in blocks (same values, so the same bits). */
-    struct ggml_tensor *args[1] = {vr};
-    return ggml_custom_4d(g->ctx, GGML_TYPE_F32, n_kv, vr->ne[0], vr->ne[2], 1, args, 1, k3_v_t_op, GGML_N_TASKS_MAX,
-                          NULL);
-}
-
-/* Flash attention over the latent cache, as llama.cpp builds it for MLA with -fa on (build_attn_mha): K is
- * the cache rows [dk, n_kv, 1, m] (f16; an f32 K is cast, as llama.cpp casts it), V the first rkv columns
- * of the same rows, the mask f16. The result [rkv, H, n, m] goes back from the latent per head through
- * attn_v_b with n in dimension 1, then to [dv*H, n*m]. */
-static struct ggml_tensor *k3_fa(k3_graph *g, const k3_layer_w *L, struct ggml_tensor *q, struct ggml_tensor *k,
-                                 struct ggml_tensor *v, struct ggml_tensor *mask, int64_t n_out) {
-    struct ggml_context *c = g->ctx;
-    const k3_hparams *hp = g->hp;
-    const int64_t H = hp->n_head, dv = hp->mla_v_dim;
-    if (k->type == GGML_TYPE_F32) k = ggml_cast(c, k, GGML_TYPE_F16);
-    if (v->type == GGML_TYPE_F32) v = ggml_cast(c, v, GGML_TYPE_F16);
-    struct ggml_tensor *o = ggml_flash_attn_ext(c, q, k, v, mask, 1.0f / sqrtf((float)hp->mla_k_dim), 0.0f, 0.0f);
-    ggml_flash_attn_ext_set_prec(o, GGML_PREC_F32);
-    o = k3_mm(g, L->v_b, ggml_permute(c, o, 0, 2, 1, 3)); /* [dv, n, H, m] */
-    return ggml_reshape_2d(c, ggml_cont(c, ggml_permute(c, o, 0, 2, 1, 3)), dv * H, n_out);
-}
-
-/* The values for the kq-weighted sum, [n_kv, rkv, m]: from an f32 cache by k3_v_t; from an f16 one, as
- * llama.cpp takes them, a transposing copy of the n_kv rows it reads (stale rows are finite and weighted
- * by exact zeros). */
-static struct ggml_tensor *k3_values(k3_graph *g, struct ggml_tensor *base, size_t nb1, size_t nb2, int64_t m,
-                                     int64_t used, int64_t n_kv) {
-    struct ggml_context *c = g->ctx;
-    const int64_t rkv = g->hp->kv_lora_rank;
-    /* k3_v_t is a CPU op: a layer on a device takes the transposing copy (same values, stale rows weighted
-     * by exact zeros), which every backend runs. */
-    if (base->type == GGML_TYPE_F32 && !k3_on_dev(g->hp, g->a + (uint32_t)g->rel)) {
-        return k3_v_t(g, ggml_view_3d(c, base, rkv, used, m, nb1, nb2, 0), n_kv);
-    }
-    return ggml_cont(c, ggml_transpose(c, ggml_view_3d(c, base, rkv, n_kv, m, nb1, nb2, 0)));
-}
-
-/* Flash attention of one sequence's n tokens. With step kernels each token gets its own op over the cache
- * rows a single step at its position reads (n_kv of position + 1, padded) and its own row of the mask:
- * ggml's CPU kernel takes another path for one query than for several (and for one query over 512 or
- * more rows splits the rows by thread), so only this gives a verified block the bits of single steps. */
-static struct ggml_tensor *k3_fa_seq(k3_graph *g, const k3_layer_w *L, const k3_seq_view *sv, struct ggml_tensor *cache,
-                                     struct ggml_tensor *q) {
-    struct ggml_context *c = g->ctx;
-    const int64_t rkv = g->hp->kv_lora_rank, dk = rkv + g->hp->rope_dim, n = sv->n;
-    if (!g->step_kernels || n == 1) {
-        struct ggml_tensor *k = ggml_view_2d(c, cache, dk, sv->n_kv, cache->nb[1], 0);
-        struct ggml_tensor *v = ggml_view_2d(c, cache, rkv, sv->n_kv, cache->nb[1], 0);
-        return k3_fa(g, L, q, k, v, sv->mask, n);
-    }
-    struct ggml_tensor *r = NULL;
-    for (int64_t t = 0; t < n; t++) {
-        uint32_t used = sv->st->n_past + (uint32_t)t + 1, pad = (used + 255u) / 256u * 256u;
-        const int64_t n_kv = pad < sv->st->n_ctx ? pad : sv->st->n_ctx;
-        struct ggml_tensor *k = ggml_view_2d(c, cache, dk, n_kv, cache->nb[1], 0);
-        struct ggml_tensor *v = ggml_view_2d(c, cache, rkv, n_kv, cache->nb[1], 0);
-        struct ggml_tensor *mt = ggml_view_2d(c, sv->mask, n_kv, 1, sv->mask->nb[1], (size_t)t * sv->mask->nb[1]);
-        struct ggml_tensor *qt = ggml_view_3d(c, q, q->ne[0], 1, q->ne[2], q->nb[1], q->nb[2], (size_t)t * q->nb[1]);
-        struct ggml_tensor *o = k3_fa(g, L, qt, k, v, mt, 1);
-        r = r ? ggml_concat(c, r, o, 1) : o;
-    }
-    return r;
-}
-
-/* MLA attention of a group, like the per-sequence graph in k3_mla but with the sequences as the 4th axis.
- * knew: this batch's keys [dk, T]; Q: absorbed queries [dk, H, T]. Returns [dv*H, m*n]. */
-static struct ggml_tensor *k3_mla_group(k3_graph *g, const k3_layer_w *L, int il_rel, const k3_group *gr,
-                                        struct ggml_tensor *knew, struct ggml_tensor *Q) {
-    struct ggml_context *c = g->ctx;
-    const k3_hparams *hp = g->hp;
-    const int64_t H = hp->n_head, rkv = hp->kv_lora_rank, dk = rkv + hp->rope_dim, dv = hp->mla_v_dim;
-    const int64_t n = gr->n, m = gr->m, n_kv = gr->n_kv;
-    const float kq_scale = 1.0f / sqrtf((float)hp->mla_k_dim);
-    struct ggml_tensor *pool = gr->pool->kcache[il_rel]; /* {dk, n_ctx, n_slots} */
-    /* Store the group's keys first (one row per token, at slot * n_ctx + position); reads come later. */
-    struct ggml_tensor *all_rows = ggml_reshape_2d(c, pool, dk, pool->ne[1] * pool->ne[2]);
-    struct ggml_tensor *kn = k3_cols(g, knew, gr->off, (uint32_t)(m * n));
-    ggml_build_forward_expand(g->gf, ggml_set_rows(c, all_rows, kn, gr->krows));
-    /* Each slot's first n_kv cache rows as one row of the pool. Gathered rows come out of get_rows as f32;
-     * an f16 cache's are cast back (exactly), so that the group computes what each sequence alone does. */
-    struct ggml_tensor *kg = k3_gather(g, gr, ggml_view_2d(c, pool, dk * n_kv, pool->ne[2], pool->nb[2], 0));
-    if (kg->type != pool->type) kg = ggml_cast(c, kg, pool->type);
-    const size_t row = ggml_row_size(kg->type, dk);
-    struct ggml_tensor *k = ggml_view_4d(c, kg, dk, n_kv, 1, m, row, kg->nb[1], kg->nb[1], 0); /* [dk,n_kv,1,m] */
-    struct ggml_tensor *qg = ggml_view_4d(c, Q, dk, H, n, m, Q->nb[1], Q->nb[2], Q->nb[2] * n, Q->nb[2] * gr->off);
-    struct ggml_tensor *q = ggml_permute(c, qg, 0, 2, 1, 3);                                     /* [dk, n, H, m] */
-    if (g->flash_attn) {
-        struct ggml_tensor *vf = ggml_view_4d(c, kg, rkv, n_kv, 1, m, row, kg->nb[1], kg->nb[1], 0);
-        return k3_fa(g, L, q, k, vf, gr->mask, n * m);
-    }
-    struct ggml_tensor *kq = k3_mm_prec(g, k, q, true);                                          /* [n_kv, n, H, m] */
-    kq = ggml_soft_max_ext(c, kq, gr->mask, kq_scale, 0.0f);
-    struct ggml_tensor *v = ggml_reshape_4d(c, k3_values(g, kg, row, kg->nb[1], m, gr->n_used, n_kv), n_kv, rkv, 1, m);
-    struct ggml_tensor *kqv = k3_mm(g, v, kq);                                            /* [rkv, n, H, m] */
-    kqv = k3_mm(g, L->v_b, kqv);                                                          /* [dv, n, H, m] */
-    return ggml_cont_2d(c, ggml_permute(c, kqv, 0, 2, 1, 3), dv * H, n * m);
-}
-
-static struct ggml_tensor *k3_mla(k3_graph *g, const k3_layer_w *L, int il_rel, struct ggml_tensor *xn) {
-    struct ggml_context *c = g->ctx;
-    const k3_hparams *hp = g->hp;
-    const int64_t H = hp->n_head, T = g->T, rkv = hp->kv_lora_rank, dr = hp->rope_dim, dq = hp->mla_k_dim,
-                  dn = dq - dr, dv = hp->mla_v_dim, dk = rkv + dr;
-    const float kq_scale = 1.0f / sqrtf((float)dq);
-
-    struct ggml_tensor *qf = L->q_a ? k3_mm(g, L->q_b, k3_norm(g, k3_mm(g, L->q_a, xn), L->q_a_norm))
-                                    : k3_mm(g, L->q, xn); /* [H*dq, T] */
-    struct ggml_tensor *kv = k3_mm(g, L->kv_a, xn);       /* [rkv+dr, T] */
-    struct ggml_tensor *ckv = k3_norm(g, ggml_view_2d(c, kv, rkv, T, kv->nb[1], 0), L->kv_a_norm);
-    struct ggml_tensor *k_pe = ggml_view_2d(c, kv, dr, T, kv->nb[1], (size_t)rkv * kv->nb[0]); /* raw, unrotated */
-    struct ggml_tensor *knew = ggml_concat(c, ckv, k_pe, 0);                                    /* [rkv+dr, T] */
-
-    /* Absorbed query: q_nope through attn_k_b into the latent space, then [latent | pe]. */
-    struct ggml_tensor *q_nope = ggml_view_3d(c, qf, dn, H, T, qf->nb[0] * dq, qf->nb[0] * dq * H, 0);
-    struct ggml_tensor *q_pe = ggml_view_3d(c, qf, dr, H, T, qf->nb[0] * dq, qf->nb[0] * dq * H, qf->nb[0] * dn);
-    struct ggml_tensor *qa = k3_mm(g, L->k_b, ggml_permute(c, q_nope, 0, 2, 1, 3)); /* [rkv, T, H] */
-    struct ggml_tensor *Q = ggml_concat(c, ggml_permute(c, qa, 0, 2, 1, 3), q_pe, 0);      /* [dk, H, T] */
-
-    struct ggml_tensor **outs = g->outs;
-    for (int gi = 0; gi < g->n_groups; gi++) {
-        const k3_group *gr = &g->groups[gi];
-        if (gr->m > 1) {
-            outs[gi] = k3_mla_group(g, L, il_rel, gr, knew, Q);
-            continue;
-        }
-        const k3_seq_view *sv = &g->seqs[gr->first];
-        struct ggml_tensor *cache = sv->st->kcache[il_rel]; /* {dk, n_ctx} */
-        const int64_t n = sv->n, n_kv = sv->n_kv;
-        /* Store this batch's keys first; the reads below come later in graph order. */
-        ggml_build_forward_expand(g->gf, ggml_set_rows(c, cache, k3_cols(g, knew, sv->off, sv->n), sv->kpos));
-        struct ggml_tensor *q = ggml_permute(c, ggml_view_3d(c, Q, dk, H, n, Q->nb[1], Q->nb[2], Q->nb[2] * sv->off),
-                                             0, 2, 1, 3);                                   /* [dk, n, H] */
-        struct ggml_tensor *k = ggml_view_2d(c, cache, dk, n_kv, cache->nb[1], 0);         /* [dk, n_kv] */
-        if (g->flash_attn) {
-            outs[gi] = k3_fa_seq(g, L, sv, cache, q);
-            continue;
-        }
-        struct ggml_tensor *kq = k3_mm_prec(g, k, q, true);                                 /* [n_kv, n, H] */
-        kq = ggml_soft_max_ext(c, kq, sv->mask, kq_scale, 0.0f);
-        struct ggml_tensor *v = k3_values(g, cache, cache->nb[1], ggml_nbytes(cache), 1, sv->st->n_past + n, n_kv);
-        struct ggml_tensor *kqv = k3_mm(g, v, kq);   /* [rkv, n, H] */
-        kqv = k3_mm(g, L->v_b, kqv);                 /* [dv, n, H]: back from the latent, per head */
-        outs[gi] = ggml_cont_2d(c, ggml_permute(c, kqv, 0, 2, 1, 3), dv * H, n);
-    }
-    struct ggml_tensor *o = k3_join(g, outs);
-    if (L->gate) o = ggml_mul(c, o, ggml_sigmoid(c, k3_mm(g, L->gate, xn)));
-    return k3_mm(g, L->wo, o);
-}
-
-/* The routed experts over the cache's slots (expert_cache.h): the same three ggml_mul_mat_id, on the slot
- * tensors with slot ids. When one pass may not hold the batch's experts, the graph has several, each over
- * N = K*T one-expert rows (the token each row reads, gathered, and one slot id per row: the rows of the
- * pass's experts, then padding), and each row's output is taken back from the pass that computed it
- * (get_rows copies, exactly). What the compute needs at its stops is recorded in g->stops. */
-static struct ggml_tensor *k3_moe_cached(k3_graph *g, struct ggml_tensor *xn, struct ggml_tensor *sel,
-                                         struct ggml_tensor *xl) {
-    struct ggml_context *c = g->ctx;
-    const k3_hparams *hp = g->hp;
-    const uint32_t il = g->a + (uint32_t)g->rel;
-    const int64_t K = hp->n_expert_used, T = g->T, dl = xl->ne[0], N = K * T;
-    const int n_pass = xc_max_passes(g->xc, il, N);
-    struct ggml_tensor *selc = ggml_cont(c, sel); /* read back at the stop: a view's memory is the argsort's */
-    ggml_set_output(selc);
-    ggml_build_forward_expand(g->gf, selc);
-    struct ggml_tensor *ahead[K3_XC_AHEAD] = {0};
-    for (uint32_t d = 1; d <= K3_XC_AHEAD; d++) {
-        if (il + d >= g->b || !xc_max_passes(g->xc, il + d, 1)) break; /* not a layer of the cache's */
-        /* Look-ahead: the next layer's router on this layer's input, an estimate of its choice (only read):
-         * its reads are queued while this one computes. */
-        const k3_layer_w *nx = &g->w->layers[il + d - g->a];
-        struct ggml_tensor *pr = ggml_add(c, ggml_sigmoid(c, k3_mm(g, nx->gate_inp, xn)), nx->probs_b);
-        ahead[d - 1] = ggml_cont(c, ggml_argsort_top_k(c, pr, (int)K));
-        ggml_set_output(ahead[d - 1]);
-        ggml_build_forward_expand(g->gf, ahead[d - 1]);
-    }
-    /* The passes are not put into the graph here: the final expansion places them where a run without the
-     * cache has its expert ops, so the graph's order is that run's (a device fuses neighbouring ops, and a
-     * different order fuses differently: last bits). k3_stops_locate finds where each pass begins. */
-    struct ggml_tensor *merged = NULL, *xr = ggml_reshape_2d(c, xl, dl, T);
-    for (int p = 0; p < n_pass; p++) {
-        const int k = g->n_stops++;
-        k3_xstop *st = &g->stops[k];
-        struct ggml_tensor *x = xl, *ids;
-        if (n_pass == 1) {
-            ids = ggml_new_tensor_2d(c, GGML_TYPE_I32, K, T);
-        } else {
-            st->tok = ggml_new_tensor_1d(c, GGML_TYPE_I32, N);
-            ggml_set_input(st->tok);
-            ggml_format_name(st->tok, "xc.stop%d", k);
-            ids = ggml_new_tensor_2d(c, GGML_TYPE_I32, 1, N);
-            st->gather = ggml_get_rows(c, xr, st->tok);
-            x = ggml_reshape_3d(c, st->gather, dl, 1, N);
-        }
-        ggml_set_input(ids);
-        ggml_format_name(ids, "xc.stop%d", k);
-        struct ggml_tensor *up = ggml_mul_mat_id(c, xc_tensor(g->xc, il, 1), x, ids);   /* [Fe, K, T] or [Fe, 1, N] */
-        struct ggml_tensor *gate = ggml_mul_mat_id(c, xc_tensor(g->xc, il, 0), x, ids);
-        struct ggml_tensor *ex = ggml_mul_mat_id(c, xc_tensor(g->xc, il, 2), k3_situ(g, gate, up), ids);
-        st->il = il, st->pass = p, st->n_pass = n_pass, st->ids = ids;
-        if (p == 0) {
-            st->sel = selc;
-            memcpy(st->ahead, ahead, sizeof ahead);
-        }
-        if (n_pass == 1) return ex;
-        struct ggml_tensor *rows = ggml_reshape_2d(c, ex, dl, N);
-        merged = merged ? ggml_concat(c, merged, rows, 1) : rows;
-    }
-    struct ggml_tensor *pick = ggml_new_tensor_1d(c, GGML_TYPE_I32, N);
-    ggml_set_input(pick);
-    g->stops[g->n_stops - n_pass].pick = pick;
-    struct ggml_tensor *out = ggml_get_rows(c, merged, pick);
-    g->stops[g->n_stops - n_pass].merge = out;
-    return ggml_reshape_3d(c, out, dl, K, T);
-}
-
-static struct ggml_tensor *k3_moe(k3_graph *g, const k3_layer_w *L, struct ggml_tensor *xn) {
-    struct ggml_context *c = g->ctx;
-    const k3_hparams *hp = g->hp;
-    const int64_t E = hp->n_expert, K = hp->n_expert_used, T = g->T;
-
-    /* Routing on the full-width input: sigmoid probabilities; the bias only chooses (spec §5.5). */
-    struct ggml_tensor *probs = ggml_sigmoid(c, k3_mm(g, L->gate_inp, xn)); /* [E, T] */
-    struct ggml_tensor *sel = ggml_argsort_top_k(c, ggml_add(c, probs, L->probs_b), (int)K); /* [K, T] */
-    struct ggml_tensor *w = ggml_get_rows(c, ggml_reshape_3d(c, probs, 1, E, T), sel);      /* [1, K, T] */
-    if (hp->expert_weights_norm) {
-        struct ggml_tensor *w2 = ggml_reshape_2d(c, w, K, T);
-        struct ggml_tensor *sum = ggml_clamp(c, ggml_sum_rows(c, w2), 6.103515625e-5f, INFINITY);
-        w = ggml_reshape_3d(c, ggml_div(c, w2, sum), 1, K, T);
-    }
-    if (hp->expert_weights_scale != 0.0f && hp->expert_weights_scale != 1.0f) {
-        w = ggml_scale(c, w, hp->expert_weights_scale);
-    }
-    ggml_build_forward_expand(g->gf, w);
-
-    struct ggml_tensor *xl = L->routed_down ? k3_mm(g, L->routed_down, xn) : xn;
-    const int64_t dl = xl->ne[0];
-    xl = ggml_reshape_3d(c, xl, dl, 1, T);
-    struct ggml_tensor *ex;
-    if (g->xc && xc_max_passes(g->xc, g->a + (uint32_t)g->rel, 1) > 0) { /* experts in RAM, through the cache */
-        ex = k3_moe_cached(g, xn, sel, xl);
-    } else {
-        struct ggml_tensor *up = ggml_mul_mat_id(c, L->up_exps, xl, sel);     /* [Fe, K, T] */
-        struct ggml_tensor *gate = ggml_mul_mat_id(c, L->gate_exps, xl, sel); /* [Fe, K, T] */
-        ex = ggml_mul_mat_id(c, L->down_exps, k3_situ(g, gate, up), sel);     /* [dl, K, T] */
-    }
-    if (g->route) {
-        /* ||r_e|| per chosen expert: a sum of squares in ggml's double-accumulated row sum, then sqrt. The
-         * outputs are read after the compute; nothing downstream changes, so the logits stay the same. */
-        struct ggml_tensor *nrm = ggml_sqrt(c, ggml_sum_rows(c, ggml_sqr(c, ex))); /* [1, K, T] */
-        struct ggml_tensor *outs[3] = {sel, w, nrm};
-        for (int i = 0; i < 3; i++) {
-            /* A view's memory is its source's: read back a copy (the top-k ids are a view of the argsort). */
-            if (outs[i]->view_src) outs[i] = ggml_cont(c, outs[i]);
-            ggml_set_output(outs[i]);
-            ggml_build_forward_expand(g->gf, outs[i]);
-            g->route[g->rel][i] = outs[i];
-        }
-    }
-    ex = ggml_mul(c, ex, w);
-    ggml_build_forward_expand(g->gf, ex);
-    /* Sum in top-k order: ((e0 + e1) + e2) + ... as llama.cpp does. */
-    struct ggml_tensor *m = ggml_view_2d(c, ex, dl, T, ex->nb[2], 0);
-    for (int64_t i = 1; i < K; i++) m = ggml_add(c, m, ggml_view_2d(c, ex, dl, T, ex->nb[2], (size_t)i * ex->nb[1]));
-    if (K == 1) m = ggml_cont(c, m);
-    if (L->routed_norm) m = k3_norm(g, m, L->routed_norm);
-    if (L->routed_up) m = k3_mm(g, L->routed_up, m);
-    if (L->gate_sh) {
-        struct ggml_tensor *sh = k3_situ(g, k3_mm(g, L->gate_sh, xn), k3_mm(g, L->up_sh, xn));
-        m = ggml_add(c, m, k3_mm(g, L->down_sh, sh));
-    }
-    return m;
-}
-
-/* ---- running a batch --------------------------------------------------------------------------- */
+/* ---- checking a batch -------------------------------------------------------------------------- */
 
 static int k3_check_batch(const k3_engine *e, const k3_batch *bt, int64_t *T, rl_err *err) {
     if (bt->n_seqs < 1) return rl_errf(err, "empty batch");
@@ -986,27 +95,145 @@ static int k3_check_batch(const k3_engine *e, const k3_batch *bt, int64_t *T, rl
     return 0;
 }
 
-/* Rows of a causal mask: row t has n columns, the first seen0 + t (<= n: k3_n_kv pads past every position)
- * 0, the rest -inf, in f32 or f16 (FA's type). Both zeros are all-zero bytes; each row's -inf tail is a
- * copy of the row above's (one column shorter), so only the first row is written element by element: at
- * long context the masks are the graph's largest input (n_kv x chunk), written once per chunk. */
-static void k3_mask_rows(uint8_t *dst, enum ggml_type type, size_t n, size_t seen0, uint32_t rows) {
-    const size_t el = type == GGML_TYPE_F16 ? sizeof(uint16_t) : sizeof(float);
-    for (uint32_t t = 0; t < rows; t++) {
-        uint8_t *r = dst + (size_t)t * n * el;
-        const size_t seen = seen0 + t < n ? seen0 + t : n;
-        memset(r, 0, seen * el);
-        if (t > 0) {
-            memcpy(r + seen * el, r - n * el + seen * el, (n - seen) * el);
-        } else if (type == GGML_TYPE_F16) {
-            uint16_t *h = (uint16_t *)r;
-            for (size_t j = seen; j < n; j++) h[j] = 0xfc00; /* binary16 -inf */
+/* ---- building its graph ------------------------------------------------------------------------ */
+
+/* Attention reads the cache padded to a multiple of 256 rows (at least 256, at most the capacity), the
+ * masked rows contributing exact zeros. llama.cpp pads its cache view the same way, so both run matmuls of
+ * the same shapes and round the same: on quantized models, where activations are requantized to 8 bits
+ * before every matmul, a one-ulp difference from another tiling can otherwise cross a rounding boundary
+ * and flip an expert choice (docs/numerics.md). Rows past n_past + n hold zeros or stale finite values. */
+static uint32_t k3_n_kv(const k3_state *st, uint32_t n) {
+    uint32_t used = st->n_past + n, pad = (used + 255u) / 256u * 256u;
+    return pad < st->n_ctx ? pad : st->n_ctx;
+}
+
+/* Whether sequence sv joins the group whose first sequence is pv: it runs the same shapes on slots of the
+ * same pool, and neither keeps rollback copies. */
+static bool k3_joins(const k3_seq_view *pv, const k3_seq_view *sv) {
+    return sv->st->pool && pv->st->pool == sv->st->pool && !sv->keep_rb && !pv->keep_rb && pv->n == sv->n &&
+           pv->n_kv == sv->n_kv;
+}
+
+static void k3_graph_free(k3_graph *g) {
+    if (g->ctx) ggml_free(g->ctx);
+    free(g->seqs);
+    free(g->groups);
+    free(g->outs);
+    free(g->rb);
+    free(g->route);
+    free(g->stops);
+    memset(g, 0, sizeof *g);
+}
+
+/* The batch's sequences as views of it (token range, cache rows read), in order, in groups: a sequence joins
+ * the group before it where k3_joins says so. A sequence keeping rollback copies gets their room here. */
+static int k3_seqs_group(k3_graph *g, const k3_batch *bt, rl_err *err) {
+    uint32_t off = 0;
+    for (int s = 0; s < bt->n_seqs; s++) {
+        k3_seq_view *sv = &g->seqs[s];
+        sv->st = bt->seqs[s];
+        sv->id = sv->st->id;
+        sv->keep_rb = bt->keep_rollback && bt->keep_rollback[s];
+        g->step_kernels |= sv->keep_rb; /* a verified block must give what single steps give */
+        if (sv->keep_rb && k3_state_rb_reserve(sv->st, bt->n_tokens[s], err) != 0) return -1;
+        sv->off = off;
+        sv->n = bt->n_tokens[s];
+        off += sv->n;
+        sv->n_kv = k3_n_kv(sv->st, sv->n);
+        k3_group *gr = g->n_groups ? &g->groups[g->n_groups - 1] : NULL;
+        if (gr && k3_joins(&g->seqs[gr->first], sv)) {
+            if (gr->slot0 >= 0 && sv->st->slot != gr->slot0 + gr->m) gr->slot0 = -1;
+            gr->m++;
+            if (sv->st->n_past + sv->n > gr->n_used) gr->n_used = sv->st->n_past + sv->n;
         } else {
-            float *f = (float *)r;
-            for (size_t j = seen; j < n; j++) f[j] = -INFINITY;
+            g->groups[g->n_groups++] = (k3_group){.first = s, .m = 1, .off = sv->off, .n = sv->n, .n_kv = sv->n_kv,
+                                                  .n_used = sv->st->n_past + sv->n,
+                                                  .slot0 = sv->st->slot, .pool = sv->st->pool,
+                                                  .pool_id = sv->st->pool ? sv->st->pool->id : 0};
+        }
+    }
+    return 0;
+}
+
+/* The graph's inputs that say where each sequence is (k3_inputs_set writes them): with an MLA layer in the
+ * range, a sequence alone gets its causal mask and the cache rows of its new keys, a group its mask and key
+ * rows; a group whose slots are not consecutive gets their list. */
+static void k3_seq_inputs_new(k3_graph *g, enum ggml_type mask_type) {
+    struct ggml_context *c = g->ctx;
+    for (int gi = 0; gi < g->n_groups; gi++) {
+        k3_group *gr = &g->groups[gi];
+        if (gr->m == 1) {
+            if (g->any_mla) {
+                k3_seq_view *sv = &g->seqs[gr->first];
+                sv->mask = ggml_new_tensor_2d(c, mask_type, sv->n_kv, sv->n);
+                ggml_set_input(sv->mask);
+                sv->kpos = ggml_new_tensor_1d(c, GGML_TYPE_I64, sv->n);
+                ggml_set_input(sv->kpos);
+            }
+            continue;
+        }
+        if (gr->slot0 < 0) {
+            gr->slots = ggml_new_tensor_1d(c, GGML_TYPE_I32, gr->m);
+            ggml_set_input(gr->slots);
+        }
+        if (g->any_mla) {
+            gr->krows = ggml_new_tensor_1d(c, GGML_TYPE_I32, (int64_t)gr->m * gr->n);
+            ggml_set_input(gr->krows);
+            gr->mask = ggml_new_tensor_4d(c, mask_type, gr->n_kv, gr->n, 1, gr->m);
+            ggml_set_input(gr->mask);
         }
     }
 }
+
+/* Builds the batch's graph into g (its nodes in e->graph_buf). On error g is freed; no state has moved. */
+static int k3_build(k3_engine *e, const k3_batch *bt, int64_t T, k3_graph *g, rl_err *err) {
+    const k3_hparams *hp = &e->hp;
+
+    bool any_mla = false;
+    int n_kda = 0, n_keep = 0;
+    for (uint32_t il = e->a; il < e->b; il++) {
+        any_mla |= hp->is_mla[il];
+        n_kda += !hp->is_mla[il];
+    }
+    for (int s = 0; bt->keep_rollback && s < bt->n_seqs; s++) n_keep += bt->keep_rollback[s] != 0;
+    *g = (k3_graph){.hp = hp, .n_seqs = bt->n_seqs, .T = T, .step_kernels = bt->step_kernels, .flash_attn = e->flash_attn,
+                    .a = e->a, .b = e->b, .w = &e->w, .xc = e->xc, .any_mla = any_mla, .n_taps = bt->n_taps};
+    g->seqs = calloc((size_t)bt->n_seqs, sizeof *g->seqs);
+    g->groups = calloc((size_t)bt->n_seqs, sizeof *g->groups);
+    g->outs = calloc((size_t)bt->n_seqs, sizeof *g->outs);
+    if (bt->routes) g->route = calloc(e->b - e->a, sizeof *g->route);
+    g->cap_rb = n_keep * n_kda * K3_READBACKS_PER_LAYER;
+    if (g->cap_rb) g->rb = calloc((size_t)g->cap_rb, sizeof *g->rb);
+    const size_t xc_nodes = g->xc ? k3_xc_stops_new(g) : 0;
+    if (!g->seqs || !g->groups || !g->outs || (bt->routes && !g->route) || (g->xc && !g->stops) || (g->cap_rb && !g->rb)) {
+        rl_errf(err, "out of memory building the graph");
+        goto fail;
+    }
+    if (k3_seqs_group(g, bt, err) != 0) goto fail;
+
+    size_t n_nodes = 2048 + (size_t)(e->b - e->a) * (256 + 96 * (size_t)g->n_groups) + xc_nodes;
+    /* Step kernels give MLA attention a few ops per token (k3_fa_seq): a rebuilt sequence's replay runs
+     * hundreds of tokens so. */
+    if (g->step_kernels) n_nodes += (size_t)(e->b - e->a) * (size_t)T * 24;
+    size_t need = n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false);
+    if (k3_engine_graph_mem(e, need, err) != 0) goto fail;
+    struct ggml_init_params ip = {.mem_size = need, .mem_buffer = e->graph_buf, .no_alloc = true};
+    g->ctx = ggml_init(ip);
+    if (!g->ctx) {
+        rl_errf(err, "out of memory building the graph");
+        goto fail;
+    }
+    g->gf = ggml_new_graph_custom(g->ctx, n_nodes, false);
+    k3_seq_inputs_new(g, e->flash_attn ? GGML_TYPE_F16 : GGML_TYPE_F32); /* FA takes an f16 mask */
+    k3_graph_forward(g, bt);
+    if (g->xc && k3_stops_locate(g, err) != 0) goto fail;
+    return 0;
+fail:
+    k3_graph_free(g);
+    return -1;
+}
+
+/* ---- giving the graph memory ------------------------------------------------------------------- */
 
 /* A group's causal mask: its own with several sequences, else its one sequence's (NULL: no MLA layer). */
 static struct ggml_tensor *k3_group_mask(const k3_graph *g, const k3_group *gr) {
@@ -1026,20 +253,7 @@ static int k3_masks_place(k3_engine *e, k3_graph *g, rl_err *err) {
         full += GGML_PAD((size_t)g->seqs[gr->first].st->n_ctx * (ggml_nbytes(mt) / (size_t)mt->ne[0]), align);
     }
     if (need == 0) return 0;
-    if (need > e->mask_cap) {
-        size_t cap = 2 * e->mask_cap < full ? 2 * e->mask_cap : full;
-        if (cap < need) cap = need;
-        k3_masks_unmap(e);
-        void *mem = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (mem == MAP_FAILED) return rl_errf(err, "out of memory for attention masks (%zu MiB)", cap >> 20);
-        e->mask_mem = mem;
-        e->mask_cap = cap;
-        e->mask_buf = ggml_backend_cpu_buffer_from_ptr(mem, cap);
-        if (!e->mask_buf) {
-            k3_masks_unmap(e);
-            return rl_errf(err, "cannot make a buffer of the attention masks' memory");
-        }
-    }
+    if (k3_engine_mask_mem(e, need, full, err) != 0) return -1;
     uint8_t *at = ggml_backend_buffer_get_base(e->mask_buf);
     for (int gi = 0; gi < g->n_groups; gi++) {
         const k3_group *gr = &g->groups[gi];
@@ -1053,139 +267,10 @@ static int k3_masks_place(k3_engine *e, k3_graph *g, rl_err *err) {
     return 0;
 }
 
-/* Reads the routing outputs of every MoE layer of the range into r (k3_routes). */
-static int k3_routes_get(const k3_engine *e, const k3_graph *g, k3_routes *r, rl_err *err) {
-    const k3_hparams *hp = &e->hp;
-    uint32_t first = e->a > hp->n_dense_lead ? e->a : hp->n_dense_lead;
-    r->layer0 = first;
-    r->n_layers = e->b > first ? e->b - first : 0;
-    r->n_tokens = (uint32_t)g->T;
-    r->k = hp->n_expert_used;
-    const size_t per = (size_t)g->T * r->k, n = per * r->n_layers;
-    if (n == 0) return 0;
-    r->ids = malloc(n * sizeof *r->ids);
-    r->weight = malloc(n * sizeof *r->weight);
-    r->norm = malloc(n * sizeof *r->norm);
-    if (!r->ids || !r->weight || !r->norm) return rl_errf(err, "out of memory for routing statistics");
-    for (uint32_t l = 0; l < r->n_layers; l++) {
-        struct ggml_tensor *const *t = g->route[first + l - e->a];
-        ggml_backend_tensor_get(t[0], r->ids + l * per, 0, per * sizeof(int32_t));
-        ggml_backend_tensor_get(t[1], r->weight + l * per, 0, per * sizeof(float));
-        ggml_backend_tensor_get(t[2], r->norm + l * per, 0, per * sizeof(float));
-    }
-    return 0;
-}
-
-/* A compute over cached experts, as the scheduler's evaluation callback sees it (k3_xc_eval). */
-typedef struct k3_xrun {
-    k3_graph *g;
-    int next;          /* the next stop */
-    int rows;
-    int32_t *ids, *slots, *tok;
-    xc_plan plan;
-    int rc;
-    rl_err *err;
-} k3_xrun;
-
-/* The scheduler computes the graph up to a node this asks for, then calls back with it: the node before
- * each pass of a MoE layer's experts. There the host reads what the router chose (first pass), plans the
- * passes, makes this pass's experts resident and writes their slot ids (a pass the batch does not need is all
- * padding: computed, never picked); before the layer's last pass computes, the look-ahead's
- * guess for the next layer starts reading, so the reads overlap it. Returning false stops the compute. */
-static bool k3_xc_eval(struct ggml_tensor *t, bool ask, void *user) {
-    k3_xrun *x = user;
-    k3_graph *g = x->g;
-    if (x->next >= g->n_stops || t != ggml_graph_node(g->gf, g->stops[x->next].node - 1)) return false;
-    if (ask) return true;
-    const k3_xstop *st = &g->stops[x->next];
-    const k3_xstop *s0 = st - st->pass;
-    x->next++;
-    if (st->pass == 0) {
-        ggml_backend_tensor_get(st->sel, x->ids, 0, (size_t)x->rows * sizeof *x->ids);
-        if ((x->rc = xc_plan_layer(g->xc, st->il, x->ids, x->rows, &x->plan, x->err)) != 0) return false;
-        if (x->plan.n_groups > st->n_pass) { /* xc_max_passes bounds it: cannot happen */
-            x->rc = rl_errf(x->err, "layer %u needs %d passes, the graph has %d", st->il, x->plan.n_groups, st->n_pass);
-            return false;
-        }
-        if (st->pick) {
-            /* Row r's output: in its pass's block, at its place among that pass's rows (in row order). */
-            int *at = calloc((size_t)st->n_pass, sizeof *at);
-            if (!at) {
-                x->rc = rl_errf(x->err, "out of memory for expert ids");
-                return false;
-            }
-            for (int r = 0; r < x->rows; r++) {
-                const int gr = x->plan.group_of[r];
-                x->slots[r] = gr * x->rows + at[gr]++;
-            }
-            free(at);
-            ggml_backend_tensor_set(st->pick, x->slots, 0, (size_t)x->rows * sizeof *x->slots);
-        }
-    }
-    const int N = x->rows;
-    int n_in = 0;
-    if (st->pass < x->plan.n_groups) {
-        if ((x->rc = xc_load_pass(g->xc, st->il, &x->plan, st->pass, x->slots, x->err)) != 0) return false;
-        for (int d = 0; st->pass == x->plan.n_groups - 1 && d < K3_XC_AHEAD && s0->ahead[d]; d++) {
-            ggml_backend_tensor_get(s0->ahead[d], x->ids, 0, (size_t)N * sizeof *x->ids);
-            xc_prefetch(g->xc, st->il + 1 + (uint32_t)d, x->ids, N);
-        }
-    } else {
-        for (int r = 0; r < N; r++) x->slots[r] = -1; /* a pass the batch does not need: all padding */
-    }
-    if (!st->tok) {
-        ggml_backend_tensor_set(st->ids, x->slots, 0, (size_t)N * sizeof *x->slots); /* one pass: every row */
-    } else {
-        /* The pass's rows first, in row order (their place in the pass is what pick names), then padding
-         * rows reading token 0 through slot 0. */
-        const int K = (int)g->hp->n_expert_used;
-        for (int r = 0; r < N; r++) {
-            if (x->slots[r] < 0) continue;
-            x->tok[n_in] = r / K;
-            x->ids[n_in++] = x->slots[r];
-        }
-        for (int i = n_in; i < N; i++) x->tok[i] = 0, x->ids[i] = 0;
-        ggml_backend_tensor_set(st->tok, x->tok, 0, (size_t)N * sizeof *x->tok);
-        ggml_backend_tensor_set(st->ids, x->ids, 0, (size_t)N * sizeof *x->ids);
-    }
-    if (st->pass == st->n_pass - 1) xc_plan_free(&x->plan);
-    return true;
-}
-
 /* Plans the scheduler's memory for this graph (its outputs kept apart from what later nodes write). Over
  * two backends ggml's scheduler rewrites the graph's sources to the copies it makes between them when it
  * splits the graph; the sources are put back, so that the same graph can then be allocated and split
  * again (else the second split finds nothing to copy, and a device reads memory nobody wrote). */
-/* Where each pass of cached experts begins in the finished graph: its first node reading the pass's slot ids
- * or token rows (named "xc.stopK"). The compute stops before it (k3_xc_eval), so the passes must come in the
- * order of g->stops, each after every node of the one before: a pass's reads may evict the slots the pass
- * before it uses. The graph's depth-first order gives that (a layer needs the one before it, and a pass's
- * rows are merged after the pass before); it is checked, not assumed. */
-static int k3_stops_locate(k3_graph *g, rl_err *err) {
-    int cur = -1;
-    for (int i = 0; i < ggml_graph_n_nodes(g->gf); i++) {
-        const struct ggml_tensor *t = ggml_graph_node(g->gf, i);
-        const struct ggml_tensor *in = t->op == GGML_OP_MUL_MAT_ID ? t->src[2] : t->op == GGML_OP_GET_ROWS ? t->src[1] : NULL;
-        int k = -1;
-        if (!in || sscanf(ggml_get_name(in), "xc.stop%d", &k) != 1 || k == cur) continue;
-        if (k != cur + 1 || k >= g->n_stops || i == 0) {
-            return rl_errf(err, "expert pass %d of the graph comes out of order (at node %d, after pass %d)", k, i, cur);
-        }
-        g->stops[k].node = i;
-        cur = k;
-    }
-    if (cur != g->n_stops - 1) return rl_errf(err, "expert pass %d is not in the graph", cur + 1);
-    return 0;
-}
-
-/* Puts on the CPU the ops that read what the host writes at the cached experts' stops (k3_xstop). */
-static void k3_sched_pin_stops(k3_engine *e, const k3_graph *g) {
-    for (int i = 0; i < g->n_stops; i++) {
-        if (g->stops[i].gather) ggml_backend_sched_set_tensor_backend(e->sched, g->stops[i].gather, e->backend);
-        if (g->stops[i].merge) ggml_backend_sched_set_tensor_backend(e->sched, g->stops[i].merge, e->backend);
-    }
-}
-
 static int k3_sched_reserve(struct ggml_backend_sched *sched, struct ggml_cgraph *gf) {
     const int n = ggml_graph_n_nodes(gf);
     struct ggml_tensor **src = malloc((size_t)n * GGML_MAX_SRC * sizeof *src);
@@ -1196,239 +281,6 @@ static int k3_sched_reserve(struct ggml_backend_sched *sched, struct ggml_cgraph
     free(src);
     ggml_backend_sched_reset(sched);
     return ok ? 0 : -1;
-}
-
-/* Runs the graph: on the CPU backend at once, or over cached experts through the scheduler, which stops
- * where k3_xc_eval asks. A read that fails stops the compute: the sequences' states are then partly
- * advanced, as after a failed compute. */
-static int k3_compute(k3_engine *e, k3_graph *g, rl_err *err) {
-    if (!g->xc) {
-        enum ggml_status st = e->sched ? ggml_backend_sched_graph_compute(e->sched, g->gf)
-                                       : ggml_backend_graph_compute(e->backend, g->gf);
-        if (st != GGML_STATUS_SUCCESS) return rl_errf(err, "ggml graph compute failed (status %d)", (int)st);
-        return 0;
-    }
-    k3_xrun x = {.g = g, .rows = (int)(g->hp->n_expert_used * g->T), .err = err};
-    x.ids = malloc((size_t)x.rows * sizeof *x.ids);
-    x.slots = malloc((size_t)x.rows * sizeof *x.slots);
-    x.tok = malloc((size_t)x.rows * sizeof *x.tok);
-    if (!x.ids || !x.slots || !x.tok) x.rc = rl_errf(err, "out of memory for expert ids");
-    if (x.rc == 0) {
-        ggml_backend_sched_set_eval_callback(e->sched, k3_xc_eval, &x);
-        enum ggml_status st = ggml_backend_sched_graph_compute(e->sched, g->gf);
-        ggml_backend_sched_set_eval_callback(e->sched, NULL, NULL);
-        if (x.rc == 0 && st != GGML_STATUS_SUCCESS) x.rc = rl_errf(err, "ggml graph compute failed");
-        if (x.rc == 0 && x.next != g->n_stops) x.rc = rl_errf(err, "the compute stopped at %d of %d expert passes", x.next, g->n_stops);
-    }
-    xc_plan_free(&x.plan);
-    free(x.ids);
-    free(x.slots);
-    free(x.tok);
-    return x.rc;
-}
-
-static void k3_graph_free(k3_graph *g) {
-    if (g->ctx) ggml_free(g->ctx);
-    free(g->seqs);
-    free(g->groups);
-    free(g->outs);
-    free(g->rb);
-    free(g->route);
-    free(g->stops);
-    memset(g, 0, sizeof *g);
-}
-
-/* Whether sequence sv joins the group whose first sequence is pv: it runs the same shapes on slots of the
- * same pool, and neither keeps rollback copies. */
-static bool k3_joins(const k3_seq_view *pv, const k3_seq_view *sv) {
-    return sv->st->pool && pv->st->pool == sv->st->pool && !sv->keep_rb && !pv->keep_rb && pv->n == sv->n &&
-           pv->n_kv == sv->n_kv;
-}
-
-/* Builds the batch's graph into g (its nodes in e->graph_buf). On error g is freed; no state has moved. */
-static int k3_build(k3_engine *e, const k3_batch *bt, int64_t T, k3_graph *g, rl_err *err) {
-    const k3_hparams *hp = &e->hp;
-    const bool last = e->b == hp->n_layer;
-    const int64_t d = hp->n_embd;
-
-    bool any_mla = false;
-    int n_kda = 0, n_keep = 0;
-    for (uint32_t il = e->a; il < e->b; il++) {
-        any_mla |= hp->is_mla[il];
-        n_kda += !hp->is_mla[il];
-    }
-    for (int s = 0; bt->keep_rollback && s < bt->n_seqs; s++) n_keep += bt->keep_rollback[s] != 0;
-    *g = (k3_graph){.hp = hp, .n_seqs = bt->n_seqs, .T = T, .step_kernels = bt->step_kernels, .flash_attn = e->flash_attn,
-                    .a = e->a, .b = e->b, .w = &e->w, .xc = e->xc, .any_mla = any_mla, .n_taps = bt->n_taps};
-    const enum ggml_type mask_type = e->flash_attn ? GGML_TYPE_F16 : GGML_TYPE_F32; /* FA takes an f16 mask */
-    g->seqs = calloc((size_t)bt->n_seqs, sizeof *g->seqs);
-    g->groups = calloc((size_t)bt->n_seqs, sizeof *g->groups);
-    g->outs = calloc((size_t)bt->n_seqs, sizeof *g->outs);
-    if (bt->routes) g->route = calloc(e->b - e->a, sizeof *g->route);
-    g->cap_rb = n_keep * n_kda * K3_READBACKS_PER_LAYER;
-    if (g->cap_rb) g->rb = calloc((size_t)g->cap_rb, sizeof *g->rb);
-    size_t xc_nodes = 0;
-    if (g->xc) {
-        for (uint32_t il = e->a; il < e->b; il++) g->cap_stops += k3_is_moe(hp, il) ? xc_max_passes(g->xc, il, (int64_t)hp->n_expert_used * T) : 0;
-        g->stops = calloc((size_t)g->cap_stops + 1, sizeof *g->stops);
-        xc_nodes = (size_t)g->cap_stops * 12 + (size_t)(e->b - e->a) * 16;
-    }
-    if (!g->seqs || !g->groups || !g->outs || (bt->routes && !g->route) || (g->xc && !g->stops) || (g->cap_rb && !g->rb)) {
-        rl_errf(err, "out of memory building the graph");
-        goto fail;
-    }
-    uint32_t off = 0;
-    for (int s = 0; s < bt->n_seqs; s++) {
-        k3_seq_view *sv = &g->seqs[s];
-        sv->st = bt->seqs[s];
-        sv->id = sv->st->id;
-        sv->keep_rb = bt->keep_rollback && bt->keep_rollback[s];
-        g->step_kernels |= sv->keep_rb; /* a verified block must give what single steps give */
-        if (sv->keep_rb && k3_state_rb_reserve(sv->st, bt->n_tokens[s], err) != 0) goto fail;
-        sv->off = off;
-        sv->n = bt->n_tokens[s];
-        off += sv->n;
-        sv->n_kv = k3_n_kv(sv->st, sv->n);
-        k3_group *gr = g->n_groups ? &g->groups[g->n_groups - 1] : NULL;
-        if (gr && k3_joins(&g->seqs[gr->first], sv)) {
-            if (gr->slot0 >= 0 && sv->st->slot != gr->slot0 + gr->m) gr->slot0 = -1;
-            gr->m++;
-            if (sv->st->n_past + sv->n > gr->n_used) gr->n_used = sv->st->n_past + sv->n;
-        } else {
-            g->groups[g->n_groups++] = (k3_group){.first = s, .m = 1, .off = sv->off, .n = sv->n, .n_kv = sv->n_kv,
-                                                  .n_used = sv->st->n_past + sv->n,
-                                                  .slot0 = sv->st->slot, .pool = sv->st->pool,
-                                                  .pool_id = sv->st->pool ? sv->st->pool->id : 0};
-        }
-    }
-
-    size_t n_nodes = 2048 + (size_t)(e->b - e->a) * (256 + 96 * (size_t)g->n_groups) + xc_nodes;
-    /* Step kernels give MLA attention a few ops per token (k3_fa_seq): a rebuilt sequence's replay runs
-     * hundreds of tokens so. */
-    if (g->step_kernels) n_nodes += (size_t)(e->b - e->a) * (size_t)T * 24;
-    size_t need = n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false);
-    if (need > e->graph_cap) {
-        /* Not realloc: the old graph is not needed, and copying it would touch the new pages twice. */
-        rl_heap_unmap(e->graph_buf, e->graph_cap);
-        e->graph_cap = 0;
-        if (!(e->graph_buf = rl_heap_map(need))) { /* several MiB, written node by node: huge pages */
-            rl_errf(err, "out of memory for the graph");
-            goto fail;
-        }
-        e->graph_cap = need;
-    }
-    struct ggml_init_params ip = {.mem_size = need, .mem_buffer = e->graph_buf, .no_alloc = true};
-    g->ctx = ggml_init(ip);
-    if (!g->ctx) {
-        rl_errf(err, "out of memory building the graph");
-        goto fail;
-    }
-    struct ggml_context *c = g->ctx;
-    g->gf = ggml_new_graph_custom(c, n_nodes, false);
-    for (int gi = 0; gi < g->n_groups; gi++) {
-        k3_group *gr = &g->groups[gi];
-        if (gr->m == 1) {
-            if (any_mla) {
-                k3_seq_view *sv = &g->seqs[gr->first];
-                sv->mask = ggml_new_tensor_2d(c, mask_type, sv->n_kv, sv->n);
-                ggml_set_input(sv->mask);
-                sv->kpos = ggml_new_tensor_1d(c, GGML_TYPE_I64, sv->n);
-                ggml_set_input(sv->kpos);
-            }
-            continue;
-        }
-        if (gr->slot0 < 0) {
-            gr->slots = ggml_new_tensor_1d(c, GGML_TYPE_I32, gr->m);
-            ggml_set_input(gr->slots);
-        }
-        if (any_mla) {
-            gr->krows = ggml_new_tensor_1d(c, GGML_TYPE_I32, (int64_t)gr->m * gr->n);
-            ggml_set_input(gr->krows);
-            gr->mask = ggml_new_tensor_4d(c, mask_type, gr->n_kv, gr->n, 1, gr->m);
-            ggml_set_input(gr->mask);
-        }
-    }
-
-    /* Input: embeddings, or the boundary state from the previous stage. */
-    struct ggml_tensor *h;
-    if (e->a == 0) {
-        g->inp_tok = ggml_new_tensor_1d(c, GGML_TYPE_I32, T);
-        ggml_set_input(g->inp_tok);
-        h = ggml_get_rows(c, e->w.tok_embd, g->inp_tok);
-    } else {
-        g->inp_h = ggml_new_tensor_2d(c, GGML_TYPE_F32, d, T);
-        ggml_set_input(g->inp_h);
-        h = g->inp_h;
-        if (bt->in->n_ckpt) {
-            g->inp_stack = ggml_new_tensor_3d(c, GGML_TYPE_F32, d, bt->in->n_ckpt, T);
-            ggml_set_input(g->inp_stack);
-            g->stack = g->inp_stack;
-        }
-    }
-
-    /* Taps: the stream entering a layer is h at the top of its iteration (or after the last one). */
-    for (uint32_t il = e->a; il <= e->b; il++) {
-        for (int k = 0; k < bt->n_taps; k++) {
-            if (bt->tap_layers[k] != il) continue;
-            g->tap_layers[k] = il;
-            g->tap_t[k] = h->view_src || !ggml_is_contiguous(h) ? ggml_cont(c, h) : h; /* read back: no view */
-            ggml_set_output(g->tap_t[k]);
-            ggml_build_forward_expand(g->gf, g->tap_t[k]);
-        }
-        if (il == e->b) break;
-        const k3_layer_w *L = &e->w.layers[il - e->a];
-        const int rel = (int)(il - e->a);
-        g->rel = rel;
-        /* Mixer half: mix over the bank, bank the RAW stream at checkpoint layers, restart from the output. */
-        struct ggml_tensor *x = hp->attn_res_block ? k3_res_mix(g, h, L->attn_res_score) : h;
-        bool banked = hp->attn_res_block && il % hp->attn_res_block == 0;
-        if (banked) k3_res_push(g, h);
-        struct ggml_tensor *xn = k3_norm(g, x, L->attn_norm);
-        ggml_build_forward_expand(g->gf, xn);
-        struct ggml_tensor *a = hp->is_mla[il] ? k3_mla(g, L, rel, xn) : k3_kda(g, L, rel, xn);
-        h = banked ? a : ggml_add(c, h, a);
-        /* FFN half. */
-        struct ggml_tensor *y = hp->attn_res_block ? k3_res_mix(g, h, L->ffn_res_score) : h;
-        struct ggml_tensor *yn = k3_norm(g, y, L->ffn_norm);
-        struct ggml_tensor *f;
-        if (!k3_is_moe(hp, il)) {
-            f = k3_mm(g, L->ffn_down, k3_situ(g, k3_mm(g, L->ffn_gate, yn), k3_mm(g, L->ffn_up, yn)));
-        } else {
-            g->rel = rel;
-            f = k3_moe(g, L, yn);
-        }
-        h = ggml_add(c, h, f);
-    }
-
-    if (last) {
-        struct ggml_tensor *z = hp->attn_res_block ? k3_res_mix(g, h, e->w.output_res_score) : h;
-        if (bt->n_logits > 0) {
-            if (bt->n_logits < T) {
-                g->inp_rows = ggml_new_tensor_1d(c, GGML_TYPE_I32, bt->n_logits);
-                ggml_set_input(g->inp_rows);
-                z = ggml_get_rows(c, z, g->inp_rows);
-            }
-            g->logits = k3_mm(g, e->w.output, k3_norm(g, z, e->w.output_norm));
-            ggml_set_output(g->logits);
-            ggml_build_forward_expand(g->gf, g->logits);
-        } else {
-            ggml_build_forward_expand(g->gf, h); /* states still advance */
-        }
-    } else {
-        g->out_h = ggml_cont(c, h);
-        ggml_set_output(g->out_h);
-        ggml_build_forward_expand(g->gf, g->out_h);
-        if (g->stack) {
-            g->out_stack = ggml_cont(c, g->stack);
-            ggml_set_output(g->out_stack);
-            ggml_build_forward_expand(g->gf, g->out_stack);
-        }
-    }
-    if (g->xc && k3_stops_locate(g, err) != 0) goto fail;
-    return 0;
-fail:
-    k3_graph_free(g);
-    return -1;
 }
 
 /* Gives the graph its memory: the masks in e->mask_buf, the rest from galloc's buffer or the scheduler's. */
@@ -1445,24 +297,9 @@ static int k3_alloc(k3_engine *e, k3_graph *g, rl_err *err) {
     }
     if (g->xc || e->hp.n_dev > 0) {
         /* Over a device and the CPU, or over cached experts, the scheduler runs the graph (splitting it by
-         * where weights and states live; stopping where the host must load experts); its hash set is sized
-         * once, so a larger graph gets a new one (rare: sized generously). The CPU comes last: ggml's
-         * scheduler puts inputs there. A device engine keeps one scheduler for its life, as llama.cpp does,
-         * rather than a new one (and new device buffers) whenever a graph's outputs change: that switch
-         * comes between every prefill and decode step. */
+         * where weights and states live; stopping where the host must load experts). */
         const size_t size = (size_t)ggml_graph_n_nodes(g->gf) + (size_t)ggml_graph_size(g->gf);
-        if (!e->sched || size > e->sched_size) {
-            if (e->sched) ggml_backend_sched_free(e->sched);
-            e->sched_size = size > 2 * e->sched_size ? size : 2 * e->sched_size;
-            if (e->hp.n_dev > 0 && e->sched_size < 65536) e->sched_size = 65536;
-            ggml_backend_t bk[K3_MAX_DEV + 1];
-            int nb = 0;
-            for (int d = 0; d < e->hp.n_dev; d++) bk[nb++] = e->dev_backend[d];
-            bk[nb++] = e->backend;
-            e->sched = ggml_backend_sched_new(bk, NULL, nb, e->sched_size, false, false);
-            e->plan_outputs = 0;
-            if (!e->sched) return rl_errf(err, "cannot create the graph scheduler");
-        }
+        if (k3_engine_sched(e, size, err) != 0) return -1;
         ggml_backend_sched_reset(e->sched);
         k3_sched_pin_stops(e, g);
         if (key != e->plan_outputs && k3_sched_reserve(e->sched, g->gf) != 0) {
@@ -1491,6 +328,30 @@ static int k3_alloc(k3_engine *e, k3_graph *g, rl_err *err) {
         rl_heap_advise_huge(e->compute_base, ggml_backend_buffer_get_size(cb));
     }
     return 0;
+}
+
+/* ---- inputs, compute, outputs ------------------------------------------------------------------ */
+
+/* Rows of a causal mask: row t has n columns, the first seen0 + t (<= n: k3_n_kv pads past every position)
+ * 0, the rest -inf, in f32 or f16 (FA's type). Both zeros are all-zero bytes; each row's -inf tail is a
+ * copy of the row above's (one column shorter), so only the first row is written element by element: at
+ * long context the masks are the graph's largest input (n_kv x chunk), written once per chunk. */
+static void k3_mask_rows(uint8_t *dst, enum ggml_type type, size_t n, size_t seen0, uint32_t rows) {
+    const size_t el = type == GGML_TYPE_F16 ? sizeof(uint16_t) : sizeof(float);
+    for (uint32_t t = 0; t < rows; t++) {
+        uint8_t *r = dst + (size_t)t * n * el;
+        const size_t seen = seen0 + t < n ? seen0 + t : n;
+        memset(r, 0, seen * el);
+        if (t > 0) {
+            memcpy(r + seen * el, r - n * el + seen * el, (n - seen) * el);
+        } else if (type == GGML_TYPE_F16) {
+            uint16_t *h = (uint16_t *)r;
+            for (size_t j = seen; j < n; j++) h[j] = 0xfc00; /* binary16 -inf */
+        } else {
+            float *f = (float *)r;
+            for (size_t j = seen; j < n; j++) f[j] = -INFINITY;
+        }
+    }
 }
 
 /* Writes the batch's inputs into the allocated graph: tokens or boundary state, logit rows, slot indices,
@@ -1546,6 +407,41 @@ static int k3_inputs_set(const k3_batch *bt, const k3_graph *g, rl_err *err) {
     return 0;
 }
 
+/* Runs the graph: on the CPU backend at once, or over cached experts through the scheduler, which stops
+ * where k3_xc_eval asks (k3_xc_compute). */
+static int k3_compute(k3_engine *e, k3_graph *g, rl_err *err) {
+    if (!g->xc) {
+        enum ggml_status st = e->sched ? ggml_backend_sched_graph_compute(e->sched, g->gf)
+                                       : ggml_backend_graph_compute(e->backend, g->gf);
+        if (st != GGML_STATUS_SUCCESS) return rl_errf(err, "ggml graph compute failed (status %d)", (int)st);
+        return 0;
+    }
+    return k3_xc_compute(e, g, err);
+}
+
+/* Reads the routing outputs of every MoE layer of the range into r (k3_routes). */
+static int k3_routes_get(const k3_engine *e, const k3_graph *g, k3_routes *r, rl_err *err) {
+    const k3_hparams *hp = &e->hp;
+    uint32_t first = e->a > hp->n_dense_lead ? e->a : hp->n_dense_lead;
+    r->layer0 = first;
+    r->n_layers = e->b > first ? e->b - first : 0;
+    r->n_tokens = (uint32_t)g->T;
+    r->k = hp->n_expert_used;
+    const size_t per = (size_t)g->T * r->k, n = per * r->n_layers;
+    if (n == 0) return 0;
+    r->ids = malloc(n * sizeof *r->ids);
+    r->weight = malloc(n * sizeof *r->weight);
+    r->norm = malloc(n * sizeof *r->norm);
+    if (!r->ids || !r->weight || !r->norm) return rl_errf(err, "out of memory for routing statistics");
+    for (uint32_t l = 0; l < r->n_layers; l++) {
+        struct ggml_tensor *const *t = g->route[first + l - e->a];
+        ggml_backend_tensor_get(t[0], r->ids + l * per, 0, per * sizeof(int32_t));
+        ggml_backend_tensor_get(t[1], r->weight + l * per, 0, per * sizeof(float));
+        ggml_backend_tensor_get(t[2], r->norm + l * per, 0, per * sizeof(float));
+    }
+    return 0;
+}
+
 /* Copies what the batch asked for out of the computed graph into out. */
 static int k3_outputs_get(const k3_engine *e, const k3_batch *bt, const k3_graph *g, k3_output *out, rl_err *err) {
     if (g->logits) {
@@ -1570,6 +466,8 @@ static int k3_outputs_get(const k3_engine *e, const k3_batch *bt, const k3_graph
     return 0;
 }
 
+/* ---- the kept graph of a decode step ----------------------------------------------------------- */
+
 /* e->kept: the graph of the last decode step, kept (allocated, in e->graph_buf and galloc's buffer) for the next one:
  * decoding runs the same graph token after token, with only its inputs changed (the tokens, the masks, the
  * cache rows of the new keys, the pool slots of a group), so it is built and allocated once per 256
@@ -1584,7 +482,7 @@ static int k3_outputs_get(const k3_engine *e, const k3_batch *bt, const k3_graph
  * graph (ggml_backend_sched_graph_compute runs them again while the graph stays allocated, as in llama.cpp);
  * not with an expert cache, whose passes stop the compute at inputs the host writes per step. Any other
  * graph drops it first (the nodes share graph_buf, and the next plan moves every tensor). */
-static void k3_kept_drop(k3_engine *e) {
+void k3_kept_drop(k3_engine *e) {
     if (!e->kept) return;
     k3_graph_free(e->kept);
     free(e->kept);
@@ -1606,8 +504,9 @@ static bool k3_keepable(const k3_engine *e, const k3_batch *bt) {
     return true;
 }
 
-/* Whether the kept graph runs this batch: the batch's sequences, grouped as k3_build would group them, fall
- * into the kept graph's groups one for one (same first, size, cache rows read, pool and consecutive slots). */
+/* Whether the kept graph runs this batch: the batch's sequences, grouped as k3_seqs_group would group them,
+ * fall into the kept graph's groups one for one (same first, size, cache rows read, pool and consecutive
+ * slots). */
 static bool k3_kept_fits(const k3_engine *e, const k3_batch *bt) {
     const k3_graph *g = e->kept;
     if (!g || g->n_seqs != bt->n_seqs || !k3_keepable(e, bt)) return false;
@@ -1619,7 +518,7 @@ static bool k3_kept_fits(const k3_engine *e, const k3_batch *bt) {
     if (bt->n_taps > 0 && memcmp(bt->tap_layers, g->tap_layers, (size_t)bt->n_taps * sizeof *bt->tap_layers) != 0) return false;
     for (int gi = 0; gi < g->n_groups; gi++) {
         const k3_group *gr = &g->groups[gi];
-        int slot0 = bt->seqs[gr->first]->slot; /* as k3_build derives it: -1 once the slots stop being consecutive */
+        int slot0 = bt->seqs[gr->first]->slot; /* as k3_seqs_group derives it: -1 once not consecutive */
         for (int i = 0; i < gr->m; i++) {
             const int s = gr->first + i;
             const k3_state *st = bt->seqs[s];
@@ -1628,7 +527,7 @@ static bool k3_kept_fits(const k3_engine *e, const k3_batch *bt) {
             if (gr->m == 1 && (st != g->seqs[s].st || st->id != g->seqs[s].id)) return false;
             if (gr->m > 1 && (st->pool != gr->pool || st->pool->id != gr->pool_id)) return false;
             if (slot0 >= 0 && st->slot != slot0 + i) slot0 = -1;
-            /* The group ends where k3_build would end it. */
+            /* The group ends where k3_seqs_group would end it. */
             if (s + 1 < bt->n_seqs) {
                 const k3_seq_view nx = {.st = bt->seqs[s + 1], .n = 1, .n_kv = k3_n_kv(bt->seqs[s + 1], 1)};
                 if (k3_joins(&sv, &nx) != (i + 1 < gr->m)) return false;
@@ -1638,6 +537,8 @@ static bool k3_kept_fits(const k3_engine *e, const k3_batch *bt) {
     }
     return true;
 }
+
+/* ---- running a batch --------------------------------------------------------------------------- */
 
 int k3_forward(k3_engine *e, const k3_batch *bt, k3_output *out, rl_err *err) {
     memset(out, 0, sizeof *out);

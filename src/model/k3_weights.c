@@ -13,7 +13,7 @@
 
 #include "../base/heap.h"
 
-/* The op each K3 weight is used in (k3_forward.c), as llama.cpp's tensor table has it; it decides which
+/* The op each K3 weight is used in (k3_layers.c), as llama.cpp's tensor table has it; it decides which
  * buffer types may hold the weight. Everything not listed (norms, biases, ResMix scores, the short
  * convolutions, ssm_a, token_embd's get_rows) is WP_USE_OTHER. */
 wp_use k3_weight_use(const char *name) {
