@@ -1,4 +1,5 @@
-/* k3_boundary.h - the state that crosses a cut between two stages, per token (spec §6.3, DESIGN.md).
+/* k3_boundary.h - the state that crosses a cut between two stages, per token (docs/k3-spec.md §6.3; the
+ * data path: docs/ring.md).
  *
  * Entering layer il, each token carries the stream h (n_embd floats: the partial sum since the last bank)
  * and every checkpoint banked below il (k3_n_banked_before(il) vectors of n_embd). Layout, per token t:

@@ -3,7 +3,7 @@
  * arithmetic, the logits file format. May include: base, device, gguf. (README
  * "Layout"; tests/t_layout.sh checks both.)
  */
-/* k3_forward.h - our K3 forward pass on ggml, for one layer range [a, b) (spec §5).
+/* k3_forward.h - our K3 forward pass on ggml, for one layer range [a, b) (docs/k3-spec.md §5).
  *
  * An engine binds the range's weights and runs batches: several sequences at once, any number of tokens
  * each (prefill chunks or single decode steps), each sequence with its own k3_state. Input is token ids
@@ -113,7 +113,7 @@ typedef struct k3_batch {
                                * batched GEMM's (docs/numerics.md): verified blocks reproduce greedy */
     int n_logits;             /* b == n_layer: how many rows need logits */
     const int32_t *logit_rows;/* their indices in the batch (0 .. total-1) */
-    int n_taps;               /* stream taps for a DSpark draft (spec §10.1.3): the stream h entering each */
+    int n_taps;               /* stream taps for a DSpark draft (docs/k3-spec.md §10.1.3): the stream h entering each */
     const uint32_t *tap_layers; /* listed layer, every token of the batch; ids in [a, b] (b: leaving it) */
     bool routes;              /* report every MoE layer's routing (k3_routes): expert saliency (REAP) */
 } k3_batch;

@@ -1,4 +1,4 @@
-/* k3_hparams.h - Kimi K3 hyperparameters and the tensor list they imply (spec §1-§3).
+/* k3_hparams.h - Kimi K3 hyperparameters and the tensor list they imply (docs/k3-spec.md §1-§3).
  *
  * One source of truth for both directions: `ringlm synth` writes a file from a k3_hparams, and every
  * loader reads one back and checks the file's tensors against k3_manifest() - names, shapes, and the
@@ -111,7 +111,7 @@ static inline uint32_t k3_n_banked_before(const k3_hparams *hp, uint32_t il) {
     return hp->attn_res_block ? (il + hp->attn_res_block - 1) / hp->attn_res_block : 0;
 }
 
-/* Reads and validates every key of spec §2 (strict types). Also requires general.architecture == kimi-k3. */
+/* Reads and validates every key of docs/k3-spec.md §2 (strict types). Also requires general.architecture == kimi-k3. */
 int k3_hparams_read(k3_hparams *hp, const mf_model *m, rl_err *err);
 
 /* Writes the keys k3_hparams_read reads (plus generic ones llama.cpp needs). */

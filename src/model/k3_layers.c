@@ -1,4 +1,4 @@
-/* k3_layers.c - the K3 graph for a layer range, read top to bottom like spec §5.1. k3_graph_forward is the
+/* k3_layers.c - the K3 graph for a layer range, read top to bottom like docs/k3-spec.md §5.1. k3_graph_forward is the
  * pass: the stream in (token embeddings, or the boundary state of the stage before), each layer's mixer half
  * (KDA or MLA) and FFN half (dense or MoE), AttnRes mixing over the bank where the model has it, and the
  * stream out (the output head's logits, or the boundary state for the next stage). The rest of the file is
@@ -214,7 +214,7 @@ static void k3_scatter(k3_graph *g, const k3_group *gr, struct ggml_tensor *t_ro
 
 /* ---- AttnRes: the bank of checkpoints ---------------------------------------------------------- */
 
-/* ResMix (spec §5.2): softmax over the scores of [checkpoints..., cur] mixes the raw candidates. */
+/* ResMix (docs/k3-spec.md §5.2): softmax over the scores of [checkpoints..., cur] mixes the raw candidates. */
 static struct ggml_tensor *k3_res_mix(k3_graph *g, struct ggml_tensor *cur, struct ggml_tensor *score_w) {
     if (!g->stack) return cur;
     struct ggml_context *c = g->ctx;
@@ -319,7 +319,7 @@ static struct ggml_tensor *k3_kda(k3_graph *g, const k3_layer_w *L, int il_rel, 
     struct ggml_tensor *pq = k3_mm(g, L->wq, xn), *pk = k3_mm(g, L->wk, xn),
                        *pv = k3_mm(g, L->wv, xn);
 
-    /* Decay gate: lb * sigmoid(-(f * A)) with the bound, softplus(f) * A without (spec §5.3). */
+    /* Decay gate: lb * sigmoid(-(f * A)) with the bound, softplus(f) * A without (docs/k3-spec.md §5.3). */
     struct ggml_tensor *gt = ggml_add(c, k3_mm(g, L->f_b, k3_mm(g, L->f_a, xn)), L->dt_b);
     struct ggml_tensor *A = ggml_reshape_3d(c, L->ssm_a, 1, H, 1);
     if (isfinite(hp->kda_gate_lb)) {
@@ -560,7 +560,7 @@ static struct ggml_tensor *k3_moe(k3_graph *g, const k3_layer_w *L, struct ggml_
     const k3_hparams *hp = g->hp;
     const int64_t E = hp->n_expert, K = hp->n_expert_used, T = g->T;
 
-    /* Routing on the full-width input: sigmoid probabilities; the bias only chooses (spec §5.5). */
+    /* Routing on the full-width input: sigmoid probabilities; the bias only chooses (docs/k3-spec.md §5.5). */
     struct ggml_tensor *probs = ggml_sigmoid(c, k3_mm(g, L->gate_inp, xn)); /* [E, T] */
     struct ggml_tensor *sel = ggml_argsort_top_k(c, ggml_add(c, probs, L->probs_b), (int)K); /* [K, T] */
     struct ggml_tensor *w = ggml_get_rows(c, ggml_reshape_3d(c, probs, 1, E, T), sel);      /* [1, K, T] */

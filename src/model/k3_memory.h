@@ -1,5 +1,5 @@
 /* k3_memory.h - the sizes a planner needs: weights of any layer range, per-sequence state, cache per
- * token, and the boundary state that crosses a cut between stages (spec §6). */
+ * token, and the boundary state that crosses a cut between stages (docs/k3-spec.md §6). */
 #ifndef RINGLM_K3_MEMORY_H
 #define RINGLM_K3_MEMORY_H
 

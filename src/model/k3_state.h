@@ -1,4 +1,4 @@
-/* k3_state.h - what one sequence keeps between forward calls, for the layers of one range (spec §6).
+/* k3_state.h - what one sequence keeps between forward calls, for the layers of one range (docs/k3-spec.md §6).
  *
  * KDA layers: the short-conv windows (3 x (Kc-1) x Di f32) and the delta-rule matrices (H x Dk x Dk f32),
  * constant in length. MLA layers: the latent cache, (kv_lora + rope) f32 per token, up to n_ctx tokens.

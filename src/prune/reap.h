@@ -8,7 +8,7 @@
  *   S_j = mean over those tokens of g_j(x) * ||f_j(x)||_2
  * g_j the gate weight the layer gives j (K3's own: sigmoid scores, top-k chosen with exp_probs_b, weights
  * unbiased, renormalized and scaled), f_j(x) the expert's output in the space it writes: the latent space
- * of the latent MoE (r_e of spec §5.5, before the weighted sum, the routed norm and the up-projection).
+ * of the latent MoE (r_e of docs/k3-spec.md §5.5, before the weighted sum, the routed norm and the up-projection).
  * Only the experts the router chose are run: the statistics come from an ordinary forward pass
  * (k3_batch.routes). The reference code (CerebrasResearch/reap, observer.py) instead runs every expert on
  * every token and keeps the chosen ones, takes its gate values as a softmax of the router logits and

@@ -2,7 +2,7 @@
  * they are (no requantization), the router rows and selection biases of the same experts, expert_count
  * updated; every other tensor and key unchanged.
  *
- * Expert e of a {.., E} tensor is the e-th contiguous slab of its outermost axis (spec §3), so slicing is
+ * Expert e of a {.., E} tensor is the e-th contiguous slab of its outermost axis (docs/k3-spec.md §3), so slicing is
  * copying whole slabs out of the mapping, in the kept order (ascending ids: the surviving experts keep
  * their relative order, and the router still ranks them the same). */
 #ifndef RINGLM_REAP_WRITE_H

@@ -128,7 +128,7 @@ typedef struct sch_backend {
      * before end(). NULL when there are none to give. */
     char *(*receipts)(void *impl, int slot);
     /* Optional (needed for DSpark drafts): from now on, entries with `taps` return the stream entering
-     * these target layers (spec §10.1.3), in this order. Called once, before the first step. */
+     * these target layers (docs/k3-spec.md §10.1.3), in this order. Called once, before the first step. */
     int (*set_taps)(void *impl, const uint32_t *layers, int n, rl_err *err);
     /* Optional: slot dst begins as a copy of slot src's sequence where it stands (positions, state), with a
      * fresh sampler built from *smp whose penalty history is src's; dst's next entry continues it (no

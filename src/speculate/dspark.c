@@ -1,4 +1,4 @@
-/* dspark.c - the DSpark draft graph on ggml (contract and math: dspark.h, spec §10.1.3).
+/* dspark.c - the DSpark draft graph on ggml (contract and math: dspark.h, docs/k3-spec.md §10.1.3).
  *
  * One graph per block: it first injects the features pushed since the last block (their K and V, per
  * layer, are outputs read back into the host-side cache), then runs the block over the cache plus itself.

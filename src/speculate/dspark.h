@@ -1,5 +1,5 @@
 /* dspark.h - the DSpark draft model (DFlash plus a Markov head): a whole block of draft tokens in one
- * forward pass, conditioned on hidden states tapped from the target (spec §10.1, docs/dspark.md).
+ * forward pass, conditioned on hidden states tapped from the target (docs/k3-spec.md §10.1, docs/dspark.md).
  *
  * The draft file is llama.cpp's generic `dflash` layout (what `ringlm synth --draft dspark` writes): a few
  * Qwen3-style blocks, no embedding and no LM head of its own (it borrows the target's `token_embd` and

@@ -13,7 +13,7 @@
 /* ---- shape ----------------------------------------------------------------------------------------
  *
  * The draft is a small Qwen3-style transformer whose width must be the target's (llama.cpp sizes fc with
- * the draft's n_embd while its driver packs target-width taps, spec §10.1.2). Everything else is scaled
+ * the draft's n_embd while its driver packs target-width taps, docs/k3-spec.md §10.1.2). Everything else is scaled
  * from K3's own DSpark where that makes sense (FFN width 2d, block 7, rope theta 50000, R = 256 at d = 7168)
  * and kept small otherwise (2 layers, head size 64). */
 

@@ -1,9 +1,9 @@
 /* synth_dspark.h - writes a seeded-random DSpark draft model for a K3 target (`ringlm synth --draft dspark`).
  *
- * The file uses llama.cpp's generic DFlash/DSpark layout (spec §10.1): general.architecture "dflash", a
+ * The file uses llama.cpp's generic DFlash/DSpark layout (docs/k3-spec.md §10.1): general.architecture "dflash", a
  * Qwen3-style GQA backbone, fc + enc.output_norm over the concatenated target taps, the rank-R Markov head
  * and the confidence head. It carries no token embedding and no LM head: a draft shares the target's.
- * The real K3 DSpark has an MLA backbone that llama.cpp cannot load (spec §10.2.3); this layout is the one
+ * The real K3 DSpark has an MLA backbone that llama.cpp cannot load (docs/k3-spec.md §10.2.3); this layout is the one
  * llama.cpp's loader validates. docs/dspark.md lists every key and tensor. */
 #ifndef RINGLM_SYNTH_DSPARK_H
 #define RINGLM_SYNTH_DSPARK_H
