@@ -5,9 +5,9 @@
 #include "../model/k3_hparams.h"
 #include <cJSON.h>
 
-#include "../ring/coord.h"
-#include "../ring/plan_nodes.h"
-#include "../ring/target.h"
+#include "../coord/coord.h"
+#include "../plan/plan_nodes.h"
+#include "../coord/target.h"
 #include "cli.h"
 
 static void plan_usage(FILE *f) {

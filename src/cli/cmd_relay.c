@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../ring/relay.h"
+#include "../tools/relay.h"
 #include "cli.h"
 
 static void relay_usage(FILE *f) {

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "../base/heap.h"
-#include "../ring/prompt_run.h"
+#include "../coord/prompt_run.h"
 #include "../speculate/spec_gen.h"
 #include "cli.h"
 

@@ -23,7 +23,7 @@
 #include "text/json_schema.h"
 #include "text/tokenizer.h"
 #include "wire/frame.h"
-#include "ring/zsock.h"
+#include "net/zsock.h"
 
 static int n_pass, n_fail;
 

@@ -16,7 +16,7 @@
 
 #include "exec/stage.h"
 #include "model/k3_boundary.h"
-#include "trust/audit.h"
+#include "coord/audit.h"
 #include "tools/synth.h"
 #include "tools/synth_config.h"
 

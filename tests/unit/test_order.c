@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "ring/ring_order.h"
+#include "plan/ring_order.h"
 
 #include "check.h"
 

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "ring/plan.h"
+#include "plan/plan.h"
 
 #include "check.h"
 

@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ring/predict.h"
+#include "plan/predict.h"
 
 #include "check.h"
 

@@ -19,7 +19,7 @@
 #include "../device/devices.h"
 #include "../gen/emit.h"
 #include "../text/chat_gram.h"
-#include "../trust/audit.h"
+#include "audit.h"
 
 /* ---- audits: recompute a stage for a finished sequence (trust/audit.h) --------------------------- */
 

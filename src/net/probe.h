@@ -12,7 +12,7 @@
 
 #include "../base/err.h"
 #include "../trust/keys.h"
-#include "plan.h"
+#include "../plan/plan.h"
 
 #define PB_ROUNDS 4
 #define PB_MAX_PEERS PLAN_MAX_NODES

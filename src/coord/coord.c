@@ -21,13 +21,13 @@
 #include "../gguf/file_hash.h"
 #include "../model/expert_cache.h"
 #include "../model/k3_memory.h"
-#include "../trust/audit.h"
+#include "audit.h"
 #include "../trust/manifest.h"
 #include "ggml.h"
 #include "gguf.h"
 
 #include "coord_int.h"
-#include "predict.h"
+#include "../plan/predict.h"
 
 int ring_opts_check_taps(const ring_opts *o, const uint32_t *layers, int n, rl_err *err) {
     if (n != o->n_taps || (n > 0 && memcmp(layers, o->taps, (size_t)n * sizeof *layers) != 0)) {

@@ -24,14 +24,14 @@
 #include "../text/tokenizer.h"
 #include "../prune/calib.h"
 #include "../prune/reap.h"
-#include "../trust/audit.h"
+#include "audit.h"
 #include "../trust/keys.h"
 #include "../trust/ledger.h"
 #include "../trust/manifest_file.h"
 #include "../trust/receipt.h"
 #include "../wire/frame.h"
-#include "plan.h"
-#include "zsock.h"
+#include "../plan/plan.h"
+#include "../net/zsock.h"
 
 typedef struct ring_node_conf {
     char addr[128];  /* HOST:PORT */

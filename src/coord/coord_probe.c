@@ -8,8 +8,8 @@
 #include "../gen/emit.h"
 #include "../wire/frame.h"
 #include "coord_int.h"
-#include "probe.h"
-#include "ring_order.h"
+#include "../net/probe.h"
+#include "../plan/ring_order.h"
 
 /* A peer that never answered: so far that no order uses its link while another exists. */
 #define CP_UNREACHABLE_S 1e3

@@ -36,9 +36,9 @@
 #include "../trust/receipt.h"
 #include "../wire/frame.h"
 #include "../exec/stage.h"
-#include "probe.h"
+#include "../net/probe.h"
 #include "range_parts.h"
-#include "zsock.h"
+#include "../net/zsock.h"
 
 #define NODE_MAX_MODELS 32
 
