@@ -1,4 +1,4 @@
-/* `ringlm relay`: forward TCP with an added one-way delay and a bandwidth cap (src/ring/relay.c). */
+/* `ringlm relay`: forward TCP with an added one-way delay and a bandwidth cap (src/tools/relay.c). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>

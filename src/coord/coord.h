@@ -1,6 +1,7 @@
-/* Folder src/ring/: CURVE sockets and allowlist, node daemon, coordinator, planner, the ring's speculative
- * verifier, latency relay, REAP scoring through the ring. May include: base, device, gguf, model, text, gen, speculate,
- * wire, exec, trust, prune. (README
+/* Folder src/coord/: the coordinator: a ring opened over its nodes, sequences driven through it, receipts
+ * checked, audits (recomputing a stage: audit.c), the ring's speculative verifier, REAP scoring through the
+ * ring, the model a coordinator works on (its file or manifest), `ringlm run`'s generation (prompt_run). May
+ * include: base, device, gguf, model, text, gen, speculate, wire, exec, trust, prune, net, plan. (README
  * "Layout"; tests/t_layout.sh checks both.)
  */
 /* coord.h - the coordinator: plans the ring, assigns layer ranges, drives sequences through it.
@@ -65,7 +66,7 @@ typedef struct ring_opts {
     bool receipts;        /* every stage signs a receipt per traversal; each traversal is checked */
     FILE *receipts_out;   /* and written here as JSON lines (may be NULL) */
     bool quiet;           /* do not print the plan */
-    /* Audits (trust/audit.h; they need receipts, which they turn on): each finished sequence is audited
+    /* Audits (coord/audit.h; they need receipts, which they turn on): each finished sequence is audited
      * with probability audit_rate (0 = never, 1 = all), drawn from audit_seed, at one stage drawn likewise;
      * the coordinator recomputes that stage's layers for the sequence and compares within audit_tol. */
     double audit_rate;
@@ -207,7 +208,7 @@ typedef struct ring_coord {
     /* Audits: the sequences waiting to be audited, an engine per audited stage (on the coordinator's model
      * file), and what was found (the evidence: the ledger's remembered traversals). */
     const mf_model *m;
-    audit_draws audit;             /* which finished sequences are audited, and where (trust/audit.h) */
+    audit_draws audit;             /* which finished sequences are audited, and where (coord/audit.h) */
     void *aud_eng[PLAN_MAX_NODES]; /* k3_engine *, per stage, made at its first audit */
     char aud_where[PLAN_MAX_NODES][96]; /* where each stage's audits recompute, and so how they compare */
     tok_tokenizer aud_tok;         /* the last stage's audits: the vocabulary its constrained sampling follows */
@@ -230,13 +231,6 @@ struct pr_result;
  * FLOPs and the measured delays, for a prompt of `prompt` tokens in `chunk`-token chunks; transfers are
  * not counted (link bandwidths are not measured). -1 when the delays were not measured. */
 int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, struct pr_result *r);
-
-/* What the planner knows of a model (plan.h): per-layer weights, bytes a token reads, state of n_seq
- * sequences at n_ctx with cache elements of cache_elem bytes (and, when they speculate in blocks of up to
- * spec_block tokens, spec_depth in flight, the copies they keep for rollback), embedding and head. Used by
- * ring_open and by `ringlm plan --nodes`. */
-void ring_plan_model(plan_model *pm, const mf_model *m, const k3_hparams *hp, uint32_t n_seq, uint32_t n_ctx,
-                     size_t cache_elem, uint32_t spec_block, int spec_depth);
 
 /* Connects, asks every node for INFO, plans, prints the plan, assigns ranges and waits until all are
  * loaded. Fails with a message naming the node and the reason (unreachable, refused our key, lacks the
