@@ -1,72 +1,13 @@
 /* ring_reap.c - REAP scoring through the ring: calibration text flows through the stages as prefill
  * frames flagged RF_SEQ_ROUTES; every stage holding MoE layers sends its layers' routing back (ROUTES,
- * frame.h) and the coordinator adds it to one set of statistics for the whole model. */
+ * frame.h) and the coordinator adds it to one set of statistics for the whole model (as it arrives:
+ * ring_take_routes, coord_io.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../prune/reap_run.h"
 #include "coord_int.h"
-
-int ring_routes_need(const ring_coord *rc) {
-    int n = 0;
-    for (int s = 0; s < rc->plan.n_stages; s++) n += rc->plan.stages[s].b > rc->hp.n_dense_lead;
-    return n;
-}
-
-void ring_take_routes(ring_coord *rc, int from, const zs_parts *p, const rf_header *h) {
-    struct ring_pending *pd = ring_find_pending(rc, h->step_id);
-    int s = -1;
-    for (int i = 0; i < rc->plan.n_stages; i++) s = rc->plan.stages[i].node == from ? i : s;
-    if (!pd || pd->route_rows == 0 || pd->routes_err[0]) return; /* nothing owed, or already failed */
-    const char *addr = rc->conf.nodes[from].addr;
-    if (s < 0) {
-        snprintf(pd->routes_err, sizeof pd->routes_err, "node %s sent routing statistics but holds no stage", addr);
-        return;
-    }
-    const uint32_t a = rc->plan.stages[s].a, b = rc->plan.stages[s].b;
-    const uint32_t l0 = a > rc->hp.n_dense_lead ? a : rc->hp.n_dense_lead;
-    const uint64_t bit = 1ull << (unsigned)s;
-    if (b <= rc->hp.n_dense_lead || (pd->routes_from & bit)) {
-        snprintf(pd->routes_err, sizeof pd->routes_err, "node %s sent %s routing statistics for step %llu", addr,
-                 (pd->routes_from & bit) ? "a second set of" : "(holding no MoE layer)", (unsigned long long)h->step_id);
-        return;
-    }
-    pd->routes_from |= bit;
-    pd->routes_got++;
-    const uint8_t *d = p->n >= 2 ? p->data[1] : NULL;
-    const size_t len = p->n >= 2 ? p->len[1] : 0;
-    uint32_t hd[4] = {0};
-    if (len >= 16) memcpy(hd, d, 16);
-    const size_t cell = (size_t)hd[1] * hd[3] * hd[2];
-    if (len < 16 || hd[0] != l0 || hd[1] != b - l0 || hd[2] != rc->hp.n_expert_used || hd[3] != pd->route_rows ||
-        len != 16 + cell * 12) {
-        snprintf(pd->routes_err, sizeof pd->routes_err,
-                 "node %s sent malformed routing statistics for step %llu (layers %u+%u, k %u, %u rows, %zu bytes; "
-                 "want layers %u+%u, k %u, %u rows)", addr, (unsigned long long)h->step_id, hd[0], hd[1], hd[2], hd[3],
-                 len, l0, b - l0, rc->hp.n_expert_used, pd->route_rows);
-        return;
-    }
-    /* Copied out: the message's bytes carry no alignment promise. */
-    k3_routes r = {.n_layers = hd[1], .layer0 = hd[0], .n_tokens = hd[3], .k = hd[2]};
-    r.ids = malloc(cell * 4 + 1);
-    r.weight = malloc(cell * 4 + 1);
-    r.norm = malloc(cell * 4 + 1);
-    rl_err err;
-    if (!r.ids || !r.weight || !r.norm) {
-        snprintf(pd->routes_err, sizeof pd->routes_err, "out of memory for routing statistics");
-    } else {
-        memcpy(r.ids, d + 16, cell * 4);
-        memcpy(r.weight, d + 16 + cell * 4, cell * 4);
-        memcpy(r.norm, d + 16 + cell * 8, cell * 4);
-        if (reap_stats_add(rc->routes, &r, &err) != 0) {
-            snprintf(pd->routes_err, sizeof pd->routes_err, "node %s: routing statistics: %s", addr, err.msg);
-        }
-    }
-    free(r.ids);
-    free(r.weight);
-    free(r.norm);
-}
 
 int ring_reap_score(ring_coord *rc, const calib_set *c, uint32_t chunk, reap_stats *s, bool progress, rl_err *err) {
     if (chunk < 1) chunk = 512;
