@@ -307,4 +307,28 @@ void ring_print_stats(const ring_coord *rc, FILE *f);
 struct cJSON;
 struct cJSON *ring_stats_json(const ring_coord *rc);
 
+/* ---- an open ring, read from outside (coord_access.c) ----------------------------------------------------
+ * What a server's ring backend (src/serve/backend_ring.c) needs of the ring it keeps open, without knowing
+ * ring_coord's fields. node: a ring.conf index; stage: an index into the plan. */
+
+/* The plan the ring was opened with (its stages' nodes and layer ranges). */
+const plan_result *ring_plan_get(const ring_coord *rc);
+/* Stage s's figures so far (sums over its traversals). */
+ring_stage_stats ring_stage_stats_get(const ring_coord *rc, int stage);
+/* The audits of node so far and the seconds they took; clear starts both from 0 again (a server adds them to
+ * totals of its own, which outlive the ring). */
+void ring_node_audits_get(const ring_coord *rc, int node, long *n, double *secs);
+void ring_node_audits_clear(ring_coord *rc, int node);
+/* Why node was found faulty (a failed receipt check or audit), or NULL if it was not. */
+const char *ring_node_fault_get(const ring_coord *rc, int node);
+/* Polls node's link: true when it closed after its handshake (the node died or the network dropped). *why
+ * (may be NULL): the link's last event, "" if none, valid until the next poll of that node. */
+bool ring_node_link_poll(ring_coord *rc, int node, const char **why);
+/* Whether node's link takes a message within timeout_ms (0: at once). */
+bool ring_node_writable_wait(ring_coord *rc, int node, int timeout_ms);
+/* Audits drawn for finished sequences and not yet run (ring_audit_pending runs them). */
+int ring_audit_pending_count(const ring_coord *rc);
+/* Steps submitted and not yet collected. */
+int ring_pending_count(const ring_coord *rc);
+
 #endif
