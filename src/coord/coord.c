@@ -78,8 +78,13 @@ int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, pr_re
     return pr_predict(rc->m, &rc->hp, &rc->plan, nodes, hop_s, &po, r, &e2);
 }
 
-int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, const mf_model *m, const k3_hparams *hp,
-              const ring_opts *o, rl_err *err) {
+/* ---- ring_open, in phases --------------------------------------------------------------------------------
+ * ring_open runs them in order; the first to fail stops it (err says why, naming the node), and ring_close
+ * then lets go of whatever the phases before it took. */
+
+/* The ring's state before anything is sent: the options, a fresh ring id and the audits' draws. */
+static void ring_open_init(ring_coord *rc, const ring_conf *conf, const rk_identity *id, const mf_model *m,
+                           const k3_hparams *hp, const ring_opts *o) {
     memset(rc, 0, sizeof *rc);
     rc->conf = *conf;
     rc->id = id;
@@ -91,30 +96,117 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
     randombytes_buf(&rc->ring_id, sizeof rc->ring_id);
     rc->next_step = 1;
     rc->next_seq = 1;
-    if (o->manifest ? ring_mf_begin(rc, err) != 0 : fh_model_hash(m, rc->model_hash, err) != 0) {
-        free(rc->mf_bytes);
-        rc->mf_bytes = NULL;
-        return -1;
-    }
+}
+
+/* The id the nodes know the model by: its manifest's hash (a manifest ring), else the whole file's. */
+static int ring_open_model_id(ring_coord *rc, rl_err *err) {
+    return rc->o.manifest ? ring_mf_begin(rc, err) : fh_model_hash(rc->m, rc->model_hash, err);
+}
+
+/* A CURVE socket to every node of ring.conf, each with a monitor of its link. */
+static int ring_open_connect(ring_coord *rc, rl_err *err) {
+    const ring_conf *conf = &rc->conf;
     rc->zctx = zmq_ctx_new();
     if (!rc->zctx) return rl_errf(err, "cannot create a ZeroMQ context");
     /* "coord-<key>-<session>-<connection>": a node serves one session at a time (node.c: node_admit), and
      * each connection's id is new, so no node's ROUTER ever sees two connections claim one id. */
     if (rc->o.session == 0) randombytes_buf(&rc->o.session, sizeof rc->o.session);
     char rid[80];
-    snprintf(rid, sizeof rid, "coord-%.16s-%016" PRIx64 "-%08x", id->pk_hex, rc->o.session, randombytes_random());
+    snprintf(rid, sizeof rid, "coord-%.16s-%016" PRIx64 "-%08x", rc->id->pk_hex, rc->o.session, randombytes_random());
     for (int i = 0; i < conf->n; i++) {
-        rc->nodes[i].sock = zs_client(rc->zctx, conf->nodes[i].addr, id, conf->nodes[i].key.curve_pk_z85, rid, err);
+        rc->nodes[i].sock = zs_client(rc->zctx, conf->nodes[i].addr, rc->id, conf->nodes[i].key.curve_pk_z85, rid, err);
         if (!rc->nodes[i].sock) {
             rl_err_prefix(err, "node %s", conf->nodes[i].addr);
-            ring_close(rc);
             return -1;
         }
         char name[16];
         snprintf(name, sizeof name, "n%d", i);
         zs_monitor_start(&rc->nodes[i].mon, rc->zctx, rc->nodes[i].sock, name, err);
     }
-    /* INFO from everyone. ZeroMQ connects in the background: we send now and wait. */
+    return 0;
+}
+
+/* A node's INFO into its state: memory, speed, FLOPs and disk; the device it computes on, with each part's
+ * room when it names several; how its engine computes (audits of it compute the same way); and which of the
+ * model it holds (the whole file, ranges streamed before, or a manifest ring's split files). */
+static void ring_info_read(ring_coord *rc, int from, const cJSON *j) {
+    const cJSON *mem = j ? cJSON_GetObjectItemCaseSensitive(j, "mem_bytes") : NULL;
+    const cJSON *sp = j ? cJSON_GetObjectItemCaseSensitive(j, "speed_bps") : NULL;
+    const cJSON *models = j ? cJSON_GetObjectItemCaseSensitive(j, "models") : NULL;
+    rc->nodes[from].mem_bytes = cJSON_IsNumber(mem) ? (uint64_t)mem->valuedouble : 0;
+    rc->nodes[from].speed = cJSON_IsNumber(sp) && sp->valuedouble > 0 ? sp->valuedouble : 1e9;
+    const cJSON *dk = j ? cJSON_GetObjectItemCaseSensitive(j, "disk_bps") : NULL;
+    rc->nodes[from].disk_bps = cJSON_IsNumber(dk) && dk->valuedouble > 0 ? dk->valuedouble : 0;
+    const cJSON *fl = j ? cJSON_GetObjectItemCaseSensitive(j, "flops") : NULL;
+    rc->nodes[from].flops = cJSON_IsNumber(fl) && fl->valuedouble > 0 ? fl->valuedouble : 0;
+    /* The backend of the device it computes on ("backend" names the device; "devices" its backend). */
+    const char *bk = j ? jstr(j, "backend") : NULL;
+    char first[64] = "";
+    if (bk) snprintf(first, sizeof first, "%.*s", (int)strcspn(bk, ","), bk);
+    const cJSON *dl = j ? cJSON_GetObjectItemCaseSensitive(j, "devices") : NULL, *de;
+    cJSON_ArrayForEach(de, dl) {
+        const char *nm = jstr(de, "name"), *br = jstr(de, "backend");
+        if (nm && br && first[0] && strcmp(first, "CPU") != 0 && strcmp(nm, first) == 0) {
+            snprintf(rc->nodes[from].dev_reg, sizeof rc->nodes[from].dev_reg, "%s", br);
+        }
+    }
+    const cJSON *dv = j ? cJSON_GetObjectItemCaseSensitive(j, "device") : NULL;
+    const char *dn = jstr(dv, "name");
+    const double db = jnum_or(dv, "mem_bytes", 0), dsp = jnum_or(dv, "speed_bps", 0), dfl = jnum_or(dv, "flops", 0);
+    if (dn && db > 0 && db < 1e19 && dsp > 0 && isfinite(dsp)) {
+        snprintf(rc->nodes[from].dev_name, sizeof rc->nodes[from].dev_name, "%s", dn);
+        rc->nodes[from].dev_bytes = (uint64_t)db;
+        rc->nodes[from].dev_speed = dsp;
+        rc->nodes[from].dev_flops = dfl > 0 && isfinite(dfl) ? dfl : 0;
+        /* Several devices: each one's room from the "devices" list, to print the node's split. */
+        rc->nodes[from].n_parts = 0;
+        for (const char *p = dn; *p && rc->nodes[from].n_parts < PLAN_MAX_PARTS;) {
+            const size_t len = strcspn(p, ",");
+            const int k = rc->nodes[from].n_parts;
+            snprintf(rc->nodes[from].part_name[k], sizeof rc->nodes[from].part_name[k], "%.*s", (int)len, p);
+            double fr = -1;
+            cJSON_ArrayForEach(de, dl) {
+                const char *nm = jstr(de, "name");
+                if (nm && strcmp(nm, rc->nodes[from].part_name[k]) == 0) fr = jnum_or(de, "free_bytes", -1);
+            }
+            if (!(fr >= 0 && fr < 1e19)) { /* a device the list does not have: no split to print */
+                rc->nodes[from].n_parts = 0;
+                break;
+            }
+            rc->nodes[from].part_room[k] = k3_dev_room((size_t)fr);
+            rc->nodes[from].n_parts++;
+            p += len + (p[len] == ',');
+        }
+    }
+    k3_engine_opts *eng = &rc->nodes[from].eng;
+    eng->no_repack = cJSON_IsFalse(j ? cJSON_GetObjectItemCaseSensitive(j, "repack") : NULL);
+    eng->no_flash_attn = !cJSON_IsTrue(j ? cJSON_GetObjectItemCaseSensitive(j, "flash_attn") : NULL);
+    const char *ct = j ? jstr(j, "cache_type") : NULL;
+    eng->cache_f32 = !(ct && strcmp(ct, "f16") == 0);
+    const cJSON *it;
+    if (rc->o.manifest) ring_mf_info(rc, from, j ? cJSON_GetObjectItemCaseSensitive(j, "files") : NULL);
+    cJSON_ArrayForEach(it, models) {
+        if (rc->o.manifest) break; /* held by files (above), not by whole-file hash */
+        const char *hsh = jstr(it, "hash");
+        if (!hsh || strcmp(hsh, rc->model_hash) != 0) continue;
+        const cJSON *ra = cJSON_GetObjectItemCaseSensitive(it, "a"), *rb = cJSON_GetObjectItemCaseSensitive(it, "b");
+        if (cJSON_IsNumber(ra) && cJSON_IsNumber(rb)) {
+            ring_node_state *ns = &rc->nodes[from];
+            if (ns->n_ranges < 16) {
+                ns->range_a[ns->n_ranges] = (uint32_t)ra->valuedouble;
+                ns->range_b[ns->n_ranges++] = (uint32_t)rb->valuedouble;
+            }
+        } else {
+            rc->nodes[from].has_model = true;
+        }
+    }
+}
+
+/* INFO from every node (but those left out), asked again every 0.1 s until connect_s: ZeroMQ connects in the
+ * background, and IMMEDIATE sockets drop what they cannot deliver yet. */
+static int ring_open_info(ring_coord *rc, rl_err *err) {
+    const ring_conf *conf = &rc->conf;
+    const ring_opts *o = &rc->o;
     for (int i = 0; i < conf->n; i++) {
         rl_err e2;
         ring_send(rc, i, RF_INFO_REQ, 0, NULL, NULL, 0, NULL, 0, &e2); /* may fail until connected: retried below */
@@ -127,15 +219,10 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
         if (o->exclude[i]) got[i] = true, n_got++, rc->nodes[i].speed = 1e9;
     }
     while (n_got < conf->n) {
-        if (ring_aborted(rc) || gen_sigint_pending()) {
-            rl_errf(err, "interrupted");
-            ring_close(rc);
-            return -1;
-        }
+        if (ring_aborted(rc) || gen_sigint_pending()) return rl_errf(err, "interrupted");
         if (gen_mono() - t0 > o->connect_s) {
             if (busy.msg[0]) {
                 *err = busy;
-                ring_close(rc);
                 return -1;
             }
             for (int i = 0; i < conf->n; i++) {
@@ -144,10 +231,9 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
                 bool refused = strstr(rc->nodes[i].mon.last, "refused our key") != NULL;
                 rl_errf(err, "node %s did not answer within %.0f s: %s%s%s", conf->nodes[i].addr, o->connect_s,
                         rc->nodes[i].mon.last[0] ? rc->nodes[i].mon.last : "unreachable",
-                        refused ? ": start it with --allow " : "", refused ? id->pk_hex : "");
+                        refused ? ": start it with --allow " : "", refused ? rc->id->pk_hex : "");
                 break;
             }
-            ring_close(rc);
             return -1;
         }
         if (gen_mono() - last_send > 0.1) { /* IMMEDIATE sockets drop what they cannot deliver yet: resend */
@@ -171,81 +257,11 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
                 continue;
             }
             *err = e2;
-            ring_close(rc);
             return -1;
         }
         if (!got[from]) {
             cJSON *j = cJSON_ParseWithLength(p.data[1], p.len[1]);
-            const cJSON *mem = j ? cJSON_GetObjectItemCaseSensitive(j, "mem_bytes") : NULL;
-            const cJSON *sp = j ? cJSON_GetObjectItemCaseSensitive(j, "speed_bps") : NULL;
-            const cJSON *models = j ? cJSON_GetObjectItemCaseSensitive(j, "models") : NULL;
-            rc->nodes[from].mem_bytes = cJSON_IsNumber(mem) ? (uint64_t)mem->valuedouble : 0;
-            rc->nodes[from].speed = cJSON_IsNumber(sp) && sp->valuedouble > 0 ? sp->valuedouble : 1e9;
-            const cJSON *dk = j ? cJSON_GetObjectItemCaseSensitive(j, "disk_bps") : NULL;
-            rc->nodes[from].disk_bps = cJSON_IsNumber(dk) && dk->valuedouble > 0 ? dk->valuedouble : 0;
-            const cJSON *fl = j ? cJSON_GetObjectItemCaseSensitive(j, "flops") : NULL;
-            rc->nodes[from].flops = cJSON_IsNumber(fl) && fl->valuedouble > 0 ? fl->valuedouble : 0;
-            /* The backend of the device it computes on ("backend" names the device; "devices" its backend). */
-            const char *bk = j ? jstr(j, "backend") : NULL;
-            char first[64] = "";
-            if (bk) snprintf(first, sizeof first, "%.*s", (int)strcspn(bk, ","), bk);
-            const cJSON *dl = j ? cJSON_GetObjectItemCaseSensitive(j, "devices") : NULL, *de;
-            cJSON_ArrayForEach(de, dl) {
-                const char *nm = jstr(de, "name"), *br = jstr(de, "backend");
-                if (nm && br && first[0] && strcmp(first, "CPU") != 0 && strcmp(nm, first) == 0) {
-                    snprintf(rc->nodes[from].dev_reg, sizeof rc->nodes[from].dev_reg, "%s", br);
-                }
-            }
-            const cJSON *dv = j ? cJSON_GetObjectItemCaseSensitive(j, "device") : NULL;
-            const char *dn = jstr(dv, "name");
-            const double db = jnum_or(dv, "mem_bytes", 0), dsp = jnum_or(dv, "speed_bps", 0), dfl = jnum_or(dv, "flops", 0);
-            if (dn && db > 0 && db < 1e19 && dsp > 0 && isfinite(dsp)) {
-                snprintf(rc->nodes[from].dev_name, sizeof rc->nodes[from].dev_name, "%s", dn);
-                rc->nodes[from].dev_bytes = (uint64_t)db;
-                rc->nodes[from].dev_speed = dsp;
-                rc->nodes[from].dev_flops = dfl > 0 && isfinite(dfl) ? dfl : 0;
-                /* Several devices: each one's room from the "devices" list, to print the node's split. */
-                rc->nodes[from].n_parts = 0;
-                for (const char *p = dn; *p && rc->nodes[from].n_parts < PLAN_MAX_PARTS;) {
-                    const size_t len = strcspn(p, ",");
-                    const int k = rc->nodes[from].n_parts;
-                    snprintf(rc->nodes[from].part_name[k], sizeof rc->nodes[from].part_name[k], "%.*s", (int)len, p);
-                    double fr = -1;
-                    cJSON_ArrayForEach(de, dl) {
-                        const char *nm = jstr(de, "name");
-                        if (nm && strcmp(nm, rc->nodes[from].part_name[k]) == 0) fr = jnum_or(de, "free_bytes", -1);
-                    }
-                    if (!(fr >= 0 && fr < 1e19)) { /* a device the list does not have: no split to print */
-                        rc->nodes[from].n_parts = 0;
-                        break;
-                    }
-                    rc->nodes[from].part_room[k] = k3_dev_room((size_t)fr);
-                    rc->nodes[from].n_parts++;
-                    p += len + (p[len] == ',');
-                }
-            }
-            k3_engine_opts *eng = &rc->nodes[from].eng;
-            eng->no_repack = cJSON_IsFalse(j ? cJSON_GetObjectItemCaseSensitive(j, "repack") : NULL);
-            eng->no_flash_attn = !cJSON_IsTrue(j ? cJSON_GetObjectItemCaseSensitive(j, "flash_attn") : NULL);
-            const char *ct = j ? jstr(j, "cache_type") : NULL;
-            eng->cache_f32 = !(ct && strcmp(ct, "f16") == 0);
-            const cJSON *it;
-            if (o->manifest) ring_mf_info(rc, from, j ? cJSON_GetObjectItemCaseSensitive(j, "files") : NULL);
-            cJSON_ArrayForEach(it, models) {
-                if (o->manifest) break; /* held by files (above), not by whole-file hash */
-                const char *hsh = jstr(it, "hash");
-                if (!hsh || strcmp(hsh, rc->model_hash) != 0) continue;
-                const cJSON *ra = cJSON_GetObjectItemCaseSensitive(it, "a"), *rb = cJSON_GetObjectItemCaseSensitive(it, "b");
-                if (cJSON_IsNumber(ra) && cJSON_IsNumber(rb)) {
-                    ring_node_state *ns = &rc->nodes[from];
-                    if (ns->n_ranges < 16) {
-                        ns->range_a[ns->n_ranges] = (uint32_t)ra->valuedouble;
-                        ns->range_b[ns->n_ranges++] = (uint32_t)rb->valuedouble;
-                    }
-                } else {
-                    rc->nodes[from].has_model = true;
-                }
-            }
+            ring_info_read(rc, from, j);
             cJSON_Delete(j);
             got[from] = true;
             rc->nodes[from].last_seen = gen_mono();
@@ -253,49 +269,65 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
         }
         zs_parts_free(&p);
     }
-    /* Plan over the nodes that hold the model. */
+    return 0;
+}
+
+/* The order the ring runs in: perm[k] is the ring.conf index of the k-th node; the n_use nodes planned come
+ * first, those left out (exclude) last, where the plan ignores them. cycle_s: its measured round trip, and
+ * conf_cycle_s that of ring.conf's order (both 0 unless have_delays). */
+typedef struct ring_ordering {
+    int perm[PLAN_MAX_NODES];
+    int n_use;
+    double cycle_s, conf_cycle_s;
+} ring_ordering;
+
+/* The order: measured (coord_probe.c) unless ring.conf's is to be kept; ring.conf's, said so, when the
+ * delays cannot be measured. */
+static int ring_open_order(ring_coord *rc, ring_ordering *ord, rl_err *err) {
+    const ring_conf *conf = &rc->conf;
+    const ring_opts *o = &rc->o;
+    bool use[PLAN_MAX_NODES];
+    ord->n_use = 0;
+    ord->cycle_s = ord->conf_cycle_s = 0;
+    for (int i = 0; i < conf->n; i++) {
+        use[i] = !(o->exclude && o->exclude[i]);
+        ord->n_use += use[i];
+        ord->perm[i] = i;
+    }
+    if (o->keep_order || ord->n_use < 2) return 0;
+    rl_err pe = {{0}};
+    int m_use = 0;
+    if (ring_probe(rc, use, &pe) != 0 ||
+        ring_order_measured(rc, use, ord->perm, &m_use, &ord->cycle_s, &ord->conf_cycle_s, &pe) != 0) {
+        if (ring_aborted(rc) || gen_sigint_pending()) return rl_errf(err, "interrupted");
+        rc->have_delays = false;
+        for (int i = 0; i < conf->n; i++) ord->perm[i] = i;
+        if (!o->quiet) fprintf(stderr, "ring order: ring.conf's (the delays could not be measured: %s)\n", pe.msg);
+        return 0;
+    }
+    for (int i = 0; i < conf->n; i++) {
+        if (!use[i]) ord->perm[m_use++] = i;
+    }
+    return 0;
+}
+
+/* The cut (plan.h) over the nodes in that order: each node's memory (capped by ring.conf's mem=, none for a
+ * node left out or one that lacks the model under --no-fetch), a GPU as a tier before its RAM, and in a
+ * manifest ring what each would be streamed; stages then name ring.conf indices. */
+static int ring_open_plan(ring_coord *rc, const ring_ordering *ord, rl_err *err) {
+    const ring_conf *conf = &rc->conf;
+    const ring_opts *o = &rc->o;
     /* The MLA cache as the nodes keep it: f16 (the default), f32 if any node runs --cache-type f32 (the
      * plan's per-layer figure must hold wherever the layer lands). */
     size_t cache_elem = 2;
     for (int i = 0; i < conf->n; i++) {
-        if (got[i] && rc->nodes[i].eng.cache_f32) cache_elem = 4;
-    }
-    /* The order: measured (coord_probe.c) unless ring.conf's is to be kept. perm[k]: the ring.conf index of
-     * the k-th node in ring order; the nodes left out (exclude) go last, where the plan ignores them. */
-    bool use[PLAN_MAX_NODES];
-    int n_use = 0, perm[PLAN_MAX_NODES];
-    for (int i = 0; i < conf->n; i++) {
-        use[i] = !(o->exclude && o->exclude[i]);
-        n_use += use[i];
-        perm[i] = i;
-    }
-    double cycle_s = 0, conf_cycle_s = 0;
-    if (!o->keep_order && n_use >= 2) {
-        rl_err pe = {{0}};
-        int m_use = 0;
-        if (ring_probe(rc, use, &pe) != 0 || ring_order_measured(rc, use, perm, &m_use, &cycle_s, &conf_cycle_s, &pe) != 0) {
-            if (ring_aborted(rc) || gen_sigint_pending()) {
-                rl_errf(err, "interrupted");
-                ring_close(rc);
-                return -1;
-            }
-            rc->have_delays = false;
-            for (int i = 0; i < conf->n; i++) perm[i] = i;
-            if (!o->quiet) fprintf(stderr, "ring order: ring.conf's (the delays could not be measured: %s)\n", pe.msg);
-        } else {
-            for (int i = 0; i < conf->n; i++) {
-                if (!use[i]) perm[m_use++] = i;
-            }
-        }
+        if (rc->nodes[i].eng.cache_f32) cache_elem = 4;
     }
     plan_model pm;
-    ring_plan_model(&pm, m, hp, o->n_seqs > 0 ? (uint32_t)o->n_seqs : 1, o->n_ctx, cache_elem, o->spec_block,
+    ring_plan_model(&pm, rc->m, &rc->hp, o->n_seqs > 0 ? (uint32_t)o->n_seqs : 1, o->n_ctx, cache_elem, o->spec_block,
                     o->spec_block ? o->spec_depth : 0);
     uint64_t (*lack)[PLAN_MAX_LAYERS + 2] = o->manifest ? calloc((size_t)conf->n, sizeof *lack) : NULL;
-    if (o->manifest && !lack) {
-        ring_close(rc);
-        return rl_errf(err, "out of memory");
-    }
+    if (o->manifest && !lack) return rl_errf(err, "out of memory");
     for (int i = 0; i < conf->n; i++) {
         plan_node *pn = &rc->pnodes[i];
         if (lack) ring_mf_lack(rc, i, lack[i]), pn->lack = lack[i];
@@ -321,164 +353,218 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
         }
     }
     plan_node in_order[PLAN_MAX_NODES];
-    for (int k = 0; k < conf->n; k++) in_order[k] = rc->pnodes[perm[k]];
+    for (int k = 0; k < conf->n; k++) in_order[k] = rc->pnodes[ord->perm[k]];
     int prc = plan_make(&pm, in_order, conf->n, 0.10, &rc->plan, err);
-    for (int s = 0; prc == 0 && s < rc->plan.n_stages; s++) rc->plan.stages[s].node = perm[rc->plan.stages[s].node];
+    for (int s = 0; prc == 0 && s < rc->plan.n_stages; s++) {
+        rc->plan.stages[s].node = ord->perm[rc->plan.stages[s].node];
+    }
     for (int i = 0; i < conf->n; i++) rc->pnodes[i].lack = NULL; /* (lack is freed now) */
     free(lack);
-    if (prc != 0) {
-        ring_close(rc);
-        return -1;
-    }
-    if (!o->quiet && rc->have_delays) {
+    return prc != 0 ? -1 : 0;
+}
+
+/* What the plan is, on stderr (unless quiet): the order with its round trip, the cut, what the planner
+ * predicts of it, and in a manifest ring which split files each stage holds. */
+static void ring_open_print(const ring_coord *rc, const ring_ordering *ord) {
+    const ring_conf *conf = &rc->conf;
+    if (rc->o.quiet) return;
+    if (rc->have_delays) {
         bool moved = false;
-        for (int k = 0; k < n_use; k++) moved |= perm[k] != k;
-        fprintf(stderr, "ring order (delays measured; round trip %.1f ms%s):", cycle_s * 1e3, moved ? "" : ", ring.conf's");
-        for (int k = 0; k < n_use; k++) fprintf(stderr, " %s", conf->nodes[perm[k]].addr);
-        if (moved) fprintf(stderr, "\n  (reordered: ring.conf's order takes %.1f ms; --keep-order keeps it)", conf_cycle_s * 1e3);
+        for (int k = 0; k < ord->n_use; k++) moved |= ord->perm[k] != k;
+        fprintf(stderr, "ring order (delays measured; round trip %.1f ms%s):", ord->cycle_s * 1e3,
+                moved ? "" : ", ring.conf's");
+        for (int k = 0; k < ord->n_use; k++) fprintf(stderr, " %s", conf->nodes[ord->perm[k]].addr);
+        if (moved) {
+            fprintf(stderr, "\n  (reordered: ring.conf's order takes %.1f ms; --keep-order keeps it)",
+                    ord->conf_cycle_s * 1e3);
+        }
         fprintf(stderr, "\n");
     }
-    if (!o->quiet) plan_print(&rc->plan, rc->pnodes, stderr);
+    plan_print(&rc->plan, rc->pnodes, stderr);
     pr_result pred;
-    if (!o->quiet && ring_prediction(rc, 1, 1, &pred) == 0) {
+    if (ring_prediction(rc, 1, 1, &pred) == 0) {
         fprintf(stderr, "predicted (ringlm plan's model, docs/plan.md): decode %.2f tok/s greedy = 1 / (hops %.1f ms measured + "
                         "compute %.1f ms at the nodes' speeds and FLOPs)\n", pred.greedy_tok_s, pred.hops_s * 1e3,
                 pred.compute_s * 1e3);
     }
-    if (!o->quiet && o->manifest) ring_mf_print(rc, stderr);
-    if (o->plan_only) return 0;
-    /* A manifest ring: every stage's missing split files lent to it by nodes that hold them. */
-    cJSON *holders[PLAN_MAX_NODES] = {0};
-    for (int s = 0; o->manifest && o->no_fetch && s < rc->plan.n_stages; s++) {
+    if (rc->o.manifest) ring_mf_print(rc, stderr);
+}
+
+/* A manifest ring: every stage's missing split files lent to it by nodes that hold them (holders[s], for
+ * stage s's ASSIGN); under --no-fetch a stage may miss none. */
+static int ring_open_lend(ring_coord *rc, cJSON **holders, rl_err *err) {
+    const ring_opts *o = &rc->o;
+    if (!o->manifest) return 0;
+    for (int s = 0; o->no_fetch && s < rc->plan.n_stages; s++) {
         if (rc->plan.stages[s].lack_bytes) {
-            rl_errf(err, "--no-fetch: no cut gives every stage only layers its node holds (%s lacks some of [%u, %u))",
-                    conf->nodes[rc->plan.stages[s].node].addr, rc->plan.stages[s].a, rc->plan.stages[s].b);
-            ring_close(rc);
+            const plan_stage *st = &rc->plan.stages[s];
+            return rl_errf(err, "--no-fetch: no cut gives every stage only layers its node holds (%s lacks some of "
+                           "[%u, %u))", rc->conf.nodes[st->node].addr, st->a, st->b);
+        }
+    }
+    return ring_mf_lend(rc, holders, err);
+}
+
+/* With receipts, the ledger that checks them: what every receipt must say, from our own copy of the model
+ * (or its manifest) and the plan, never from receipts. */
+static int ring_open_ledger(ring_coord *rc, rl_err *err) {
+    const ring_conf *conf = &rc->conf;
+    const ring_opts *o = &rc->o;
+    if (!o->receipts) return 0;
+    rcpt_stage_expect rexp[PLAN_MAX_NODES];
+    const char *names[PLAN_MAX_NODES];
+    for (int s = 0; s < rc->plan.n_stages; s++) {
+        rcpt_stage_expect *x = &rexp[s];
+        memcpy(x->node_pk, conf->nodes[rc->plan.stages[s].node].key.sign_pk, 32);
+        x->layer_start = rc->plan.stages[s].a;
+        x->layer_end = rc->plan.stages[s].b;
+        names[s] = conf->nodes[rc->plan.stages[s].node].addr;
+        if ((o->manifest ? mfst_file_range_hash(o->manifest, x->layer_start, x->layer_end, x->manifest, err)
+                         : mfst_range_hash(rc->m, &rc->hp, x->layer_start, x->layer_end, x->manifest, err)) != 0) {
             return -1;
         }
     }
-    if (o->manifest && ring_mf_lend(rc, holders, err) != 0) {
-        for (int s = 0; s < PLAN_MAX_NODES; s++) cJSON_Delete(holders[s]);
-        ring_close(rc);
-        return -1;
+    tl_config lc = {.ring_id = rc->ring_id, .n_layer = rc->hp.n_layer, .n_stages = rc->plan.n_stages, .stages = rexp,
+                    .names = names, .out = o->receipts_out, .on_receipts = o->on_receipts,
+                    .user = o->on_receipts_user,
+                    .keep = o->audit_rate > 0 ? (o->audit_keep > 0 ? o->audit_keep : 4096) : 0};
+    if (tl_init(&rc->ledger, &lc, err) != 0) return -1;
+    rc->have_ledger = true;
+    return 0;
+}
+
+/* Stage s's ASSIGN (node.c: node_assign): its range, the ring's shape and options, its neighbours, and in a
+ * manifest ring who lends it what it lacks (holders, taken over). NULL: out of memory. */
+static char *ring_assign_json(const ring_coord *rc, int s, cJSON **holders) {
+    const ring_conf *conf = &rc->conf;
+    const ring_opts *o = &rc->o;
+    const plan_stage *st = &rc->plan.stages[s];
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "model_hash", rc->model_hash);
+    if (o->manifest) {
+        cJSON_AddBoolToObject(j, "manifest", true);
+        cJSON_AddItemToObject(j, "holders", holders[s]);
+        holders[s] = NULL;
     }
-    if (rc->o.receipts) {
-        /* What every receipt must say, from our own copy of the model and the plan, never from receipts. */
-        rcpt_stage_expect rexp[PLAN_MAX_NODES];
-        const char *names[PLAN_MAX_NODES];
-        for (int s = 0; s < rc->plan.n_stages; s++) {
-            rcpt_stage_expect *x = &rexp[s];
-            memcpy(x->node_pk, conf->nodes[rc->plan.stages[s].node].key.sign_pk, 32);
-            x->layer_start = rc->plan.stages[s].a;
-            x->layer_end = rc->plan.stages[s].b;
-            names[s] = conf->nodes[rc->plan.stages[s].node].addr;
-            if ((o->manifest ? mfst_file_range_hash(o->manifest, x->layer_start, x->layer_end, x->manifest, err)
-                             : mfst_range_hash(m, hp, x->layer_start, x->layer_end, x->manifest, err)) != 0) {
-                for (int k = 0; k < PLAN_MAX_NODES; k++) cJSON_Delete(holders[k]);
-                ring_close(rc);
-                return -1;
-            }
-        }
-        tl_config lc = {.ring_id = rc->ring_id, .n_layer = hp->n_layer, .n_stages = rc->plan.n_stages, .stages = rexp,
-                        .names = names, .out = o->receipts_out, .on_receipts = o->on_receipts,
-                        .user = o->on_receipts_user,
-                        .keep = rc->o.audit_rate > 0 ? (o->audit_keep > 0 ? o->audit_keep : 4096) : 0};
-        if (tl_init(&rc->ledger, &lc, err) != 0) {
-            for (int k = 0; k < PLAN_MAX_NODES; k++) cJSON_Delete(holders[k]);
-            ring_close(rc);
-            return -1;
-        }
-        rc->have_ledger = true;
+    cJSON_AddNumberToObject(j, "a", st->a);
+    cJSON_AddNumberToObject(j, "b", st->b);
+    cJSON_AddNumberToObject(j, "stage", s);
+    cJSON_AddNumberToObject(j, "n_stages", rc->plan.n_stages);
+    cJSON_AddNumberToObject(j, "n_ctx", o->n_ctx);
+    cJSON_AddNumberToObject(j, "n_seqs", o->n_seqs > 0 ? o->n_seqs : 1); /* the node pools their states */
+    cJSON_AddStringToObject(j, "wire", o->wire == 1 ? "f16" : o->wire == 2 ? "bf16" : "f32");
+    if (o->spec_block > 0 && o->spec_depth > 0) cJSON_AddNumberToObject(j, "rollback_blocks", o->spec_depth);
+    if (o->n_taps > 0) {
+        cJSON *ta = cJSON_AddArrayToObject(j, "taps");
+        for (int k = 0; k < o->n_taps; k++) cJSON_AddItemToArray(ta, cJSON_CreateNumber(o->taps[k]));
     }
-    /* Assign, last stage first, so every downstream neighbour trusts its upstream before it connects. */
+    if (rc->pnodes[st->node].ram_bytes > 0) { /* how the stage splits between the node's GPU and RAM */
+        cJSON_AddNumberToObject(j, "gpu_layers", st->dev_layers);
+        cJSON_AddNumberToObject(j, "n_cpu_moe", st->cpu_moe ? st->a + st->cpu_moe : 0);
+    }
+    if (s > 0) cJSON_AddStringToObject(j, "upstream", conf->nodes[rc->plan.stages[s - 1].node].key.pk_hex);
+    if (s + 1 < rc->plan.n_stages) {
+        const ring_node_conf *nx = &conf->nodes[rc->plan.stages[s + 1].node];
+        cJSON *nj = cJSON_AddObjectToObject(j, "next");
+        cJSON_AddStringToObject(nj, "addr", nx->addr);
+        cJSON_AddStringToObject(nj, "pubkey", nx->key.pk_hex);
+    }
+    char *js = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    return js;
+}
+
+/* Stage s's READY: where the node computes its layers (a GPU, split with its CPU: docs/devices.md), and its
+ * stage's own timed frames for the prediction (a malformed entry leaves them all out). */
+static void ring_ready_read(ring_coord *rc, int s, const zs_parts *p) {
+    const plan_stage *st = &rc->plan.stages[s];
+    cJSON *rj = p->n >= 2 ? cJSON_ParseWithLength(p->data[1], p->len[1]) : NULL;
+    const cJSON *wh = rj ? cJSON_GetObjectItemCaseSensitive(rj, "where") : NULL;
+    if (!rc->o.quiet && cJSON_IsString(wh)) {
+        fprintf(stderr, "stage %d (%s) computes on %s\n", s + 1, rc->conf.nodes[st->node].addr, wh->valuestring);
+    }
+    ring_node_state *ns = &rc->nodes[st->node];
+    ns->n_steps = 0;
+    const cJSON *steps = rj ? cJSON_GetObjectItemCaseSensitive(rj, "steps") : NULL, *sv;
+    cJSON_ArrayForEach(sv, steps) {
+        const double tk = jnum_or(sv, "tokens", 0), sec = jnum_or(sv, "s", 0);
+        if (ns->n_steps < 0 || ns->n_steps == 8 || !(tk >= 1 && tk <= rc->o.n_ctx && sec > 0 && sec < 3600)) {
+            ns->n_steps = -1;
+            continue;
+        }
+        ns->step_tok[ns->n_steps] = tk;
+        ns->step_s[ns->n_steps++] = sec;
+    }
+    if (ns->n_steps < 0) ns->n_steps = 0;
+    ns->step_a = st->a, ns->step_b = st->b;
+    cJSON_Delete(rj);
+}
+
+/* Every stage assigned, last stage first, so every downstream neighbour trusts its upstream before it
+ * connects: its range streamed first if its node holds no file that covers it, then ASSIGN, then READY
+ * once it has loaded. */
+static int ring_open_assign(ring_coord *rc, cJSON **holders, rl_err *err) {
+    const ring_conf *conf = &rc->conf;
+    const ring_opts *o = &rc->o;
     for (int s = rc->plan.n_stages - 1; s >= 0; s--) {
         const plan_stage *st = &rc->plan.stages[s];
         const ring_node_state *ns = &rc->nodes[st->node];
         bool covered = ns->has_model || o->manifest; /* (a manifest ring's stages pull what they lack) */
         for (int r = 0; r < ns->n_ranges && !covered; r++) covered = ns->range_a[r] <= st->a && ns->range_b[r] >= st->b;
-        if (!covered && ring_stream(rc, st->node, m, st->a, st->b, err) != 0) {
+        if (!covered && ring_stream(rc, st->node, rc->m, st->a, st->b, err) != 0) {
             rl_err_prefix(err, "streaming layers [%u, %u) to %s", st->a, st->b, conf->nodes[st->node].addr);
-            for (int k = 0; k < PLAN_MAX_NODES; k++) cJSON_Delete(holders[k]);
-            ring_close(rc);
             return -1;
         }
-        cJSON *j = cJSON_CreateObject();
-        cJSON_AddStringToObject(j, "model_hash", rc->model_hash);
-        if (o->manifest) {
-            cJSON_AddBoolToObject(j, "manifest", true);
-            cJSON_AddItemToObject(j, "holders", holders[s]);
-            holders[s] = NULL;
-        }
-        cJSON_AddNumberToObject(j, "a", st->a);
-        cJSON_AddNumberToObject(j, "b", st->b);
-        cJSON_AddNumberToObject(j, "stage", s);
-        cJSON_AddNumberToObject(j, "n_stages", rc->plan.n_stages);
-        cJSON_AddNumberToObject(j, "n_ctx", o->n_ctx);
-        cJSON_AddNumberToObject(j, "n_seqs", o->n_seqs > 0 ? o->n_seqs : 1); /* the node pools their states */
-        cJSON_AddStringToObject(j, "wire", o->wire == 1 ? "f16" : o->wire == 2 ? "bf16" : "f32");
-        if (o->spec_block > 0 && o->spec_depth > 0) cJSON_AddNumberToObject(j, "rollback_blocks", o->spec_depth);
-        if (o->n_taps > 0) {
-            cJSON *ta = cJSON_AddArrayToObject(j, "taps");
-            for (int k = 0; k < o->n_taps; k++) cJSON_AddItemToArray(ta, cJSON_CreateNumber(o->taps[k]));
-        }
-        if (rc->pnodes[st->node].ram_bytes > 0) { /* how the stage splits between the node's GPU and RAM */
-            cJSON_AddNumberToObject(j, "gpu_layers", st->dev_layers);
-            cJSON_AddNumberToObject(j, "n_cpu_moe", st->cpu_moe ? st->a + st->cpu_moe : 0);
-        }
-        if (s > 0) cJSON_AddStringToObject(j, "upstream", conf->nodes[rc->plan.stages[s - 1].node].key.pk_hex);
-        if (s + 1 < rc->plan.n_stages) {
-            const ring_node_conf *nx = &conf->nodes[rc->plan.stages[s + 1].node];
-            cJSON *nj = cJSON_AddObjectToObject(j, "next");
-            cJSON_AddStringToObject(nj, "addr", nx->addr);
-            cJSON_AddStringToObject(nj, "pubkey", nx->key.pk_hex);
-        }
-        char *js = cJSON_PrintUnformatted(j);
-        cJSON_Delete(j);
+        char *js = ring_assign_json(rc, s, holders);
         int r = js ? ring_send(rc, st->node, RF_ASSIGN, 0, NULL, js, strlen(js), rc->mf_bytes, rc->mf_len, err)
                    : rl_errf(err, "out of memory");
         free(js);
-        if (r != 0) {
-            for (int k = 0; k < PLAN_MAX_NODES; k++) cJSON_Delete(holders[k]);
-            ring_close(rc);
-            return -1;
-        }
+        if (r != 0) return -1;
         zs_parts p;
         rf_header h;
         int from;
         if (ring_wait(rc, RF_READY, st->node, o->load_s, NULL, &from, &p, &h, err) != 0) {
             rl_err_prefix(err, "loading layers [%u, %u) on %s", st->a, st->b, conf->nodes[st->node].addr);
-            for (int k = 0; k < PLAN_MAX_NODES; k++) cJSON_Delete(holders[k]);
-            ring_close(rc);
             return -1;
         }
-        /* Where the node computes its layers (a GPU, split with its CPU: docs/devices.md), and its stage's
-         * own timed frames for the prediction (a malformed entry leaves them all out). */
-        cJSON *rj = p.n >= 2 ? cJSON_ParseWithLength(p.data[1], p.len[1]) : NULL;
-        const cJSON *wh = rj ? cJSON_GetObjectItemCaseSensitive(rj, "where") : NULL;
-        if (!o->quiet && cJSON_IsString(wh)) fprintf(stderr, "stage %d (%s) computes on %s\n", s + 1, conf->nodes[st->node].addr, wh->valuestring);
-        ring_node_state *ns2 = &rc->nodes[st->node];
-        ns2->n_steps = 0;
-        const cJSON *steps = rj ? cJSON_GetObjectItemCaseSensitive(rj, "steps") : NULL, *sv;
-        cJSON_ArrayForEach(sv, steps) {
-            const double tk = jnum_or(sv, "tokens", 0), sec = jnum_or(sv, "s", 0);
-            if (ns2->n_steps < 0 || ns2->n_steps == 8 || !(tk >= 1 && tk <= o->n_ctx && sec > 0 && sec < 3600)) {
-                ns2->n_steps = -1;
-                continue;
-            }
-            ns2->step_tok[ns2->n_steps] = tk;
-            ns2->step_s[ns2->n_steps++] = sec;
-        }
-        if (ns2->n_steps < 0) ns2->n_steps = 0;
-        ns2->step_a = st->a, ns2->step_b = st->b;
-        cJSON_Delete(rj);
+        ring_ready_read(rc, s, &p);
         zs_parts_free(&p);
     }
+    return 0;
+}
+
+/* The prediction again, from the stages' own timed frames (READY "steps"), when any stage sent them. */
+static void ring_open_print_timed(const ring_coord *rc) {
     bool timed = false;
     for (int s = 0; s < rc->plan.n_stages; s++) timed |= rc->nodes[rc->plan.stages[s].node].n_steps > 0;
-    if (!o->quiet && timed && ring_prediction(rc, 1, 1, &pred) == 0) {
+    pr_result pred;
+    if (!rc->o.quiet && timed && ring_prediction(rc, 1, 1, &pred) == 0) {
         fprintf(stderr, "predicted from the stages' own timed frames: decode %.2f tok/s greedy = 1 / (hops %.1f ms + "
                         "compute %.1f ms)\n", pred.greedy_tok_s, pred.hops_s * 1e3, pred.compute_s * 1e3);
     }
+}
+
+int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, const mf_model *m, const k3_hparams *hp,
+              const ring_opts *o, rl_err *err) {
+    ring_open_init(rc, conf, id, m, hp, o);
+    ring_ordering ord;
+    int r = ring_open_model_id(rc, err);
+    if (r == 0) r = ring_open_connect(rc, err);
+    if (r == 0) r = ring_open_info(rc, err);
+    if (r == 0) r = ring_open_order(rc, &ord, err);
+    if (r == 0) r = ring_open_plan(rc, &ord, err);
+    if (r == 0) ring_open_print(rc, &ord);
+    if (r == 0 && o->plan_only) return 0; /* `ringlm plan`: rc->plan holds it; the caller closes the ring */
+    cJSON *holders[PLAN_MAX_NODES] = {0}; /* a manifest ring: each stage's lenders, until its ASSIGN takes them */
+    if (r == 0) r = ring_open_lend(rc, holders, err);
+    if (r == 0) r = ring_open_ledger(rc, err);
+    if (r == 0) r = ring_open_assign(rc, holders, err);
+    for (int s = 0; s < PLAN_MAX_NODES; s++) cJSON_Delete(holders[s]);
+    if (r != 0) {
+        ring_close(rc);
+        return -1;
+    }
+    ring_open_print_timed(rc);
     return 0;
 }
 
