@@ -1600,7 +1600,7 @@ static void node_fetch_end(node *n, uint64_t step, const zs_parts *p) {
 
 /* ---- one coordinator at a time ------------------------------------------------------------------ */
 
-/* The owner part of a coordinator's routing id: all but its last "-" field (coord.c: ring_routing_id). */
+/* The owner part of a coordinator's routing id: all but its last "-" field (coord.c: ring_open_connect). */
 static size_t node_owner_len(const char *id, size_t len) {
     for (size_t i = len; i > 0; i--) {
         if (id[i - 1] == '-') return i - 1;
