@@ -32,9 +32,9 @@ DEFS := -DRINGLM_BACKEND_DIR='"$(GGML_BACKEND_DIR)"'
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
-LIB_SRC  := $(sort $(wildcard src/base/*.c src/device/*.c src/gguf/*.c src/model/*.c src/text/*.c src/gen/*.c src/ring/*.c \
-                             src/speculate/*.c src/wire/*.c src/exec/*.c src/trust/*.c src/serve/*.c src/tools/*.c \
-                             src/prune/*.c))
+LIB_SRC  := $(sort $(wildcard src/base/*.c src/device/*.c src/gguf/*.c src/model/*.c src/text/*.c src/gen/*.c src/speculate/*.c \
+                             src/wire/*.c src/exec/*.c src/trust/*.c src/net/*.c src/plan/*.c src/node/*.c \
+                             src/coord/*.c src/serve/*.c src/tools/*.c src/prune/*.c))
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))
 UNIT_SRC := $(sort $(wildcard tests/unit/*.c))
 TOOL_SRC := $(sort $(wildcard tests/tools/*.c))
@@ -78,9 +78,9 @@ $(eval $(call variant,release))
 $(eval $(call variant,asan))
 
 # The adversarial node (tests only): the release build with node.c and cmd_node.c compiled again with
-# -DRINGLM_ADVERSARY, which adds `ringlm node --misbehave MODE` (src/ring/node.c). Never shipped: only
+# -DRINGLM_ADVERSARY, which adds `ringlm node --misbehave MODE` (src/node/node.c). Never shipped: only
 # tests/t_trust.sh runs it. Objects given before the library win over the library's own.
-ADV_OBJ := build/adv/src/ring/node.o build/adv/src/cli/cmd_node.o
+ADV_OBJ := build/adv/src/node/node.o build/adv/src/cli/cmd_node.o
 build/adv/%.o: %.c $(GGML_MK)
 	@mkdir -p $(dir $@)
 	@echo "  CC [adv] $<"

@@ -33,7 +33,7 @@ int cli_parse_int(const char *s, int *out);
 int cli_parse_double(const char *s, double *out);
 
 struct ring_trust;
-/* Options of run and serve that only a ring has (ring_trust, ring/coord.h): --receipts FILE, --audit-rate R,
+/* Options of run and serve that only a ring has (ring_trust, coord/coord.h): --receipts FILE, --audit-rate R,
  * --audit-seed S, --audit-tol T, and --node-timeout S. 1 when option a is one of them (its value v parsed into
  * t; *bad set if v is invalid), else 0. */
 int cli_parse_trust(const char *a, const char *v, struct ring_trust *t, int *bad);

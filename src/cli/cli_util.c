@@ -5,7 +5,7 @@
 #include <stdlib.h>
 
 #include "../model/k3_forward.h"
-#include "../ring/coord.h"
+#include "../coord/coord.h"
 #include "cli.h"
 
 int cli_parse_u64(const char *s, unsigned long long *out) {

@@ -5,8 +5,8 @@
 
 #include "../model/k3_forward.h"
 #include "../model/logits_file.h"
-#include "../ring/coord.h"
-#include "../ring/target.h"
+#include "../coord/coord.h"
+#include "../coord/target.h"
 #include "cli.h"
 
 static void logits_usage(FILE *f) {

@@ -6,7 +6,7 @@
 
 #include "../base/heap.h"
 #include "../model/k3_forward.h"
-#include "../ring/node.h"
+#include "../node/node.h"
 #include "cli.h"
 
 static void node_usage(FILE *f) {

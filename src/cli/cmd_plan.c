@@ -5,9 +5,9 @@
 #include "../model/k3_hparams.h"
 #include <cJSON.h>
 
-#include "../ring/coord.h"
-#include "../ring/plan_nodes.h"
-#include "../ring/target.h"
+#include "../coord/coord.h"
+#include "../plan/plan_nodes.h"
+#include "../coord/target.h"
 #include "cli.h"
 
 static void plan_usage(FILE *f) {
@@ -18,7 +18,7 @@ static void plan_usage(FILE *f) {
                "                   [--draft-depth D]] [--json]\n"
                "       ringlm plan --devices\n\n"
                "--nodes: a ring that does not exist yet, of machines described by their figures (nodes.conf: node,\n"
-               "delay and coordinator lines; src/ring/nodes_conf.h, docs/plan.md): chooses the ring order with the\n"
+               "delay and coordinator lines; src/plan/nodes_conf.h, docs/plan.md): chooses the ring order with the\n"
                "shortest round trip, cuts the layers, and predicts decode tok/s (greedy, and speculative at acceptance\n"
                "A with K drafted, chosen when not given, D blocks in flight as run --ring's --draft-depth, default 2;\n"
                "with --draft, drafting on the coordinator is counted), time to first token of an N-token prompt,\n"

@@ -5,7 +5,7 @@
 
 #include "../model/k3_forward.h"
 #include "../prune/reap_job.h"
-#include "../ring/coord.h"
+#include "../coord/coord.h"
 #include "cli.h"
 
 static void reap_usage(FILE *f) {

@@ -9,7 +9,7 @@
 #include "../gguf/model_file.h"
 #include "../model/k3_hparams.h"
 #include "../trust/manifest_file.h"
-#include "../ring/coord.h"
+#include "../coord/coord.h"
 #include "../trust/keys.h"
 #include "../trust/receipt_log.h"
 #include "cli.h"

@@ -1,11 +1,11 @@
-/* `ringlm relay`: forward TCP with an added one-way delay and a bandwidth cap (src/ring/relay.c). */
+/* `ringlm relay`: forward TCP with an added one-way delay and a bandwidth cap (src/tools/relay.c). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../ring/relay.h"
+#include "../tools/relay.h"
 #include "cli.h"
 
 static void relay_usage(FILE *f) {

@@ -1,4 +1,4 @@
-/* ringlm run: one prompt, on this machine or on a ring of nodes (the work is prompt_run's, src/ring/prompt_run.h). */
+/* ringlm run: one prompt, on this machine or on a ring of nodes (the work is prompt_run's, src/coord/prompt_run.h). */
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "../base/heap.h"
-#include "../ring/prompt_run.h"
+#include "../coord/prompt_run.h"
 #include "../speculate/spec_gen.h"
 #include "cli.h"
 

@@ -4,11 +4,11 @@
  */
 /* stage.h - what one stage of the ring computes for a FORWARD frame, apart from the network.
  *
- * A node runs every frame it receives through stage_run; an auditor (trust/audit.h) runs a copy of a
+ * A node runs every frame it receives through stage_run; an auditor (coord/audit.h) runs a copy of a
  * node's frames through its own stage to check what the node sent. Both must do exactly the same thing,
  * which is why this is one function: per-sequence state (created on RF_SEQ_NEW, rolled back when a frame
  * starts behind it after a partly accepted VERIFY block), the layers, and on the last stage the sampling
- * and the acceptance of drafted blocks. Payload formats: ring/frame.h. */
+ * and the acceptance of drafted blocks. Payload formats: wire/frame.h. */
 #ifndef RINGLM_STAGE_H
 #define RINGLM_STAGE_H
 
@@ -88,7 +88,7 @@ int stage_run(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_le
 #define STAGE_SCRATCH_ID UINT64_MAX
 int stage_time(ring_stage *s, const uint32_t *n_tok, int n, double *sec, rl_err *err);
 
-/* Replays what a node ran for one sequence (trust/audit.h): the whole frame runs as stage_run would run
+/* Replays what a node ran for one sequence (coord/audit.h): the whole frame runs as stage_run would run
  * it, with seq_id on its state here and every other sequence of the frame on a stand-in - a fresh state
  * holding just its tokens, at position 0, dropped after the frame. Why the whole frame and not the
  * sequence alone: ggml's CPU kernels pick their path from the batch's shape (a matmul of one column takes

@@ -101,25 +101,30 @@ static int ring_blame(sch_ring *B, const char *msg) {
 
 /* Folds the closing ring's per-stage figures into the per-node totals (Prometheus counters only grow). */
 static void ring_fold_stats(sch_ring *B) {
-    for (int s = 0; s < B->rc->plan.n_stages; s++) {
-        int node = B->rc->plan.stages[s].node;
-        B->compute_s[node] += B->rc->stats[s].compute_s;
-        B->steps[node] += (uint64_t)B->rc->stats[s].n;
+    const plan_result *plan = ring_plan_get(B->rc);
+    for (int s = 0; s < plan->n_stages; s++) {
+        int node = plan->stages[s].node;
+        ring_stage_stats st = ring_stage_stats_get(B->rc, s);
+        B->compute_s[node] += st.compute_s;
+        B->steps[node] += (uint64_t)st.n;
     }
     for (int i = 0; i < B->cfg.conf->n; i++) {
-        B->audits[i] += (uint64_t)B->rc->node_audits[i];
-        B->audit_s[i] += B->rc->node_audit_s[i];
-        B->rc->node_audits[i] = 0;
-        B->rc->node_audit_s[i] = 0;
+        long n;
+        double secs;
+        ring_node_audits_get(B->rc, i, &n, &secs);
+        B->audits[i] += (uint64_t)n;
+        B->audit_s[i] += secs;
+        ring_node_audits_clear(B->rc, i);
     }
 }
 
 /* Nodes the coordinator caught lying (receipts or an audit) are out of every later plan. */
 static void ring_take_faults(sch_ring *B) {
     for (int i = 0; i < B->cfg.conf->n; i++) {
-        if (!B->rc->faulty[i] || B->faulty[i]) continue;
+        const char *fault = ring_node_fault_get(B->rc, i);
+        if (!fault || B->faulty[i]) continue;
         B->faulty[i] = true;
-        snprintf(B->fault[i], sizeof B->fault[i], "%s", B->rc->fault[i]);
+        snprintf(B->fault[i], sizeof B->fault[i], "%s", fault);
         fprintf(stderr, "ringlm serve: ring: node %s is faulty (%s); it is left out of the ring from now on\n",
                 B->cfg.conf->nodes[i].addr, B->fault[i]);
     }
@@ -145,12 +150,13 @@ static void ring_break(sch_ring *B, const char *msg) {
     bool was_lost[PLAN_MAX_NODES];
     memcpy(was_lost, B->lost, sizeof was_lost);
     int named = ring_blame(B, msg);
+    bool gone[PLAN_MAX_NODES] = {0};
     for (int i = 0; B->open && named > 1 && i < B->cfg.conf->n; i++) {
-        zs_monitor_poll(&B->rc->nodes[i].mon);
-        if (B->lost[i] && !was_lost[i] && B->rc->nodes[i].mon.disconnected) closed++;
+        gone[i] = ring_node_link_poll(B->rc, i, NULL);
+        if (B->lost[i] && !was_lost[i] && gone[i]) closed++;
     }
     for (int i = 0; closed > 0 && i < B->cfg.conf->n; i++) {
-        if (B->lost[i] && !was_lost[i] && !B->rc->nodes[i].mon.disconnected) B->lost[i] = false, B->up[i] = was_up[i];
+        if (B->lost[i] && !was_lost[i] && !gone[i]) B->lost[i] = false, B->up[i] = was_up[i];
     }
     fprintf(stderr, "ringlm serve: ring: %s; the ring is broken, re-opened at the next request\n", msg);
     ring_shut(B);
@@ -166,7 +172,7 @@ static int ring_try_open(sch_ring *B, rl_err *err) {
     }
     B->open = true;
     B->gen++;
-    B->plan = B->rc->plan;
+    B->plan = *ring_plan_get(B->rc);
     for (int i = 0; i < B->cfg.conf->n; i++) {
         if (!B->excl[i]) B->up[i] = true, B->lost[i] = false;
     }
@@ -347,21 +353,21 @@ static int ring_reopen(sch_ring *B, bool backoff, rl_err *err) {
 static void ring_check_links(sch_ring *B) {
     if (!B->open) return;
     char msg[400];
-    for (int s = 0; s < B->rc->plan.n_stages; s++) {
-        int node = B->rc->plan.stages[s].node;
-        zs_monitor *mon = &B->rc->nodes[node].mon;
-        zs_monitor_poll(mon);
-        if (mon->disconnected) {
-            snprintf(msg, sizeof msg, "lost node %s: %s", B->cfg.conf->nodes[node].addr, mon->last);
+    const plan_result *plan = ring_plan_get(B->rc);
+    const char *why;
+    for (int s = 0; s < plan->n_stages; s++) {
+        int node = plan->stages[s].node;
+        if (ring_node_link_poll(B->rc, node, &why)) {
+            snprintf(msg, sizeof msg, "lost node %s: %s", B->cfg.conf->nodes[node].addr, why);
             ring_break(B, msg);
             return;
         }
     }
-    int first = B->rc->plan.stages[0].node;
-    if (!zs_wait_writable(B->rc->nodes[first].sock, 2000)) {
-        zs_monitor_poll(&B->rc->nodes[first].mon);
+    int first = plan->stages[0].node;
+    if (!ring_node_writable_wait(B->rc, first, 2000)) {
+        ring_node_link_poll(B->rc, first, &why);
         snprintf(msg, sizeof msg, "cannot reach node %s (stage 0) for 2 s%s%s", B->cfg.conf->nodes[first].addr,
-                 B->rc->nodes[first].mon.last[0] ? ": " : "", B->rc->nodes[first].mon.last);
+                 why[0] ? ": " : "", why);
         ring_break(B, msg);
     }
 }
@@ -381,13 +387,13 @@ static void ring_flush_frees(sch_ring *B) {
  * which the next step re-opens without it. Returns 1 if there was anything to audit. */
 static int ring_audit_now(sch_ring *B) {
     rl_err e;
-    int before = B->open ? B->rc->audit.n : 0;
+    int before = B->open ? ring_audit_pending_count(B->rc) : 0;
     if (before == 0) return 0;
     if (ring_audit_pending(B->rc, &e) != 0) {
         ring_break(B, e.msg);
         return 1;
     }
-    return B->rc->audit.n < before; /* 0 when it had to wait (steps in flight): no busy loop */
+    return ring_audit_pending_count(B->rc) < before; /* 0 when it had to wait (steps in flight): no busy loop */
 }
 /* While the server is idle, every RING_IDLE_PROBE_S: an open ring's links are looked at, so a node that
  * went away breaks it now and /health says so without waiting for a request; a broken ring's nodes are
@@ -476,7 +482,7 @@ static char *ring_be_receipts(void *impl, int slot) {
     if (slot < 0 || slot >= B->cfg.n_slots) return NULL;
     ring_slot *S = &B->slots[slot];
     rl_err e;
-    if (B->open && S->gen == B->gen && B->rc->n_pending == 0 && ring_receipts_finish(B->rc, 5.0, &e) != 0) {
+    if (B->open && S->gen == B->gen && ring_pending_count(B->rc) == 0 && ring_receipts_finish(B->rc, 5.0, &e) != 0) {
         fprintf(stderr, "ringlm serve: ring: %s\n", e.msg);
     }
     char *out = malloc(S->rcpt_len + 3);
@@ -728,7 +734,7 @@ static void ring_be_end(void *impl, int slot) {
      * /health and every request need). A ring that closes meanwhile drops it anyway. */
     if (S->seq_id && B->open && S->gen == B->gen) {
         rl_err e;
-        if (!zs_wait_writable(B->rc->nodes[B->rc->plan.stages[0].node].sock, 0)) {
+        if (!ring_node_writable_wait(B->rc, ring_plan_get(B->rc)->stages[0].node, 0)) {
             if (B->n_to_free < B->cfg.n_slots) B->to_free[B->n_to_free++] = S->seq_id;
         } else if (ring_free_seqs(B->rc, &S->seq_id, 1, &e) != 0) {
             fprintf(stderr, "ringlm serve: ring: cannot free sequence %llu: %s\n", (unsigned long long)S->seq_id, e.msg);
@@ -757,12 +763,16 @@ static void ring_be_node(const sch_ring *B, int node, uint32_t a, uint32_t b, in
     o->audits = B->audits[node];
     o->audit_s = B->audit_s[node];
     if (B->open) {
-        o->audits += (uint64_t)B->rc->node_audits[node];
-        o->audit_s += B->rc->node_audit_s[node];
+        long n;
+        double secs;
+        ring_node_audits_get(B->rc, node, &n, &secs);
+        o->audits += (uint64_t)n;
+        o->audit_s += secs;
     }
     if (B->open && stage >= 0) {
-        o->compute_s += B->rc->stats[stage].compute_s;
-        o->steps += (uint64_t)B->rc->stats[stage].n;
+        ring_stage_stats st = ring_stage_stats_get(B->rc, stage);
+        o->compute_s += st.compute_s;
+        o->steps += (uint64_t)st.n;
     }
 }
 

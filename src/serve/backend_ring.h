@@ -20,7 +20,7 @@
 #ifndef RINGLM_BACKEND_RING_H
 #define RINGLM_BACKEND_RING_H
 
-#include "../ring/coord.h"
+#include "../coord/coord.h"
 #include "scheduler.h"
 
 /* What a failed step returns when the ring is broken or cannot be re-opened (a ring error, not a bug), so

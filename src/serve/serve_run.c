@@ -6,7 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "../ring/target.h"
+#include "../coord/target.h"
 #include "../speculate/draft_pool.h"
 #include "../speculate/drafter.h"
 #include "backend_local.h"

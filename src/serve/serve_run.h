@@ -11,7 +11,7 @@
 
 #include "../base/err.h"
 #include "../model/k3_forward.h"
-#include "../ring/coord.h"
+#include "../coord/coord.h"
 
 typedef struct serve_opts {
     const char *model;       /* the model file (-m), or NULL with manifest */

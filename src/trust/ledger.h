@@ -4,7 +4,7 @@
  * are in; then it is checked (receipt.h: signatures, signers, ranges, chain, ids, positions, nonce) against
  * what the coordinator expects from its own plan and model, never against what the receipts claim. A
  * checked traversal is written out and, while audits are on, remembered with every stage's signed hashes
- * (the audits' evidence: ring/coord_audit.c asks the node for the bytes and trust/audit.h recomputes them).
+ * (the audits' evidence: coord/coord_audit.c asks the node for the bytes and coord/audit.h recomputes them).
  * The ledger never talks to a node: the ring hands it what arrives. The first failed check is kept, with
  * the stage it is about, so the coordinator can name and leave out that node. */
 #ifndef RINGLM_LEDGER_H

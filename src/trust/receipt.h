@@ -1,7 +1,7 @@
 /* Folder src/trust/: identities (Ed25519 keys; CURVE keys derived), receipts, the coordinator's ledger of them
- * (gathered, checked, kept for audits), the offline verifier of a receipts log, model manifest hashes, audits
- * (recomputing a stage). May include: base, gguf, model, exec, wire. (README "Layout"; tests/t_layout.sh
- * checks both.)
+ * (gathered, checked, kept for audits), the offline verifier of a receipts log, model manifest hashes (the
+ * audits that recompute a stage are the coordinator's: src/coord/audit.h). May include: base, gguf, model,
+ * wire. (README "Layout"; tests/t_layout.sh checks both.)
  */
 /* receipt.h - signed receipts: each stage of a ring traversal signs what it computed (docs/receipts.md).
  *

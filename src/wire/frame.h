@@ -35,7 +35,7 @@
  * generated token in the frame (the sampler replays tokens g.. as its output: smp_take); then the drafts'
  * distributions (RF_SEQ_HAS_Q): per
  * VERIFY sequence, per draft, u32 n then n x (i32 id, f32 p). Every stage passes it on unchanged.
- *   PING/PONG  coord <-> node   liveness (empty); the coordinator also times them (ring/probe.h)
+ *   PING/PONG  coord <-> node   liveness (empty); the coordinator also times them (net/probe.h)
  *   PEERS      coord -> node    JSON {peers: [key]}: the nodes that may probe this one; PEERS_OK answers
  *   PROBE      coord -> node    JSON {peers: [{addr, key}]}: time round trips to each (PROBE_PING/PONG,
  *                               node -> node, step_id the round); PROBE_RESULT {rtt_s: [...]} answers
@@ -92,7 +92,7 @@ enum rf_type {
     RF_FETCH_END = 14,
     RF_RECEIPT = 15, /* node -> coord: this stage's signed receipt for step_id (out of band) */
     RF_AUDIT_REQ = 16,  /* coord -> node: send back what you received and sent for these steps */
-    RF_AUDIT_DATA = 17, /* node -> coord: the answer (trust/audit.h) */
+    RF_AUDIT_DATA = 17, /* node -> coord: the answer (coord/audit.h) */
     RF_TAPS = 18,       /* node -> coord: DSpark taps of a FORWARD's flagged sequences (out of band) */
     RF_ROUTES = 19,     /* node -> coord: MoE routing of a FORWARD's flagged sequences (out of band, REAP) */
     RF_LEND = 20,       /* coord -> node: let these keys read your split files (a manifest ring's fetchers) */
@@ -101,7 +101,7 @@ enum rf_type {
     RF_PULL_DATA = 23,  /* node -> node: those bytes (step_id: the PULL's) */
     RF_PEERS = 24,      /* coord -> node: JSON {peers: [key]}: these nodes may PROBE_PING you (until the next) */
     RF_PEERS_OK = 25,   /* node -> coord: done */
-    RF_PROBE = 26,      /* coord -> node: JSON {peers: [{addr, key}]}: time round trips to them (ring/probe.h) */
+    RF_PROBE = 26,      /* coord -> node: JSON {peers: [{addr, key}]}: time round trips to them (net/probe.h) */
     RF_PROBE_RESULT = 27, /* node -> coord: JSON {rtt_s: [per peer, seconds; -1 no answer]} */
     RF_PROBE_PING = 28, /* node -> node: step_id a round */
     RF_PROBE_PONG = 29, /* node -> node: the answer (its step_id) */

@@ -23,7 +23,7 @@
 #include "text/json_schema.h"
 #include "text/tokenizer.h"
 #include "wire/frame.h"
-#include "ring/zsock.h"
+#include "net/zsock.h"
 
 static int n_pass, n_fail;
 
@@ -475,7 +475,7 @@ int main(int argc, char **argv) {
     rf_header fd = {.type = RF_FETCH_DATA};
     send_hdr(s, &fd, "x", 1, 0);
     expect(s, "FETCH_DATA without FETCH_BEGIN", "without FETCH_BEGIN");
-    /* Probing (ring/probe.h): malformed PEERS and PROBE are refused by name; a PROBE_PING from a key the
+    /* Probing (net/probe.h): malformed PEERS and PROBE are refused by name; a PROBE_PING from a key the
      * coordinator did not name a peer (here the coordinator's own) gets no answer; a peer that is not there
      * is reported as unanswered (-1), not as an error. */
     rf_header pe = {.type = RF_PEERS}, pr = {.type = RF_PROBE};

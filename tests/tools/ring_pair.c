@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "model/k3_forward.h"
-#include "ring/coord.h"
+#include "coord/coord.h"
 
 int main(int argc, char **argv) {
     const char *model = NULL, *conf_path = NULL, *key = NULL;

@@ -1,4 +1,4 @@
-/* test_audit - an audit recomputes a node's stage exactly (trust/audit.h, exec/stage.h: stage_replay).
+/* test_audit - an audit recomputes a node's stage exactly (coord/audit.h, exec/stage.h: stage_replay).
  *
  * Two stages of a synthesized model run a schedule of frames that batch three sequences the way a
  * server does: prefills next to decode steps, a prefill asking every position's logits, a VERIFY block
@@ -16,7 +16,7 @@
 
 #include "exec/stage.h"
 #include "model/k3_boundary.h"
-#include "trust/audit.h"
+#include "coord/audit.h"
 #include "tools/synth.h"
 #include "tools/synth_config.h"
 

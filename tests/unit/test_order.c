@@ -1,4 +1,4 @@
-/* test_order - the ring order (src/ring/ring_order): the exact solver against a brute force over every
+/* test_order - the ring order (src/plan/ring_order): the exact solver against a brute force over every
  * permutation on random symmetric delays (1 to 8 nodes), a hand-made case whose answer is known, and the
  * heuristic beyond RO_EXACT_MAX nodes: a permutation that no 2-opt move shortens. */
 #include <math.h>
@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "ring/ring_order.h"
+#include "plan/ring_order.h"
 
 #include "check.h"
 

@@ -1,4 +1,4 @@
-/* test_plan - the layer cut (src/ring/plan): hand-made rings whose answer is known, the error messages,
+/* test_plan - the layer cut (src/plan/plan): hand-made rings whose answer is known, the error messages,
  * and a seeded property check against a brute force over every node subset and every cut position.
  *
  * The brute force recomputes memory and time from plan.h's documented definitions on its own (need = raw
@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "ring/plan.h"
+#include "plan/plan.h"
 
 #include "check.h"
 

@@ -1,4 +1,4 @@
-/* test_predict - fitting a node's figures to its stage's own timed frames (src/ring/predict.h,
+/* test_predict - fitting a node's figures to its stage's own timed frames (src/plan/predict.h,
  * pr_stage_calibrate), and the time to first token of stages that share a machine (pr_node.host), on a
  * hand-made model whose bytes and elements are known.
  *
@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ring/predict.h"
+#include "plan/predict.h"
 
 #include "check.h"
 

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ring/coord.h"
+#include "coord/coord.h"
 #include "serve/backend_local.h"
 #include "speculate/drafter.h"
 #include "tools/synth.h"

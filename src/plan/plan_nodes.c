@@ -6,7 +6,7 @@
 
 #include <cJSON.h>
 
-#include "coord.h"
+#include "plan_model.h"
 #include "ring_order.h"
 
 static double pn_delay(const void *user, int a, int b) { return nc_delay_s(user, a, b); }

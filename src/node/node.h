@@ -1,3 +1,7 @@
+/* Folder src/node/: the node daemon (`ringlm node`), and a node's range put together from split files and
+ * pulls (manifest rings). May include: base, device, gguf, model, text, gen, speculate, wire, exec, trust,
+ * net. (README "Layout"; tests/t_layout.sh checks both.)
+ */
 /* node.h - `ringlm node`: one machine of the ring.
  *
  * Listens (ZeroMQ ROUTER, CURVE) for its coordinator(s) and its upstream neighbour. Answers INFO with its

@@ -1,6 +1,8 @@
-/* coord_int.h - the coordinator's own functions shared by its files (coord.c: open, close, submit,
- * collect; stream.c; coord_receipts.c; coord_audit.c; ring_generate.c). Not for users of the ring:
- * they include coord.h. */
+/* coord_int.h - the coordinator's own functions shared by its files. Not for users of the ring: they
+ * include coord.h. coord_io.c (messages to and from nodes) is the bottom: every other file may call it and
+ * it calls none of them; coord.c (open, close, submit, collect) calls the rest (stream.c, coord_manifest.c,
+ * coord_probe.c, coord_receipts.c, coord_audit.c), which call only coord_io.c and each other; ring_generate.c,
+ * verify_ring.c and ring_reap.c drive steps through coord.h. */
 #ifndef RINGLM_COORD_INT_H
 #define RINGLM_COORD_INT_H
 
@@ -8,7 +10,7 @@
 
 #include "coord.h"
 
-/* coord.c: messages to and from nodes. */
+/* coord_io.c: messages to and from nodes. */
 bool ring_aborted(const ring_coord *rc);
 int ring_send4(ring_coord *rc, int node, int type, uint64_t step, const rf_header *hh, const void *payload,
                size_t plen, const void *stamps, size_t slen, const void *extra, size_t elen, rl_err *err);
@@ -20,9 +22,15 @@ int ring_send(ring_coord *rc, int node, int type, uint64_t step, const rf_header
 int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const bool *watch, int *from, zs_parts *out,
               rf_header *h, rl_err *err);
 const char *jstr(const cJSON *o, const char *k);
+/* coord_io.c: what arrives out of band while the coordinator waits (ring_wait hands it over): the step in
+ * flight with an id (NULL: none); a TAPS message into its step, and how many tap layers stage s holds (the
+ * TAPS it owes a RF_SEQ_TAPS step: one if any); a RECEIPT into the ledger, and the node a failed check blames
+ * marked faulty; a ROUTES message into rc->routes, and how many stages owe one. */
 struct ring_pending *ring_find_pending(ring_coord *rc, uint64_t step);
+int ring_stage_taps(const ring_coord *rc, int s);
 void ring_take_taps(ring_coord *rc, int from, const zs_parts *p, const rf_header *h);
-/* ring_reap.c: a ROUTES message of a step in flight into rc->routes; how many stages owe one. */
+void ring_take_receipt(ring_coord *rc, int from, const zs_parts *p, const rf_header *h);
+void ring_rcpt_blame(ring_coord *rc);
 void ring_take_routes(ring_coord *rc, int from, const zs_parts *p, const rf_header *h);
 int ring_routes_need(const ring_coord *rc);
 
@@ -45,10 +53,6 @@ void ring_mf_lack(const ring_coord *rc, int node, uint64_t *lack);
 int ring_mf_lend(ring_coord *rc, cJSON **holders, rl_err *err);
 /* The split files each stage's range needs, and how many its node holds (printed after the plan). */
 void ring_mf_print(const ring_coord *rc, FILE *out);
-
-/* coord_receipts.c: a RECEIPT message into the ledger; a failed check's node marked faulty. */
-void ring_take_receipt(ring_coord *rc, int from, const zs_parts *p, const rf_header *h);
-void ring_rcpt_blame(ring_coord *rc);
 
 /* coord_audit.c: frees the auditing engines. */
 void ring_audit_free(ring_coord *rc);

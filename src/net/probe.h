@@ -12,10 +12,11 @@
 
 #include "../base/err.h"
 #include "../trust/keys.h"
-#include "plan.h"
 
 #define PB_ROUNDS 4
-#define PB_MAX_PEERS PLAN_MAX_NODES
+/* A ring's other nodes: as many as a plan has (PLAN_MAX_NODES, src/plan/plan.h; coord_probe.c checks the
+ * two agree), written out so the transport need not include the planner. */
+#define PB_MAX_PEERS 64
 
 typedef struct pb_peer {
     char addr[128];

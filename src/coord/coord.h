@@ -1,6 +1,7 @@
-/* Folder src/ring/: CURVE sockets and allowlist, node daemon, coordinator, planner, the ring's speculative
- * verifier, latency relay, REAP scoring through the ring. May include: base, device, gguf, model, text, gen, speculate,
- * wire, exec, trust, prune. (README
+/* Folder src/coord/: the coordinator: a ring opened over its nodes, sequences driven through it, receipts
+ * checked, audits (recomputing a stage: audit.c), the ring's speculative verifier, REAP scoring through the
+ * ring, the model a coordinator works on (its file or manifest), `ringlm run`'s generation (prompt_run). May
+ * include: base, device, gguf, model, text, gen, speculate, wire, exec, trust, prune, net, plan. (README
  * "Layout"; tests/t_layout.sh checks both.)
  */
 /* coord.h - the coordinator: plans the ring, assigns layer ranges, drives sequences through it.
@@ -24,14 +25,14 @@
 #include "../text/tokenizer.h"
 #include "../prune/calib.h"
 #include "../prune/reap.h"
-#include "../trust/audit.h"
+#include "audit.h"
 #include "../trust/keys.h"
 #include "../trust/ledger.h"
 #include "../trust/manifest_file.h"
 #include "../trust/receipt.h"
 #include "../wire/frame.h"
-#include "plan.h"
-#include "zsock.h"
+#include "../plan/plan.h"
+#include "../net/zsock.h"
 
 typedef struct ring_node_conf {
     char addr[128];  /* HOST:PORT */
@@ -65,7 +66,7 @@ typedef struct ring_opts {
     bool receipts;        /* every stage signs a receipt per traversal; each traversal is checked */
     FILE *receipts_out;   /* and written here as JSON lines (may be NULL) */
     bool quiet;           /* do not print the plan */
-    /* Audits (trust/audit.h; they need receipts, which they turn on): each finished sequence is audited
+    /* Audits (coord/audit.h; they need receipts, which they turn on): each finished sequence is audited
      * with probability audit_rate (0 = never, 1 = all), drawn from audit_seed, at one stage drawn likewise;
      * the coordinator recomputes that stage's layers for the sequence and compares within audit_tol. */
     double audit_rate;
@@ -207,7 +208,7 @@ typedef struct ring_coord {
     /* Audits: the sequences waiting to be audited, an engine per audited stage (on the coordinator's model
      * file), and what was found (the evidence: the ledger's remembered traversals). */
     const mf_model *m;
-    audit_draws audit;             /* which finished sequences are audited, and where (trust/audit.h) */
+    audit_draws audit;             /* which finished sequences are audited, and where (coord/audit.h) */
     void *aud_eng[PLAN_MAX_NODES]; /* k3_engine *, per stage, made at its first audit */
     char aud_where[PLAN_MAX_NODES][96]; /* where each stage's audits recompute, and so how they compare */
     tok_tokenizer aud_tok;         /* the last stage's audits: the vocabulary its constrained sampling follows */
@@ -230,13 +231,6 @@ struct pr_result;
  * FLOPs and the measured delays, for a prompt of `prompt` tokens in `chunk`-token chunks; transfers are
  * not counted (link bandwidths are not measured). -1 when the delays were not measured. */
 int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, struct pr_result *r);
-
-/* What the planner knows of a model (plan.h): per-layer weights, bytes a token reads, state of n_seq
- * sequences at n_ctx with cache elements of cache_elem bytes (and, when they speculate in blocks of up to
- * spec_block tokens, spec_depth in flight, the copies they keep for rollback), embedding and head. Used by
- * ring_open and by `ringlm plan --nodes`. */
-void ring_plan_model(plan_model *pm, const mf_model *m, const k3_hparams *hp, uint32_t n_seq, uint32_t n_ctx,
-                     size_t cache_elem, uint32_t spec_block, int spec_depth);
 
 /* Connects, asks every node for INFO, plans, prints the plan, assigns ranges and waits until all are
  * loaded. Fails with a message naming the node and the reason (unreachable, refused our key, lacks the
@@ -312,5 +306,29 @@ int ring_reap_score(ring_coord *rc, const calib_set *c, uint32_t chunk, reap_sta
 void ring_print_stats(const ring_coord *rc, FILE *f);
 struct cJSON;
 struct cJSON *ring_stats_json(const ring_coord *rc);
+
+/* ---- an open ring, read from outside (coord_access.c) ----------------------------------------------------
+ * What a server's ring backend (src/serve/backend_ring.c) needs of the ring it keeps open, without knowing
+ * ring_coord's fields. node: a ring.conf index; stage: an index into the plan. */
+
+/* The plan the ring was opened with (its stages' nodes and layer ranges). */
+const plan_result *ring_plan_get(const ring_coord *rc);
+/* Stage s's figures so far (sums over its traversals). */
+ring_stage_stats ring_stage_stats_get(const ring_coord *rc, int stage);
+/* The audits of node so far and the seconds they took; clear starts both from 0 again (a server adds them to
+ * totals of its own, which outlive the ring). */
+void ring_node_audits_get(const ring_coord *rc, int node, long *n, double *secs);
+void ring_node_audits_clear(ring_coord *rc, int node);
+/* Why node was found faulty (a failed receipt check or audit), or NULL if it was not. */
+const char *ring_node_fault_get(const ring_coord *rc, int node);
+/* Polls node's link: true when it closed after its handshake (the node died or the network dropped). *why
+ * (may be NULL): the link's last event, "" if none, valid until the next poll of that node. */
+bool ring_node_link_poll(ring_coord *rc, int node, const char **why);
+/* Whether node's link takes a message within timeout_ms (0: at once). */
+bool ring_node_writable_wait(ring_coord *rc, int node, int timeout_ms);
+/* Audits drawn for finished sequences and not yet run (ring_audit_pending runs them). */
+int ring_audit_pending_count(const ring_coord *rc);
+/* Steps submitted and not yet collected. */
+int ring_pending_count(const ring_coord *rc);
 
 #endif

@@ -8,8 +8,11 @@
 #include "../gen/emit.h"
 #include "../wire/frame.h"
 #include "coord_int.h"
-#include "probe.h"
-#include "ring_order.h"
+#include "../net/probe.h"
+#include "../plan/ring_order.h"
+
+/* A node is asked to time every other node of a plan (node.c keeps that many probers). */
+_Static_assert(PB_MAX_PEERS == PLAN_MAX_NODES, "a prober's peers: the nodes of a plan");
 
 /* A peer that never answered: so far that no order uses its link while another exists. */
 #define CP_UNREACHABLE_S 1e3

@@ -1,5 +1,5 @@
 /* coord_audit.c - audits: the coordinator asks a stage's node for the bytes of a finished sequence's
- * traversals, checks them against its signed receipts, and recomputes the stage (trust/audit.h). */
+ * traversals, checks them against its signed receipts, and recomputes the stage (coord/audit.h). */
 #include "coord_int.h"
 
 #include <ctype.h>
@@ -19,9 +19,9 @@
 #include "../device/devices.h"
 #include "../gen/emit.h"
 #include "../text/chat_gram.h"
-#include "../trust/audit.h"
+#include "audit.h"
 
-/* ---- audits: recompute a stage for a finished sequence (trust/audit.h) --------------------------- */
+/* ---- audits: recompute a stage for a finished sequence (coord/audit.h) --------------------------- */
 
 /* A uniform draw in [0, 1) from the audit seed (splitmix64): the same seed picks the same audits. */
 static int ring_audit_fail(ring_coord *rc, int stage, rl_err *err, const char *fmt, ...)

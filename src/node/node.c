@@ -36,9 +36,9 @@
 #include "../trust/receipt.h"
 #include "../wire/frame.h"
 #include "../exec/stage.h"
-#include "probe.h"
+#include "../net/probe.h"
 #include "range_parts.h"
-#include "zsock.h"
+#include "../net/zsock.h"
 
 #define NODE_MAX_MODELS 32
 
@@ -812,113 +812,149 @@ static void node_time_stage(node *n) {
              sec[2] * 1e3);
 }
 
-static void node_assign(node *n, uint64_t step, const zs_parts *p) {
-    const char *json = p->data[2];
-    size_t len = p->len[2];
-    cJSON *j = cJSON_ParseWithLength(json, len);
-    if (!j) {
-        node_error(n, step, "ASSIGN is not valid JSON");
-        return;
-    }
-    const char *hash = jstr(j, "model_hash");
-    double a = jnum(j, "a", -1), b = jnum(j, "b", -1), n_ctx = jnum(j, "n_ctx", 4096);
-    const cJSON *next = cJSON_GetObjectItemCaseSensitive(j, "next");
-    const char *upstream = jstr(j, "upstream");
-    if (!hash || a < 0 || b <= a || n_ctx < 1 || n_ctx > (1 << 24)) {
+/* What an ASSIGN asks of this node (ring_open's JSON), read by node_assign_parse and node_assign_find; the
+ * JSON it came in owns the strings. */
+typedef struct node_assignment {
+    const char *hash;                /* the model's id: whole-file hash, or the manifest's */
+    double a, b, n_ctx;              /* the layer range [a, b) and each sequence's context */
+    const cJSON *next;               /* the next stage's {addr, pubkey} (absent: this is the last stage) */
+    const char *upstream;            /* the previous stage's key (absent: stage 0, fed by the coordinator) */
+    bool by_manifest;                /* a manifest ring: the range is put together from parts */
+    const char *path;                /* the file holding the range ("the manifest" for a manifest ring) */
+    bool range_file;                 /* path is a streamed range file, not the whole model */
+    uint32_t gpu_layers, n_cpu_moe;  /* the plan's split between device and RAM (UINT32_MAX: none) */
+} node_assignment;
+
+/* Step 1: the range, the model and the neighbours the ASSIGN names, checked for sense. */
+static int node_assign_parse(node *n, uint64_t step, const cJSON *j, node_assignment *as) {
+    as->hash = jstr(j, "model_hash");
+    as->a = jnum(j, "a", -1), as->b = jnum(j, "b", -1), as->n_ctx = jnum(j, "n_ctx", 4096);
+    as->next = cJSON_GetObjectItemCaseSensitive(j, "next");
+    as->upstream = jstr(j, "upstream");
+    if (!as->hash || as->a < 0 || as->b <= as->a || as->n_ctx < 1 || as->n_ctx > (1 << 24)) {
         node_error(n, step, "ASSIGN lacks model_hash or a valid layer range / n_ctx");
-        goto done;
+        return -1;
     }
-    const bool by_manifest = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "manifest"));
-    const char *path = by_manifest ? "the manifest" : NULL;
-    bool range_file = false;
-    for (int i = 0; i < n->n_models && !path; i++) {
-        if (strcmp(n->models[i].hash, hash) == 0 && !n->models[i].range) path = n->models[i].path;
-    }
-    for (int i = 0; i < n->n_models && !path; i++) {
-        const node_model *nm = &n->models[i];
-        if (nm->range && strcmp(nm->hash, hash) == 0 && nm->a <= (uint32_t)a && nm->b >= (uint32_t)b) {
-            path = nm->path;
-            range_file = true;
-        }
-    }
-    if (!path) {
-        node_error(n, step, "model %.16s... is not among this node's models (--models %s)", hash,
-                   n->o->models_dir ? n->o->models_dir : "not given");
-        goto done;
-    }
-    rl_err err;
+    as->by_manifest = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "manifest"));
     /* The plan's split of the range between the device and RAM (plan_stage.dev_layers, cpu_moe), unless this
      * node's own --gpu-layers / --n-cpu-moe fix it. */
     const double gl = jnum(j, "gpu_layers", -1), ncm = jnum(j, "n_cpu_moe", -1);
-    const uint32_t gpu_layers = gl >= 0 && gl <= b - a ? (uint32_t)gl : UINT32_MAX;
-    const uint32_t n_cpu_moe = ncm >= 0 && ncm <= b ? (uint32_t)ncm : UINT32_MAX;
-    bool same = n->loaded && strcmp(n->hash, hash) == 0 && n->a == (uint32_t)a && n->b == (uint32_t)b &&
-                n->gpu_layers == gpu_layers && n->n_cpu_moe == n_cpu_moe;
-    node_drop_seqs(n);
-    node_alog_clear(n); /* a new assignment is a new ring: its step ids start again */
-    if (!same) {
-        node_unload(n);
-        if ((by_manifest  ? node_open_parts(n, p, j, hash, (uint32_t)a, (uint32_t)b, &err)
-             : range_file ? k3_open_range(&n->m, &n->hp, path, (uint32_t)a, (uint32_t)b, &err)
-                          : k3_open(&n->m, &n->hp, path, &err)) != 0) {
-            node_error(n, step, "%s", err.msg);
-            if (n->have_mf) mfst_file_free(&n->mf), n->have_mf = false;
-            goto done;
-        }
-        if ((uint32_t)b > n->hp.n_layer) {
-            node_error(n, step, "layer range [%g, %g) beyond the model's %u layers", a, b, n->hp.n_layer);
-            mf_close(&n->m);
-            goto done;
-        }
-        k3_engine_opts eo = n->o->eng;
-        eo.n_threads = n->o->threads;
-        if (gpu_layers != UINT32_MAX && !eo.gpu_layers_set) eo.gpu_layers_set = true, eo.gpu_layers = gpu_layers;
-        if (n_cpu_moe != UINT32_MAX && eo.n_cpu_moe == 0) eo.n_cpu_moe = n_cpu_moe;
-        if (k3_engine_init(&n->e, &n->m, &n->hp, (uint32_t)a, (uint32_t)b, &eo, &err) != 0) {
-            node_error(n, step, "%s", err.msg);
-            mf_close(&n->m);
-            goto done;
-        }
-        k3_weights_prefault(&n->e.w, false);
-        if (n->e.hp.n_dev > 0) {
-            char where[512];
-            k3_engine_describe(&n->e, where, sizeof where);
-            node_log(n, "layers [%g, %g) computing on %s", a, b, where);
-        }
-        if (n->e.xc) {
-            node_log(n, "layers [%g, %g) exceed --mem: routed experts read from the file through an expert cache of "
-                        "%.1f MiB", a, b, (double)n->e.xc->cache_bytes / 1048576.0);
-        }
-        n->loaded = true;
-        /* The last stage samples: constrained output needs each token's bytes. A file without a vocabulary
-         * still serves everything else (a grammar is then refused, naming why). */
-        if ((uint32_t)b == n->hp.n_layer) {
-            rl_err te;
-            if (tok_load(&n->tok, &n->m, &te) != 0) {
-                node_log(n, "no vocabulary in %s, so no constrained output: %s", path, te.msg);
-            } else if (!(n->vocab = chat_gram_vocab_new(&n->tok))) {
-                tok_free(&n->tok);
-            }
-        }
-        n->have_manifest = false;
-        snprintf(n->hash, sizeof n->hash, "%s", hash);
-        n->a = (uint32_t)a;
-        n->b = (uint32_t)b;
-        n->gpu_layers = gpu_layers;
-        n->n_cpu_moe = n_cpu_moe;
-        /* (field by field: a compound literal of this struct, hparams inside, is a large stack temporary) */
-        n->mfst.m = &n->m;
-        n->mfst.hp = n->hp;
-        n->mfst.a = n->a;
-        n->mfst.b = n->b;
-        n->mfst.rc = -1;
-        if (n->have_mf) { /* every tensor matched the manifest: its range hash is the range's */
-            n->have_manifest = mfst_file_range_hash(&n->mf, n->a, n->b, n->manifest, &err) == 0;
-        } else {
-            n->mfst.running = pthread_create(&n->mfst.thread, NULL, node_mfst_main, &n->mfst) == 0;
+    as->gpu_layers = gl >= 0 && gl <= as->b - as->a ? (uint32_t)gl : UINT32_MAX;
+    as->n_cpu_moe = ncm >= 0 && ncm <= as->b ? (uint32_t)ncm : UINT32_MAX;
+    return 0;
+}
+
+/* Step 2: the file this node maps the range from: the whole model if it holds it, else a range file that
+ * covers the range (a manifest ring's parts are found when they are put together). */
+static int node_assign_find(node *n, uint64_t step, node_assignment *as) {
+    const uint32_t a = (uint32_t)as->a, b = (uint32_t)as->b;
+    as->path = as->by_manifest ? "the manifest" : NULL;
+    as->range_file = false;
+    for (int i = 0; i < n->n_models && !as->path; i++) {
+        if (strcmp(n->models[i].hash, as->hash) == 0 && !n->models[i].range) as->path = n->models[i].path;
+    }
+    for (int i = 0; i < n->n_models && !as->path; i++) {
+        const node_model *nm = &n->models[i];
+        if (nm->range && strcmp(nm->hash, as->hash) == 0 && nm->a <= a && nm->b >= b) {
+            as->path = nm->path;
+            as->range_file = true;
         }
     }
-    n->n_ctx = (uint32_t)n_ctx;
+    if (!as->path) {
+        node_error(n, step, "model %.16s... is not among this node's models (--models %s)", as->hash,
+                   n->o->models_dir ? n->o->models_dir : "not given");
+        return -1;
+    }
+    return 0;
+}
+
+/* Step 3's end: the range just loaded, kept: its vocabulary on the last stage, what it is (so that the same
+ * ASSIGN again keeps it loaded), and its manifest hash for receipts - from the manifest when its parts were
+ * checked against it, else hashed by a thread. */
+static void node_assign_keep(node *n, const node_assignment *as) {
+    const uint32_t b = (uint32_t)as->b;
+    rl_err err;
+    /* The last stage samples: constrained output needs each token's bytes. A file without a vocabulary
+     * still serves everything else (a grammar is then refused, naming why). */
+    if (b == n->hp.n_layer) {
+        rl_err te;
+        if (tok_load(&n->tok, &n->m, &te) != 0) {
+            node_log(n, "no vocabulary in %s, so no constrained output: %s", as->path, te.msg);
+        } else if (!(n->vocab = chat_gram_vocab_new(&n->tok))) {
+            tok_free(&n->tok);
+        }
+    }
+    n->have_manifest = false;
+    snprintf(n->hash, sizeof n->hash, "%s", as->hash);
+    n->a = (uint32_t)as->a;
+    n->b = b;
+    n->gpu_layers = as->gpu_layers;
+    n->n_cpu_moe = as->n_cpu_moe;
+    /* (field by field: a compound literal of this struct, hparams inside, is a large stack temporary) */
+    n->mfst.m = &n->m;
+    n->mfst.hp = n->hp;
+    n->mfst.a = n->a;
+    n->mfst.b = n->b;
+    n->mfst.rc = -1;
+    if (n->have_mf) { /* every tensor matched the manifest: its range hash is the range's */
+        n->have_manifest = mfst_file_range_hash(&n->mf, n->a, n->b, n->manifest, &err) == 0;
+    } else {
+        n->mfst.running = pthread_create(&n->mfst.thread, NULL, node_mfst_main, &n->mfst) == 0;
+    }
+}
+
+/* Step 3: every sequence of the last assignment dropped, and the range mapped and its engine built - unless
+ * this node holds that very range, split the same way, already (a ring re-opened over the same plan). */
+static int node_assign_load(node *n, uint64_t step, const zs_parts *p, const cJSON *j, const node_assignment *as) {
+    const double a = as->a, b = as->b;
+    const char *hash = as->hash, *path = as->path;
+    bool same = n->loaded && strcmp(n->hash, hash) == 0 && n->a == (uint32_t)a && n->b == (uint32_t)b &&
+                n->gpu_layers == as->gpu_layers && n->n_cpu_moe == as->n_cpu_moe;
+    node_drop_seqs(n);
+    node_alog_clear(n); /* a new assignment is a new ring: its step ids start again */
+    if (same) return 0;
+    rl_err err;
+    node_unload(n);
+    if ((as->by_manifest  ? node_open_parts(n, p, j, hash, (uint32_t)a, (uint32_t)b, &err)
+         : as->range_file ? k3_open_range(&n->m, &n->hp, path, (uint32_t)a, (uint32_t)b, &err)
+                          : k3_open(&n->m, &n->hp, path, &err)) != 0) {
+        node_error(n, step, "%s", err.msg);
+        if (n->have_mf) mfst_file_free(&n->mf), n->have_mf = false;
+        return -1;
+    }
+    if ((uint32_t)b > n->hp.n_layer) {
+        node_error(n, step, "layer range [%g, %g) beyond the model's %u layers", a, b, n->hp.n_layer);
+        mf_close(&n->m);
+        return -1;
+    }
+    k3_engine_opts eo = n->o->eng;
+    eo.n_threads = n->o->threads;
+    if (as->gpu_layers != UINT32_MAX && !eo.gpu_layers_set) eo.gpu_layers_set = true, eo.gpu_layers = as->gpu_layers;
+    if (as->n_cpu_moe != UINT32_MAX && eo.n_cpu_moe == 0) eo.n_cpu_moe = as->n_cpu_moe;
+    if (k3_engine_init(&n->e, &n->m, &n->hp, (uint32_t)a, (uint32_t)b, &eo, &err) != 0) {
+        node_error(n, step, "%s", err.msg);
+        mf_close(&n->m);
+        return -1;
+    }
+    k3_weights_prefault(&n->e.w, false);
+    if (n->e.hp.n_dev > 0) {
+        char where[512];
+        k3_engine_describe(&n->e, where, sizeof where);
+        node_log(n, "layers [%g, %g) computing on %s", a, b, where);
+    }
+    if (n->e.xc) {
+        node_log(n, "layers [%g, %g) exceed --mem: routed experts read from the file through an expert cache of "
+                    "%.1f MiB", a, b, (double)n->e.xc->cache_bytes / 1048576.0);
+    }
+    n->loaded = true;
+    node_assign_keep(n, as);
+    return 0;
+}
+
+/* Step 4: the stage over the loaded range: context, sequences held at once, the wire's type, rollback
+ * blocks, the DSpark taps it holds. */
+static void node_assign_stage(node *n, const cJSON *j, const node_assignment *as) {
+    n->n_ctx = (uint32_t)as->n_ctx;
     const double n_seqs = jnum(j, "n_seqs", 1);
     n->n_seqs = n_seqs >= 1 && n_seqs <= RF_MAX_SEQS ? (int)n_seqs : 1;
     n->stage = (int)jnum(j, "stage", 0);
@@ -938,47 +974,55 @@ static void node_assign(node *n, uint64_t step, const zs_parts *p) {
         }
     }
     stage_set_taps(&n->stage_rt, n->taps, n->n_taps);
+}
 
-    /* Neighbours: trust exactly the upstream key we were given; connect to the downstream one. */
+/* Step 5: the neighbours: trust exactly the upstream key we were given; connect to the downstream one, and
+ * wait until that encrypted link is up, so a broken ring shows now rather than at the first frame. */
+static int node_assign_links(node *n, uint64_t step, const node_assignment *as) {
+    rl_err err;
     zs_auth_forget(&n->auth, "upstream");
-    if (upstream) {
+    if (as->upstream) {
         rk_peer up;
-        if (rk_peer_parse(&up, upstream, &err) != 0) {
+        if (rk_peer_parse(&up, as->upstream, &err) != 0) {
             node_error(n, step, "upstream key: %s", err.msg);
-            goto done;
+            return -1;
         }
         zs_auth_allow(&n->auth, up.curve_pk, "upstream", up.pk_hex);
     }
     node_close_next(n);
-    if (cJSON_IsObject(next)) {
-        const char *addr = jstr(next, "addr"), *pk = jstr(next, "pubkey");
-        rk_peer down;
-        if (!addr || !pk || rk_peer_parse(&down, pk, &err) != 0) {
-            node_error(n, step, "ASSIGN's next hop lacks addr or a valid pubkey");
-            goto done;
-        }
-        /* A routing id of this connection's own: the next stage's ROUTER then never sees two connections
-         * claim one id (a re-assigned ring connects again while the old link may still be registered). */
-        char rid[80];
-        snprintf(rid, sizeof rid, "node-%.16s-%08x", n->o->id.pk_hex, randombytes_random());
-        n->next = zs_client(n->zctx, addr, &n->o->id, down.curve_pk_z85, rid, &err);
-        snprintf(n->next_addr, sizeof n->next_addr, "%s", addr);
-        if (!n->next) {
-            node_error(n, step, "next hop %s: %s", addr, err.msg);
-            goto done;
-        }
-        /* Answer READY only once the encrypted link downstream is up: a broken ring shows now. */
-        rl_err me;
-        if (zs_monitor_start(&n->next_mon, n->zctx, n->next, "next", &me) != 0) zs_monitor_stop(&n->next_mon);
-        bool up = zs_wait_writable(n->next, 10000);
-        if (!up) {
-            if (n->next_mon.pair) zs_monitor_poll(&n->next_mon);
-            node_error(n, step, "cannot connect to the next stage %s within 10 s%s%s", addr,
-                       n->next_mon.last[0] ? ": " : "", n->next_mon.last);
-            node_close_next(n);
-            goto done;
-        }
+    if (!cJSON_IsObject(as->next)) return 0;
+    const char *addr = jstr(as->next, "addr"), *pk = jstr(as->next, "pubkey");
+    rk_peer down;
+    if (!addr || !pk || rk_peer_parse(&down, pk, &err) != 0) {
+        node_error(n, step, "ASSIGN's next hop lacks addr or a valid pubkey");
+        return -1;
     }
+    /* A routing id of this connection's own: the next stage's ROUTER then never sees two connections
+     * claim one id (a re-assigned ring connects again while the old link may still be registered). */
+    char rid[80];
+    snprintf(rid, sizeof rid, "node-%.16s-%08x", n->o->id.pk_hex, randombytes_random());
+    n->next = zs_client(n->zctx, addr, &n->o->id, down.curve_pk_z85, rid, &err);
+    snprintf(n->next_addr, sizeof n->next_addr, "%s", addr);
+    if (!n->next) {
+        node_error(n, step, "next hop %s: %s", addr, err.msg);
+        return -1;
+    }
+    /* Answer READY only once the encrypted link downstream is up: a broken ring shows now. */
+    rl_err me;
+    if (zs_monitor_start(&n->next_mon, n->zctx, n->next, "next", &me) != 0) zs_monitor_stop(&n->next_mon);
+    bool up = zs_wait_writable(n->next, 10000);
+    if (!up) {
+        if (n->next_mon.pair) zs_monitor_poll(&n->next_mon);
+        node_error(n, step, "cannot connect to the next stage %s within 10 s%s%s", addr,
+                   n->next_mon.last[0] ? ": " : "", n->next_mon.last);
+        node_close_next(n);
+        return -1;
+    }
+    return 0;
+}
+
+/* Step 6: READY, with the range, where it computes, and the stage's own timed frames (node_time_stage). */
+static void node_assign_ready(node *n, uint64_t step) {
     char spec[96] = "";
     if (n->rb_blocks > 0) { /* what a sequence's rollback copies come to, at most (k3_memory.h) */
         snprintf(spec, sizeof spec, "; %d speculative block%s in flight kept for rollback", n->rb_blocks,
@@ -1015,7 +1059,22 @@ static void node_assign(node *n, uint64_t step, const zs_parts *p) {
     cJSON_Delete(r);
     if (s) node_reply(n, RF_READY, step, s, strlen(s));
     free(s);
-done:
+}
+
+/* ASSIGN: this node's stage of a ring, in the steps above; the first that fails has answered ERROR, and the
+ * rest are not taken. */
+static void node_assign(node *n, uint64_t step, const zs_parts *p) {
+    cJSON *j = cJSON_ParseWithLength(p->data[2], p->len[2]);
+    if (!j) {
+        node_error(n, step, "ASSIGN is not valid JSON");
+        return;
+    }
+    node_assignment as;
+    if (node_assign_parse(n, step, j, &as) == 0 && node_assign_find(n, step, &as) == 0 &&
+        node_assign_load(n, step, p, j, &as) == 0) {
+        node_assign_stage(n, j, &as);
+        if (node_assign_links(n, step, &as) == 0) node_assign_ready(n, step);
+    }
     cJSON_Delete(j);
 }
 
@@ -1541,7 +1600,7 @@ static void node_fetch_end(node *n, uint64_t step, const zs_parts *p) {
 
 /* ---- one coordinator at a time ------------------------------------------------------------------ */
 
-/* The owner part of a coordinator's routing id: all but its last "-" field (coord.c: ring_routing_id). */
+/* The owner part of a coordinator's routing id: all but its last "-" field (coord.c: ring_open_connect). */
 static size_t node_owner_len(const char *id, size_t len) {
     for (size_t i = len; i > 0; i--) {
         if (id[i - 1] == '-') return i - 1;

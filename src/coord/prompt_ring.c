@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "predict.h"
+#include "../plan/predict.h"
 #include "prompt_int.h"
 #include "verify_ring.h"
 

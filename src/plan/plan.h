@@ -1,3 +1,7 @@
+/* Folder src/plan/: the planner: the layer cut, a model as the planner sees it, nodes.conf, the ring order
+ * with the shortest round trip, and what a ring will do (predictions; `ringlm plan`). May include: base,
+ * gguf, model. (README "Layout"; tests/t_layout.sh checks both.)
+ */
 /* plan.h - cutting a model into contiguous layer ranges, one per node of the ring.
  *
  * Minimizes the slowest stage's time per token under every node's memory limit (with headroom for

@@ -4,7 +4,7 @@
  * The command line's parsing is the cli's (src/cli/cmd_run.c); this is what it asked for, done: open the model
  * (or its manifest), the tokenizer, the prompt as token ids (--tokens as given, or -p encoded, wrapped in the
  * model's chat format with --chat), the drafter; then generate locally or on the ring, print the summary
- * lines and write --metrics-json. It lives in src/ring/ because the ring coordinator is one of the ways it
+ * lines and write --metrics-json. It lives in src/coord/ because the ring coordinator is one of the ways it
  * runs, and only this layer may include both it and the one-machine loops (gen, speculate). */
 #ifndef RINGLM_PROMPT_RUN_H
 #define RINGLM_PROMPT_RUN_H

@@ -20,7 +20,7 @@
 #include "../wire/frame.h"
 #include "ggml.h"
 #include "gguf.h"
-#include "zsock.h"
+#include "../net/zsock.h"
 
 #define RP_CHUNK (4u << 20)  /* bytes one PULL asks for */
 #define RP_IN_FLIGHT 8       /* PULLs outstanding on one link */

@@ -1,0 +1,950 @@
+#include "coord.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cJSON.h>
+#include <sodium.h>
+#include <zmq.h>
+
+#include "../gen/emit.h"
+#include "../gguf/file_hash.h"
+#include "../model/k3_memory.h"
+#include "audit.h"
+#include "../trust/manifest.h"
+#include "ggml.h"
+#include "gguf.h"
+
+#include "coord_int.h"
+#include "../plan/plan_model.h"
+#include "../plan/predict.h"
+
+int ring_opts_check_taps(const ring_opts *o, const uint32_t *layers, int n, rl_err *err) {
+    if (n != o->n_taps || (n > 0 && memcmp(layers, o->taps, (size_t)n * sizeof *layers) != 0)) {
+        return rl_errf(err, "the ring was opened without this draft's taps (ring_opts.taps)");
+    }
+    return 0;
+}
+
+ring_opts ring_opts_default(void) {
+    /* A dead process or a dropped network is noticed by the link itself: a closed connection at once, and
+     * ZeroMQ's transport heartbeats (answered by its I/O thread even while a node computes) close a silent
+     * link within 5 s. dead_s only bounds a node that is connected but makes no progress: a node working
+     * through a queue of prefill chunks answers no application ping until it is done, so it is generous. */
+    return (ring_opts){.n_ctx = 4096, .wire = 0, .connect_s = 5, .load_s = 600, .dead_s = 60, .step_s = 300};
+}
+
+
+static double jnum_or(const cJSON *o, const char *k, double def) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : def;
+}
+
+int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, pr_result *r) {
+    if (!rc->have_delays) return -1;
+    pr_node nodes[PLAN_MAX_NODES];
+    double hop_s[PLAN_MAX_NODES + 1];
+    int prev = -1;
+    for (int s = 0; s < rc->plan.n_stages; s++) {
+        int nd = rc->plan.stages[s].node;
+        nodes[s] = (pr_node){.speed = rc->nodes[nd].speed, .flops = rc->nodes[nd].flops > 0 ? rc->nodes[nd].flops : INFINITY,
+                             .net = INFINITY, .disk = rc->nodes[nd].disk_bps, .col_reads = PR_CPU_COL_READS};
+        if (rc->pnodes[nd].ram_bytes > 0) { /* the device's figures, and the CPU's for the part in RAM */
+            nodes[s].two_tier = true;
+            nodes[s].col_reads = 1;
+            nodes[s].ram_speed = nodes[s].speed;
+            nodes[s].ram_flops = nodes[s].flops;
+            nodes[s].speed = rc->nodes[nd].dev_speed;
+            nodes[s].flops = rc->nodes[nd].dev_flops > 0 ? rc->nodes[nd].dev_flops : INFINITY;
+        }
+        const ring_node_state *ns = &rc->nodes[nd];
+        if (ns->n_steps > 0 && ns->step_a == rc->plan.stages[s].a && ns->step_b == rc->plan.stages[s].b) {
+            (void)pr_stage_calibrate(rc->m, &rc->hp, &rc->plan.stages[s], &nodes[s], ns->step_tok, ns->step_s, ns->n_steps);
+        }
+        hop_s[s] = prev < 0 ? rc->coord_delay_s[nd] : rc->delay_s[prev][nd];
+        prev = nd;
+    }
+    hop_s[rc->plan.n_stages] = prev >= 0 ? rc->coord_delay_s[prev] : 0;
+    pr_opts po = {.prompt = prompt ? prompt : 1, .chunk = chunk ? chunk : 512, .parallel = 1};
+    rl_err e2;
+    return pr_predict(rc->m, &rc->hp, &rc->plan, nodes, hop_s, &po, r, &e2);
+}
+
+/* ---- ring_open, in phases --------------------------------------------------------------------------------
+ * ring_open runs them in order; the first to fail stops it (err says why, naming the node), and ring_close
+ * then lets go of whatever the phases before it took. */
+
+/* The ring's state before anything is sent: the options, a fresh ring id and the audits' draws. */
+static void ring_open_init(ring_coord *rc, const ring_conf *conf, const rk_identity *id, const mf_model *m,
+                           const k3_hparams *hp, const ring_opts *o) {
+    memset(rc, 0, sizeof *rc);
+    rc->conf = *conf;
+    rc->id = id;
+    rc->o = *o;
+    rc->hp = *hp;
+    rc->m = m;
+    if (o->audit_rate > 0) rc->o.receipts = true; /* an audit checks a node's frames against its receipts */
+    audit_draws_init(&rc->audit, o->audit_seed);
+    randombytes_buf(&rc->ring_id, sizeof rc->ring_id);
+    rc->next_step = 1;
+    rc->next_seq = 1;
+}
+
+/* The id the nodes know the model by: its manifest's hash (a manifest ring), else the whole file's. */
+static int ring_open_model_id(ring_coord *rc, rl_err *err) {
+    return rc->o.manifest ? ring_mf_begin(rc, err) : fh_model_hash(rc->m, rc->model_hash, err);
+}
+
+/* A CURVE socket to every node of ring.conf, each with a monitor of its link. */
+static int ring_open_connect(ring_coord *rc, rl_err *err) {
+    const ring_conf *conf = &rc->conf;
+    rc->zctx = zmq_ctx_new();
+    if (!rc->zctx) return rl_errf(err, "cannot create a ZeroMQ context");
+    /* "coord-<key>-<session>-<connection>": a node serves one session at a time (node.c: node_admit), and
+     * each connection's id is new, so no node's ROUTER ever sees two connections claim one id. */
+    if (rc->o.session == 0) randombytes_buf(&rc->o.session, sizeof rc->o.session);
+    char rid[80];
+    snprintf(rid, sizeof rid, "coord-%.16s-%016" PRIx64 "-%08x", rc->id->pk_hex, rc->o.session, randombytes_random());
+    for (int i = 0; i < conf->n; i++) {
+        rc->nodes[i].sock = zs_client(rc->zctx, conf->nodes[i].addr, rc->id, conf->nodes[i].key.curve_pk_z85, rid, err);
+        if (!rc->nodes[i].sock) {
+            rl_err_prefix(err, "node %s", conf->nodes[i].addr);
+            return -1;
+        }
+        char name[16];
+        snprintf(name, sizeof name, "n%d", i);
+        zs_monitor_start(&rc->nodes[i].mon, rc->zctx, rc->nodes[i].sock, name, err);
+    }
+    return 0;
+}
+
+/* A node's INFO into its state: memory, speed, FLOPs and disk; the device it computes on, with each part's
+ * room when it names several; how its engine computes (audits of it compute the same way); and which of the
+ * model it holds (the whole file, ranges streamed before, or a manifest ring's split files). */
+static void ring_info_read(ring_coord *rc, int from, const cJSON *j) {
+    const cJSON *mem = j ? cJSON_GetObjectItemCaseSensitive(j, "mem_bytes") : NULL;
+    const cJSON *sp = j ? cJSON_GetObjectItemCaseSensitive(j, "speed_bps") : NULL;
+    const cJSON *models = j ? cJSON_GetObjectItemCaseSensitive(j, "models") : NULL;
+    rc->nodes[from].mem_bytes = cJSON_IsNumber(mem) ? (uint64_t)mem->valuedouble : 0;
+    rc->nodes[from].speed = cJSON_IsNumber(sp) && sp->valuedouble > 0 ? sp->valuedouble : 1e9;
+    const cJSON *dk = j ? cJSON_GetObjectItemCaseSensitive(j, "disk_bps") : NULL;
+    rc->nodes[from].disk_bps = cJSON_IsNumber(dk) && dk->valuedouble > 0 ? dk->valuedouble : 0;
+    const cJSON *fl = j ? cJSON_GetObjectItemCaseSensitive(j, "flops") : NULL;
+    rc->nodes[from].flops = cJSON_IsNumber(fl) && fl->valuedouble > 0 ? fl->valuedouble : 0;
+    /* The backend of the device it computes on ("backend" names the device; "devices" its backend). */
+    const char *bk = j ? jstr(j, "backend") : NULL;
+    char first[64] = "";
+    if (bk) snprintf(first, sizeof first, "%.*s", (int)strcspn(bk, ","), bk);
+    const cJSON *dl = j ? cJSON_GetObjectItemCaseSensitive(j, "devices") : NULL, *de;
+    cJSON_ArrayForEach(de, dl) {
+        const char *nm = jstr(de, "name"), *br = jstr(de, "backend");
+        if (nm && br && first[0] && strcmp(first, "CPU") != 0 && strcmp(nm, first) == 0) {
+            snprintf(rc->nodes[from].dev_reg, sizeof rc->nodes[from].dev_reg, "%s", br);
+        }
+    }
+    const cJSON *dv = j ? cJSON_GetObjectItemCaseSensitive(j, "device") : NULL;
+    const char *dn = jstr(dv, "name");
+    const double db = jnum_or(dv, "mem_bytes", 0), dsp = jnum_or(dv, "speed_bps", 0), dfl = jnum_or(dv, "flops", 0);
+    if (dn && db > 0 && db < 1e19 && dsp > 0 && isfinite(dsp)) {
+        snprintf(rc->nodes[from].dev_name, sizeof rc->nodes[from].dev_name, "%s", dn);
+        rc->nodes[from].dev_bytes = (uint64_t)db;
+        rc->nodes[from].dev_speed = dsp;
+        rc->nodes[from].dev_flops = dfl > 0 && isfinite(dfl) ? dfl : 0;
+        /* Several devices: each one's room from the "devices" list, to print the node's split. */
+        rc->nodes[from].n_parts = 0;
+        for (const char *p = dn; *p && rc->nodes[from].n_parts < PLAN_MAX_PARTS;) {
+            const size_t len = strcspn(p, ",");
+            const int k = rc->nodes[from].n_parts;
+            snprintf(rc->nodes[from].part_name[k], sizeof rc->nodes[from].part_name[k], "%.*s", (int)len, p);
+            double fr = -1;
+            cJSON_ArrayForEach(de, dl) {
+                const char *nm = jstr(de, "name");
+                if (nm && strcmp(nm, rc->nodes[from].part_name[k]) == 0) fr = jnum_or(de, "free_bytes", -1);
+            }
+            if (!(fr >= 0 && fr < 1e19)) { /* a device the list does not have: no split to print */
+                rc->nodes[from].n_parts = 0;
+                break;
+            }
+            rc->nodes[from].part_room[k] = k3_dev_room((size_t)fr);
+            rc->nodes[from].n_parts++;
+            p += len + (p[len] == ',');
+        }
+    }
+    k3_engine_opts *eng = &rc->nodes[from].eng;
+    eng->no_repack = cJSON_IsFalse(j ? cJSON_GetObjectItemCaseSensitive(j, "repack") : NULL);
+    eng->no_flash_attn = !cJSON_IsTrue(j ? cJSON_GetObjectItemCaseSensitive(j, "flash_attn") : NULL);
+    const char *ct = j ? jstr(j, "cache_type") : NULL;
+    eng->cache_f32 = !(ct && strcmp(ct, "f16") == 0);
+    const cJSON *it;
+    if (rc->o.manifest) ring_mf_info(rc, from, j ? cJSON_GetObjectItemCaseSensitive(j, "files") : NULL);
+    cJSON_ArrayForEach(it, models) {
+        if (rc->o.manifest) break; /* held by files (above), not by whole-file hash */
+        const char *hsh = jstr(it, "hash");
+        if (!hsh || strcmp(hsh, rc->model_hash) != 0) continue;
+        const cJSON *ra = cJSON_GetObjectItemCaseSensitive(it, "a"), *rb = cJSON_GetObjectItemCaseSensitive(it, "b");
+        if (cJSON_IsNumber(ra) && cJSON_IsNumber(rb)) {
+            ring_node_state *ns = &rc->nodes[from];
+            if (ns->n_ranges < 16) {
+                ns->range_a[ns->n_ranges] = (uint32_t)ra->valuedouble;
+                ns->range_b[ns->n_ranges++] = (uint32_t)rb->valuedouble;
+            }
+        } else {
+            rc->nodes[from].has_model = true;
+        }
+    }
+}
+
+/* INFO from every node (but those left out), asked again every 0.1 s until connect_s: ZeroMQ connects in the
+ * background, and IMMEDIATE sockets drop what they cannot deliver yet. */
+static int ring_open_info(ring_coord *rc, rl_err *err) {
+    const ring_conf *conf = &rc->conf;
+    const ring_opts *o = &rc->o;
+    for (int i = 0; i < conf->n; i++) {
+        rl_err e2;
+        ring_send(rc, i, RF_INFO_REQ, 0, NULL, NULL, 0, NULL, 0, &e2); /* may fail until connected: retried below */
+    }
+    bool got[PLAN_MAX_NODES] = {0};
+    rl_err busy = {{0}};
+    double t0 = gen_mono(), last_send = t0;
+    int n_got = 0;
+    for (int i = 0; o->exclude && i < conf->n; i++) { /* left out: not asked, planned with no memory */
+        if (o->exclude[i]) got[i] = true, n_got++, rc->nodes[i].speed = 1e9;
+    }
+    while (n_got < conf->n) {
+        if (ring_aborted(rc) || gen_sigint_pending()) return rl_errf(err, "interrupted");
+        if (gen_mono() - t0 > o->connect_s) {
+            if (busy.msg[0]) {
+                *err = busy;
+                return -1;
+            }
+            for (int i = 0; i < conf->n; i++) {
+                if (got[i]) continue;
+                zs_monitor_poll(&rc->nodes[i].mon);
+                bool refused = strstr(rc->nodes[i].mon.last, "refused our key") != NULL;
+                rl_errf(err, "node %s did not answer within %.0f s: %s%s%s", conf->nodes[i].addr, o->connect_s,
+                        rc->nodes[i].mon.last[0] ? rc->nodes[i].mon.last : "unreachable",
+                        refused ? ": start it with --allow " : "", refused ? rc->id->pk_hex : "");
+                break;
+            }
+            return -1;
+        }
+        if (gen_mono() - last_send > 0.1) { /* IMMEDIATE sockets drop what they cannot deliver yet: resend */
+            last_send = gen_mono();
+            for (int i = 0; i < conf->n; i++) {
+                rl_err e2;
+                if (!got[i]) ring_send(rc, i, RF_INFO_REQ, 0, NULL, NULL, 0, NULL, 0, &e2);
+            }
+        }
+        zs_parts p;
+        rf_header h;
+        int from;
+        rl_err e2;
+        rc->busy_node = -1;
+        if (ring_wait(rc, RF_INFO, -1, 0.2, NULL, &from, &p, &h, &e2) != 0) {
+            if (strncmp(e2.msg, "no ", 3) == 0) continue; /* just the short timeout */
+            if (rc->busy_node >= 0 && !got[rc->busy_node]) {
+                /* Held by another coordinator. It may be letting go right now (its connection closing as we
+                 * connect): ask again until connect_s, then say who holds it. */
+                busy = e2;
+                continue;
+            }
+            *err = e2;
+            return -1;
+        }
+        if (!got[from]) {
+            cJSON *j = cJSON_ParseWithLength(p.data[1], p.len[1]);
+            ring_info_read(rc, from, j);
+            cJSON_Delete(j);
+            got[from] = true;
+            rc->nodes[from].last_seen = gen_mono();
+            n_got++;
+        }
+        zs_parts_free(&p);
+    }
+    return 0;
+}
+
+/* The order the ring runs in: perm[k] is the ring.conf index of the k-th node; the n_use nodes planned come
+ * first, those left out (exclude) last, where the plan ignores them. cycle_s: its measured round trip, and
+ * conf_cycle_s that of ring.conf's order (both 0 unless have_delays). */
+typedef struct ring_ordering {
+    int perm[PLAN_MAX_NODES];
+    int n_use;
+    double cycle_s, conf_cycle_s;
+} ring_ordering;
+
+/* The order: measured (coord_probe.c) unless ring.conf's is to be kept; ring.conf's, said so, when the
+ * delays cannot be measured. */
+static int ring_open_order(ring_coord *rc, ring_ordering *ord, rl_err *err) {
+    const ring_conf *conf = &rc->conf;
+    const ring_opts *o = &rc->o;
+    bool use[PLAN_MAX_NODES];
+    ord->n_use = 0;
+    ord->cycle_s = ord->conf_cycle_s = 0;
+    for (int i = 0; i < conf->n; i++) {
+        use[i] = !(o->exclude && o->exclude[i]);
+        ord->n_use += use[i];
+        ord->perm[i] = i;
+    }
+    if (o->keep_order || ord->n_use < 2) return 0;
+    rl_err pe = {{0}};
+    int m_use = 0;
+    if (ring_probe(rc, use, &pe) != 0 ||
+        ring_order_measured(rc, use, ord->perm, &m_use, &ord->cycle_s, &ord->conf_cycle_s, &pe) != 0) {
+        if (ring_aborted(rc) || gen_sigint_pending()) return rl_errf(err, "interrupted");
+        rc->have_delays = false;
+        for (int i = 0; i < conf->n; i++) ord->perm[i] = i;
+        if (!o->quiet) fprintf(stderr, "ring order: ring.conf's (the delays could not be measured: %s)\n", pe.msg);
+        return 0;
+    }
+    for (int i = 0; i < conf->n; i++) {
+        if (!use[i]) ord->perm[m_use++] = i;
+    }
+    return 0;
+}
+
+/* The cut (plan.h) over the nodes in that order: each node's memory (capped by ring.conf's mem=, none for a
+ * node left out or one that lacks the model under --no-fetch), a GPU as a tier before its RAM, and in a
+ * manifest ring what each would be streamed; stages then name ring.conf indices. */
+static int ring_open_plan(ring_coord *rc, const ring_ordering *ord, rl_err *err) {
+    const ring_conf *conf = &rc->conf;
+    const ring_opts *o = &rc->o;
+    /* The MLA cache as the nodes keep it: f16 (the default), f32 if any node runs --cache-type f32 (the
+     * plan's per-layer figure must hold wherever the layer lands). */
+    size_t cache_elem = 2;
+    for (int i = 0; i < conf->n; i++) {
+        if (rc->nodes[i].eng.cache_f32) cache_elem = 4;
+    }
+    plan_model pm;
+    ring_plan_model(&pm, rc->m, &rc->hp, o->n_seqs > 0 ? (uint32_t)o->n_seqs : 1, o->n_ctx, cache_elem, o->spec_block,
+                    o->spec_block ? o->spec_depth : 0);
+    uint64_t (*lack)[PLAN_MAX_LAYERS + 2] = o->manifest ? calloc((size_t)conf->n, sizeof *lack) : NULL;
+    if (o->manifest && !lack) return rl_errf(err, "out of memory");
+    for (int i = 0; i < conf->n; i++) {
+        plan_node *pn = &rc->pnodes[i];
+        if (lack) ring_mf_lack(rc, i, lack[i]), pn->lack = lack[i];
+        snprintf(pn->name, sizeof pn->name, "%s", conf->nodes[i].addr);
+        pn->mem_bytes = rc->nodes[i].mem_bytes;
+        if (conf->nodes[i].mem_gb > 0 && (uint64_t)(conf->nodes[i].mem_gb * 1073741824.0) < pn->mem_bytes) {
+            pn->mem_bytes = (uint64_t)(conf->nodes[i].mem_gb * 1073741824.0);
+        }
+        if (!rc->nodes[i].has_model && o->no_fetch && !o->manifest) pn->mem_bytes = 0; /* cannot serve without the file */
+        if (o->exclude && o->exclude[i]) pn->mem_bytes = 0;
+        pn->speed = rc->nodes[i].speed;
+        pn->disk_bps = rc->nodes[i].disk_bps;
+        if (rc->nodes[i].dev_bytes > 0 && pn->mem_bytes > 0) { /* a GPU first, RAM after */
+            pn->ram_bytes = pn->mem_bytes;
+            pn->ram_speed = pn->speed;
+            pn->mem_bytes = rc->nodes[i].dev_bytes;
+            pn->speed = rc->nodes[i].dev_speed;
+            _Static_assert(sizeof pn->device == sizeof rc->nodes[i].dev_name, "device names: one size");
+            memcpy(pn->device, rc->nodes[i].dev_name, sizeof pn->device);
+            pn->n_parts = rc->nodes[i].n_parts;
+            memcpy(pn->part_name, rc->nodes[i].part_name, sizeof pn->part_name);
+            memcpy(pn->part_room, rc->nodes[i].part_room, sizeof pn->part_room);
+        }
+    }
+    plan_node in_order[PLAN_MAX_NODES];
+    for (int k = 0; k < conf->n; k++) in_order[k] = rc->pnodes[ord->perm[k]];
+    int prc = plan_make(&pm, in_order, conf->n, 0.10, &rc->plan, err);
+    for (int s = 0; prc == 0 && s < rc->plan.n_stages; s++) {
+        rc->plan.stages[s].node = ord->perm[rc->plan.stages[s].node];
+    }
+    for (int i = 0; i < conf->n; i++) rc->pnodes[i].lack = NULL; /* (lack is freed now) */
+    free(lack);
+    return prc != 0 ? -1 : 0;
+}
+
+/* What the plan is, on stderr (unless quiet): the order with its round trip, the cut, what the planner
+ * predicts of it, and in a manifest ring which split files each stage holds. */
+static void ring_open_print(const ring_coord *rc, const ring_ordering *ord) {
+    const ring_conf *conf = &rc->conf;
+    if (rc->o.quiet) return;
+    if (rc->have_delays) {
+        bool moved = false;
+        for (int k = 0; k < ord->n_use; k++) moved |= ord->perm[k] != k;
+        fprintf(stderr, "ring order (delays measured; round trip %.1f ms%s):", ord->cycle_s * 1e3,
+                moved ? "" : ", ring.conf's");
+        for (int k = 0; k < ord->n_use; k++) fprintf(stderr, " %s", conf->nodes[ord->perm[k]].addr);
+        if (moved) {
+            fprintf(stderr, "\n  (reordered: ring.conf's order takes %.1f ms; --keep-order keeps it)",
+                    ord->conf_cycle_s * 1e3);
+        }
+        fprintf(stderr, "\n");
+    }
+    plan_print(&rc->plan, rc->pnodes, stderr);
+    pr_result pred;
+    if (ring_prediction(rc, 1, 1, &pred) == 0) {
+        fprintf(stderr, "predicted (ringlm plan's model, docs/plan.md): decode %.2f tok/s greedy = 1 / (hops %.1f ms measured + "
+                        "compute %.1f ms at the nodes' speeds and FLOPs)\n", pred.greedy_tok_s, pred.hops_s * 1e3,
+                pred.compute_s * 1e3);
+    }
+    if (rc->o.manifest) ring_mf_print(rc, stderr);
+}
+
+/* A manifest ring: every stage's missing split files lent to it by nodes that hold them (holders[s], for
+ * stage s's ASSIGN); under --no-fetch a stage may miss none. */
+static int ring_open_lend(ring_coord *rc, cJSON **holders, rl_err *err) {
+    const ring_opts *o = &rc->o;
+    if (!o->manifest) return 0;
+    for (int s = 0; o->no_fetch && s < rc->plan.n_stages; s++) {
+        if (rc->plan.stages[s].lack_bytes) {
+            const plan_stage *st = &rc->plan.stages[s];
+            return rl_errf(err, "--no-fetch: no cut gives every stage only layers its node holds (%s lacks some of "
+                           "[%u, %u))", rc->conf.nodes[st->node].addr, st->a, st->b);
+        }
+    }
+    return ring_mf_lend(rc, holders, err);
+}
+
+/* With receipts, the ledger that checks them: what every receipt must say, from our own copy of the model
+ * (or its manifest) and the plan, never from receipts. */
+static int ring_open_ledger(ring_coord *rc, rl_err *err) {
+    const ring_conf *conf = &rc->conf;
+    const ring_opts *o = &rc->o;
+    if (!o->receipts) return 0;
+    rcpt_stage_expect rexp[PLAN_MAX_NODES];
+    const char *names[PLAN_MAX_NODES];
+    for (int s = 0; s < rc->plan.n_stages; s++) {
+        rcpt_stage_expect *x = &rexp[s];
+        memcpy(x->node_pk, conf->nodes[rc->plan.stages[s].node].key.sign_pk, 32);
+        x->layer_start = rc->plan.stages[s].a;
+        x->layer_end = rc->plan.stages[s].b;
+        names[s] = conf->nodes[rc->plan.stages[s].node].addr;
+        if ((o->manifest ? mfst_file_range_hash(o->manifest, x->layer_start, x->layer_end, x->manifest, err)
+                         : mfst_range_hash(rc->m, &rc->hp, x->layer_start, x->layer_end, x->manifest, err)) != 0) {
+            return -1;
+        }
+    }
+    tl_config lc = {.ring_id = rc->ring_id, .n_layer = rc->hp.n_layer, .n_stages = rc->plan.n_stages, .stages = rexp,
+                    .names = names, .out = o->receipts_out, .on_receipts = o->on_receipts,
+                    .user = o->on_receipts_user,
+                    .keep = o->audit_rate > 0 ? (o->audit_keep > 0 ? o->audit_keep : 4096) : 0};
+    if (tl_init(&rc->ledger, &lc, err) != 0) return -1;
+    rc->have_ledger = true;
+    return 0;
+}
+
+/* Stage s's ASSIGN (node.c: node_assign): its range, the ring's shape and options, its neighbours, and in a
+ * manifest ring who lends it what it lacks (holders, taken over). NULL: out of memory. */
+static char *ring_assign_json(const ring_coord *rc, int s, cJSON **holders) {
+    const ring_conf *conf = &rc->conf;
+    const ring_opts *o = &rc->o;
+    const plan_stage *st = &rc->plan.stages[s];
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "model_hash", rc->model_hash);
+    if (o->manifest) {
+        cJSON_AddBoolToObject(j, "manifest", true);
+        cJSON_AddItemToObject(j, "holders", holders[s]);
+        holders[s] = NULL;
+    }
+    cJSON_AddNumberToObject(j, "a", st->a);
+    cJSON_AddNumberToObject(j, "b", st->b);
+    cJSON_AddNumberToObject(j, "stage", s);
+    cJSON_AddNumberToObject(j, "n_stages", rc->plan.n_stages);
+    cJSON_AddNumberToObject(j, "n_ctx", o->n_ctx);
+    cJSON_AddNumberToObject(j, "n_seqs", o->n_seqs > 0 ? o->n_seqs : 1); /* the node pools their states */
+    cJSON_AddStringToObject(j, "wire", o->wire == 1 ? "f16" : o->wire == 2 ? "bf16" : "f32");
+    if (o->spec_block > 0 && o->spec_depth > 0) cJSON_AddNumberToObject(j, "rollback_blocks", o->spec_depth);
+    if (o->n_taps > 0) {
+        cJSON *ta = cJSON_AddArrayToObject(j, "taps");
+        for (int k = 0; k < o->n_taps; k++) cJSON_AddItemToArray(ta, cJSON_CreateNumber(o->taps[k]));
+    }
+    if (rc->pnodes[st->node].ram_bytes > 0) { /* how the stage splits between the node's GPU and RAM */
+        cJSON_AddNumberToObject(j, "gpu_layers", st->dev_layers);
+        cJSON_AddNumberToObject(j, "n_cpu_moe", st->cpu_moe ? st->a + st->cpu_moe : 0);
+    }
+    if (s > 0) cJSON_AddStringToObject(j, "upstream", conf->nodes[rc->plan.stages[s - 1].node].key.pk_hex);
+    if (s + 1 < rc->plan.n_stages) {
+        const ring_node_conf *nx = &conf->nodes[rc->plan.stages[s + 1].node];
+        cJSON *nj = cJSON_AddObjectToObject(j, "next");
+        cJSON_AddStringToObject(nj, "addr", nx->addr);
+        cJSON_AddStringToObject(nj, "pubkey", nx->key.pk_hex);
+    }
+    char *js = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    return js;
+}
+
+/* Stage s's READY: where the node computes its layers (a GPU, split with its CPU: docs/devices.md), and its
+ * stage's own timed frames for the prediction (a malformed entry leaves them all out). */
+static void ring_ready_read(ring_coord *rc, int s, const zs_parts *p) {
+    const plan_stage *st = &rc->plan.stages[s];
+    cJSON *rj = p->n >= 2 ? cJSON_ParseWithLength(p->data[1], p->len[1]) : NULL;
+    const cJSON *wh = rj ? cJSON_GetObjectItemCaseSensitive(rj, "where") : NULL;
+    if (!rc->o.quiet && cJSON_IsString(wh)) {
+        fprintf(stderr, "stage %d (%s) computes on %s\n", s + 1, rc->conf.nodes[st->node].addr, wh->valuestring);
+    }
+    ring_node_state *ns = &rc->nodes[st->node];
+    ns->n_steps = 0;
+    const cJSON *steps = rj ? cJSON_GetObjectItemCaseSensitive(rj, "steps") : NULL, *sv;
+    cJSON_ArrayForEach(sv, steps) {
+        const double tk = jnum_or(sv, "tokens", 0), sec = jnum_or(sv, "s", 0);
+        if (ns->n_steps < 0 || ns->n_steps == 8 || !(tk >= 1 && tk <= rc->o.n_ctx && sec > 0 && sec < 3600)) {
+            ns->n_steps = -1;
+            continue;
+        }
+        ns->step_tok[ns->n_steps] = tk;
+        ns->step_s[ns->n_steps++] = sec;
+    }
+    if (ns->n_steps < 0) ns->n_steps = 0;
+    ns->step_a = st->a, ns->step_b = st->b;
+    cJSON_Delete(rj);
+}
+
+/* Every stage assigned, last stage first, so every downstream neighbour trusts its upstream before it
+ * connects: its range streamed first if its node holds no file that covers it, then ASSIGN, then READY
+ * once it has loaded. */
+static int ring_open_assign(ring_coord *rc, cJSON **holders, rl_err *err) {
+    const ring_conf *conf = &rc->conf;
+    const ring_opts *o = &rc->o;
+    for (int s = rc->plan.n_stages - 1; s >= 0; s--) {
+        const plan_stage *st = &rc->plan.stages[s];
+        const ring_node_state *ns = &rc->nodes[st->node];
+        bool covered = ns->has_model || o->manifest; /* (a manifest ring's stages pull what they lack) */
+        for (int r = 0; r < ns->n_ranges && !covered; r++) covered = ns->range_a[r] <= st->a && ns->range_b[r] >= st->b;
+        if (!covered && ring_stream(rc, st->node, rc->m, st->a, st->b, err) != 0) {
+            rl_err_prefix(err, "streaming layers [%u, %u) to %s", st->a, st->b, conf->nodes[st->node].addr);
+            return -1;
+        }
+        char *js = ring_assign_json(rc, s, holders);
+        int r = js ? ring_send(rc, st->node, RF_ASSIGN, 0, NULL, js, strlen(js), rc->mf_bytes, rc->mf_len, err)
+                   : rl_errf(err, "out of memory");
+        free(js);
+        if (r != 0) return -1;
+        zs_parts p;
+        rf_header h;
+        int from;
+        if (ring_wait(rc, RF_READY, st->node, o->load_s, NULL, &from, &p, &h, err) != 0) {
+            rl_err_prefix(err, "loading layers [%u, %u) on %s", st->a, st->b, conf->nodes[st->node].addr);
+            return -1;
+        }
+        ring_ready_read(rc, s, &p);
+        zs_parts_free(&p);
+    }
+    return 0;
+}
+
+/* The prediction again, from the stages' own timed frames (READY "steps"), when any stage sent them. */
+static void ring_open_print_timed(const ring_coord *rc) {
+    bool timed = false;
+    for (int s = 0; s < rc->plan.n_stages; s++) timed |= rc->nodes[rc->plan.stages[s].node].n_steps > 0;
+    pr_result pred;
+    if (!rc->o.quiet && timed && ring_prediction(rc, 1, 1, &pred) == 0) {
+        fprintf(stderr, "predicted from the stages' own timed frames: decode %.2f tok/s greedy = 1 / (hops %.1f ms + "
+                        "compute %.1f ms)\n", pred.greedy_tok_s, pred.hops_s * 1e3, pred.compute_s * 1e3);
+    }
+}
+
+int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, const mf_model *m, const k3_hparams *hp,
+              const ring_opts *o, rl_err *err) {
+    ring_open_init(rc, conf, id, m, hp, o);
+    ring_ordering ord;
+    int r = ring_open_model_id(rc, err);
+    if (r == 0) r = ring_open_connect(rc, err);
+    if (r == 0) r = ring_open_info(rc, err);
+    if (r == 0) r = ring_open_order(rc, &ord, err);
+    if (r == 0) r = ring_open_plan(rc, &ord, err);
+    if (r == 0) ring_open_print(rc, &ord);
+    if (r == 0 && o->plan_only) return 0; /* `ringlm plan`: rc->plan holds it; the caller closes the ring */
+    cJSON *holders[PLAN_MAX_NODES] = {0}; /* a manifest ring: each stage's lenders, until its ASSIGN takes them */
+    if (r == 0) r = ring_open_lend(rc, holders, err);
+    if (r == 0) r = ring_open_ledger(rc, err);
+    if (r == 0) r = ring_open_assign(rc, holders, err);
+    for (int s = 0; s < PLAN_MAX_NODES; s++) cJSON_Delete(holders[s]);
+    if (r != 0) {
+        ring_close(rc);
+        return -1;
+    }
+    ring_open_print_timed(rc);
+    return 0;
+}
+
+void ring_close(ring_coord *rc) {
+    ring_audit_free(rc);
+    if (rc->have_ledger) tl_free(&rc->ledger);
+    rc->have_ledger = false;
+    /* Results that arrived but were never collected (a step abandoned on failure) own their buffers. */
+    for (int i = 0; i < rc->n_pending; i++) {
+        if (rc->pending[i].done) zs_parts_free(&rc->pending[i].parts);
+        free(rc->pending[i].taps);
+    }
+    rc->n_pending = 0;
+    free(rc->mf_bytes);
+    rc->mf_bytes = NULL;
+    for (int i = 0; i < rc->conf.n; i++) {
+        free(rc->nodes[i].files);
+        rc->nodes[i].files = NULL;
+        if (rc->nodes[i].sock) {
+            zmq_socket_monitor(rc->nodes[i].sock, NULL, 0);
+            zs_monitor_stop(&rc->nodes[i].mon);
+            zmq_close(rc->nodes[i].sock);
+            rc->nodes[i].sock = NULL; /* ring_close may be called again (a server re-opening its ring) */
+        }
+    }
+    if (rc->zctx) zmq_ctx_term(rc->zctx);
+    rc->zctx = NULL;
+}
+
+int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *step_id, rl_err *err) {
+    if (n_reqs < 1 || n_reqs > RF_MAX_SEQS) return rl_errf(err, "bad number of sequences %d", n_reqs);
+    if (rc->n_pending == (int)(sizeof rc->pending / sizeof rc->pending[0])) {
+        return rl_errf(err, "too many frames in flight (%d)", rc->n_pending);
+    }
+    rf_header *h = calloc(1, sizeof *h);
+    if (!h) return rl_errf(err, "out of memory");
+    h->type = RF_FORWARD;
+    h->ring_id = rc->ring_id;
+    h->step_id = rc->next_step++;
+    h->n_seqs = (uint32_t)n_reqs;
+    size_t total = 0;
+    for (int i = 0; i < n_reqs; i++) {
+        h->seqs[i] = (rf_seq){.seq_id = reqs[i].seq_id, .pos = reqs[i].pos, .n_tokens = reqs[i].n,
+                              .flags = reqs[i].flags, .smp = reqs[i].smp};
+        total += reqs[i].n;
+    }
+    int32_t *toks = malloc(total * 4 + 1);
+    if (!toks) {
+        free(h);
+        return rl_errf(err, "out of memory");
+    }
+    size_t off = 0;
+    for (int i = 0; i < n_reqs; i++) {
+        memcpy(toks + off, reqs[i].tokens, reqs[i].n * 4);
+        off += reqs[i].n;
+    }
+    h->payload_bytes = total * 4;
+    struct ring_pending *pd = &rc->pending[rc->n_pending];
+    memset(pd, 0, sizeof *pd);
+    /* The stamps part; with receipts, the extension that carries this traversal's fresh nonce. */
+    uint8_t sb[8 + 40];
+    size_t sbl = rf_stamps_size(0);
+    rf_stamps_encode(NULL, 0, sb);
+    if (rc->o.receipts) {
+        rf_receipts rx;
+        memset(&rx, 0, sizeof rx);
+        randombytes_buf(rx.nonce, 32);
+        rf_receipts_encode(&rx, NULL, 0, sb + sbl);
+        sbl += rf_receipts_size(&rx, 0);
+        if (rc->ledger.failed) {
+            free(toks);
+            free(h);
+            return rl_errf(err, "%s", rc->ledger.error);
+        }
+        uint8_t first_in[32];
+        rcpt_hash(toks, total * 4, first_in);
+        if (tl_begin(&rc->ledger, h->step_id, rx.nonce, first_in, h->seqs, (uint32_t)n_reqs, err) != 0) {
+            free(toks);
+            free(h);
+            return -1;
+        }
+    }
+    pd->step_id = h->step_id;
+    pd->t_send_real = rf_now();
+    pd->t_send_mono = gen_mono();
+    for (int i = 0; rc->o.n_taps > 0 && i < n_reqs; i++) pd->tap_rows += (reqs[i].flags & RF_SEQ_TAPS) ? reqs[i].n : 0;
+    if (pd->tap_rows > 0) {
+        pd->taps = calloc((size_t)pd->tap_rows * (size_t)rc->o.n_taps * rc->hp.n_embd, sizeof(float));
+        if (!pd->taps) {
+            free(toks);
+            free(h);
+            return rl_errf(err, "out of memory for taps");
+        }
+        for (int s = 0; s < rc->plan.n_stages; s++) pd->taps_need += ring_stage_taps(rc, s) > 0;
+    }
+    for (int i = 0; i < n_reqs; i++) pd->route_rows += (reqs[i].flags & RF_SEQ_ROUTES) ? reqs[i].n : 0;
+    if (pd->route_rows > 0) {
+        if (!rc->routes) {
+            free(toks);
+            free(h);
+            return rl_errf(err, "routing statistics asked for with nowhere to keep them");
+        }
+        pd->routes_need = ring_routes_need(rc);
+    }
+    /* The last stage's sampler inputs, if any sequence carries them, ride in a 4th part (frame.h): the new
+     * sequences' logit biases, their grammars, then the drafts' distributions. */
+    size_t qlen = 0;
+    for (int i = 0; i < n_reqs; i++) {
+        if (reqs[i].flags & RF_SEQ_HAS_BIAS) qlen += 4 + (size_t)reqs[i].n_bias * sizeof(smp_bias);
+        if (reqs[i].flags & RF_SEQ_HAS_GRAMMAR) qlen += 8 + (size_t)reqs[i].gram_len;
+        if (reqs[i].flags & RF_SEQ_RESUME) qlen += 4;
+        qlen += (reqs[i].flags & RF_SEQ_HAS_Q) ? reqs[i].q_len : 0;
+    }
+    uint8_t *qb = qlen ? malloc(qlen) : NULL;
+    size_t qo = 0;
+    for (int i = 0; qb && i < n_reqs; i++) {
+        if (!(reqs[i].flags & RF_SEQ_HAS_BIAS)) continue;
+        memcpy(qb + qo, &reqs[i].n_bias, 4);
+        if (reqs[i].n_bias) memcpy(qb + qo + 4, reqs[i].bias, (size_t)reqs[i].n_bias * sizeof(smp_bias));
+        qo += 4 + (size_t)reqs[i].n_bias * sizeof(smp_bias);
+    }
+    for (int i = 0; qb && i < n_reqs; i++) {
+        if (!(reqs[i].flags & RF_SEQ_HAS_GRAMMAR)) continue;
+        memcpy(qb + qo, &reqs[i].budget, 4);
+        memcpy(qb + qo + 4, &reqs[i].gram_len, 4);
+        if (reqs[i].gram_len) memcpy(qb + qo + 8, reqs[i].gram, reqs[i].gram_len);
+        qo += 8 + (size_t)reqs[i].gram_len;
+    }
+    for (int i = 0; qb && i < n_reqs; i++) {
+        if (!(reqs[i].flags & RF_SEQ_RESUME)) continue;
+        memcpy(qb + qo, &reqs[i].gen_start, 4);
+        qo += 4;
+    }
+    for (int i = 0; qb && i < n_reqs; i++) {
+        if (!(reqs[i].flags & RF_SEQ_HAS_Q)) continue;
+        memcpy(qb + qo, reqs[i].q, reqs[i].q_len);
+        qo += reqs[i].q_len;
+    }
+    if (rc->have_ledger && qb) tl_set_q(&rc->ledger, h->step_id, qb, qlen);
+    int r = qlen && !qb ? rl_errf(err, "out of memory")
+                        : ring_send4(rc, rc->plan.stages[0].node, RF_FORWARD, h->step_id, h, toks, total * 4, sb,
+                                     sbl, qb, qlen, err);
+    free(qb);
+    free(toks);
+    if (r == 0) {
+        rc->n_pending++;
+        *step_id = h->step_id;
+    } else {
+        free(pd->taps);
+        pd->taps = NULL;
+    }
+    free(h);
+    return r;
+}
+
+/* Takes the timings out of a result's stamps. */
+void ring_account(ring_coord *rc, const zs_parts *p, const struct ring_pending *pd, double t_recv_real) {
+    rf_stamp st[RF_MAX_STAMPS];
+    uint32_t ns = 0;
+    rl_err e2;
+    if (p->n < 3 || rf_stamps_decode(st, &ns, p->data[2], p->len[2], &e2) != 0 || ns != (uint32_t)rc->plan.n_stages) return;
+    double prev_send = pd->t_send_real;
+    for (uint32_t s = 0; s < ns; s++) {
+        ring_stage_stats *ss = &rc->stats[s];
+        ss->queue_s += st[s].t_start - st[s].t_recv;
+        ss->compute_s += st[s].t_end - st[s].t_start;
+        ss->wire_s += fmax(0.0, st[s].t_recv - prev_send);
+        ss->n++;
+        prev_send = st[s].t_send;
+    }
+    rc->stats[ns].wire_s += fmax(0.0, t_recv_real - prev_send);
+    rc->stats[ns].n++;
+}
+
+int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_reqs, rl_err *err) {
+    struct ring_pending *pd = ring_find_pending(rc, step_id);
+    if (!pd) return rl_errf(err, "step %" PRIu64 " is not in flight", step_id);
+    bool watch[PLAN_MAX_NODES] = {0};
+    for (int s = 0; s < rc->plan.n_stages; s++) watch[rc->plan.stages[s].node] = true;
+    int last = rc->plan.stages[rc->plan.n_stages - 1].node, from;
+    rf_header *rh = calloc(1, sizeof *rh);
+    if (!rh) return rl_errf(err, "out of memory");
+    while (!pd->done) {
+        zs_parts p;
+        if (ring_wait(rc, RF_RESULT, last, rc->o.step_s, watch, &from, &p, rh, err) != 0) {
+            free(rh);
+            return -1;
+        }
+        struct ring_pending *other = ring_find_pending(rc, rh->step_id);
+        if (!other || other->done) { /* an answer to a step nobody waits for */
+            zs_parts_free(&p);
+            continue;
+        }
+        other->done = true;
+        other->parts = p;
+        rc->traversal_s += gen_mono() - other->t_send_mono;
+        rc->traversals++;
+        ring_account(rc, &p, other, rf_now());
+    }
+    while (pd->taps_got < pd->taps_need) { /* the taps of stages that have not sent theirs yet */
+        zs_parts p;
+        if (ring_wait(rc, RF_TAPS, -1, rc->o.step_s, watch, &from, &p, rh, err) != 0) {
+            free(rh);
+            return rl_err_prefix(err, "waiting for DSpark taps");
+        }
+        ring_take_taps(rc, from, &p, rh);
+        zs_parts_free(&p);
+    }
+    while (pd->routes_got < pd->routes_need && !pd->routes_err[0]) { /* REAP: every MoE stage's routing */
+        zs_parts p;
+        if (ring_wait(rc, RF_ROUTES, -1, rc->o.step_s, watch, &from, &p, rh, err) != 0) {
+            free(rh);
+            return rl_err_prefix(err, "waiting for routing statistics");
+        }
+        ring_take_routes(rc, from, &p, rh);
+        zs_parts_free(&p);
+    }
+    free(rh);
+    if (pd->routes_err[0]) {
+        rl_errf(err, "%s", pd->routes_err);
+        zs_parts_free(&pd->parts);
+        free(pd->taps);
+        *pd = rc->pending[--rc->n_pending];
+        return -1;
+    }
+    zs_parts *p = &pd->parts;
+    int rc_ = 0;
+    size_t want = (size_t)n_reqs * 4;
+    for (int i = 0; i < n_reqs; i++) {
+        if (reqs[i].flags & RF_SEQ_ALL_LOGITS) want += (size_t)reqs[i].n * rc->hp.n_vocab * 4;
+    }
+    size_t n_committed = 0;
+    if (p->len[1] >= (size_t)n_reqs * 4) {
+        for (int i = 0; i < n_reqs; i++) {
+            int32_t c;
+            memcpy(&c, (const uint8_t *)p->data[1] + i * 4, 4);
+            if (reqs[i].flags & RF_SEQ_VERIFY) n_committed += c >= 0 && c <= 32 ? (size_t)c : 1000000; /* 0: stale */
+        }
+    }
+    want += n_committed * 4;
+    size_t n_lp = 0; /* log-probability entries: one per token returned to a RF_SEQ_LOGPROBS sequence */
+    for (int i = 0; i < n_reqs && p->len[1] >= (size_t)n_reqs * 4; i++) {
+        if (reqs[i].flags & RF_SEQ_PROMPT_LP) n_lp += reqs[i].n - 1;
+        if (!(reqs[i].flags & RF_SEQ_LOGPROBS)) continue;
+        int32_t c;
+        memcpy(&c, (const uint8_t *)p->data[1] + i * 4, 4);
+        n_lp += (reqs[i].flags & RF_SEQ_VERIFY) ? (c >= 0 && c <= 32 ? (size_t)c : 1000000)
+                : (reqs[i].flags & RF_SEQ_NO_SAMPLE) ? 0 : 1;
+    }
+    want += n_lp * RF_LOGPROB_BYTES;
+    rf_header *h2 = calloc(1, sizeof *h2);
+    rl_err e2;
+    if (!h2 || rf_header_decode(h2, p->data[0], p->len[0], &e2) != 0 || h2->n_seqs != (uint32_t)n_reqs ||
+        p->len[1] != want) {
+        rc_ = rl_errf(err, "last stage returned %zu bytes, expected %zu for %d sequences", p->len[1], want, n_reqs);
+    } else {
+        const uint8_t *pl = p->data[1];
+        size_t lo = (size_t)n_reqs * 4;
+        for (int i = 0; i < n_reqs; i++) {
+            memcpy(&reqs[i].token, pl + i * 4, 4);
+            if (reqs[i].flags & RF_SEQ_ALL_LOGITS) {
+                size_t nb = (size_t)reqs[i].n * rc->hp.n_vocab * 4;
+                if (reqs[i].logits) memcpy(reqs[i].logits, pl + lo, nb);
+                lo += nb;
+            }
+        }
+        for (int i = 0; i < n_reqs; i++) { /* committed tokens of VERIFY sequences, after the logits */
+            if (!(reqs[i].flags & RF_SEQ_VERIFY)) continue;
+            memcpy(reqs[i].committed, pl + lo, (size_t)reqs[i].token * 4);
+            lo += (size_t)reqs[i].token * 4;
+        }
+        for (int i = 0; i < n_reqs; i++) { /* then the log-probabilities: its own tokens', what it got back */
+            if (reqs[i].flags & RF_SEQ_PROMPT_LP) {
+                if (reqs[i].plp) memcpy(reqs[i].plp, pl + lo, (size_t)(reqs[i].n - 1) * RF_LOGPROB_BYTES);
+                lo += (size_t)(reqs[i].n - 1) * RF_LOGPROB_BYTES;
+            }
+            if (!(reqs[i].flags & RF_SEQ_LOGPROBS)) continue;
+            size_t nt = (reqs[i].flags & RF_SEQ_VERIFY) ? (size_t)reqs[i].token : (reqs[i].flags & RF_SEQ_NO_SAMPLE) ? 0 : 1;
+            if (reqs[i].lp) memcpy(reqs[i].lp, pl + lo, (nt < reqs[i].lp_cap ? nt : reqs[i].lp_cap) * RF_LOGPROB_BYTES);
+            lo += nt * RF_LOGPROB_BYTES;
+        }
+        size_t row = (size_t)rc->o.n_taps * rc->hp.n_embd, r0 = 0;
+        for (int i = 0; pd->taps && i < n_reqs; i++) { /* each flagged sequence's tap rows */
+            if (!(reqs[i].flags & RF_SEQ_TAPS)) continue;
+            reqs[i].taps = malloc((size_t)reqs[i].n * row * sizeof(float));
+            if (!reqs[i].taps) {
+                rc_ = rl_errf(err, "out of memory for taps");
+                break;
+            }
+            memcpy(reqs[i].taps, pd->taps + r0 * row, (size_t)reqs[i].n * row * sizeof(float));
+            r0 += reqs[i].n;
+        }
+    }
+    free(h2);
+    if (rc_ == 0 && rc->have_ledger) {
+        uint8_t last_out[32];
+        rcpt_hash(p->data[1], p->len[1], last_out);
+        tl_result(&rc->ledger, pd->step_id, last_out);
+        ring_rcpt_blame(rc);
+        if (rc->ledger.failed) rc_ = rl_errf(err, "%s", rc->ledger.error);
+    }
+    zs_parts_free(p);
+    free(pd->taps);
+    *pd = rc->pending[--rc->n_pending]; /* unordered removal */
+    return rc_;
+}
+
+int ring_step(ring_coord *rc, ring_seq_req *reqs, int n_reqs, rl_err *err) {
+    uint64_t step;
+    if (ring_submit(rc, reqs, n_reqs, &step, err) != 0) return -1;
+    return ring_collect(rc, step, reqs, n_reqs, err);
+}
+
+int ring_free_seqs(ring_coord *rc, const uint64_t *ids, int n, rl_err *err) {
+    rf_header *h = calloc(1, sizeof *h);
+    if (!h) return rl_errf(err, "out of memory");
+    h->type = RF_FREE;
+    h->ring_id = rc->ring_id;
+    h->step_id = rc->next_step++;
+    h->n_seqs = (uint32_t)(n > RF_MAX_SEQS ? RF_MAX_SEQS : n);
+    for (uint32_t i = 0; i < h->n_seqs; i++) h->seqs[i].seq_id = ids[i];
+    uint8_t sb[8];
+    rf_stamps_encode(NULL, 0, sb);
+    int r = ring_send(rc, rc->plan.stages[0].node, RF_FREE, h->step_id, h, NULL, 0, sb, rf_stamps_size(0), err);
+    free(h);
+    rc->audits_skipped += audit_draws_finished(&rc->audit, rc->o.audit_rate, ids, n); /* which get audited */
+    return r;
+}
+
+rf_sampling ring_sampling(const smp_params *p) {
+    return (rf_sampling){.temperature = p->temperature, .top_p = p->top_p, .min_p = p->min_p,
+                         .repeat_penalty = p->repeat_penalty, .presence_penalty = p->presence_penalty,
+                         .frequency_penalty = p->frequency_penalty, .top_k = p->top_k,
+                         .penalty_last_n = p->penalty_last_n, .seed = p->seed};
+}
+
+void ring_print_stats(const ring_coord *rc, FILE *f) {
+    fprintf(f, "%-6s %-22s %-10s %10s %10s %10s\n", "stage", "node", "layers", "queue ms", "compute ms", "wire ms");
+    for (int s = 0; s < rc->plan.n_stages; s++) {
+        const ring_stage_stats *ss = &rc->stats[s];
+        double n = ss->n ? (double)ss->n : 1;
+        char layers[32];
+        snprintf(layers, sizeof layers, "%u-%u", rc->plan.stages[s].a, rc->plan.stages[s].b - 1);
+        fprintf(f, "%-6d %-22s %-10s %10.3f %10.3f %10.3f\n", s, rc->conf.nodes[rc->plan.stages[s].node].addr, layers,
+                1e3 * ss->queue_s / n, 1e3 * ss->compute_s / n, 1e3 * ss->wire_s / n);
+    }
+    const ring_stage_stats *ret = &rc->stats[rc->plan.n_stages];
+    fprintf(f, "%-6s %-22s %-10s %10s %10s %10.3f\n", "return", "coordinator", "", "", "",
+            ret->n ? 1e3 * ret->wire_s / (double)ret->n : 0.0);
+    fprintf(f, "traversal: %.3f ms on average over %ld traversals\n",
+            rc->traversals ? 1e3 * rc->traversal_s / (double)rc->traversals : 0.0, rc->traversals);
+}
+
+cJSON *ring_stats_json(const ring_coord *rc) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON *a = cJSON_AddArrayToObject(o, "stages");
+    for (int s = 0; s < rc->plan.n_stages; s++) {
+        const ring_stage_stats *ss = &rc->stats[s];
+        double n = ss->n ? (double)ss->n : 1;
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "node", rc->conf.nodes[rc->plan.stages[s].node].addr);
+        cJSON_AddNumberToObject(j, "layer_start", rc->plan.stages[s].a);
+        cJSON_AddNumberToObject(j, "layer_end", rc->plan.stages[s].b);
+        cJSON_AddNumberToObject(j, "queue_ms", 1e3 * ss->queue_s / n);
+        cJSON_AddNumberToObject(j, "compute_ms", 1e3 * ss->compute_s / n);
+        cJSON_AddNumberToObject(j, "wire_ms", 1e3 * ss->wire_s / n);
+        cJSON_AddItemToArray(a, j);
+    }
+    const ring_stage_stats *ret = &rc->stats[rc->plan.n_stages];
+    cJSON_AddNumberToObject(o, "return_wire_ms", ret->n ? 1e3 * ret->wire_s / (double)ret->n : 0.0);
+    cJSON_AddNumberToObject(o, "traversal_ms", rc->traversals ? 1e3 * rc->traversal_s / (double)rc->traversals : 0.0);
+    cJSON_AddNumberToObject(o, "traversals", (double)rc->traversals);
+    cJSON_AddNumberToObject(o, "taps_dropped", (double)rc->taps_dropped);
+    cJSON_AddBoolToObject(o, "delays_measured", rc->have_delays);
+    pr_result pred;
+    if (ring_prediction(rc, 1, 1, &pred) == 0) {
+        cJSON *pj = cJSON_AddObjectToObject(o, "predicted");
+        cJSON_AddNumberToObject(pj, "greedy_tok_s", pred.greedy_tok_s);
+        cJSON_AddNumberToObject(pj, "hops_ms", 1e3 * pred.hops_s);
+        cJSON_AddNumberToObject(pj, "compute_ms", 1e3 * pred.compute_s);
+    }
+    return o;
+}
