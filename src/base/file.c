@@ -1,10 +1,12 @@
 #include "file.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 int rl_read_file(const char *path, const char *what, char **out, size_t *len, rl_err *err) {
@@ -58,6 +60,28 @@ int rl_pwrite_all(int fd, const void *src, size_t n, uint64_t off) {
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) return r < 0 ? errno : EIO;
         p += r, n -= (size_t)r, off += (uint64_t)r;
+    }
+    return 0;
+}
+
+int rl_mkdirs(const char *path) {
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) { /* never a silently shorter path */
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(tmp, 0700) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    if (mkdir(tmp, 0700) == 0) return 0;
+    struct stat st; /* EEXIST: fine if it is a folder (a file of that name is not) */
+    if (errno != EEXIST || stat(tmp, &st) != 0) return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
     }
     return 0;
 }

@@ -1,4 +1,6 @@
 #include "coord.h"
+#include "../base/json.h"
+#include "../base/clock.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -42,11 +44,6 @@ ring_opts ring_opts_default(void) {
     return (ring_opts){.n_ctx = 4096, .wire = 0, .connect_s = 5, .load_s = 600, .dead_s = 60, .step_s = 300};
 }
 
-
-static double jnum_or(const cJSON *o, const char *k, double def) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsNumber(v) ? v->valuedouble : def;
-}
 
 int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, pr_result *r) {
     if (!rc->have_delays) return -1;
@@ -140,19 +137,19 @@ static void ring_info_read(ring_coord *rc, int from, const cJSON *j) {
     const cJSON *fl = j ? cJSON_GetObjectItemCaseSensitive(j, "flops") : NULL;
     rc->nodes[from].flops = cJSON_IsNumber(fl) && fl->valuedouble > 0 ? fl->valuedouble : 0;
     /* The backend of the device it computes on ("backend" names the device; "devices" its backend). */
-    const char *bk = j ? jstr(j, "backend") : NULL;
+    const char *bk = j ? rl_json_str(j, "backend") : NULL;
     char first[64] = "";
     if (bk) snprintf(first, sizeof first, "%.*s", (int)strcspn(bk, ","), bk);
     const cJSON *dl = j ? cJSON_GetObjectItemCaseSensitive(j, "devices") : NULL, *de;
     cJSON_ArrayForEach(de, dl) {
-        const char *nm = jstr(de, "name"), *br = jstr(de, "backend");
+        const char *nm = rl_json_str(de, "name"), *br = rl_json_str(de, "backend");
         if (nm && br && first[0] && strcmp(first, "CPU") != 0 && strcmp(nm, first) == 0) {
             snprintf(rc->nodes[from].dev_reg, sizeof rc->nodes[from].dev_reg, "%s", br);
         }
     }
     const cJSON *dv = j ? cJSON_GetObjectItemCaseSensitive(j, "device") : NULL;
-    const char *dn = jstr(dv, "name");
-    const double db = jnum_or(dv, "mem_bytes", 0), dsp = jnum_or(dv, "speed_bps", 0), dfl = jnum_or(dv, "flops", 0);
+    const char *dn = rl_json_str(dv, "name");
+    const double db = rl_json_num(dv, "mem_bytes", 0), dsp = rl_json_num(dv, "speed_bps", 0), dfl = rl_json_num(dv, "flops", 0);
     if (dn && db > 0 && db < 1e19 && dsp > 0 && isfinite(dsp)) {
         snprintf(rc->nodes[from].dev_name, sizeof rc->nodes[from].dev_name, "%s", dn);
         rc->nodes[from].dev_bytes = (uint64_t)db;
@@ -166,8 +163,8 @@ static void ring_info_read(ring_coord *rc, int from, const cJSON *j) {
             snprintf(rc->nodes[from].part_name[k], sizeof rc->nodes[from].part_name[k], "%.*s", (int)len, p);
             double fr = -1;
             cJSON_ArrayForEach(de, dl) {
-                const char *nm = jstr(de, "name");
-                if (nm && strcmp(nm, rc->nodes[from].part_name[k]) == 0) fr = jnum_or(de, "free_bytes", -1);
+                const char *nm = rl_json_str(de, "name");
+                if (nm && strcmp(nm, rc->nodes[from].part_name[k]) == 0) fr = rl_json_num(de, "free_bytes", -1);
             }
             if (!(fr >= 0 && fr < 1e19)) { /* a device the list does not have: no split to print */
                 rc->nodes[from].n_parts = 0;
@@ -181,13 +178,13 @@ static void ring_info_read(ring_coord *rc, int from, const cJSON *j) {
     k3_engine_opts *eng = &rc->nodes[from].eng;
     eng->no_repack = cJSON_IsFalse(j ? cJSON_GetObjectItemCaseSensitive(j, "repack") : NULL);
     eng->no_flash_attn = !cJSON_IsTrue(j ? cJSON_GetObjectItemCaseSensitive(j, "flash_attn") : NULL);
-    const char *ct = j ? jstr(j, "cache_type") : NULL;
+    const char *ct = j ? rl_json_str(j, "cache_type") : NULL;
     eng->cache_f32 = !(ct && strcmp(ct, "f16") == 0);
     const cJSON *it;
     if (rc->o.manifest) ring_mf_info(rc, from, j ? cJSON_GetObjectItemCaseSensitive(j, "files") : NULL);
     cJSON_ArrayForEach(it, models) {
         if (rc->o.manifest) break; /* held by files (above), not by whole-file hash */
-        const char *hsh = jstr(it, "hash");
+        const char *hsh = rl_json_str(it, "hash");
         if (!hsh || strcmp(hsh, rc->model_hash) != 0) continue;
         const cJSON *ra = cJSON_GetObjectItemCaseSensitive(it, "a"), *rb = cJSON_GetObjectItemCaseSensitive(it, "b");
         if (cJSON_IsNumber(ra) && cJSON_IsNumber(rb)) {
@@ -213,14 +210,14 @@ static int ring_open_info(ring_coord *rc, rl_err *err) {
     }
     bool got[PLAN_MAX_NODES] = {0};
     rl_err busy = {{0}};
-    double t0 = gen_mono(), last_send = t0;
+    double t0 = rl_clock_now(), last_send = t0;
     int n_got = 0;
     for (int i = 0; o->exclude && i < conf->n; i++) { /* left out: not asked, planned with no memory */
         if (o->exclude[i]) got[i] = true, n_got++, rc->nodes[i].speed = 1e9;
     }
     while (n_got < conf->n) {
         if (ring_aborted(rc) || gen_sigint_pending()) return rl_errf(err, "interrupted");
-        if (gen_mono() - t0 > o->connect_s) {
+        if (rl_clock_now() - t0 > o->connect_s) {
             if (busy.msg[0]) {
                 *err = busy;
                 return -1;
@@ -236,8 +233,8 @@ static int ring_open_info(ring_coord *rc, rl_err *err) {
             }
             return -1;
         }
-        if (gen_mono() - last_send > 0.1) { /* IMMEDIATE sockets drop what they cannot deliver yet: resend */
-            last_send = gen_mono();
+        if (rl_clock_now() - last_send > 0.1) { /* IMMEDIATE sockets drop what they cannot deliver yet: resend */
+            last_send = rl_clock_now();
             for (int i = 0; i < conf->n; i++) {
                 rl_err e2;
                 if (!got[i]) ring_send(rc, i, RF_INFO_REQ, 0, NULL, NULL, 0, NULL, 0, &e2);
@@ -264,7 +261,7 @@ static int ring_open_info(ring_coord *rc, rl_err *err) {
             ring_info_read(rc, from, j);
             cJSON_Delete(j);
             got[from] = true;
-            rc->nodes[from].last_seen = gen_mono();
+            rc->nodes[from].last_seen = rl_clock_now();
             n_got++;
         }
         zs_parts_free(&p);
@@ -487,7 +484,7 @@ static void ring_ready_read(ring_coord *rc, int s, const zs_parts *p) {
     ns->n_steps = 0;
     const cJSON *steps = rj ? cJSON_GetObjectItemCaseSensitive(rj, "steps") : NULL, *sv;
     cJSON_ArrayForEach(sv, steps) {
-        const double tk = jnum_or(sv, "tokens", 0), sec = jnum_or(sv, "s", 0);
+        const double tk = rl_json_num(sv, "tokens", 0), sec = rl_json_num(sv, "s", 0);
         if (ns->n_steps < 0 || ns->n_steps == 8 || !(tk >= 1 && tk <= rc->o.n_ctx && sec > 0 && sec < 3600)) {
             ns->n_steps = -1;
             continue;
@@ -649,7 +646,7 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
     }
     pd->step_id = h->step_id;
     pd->t_send_real = rf_now();
-    pd->t_send_mono = gen_mono();
+    pd->t_send_mono = rl_clock_now();
     for (int i = 0; rc->o.n_taps > 0 && i < n_reqs; i++) pd->tap_rows += (reqs[i].flags & RF_SEQ_TAPS) ? reqs[i].n : 0;
     if (pd->tap_rows > 0) {
         pd->taps = calloc((size_t)pd->tap_rows * (size_t)rc->o.n_taps * rc->hp.n_embd, sizeof(float));
@@ -760,7 +757,7 @@ int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_req
         }
         other->done = true;
         other->parts = p;
-        rc->traversal_s += gen_mono() - other->t_send_mono;
+        rc->traversal_s += rl_clock_now() - other->t_send_mono;
         rc->traversals++;
         ring_account(rc, &p, other, rf_now());
     }

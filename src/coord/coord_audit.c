@@ -1,6 +1,7 @@
 /* coord_audit.c - audits: the coordinator asks a stage's node for the bytes of a finished sequence's
  * traversals, checks them against its signed receipts, and recomputes the stage (coord/audit.h). */
 #include "coord_int.h"
+#include "../base/clock.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -230,11 +231,11 @@ int ring_audit_pending(ring_coord *rc, rl_err *err) {
     uint64_t seq;
     int stage;
     while (audit_draws_next(&rc->audit, rc->plan.n_stages, &seq, &stage)) {
-        double t0 = gen_mono();
+        double t0 = rl_clock_now();
         int r = ring_audit_one(rc, seq, stage, err);
         int node = rc->plan.stages[stage].node;
-        rc->audit_s += gen_mono() - t0;
-        rc->node_audit_s[node] += gen_mono() - t0;
+        rc->audit_s += rl_clock_now() - t0;
+        rc->node_audit_s[node] += rl_clock_now() - t0;
         rc->audits++;
         rc->node_audits[node]++;
         if (r != 0) return -1;

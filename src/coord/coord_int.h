@@ -21,7 +21,6 @@ int ring_send(ring_coord *rc, int node, int type, uint64_t step, const rf_header
  * dead_s, or after timeout_s. *from is the node index the message came from. */
 int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const bool *watch, int *from, zs_parts *out,
               rf_header *h, rl_err *err);
-const char *jstr(const cJSON *o, const char *k);
 /* coord_io.c: what arrives out of band while the coordinator waits (ring_wait hands it over): the step in
  * flight with an id (NULL: none); a TAPS message into its step, and how many tap layers stage s holds (the
  * TAPS it owes a RF_SEQ_TAPS step: one if any); a RECEIPT into the ledger, and the node a failed check blames

@@ -4,6 +4,8 @@
  * taps and routing statistics into their step). The coordinator's other files talk to nodes only through
  * these (coord_int.h), so they depend on this file, not on coord.c, which opens the ring and drives steps. */
 #include "coord_int.h"
+#include "../base/json.h"
+#include "../base/clock.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -70,20 +72,15 @@ int ring_send4(ring_coord *rc, int node, int type, uint64_t step, const rf_heade
 
 /* ---- waiting -------------------------------------------------------------------------------------------- */
 
-const char *jstr(const cJSON *o, const char *k) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
 /* Waits for one message of `want` type (from any node, or from `only` if >= 0). Answers nothing itself,
  * but notes PONGs, pings every node each second and fails on ERROR, on a node silent for dead_s, or
  * after timeout_s. *from is the node index the message came from. */
 int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const bool *watch, int *from, zs_parts *out,
               rf_header *h, rl_err *err) {
-    double t0 = gen_mono();
+    double t0 = rl_clock_now();
     bool checked_after_read = false;
     for (;;) {
-        double now = gen_mono();
+        double now = rl_clock_now();
         if (now - t0 > timeout_s) return rl_errf(err, "no %s within %.0f s", rf_type_name(want), timeout_s);
         if (watch && now - rc->last_ping >= 1.0) {
             rc->last_ping = now;
@@ -133,7 +130,7 @@ int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const bool *
                 int r = zs_recv(rc->nodes[i].sock, &p, err);
                 if (r == 1) break;
                 if (r < 0) return -1;
-                rc->nodes[i].last_seen = gen_mono();
+                rc->nodes[i].last_seen = rl_clock_now();
                 rl_err e2;
                 if (p.n < 2 || rf_header_decode(h, p.data[0], p.len[0], &e2) != 0) {
                     zs_parts_free(&p);
@@ -152,7 +149,7 @@ int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const bool *
                 if (h->type == RF_ERROR) {
                     cJSON *j = cJSON_ParseWithLength(p.data[1], p.len[1]);
                     const cJSON *msg = j ? cJSON_GetObjectItemCaseSensitive(j, "msg") : NULL;
-                    const char *lost = j ? jstr(j, "lost") : NULL;
+                    const char *lost = j ? rl_json_str(j, "lost") : NULL;
                     rc->busy_node = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "busy")) ? i : -1;
                     int dead = -1;
                     for (int k = 0; lost && dead < 0 && k < rc->conf.n; k++) {

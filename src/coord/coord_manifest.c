@@ -10,6 +10,7 @@
 #include <cJSON.h>
 #include <sodium.h>
 
+#include "../base/json.h"
 #include "../base/file.h"
 #include "../trust/manifest.h"
 
@@ -42,7 +43,7 @@ void ring_mf_info(ring_coord *rc, int from, const cJSON *files) {
     if (!ns->files) return;
     const cJSON *it;
     cJSON_ArrayForEach(it, files) {
-        const char *name = jstr(it, "name");
+        const char *name = rl_json_str(it, "name");
         const cJSON *by = cJSON_GetObjectItemCaseSensitive(it, "bytes");
         if (!name || !cJSON_IsNumber(by)) continue;
         for (uint32_t k = 0; k < nf; k++) {

@@ -6,6 +6,7 @@
 #include <cJSON.h>
 
 #include "../gen/emit.h"
+#include "../base/clock.h"
 #include "../wire/frame.h"
 #include "coord_int.h"
 #include "../net/probe.h"
@@ -51,14 +52,14 @@ int ring_probe(ring_coord *rc, const bool *use, rl_err *err) {
         double best = -1;
         for (int r = 0; r < PB_ROUNDS; r++) {
             uint64_t step = 0x70726f6265000000ull + (uint64_t)r; /* "probe" */
-            double t0 = gen_mono();
+            double t0 = rl_clock_now();
             if (ring_send(rc, i, RF_PING, step, NULL, NULL, 0, NULL, 0, err) != 0) return -1;
             for (;;) {
                 if (ring_wait(rc, RF_PONG, i, 10, NULL, &from, &p, &h, err) != 0) return -1;
                 zs_parts_free(&p);
                 if (h.step_id == step) break;
             }
-            double rtt = gen_mono() - t0;
+            double rtt = rl_clock_now() - t0;
             if (best < 0 || rtt < best) best = rtt;
         }
         rc->coord_delay_s[i] = best / 2;

@@ -2,6 +2,7 @@
  * arrive out of band (ring_take_receipt, coord_io.c) and checked once complete (trust/ledger.h); here the
  * coordinator waits for those still owed and reports the ledger's verdict. */
 #include "coord_int.h"
+#include "../base/clock.h"
 
 #include <string.h>
 
@@ -9,8 +10,8 @@
 
 int ring_receipts_finish(ring_coord *rc, double timeout_s, rl_err *err) {
     if (!rc->have_ledger) return 0;
-    double t0 = gen_mono();
-    while (rc->ledger.n_travs > 0 && !rc->ledger.failed && gen_mono() - t0 < timeout_s) {
+    double t0 = rl_clock_now();
+    while (rc->ledger.n_travs > 0 && !rc->ledger.failed && rl_clock_now() - t0 < timeout_s) {
         zs_parts p;
         rf_header h;
         int from;

@@ -1,5 +1,6 @@
 /* ring_generate.c - the one-shot decode loop over the ring (`ringlm run --ring`): gen_run's contract. */
 #include "coord_int.h"
+#include "../base/clock.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -100,7 +101,7 @@ prefill:
         rc_ = 0;
         goto prefill;
     }
-    m->prefill_s = gen_mono() - out.t0;
+    m->prefill_s = rl_clock_now() - out.t0;
     for (int g = n_gen; rc_ == 0 && (p->n_predict < 0 || g < p->n_predict); g++) {
         int32_t id = next;
         if (id < 0) {

@@ -7,13 +7,14 @@
 #include <string.h>
 
 #include "../prune/reap_run.h"
+#include "../base/clock.h"
 #include "coord_int.h"
 
 int ring_reap_score(ring_coord *rc, const calib_set *c, uint32_t chunk, reap_stats *s, bool progress, rl_err *err) {
     if (chunk < 1) chunk = 512;
     rc->routes = s;
     int rc_ = 0;
-    const double t0 = reap_clock();
+    const double t0 = rl_clock_now();
     double last = 0;
     size_t done = 0;
     enum { IN_FLIGHT = 8 };

@@ -1,4 +1,5 @@
 #include "devices.h"
+#include "../base/clock.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
@@ -149,20 +150,14 @@ int dv_pick(const char *names, struct ggml_backend_device **devs, int max, int *
     return 0;
 }
 
-static double dv_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* The best of four timed runs of g, after a first untimed one. */
 static int dv_time(ggml_backend_t be, struct ggml_cgraph *g, double *best) {
     *best = 1e30;
     for (int r = 0; r < 5; r++) {
-        const double t0 = dv_now();
+        const double t0 = rl_clock_now();
         if (ggml_backend_graph_compute(be, g) != GGML_STATUS_SUCCESS) return -1;
         ggml_backend_synchronize(be);
-        const double dt = dv_now() - t0;
+        const double dt = rl_clock_now() - t0;
         if (r > 0 && dt < *best) *best = dt;
     }
     return 0;

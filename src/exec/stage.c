@@ -1,4 +1,5 @@
 #include "stage.h"
+#include "../base/clock.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -689,13 +690,11 @@ static int stage_time_frame(ring_stage *s, uint32_t pos, uint32_t n, double *sec
     k3_boundary_free(&b);
     h.payload_bytes = (size_t)n * 4 + bw;
     size_t out_len = 0;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = rl_clock_now();
     int rc = stage_run(s, &h, in, h.payload_bytes, NULL, 0, &out, &out_len, err);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (sec) *sec = rl_clock_now() - t0;
     free(in);
     free(out);
-    if (sec) *sec = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     return rc;
 }
 

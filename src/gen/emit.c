@@ -1,4 +1,5 @@
 #include "emit.h"
+#include "../base/clock.h"
 
 #include <signal.h>
 #include <sys/resource.h>
@@ -8,12 +9,6 @@ size_t gen_peak_rss(void) {
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
     return (size_t)ru.ru_maxrss * 1024; /* Linux reports KiB */
-}
-
-double gen_mono(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 bool gen_sigint_pending(void) {
@@ -28,7 +23,7 @@ void gen_out_begin(gen_out *o, const tok_tokenizer *tok, const gen_params *p, ge
     o->cb = cb;
     o->user = user;
     o->m = m;
-    o->t0 = gen_mono();
+    o->t0 = rl_clock_now();
     o->t_first = 0;
 }
 
@@ -36,7 +31,7 @@ int gen_out_token(gen_out *o, int32_t id, rl_err *err) {
     gen_metrics *m = o->m;
     m->generated_tokens++;
     if (m->generated_tokens == 1) {
-        o->t_first = gen_mono();
+        o->t_first = rl_clock_now();
         m->ttft_s = o->t_first - o->t0;
     }
     if (!o->ignore_eog && tok_is_eog(o->ts.t, id)) {
@@ -62,7 +57,7 @@ void gen_out_end(gen_out *o, bool ok, size_t n_prompt) {
         if (len) o->cb(o->user, -1, text, len);
     }
     if (m->generated_tokens > 0) {
-        m->decode_s = gen_mono() - o->t_first;
+        m->decode_s = rl_clock_now() - o->t_first;
         if (m->generated_tokens > 1 && m->decode_s > 0) m->decode_tok_s = (m->generated_tokens - 1) / m->decode_s;
     }
     if (m->prefill_s > 0) m->prefill_tok_s = (double)n_prompt / m->prefill_s;

@@ -16,11 +16,10 @@ typedef struct gen_out {
     gen_token_cb cb;
     void *user;
     gen_metrics *m;
-    double t0, t_first; /* start (gen_mono), first generated token */
+    double t0, t_first; /* start (rl_clock_now), first generated token */
 } gen_out;
 
 /* Monotonic seconds. */
-double gen_mono(void);
 
 /* The process's peak resident memory in bytes (0 if unknown). */
 size_t gen_peak_rss(void);

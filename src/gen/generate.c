@@ -1,4 +1,5 @@
 #include "generate.h"
+#include "../base/clock.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -81,7 +82,7 @@ int gen_run(k3_engine *e, const tok_tokenizer *tok, const int32_t *prompt, size_
         goto done;
     }
     if (rc != 0) goto done;
-    m->prefill_s = gen_mono() - out.t0;
+    m->prefill_s = rl_clock_now() - out.t0;
     for (int g = 0; p->n_predict < 0 || g < p->n_predict; g++) {
         int32_t id = smp_sample(&smp, row);
         free(row);

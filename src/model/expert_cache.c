@@ -1,4 +1,5 @@
 #include "expert_cache.h"
+#include "../base/clock.h"
 
 #include "../base/file.h"
 
@@ -16,12 +17,6 @@
 #include "ggml.h"
 
 static const char *const xc_proj[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
-
-static double xc_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Layer il's three routed expert tensors (gate, up, down) in the file; -1 if one is missing. */
 static int xc_layer_src(const mf_model *m, uint32_t il, const mf_tensor *src[3], char *name, size_t name_len) {
@@ -142,18 +137,18 @@ static int xc_take_err(xc_cache *c, rl_err *err) {
 }
 
 int xc_wait(xc_cache *c, rl_err *err) {
-    double t0 = xc_now();
+    double t0 = rl_clock_now();
     pthread_mutex_lock(&c->mu);
     while (c->q_n > 0 || c->busy > 0) pthread_cond_wait(&c->cv_idle, &c->mu);
     int rc = xc_take_err(c, err);
     pthread_mutex_unlock(&c->mu);
-    c->st.wait_s += xc_now() - t0;
+    c->st.wait_s += rl_clock_now() - t0;
     return rc;
 }
 
 /* Blocks until none of the pool's pinned slots is being filled (the pass about to run reads them). */
 static int xc_wait_pinned(xc_cache *c, const xc_pool *P, rl_err *err) {
-    double t0 = xc_now();
+    double t0 = rl_clock_now();
     pthread_mutex_lock(&c->mu);
     for (;;) {
         bool busy = false;
@@ -163,19 +158,19 @@ static int xc_wait_pinned(xc_cache *c, const xc_pool *P, rl_err *err) {
     }
     int rc = xc_take_err(c, err);
     pthread_mutex_unlock(&c->mu);
-    c->st.wait_s += xc_now() - t0;
+    c->st.wait_s += rl_clock_now() - t0;
     return rc;
 }
 
 /* Blocks until some fill finishes (a victim may be free then). */
 static void xc_wait_any(xc_cache *c, const xc_pool *P) {
-    double t0 = xc_now();
+    double t0 = rl_clock_now();
     pthread_mutex_lock(&c->mu);
     bool any = false;
     for (int s = 0; s < P->n_slots && !any; s++) any = P->loading[s] && !P->pin[s];
     if (any) pthread_cond_wait(&c->cv_idle, &c->mu);
     pthread_mutex_unlock(&c->mu);
-    c->st.wait_s += xc_now() - t0;
+    c->st.wait_s += rl_clock_now() - t0;
 }
 
 /* ---- setup --------------------------------------------------------------------------------------- */

@@ -1,5 +1,6 @@
 /* probe.c - a node times round trips to its ring peers (probe.h). */
 #include "probe.h"
+#include "../base/clock.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -9,7 +10,6 @@
 #include <sodium.h>
 #include <zmq.h>
 
-#include "../gen/emit.h"
 #include "../wire/frame.h"
 #include "zsock.h"
 
@@ -39,14 +39,14 @@ int pb_measure(void *zctx, const rk_identity *id, const pb_peer *peers, int n, d
     }
     /* Every peer at once: the first ping is queued until its handshake is done, so the first round trip
      * includes the handshake; the later ones do not, and the fastest is kept. */
-    const double t0 = gen_mono();
+    const double t0 = rl_clock_now();
     for (int i = 0; i < n && rc == 0; i++) {
-        sent[i] = gen_mono();
+        sent[i] = rl_clock_now();
         rl_err e2;
         if (pb_send_ping(socks[i], 0, &e2) != 0) sent[i] = -1; /* not connected yet: resent below */
     }
     int left = n;
-    while (rc == 0 && left > 0 && gen_mono() - t0 < timeout_s) {
+    while (rc == 0 && left > 0 && rl_clock_now() - t0 < timeout_s) {
         zmq_pollitem_t items[PB_MAX_PEERS];
         for (int i = 0; i < n; i++) items[i] = (zmq_pollitem_t){socks[i], 0, ZMQ_POLLIN, 0};
         if (zmq_poll(items, n, 20) < 0 && errno != EINTR) {
@@ -56,7 +56,7 @@ int pb_measure(void *zctx, const rk_identity *id, const pb_peer *peers, int n, d
         for (int i = 0; i < n; i++) {
             if (round[i] < PB_ROUNDS && sent[i] < 0) { /* IMMEDIATE sockets drop what they cannot deliver yet */
                 rl_err e2;
-                if (pb_send_ping(socks[i], (uint64_t)round[i], &e2) == 0) sent[i] = gen_mono();
+                if (pb_send_ping(socks[i], (uint64_t)round[i], &e2) == 0) sent[i] = rl_clock_now();
             }
             if (!(items[i].revents & ZMQ_POLLIN)) continue;
             for (;;) {
@@ -65,7 +65,7 @@ int pb_measure(void *zctx, const rk_identity *id, const pb_peer *peers, int n, d
                 int r = zs_recv(socks[i], &p, &e2);
                 if (r != 0) break;
                 rf_header h;
-                double now = gen_mono();
+                double now = rl_clock_now();
                 if (p.n >= 2 && rf_header_decode(&h, p.data[0], p.len[0], &e2) == 0 && h.type == RF_PROBE_PONG &&
                     round[i] < PB_ROUNDS && h.step_id == (uint64_t)round[i] && sent[i] >= 0) {
                     double rtt = now - sent[i];
@@ -73,7 +73,7 @@ int pb_measure(void *zctx, const rk_identity *id, const pb_peer *peers, int n, d
                     if (++round[i] == PB_ROUNDS) {
                         left--;
                     } else {
-                        sent[i] = gen_mono();
+                        sent[i] = rl_clock_now();
                         if (pb_send_ping(socks[i], (uint64_t)round[i], &e2) != 0) sent[i] = -1;
                     }
                 }

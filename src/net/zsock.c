@@ -1,4 +1,5 @@
 #include "zsock.h"
+#include "../base/clock.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -8,14 +9,13 @@
 
 #include <zmq.h>
 
-#include "../gen/emit.h"
 
 /* ---- ZAP: the ZeroMQ authentication protocol (RFC 27), one handler per context -------------------- */
 
 /* "refused a connection from ADDR: key ... is not allowed", naming the key the way keygen printed it (the
  * two keys the CURVE key can come from: trust/keys.h); once per key per 10 s. */
 static void zs_auth_log_refusal(zs_auth *a, const char *addr, const uint8_t key[32]) {
-    double now = gen_mono();
+    double now = rl_clock_now();
     if (memcmp(a->last_refused, key, 32) == 0 && now - a->last_refused_t < 10) {
         a->refused_quiet++;
         return;

@@ -1,6 +1,6 @@
 /* Folder src/net/: the ring's transport: ZeroMQ sockets with CURVE and the allowlist that decides who may
- * connect, and the delays measured between nodes (probes). May include: base, gen, trust, wire. (gen for its
- * monotonic clock; README "Layout"; tests/t_layout.sh checks both.)
+ * connect, and the delays measured between nodes (probes). May include: base, trust, wire. (README "Layout";
+ * tests/t_layout.sh checks both.)
  */
 /* zsock.h - ZeroMQ sockets with CURVE, and the allowlist that decides who may connect.
  *

@@ -1,4 +1,7 @@
 #include "node.h"
+#include "../base/json.h"
+#include "../base/file.h"
+#include "../base/clock.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -270,11 +273,9 @@ static double node_probe_matmul(int threads, int64_t rows, int64_t cols, int64_t
     ggml_build_forward_expand(g, ggml_mul_mat(c, w, x));
     double best = 1e30;
     for (int r = 0; r < 4; r++) {
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
+        const double t0 = rl_clock_now();
         ggml_graph_compute_with_ctx(c, g, threads);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        double dt = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        double dt = rl_clock_now() - t0;
         if (dt < best) best = dt;
     }
     double r = n_tok == 1 ? (double)ggml_nbytes(w) / best : 2.0 * (double)rows * (double)cols * (double)n_tok / best;
@@ -308,15 +309,14 @@ static double node_probe_disk(const char *dir) {
         if (fd >= 0) close(fd);
         return 0;
     }
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = rl_clock_now();
     size_t got = 0;
     for (ssize_t r; got < want && (r = pread(fd, buf, chunk, (off_t)got)) > 0;) got += (size_t)r;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double t1 = rl_clock_now();
     (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     close(fd);
     free(buf);
-    double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    double s = t1 - t0;
     return got >= (16u << 20) && s > 0 ? (double)got / s : 0;
 }
 
@@ -539,15 +539,6 @@ static void node_unload(node *n) {
     n->loaded = false;
 }
 
-static const char *jstr(const cJSON *o, const char *k) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-static double jnum(const cJSON *o, const char *k, double def) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsNumber(v) ? v->valuedouble : def;
-}
-
 /* Closes the link downstream, and its monitor. */
 static void node_close_next(node *n) {
     if (!n->next) return;
@@ -572,8 +563,6 @@ static int node_send_next(node *n, const void *const *parts, const size_t *lens,
     }
 }
 
-static int node_mkdirs(const char *path);
-
 /* A manifest ring's range (ASSIGN "manifest": true, the manifest in the message's last part): the manifest is
  * checked against the model id and kept in the cache, then the range is put together from this node's split
  * files, its store and the holders ASSIGN names (range_parts.h). Fills n->mf, n->m and n->hp. */
@@ -584,7 +573,7 @@ static int node_open_parts(node *n, const zs_parts *p, const cJSON *j, const cha
     char path[1200], tmp[1300];
     snprintf(path, sizeof path, "%s/manifest-%s.gguf", n->cache_dir, hash);
     snprintf(tmp, sizeof tmp, "%s.part", path);
-    if (node_mkdirs(n->cache_dir) != 0) return rl_errf(err, "cannot create %s: %s", n->cache_dir, strerror(errno));
+    if (rl_mkdirs(n->cache_dir) != 0) return rl_errf(err, "cannot create %s: %s", n->cache_dir, strerror(errno));
     FILE *f = fopen(tmp, "wb");
     if (!f) return rl_errf(err, "cannot create %s: %s", tmp, strerror(errno));
     bool ok = fwrite(p->data[3], 1, p->len[3], f) == p->len[3];
@@ -607,7 +596,7 @@ static int node_open_parts(node *n, const zs_parts *p, const cJSON *j, const cha
     cJSON_ArrayForEach(it, hs) {
         if (n_hold == RP_MAX_HOLDERS) break;
         rp_holder *h = &hold[n_hold];
-        const char *addr = jstr(it, "addr"), *pk = jstr(it, "pubkey");
+        const char *addr = rl_json_str(it, "addr"), *pk = rl_json_str(it, "pubkey");
         if (!addr || !pk || rk_peer_parse(&h->key, pk, err) != 0) {
             rl_errf(err, "ASSIGN: a holder without addr or a valid pubkey");
             goto out;
@@ -627,7 +616,7 @@ static int node_open_parts(node *n, const zs_parts *p, const cJSON *j, const cha
                   .holders = hold, .n_holders = n_hold, .ring_id = n->cur_ring, .n_threads = n->o->threads,
                   .log_name = n->o->listen};
     rp_stats st;
-    double t0 = gen_mono();
+    double t0 = rl_clock_now();
     if (rp_assemble(&n->mf, a, b, &ro, &n->m, &st, err) != 0) goto out;
     if (k3_hparams_read(&n->hp, &n->m, err) != 0 || k3_check_tensors_range(&n->hp, &n->m, a, b, false, err) != 0) {
         mf_close(&n->m);
@@ -635,7 +624,7 @@ static int node_open_parts(node *n, const zs_parts *p, const cJSON *j, const cha
     }
     node_log(n, "layers [%u, %u) from parts in %.1f s: %d tensors (%.1f MiB) from its split files (%d checked now, "
                 "%d checked before), %d from its store, %d (%.1f MiB) pulled from other nodes",
-             a, b, gen_mono() - t0, st.local, (double)st.local_bytes / 1048576.0, st.local_checked,
+             a, b, rl_clock_now() - t0, st.local, (double)st.local_bytes / 1048576.0, st.local_checked,
              st.local - st.local_checked, st.stored, st.pulled, (double)st.pulled_bytes / 1048576.0);
     rc = 0;
 out:
@@ -712,7 +701,7 @@ static void node_probe(node *n, uint64_t step, const zs_parts *p) {
         return;
     }
     cJSON_ArrayForEach(it, ps) {
-        const char *addr = jstr(it, "addr"), *key = jstr(it, "key");
+        const char *addr = rl_json_str(it, "addr"), *key = rl_json_str(it, "key");
         if (!addr || !key || strlen(addr) >= sizeof peers[0].addr || rk_peer_parse(&peers[np].key, key, &err) != 0) {
             node_error(n, step, "PROBE: a peer lacks a valid addr or key");
             cJSON_Delete(j);
@@ -751,8 +740,8 @@ static void node_probe_ping(node *n, const zs_parts *p, const rf_header *h) {
 static void node_pull(node *n, const zs_parts *p, const rf_header *h) {
     bool lent = node_key_in(n->lent, n->n_lent, p->user);
     cJSON *j = p->n >= 3 ? cJSON_ParseWithLength(p->data[2], p->len[2]) : NULL;
-    const char *file = j ? jstr(j, "file") : NULL;
-    double off = j ? jnum(j, "offset", -1) : -1, len = j ? jnum(j, "len", -1) : -1;
+    const char *file = j ? rl_json_str(j, "file") : NULL;
+    double off = j ? rl_json_num(j, "offset", -1) : -1, len = j ? rl_json_num(j, "len", -1) : -1;
     rl_err err = {{0}};
     uint8_t *buf = NULL;
     int rc;
@@ -827,10 +816,10 @@ typedef struct node_assignment {
 
 /* Step 1: the range, the model and the neighbours the ASSIGN names, checked for sense. */
 static int node_assign_parse(node *n, uint64_t step, const cJSON *j, node_assignment *as) {
-    as->hash = jstr(j, "model_hash");
-    as->a = jnum(j, "a", -1), as->b = jnum(j, "b", -1), as->n_ctx = jnum(j, "n_ctx", 4096);
+    as->hash = rl_json_str(j, "model_hash");
+    as->a = rl_json_num(j, "a", -1), as->b = rl_json_num(j, "b", -1), as->n_ctx = rl_json_num(j, "n_ctx", 4096);
     as->next = cJSON_GetObjectItemCaseSensitive(j, "next");
-    as->upstream = jstr(j, "upstream");
+    as->upstream = rl_json_str(j, "upstream");
     if (!as->hash || as->a < 0 || as->b <= as->a || as->n_ctx < 1 || as->n_ctx > (1 << 24)) {
         node_error(n, step, "ASSIGN lacks model_hash or a valid layer range / n_ctx");
         return -1;
@@ -838,7 +827,7 @@ static int node_assign_parse(node *n, uint64_t step, const cJSON *j, node_assign
     as->by_manifest = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "manifest"));
     /* The plan's split of the range between the device and RAM (plan_stage.dev_layers, cpu_moe), unless this
      * node's own --gpu-layers / --n-cpu-moe fix it. */
-    const double gl = jnum(j, "gpu_layers", -1), ncm = jnum(j, "n_cpu_moe", -1);
+    const double gl = rl_json_num(j, "gpu_layers", -1), ncm = rl_json_num(j, "n_cpu_moe", -1);
     as->gpu_layers = gl >= 0 && gl <= as->b - as->a ? (uint32_t)gl : UINT32_MAX;
     as->n_cpu_moe = ncm >= 0 && ncm <= as->b ? (uint32_t)ncm : UINT32_MAX;
     return 0;
@@ -955,13 +944,13 @@ static int node_assign_load(node *n, uint64_t step, const zs_parts *p, const cJS
  * blocks, the DSpark taps it holds. */
 static void node_assign_stage(node *n, const cJSON *j, const node_assignment *as) {
     n->n_ctx = (uint32_t)as->n_ctx;
-    const double n_seqs = jnum(j, "n_seqs", 1);
+    const double n_seqs = rl_json_num(j, "n_seqs", 1);
     n->n_seqs = n_seqs >= 1 && n_seqs <= RF_MAX_SEQS ? (int)n_seqs : 1;
-    n->stage = (int)jnum(j, "stage", 0);
-    n->n_stages = (int)jnum(j, "n_stages", 1);
-    const char *wire = jstr(j, "wire");
+    n->stage = (int)rl_json_num(j, "stage", 0);
+    n->n_stages = (int)rl_json_num(j, "n_stages", 1);
+    const char *wire = rl_json_str(j, "wire");
     n->wire = wire && strcmp(wire, "f16") == 0 ? K3_WIRE_F16 : wire && strcmp(wire, "bf16") == 0 ? K3_WIRE_BF16 : K3_WIRE_F32;
-    const double rb = jnum(j, "rollback_blocks", 0);
+    const double rb = rl_json_num(j, "rollback_blocks", 0);
     n->rb_blocks = rb >= 1 && rb <= K3_RB_BLOCKS ? (int)rb : 0;
     stage_init(&n->stage_rt, &n->e, n->n_ctx, n->n_seqs, n->wire); /* no sequence: node_drop_seqs above */
     n->stage_rt.rb_blocks = n->rb_blocks;
@@ -991,7 +980,7 @@ static int node_assign_links(node *n, uint64_t step, const node_assignment *as) 
     }
     node_close_next(n);
     if (!cJSON_IsObject(as->next)) return 0;
-    const char *addr = jstr(as->next, "addr"), *pk = jstr(as->next, "pubkey");
+    const char *addr = rl_json_str(as->next, "addr"), *pk = rl_json_str(as->next, "pubkey");
     rk_peer down;
     if (!addr || !pk || rk_peer_parse(&down, pk, &err) != 0) {
         node_error(n, step, "ASSIGN's next hop lacks addr or a valid pubkey");
@@ -1470,19 +1459,6 @@ static void node_free(node *n, const zs_parts *p, const rf_header *h) {
 
 /* ---- fetch: a coordinator streams this node the layers it lacks ---------------------------------- */
 
-/* mkdir -p */
-static int node_mkdirs(const char *path) {
-    char tmp[1024];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(tmp, 0700) != 0 && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    return mkdir(tmp, 0700) != 0 && errno != EEXIST ? -1 : 0;
-}
-
 static void node_fetch_abort(node *n) {
     if (n->fetch.f) fclose(n->fetch.f);
     if (n->fetch.active) unlink(n->fetch.tmp);
@@ -1493,15 +1469,15 @@ static void node_fetch_begin(node *n, uint64_t step, const zs_parts *p) {
     node_fetch_abort(n);
     node_fetch *f = &n->fetch;
     cJSON *j = p->n >= 4 ? cJSON_ParseWithLength(p->data[2], p->len[2]) : NULL;
-    const char *hash = jstr(j, "model_hash");
-    double a = jnum(j, "a", -1), b = jnum(j, "b", -1), bytes = jnum(j, "file_bytes", -1);
+    const char *hash = rl_json_str(j, "model_hash");
+    double a = rl_json_num(j, "a", -1), b = rl_json_num(j, "b", -1), bytes = rl_json_num(j, "file_bytes", -1);
     if (!hash || strlen(hash) != 64 || strspn(hash, "0123456789abcdef") != 64 || a < 0 || b <= a || bytes <= 0 ||
         p->len[3] > bytes) {
         cJSON_Delete(j);
         node_error(n, step, "FETCH_BEGIN lacks a valid model_hash, layer range or size");
         return;
     }
-    if (node_mkdirs(n->cache_dir) != 0) {
+    if (rl_mkdirs(n->cache_dir) != 0) {
         cJSON_Delete(j);
         node_error(n, step, "cannot create the cache folder %s: %s", n->cache_dir, strerror(errno));
         return;
@@ -1562,7 +1538,7 @@ static void node_fetch_end(node *n, uint64_t step, const zs_parts *p) {
         return;
     }
     cJSON *j = cJSON_ParseWithLength(p->data[2], p->len[2]);
-    const char *want = jstr(j, "blake2b");
+    const char *want = rl_json_str(j, "blake2b");
     unsigned char out[32];
     char got[65];
     crypto_generichash_final(&f->h, out, 32);
@@ -1655,7 +1631,7 @@ static bool node_admit(node *n, const zs_parts *p, const rf_header *h) {
         memcpy(n->owner, p->data[0], n->owner_len);
         snprintf(n->owner_key, sizeof n->owner_key, "%s", p->user);
         snprintf(n->owner_peer, sizeof n->owner_peer, "%s", p->peer[0] ? p->peer : "?");
-        n->owner_since = gen_mono();
+        n->owner_since = rl_clock_now();
         node_log(n, "serving coordinator %.16s... from %s", n->owner_key[0] ? n->owner_key : "(unknown key)",
                  n->owner_peer);
         mine = true;
@@ -1675,9 +1651,9 @@ static bool node_admit(node *n, const zs_parts *p, const rf_header *h) {
         snprintf(msg, sizeof msg,
                  "in use by another coordinator%s (key %.16s..., from %s, for %.0f s): a ring serves one coordinator at "
                  "a time; stop that one, or wait until it closes its ring",
-                 same_key ? " process with the same key" : "", n->owner_key, n->owner_peer, gen_mono() - n->owner_since);
+                 same_key ? " process with the same key" : "", n->owner_key, n->owner_peer, rl_clock_now() - n->owner_since);
     }
-    double now = gen_mono();
+    double now = rl_clock_now();
     if (n->owned && now - n->busy_logged >= 10) {
         n->busy_logged = now;
         node_log(n, "refused coordinator %.16s... from %s: %s", p->user[0] ? p->user : "?", p->peer, msg);

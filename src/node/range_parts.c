@@ -1,5 +1,6 @@
 /* range_parts.c - a node's range from its split files, its store and pulls from holders (range_parts.h). */
 #include "range_parts.h"
+#include "../base/clock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -121,7 +122,7 @@ static int rp_pull(const rp_opts *o, const mfst_file *f, const rp_holder *h, rp_
     const uint64_t first = l->next_step;
     uint64_t asked = 0, got = 0, expect = first;
     int in_flight = 0, rc = 0;
-    double last = gen_mono();
+    double last = rl_clock_now();
     while (rc == 0 && got < t->nbytes) {
         while (rc == 0 && in_flight < RP_IN_FLIGHT && asked < t->nbytes) {
             uint32_t len = t->nbytes - asked < RP_CHUNK ? (uint32_t)(t->nbytes - asked) : RP_CHUNK;
@@ -140,7 +141,7 @@ static int rp_pull(const rp_opts *o, const mfst_file *f, const rp_holder *h, rp_
             break;
         }
         if (!(it.revents & ZMQ_POLLIN)) {
-            if (gen_mono() - last > timeout) {
+            if (rl_clock_now() - last > timeout) {
                 rc = rl_errf(err, "node %s sent nothing for %.0f s while streaming tensor %s of %s", h->addr, timeout,
                              t->name, file);
             }
@@ -154,7 +155,7 @@ static int rp_pull(const rp_opts *o, const mfst_file *f, const rp_holder *h, rp_
                 rc = -1;
                 break;
             }
-            last = gen_mono();
+            last = rl_clock_now();
             rf_header rh;
             rl_err e2;
             if (p.n < 2 || rf_header_decode(&rh, p.data[0], p.len[0], &e2) != 0) {
@@ -205,18 +206,6 @@ static int rp_pull(const rp_opts *o, const mfst_file *f, const rp_holder *h, rp_
 }
 
 /* ---- assembly -------------------------------------------------------------------------------- */
-
-static int rp_mkdirs(const char *path) {
-    char tmp[1200];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(tmp, 0700) != 0 && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    return mkdir(tmp, 0700) != 0 && errno != EEXIST ? -1 : 0;
-}
 
 int rp_assemble(const mfst_file *f, uint32_t a, uint32_t b, const rp_opts *o, mf_model *out, rp_stats *st,
                 rl_err *err) {
@@ -304,7 +293,7 @@ int rp_assemble(const mfst_file *f, uint32_t a, uint32_t b, const rp_opts *o, mf
                         mfst_file_name(f, t->file));
                 goto done;
             }
-            if (rp_mkdirs(store) != 0) {
+            if (rl_mkdirs(store) != 0) {
                 rl_errf(err, "cannot create %s: %s", store, strerror(errno));
                 goto done;
             }
@@ -367,7 +356,7 @@ int rp_assemble(const mfst_file *f, uint32_t a, uint32_t b, const rp_opts *o, mf
                 goto done;
             }
         }
-        if (rp_mkdirs(o->cache_dir) == 0) vf = fopen(vpath, "a");
+        if (rl_mkdirs(o->cache_dir) == 0) vf = fopen(vpath, "a");
         for (int c = 0; vf && c < n_check; c++) {
             const mfst_tensor *t = &f->t[sel[check_sel[c]]];
             char line[600];

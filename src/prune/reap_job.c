@@ -1,4 +1,5 @@
 #include "reap_job.h"
+#include "../base/clock.h"
 
 #include <errno.h>
 #include <math.h>
@@ -216,7 +217,7 @@ int reap_job_run(const reap_job *j, rl_err *err) {
         calib_free(&h);
     }
     /* Scores: calibrate, or read them. */
-    double t0 = reap_clock(), secs = 0;
+    double t0 = rl_clock_now(), secs = 0;
     if (j->scores_in) {
         if (reap_stats_read_json(&s, j->scores_in, err) != 0) goto done;
         if (s.n_expert != hp.n_expert || s.k != hp.n_expert_used || s.layer0 != hp.n_dense_lead ||
@@ -238,7 +239,7 @@ int reap_job_run(const reap_job *j, rl_err *err) {
             k3_engine_free(&e);
             if (src != 0) goto done;
         }
-        secs = reap_clock() - t0;
+        secs = rl_clock_now() - t0;
         printf("reap: scored %llu tokens (%d sequences) on %s in %.2f s: %.1f tokens/s\n", (unsigned long long)s.tokens,
                c.n_seq, j->where ? j->where : "this machine", secs, secs > 0 ? (double)s.tokens / secs : 0.0);
     }

@@ -1,4 +1,5 @@
 #include "reap_run.h"
+#include "../base/clock.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -6,14 +7,8 @@
 #include <string.h>
 #include <time.h>
 
-double reap_clock(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 void reap_bar(const char *label, size_t done, size_t total, double t0, double *last) {
-    double now = reap_clock();
+    double now = rl_clock_now();
     if (done < total && now - *last < 0.25) return;
     *last = now;
     double el = now - t0, rate = el > 0 ? (double)done / el : 0, eta = rate > 0 ? (double)(total - done) / rate : 0;
@@ -36,7 +31,7 @@ int reap_score_local(k3_engine *e, const calib_set *c, uint32_t chunk, reap_stat
     if (chunk < 1) chunk = 512;
     k3_state st;
     if (k3_state_init(&st, &e->hp, e->a, e->b, reap_max_len(c), err) != 0) return -1;
-    const double t0 = reap_clock();
+    const double t0 = rl_clock_now();
     double last = 0;
     size_t done = 0;
     int rc = 0;
@@ -107,7 +102,7 @@ int reap_eval(k3_engine *ref, k3_engine **cand, int n, const calib_set *h, uint3
     }
     uint64_t n_pred = 0;
     size_t done = 0;
-    const double t0 = reap_clock();
+    const double t0 = rl_clock_now();
     double last = 0;
     for (int s = 0; s < h->n_seq && rc == 0; s++) {
         for (int i = 0; i <= n; i++) k3_state_reset(&st[i]);

@@ -14,9 +14,8 @@
 #include "calib.h"
 #include "reap.h"
 
-/* Seconds on a monotonic clock, and the scoring runs' progress bar: done of total tokens since t0, with
+/* The scoring runs' progress bar: done of total tokens since t0 (rl_clock_now), with
  * tokens/s and the time left, redrawn at most 4 times a second (*last: when it last was) and at the end. */
-double reap_clock(void);
 void reap_bar(const char *label, size_t done, size_t total, double t0, double *last);
 
 /* Runs every sequence of c through e (the whole model or a layer range starting at 0) with routing

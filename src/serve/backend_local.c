@@ -1,5 +1,6 @@
 /* backend_local.c - the scheduler's backend on this machine (backend_local.h). */
 #include "backend_local.h"
+#include "../base/clock.h"
 
 #include "../speculate/accept.h"
 
@@ -78,9 +79,9 @@ static int sch_local_step(void *impl, sch_step *steps, int n, rl_err *err) {
     k3_batch b = {.n_seqs = n, .seqs = L->seqs, .n_tokens = L->ntok, .tokens = L->tokens, .keep_rollback = L->keep,
                   .n_logits = n_rows, .logit_rows = L->rows, .n_taps = want_taps ? L->n_taps : 0, .tap_layers = L->taps};
     k3_output o;
-    double t0 = sch_now();
+    double t0 = rl_clock_now();
     if (k3_forward(L->e, &b, &o, err) != 0) return -1;
-    L->node.compute_s += sch_now() - t0;
+    L->node.compute_s += rl_clock_now() - t0;
     L->node.steps++;
     if (want_taps) { /* the engine gives [tap][token][n_embd] over the batch; entries get [token][tap][n_embd] */
         const size_t d = L->e->hp.n_embd, row = (size_t)L->n_taps * d;

@@ -1,5 +1,6 @@
 /* backend_ring.c - the scheduler's backend on a ring of nodes (see backend_ring.h). */
 #include "backend_ring.h"
+#include "../base/clock.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -260,14 +261,14 @@ static int ring_probe(sch_ring *B, double timeout_s, rl_err *err) {
         }
         freeaddrinfo(ai);
     }
-    double deadline = sch_now() + timeout_s;
+    double deadline = rl_clock_now() + timeout_s;
     for (;;) {
         struct pollfd p[PLAN_MAX_NODES];
         int map[PLAN_MAX_NODES], np = 0;
         for (int i = 0; i < c->n; i++) {
             if (fd[i] >= 0 && !why[i][0]) p[np] = (struct pollfd){.fd = fd[i], .events = POLLOUT}, map[np++] = i;
         }
-        double left = deadline - sch_now();
+        double left = deadline - rl_clock_now();
         if (np == 0 || left <= 0) break;
         if (poll(p, (nfds_t)np, (int)(left * 1000) + 1) < 0 && errno != EINTR) break;
         for (int k = 0; k < np; k++) {
@@ -294,7 +295,7 @@ static int ring_probe(sch_ring *B, double timeout_s, rl_err *err) {
  * once for a while (a request is waiting on it); an attempt made while idle sets none, so a node caught
  * half started by the idle probe does not turn away the first request after it is up. */
 static int ring_reopen(sch_ring *B, bool backoff, rl_err *err) {
-    double t0 = sch_now();
+    double t0 = rl_clock_now();
     if (t0 < B->retry_at) {
         return rl_errf(err, "the ring is unavailable: %s (the ring broke: %s)", B->why_down, B->broke);
     }
@@ -324,7 +325,7 @@ static int ring_reopen(sch_ring *B, bool backoff, rl_err *err) {
             B->broke[0] = B->why_down[0] = 0;
             B->retry_at = 0;
             B->better_wait = RING_IDLE_PROBE_S;
-            B->better_at = sch_now() + B->better_wait;
+            B->better_at = rl_clock_now() + B->better_wait;
             return 0;
         }
         bool lost_up = false;
@@ -343,7 +344,7 @@ static int ring_reopen(sch_ring *B, bool backoff, rl_err *err) {
     ring_outs(B, outs, sizeof outs);
     if (outs[0]) rl_err_prefix(&e, "out of the ring: %s", outs);
     snprintf(B->why_down, sizeof B->why_down, "%s", e.msg);
-    if (backoff && sch_now() - t0 > 0.2) B->retry_at = sch_now() + RING_BACKOFF_S;
+    if (backoff && rl_clock_now() - t0 > 0.2) B->retry_at = rl_clock_now() + RING_BACKOFF_S;
     return rl_errf(err, "the ring is unavailable: %s (the ring broke: %s)", e.msg, B->broke);
 }
 
@@ -400,7 +401,7 @@ static int ring_audit_now(sch_ring *B) {
  * probed, so /health sees them come back, and once they all answer the ring is re-opened (nothing runs,
  * so nothing is lost), so the next request finds it whole instead of paying the re-plan. */
 static void ring_idle_probe(sch_ring *B) {
-    double now = sch_now();
+    double now = rl_clock_now();
     if (now < B->next_probe) return;
     B->next_probe = now + RING_IDLE_PROBE_S;
     if (B->open) {
@@ -709,9 +710,9 @@ static int ring_be_step(void *impl, sch_step *steps, int n, rl_err *err) {
     double reform_s = -1;
     for (int attempt = 0;; attempt++) {
         if (!B->open) {
-            double t0 = sch_now();
+            double t0 = rl_clock_now();
             if (ring_reopen(B, true, err) != 0) return SCH_RING_UNAVAILABLE;
-            reform_s = (reform_s < 0 ? 0 : reform_s) + sch_now() - t0;
+            reform_s = (reform_s < 0 ? 0 : reform_s) + rl_clock_now() - t0;
         }
         uint64_t replayed = B->replayed;
         int rc = ring_run(B, steps, n, err);

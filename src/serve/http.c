@@ -1,4 +1,5 @@
 #include "http_int.h"
+#include "../base/clock.h"
 
 #include "../text/chat_gram.h"
 #include "../text/chat_out.h"
@@ -413,7 +414,7 @@ static void http_notify_conn(void *cls, struct MHD_Connection *c, void **socket_
         http_sock *k = calloc(1, sizeof *k);
         if (!k) return; /* then it has no deadline, only MHD's idle timeout */
         k->fd = http_conn_fd(c);
-        k->since = sch_now();
+        k->since = rl_clock_now();
         pthread_mutex_lock(&h->mu);
         k->next = h->socks;
         if (h->socks) h->socks->prev = k;
@@ -437,7 +438,7 @@ static void http_sock_mark(http_server *h, struct MHD_Connection *c, bool in_req
     if (!k) return;
     pthread_mutex_lock(&h->mu);
     k->in_request = in_request;
-    k->since = sch_now();
+    k->since = rl_clock_now();
     pthread_mutex_unlock(&h->mu);
 }
 
@@ -445,7 +446,7 @@ static void *http_watchdog(void *arg) {
     http_server *h = arg;
     pthread_mutex_lock(&h->mu);
     while (h->watching) {
-        double now = sch_now();
+        double now = rl_clock_now();
         long shut = 0;
         for (http_sock *k = h->socks; k; k = k->next) {
             if (k->in_request || k->shut || now - k->since < h->cfg.header_timeout_s) continue;

@@ -2,6 +2,7 @@
  * choice, then answered as OpenAI's response objects - whole, or streamed as server-sent events while the
  * thread waits for text (choices, usage, logprobs, reasoning_content, tool calls, receipts). */
 #include "http_int.h"
+#include "../base/clock.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -335,7 +336,7 @@ static void http_sse_end(http_stream *st, const sch_update *failed) {
     }
     rl_buf_add(&st->out, "data: [DONE]\n\n", 14);
     http_log(st->h, "%s stream: %d choice(s), prompt %d, completion %d tokens, %s, %.2f s", st->chat ? "chat" : "completion",
-             st->n_runs, st->runs[0].end.n_prompt, n_gen, failed ? sch_finish_name(failed->fin) : "done", sch_now() - st->t0);
+             st->n_runs, st->runs[0].end.n_prompt, n_gen, failed ? sch_finish_name(failed->fin) : "done", rl_clock_now() - st->t0);
 }
 
 static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -536,7 +537,7 @@ enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, bool ch
     char id[64];
     http_new_id(h, chat, id, sizeof id);
     time_t created = time(NULL);
-    double t0 = sch_now();
+    double t0 = rl_clock_now();
 
     if (jb.stream) {
         http_stream *st = calloc(1, sizeof *st);
@@ -647,7 +648,7 @@ enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, bool ch
     cJSON *rj = http_runs_receipts(runs, n_runs);
     if (rj) cJSON_AddItemToObject(resp, "receipts", rj);
     http_log(h, "%s: %d choice(s), prompt %d, completion %d tokens, %s, %.2f s", chat ? "chat" : "completion", n_runs,
-             runs[0].end.n_prompt, n_gen, sch_finish_name(runs[0].end.fin), sch_now() - t0);
+             runs[0].end.n_prompt, n_gen, sch_finish_name(runs[0].end.fin), rl_clock_now() - t0);
     http_runs_free(runs, n_runs);
     return http_send_json(hc, c, 200, resp);
 

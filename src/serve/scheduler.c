@@ -1,4 +1,5 @@
 #include "scheduler.h"
+#include "../base/clock.h"
 
 #include "../speculate/accept.h"
 #include "../text/utf8.h"
@@ -10,12 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-double sch_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 const char *sch_finish_name(sch_finish f) {
     switch (f) {
@@ -559,7 +554,7 @@ static int sch_batch(sch_sched *s, int *nd_model, int *nd_ds) {
  * the grammar cut. */
 static double sch_drafts(sch_sched *s, int n, int nd_model, int nd_ds, uint64_t *refused) {
     rl_err err = {{0}};
-    double t0 = sch_now();
+    double t0 = rl_clock_now();
     if (nd_model > 0) { /* the draft model, for every request that uses it at once */
         if (spec_pool_propose(s->cfg.draft, nd_model, s->d_slot, s->d_hist, s->d_nhist, s->d_k, &s->d_out[0][0],
                               SCH_MAX_DRAFT, s->d_n, &err) != 0) {
@@ -597,7 +592,7 @@ static double sch_drafts(sch_sched *s, int n, int nd_model, int nd_ds, uint64_t 
         s->steps[e].n_tokens = (uint32_t)nd + 1;
         s->steps[e].n_draft = nd;
     }
-    double t_draft = nd_model > 0 || nd_ds > 0 ? sch_now() - t0 : 0;
+    double t_draft = nd_model > 0 || nd_ds > 0 ? rl_clock_now() - t0 : 0;
     *refused = 0;
     for (int k = 0; k < n; k++) {
         sch_step *sp = &s->steps[k];
@@ -683,9 +678,9 @@ static void *sch_main(void *arg) {
         uint64_t refused;
         double t_draft = sch_drafts(s, n, nd_model, nd_ds, &refused);
         rl_err err = {{0}};
-        double t0 = sch_now();
+        double t0 = rl_clock_now();
         int rc = s->be.step(s->be.impl, s->steps, n, &err);
-        double t1 = sch_now();
+        double t1 = rl_clock_now();
         sch_node_stat nodes[SCH_MAX_NODES];
         int n_nodes = s->be.nodes(s->be.impl, nodes, SCH_MAX_NODES);
         sch_ring_stat rs = {0};
@@ -874,7 +869,7 @@ sch_submit_rc sch_submit(sch_sched *s, sch_request *r, rl_err *err) {
     }
     r->s = s;
     r->refs++;
-    r->t_arrival = sch_now();
+    r->t_arrival = rl_clock_now();
     if (s->q_tail) s->q_tail->next = r;
     else s->q_head = r;
     s->q_tail = r;

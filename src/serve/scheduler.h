@@ -359,7 +359,5 @@ void sch_metrics_get(sch_sched *s, sch_metrics *m);
 
 const char *sch_finish_name(sch_finish f); /* "stop", "length", "cancelled", "error" */
 
-/* Seconds on a monotonic clock. */
-double sch_now(void);
 
 #endif

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "../coord/target.h"
+#include "../base/clock.h"
 #include "../speculate/draft_pool.h"
 #include "../speculate/drafter.h"
 #include "backend_local.h"
@@ -128,11 +129,11 @@ static void serve_wait_stop(const serve_opts *o, serve_state *st) {
             strsignal(sig), o->drain);
     http_quiesce(&st->h);
     sch_close(&st->s);
-    double deadline = sch_now() + o->drain;
+    double deadline = rl_clock_now() + o->drain;
     const struct timespec zero = {0, 0};
     /* Idle means every response has been sent to the end, not merely generated. */
     while (!http_wait_idle(&st->h, 0.1)) {
-        if (sch_now() >= deadline || sigtimedwait(&stop_sigs, NULL, &zero) > 0) {
+        if (rl_clock_now() >= deadline || sigtimedwait(&stop_sigs, NULL, &zero) > 0) {
             fprintf(stderr, "ringlm serve: cancelling the requests still running\n");
             break;
         }

@@ -1,4 +1,5 @@
 #include "spec_gen.h"
+#include "../base/clock.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -72,7 +73,7 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
         rc = -1;
         goto done;
     }
-    m->prefill_s = gen_mono() - emit.t0;
+    m->prefill_s = rl_clock_now() - emit.t0;
     /* The committed history is hist[0..n_hist); its last token sits at position n_hist - 1, not yet run by
      * the target. With pipelining, hist[n_hist..n_z) holds what the blocks in flight assume: their drafts,
      * each followed by the drafter's guess of the block's bonus token, which starts the next block (a block
@@ -138,20 +139,20 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
             /* One more, the guess that starts the next block, if one will follow it. */
             const bool ahead = kk > 0 && depth > 1 && (!sp->adaptive || spec_ahead(alpha, kk, depth));
             const int want = ahead ? kk + 1 : kk;
-            double td = gen_mono();
+            double td = rl_clock_now();
             if (want > 0 && spec_drafter_propose(d, z, n_z, n_hist, want, block + 1, &n_draft, &qs, err) != 0) {
                 rc = -1;
                 goto drain;
             }
-            sm->draft_s += gen_mono() - td;
-            if (want > 0) t_draft = 0.8 * t_draft + 0.2 * (gen_mono() - td) / want;
+            sm->draft_s += rl_clock_now() - td;
+            if (want > 0) t_draft = 0.8 * t_draft + 0.2 * (rl_clock_now() - td) / want;
             const bool guess = ahead && n_draft == want;
             if (n_draft > kk) n_draft = kk;
             for (int i = 0; i < n_draft; i++) {
                 for (int b = 0; b < 4; b++) sm->draft_digest = (sm->draft_digest ^ (uint8_t)((uint32_t)block[1 + i] >> (8 * b))) * 0x100000001b3ULL;
             }
             block[0] = z[n_z - 1];
-            double tv = gen_mono();
+            double tv = rl_clock_now();
             if (depth > 1) {
                 if (v->submit(v->ctx, bpos, block, n_draft + 1, qs, err) != 0) {
                     rc = -1;
@@ -161,8 +162,8 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
                 rc = -1;
                 goto drain;
             }
-            sm->verify_s += gen_mono() - tv;
-            if (depth == 1) t_trav = t_trav > 0 ? 0.8 * t_trav + 0.2 * (gen_mono() - tv) : gen_mono() - tv;
+            sm->verify_s += rl_clock_now() - tv;
+            if (depth == 1) t_trav = t_trav > 0 ? 0.8 * t_trav + 0.2 * (rl_clock_now() - tv) : rl_clock_now() - tv;
             fl[n_fl++] = (struct spec_flight){.pos = bpos, .n = n_draft + 1, .t_sent = tv};
             sm->drafted += n_draft;
             memcpy(z + n_z, block + 1, (size_t)(n_draft + (guess ? 1 : 0)) * sizeof *z);
@@ -175,13 +176,13 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
         const double b0_sent = b0.t_sent;
         memmove(fl, fl + 1, (size_t)(--n_fl) * sizeof *fl);
         if (depth > 1) {
-            double tv = gen_mono();
+            double tv = rl_clock_now();
             if (v->collect(v->ctx, out, &n_out, err) != 0) {
                 rc = -1;
                 goto drain;
             }
-            sm->verify_s += gen_mono() - tv;
-            t_trav = t_trav > 0 ? 0.8 * t_trav + 0.2 * (gen_mono() - b0_sent) : gen_mono() - b0_sent;
+            sm->verify_s += rl_clock_now() - tv;
+            t_trav = t_trav > 0 ? 0.8 * t_trav + 0.2 * (rl_clock_now() - b0_sent) : rl_clock_now() - b0_sent;
         }
         sm->traversals++;
         if (b0.stale) { /* drafted assuming more than was accepted: nothing of it counts */

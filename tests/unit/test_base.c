@@ -2,15 +2,21 @@
  * - the growable buffer (buf.h): pieces appended in order and kept NUL-terminated, a printf longer than its
  *   on-stack first try, take handing the bytes over and leaving the buffer empty, and the sticky
  *   out-of-memory flag (a writer of many pieces checks once);
- * - the JSON getters (json.h): lookups' defaults, the strict readers' ranges, types and required fields.
+ * - the JSON getters (json.h): lookups' defaults, the strict readers' ranges, types and required fields;
+ * - rl_mkdirs (file.h): parents made, an existing folder fine, a file in the way and an overlong path refused.
  * The ASan build runs it too. */
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cJSON.h>
 
 #include "base/buf.h"
+#include "base/file.h"
 #include "base/json.h"
 
 #include "check.h"
@@ -41,8 +47,36 @@ static void test_json(void) {
     cJSON_Delete(o);
 }
 
+static void test_mkdirs(void) {
+    char root[] = "/tmp/test_base_XXXXXX", path[PATH_MAX + 64];
+    if (!mkdtemp(root)) {
+        CHECK(0, "a temporary folder: %s", strerror(errno));
+        return;
+    }
+    snprintf(path, sizeof path, "%s/a/b/c", root);
+    struct stat st;
+    CHECK(rl_mkdirs(path) == 0 && stat(path, &st) == 0 && S_ISDIR(st.st_mode) && rl_mkdirs(path) == 0,
+          "rl_mkdirs makes a/b/c with its parents, and again is fine");
+    char file[PATH_MAX];
+    snprintf(file, sizeof file, "%s/f", root);
+    FILE *f = fopen(file, "w");
+    if (f) fclose(f);
+    snprintf(path, sizeof path, "%s/f/x", root);
+    int r1 = rl_mkdirs(file), e1 = errno, r2 = rl_mkdirs(path), e2 = errno;
+    CHECK(r1 == -1 && e1 == ENOTDIR && r2 == -1, "a file in the way is refused (%s; under it: %s)", strerror(e1), strerror(e2));
+    memset(path, 'x', sizeof path - 1);
+    path[0] = '/', path[sizeof path - 1] = 0;
+    CHECK(rl_mkdirs(path) == -1 && errno == ENAMETOOLONG, "a path past PATH_MAX is refused, not cut short");
+    unlink(file);
+    snprintf(path, sizeof path, "%s/a/b/c", root), rmdir(path);
+    snprintf(path, sizeof path, "%s/a/b", root), rmdir(path);
+    snprintf(path, sizeof path, "%s/a", root), rmdir(path);
+    rmdir(root);
+}
+
 int main(void) {
     test_json();
+    test_mkdirs();
     rl_buf b = {0};
     size_t n = 99;
     CHECK(rl_buf_take(&b, &n) == NULL && n == 0, "an untouched buffer takes as NULL, 0 bytes");
