@@ -302,7 +302,7 @@ with open(out + '.md', 'w') as f:
                 'The same runs: what `run --ring` printed next to what ran (`decode: ... the plan predicted`, `time to first '
                 'token: ... the plan predicted`), its own prediction from the measured delays and each stage\'s figures fitted '
                 'to the frames the node timed at ASSIGN (two one-token frames and a 64-token chunk; predict.h, '
-                'pr_stage_calibrate), with no calibration by this script.\n\n'
+                'predict_stage_calibrate), with no calibration by this script.\n\n'
                 '| nodes | D ms | decode tok/s | ring predicted | err | TTFT s | ring predicted | err |\n|---|---|---|---|---|---|---|---|\n')
         for r in rows:
             f.write('| %d | %g | %.2f | %.2f | %+.0f%% | %.3f | %.3f | %+.0f%% |\n' % (r['nodes'], r['delay_ms'], r['decode'],

@@ -343,9 +343,9 @@ PY
     py "$WORK/ta_none.json" "d['choices'][0]['finish_reason'] != 'tool_calls' and 'tool_calls' not in d['choices'][0]['message']"
 }
 check "tool_choice auto, sections pushed open: 3 sampled replies end without calls or in well-formed calls of declared tools (some do), never malformed; with none, the same push writes none" auto_check
-post rf_lenient /v1/completions '{"prompt":"S:","max_tokens":30,"temperature":1,"seed":3,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object","properties":{"n":{"type":"integer","minimum":0},"s":{"type":"string","pattern":"^a"}},"required":["n","s"],"additionalProperties":false}}}}'
+post frame_lenient /v1/completions '{"prompt":"S:","max_tokens":30,"temperature":1,"seed":3,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object","properties":{"n":{"type":"integer","minimum":0},"s":{"type":"string","pattern":"^a"}},"required":["n","s"],"additionalProperties":false}}}}'
 check "response_format json_schema not strict, with keywords it cannot enforce: 200, valid JSON following the rest (required, types)" \
-    py "$WORK/rf_lenient.json" "(lambda v: sorted(v) == ['n', 's'] and isinstance(v['n'], int) and isinstance(v['s'], str))(json.loads(d['choices'][0]['text']))"
+    py "$WORK/frame_lenient.json" "(lambda v: sorted(v) == ['n', 's'] and isinstance(v['n'], int) and isinstance(v['s'], str))(json.loads(d['choices'][0]['text']))"
 post tc_lenient /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"n":{"type":"integer","minimum":0}},"required":["n"]}}}],"tool_choice":"required","max_tokens":150,"seed":2}'
 check "a required call of a tool, not strict, with such a keyword: 200, a call with an integer n" \
     py "$WORK/tc_lenient.json" "d['choices'][0]['finish_reason'] == 'tool_calls' and isinstance(json.loads(d['choices'][0]['message']['tool_calls'][0]['function']['arguments'])['n'], int)"
@@ -663,8 +663,8 @@ err_case "tool_choice auto with such a strict tool" 400 tools e_t8 /v1/chat/comp
 err_case "tool_choice required with response_format json_object" 400 tool_choice e_t8 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required","response_format":{"type":"json_object"}}' "${K[@]}"
 err_case "tools on /v1/completions" 400 tools e_t9 /v1/completions '{"prompt":"hi","tools":[{"type":"function","function":{"name":"f"}}]}' "${K[@]}"
 err_case "response_format not an object" 400 response_format e_rf3 /v1/completions '{"prompt":"hi","response_format":"json"}' "${K[@]}"
-post rf_text /v1/completions '{"prompt":"hi","max_tokens":2,"response_format":{"type":"text"}}' "${K[@]}"
-check "response_format text -> 200" code_is rf_text 200
+post frame_text /v1/completions '{"prompt":"hi","max_tokens":2,"response_format":{"type":"text"}}' "${K[@]}"
+check "response_format text -> 200" code_is frame_text 200
 err_case "reasoning_effort unknown" 400 reasoning_effort e_re1 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"reasoning_effort":"extreme"}' "${K[@]}"
 err_case "chat_template_kwargs not an object" 400 chat_template_kwargs e_re2 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":5}' "${K[@]}"
 err_case "chat_template_kwargs thinking mistyped" 400 chat_template_kwargs.thinking e_re3 /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"thinking":"no"}}' "${K[@]}"

@@ -85,11 +85,11 @@ check "logprobs through the ring: each token's and its top 3 = one machine's log
 
 "$RINGLM" logits -m "$f" --tokens "$rids" --threads 1 -o "$WORK/lpp_ref.bin"
 post echo0 "{\"prompt\":\"$R\",\"max_tokens\":0,\"echo\":true,\"logprobs\":2}"
-check "echo through the ring (RF_SEQ_PROMPT_LP): the prompt's entries = one machine's log-softmax" py "$WORK/echo0.json" \
+check "echo through the ring (FRAME_SEQ_PROMPT_LP): the prompt's entries = one machine's log-softmax" py "$WORK/echo0.json" \
     "(lambda l: l['token_logprobs'][0] is None and lp_match({'token_logprobs': l['token_logprobs'][1:], 'top_logprobs': l['top_logprobs'][1:]}, ref_logprobs('lpp_ref.bin', 1), 2))(d['choices'][0]['logprobs'])"
 
 # Constrained output through the ring: the grammar travels to the last stage with the sequence (frame.h,
-# RF_SEQ_HAS_GRAMMAR), which samples with it; each request's text = the same request to a server on one
+# FRAME_SEQ_HAS_GRAMMAR), which samples with it; each request's text = the same request to a server on one
 # machine (greedy and seeded sampling), and every output validates. Then with n-gram drafts (cut by the
 # grammar at the head, judged against the constrained distribution at the last stage), and a required tool
 # call through the chat route.

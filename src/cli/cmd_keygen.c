@@ -22,9 +22,9 @@ int cmd_keygen(int argc, char **argv) {
         fprintf(stderr, "usage: ringlm keygen -o FILE.key\n");
         return 2;
     }
-    rk_identity id;
+    keys_identity id;
     rl_err err = {{0}};
-    if (rk_generate(&id, &err) != 0 || rk_save(&id, out, &err) != 0) {
+    if (keys_generate(&id, &err) != 0 || keys_save(&id, out, &err) != 0) {
         fprintf(stderr, "ringlm keygen: %s\n", err.msg);
         return 1;
     }

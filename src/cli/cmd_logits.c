@@ -123,7 +123,7 @@ int cmd_logits(int argc, char **argv) {
     k3_engine e;
     k3_state st;
     int rc = 1;
-    mfst_file mf;
+    manifest_file mf;
     if (ring_target_open(model, manifest, &m, &hp, &mf, &err) != 0) {
         fprintf(stderr, "ringlm logits: %s\n", err.msg);
         free(tokens);
@@ -132,10 +132,10 @@ int cmd_logits(int argc, char **argv) {
     if (ring_path) {
         /* Through the ring: the same chunks, every position's logits returned by the last stage. */
         ring_conf conf;
-        rk_identity id;
+        keys_identity id;
         ring_coord ring;
         float *all = malloc((size_t)n * hp.n_vocab * sizeof(float));
-        if (!all || !key_path || ring_conf_load(&conf, ring_path, &err) != 0 || rk_load(&id, key_path, &err) != 0) {
+        if (!all || !key_path || ring_conf_load(&conf, ring_path, &err) != 0 || keys_load(&id, key_path, &err) != 0) {
             if (!key_path) rl_errf(&err, "--ring needs --key");
             free(all);
             goto fail_model;
@@ -159,7 +159,7 @@ int cmd_logits(int argc, char **argv) {
             if (prefill > 0) cn = i == 0 ? prefill : 1;
             int per = i + cn > n ? n - i : cn;
             ring_seq_req rq = {.seq_id = 1, .pos = (uint32_t)i, .n = (uint32_t)per, .tokens = tokens + i,
-                               .flags = RF_SEQ_ALL_LOGITS | (i == 0 ? RF_SEQ_NEW : 0),
+                               .flags = FRAME_SEQ_ALL_LOGITS | (i == 0 ? FRAME_SEQ_NEW : 0),
                                .logits = all + (size_t)i * hp.n_vocab, .smp = ring_sampling(&greedy)};
             frc = ring_step(&ring, &rq, 1, &err);
         }

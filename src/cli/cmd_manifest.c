@@ -68,21 +68,21 @@ int cmd_manifest(int argc, char **argv) {
             return 2;
         }
         rl_err err = {0};
-        mfst_file f;
-        if (mfst_file_read(&f, check, &err) != 0) {
+        manifest_file f;
+        if (manifest_file_read(&f, check, &err) != 0) {
             fprintf(stderr, "ringlm manifest: %s\n", err.msg);
             return 1;
         }
-        if (mfst_file_need_hashes(&f, "check files", &err) != 0) {
+        if (manifest_file_need_hashes(&f, "check files", &err) != 0) {
             fprintf(stderr, "ringlm manifest: %s\n", err.msg);
-            mfst_file_free(&f);
+            manifest_file_free(&f);
             return 1;
         }
         long bad = 0;
         char *abs_txt = NULL;
         size_t abs_len = 0;
         FILE *abs = open_memstream(&abs_txt, &abs_len);
-        int rc = mfst_file_check(&f, files, n_files, stderr, abs, &bad, &err);
+        int rc = manifest_file_check(&f, files, n_files, stderr, abs, &bad, &err);
         if (abs) fclose(abs);
         if (rc != 0) fprintf(stderr, "ringlm manifest: %s\n", err.msg);
         else if (bad) fprintf(stderr, "ringlm manifest: %ld problem%s in the files checked\n", bad, bad == 1 ? "" : "s");
@@ -93,7 +93,7 @@ int cmd_manifest(int argc, char **argv) {
             printf("\n");
         }
         free(abs_txt);
-        mfst_file_free(&f);
+        manifest_file_free(&f);
         return rc != 0 || bad ? 1 : 0;
     }
     unsigned ra = 0, rb = 0;
@@ -106,59 +106,59 @@ int cmd_manifest(int argc, char **argv) {
     rl_err err = {0};
     int rc = 1;
     if (range_files) {
-        mfst_file f;
-        if (mfst_file_read(&f, in, &err) == 0) {
-            const uint32_t nf = mfst_file_n_files(&f);
+        manifest_file f;
+        if (manifest_file_read(&f, in, &err) == 0) {
+            const uint32_t nf = manifest_file_n_files(&f);
             bool *need = calloc(nf + 1, 1);
             if (!need) {
                 rl_errf(&err, "out of memory");
             } else if (rb <= ra || rb > f.n_layer) {
                 rl_errf(&err, "layer range [%u, %u) outside the model's %u layers", ra, rb, f.n_layer);
             } else {
-                mfst_file_range_files(&f, ra, rb, need);
+                manifest_file_range_files(&f, ra, rb, need);
                 for (uint32_t k = 0; k < nf; k++) {
                     uint64_t used = 0;
                     for (int i = 0; i < f.n; i++) {
-                        if (f.t[i].file == k && mfst_tensor_in_range(f.t[i].name, ra, rb, f.n_layer)) used += f.t[i].nbytes;
+                        if (f.t[i].file == k && manifest_tensor_in_range(f.t[i].name, ra, rb, f.n_layer)) used += f.t[i].nbytes;
                     }
-                    if (need[k]) printf("%s %llu\n", mfst_file_name(&f, k), (unsigned long long)used);
+                    if (need[k]) printf("%s %llu\n", manifest_file_name(&f, k), (unsigned long long)used);
                 }
                 rc = 0;
             }
             free(need);
-            mfst_file_free(&f);
+            manifest_file_free(&f);
         }
     } else if (range) {
         uint8_t h[32];
         /* A manifest, or anything not named .gguf (so a damaged manifest gets a manifest's error). */
         size_t len = strlen(in);
-        if (mfst_file_is(in) || len < 5 || strcmp(in + len - 5, ".gguf") != 0) {
-            mfst_file f;
-            if (mfst_file_read(&f, in, &err) == 0) {
-                if (mfst_file_need_hashes(&f, "give range hashes", &err) == 0 &&
-                    mfst_file_range_hash(&f, ra, rb, h, &err) == 0) manifest_hex(h), rc = 0;
-                mfst_file_free(&f);
+        if (manifest_file_is(in) || len < 5 || strcmp(in + len - 5, ".gguf") != 0) {
+            manifest_file f;
+            if (manifest_file_read(&f, in, &err) == 0) {
+                if (manifest_file_need_hashes(&f, "give range hashes", &err) == 0 &&
+                    manifest_file_range_hash(&f, ra, rb, h, &err) == 0) manifest_hex(h), rc = 0;
+                manifest_file_free(&f);
             }
         } else {
             mf_model m;
             k3_hparams hp;
             if (k3_open(&m, &hp, in, &err) == 0) {
-                if (mfst_range_hash_threads(&m, &hp, ra, rb, threads, h, &err) == 0) manifest_hex(h), rc = 0;
+                if (manifest_range_hash_threads(&m, &hp, ra, rb, threads, h, &err) == 0) manifest_hex(h), rc = 0;
                 mf_close(&m);
             }
         }
     } else {
         mf_model m;
         k3_hparams hp;
-        mfst_file f;
+        manifest_file f;
         if (k3_open(&m, &hp, in, &err) == 0) {
-            if (mfst_file_build(&f, &m, threads, progress, &err) == 0) {
-                if (mfst_file_write(&f, out, &err) == 0) {
+            if (manifest_file_build(&f, &m, threads, progress, &err) == 0) {
+                if (manifest_file_write(&f, out, &err) == 0) {
                     printf("manifest of %s: %d tensors, %.1f MiB of weights in %d file(s), written to %s\n", in, f.n,
                            (double)m.tensor_bytes / 1048576.0, m.n_split, out);
                     rc = 0;
                 }
-                mfst_file_free(&f);
+                manifest_file_free(&f);
             }
             mf_close(&m);
         }

@@ -96,14 +96,14 @@ int cmd_node(int argc, char **argv) {
         node_usage(stderr);
         return 2;
     }
-    if (rk_load(&o.id, key, &err) != 0) {
+    if (keys_load(&o.id, key, &err) != 0) {
         fprintf(stderr, "ringlm node: %s\n", err.msg);
         return 1;
     }
     char list[4096];
     snprintf(list, sizeof list, "%s", allow);
     for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (o.n_allow == NODE_MAX_ALLOW || rk_peer_parse(&o.allow[o.n_allow], tok, &err) != 0) {
+        if (o.n_allow == NODE_MAX_ALLOW || keys_peer_parse(&o.allow[o.n_allow], tok, &err) != 0) {
             fprintf(stderr, "ringlm node: --allow: %s\n", o.n_allow == NODE_MAX_ALLOW ? "too many keys" : err.msg);
             return 1;
         }

@@ -45,7 +45,7 @@ int cmd_plan(int argc, char **argv) {
             return 0;
         }
         if (strcmp(a, "--devices") == 0) {
-            nc_print_catalog(stdout);
+            nodes_conf_print_catalog(stdout);
             return 0;
         }
         if (strcmp(a, "--json") == 0) {
@@ -95,17 +95,17 @@ int cmd_plan(int argc, char **argv) {
     if (nodes_path) {
         mf_model m;
         k3_hparams hp;
-        mfst_file mf;
-        static nc_conf nc;    /* (large: off the stack) */
-        static pn_result pr;
-        pr_opts po = {.prompt = (uint32_t)prompt, .chunk = (uint32_t)chunk, .parallel = (uint32_t)parallel,
+        manifest_file mf;
+        static nodes_conf_file nc;    /* (large: off the stack) */
+        static plan_nodes_result pr;
+        predict_opts po = {.prompt = (uint32_t)prompt, .chunk = (uint32_t)chunk, .parallel = (uint32_t)parallel,
                       .draft_k = draft_n, .acceptance = acceptance, .draft_depth = draft_depth};
         int rc = 1;
         if (ring_target_open(model, manifest, &m, &hp, &mf, &err) == 0) {
             mf_model dm;
             int drc = 0;
             if (draft && (drc = mf_open(&dm, draft, &err)) == 0) {
-                if ((drc = pr_draft_read(&po.draft, &dm, &m, &err)) != 0) rl_err_prefix(&err, "%s", draft);
+                if ((drc = predict_draft_read(&po.draft, &dm, &m, &err)) != 0) rl_err_prefix(&err, "%s", draft);
                 mf_close(&dm);
             }
             if (drc != 0) {
@@ -113,16 +113,16 @@ int cmd_plan(int argc, char **argv) {
                 fprintf(stderr, "ringlm plan: %s\n", err.msg);
                 return 1;
             }
-            if (nc_load(&nc, nodes_path, &err) == 0 && pn_plan(&m, &hp, &nc, (uint32_t)ctx, &po, &pr, &err) == 0) {
+            if (nodes_conf_load(&nc, nodes_path, &err) == 0 && plan_nodes_plan(&m, &hp, &nc, (uint32_t)ctx, &po, &pr, &err) == 0) {
                 if (json) {
-                    cJSON *j = pn_json(&pr, &nc, &po);
+                    cJSON *j = plan_nodes_json(&pr, &nc, &po);
                     char *js = j ? cJSON_Print(j) : NULL;
                     if (js) printf("%s\n", js), rc = 0;
                     else rl_errf(&err, "out of memory");
                     free(js);
                     cJSON_Delete(j);
                 } else {
-                    pn_print(&pr, &nc, &po, stdout);
+                    plan_nodes_print(&pr, &nc, &po, stdout);
                     rc = 0;
                 }
             }
@@ -133,20 +133,20 @@ int cmd_plan(int argc, char **argv) {
     }
     mf_model m;
     k3_hparams hp;
-    mfst_file mf;
+    manifest_file mf;
     ring_conf conf;
-    rk_identity id;
+    keys_identity id;
     ring_coord rc;
     int rc_ = 1;
     if (ring_target_open(model, manifest, &m, &hp, &mf, &err) != 0) goto out_noclose;
-    if (ring_conf_load(&conf, ring_path, &err) != 0 || rk_load(&id, key_path, &err) != 0) goto out;
+    if (ring_conf_load(&conf, ring_path, &err) != 0 || keys_load(&id, key_path, &err) != 0) goto out;
     ring_opts o = ring_opts_default();
     o.n_ctx = (uint32_t)ctx;
     o.n_seqs = parallel;
     o.manifest = manifest ? &mf : NULL;
     o.manifest_path = manifest;
     o.plan_only = true;
-    if (acceptance > 0 && draft_n > 0) { /* the rollback copies of speculative blocks (pn_plan's) */
+    if (acceptance > 0 && draft_n > 0) { /* the rollback copies of speculative blocks (plan_nodes_plan's) */
         o.spec_block = (uint32_t)draft_n + 1;
         o.spec_depth = draft_depth;
     }

@@ -46,11 +46,11 @@ typedef struct reap_ring {
 static int reap_ring_score(void *ctx, const calib_set *c, uint32_t chunk, reap_stats *s, rl_err *err) {
     reap_ring *r = ctx;
     ring_conf conf;
-    rk_identity id;
+    keys_identity id;
     mf_model m;
     k3_hparams hp;
     ring_coord ring;
-    if (ring_conf_load(&conf, r->conf_path, err) != 0 || rk_load(&id, r->key_path, err) != 0) return -1;
+    if (ring_conf_load(&conf, r->conf_path, err) != 0 || keys_load(&id, r->key_path, err) != 0) return -1;
     if (k3_open(&m, &hp, r->model, err) != 0) return -1;
     ring_opts ro = ring_opts_default();
     ro.n_ctx = (r->ctx + 255u) / 256u * 256u;

@@ -30,24 +30,24 @@ static void receipts_usage(FILE *f) {
 }
 
 static int parse_coord_key(uint8_t coord_pk[32], const char *arg, rl_err *err) {
-    rk_peer p;
+    keys_peer p;
     char line[256] = {0};
     FILE *f = fopen(arg, "r");
     if (!f) {
-        if (rk_peer_parse(&p, arg, err) != 0)
+        if (keys_peer_parse(&p, arg, err) != 0)
             return rl_err_prefix(err, "--key '%s' is neither a file nor a public key", arg);
     } else {
         bool ok = fgets(line, sizeof line, f) != NULL;
         fclose(f);
         if (ok && strncmp(line, "ringlm-key", 10) == 0) {
-            rk_identity id;
-            if (rk_load(&id, arg, err) != 0) return -1;
+            keys_identity id;
+            if (keys_load(&id, arg, err) != 0) return -1;
             memcpy(coord_pk, id.sign_pk, 32);
             sodium_memzero(&id, sizeof id);
             return 0;
         }
         line[strcspn(line, " \t\r\n")] = 0;
-        if (rk_peer_parse(&p, line, err) != 0) return rl_err_prefix(err, "--key %s", arg);
+        if (keys_peer_parse(&p, line, err) != 0) return rl_err_prefix(err, "--key %s", arg);
     }
     memcpy(coord_pk, p.sign_pk, 32);
     return 0;
@@ -89,28 +89,28 @@ static int receipts_verify(int argc, char **argv) {
     }
     mf_model m;
     k3_hparams hp;
-    mfst_file mf;
+    manifest_file mf;
     memset(&m, 0, sizeof m);
-    if (manifest ? mfst_file_read(&mf, manifest, &err) != 0 : k3_open(&m, &hp, model, &err) != 0) {
+    if (manifest ? manifest_file_read(&mf, manifest, &err) != 0 : k3_open(&m, &hp, model, &err) != 0) {
         fprintf(stderr, "ringlm receipts: %s\n", err.msg);
         return 1;
     }
-    if (manifest && mfst_file_need_hashes(&mf, "verify receipts", &err) != 0) {
+    if (manifest && manifest_file_need_hashes(&mf, "verify receipts", &err) != 0) {
         fprintf(stderr, "ringlm receipts: %s\n", err.msg);
-        mfst_file_free(&mf);
+        manifest_file_free(&mf);
         return 1;
     }
-    rlog_node nodes[PLAN_MAX_NODES];
+    receipt_log_node nodes[PLAN_MAX_NODES];
     for (int i = 0; i < conf.n; i++) {
         memcpy(nodes[i].sign_pk, conf.nodes[i].key.sign_pk, 32);
         snprintf(nodes[i].addr, sizeof nodes[i].addr, "%s", conf.nodes[i].addr);
     }
-    rlog_opts o = {.m = manifest ? NULL : &m, .hp = manifest ? NULL : &hp, .manifest = manifest ? &mf : NULL,
+    receipt_log_opts o = {.m = manifest ? NULL : &m, .hp = manifest ? NULL : &hp, .manifest = manifest ? &mf : NULL,
                    .nodes = nodes, .n_nodes = conf.n, .coord_pk = key ? coord_pk : NULL,
                    .problems = stderr};
-    rlog_result r;
-    int rc = rlog_verify(file, &o, &r, &err);
-    if (manifest) mfst_file_free(&mf);
+    receipt_log_result r;
+    int rc = receipt_log_verify(file, &o, &r, &err);
+    if (manifest) manifest_file_free(&mf);
     else mf_close(&m);
     if (rc < 0) {
         fprintf(stderr, "ringlm receipts: %s\n", err.msg);

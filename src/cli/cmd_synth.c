@@ -133,14 +133,14 @@ int cmd_synth(int argc, char **argv) {
         return 1;
     }
     if (shape_only) { /* a shape-only manifest (trust/manifest_file.h): what `ringlm plan` needs of a model */
-        mfst_file mf;
+        manifest_file mf;
         free(shapes.splits[0].path);
         shapes.splits[0].path = strdup(out);
-        int rc = mfst_file_build(&mf, &shapes, 1, false, &err) == 0 ? mfst_file_write(&mf, out, &err) : -1;
+        int rc = manifest_file_build(&mf, &shapes, 1, false, &err) == 0 ? manifest_file_write(&mf, out, &err) : -1;
         if (rc == 0) {
             printf("shape-only manifest of config %s: %d tensors, %.2f GiB of weights, written to %s\n", c.name, shapes.n_tensor,
                    (double)shapes.tensor_bytes / 1073741824.0, out);
-            mfst_file_free(&mf);
+            manifest_file_free(&mf);
         }
         mf_close(&shapes);
         if (rc != 0) {

@@ -10,7 +10,7 @@
 #include "../exec/stage.h"
 
 /* Where sequence seq_id is in a frame: its index, its first token's offset, the frame's token count. */
-static int audit_find(const rf_header *h, uint64_t seq_id, uint32_t *off, uint64_t *total) {
+static int audit_find(const frame_header *h, uint64_t seq_id, uint32_t *off, uint64_t *total) {
     int idx = -1;
     uint64_t t = 0;
     for (uint32_t i = 0; i < h->n_seqs; i++) {
@@ -32,8 +32,8 @@ static double audit_rel(const float *x, const float *ref, size_t n) {
     return isnan(d) ? INFINITY : d / (mx > 1e-30 ? mx : 1e-30);
 }
 
-/* A frame's RESULT share for sequence idx: its int32, its logits (RF_SEQ_ALL_LOGITS), its committed
- * tokens (RF_SEQ_VERIFY). */
+/* A frame's RESULT share for sequence idx: its int32, its logits (FRAME_SEQ_ALL_LOGITS), its committed
+ * tokens (FRAME_SEQ_VERIFY). */
 typedef struct audit_result {
     int32_t tok;
     const float *logits;
@@ -42,13 +42,13 @@ typedef struct audit_result {
     int n_comm;
 } audit_result;
 
-static int audit_result_share(const rf_header *h, int idx, uint32_t n_vocab, const uint8_t *buf, size_t len,
+static int audit_result_share(const frame_header *h, int idx, uint32_t n_vocab, const uint8_t *buf, size_t len,
                               audit_result *r) {
     size_t head = (size_t)h->n_seqs * 4;
     if (len < head) return -1;
     size_t lo = head, co;
     for (uint32_t i = 0; i < h->n_seqs; i++) {
-        if (!(h->seqs[i].flags & RF_SEQ_ALL_LOGITS)) continue;
+        if (!(h->seqs[i].flags & FRAME_SEQ_ALL_LOGITS)) continue;
         size_t nl = (size_t)h->seqs[i].n_tokens * n_vocab;
         if ((int)i == idx) r->logits = (const float *)(buf + lo), r->n_logits = nl;
         lo += nl * 4;
@@ -57,7 +57,7 @@ static int audit_result_share(const rf_header *h, int idx, uint32_t n_vocab, con
     if (lo > len) return -1;
     memcpy(&r->tok, buf + (size_t)idx * 4, 4);
     for (uint32_t i = 0; i < h->n_seqs; i++) {
-        if (!(h->seqs[i].flags & RF_SEQ_VERIFY)) continue;
+        if (!(h->seqs[i].flags & FRAME_SEQ_VERIFY)) continue;
         int32_t c;
         memcpy(&c, buf + i * 4, 4);
         if (c < 0 || c > STAGE_BLOCK_MAX || co + (size_t)c * 4 > len) return -1;
@@ -71,7 +71,7 @@ static int audit_result_share(const rf_header *h, int idx, uint32_t n_vocab, con
  * has the frame's layout: the same sequences, tokens and rows). */
 static int audit_compare(const k3_engine *e, const audit_frame *f, int idx, uint32_t off, uint64_t total,
                          const uint8_t *ours, size_t ours_len, double tol, audit_report *rep, rl_err *err) {
-    const rf_seq *sq = &f->h->seqs[idx];
+    const frame_seq *sq = &f->h->seqs[idx];
     bool last = e->b == e->hp.n_layer;
     if (!last) {
         if (f->out_len < total * 4 || ours_len < total * 4 ||
@@ -131,7 +131,7 @@ static int audit_compare(const k3_engine *e, const audit_frame *f, int idx, uint
     }
     if (th.tok != mi.tok) {
         return snprintf(rep->what, sizeof rep->what, "position %u: it returned %s %d, the model gives %d",
-                        sq->pos + sq->n_tokens - 1, (sq->flags & RF_SEQ_VERIFY) ? "a committed count of" : "token",
+                        sq->pos + sq->n_tokens - 1, (sq->flags & FRAME_SEQ_VERIFY) ? "a committed count of" : "token",
                         th.tok, mi.tok), 1;
     }
     if (th.n_comm != mi.n_comm || (mi.n_comm && memcmp(th.comm, mi.comm, (size_t)mi.n_comm * 4) != 0)) {
@@ -157,8 +157,8 @@ int audit_replay_seq(k3_engine *e, uint32_t n_ctx, int wire, const struct smp_vo
         uint64_t total = 0;
         int idx = audit_find(f->h, seq_id, &off, &total);
         if (idx < 0) continue;
-        const rf_seq *sq = &f->h->seqs[idx];
-        if (!started && !(sq->flags & RF_SEQ_NEW)) {
+        const frame_seq *sq = &f->h->seqs[idx];
+        if (!started && !(sq->flags & FRAME_SEQ_NEW)) {
             rc = rl_errf(err, "audit of sequence %" PRIu64 ": its first kept frame (step %" PRIu64 ") does not start it",
                          seq_id, f->h->step_id);
             break;
@@ -170,11 +170,11 @@ int audit_replay_seq(k3_engine *e, uint32_t n_ctx, int wire, const struct smp_vo
         }
         /* The last stage skips a stale VERIFY block (stage.h); which of the other sequences' blocks the
          * node found stale its result says (0 committed): the stand-ins have no history to tell. */
-        uint8_t stale[RF_MAX_SEQS] = {0};
+        uint8_t stale[FRAME_MAX_SEQS] = {0};
         bool last = e->b == e->hp.n_layer;
         for (uint32_t k = 0; last && k < f->h->n_seqs; k++) {
             int32_t c = 1;
-            if ((f->h->seqs[k].flags & RF_SEQ_VERIFY) && f->out_len >= (size_t)(k + 1) * 4) memcpy(&c, f->out + k * 4, 4);
+            if ((f->h->seqs[k].flags & FRAME_SEQ_VERIFY) && f->out_len >= (size_t)(k + 1) * 4) memcpy(&c, f->out + k * 4, 4);
             stale[k] = c == 0;
         }
         /* The kept bytes sit at any offset of the node's answer; a stage reads its tokens as int32. */

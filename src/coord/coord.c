@@ -45,15 +45,15 @@ ring_opts ring_opts_default(void) {
 }
 
 
-int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, pr_result *r) {
+int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, predict_result *r) {
     if (!rc->have_delays) return -1;
-    pr_node nodes[PLAN_MAX_NODES];
+    predict_node nodes[PLAN_MAX_NODES];
     double hop_s[PLAN_MAX_NODES + 1];
     int prev = -1;
     for (int s = 0; s < rc->plan.n_stages; s++) {
         int nd = rc->plan.stages[s].node;
-        nodes[s] = (pr_node){.speed = rc->nodes[nd].speed, .flops = rc->nodes[nd].flops > 0 ? rc->nodes[nd].flops : INFINITY,
-                             .net = INFINITY, .disk = rc->nodes[nd].disk_bps, .col_reads = PR_CPU_COL_READS};
+        nodes[s] = (predict_node){.speed = rc->nodes[nd].speed, .flops = rc->nodes[nd].flops > 0 ? rc->nodes[nd].flops : INFINITY,
+                             .net = INFINITY, .disk = rc->nodes[nd].disk_bps, .col_reads = PREDICT_CPU_COL_READS};
         if (rc->pnodes[nd].ram_bytes > 0) { /* the device's figures, and the CPU's for the part in RAM */
             nodes[s].two_tier = true;
             nodes[s].col_reads = 1;
@@ -64,15 +64,15 @@ int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, pr_re
         }
         const ring_node_state *ns = &rc->nodes[nd];
         if (ns->n_steps > 0 && ns->step_a == rc->plan.stages[s].a && ns->step_b == rc->plan.stages[s].b) {
-            (void)pr_stage_calibrate(rc->m, &rc->hp, &rc->plan.stages[s], &nodes[s], ns->step_tok, ns->step_s, ns->n_steps);
+            (void)predict_stage_calibrate(rc->m, &rc->hp, &rc->plan.stages[s], &nodes[s], ns->step_tok, ns->step_s, ns->n_steps);
         }
         hop_s[s] = prev < 0 ? rc->coord_delay_s[nd] : rc->delay_s[prev][nd];
         prev = nd;
     }
     hop_s[rc->plan.n_stages] = prev >= 0 ? rc->coord_delay_s[prev] : 0;
-    pr_opts po = {.prompt = prompt ? prompt : 1, .chunk = chunk ? chunk : 512, .parallel = 1};
+    predict_opts po = {.prompt = prompt ? prompt : 1, .chunk = chunk ? chunk : 512, .parallel = 1};
     rl_err e2;
-    return pr_predict(rc->m, &rc->hp, &rc->plan, nodes, hop_s, &po, r, &e2);
+    return predict_predict(rc->m, &rc->hp, &rc->plan, nodes, hop_s, &po, r, &e2);
 }
 
 /* ---- ring_open, in phases --------------------------------------------------------------------------------
@@ -80,7 +80,7 @@ int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, pr_re
  * then lets go of whatever the phases before it took. */
 
 /* The ring's state before anything is sent: the options, a fresh ring id and the audits' draws. */
-static void ring_open_init(ring_coord *rc, const ring_conf *conf, const rk_identity *id, const mf_model *m,
+static void ring_open_init(ring_coord *rc, const ring_conf *conf, const keys_identity *id, const mf_model *m,
                            const k3_hparams *hp, const ring_opts *o) {
     memset(rc, 0, sizeof *rc);
     rc->conf = *conf;
@@ -97,7 +97,7 @@ static void ring_open_init(ring_coord *rc, const ring_conf *conf, const rk_ident
 
 /* The id the nodes know the model by: its manifest's hash (a manifest ring), else the whole file's. */
 static int ring_open_model_id(ring_coord *rc, rl_err *err) {
-    return rc->o.manifest ? ring_mf_begin(rc, err) : fh_model_hash(rc->m, rc->model_hash, err);
+    return rc->o.manifest ? coord_manifest_begin(rc, err) : fh_model_hash(rc->m, rc->model_hash, err);
 }
 
 /* A CURVE socket to every node of ring.conf, each with a monitor of its link. */
@@ -181,7 +181,7 @@ static void ring_info_read(ring_coord *rc, int from, const cJSON *j) {
     const char *ct = j ? rl_json_str(j, "cache_type") : NULL;
     eng->cache_f32 = !(ct && strcmp(ct, "f16") == 0);
     const cJSON *it;
-    if (rc->o.manifest) ring_mf_info(rc, from, j ? cJSON_GetObjectItemCaseSensitive(j, "files") : NULL);
+    if (rc->o.manifest) coord_manifest_info(rc, from, j ? cJSON_GetObjectItemCaseSensitive(j, "files") : NULL);
     cJSON_ArrayForEach(it, models) {
         if (rc->o.manifest) break; /* held by files (above), not by whole-file hash */
         const char *hsh = rl_json_str(it, "hash");
@@ -206,7 +206,7 @@ static int ring_open_info(ring_coord *rc, rl_err *err) {
     const ring_opts *o = &rc->o;
     for (int i = 0; i < conf->n; i++) {
         rl_err e2;
-        ring_send(rc, i, RF_INFO_REQ, 0, NULL, NULL, 0, NULL, 0, &e2); /* may fail until connected: retried below */
+        ring_send(rc, i, FRAME_INFO_REQ, 0, NULL, NULL, 0, NULL, 0, &e2); /* may fail until connected: retried below */
     }
     bool got[PLAN_MAX_NODES] = {0};
     rl_err busy = {{0}};
@@ -237,15 +237,15 @@ static int ring_open_info(ring_coord *rc, rl_err *err) {
             last_send = rl_clock_now();
             for (int i = 0; i < conf->n; i++) {
                 rl_err e2;
-                if (!got[i]) ring_send(rc, i, RF_INFO_REQ, 0, NULL, NULL, 0, NULL, 0, &e2);
+                if (!got[i]) ring_send(rc, i, FRAME_INFO_REQ, 0, NULL, NULL, 0, NULL, 0, &e2);
             }
         }
         zs_parts p;
-        rf_header h;
+        frame_header h;
         int from;
         rl_err e2;
         rc->busy_node = -1;
-        if (ring_wait(rc, RF_INFO, -1, 0.2, NULL, &from, &p, &h, &e2) != 0) {
+        if (ring_wait(rc, FRAME_INFO, -1, 0.2, NULL, &from, &p, &h, &e2) != 0) {
             if (strncmp(e2.msg, "no ", 3) == 0) continue; /* just the short timeout */
             if (rc->busy_node >= 0 && !got[rc->busy_node]) {
                 /* Held by another coordinator. It may be letting go right now (its connection closing as we
@@ -327,7 +327,7 @@ static int ring_open_plan(ring_coord *rc, const ring_ordering *ord, rl_err *err)
     if (o->manifest && !lack) return rl_errf(err, "out of memory");
     for (int i = 0; i < conf->n; i++) {
         plan_node *pn = &rc->pnodes[i];
-        if (lack) ring_mf_lack(rc, i, lack[i]), pn->lack = lack[i];
+        if (lack) coord_manifest_lack(rc, i, lack[i]), pn->lack = lack[i];
         snprintf(pn->name, sizeof pn->name, "%s", conf->nodes[i].addr);
         pn->mem_bytes = rc->nodes[i].mem_bytes;
         if (conf->nodes[i].mem_gb > 0 && (uint64_t)(conf->nodes[i].mem_gb * 1073741824.0) < pn->mem_bytes) {
@@ -378,13 +378,13 @@ static void ring_open_print(const ring_coord *rc, const ring_ordering *ord) {
         fprintf(stderr, "\n");
     }
     plan_print(&rc->plan, rc->pnodes, stderr);
-    pr_result pred;
+    predict_result pred;
     if (ring_prediction(rc, 1, 1, &pred) == 0) {
         fprintf(stderr, "predicted (ringlm plan's model, docs/plan.md): decode %.2f tok/s greedy = 1 / (hops %.1f ms measured + "
                         "compute %.1f ms at the nodes' speeds and FLOPs)\n", pred.greedy_tok_s, pred.hops_s * 1e3,
                 pred.compute_s * 1e3);
     }
-    if (rc->o.manifest) ring_mf_print(rc, stderr);
+    if (rc->o.manifest) coord_manifest_print(rc, stderr);
 }
 
 /* A manifest ring: every stage's missing split files lent to it by nodes that hold them (holders[s], for
@@ -399,7 +399,7 @@ static int ring_open_lend(ring_coord *rc, cJSON **holders, rl_err *err) {
                            "[%u, %u))", rc->conf.nodes[st->node].addr, st->a, st->b);
         }
     }
-    return ring_mf_lend(rc, holders, err);
+    return coord_manifest_lend(rc, holders, err);
 }
 
 /* With receipts, the ledger that checks them: what every receipt must say, from our own copy of the model
@@ -408,24 +408,24 @@ static int ring_open_ledger(ring_coord *rc, rl_err *err) {
     const ring_conf *conf = &rc->conf;
     const ring_opts *o = &rc->o;
     if (!o->receipts) return 0;
-    rcpt_stage_expect rexp[PLAN_MAX_NODES];
+    receipt_stage_expect rexp[PLAN_MAX_NODES];
     const char *names[PLAN_MAX_NODES];
     for (int s = 0; s < rc->plan.n_stages; s++) {
-        rcpt_stage_expect *x = &rexp[s];
+        receipt_stage_expect *x = &rexp[s];
         memcpy(x->node_pk, conf->nodes[rc->plan.stages[s].node].key.sign_pk, 32);
         x->layer_start = rc->plan.stages[s].a;
         x->layer_end = rc->plan.stages[s].b;
         names[s] = conf->nodes[rc->plan.stages[s].node].addr;
-        if ((o->manifest ? mfst_file_range_hash(o->manifest, x->layer_start, x->layer_end, x->manifest, err)
-                         : mfst_range_hash(rc->m, &rc->hp, x->layer_start, x->layer_end, x->manifest, err)) != 0) {
+        if ((o->manifest ? manifest_file_range_hash(o->manifest, x->layer_start, x->layer_end, x->manifest, err)
+                         : manifest_range_hash(rc->m, &rc->hp, x->layer_start, x->layer_end, x->manifest, err)) != 0) {
             return -1;
         }
     }
-    tl_config lc = {.ring_id = rc->ring_id, .n_layer = rc->hp.n_layer, .n_stages = rc->plan.n_stages, .stages = rexp,
+    ledger_config lc = {.ring_id = rc->ring_id, .n_layer = rc->hp.n_layer, .n_stages = rc->plan.n_stages, .stages = rexp,
                     .names = names, .out = o->receipts_out, .on_receipts = o->on_receipts,
                     .user = o->on_receipts_user,
                     .keep = o->audit_rate > 0 ? (o->audit_keep > 0 ? o->audit_keep : 4096) : 0};
-    if (tl_init(&rc->ledger, &lc, err) != 0) return -1;
+    if (ledger_init(&rc->ledger, &lc, err) != 0) return -1;
     rc->have_ledger = true;
     return 0;
 }
@@ -513,14 +513,14 @@ static int ring_open_assign(ring_coord *rc, cJSON **holders, rl_err *err) {
             return -1;
         }
         char *js = ring_assign_json(rc, s, holders);
-        int r = js ? ring_send(rc, st->node, RF_ASSIGN, 0, NULL, js, strlen(js), rc->mf_bytes, rc->mf_len, err)
+        int r = js ? ring_send(rc, st->node, FRAME_ASSIGN, 0, NULL, js, strlen(js), rc->mf_bytes, rc->mf_len, err)
                    : rl_errf(err, "out of memory");
         free(js);
         if (r != 0) return -1;
         zs_parts p;
-        rf_header h;
+        frame_header h;
         int from;
-        if (ring_wait(rc, RF_READY, st->node, o->load_s, NULL, &from, &p, &h, err) != 0) {
+        if (ring_wait(rc, FRAME_READY, st->node, o->load_s, NULL, &from, &p, &h, err) != 0) {
             rl_err_prefix(err, "loading layers [%u, %u) on %s", st->a, st->b, conf->nodes[st->node].addr);
             return -1;
         }
@@ -534,14 +534,14 @@ static int ring_open_assign(ring_coord *rc, cJSON **holders, rl_err *err) {
 static void ring_open_print_timed(const ring_coord *rc) {
     bool timed = false;
     for (int s = 0; s < rc->plan.n_stages; s++) timed |= rc->nodes[rc->plan.stages[s].node].n_steps > 0;
-    pr_result pred;
+    predict_result pred;
     if (!rc->o.quiet && timed && ring_prediction(rc, 1, 1, &pred) == 0) {
         fprintf(stderr, "predicted from the stages' own timed frames: decode %.2f tok/s greedy = 1 / (hops %.1f ms + "
                         "compute %.1f ms)\n", pred.greedy_tok_s, pred.hops_s * 1e3, pred.compute_s * 1e3);
     }
 }
 
-int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, const mf_model *m, const k3_hparams *hp,
+int ring_open(ring_coord *rc, const ring_conf *conf, const keys_identity *id, const mf_model *m, const k3_hparams *hp,
               const ring_opts *o, rl_err *err) {
     ring_open_init(rc, conf, id, m, hp, o);
     ring_ordering ord;
@@ -567,7 +567,7 @@ int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, cons
 
 void ring_close(ring_coord *rc) {
     ring_audit_free(rc);
-    if (rc->have_ledger) tl_free(&rc->ledger);
+    if (rc->have_ledger) ledger_free(&rc->ledger);
     rc->have_ledger = false;
     /* Results that arrived but were never collected (a step abandoned on failure) own their buffers. */
     for (int i = 0; i < rc->n_pending; i++) {
@@ -592,19 +592,19 @@ void ring_close(ring_coord *rc) {
 }
 
 int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *step_id, rl_err *err) {
-    if (n_reqs < 1 || n_reqs > RF_MAX_SEQS) return rl_errf(err, "bad number of sequences %d", n_reqs);
+    if (n_reqs < 1 || n_reqs > FRAME_MAX_SEQS) return rl_errf(err, "bad number of sequences %d", n_reqs);
     if (rc->n_pending == (int)(sizeof rc->pending / sizeof rc->pending[0])) {
         return rl_errf(err, "too many frames in flight (%d)", rc->n_pending);
     }
-    rf_header *h = calloc(1, sizeof *h);
+    frame_header *h = calloc(1, sizeof *h);
     if (!h) return rl_errf(err, "out of memory");
-    h->type = RF_FORWARD;
+    h->type = FRAME_FORWARD;
     h->ring_id = rc->ring_id;
     h->step_id = rc->next_step++;
     h->n_seqs = (uint32_t)n_reqs;
     size_t total = 0;
     for (int i = 0; i < n_reqs; i++) {
-        h->seqs[i] = (rf_seq){.seq_id = reqs[i].seq_id, .pos = reqs[i].pos, .n_tokens = reqs[i].n,
+        h->seqs[i] = (frame_seq){.seq_id = reqs[i].seq_id, .pos = reqs[i].pos, .n_tokens = reqs[i].n,
                               .flags = reqs[i].flags, .smp = reqs[i].smp};
         total += reqs[i].n;
     }
@@ -623,31 +623,31 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
     memset(pd, 0, sizeof *pd);
     /* The stamps part; with receipts, the extension that carries this traversal's fresh nonce. */
     uint8_t sb[8 + 40];
-    size_t sbl = rf_stamps_size(0);
-    rf_stamps_encode(NULL, 0, sb);
+    size_t sbl = frame_stamps_size(0);
+    frame_stamps_encode(NULL, 0, sb);
     if (rc->o.receipts) {
-        rf_receipts rx;
+        frame_receipts rx;
         memset(&rx, 0, sizeof rx);
         randombytes_buf(rx.nonce, 32);
-        rf_receipts_encode(&rx, NULL, 0, sb + sbl);
-        sbl += rf_receipts_size(&rx, 0);
+        frame_receipts_encode(&rx, NULL, 0, sb + sbl);
+        sbl += frame_receipts_size(&rx, 0);
         if (rc->ledger.failed) {
             free(toks);
             free(h);
             return rl_errf(err, "%s", rc->ledger.error);
         }
         uint8_t first_in[32];
-        rcpt_hash(toks, total * 4, first_in);
-        if (tl_begin(&rc->ledger, h->step_id, rx.nonce, first_in, h->seqs, (uint32_t)n_reqs, err) != 0) {
+        receipt_hash(toks, total * 4, first_in);
+        if (ledger_begin(&rc->ledger, h->step_id, rx.nonce, first_in, h->seqs, (uint32_t)n_reqs, err) != 0) {
             free(toks);
             free(h);
             return -1;
         }
     }
     pd->step_id = h->step_id;
-    pd->t_send_real = rf_now();
+    pd->t_send_real = frame_now();
     pd->t_send_mono = rl_clock_now();
-    for (int i = 0; rc->o.n_taps > 0 && i < n_reqs; i++) pd->tap_rows += (reqs[i].flags & RF_SEQ_TAPS) ? reqs[i].n : 0;
+    for (int i = 0; rc->o.n_taps > 0 && i < n_reqs; i++) pd->tap_rows += (reqs[i].flags & FRAME_SEQ_TAPS) ? reqs[i].n : 0;
     if (pd->tap_rows > 0) {
         pd->taps = calloc((size_t)pd->tap_rows * (size_t)rc->o.n_taps * rc->hp.n_embd, sizeof(float));
         if (!pd->taps) {
@@ -657,7 +657,7 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
         }
         for (int s = 0; s < rc->plan.n_stages; s++) pd->taps_need += ring_stage_taps(rc, s) > 0;
     }
-    for (int i = 0; i < n_reqs; i++) pd->route_rows += (reqs[i].flags & RF_SEQ_ROUTES) ? reqs[i].n : 0;
+    for (int i = 0; i < n_reqs; i++) pd->route_rows += (reqs[i].flags & FRAME_SEQ_ROUTES) ? reqs[i].n : 0;
     if (pd->route_rows > 0) {
         if (!rc->routes) {
             free(toks);
@@ -670,39 +670,39 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
      * sequences' logit biases, their grammars, then the drafts' distributions. */
     size_t qlen = 0;
     for (int i = 0; i < n_reqs; i++) {
-        if (reqs[i].flags & RF_SEQ_HAS_BIAS) qlen += 4 + (size_t)reqs[i].n_bias * sizeof(smp_bias);
-        if (reqs[i].flags & RF_SEQ_HAS_GRAMMAR) qlen += 8 + (size_t)reqs[i].gram_len;
-        if (reqs[i].flags & RF_SEQ_RESUME) qlen += 4;
-        qlen += (reqs[i].flags & RF_SEQ_HAS_Q) ? reqs[i].q_len : 0;
+        if (reqs[i].flags & FRAME_SEQ_HAS_BIAS) qlen += 4 + (size_t)reqs[i].n_bias * sizeof(smp_bias);
+        if (reqs[i].flags & FRAME_SEQ_HAS_GRAMMAR) qlen += 8 + (size_t)reqs[i].gram_len;
+        if (reqs[i].flags & FRAME_SEQ_RESUME) qlen += 4;
+        qlen += (reqs[i].flags & FRAME_SEQ_HAS_Q) ? reqs[i].q_len : 0;
     }
     uint8_t *qb = qlen ? malloc(qlen) : NULL;
     size_t qo = 0;
     for (int i = 0; qb && i < n_reqs; i++) {
-        if (!(reqs[i].flags & RF_SEQ_HAS_BIAS)) continue;
+        if (!(reqs[i].flags & FRAME_SEQ_HAS_BIAS)) continue;
         memcpy(qb + qo, &reqs[i].n_bias, 4);
         if (reqs[i].n_bias) memcpy(qb + qo + 4, reqs[i].bias, (size_t)reqs[i].n_bias * sizeof(smp_bias));
         qo += 4 + (size_t)reqs[i].n_bias * sizeof(smp_bias);
     }
     for (int i = 0; qb && i < n_reqs; i++) {
-        if (!(reqs[i].flags & RF_SEQ_HAS_GRAMMAR)) continue;
+        if (!(reqs[i].flags & FRAME_SEQ_HAS_GRAMMAR)) continue;
         memcpy(qb + qo, &reqs[i].budget, 4);
         memcpy(qb + qo + 4, &reqs[i].gram_len, 4);
         if (reqs[i].gram_len) memcpy(qb + qo + 8, reqs[i].gram, reqs[i].gram_len);
         qo += 8 + (size_t)reqs[i].gram_len;
     }
     for (int i = 0; qb && i < n_reqs; i++) {
-        if (!(reqs[i].flags & RF_SEQ_RESUME)) continue;
+        if (!(reqs[i].flags & FRAME_SEQ_RESUME)) continue;
         memcpy(qb + qo, &reqs[i].gen_start, 4);
         qo += 4;
     }
     for (int i = 0; qb && i < n_reqs; i++) {
-        if (!(reqs[i].flags & RF_SEQ_HAS_Q)) continue;
+        if (!(reqs[i].flags & FRAME_SEQ_HAS_Q)) continue;
         memcpy(qb + qo, reqs[i].q, reqs[i].q_len);
         qo += reqs[i].q_len;
     }
-    if (rc->have_ledger && qb) tl_set_q(&rc->ledger, h->step_id, qb, qlen);
+    if (rc->have_ledger && qb) ledger_set_q(&rc->ledger, h->step_id, qb, qlen);
     int r = qlen && !qb ? rl_errf(err, "out of memory")
-                        : ring_send4(rc, rc->plan.stages[0].node, RF_FORWARD, h->step_id, h, toks, total * 4, sb,
+                        : ring_send4(rc, rc->plan.stages[0].node, FRAME_FORWARD, h->step_id, h, toks, total * 4, sb,
                                      sbl, qb, qlen, err);
     free(qb);
     free(toks);
@@ -719,10 +719,10 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
 
 /* Takes the timings out of a result's stamps. */
 void ring_account(ring_coord *rc, const zs_parts *p, const struct ring_pending *pd, double t_recv_real) {
-    rf_stamp st[RF_MAX_STAMPS];
+    frame_stamp st[FRAME_MAX_STAMPS];
     uint32_t ns = 0;
     rl_err e2;
-    if (p->n < 3 || rf_stamps_decode(st, &ns, p->data[2], p->len[2], &e2) != 0 || ns != (uint32_t)rc->plan.n_stages) return;
+    if (p->n < 3 || frame_stamps_decode(st, &ns, p->data[2], p->len[2], &e2) != 0 || ns != (uint32_t)rc->plan.n_stages) return;
     double prev_send = pd->t_send_real;
     for (uint32_t s = 0; s < ns; s++) {
         ring_stage_stats *ss = &rc->stats[s];
@@ -742,11 +742,11 @@ int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_req
     bool watch[PLAN_MAX_NODES] = {0};
     for (int s = 0; s < rc->plan.n_stages; s++) watch[rc->plan.stages[s].node] = true;
     int last = rc->plan.stages[rc->plan.n_stages - 1].node, from;
-    rf_header *rh = calloc(1, sizeof *rh);
+    frame_header *rh = calloc(1, sizeof *rh);
     if (!rh) return rl_errf(err, "out of memory");
     while (!pd->done) {
         zs_parts p;
-        if (ring_wait(rc, RF_RESULT, last, rc->o.step_s, watch, &from, &p, rh, err) != 0) {
+        if (ring_wait(rc, FRAME_RESULT, last, rc->o.step_s, watch, &from, &p, rh, err) != 0) {
             free(rh);
             return -1;
         }
@@ -759,11 +759,11 @@ int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_req
         other->parts = p;
         rc->traversal_s += rl_clock_now() - other->t_send_mono;
         rc->traversals++;
-        ring_account(rc, &p, other, rf_now());
+        ring_account(rc, &p, other, frame_now());
     }
     while (pd->taps_got < pd->taps_need) { /* the taps of stages that have not sent theirs yet */
         zs_parts p;
-        if (ring_wait(rc, RF_TAPS, -1, rc->o.step_s, watch, &from, &p, rh, err) != 0) {
+        if (ring_wait(rc, FRAME_TAPS, -1, rc->o.step_s, watch, &from, &p, rh, err) != 0) {
             free(rh);
             return rl_err_prefix(err, "waiting for DSpark taps");
         }
@@ -772,7 +772,7 @@ int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_req
     }
     while (pd->routes_got < pd->routes_need && !pd->routes_err[0]) { /* REAP: every MoE stage's routing */
         zs_parts p;
-        if (ring_wait(rc, RF_ROUTES, -1, rc->o.step_s, watch, &from, &p, rh, err) != 0) {
+        if (ring_wait(rc, FRAME_ROUTES, -1, rc->o.step_s, watch, &from, &p, rh, err) != 0) {
             free(rh);
             return rl_err_prefix(err, "waiting for routing statistics");
         }
@@ -791,30 +791,30 @@ int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_req
     int rc_ = 0;
     size_t want = (size_t)n_reqs * 4;
     for (int i = 0; i < n_reqs; i++) {
-        if (reqs[i].flags & RF_SEQ_ALL_LOGITS) want += (size_t)reqs[i].n * rc->hp.n_vocab * 4;
+        if (reqs[i].flags & FRAME_SEQ_ALL_LOGITS) want += (size_t)reqs[i].n * rc->hp.n_vocab * 4;
     }
     size_t n_committed = 0;
     if (p->len[1] >= (size_t)n_reqs * 4) {
         for (int i = 0; i < n_reqs; i++) {
             int32_t c;
             memcpy(&c, (const uint8_t *)p->data[1] + i * 4, 4);
-            if (reqs[i].flags & RF_SEQ_VERIFY) n_committed += c >= 0 && c <= 32 ? (size_t)c : 1000000; /* 0: stale */
+            if (reqs[i].flags & FRAME_SEQ_VERIFY) n_committed += c >= 0 && c <= 32 ? (size_t)c : 1000000; /* 0: stale */
         }
     }
     want += n_committed * 4;
-    size_t n_lp = 0; /* log-probability entries: one per token returned to a RF_SEQ_LOGPROBS sequence */
+    size_t n_lp = 0; /* log-probability entries: one per token returned to a FRAME_SEQ_LOGPROBS sequence */
     for (int i = 0; i < n_reqs && p->len[1] >= (size_t)n_reqs * 4; i++) {
-        if (reqs[i].flags & RF_SEQ_PROMPT_LP) n_lp += reqs[i].n - 1;
-        if (!(reqs[i].flags & RF_SEQ_LOGPROBS)) continue;
+        if (reqs[i].flags & FRAME_SEQ_PROMPT_LP) n_lp += reqs[i].n - 1;
+        if (!(reqs[i].flags & FRAME_SEQ_LOGPROBS)) continue;
         int32_t c;
         memcpy(&c, (const uint8_t *)p->data[1] + i * 4, 4);
-        n_lp += (reqs[i].flags & RF_SEQ_VERIFY) ? (c >= 0 && c <= 32 ? (size_t)c : 1000000)
-                : (reqs[i].flags & RF_SEQ_NO_SAMPLE) ? 0 : 1;
+        n_lp += (reqs[i].flags & FRAME_SEQ_VERIFY) ? (c >= 0 && c <= 32 ? (size_t)c : 1000000)
+                : (reqs[i].flags & FRAME_SEQ_NO_SAMPLE) ? 0 : 1;
     }
-    want += n_lp * RF_LOGPROB_BYTES;
-    rf_header *h2 = calloc(1, sizeof *h2);
+    want += n_lp * FRAME_LOGPROB_BYTES;
+    frame_header *h2 = calloc(1, sizeof *h2);
     rl_err e2;
-    if (!h2 || rf_header_decode(h2, p->data[0], p->len[0], &e2) != 0 || h2->n_seqs != (uint32_t)n_reqs ||
+    if (!h2 || frame_header_decode(h2, p->data[0], p->len[0], &e2) != 0 || h2->n_seqs != (uint32_t)n_reqs ||
         p->len[1] != want) {
         rc_ = rl_errf(err, "last stage returned %zu bytes, expected %zu for %d sequences", p->len[1], want, n_reqs);
     } else {
@@ -822,30 +822,30 @@ int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_req
         size_t lo = (size_t)n_reqs * 4;
         for (int i = 0; i < n_reqs; i++) {
             memcpy(&reqs[i].token, pl + i * 4, 4);
-            if (reqs[i].flags & RF_SEQ_ALL_LOGITS) {
+            if (reqs[i].flags & FRAME_SEQ_ALL_LOGITS) {
                 size_t nb = (size_t)reqs[i].n * rc->hp.n_vocab * 4;
                 if (reqs[i].logits) memcpy(reqs[i].logits, pl + lo, nb);
                 lo += nb;
             }
         }
         for (int i = 0; i < n_reqs; i++) { /* committed tokens of VERIFY sequences, after the logits */
-            if (!(reqs[i].flags & RF_SEQ_VERIFY)) continue;
+            if (!(reqs[i].flags & FRAME_SEQ_VERIFY)) continue;
             memcpy(reqs[i].committed, pl + lo, (size_t)reqs[i].token * 4);
             lo += (size_t)reqs[i].token * 4;
         }
         for (int i = 0; i < n_reqs; i++) { /* then the log-probabilities: its own tokens', what it got back */
-            if (reqs[i].flags & RF_SEQ_PROMPT_LP) {
-                if (reqs[i].plp) memcpy(reqs[i].plp, pl + lo, (size_t)(reqs[i].n - 1) * RF_LOGPROB_BYTES);
-                lo += (size_t)(reqs[i].n - 1) * RF_LOGPROB_BYTES;
+            if (reqs[i].flags & FRAME_SEQ_PROMPT_LP) {
+                if (reqs[i].plp) memcpy(reqs[i].plp, pl + lo, (size_t)(reqs[i].n - 1) * FRAME_LOGPROB_BYTES);
+                lo += (size_t)(reqs[i].n - 1) * FRAME_LOGPROB_BYTES;
             }
-            if (!(reqs[i].flags & RF_SEQ_LOGPROBS)) continue;
-            size_t nt = (reqs[i].flags & RF_SEQ_VERIFY) ? (size_t)reqs[i].token : (reqs[i].flags & RF_SEQ_NO_SAMPLE) ? 0 : 1;
-            if (reqs[i].lp) memcpy(reqs[i].lp, pl + lo, (nt < reqs[i].lp_cap ? nt : reqs[i].lp_cap) * RF_LOGPROB_BYTES);
-            lo += nt * RF_LOGPROB_BYTES;
+            if (!(reqs[i].flags & FRAME_SEQ_LOGPROBS)) continue;
+            size_t nt = (reqs[i].flags & FRAME_SEQ_VERIFY) ? (size_t)reqs[i].token : (reqs[i].flags & FRAME_SEQ_NO_SAMPLE) ? 0 : 1;
+            if (reqs[i].lp) memcpy(reqs[i].lp, pl + lo, (nt < reqs[i].lp_cap ? nt : reqs[i].lp_cap) * FRAME_LOGPROB_BYTES);
+            lo += nt * FRAME_LOGPROB_BYTES;
         }
         size_t row = (size_t)rc->o.n_taps * rc->hp.n_embd, r0 = 0;
         for (int i = 0; pd->taps && i < n_reqs; i++) { /* each flagged sequence's tap rows */
-            if (!(reqs[i].flags & RF_SEQ_TAPS)) continue;
+            if (!(reqs[i].flags & FRAME_SEQ_TAPS)) continue;
             reqs[i].taps = malloc((size_t)reqs[i].n * row * sizeof(float));
             if (!reqs[i].taps) {
                 rc_ = rl_errf(err, "out of memory for taps");
@@ -858,8 +858,8 @@ int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_req
     free(h2);
     if (rc_ == 0 && rc->have_ledger) {
         uint8_t last_out[32];
-        rcpt_hash(p->data[1], p->len[1], last_out);
-        tl_result(&rc->ledger, pd->step_id, last_out);
+        receipt_hash(p->data[1], p->len[1], last_out);
+        ledger_result(&rc->ledger, pd->step_id, last_out);
         ring_rcpt_blame(rc);
         if (rc->ledger.failed) rc_ = rl_errf(err, "%s", rc->ledger.error);
     }
@@ -876,23 +876,23 @@ int ring_step(ring_coord *rc, ring_seq_req *reqs, int n_reqs, rl_err *err) {
 }
 
 int ring_free_seqs(ring_coord *rc, const uint64_t *ids, int n, rl_err *err) {
-    rf_header *h = calloc(1, sizeof *h);
+    frame_header *h = calloc(1, sizeof *h);
     if (!h) return rl_errf(err, "out of memory");
-    h->type = RF_FREE;
+    h->type = FRAME_FREE;
     h->ring_id = rc->ring_id;
     h->step_id = rc->next_step++;
-    h->n_seqs = (uint32_t)(n > RF_MAX_SEQS ? RF_MAX_SEQS : n);
+    h->n_seqs = (uint32_t)(n > FRAME_MAX_SEQS ? FRAME_MAX_SEQS : n);
     for (uint32_t i = 0; i < h->n_seqs; i++) h->seqs[i].seq_id = ids[i];
     uint8_t sb[8];
-    rf_stamps_encode(NULL, 0, sb);
-    int r = ring_send(rc, rc->plan.stages[0].node, RF_FREE, h->step_id, h, NULL, 0, sb, rf_stamps_size(0), err);
+    frame_stamps_encode(NULL, 0, sb);
+    int r = ring_send(rc, rc->plan.stages[0].node, FRAME_FREE, h->step_id, h, NULL, 0, sb, frame_stamps_size(0), err);
     free(h);
     rc->audits_skipped += audit_draws_finished(&rc->audit, rc->o.audit_rate, ids, n); /* which get audited */
     return r;
 }
 
-rf_sampling ring_sampling(const smp_params *p) {
-    return (rf_sampling){.temperature = p->temperature, .top_p = p->top_p, .min_p = p->min_p,
+frame_sampling ring_sampling(const smp_params *p) {
+    return (frame_sampling){.temperature = p->temperature, .top_p = p->top_p, .min_p = p->min_p,
                          .repeat_penalty = p->repeat_penalty, .presence_penalty = p->presence_penalty,
                          .frequency_penalty = p->frequency_penalty, .top_k = p->top_k,
                          .penalty_last_n = p->penalty_last_n, .seed = p->seed};
@@ -936,7 +936,7 @@ cJSON *ring_stats_json(const ring_coord *rc) {
     cJSON_AddNumberToObject(o, "traversals", (double)rc->traversals);
     cJSON_AddNumberToObject(o, "taps_dropped", (double)rc->taps_dropped);
     cJSON_AddBoolToObject(o, "delays_measured", rc->have_delays);
-    pr_result pred;
+    predict_result pred;
     if (ring_prediction(rc, 1, 1, &pred) == 0) {
         cJSON *pj = cJSON_AddObjectToObject(o, "predicted");
         cJSON_AddNumberToObject(pj, "greedy_tok_s", pred.greedy_tok_s);

@@ -36,7 +36,7 @@
 
 typedef struct ring_node_conf {
     char addr[128];  /* HOST:PORT */
-    rk_peer key;
+    keys_peer key;
     double mem_gb;   /* optional cap from ring.conf (0 = what the node reports) */
     bool standby;    /* `standby`: kept out of plans while every other node is there; stands in for one lost */
 } ring_node_conf;
@@ -76,7 +76,7 @@ typedef struct ring_opts {
     int audit_threads;    /* threads of the auditing engine (0 = 1) */
     const bool *exclude;  /* per ring.conf node (or NULL): leave it out of the plan (a node found faulty) */
     int n_taps;           /* DSpark: the target layers whose input stream the stages holding them send back */
-    uint32_t taps[16];    /* for RF_SEQ_TAPS sequences (out of band, frame.h TAPS) */
+    uint32_t taps[16];    /* for FRAME_SEQ_TAPS sequences (out of band, frame.h TAPS) */
     /* This coordinator process: nodes serve one coordinator at a time and know it by this (its routing ids
      * carry it). A server keeps one across re-opens, so its nodes stay its own; 0 = draw one at ring_open. */
     uint64_t session;
@@ -84,14 +84,14 @@ typedef struct ring_opts {
      * "interrupted". A server sets it when it stops, so no ring wait outlives it. May be NULL. */
     const _Atomic bool *abort;
     /* Called with every traversal's receipts once they are checked (receipts on; may be NULL). */
-    void (*on_receipts)(void *user, const rcpt_receipt *rs, int n_stages);
+    void (*on_receipts)(void *user, const receipt_rec *rs, int n_stages);
     void *on_receipts_user;
     /* A manifest ring (docs/ring.md, "Manifest rings"): the coordinator holds only the model's manifest, and
-     * ring_open's m is its view without weights (mfst_file_model). Nodes map their ranges from the split files
+     * ring_open's m is its view without weights (manifest_file_model). Nodes map their ranges from the split files
      * they hold and pull what they lack from nodes that hold it; the plan prefers cuts that match what they
      * hold. The model id is the manifest hash of all layers. Audits need weights, so they are refused.
      * NULL: the coordinator holds the model (m), its whole-file hash is the id, and it streams ranges. */
-    const struct mfst_file *manifest;
+    const struct manifest_file *manifest;
     const char *manifest_path; /* its file, sent to every stage */
     /* ring_open stops once the plan is made and printed (`ringlm plan`): nothing is lent or assigned, rc->plan
      * holds it; ring_close it as usual. */
@@ -143,7 +143,7 @@ typedef struct ring_node_state {
     uint64_t dev_bytes;
     double dev_speed, dev_flops;
     /* READY "steps": its stage's own timed frames at the last ASSIGN (node.c), for the prediction
-     * (predict.h pr_stage_calibrate); n_steps 0: none (the probe's figures stand) */
+     * (predict.h predict_stage_calibrate); n_steps 0: none (the probe's figures stand) */
     int n_steps;
     double step_tok[8], step_s[8];
     uint32_t step_a, step_b; /* the range they timed */
@@ -164,7 +164,7 @@ typedef struct ring_node_state {
 
 typedef struct ring_coord {
     void *zctx;
-    const rk_identity *id;
+    const keys_identity *id;
     ring_conf conf;
     ring_opts o;
     ring_node_state nodes[PLAN_MAX_NODES];
@@ -180,20 +180,20 @@ typedef struct ring_coord {
     /* Receipts (trust/ledger.h): traversals whose receipts are still arriving (each stage sends its own
      * after forwarding), checked when complete while the coordinator waits for the ring anyway; a failure
      * is kept there and fails the next step (or ring_receipts_finish), and the node it blames is marked
-     * faulty (rcpt_blamed: done). Checked traversals are remembered there for audits. */
-    tl_ledger ledger;
-    bool have_ledger, rcpt_blamed;
+     * faulty (receipt_blamed: done). Checked traversals are remembered there for audits. */
+    ledger_book ledger;
+    bool have_ledger, receipt_blamed;
     /* Steps in flight: submit time, and results that arrived before their collect. */
     struct ring_pending {
         uint64_t step_id;
         double t_send_real, t_send_mono;
         bool done;
         zs_parts parts;
-        float *taps;           /* RF_SEQ_TAPS rows of the frame, [row][tap][n_embd], as they arrive */
+        float *taps;           /* FRAME_SEQ_TAPS rows of the frame, [row][tap][n_embd], as they arrive */
         uint32_t tap_rows;
         int taps_need, taps_got; /* TAPS messages expected (stages holding tap layers) and received */
         uint64_t taps_from;    /* stages whose TAPS counted (one each; plan stages <= 64) */
-        uint32_t route_rows;   /* RF_SEQ_ROUTES tokens of the frame */
+        uint32_t route_rows;   /* FRAME_SEQ_ROUTES tokens of the frame */
         int routes_need, routes_got; /* ROUTES messages expected (stages holding MoE layers) and received */
         uint64_t routes_from;
         char routes_err[400];  /* a malformed ROUTES message: the step fails with this, naming the node */
@@ -204,7 +204,7 @@ typedef struct ring_coord {
     int busy_node;            /* the node whose last ERROR said it serves another coordinator (or -1) */
     long stale_msgs;          /* messages about an earlier ring's frames, dropped (ring_wait) */
     long taps_dropped;        /* TAPS messages dropped: malformed, duplicated, or from a stage without taps */
-    reap_stats *routes;       /* where RF_SEQ_ROUTES frames' ROUTES are added (REAP scoring; ring_reap.c) */
+    reap_stats *routes;       /* where FRAME_SEQ_ROUTES frames' ROUTES are added (REAP scoring; ring_reap.c) */
     /* Audits: the sequences waiting to be audited, an engine per audited stage (on the coordinator's model
      * file), and what was found (the evidence: the ledger's remembered traversals). */
     const mf_model *m;
@@ -226,48 +226,48 @@ typedef struct ring_coord {
     double coord_delay_s[PLAN_MAX_NODES];
 } ring_coord;
 
-struct pr_result;
+struct predict_result;
 /* What `ringlm plan`'s model predicts for this ring as planned (predict.h): from the nodes' INFO speeds and
  * FLOPs and the measured delays, for a prompt of `prompt` tokens in `chunk`-token chunks; transfers are
  * not counted (link bandwidths are not measured). -1 when the delays were not measured. */
-int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, struct pr_result *r);
+int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, struct predict_result *r);
 
 /* Connects, asks every node for INFO, plans, prints the plan, assigns ranges and waits until all are
  * loaded. Fails with a message naming the node and the reason (unreachable, refused our key, lacks the
  * model, too little memory for the plan, ...). */
-int ring_open(ring_coord *rc, const ring_conf *conf, const rk_identity *id, const mf_model *m,
+int ring_open(ring_coord *rc, const ring_conf *conf, const keys_identity *id, const mf_model *m,
               const k3_hparams *hp, const ring_opts *o, rl_err *err);
 void ring_close(ring_coord *rc);
 
 /* One sequence's turn through the ring: sends `n` tokens of sequence `seq` at position `pos` and waits
- * for the result. flags: RF_SEQ_*. On return *token is the sampled token (or -1) and, with
- * RF_SEQ_ALL_LOGITS, logits holds n rows of n_vocab (caller's buffer). */
+ * for the result. flags: FRAME_SEQ_*. On return *token is the sampled token (or -1) and, with
+ * FRAME_SEQ_ALL_LOGITS, logits holds n rows of n_vocab (caller's buffer). */
 typedef struct ring_seq_req {
     uint64_t seq_id;
     uint32_t pos, n;
     uint32_t flags;
     const int32_t *tokens;
-    rf_sampling smp;
+    frame_sampling smp;
     int32_t token;  /* out */
     float *logits;  /* out, optional */
-    const void *q;  /* RF_SEQ_HAS_Q: this sequence's share of the q part */
+    const void *q;  /* FRAME_SEQ_HAS_Q: this sequence's share of the q part */
     size_t q_len;
-    const smp_bias *bias; /* RF_SEQ_HAS_BIAS (a RF_SEQ_NEW entry): the last stage's sampler adds these */
+    const smp_bias *bias; /* FRAME_SEQ_HAS_BIAS (a FRAME_SEQ_NEW entry): the last stage's sampler adds these */
     uint32_t n_bias;
-    const uint8_t *gram;  /* RF_SEQ_HAS_GRAMMAR (a RF_SEQ_NEW entry): the grammar's wire form, gram_len bytes, and */
+    const uint8_t *gram;  /* FRAME_SEQ_HAS_GRAMMAR (a FRAME_SEQ_NEW entry): the grammar's wire form, gram_len bytes, and */
     uint32_t gram_len;
     int32_t budget;       /* ... the tokens it may sample at most (sampler.h) */
-    uint32_t gen_start;   /* RF_SEQ_RESUME (a RF_SEQ_NEW entry): index of its first generated token */
-    smp_logprob *lp;      /* out, optional, RF_SEQ_LOGPROBS: one entry per token returned, at most lp_cap kept */
+    uint32_t gen_start;   /* FRAME_SEQ_RESUME (a FRAME_SEQ_NEW entry): index of its first generated token */
+    smp_logprob *lp;      /* out, optional, FRAME_SEQ_LOGPROBS: one entry per token returned, at most lp_cap kept */
     uint32_t lp_cap;
-    smp_logprob *plp;     /* out, optional, RF_SEQ_PROMPT_LP: n - 1 entries (token t + 1 at row t; n >= 1) */
-    int32_t committed[32]; /* out, RF_SEQ_VERIFY: accepted drafts + correction (token = count) */
-    float *taps;    /* out, RF_SEQ_TAPS: n rows of o.n_taps * n_embd floats, token-major (malloc'ed; the caller frees
+    smp_logprob *plp;     /* out, optional, FRAME_SEQ_PROMPT_LP: n - 1 entries (token t + 1 at row t; n >= 1) */
+    int32_t committed[32]; /* out, FRAME_SEQ_VERIFY: accepted drafts + correction (token = count) */
+    float *taps;    /* out, FRAME_SEQ_TAPS: n rows of o.n_taps * n_embd floats, token-major (malloc'ed; the caller frees
                      * it, also after a failed collect: set it to NULL before) */
 } ring_seq_req;
 
 /* Sampling parameters for the wire (the last stage samples). */
-rf_sampling ring_sampling(const smp_params *p);
+frame_sampling ring_sampling(const smp_params *p);
 
 /* Several sequences in one FORWARD frame (batched through every stage): submit, then collect.
  * Frames in flight are processed by every stage in the order they were submitted, so a sequence may

@@ -40,7 +40,7 @@ static int ring_audit_fail(ring_coord *rc, int stage, rl_err *err, const char *f
 }
 
 static int ring_hist_cmp(const void *a, const void *b) {
-    const tl_hist *x = *(const tl_hist *const *)a, *y = *(const tl_hist *const *)b;
+    const ledger_hist *x = *(const ledger_hist *const *)a, *y = *(const ledger_hist *const *)b;
     return x->step_id < y->step_id ? -1 : x->step_id > y->step_id;
 }
 
@@ -49,11 +49,11 @@ static int ring_audit_one(ring_coord *rc, uint64_t seq, int stage, rl_err *err) 
     const plan_stage *ps = &rc->plan.stages[stage];
     int node = ps->node;
     /* The remembered traversals that carried the sequence, in step order. */
-    const tl_hist **hs = malloc((size_t)(rc->ledger.n_hist + 1) * sizeof *hs);
+    const ledger_hist **hs = malloc((size_t)(rc->ledger.n_hist + 1) * sizeof *hs);
     if (!hs) return rl_errf(err, "out of memory");
     int n = 0;
     for (int i = 0; i < rc->ledger.n_hist; i++) {
-        const tl_hist *r = tl_hist_at(&rc->ledger, i);
+        const ledger_hist *r = ledger_hist_at(&rc->ledger, i);
         for (uint32_t k = 0; k < r->n_seqs; k++) {
             if (r->seqs[k].seq_id == seq) {
                 hs[n++] = r;
@@ -70,7 +70,7 @@ static int ring_audit_one(ring_coord *rc, uint64_t seq, int stage, rl_err *err) 
     /* Ask the node for what it received and sent in those steps. */
     size_t ql = 4 + (size_t)n * 8;
     uint8_t *qb = malloc(ql);
-    rf_header *h = calloc(1, sizeof *h);
+    frame_header *h = calloc(1, sizeof *h);
     if (!qb || !h) {
         free(qb), free(h), free(hs);
         return rl_errf(err, "out of memory");
@@ -78,20 +78,20 @@ static int ring_audit_one(ring_coord *rc, uint64_t seq, int stage, rl_err *err) 
     uint32_t cnt = (uint32_t)n;
     memcpy(qb, &cnt, 4);
     for (int i = 0; i < n; i++) memcpy(qb + 4 + (size_t)i * 8, &hs[i]->step_id, 8);
-    h->type = RF_AUDIT_REQ;
+    h->type = FRAME_AUDIT_REQ;
     h->ring_id = rc->ring_id;
     h->step_id = rc->next_step++;
     uint64_t req_step = h->step_id;
     uint8_t sb[8];
-    rf_stamps_encode(NULL, 0, sb);
-    int r = ring_send(rc, node, RF_AUDIT_REQ, h->step_id, h, qb, ql, sb, rf_stamps_size(0), err);
+    frame_stamps_encode(NULL, 0, sb);
+    int r = ring_send(rc, node, FRAME_AUDIT_REQ, h->step_id, h, qb, ql, sb, frame_stamps_size(0), err);
     free(qb);
     zs_parts p = {0};
     bool watch[PLAN_MAX_NODES] = {0};
     watch[node] = true;
     int from;
     while (r == 0) {
-        r = ring_wait(rc, RF_AUDIT_DATA, node, rc->o.step_s, watch, &from, &p, h, err);
+        r = ring_wait(rc, FRAME_AUDIT_DATA, node, rc->o.step_s, watch, &from, &p, h, err);
         if (r == 0 && h->step_id == req_step) break;
         if (r == 0) zs_parts_free(&p); /* an answer to an earlier request */
     }
@@ -101,7 +101,7 @@ static int ring_audit_one(ring_coord *rc, uint64_t seq, int stage, rl_err *err) 
     }
     /* Parse, and check every step's bytes against the hashes it signed. */
     audit_frame *fr = calloc((size_t)n, sizeof *fr);
-    rf_header *hdrs = calloc((size_t)n, sizeof *hdrs);
+    frame_header *hdrs = calloc((size_t)n, sizeof *hdrs);
     const uint8_t *d = p.data[1], *end = d + p.len[1];
     int rc_ = 0;
     if (!fr || !hdrs) rc_ = rl_errf(err, "out of memory");
@@ -129,15 +129,15 @@ static int ring_audit_one(ring_coord *rc, uint64_t seq, int stage, rl_err *err) 
             break;
         }
         uint8_t hi[32], ho[32];
-        rcpt_hash(d, il, hi);
-        rcpt_hash(d + il, ol, ho);
+        receipt_hash(d, il, hi);
+        receipt_hash(d + il, ol, ho);
         if (memcmp(hi, hs[i]->hash[stage][0], 32) != 0 || memcmp(ho, hs[i]->hash[stage][1], 32) != 0) {
             rc_ = ring_audit_fail(rc, stage, err, "what it says it %s in step %" PRIu64 " is not what its receipt signed",
                                   memcmp(hi, hs[i]->hash[stage][0], 32) ? "received" : "sent", hs[i]->step_id);
             break;
         }
-        rf_header *fh = &hdrs[i];
-        fh->type = RF_FORWARD;
+        frame_header *fh = &hdrs[i];
+        fh->type = FRAME_FORWARD;
         fh->ring_id = rc->ring_id;
         fh->step_id = hs[i]->step_id;
         fh->n_seqs = hs[i]->n_seqs;

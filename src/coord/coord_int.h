@@ -12,25 +12,25 @@
 
 /* coord_io.c: messages to and from nodes. */
 bool ring_aborted(const ring_coord *rc);
-int ring_send4(ring_coord *rc, int node, int type, uint64_t step, const rf_header *hh, const void *payload,
+int ring_send4(ring_coord *rc, int node, int type, uint64_t step, const frame_header *hh, const void *payload,
                size_t plen, const void *stamps, size_t slen, const void *extra, size_t elen, rl_err *err);
-int ring_send(ring_coord *rc, int node, int type, uint64_t step, const rf_header *hh, const void *payload,
+int ring_send(ring_coord *rc, int node, int type, uint64_t step, const frame_header *hh, const void *payload,
               size_t plen, const void *stamps, size_t slen, rl_err *err);
 /* Waits for one message of `want` type (from any node, or from `only` if >= 0). Answers nothing itself,
  * but notes PONGs, pings every watched node each second and fails on ERROR, on a watched node silent for
  * dead_s, or after timeout_s. *from is the node index the message came from. */
 int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const bool *watch, int *from, zs_parts *out,
-              rf_header *h, rl_err *err);
+              frame_header *h, rl_err *err);
 /* coord_io.c: what arrives out of band while the coordinator waits (ring_wait hands it over): the step in
  * flight with an id (NULL: none); a TAPS message into its step, and how many tap layers stage s holds (the
- * TAPS it owes a RF_SEQ_TAPS step: one if any); a RECEIPT into the ledger, and the node a failed check blames
+ * TAPS it owes a FRAME_SEQ_TAPS step: one if any); a RECEIPT into the ledger, and the node a failed check blames
  * marked faulty; a ROUTES message into rc->routes, and how many stages owe one. */
 struct ring_pending *ring_find_pending(ring_coord *rc, uint64_t step);
 int ring_stage_taps(const ring_coord *rc, int s);
-void ring_take_taps(ring_coord *rc, int from, const zs_parts *p, const rf_header *h);
-void ring_take_receipt(ring_coord *rc, int from, const zs_parts *p, const rf_header *h);
+void ring_take_taps(ring_coord *rc, int from, const zs_parts *p, const frame_header *h);
+void ring_take_receipt(ring_coord *rc, int from, const zs_parts *p, const frame_header *h);
 void ring_rcpt_blame(ring_coord *rc);
-void ring_take_routes(ring_coord *rc, int from, const zs_parts *p, const rf_header *h);
+void ring_take_routes(ring_coord *rc, int from, const zs_parts *p, const frame_header *h);
 int ring_routes_need(const ring_coord *rc);
 
 /* ring_generate.c: the ring failed (err): close it and open one over the nodes the failures did not name
@@ -46,12 +46,12 @@ int ring_stream(ring_coord *rc, int node, const mf_model *m, uint32_t a, uint32_
  * file and sets the model id; info: a node's INFO "files" into its state; lack: what a node would be streamed
  * of each layer (plan_node.lack, PLAN_MAX_LAYERS + 2 entries); lend: the holders of every stage's missing
  * files into holders[s] (cJSON arrays, the caller frees them, also on failure), each holder told to lend. */
-int ring_mf_begin(ring_coord *rc, rl_err *err);
-void ring_mf_info(ring_coord *rc, int from, const cJSON *files);
-void ring_mf_lack(const ring_coord *rc, int node, uint64_t *lack);
-int ring_mf_lend(ring_coord *rc, cJSON **holders, rl_err *err);
+int coord_manifest_begin(ring_coord *rc, rl_err *err);
+void coord_manifest_info(ring_coord *rc, int from, const cJSON *files);
+void coord_manifest_lack(const ring_coord *rc, int node, uint64_t *lack);
+int coord_manifest_lend(ring_coord *rc, cJSON **holders, rl_err *err);
 /* The split files each stage's range needs, and how many its node holds (printed after the plan). */
-void ring_mf_print(const ring_coord *rc, FILE *out);
+void coord_manifest_print(const ring_coord *rc, FILE *out);
 
 /* coord_audit.c: frees the auditing engines. */
 void ring_audit_free(ring_coord *rc);

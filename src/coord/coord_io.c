@@ -22,26 +22,26 @@
 
 bool ring_aborted(const ring_coord *rc) { return rc->o.abort && atomic_load(rc->o.abort); }
 
-int ring_send(ring_coord *rc, int node, int type, uint64_t step, const rf_header *hh, const void *payload,
+int ring_send(ring_coord *rc, int node, int type, uint64_t step, const frame_header *hh, const void *payload,
               size_t plen, const void *stamps, size_t slen, rl_err *err) {
     return ring_send4(rc, node, type, step, hh, payload, plen, stamps, slen, NULL, 0, err);
 }
 
-int ring_send4(ring_coord *rc, int node, int type, uint64_t step, const rf_header *hh, const void *payload,
+int ring_send4(ring_coord *rc, int node, int type, uint64_t step, const frame_header *hh, const void *payload,
                size_t plen, const void *stamps, size_t slen, const void *extra, size_t elen, rl_err *err) {
-    rf_header h0 = {.type = (uint16_t)type, .ring_id = rc->ring_id, .step_id = step, .payload_bytes = plen};
-    const rf_header *h = hh ? hh : &h0;
-    size_t hl = rf_header_size(h->n_seqs);
+    frame_header h0 = {.type = (uint16_t)type, .ring_id = rc->ring_id, .step_id = step, .payload_bytes = plen};
+    const frame_header *h = hh ? hh : &h0;
+    size_t hl = frame_header_size(h->n_seqs);
     uint8_t *hb = malloc(hl);
     if (!hb) return rl_errf(err, "out of memory");
-    rf_header_encode(h, hb);
+    frame_header_encode(h, hb);
     const void *parts[4] = {hb, payload ? payload : "", stamps ? stamps : "", extra};
     size_t lens[4] = {hl, plen, slen, elen};
     int np = extra ? 4 : stamps ? 3 : 2;
     /* INFO requests are retried by the caller; everything else waits a while for the link, but not past an
      * abort, nor once the link closed after its handshake (the node died: the frame can never arrive). */
     int r;
-    if (type == RF_INFO_REQ || type == RF_PING) {
+    if (type == FRAME_INFO_REQ || type == FRAME_PING) {
         r = zs_send(rc->nodes[node].sock, parts, lens, np, true, err);
     } else {
         r = -1;
@@ -76,18 +76,18 @@ int ring_send4(ring_coord *rc, int node, int type, uint64_t step, const rf_heade
  * but notes PONGs, pings every node each second and fails on ERROR, on a node silent for dead_s, or
  * after timeout_s. *from is the node index the message came from. */
 int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const bool *watch, int *from, zs_parts *out,
-              rf_header *h, rl_err *err) {
+              frame_header *h, rl_err *err) {
     double t0 = rl_clock_now();
     bool checked_after_read = false;
     for (;;) {
         double now = rl_clock_now();
-        if (now - t0 > timeout_s) return rl_errf(err, "no %s within %.0f s", rf_type_name(want), timeout_s);
+        if (now - t0 > timeout_s) return rl_errf(err, "no %s within %.0f s", frame_type_name(want), timeout_s);
         if (watch && now - rc->last_ping >= 1.0) {
             rc->last_ping = now;
             for (int i = 0; i < rc->conf.n; i++) {
                 if (watch[i]) {
                     rl_err e2;
-                    ring_send(rc, i, RF_PING, 0, NULL, NULL, 0, NULL, 0, &e2);
+                    ring_send(rc, i, FRAME_PING, 0, NULL, NULL, 0, NULL, 0, &e2);
                     if (rc->nodes[i].ping_since <= rc->nodes[i].last_seen) rc->nodes[i].ping_since = now;
                 }
             }
@@ -132,7 +132,7 @@ int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const bool *
                 if (r < 0) return -1;
                 rc->nodes[i].last_seen = rl_clock_now();
                 rl_err e2;
-                if (p.n < 2 || rf_header_decode(h, p.data[0], p.len[0], &e2) != 0) {
+                if (p.n < 2 || frame_header_decode(h, p.data[0], p.len[0], &e2) != 0) {
                     zs_parts_free(&p);
                     return rl_errf(err, "node %s sent a malformed frame: %s", rc->conf.nodes[i].addr,
                                    p.n < 2 ? "too few parts" : e2.msg);
@@ -146,7 +146,7 @@ int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const bool *
                     zs_parts_free(&p);
                     continue;
                 }
-                if (h->type == RF_ERROR) {
+                if (h->type == FRAME_ERROR) {
                     cJSON *j = cJSON_ParseWithLength(p.data[1], p.len[1]);
                     const cJSON *msg = j ? cJSON_GetObjectItemCaseSensitive(j, "msg") : NULL;
                     const char *lost = j ? rl_json_str(j, "lost") : NULL;
@@ -171,9 +171,9 @@ int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const bool *
                     *out = p;
                     return 0;
                 }
-                if (h->type == RF_RECEIPT && rc->have_ledger) ring_take_receipt(rc, i, &p, h);
-                if (h->type == RF_TAPS) ring_take_taps(rc, i, &p, h);
-                if (h->type == RF_ROUTES) ring_take_routes(rc, i, &p, h);
+                if (h->type == FRAME_RECEIPT && rc->have_ledger) ring_take_receipt(rc, i, &p, h);
+                if (h->type == FRAME_TAPS) ring_take_taps(rc, i, &p, h);
+                if (h->type == FRAME_ROUTES) ring_take_routes(rc, i, &p, h);
                 zs_parts_free(&p); /* PONGs and late answers */
             }
         }
@@ -212,7 +212,7 @@ static void ring_taps_drop(ring_coord *rc, int from, uint64_t step, const char *
     }
 }
 
-void ring_take_taps(ring_coord *rc, int from, const zs_parts *p, const rf_header *h) {
+void ring_take_taps(ring_coord *rc, int from, const zs_parts *p, const frame_header *h) {
     struct ring_pending *pd = ring_find_pending(rc, h->step_id);
     int s = -1;
     for (int i = 0; i < rc->plan.n_stages; i++) s = rc->plan.stages[i].node == from ? i : s;
@@ -260,25 +260,25 @@ void ring_take_taps(ring_coord *rc, int from, const zs_parts *p, const rf_header
 
 /* A failed check that blames a stage: its node is faulty (serve leaves it out of the next plan). */
 void ring_rcpt_blame(ring_coord *rc) {
-    const tl_ledger *l = &rc->ledger;
-    if (!l->failed || l->blame < 0 || rc->rcpt_blamed) return;
+    const ledger_book *l = &rc->ledger;
+    if (!l->failed || l->blame < 0 || rc->receipt_blamed) return;
     int node = rc->plan.stages[l->blame].node;
     rc->faulty[node] = true;
     snprintf(rc->fault[node], sizeof rc->fault[node], "receipt check failed: %s", l->blame_why);
-    rc->rcpt_blamed = true;
+    rc->receipt_blamed = true;
 }
 
 /* A RECEIPT message from node `from`: it counts as the receipt of the stage that node was assigned. */
-void ring_take_receipt(ring_coord *rc, int from, const zs_parts *p, const rf_header *h) {
+void ring_take_receipt(ring_coord *rc, int from, const zs_parts *p, const frame_header *h) {
     int stage = -1;
     for (int s = 0; s < rc->plan.n_stages; s++) {
         if (rc->plan.stages[s].node == from) stage = s;
     }
-    tl_take(&rc->ledger, stage, rc->conf.nodes[from].addr, h->step_id, p->n >= 2 ? p->data[1] : "", p->n >= 2 ? p->len[1] : 0);
+    ledger_take(&rc->ledger, stage, rc->conf.nodes[from].addr, h->step_id, p->n >= 2 ? p->data[1] : "", p->n >= 2 ? p->len[1] : 0);
     ring_rcpt_blame(rc);
 }
 
-/* The stages that owe a RF_SEQ_ROUTES step their routing statistics: those holding MoE layers. */
+/* The stages that owe a FRAME_SEQ_ROUTES step their routing statistics: those holding MoE layers. */
 int ring_routes_need(const ring_coord *rc) {
     int n = 0;
     for (int s = 0; s < rc->plan.n_stages; s++) n += rc->plan.stages[s].b > rc->hp.n_dense_lead;
@@ -287,7 +287,7 @@ int ring_routes_need(const ring_coord *rc) {
 
 /* A ROUTES message (frame.h) of a step in flight into rc->routes (REAP scoring, ring_reap.c), checked against
  * what the node's stage holds; a malformed one fails the step with a message naming the node. */
-void ring_take_routes(ring_coord *rc, int from, const zs_parts *p, const rf_header *h) {
+void ring_take_routes(ring_coord *rc, int from, const zs_parts *p, const frame_header *h) {
     struct ring_pending *pd = ring_find_pending(rc, h->step_id);
     int s = -1;
     for (int i = 0; i < rc->plan.n_stages; i++) s = rc->plan.stages[i].node == from ? i : s;

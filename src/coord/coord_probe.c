@@ -30,7 +30,7 @@ static int cp_send_json(ring_coord *rc, int node, int type, cJSON *j, rl_err *er
 int ring_probe(ring_coord *rc, const bool *use, rl_err *err) {
     const ring_conf *conf = &rc->conf;
     zs_parts p;
-    rf_header h;
+    frame_header h;
     int from;
     /* Who may probe whom: every node, the others. */
     for (int i = 0; i < conf->n; i++) {
@@ -40,7 +40,7 @@ int ring_probe(ring_coord *rc, const bool *use, rl_err *err) {
         for (int k = 0; a && k < conf->n; k++) {
             if (use[k] && k != i) cJSON_AddItemToArray(a, cJSON_CreateString(conf->nodes[k].key.pk_hex));
         }
-        if (cp_send_json(rc, i, RF_PEERS, j, err) != 0 || ring_wait(rc, RF_PEERS_OK, i, 10, NULL, &from, &p, &h, err) != 0) {
+        if (cp_send_json(rc, i, FRAME_PEERS, j, err) != 0 || ring_wait(rc, FRAME_PEERS_OK, i, 10, NULL, &from, &p, &h, err) != 0) {
             return -1;
         }
         zs_parts_free(&p);
@@ -53,9 +53,9 @@ int ring_probe(ring_coord *rc, const bool *use, rl_err *err) {
         for (int r = 0; r < PB_ROUNDS; r++) {
             uint64_t step = 0x70726f6265000000ull + (uint64_t)r; /* "probe" */
             double t0 = rl_clock_now();
-            if (ring_send(rc, i, RF_PING, step, NULL, NULL, 0, NULL, 0, err) != 0) return -1;
+            if (ring_send(rc, i, FRAME_PING, step, NULL, NULL, 0, NULL, 0, err) != 0) return -1;
             for (;;) {
-                if (ring_wait(rc, RF_PONG, i, 10, NULL, &from, &p, &h, err) != 0) return -1;
+                if (ring_wait(rc, FRAME_PONG, i, 10, NULL, &from, &p, &h, err) != 0) return -1;
                 zs_parts_free(&p);
                 if (h.step_id == step) break;
             }
@@ -78,7 +78,7 @@ int ring_probe(ring_coord *rc, const bool *use, rl_err *err) {
             cJSON_AddItemToArray(a, o);
             peer[np++] = k;
         }
-        if (cp_send_json(rc, i, RF_PROBE, j, err) != 0 || ring_wait(rc, RF_PROBE_RESULT, i, 30, NULL, &from, &p, &h, err) != 0) {
+        if (cp_send_json(rc, i, FRAME_PROBE, j, err) != 0 || ring_wait(rc, FRAME_PROBE_RESULT, i, 30, NULL, &from, &p, &h, err) != 0) {
             return -1;
         }
         cJSON *res = cJSON_ParseWithLength(p.data[1], p.len[1]);
@@ -122,8 +122,8 @@ int ring_order_measured(const ring_coord *rc, const bool *use, int *order, int *
     if (m == 0) return rl_errf(err, "no nodes to order");
     cp_view v = {rc, idx};
     bool exact;
-    if (ro_best_order(m, cp_delay, &v, ord, cycle_s, &exact, err) != 0) return -1;
-    *conf_cycle_s = ro_cycle(m, cp_delay, &v, ident);
+    if (order_best_order(m, cp_delay, &v, ord, cycle_s, &exact, err) != 0) return -1;
+    *conf_cycle_s = order_cycle(m, cp_delay, &v, ident);
     /* Nearly equal orders keep ring.conf's: a measurement's noise (a fraction of a millisecond on a LAN) must
      * not shuffle a ring, nor move a node from one stage to another between runs. Moving pays when it saves
      * at least 2 ms and 5% of the round trip. */

@@ -13,17 +13,17 @@ int ring_receipts_finish(ring_coord *rc, double timeout_s, rl_err *err) {
     double t0 = rl_clock_now();
     while (rc->ledger.n_travs > 0 && !rc->ledger.failed && rl_clock_now() - t0 < timeout_s) {
         zs_parts p;
-        rf_header h;
+        frame_header h;
         int from;
         rl_err e2;
         /* Nothing of this type comes: the wait just services RECEIPT messages for 50 ms. */
-        int r = ring_wait(rc, RF_FETCH_BEGIN, -1, 0.05, NULL, &from, &p, &h, &e2);
+        int r = ring_wait(rc, FRAME_FETCH_BEGIN, -1, 0.05, NULL, &from, &p, &h, &e2);
         if (r == 0) zs_parts_free(&p);
         else if (strncmp(e2.msg, "no ", 3) != 0) return rl_errf(err, "receipts: %s", e2.msg); /* interrupted, ... */
     }
     if (rc->ledger.failed) return rl_errf(err, "%s", rc->ledger.error);
     int missing = 0;
-    const tl_trav *t = tl_oldest(&rc->ledger, &missing);
+    const ledger_trav *t = ledger_oldest(&rc->ledger, &missing);
     if (t) {
         return rl_errf(err, "receipts: stage %d (%s) sent no receipt for step %llu within %.0f s", missing,
                        rc->conf.nodes[rc->plan.stages[missing].node].addr, (unsigned long long)t->step_id, timeout_s);

@@ -44,7 +44,7 @@ int prompt_input_encode(const prompt_opts *o, const mf_model *m, const k3_hparam
 /* prompt_ring.c: the generation over the ring: open it, generate (speculating when drafter is not NULL),
  * check the last receipts and run the audits drawn, print its per-stage table, close it. mf: the manifest
  * (o->manifest) or NULL; *ring_json: its statistics for the metrics file (the caller owns them). */
-int prompt_ring_generate(const prompt_opts *o, mf_model *m, k3_hparams *hp, const mfst_file *mf,
+int prompt_ring_generate(const prompt_opts *o, mf_model *m, k3_hparams *hp, const manifest_file *mf,
                          const tok_tokenizer *tok, spec_drafter *drafter, const spec_params *spp, const int32_t *toks,
                          size_t n_toks, prompt_out *po, gen_metrics *gm, spec_metrics *smx, cJSON **ring_json,
                          rl_err *err);

@@ -8,7 +8,7 @@
 
 /* The ring's options for this run: context, wire, order, receipts into rf (or none), DSpark's taps, audits,
  * the manifest, and the blocks a speculative run keeps in flight. */
-static ring_opts prompt_ring_opts(const prompt_opts *o, const mfst_file *mf, FILE *rf, spec_drafter *drafter,
+static ring_opts prompt_ring_opts(const prompt_opts *o, const manifest_file *mf, FILE *rf, spec_drafter *drafter,
                                   const spec_params *spp) {
     ring_opts ro = ring_opts_default();
     ro.n_ctx = (uint32_t)o->ctx;
@@ -39,7 +39,7 @@ static ring_opts prompt_ring_opts(const prompt_opts *o, const mfst_file *mf, FIL
 static void prompt_ring_print(const prompt_opts *o, const ring_coord *rc, bool spec, const gen_metrics *gm) {
     fprintf(stderr, "\n");
     ring_print_stats(rc, stderr);
-    pr_result pr;
+    predict_result pr;
     if (ring_prediction(rc, (uint32_t)gm->prompt_tokens, (uint32_t)o->chunk, &pr) == 0) {
         /* What ran next to what the planner predicted for it (docs/plan.md). */
         fprintf(stderr, "time to first token: %.3f s; the plan predicted %.3f (%+.0f%%)\n", gm->ttft_s, pr.ttft_s,
@@ -63,14 +63,14 @@ static void prompt_ring_print(const prompt_opts *o, const ring_coord *rc, bool s
     }
 }
 
-int prompt_ring_generate(const prompt_opts *o, mf_model *m, k3_hparams *hp, const mfst_file *mf,
+int prompt_ring_generate(const prompt_opts *o, mf_model *m, k3_hparams *hp, const manifest_file *mf,
                          const tok_tokenizer *tok, spec_drafter *drafter, const spec_params *spp, const int32_t *toks,
                          size_t n_toks, prompt_out *po, gen_metrics *gm, spec_metrics *smx, cJSON **ring_json,
                          rl_err *err) {
     ring_conf conf;
-    rk_identity id;
+    keys_identity id;
     ring_coord rc;
-    if (ring_conf_load(&conf, o->ring_path, err) != 0 || rk_load(&id, o->key_path, err) != 0) return -1;
+    if (ring_conf_load(&conf, o->ring_path, err) != 0 || keys_load(&id, o->key_path, err) != 0) return -1;
     FILE *rf = NULL;
     if (o->trust.receipts) {
         rf = fopen(o->trust.receipts, "w");

@@ -52,7 +52,7 @@ static int prompt_local_generate(const prompt_opts *o, mf_model *m, k3_hparams *
 int prompt_run(const prompt_opts *o, rl_err *err) {
     mf_model m;
     k3_hparams hp;
-    mfst_file mf;
+    manifest_file mf;
     k3_engine e;
     tok_tokenizer tok;
     int32_t *toks = NULL;

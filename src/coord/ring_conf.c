@@ -34,7 +34,7 @@ int ring_conf_load(ring_conf *c, const char *path, rl_err *err) {
             break;
         }
         snprintf(nc->addr, sizeof nc->addr, "%s", addr);
-        if (rk_peer_parse(&nc->key, key, err) != 0) {
+        if (keys_peer_parse(&nc->key, key, err) != 0) {
             rc = rl_err_prefix(err, "%s:%d", path, lineno);
             break;
         }

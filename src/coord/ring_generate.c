@@ -25,7 +25,7 @@ int ring_reform(ring_coord *rc, bool *ex, rl_err *err) {
     for (int i = 0; i < rc->conf.n; i++)
         if (rc->faulty[i]) return -1;
     const ring_conf conf = rc->conf;
-    const rk_identity *id = rc->id;
+    const keys_identity *id = rc->id;
     const mf_model *m = rc->m;
     const k3_hparams hp = rc->hp;
     ring_opts o = rc->o;
@@ -53,7 +53,7 @@ int ring_generate(ring_coord *rc, const tok_tokenizer *tok, const int32_t *promp
     if (n_prompt >= rc->o.n_ctx) {
         return rl_errf(err, "prompt of %zu tokens does not fit the context of %u", n_prompt, rc->o.n_ctx);
     }
-    rf_sampling smp = ring_sampling(&p->smp);
+    frame_sampling smp = ring_sampling(&p->smp);
     gen_out out;
     gen_out_begin(&out, tok, p, cb, user, m);
     int rc_ = 0;
@@ -82,8 +82,8 @@ prefill:
             ring_seq_req *rq = &rqs[sent % 32];
             bool first = i_next == 0, bias = first && p->smp.n_bias > 0;
             *rq = (ring_seq_req){.seq_id = seq, .pos = pos, .n = n, .tokens = prompt + i_next, .smp = smp,
-                                 .flags = (first ? RF_SEQ_NEW : 0) | (bias ? RF_SEQ_HAS_BIAS : 0) |
-                                          (lastc ? 0 : RF_SEQ_NO_SAMPLE),
+                                 .flags = (first ? FRAME_SEQ_NEW : 0) | (bias ? FRAME_SEQ_HAS_BIAS : 0) |
+                                          (lastc ? 0 : FRAME_SEQ_NO_SAMPLE),
                                  .bias = bias ? p->smp.bias : NULL, .n_bias = bias ? (uint32_t)p->smp.n_bias : 0};
             rc_ = ring_submit(rc, rq, 1, &steps[sent % 32], err);
             pos += n;
@@ -127,16 +127,16 @@ prefill:
         rc_ = ring_step(rc, &rq, 1, err);
         while (rc_ != 0 && !gen_sigint_pending() && recoveries < 4 && ring_reform(rc, ex, err) == 0) {
             /* Rebuilt as it was built: the prompt as a prefill, then what was generated with step kernels,
-             * the last stage's sampler taking it as its output again (RF_SEQ_RESUME): it samples on exactly
+             * the last stage's sampler taking it as its output again (FRAME_SEQ_RESUME): it samples on exactly
              * as the lost ring would have. */
             recoveries++;
             seq = rc->next_seq++;
             bool bias = p->smp.n_bias > 0;
             ring_seq_req r0 = {.seq_id = seq, .pos = 0, .n = (uint32_t)n_prompt, .tokens = prompt, .smp = smp,
-                               .flags = RF_SEQ_NEW | RF_SEQ_NO_SAMPLE | (bias ? RF_SEQ_HAS_BIAS : 0),
+                               .flags = FRAME_SEQ_NEW | FRAME_SEQ_NO_SAMPLE | (bias ? FRAME_SEQ_HAS_BIAS : 0),
                                .bias = bias ? p->smp.bias : NULL, .n_bias = bias ? (uint32_t)p->smp.n_bias : 0};
             rq = (ring_seq_req){.seq_id = seq, .pos = (uint32_t)n_prompt, .n = (uint32_t)n_gen, .tokens = gen,
-                                .smp = smp, .flags = RF_SEQ_RESUME | RF_SEQ_STEP, .gen_start = 0};
+                                .smp = smp, .flags = FRAME_SEQ_RESUME | FRAME_SEQ_STEP, .gen_start = 0};
             uint64_t s0, s1;
             rc_ = ring_submit(rc, &r0, 1, &s0, err);
             if (rc_ == 0) rc_ = ring_submit(rc, &rq, 1, &s1, err);

@@ -1,5 +1,5 @@
 /* ring_reap.c - REAP scoring through the ring: calibration text flows through the stages as prefill
- * frames flagged RF_SEQ_ROUTES; every stage holding MoE layers sends its layers' routing back (ROUTES,
+ * frames flagged FRAME_SEQ_ROUTES; every stage holding MoE layers sends its layers' routing back (ROUTES,
  * frame.h) and the coordinator adds it to one set of statistics for the whole model (as it arrives:
  * ring_take_routes, coord_io.c). */
 #include <stdio.h>
@@ -20,7 +20,7 @@ int ring_reap_score(ring_coord *rc, const calib_set *c, uint32_t chunk, reap_sta
     enum { IN_FLIGHT = 8 };
     smp_params greedy = smp_params_default(0); /* never used (no token is sampled), but checked on the way */
     greedy.temperature = 0;
-    const rf_sampling smp = ring_sampling(&greedy);
+    const frame_sampling smp = ring_sampling(&greedy);
     for (int q = 0; q < c->n_seq && rc_ == 0; q++) {
         const uint64_t seq = rc->next_seq++;
         ring_seq_req rqs[IN_FLIGHT];
@@ -35,7 +35,7 @@ int ring_reap_score(ring_coord *rc, const calib_set *c, uint32_t chunk, reap_sta
                 uint32_t n = c->len[q] - sent_at < chunk ? c->len[q] - sent_at : chunk;
                 rqs[sent % IN_FLIGHT] = (ring_seq_req){.seq_id = seq, .pos = sent_at, .n = n,
                                                        .tokens = c->ids + c->start[q] + sent_at, .smp = smp,
-                                                       .flags = (sent == 0 ? RF_SEQ_NEW : 0) | RF_SEQ_NO_SAMPLE | RF_SEQ_ROUTES};
+                                                       .flags = (sent == 0 ? FRAME_SEQ_NEW : 0) | FRAME_SEQ_NO_SAMPLE | FRAME_SEQ_ROUTES};
                 rc_ = ring_submit(rc, &rqs[sent % IN_FLIGHT], 1, &steps[sent % IN_FLIGHT], err);
                 sent_at += n;
                 sent++;

@@ -33,14 +33,14 @@ static int ring_send_chunk(ring_coord *rc, int node, const uint8_t *chunk, size_
                            crypto_generichash_state *hs, rl_err *err) {
     while (*in_flight >= 8) {
         zs_parts p;
-        rf_header h;
+        frame_header h;
         int from;
-        if (ring_wait(rc, RF_FETCH_ACK, node, rc->o.step_s, NULL, &from, &p, &h, err) != 0) return -1;
+        if (ring_wait(rc, FRAME_FETCH_ACK, node, rc->o.step_s, NULL, &from, &p, &h, err) != 0) return -1;
         zs_parts_free(&p);
         (*in_flight)--;
     }
     crypto_generichash_update(hs, chunk, *fill);
-    if (ring_send(rc, node, RF_FETCH_DATA, (*chunk_id)++, NULL, chunk, *fill, NULL, 0, err) != 0) return -1;
+    if (ring_send(rc, node, FRAME_FETCH_DATA, (*chunk_id)++, NULL, chunk, *fill, NULL, 0, err) != 0) return -1;
     (*in_flight)++;
     *sent += *fill;
     *fill = 0;
@@ -103,7 +103,7 @@ int ring_stream(ring_coord *rc, int node, const mf_model *m, uint32_t a, uint32_
              b, file_bytes);
     fprintf(stderr, "ringlm: streaming layers [%u, %u) (%.1f MiB) to %s\n", a, b, (double)file_bytes / 1048576.0,
             rc->conf.nodes[node].addr);
-    if (ring_send(rc, node, RF_FETCH_BEGIN, 0, NULL, js, strlen(js), meta, data_off, err) != 0) goto done;
+    if (ring_send(rc, node, FRAME_FETCH_BEGIN, 0, NULL, js, strlen(js), meta, data_off, err) != 0) goto done;
     int in_flight = 1, last_pct = -1;
     uint64_t chunk_id = 1, sent = data_off;
     size_t fill = 0;
@@ -137,9 +137,9 @@ int ring_stream(ring_coord *rc, int node, const mf_model *m, uint32_t a, uint32_
     }
     while (in_flight > 0) {
         zs_parts p;
-        rf_header h;
+        frame_header h;
         int from;
-        if (ring_wait(rc, RF_FETCH_ACK, node, rc->o.step_s, NULL, &from, &p, &h, err) != 0) goto done;
+        if (ring_wait(rc, FRAME_FETCH_ACK, node, rc->o.step_s, NULL, &from, &p, &h, err) != 0) goto done;
         zs_parts_free(&p);
         in_flight--;
     }
@@ -148,11 +148,11 @@ int ring_stream(ring_coord *rc, int node, const mf_model *m, uint32_t a, uint32_
     crypto_generichash_final(&hs, out, 32);
     sodium_bin2hex(hex, sizeof hex, out, 32);
     snprintf(js, sizeof js, "{\"blake2b\":\"%s\"}", hex);
-    if (ring_send(rc, node, RF_FETCH_END, chunk_id, NULL, js, strlen(js), NULL, 0, err) != 0) goto done;
+    if (ring_send(rc, node, FRAME_FETCH_END, chunk_id, NULL, js, strlen(js), NULL, 0, err) != 0) goto done;
     zs_parts p;
-    rf_header h;
+    frame_header h;
     int from;
-    if (ring_wait(rc, RF_READY, node, rc->o.load_s, NULL, &from, &p, &h, err) != 0) goto done;
+    if (ring_wait(rc, FRAME_READY, node, rc->o.load_s, NULL, &from, &p, &h, err) != 0) goto done;
     zs_parts_free(&p);
     rc_ = 0;
 done:

@@ -11,8 +11,8 @@
 
 /* Exactly one of model / manifest. With a manifest, *mf is filled and m is its view without weights (what
  * ring_opts.manifest points to); with a file, *mf stays empty. Close with ring_target_close. */
-int ring_target_open(const char *model, const char *manifest, mf_model *m, k3_hparams *hp, mfst_file *mf,
+int ring_target_open(const char *model, const char *manifest, mf_model *m, k3_hparams *hp, manifest_file *mf,
                      rl_err *err);
-void ring_target_close(mf_model *m, mfst_file *mf);
+void ring_target_close(mf_model *m, manifest_file *mf);
 
 #endif

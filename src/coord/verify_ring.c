@@ -68,8 +68,8 @@ static int ring_prefill(spec_ring *r, const int32_t *prompt, size_t n, const smp
             memset(q, 0, sizeof *q);
             bool first = i_next == 0, bias = first && sp->n_bias > 0;
             *q = (ring_seq_req){.seq_id = r->seq, .pos = pos, .n = c, .tokens = prompt + i_next, .smp = r->smp,
-                                .flags = (first ? RF_SEQ_NEW : 0) | (bias ? RF_SEQ_HAS_BIAS : 0) |
-                                         (lastc ? 0 : RF_SEQ_NO_SAMPLE) | (r->taps ? RF_SEQ_TAPS : 0),
+                                .flags = (first ? FRAME_SEQ_NEW : 0) | (bias ? FRAME_SEQ_HAS_BIAS : 0) |
+                                         (lastc ? 0 : FRAME_SEQ_NO_SAMPLE) | (r->taps ? FRAME_SEQ_TAPS : 0),
                                 .bias = bias ? sp->bias : NULL, .n_bias = bias ? (uint32_t)sp->n_bias : 0};
             if (ring_submit(r->rc, q, 1, &steps[sent % 32], err) != 0) return -1;
             pos += c;
@@ -128,7 +128,7 @@ static int ring_submit_block(void *ctx, uint32_t pos, const int32_t *tokens, int
     ring_seq_req *rq = &f->rq;
     rq->pos = pos;
     rq->n = (uint32_t)n;
-    rq->flags = RF_SEQ_VERIFY | (qs ? RF_SEQ_HAS_Q : 0) | (r->taps ? RF_SEQ_TAPS : 0);
+    rq->flags = FRAME_SEQ_VERIFY | (qs ? FRAME_SEQ_HAS_Q : 0) | (r->taps ? FRAME_SEQ_TAPS : 0);
     r->n_fl++;
     /* A failed send is kept as a failed flight: its collect re-forms the ring (a block is never lost). */
     rl_err e2;
@@ -142,7 +142,7 @@ static int ring_submit_block(void *ctx, uint32_t pos, const int32_t *tokens, int
 /* The ring failed (err) under the block the sequence needs next (it starts at its last committed output,
  * hist[n_hist - 1]): re-form the ring over the nodes the failure did not name and
  * rebuild the sequence - the prompt as a prefill, then every output up to that one with step kernels, the
- * last stage's sampler taking them as its output again (RF_SEQ_RESUME) and sampling the next one, which
+ * last stage's sampler taking them as its output again (FRAME_SEQ_RESUME) and sampling the next one, which
  * is this block's only committed token (its drafts are dropped). */
 static int ring_recover(spec_ring *r, int32_t *out, int *n_out, rl_err *err) {
     const size_t pos = r->n_hist - 1;
@@ -154,11 +154,11 @@ static int ring_recover(spec_ring *r, int32_t *out, int *n_out, rl_err *err) {
         const smp_params *sp = r->sp;
         bool bias = sp->n_bias > 0;
         ring_seq_req r0 = {.seq_id = r->seq, .pos = 0, .n = (uint32_t)r->n_prompt, .tokens = r->hist, .smp = r->smp,
-                           .flags = RF_SEQ_NEW | RF_SEQ_NO_SAMPLE | (bias ? RF_SEQ_HAS_BIAS : 0),
+                           .flags = FRAME_SEQ_NEW | FRAME_SEQ_NO_SAMPLE | (bias ? FRAME_SEQ_HAS_BIAS : 0),
                            .bias = bias ? sp->bias : NULL, .n_bias = bias ? (uint32_t)sp->n_bias : 0};
         const uint32_t n_gen = (uint32_t)(pos + 1 - r->n_prompt);
         ring_seq_req rq = {.seq_id = r->seq, .pos = (uint32_t)r->n_prompt, .n = n_gen, .tokens = r->hist + r->n_prompt,
-                           .smp = r->smp, .flags = RF_SEQ_RESUME | RF_SEQ_STEP | (r->taps ? RF_SEQ_TAPS : 0),
+                           .smp = r->smp, .flags = FRAME_SEQ_RESUME | FRAME_SEQ_STEP | (r->taps ? FRAME_SEQ_TAPS : 0),
                            .gen_start = 0};
         uint64_t s0, s1;
         int rc = ring_submit(r->rc, &r0, 1, &s0, err);

@@ -12,7 +12,7 @@ typedef struct spec_ring {
     ring_coord *rc;
     uint32_t chunk;
     uint64_t seq;
-    rf_sampling smp;
+    frame_sampling smp;
     bool taps;       /* DSpark: ask the stages for the taps the ring was opened with (ring_opts.taps) */
     float *feat;     /* the rows of the last call (spec_verifier.features) */
     uint32_t n_feat, cap_feat;

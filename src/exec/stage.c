@@ -8,7 +8,7 @@
 
 #include "../speculate/accept.h"
 
-_Static_assert(sizeof(smp_logprob) == RF_LOGPROB_BYTES, "the wire's log-probability entry is smp_logprob's layout");
+_Static_assert(sizeof(smp_logprob) == FRAME_LOGPROB_BYTES, "the wire's log-probability entry is smp_logprob's layout");
 
 static stage_seq *stage_find(ring_stage *s, uint64_t id, bool create);
 
@@ -16,7 +16,7 @@ void stage_init(ring_stage *s, k3_engine *e, uint32_t n_ctx, int n_pool, int wir
     memset(s, 0, sizeof *s);
     s->e = e;
     s->n_ctx = n_ctx;
-    s->n_pool = n_pool < 0 ? 0 : n_pool > RF_MAX_SEQS ? RF_MAX_SEQS : n_pool;
+    s->n_pool = n_pool < 0 ? 0 : n_pool > FRAME_MAX_SEQS ? FRAME_MAX_SEQS : n_pool;
     s->wire = wire;
 }
 
@@ -28,7 +28,7 @@ static void stage_seq_free(stage_seq *q) {
 }
 
 void stage_free(ring_stage *s) {
-    for (int i = 0; i < RF_MAX_SEQS; i++) {
+    for (int i = 0; i < FRAME_MAX_SEQS; i++) {
         if (s->seqs[i].used) stage_seq_free(&s->seqs[i]);
     }
     if (s->pool_ready) k3_state_pool_free(&s->pool); /* (after the states bound to it) */
@@ -48,24 +48,24 @@ void stage_set_taps(ring_stage *s, const uint32_t *layers, int n) {
     }
 }
 
-/* Keeps the tap rows of the RF_SEQ_TAPS sequences. o->taps has every token of the batch that ran: all of
+/* Keeps the tap rows of the FRAME_SEQ_TAPS sequences. o->taps has every token of the batch that ran: all of
  * the frame's, less the stale sequences' on the last stage (their rows are sent as zeros: the coordinator
  * drops a stale block's taps). */
-static int stage_keep_taps(ring_stage *s, const rf_header *h, const uint8_t *stale, uint64_t ran, const float *taps,
+static int stage_keep_taps(ring_stage *s, const frame_header *h, const uint8_t *stale, uint64_t ran, const float *taps,
                            rl_err *err) {
     const size_t d = s->e->hp.n_embd;
     uint32_t n = 0;
-    for (uint32_t i = 0; i < h->n_seqs; i++) n += (h->seqs[i].flags & RF_SEQ_TAPS) ? h->seqs[i].n_tokens : 0;
+    for (uint32_t i = 0; i < h->n_seqs; i++) n += (h->seqs[i].flags & FRAME_SEQ_TAPS) ? h->seqs[i].n_tokens : 0;
     s->tap_rows = calloc((size_t)s->n_taps * n * d + 1, sizeof(float));
     if (!s->tap_rows) return rl_errf(err, "out of memory for taps");
     for (int k = 0; k < s->n_taps; k++) {
         uint32_t off = 0, r = 0;
         for (uint32_t i = 0; i < h->n_seqs; i++) {
             uint32_t nt = h->seqs[i].n_tokens;
-            if ((h->seqs[i].flags & RF_SEQ_TAPS) && !stale[i]) {
+            if ((h->seqs[i].flags & FRAME_SEQ_TAPS) && !stale[i]) {
                 memcpy(s->tap_rows + ((size_t)k * n + r) * d, taps + ((size_t)k * ran + off) * d, nt * d * sizeof(float));
             }
-            r += (h->seqs[i].flags & RF_SEQ_TAPS) ? nt : 0;
+            r += (h->seqs[i].flags & FRAME_SEQ_TAPS) ? nt : 0;
             off += stale[i] ? 0 : nt;
         }
     }
@@ -79,23 +79,23 @@ typedef struct stage_replay_spec {
     const uint8_t *stale; /* per frame sequence (NULL: none): the node ran it as a stale VERIFY block */
 } stage_replay_spec;
 
-static bool stage_standin(const stage_replay_spec *rp, const rf_seq *sq) { return rp && sq->seq_id != rp->seq_id; }
+static bool stage_standin(const stage_replay_spec *rp, const frame_seq *sq) { return rp && sq->seq_id != rp->seq_id; }
 
 /* Last stage: which VERIFY sequences of the frame are stale (stage_seq.has_commit). A stand-in has no
  * history here: the replay says what the node found. */
-static int stage_find_stale(ring_stage *s, const rf_header *h, const int32_t *tokens, const stage_replay_spec *rp,
+static int stage_find_stale(ring_stage *s, const frame_header *h, const int32_t *tokens, const stage_replay_spec *rp,
                             uint8_t *stale) {
     int n = 0;
     uint32_t off = 0;
     for (uint32_t i = 0; i < h->n_seqs; i++) {
-        const rf_seq *sq = &h->seqs[i];
+        const frame_seq *sq = &h->seqs[i];
         if (stage_standin(rp, sq)) {
-            stale[i] = rp->stale && rp->stale[i] && (sq->flags & RF_SEQ_VERIFY);
+            stale[i] = rp->stale && rp->stale[i] && (sq->flags & FRAME_SEQ_VERIFY);
             n += stale[i];
             off += sq->n_tokens;
             continue;
         }
-        const stage_seq *q = (sq->flags & RF_SEQ_VERIFY) && !(sq->flags & RF_SEQ_NEW) ? stage_find(s, sq->seq_id, false) : NULL;
+        const stage_seq *q = (sq->flags & FRAME_SEQ_VERIFY) && !(sq->flags & FRAME_SEQ_NEW) ? stage_find(s, sq->seq_id, false) : NULL;
         stale[i] = q && q->has_commit && (sq->pos > q->valid_end || (sq->pos == q->valid_end && tokens[off] != q->next_tok));
         n += stale[i];
         off += sq->n_tokens;
@@ -104,8 +104,8 @@ static int stage_find_stale(ring_stage *s, const rf_header *h, const int32_t *to
 }
 
 /* The frame without its stale sequences: header, tokens and boundary rows (into h2, tok2, bin2). */
-static int stage_drop_stale(const rf_header *h, const int32_t *tokens, const k3_boundary *bin, const uint8_t *stale,
-                            rf_header *h2, int32_t *tok2, k3_boundary *bin2, rl_err *err) {
+static int stage_drop_stale(const frame_header *h, const int32_t *tokens, const k3_boundary *bin, const uint8_t *stale,
+                            frame_header *h2, int32_t *tok2, k3_boundary *bin2, rl_err *err) {
     *h2 = *h;
     h2->n_seqs = 0;
     uint32_t off = 0, o2 = 0;
@@ -135,7 +135,7 @@ static int stage_drop_stale(const rf_header *h, const int32_t *tokens, const k3_
 
 static stage_seq *stage_find(ring_stage *s, uint64_t id, bool create) {
     stage_seq *free_slot = NULL;
-    for (int i = 0; i < RF_MAX_SEQS; i++) {
+    for (int i = 0; i < FRAME_MAX_SEQS; i++) {
         if (s->seqs[i].used && s->seqs[i].id == id) return &s->seqs[i];
         if (!s->seqs[i].used && !free_slot) free_slot = &s->seqs[i];
     }
@@ -151,15 +151,15 @@ void stage_forget(ring_stage *s, uint64_t seq_id) {
 }
 
 /* Index of sequence i's first token in the frame's token list. */
-static uint32_t stage_seq_offset(const rf_header *h, uint32_t i) {
+static uint32_t stage_seq_offset(const frame_header *h, uint32_t i) {
     uint32_t off = 0;
     for (uint32_t k = 0; k < i; k++) off += h->seqs[k].n_tokens;
     return off;
 }
 
-/* A new sequence's sampler inputs at the head of the 4th part (docs: frame.h): per RF_SEQ_HAS_BIAS
+/* A new sequence's sampler inputs at the head of the 4th part (docs: frame.h): per FRAME_SEQ_HAS_BIAS
  * sequence in frame order its logit biases (the bytes are an smp_bias array, unaligned: copied out when the
- * sampler is made), then per RF_SEQ_HAS_GRAMMAR sequence its budget and grammar; *q_off where the drafts'
+ * sampler is made), then per FRAME_SEQ_HAS_GRAMMAR sequence its budget and grammar; *q_off where the drafts'
  * distributions begin. Checked whole before anything runs, so a bad list fails the frame cleanly. */
 typedef struct stage_smp_in {
     const uint8_t *bias;
@@ -167,24 +167,24 @@ typedef struct stage_smp_in {
     const uint8_t *gram; /* the grammar's wire form (decoded when the sampler is made), gram_len bytes */
     uint32_t gram_len;
     int32_t budget;
-    bool resume;         /* RF_SEQ_RESUME: tokens gen_start.. of the frame were generated */
+    bool resume;         /* FRAME_SEQ_RESUME: tokens gen_start.. of the frame were generated */
     uint32_t gen_start;
 } stage_smp_in;
 
-static int stage_smp_parse(const rf_header *h, const uint8_t *q, size_t q_len, stage_smp_in *in, size_t *q_off,
+static int stage_smp_parse(const frame_header *h, const uint8_t *q, size_t q_len, stage_smp_in *in, size_t *q_off,
                            rl_err *err) {
     size_t o = 0;
     for (uint32_t i = 0; i < h->n_seqs; i++) {
-        const rf_seq *sq = &h->seqs[i];
+        const frame_seq *sq = &h->seqs[i];
         in[i] = (stage_smp_in){0};
-        if ((sq->flags & (RF_SEQ_HAS_BIAS | RF_SEQ_HAS_GRAMMAR)) && !(sq->flags & RF_SEQ_NEW)) {
+        if ((sq->flags & (FRAME_SEQ_HAS_BIAS | FRAME_SEQ_HAS_GRAMMAR)) && !(sq->flags & FRAME_SEQ_NEW)) {
             return rl_errf(err, "sequence %" PRIu64 ": %s on a frame that does not start it", sq->seq_id,
-                           sq->flags & RF_SEQ_HAS_BIAS ? "logit biases" : "a grammar");
+                           sq->flags & FRAME_SEQ_HAS_BIAS ? "logit biases" : "a grammar");
         }
-        if ((sq->flags & RF_SEQ_RESUME) && (sq->flags & RF_SEQ_VERIFY)) {
+        if ((sq->flags & FRAME_SEQ_RESUME) && (sq->flags & FRAME_SEQ_VERIFY)) {
             return rl_errf(err, "sequence %" PRIu64 ": a resumed sequence cannot start with a VERIFY block", sq->seq_id);
         }
-        if (!(sq->flags & RF_SEQ_HAS_BIAS)) continue;
+        if (!(sq->flags & FRAME_SEQ_HAS_BIAS)) continue;
         uint32_t n;
         if (!q || q_len - o < 4) return rl_errf(err, "sequence %" PRIu64 ": its logit biases are missing", sq->seq_id);
         memcpy(&n, q + o, 4);
@@ -196,8 +196,8 @@ static int stage_smp_parse(const rf_header *h, const uint8_t *q, size_t q_len, s
         o += 4 + (size_t)n * sizeof(smp_bias);
     }
     for (uint32_t i = 0; i < h->n_seqs; i++) {
-        const rf_seq *sq = &h->seqs[i];
-        if (!(sq->flags & RF_SEQ_HAS_GRAMMAR)) continue;
+        const frame_seq *sq = &h->seqs[i];
+        if (!(sq->flags & FRAME_SEQ_HAS_GRAMMAR)) continue;
         uint32_t n;
         if (!q || q_len - o < 8) return rl_errf(err, "sequence %" PRIu64 ": its grammar is missing", sq->seq_id);
         memcpy(&in[i].budget, q + o, 4);
@@ -208,8 +208,8 @@ static int stage_smp_parse(const rf_header *h, const uint8_t *q, size_t q_len, s
         o += 8 + (size_t)n;
     }
     for (uint32_t i = 0; i < h->n_seqs; i++) {
-        const rf_seq *sq = &h->seqs[i];
-        if (!(sq->flags & RF_SEQ_RESUME)) continue;
+        const frame_seq *sq = &h->seqs[i];
+        if (!(sq->flags & FRAME_SEQ_RESUME)) continue;
         if (!q || q_len - o < 4) return rl_errf(err, "sequence %" PRIu64 ": its resume point is missing", sq->seq_id);
         memcpy(&in[i].gen_start, q + o, 4);
         if (in[i].gen_start > sq->n_tokens) {
@@ -228,16 +228,16 @@ static int stage_smp_parse(const rf_header *h, const uint8_t *q, size_t q_len, s
  * the logit rows. In a replay (rp) every other sequence gets a stand-in from stand[i]: a fresh state just
  * large enough for its tokens, at position 0 - what it computes is thrown away; it is there so that the
  * batch has the node's shape. */
-static int stage_prepare(ring_stage *s, const rf_header *h, const int32_t *tokens, const stage_replay_spec *rp,
+static int stage_prepare(ring_stage *s, const frame_header *h, const int32_t *tokens, const stage_replay_spec *rp,
                          const stage_smp_in *in, stage_seq *stand, stage_seq **qv,
                          k3_state **states, uint32_t *ntok, uint8_t *keep, int32_t *rows, int *n_rows, rl_err *err) {
     const k3_engine *e = s->e;
     bool last = e->b == e->hp.n_layer;
     uint32_t off = 0;
     for (uint32_t i = 0; i < h->n_seqs; i++) {
-        const rf_seq *sq = &h->seqs[i];
+        const frame_seq *sq = &h->seqs[i];
         bool standin = stage_standin(rp, sq);
-        stage_seq *q = standin ? &stand[i] : stage_find(s, sq->seq_id, (sq->flags & RF_SEQ_NEW) != 0);
+        stage_seq *q = standin ? &stand[i] : stage_find(s, sq->seq_id, (sq->flags & FRAME_SEQ_NEW) != 0);
         for (uint32_t k = 0; k < i && q; k++) {
             if (h->seqs[k].seq_id == sq->seq_id) q = NULL; /* listed twice */
         }
@@ -245,7 +245,7 @@ static int stage_prepare(ring_stage *s, const rf_header *h, const int32_t *token
             return rl_errf(err, "sequence %" PRIu64 " is unknown here, listed twice, or no slot is free", sq->seq_id);
         }
         qv[i] = q;
-        if (standin || (sq->flags & RF_SEQ_NEW)) {
+        if (standin || (sq->flags & FRAME_SEQ_NEW)) {
             if (!standin && sq->pos != 0) return rl_errf(err, "new sequence %" PRIu64 " must start at position 0", sq->seq_id);
             const int slot = standin ? -1 : (int)(q - s->seqs);
             if (q->st.ctx) {
@@ -316,18 +316,18 @@ static int stage_prepare(ring_stage *s, const rf_header *h, const int32_t *token
             return rl_errf(err, "sequence %" PRIu64 " is at position %u here, the frame says %u", sq->seq_id,
                            q->st.n_past, sq->pos);
         }
-        keep[i] = (sq->flags & RF_SEQ_VERIFY) != 0;
+        keep[i] = (sq->flags & FRAME_SEQ_VERIFY) != 0;
         states[i] = &q->st;
         ntok[i] = sq->n_tokens;
         if (last) {
-            if (sq->flags & (RF_SEQ_ALL_LOGITS | RF_SEQ_VERIFY | RF_SEQ_PROMPT_LP)) {
+            if (sq->flags & (FRAME_SEQ_ALL_LOGITS | FRAME_SEQ_VERIFY | FRAME_SEQ_PROMPT_LP)) {
                 for (uint32_t t = 0; t < sq->n_tokens; t++) rows[(*n_rows)++] = (int32_t)(off + t);
-            } else if (!(sq->flags & RF_SEQ_NO_SAMPLE)) {
+            } else if (!(sq->flags & FRAME_SEQ_NO_SAMPLE)) {
                 rows[(*n_rows)++] = (int32_t)(off + sq->n_tokens - 1);
             }
-            if (!(sq->flags & RF_SEQ_VERIFY)) q->has_commit = false;
+            if (!(sq->flags & FRAME_SEQ_VERIFY)) q->has_commit = false;
             /* Penalty history follows the inputs; a VERIFY block's inputs are accepted as they are judged. */
-            if (q->has_smp && !(sq->flags & RF_SEQ_VERIFY)) {
+            if (q->has_smp && !(sq->flags & FRAME_SEQ_VERIFY)) {
                 for (uint32_t t = 0; t < sq->n_tokens; t++) smp_accept(&q->smp, tokens[off + t]);
             }
             /* A rebuilt sequence: what it had generated is its sampler's output again (grammar, budget and the
@@ -344,27 +344,27 @@ static int stage_prepare(ring_stage *s, const rf_header *h, const int32_t *token
 /* The last stage's RESULT payload: one int32 per sequence (the sampled token, -1 if none was asked, or
  * for VERIFY the number of committed tokens), then the logits rows that were asked, then the committed
  * tokens of every VERIFY sequence. */
-static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens, const float *logits,
+static int stage_result(ring_stage *s, const frame_header *h, const int32_t *tokens, const float *logits,
                         const uint8_t *stale, stage_seq *const *qv, const uint8_t *qp, size_t q_len, uint8_t **out,
                         size_t *out_len, rl_err *err) {
     const uint32_t n_vocab = s->e->hp.n_vocab;
     size_t n_logit_floats = 0;
     for (uint32_t i = 0; i < h->n_seqs; i++) {
-        if (h->seqs[i].flags & RF_SEQ_ALL_LOGITS) n_logit_floats += (size_t)h->seqs[i].n_tokens * n_vocab;
+        if (h->seqs[i].flags & FRAME_SEQ_ALL_LOGITS) n_logit_floats += (size_t)h->seqs[i].n_tokens * n_vocab;
     }
     int32_t (*committed)[STAGE_BLOCK_MAX] = calloc(h->n_seqs, sizeof *committed);
-    int n_comm[RF_MAX_SEQS] = {0};
+    int n_comm[FRAME_MAX_SEQS] = {0};
     if (!committed) return rl_errf(err, "out of memory");
     size_t n_comm_total = 0;
-    /* The drafts' distributions (RF_SEQ_HAS_Q), parsed per VERIFY sequence. */
+    /* The drafts' distributions (FRAME_SEQ_HAS_Q), parsed per VERIFY sequence. */
     const uint8_t *qend = qp ? qp + q_len : NULL;
     int row0 = 0;
     for (uint32_t i = 0; i < h->n_seqs; i++) {
-        const rf_seq *sq = &h->seqs[i];
-        int nrows = (sq->flags & (RF_SEQ_ALL_LOGITS | RF_SEQ_VERIFY | RF_SEQ_PROMPT_LP)) ? (int)sq->n_tokens
-                    : !(sq->flags & RF_SEQ_NO_SAMPLE) ? 1 : 0;
+        const frame_seq *sq = &h->seqs[i];
+        int nrows = (sq->flags & (FRAME_SEQ_ALL_LOGITS | FRAME_SEQ_VERIFY | FRAME_SEQ_PROMPT_LP)) ? (int)sq->n_tokens
+                    : !(sq->flags & FRAME_SEQ_NO_SAMPLE) ? 1 : 0;
         if (stale[i]) { /* not run: no rows, nothing committed; its q entries are skipped below */
-            for (int d = 0; qp && (sq->flags & RF_SEQ_HAS_Q) && d < (int)sq->n_tokens - 1; d++) {
+            for (int d = 0; qp && (sq->flags & FRAME_SEQ_HAS_Q) && d < (int)sq->n_tokens - 1; d++) {
                 uint32_t cnt;
                 if (qp + 4 > qend) break;
                 memcpy(&cnt, qp, 4);
@@ -373,13 +373,13 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
             }
             continue;
         }
-        if (sq->flags & RF_SEQ_VERIFY) {
+        if (sq->flags & FRAME_SEQ_VERIFY) {
             stage_seq *q = qv[i];
             int k = (int)sq->n_tokens - 1;
             spec_q qs[STAGE_BLOCK_MAX];
             int32_t qid[STAGE_BLOCK_MAX][64];
             float qpr[STAGE_BLOCK_MAX][64];
-            bool have_q = (sq->flags & RF_SEQ_HAS_Q) != 0;
+            bool have_q = (sq->flags & FRAME_SEQ_HAS_Q) != 0;
             for (int d = 0; have_q && d < k && d < STAGE_BLOCK_MAX; d++) {
                 uint32_t cnt;
                 if (!qp || qp + 4 > qend) { /* announced but missing: refuse, never read garbage */
@@ -399,7 +399,7 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
                 qp += cnt * 8;
                 qs[d] = (spec_q){.n = (int)cnt, .id = qid[d], .p = qpr[d]};
             }
-            if (k + 1 > STAGE_BLOCK_MAX || !q || !q->has_smp || ((sq->flags & RF_SEQ_HAS_Q) && !have_q)) {
+            if (k + 1 > STAGE_BLOCK_MAX || !q || !q->has_smp || ((sq->flags & FRAME_SEQ_HAS_Q) && !have_q)) {
                 free(committed);
                 return rl_errf(err, "VERIFY block for sequence %" PRIu64 " is malformed", sq->seq_id);
             }
@@ -412,17 +412,17 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
         }
         row0 += nrows;
     }
-    /* Log-probabilities of what each RF_SEQ_LOGPROBS sequence gets back: its sampled token, or each
+    /* Log-probabilities of what each FRAME_SEQ_LOGPROBS sequence gets back: its sampled token, or each
      * committed one (committed token j was chosen from the block's row j). */
     size_t n_lp = 0;
     for (uint32_t i = 0; i < h->n_seqs; i++) {
-        const rf_seq *sq = &h->seqs[i];
+        const frame_seq *sq = &h->seqs[i];
         if (stale[i]) continue;
-        if ((sq->flags & RF_SEQ_PROMPT_LP) && sq->n_tokens > 0) n_lp += sq->n_tokens - 1;
-        if (!(sq->flags & RF_SEQ_LOGPROBS)) continue;
-        n_lp += (sq->flags & RF_SEQ_VERIFY) ? (size_t)n_comm[i] : !(sq->flags & RF_SEQ_NO_SAMPLE) ? 1 : 0;
+        if ((sq->flags & FRAME_SEQ_PROMPT_LP) && sq->n_tokens > 0) n_lp += sq->n_tokens - 1;
+        if (!(sq->flags & FRAME_SEQ_LOGPROBS)) continue;
+        n_lp += (sq->flags & FRAME_SEQ_VERIFY) ? (size_t)n_comm[i] : !(sq->flags & FRAME_SEQ_NO_SAMPLE) ? 1 : 0;
     }
-    size_t plen = h->n_seqs * 4 + n_logit_floats * 4 + n_comm_total * 4 + n_lp * RF_LOGPROB_BYTES;
+    size_t plen = h->n_seqs * 4 + n_logit_floats * 4 + n_comm_total * 4 + n_lp * FRAME_LOGPROB_BYTES;
     uint8_t *payload = malloc(plen);
     if (!payload) {
         free(committed);
@@ -440,29 +440,29 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
         return rl_errf(err, "out of memory");
     }
     for (uint32_t i = 0; i < h->n_seqs; i++) {
-        const rf_seq *sq = &h->seqs[i];
+        const frame_seq *sq = &h->seqs[i];
         int32_t tok = -1;
         stage_seq *q = qv[i];
         const float *lrow = NULL;
         lp_row[i] = p_row[i] = logits ? logits + (size_t)row * n_vocab : NULL;
-        if (sq->flags & RF_SEQ_ALL_LOGITS) { /* a stale block did not run: its rows are zeros, as its taps */
+        if (sq->flags & FRAME_SEQ_ALL_LOGITS) { /* a stale block did not run: its rows are zeros, as its taps */
             const size_t nb = (size_t)sq->n_tokens * n_vocab * 4;
             if (stale[i]) memset(payload + h->n_seqs * 4 + lo * 4, 0, nb);
             else memcpy(payload + h->n_seqs * 4 + lo * 4, logits + (size_t)row * n_vocab, nb);
             lo += (size_t)sq->n_tokens * n_vocab;
         }
-        if (sq->flags & RF_SEQ_VERIFY) {
+        if (sq->flags & FRAME_SEQ_VERIFY) {
             memcpy(payload + i * 4, &n_comm[i], 4);
             row += stale[i] ? 0 : (int)sq->n_tokens;
             continue;
         }
-        if (sq->flags & RF_SEQ_ALL_LOGITS) {
+        if (sq->flags & FRAME_SEQ_ALL_LOGITS) {
             row += (int)sq->n_tokens;
             lrow = logits + (size_t)(row - 1) * n_vocab;
-        } else if (sq->flags & RF_SEQ_PROMPT_LP) { /* every row was computed; the last one samples, if asked */
+        } else if (sq->flags & FRAME_SEQ_PROMPT_LP) { /* every row was computed; the last one samples, if asked */
             row += (int)sq->n_tokens;
-            if (!(sq->flags & RF_SEQ_NO_SAMPLE)) lrow = logits + (size_t)(row - 1) * n_vocab;
-        } else if (!(sq->flags & RF_SEQ_NO_SAMPLE)) {
+            if (!(sq->flags & FRAME_SEQ_NO_SAMPLE)) lrow = logits + (size_t)(row - 1) * n_vocab;
+        } else if (!(sq->flags & FRAME_SEQ_NO_SAMPLE)) {
             lrow = logits + (size_t)row * n_vocab;
             row++;
         }
@@ -477,24 +477,24 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
     }
     uint8_t *lp_at = payload + h->n_seqs * 4 + lo * 4;
     for (uint32_t i = 0; i < h->n_seqs; i++) {
-        const rf_seq *sq = &h->seqs[i];
+        const frame_seq *sq = &h->seqs[i];
         if (stale[i]) continue;
         const int32_t *tk = tokens + stage_seq_offset(h, i);
-        for (uint32_t t = 0; (sq->flags & RF_SEQ_PROMPT_LP) && t + 1 < sq->n_tokens; t++) {
+        for (uint32_t t = 0; (sq->flags & FRAME_SEQ_PROMPT_LP) && t + 1 < sq->n_tokens; t++) {
             smp_logprob lp;
             smp_logprobs(p_row[i] + (size_t)t * n_vocab, (int32_t)n_vocab, tk[t + 1], &lp);
-            memcpy(lp_at, &lp, RF_LOGPROB_BYTES);
-            lp_at += RF_LOGPROB_BYTES;
+            memcpy(lp_at, &lp, FRAME_LOGPROB_BYTES);
+            lp_at += FRAME_LOGPROB_BYTES;
         }
-        if (!(sq->flags & RF_SEQ_LOGPROBS)) continue;
-        int nt = (sq->flags & RF_SEQ_VERIFY) ? n_comm[i] : !(sq->flags & RF_SEQ_NO_SAMPLE) ? 1 : 0;
+        if (!(sq->flags & FRAME_SEQ_LOGPROBS)) continue;
+        int nt = (sq->flags & FRAME_SEQ_VERIFY) ? n_comm[i] : !(sq->flags & FRAME_SEQ_NO_SAMPLE) ? 1 : 0;
         for (int t = 0; t < nt; t++) {
             smp_logprob lp;
             int32_t id;
-            memcpy(&id, (sq->flags & RF_SEQ_VERIFY) ? (const void *)&committed[i][t] : (const void *)(payload + i * 4), 4);
+            memcpy(&id, (sq->flags & FRAME_SEQ_VERIFY) ? (const void *)&committed[i][t] : (const void *)(payload + i * 4), 4);
             smp_logprobs(lp_row[i] + (size_t)t * n_vocab, (int32_t)n_vocab, id, &lp);
-            memcpy(lp_at, &lp, RF_LOGPROB_BYTES);
-            lp_at += RF_LOGPROB_BYTES;
+            memcpy(lp_at, &lp, FRAME_LOGPROB_BYTES);
+            lp_at += FRAME_LOGPROB_BYTES;
         }
     }
     free(lp_row);
@@ -505,12 +505,12 @@ static int stage_result(ring_stage *s, const rf_header *h, const int32_t *tokens
     return 0;
 }
 
-/* The ROUTES payload (frame.h) of the RF_SEQ_ROUTES sequences: o's routing has every token that ran (stale
+/* The ROUTES payload (frame.h) of the FRAME_SEQ_ROUTES sequences: o's routing has every token that ran (stale
  * sequences' rows are sent as zeros, like taps; a scoring frame has none). */
-static int stage_keep_routes(ring_stage *s, const rf_header *h, const uint8_t *stale, const k3_routes *r,
+static int stage_keep_routes(ring_stage *s, const frame_header *h, const uint8_t *stale, const k3_routes *r,
                              rl_err *err) {
     uint32_t n = 0;
-    for (uint32_t i = 0; i < h->n_seqs; i++) n += (h->seqs[i].flags & RF_SEQ_ROUTES) ? h->seqs[i].n_tokens : 0;
+    for (uint32_t i = 0; i < h->n_seqs; i++) n += (h->seqs[i].flags & FRAME_SEQ_ROUTES) ? h->seqs[i].n_tokens : 0;
     const size_t per = (size_t)n * r->k, cell = (size_t)r->n_layers * per;
     s->routes_len = 16 + cell * 12;
     s->routes = calloc(s->routes_len, 1);
@@ -523,20 +523,20 @@ static int stage_keep_routes(ring_stage *s, const rf_header *h, const uint8_t *s
         uint32_t off = 0, row = 0;
         for (uint32_t i = 0; i < h->n_seqs; i++) {
             const uint32_t nt = h->seqs[i].n_tokens;
-            if ((h->seqs[i].flags & RF_SEQ_ROUTES) && !stale[i]) {
+            if ((h->seqs[i].flags & FRAME_SEQ_ROUTES) && !stale[i]) {
                 const size_t d = (size_t)l * per + (size_t)row * r->k, sidx = src_l + (size_t)off * r->k, c = (size_t)nt * r->k;
                 memcpy(ids + d * 4, r->ids + sidx, c * 4);
                 memcpy(w + d * 4, r->weight + sidx, c * 4);
                 memcpy(nm + d * 4, r->norm + sidx, c * 4);
             }
-            row += (h->seqs[i].flags & RF_SEQ_ROUTES) ? nt : 0;
+            row += (h->seqs[i].flags & FRAME_SEQ_ROUTES) ? nt : 0;
             off += stale[i] ? 0 : nt;
         }
     }
     return 0;
 }
 
-static int stage_exec(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_len, const uint8_t *q,
+static int stage_exec(ring_stage *s, const frame_header *h, const uint8_t *in, size_t in_len, const uint8_t *q,
                       size_t q_len, const stage_replay_spec *rp, uint8_t **out, size_t *out_len, rl_err *err) {
     k3_engine *e = s->e;
     *out = NULL;
@@ -548,9 +548,9 @@ static int stage_exec(ring_stage *s, const rf_header *h, const uint8_t *in, size
     s->routes = NULL;
     s->routes_len = 0;
     bool want_taps = false, want_routes = false;
-    for (uint32_t i = 0; i < h->n_seqs && s->n_taps > 0; i++) want_taps |= (h->seqs[i].flags & RF_SEQ_TAPS) != 0;
+    for (uint32_t i = 0; i < h->n_seqs && s->n_taps > 0; i++) want_taps |= (h->seqs[i].flags & FRAME_SEQ_TAPS) != 0;
     for (uint32_t i = 0; i < h->n_seqs && e->b > e->hp.n_dense_lead; i++) {
-        want_routes |= (h->seqs[i].flags & RF_SEQ_ROUTES) != 0;
+        want_routes |= (h->seqs[i].flags & FRAME_SEQ_ROUTES) != 0;
     }
     /* Payload: the tokens of every sequence (int32), then for later stages the boundary state. */
     uint64_t total = 0;
@@ -566,18 +566,18 @@ static int stage_exec(ring_stage *s, const rf_header *h, const uint8_t *in, size
                                        err) != 0) {
         return rl_errf(err, "FORWARD: %s", err->msg);
     }
-    k3_state *states[RF_MAX_SEQS];
-    uint32_t ntok[RF_MAX_SEQS];
-    uint8_t keep[RF_MAX_SEQS] = {0}, stale[RF_MAX_SEQS] = {0};
-    stage_seq *qv[RF_MAX_SEQS] = {0}, *qv2[RF_MAX_SEQS] = {0};
-    stage_seq *stand = rp ? calloc(RF_MAX_SEQS, sizeof *stand) : NULL;
+    k3_state *states[FRAME_MAX_SEQS];
+    uint32_t ntok[FRAME_MAX_SEQS];
+    uint8_t keep[FRAME_MAX_SEQS] = {0}, stale[FRAME_MAX_SEQS] = {0};
+    stage_seq *qv[FRAME_MAX_SEQS] = {0}, *qv2[FRAME_MAX_SEQS] = {0};
+    stage_seq *stand = rp ? calloc(FRAME_MAX_SEQS, sizeof *stand) : NULL;
     int32_t *rows = malloc((total + 1) * sizeof *rows), *tok2 = NULL;
     int n_rows = 0, rc = -1;
     bool last = e->b == e->hp.n_layer;
     k3_output o = {0};
     k3_boundary bin2 = {0};
-    rf_header *h2 = NULL;
-    const rf_header *hb = h; /* what runs: the frame, less its stale sequences on the last stage */
+    frame_header *h2 = NULL;
+    const frame_header *hb = h; /* what runs: the frame, less its stale sequences on the last stage */
     const int32_t *tb = tokens;
     const k3_boundary *bb = &bin;
     uint64_t ran = total;
@@ -599,7 +599,7 @@ static int stage_exec(ring_stage *s, const rf_header *h, const uint8_t *in, size
     }
     /* The sampler's part of the 4th part on the last stage: logit biases, then the drafts' distributions.
      * A new sequence is never stale, so the lists follow the frame's order less its stale blocks. */
-    stage_smp_in sin[RF_MAX_SEQS];
+    stage_smp_in sin[FRAME_MAX_SEQS];
     size_t q_off = 0;
     memset(sin, 0, sizeof sin);
     if (last) {
@@ -611,8 +611,8 @@ static int stage_exec(ring_stage *s, const rf_header *h, const uint8_t *in, size
     if (hb->n_seqs > 0) { /* (a frame of only stale blocks is not run at all: cancelled here) */
         if (stage_prepare(s, hb, tb, rp, sin, stand, qv2, states, ntok, keep, rows, &n_rows, err) != 0) goto out;
         for (uint32_t i = 0, j = 0; i < h->n_seqs; i++) qv[i] = stale[i] ? NULL : qv2[j++];
-        bool step = false; /* RF_SEQ_STEP: a rebuilt sequence's decoded tokens, as their steps computed them */
-        for (uint32_t k = 0; k < hb->n_seqs; k++) step = step || (hb->seqs[k].flags & RF_SEQ_STEP);
+        bool step = false; /* FRAME_SEQ_STEP: a rebuilt sequence's decoded tokens, as their steps computed them */
+        for (uint32_t k = 0; k < hb->n_seqs; k++) step = step || (hb->seqs[k].flags & FRAME_SEQ_STEP);
         k3_batch b = {.n_seqs = (int)hb->n_seqs, .seqs = states, .n_tokens = ntok, .tokens = tb,
                       .in = e->a > 0 ? bb : NULL, .keep_rollback = keep, .n_logits = last ? n_rows : 0,
                       .logit_rows = rows, .n_taps = want_taps ? s->n_taps : 0, .tap_layers = s->taps,
@@ -638,7 +638,7 @@ static int stage_exec(ring_stage *s, const rf_header *h, const uint8_t *in, size
                           err);
     }
 out:
-    for (int i = 0; stand && i < RF_MAX_SEQS; i++) {
+    for (int i = 0; stand && i < FRAME_MAX_SEQS; i++) {
         if (stand[i].st.ctx || stand[i].has_smp) stage_seq_free(&stand[i]);
     }
     free(stand);
@@ -651,12 +651,12 @@ out:
     return rc;
 }
 
-int stage_run(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_len, const uint8_t *q, size_t q_len,
+int stage_run(ring_stage *s, const frame_header *h, const uint8_t *in, size_t in_len, const uint8_t *q, size_t q_len,
               uint8_t **out, size_t *out_len, rl_err *err) {
     return stage_exec(s, h, in, in_len, q, q_len, NULL, out, out_len, err);
 }
 
-int stage_replay(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_len, const uint8_t *q, size_t q_len,
+int stage_replay(ring_stage *s, const frame_header *h, const uint8_t *in, size_t in_len, const uint8_t *q, size_t q_len,
                  uint64_t seq_id, const uint8_t *stale, uint8_t **out, size_t *out_len, rl_err *err) {
     const stage_replay_spec rp = {.seq_id = seq_id, .stale = stale};
     return stage_exec(s, h, in, in_len, q, q_len, &rp, out, out_len, err);
@@ -665,8 +665,8 @@ int stage_replay(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in
 /* One frame of n tokens of the scratch sequence at pos: its payload built as the previous stage sends it. */
 static int stage_time_frame(ring_stage *s, uint32_t pos, uint32_t n, double *sec, rl_err *err) {
     const k3_engine *e = s->e;
-    rf_header h = {.type = RF_FORWARD, .n_seqs = 1};
-    h.seqs[0] = (rf_seq){.seq_id = STAGE_SCRATCH_ID, .pos = pos, .n_tokens = n, .flags = pos == 0 ? RF_SEQ_NEW : 0,
+    frame_header h = {.type = FRAME_FORWARD, .n_seqs = 1};
+    h.seqs[0] = (frame_seq){.seq_id = STAGE_SCRATCH_ID, .pos = pos, .n_tokens = n, .flags = pos == 0 ? FRAME_SEQ_NEW : 0,
                          .smp = {.temperature = 0, .top_p = 1, .repeat_penalty = 1}}; /* greedy */
     k3_boundary b = {0};
     const uint32_t n_ckpt = k3_n_banked_before(&e->hp, e->a);

@@ -6,7 +6,7 @@
  *
  * A node runs every frame it receives through stage_run; an auditor (coord/audit.h) runs a copy of a
  * node's frames through its own stage to check what the node sent. Both must do exactly the same thing,
- * which is why this is one function: per-sequence state (created on RF_SEQ_NEW, rolled back when a frame
+ * which is why this is one function: per-sequence state (created on FRAME_SEQ_NEW, rolled back when a frame
  * starts behind it after a partly accepted VERIFY block), the layers, and on the last stage the sampling
  * and the acceptance of drafted blocks. Payload formats: wire/frame.h. */
 #ifndef RINGLM_STAGE_H
@@ -29,7 +29,7 @@ typedef struct stage_seq {
     k3_state st;
     smp_sampler smp; /* last stage only */
     bool has_smp;
-    gr_grammar *gram; /* constrained output (RF_SEQ_HAS_GRAMMAR): smp's grammar, owned */
+    gr_grammar *gram; /* constrained output (FRAME_SEQ_HAS_GRAMMAR): smp's grammar, owned */
     /* Last stage, after a VERIFY block: the sequence is valid up to valid_end and continues with next_tok.
      * A later VERIFY block that starts past valid_end, or at it with another token, was drafted assuming
      * more was accepted (pipelined speculation): it is stale and answered with 0 committed, not run. */
@@ -43,7 +43,7 @@ typedef struct ring_stage {
     uint32_t n_ctx; /* per-sequence context */
     int wire;       /* enum k3_wire_dtype of the boundary state it sends */
     const smp_vocab *vocab; /* last stage: the tokens' bytes, for constrained output (NULL: grammars refused); not owned */
-    stage_seq seqs[RF_MAX_SEQS];
+    stage_seq seqs[FRAME_MAX_SEQS];
     /* The states of seqs[0 .. n_pool) are slots of one pool (k3_state_pool), made with the first of them: the
      * forward pass then runs their KDA recurrence and MLA attention as one op each, as a server's do, instead
      * of a few ops per sequence. n_pool is the ring's sequences at once (ASSIGN's n_seqs); more, and stand-ins,
@@ -54,14 +54,14 @@ typedef struct ring_stage {
      * rollback_blocks), so that a node holds the copies it can need and no more; 0: K3_RB_BLOCKS. */
     int rb_blocks;
     k3_state_pool pool;
-    /* DSpark taps this stage computes (the listed layers it holds: a < layer <= b) for RF_SEQ_TAPS
-     * sequences; after stage_run, tap_rows holds them, [tap][row][n_embd], n_tap_rows rows (node: RF_TAPS) */
+    /* DSpark taps this stage computes (the listed layers it holds: a < layer <= b) for FRAME_SEQ_TAPS
+     * sequences; after stage_run, tap_rows holds them, [tap][row][n_embd], n_tap_rows rows (node: FRAME_TAPS) */
     int n_taps;
     uint32_t taps[16];
     float *tap_rows;
     uint32_t n_tap_rows;
-    /* After stage_run of a frame with RF_SEQ_ROUTES sequences, on a stage holding MoE layers: the ROUTES
-     * payload (frame.h) for them, routes_len bytes (node: RF_ROUTES); NULL otherwise */
+    /* After stage_run of a frame with FRAME_SEQ_ROUTES sequences, on a stage holding MoE layers: the ROUTES
+     * payload (frame.h) for them, routes_len bytes (node: FRAME_ROUTES); NULL otherwise */
     uint8_t *routes;
     size_t routes_len;
 } ring_stage;
@@ -73,11 +73,11 @@ void stage_set_taps(ring_stage *s, const uint32_t *layers, int n);
 void stage_forget(ring_stage *s, uint64_t seq_id);
 
 /* Runs one frame: in/in_len is the FORWARD payload (int32 tokens of every sequence, then on a stage with
- * a > 0 the boundary state), q/q_len the drafts' distributions part (RF_SEQ_HAS_Q; may be NULL). On
+ * a > 0 the boundary state), q/q_len the drafts' distributions part (FRAME_SEQ_HAS_Q; may be NULL). On
  * success *out (malloc'ed, *out_len bytes) is the next stage's payload (the tokens again, then the
  * boundary state leaving this stage), or on the last stage the RESULT payload. On failure err says what
  * is wrong with the frame and no sequence has advanced (except a sequence the frame created). */
-int stage_run(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_len, const uint8_t *q, size_t q_len,
+int stage_run(ring_stage *s, const frame_header *h, const uint8_t *in, size_t in_len, const uint8_t *q, size_t q_len,
               uint8_t **out, size_t *out_len, rl_err *err);
 
 /* Times frames of n_tok[0..n) tokens of one scratch sequence (id STAGE_SCRATCH_ID) through this stage, after
@@ -101,7 +101,7 @@ int stage_time(ring_stage *s, const uint32_t *n_tok, int n, double *sec, rl_err 
  * stale (last stage; NULL: none): per frame sequence, whether the node found it a stale VERIFY block and
  * did not run it (docs: stage_seq.has_commit) - a stand-in has no history to tell. The output is the
  * frame's whole payload, as stage_run's; only seq_id's share of it means anything. */
-int stage_replay(ring_stage *s, const rf_header *h, const uint8_t *in, size_t in_len, const uint8_t *q, size_t q_len,
+int stage_replay(ring_stage *s, const frame_header *h, const uint8_t *in, size_t in_len, const uint8_t *q, size_t q_len,
                  uint64_t seq_id, const uint8_t *stale, uint8_t **out, size_t *out_len, rl_err *err);
 
 #endif

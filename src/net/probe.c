@@ -13,16 +13,16 @@
 #include "../wire/frame.h"
 #include "zsock.h"
 
-static int pb_send_ping(void *sock, uint64_t step, rl_err *err) {
-    rf_header h = {.type = RF_PROBE_PING, .step_id = step};
+static int probe_send_ping(void *sock, uint64_t step, rl_err *err) {
+    frame_header h = {.type = FRAME_PROBE_PING, .step_id = step};
     uint8_t hb[64];
-    rf_header_encode(&h, hb);
+    frame_header_encode(&h, hb);
     const void *parts[2] = {hb, ""};
-    size_t lens[2] = {rf_header_size(0), 0};
+    size_t lens[2] = {frame_header_size(0), 0};
     return zs_send(sock, parts, lens, 2, true, err);
 }
 
-int pb_measure(void *zctx, const rk_identity *id, const pb_peer *peers, int n, double timeout_s, double *rtt_s,
+int probe_measure(void *zctx, const keys_identity *id, const probe_peer *peers, int n, double timeout_s, double *rtt_s,
                rl_err *err) {
     void *socks[PB_MAX_PEERS] = {0};
     double sent[PB_MAX_PEERS];
@@ -43,7 +43,7 @@ int pb_measure(void *zctx, const rk_identity *id, const pb_peer *peers, int n, d
     for (int i = 0; i < n && rc == 0; i++) {
         sent[i] = rl_clock_now();
         rl_err e2;
-        if (pb_send_ping(socks[i], 0, &e2) != 0) sent[i] = -1; /* not connected yet: resent below */
+        if (probe_send_ping(socks[i], 0, &e2) != 0) sent[i] = -1; /* not connected yet: resent below */
     }
     int left = n;
     while (rc == 0 && left > 0 && rl_clock_now() - t0 < timeout_s) {
@@ -56,7 +56,7 @@ int pb_measure(void *zctx, const rk_identity *id, const pb_peer *peers, int n, d
         for (int i = 0; i < n; i++) {
             if (round[i] < PB_ROUNDS && sent[i] < 0) { /* IMMEDIATE sockets drop what they cannot deliver yet */
                 rl_err e2;
-                if (pb_send_ping(socks[i], (uint64_t)round[i], &e2) == 0) sent[i] = rl_clock_now();
+                if (probe_send_ping(socks[i], (uint64_t)round[i], &e2) == 0) sent[i] = rl_clock_now();
             }
             if (!(items[i].revents & ZMQ_POLLIN)) continue;
             for (;;) {
@@ -64,9 +64,9 @@ int pb_measure(void *zctx, const rk_identity *id, const pb_peer *peers, int n, d
                 rl_err e2;
                 int r = zs_recv(socks[i], &p, &e2);
                 if (r != 0) break;
-                rf_header h;
+                frame_header h;
                 double now = rl_clock_now();
-                if (p.n >= 2 && rf_header_decode(&h, p.data[0], p.len[0], &e2) == 0 && h.type == RF_PROBE_PONG &&
+                if (p.n >= 2 && frame_header_decode(&h, p.data[0], p.len[0], &e2) == 0 && h.type == FRAME_PROBE_PONG &&
                     round[i] < PB_ROUNDS && h.step_id == (uint64_t)round[i] && sent[i] >= 0) {
                     double rtt = now - sent[i];
                     if (rtt_s[i] < 0 || rtt < rtt_s[i]) rtt_s[i] = rtt;
@@ -74,7 +74,7 @@ int pb_measure(void *zctx, const rk_identity *id, const pb_peer *peers, int n, d
                         left--;
                     } else {
                         sent[i] = rl_clock_now();
-                        if (pb_send_ping(socks[i], (uint64_t)round[i], &e2) != 0) sent[i] = -1;
+                        if (probe_send_ping(socks[i], (uint64_t)round[i], &e2) != 0) sent[i] = -1;
                     }
                 }
                 zs_parts_free(&p);

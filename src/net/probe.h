@@ -18,14 +18,14 @@
  * two agree), written out so the transport need not include the planner. */
 #define PB_MAX_PEERS 64
 
-typedef struct pb_peer {
+typedef struct probe_peer {
     char addr[128];
-    rk_peer key;
-} pb_peer;
+    keys_peer key;
+} probe_peer;
 
 /* Times PB_ROUNDS round trips to each of peers[0..n) (DEALER sockets under id, on zctx); rtt_s[i] the
  * fastest, or -1 if peer i did not answer within timeout_s. Fails only on a local error (a socket). */
-int pb_measure(void *zctx, const rk_identity *id, const pb_peer *peers, int n, double timeout_s, double *rtt_s,
+int probe_measure(void *zctx, const keys_identity *id, const probe_peer *peers, int n, double timeout_s, double *rtt_s,
                rl_err *err);
 
 #endif

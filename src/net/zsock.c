@@ -23,7 +23,7 @@ static void zs_auth_log_refusal(zs_auth *a, const char *addr, const uint8_t key[
     memcpy(a->last_refused, key, 32);
     a->last_refused_t = now;
     char names[2][65];
-    int n = rk_curve_to_names(key, names);
+    int n = keys_curve_to_names(key, names);
     char more[64] = "";
     if (a->refused_quiet) snprintf(more, sizeof more, " (%ld more refusals before this one)", a->refused_quiet);
     a->refused_quiet = 0;
@@ -158,7 +158,7 @@ static void zs_common(void *s) {
     zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &tmo, sizeof tmo);
 }
 
-void *zs_server(void *zctx, const char *host_port, const rk_identity *id, rl_err *err) {
+void *zs_server(void *zctx, const char *host_port, const keys_identity *id, rl_err *err) {
     void *s = zmq_socket(zctx, ZMQ_ROUTER);
     if (!s) {
         rl_errf(err, "cannot create a socket: %s", zmq_strerror(errno));
@@ -186,7 +186,7 @@ void *zs_server(void *zctx, const char *host_port, const rk_identity *id, rl_err
     return s;
 }
 
-void *zs_client(void *zctx, const char *host_port, const rk_identity *id, const char *server_curve_z85,
+void *zs_client(void *zctx, const char *host_port, const keys_identity *id, const char *server_curve_z85,
                 const char *routing_id, rl_err *err) {
     void *s = zmq_socket(zctx, ZMQ_DEALER);
     if (!s) {

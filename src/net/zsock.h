@@ -50,9 +50,9 @@ void zs_auth_allow(zs_auth *a, const uint8_t curve_pk[32], const char *label, co
 void zs_auth_forget(zs_auth *a, const char *label);
 
 /* A ROUTER bound to "tcp://HOST:PORT", CURVE server with the given identity. */
-void *zs_server(void *zctx, const char *host_port, const rk_identity *id, rl_err *err);
+void *zs_server(void *zctx, const char *host_port, const keys_identity *id, rl_err *err);
 /* A DEALER connected to "tcp://HOST:PORT", CURVE client that expects server_curve_z85. */
-void *zs_client(void *zctx, const char *host_port, const rk_identity *id, const char *server_curve_z85,
+void *zs_client(void *zctx, const char *host_port, const keys_identity *id, const char *server_curve_z85,
                 const char *routing_id, rl_err *err);
 
 /* Multipart send/receive of up to 4 frames. zs_recv allocates each part (free with zs_parts_free). */

@@ -113,7 +113,7 @@ typedef struct node {
     uint32_t a, b, n_ctx;
     int n_seqs; /* sequences the ring holds at once (ASSIGN): the stage pools their states */
     /* Its stage's own timed frames (stage_time at ASSIGN; READY "steps"), from which the coordinator fits
-     * this node's figures for its prediction (predict.h, pr_stage_calibrate); kept for the assignment they
+     * this node's figures for its prediction (predict.h, predict_stage_calibrate); kept for the assignment they
      * timed (step_key), so an ASSIGN of the same range and shape does not time it again. */
     int n_steps;
     uint32_t step_tok[3];
@@ -128,14 +128,14 @@ typedef struct node {
     int n_taps;
     /* A manifest ring (docs/ring.md, "Manifest rings"): the range was put together from parts under the
      * coordinator's manifest, kept here; and the fetchers' keys this node lends its split files to. */
-    mfst_file mf;
+    manifest_file mf;
     bool have_mf;
-    char lent[RP_MAX_HOLDERS][65];
+    char lent[PARTS_MAX_HOLDERS][65];
     int n_lent;
     /* The ring's other nodes, which may time round trips to this one (PEERS; probe.h). */
     char probers[PB_MAX_PEERS][65];
     int n_probers;
-    uint8_t manifest[32]; /* mfst_range_hash of the assigned range: hashed by a thread from load on, so that
+    uint8_t manifest[32]; /* manifest_range_hash of the assigned range: hashed by a thread from load on, so that
                            * the first receipt does not wait for a pass over every weight byte */
     bool have_manifest;
     struct node_mfst_job {
@@ -159,7 +159,7 @@ typedef struct node {
     /* Receipts still to sign: the frames already went on; they are hashed and signed once the node has
      * been quiet for a millisecond, or before it handles its next message (node_flush_receipts). */
     struct node_rjob {
-        rf_header *h;
+        frame_header *h;
         uint8_t nonce[32];
         uint8_t *in, *out;
         size_t in_len, out_len;
@@ -169,7 +169,7 @@ typedef struct node {
     long adv_forwards;  /* FORWARD frames run so far */
     uint8_t *adv_old;   /* replay: the first receipt this node signed (packed) */
     size_t adv_old_len;
-    rk_identity adv_other; /* wrongkey: a key of its own making */
+    keys_identity adv_other; /* wrongkey: a key of its own making */
     bool adv_have_other;
 #endif
 } node;
@@ -380,11 +380,11 @@ static int node_probe_device(node *n, rl_err *err) {
 /* A reply (header + payload) to the peer with routing id `to` (the coordinator, or one it refuses). */
 static int node_reply_to(node *n, const void *to, size_t to_len, int type, uint64_t step, const void *payload,
                          size_t len, rl_err *err) {
-    rf_header h = {.type = (uint16_t)type, .ring_id = n->cur_ring, .step_id = step, .payload_bytes = len};
+    frame_header h = {.type = (uint16_t)type, .ring_id = n->cur_ring, .step_id = step, .payload_bytes = len};
     uint8_t hb[64];
-    rf_header_encode(&h, hb);
+    frame_header_encode(&h, hb);
     const void *parts[3] = {to, hb, payload ? payload : ""};
-    size_t lens[3] = {to_len, rf_header_size(0), len};
+    size_t lens[3] = {to_len, frame_header_size(0), len};
     return zs_send(n->router, parts, lens, 3, true, err);
 }
 
@@ -407,7 +407,7 @@ static void node_error_at(node *n, uint64_t step, const char *lost, const char *
     if (lost) cJSON_AddStringToObject(j, "lost", lost);
     char *s = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
-    if (s && n->coord_id_len) node_reply(n, RF_ERROR, step, s, strlen(s));
+    if (s && n->coord_id_len) node_reply(n, FRAME_ERROR, step, s, strlen(s));
     free(s);
 }
 
@@ -423,7 +423,7 @@ static void node_error(node *n, uint64_t step, const char *fmt, ...) {
 
 static void node_info(node *n) {
     cJSON *j = cJSON_CreateObject();
-    cJSON_AddNumberToObject(j, "version", RF_VERSION);
+    cJSON_AddNumberToObject(j, "version", FRAME_VERSION);
     cJSON_AddStringToObject(j, "pubkey", n->o->id.pk_hex);
     uint64_t mem = n->o->mem_gb > 0 ? (uint64_t)(n->o->mem_gb * 1073741824.0) : node_mem_available();
     cJSON_AddNumberToObject(j, "mem_bytes", (double)mem);
@@ -488,7 +488,7 @@ static void node_info(node *n) {
     if (d) closedir(d);
     char *s = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
-    if (s) node_reply(n, RF_INFO, 0, s, strlen(s));
+    if (s) node_reply(n, FRAME_INFO, 0, s, strlen(s));
     free(s);
 }
 
@@ -504,7 +504,7 @@ static void node_drop_seqs(node *n) {
 
 static void *node_mfst_main(void *arg) {
     struct node_mfst_job *j = arg;
-    j->rc = mfst_range_hash_threads(j->m, &j->hp, j->a, j->b, 1, j->out, &j->err);
+    j->rc = manifest_range_hash_threads(j->m, &j->hp, j->a, j->b, 1, j->out, &j->err);
     return NULL;
 }
 
@@ -515,7 +515,7 @@ static int node_manifest(node *n, rl_err *err) {
         n->mfst.running = false;
         if (n->mfst.rc == 0) memcpy(n->manifest, n->mfst.out, 32), n->have_manifest = true;
     }
-    if (!n->have_manifest) n->have_manifest = mfst_range_hash(&n->m, &n->hp, n->a, n->b, n->manifest, err) == 0;
+    if (!n->have_manifest) n->have_manifest = manifest_range_hash(&n->m, &n->hp, n->a, n->b, n->manifest, err) == 0;
     return n->have_manifest ? 0 : -1;
 }
 
@@ -529,7 +529,7 @@ static void node_unload(node *n) {
         k3_engine_free(&n->e);
         mf_close(&n->m);
     }
-    if (n->have_mf) mfst_file_free(&n->mf);
+    if (n->have_mf) manifest_file_free(&n->mf);
     n->have_mf = false;
     if (n->vocab) {
         tok_vocab_free(n->vocab);
@@ -581,23 +581,23 @@ static int node_open_parts(node *n, const zs_parts *p, const cJSON *j, const cha
         unlink(tmp);
         return rl_errf(err, "cannot write %s", path);
     }
-    if (mfst_file_read(&n->mf, path, err) != 0) return -1;
+    if (manifest_file_read(&n->mf, path, err) != 0) return -1;
     n->have_mf = true;
     uint8_t id[32];
     char hex[65];
-    if (mfst_file_range_hash(&n->mf, 0, n->mf.n_layer, id, err) != 0) return -1;
+    if (manifest_file_range_hash(&n->mf, 0, n->mf.n_layer, id, err) != 0) return -1;
     sodium_bin2hex(hex, sizeof hex, id, 32);
     if (strcmp(hex, hash) != 0) return rl_errf(err, "the manifest sent is not that of model %.16s...", hash);
     if (b > n->mf.n_layer) return rl_errf(err, "layer range [%u, %u) beyond the model's %u layers", a, b, n->mf.n_layer);
-    rp_holder hold[RP_MAX_HOLDERS];
+    parts_holder hold[PARTS_MAX_HOLDERS];
     int n_hold = 0, rc = -1;
-    const uint32_t n_files = mfst_file_n_files(&n->mf);
+    const uint32_t n_files = manifest_file_n_files(&n->mf);
     const cJSON *hs = cJSON_GetObjectItemCaseSensitive(j, "holders"), *it;
     cJSON_ArrayForEach(it, hs) {
-        if (n_hold == RP_MAX_HOLDERS) break;
-        rp_holder *h = &hold[n_hold];
+        if (n_hold == PARTS_MAX_HOLDERS) break;
+        parts_holder *h = &hold[n_hold];
         const char *addr = rl_json_str(it, "addr"), *pk = rl_json_str(it, "pubkey");
-        if (!addr || !pk || rk_peer_parse(&h->key, pk, err) != 0) {
+        if (!addr || !pk || keys_peer_parse(&h->key, pk, err) != 0) {
             rl_errf(err, "ASSIGN: a holder without addr or a valid pubkey");
             goto out;
         }
@@ -612,12 +612,12 @@ static int node_open_parts(node *n, const zs_parts *p, const cJSON *j, const cha
             if (cJSON_IsNumber(fv) && fv->valuedouble >= 0 && fv->valuedouble < n_files) h->files[(uint32_t)fv->valuedouble] = true;
         }
     }
-    rp_opts ro = {.models_dir = n->o->models_dir, .cache_dir = n->cache_dir, .id = &n->o->id, .zctx = n->zctx,
+    parts_opts ro = {.models_dir = n->o->models_dir, .cache_dir = n->cache_dir, .id = &n->o->id, .zctx = n->zctx,
                   .holders = hold, .n_holders = n_hold, .ring_id = n->cur_ring, .n_threads = n->o->threads,
                   .log_name = n->o->listen};
-    rp_stats st;
+    parts_stats st;
     double t0 = rl_clock_now();
-    if (rp_assemble(&n->mf, a, b, &ro, &n->m, &st, err) != 0) goto out;
+    if (parts_assemble(&n->mf, a, b, &ro, &n->m, &st, err) != 0) goto out;
     if (k3_hparams_read(&n->hp, &n->m, err) != 0 || k3_check_tensors_range(&n->hp, &n->m, a, b, false, err) != 0) {
         mf_close(&n->m);
         goto out;
@@ -648,9 +648,9 @@ static int node_set_keys(node *n, uint64_t step, const zs_parts *p, const char *
         return -1;
     }
     cJSON_ArrayForEach(it, arr) {
-        rk_peer pk;
+        keys_peer pk;
         rl_err e2;
-        if (!cJSON_IsString(it) || rk_peer_parse(&pk, it->valuestring, &e2) != 0) {
+        if (!cJSON_IsString(it) || keys_peer_parse(&pk, it->valuestring, &e2) != 0) {
             node_error(n, step, "%s: a %s key is not valid", type, label);
             rc = -1;
             break;
@@ -673,8 +673,8 @@ static bool node_key_in(char (*keys)[65], int n_keys, const char *key) {
 /* LEND: the coordinator names the nodes that will pull from this one's split files (a manifest ring); only
  * those keys may, until the next LEND. */
 static void node_lend(node *n, uint64_t step, const zs_parts *p) {
-    if (node_set_keys(n, step, p, "LEND", "fetchers", "fetcher", n->lent, RP_MAX_HOLDERS, &n->n_lent) == 0) {
-        node_reply(n, RF_LENT, step, NULL, 0);
+    if (node_set_keys(n, step, p, "LEND", "fetchers", "fetcher", n->lent, PARTS_MAX_HOLDERS, &n->n_lent) == 0) {
+        node_reply(n, FRAME_LENT, step, NULL, 0);
     }
 }
 
@@ -682,7 +682,7 @@ static void node_lend(node *n, uint64_t step, const zs_parts *p) {
  * until the next PEERS or until that coordinator leaves. */
 static void node_peers(node *n, uint64_t step, const zs_parts *p) {
     if (node_set_keys(n, step, p, "PEERS", "peers", "peer", n->probers, PB_MAX_PEERS, &n->n_probers) == 0) {
-        node_reply(n, RF_PEERS_OK, step, NULL, 0);
+        node_reply(n, FRAME_PEERS_OK, step, NULL, 0);
     }
 }
 
@@ -691,7 +691,7 @@ static void node_peers(node *n, uint64_t step, const zs_parts *p) {
 static void node_probe(node *n, uint64_t step, const zs_parts *p) {
     cJSON *j = p->n >= 3 ? cJSON_ParseWithLength(p->data[2], p->len[2]) : NULL;
     const cJSON *ps = j ? cJSON_GetObjectItemCaseSensitive(j, "peers") : NULL, *it;
-    pb_peer peers[PB_MAX_PEERS];
+    probe_peer peers[PB_MAX_PEERS];
     double rtt[PB_MAX_PEERS];
     int np = 0;
     rl_err err = {{0}};
@@ -702,7 +702,7 @@ static void node_probe(node *n, uint64_t step, const zs_parts *p) {
     }
     cJSON_ArrayForEach(it, ps) {
         const char *addr = rl_json_str(it, "addr"), *key = rl_json_str(it, "key");
-        if (!addr || !key || strlen(addr) >= sizeof peers[0].addr || rk_peer_parse(&peers[np].key, key, &err) != 0) {
+        if (!addr || !key || strlen(addr) >= sizeof peers[0].addr || keys_peer_parse(&peers[np].key, key, &err) != 0) {
             node_error(n, step, "PROBE: a peer lacks a valid addr or key");
             cJSON_Delete(j);
             return;
@@ -710,7 +710,7 @@ static void node_probe(node *n, uint64_t step, const zs_parts *p) {
         snprintf(peers[np++].addr, sizeof peers[0].addr, "%s", addr);
     }
     cJSON_Delete(j);
-    if (pb_measure(n->zctx, &n->o->id, peers, np, 5.0, rtt, &err) != 0) {
+    if (probe_measure(n->zctx, &n->o->id, peers, np, 5.0, rtt, &err) != 0) {
         node_error(n, step, "%s", err.msg);
         return;
     }
@@ -723,21 +723,21 @@ static void node_probe(node *n, uint64_t step, const zs_parts *p) {
         node_error(n, step, "out of memory");
         return;
     }
-    node_reply(n, RF_PROBE_RESULT, step, js, strlen(js));
+    node_reply(n, FRAME_PROBE_RESULT, step, js, strlen(js));
     free(js);
 }
 
 /* PROBE_PING from a peer the coordinator named (PEERS): answered at once. */
-static void node_probe_ping(node *n, const zs_parts *p, const rf_header *h) {
+static void node_probe_ping(node *n, const zs_parts *p, const frame_header *h) {
     bool known = node_key_in(n->probers, n->n_probers, p->user);
     rl_err e2;
-    if (known) node_reply_to(n, p->data[0], p->len[0], RF_PROBE_PONG, h->step_id, NULL, 0, &e2);
+    if (known) node_reply_to(n, p->data[0], p->len[0], FRAME_PROBE_PONG, h->step_id, NULL, 0, &e2);
     else node_log(n, "dropped a PROBE_PING from %.16s..., which its coordinator did not name", p->user[0] ? p->user : "?");
 }
 
 /* PULL: bytes of one of this node's split files, for a node the coordinator lent them to. Answered at once
  * from the file (nothing is kept between pulls), errors to the puller. */
-static void node_pull(node *n, const zs_parts *p, const rf_header *h) {
+static void node_pull(node *n, const zs_parts *p, const frame_header *h) {
     bool lent = node_key_in(n->lent, n->n_lent, p->user);
     cJSON *j = p->n >= 3 ? cJSON_ParseWithLength(p->data[2], p->len[2]) : NULL;
     const char *file = j ? rl_json_str(j, "file") : NULL;
@@ -752,18 +752,18 @@ static void node_pull(node *n, const zs_parts *p, const rf_header *h) {
     } else if (!(buf = malloc((size_t)len))) {
         rc = rl_errf(&err, "out of memory");
     } else {
-        rc = rp_read(n->o->models_dir, file, (uint64_t)off, (size_t)len, buf, &err);
+        rc = parts_read(n->o->models_dir, file, (uint64_t)off, (size_t)len, buf, &err);
     }
     rl_err e2;
     if (rc == 0) {
-        node_reply_to(n, p->data[0], p->len[0], RF_PULL_DATA, h->step_id, buf, (size_t)len, &e2);
+        node_reply_to(n, p->data[0], p->len[0], FRAME_PULL_DATA, h->step_id, buf, (size_t)len, &e2);
     } else {
         node_log(n, "refused a PULL from %.16s...: %s", p->user[0] ? p->user : "?", err.msg);
         cJSON *e = cJSON_CreateObject();
         cJSON_AddStringToObject(e, "msg", err.msg);
         char *es = cJSON_PrintUnformatted(e);
         cJSON_Delete(e);
-        if (es) node_reply_to(n, p->data[0], p->len[0], RF_ERROR, h->step_id, es, strlen(es), &e2);
+        if (es) node_reply_to(n, p->data[0], p->len[0], FRAME_ERROR, h->step_id, es, strlen(es), &e2);
         free(es);
     }
     free(buf);
@@ -886,7 +886,7 @@ static void node_assign_keep(node *n, const node_assignment *as) {
     n->mfst.b = n->b;
     n->mfst.rc = -1;
     if (n->have_mf) { /* every tensor matched the manifest: its range hash is the range's */
-        n->have_manifest = mfst_file_range_hash(&n->mf, n->a, n->b, n->manifest, &err) == 0;
+        n->have_manifest = manifest_file_range_hash(&n->mf, n->a, n->b, n->manifest, &err) == 0;
     } else {
         n->mfst.running = pthread_create(&n->mfst.thread, NULL, node_mfst_main, &n->mfst) == 0;
     }
@@ -908,7 +908,7 @@ static int node_assign_load(node *n, uint64_t step, const zs_parts *p, const cJS
          : as->range_file ? k3_open_range(&n->m, &n->hp, path, (uint32_t)a, (uint32_t)b, &err)
                           : k3_open(&n->m, &n->hp, path, &err)) != 0) {
         node_error(n, step, "%s", err.msg);
-        if (n->have_mf) mfst_file_free(&n->mf), n->have_mf = false;
+        if (n->have_mf) manifest_file_free(&n->mf), n->have_mf = false;
         return -1;
     }
     if ((uint32_t)b > n->hp.n_layer) {
@@ -945,7 +945,7 @@ static int node_assign_load(node *n, uint64_t step, const zs_parts *p, const cJS
 static void node_assign_stage(node *n, const cJSON *j, const node_assignment *as) {
     n->n_ctx = (uint32_t)as->n_ctx;
     const double n_seqs = rl_json_num(j, "n_seqs", 1);
-    n->n_seqs = n_seqs >= 1 && n_seqs <= RF_MAX_SEQS ? (int)n_seqs : 1;
+    n->n_seqs = n_seqs >= 1 && n_seqs <= FRAME_MAX_SEQS ? (int)n_seqs : 1;
     n->stage = (int)rl_json_num(j, "stage", 0);
     n->n_stages = (int)rl_json_num(j, "n_stages", 1);
     const char *wire = rl_json_str(j, "wire");
@@ -971,8 +971,8 @@ static int node_assign_links(node *n, uint64_t step, const node_assignment *as) 
     rl_err err;
     zs_auth_forget(&n->auth, "upstream");
     if (as->upstream) {
-        rk_peer up;
-        if (rk_peer_parse(&up, as->upstream, &err) != 0) {
+        keys_peer up;
+        if (keys_peer_parse(&up, as->upstream, &err) != 0) {
             node_error(n, step, "upstream key: %s", err.msg);
             return -1;
         }
@@ -981,8 +981,8 @@ static int node_assign_links(node *n, uint64_t step, const node_assignment *as) 
     node_close_next(n);
     if (!cJSON_IsObject(as->next)) return 0;
     const char *addr = rl_json_str(as->next, "addr"), *pk = rl_json_str(as->next, "pubkey");
-    rk_peer down;
-    if (!addr || !pk || rk_peer_parse(&down, pk, &err) != 0) {
+    keys_peer down;
+    if (!addr || !pk || keys_peer_parse(&down, pk, &err) != 0) {
         node_error(n, step, "ASSIGN's next hop lacks addr or a valid pubkey");
         return -1;
     }
@@ -1046,7 +1046,7 @@ static void node_assign_ready(node *n, uint64_t step) {
     }
     char *s = cJSON_PrintUnformatted(r);
     cJSON_Delete(r);
-    if (s) node_reply(n, RF_READY, step, s, strlen(s));
+    if (s) node_reply(n, FRAME_READY, step, s, strlen(s));
     free(s);
 }
 
@@ -1090,7 +1090,7 @@ static void node_alog_clear(node *n) {
 
 /* Keeps one step's input and output (malloc'ed; taken over), forgetting the oldest steps beyond the byte
  * budget. A failure to keep them is not an error of the step: an audit of it then finds nothing and says so. */
-static void node_alog_add(node *n, const rf_header *h, uint8_t *in, size_t in_len, uint8_t *out, size_t out_len) {
+static void node_alog_add(node *n, const frame_header *h, uint8_t *in, size_t in_len, uint8_t *out, size_t out_len) {
     size_t keep = n->o->audit_keep_bytes ? n->o->audit_keep_bytes : (size_t)256 << 20;
     if (in_len + out_len > keep) {
         free(in);
@@ -1140,7 +1140,7 @@ static bool node_adv_is(const node *n, const char *mode) {
 }
 
 /* skip / perturb: change what is sent on, then sign it honestly (only an audit can catch this). */
-static void node_adv_output(node *n, const rf_header *h, const uint8_t *in, uint8_t *out, size_t out_len) {
+static void node_adv_output(node *n, const frame_header *h, const uint8_t *in, uint8_t *out, size_t out_len) {
     bool skip = node_adv_is(n, "skip"), perturb = node_adv_is(n, "perturb");
     if (!skip && !perturb) return;
     uint64_t total = 0;
@@ -1149,7 +1149,7 @@ static void node_adv_output(node *n, const rf_header *h, const uint8_t *in, uint
         for (uint32_t i = 0; i < h->n_seqs; i++) {
             int32_t t;
             memcpy(&t, out + i * 4, 4);
-            if (t < 0 || (h->seqs[i].flags & RF_SEQ_VERIFY)) continue;
+            if (t < 0 || (h->seqs[i].flags & FRAME_SEQ_VERIFY)) continue;
             t = (int32_t)(((uint32_t)t + 1) % n->hp.n_vocab);
             memcpy(out + i * 4, &t, 4);
         }
@@ -1173,16 +1173,16 @@ static void node_adv_output(node *n, const rf_header *h, const uint8_t *in, uint
 }
 
 /* wrongkey / claim: a receipt signed by another key, or for a layer range the node was not given. */
-static void node_adv_receipt(node *n, rcpt_receipt *r) {
+static void node_adv_receipt(node *n, receipt_rec *r) {
     if (node_adv_is(n, "claim")) {
         if (r->layer_end < n->hp.n_layer) r->layer_end++;
         else r->layer_start--;
     }
 }
-static const rk_identity *node_adv_signer(node *n) {
+static const keys_identity *node_adv_signer(node *n) {
     if (!node_adv_is(n, "wrongkey")) return &n->o->id;
     rl_err err;
-    if (!n->adv_have_other) n->adv_have_other = rk_generate(&n->adv_other, &err) == 0;
+    if (!n->adv_have_other) n->adv_have_other = keys_generate(&n->adv_other, &err) == 0;
     return n->adv_have_other ? &n->adv_other : &n->o->id;
 }
 /* replay: keeps its first receipt and sends that one again instead of a fresh one. */
@@ -1197,7 +1197,7 @@ static void node_adv_replay(node *n, const uint8_t **packed, size_t *len) {
 #endif
 
 /* AUDIT_REQ: u32 n | n x u64 step id -> AUDIT_DATA (frame.h). */
-static void node_audit(node *n, const zs_parts *p, const rf_header *h) {
+static void node_audit(node *n, const zs_parts *p, const frame_header *h) {
     uint32_t cnt = 0;
     if (p->len[2] >= 4) memcpy(&cnt, p->data[2], 4);
     if (p->len[2] < 4 || cnt > 65536 || p->len[2] != 4 + (size_t)cnt * 8) {
@@ -1236,21 +1236,21 @@ static void node_audit(node *n, const zs_parts *p, const rf_header *h) {
             w += il + ol;
         }
     }
-    node_reply(n, RF_AUDIT_DATA, h->step_id, buf, len);
+    node_reply(n, FRAME_AUDIT_DATA, h->step_id, buf, len);
     free(buf);
 }
 
 
 /* Signs this stage's receipt for one traversal and sends it to the coordinator (out of band). */
-static void node_send_receipt(node *n, const rf_header *h, const uint8_t nonce[32], const void *in, size_t in_len,
+static void node_send_receipt(node *n, const frame_header *h, const uint8_t nonce[32], const void *in, size_t in_len,
                               const void *out_bytes, size_t out_len) {
     rl_err err;
-    rcpt_receipt *r = calloc(1, sizeof *r);
-    rcpt_seq sq[RF_MAX_SEQS];
-    uint8_t packed[RCPT_MAX_PACKED];
+    receipt_rec *r = calloc(1, sizeof *r);
+    receipt_seq sq[FRAME_MAX_SEQS];
+    uint8_t packed[RECEIPT_MAX_PACKED];
     size_t packed_len = 0;
     for (uint32_t i = 0; i < h->n_seqs; i++) {
-        sq[i] = (rcpt_seq){.seq_id = h->seqs[i].seq_id, .pos = h->seqs[i].pos, .n_tokens = h->seqs[i].n_tokens};
+        sq[i] = (receipt_seq){.seq_id = h->seqs[i].seq_id, .pos = h->seqs[i].pos, .n_tokens = h->seqs[i].n_tokens};
     }
     int ok = r != NULL;
     if (ok) ok = node_manifest(n, &err) == 0;
@@ -1261,15 +1261,15 @@ static void node_send_receipt(node *n, const rf_header *h, const uint8_t nonce[3
         memcpy(r->manifest, n->manifest, 32);
         r->layer_start = n->a;
         r->layer_end = n->b;
-        rcpt_hash(in, in_len, r->in_hash);
-        rcpt_hash(out_bytes, out_len, r->out_hash);
-        const rk_identity *signer = &n->o->id;
+        receipt_hash(in, in_len, r->in_hash);
+        receipt_hash(out_bytes, out_len, r->out_hash);
+        const keys_identity *signer = &n->o->id;
 #ifdef RINGLM_ADVERSARY
         node_adv_receipt(n, r);
         signer = node_adv_signer(n);
 #endif
-        ok = rcpt_set_seqs(r, sq, h->n_seqs, &err) == 0 && rcpt_sign(r, signer, &err) == 0 &&
-             rcpt_pack(r, packed, sizeof packed, &packed_len, &err) == 0;
+        ok = receipt_set_seqs(r, sq, h->n_seqs, &err) == 0 && receipt_sign(r, signer, &err) == 0 &&
+             receipt_pack(r, packed, sizeof packed, &packed_len, &err) == 0;
     }
     free(r);
     if (!ok) {
@@ -1284,7 +1284,7 @@ static void node_send_receipt(node *n, const rf_header *h, const uint8_t nonce[3
      * next coordinator's first message arrives belongs to the ring that sent the frame. */
     uint64_t cur = n->cur_ring;
     n->cur_ring = h->ring_id;
-    node_reply(n, RF_RECEIPT, h->step_id, send, packed_len);
+    node_reply(n, FRAME_RECEIPT, h->step_id, send, packed_len);
     n->cur_ring = cur;
 }
 
@@ -1313,7 +1313,7 @@ static void node_free_rjobs(node *n) {
 }
 
 /* Queues this frame's receipt (takes out; copies the input). Signs at once if it cannot queue. */
-static void node_queue_receipt(node *n, const rf_header *h, const uint8_t nonce[32], const void *in, size_t in_len,
+static void node_queue_receipt(node *n, const frame_header *h, const uint8_t nonce[32], const void *in, size_t in_len,
                                uint8_t *out, size_t out_len) {
     if (n->n_rjobs == n->cap_rjobs) {
         int cap = n->cap_rjobs ? n->cap_rjobs * 2 : 8;
@@ -1352,17 +1352,17 @@ static void node_send_taps(node *n, uint64_t step) {
 #ifdef RINGLM_ADVERSARY
     if (node_adv_is(n, "badtaps")) len -= 4; /* one float short */
     if (node_adv_is(n, "duptaps")) {         /* the real taps, then a second message of other rows */
-        node_reply(n, RF_TAPS, step, buf, len);
+        node_reply(n, FRAME_TAPS, step, buf, len);
         for (size_t i = 0; i < rows / sizeof(float); i++) ((float *)(buf + 8 + 4 * (size_t)nt))[i] = 1.0f;
     }
 #endif
-    node_reply(n, RF_TAPS, step, buf, len);
+    node_reply(n, FRAME_TAPS, step, buf, len);
     free(buf);
 }
 
-static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
+static void node_forward(node *n, const zs_parts *p, const frame_header *h) {
     rl_err err;
-    double t_recv = rf_now();
+    double t_recv = frame_now();
     if (!n->loaded) {
         node_error(n, h->step_id, "FORWARD before ASSIGN");
         return;
@@ -1371,21 +1371,21 @@ static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
         node_error(n, h->step_id, "FORWARD with %d parts, expected 4", p->n - 1);
         return;
     }
-    rf_stamp stamps[RF_MAX_STAMPS + 1];
+    frame_stamp stamps[FRAME_MAX_STAMPS + 1];
     uint32_t n_stamps = 0;
-    if (rf_stamps_decode(stamps, &n_stamps, p->data[3], p->len[3], &err) != 0 || n_stamps >= RF_MAX_STAMPS) {
-        node_error(n, h->step_id, "FORWARD: %s", n_stamps >= RF_MAX_STAMPS ? "too many hops" : err.msg);
+    if (frame_stamps_decode(stamps, &n_stamps, p->data[3], p->len[3], &err) != 0 || n_stamps >= FRAME_MAX_STAMPS) {
+        node_error(n, h->step_id, "FORWARD: %s", n_stamps >= FRAME_MAX_STAMPS ? "too many hops" : err.msg);
         return;
     }
     /* Receipts: when the coordinator asks (the extension with its nonce), this stage signs what it ran. */
-    rf_receipts rx;
-    int want_receipt = rf_receipts_decode(&rx, p->data[3], p->len[3], &err);
-    if (want_receipt < 0 || (want_receipt == 0 && rx.n >= RF_MAX_RECEIPTS)) {
+    frame_receipts rx;
+    int want_receipt = frame_receipts_decode(&rx, p->data[3], p->len[3], &err);
+    if (want_receipt < 0 || (want_receipt == 0 && rx.n >= FRAME_MAX_RECEIPTS)) {
         node_error(n, h->step_id, "FORWARD: %s", want_receipt < 0 ? err.msg : "too many receipts");
         return;
     }
     want_receipt = want_receipt == 0;
-    double t_start = rf_now();
+    double t_start = frame_now();
     uint8_t *payload = NULL;
     size_t plen = 0;
     if (stage_run(&n->stage_rt, h, p->data[2], p->len[2], p->n > 4 ? p->data[4] : NULL, p->n > 4 ? p->len[4] : 0,
@@ -1398,23 +1398,23 @@ static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
     n->adv_forwards++;
     node_adv_output(n, h, p->data[2], payload, plen);
 #endif
-    double t_end = rf_now();
+    double t_end = frame_now();
     uint64_t total = 0;
     for (uint32_t i = 0; i < h->n_seqs; i++) total += h->seqs[i].n_tokens;
-    stamps[n_stamps++] = (rf_stamp){.stage = (uint32_t)n->stage, .n_tokens = (uint32_t)total, .t_recv = t_recv,
+    stamps[n_stamps++] = (frame_stamp){.stage = (uint32_t)n->stage, .n_tokens = (uint32_t)total, .t_recv = t_recv,
                                     .t_start = t_start, .t_end = t_end};
-    rf_header oh = *h;
-    if (last) oh.type = RF_RESULT;
+    frame_header oh = *h;
+    if (last) oh.type = FRAME_RESULT;
     oh.payload_bytes = plen;
-    stamps[n_stamps - 1].t_send = rf_now();
-    size_t hl = rf_header_size(oh.n_seqs), sl = rf_stamps_size(n_stamps);
-    size_t xl = want_receipt ? rf_receipts_size(&rx, 0) : 0;
+    stamps[n_stamps - 1].t_send = frame_now();
+    size_t hl = frame_header_size(oh.n_seqs), sl = frame_stamps_size(n_stamps);
+    size_t xl = want_receipt ? frame_receipts_size(&rx, 0) : 0;
     uint8_t *hb = malloc(hl), *sb = malloc(sl + xl);
     sl += xl;
     if (hb && sb) {
-        rf_header_encode(&oh, hb);
-        rf_stamps_encode(stamps, n_stamps, sb);
-        if (want_receipt) rf_receipts_encode(&rx, NULL, 0, sb + rf_stamps_size(n_stamps));
+        frame_header_encode(&oh, hb);
+        frame_stamps_encode(stamps, n_stamps, sb);
+        if (want_receipt) frame_receipts_encode(&rx, NULL, 0, sb + frame_stamps_size(n_stamps));
         if (!last) {
             const void *parts[4] = {hb, payload, sb, p->n > 4 ? p->data[4] : NULL};
             size_t lens[4] = {hl, plen, sl, p->n > 4 ? p->len[4] : 0};
@@ -1436,9 +1436,9 @@ static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
         size_t rl = n->stage_rt.routes_len;
 #ifdef RINGLM_ADVERSARY
         if (node_adv_is(n, "badroutes")) rl -= 4; /* one value short */
-        if (node_adv_is(n, "duproutes")) node_reply(n, RF_ROUTES, h->step_id, n->stage_rt.routes, rl);
+        if (node_adv_is(n, "duproutes")) node_reply(n, FRAME_ROUTES, h->step_id, n->stage_rt.routes, rl);
 #endif
-        node_reply(n, RF_ROUTES, h->step_id, n->stage_rt.routes, rl);
+        node_reply(n, FRAME_ROUTES, h->step_id, n->stage_rt.routes, rl);
     }
     /* The frame is on its way: now hash what came in and what went out, sign, and tell the coordinator
      * directly. The next stage hashes the same bytes as its input, so the coordinator can check the chain. */
@@ -1446,7 +1446,7 @@ static void node_forward(node *n, const zs_parts *p, const rf_header *h) {
     else free(payload);
 }
 
-static void node_free(node *n, const zs_parts *p, const rf_header *h) {
+static void node_free(node *n, const zs_parts *p, const frame_header *h) {
     for (uint32_t i = 0; i < h->n_seqs; i++) stage_forget(&n->stage_rt, h->seqs[i].seq_id);
     if (n->next) { /* pass it down the ring so every stage forgets the sequence */
         const void *parts[3] = {p->data[1], p->data[2], p->n > 3 ? p->data[3] : ""};
@@ -1506,7 +1506,7 @@ static void node_fetch_begin(node *n, uint64_t step, const zs_parts *p) {
     crypto_generichash_update(&f->h, p->data[3], p->len[3]);
     f->written = p->len[3];
     node_log(n, "receiving layers [%u, %u) of %.12s... (%.1f MiB)", f->a, f->b, f->hash, (double)f->expect / 1048576.0);
-    node_reply(n, RF_FETCH_ACK, step, NULL, 0);
+    node_reply(n, FRAME_FETCH_ACK, step, NULL, 0);
 }
 
 static void node_fetch_data(node *n, uint64_t step, const zs_parts *p) {
@@ -1528,7 +1528,7 @@ static void node_fetch_data(node *n, uint64_t step, const zs_parts *p) {
         fprintf(stderr, "\rringlm node %s: receiving [%-20.*s] %3d%%", n->o->listen, pct / 5, "####################", pct);
         if (pct == 100) fputc('\n', stderr);
     }
-    node_reply(n, RF_FETCH_ACK, step, NULL, 0);
+    node_reply(n, FRAME_FETCH_ACK, step, NULL, 0);
 }
 
 static void node_fetch_end(node *n, uint64_t step, const zs_parts *p) {
@@ -1571,7 +1571,7 @@ static void node_fetch_end(node *n, uint64_t step, const zs_parts *p) {
     }
     node_log(n, "kept layers [%u, %u) in %s", f->a, f->b, f->final);
     memset(f, 0, sizeof *f);
-    node_reply(n, RF_READY, step, "{\"fetched\":true}", 16);
+    node_reply(n, FRAME_READY, step, "{\"fetched\":true}", 16);
 }
 
 /* ---- one coordinator at a time ------------------------------------------------------------------ */
@@ -1605,17 +1605,17 @@ static void node_watch_owner(node *n) {
 /* Message types only a coordinator sends. FORWARD and FREE come from the coordinator too when this is
  * stage 0, else from the upstream node: those are told apart by their routing id (coordinators' start
  * "coord-", upstream nodes' "node-"). */
-static bool node_from_coordinator(const zs_parts *p, const rf_header *h) {
+static bool node_from_coordinator(const zs_parts *p, const frame_header *h) {
     switch (h->type) {
-    case RF_INFO_REQ: case RF_ASSIGN: case RF_PING: case RF_AUDIT_REQ: case RF_LEND: case RF_PEERS: case RF_PROBE:
-    case RF_FETCH_BEGIN: case RF_FETCH_DATA: case RF_FETCH_END: return true;
+    case FRAME_INFO_REQ: case FRAME_ASSIGN: case FRAME_PING: case FRAME_AUDIT_REQ: case FRAME_LEND: case FRAME_PEERS: case FRAME_PROBE:
+    case FRAME_FETCH_BEGIN: case FRAME_FETCH_DATA: case FRAME_FETCH_END: return true;
     default: return p->len[0] >= 6 && memcmp(p->data[0], "coord-", 6) == 0;
     }
 }
 
 /* A coordinator's message: true if this node serves it (taking the node if it is free), else false after
  * answering it with an ERROR that names the coordinator the node serves. */
-static bool node_admit(node *n, const zs_parts *p, const rf_header *h) {
+static bool node_admit(node *n, const zs_parts *p, const frame_header *h) {
     node_watch_owner(n);
     size_t ol = node_owner_len(p->data[0], p->len[0]);
     /* The session in the routing id, and the key the handshake proved: one allowed coordinator cannot pass
@@ -1625,7 +1625,7 @@ static bool node_admit(node *n, const zs_parts *p, const rf_header *h) {
     /* Only an INFO request takes a free node: every ring_open starts with one. Anything else from a
      * coordinator that is not the owner may be a message its connection delivered just before it closed,
      * read after the close freed the node: taking the node on it would hold it for a dead coordinator. */
-    if (!n->owned && h->type == RF_INFO_REQ) {
+    if (!n->owned && h->type == FRAME_INFO_REQ) {
         n->owned = true;
         n->owner_len = ol < sizeof n->owner ? ol : sizeof n->owner; /* bytes: a routing id may hold NULs */
         memcpy(n->owner, p->data[0], n->owner_len);
@@ -1665,7 +1665,7 @@ static bool node_admit(node *n, const zs_parts *p, const rf_header *h) {
     char *js = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     rl_err e2; /* a refused peer that already left: nothing to do (cur_ring is this message's ring) */
-    node_reply_to(n, p->data[0], p->len[0], RF_ERROR, h->step_id, js, js ? strlen(js) : 0, &e2);
+    node_reply_to(n, p->data[0], p->len[0], FRAME_ERROR, h->step_id, js, js ? strlen(js) : 0, &e2);
     free(js);
     return false;
 }
@@ -1739,7 +1739,7 @@ int node_run(const node_opts *o, rl_err *err) {
             int r = zs_recv(n->router, &p, &e2);
             if (r != 0) break;
             node_flush_receipts(n);
-            rf_header *h = malloc(sizeof *h);
+            frame_header *h = malloc(sizeof *h);
             if (!h || p.n < 3) {
                 if (o->verbose) node_log(n, "dropped a message of %d parts", p.n);
                 free(h);
@@ -1747,7 +1747,7 @@ int node_run(const node_opts *o, rl_err *err) {
                 continue;
             }
             n->cur_ring = 0;
-            if (rf_header_decode(h, p.data[1], p.len[1], &e2) != 0) {
+            if (frame_header_decode(h, p.data[1], p.len[1], &e2) != 0) {
                 /* An authenticated peer sent garbage: say so (if it is our coordinator) and go on. */
                 if (p.len[0] == n->coord_id_len && memcmp(p.data[0], n->coord_id, p.len[0]) == 0) {
                     node_error(n, 0, "malformed frame: %s", e2.msg);
@@ -1765,32 +1765,32 @@ int node_run(const node_opts *o, rl_err *err) {
                 continue;
             }
             switch (h->type) {
-            case RF_INFO_REQ: node_info(n); break;
-            case RF_ASSIGN: node_assign(n, h->step_id, &p); break;
-            case RF_LEND: node_lend(n, h->step_id, &p); break;
-            case RF_PULL: node_pull(n, &p, h); break;
-            case RF_PEERS:
+            case FRAME_INFO_REQ: node_info(n); break;
+            case FRAME_ASSIGN: node_assign(n, h->step_id, &p); break;
+            case FRAME_LEND: node_lend(n, h->step_id, &p); break;
+            case FRAME_PULL: node_pull(n, &p, h); break;
+            case FRAME_PEERS:
 #ifdef RINGLM_ADVERSARY
                 if (n->o->misbehave && strcmp(n->o->misbehave, "noprobe") == 0) { /* knows no probes (an older node) */
-                    node_error(n, h->step_id, "unexpected %s frame", rf_type_name(h->type));
+                    node_error(n, h->step_id, "unexpected %s frame", frame_type_name(h->type));
                     break;
                 }
 #endif
                 node_peers(n, h->step_id, &p);
                 break;
-            case RF_PROBE: node_probe(n, h->step_id, &p); break;
-            case RF_PROBE_PING: node_probe_ping(n, &p, h); break;
-            case RF_PING: node_reply(n, RF_PONG, h->step_id, NULL, 0); break;
-            case RF_FORWARD: node_forward(n, &p, h); break;
-            case RF_FREE: node_free(n, &p, h); break;
-            case RF_AUDIT_REQ: /* only the coordinator audits; the answer goes to it */
+            case FRAME_PROBE: node_probe(n, h->step_id, &p); break;
+            case FRAME_PROBE_PING: node_probe_ping(n, &p, h); break;
+            case FRAME_PING: node_reply(n, FRAME_PONG, h->step_id, NULL, 0); break;
+            case FRAME_FORWARD: node_forward(n, &p, h); break;
+            case FRAME_FREE: node_free(n, &p, h); break;
+            case FRAME_AUDIT_REQ: /* only the coordinator audits; the answer goes to it */
                 if (p.len[0] == n->coord_id_len && memcmp(p.data[0], n->coord_id, p.len[0]) == 0) node_audit(n, &p, h);
                 else node_log(n, "dropped an AUDIT_REQ that did not come from the coordinator");
                 break;
-            case RF_FETCH_BEGIN: node_fetch_begin(n, h->step_id, &p); break;
-            case RF_FETCH_DATA: node_fetch_data(n, h->step_id, &p); break;
-            case RF_FETCH_END: node_fetch_end(n, h->step_id, &p); break;
-            default: node_error(n, h->step_id, "unexpected %s frame", rf_type_name(h->type)); break;
+            case FRAME_FETCH_BEGIN: node_fetch_begin(n, h->step_id, &p); break;
+            case FRAME_FETCH_DATA: node_fetch_data(n, h->step_id, &p); break;
+            case FRAME_FETCH_END: node_fetch_end(n, h->step_id, &p); break;
+            default: node_error(n, h->step_id, "unexpected %s frame", frame_type_name(h->type)); break;
             }
             free(h);
             zs_parts_free(&p);

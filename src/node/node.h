@@ -23,8 +23,8 @@
 
 typedef struct node_opts {
     const char *listen;      /* HOST:PORT */
-    rk_identity id;
-    rk_peer allow[NODE_MAX_ALLOW];
+    keys_identity id;
+    keys_peer allow[NODE_MAX_ALLOW];
     int n_allow;
     const char *models_dir;  /* GGUF files this node holds (may be NULL) */
     const char *cache_dir;   /* where streamed layer ranges are kept (NULL: ~/.cache/ringlm/node-<key>) */

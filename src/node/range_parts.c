@@ -23,20 +23,20 @@
 #include "gguf.h"
 #include "../net/zsock.h"
 
-#define RP_CHUNK (4u << 20)  /* bytes one PULL asks for */
-#define RP_IN_FLIGHT 8       /* PULLs outstanding on one link */
-#define RP_MAX_READ (64u << 20)
+#define PARTS_CHUNK (4u << 20)  /* bytes one PULL asks for */
+#define PARTS_IN_FLIGHT 8       /* PULLs outstanding on one link */
+#define PARTS_MAX_READ (64u << 20)
 
 /* A split file's name as a manifest lists it: no folders, no hidden files, *.gguf. */
-static bool rp_plain_name(const char *name) {
+static bool parts_plain_name(const char *name) {
     size_t n = strlen(name);
     return n > 5 && n < 256 && name[0] != '.' && !strchr(name, '/') && strcmp(name + n - 5, ".gguf") == 0;
 }
 
-int rp_read(const char *models_dir, const char *name, uint64_t off, size_t len, void *buf, rl_err *err) {
+int parts_read(const char *models_dir, const char *name, uint64_t off, size_t len, void *buf, rl_err *err) {
     if (!models_dir) return rl_errf(err, "this node has no --models folder to lend files from");
-    if (!rp_plain_name(name)) return rl_errf(err, "'%.80s' is not a split file name", name);
-    if (len > RP_MAX_READ) return rl_errf(err, "a read of %zu bytes is too large (at most %u)", len, RP_MAX_READ);
+    if (!parts_plain_name(name)) return rl_errf(err, "'%.80s' is not a split file name", name);
+    if (len > PARTS_MAX_READ) return rl_errf(err, "a read of %zu bytes is too large (at most %u)", len, PARTS_MAX_READ);
     char path[1400];
     snprintf(path, sizeof path, "%s/%s", models_dir, name);
     int fd = open(path, O_RDONLY);
@@ -63,14 +63,14 @@ int rp_read(const char *models_dir, const char *name, uint64_t off, size_t len, 
 /* One line per local tensor whose bytes matched a manifest: "<blake2b hex> <file size> <mtime ns> <offset>
  * <file name>". A line holds only while the file keeps its size and mtime, so a file replaced or touched is
  * checked again; a tensor of another model (another hash) never matches. */
-static void rp_verified_line(char *buf, size_t n, const mfst_tensor *t, const char *name, const struct stat *st) {
+static void parts_verified_line(char *buf, size_t n, const manifest_tensor *t, const char *name, const struct stat *st) {
     char hex[65];
     sodium_bin2hex(hex, sizeof hex, t->hash, 32);
     snprintf(buf, n, "%s %lld %lld %" PRIu64 " %s\n", hex, (long long)st->st_size,
              (long long)st->st_mtim.tv_sec * 1000000000ll + st->st_mtim.tv_nsec, t->offset, name);
 }
 
-static bool rp_verified(const char *cache, const char *line) {
+static bool parts_verified(const char *cache, const char *line) {
     if (!cache) return false;
     size_t ll = strlen(line);
     for (const char *p = cache; (p = strstr(p, line)) != NULL; p++) {
@@ -82,26 +82,26 @@ static bool rp_verified(const char *cache, const char *line) {
 
 /* ---- pulls ----------------------------------------------------------------------------------- */
 
-typedef struct rp_link {
+typedef struct parts_link {
     void *sock;
     uint64_t next_step;
-} rp_link;
+} parts_link;
 
-static int rp_send_pull(rp_link *l, const rp_opts *o, const char *file, uint64_t off, uint32_t len, rl_err *err) {
+static int parts_send_pull(parts_link *l, const parts_opts *o, const char *file, uint64_t off, uint32_t len, rl_err *err) {
     char js[400];
     int jl = snprintf(js, sizeof js, "{\"file\":\"%s\",\"offset\":%" PRIu64 ",\"len\":%u}", file, off, len);
-    rf_header h = {.type = RF_PULL, .ring_id = o->ring_id, .step_id = l->next_step++, .payload_bytes = (uint64_t)jl};
+    frame_header h = {.type = FRAME_PULL, .ring_id = o->ring_id, .step_id = l->next_step++, .payload_bytes = (uint64_t)jl};
     uint8_t hb[256];
-    rf_header_encode(&h, hb);
+    frame_header_encode(&h, hb);
     const void *parts[2] = {hb, js};
-    size_t lens[2] = {rf_header_size(0), (size_t)jl};
+    size_t lens[2] = {frame_header_size(0), (size_t)jl};
     return zs_send(l->sock, parts, lens, 2, true, err);
 }
 
 /* Streams tensor t from holder h into dst (via dst.part), checking its BLAKE2b against the manifest's. */
-static int rp_pull(const rp_opts *o, const mfst_file *f, const rp_holder *h, rp_link *l, const mfst_tensor *t,
+static int parts_pull(const parts_opts *o, const manifest_file *f, const parts_holder *h, parts_link *l, const manifest_tensor *t,
                    const char *dst, rl_err *err) {
-    const char *file = mfst_file_name(f, t->file);
+    const char *file = manifest_file_name(f, t->file);
     if (!l->sock) {
         char rid[80];
         snprintf(rid, sizeof rid, "pull-%.16s-%08x", o->id->pk_hex, randombytes_random());
@@ -124,9 +124,9 @@ static int rp_pull(const rp_opts *o, const mfst_file *f, const rp_holder *h, rp_
     int in_flight = 0, rc = 0;
     double last = rl_clock_now();
     while (rc == 0 && got < t->nbytes) {
-        while (rc == 0 && in_flight < RP_IN_FLIGHT && asked < t->nbytes) {
-            uint32_t len = t->nbytes - asked < RP_CHUNK ? (uint32_t)(t->nbytes - asked) : RP_CHUNK;
-            rc = rp_send_pull(l, o, file, t->offset + asked, len, err);
+        while (rc == 0 && in_flight < PARTS_IN_FLIGHT && asked < t->nbytes) {
+            uint32_t len = t->nbytes - asked < PARTS_CHUNK ? (uint32_t)(t->nbytes - asked) : PARTS_CHUNK;
+            rc = parts_send_pull(l, o, file, t->offset + asked, len, err);
             asked += len;
             in_flight++;
         }
@@ -156,22 +156,22 @@ static int rp_pull(const rp_opts *o, const mfst_file *f, const rp_holder *h, rp_
                 break;
             }
             last = rl_clock_now();
-            rf_header rh;
+            frame_header rh;
             rl_err e2;
-            if (p.n < 2 || rf_header_decode(&rh, p.data[0], p.len[0], &e2) != 0) {
+            if (p.n < 2 || frame_header_decode(&rh, p.data[0], p.len[0], &e2) != 0) {
                 rc = rl_errf(err, "node %s sent a malformed frame while streaming tensor %s", h->addr, t->name);
-            } else if (rh.type == RF_ERROR) {
+            } else if (rh.type == FRAME_ERROR) {
                 cJSON *j = cJSON_ParseWithLength(p.data[1], p.len[1]);
                 const char *msg = j ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "msg")) : NULL;
                 rc = rl_errf(err, "node %s refused to stream tensor %s of %s: %s", h->addr, t->name, file,
                              msg ? msg : "(unreadable error)");
                 cJSON_Delete(j);
-            } else if (rh.type != RF_PULL_DATA || rh.step_id < first || rh.step_id != expect) {
+            } else if (rh.type != FRAME_PULL_DATA || rh.step_id < first || rh.step_id != expect) {
                 rc = rl_errf(err, "node %s answered out of turn while streaming tensor %s (%s %" PRIu64 ", expected %" PRIu64 ")",
-                             h->addr, t->name, rf_type_name(rh.type), rh.step_id, expect);
+                             h->addr, t->name, frame_type_name(rh.type), rh.step_id, expect);
             } else {
-                uint64_t at = (expect - first) * (uint64_t)RP_CHUNK;
-                uint64_t want = t->nbytes - at < RP_CHUNK ? t->nbytes - at : RP_CHUNK;
+                uint64_t at = (expect - first) * (uint64_t)PARTS_CHUNK;
+                uint64_t want = t->nbytes - at < PARTS_CHUNK ? t->nbytes - at : PARTS_CHUNK;
                 if (p.len[1] != want) {
                     rc = rl_errf(err, "node %s sent %zu bytes of tensor %s where %" PRIu64 " were asked for", h->addr,
                                  p.len[1], t->name, want);
@@ -207,17 +207,17 @@ static int rp_pull(const rp_opts *o, const mfst_file *f, const rp_holder *h, rp_
 
 /* ---- assembly -------------------------------------------------------------------------------- */
 
-int rp_assemble(const mfst_file *f, uint32_t a, uint32_t b, const rp_opts *o, mf_model *out, rp_stats *st,
+int parts_assemble(const manifest_file *f, uint32_t a, uint32_t b, const parts_opts *o, mf_model *out, parts_stats *st,
                 rl_err *err) {
     memset(st, 0, sizeof *st);
     memset(out, 0, sizeof *out);
-    const uint32_t n_files = mfst_file_n_files(f);
+    const uint32_t n_files = manifest_file_n_files(f);
     int *sel = calloc((size_t)f->n + 1, sizeof *sel), n_sel = 0;
     int *split_of = calloc((size_t)f->n + 1, sizeof *split_of); /* per selected tensor: its split in out */
     int *file_split = calloc((size_t)n_files + 1, sizeof *file_split);
     struct stat *file_st = calloc((size_t)n_files + 1, sizeof *file_st);
     bool *local = calloc((size_t)f->n + 1, 1);
-    rp_link *links = calloc((size_t)o->n_holders + 1, sizeof *links);
+    parts_link *links = calloc((size_t)o->n_holders + 1, sizeof *links);
     char *cache = NULL, store[1200], vpath[1200];
     const mf_tensor **check = NULL;
     uint8_t (*hs)[32] = NULL;
@@ -227,13 +227,13 @@ int rp_assemble(const mfst_file *f, uint32_t a, uint32_t b, const rp_opts *o, mf
         goto done;
     }
     for (int i = 0; i < f->n; i++) {
-        if (mfst_tensor_in_range(f->t[i].name, a, b, f->n_layer)) sel[n_sel++] = i;
+        if (manifest_tensor_in_range(f->t[i].name, a, b, f->n_layer)) sel[n_sel++] = i;
     }
     if (n_sel == 0) {
         rl_errf(err, "the manifest holds no tensor of layers [%u, %u)", a, b);
         goto done;
     }
-    struct gguf_context *meta = mfst_file_meta(f);
+    struct gguf_context *meta = manifest_file_meta(f);
     if (!meta) {
         rl_errf(err, "out of memory");
         goto done;
@@ -249,9 +249,9 @@ int rp_assemble(const mfst_file *f, uint32_t a, uint32_t b, const rp_opts *o, mf
      * the range at the manifest's place, or the file is another version of it. */
     for (uint32_t k = 0; k < n_files; k++) file_split[k] = -1;
     for (int s = 0; s < n_sel; s++) {
-        const mfst_tensor *t = &f->t[sel[s]];
-        const char *name = mfst_file_name(f, t->file);
-        if (file_split[t->file] == -1 && o->models_dir && rp_plain_name(name)) {
+        const manifest_tensor *t = &f->t[sel[s]];
+        const char *name = manifest_file_name(f, t->file);
+        if (file_split[t->file] == -1 && o->models_dir && parts_plain_name(name)) {
             char path[1400];
             snprintf(path, sizeof path, "%s/%s", o->models_dir, name);
             file_split[t->file] = -2; /* looked for */
@@ -277,7 +277,7 @@ int rp_assemble(const mfst_file *f, uint32_t a, uint32_t b, const rp_opts *o, mf
     /* 2. The others: from the store, else pulled from a node that lends their file. */
     for (int s = 0; s < n_sel; s++) {
         if (local[s]) continue;
-        const mfst_tensor *t = &f->t[sel[s]];
+        const manifest_tensor *t = &f->t[sel[s]];
         char hex[65], path[1300];
         sodium_bin2hex(hex, sizeof hex, t->hash, 32);
         snprintf(path, sizeof path, "%s/%s.bin", store, hex);
@@ -290,14 +290,14 @@ int rp_assemble(const mfst_file *f, uint32_t a, uint32_t b, const rp_opts *o, mf
             for (int k = 0; k < o->n_holders && hi < 0; k++) hi = o->holders[k].files[t->file] ? k : -1;
             if (hi < 0) {
                 rl_errf(err, "tensor %s (in %s) is not on this node and no node lends that file", t->name,
-                        mfst_file_name(f, t->file));
+                        manifest_file_name(f, t->file));
                 goto done;
             }
             if (rl_mkdirs(store) != 0) {
                 rl_errf(err, "cannot create %s: %s", store, strerror(errno));
                 goto done;
             }
-            if (rp_pull(o, f, &o->holders[hi], &links[hi], t, path, err) != 0) goto done;
+            if (parts_pull(o, f, &o->holders[hi], &links[hi], t, path, err) != 0) goto done;
             st->pulled++;
             st->pulled_bytes += t->nbytes;
         }
@@ -310,7 +310,7 @@ int rp_assemble(const mfst_file *f, uint32_t a, uint32_t b, const rp_opts *o, mf
         split_of[s] = idx;
     }
     for (int s = 0; s < n_sel; s++) {
-        const mfst_tensor *t = &f->t[sel[s]];
+        const manifest_tensor *t = &f->t[sel[s]];
         mf_tensor mt = {.name = t->name, .type = t->type, .n_dims = t->n_dims, .nbytes = t->nbytes, .split = split_of[s],
                         .offset = local[s] ? t->offset : 0};
         memcpy(mt.ne, t->ne, sizeof mt.ne);
@@ -328,26 +328,26 @@ int rp_assemble(const mfst_file *f, uint32_t a, uint32_t b, const rp_opts *o, mf
     }
     for (int s = 0; s < n_sel; s++) {
         if (!local[s]) continue;
-        const mfst_tensor *t = &f->t[sel[s]];
+        const manifest_tensor *t = &f->t[sel[s]];
         char line[600];
-        rp_verified_line(line, sizeof line, t, mfst_file_name(f, t->file), &file_st[t->file]);
+        parts_verified_line(line, sizeof line, t, manifest_file_name(f, t->file), &file_st[t->file]);
         st->local++;
         st->local_bytes += t->nbytes;
-        if (rp_verified(cache, line)) continue;
+        if (parts_verified(cache, line)) continue;
         check[n_check] = &out->tensors[s];
         check_sel[n_check++] = s;
         st->checked_bytes += t->nbytes;
     }
     if (n_check > 0) {
         const bool bar = st->checked_bytes > (256u << 20) && isatty(2);
-        if (mfst_hash_tensors(check, n_check, o->n_threads, bar ? "verifying split files" : NULL, hs) != 0) {
+        if (manifest_hash_tensors(check, n_check, o->n_threads, bar ? "verifying split files" : NULL, hs) != 0) {
             free(check_sel);
             rl_errf(err, "out of memory");
             goto done;
         }
         FILE *vf = NULL;
         for (int c = 0; c < n_check; c++) {
-            const mfst_tensor *t = &f->t[sel[check_sel[c]]];
+            const manifest_tensor *t = &f->t[sel[check_sel[c]]];
             if (memcmp(hs[c], t->hash, 32) != 0) {
                 rl_errf(err, "%s: tensor %s: its bytes do not hash as the manifest says (a damaged or other file): refused",
                         out->splits[split_of[check_sel[c]]].path, t->name);
@@ -358,9 +358,9 @@ int rp_assemble(const mfst_file *f, uint32_t a, uint32_t b, const rp_opts *o, mf
         }
         if (rl_mkdirs(o->cache_dir) == 0) vf = fopen(vpath, "a");
         for (int c = 0; vf && c < n_check; c++) {
-            const mfst_tensor *t = &f->t[sel[check_sel[c]]];
+            const manifest_tensor *t = &f->t[sel[check_sel[c]]];
             char line[600];
-            rp_verified_line(line, sizeof line, t, mfst_file_name(f, t->file), &file_st[t->file]);
+            parts_verified_line(line, sizeof line, t, manifest_file_name(f, t->file), &file_st[t->file]);
             fputs(line, vf);
         }
         if (vf) fclose(vf); /* not remembered: checked again next time, nothing worse */

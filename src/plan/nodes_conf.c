@@ -8,7 +8,7 @@
 
 /* Vendor figures, rounded: memory per device, memory bandwidth, dense f16 tensor throughput. They are what
  * a plan assumes unless a line overrides them; every one is a spec sheet's, not a measurement. */
-static const nc_device catalog[] = {
+static const nodes_conf_device catalog[] = {
     {"rtx5090", "NVIDIA GeForce RTX 5090", 32, 1792, 105, 1},
     {"rtx4090", "NVIDIA GeForce RTX 4090", 24, 1008, 83, 1},
     {"rtx3090", "NVIDIA GeForce RTX 3090", 24, 936, 71, 1},
@@ -22,34 +22,34 @@ static const nc_device catalog[] = {
     {NULL, NULL, 0, 0, 0, 0},
 };
 
-const nc_device *nc_catalog(void) { return catalog; }
+const nodes_conf_device *nodes_conf_catalog(void) { return catalog; }
 
-const nc_device *nc_find_device(const char *name) {
-    for (const nc_device *d = catalog; d->name; d++) {
+const nodes_conf_device *nodes_conf_find_device(const char *name) {
+    for (const nodes_conf_device *d = catalog; d->name; d++) {
         if (strcmp(d->name, name) == 0) return d;
     }
     return NULL;
 }
 
-void nc_print_catalog(FILE *f) {
+void nodes_conf_print_catalog(FILE *f) {
     fprintf(f, "%-12s %8s %10s %8s %9s  %s\n", "device", "mem GB", "bw GB/s", "TFLOPS", "col_reads", "what");
-    for (const nc_device *d = catalog; d->name; d++) {
+    for (const nodes_conf_device *d = catalog; d->name; d++) {
         fprintf(f, "%-12s %8.0f %10.0f %8.1f %9.0f  %s\n", d->name, d->mem_gb, d->bw_gbs, d->tflops, d->col_reads, d->what);
     }
 }
 
-static int nc_place(nc_conf *c, const char *name) {
+static int nodes_conf_place(nodes_conf_file *c, const char *name) {
     for (int i = 0; i < c->n_places; i++) {
         if (strcmp(c->places[i], name) == 0) return i;
     }
-    if (c->n_places == NC_MAX_PLACES) return -1;
+    if (c->n_places == NODES_CONF_MAX_PLACES) return -1;
     snprintf(c->places[c->n_places], sizeof c->places[0], "%s", name);
     for (int i = 0; i <= c->n_places; i++) c->delay_ms[i][c->n_places] = c->delay_ms[c->n_places][i] = -1;
     c->delay_ms[c->n_places][c->n_places] = 0.1; /* one place: one switch */
     return c->n_places++;
 }
 
-static int nc_num(const char *v, double *out) {
+static int nodes_conf_num(const char *v, double *out) {
     char *end;
     errno = 0;
     double x = strtod(v, &end);
@@ -59,17 +59,17 @@ static int nc_num(const char *v, double *out) {
 }
 
 /* What a place name means: a node's name (its place) or a place itself. */
-static int nc_resolve(nc_conf *c, const char *name) {
+static int nodes_conf_resolve(nodes_conf_file *c, const char *name) {
     for (int i = 0; i < c->n; i++) {
         if (strcmp(c->nodes[i].name, name) == 0) return c->nodes[i].place;
     }
-    return nc_place(c, name);
+    return nodes_conf_place(c, name);
 }
 
 /* A node's (or the coordinator's) KEY=VALUE figures from tok[from..nt), into nd; *loc, *at and *host (may be
  * NULL: the key is then refused) take loc=, at= and host=. The device's catalog figures fill what the line
  * leaves out. */
-static int nc_figures(nc_node *nd, char **tok, int from, int nt, const char **loc, const char **at, const char **host,
+static int nodes_conf_figures(nodes_conf_node *nd, char **tok, int from, int nt, const char **loc, const char **at, const char **host,
                       bool need_device, const char *path, int ln, rl_err *err) {
     nd->line = ln;
     nd->threads = 1;
@@ -83,7 +83,7 @@ static int nc_figures(nc_node *nd, char **tok, int from, int nt, const char **lo
         *eq = 0;
         const char *key = tok[k], *v = eq + 1;
         double x = 0;
-        bool num = nc_num(v, &x) == 0;
+        bool num = nodes_conf_num(v, &x) == 0;
         if (strcmp(key, "device") == 0) snprintf(nd->device, sizeof nd->device, "%s", v);
         else if (strcmp(key, "loc") == 0 && loc) *loc = v;
         else if (strcmp(key, "at") == 0 && at) *at = v;
@@ -109,7 +109,7 @@ static int nc_figures(nc_node *nd, char **tok, int from, int nt, const char **lo
         if (!need_device) return 0;
         return rl_errf(err, "%s:%d: node %s has no device= (a catalog name, or custom with mem= and bw=)", path, ln, nd->name);
     }
-    const nc_device *d = strcmp(nd->device, "custom") == 0 ? NULL : nc_find_device(nd->device);
+    const nodes_conf_device *d = strcmp(nd->device, "custom") == 0 ? NULL : nodes_conf_find_device(nd->device);
     if (!d && strcmp(nd->device, "custom") != 0) {
         return rl_errf(err, "%s:%d: unknown device '%s' (ringlm plan --devices lists them; or device=custom mem= bw=)", path, ln, nd->device);
     }
@@ -123,14 +123,14 @@ static int nc_figures(nc_node *nd, char **tok, int from, int nt, const char **lo
         return rl_errf(err, "%s:%d: ram_bw= and ram_tflops= describe the RAM that ram=GB offers: add ram=", path, ln);
     }
     if (nd->ram_gb > 0) { /* defaults: a desktop's two channels of DDR5 (the catalog's cpu-ddr5) */
-        const nc_device *cpu = nc_find_device("cpu-ddr5");
+        const nodes_conf_device *cpu = nodes_conf_find_device("cpu-ddr5");
         if (!(nd->ram_bw_gbs > 0)) nd->ram_bw_gbs = cpu->bw_gbs;
         if (!(nd->ram_tflops > 0)) nd->ram_tflops = cpu->tflops;
     }
     return 0;
 }
 
-int nc_load(nc_conf *c, const char *path, rl_err *err) {
+int nodes_conf_load(nodes_conf_file *c, const char *path, rl_err *err) {
     memset(c, 0, sizeof *c);
     c->coord_place = -1;
     FILE *f = fopen(path, "r");
@@ -164,13 +164,13 @@ int nc_load(nc_conf *c, const char *path, rl_err *err) {
                 if (strcmp(c->nodes[i].name, tok[1]) == 0) rc = rl_errf(err, "%s:%d: node %s named twice (line %d)", path, ln, tok[1], c->nodes[i].line);
             }
             if (rc) break;
-            nc_node *nd = &c->nodes[c->n];
+            nodes_conf_node *nd = &c->nodes[c->n];
             memset(nd, 0, sizeof *nd);
             snprintf(nd->name, sizeof nd->name, "%s", tok[1]);
             const char *loc = NULL, *host = NULL;
-            if ((rc = nc_figures(nd, tok, 2, nt, &loc, NULL, &host, true, path, ln, err)) != 0) break;
+            if ((rc = nodes_conf_figures(nd, tok, 2, nt, &loc, NULL, &host, true, path, ln, err)) != 0) break;
             snprintf(node_host[c->n], sizeof node_host[0], "%s", host ? host : "");
-            nd->place = nc_place(c, loc ? loc : nd->name);
+            nd->place = nodes_conf_place(c, loc ? loc : nd->name);
             if (nd->place < 0) {
                 rc = rl_errf(err, "%s:%d: too many places", path, ln);
                 break;
@@ -178,7 +178,7 @@ int nc_load(nc_conf *c, const char *path, rl_err *err) {
             c->n++;
         } else if (strcmp(tok[0], "delay") == 0) {
             double ms;
-            if (nt != 4 || nc_num(tok[3], &ms) != 0) {
+            if (nt != 4 || nodes_conf_num(tok[3], &ms) != 0) {
                 rc = rl_errf(err, "%s:%d: 'delay A B MS' (A, B: nodes or places; MS: one-way milliseconds)", path, ln);
                 break;
             }
@@ -194,7 +194,7 @@ int nc_load(nc_conf *c, const char *path, rl_err *err) {
             const char *at = NULL, *loc = NULL;
             memset(&c->coord, 0, sizeof c->coord);
             snprintf(c->coord.name, sizeof c->coord.name, "coordinator");
-            if ((rc = nc_figures(&c->coord, tok, 1, nt, &loc, &at, NULL, false, path, ln, err)) != 0) break;
+            if ((rc = nodes_conf_figures(&c->coord, tok, 1, nt, &loc, &at, NULL, false, path, ln, err)) != 0) break;
             if (!at == !loc) {
                 rc = rl_errf(err, "%s:%d: 'coordinator at=NODE' or 'coordinator loc=PLACE' (then optionally device= and "
                              "its figures, for the draft)", path, ln);
@@ -205,7 +205,7 @@ int nc_load(nc_conf *c, const char *path, rl_err *err) {
             coord_line = ln;
         } else if (strcmp(tok[0], "host") == 0) {
             double cores = 0;
-            if (nt != 3 || strncmp(tok[2], "cores=", 6) != 0 || nc_num(tok[2] + 6, &cores) != 0 || cores < 1 ||
+            if (nt != 3 || strncmp(tok[2], "cores=", 6) != 0 || nodes_conf_num(tok[2] + 6, &cores) != 0 || cores < 1 ||
                 cores > 65536 || cores != floor(cores)) {
                 rc = rl_errf(err, "%s:%d: 'host MACHINE cores=N' (N: the machine's cores, a whole number)", path, ln);
                 break;
@@ -243,7 +243,7 @@ int nc_load(nc_conf *c, const char *path, rl_err *err) {
     }
     /* Places named only by delays are places too; delays apply once every node's place is known. */
     for (int i = 0; i < n_delays; i++) {
-        int a = nc_resolve(c, delays[i].a), b = nc_resolve(c, delays[i].b);
+        int a = nodes_conf_resolve(c, delays[i].a), b = nodes_conf_resolve(c, delays[i].b);
         if (a < 0 || b < 0) return rl_errf(err, "%s:%d: too many places", path, delays[i].line);
         c->delay_ms[a][b] = c->delay_ms[b][a] = delays[i].ms;
     }
@@ -256,7 +256,7 @@ int nc_load(nc_conf *c, const char *path, rl_err *err) {
         if (at_node < 0) return rl_errf(err, "%s:%d: coordinator at=%s: no such node", path, coord_line, coord_at);
         c->coord_place = c->nodes[at_node].place;
     } else if (coord_loc[0]) {
-        c->coord_place = nc_resolve(c, coord_loc);
+        c->coord_place = nodes_conf_resolve(c, coord_loc);
         if (c->coord_place < 0) return rl_errf(err, "%s:%d: too many places", path, coord_line);
     } else {
         c->coord_place = c->nodes[0].place;
@@ -270,7 +270,7 @@ int nc_load(nc_conf *c, const char *path, rl_err *err) {
     return 0;
 }
 
-int nc_host_slots(const nc_conf *c, int k) {
+int nodes_conf_host_slots(const nodes_conf_file *c, int k) {
     if (k < 1 || k > c->n_hosts) return 1;
     int threads = 1;
     for (int i = 0; i < c->n; i++) {
@@ -280,16 +280,16 @@ int nc_host_slots(const nc_conf *c, int k) {
     return slots < 1 ? 1 : slots;
 }
 
-double nc_delay_s(const nc_conf *c, int a, int b) {
+double nodes_conf_delay_s(const nodes_conf_file *c, int a, int b) {
     int pa = a < 0 ? c->coord_place : c->nodes[a].place, pb = b < 0 ? c->coord_place : c->nodes[b].place;
     double ms = c->delay_ms[pa][pb];
     return ms < 0 ? -1 : ms * 1e-3;
 }
 
-int nc_check_delays(const nc_conf *c, rl_err *err) {
+int nodes_conf_check_delays(const nodes_conf_file *c, rl_err *err) {
     for (int a = -1; a < c->n; a++) {
         for (int b = a + 1; b < c->n; b++) {
-            if (nc_delay_s(c, a, b) < 0) {
+            if (nodes_conf_delay_s(c, a, b) < 0) {
                 return rl_errf(err, "nodes.conf gives no delay between %s and %s (add 'delay %s %s MS', of the nodes or of "
                                "their places)", a < 0 ? "the coordinator" : c->nodes[a].name, c->nodes[b].name,
                                a < 0 ? c->places[c->coord_place] : c->places[c->nodes[a].place], c->places[c->nodes[b].place]);

@@ -9,16 +9,16 @@
 #include "plan_model.h"
 #include "ring_order.h"
 
-static double pn_delay(const void *user, int a, int b) { return nc_delay_s(user, a, b); }
+static double plan_nodes_delay(const void *user, int a, int b) { return nodes_conf_delay_s(user, a, b); }
 
 /* One plan and its prediction, with the rollback copies of blocks of spec_block tokens counted (0: none). */
-static int pn_plan_once(const mf_model *m, const k3_hparams *hp, const nc_conf *c, uint32_t n_ctx, const pr_opts *po,
-                        uint32_t spec_block, pn_result *r, rl_err *err) {
+static int plan_nodes_plan_once(const mf_model *m, const k3_hparams *hp, const nodes_conf_file *c, uint32_t n_ctx, const predict_opts *po,
+                        uint32_t spec_block, plan_nodes_result *r, rl_err *err) {
     memset(r, 0, sizeof *r);
-    if (nc_check_delays(c, err) != 0) return -1;
-    if (ro_best_order(c->n, pn_delay, c, r->order, &r->cycle_s, &r->exact, err) != 0) return -1;
+    if (nodes_conf_check_delays(c, err) != 0) return -1;
+    if (order_best_order(c->n, plan_nodes_delay, c, r->order, &r->cycle_s, &r->exact, err) != 0) return -1;
     for (int i = 0; i < c->n; i++) {
-        const nc_node *nd = &c->nodes[r->order[i]];
+        const nodes_conf_node *nd = &c->nodes[r->order[i]];
         plan_node *pn = &r->pnodes[i];
         snprintf(pn->name, sizeof pn->name, "%s", nd->name);
         pn->mem_bytes = (uint64_t)(nd->mem_gb * 1073741824.0);
@@ -37,24 +37,24 @@ static int pn_plan_once(const mf_model *m, const k3_hparams *hp, const nc_conf *
     for (uint32_t il = 0; il < pm.n_layer; il++) r->rollback_bytes += (uint64_t)pm.n_seq * pm.layer_host[il];
     if (plan_make(&pm, r->pnodes, c->n, 0.10, &r->plan, err) != 0) return -1;
     /* The hops of the stages the plan uses (a node it leaves out is not on the way). */
-    pr_node pr[PLAN_MAX_NODES];
+    predict_node pr[PLAN_MAX_NODES];
     int prev = -1;
     for (int s = 0; s < r->plan.n_stages; s++) {
         int node = r->order[r->plan.stages[s].node];
-        const nc_node *nd = &c->nodes[node];
-        pr[s] = (pr_node){.speed = nd->bw_gbs * 1e9 * nd->eff, .flops = nd->tflops * 1e12 * nd->eff,
+        const nodes_conf_node *nd = &c->nodes[node];
+        pr[s] = (predict_node){.speed = nd->bw_gbs * 1e9 * nd->eff, .flops = nd->tflops * 1e12 * nd->eff,
                           .net = nd->net_mbit * 1e6 / 8, .disk = nd->disk_gbs * 1e9, .col_reads = nd->col_reads,
                           .two_tier = nd->ram_gb > 0,
                           .ram_speed = nd->ram_bw_gbs * 1e9 * nd->eff, .ram_flops = nd->ram_tflops * 1e12 * nd->eff,
-                          .host = nd->host, .host_slots = nc_host_slots(c, nd->host)};
-        r->hop_s[s] = nc_delay_s(c, prev, node);
+                          .host = nd->host, .host_slots = nodes_conf_host_slots(c, nd->host)};
+        r->hop_s[s] = nodes_conf_delay_s(c, prev, node);
         prev = node;
     }
-    r->hop_s[r->plan.n_stages] = nc_delay_s(c, prev, -1);
-    pr_opts o = *po;
-    o.draft.node = (pr_node){.speed = c->coord.bw_gbs * 1e9 * c->coord.eff, .flops = c->coord.tflops * 1e12 * c->coord.eff,
+    r->hop_s[r->plan.n_stages] = nodes_conf_delay_s(c, prev, -1);
+    predict_opts o = *po;
+    o.draft.node = (predict_node){.speed = c->coord.bw_gbs * 1e9 * c->coord.eff, .flops = c->coord.tflops * 1e12 * c->coord.eff,
                              .net = c->coord.net_mbit * 1e6 / 8, .col_reads = c->coord.col_reads};
-    return pr_predict(m, hp, &r->plan, pr, r->hop_s, &o, &r->pred, err);
+    return predict_predict(m, hp, &r->plan, pr, r->hop_s, &o, &r->pred, err);
 }
 
 /* Speculating, every stage keeps each sequence's blocks in flight for rollback: a copy of the KDA state per
@@ -62,16 +62,16 @@ static int pn_plan_once(const mf_model *m, const k3_hparams *hp, const nc_conf *
  * carries, which the prediction chooses when --draft-n is not given: so the plan is made once without them
  * to choose it, then again with that many counted and the prediction held to it (with fewer drafts, down to
  * one, when those copies do not fit). */
-int pn_plan(const mf_model *m, const k3_hparams *hp, const nc_conf *c, uint32_t n_ctx, const pr_opts *po,
-            pn_result *r, rl_err *err) {
-    if (po->acceptance <= 0) return pn_plan_once(m, hp, c, n_ctx, po, 0, r, err);
-    pr_opts o = *po;
+int plan_nodes_plan(const mf_model *m, const k3_hparams *hp, const nodes_conf_file *c, uint32_t n_ctx, const predict_opts *po,
+            plan_nodes_result *r, rl_err *err) {
+    if (po->acceptance <= 0) return plan_nodes_plan_once(m, hp, c, n_ctx, po, 0, r, err);
+    predict_opts o = *po;
     if (o.draft_k <= 0) {
-        if (pn_plan_once(m, hp, c, n_ctx, po, 0, r, err) != 0) return -1;
+        if (plan_nodes_plan_once(m, hp, c, n_ctx, po, 0, r, err) != 0) return -1;
         o.draft_k = r->pred.draft_k > 0 ? r->pred.draft_k : 1;
     }
     for (;;) {
-        if (pn_plan_once(m, hp, c, n_ctx, &o, (uint32_t)o.draft_k + 1, r, err) == 0) return 0;
+        if (plan_nodes_plan_once(m, hp, c, n_ctx, &o, (uint32_t)o.draft_k + 1, r, err) == 0) return 0;
         if (po->draft_k > 0 || o.draft_k == 1) break;
         o.draft_k--;
     }
@@ -81,13 +81,13 @@ int pn_plan(const mf_model *m, const k3_hparams *hp, const nc_conf *c, uint32_t 
                    po->draft_depth > 1 ? po->draft_depth : 1);
 }
 
-void pn_print(const pn_result *r, const nc_conf *c, const pr_opts *po, FILE *f) {
+void plan_nodes_print(const plan_nodes_result *r, const nodes_conf_file *c, const predict_opts *po, FILE *f) {
     fprintf(f, "ring order (round trip %.1f ms%s):", r->cycle_s * 1e3, r->exact ? ", the shortest" : ", 2-opt");
     for (int i = 0; i < c->n; i++) fprintf(f, " %s", c->nodes[r->order[i]].name);
     fprintf(f, "\n");
     for (int k = 1; k <= c->n_hosts; k++) { /* host= */
         fprintf(f, "one machine, %s (%d cores; %d of its nodes compute at once):", c->hosts[k - 1], c->host_cores[k - 1],
-                nc_host_slots(c, k));
+                nodes_conf_host_slots(c, k));
         for (int i = 0; i < c->n; i++) {
             if (c->nodes[i].host == k) fprintf(f, " %s", c->nodes[i].name);
         }
@@ -95,7 +95,7 @@ void pn_print(const pn_result *r, const nc_conf *c, const pr_opts *po, FILE *f) 
     }
     fprintf(f, "\n");
     plan_print(&r->plan, r->pnodes, f);
-    const pr_result *p = &r->pred;
+    const predict_result *p = &r->pred;
     fprintf(f, "\nprediction (assumptions: docs/plan.md):\n");
     fprintf(f, "  decode, greedy          %8.2f tok/s   one traversal %.1f ms = hops %.1f + compute %.1f + transfers %.1f",
             p->greedy_tok_s, 1e3 / p->greedy_tok_s, p->hops_s * 1e3, p->compute_s * 1e3, p->xfer_s * 1e3);
@@ -123,7 +123,7 @@ void pn_print(const pn_result *r, const nc_conf *c, const pr_opts *po, FILE *f) 
     if (po->acceptance > 0) fprintf(f, "%.2f with speculation)\n", p->spec_floor_tok_s);
 }
 
-cJSON *pn_json(const pn_result *r, const nc_conf *c, const pr_opts *po) {
+cJSON *plan_nodes_json(const plan_nodes_result *r, const nodes_conf_file *c, const predict_opts *po) {
     cJSON *j = cJSON_CreateObject();
     if (!j) return NULL;
     cJSON *ord = cJSON_AddArrayToObject(j, "order");
@@ -149,7 +149,7 @@ cJSON *pn_json(const pn_result *r, const nc_conf *c, const pr_opts *po) {
         cJSON_AddNumberToObject(o, "hop_in_s", r->hop_s[s]);
         cJSON_AddItemToArray(st, o);
     }
-    const pr_result *p = &r->pred;
+    const predict_result *p = &r->pred;
     cJSON *pj = cJSON_AddObjectToObject(j, "predict");
     cJSON_AddNumberToObject(pj, "greedy_tok_s", p->greedy_tok_s);
     cJSON_AddNumberToObject(pj, "hops_s", p->hops_s);

@@ -13,26 +13,26 @@
 #include "plan.h"
 #include "predict.h"
 
-typedef struct pn_result {
+typedef struct plan_nodes_result {
     int order[PLAN_MAX_NODES];  /* node indices of nodes.conf in ring order */
     double cycle_s;             /* the round trip through every node */
     bool exact;                 /* the order is optimal (else 2-opt's local optimum) */
     plan_node pnodes[PLAN_MAX_NODES]; /* in ring order */
     plan_result plan;           /* stage.node indexes order[] */
     double hop_s[PLAN_MAX_NODES + 1];
-    pr_result pred;
+    predict_result pred;
     /* Speculating (--acceptance): the block size whose rollback copies the plan holds (drafts + 1; 0: none)
      * and those copies for every sequence over the whole model (k3_range_rollback_bytes), in the stages'
      * memory already. */
     uint32_t spec_block;
     uint64_t rollback_bytes;
-} pn_result;
+} plan_nodes_result;
 
-int pn_plan(const mf_model *m, const k3_hparams *hp, const nc_conf *c, uint32_t n_ctx, const pr_opts *po,
-            pn_result *r, rl_err *err);
+int plan_nodes_plan(const mf_model *m, const k3_hparams *hp, const nodes_conf_file *c, uint32_t n_ctx, const predict_opts *po,
+            plan_nodes_result *r, rl_err *err);
 /* The plan and the predictions as a table on f, and as JSON (cJSON *; NULL: out of memory). */
-void pn_print(const pn_result *r, const nc_conf *c, const pr_opts *po, FILE *f);
+void plan_nodes_print(const plan_nodes_result *r, const nodes_conf_file *c, const predict_opts *po, FILE *f);
 struct cJSON;
-struct cJSON *pn_json(const pn_result *r, const nc_conf *c, const pr_opts *po);
+struct cJSON *plan_nodes_json(const plan_nodes_result *r, const nodes_conf_file *c, const predict_opts *po);
 
 #endif

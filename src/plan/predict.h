@@ -7,7 +7,7 @@
  * E * (1 - (1 - k/E)^t) of E (each token picks k, independently), and flops(t) = 2 * t * the weights a
  * token multiplies; per hop, the one-way delay plus the boundary state's bytes over the slower of the two
  * links. A product of c columns (c = t for a dense matrix, t k / touched experts for an expert's) reads its
- * weights min(c, col_reads) times: on a GPU once (col_reads 1), on a CPU up to PR_CPU_COL_READS times -
+ * weights min(c, col_reads) times: on a GPU once (col_reads 1), on a CPU up to PREDICT_CPU_COL_READS times -
  * ggml's CPU kernels multiply fewer than 4 columns one at a time, each a matrix-vector product streaming
  * the weights again, and share a read among 4 columns only from 4 on (a 4-stream step costs about 4
  * decode steps there: bench/results/plan-sweep.md). Then
@@ -21,7 +21,7 @@
  *                          is already on its way: g / ((1 - q) T + q I), I = max(T / D, the slowest stage,
  *                          drafting k + 1) the interval between pipelined blocks
  *   time to first token   the prompt in chunks, pipelined: one trip at the chunk size plus (chunks - 1) times
- *                          the slowest stage; stages on one host (pr_node.host) compute at most host_slots
+ *                          the slowest stage; stages on one host (predict_node.host) compute at most host_slots
  *                          chunks at once, the others waiting for a slot
  *   aggregate, N streams  N / (one traversal at t = N): every step one frame carrying every stream
  *   network floor         1 / sum of hop delays (g / that with speculation): no compute at all
@@ -40,15 +40,15 @@
 #include "plan.h"
 
 /* ggml's CPU matrix kernels: below 4 columns, one matrix-vector product per column (predict.c). */
-#define PR_CPU_COL_READS 4.0
+#define PREDICT_CPU_COL_READS 4.0
 
-typedef struct pr_node {
+typedef struct predict_node {
     double speed;  /* bytes of weights read per second in a decode step (effective) */
     double flops;  /* FLOP/s in a prefill chunk (effective) */
     double net;    /* link bytes per second */
     double disk;   /* bytes per second of routed experts read from disk (stages whose experts do not all fit) */
     double col_reads; /* a product of c columns reads its weights min(c, col_reads) times (0: once, a GPU;
-                       * PR_CPU_COL_READS on a CPU); the RAM part of a two-tier node is a CPU's */
+                       * PREDICT_CPU_COL_READS on a CPU); the RAM part of a two-tier node is a CPU's */
     /* A node with a device and RAM (plan_node.ram_bytes): the above are the device's, these the CPU's over
      * what its stage keeps in RAM (plan_stage.dev_layers, cpu_moe). */
     bool two_tier;
@@ -57,34 +57,34 @@ typedef struct pr_node {
      * can compute at once at their own figures (its cores over their threads). Only a pipelined prompt runs
      * several stages at once, so only the time to first token depends on it. host 0: a machine of its own. */
     int host, host_slots;
-} pr_node;
+} predict_node;
 
 /* A draft model's cost on the coordinator. A K3 draft drafts k tokens in k steps of one token, and one more
  * when the whole block was accepted (the last drafted token is fed before the bonus token: src/speculate/
  * drafter.c), k + a^k steps on average; a DSpark or DFlash draft (`dflash`) drafts the block in one pass of
  * k tokens. */
-typedef struct pr_draft {
+typedef struct predict_draft {
     double bytes;  /* weights one step reads (a K3 draft's experts at k/E) */
     double elems;  /* weights one token multiplies */
     bool block;    /* one pass drafts the block */
-    pr_node node;  /* the coordinator's figures (speed, flops; net unused) */
-} pr_draft;
+    predict_node node;  /* the coordinator's figures (speed, flops; net unused) */
+} predict_draft;
 
-typedef struct pr_opts {
+typedef struct predict_opts {
     uint32_t prompt, chunk, parallel;
     int draft_k;       /* drafted tokens per traversal (0: choose 1..16) */
     double acceptance; /* per drafted token, 0..1 (0: no speculation figures) */
     int draft_depth;   /* blocks in flight (0 or 1: one) */
-    pr_draft draft;    /* bytes == 0: drafting is free (an n-gram drafter, or not known) */
-} pr_opts;
+    predict_draft draft;    /* bytes == 0: drafting is free (an n-gram drafter, or not known) */
+} predict_opts;
 
-/* A draft file's pr_draft bytes and elems (node left zero): architecture `k3` (a K3 draft) or `dflash`,
+/* A draft file's predict_draft bytes and elems (node left zero): architecture `k3` (a K3 draft) or `dflash`,
  * whose LM head is the target's (`target`, may be NULL when the draft holds its own). */
-int pr_draft_read(pr_draft *d, const mf_model *draft, const mf_model *target, rl_err *err);
+int predict_draft_read(predict_draft *d, const mf_model *draft, const mf_model *target, rl_err *err);
 /* Seconds the coordinator drafts k tokens in at acceptance a, on average (0 when d->bytes == 0). */
-double pr_draft_time(const pr_draft *d, int k, double a);
+double predict_draft_time(const predict_draft *d, int k, double a);
 
-typedef struct pr_result {
+typedef struct predict_result {
     double hops_s, compute_s, xfer_s;  /* one greedy traversal's parts */
     double disk_s;                     /* ... and its experts read from disk (stages that do not fit) */
     double greedy_tok_s;
@@ -98,7 +98,7 @@ typedef struct pr_result {
     double floor_tok_s, spec_floor_tok_s;
     const char *dominant;             /* "hops", "compute" or "bandwidth" */
     double stage_s[PLAN_MAX_NODES];   /* per stage, one token */
-} pr_result;
+} predict_result;
 
 /* Fits a node's figures (nd: speed and flops, and ram_speed / ram_flops on a two-tier node) to its stage's
  * own timed traversals: sec[i] seconds for tokens[i] tokens (n of them, at most 8; node.c times a scratch
@@ -107,12 +107,12 @@ typedef struct pr_result {
  * when the frames cannot tell them apart. -1 (nd unchanged) for a stage reading experts from disk, or
  * times that are not positive. Why: the nodes' probes time one q8_0 product, not the model's ops, and a
  * ring's printed prediction from them was 37-49% fast (docs/plan.md). */
-int pr_stage_calibrate(const mf_model *m, const k3_hparams *hp, const plan_stage *st, pr_node *nd, const double *tokens,
+int predict_stage_calibrate(const mf_model *m, const k3_hparams *hp, const plan_stage *st, predict_node *nd, const double *tokens,
                        const double *sec, int n);
 
 /* nodes[] and hop_s[] in plan order: hop_s[0] coordinator -> stage 0, hop_s[s] stage s-1 -> s, hop_s[n_stages]
  * last stage -> coordinator; nodes[s] the node running stage s. */
-int pr_predict(const mf_model *m, const k3_hparams *hp, const plan_result *plan, const pr_node *nodes,
-               const double *hop_s, const pr_opts *o, pr_result *r, rl_err *err);
+int predict_predict(const mf_model *m, const k3_hparams *hp, const plan_result *plan, const predict_node *nodes,
+               const double *hop_s, const predict_opts *o, predict_result *r, rl_err *err);
 
 #endif

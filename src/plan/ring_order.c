@@ -5,14 +5,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-double ro_cycle(int n, ro_delay_fn d, const void *user, const int *order) {
+double order_cycle(int n, order_delay_fn d, const void *user, const int *order) {
     if (n == 0) return 0;
     double t = d(user, -1, order[0]) + d(user, order[n - 1], -1);
     for (int i = 0; i + 1 < n; i++) t += d(user, order[i], order[i + 1]);
     return t;
 }
 
-static int ro_exact(int n, ro_delay_fn d, const void *user, int *order, rl_err *err) {
+static int order_exact(int n, order_delay_fn d, const void *user, int *order, rl_err *err) {
     const size_t states = (size_t)1 << n;
     double *cost = malloc(states * (size_t)n * sizeof *cost);
     signed char *prev = malloc(states * (size_t)n);
@@ -53,7 +53,7 @@ static int ro_exact(int n, ro_delay_fn d, const void *user, int *order, rl_err *
     return 0;
 }
 
-static void ro_heuristic(int n, ro_delay_fn d, const void *user, int *order) {
+static void order_heuristic(int n, order_delay_fn d, const void *user, int *order) {
     for (int k = 0; k < n; k++) order[k] = k; /* (the given order, if there is no memory for better) */
     bool *used = calloc((size_t)n, 1);
     if (!used) return;
@@ -87,14 +87,14 @@ static void ro_heuristic(int n, ro_delay_fn d, const void *user, int *order) {
     }
 }
 
-int ro_best_order(int n, ro_delay_fn d, const void *user, int *order, double *total, bool *exact, rl_err *err) {
+int order_best_order(int n, order_delay_fn d, const void *user, int *order, double *total, bool *exact, rl_err *err) {
     if (n < 1) return rl_errf(err, "no nodes to order");
-    *exact = n <= RO_EXACT_MAX;
+    *exact = n <= ORDER_EXACT_MAX;
     if (*exact) {
-        if (ro_exact(n, d, user, order, err) != 0) return -1;
+        if (order_exact(n, d, user, order, err) != 0) return -1;
     } else {
-        ro_heuristic(n, d, user, order);
+        order_heuristic(n, d, user, order);
     }
-    *total = ro_cycle(n, d, user, order);
+    *total = order_cycle(n, d, user, order);
     return 0;
 }

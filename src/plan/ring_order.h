@@ -1,7 +1,7 @@
 /* ring_order.h - the order of a ring's nodes: the cycle coordinator -> nodes -> coordinator with the least sum
  * of one-way delays (every token crosses each of those hops once per traversal).
  *
- * Exact (dynamic programming over subsets, O(2^n n^2)) up to RO_EXACT_MAX nodes; beyond, nearest neighbour
+ * Exact (dynamic programming over subsets, O(2^n n^2)) up to ORDER_EXACT_MAX nodes; beyond, nearest neighbour
  * from the coordinator improved by 2-opt until no move helps (a local optimum; said so by *exact). Ties keep
  * the lower node index first, so a plan is reproducible. */
 #ifndef RINGLM_RING_ORDER_H
@@ -11,14 +11,14 @@
 
 #include "../base/err.h"
 
-#define RO_EXACT_MAX 16
+#define ORDER_EXACT_MAX 16
 
 /* d(user, a, b): one-way delay in seconds between nodes a and b (-1: the coordinator), symmetric. */
-typedef double (*ro_delay_fn)(const void *user, int a, int b);
+typedef double (*order_delay_fn)(const void *user, int a, int b);
 
 /* order[0..n) gets the node indices in ring order; *total the cycle's delay. */
-int ro_best_order(int n, ro_delay_fn d, const void *user, int *order, double *total, bool *exact, rl_err *err);
+int order_best_order(int n, order_delay_fn d, const void *user, int *order, double *total, bool *exact, rl_err *err);
 /* The delay of the cycle through order[0..n) (and the coordinator). */
-double ro_cycle(int n, ro_delay_fn d, const void *user, const int *order);
+double order_cycle(int n, order_delay_fn d, const void *user, const int *order);
 
 #endif

@@ -19,10 +19,10 @@ typedef struct ring_slot {
     uint64_t seq_id;   /* 0: nothing on the ring */
     uint64_t gen;      /* the ring (B->gen) that holds its state */
     uint32_t pos;      /* tokens that ring holds for it */
-    rf_sampling smp;
-    smp_bias *bias;    /* the request's logit biases (sent with every RF_SEQ_NEW frame: a replay needs them too) */
+    frame_sampling smp;
+    smp_bias *bias;    /* the request's logit biases (sent with every FRAME_SEQ_NEW frame: a replay needs them too) */
     uint32_t n_bias;
-    uint8_t *gram;     /* constrained output: the grammar's wire form (also sent with every RF_SEQ_NEW frame) */
+    uint8_t *gram;     /* constrained output: the grammar's wire form (also sent with every FRAME_SEQ_NEW frame) */
     size_t gram_len;
     int32_t budget;
     bool sampled;      /* it returned a token: hist[gen0 ..] are generated (a replay resumes its sampler there) */
@@ -32,7 +32,7 @@ typedef struct ring_slot {
     uint32_t n_hist, cap_hist;
     bool want_receipts; /* the request asked for its receipts: kept here as JSON objects, comma-separated */
     char *rcpt;
-    size_t rcpt_len, rcpt_cap;
+    size_t receipt_len, receipt_cap;
 } ring_slot;
 
 typedef struct sch_ring {
@@ -63,7 +63,7 @@ typedef struct sch_ring {
     uint64_t *to_free;            /* [n_slots]: finished sequences whose FREE waits for the next step */
     int n_to_free;
     double next_probe;            /* while idle: when to look at the nodes again (ring_idle_probe) */
-    bool taps;                    /* set_taps: entries with `taps` travel with RF_SEQ_TAPS */
+    bool taps;                    /* set_taps: entries with `taps` travel with FRAME_SEQ_TAPS */
     float *feat;                  /* the step's features, token-major per entry (sch_step.feat) */
     size_t feat_cap;              /* floats */
     _Atomic bool abort;           /* set by ring_be_abort (another thread): every ring wait fails at once */
@@ -446,7 +446,7 @@ static int ring_be_idle(void *impl) {
 }
 
 /* Every checked traversal: its receipts go to each slot whose sequence it carried and that wants them. */
-static void ring_on_receipts(void *user, const rcpt_receipt *rs, int n_stages) {
+static void ring_on_receipts(void *user, const receipt_rec *rs, int n_stages) {
     sch_ring *B = user;
     for (int i = 0; i < B->cfg.n_slots; i++) {
         ring_slot *S = &B->slots[i];
@@ -456,22 +456,22 @@ static void ring_on_receipts(void *user, const rcpt_receipt *rs, int n_stages) {
         for (int st = 0; carried && st < n_stages; st++) {
             char *line = NULL;
             rl_err e;
-            if (rcpt_to_json(&rs[st], &line, &e) != 0) continue;
+            if (receipt_to_json(&rs[st], &line, &e) != 0) continue;
             size_t l = strlen(line);
-            if (S->rcpt_len + l + 2 > S->rcpt_cap) {
-                size_t cap = S->rcpt_cap ? S->rcpt_cap * 2 : 4096;
-                while (cap < S->rcpt_len + l + 2) cap *= 2;
+            if (S->receipt_len + l + 2 > S->receipt_cap) {
+                size_t cap = S->receipt_cap ? S->receipt_cap * 2 : 4096;
+                while (cap < S->receipt_len + l + 2) cap *= 2;
                 char *nb = realloc(S->rcpt, cap);
                 if (!nb) {
                     free(line);
                     continue;
                 }
                 S->rcpt = nb;
-                S->rcpt_cap = cap;
+                S->receipt_cap = cap;
             }
-            if (S->rcpt_len) S->rcpt[S->rcpt_len++] = ',';
-            memcpy(S->rcpt + S->rcpt_len, line, l);
-            S->rcpt_len += l;
+            if (S->receipt_len) S->rcpt[S->receipt_len++] = ',';
+            memcpy(S->rcpt + S->receipt_len, line, l);
+            S->receipt_len += l;
             free(line);
         }
     }
@@ -486,14 +486,14 @@ static char *ring_be_receipts(void *impl, int slot) {
     if (B->open && S->gen == B->gen && ring_pending_count(B->rc) == 0 && ring_receipts_finish(B->rc, 5.0, &e) != 0) {
         fprintf(stderr, "ringlm serve: ring: %s\n", e.msg);
     }
-    char *out = malloc(S->rcpt_len + 3);
+    char *out = malloc(S->receipt_len + 3);
     if (out) {
         out[0] = '[';
-        if (S->rcpt_len) memcpy(out + 1, S->rcpt, S->rcpt_len);
-        out[S->rcpt_len + 1] = ']';
-        out[S->rcpt_len + 2] = 0;
+        if (S->receipt_len) memcpy(out + 1, S->rcpt, S->receipt_len);
+        out[S->receipt_len + 1] = ']';
+        out[S->receipt_len + 2] = 0;
     }
-    S->rcpt_len = 0;
+    S->receipt_len = 0;
     return out;
 }
 
@@ -512,12 +512,12 @@ static int ring_hist_add(ring_slot *S, const int32_t *t, uint32_t n) {
     return 0;
 }
 
-/* The features the stages sent for the step's RF_SEQ_TAPS sequences, into B->feat (each entry's own tokens:
+/* The features the stages sent for the step's FRAME_SEQ_TAPS sequences, into B->feat (each entry's own tokens:
  * a replayed sequence's frame also carried its history first); frees them. */
 static int ring_take_feat(sch_ring *B, sch_step *steps, int n, rl_err *err) {
     const size_t row = (size_t)B->cfg.opts.n_taps * B->cfg.hp->n_embd;
     size_t total = 0;
-    for (int i = 0; i < n; i++) total += (B->reqs[i].flags & RF_SEQ_TAPS) ? steps[i].n_tokens : 0;
+    for (int i = 0; i < n; i++) total += (B->reqs[i].flags & FRAME_SEQ_TAPS) ? steps[i].n_tokens : 0;
     int rc = 0;
     if (total * row > B->feat_cap) {
         float *f = realloc(B->feat, total * row * sizeof *f);
@@ -528,7 +528,7 @@ static int ring_take_feat(sch_ring *B, sch_step *steps, int n, rl_err *err) {
     for (int i = 0; i < n; i++) {
         ring_seq_req *q = &B->reqs[i];
         steps[i].feat = NULL;
-        if (rc == 0 && (q->flags & RF_SEQ_TAPS) && q->taps) {
+        if (rc == 0 && (q->flags & FRAME_SEQ_TAPS) && q->taps) {
             memcpy(B->feat + at * row, q->taps + (size_t)(q->n - steps[i].n_tokens) * row, steps[i].n_tokens * row * sizeof(float));
             steps[i].feat = B->feat + at * row;
             at += steps[i].n_tokens;
@@ -564,7 +564,7 @@ static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
             S->seq_id = B->next_seq++;
             S->gen = B->gen;
             S->pos = 0;
-            const uint32_t fl = RF_SEQ_NEW | (S->n_bias ? RF_SEQ_HAS_BIAS : 0) | (S->gram ? RF_SEQ_HAS_GRAMMAR : 0);
+            const uint32_t fl = FRAME_SEQ_NEW | (S->n_bias ? FRAME_SEQ_HAS_BIAS : 0) | (S->gram ? FRAME_SEQ_HAS_GRAMMAR : 0);
             *q = (ring_seq_req){.seq_id = S->seq_id, .pos = 0, .n = S->n_hist + e->n_tokens, .tokens = S->hist,
                                 .flags = fl, .smp = S->smp, .bias = S->bias, .n_bias = S->n_bias, .gram = S->gram,
                                 .gram_len = (uint32_t)S->gram_len, .budget = S->budget};
@@ -575,28 +575,28 @@ static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
                 ring_seq_req *q0 = &B->reqs0[n0++];
                 *q0 = *q;
                 q0->n = S->gen0;
-                q0->flags |= RF_SEQ_NO_SAMPLE;
+                q0->flags |= FRAME_SEQ_NO_SAMPLE;
                 *q = (ring_seq_req){.seq_id = S->seq_id, .pos = S->gen0, .n = S->n_hist - S->gen0 + e->n_tokens,
-                                    .tokens = S->hist + S->gen0, .flags = RF_SEQ_RESUME | RF_SEQ_STEP, .smp = S->smp,
+                                    .tokens = S->hist + S->gen0, .flags = FRAME_SEQ_RESUME | FRAME_SEQ_STEP, .smp = S->smp,
                                     .gen_start = 0};
             }
         } else {
             *q = (ring_seq_req){.seq_id = S->seq_id, .pos = S->pos, .n = e->n_tokens, .tokens = e->tokens,
                                 .smp = S->smp};
         }
-        if (!e->sample) q->flags |= RF_SEQ_NO_SAMPLE;
+        if (!e->sample) q->flags |= FRAME_SEQ_NO_SAMPLE;
         if (steps[i].prompt_lp && q->n > 1) {
             /* (the scheduler gives such a prompt whole, in a begin entry: the frame holds just its tokens) */
-            q->flags |= RF_SEQ_PROMPT_LP;
+            q->flags |= FRAME_SEQ_PROMPT_LP;
             q->plp = steps[i].plp;
         }
         if (e->sample && e->logprobs) {
-            q->flags |= RF_SEQ_LOGPROBS;
+            q->flags |= FRAME_SEQ_LOGPROBS;
             q->lp = steps[i].lp; /* (e is the read-only view of the same entry) */
             q->lp_cap = SCH_MAX_DRAFT + 1;
         }
-        if (e->n_draft > 0) q->flags |= RF_SEQ_VERIFY; /* the last stage accepts; the stages roll back after */
-        if (B->taps && e->taps) q->flags |= RF_SEQ_TAPS;
+        if (e->n_draft > 0) q->flags |= FRAME_SEQ_VERIFY; /* the last stage accepts; the stages roll back after */
+        if (B->taps && e->taps) q->flags |= FRAME_SEQ_TAPS;
         q->token = -1;
     }
     uint64_t step_id, step0 = 0;
@@ -696,7 +696,7 @@ static int ring_be_step(void *impl, sch_step *steps, int n, rl_err *err) {
                 if (S->gram_len > UINT32_MAX / 2) return rl_errf(err, "slot %d: a grammar of %zu bytes", e->slot, S->gram_len);
             }
             S->want_receipts = e->receipts;
-            S->rcpt_len = 0;
+            S->receipt_len = 0;
         } else if (S->seq_id == 0 && S->n_hist == 0) {
             return rl_errf(err, "slot %d continues a sequence that never began", e->slot);
         }
@@ -745,7 +745,7 @@ static void ring_be_end(void *impl, int slot) {
     S->sampled = false;
     S->n_hist = 0;
     S->want_receipts = false;
-    S->rcpt_len = 0;
+    S->receipt_len = 0;
 }
 
 static void ring_be_node(const sch_ring *B, int node, uint32_t a, uint32_t b, int stage, sch_node_stat *o) {
@@ -820,8 +820,8 @@ static void ring_be_free(void *impl) {
 
 int sch_backend_ring(sch_backend *be, const sch_ring_config *cfg, rl_err *err) {
     memset(be, 0, sizeof *be);
-    if (cfg->n_slots < 1 || cfg->n_slots > RF_MAX_SEQS) {
-        return rl_errf(err, "a ring carries 1 to %d sequences at once, not %d", RF_MAX_SEQS, cfg->n_slots);
+    if (cfg->n_slots < 1 || cfg->n_slots > FRAME_MAX_SEQS) {
+        return rl_errf(err, "a ring carries 1 to %d sequences at once, not %d", FRAME_MAX_SEQS, cfg->n_slots);
     }
     if (cfg->conf->n < 1 || cfg->conf->n > PLAN_MAX_NODES) return rl_errf(err, "the ring has no nodes");
     sch_ring *B = calloc(1, sizeof *B);

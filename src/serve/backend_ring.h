@@ -2,8 +2,8 @@
  *
  * Each scheduler step becomes ONE FORWARD frame through the ring carrying every sequence of the batch (a
  * decode token or a prompt chunk), submitted with ring_submit and collected with ring_collect. The last
- * stage samples: a sequence's sampling parameters travel with its first frame (RF_SEQ_NEW), prompt chunks
- * that need no token go as RF_SEQ_NO_SAMPLE, and the token the last stage returns per sequence is the
+ * stage samples: a sequence's sampling parameters travel with its first frame (FRAME_SEQ_NEW), prompt chunks
+ * that need no token go as FRAME_SEQ_NO_SAMPLE, and the token the last stage returns per sequence is the
  * step's sampled token. Scheduler slots map to ring sequence ids that are never reused (one fresh id per
  * request, from a counter of this backend that survives re-opening the ring), so a frame still in flight
  * can never be mistaken for a later request's. Finished sequences are freed on the nodes (ring_free_seqs).
@@ -13,7 +13,7 @@
  * TCP probe of every ring.conf node, then ring_open over the nodes left (survivors and standbys; a node
  * that fails the open is left out and the open tried again). Every sequence is rebuilt there from the tokens
  * it holds (kept per slot): its prompt as a prefill, then what it generated with step kernels, the last
- * stage's sampler resuming (RF_SEQ_RESUME). Only when no plan fits does the step fail, with
+ * stage's sampler resuming (FRAME_SEQ_RESUME). Only when no plan fits does the step fail, with
  * SCH_RING_UNAVAILABLE. Nodes that come back are taken in while the server is idle (ring_idle_probe).
  *
  * Everything runs on the scheduler thread (after sch_backend_ring returns), as the contract requires. */
@@ -31,7 +31,7 @@
 
 typedef struct sch_ring_config {
     const ring_conf *conf;   /* the nodes; all four pointers must outlive the backend */
-    const rk_identity *id;   /* the coordinator's key */
+    const keys_identity *id;   /* the coordinator's key */
     const mf_model *m;       /* the model file (hash, and layers streamed to nodes that lack it) */
     const k3_hparams *hp;
     ring_opts opts;          /* n_ctx is the per-sequence context */

@@ -20,12 +20,12 @@
 typedef struct serve_state {
     mf_model m;
     k3_hparams hp;
-    mfst_file mf;
+    manifest_file mf;
     tok_tokenizer tok;
     k3_engine e;
     sch_backend be;
     ring_conf rconf;
-    rk_identity rid;
+    keys_identity rid;
     FILE *rfile;            /* --receipts, appended to */
     sch_sched s;
     http_server h;
@@ -58,7 +58,7 @@ static int serve_dspark_open(const serve_opts *o, serve_state *st, rl_err *err) 
 /* The backend on the ring: the model file stays mapped here for its hash, its tokenizer and the layers
  * streamed to nodes that lack it; the nodes compute. */
 static int serve_ring_open(const serve_opts *o, serve_state *st, rl_err *err) {
-    if (ring_conf_load(&st->rconf, o->ring_path, err) != 0 || rk_load(&st->rid, o->key_path, err) != 0) return -1;
+    if (ring_conf_load(&st->rconf, o->ring_path, err) != 0 || keys_load(&st->rid, o->key_path, err) != 0) return -1;
     sch_ring_config rcfg = {.conf = &st->rconf, .id = &st->rid, .m = &st->m, .hp = &st->hp,
                             .opts = ring_opts_default(), .n_slots = o->parallel};
     rcfg.opts.n_ctx = (uint32_t)o->ctx;

@@ -9,7 +9,7 @@
 #include <sodium.h>
 #include <zmq.h>
 
-static int rk_derive(rk_identity *id, rl_err *err) {
+static int keys_derive(keys_identity *id, rl_err *err) {
     if (crypto_sign_ed25519_pk_to_curve25519(id->curve_pk, id->sign_pk) != 0 ||
         crypto_sign_ed25519_sk_to_curve25519(id->curve_sk, id->sign_sk) != 0) {
         return rl_errf(err, "cannot derive the CURVE key from this Ed25519 key");
@@ -21,14 +21,14 @@ static int rk_derive(rk_identity *id, rl_err *err) {
     return 0;
 }
 
-int rk_generate(rk_identity *id, rl_err *err) {
+int keys_generate(keys_identity *id, rl_err *err) {
     if (sodium_init() < 0) return rl_errf(err, "libsodium failed to initialise");
     memset(id, 0, sizeof *id);
     crypto_sign_keypair(id->sign_pk, id->sign_sk);
-    return rk_derive(id, err);
+    return keys_derive(id, err);
 }
 
-int rk_save(const rk_identity *id, const char *path, rl_err *err) {
+int keys_save(const keys_identity *id, const char *path, rl_err *err) {
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
     if (fd < 0) {
         return rl_errf(err, "cannot create %s: %s%s", path, strerror(errno),
@@ -49,7 +49,7 @@ int rk_save(const rk_identity *id, const char *path, rl_err *err) {
     return 0;
 }
 
-int rk_load(rk_identity *id, const char *path, rl_err *err) {
+int keys_load(keys_identity *id, const char *path, rl_err *err) {
     if (sodium_init() < 0) return rl_errf(err, "libsodium failed to initialise");
     memset(id, 0, sizeof *id);
     FILE *f = fopen(path, "r");
@@ -66,10 +66,10 @@ int rk_load(rk_identity *id, const char *path, rl_err *err) {
     }
     sodium_memzero(hex, sizeof hex);
     crypto_sign_ed25519_sk_to_pk(id->sign_pk, id->sign_sk);
-    return rk_derive(id, err);
+    return keys_derive(id, err);
 }
 
-int rk_peer_parse(rk_peer *p, const char *hex, rl_err *err) {
+int keys_peer_parse(keys_peer *p, const char *hex, rl_err *err) {
     if (sodium_init() < 0) return rl_errf(err, "libsodium failed to initialise");
     memset(p, 0, sizeof *p);
     size_t n = 0;
@@ -88,9 +88,9 @@ int rk_peer_parse(rk_peer *p, const char *hex, rl_err *err) {
  * libsodium converts only the other way, so this is a small field implementation of our own: 16 limbs of
  * 16 bits in int64, kept non-negative (subtraction adds 4p first), products folded with 2^256 = 38 mod p.
  * It handles public data only, so it need not run in constant time. */
-typedef int64_t rk_fe[16];
+typedef int64_t keys_fe[16];
 
-static void rk_fe_carry(rk_fe o) {
+static void keys_fe_carry(keys_fe o) {
     for (int pass = 0; pass < 3; pass++) {
         for (int i = 0; i < 16; i++) {
             int64_t c = o[i] >> 16; /* limbs are non-negative here */
@@ -101,42 +101,42 @@ static void rk_fe_carry(rk_fe o) {
     }
 }
 
-static void rk_fe_add(rk_fe o, const rk_fe a, const rk_fe b) {
+static void keys_fe_add(keys_fe o, const keys_fe a, const keys_fe b) {
     for (int i = 0; i < 16; i++) o[i] = a[i] + b[i];
-    rk_fe_carry(o);
+    keys_fe_carry(o);
 }
 
-static void rk_fe_sub(rk_fe o, const rk_fe a, const rk_fe b) { /* a, b carried: limbs in [0, 0xffff] */
+static void keys_fe_sub(keys_fe o, const keys_fe a, const keys_fe b) { /* a, b carried: limbs in [0, 0xffff] */
     for (int i = 0; i < 16; i++) o[i] = a[i] + (i == 0 ? 0x3ffb4 : i == 15 ? 0x1fffc : 0x3fffc) - b[i]; /* + 4p */
-    rk_fe_carry(o);
+    keys_fe_carry(o);
 }
 
-static void rk_fe_mul(rk_fe o, const rk_fe a, const rk_fe b) {
+static void keys_fe_mul(keys_fe o, const keys_fe a, const keys_fe b) {
     int64_t t[31] = {0};
     for (int i = 0; i < 16; i++) {
         for (int j = 0; j < 16; j++) t[i + j] += a[i] * b[j];
     }
     for (int i = 0; i < 15; i++) t[i] += 38 * t[i + 16];
     for (int i = 0; i < 16; i++) o[i] = t[i];
-    rk_fe_carry(o);
+    keys_fe_carry(o);
 }
 
-static void rk_fe_invert(rk_fe o, const rk_fe a) { /* a^(p-2); p-2 = 2^255 - 21: bits 254..5 set, then 01011 */
-    rk_fe c = {1};
+static void keys_fe_invert(keys_fe o, const keys_fe a) { /* a^(p-2); p-2 = 2^255 - 21: bits 254..5 set, then 01011 */
+    keys_fe c = {1};
     for (int i = 254; i >= 0; i--) {
-        rk_fe_mul(c, c, c);
-        if (i >= 5 || ((11 >> i) & 1)) rk_fe_mul(c, c, a);
+        keys_fe_mul(c, c, c);
+        if (i >= 5 || ((11 >> i) & 1)) keys_fe_mul(c, c, a);
     }
     memcpy(o, c, sizeof c);
 }
 
-static void rk_fe_pack(uint8_t out[32], const rk_fe a) { /* the canonical value, below p */
-    rk_fe t;
+static void keys_fe_pack(uint8_t out[32], const keys_fe a) { /* the canonical value, below p */
+    keys_fe t;
     memcpy(t, a, sizeof t);
-    rk_fe_carry(t);
-    rk_fe_carry(t); /* a carry out of the top limb can leave limb 0 a little above 16 bits: settle it */
+    keys_fe_carry(t);
+    keys_fe_carry(t); /* a carry out of the top limb can leave limb 0 a little above 16 bits: settle it */
     for (int k = 0; k < 2; k++) {
-        rk_fe m;
+        keys_fe m;
         int64_t borrow = 0;
         for (int i = 0; i < 16; i++) {
             m[i] = t[i] - (i == 0 ? 0xffed : i == 15 ? 0x7fff : 0xffff) - borrow;
@@ -148,17 +148,17 @@ static void rk_fe_pack(uint8_t out[32], const rk_fe a) { /* the canonical value,
     for (int i = 0; i < 16; i++) out[2 * i] = (uint8_t)t[i], out[2 * i + 1] = (uint8_t)(t[i] >> 8);
 }
 
-int rk_curve_to_names(const uint8_t curve_pk[32], char hex[2][65]) {
-    rk_fe u, one = {1}, num, den, inv, y;
+int keys_curve_to_names(const uint8_t curve_pk[32], char hex[2][65]) {
+    keys_fe u, one = {1}, num, den, inv, y;
     for (int i = 0; i < 16; i++) u[i] = curve_pk[2 * i] | (int64_t)curve_pk[2 * i + 1] << 8;
     u[15] &= 0x7fff; /* X25519 ignores the top bit */
-    rk_fe_carry(u);
-    rk_fe_sub(num, u, one);
-    rk_fe_add(den, u, one);
-    rk_fe_invert(inv, den); /* u = -1 has no Ed25519 key: inv = 0, y = 0, and the check below fails */
-    rk_fe_mul(y, num, inv);
+    keys_fe_carry(u);
+    keys_fe_sub(num, u, one);
+    keys_fe_add(den, u, one);
+    keys_fe_invert(inv, den); /* u = -1 has no Ed25519 key: inv = 0, y = 0, and the check below fails */
+    keys_fe_mul(y, num, inv);
     uint8_t ed[32], back[32];
-    rk_fe_pack(ed, y);
+    keys_fe_pack(ed, y);
     int n = 0;
     for (int sign = 0; sign < 2; sign++) {
         ed[31] = (uint8_t)((ed[31] & 0x7f) | (sign << 7));

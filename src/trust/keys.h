@@ -12,32 +12,32 @@
 
 #include "../base/err.h"
 
-typedef struct rk_identity {
+typedef struct keys_identity {
     uint8_t sign_pk[32], sign_sk[64];   /* Ed25519 */
     uint8_t curve_pk[32], curve_sk[32]; /* X25519, for ZeroMQ CURVE */
     char pk_hex[65];                    /* sign_pk in hex */
     char curve_pk_z85[41], curve_sk_z85[41];
-} rk_identity;
+} keys_identity;
 
-int rk_generate(rk_identity *id, rl_err *err);
-int rk_save(const rk_identity *id, const char *path, rl_err *err); /* refuses to overwrite */
-int rk_load(rk_identity *id, const char *path, rl_err *err);
+int keys_generate(keys_identity *id, rl_err *err);
+int keys_save(const keys_identity *id, const char *path, rl_err *err); /* refuses to overwrite */
+int keys_load(keys_identity *id, const char *path, rl_err *err);
 
 /* A peer known by its public key: parses 64 hex chars and derives its CURVE public key (Z85). */
-typedef struct rk_peer {
+typedef struct keys_peer {
     uint8_t sign_pk[32];
     uint8_t curve_pk[32];
     char pk_hex[65];
     char curve_pk_z85[41];
-} rk_peer;
+} keys_peer;
 
-int rk_peer_parse(rk_peer *p, const char *hex, rl_err *err);
+int keys_peer_parse(keys_peer *p, const char *hex, rl_err *err);
 
 /* The public keys, as users write them (Ed25519 hex), whose CURVE key is curve_pk: what a node can say of a
  * peer it refused, since the handshake carries only the CURVE key. Ed25519 -> X25519 keeps the point's y
  * and drops the sign of its x, so there are two such keys, equal but for the top bit of the last byte;
  * the handshake cannot tell which one the peer holds. Fills hex[0..n) with those that are valid keys and
  * returns n (0 for a CURVE key no Ed25519 key maps to). */
-int rk_curve_to_names(const uint8_t curve_pk[32], char hex[2][65]);
+int keys_curve_to_names(const uint8_t curve_pk[32], char hex[2][65]);
 
 #endif

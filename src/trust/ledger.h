@@ -19,70 +19,70 @@
 #include "../wire/frame.h"
 #include "receipt.h"
 
-typedef struct tl_trav {
+typedef struct ledger_trav {
     uint64_t step_id;
     uint8_t nonce[32], first_in[32], last_out[32];
     bool have_result;
-    rf_seq *seqs;     /* the frame's sequence entries (what the receipts must list; kept for audits) */
+    frame_seq *seqs;     /* the frame's sequence entries (what the receipts must list; kept for audits) */
     uint32_t n_seqs;
     uint8_t *q;       /* its drafts' distributions, kept for audits (or NULL) */
     size_t q_len;
-    rcpt_receipt *rs; /* [n_stages], by the stage of the node that sent it */
+    receipt_rec *rs; /* [n_stages], by the stage of the node that sent it */
     bool *got;
     int n_got;
-} tl_trav;
+} ledger_trav;
 
-typedef struct tl_hist {
+typedef struct ledger_hist {
     uint64_t step_id;
     uint32_t n_seqs;
-    rf_seq *seqs;
+    frame_seq *seqs;
     uint8_t *q;              /* the drafts' distributions sent with it (or NULL) */
     size_t q_len;
     uint8_t (*hash)[2][32];  /* [stage] = {input hash, output hash} from the checked receipts */
-} tl_hist;
+} ledger_hist;
 
-typedef struct tl_config {
+typedef struct ledger_config {
     uint64_t ring_id;
     uint32_t n_layer;
     int n_stages;
-    const rcpt_stage_expect *stages; /* [n_stages]: who runs which layers, and each range's manifest hash */
+    const receipt_stage_expect *stages; /* [n_stages]: who runs which layers, and each range's manifest hash */
     const char *const *names;        /* [n_stages]: the stages' nodes as messages name them */
     FILE *out;                       /* checked receipts as JSON lines (or NULL) */
-    void (*on_receipts)(void *user, const rcpt_receipt *rs, int n_stages); /* each checked traversal (or NULL) */
+    void (*on_receipts)(void *user, const receipt_rec *rs, int n_stages); /* each checked traversal (or NULL) */
     void *user;
     int keep;                        /* checked traversals remembered for audits (0: none) */
-} tl_config;
+} ledger_config;
 
-typedef struct tl_ledger {
-    tl_config c;
-    rcpt_stage_expect stages[RCPT_MAX_STAGES];
-    char names[RCPT_MAX_STAGES][128];
-    rcpt_nonce_book book;
-    tl_trav *travs;
+typedef struct ledger_book {
+    ledger_config c;
+    receipt_stage_expect stages[RECEIPT_MAX_STAGES];
+    char names[RECEIPT_MAX_STAGES][128];
+    receipt_nonce_book book;
+    ledger_trav *travs;
     int n_travs, cap_travs;
-    tl_hist *hist;           /* a ring buffer of the last c.keep checked traversals */
+    ledger_hist *hist;           /* a ring buffer of the last c.keep checked traversals */
     int n_hist, cap_hist, hist_head;
     long checked;            /* receipts checked and found good */
     bool failed;             /* a check failed: error says how; blame is the stage it is about (or -1) */
     char error[1024];
     int blame;
     char blame_why[600];
-} tl_ledger;
+} ledger_book;
 
-int tl_init(tl_ledger *l, const tl_config *c, rl_err *err);
-void tl_free(tl_ledger *l);
+int ledger_init(ledger_book *l, const ledger_config *c, rl_err *err);
+void ledger_free(ledger_book *l);
 /* A frame sent: its traversal's nonce, the hash of its input, and its sequence entries (copied). */
-int tl_begin(tl_ledger *l, uint64_t step, const uint8_t nonce[32], const uint8_t first_in[32], const rf_seq *seqs,
+int ledger_begin(ledger_book *l, uint64_t step, const uint8_t nonce[32], const uint8_t first_in[32], const frame_seq *seqs,
              uint32_t n_seqs, rl_err *err);
 /* Its drafts' distributions, kept for audits (copied; ignored when keep is 0). */
-void tl_set_q(tl_ledger *l, uint64_t step, const void *q, size_t q_len);
+void ledger_set_q(ledger_book *l, uint64_t step, const void *q, size_t q_len);
 /* Its result arrived (last_out: the hash of what the last stage returned); checks it if complete. */
-void tl_result(tl_ledger *l, uint64_t step, const uint8_t last_out[32]);
+void ledger_result(ledger_book *l, uint64_t step, const uint8_t last_out[32]);
 /* A receipt (packed) from the node of `stage` (-1: a node that is no stage; who names it). */
-void tl_take(tl_ledger *l, int stage, const char *who, uint64_t step, const void *data, size_t len);
+void ledger_take(ledger_book *l, int stage, const char *who, uint64_t step, const void *data, size_t len);
 /* The oldest traversal still waiting for receipts (or NULL), and the first stage it waits for. */
-const tl_trav *tl_oldest(const tl_ledger *l, int *missing);
+const ledger_trav *ledger_oldest(const ledger_book *l, int *missing);
 /* The i-th remembered traversal, oldest first (i < n_hist). */
-const tl_hist *tl_hist_at(const tl_ledger *l, int i);
+const ledger_hist *ledger_hist_at(const ledger_book *l, int i);
 
 #endif

@@ -11,7 +11,7 @@
 
 #include "gguf.h"
 
-bool mfst_tensor_in_range(const char *name, uint32_t a, uint32_t b, uint32_t n_layer) {
+bool manifest_tensor_in_range(const char *name, uint32_t a, uint32_t b, uint32_t n_layer) {
     unsigned il;
     if (sscanf(name, "blk.%u.", &il) == 1) return il >= a && il < b;
     if (strcmp(name, "token_embd.weight") == 0) return a == 0;
@@ -179,11 +179,11 @@ static int by_size_desc(const void *a, const void *b) {
 }
 
 static int desc_by_name(const void *a, const void *b) {
-    return strcmp(((const mfst_tensor *)a)->name, ((const mfst_tensor *)b)->name);
+    return strcmp(((const manifest_tensor *)a)->name, ((const manifest_tensor *)b)->name);
 }
 
 /* [a, b) inside the model, and a tensor of each of its layers among d[0..n). */
-static int descs_check(const mfst_tensor *d, int n, uint32_t L, uint32_t a, uint32_t b, rl_err *err) {
+static int descs_check(const manifest_tensor *d, int n, uint32_t L, uint32_t a, uint32_t b, rl_err *err) {
     if (a >= b || b > L) return rl_errf(err, "layer range [%u, %u) is not inside the model's %u layers", a, b, L);
     bool *seen = calloc(b - a, 1);
     if (!seen) return rl_errf(err, "out of memory");
@@ -199,14 +199,14 @@ static int descs_check(const mfst_tensor *d, int n, uint32_t L, uint32_t a, uint
     return rc;
 }
 
-int mfst_hash_descs(const struct gguf_context *meta, uint32_t n_layer, uint32_t a, uint32_t b, mfst_tensor *d, int n,
+int manifest_hash_descs(const struct gguf_context *meta, uint32_t n_layer, uint32_t a, uint32_t b, manifest_tensor *d, int n,
                     uint8_t out[32], rl_err *err) {
     if (descs_check(d, n, n_layer, a, b, err) != 0) return -1;
     qsort(d, (size_t)n, sizeof *d, desc_by_name);
     crypto_generichash_state h;
     crypto_generichash_init(&h, NULL, 0, 32);
     h_bytes(&h, "RLMF", 4);
-    h_u32(&h, MFST_VERSION);
+    h_u32(&h, MANIFEST_VERSION);
     h_u32(&h, a);
     h_u32(&h, b);
     h_u32(&h, n_layer);
@@ -223,7 +223,7 @@ int mfst_hash_descs(const struct gguf_context *meta, uint32_t n_layer, uint32_t 
     return 0;
 }
 
-int mfst_hash_tensors(const mf_tensor *const *ts, int n, int n_threads, const char *progress, uint8_t (*out)[32]) {
+int manifest_hash_tensors(const mf_tensor *const *ts, int n, int n_threads, const char *progress, uint8_t (*out)[32]) {
     item *items = calloc((size_t)n + 1, sizeof *items);
     if (!items) return -1;
     unsigned long long total = 0;
@@ -257,12 +257,12 @@ int mfst_hash_tensors(const mf_tensor *const *ts, int n, int n_threads, const ch
     return 0;
 }
 
-int mfst_range_hash_threads(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, int n_threads,
+int manifest_range_hash_threads(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, int n_threads,
                             uint8_t out[32], rl_err *err) {
     if (sodium_init() < 0) return rl_errf(err, "libsodium failed to initialise");
     const uint32_t L = hp->n_layer;
     const mf_tensor **ts = calloc((size_t)m->n_tensor + 1, sizeof *ts);
-    mfst_tensor *d = calloc((size_t)m->n_tensor + 1, sizeof *d);
+    manifest_tensor *d = calloc((size_t)m->n_tensor + 1, sizeof *d);
     uint8_t(*hs)[32] = calloc((size_t)m->n_tensor + 1, sizeof *hs);
     int n = 0, rc = -1;
     if (!ts || !d || !hs) {
@@ -271,20 +271,20 @@ int mfst_range_hash_threads(const mf_model *m, const k3_hparams *hp, uint32_t a,
     }
     for (int i = 0; i < m->n_tensor; i++) {
         const mf_tensor *t = &m->tensors[i];
-        if (!mfst_tensor_in_range(t->name, a, b, L)) continue;
+        if (!manifest_tensor_in_range(t->name, a, b, L)) continue;
         ts[n] = t;
-        d[n] = (mfst_tensor){.name = t->name, .type = t->type, .n_dims = t->n_dims, .nbytes = t->nbytes};
+        d[n] = (manifest_tensor){.name = t->name, .type = t->type, .n_dims = t->n_dims, .nbytes = t->nbytes};
         memcpy(d[n].ne, t->ne, sizeof d[n].ne);
         n++;
     }
     /* The range is checked before the weights are hashed (the cost). */
     if (descs_check(d, n, L, a, b, err) != 0) goto done;
-    if (mfst_hash_tensors(ts, n, n_threads, NULL, hs) != 0) {
+    if (manifest_hash_tensors(ts, n, n_threads, NULL, hs) != 0) {
         rl_errf(err, "out of memory");
         goto done;
     }
     for (int k = 0; k < n; k++) memcpy(d[k].hash, hs[k], 32);
-    rc = mfst_hash_descs(m->meta, L, a, b, d, n, out, err);
+    rc = manifest_hash_descs(m->meta, L, a, b, d, n, out, err);
 done:
     free(ts);
     free(d);
@@ -292,6 +292,6 @@ done:
     return rc;
 }
 
-int mfst_range_hash(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, uint8_t out[32], rl_err *err) {
-    return mfst_range_hash_threads(m, hp, a, b, 0, out, err);
+int manifest_range_hash(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, uint8_t out[32], rl_err *err) {
+    return manifest_range_hash_threads(m, hp, a, b, 0, out, err);
 }

@@ -14,12 +14,12 @@
 
 #define K(s) "ringlm.manifest." s
 
-static const char *mfst_base(const char *path) {
+static const char *manifest_base(const char *path) {
     const char *s = strrchr(path, '/');
     return s ? s + 1 : path;
 }
 
-int mfst_file_build(mfst_file *f, const mf_model *m, int n_threads, bool progress, rl_err *err) {
+int manifest_file_build(manifest_file *f, const mf_model *m, int n_threads, bool progress, rl_err *err) {
     memset(f, 0, sizeof *f);
     uint32_t L = 0;
     if (mf_get_u32(m, K3_ARCH ".block_count", &L, true, err) < 0) return -1;
@@ -38,7 +38,7 @@ int mfst_file_build(mfst_file *f, const mf_model *m, int n_threads, bool progres
     }
     bool shapes = n > 0;
     for (int i = 0; i < n; i++) ts[i] = &m->tensors[i], shapes &= m->tensors[i].data == NULL;
-    if (!shapes && mfst_hash_tensors(ts, n, n_threads, progress ? "manifest" : NULL, hs) != 0) {
+    if (!shapes && manifest_hash_tensors(ts, n, n_threads, progress ? "manifest" : NULL, hs) != 0) {
         rl_errf(err, "out of memory");
         goto done;
     }
@@ -56,8 +56,8 @@ int mfst_file_build(mfst_file *f, const mf_model *m, int n_threads, bool progres
         fi[i] = (uint32_t)t->split;
         off[i] = t->offset;
     }
-    for (int s = 0; s < m->n_split; s++) files[s] = mfst_base(m->splits[s].path);
-    gguf_set_val_u32(f->g, K("version"), MFST_FILE_VERSION);
+    for (int s = 0; s < m->n_split; s++) files[s] = manifest_base(m->splits[s].path);
+    gguf_set_val_u32(f->g, K("version"), MANIFEST_FILE_VERSION);
     if (shapes) gguf_set_val_bool(f->g, K("shape_only"), true);
     gguf_set_arr_str(f->g, K("files"), files, (size_t)m->n_split);
     gguf_set_arr_str(f->g, K("names"), names, (size_t)n);
@@ -76,13 +76,13 @@ int mfst_file_build(mfst_file *f, const mf_model *m, int n_threads, bool progres
         goto done;
     }
     close(fd);
-    rc = mfst_file_write(f, tmp, err);
+    rc = manifest_file_write(f, tmp, err);
     gguf_free(f->g);
     f->g = NULL;
-    if (rc == 0) rc = mfst_file_read(f, tmp, err);
+    if (rc == 0) rc = manifest_file_read(f, tmp, err);
     remove(tmp);
 done:
-    if (rc != 0) mfst_file_free(f);
+    if (rc != 0) manifest_file_free(f);
     free(ts);
     free(hs);
     free(names);
@@ -96,7 +96,7 @@ done:
     return rc;
 }
 
-int mfst_file_write(const mfst_file *f, const char *path, rl_err *err) {
+int manifest_file_write(const manifest_file *f, const char *path, rl_err *err) {
     FILE *fp = fopen(path, "wb");
     if (!fp) return rl_errf(err, "cannot create %s: %s", path, strerror(errno));
     int rc = gguf_write_to_file_ptr(f->g, fp, true) ? 0 : rl_errf(err, "cannot write %s", path);
@@ -106,7 +106,7 @@ int mfst_file_write(const mfst_file *f, const char *path, rl_err *err) {
 }
 
 /* The array at key: of type t and exactly n elements, or NULL (err says which key). */
-static const void *mfst_arr(const struct gguf_context *g, const char *key, enum gguf_type t, size_t n, rl_err *err) {
+static const void *manifest_arr(const struct gguf_context *g, const char *key, enum gguf_type t, size_t n, rl_err *err) {
     int64_t id = gguf_find_key(g, key);
     if (id < 0 || gguf_get_kv_type(g, id) != GGUF_TYPE_ARRAY || gguf_get_arr_type(g, id) != t ||
         gguf_get_arr_n(g, id) != n) {
@@ -116,7 +116,7 @@ static const void *mfst_arr(const struct gguf_context *g, const char *key, enum 
     return t == GGUF_TYPE_STRING ? (const void *)g : gguf_get_arr_data(g, id);
 }
 
-bool mfst_file_is(const char *path) {
+bool manifest_file_is(const char *path) {
     struct gguf_init_params ip = {.no_alloc = true, .ctx = NULL};
     struct gguf_context *g = gguf_init_from_file(path, ip);
     bool is = g && gguf_find_key(g, K("version")) >= 0;
@@ -124,7 +124,7 @@ bool mfst_file_is(const char *path) {
     return is;
 }
 
-int mfst_file_read(mfst_file *f, const char *path, rl_err *err) {
+int manifest_file_read(manifest_file *f, const char *path, rl_err *err) {
     memset(f, 0, sizeof *f);
     FILE *probe = fopen(path, "rb");
     if (!probe) return rl_errf(err, "cannot open manifest %s: %s", path, strerror(errno));
@@ -135,42 +135,42 @@ int mfst_file_read(mfst_file *f, const char *path, rl_err *err) {
     struct gguf_context *g = f->g;
     int64_t vid = gguf_find_key(g, K("version")), nid = gguf_find_key(g, K("names"));
     int64_t lid = gguf_find_key(g, K3_ARCH ".block_count");
-    if (vid < 0 || gguf_get_kv_type(g, vid) != GGUF_TYPE_UINT32 || gguf_get_val_u32(g, vid) != MFST_FILE_VERSION) {
-        mfst_file_free(f);
-        return rl_errf(err, "%s: not a ringlm manifest (version %d)", path, MFST_FILE_VERSION);
+    if (vid < 0 || gguf_get_kv_type(g, vid) != GGUF_TYPE_UINT32 || gguf_get_val_u32(g, vid) != MANIFEST_FILE_VERSION) {
+        manifest_file_free(f);
+        return rl_errf(err, "%s: not a ringlm manifest (version %d)", path, MANIFEST_FILE_VERSION);
     }
     if (nid < 0 || gguf_get_kv_type(g, nid) != GGUF_TYPE_ARRAY || gguf_get_arr_type(g, nid) != GGUF_TYPE_STRING ||
         lid < 0 || gguf_get_kv_type(g, lid) != GGUF_TYPE_UINT32) {
-        mfst_file_free(f);
+        manifest_file_free(f);
         return rl_errf(err, "%s: manifest without tensor names or %s.block_count", path, K3_ARCH);
     }
     const size_t n = gguf_get_arr_n(g, nid);
     f->n_layer = gguf_get_val_u32(g, lid);
     int64_t fid = gguf_find_key(g, K("files"));
     size_t n_files = fid >= 0 && gguf_get_kv_type(g, fid) == GGUF_TYPE_ARRAY ? gguf_get_arr_n(g, fid) : 0;
-    const uint32_t *ty = mfst_arr(g, K("types"), GGUF_TYPE_UINT32, n, err);
-    const uint32_t *nd = ty ? mfst_arr(g, K("n_dims"), GGUF_TYPE_UINT32, n, err) : NULL;
-    const int64_t *ne = nd ? mfst_arr(g, K("ne"), GGUF_TYPE_INT64, n * 4, err) : NULL;
-    const uint64_t *nb = ne ? mfst_arr(g, K("nbytes"), GGUF_TYPE_UINT64, n, err) : NULL;
-    const uint32_t *fi = nb ? mfst_arr(g, K("file"), GGUF_TYPE_UINT32, n, err) : NULL;
-    const uint64_t *off = fi ? mfst_arr(g, K("offset"), GGUF_TYPE_UINT64, n, err) : NULL;
-    const uint8_t *hs = off ? mfst_arr(g, K("hash"), GGUF_TYPE_UINT8, n * 32, err) : NULL;
+    const uint32_t *ty = manifest_arr(g, K("types"), GGUF_TYPE_UINT32, n, err);
+    const uint32_t *nd = ty ? manifest_arr(g, K("n_dims"), GGUF_TYPE_UINT32, n, err) : NULL;
+    const int64_t *ne = nd ? manifest_arr(g, K("ne"), GGUF_TYPE_INT64, n * 4, err) : NULL;
+    const uint64_t *nb = ne ? manifest_arr(g, K("nbytes"), GGUF_TYPE_UINT64, n, err) : NULL;
+    const uint32_t *fi = nb ? manifest_arr(g, K("file"), GGUF_TYPE_UINT32, n, err) : NULL;
+    const uint64_t *off = fi ? manifest_arr(g, K("offset"), GGUF_TYPE_UINT64, n, err) : NULL;
+    const uint8_t *hs = off ? manifest_arr(g, K("hash"), GGUF_TYPE_UINT8, n * 32, err) : NULL;
     if (!hs || n_files == 0 || n > (1u << 24)) {
         if (hs) rl_errf(err, "manifest: no split file names, or an absurd tensor count");
         rl_err_prefix(err, path);
-        mfst_file_free(f);
+        manifest_file_free(f);
         return -1;
     }
     int64_t sid = gguf_find_key(g, K("shape_only"));
     f->shape_only = sid >= 0 && gguf_get_kv_type(g, sid) == GGUF_TYPE_BOOL && gguf_get_val_bool(g, sid);
     f->t = calloc(n + 1, sizeof *f->t);
     if (!f->t) {
-        mfst_file_free(f);
+        manifest_file_free(f);
         return rl_errf(err, "out of memory");
     }
     f->n = (int)n;
     for (size_t i = 0; i < n; i++) {
-        mfst_tensor *t = &f->t[i];
+        manifest_tensor *t = &f->t[i];
         t->name = gguf_get_arr_str(g, nid, i);
         t->type = (int)ty[i];
         t->n_dims = (int)nd[i];
@@ -189,26 +189,26 @@ int mfst_file_read(mfst_file *f, const char *path, rl_err *err) {
         }
         if (!ok) {
             rl_errf(err, "%s: tensor %zu (%s): type, shape, size or file do not add up", path, i, t->name);
-            mfst_file_free(f);
+            manifest_file_free(f);
             return -1;
         }
     }
     return 0;
 }
 
-int mfst_file_range_hash(const mfst_file *f, uint32_t a, uint32_t b, uint8_t out[32], rl_err *err) {
-    mfst_tensor *d = calloc((size_t)f->n + 1, sizeof *d);
+int manifest_file_range_hash(const manifest_file *f, uint32_t a, uint32_t b, uint8_t out[32], rl_err *err) {
+    manifest_tensor *d = calloc((size_t)f->n + 1, sizeof *d);
     if (!d) return rl_errf(err, "out of memory");
     int n = 0;
     for (int i = 0; i < f->n; i++) {
-        if (mfst_tensor_in_range(f->t[i].name, a, b, f->n_layer)) d[n++] = f->t[i];
+        if (manifest_tensor_in_range(f->t[i].name, a, b, f->n_layer)) d[n++] = f->t[i];
     }
-    int rc = mfst_hash_descs(f->g, f->n_layer, a, b, d, n, out, err);
+    int rc = manifest_hash_descs(f->g, f->n_layer, a, b, d, n, out, err);
     free(d);
     return rc;
 }
 
-int mfst_file_check(const mfst_file *f, const char *const *paths, int n_paths, FILE *problems, FILE *absent,
+int manifest_file_check(const manifest_file *f, const char *const *paths, int n_paths, FILE *problems, FILE *absent,
                     long *n_bad, rl_err *err) {
     *n_bad = 0;
     int64_t fid = gguf_find_key(f->g, K("files"));
@@ -219,7 +219,7 @@ int mfst_file_check(const mfst_file *f, const char *const *paths, int n_paths, F
         const char *path = paths[p];
         size_t fi = n_files;
         for (size_t k = 0; k < n_files; k++) {
-            if (strcmp(gguf_get_arr_str(f->g, fid, k), mfst_base(path)) == 0) fi = k;
+            if (strcmp(gguf_get_arr_str(f->g, fid, k), manifest_base(path)) == 0) fi = k;
         }
         if (fi == n_files) {
             fprintf(problems, "%s: not a file of this model (its manifest lists %zu other%s)\n", path, n_files,
@@ -240,7 +240,7 @@ int mfst_file_check(const mfst_file *f, const char *const *paths, int n_paths, F
         const size_t data0 = gguf_get_data_offset(g);
         int listed = 0;
         for (int i = 0; i < f->n; i++) {
-            const mfst_tensor *t = &f->t[i];
+            const manifest_tensor *t = &f->t[i];
             if (t->file != fi) continue;
             listed++;
             int64_t ti = gguf_find_tensor(g, t->name);
@@ -294,25 +294,25 @@ int mfst_file_check(const mfst_file *f, const char *const *paths, int n_paths, F
     return 0;
 }
 
-int mfst_file_need_hashes(const mfst_file *f, const char *what, rl_err *err) {
+int manifest_file_need_hashes(const manifest_file *f, const char *what, rl_err *err) {
     if (!f->shape_only) return 0;
     return rl_errf(err, "a shape-only manifest (synth --shape-only) has no tensor hashes: it plans rings, it cannot %s", what);
 }
 
-uint32_t mfst_file_n_files(const mfst_file *f) {
+uint32_t manifest_file_n_files(const manifest_file *f) {
     return (uint32_t)gguf_get_arr_n(f->g, gguf_find_key(f->g, K("files")));
 }
 
-const char *mfst_file_name(const mfst_file *f, uint32_t k) {
+const char *manifest_file_name(const manifest_file *f, uint32_t k) {
     return gguf_get_arr_str(f->g, gguf_find_key(f->g, K("files")), k);
 }
 
-void mfst_file_range_files(const mfst_file *f, uint32_t a, uint32_t b, bool *need) {
-    memset(need, 0, mfst_file_n_files(f));
-    for (int i = 0; i < f->n; i++) need[f->t[i].file] |= mfst_tensor_in_range(f->t[i].name, a, b, f->n_layer);
+void manifest_file_range_files(const manifest_file *f, uint32_t a, uint32_t b, bool *need) {
+    memset(need, 0, manifest_file_n_files(f));
+    for (int i = 0; i < f->n; i++) need[f->t[i].file] |= manifest_tensor_in_range(f->t[i].name, a, b, f->n_layer);
 }
 
-struct gguf_context *mfst_file_meta(const mfst_file *f) {
+struct gguf_context *manifest_file_meta(const manifest_file *f) {
     struct gguf_context *g = gguf_init_empty();
     if (!g) return NULL;
     gguf_set_kv(g, f->g);
@@ -322,12 +322,12 @@ struct gguf_context *mfst_file_meta(const mfst_file *f) {
     return g;
 }
 
-int mfst_file_model(const mfst_file *f, mf_model *m, rl_err *err) {
-    struct gguf_context *meta = mfst_file_meta(f);
+int manifest_file_model(const manifest_file *f, mf_model *m, rl_err *err) {
+    struct gguf_context *meta = manifest_file_meta(f);
     if (!meta) return rl_errf(err, "out of memory");
     if (mf_compose(m, meta, f->n, err) != 0) return -1;
     for (int i = 0; i < f->n; i++) {
-        const mfst_tensor *t = &f->t[i];
+        const manifest_tensor *t = &f->t[i];
         mf_tensor mt = {.name = t->name, .type = t->type, .n_dims = t->n_dims, .nbytes = t->nbytes, .split = 0};
         memcpy(mt.ne, t->ne, sizeof mt.ne);
         if (mf_compose_tensor(m, &mt, err) != 0) {
@@ -338,7 +338,7 @@ int mfst_file_model(const mfst_file *f, mf_model *m, rl_err *err) {
     return 0;
 }
 
-void mfst_file_free(mfst_file *f) {
+void manifest_file_free(manifest_file *f) {
     if (f->g) gguf_free(f->g);
     free(f->t);
     memset(f, 0, sizeof *f);

@@ -35,15 +35,15 @@ static uint64_t get_u64(const uint8_t *p) {
     return v;
 }
 
-void rcpt_hash(const void *data, size_t len, uint8_t out[32]) { crypto_generichash(out, 32, data, len, NULL, 0); }
+void receipt_hash(const void *data, size_t len, uint8_t out[32]) { crypto_generichash(out, 32, data, len, NULL, 0); }
 
 static int seq_cmp(const void *a, const void *b) {
-    const rcpt_seq *x = a, *y = b;
+    const receipt_seq *x = a, *y = b;
     return x->seq_id < y->seq_id ? -1 : x->seq_id > y->seq_id;
 }
 
-int rcpt_set_seqs(rcpt_receipt *r, const rcpt_seq *seqs, uint32_t n, rl_err *err) {
-    if (n < 1 || n > RCPT_MAX_SEQS) return rl_errf(err, "%u sequences in one receipt (1 to %d)", n, RCPT_MAX_SEQS);
+int receipt_set_seqs(receipt_rec *r, const receipt_seq *seqs, uint32_t n, rl_err *err) {
+    if (n < 1 || n > RECEIPT_MAX_SEQS) return rl_errf(err, "%u sequences in one receipt (1 to %d)", n, RECEIPT_MAX_SEQS);
     memcpy(r->seqs, seqs, n * sizeof *seqs);
     qsort(r->seqs, n, sizeof *seqs, seq_cmp);
     r->n_seqs = n;
@@ -55,20 +55,20 @@ int rcpt_set_seqs(rcpt_receipt *r, const rcpt_seq *seqs, uint32_t n, rl_err *err
     return 0;
 }
 
-size_t rcpt_encoded_size(const rcpt_receipt *r) {
-    uint32_t n = r->n_seqs > RCPT_MAX_SEQS ? RCPT_MAX_SEQS : r->n_seqs;
-    return RCPT_FIXED_BYTES + (size_t)RCPT_SEQ_BYTES * n;
+size_t receipt_encoded_size(const receipt_rec *r) {
+    uint32_t n = r->n_seqs > RECEIPT_MAX_SEQS ? RECEIPT_MAX_SEQS : r->n_seqs;
+    return RECEIPT_FIXED_BYTES + (size_t)RECEIPT_SEQ_BYTES * n;
 }
 
 /* The conditions for a canonical encoding, shared by encode and unpack so both refuse the same things. */
-static int rcpt_canonical(const rcpt_receipt *r, rl_err *err) {
-    if (r->version != RCPT_VERSION)
-        return rl_errf(err, "receipt version %u (this build reads %d)", r->version, RCPT_VERSION);
+static int receipt_canonical(const receipt_rec *r, rl_err *err) {
+    if (r->version != RECEIPT_VERSION)
+        return rl_errf(err, "receipt version %u (this build reads %d)", r->version, RECEIPT_VERSION);
     if (r->layer_start >= r->layer_end) {
         return rl_errf(err, "empty or reversed layer range [%u, %u)", r->layer_start, r->layer_end);
     }
-    if (r->n_seqs < 1 || r->n_seqs > RCPT_MAX_SEQS) {
-        return rl_errf(err, "%u sequences (1 to %d)", r->n_seqs, RCPT_MAX_SEQS);
+    if (r->n_seqs < 1 || r->n_seqs > RECEIPT_MAX_SEQS) {
+        return rl_errf(err, "%u sequences (1 to %d)", r->n_seqs, RECEIPT_MAX_SEQS);
     }
     for (uint32_t i = 0; i < r->n_seqs; i++) {
         if (r->seqs[i].n_tokens == 0) return rl_errf(err, "sequence %" PRIu64 " has 0 tokens", r->seqs[i].seq_id);
@@ -84,9 +84,9 @@ static int rcpt_canonical(const rcpt_receipt *r, rl_err *err) {
     return 0;
 }
 
-int rcpt_encode(const rcpt_receipt *r, uint8_t *buf, size_t cap, size_t *len, rl_err *err) {
-    if (rcpt_canonical(r, err) != 0) return rl_err_prefix(err, "cannot encode the receipt");
-    size_t need = rcpt_encoded_size(r);
+int receipt_encode(const receipt_rec *r, uint8_t *buf, size_t cap, size_t *len, rl_err *err) {
+    if (receipt_canonical(r, err) != 0) return rl_err_prefix(err, "cannot encode the receipt");
+    size_t need = receipt_encoded_size(r);
     if (cap < need) return rl_errf(err, "receipt buffer of %zu bytes, %zu needed", cap, need);
     memcpy(buf, "RCP1", 4);
     put_u16(buf + 4, r->version);
@@ -100,8 +100,8 @@ int rcpt_encode(const rcpt_receipt *r, uint8_t *buf, size_t cap, size_t *len, rl
     memcpy(buf + 126, r->out_hash, 32);
     memcpy(buf + 158, r->signer, 32);
     put_u32(buf + 190, r->n_seqs);
-    uint8_t *p = buf + RCPT_FIXED_BYTES;
-    for (uint32_t i = 0; i < r->n_seqs; i++, p += RCPT_SEQ_BYTES) {
+    uint8_t *p = buf + RECEIPT_FIXED_BYTES;
+    for (uint32_t i = 0; i < r->n_seqs; i++, p += RECEIPT_SEQ_BYTES) {
         put_u64(p, r->seqs[i].seq_id);
         put_u32(p + 8, r->seqs[i].pos);
         put_u32(p + 12, r->seqs[i].n_tokens);
@@ -110,22 +110,22 @@ int rcpt_encode(const rcpt_receipt *r, uint8_t *buf, size_t cap, size_t *len, rl
     return 0;
 }
 
-int rcpt_sign(rcpt_receipt *r, const rk_identity *id, rl_err *err) {
+int receipt_sign(receipt_rec *r, const keys_identity *id, rl_err *err) {
     if (sodium_init() < 0) return rl_errf(err, "libsodium failed to initialise");
-    r->version = RCPT_VERSION;
+    r->version = RECEIPT_VERSION;
     memcpy(r->signer, id->sign_pk, 32);
-    uint8_t buf[RCPT_MAX_ENCODED];
+    uint8_t buf[RECEIPT_MAX_ENCODED];
     size_t len;
-    if (rcpt_encode(r, buf, sizeof buf, &len, err) != 0) return -1;
+    if (receipt_encode(r, buf, sizeof buf, &len, err) != 0) return -1;
     crypto_sign_detached(r->sig, NULL, buf, len, id->sign_sk);
     return 0;
 }
 
-int rcpt_verify_sig(const rcpt_receipt *r, rl_err *err) {
+int receipt_verify_sig(const receipt_rec *r, rl_err *err) {
     if (sodium_init() < 0) return rl_errf(err, "libsodium failed to initialise");
-    uint8_t buf[RCPT_MAX_ENCODED];
+    uint8_t buf[RECEIPT_MAX_ENCODED];
     size_t len;
-    if (rcpt_encode(r, buf, sizeof buf, &len, err) != 0) return -1;
+    if (receipt_encode(r, buf, sizeof buf, &len, err) != 0) return -1;
     if (crypto_sign_verify_detached(r->sig, buf, len, r->signer) != 0) {
         char pk[65];
         sodium_bin2hex(pk, sizeof pk, r->signer, 32);
@@ -137,26 +137,26 @@ int rcpt_verify_sig(const rcpt_receipt *r, rl_err *err) {
     return 0;
 }
 
-int rcpt_pack(const rcpt_receipt *r, uint8_t *buf, size_t cap, size_t *len, rl_err *err) {
+int receipt_pack(const receipt_rec *r, uint8_t *buf, size_t cap, size_t *len, rl_err *err) {
     size_t n;
-    if (cap < RCPT_SIG_BYTES) return rl_errf(err, "receipt buffer of %zu bytes is too small", cap);
-    if (rcpt_encode(r, buf, cap - RCPT_SIG_BYTES, &n, err) != 0) return -1;
-    memcpy(buf + n, r->sig, RCPT_SIG_BYTES);
-    if (len) *len = n + RCPT_SIG_BYTES;
+    if (cap < RECEIPT_SIG_BYTES) return rl_errf(err, "receipt buffer of %zu bytes is too small", cap);
+    if (receipt_encode(r, buf, cap - RECEIPT_SIG_BYTES, &n, err) != 0) return -1;
+    memcpy(buf + n, r->sig, RECEIPT_SIG_BYTES);
+    if (len) *len = n + RECEIPT_SIG_BYTES;
     return 0;
 }
 
-int rcpt_unpack(rcpt_receipt *r, const uint8_t *buf, size_t len, rl_err *err) {
+int receipt_unpack(receipt_rec *r, const uint8_t *buf, size_t len, rl_err *err) {
     memset(r, 0, sizeof *r);
-    if (len < RCPT_FIXED_BYTES + RCPT_SIG_BYTES) return rl_errf(err, "receipt of %zu bytes is too short", len);
+    if (len < RECEIPT_FIXED_BYTES + RECEIPT_SIG_BYTES) return rl_errf(err, "receipt of %zu bytes is too short", len);
     if (memcmp(buf, "RCP1", 4) != 0) return rl_errf(err, "not a receipt (bad magic)");
     r->version = get_u16(buf + 4);
-    if (r->version != RCPT_VERSION)
-        return rl_errf(err, "receipt version %u (this build reads %d)", r->version, RCPT_VERSION);
+    if (r->version != RECEIPT_VERSION)
+        return rl_errf(err, "receipt version %u (this build reads %d)", r->version, RECEIPT_VERSION);
     r->n_seqs = get_u32(buf + 190);
-    if (r->n_seqs < 1 || r->n_seqs > RCPT_MAX_SEQS)
-        return rl_errf(err, "receipt lists %u sequences (1 to %d)", r->n_seqs, RCPT_MAX_SEQS);
-    size_t want = RCPT_FIXED_BYTES + (size_t)RCPT_SEQ_BYTES * r->n_seqs + RCPT_SIG_BYTES;
+    if (r->n_seqs < 1 || r->n_seqs > RECEIPT_MAX_SEQS)
+        return rl_errf(err, "receipt lists %u sequences (1 to %d)", r->n_seqs, RECEIPT_MAX_SEQS);
+    size_t want = RECEIPT_FIXED_BYTES + (size_t)RECEIPT_SEQ_BYTES * r->n_seqs + RECEIPT_SIG_BYTES;
     if (len != want) return rl_errf(err, "receipt of %zu bytes, %zu expected for %u sequences", len, want, r->n_seqs);
     r->ring_id = get_u64(buf + 6);
     r->request_id = get_u64(buf + 14);
@@ -167,24 +167,24 @@ int rcpt_unpack(rcpt_receipt *r, const uint8_t *buf, size_t len, rl_err *err) {
     memcpy(r->in_hash, buf + 94, 32);
     memcpy(r->out_hash, buf + 126, 32);
     memcpy(r->signer, buf + 158, 32);
-    const uint8_t *p = buf + RCPT_FIXED_BYTES;
-    for (uint32_t i = 0; i < r->n_seqs; i++, p += RCPT_SEQ_BYTES) {
+    const uint8_t *p = buf + RECEIPT_FIXED_BYTES;
+    for (uint32_t i = 0; i < r->n_seqs; i++, p += RECEIPT_SEQ_BYTES) {
         r->seqs[i].seq_id = get_u64(p);
         r->seqs[i].pos = get_u32(p + 8);
         r->seqs[i].n_tokens = get_u32(p + 12);
     }
-    memcpy(r->sig, p, RCPT_SIG_BYTES);
-    return rcpt_canonical(r, err) == 0 ? 0 : rl_err_prefix(err, "receipt is not canonical");
+    memcpy(r->sig, p, RECEIPT_SIG_BYTES);
+    return receipt_canonical(r, err) == 0 ? 0 : rl_err_prefix(err, "receipt is not canonical");
 }
 
-bool rcpt_equal(const rcpt_receipt *a, const rcpt_receipt *b) {
+bool receipt_equal(const receipt_rec *a, const receipt_rec *b) {
     if (a->version != b->version || a->ring_id != b->ring_id || a->request_id != b->request_id ||
         a->layer_start != b->layer_start || a->layer_end != b->layer_end || a->n_seqs != b->n_seqs ||
         memcmp(a->nonce, b->nonce, 32) || memcmp(a->manifest, b->manifest, 32) || memcmp(a->in_hash, b->in_hash, 32) ||
         memcmp(a->out_hash, b->out_hash, 32) || memcmp(a->signer, b->signer, 32) || memcmp(a->sig, b->sig, 64)) {
         return false;
     }
-    for (uint32_t i = 0; i < a->n_seqs && i < RCPT_MAX_SEQS; i++) {
+    for (uint32_t i = 0; i < a->n_seqs && i < RECEIPT_MAX_SEQS; i++) {
         if (a->seqs[i].seq_id != b->seqs[i].seq_id || a->seqs[i].pos != b->seqs[i].pos ||
             a->seqs[i].n_tokens != b->seqs[i].n_tokens) {
             return false;
@@ -196,7 +196,7 @@ bool rcpt_equal(const rcpt_receipt *a, const rcpt_receipt *b) {
 /* ---- JSON lines ---- */
 
 static void add_hex(cJSON *o, const char *key, const uint8_t *bin, size_t n) {
-    char hex[2 * RCPT_SIG_BYTES + 1];
+    char hex[2 * RECEIPT_SIG_BYTES + 1];
     sodium_bin2hex(hex, sizeof hex, bin, n);
     cJSON_AddStringToObject(o, key, hex);
 }
@@ -207,9 +207,9 @@ static void add_u64(cJSON *o, const char *key, uint64_t v) {
     cJSON_AddStringToObject(o, key, s);
 }
 
-int rcpt_to_json(const rcpt_receipt *r, char **out, rl_err *err) {
+int receipt_to_json(const receipt_rec *r, char **out, rl_err *err) {
     *out = NULL;
-    if (r->n_seqs > RCPT_MAX_SEQS) return rl_errf(err, "%u sequences (at most %d)", r->n_seqs, RCPT_MAX_SEQS);
+    if (r->n_seqs > RECEIPT_MAX_SEQS) return rl_errf(err, "%u sequences (at most %d)", r->n_seqs, RECEIPT_MAX_SEQS);
     cJSON *o = cJSON_CreateObject();
     if (!o) return rl_errf(err, "out of memory");
     cJSON_AddNumberToObject(o, "v", r->version);
@@ -290,7 +290,7 @@ static int json_fields(const cJSON *o, const char *what, const char *const *name
     return 0;
 }
 
-int rcpt_from_json(rcpt_receipt *r, const char *line, rl_err *err) {
+int receipt_from_json(receipt_rec *r, const char *line, rl_err *err) {
     memset(r, 0, sizeof *r);
     const char *end = NULL;
     cJSON *o = cJSON_ParseWithOpts(line, &end, 1);
@@ -308,8 +308,8 @@ int rcpt_from_json(rcpt_receipt *r, const char *line, rl_err *err) {
     uint32_t v = 0;
     int rc = -1;
     if (json_fields(o, "the receipt", names, f, NF, err) != 0 || json_u32(f[V], "v", &v, err) != 0) goto done;
-    if (v != RCPT_VERSION) {
-        rl_errf(err, "receipt version %u (this build reads %d)", v, RCPT_VERSION);
+    if (v != RECEIPT_VERSION) {
+        rl_errf(err, "receipt version %u (this build reads %d)", v, RECEIPT_VERSION);
         goto done;
     }
     r->version = (uint16_t)v;
@@ -328,8 +328,8 @@ int rcpt_from_json(rcpt_receipt *r, const char *line, rl_err *err) {
         goto done;
     }
     int n = cJSON_GetArraySize(f[SEQS]);
-    if (n < 1 || n > RCPT_MAX_SEQS) {
-        rl_errf(err, "\"seqs\" has %d entries (1 to %d)", n, RCPT_MAX_SEQS);
+    if (n < 1 || n > RECEIPT_MAX_SEQS) {
+        rl_errf(err, "\"seqs\" has %d entries (1 to %d)", n, RECEIPT_MAX_SEQS);
         goto done;
     }
     static const char *const snames[3] = {"id", "pos", "n"};
@@ -352,7 +352,7 @@ done:
 
 /* ---- nonce book ---- */
 
-int rcpt_book_init(rcpt_nonce_book *b, uint32_t cap, rl_err *err) {
+int receipt_book_init(receipt_nonce_book *b, uint32_t cap, rl_err *err) {
     memset(b, 0, sizeof *b);
     if (cap < 1 || cap > (1u << 28)) return rl_errf(err, "nonce book of %u entries (1 to 2^28)", cap);
     if (sodium_init() < 0) return rl_errf(err, "libsodium failed to initialise");
@@ -361,7 +361,7 @@ int rcpt_book_init(rcpt_nonce_book *b, uint32_t cap, rl_err *err) {
     b->ring = calloc(cap, sizeof *b->ring);
     b->table = calloc(slots, sizeof *b->table);
     if (!b->ring || !b->table) {
-        rcpt_book_free(b);
+        receipt_book_free(b);
         return rl_errf(err, "out of memory for a nonce book of %u entries", cap);
     }
     b->cap = cap;
@@ -370,20 +370,20 @@ int rcpt_book_init(rcpt_nonce_book *b, uint32_t cap, rl_err *err) {
     return 0;
 }
 
-void rcpt_book_free(rcpt_nonce_book *b) {
+void receipt_book_free(receipt_nonce_book *b) {
     free(b->ring);
     free(b->table);
     memset(b, 0, sizeof *b);
 }
 
-static uint32_t book_home(const rcpt_nonce_book *b, const uint8_t nonce[32]) {
+static uint32_t book_home(const receipt_nonce_book *b, const uint8_t nonce[32]) {
     uint8_t h[crypto_shorthash_BYTES];
     crypto_shorthash(h, nonce, 32, b->key);
     return (uint32_t)get_u64(h) & b->mask;
 }
 
 /* Table slot holding the nonce, or -1. */
-static int64_t book_find(const rcpt_nonce_book *b, const uint8_t nonce[32]) {
+static int64_t book_find(const receipt_nonce_book *b, const uint8_t nonce[32]) {
     if (!b->table) return -1;
     for (uint32_t i = book_home(b, nonce);; i = (i + 1) & b->mask) {
         if (!b->table[i]) return -1;
@@ -391,9 +391,9 @@ static int64_t book_find(const rcpt_nonce_book *b, const uint8_t nonce[32]) {
     }
 }
 
-bool rcpt_book_has(const rcpt_nonce_book *b, const uint8_t nonce[32]) { return book_find(b, nonce) >= 0; }
+bool receipt_book_has(const receipt_nonce_book *b, const uint8_t nonce[32]) { return book_find(b, nonce) >= 0; }
 
-int rcpt_book_add(rcpt_nonce_book *b, const uint8_t nonce[32]) {
+int receipt_book_add(receipt_nonce_book *b, const uint8_t nonce[32]) {
     if (book_find(b, nonce) >= 0) return 0;
     if (b->n == b->cap) {
         /* Forget the oldest (ring[head]) with backward-shift deletion, which keeps every remaining entry
@@ -422,7 +422,7 @@ int rcpt_book_add(rcpt_nonce_book *b, const uint8_t nonce[32]) {
 /* ---- traversal checks ---- */
 
 typedef struct chk {
-    rcpt_problem_fn fn;
+    receipt_problem_fn fn;
     void *user;
     int n;
 } chk;
@@ -454,28 +454,28 @@ static hx short_hex(const uint8_t *h) {
 typedef struct lbl {
     char s[96];
 } lbl;
-static lbl stage_label(const rcpt_receipt *r, int i) {
+static lbl stage_label(const receipt_rec *r, int i) {
     lbl l;
     snprintf(l.s, sizeof l.s, "stage %d (layers [%u, %u), node %s)", i, r->layer_start, r->layer_end,
              short_hex(r->signer).s);
     return l;
 }
 
-static int range_cmp_idx(const rcpt_receipt *rs, int a, int b) {
+static int range_cmp_idx(const receipt_rec *rs, int a, int b) {
     if (rs[a].layer_start != rs[b].layer_start) return rs[a].layer_start < rs[b].layer_start ? -1 : 1;
     if (rs[a].layer_end != rs[b].layer_end) return rs[a].layer_end < rs[b].layer_end ? -1 : 1;
     return a < b ? -1 : a > b;
 }
 
-static void check_positions(chk *c, const rcpt_receipt *r, int i, const rcpt_seq *ref, uint32_t n_ref,
+static void check_positions(chk *c, const receipt_rec *r, int i, const receipt_seq *ref, uint32_t n_ref,
                             const char *whose) {
     lbl l = stage_label(r, i);
     if (r->n_seqs != n_ref) {
         report(c, i, "%s: positions: %u sequences, but %s %u", l.s, r->n_seqs, whose, n_ref);
         return;
     }
-    for (uint32_t k = 0; k < n_ref && k < RCPT_MAX_SEQS; k++) {
-        const rcpt_seq *a = &r->seqs[k], *b = &ref[k];
+    for (uint32_t k = 0; k < n_ref && k < RECEIPT_MAX_SEQS; k++) {
+        const receipt_seq *a = &r->seqs[k], *b = &ref[k];
         if (a->seq_id != b->seq_id || a->pos != b->pos || a->n_tokens != b->n_tokens) {
             report(c, i,
                    "%s: positions: sequence entry %u is (seq %" PRIu64 ", pos %u, %u tokens), but %s (seq %" PRIu64
@@ -486,28 +486,28 @@ static void check_positions(chk *c, const rcpt_receipt *r, int i, const rcpt_seq
     }
 }
 
-int rcpt_check_traversal_all(const rcpt_receipt *rs, int n, const rcpt_expect *e, rcpt_problem_fn fn, void *user) {
+int receipt_check_traversal_all(const receipt_rec *rs, int n, const receipt_expect *e, receipt_problem_fn fn, void *user) {
     chk c = {.fn = fn, .user = user};
     char nonce_hex[65];
     sodium_bin2hex(nonce_hex, sizeof nonce_hex, e->nonce, 32);
 
     /* Freshness first, and unconditionally: the nonce is spent even when the traversal fails. */
-    if (e->seen && !rcpt_book_add(e->seen, e->nonce)) {
+    if (e->seen && !receipt_book_add(e->seen, e->nonce)) {
         report(&c, -1, "nonce %s was already used by an earlier traversal (a replayed or reused nonce)", nonce_hex);
     }
-    if (n <= 0 || n > RCPT_MAX_STAGES) {
-        report(&c, -1, "%d receipts (1 to %d), for a traversal of %d stages", n, RCPT_MAX_STAGES, e->n_stages);
+    if (n <= 0 || n > RECEIPT_MAX_STAGES) {
+        report(&c, -1, "%d receipts (1 to %d), for a traversal of %d stages", n, RECEIPT_MAX_STAGES, e->n_stages);
         return c.n;
     }
     if (n != e->n_stages) report(&c, -1, "%d receipts, but the traversal was assigned %d stages", n, e->n_stages);
 
     for (int i = 0; i < n; i++) {
-        const rcpt_receipt *r = &rs[i];
+        const receipt_rec *r = &rs[i];
         lbl l = stage_label(r, i);
         rl_err err = {{0}};
-        if (rcpt_verify_sig(r, &err) != 0) report(&c, i, "%s: signature: %s", l.s, err.msg);
+        if (receipt_verify_sig(r, &err) != 0) report(&c, i, "%s: signature: %s", l.s, err.msg);
         if (i < e->n_stages) {
-            const rcpt_stage_expect *s = &e->stages[i];
+            const receipt_stage_expect *s = &e->stages[i];
             if (memcmp(r->signer, s->node_pk, 32) != 0) {
                 char got[65], want[65];
                 sodium_bin2hex(got, sizeof got, r->signer, 32);
@@ -557,7 +557,7 @@ int rcpt_check_traversal_all(const rcpt_receipt *rs, int n, const rcpt_expect *e
 
     /* Coverage of [0, n_layer), n_layer from the model: walk the ranges sorted by start so an order problem
      * (reported above) does not also read as a gap and an overlap. */
-    int idx[RCPT_MAX_STAGES];
+    int idx[RECEIPT_MAX_STAGES];
     for (int i = 0; i < n; i++) idx[i] = i;
     for (int i = 1; i < n; i++) {
         for (int j = i; j > 0 && range_cmp_idx(rs, idx[j], idx[j - 1]) < 0; j--) {
@@ -570,7 +570,7 @@ int rcpt_check_traversal_all(const rcpt_receipt *rs, int n, const rcpt_expect *e
     int prev = -1;
     for (int k = 0; k < n; k++) {
         int i = idx[k];
-        const rcpt_receipt *r = &rs[i];
+        const receipt_rec *r = &rs[i];
         lbl l = stage_label(r, i);
         if (r->layer_start >= r->layer_end) {
             report(&c, i, "%s: layers: the range is empty or reversed", l.s);
@@ -635,9 +635,9 @@ static void keep_first(void *user, int stage, const char *msg) {
     if (f->n++ == 0) rl_errf(f->err, "%s", msg);
 }
 
-int rcpt_check_traversal(const rcpt_receipt *rs, int n, const rcpt_expect *e, rl_err *err) {
+int receipt_check_traversal(const receipt_rec *rs, int n, const receipt_expect *e, rl_err *err) {
     first_problem f = {.err = err};
-    int k = rcpt_check_traversal_all(rs, n, e, keep_first, &f);
+    int k = receipt_check_traversal_all(rs, n, e, keep_first, &f);
     if (k == 0) return 0;
     if (k > 1 && err) {
         size_t len = strlen(err->msg);

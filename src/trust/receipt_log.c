@@ -49,7 +49,7 @@ typedef struct verifier {
     const mf_model *m;
     const k3_hparams *hp;
     uint32_t n_layer; /* the model's, from its file or its manifest */
-    const rlog_opts *o;
+    const receipt_log_opts *o;
     mcache cache[256];
     int n_cache;
     long problems;
@@ -78,8 +78,8 @@ static int manifest_for(verifier *v, uint32_t a, uint32_t b, uint8_t out[32], rl
             return 0;
         }
     }
-    if (v->o->manifest ? mfst_file_range_hash(v->o->manifest, a, b, out, err) != 0
-                       : mfst_range_hash(v->m, v->hp, a, b, out, err) != 0) {
+    if (v->o->manifest ? manifest_file_range_hash(v->o->manifest, a, b, out, err) != 0
+                       : manifest_range_hash(v->m, v->hp, a, b, out, err) != 0) {
         return -1;
     }
     if (v->n_cache < (int)(sizeof v->cache / sizeof v->cache[0])) {
@@ -95,14 +95,14 @@ static int read_line_at(verifier *v, off_t off, char **buf, size_t *cap) {
 }
 
 static int range_order(const void *a, const void *b) {
-    const rcpt_receipt *x = a, *y = b;
+    const receipt_rec *x = a, *y = b;
     if (x->layer_start != y->layer_start) return x->layer_start < y->layer_start ? -1 : 1;
     if (x->layer_end != y->layer_end) return x->layer_end < y->layer_end ? -1 : 1;
     return 0;
 }
 
 /* The ring.conf entry a signer is, or -1. `after`: the first entry after that index with this key. */
-static int conf_index(const rlog_opts *o, const uint8_t pk[32], int after) {
+static int conf_index(const receipt_log_opts *o, const uint8_t pk[32], int after) {
     for (int i = after + 1; i < o->n_nodes; i++) {
         if (memcmp(o->nodes[i].sign_pk, pk, 32) == 0) return i;
     }
@@ -110,20 +110,20 @@ static int conf_index(const rlog_opts *o, const uint8_t pk[32], int after) {
 }
 
 /* Checks one traversal: the receipts of lines ents[0..n), all with the same (request id, nonce). */
-static void verify_traversal(verifier *v, int t, const entry *ents, size_t n, rcpt_nonce_book *book, char **buf,
+static void verify_traversal(verifier *v, int t, const entry *ents, size_t n, receipt_nonce_book *book, char **buf,
                              size_t *cap) {
     char nonce_hex[65];
     sodium_bin2hex(nonce_hex, sizeof nonce_hex, ents[0].nonce, 32);
     snprintf(v->where, sizeof v->where, "traversal %d (request %" PRIu64 ", nonce %.16s.., line %ld): ", t,
              ents[0].request_id, nonce_hex, ents[0].line);
     v->bad = 0;
-    if (n > RCPT_MAX_STAGES) {
-        problem(v, "%zu receipts, more than any ring has stages (%d)", n, RCPT_MAX_STAGES);
+    if (n > RECEIPT_MAX_STAGES) {
+        problem(v, "%zu receipts, more than any ring has stages (%d)", n, RECEIPT_MAX_STAGES);
         return;
     }
-    rcpt_receipt *rs = calloc(n, sizeof *rs);
+    receipt_rec *rs = calloc(n, sizeof *rs);
     long *lines = calloc(n, sizeof *lines);
-    rcpt_stage_expect *st = calloc(n, sizeof *st);
+    receipt_stage_expect *st = calloc(n, sizeof *st);
     if (!rs || !lines || !st) {
         problem(v, "out of memory");
         goto done;
@@ -131,7 +131,7 @@ static void verify_traversal(verifier *v, int t, const entry *ents, size_t n, rc
     int k = 0;
     for (size_t i = 0; i < n; i++) {
         rl_err err = {{0}};
-        if (read_line_at(v, ents[i].offset, buf, cap) != 0 || rcpt_from_json(&rs[k], *buf, &err) != 0) {
+        if (read_line_at(v, ents[i].offset, buf, cap) != 0 || receipt_from_json(&rs[k], *buf, &err) != 0) {
             problem(v, "line %ld: cannot be read again (%s)", ents[i].line, err.msg[0] ? err.msg : "file changed?");
             continue;
         }
@@ -139,7 +139,7 @@ static void verify_traversal(verifier *v, int t, const entry *ents, size_t n, rc
          * read as an overlap. */
         int dup = -1;
         for (int j = 0; j < k && dup < 0; j++) {
-            if (rcpt_equal(&rs[j], &rs[k])) dup = j;
+            if (receipt_equal(&rs[j], &rs[k])) dup = j;
         }
         if (dup >= 0) {
             problem(v, "line %ld repeats line %ld (a replayed receipt)", ents[i].line, lines[dup]);
@@ -152,7 +152,7 @@ static void verify_traversal(verifier *v, int t, const entry *ents, size_t n, rc
      * lines paired with their receipts. */
     for (int i = 1; i < k; i++) {
         for (int j = i; j > 0 && range_order(&rs[j], &rs[j - 1]) < 0; j--) {
-            rcpt_receipt tmp = rs[j];
+            receipt_rec tmp = rs[j];
             rs[j] = rs[j - 1];
             rs[j - 1] = tmp;
             long tl = lines[j];
@@ -162,7 +162,7 @@ static void verify_traversal(verifier *v, int t, const entry *ents, size_t n, rc
     }
     int prev = -1;
     for (int i = 0; i < k; i++) {
-        const rcpt_receipt *r = &rs[i];
+        const receipt_rec *r = &rs[i];
         char pk[65];
         sodium_bin2hex(pk, sizeof pk, r->signer, 32);
         int ci = conf_index(v->o, r->signer, prev);
@@ -200,21 +200,21 @@ static void verify_traversal(verifier *v, int t, const entry *ents, size_t n, rc
             memcpy(st[i].manifest, r->manifest, 32); /* the range itself is reported by the coverage check */
         }
     }
-    rcpt_expect e = {.ring_id = rs[0].ring_id,
+    receipt_expect e = {.ring_id = rs[0].ring_id,
                      .request_id = ents[0].request_id,
                      .n_layer = v->n_layer,
                      .n_stages = k,
                      .stages = st,
                      .seen = book};
     memcpy(e.nonce, ents[0].nonce, 32);
-    rcpt_check_traversal_all(rs, k, &e, on_problem, v);
+    receipt_check_traversal_all(rs, k, &e, on_problem, v);
 done:
     free(rs);
     free(lines);
     free(st);
 }
 
-int rlog_verify(const char *file, const rlog_opts *o, rlog_result *res, rl_err *err) {
+int receipt_log_verify(const char *file, const receipt_log_opts *o, receipt_log_result *res, rl_err *err) {
     memset(res, 0, sizeof *res);
     verifier *v = calloc(1, sizeof *v);
     if (!v) return rl_errf(err, "out of memory");
@@ -228,7 +228,7 @@ int rlog_verify(const char *file, const rlog_opts *o, rlog_result *res, rl_err *
     group *groups = NULL;
     char *buf = NULL;
     size_t cap = 0, n_ent = 0, ent_cap = 0, n_group = 0;
-    rcpt_nonce_book book = {0};
+    receipt_nonce_book book = {0};
     rl_err le = {{0}}; /* a line's own problem: reported, the check goes on */
     v->f = fopen(file, "r");
     if (!v->f) {
@@ -246,12 +246,12 @@ int rlog_verify(const char *file, const rlog_opts *o, rlog_result *res, rl_err *
         if (len < 0) break;
         line++;
         if (strspn(buf, " \t\r\n") == (size_t)len) continue;
-        rcpt_receipt *r = malloc(sizeof *r);
+        receipt_rec *r = malloc(sizeof *r);
         if (!r) {
             problem(v, "out of memory");
             goto out;
         }
-        if (rcpt_from_json(r, buf, &le) != 0) {
+        if (receipt_from_json(r, buf, &le) != 0) {
             problem(v, "line %ld: %s", line, le.msg);
         } else {
             if (n_ent == ent_cap) {
@@ -292,7 +292,7 @@ int rlog_verify(const char *file, const rlog_opts *o, rlog_result *res, rl_err *
     }
     qsort(groups, n_group, sizeof *groups, group_cmp);
     /* The book holds every traversal of the log, so nothing is evicted and any reuse is seen. */
-    if (rcpt_book_init(&book, (uint32_t)(n_group < (1u << 28) ? n_group : (1u << 28)), &le) != 0) {
+    if (receipt_book_init(&book, (uint32_t)(n_group < (1u << 28) ? n_group : (1u << 28)), &le) != 0) {
         problem(v, "%s", le.msg);
         goto out;
     }
@@ -308,7 +308,7 @@ int rlog_verify(const char *file, const rlog_opts *o, rlog_result *res, rl_err *
     rc = v->problems == 0 ? 0 : 1;
 out:
     res->problems = v->problems;
-    rcpt_book_free(&book);
+    receipt_book_free(&book);
     free(groups);
     free(ents);
     free(buf);

@@ -41,14 +41,14 @@ static double getd(const uint8_t *p) {
     return d;
 }
 
-#define RF_FIXED 40   /* magic .. payload_bytes */
-#define RF_SEQ_SIZE 60
+#define FRAME_FIXED 40   /* magic .. payload_bytes */
+#define FRAME_SEQ_SIZE 60
 
-size_t rf_header_size(uint32_t n_seqs) { return RF_FIXED + (size_t)n_seqs * RF_SEQ_SIZE; }
+size_t frame_header_size(uint32_t n_seqs) { return FRAME_FIXED + (size_t)n_seqs * FRAME_SEQ_SIZE; }
 
-void rf_header_encode(const rf_header *h, uint8_t *b) {
+void frame_header_encode(const frame_header *h, uint8_t *b) {
     memcpy(b, "RLM1", 4);
-    put16(b + 4, RF_VERSION);
+    put16(b + 4, FRAME_VERSION);
     put16(b + 6, h->type);
     put64(b + 8, h->ring_id);
     put64(b + 16, h->step_id);
@@ -56,8 +56,8 @@ void rf_header_encode(const rf_header *h, uint8_t *b) {
     put32(b + 28, h->n_seqs);
     put64(b + 32, h->payload_bytes);
     for (uint32_t i = 0; i < h->n_seqs; i++) {
-        uint8_t *p = b + RF_FIXED + (size_t)i * RF_SEQ_SIZE;
-        const rf_seq *s = &h->seqs[i];
+        uint8_t *p = b + FRAME_FIXED + (size_t)i * FRAME_SEQ_SIZE;
+        const frame_seq *s = &h->seqs[i];
         put64(p, s->seq_id);
         put32(p + 8, s->pos);
         put32(p + 12, s->n_tokens);
@@ -74,28 +74,28 @@ void rf_header_encode(const rf_header *h, uint8_t *b) {
     }
 }
 
-int rf_header_decode(rf_header *h, const uint8_t *b, size_t len, rl_err *err) {
-    memset(h, 0, offsetof(rf_header, seqs));
-    if (len < RF_FIXED) return rl_errf(err, "frame header of %zu bytes is too short", len);
+int frame_header_decode(frame_header *h, const uint8_t *b, size_t len, rl_err *err) {
+    memset(h, 0, offsetof(frame_header, seqs));
+    if (len < FRAME_FIXED) return rl_errf(err, "frame header of %zu bytes is too short", len);
     if (memcmp(b, "RLM1", 4) != 0) return rl_errf(err, "frame has bad magic (not a ringlm peer?)");
     h->version = get16(b + 4);
-    if (h->version != RF_VERSION) {
-        return rl_errf(err, "protocol version mismatch: peer speaks %u, we speak %u", h->version, RF_VERSION);
+    if (h->version != FRAME_VERSION) {
+        return rl_errf(err, "protocol version mismatch: peer speaks %u, we speak %u", h->version, FRAME_VERSION);
     }
     h->type = get16(b + 6);
-    if (h->type < 1 || h->type > RF_TYPE_MAX) return rl_errf(err, "unknown frame type %u", h->type);
+    if (h->type < 1 || h->type > FRAME_TYPE_MAX) return rl_errf(err, "unknown frame type %u", h->type);
     h->ring_id = get64(b + 8);
     h->step_id = get64(b + 16);
     h->flags = get32(b + 24);
     h->n_seqs = get32(b + 28);
     h->payload_bytes = get64(b + 32);
-    if (h->n_seqs > RF_MAX_SEQS) return rl_errf(err, "frame lists %u sequences (limit %d)", h->n_seqs, RF_MAX_SEQS);
-    if (len != rf_header_size(h->n_seqs)) {
-        return rl_errf(err, "frame header is %zu bytes, %u sequences need %zu", len, h->n_seqs, rf_header_size(h->n_seqs));
+    if (h->n_seqs > FRAME_MAX_SEQS) return rl_errf(err, "frame lists %u sequences (limit %d)", h->n_seqs, FRAME_MAX_SEQS);
+    if (len != frame_header_size(h->n_seqs)) {
+        return rl_errf(err, "frame header is %zu bytes, %u sequences need %zu", len, h->n_seqs, frame_header_size(h->n_seqs));
     }
     for (uint32_t i = 0; i < h->n_seqs; i++) {
-        const uint8_t *p = b + RF_FIXED + (size_t)i * RF_SEQ_SIZE;
-        rf_seq *s = &h->seqs[i];
+        const uint8_t *p = b + FRAME_FIXED + (size_t)i * FRAME_SEQ_SIZE;
+        frame_seq *s = &h->seqs[i];
         s->seq_id = get64(p);
         s->pos = get32(p + 8);
         s->n_tokens = get32(p + 12);
@@ -113,14 +113,14 @@ int rf_header_decode(rf_header *h, const uint8_t *b, size_t len, rl_err *err) {
     return 0;
 }
 
-#define RF_STAMP_SIZE 40
+#define FRAME_STAMP_SIZE 40
 
-size_t rf_stamps_size(uint32_t n) { return 4 + (size_t)n * RF_STAMP_SIZE; }
+size_t frame_stamps_size(uint32_t n) { return 4 + (size_t)n * FRAME_STAMP_SIZE; }
 
-void rf_stamps_encode(const rf_stamp *s, uint32_t n, uint8_t *b) {
+void frame_stamps_encode(const frame_stamp *s, uint32_t n, uint8_t *b) {
     put32(b, n);
     for (uint32_t i = 0; i < n; i++) {
-        uint8_t *p = b + 4 + (size_t)i * RF_STAMP_SIZE;
+        uint8_t *p = b + 4 + (size_t)i * FRAME_STAMP_SIZE;
         put32(p, s[i].stage);
         put32(p + 4, s[i].n_tokens);
         putd(p + 8, s[i].t_recv);
@@ -130,13 +130,13 @@ void rf_stamps_encode(const rf_stamp *s, uint32_t n, uint8_t *b) {
     }
 }
 
-int rf_stamps_decode(rf_stamp *s, uint32_t *n, const uint8_t *b, size_t len, rl_err *err) {
+int frame_stamps_decode(frame_stamp *s, uint32_t *n, const uint8_t *b, size_t len, rl_err *err) {
     if (len < 4) return rl_errf(err, "stamps frame too short");
     *n = get32(b);
-    /* The receipts extension may follow the stamps (rf_receipts_decode reads it). */
-    if (*n > RF_MAX_STAMPS || len < rf_stamps_size(*n)) return rl_errf(err, "stamps frame malformed");
+    /* The receipts extension may follow the stamps (frame_receipts_decode reads it). */
+    if (*n > FRAME_MAX_STAMPS || len < frame_stamps_size(*n)) return rl_errf(err, "stamps frame malformed");
     for (uint32_t i = 0; i < *n; i++) {
-        const uint8_t *p = b + 4 + (size_t)i * RF_STAMP_SIZE;
+        const uint8_t *p = b + 4 + (size_t)i * FRAME_STAMP_SIZE;
         s[i].stage = get32(p);
         s[i].n_tokens = get32(p + 4);
         s[i].t_recv = getd(p + 8);
@@ -147,29 +147,29 @@ int rf_stamps_decode(rf_stamp *s, uint32_t *n, const uint8_t *b, size_t len, rl_
     return 0;
 }
 
-const char *rf_type_name(int type) {
+const char *frame_type_name(int type) {
     static const char *names[] = {"?", "INFO_REQ", "INFO", "ASSIGN", "READY", "FORWARD", "RESULT", "PING",
                                   "PONG", "ERROR", "FREE", "FETCH_BEGIN", "FETCH_DATA", "FETCH_ACK", "FETCH_END", "RECEIPT", "AUDIT_REQ", "AUDIT_DATA", "TAPS", "ROUTES", "LEND", "LENT", "PULL", "PULL_DATA", "PEERS", "PEERS_OK", "PROBE", "PROBE_RESULT", "PROBE_PING", "PROBE_PONG"};
-    return type >= 1 && type <= RF_TYPE_MAX ? names[type] : "?";
+    return type >= 1 && type <= FRAME_TYPE_MAX ? names[type] : "?";
 }
 
-double rf_now(void) {
+double frame_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-int rf_receipts_decode(rf_receipts *r, const uint8_t *part, size_t len, rl_err *err) {
+int frame_receipts_decode(frame_receipts *r, const uint8_t *part, size_t len, rl_err *err) {
     memset(r, 0, sizeof *r);
     if (len < 4) return rl_errf(err, "stamps frame too short");
-    size_t off = rf_stamps_size(get32(part));
+    size_t off = frame_stamps_size(get32(part));
     if (off > len) return rl_errf(err, "stamps frame malformed");
     if (off == len) return 1;
     if (len - off < 40 || memcmp(part + off, "RCX1", 4) != 0) return rl_errf(err, "receipts extension malformed");
     memcpy(r->nonce, part + off + 4, 32);
     r->n = get32(part + off + 36);
     off += 40;
-    if (r->n > RF_MAX_RECEIPTS) return rl_errf(err, "receipts extension lists %u receipts", r->n);
+    if (r->n > FRAME_MAX_RECEIPTS) return rl_errf(err, "receipts extension lists %u receipts", r->n);
     for (uint32_t i = 0; i < r->n; i++) {
         if (len - off < 4) return rl_errf(err, "receipts extension truncated");
         r->len[i] = get32(part + off);
@@ -182,13 +182,13 @@ int rf_receipts_decode(rf_receipts *r, const uint8_t *part, size_t len, rl_err *
     return 0;
 }
 
-size_t rf_receipts_size(const rf_receipts *r, size_t extra_len) {
+size_t frame_receipts_size(const frame_receipts *r, size_t extra_len) {
     size_t n = 40;
     for (uint32_t i = 0; i < r->n; i++) n += 4 + r->len[i];
     return n + (extra_len ? 4 + extra_len : 0);
 }
 
-void rf_receipts_encode(const rf_receipts *r, const uint8_t *extra, size_t extra_len, uint8_t *b) {
+void frame_receipts_encode(const frame_receipts *r, const uint8_t *extra, size_t extra_len, uint8_t *b) {
     memcpy(b, "RCX1", 4);
     memcpy(b + 4, r->nonce, 32);
     put32(b + 36, r->n + (extra_len ? 1 : 0));

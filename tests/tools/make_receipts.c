@@ -33,7 +33,7 @@
 #include "trust/manifest.h"
 #include "trust/receipt.h"
 
-static void seed_id(rk_identity *id, uint8_t seed_byte) {
+static void seed_id(keys_identity *id, uint8_t seed_byte) {
     uint8_t seed[32];
     memset(seed, seed_byte, 32);
     memset(id, 0, sizeof *id);
@@ -41,7 +41,7 @@ static void seed_id(rk_identity *id, uint8_t seed_byte) {
     sodium_bin2hex(id->pk_hex, sizeof id->pk_hex, id->sign_pk, 32);
 }
 
-static void hash_str(const char *s, uint8_t out[32]) { rcpt_hash(s, strlen(s), out); }
+static void hash_str(const char *s, uint8_t out[32]) { receipt_hash(s, strlen(s), out); }
 
 int main(int argc, char **argv) {
     const char *model = NULL, *dir = NULL, *tamper = "none";
@@ -77,7 +77,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "make_receipts: %d stages for %u layers\n", n_st, L);
         return 1;
     }
-    rk_identity nodes[8], foreign, coord;
+    keys_identity nodes[8], foreign, coord;
     for (int i = 0; i < n_st; i++) seed_id(&nodes[i], (uint8_t)(0x10 + i));
     seed_id(&foreign, 0xEE);
     seed_id(&coord, 0xC0);
@@ -99,13 +99,13 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n_st; i++) {
         ra[i] = L * (uint32_t)i / (uint32_t)n_st;
         rb[i] = L * (uint32_t)(i + 1) / (uint32_t)n_st;
-        if (mfst_range_hash(&m, &hp, ra[i], rb[i], man[i], &err) != 0) {
+        if (manifest_range_hash(&m, &hp, ra[i], rb[i], man[i], &err) != 0) {
             fprintf(stderr, "make_receipts: %s\n", err.msg);
             return 1;
         }
     }
     const int bad_t = n_tr >= 2 ? 1 : 0, bs = n_st >= 2 ? 1 : 0;
-    rcpt_receipt *all = calloc((size_t)n_tr * (size_t)n_st, sizeof *all);
+    receipt_rec *all = calloc((size_t)n_tr * (size_t)n_st, sizeof *all);
     for (int t = 0; t < n_tr; t++) {
         char buf[128];
         snprintf(buf, sizeof buf, "nonce %d", t);
@@ -115,7 +115,7 @@ int main(int argc, char **argv) {
         snprintf(buf, sizeof buf, "tokens %d", t);
         hash_str(buf, prev);
         for (int i = 0; i < n_st; i++) {
-            rcpt_receipt *r = &all[t * n_st + i];
+            receipt_rec *r = &all[t * n_st + i];
             r->ring_id = 0x0123456789abcdefULL;
             r->request_id = 1001 + (uint64_t)t;
             memcpy(r->nonce, nonce, 32);
@@ -126,10 +126,10 @@ int main(int argc, char **argv) {
             snprintf(buf, sizeof buf, "state %d %d", t, i);
             hash_str(buf, r->out_hash);
             memcpy(prev, r->out_hash, 32);
-            rcpt_seq s[2] = {{.seq_id = 1, .pos = (uint32_t)t, .n_tokens = 1},
+            receipt_seq s[2] = {{.seq_id = 1, .pos = (uint32_t)t, .n_tokens = 1},
                              {.seq_id = 2, .pos = (uint32_t)t + 5, .n_tokens = 1}};
-            rcpt_set_seqs(r, s, 2, NULL);
-            const rk_identity *key = &nodes[i];
+            receipt_set_seqs(r, s, 2, NULL);
+            const keys_identity *key = &nodes[i];
             if (t == bad_t) {
                 if (i == bs && strcmp(tamper, "gap") == 0) r->layer_start++;
                 if (i == bs && strcmp(tamper, "overlap") == 0) r->layer_start--;
@@ -142,7 +142,7 @@ int main(int argc, char **argv) {
                 if (i == bs && strcmp(tamper, "twice") == 0) key = &nodes[0];
                 if (i <= 1 && n_st >= 2 && strcmp(tamper, "order") == 0) key = &nodes[1 - i];
             }
-            if (rcpt_sign(r, key, &err) != 0) {
+            if (receipt_sign(r, key, &err) != 0) {
                 fprintf(stderr, "make_receipts: %s\n", err.msg);
                 return 1;
             }
@@ -154,7 +154,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n_st; i++) {
             if (t == bad_t && i == n_st - 1 && strcmp(tamper, "missing") == 0) continue;
             char *js = NULL;
-            if (rcpt_to_json(&all[t * n_st + i], &js, &err) != 0) {
+            if (receipt_to_json(&all[t * n_st + i], &js, &err) != 0) {
                 fprintf(stderr, "make_receipts: %s\n", err.msg);
                 return 1;
             }

@@ -36,9 +36,9 @@ static int reply_within(void *s, int ms, char *msg, size_t cap) {
     zs_parts p;
     rl_err e;
     if (zs_recv(s, &p, &e) != 0) return 0;
-    rf_header *h = calloc(1, sizeof *h);
+    frame_header *h = calloc(1, sizeof *h);
     int type = 0;
-    if (p.n >= 2 && rf_header_decode(h, p.data[0], p.len[0], &e) == 0) {
+    if (p.n >= 2 && frame_header_decode(h, p.data[0], p.len[0], &e) == 0) {
         type = h->type;
         snprintf(msg, cap, "%.*s", (int)p.len[1], (const char *)p.data[1]);
     }
@@ -54,31 +54,31 @@ static void send_parts(void *s, const void *const *d, const size_t *l, int n) {
     if (zs_wait_writable(s, 5000)) zs_send(s, d, l, n, true, &e);
 }
 
-static void send_hdr(void *s, const rf_header *h, const void *payload, size_t plen, int with_stamps) {
+static void send_hdr(void *s, const frame_header *h, const void *payload, size_t plen, int with_stamps) {
     uint8_t hb[2048], sb[8];
-    rf_header_encode(h, hb);
-    rf_stamps_encode(NULL, 0, sb);
+    frame_header_encode(h, hb);
+    frame_stamps_encode(NULL, 0, sb);
     const void *d[3] = {hb, payload ? payload : "", sb};
-    size_t l[3] = {rf_header_size(h->n_seqs), plen, rf_stamps_size(0)};
+    size_t l[3] = {frame_header_size(h->n_seqs), plen, frame_stamps_size(0)};
     send_parts(s, d, l, with_stamps ? 3 : 2);
 }
 
 /* A FORWARD with the last stage's sampler part (the 4th). */
-static void send_hdr4(void *s, const rf_header *h, const void *payload, size_t plen, const void *q, size_t qlen) {
+static void send_hdr4(void *s, const frame_header *h, const void *payload, size_t plen, const void *q, size_t qlen) {
     uint8_t hb[2048], sb[8];
-    rf_header_encode(h, hb);
-    rf_stamps_encode(NULL, 0, sb);
+    frame_header_encode(h, hb);
+    frame_stamps_encode(NULL, 0, sb);
     const void *d[4] = {hb, payload, sb, q};
-    size_t l[4] = {rf_header_size(h->n_seqs), plen, rf_stamps_size(0), qlen};
+    size_t l[4] = {frame_header_size(h->n_seqs), plen, frame_stamps_size(0), qlen};
     send_parts(s, d, l, 4);
 }
 
 /* The node answers a PING after `what`. */
 static void still_answering(void *s, const char *what) {
     char msg[1024];
-    rf_header h = {.type = RF_PING, .step_id = 77};
+    frame_header h = {.type = FRAME_PING, .step_id = 77};
     send_hdr(s, &h, NULL, 0, 0);
-    int alive = reply(s, msg, sizeof msg) == RF_PONG;
+    int alive = reply(s, msg, sizeof msg) == FRAME_PONG;
     printf("%s - still answering after: %s\n", alive ? "ok" : "not ok", what);
     alive ? n_pass++ : n_fail++;
 }
@@ -86,8 +86,8 @@ static void still_answering(void *s, const char *what) {
 static void expect(void *s, const char *what, const char *needle) {
     char msg[1024];
     int t = reply(s, msg, sizeof msg);
-    int ok = t == RF_ERROR && strstr(msg, needle) != NULL;
-    printf("%s - %s: %s\n", ok ? "ok" : "not ok", what, t == RF_ERROR ? msg : t ? "(another reply)" : "(no reply)");
+    int ok = t == FRAME_ERROR && strstr(msg, needle) != NULL;
+    printf("%s - %s: %s\n", ok ? "ok" : "not ok", what, t == FRAME_ERROR ? msg : t ? "(another reply)" : "(no reply)");
     ok ? n_pass++ : n_fail++;
     still_answering(s, what);
 }
@@ -99,9 +99,9 @@ static uint8_t *result_payload(void *s, size_t *len) {
     rl_err e;
     uint8_t *out = NULL;
     *len = 0;
-    rf_header *rh = calloc(1, sizeof *rh);
+    frame_header *rh = calloc(1, sizeof *rh);
     if (rh && zmq_poll(&it, 1, 5000) > 0 && zs_recv(s, &p, &e) == 0) {
-        if (p.n >= 2 && rf_header_decode(rh, p.data[0], p.len[0], &e) == 0 && rh->type == RF_RESULT &&
+        if (p.n >= 2 && frame_header_decode(rh, p.data[0], p.len[0], &e) == 0 && rh->type == FRAME_RESULT &&
             (out = malloc(p.len[1] ? p.len[1] : 1)) != NULL) {
             memcpy(out, p.data[1], p.len[1]);
             *len = p.len[1];
@@ -121,7 +121,7 @@ static uint64_t fz_next(uint64_t *x) { /* xorshift64* */
 
 /* Drains replies until a PONG for `step` comes (at most 10 s). */
 static int fz_alive(void *s, uint64_t step) {
-    rf_header h = {.type = RF_PING, .step_id = step};
+    frame_header h = {.type = FRAME_PING, .step_id = step};
     send_hdr(s, &h, NULL, 0, 0);
     for (int i = 0; i < 1000; i++) {
         zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
@@ -129,8 +129,8 @@ static int fz_alive(void *s, uint64_t step) {
         zs_parts p;
         rl_err e;
         if (zs_recv(s, &p, &e) != 0) continue;
-        rf_header *rh = calloc(1, sizeof *rh);
-        int ok = rh && p.n >= 1 && rf_header_decode(rh, p.data[0], p.len[0], &e) == 0 && rh->type == RF_PONG &&
+        frame_header *rh = calloc(1, sizeof *rh);
+        int ok = rh && p.n >= 1 && frame_header_decode(rh, p.data[0], p.len[0], &e) == 0 && rh->type == FRAME_PONG &&
                  rh->step_id == step;
         free(rh);
         zs_parts_free(&p);
@@ -145,7 +145,7 @@ static void fuzz_frames(void *s, long n, uint64_t seed, const char *hash, uint32
     int alive = 1;
     for (long i = 0; i < n && alive; i++) {
         /* A valid frame of a random type ... */
-        rf_header h = {.type = RF_FORWARD, .step_id = (uint64_t)i + 1000};
+        frame_header h = {.type = FRAME_FORWARD, .step_id = (uint64_t)i + 1000};
         uint8_t payload[4096], extra[512];
         size_t plen = 0, elen = 0;
         int kind = (int)(fz_next(&x) % 9);
@@ -155,8 +155,8 @@ static void fuzz_frames(void *s, long n, uint64_t seed, const char *hash, uint32
         case 0: /* FORWARD starting a sequence */
         case 1: /* FORWARD continuing one, maybe a VERIFY block with distributions */
             h.n_seqs = 1;
-            h.seqs[0] = (rf_seq){.seq_id = seq, .pos = kind == 0 ? 0 : (uint32_t)(fz_next(&x) % 8), .n_tokens = nt,
-                                 .flags = kind == 0 ? RF_SEQ_NEW : (uint32_t)(fz_next(&x) % 32),
+            h.seqs[0] = (frame_seq){.seq_id = seq, .pos = kind == 0 ? 0 : (uint32_t)(fz_next(&x) % 8), .n_tokens = nt,
+                                 .flags = kind == 0 ? FRAME_SEQ_NEW : (uint32_t)(fz_next(&x) % 32),
                                  .smp = {.repeat_penalty = 1.0f, .top_p = 1.0f, .temperature = 0.5f}};
             for (uint32_t t = 0; t < nt; t++) {
                 int32_t id = (int32_t)(fz_next(&x) % 200);
@@ -171,11 +171,11 @@ static void fuzz_frames(void *s, long n, uint64_t seed, const char *hash, uint32
                 elen += 12;
             }
             break;
-        case 2: h.type = RF_FREE, h.n_seqs = 1, h.seqs[0].seq_id = seq; break;
-        case 3: h.type = RF_PING; break;
-        case 4: h.type = RF_INFO_REQ; break;
+        case 2: h.type = FRAME_FREE, h.n_seqs = 1, h.seqs[0].seq_id = seq; break;
+        case 3: h.type = FRAME_PING; break;
+        case 4: h.type = FRAME_INFO_REQ; break;
         case 5: /* AUDIT_REQ for a few steps */
-            h.type = RF_AUDIT_REQ;
+            h.type = FRAME_AUDIT_REQ;
             {
                 uint32_t c = 1 + (uint32_t)(fz_next(&x) % 3);
                 memcpy(payload, &c, 4);
@@ -187,23 +187,23 @@ static void fuzz_frames(void *s, long n, uint64_t seed, const char *hash, uint32
             }
             break;
         case 6: /* ASSIGN of the whole model again (or of a range) */
-            h.type = RF_ASSIGN;
+            h.type = FRAME_ASSIGN;
             plen = (size_t)snprintf((char *)payload, sizeof payload, "{\"model_hash\":\"%s\",\"a\":0,\"b\":%u,\"n_ctx\":64}",
                                     hash, fz_next(&x) % 4 ? n_layer : 1 + (uint32_t)(fz_next(&x) % n_layer));
             break;
         case 7: /* FETCH_BEGIN / DATA / END */
-            h.type = (uint16_t)(RF_FETCH_BEGIN + (int)(fz_next(&x) % 4));
+            h.type = (uint16_t)(FRAME_FETCH_BEGIN + (int)(fz_next(&x) % 4));
             plen = (size_t)snprintf((char *)payload, sizeof payload,
                                     "{\"model_hash\":\"%064d\",\"a\":0,\"b\":1,\"file_bytes\":100,\"blake2b\":\"%064d\"}", 1, 2);
             memcpy(extra, "GGUF\3\0\0\0", 8), elen = 8;
             break;
-        default: h.type = (uint16_t)(1 + fz_next(&x) % RF_TYPE_MAX); break;
+        default: h.type = (uint16_t)(1 + fz_next(&x) % FRAME_TYPE_MAX); break;
         }
         h.payload_bytes = plen;
         uint8_t hb[2048], sb[64];
-        size_t hl = rf_header_size(h.n_seqs), sl = rf_stamps_size(0);
-        rf_header_encode(&h, hb);
-        rf_stamps_encode(NULL, 0, sb);
+        size_t hl = frame_header_size(h.n_seqs), sl = frame_stamps_size(0);
+        frame_header_encode(&h, hb);
+        frame_stamps_encode(NULL, 0, sb);
         if (fz_next(&x) % 3 == 0) { /* with a receipts request */
             memcpy(sb + sl, "RCX1", 4);
             for (int k = 0; k < 32; k++) sb[sl + 4 + k] = (uint8_t)fz_next(&x);
@@ -272,22 +272,22 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--model")) model = argv[i + 1];
     }
     rl_err err;
-    rk_identity id;
-    rk_peer peer;
+    keys_identity id;
+    keys_peer peer;
     mf_model m;
     char hash[65];
     k3_hparams hp;
-    if (!node || !node_key || !key || !model || rk_load(&id, key, &err) != 0 || rk_peer_parse(&peer, node_key, &err) != 0 ||
+    if (!node || !node_key || !key || !model || keys_load(&id, key, &err) != 0 || keys_peer_parse(&peer, node_key, &err) != 0 ||
         k3_open(&m, &hp, model, &err) != 0 || fh_model_hash(&m, hash, &err) != 0) {
         fprintf(stderr, "usage: ring_bad_frames --node H:P --node-key HEX --key coord.key --model M (%s)\n", err.msg);
         return 2;
     }
     void *ctx = zmq_ctx_new();
     void *s = zs_client(ctx, node, &id, peer.curve_pk_z85, "coord-bad", &err);
-    rf_header info = {.type = RF_INFO_REQ};
+    frame_header info = {.type = FRAME_INFO_REQ};
     send_hdr(s, &info, NULL, 0, 0); /* introduces us as the coordinator: an INFO request takes a free node */
     char msg[1024];
-    if (reply(s, msg, sizeof msg) != RF_INFO) {
+    if (reply(s, msg, sizeof msg) != FRAME_INFO) {
         printf("not ok - the node did not answer a first INFO request\n");
         return 1;
     }
@@ -302,35 +302,35 @@ int main(int argc, char **argv) {
     send_parts(s, d2, l2, 2);
     expect(s, "bad magic", "bad magic");
 
-    rf_header h = {.type = RF_FORWARD};
+    frame_header h = {.type = FRAME_FORWARD};
     uint8_t hb[2048];
-    rf_header_encode(&h, hb);
+    frame_header_encode(&h, hb);
     hb[4] = 99; /* version */
     const void *d3[2] = {hb, ""};
-    size_t l3[2] = {rf_header_size(0), 0};
+    size_t l3[2] = {frame_header_size(0), 0};
     send_parts(s, d3, l3, 2);
     expect(s, "another protocol version", "version mismatch");
-    rf_header_encode(&h, hb);
+    frame_header_encode(&h, hb);
     hb[6] = 200; /* type */
     send_parts(s, d3, l3, 2);
     expect(s, "an unknown frame type", "unknown frame type");
-    rf_header_encode(&h, hb);
+    frame_header_encode(&h, hb);
     hb[28] = 0xe8, hb[29] = 0x03; /* n_seqs = 1000 */
     send_parts(s, d3, l3, 2);
     expect(s, "too many sequences", "sequences (limit");
-    rf_header_encode(&h, hb);
+    frame_header_encode(&h, hb);
     hb[28] = 2; /* n_seqs = 2 but no entries follow */
     send_parts(s, d3, l3, 2);
     expect(s, "a header shorter than its sequence list", "sequences need");
 
-    rf_header f = {.type = RF_FORWARD, .n_seqs = 1};
-    f.seqs[0] = (rf_seq){.seq_id = 1, .n_tokens = 1, .flags = RF_SEQ_NEW,
+    frame_header f = {.type = FRAME_FORWARD, .n_seqs = 1};
+    f.seqs[0] = (frame_seq){.seq_id = 1, .n_tokens = 1, .flags = FRAME_SEQ_NEW,
                          .smp = {.repeat_penalty = 1.0f, .top_p = 1.0f}}; /* valid greedy sampling */
     int32_t tok = 1;
     f.payload_bytes = 4;
     send_hdr(s, &f, &tok, 4, 1);
     expect(s, "FORWARD before ASSIGN", "before ASSIGN");
-    rf_header a = {.type = RF_ASSIGN};
+    frame_header a = {.type = FRAME_ASSIGN};
     const char *bad_json = "{not json";
     send_hdr(s, &a, bad_json, strlen(bad_json), 0);
     expect(s, "ASSIGN that is not JSON", "not valid JSON");
@@ -346,17 +346,17 @@ int main(int argc, char **argv) {
     snprintf(js, sizeof js, "{\"model_hash\":\"%s\",\"a\":0,\"b\":%u,\"n_ctx\":64}", hash, hp.n_layer);
     send_hdr(s, &a, js, strlen(js), 0);
     int t = reply(s, msg, sizeof msg);
-    printf("%s - a valid ASSIGN is answered READY\n", t == RF_READY ? "ok" : "not ok");
-    t == RF_READY ? n_pass++ : n_fail++;
+    printf("%s - a valid ASSIGN is answered READY\n", t == FRAME_READY ? "ok" : "not ok");
+    t == FRAME_READY ? n_pass++ : n_fail++;
     f.payload_bytes = 4;
     send_hdr(s, &f, &tok, 3, 1); /* payload shorter than announced */
     expect(s, "FORWARD whose payload is not the announced size", "does not fit");
-    rf_header g = f;
+    frame_header g = f;
     g.seqs[0].flags = 0;
     g.seqs[0].seq_id = 42;
     send_hdr(s, &g, &tok, 4, 1);
     expect(s, "FORWARD for an unknown sequence", "unknown here");
-    g.seqs[0].flags = RF_SEQ_NEW;
+    g.seqs[0].flags = FRAME_SEQ_NEW;
     g.seqs[0].pos = 5;
     send_hdr(s, &g, &tok, 4, 1);
     expect(s, "a new sequence not at position 0", "position 0");
@@ -364,9 +364,9 @@ int main(int argc, char **argv) {
     g.seqs[0].pos = 0;
     send_hdr(s, &g, &big, 4, 1);
     expect(s, "a token id out of range", "out of range");
-    rf_header v = f;
+    frame_header v = f;
     v.seqs[0].n_tokens = 3;
-    v.seqs[0].flags = RF_SEQ_NEW | RF_SEQ_VERIFY | RF_SEQ_HAS_Q;
+    v.seqs[0].flags = FRAME_SEQ_NEW | FRAME_SEQ_VERIFY | FRAME_SEQ_HAS_Q;
     v.payload_bytes = 12;
     int32_t three[3] = {1, 2, 3};
     send_hdr(s, &v, three, 12, 1); /* HAS_Q but no q part */
@@ -374,21 +374,21 @@ int main(int argc, char **argv) {
     /* A stale VERIFY block (it starts past what its sequence committed: the coordinator moved on) is not run;
      * one that also asks for every row's logits (no coordinator sends both, a fuzzer did) gets zero rows back,
      * never rows read from a batch it was not part of (CI's fuzz seed 1796450711 crashed the node there). */
-    rf_header sv = f;
+    frame_header sv = f;
     sv.seqs[0].seq_id = 60;
     sv.seqs[0].n_tokens = 2;
-    sv.seqs[0].flags = RF_SEQ_NEW | RF_SEQ_VERIFY;
+    sv.seqs[0].flags = FRAME_SEQ_NEW | FRAME_SEQ_VERIFY;
     sv.payload_bytes = 8;
     int32_t two[2] = {1, 2};
     send_hdr(s, &sv, two, 8, 1);
     int st1 = reply(s, msg, sizeof msg);
-    sv.seqs[0].flags = RF_SEQ_VERIFY | RF_SEQ_ALL_LOGITS;
+    sv.seqs[0].flags = FRAME_SEQ_VERIFY | FRAME_SEQ_ALL_LOGITS;
     sv.seqs[0].pos = 10;
     send_hdr(s, &sv, two, 8, 1);
     size_t got_len = 0;
     uint8_t *got = result_payload(s, &got_len);
     const size_t want = 4 + 2 * (size_t)hp.n_vocab * 4;
-    int zeros = st1 == RF_RESULT && got && got_len == want;
+    int zeros = st1 == FRAME_RESULT && got && got_len == want;
     for (size_t k = 0; zeros && k < want; k++) zeros = got[k] == 0;
     free(got);
     printf("%s - a stale VERIFY block that asks for every row's logits: not run, 0 committed, zero rows (%zu bytes)\n",
@@ -396,9 +396,9 @@ int main(int argc, char **argv) {
     zeros ? n_pass++ : n_fail++;
     still_answering(s, "a stale VERIFY block with every row's logits");
     /* The sampler's part: logit biases and grammars of new sequences, checked before anything runs. */
-    rf_header b = f;
+    frame_header b = f;
     b.seqs[0].seq_id = 50;
-    b.seqs[0].flags = RF_SEQ_NEW | RF_SEQ_HAS_BIAS;
+    b.seqs[0].flags = FRAME_SEQ_NEW | FRAME_SEQ_HAS_BIAS;
     send_hdr(s, &b, &tok, 4, 1);
     expect(s, "logit biases announced and not sent", "logit biases are missing");
     uint8_t qb[256] = {0};
@@ -406,10 +406,10 @@ int main(int argc, char **argv) {
     memcpy(qb, &nb, 4);
     send_hdr4(s, &b, &tok, 4, qb, 12);
     expect(s, "more logit biases than the part holds", "do not fit the frame");
-    b.seqs[0].flags = RF_SEQ_HAS_BIAS; /* on a sequence's later frame */
+    b.seqs[0].flags = FRAME_SEQ_HAS_BIAS; /* on a sequence's later frame */
     send_hdr4(s, &b, &tok, 4, qb, 12);
     expect(s, "logit biases on a frame that does not start the sequence", "does not start it");
-    b.seqs[0].flags = RF_SEQ_NEW | RF_SEQ_HAS_GRAMMAR;
+    b.seqs[0].flags = FRAME_SEQ_NEW | FRAME_SEQ_HAS_GRAMMAR;
     send_hdr(s, &b, &tok, 4, 1);
     expect(s, "a grammar announced and not sent", "grammar is missing");
     uint32_t gl = 100000;
@@ -421,17 +421,17 @@ int main(int argc, char **argv) {
     memset(qb + 8, 'x', 32);
     send_hdr4(s, &b, &tok, 4, qb, 40);
     expect(s, "a grammar that is not one", "not a grammar's wire form");
-    /* A rebuilt sequence's resume point (RF_SEQ_RESUME): missing, past its frame, or on a VERIFY block. */
-    b.seqs[0].flags = RF_SEQ_NEW | RF_SEQ_RESUME;
+    /* A rebuilt sequence's resume point (FRAME_SEQ_RESUME): missing, past its frame, or on a VERIFY block. */
+    b.seqs[0].flags = FRAME_SEQ_NEW | FRAME_SEQ_RESUME;
     send_hdr(s, &b, &tok, 4, 1);
     expect(s, "a resume announced and its point not sent", "resume point is missing");
     uint32_t at = 5;
     send_hdr4(s, &b, &tok, 4, &at, 4);
     expect(s, "a resume point past the frame's tokens", "resumed at token 5 of a 1-token frame");
-    b.seqs[0].flags = RF_SEQ_RESUME | RF_SEQ_VERIFY;
+    b.seqs[0].flags = FRAME_SEQ_RESUME | FRAME_SEQ_VERIFY;
     send_hdr4(s, &b, &tok, 4, &at, 4);
     expect(s, "a resumed sequence starting with a VERIFY block", "cannot start with a VERIFY block");
-    b.seqs[0].flags = RF_SEQ_NEW | RF_SEQ_HAS_GRAMMAR;
+    b.seqs[0].flags = FRAME_SEQ_NEW | FRAME_SEQ_HAS_GRAMMAR;
     gr_grammar *jg = js_object_grammar_new(&err);
     uint8_t *gw = NULL;
     size_t gwl = 0;
@@ -472,14 +472,14 @@ int main(int argc, char **argv) {
     }
     free(gw);
     gr_free(jg);
-    rf_header fd = {.type = RF_FETCH_DATA};
+    frame_header fd = {.type = FRAME_FETCH_DATA};
     send_hdr(s, &fd, "x", 1, 0);
     expect(s, "FETCH_DATA without FETCH_BEGIN", "without FETCH_BEGIN");
     /* Probing (net/probe.h): malformed PEERS and PROBE are refused by name; a PROBE_PING from a key the
      * coordinator did not name a peer (here the coordinator's own) gets no answer; a peer that is not there
      * is reported as unanswered (-1), not as an error. */
-    rf_header pe = {.type = RF_PEERS}, pr = {.type = RF_PROBE};
-    rf_header le = {.type = RF_LEND};
+    frame_header pe = {.type = FRAME_PEERS}, pr = {.type = FRAME_PROBE};
+    frame_header le = {.type = FRAME_LEND};
     send_hdr(s, &le, "{}", 2, 0);
     expect(s, "LEND without fetchers", "LEND lacks its fetchers");
     send_hdr(s, &le, "{\"fetchers\":[7]}", strlen("{\"fetchers\":[7]}"), 0);
@@ -492,7 +492,7 @@ int main(int argc, char **argv) {
     expect(s, "PROBE without peers", "PROBE lacks its peers");
     send_hdr(s, &pr, "{\"peers\":[{\"addr\":\"127.0.0.1:1\"}]}", strlen("{\"peers\":[{\"addr\":\"127.0.0.1:1\"}]}"), 0);
     expect(s, "PROBE of a peer without a key", "a peer lacks a valid addr or key");
-    rf_header pp = {.type = RF_PROBE_PING, .step_id = 3};
+    frame_header pp = {.type = FRAME_PROBE_PING, .step_id = 3};
     send_hdr(s, &pp, NULL, 0, 0);
     int pt = reply_within(s, 1000, msg, sizeof msg);
     printf("%s - a PROBE_PING from a key not named a peer gets no answer\n", pt == 0 ? "ok" : "not ok");
@@ -500,7 +500,7 @@ int main(int argc, char **argv) {
     snprintf(js, sizeof js, "{\"peers\":[{\"addr\":\"127.0.0.1:1\",\"key\":\"%s\"}]}", node_key);
     send_hdr(s, &pr, js, strlen(js), 0);
     pt = reply_within(s, 15000, msg, sizeof msg); /* (the probe gives up on the peer after 5 s) */
-    int pok = pt == RF_PROBE_RESULT && strcmp(msg, "{\"rtt_s\":[-1]}") == 0;
+    int pok = pt == FRAME_PROBE_RESULT && strcmp(msg, "{\"rtt_s\":[-1]}") == 0;
     printf("%s - a PROBE of a peer that is not there: unanswered, %s\n", pok ? "ok" : "not ok", pt ? msg : "(no reply)");
     pok ? n_pass++ : n_fail++;
     if (fuzz > 0) fuzz_frames(s, fuzz, seed, hash, hp.n_layer);

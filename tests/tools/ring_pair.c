@@ -27,8 +27,8 @@ int main(int argc, char **argv) {
     mf_model m;
     k3_hparams hp;
     ring_conf conf;
-    rk_identity id;
-    if (k3_open(&m, &hp, model, &err) != 0 || ring_conf_load(&conf, conf_path, &err) != 0 || rk_load(&id, key, &err) != 0) {
+    keys_identity id;
+    if (k3_open(&m, &hp, model, &err) != 0 || ring_conf_load(&conf, conf_path, &err) != 0 || keys_load(&id, key, &err) != 0) {
         fprintf(stderr, "ring_pair: %s\n", err.msg);
         return 1;
     }
@@ -51,15 +51,15 @@ int main(int argc, char **argv) {
     smp_params g = smp_params_default(0);
     g.temperature = 0;
     ring_seq_req rq[2] = {
-        {.seq_id = 1, .pos = 0, .n = 20, .flags = RF_SEQ_NEW | RF_SEQ_ALL_LOGITS, .tokens = a, .smp = ring_sampling(&g),
+        {.seq_id = 1, .pos = 0, .n = 20, .flags = FRAME_SEQ_NEW | FRAME_SEQ_ALL_LOGITS, .tokens = a, .smp = ring_sampling(&g),
          .logits = ring_l},
-        {.seq_id = 2, .pos = 0, .n = 13, .flags = RF_SEQ_NEW | RF_SEQ_ALL_LOGITS, .tokens = b, .smp = ring_sampling(&g),
+        {.seq_id = 2, .pos = 0, .n = 13, .flags = FRAME_SEQ_NEW | FRAME_SEQ_ALL_LOGITS, .tokens = b, .smp = ring_sampling(&g),
          .logits = ring_l + (size_t)24 * V}};
     int rc_ = ring_step(&rc, rq, 2, &err);
     for (int s = 0; s < 4 && rc_ == 0; s++) {
-        rq[0] = (ring_seq_req){.seq_id = 1, .pos = 20 + (uint32_t)s, .n = 1, .flags = RF_SEQ_ALL_LOGITS, .tokens = a + 20 + s,
+        rq[0] = (ring_seq_req){.seq_id = 1, .pos = 20 + (uint32_t)s, .n = 1, .flags = FRAME_SEQ_ALL_LOGITS, .tokens = a + 20 + s,
                                .smp = ring_sampling(&g), .logits = ring_l + (size_t)(20 + s) * V};
-        rq[1] = (ring_seq_req){.seq_id = 2, .pos = 13 + (uint32_t)s, .n = 1, .flags = RF_SEQ_ALL_LOGITS, .tokens = b + 13 + s,
+        rq[1] = (ring_seq_req){.seq_id = 2, .pos = 13 + (uint32_t)s, .n = 1, .flags = FRAME_SEQ_ALL_LOGITS, .tokens = b + 13 + s,
                                .smp = ring_sampling(&g), .logits = ring_l + (size_t)(24 + 13 + s) * V};
         rc_ = ring_step(&rc, rq, 2, &err);
     }

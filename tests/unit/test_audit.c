@@ -28,7 +28,7 @@ enum { N_SEQ = 3, MAX_FRAMES = 16 };
 
 /* One frame as both stages saw it: header, stage 0's input and output, stage 1's output (the result). */
 typedef struct rec {
-    rf_header h;
+    frame_header h;
     uint8_t *in0, *out0, *out1;
     size_t in0_len, out0_len, out1_len;
 } rec;
@@ -52,7 +52,7 @@ static int run_frame(ring_stage *s0, ring_stage *s1, rec *r, const int32_t *tok,
     memcpy(r->in0, tok, r->in0_len);
     r->h.payload_bytes = r->in0_len;
     if (stage_run(s0, &r->h, r->in0, r->in0_len, NULL, 0, &r->out0, &r->out0_len, err) != 0) return -1;
-    rf_header h1 = r->h;
+    frame_header h1 = r->h;
     h1.payload_bytes = r->out0_len;
     return stage_run(s1, &h1, r->out0, r->out0_len, NULL, 0, &r->out1, &r->out1_len, err);
 }
@@ -61,10 +61,10 @@ static int run_frame(ring_stage *s0, ring_stage *s1, rec *r, const int32_t *tok,
 static const uint8_t *result_committed(const rec *r, uint32_t i, uint32_t n_vocab) {
     size_t o = (size_t)r->h.n_seqs * 4;
     for (uint32_t k = 0; k < r->h.n_seqs; k++) {
-        if (r->h.seqs[k].flags & RF_SEQ_ALL_LOGITS) o += (size_t)r->h.seqs[k].n_tokens * n_vocab * 4;
+        if (r->h.seqs[k].flags & FRAME_SEQ_ALL_LOGITS) o += (size_t)r->h.seqs[k].n_tokens * n_vocab * 4;
     }
     for (uint32_t k = 0; k < i; k++) {
-        if (r->h.seqs[k].flags & RF_SEQ_VERIFY) o += (size_t)rd_i32(r->out1 + k * 4) * 4;
+        if (r->h.seqs[k].flags & FRAME_SEQ_VERIFY) o += (size_t)rd_i32(r->out1 + k * 4) * 4;
     }
     return r->out1 + o;
 }
@@ -96,7 +96,7 @@ static void test_model(const char *cfg_name, const char *type, const char *dir, 
     stage_init(&s1, &e1, n_ctx, N_SEQ, K3_WIRE_F32);
 
     /* The schedule: per frame, per sequence (0 = absent) its token count and flags. */
-    enum { V_ = RF_SEQ_VERIFY, A_ = RF_SEQ_ALL_LOGITS, S_ = 64 /* stale: pipelined, drafted as if the last block were all accepted */ };
+    enum { V_ = FRAME_SEQ_VERIFY, A_ = FRAME_SEQ_ALL_LOGITS, S_ = 64 /* stale: pipelined, drafted as if the last block were all accepted */ };
     static const struct { uint32_t n[N_SEQ], fl[N_SEQ]; } plan[] = {
         {{9, 0, 0}, {0}},
         {{1, 5, 0}, {0}},
@@ -115,17 +115,17 @@ static void test_model(const char *cfg_name, const char *type, const char *dir, 
     int ok = 1, saw_stale = 0;
     for (int fi = 0; fi < n_frames && ok; fi++) {
         rec *r = &recs[fi];
-        r->h.type = RF_FORWARD;
+        r->h.type = FRAME_FORWARD;
         r->h.step_id = (uint64_t)fi + 1;
         int32_t tok[64];
         uint32_t total = 0;
         for (int q = 0; q < N_SEQ; q++) {
             uint32_t n = plan[fi].n[q];
             if (!n) continue;
-            rf_seq *sq = &r->h.seqs[r->h.n_seqs++];
+            frame_seq *sq = &r->h.seqs[r->h.n_seqs++];
             uint32_t fl = plan[fi].fl[q];
-            *sq = (rf_seq){.seq_id = (uint64_t)q + 1, .pos = fl & S_ ? sp[q].block_end : sp[q].pos, .n_tokens = n,
-                           .flags = (fl & (V_ | A_)) | (fl & S_ ? V_ : 0) | (sp[q].pos == 0 ? RF_SEQ_NEW : 0),
+            *sq = (frame_seq){.seq_id = (uint64_t)q + 1, .pos = fl & S_ ? sp[q].block_end : sp[q].pos, .n_tokens = n,
+                           .flags = (fl & (V_ | A_)) | (fl & S_ ? V_ : 0) | (sp[q].pos == 0 ? FRAME_SEQ_NEW : 0),
                            .smp = {.temperature = q == 1 ? 0.8f : 0.0f, .top_p = 1.0f, .repeat_penalty = 1.0f,
                                    .penalty_last_n = 64, .seed = (uint64_t)q}};
             for (uint32_t t = 0; t < n; t++) {
@@ -142,10 +142,10 @@ static void test_model(const char *cfg_name, const char *type, const char *dir, 
             break;
         }
         for (uint32_t i = 0; i < r->h.n_seqs; i++) { /* where each sequence goes on, from the result */
-            const rf_seq *sq = &r->h.seqs[i];
+            const frame_seq *sq = &r->h.seqs[i];
             seq_plan *p = &sp[sq->seq_id - 1];
             int32_t v = rd_i32(r->out1 + i * 4);
-            if (sq->flags & RF_SEQ_VERIFY) {
+            if (sq->flags & FRAME_SEQ_VERIFY) {
                 if (v == 0) { /* stale: not run; the sequence goes on where the last block left it */
                     saw_stale = 1;
                     continue;
@@ -165,7 +165,7 @@ static void test_model(const char *cfg_name, const char *type, const char *dir, 
     /* The auditor gets the bytes inside a node's answer, at any offset: here at odd addresses (odd[]), as
      * they arrive (the UBSan build checks that nothing reads them as aligned words). */
     audit_frame fr0[MAX_FRAMES], fr1[MAX_FRAMES];
-    rf_header h1s[MAX_FRAMES];
+    frame_header h1s[MAX_FRAMES];
     uint8_t *odd[MAX_FRAMES][3] = {{0}};
     for (int fi = 0; fi < n_frames; fi++) {
         rec *r = &recs[fi];
@@ -213,7 +213,7 @@ static void test_model(const char *cfg_name, const char *type, const char *dir, 
                 total += r->h.seqs[i].n_tokens;
             }
             if (idx < 0) continue;
-            rf_header h = r->h;
+            frame_header h = r->h;
             h.n_seqs = 1;
             h.seqs[0] = r->h.seqs[idx];
             h.payload_bytes = (size_t)h.seqs[0].n_tokens * 4;

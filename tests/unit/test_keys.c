@@ -1,5 +1,5 @@
 /* test_keys.c - naming a peer by the key users write, from the CURVE key its handshake shows
- * (rk_curve_to_names): for 200 fresh identities, the Ed25519 public key is among the names found for its
+ * (keys_curve_to_names): for 200 fresh identities, the Ed25519 public key is among the names found for its
  * CURVE key, and both names map back to that CURVE key; the other name differs in the top bit only. A
  * CURVE key no Ed25519 key maps to (u = p - 1, i.e. -1) gives no name. */
 #include <sodium.h>
@@ -12,16 +12,16 @@ int main(void) {
     int found = 0, both_back = 0, pairs = 0;
     const int N = 200;
     for (int k = 0; k < N; k++) {
-        rk_identity id;
+        keys_identity id;
         rl_err err;
-        if (rk_generate(&id, &err) != 0) return 1;
+        if (keys_generate(&id, &err) != 0) return 1;
         char hex[2][65];
-        int n = rk_curve_to_names(id.curve_pk, hex);
+        int n = keys_curve_to_names(id.curve_pk, hex);
         int hit = 0, back = n == 2;
         for (int i = 0; i < n; i++) {
             hit |= strcmp(hex[i], id.pk_hex) == 0;
-            rk_peer p;
-            back &= rk_peer_parse(&p, hex[i], &err) == 0 && memcmp(p.curve_pk, id.curve_pk, 32) == 0;
+            keys_peer p;
+            back &= keys_peer_parse(&p, hex[i], &err) == 0 && memcmp(p.curve_pk, id.curve_pk, 32) == 0;
         }
         found += hit;
         both_back += back;
@@ -40,6 +40,6 @@ int main(void) {
     minus_one[0] = 0xec; /* p - 1 = 2^255 - 20 */
     minus_one[31] = 0x7f;
     char hex[2][65];
-    CHECK(rk_curve_to_names(minus_one, hex) == 0, "u = -1 has no Ed25519 name");
+    CHECK(keys_curve_to_names(minus_one, hex) == 0, "u = -1 has no Ed25519 name");
     return check_done();
 }

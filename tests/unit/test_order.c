@@ -1,6 +1,6 @@
 /* test_order - the ring order (src/plan/ring_order): the exact solver against a brute force over every
  * permutation on random symmetric delays (1 to 8 nodes), a hand-made case whose answer is known, and the
- * heuristic beyond RO_EXACT_MAX nodes: a permutation that no 2-opt move shortens. */
+ * heuristic beyond ORDER_EXACT_MAX nodes: a permutation that no 2-opt move shortens. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -44,7 +44,7 @@ static void random_dm(dm *m, int n) {
 
 static double brute(const dm *m, int *perm, int k, int n, double best) {
     if (k == n) {
-        double c = ro_cycle(n, dm_delay, m, perm);
+        double c = order_cycle(n, dm_delay, m, perm);
         return c < best ? c : best;
     }
     for (int i = k; i < n; i++) {
@@ -78,12 +78,12 @@ int main(void) {
     const int place[5] = {0, 0, 1, 0, 1}; /* coordinator, nodes 0..3 */
     for (int i = 0; i <= 4; i++)
         for (int j = 0; j <= 4; j++) m.d[i][j] = i == j ? 0 : place[i] == place[j] ? 0.0001 : 0.020;
-    int rc = ro_best_order(4, dm_delay, &m, order, &total, &exact, &err);
+    int rc = order_best_order(4, dm_delay, &m, order, &total, &exact, &err);
     int changes = 0; /* place changes around the cycle, coordinator included */
     for (int i = 0; i <= 4; i++) changes += place[i == 0 ? 0 : order[i - 1] + 1] != place[i == 4 ? 0 : order[i] + 1];
     CHECK(rc == 0 && exact && fabs(total - (2 * 0.020 + 3 * 0.0001)) < 1e-12 && changes == 2,
           "two places: each visited once (round trip %.4f s: %d %d %d %d)", total, order[0], order[1], order[2], order[3]);
-    CHECK(ro_best_order(0, dm_delay, &m, order, &total, &exact, &err) != 0, "no nodes: an error (%s)", err.msg);
+    CHECK(order_best_order(0, dm_delay, &m, order, &total, &exact, &err) != 0, "no nodes: an error (%s)", err.msg);
 
     int bad = 0, cases = 0;
     for (int it = 0; it < 200; it++) {
@@ -92,8 +92,8 @@ int main(void) {
         int perm[N_MAX];
         for (int i = 0; i < n; i++) perm[i] = i;
         double want = brute(&m, perm, 0, n, INFINITY);
-        if (ro_best_order(n, dm_delay, &m, order, &total, &exact, &err) != 0 || !exact || !is_perm(order, n) ||
-            fabs(total - want) > 1e-12 || fabs(ro_cycle(n, dm_delay, &m, order) - total) > 1e-15) {
+        if (order_best_order(n, dm_delay, &m, order, &total, &exact, &err) != 0 || !exact || !is_perm(order, n) ||
+            fabs(total - want) > 1e-12 || fabs(order_cycle(n, dm_delay, &m, order) - total) > 1e-15) {
             if (bad++ < 3) printf("# case %d (%d nodes): %.6f, brute force %.6f\n", it, n, total, want);
         }
         cases++;
@@ -102,13 +102,13 @@ int main(void) {
 
     random_dm(&m, 16);
     clock_t t0 = clock();
-    rc = ro_best_order(16, dm_delay, &m, order, &total, &exact, &err);
+    rc = order_best_order(16, dm_delay, &m, order, &total, &exact, &err);
     CHECK(rc == 0 && exact && is_perm(order, 16), "16 nodes: exact, in %.2f s", (double)(clock() - t0) / CLOCKS_PER_SEC);
 
     int not_local = 0;
     for (int it = 0; it < 20; it++) {
         random_dm(&m, N_MAX);
-        if (ro_best_order(N_MAX, dm_delay, &m, order, &total, &exact, &err) != 0 || exact || !is_perm(order, N_MAX)) {
+        if (order_best_order(N_MAX, dm_delay, &m, order, &total, &exact, &err) != 0 || exact || !is_perm(order, N_MAX)) {
             not_local++;
             continue;
         }
@@ -120,7 +120,7 @@ int main(void) {
                     int t = o2[a];
                     o2[a] = o2[b], o2[b] = t;
                 }
-                if (ro_cycle(N_MAX, dm_delay, &m, o2) < total - 1e-9) not_local++, i = j = N_MAX;
+                if (order_cycle(N_MAX, dm_delay, &m, o2) < total - 1e-9) not_local++, i = j = N_MAX;
             }
     }
     CHECK(not_local == 0, "%d nodes (beyond exact): a permutation no 2-opt move shortens (%d of 20 not)", N_MAX, not_local);

@@ -1,5 +1,5 @@
 /* test_predict - fitting a node's figures to its stage's own timed frames (src/plan/predict.h,
- * pr_stage_calibrate), and the time to first token of stages that share a machine (pr_node.host), on a
+ * predict_stage_calibrate), and the time to first token of stages that share a machine (predict_node.host), on a
  * hand-made model whose bytes and elements are known.
  *
  * The times the fit is given are computed here from predict.h's documented model on its own (a stage of t
@@ -53,8 +53,8 @@ int main(void) {
     for (int cr = 1; cr <= 4; cr += 3) {
         double tok[3] = {1, 1, 64}, sec[3];
         for (int i = 0; i < 3; i++) sec[i] = model_time(tok[i], true_speed, true_flops, cr);
-        pr_node nd = {.speed = 1e10, .flops = 1e12, .net = 1e9, .col_reads = cr};
-        CHECK(pr_stage_calibrate(&m, &hp, &st, &nd, tok, sec, 3) == 0, "col_reads %d: the fit is made", cr);
+        predict_node nd = {.speed = 1e10, .flops = 1e12, .net = 1e9, .col_reads = cr};
+        CHECK(predict_stage_calibrate(&m, &hp, &st, &nd, tok, sec, 3) == 0, "col_reads %d: the fit is made", cr);
         CHECK(fabs(nd.speed / true_speed - 1) < 1e-9 && fabs(nd.flops / true_flops - 1) < 1e-9,
               "col_reads %d: the figures that produced the times come back", cr);
         printf("col_reads %d: speed %.6g (want %.6g), flops %.6g (want %.6g)\n", cr, nd.speed, true_speed, nd.flops,
@@ -64,8 +64,8 @@ int main(void) {
     /* Figures the node did not report (infinite compute, as the coordinator keeps a missing one) fit too. */
     {
         double tok[2] = {1, 32}, sec[2] = {model_time(1, true_speed, true_flops, 4), model_time(32, true_speed, true_flops, 4)};
-        pr_node nd = {.speed = 1e10, .flops = INFINITY, .net = 1e9, .col_reads = 4};
-        CHECK(pr_stage_calibrate(&m, &hp, &st, &nd, tok, sec, 2) == 0, "infinite compute: the fit is made");
+        predict_node nd = {.speed = 1e10, .flops = INFINITY, .net = 1e9, .col_reads = 4};
+        CHECK(predict_stage_calibrate(&m, &hp, &st, &nd, tok, sec, 2) == 0, "infinite compute: the fit is made");
         CHECK(isfinite(nd.flops) && fabs(nd.speed / true_speed - 1) < 1e-9 && fabs(nd.flops / true_flops - 1) < 1e-9,
               "... and finds both figures");
     }
@@ -74,8 +74,8 @@ int main(void) {
      * time then equals the timed one. */
     {
         double tok[2] = {1, 1}, sec[2] = {0.010, 0.012};
-        pr_node nd = {.speed = 1e10, .flops = 1e12, .net = 1e9, .col_reads = 4};
-        CHECK(pr_stage_calibrate(&m, &hp, &st, &nd, tok, sec, 2) == 0, "one shape: the fit is made");
+        predict_node nd = {.speed = 1e10, .flops = 1e12, .net = 1e9, .col_reads = 4};
+        CHECK(predict_stage_calibrate(&m, &hp, &st, &nd, tok, sec, 2) == 0, "one shape: the fit is made");
         CHECK(fabs(nd.speed / nd.flops / (1e10 / 1e12) - 1) < 1e-12, "... by one factor for both figures");
         const double got = model_time(1, nd.speed, nd.flops, 4);
         CHECK(got > 0.010 && got < 0.012, "... the prediction between the two timed frames (%.6f)", got);
@@ -86,24 +86,24 @@ int main(void) {
      * positive; the figures stay as they were. */
     {
         double tok[2] = {1, 64}, sec[2] = {0.01, 0.3};
-        pr_node nd = {.speed = 1e10, .flops = 1e12, .net = 1e9, .col_reads = 4};
+        predict_node nd = {.speed = 1e10, .flops = 1e12, .net = 1e9, .col_reads = 4};
         plan_stage disk = st;
         disk.cached = 0.5;
-        CHECK(pr_stage_calibrate(&m, &hp, &disk, &nd, tok, sec, 2) == -1, "a stage reading experts from disk: no fit");
+        CHECK(predict_stage_calibrate(&m, &hp, &disk, &nd, tok, sec, 2) == -1, "a stage reading experts from disk: no fit");
         CHECK(nd.speed == 1e10 && nd.flops == 1e12, "... the figures unchanged");
         sec[1] = 0;
-        CHECK(pr_stage_calibrate(&m, &hp, &st, &nd, tok, sec, 2) == -1, "a time of 0: no fit");
+        CHECK(predict_stage_calibrate(&m, &hp, &st, &nd, tok, sec, 2) == -1, "a time of 0: no fit");
         CHECK(nd.speed == 1e10 && nd.flops == 1e12, "... the figures unchanged");
-        CHECK(pr_stage_calibrate(&m, &hp, &st, &nd, tok, sec, 0) == -1, "no frames: no fit");
+        CHECK(predict_stage_calibrate(&m, &hp, &st, &nd, tok, sec, 0) == -1, "no frames: no fit");
     }
 
     /* A two-tier node (a device and RAM): the same two factors scale both tiers' figures. */
     {
         plan_stage two = st;
         two.dev_layers = 1, two.cpu_moe = 1; /* the layer on the device, its experts in RAM */
-        pr_node nd = {.speed = 1e11, .flops = 1e13, .net = 1e9, .two_tier = true, .ram_speed = 1e10, .ram_flops = 1e12};
+        predict_node nd = {.speed = 1e11, .flops = 1e13, .net = 1e9, .two_tier = true, .ram_speed = 1e10, .ram_flops = 1e12};
         double tok[3] = {1, 1, 64}, sec[3] = {0.004, 0.004, 0.05};
-        CHECK(pr_stage_calibrate(&m, &hp, &two, &nd, tok, sec, 3) == 0, "two tiers: the fit is made");
+        CHECK(predict_stage_calibrate(&m, &hp, &two, &nd, tok, sec, 3) == 0, "two tiers: the fit is made");
         CHECK(fabs(nd.speed / nd.ram_speed - 10) < 1e-9 && fabs(nd.flops / nd.ram_flops - 10) < 1e-9,
               "... scaling both tiers alike");
     }
@@ -119,23 +119,23 @@ int main(void) {
         plan_result plan;
         memset(&plan, 0, sizeof plan);
         double hops[4] = {0, 0, 0, 0};
-        pr_opts o = {.prompt = 128, .chunk = 64};
+        predict_opts o = {.prompt = 128, .chunk = 64};
         struct { int stages, slots, host; uint32_t prompt; double want; } cases[] = {
             {2, 1, 0, 128, 3}, {2, 1, 1, 128, 4}, {2, 2, 1, 128, 3}, {2, 1, 1, 64, 2},
             {3, 1, 0, 192, 5}, {3, 1, 1, 192, 9}, {3, 2, 1, 192, 6}, {3, 3, 1, 192, 5},
         };
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             plan.n_stages = cases[i].stages;
-            pr_node nodes[3];
+            predict_node nodes[3];
             for (int s = 0; s < plan.n_stages; s++) {
                 plan.stages[s] = st;
-                nodes[s] = (pr_node){.speed = true_speed, .flops = true_flops, .net = 1e12, .col_reads = 4,
+                nodes[s] = (predict_node){.speed = true_speed, .flops = true_flops, .net = 1e12, .col_reads = 4,
                                      .host = cases[i].host, .host_slots = cases[i].slots};
             }
             o.prompt = cases[i].prompt;
-            pr_result r;
+            predict_result r;
             rl_err e;
-            CHECK(pr_predict(&m, &hp, &plan, nodes, hops, &o, &r, &e) == 0, "%d stages: predicted", plan.n_stages);
+            CHECK(predict_predict(&m, &hp, &plan, nodes, hops, &o, &r, &e) == 0, "%d stages: predicted", plan.n_stages);
             CHECK(fabs(r.ttft_s / (cases[i].want * t) - 1) < 1e-9, "%d stages, %u-token prompt in chunks of 64, %s: first "
                   "token after %.0f chunk times (got %.4f)", plan.n_stages, o.prompt,
                   cases[i].host ? (cases[i].slots == 1 ? "one machine, one at a time" : "one machine, several at once")

@@ -33,18 +33,18 @@ static double now(void) {
 }
 
 enum { N_NODES = 5 }; /* 4 ring nodes + 1 foreign key */
-static rk_identity ids[N_NODES];
+static keys_identity ids[N_NODES];
 
 /* ---- a traversal builder ---- */
 
 typedef struct trav {
     int n;
     uint32_t n_layer;
-    rcpt_receipt rs[8];
-    rcpt_stage_expect st[8];
-    rcpt_expect e;
+    receipt_rec rs[8];
+    receipt_stage_expect st[8];
+    receipt_expect e;
     uint8_t first_in[32], last_out[32];
-    rcpt_seq seqs[2];
+    receipt_seq seqs[2];
 } trav;
 
 /* An honest traversal of n stages over L layers: stage i on node i, layers cut evenly, chained hashes. */
@@ -52,21 +52,21 @@ static void make_trav(trav *t, int n, uint32_t L, uint64_t request, const uint8_
     memset(t, 0, sizeof *t);
     t->n = n;
     t->n_layer = L;
-    t->seqs[0] = (rcpt_seq){.seq_id = 3, .pos = 10, .n_tokens = 1};
-    t->seqs[1] = (rcpt_seq){.seq_id = 9, .pos = 0, .n_tokens = 7};
+    t->seqs[0] = (receipt_seq){.seq_id = 3, .pos = 10, .n_tokens = 1};
+    t->seqs[1] = (receipt_seq){.seq_id = 9, .pos = 0, .n_tokens = 7};
     char buf[64];
     snprintf(buf, sizeof buf, "tokens of request %llu", (unsigned long long)request);
     uint8_t prev[32];
-    rcpt_hash(buf, strlen(buf), prev);
+    receipt_hash(buf, strlen(buf), prev);
     memcpy(t->first_in, prev, 32);
     for (int i = 0; i < n; i++) {
-        rcpt_receipt *r = &t->rs[i];
-        rcpt_stage_expect *s = &t->st[i];
+        receipt_rec *r = &t->rs[i];
+        receipt_stage_expect *s = &t->st[i];
         s->layer_start = L * (uint32_t)i / (uint32_t)n;
         s->layer_end = L * (uint32_t)(i + 1) / (uint32_t)n;
         memcpy(s->node_pk, ids[i].sign_pk, 32);
         snprintf(buf, sizeof buf, "manifest %u-%u", s->layer_start, s->layer_end);
-        rcpt_hash(buf, strlen(buf), s->manifest);
+        receipt_hash(buf, strlen(buf), s->manifest);
         r->ring_id = 0xfedcba9876543210ULL;
         r->request_id = request;
         memcpy(r->nonce, nonce, 32);
@@ -75,14 +75,14 @@ static void make_trav(trav *t, int n, uint32_t L, uint64_t request, const uint8_
         r->layer_end = s->layer_end;
         memcpy(r->in_hash, prev, 32);
         snprintf(buf, sizeof buf, "output of stage %d of request %llu", i, (unsigned long long)request);
-        rcpt_hash(buf, strlen(buf), r->out_hash);
+        receipt_hash(buf, strlen(buf), r->out_hash);
         memcpy(prev, r->out_hash, 32);
-        rcpt_seq rev[2] = {t->seqs[1], t->seqs[0]}; /* given unsorted: rcpt_set_seqs sorts */
-        rcpt_set_seqs(r, rev, 2, NULL);
-        rcpt_sign(r, &ids[i], NULL);
+        receipt_seq rev[2] = {t->seqs[1], t->seqs[0]}; /* given unsorted: receipt_set_seqs sorts */
+        receipt_set_seqs(r, rev, 2, NULL);
+        receipt_sign(r, &ids[i], NULL);
     }
     memcpy(t->last_out, prev, 32);
-    t->e = (rcpt_expect){.ring_id = 0xfedcba9876543210ULL,
+    t->e = (receipt_expect){.ring_id = 0xfedcba9876543210ULL,
                          .request_id = request,
                          .n_layer = L,
                          .n_stages = n,
@@ -108,7 +108,7 @@ static void collect(void *user, int stage, const char *msg) {
 
 static probs run_check(const trav *t) {
     probs p = {0};
-    int k = rcpt_check_traversal_all(t->rs, t->n, &t->e, collect, &p);
+    int k = receipt_check_traversal_all(t->rs, t->n, &t->e, collect, &p);
     if (k != p.n) p.n = -1;
     return p;
 }
@@ -128,7 +128,7 @@ static void expect_problem(const trav *t, const char *what, const char *want) {
     }
 }
 
-static void resign(trav *t, int i, int key) { rcpt_sign(&t->rs[i], &ids[key], NULL); }
+static void resign(trav *t, int i, int key) { receipt_sign(&t->rs[i], &ids[key], NULL); }
 
 /* A copy whose expectations point into the copy itself (a struct copy would point into the original). */
 static void copy_trav(trav *dst, const trav *src) {
@@ -146,17 +146,17 @@ static void test_encoding(void) {
     randombytes_buf(nonce, 32);
     trav t;
     make_trav(&t, 2, 6, 7, nonce);
-    rcpt_receipt r = t.rs[1];
+    receipt_rec r = t.rs[1];
     rl_err err = {{0}};
-    CHECK(rcpt_verify_sig(&r, &err) == 0, "a signed receipt verifies (%s)", err.msg);
-    CHECK(r.seqs[0].seq_id == 3 && r.seqs[1].seq_id == 9, "rcpt_set_seqs sorts the sequences by seq id");
+    CHECK(receipt_verify_sig(&r, &err) == 0, "a signed receipt verifies (%s)", err.msg);
+    CHECK(r.seqs[0].seq_id == 3 && r.seqs[1].seq_id == 9, "receipt_set_seqs sorts the sequences by seq id");
 
-    uint8_t a[RCPT_MAX_ENCODED], b[RCPT_MAX_ENCODED];
+    uint8_t a[RECEIPT_MAX_ENCODED], b[RECEIPT_MAX_ENCODED];
     size_t la = 0, lb = 0;
-    rcpt_encode(&r, a, sizeof a, &la, NULL);
-    rcpt_receipt copy = r;
-    rcpt_encode(&copy, b, sizeof b, &lb, NULL);
-    CHECK(la == lb && la == RCPT_FIXED_BYTES + 2 * RCPT_SEQ_BYTES && memcmp(a, b, la) == 0,
+    receipt_encode(&r, a, sizeof a, &la, NULL);
+    receipt_rec copy = r;
+    receipt_encode(&copy, b, sizeof b, &lb, NULL);
+    CHECK(la == lb && la == RECEIPT_FIXED_BYTES + 2 * RECEIPT_SEQ_BYTES && memcmp(a, b, la) == 0,
           "same receipt, same %zu bytes (194 + 16 per sequence)", la);
     CHECK(memcmp(a, "RCP1", 4) == 0 && a[4] == 1 && a[5] == 0 && a[6] == 0x10 && a[13] == 0xfe && a[14] == 7 &&
               a[86] == 3 && a[90] == 6 && memcmp(a + 158, ids[1].sign_pk, 32) == 0 && a[190] == 2 && a[194] == 3 &&
@@ -164,11 +164,11 @@ static void test_encoding(void) {
           "the bytes sit where docs/receipts.md says (magic, version, ring id LE, layers, signer, seqs)");
     /* A minimal receipt, byte by byte as documented: all zero but version 1, layers [0, 1), one sequence
      * (id 0, pos 0, 1 token). */
-    rcpt_receipt z;
+    receipt_rec z;
     memset(&z, 0, sizeof z);
     z.version = 1, z.layer_end = 1, z.n_seqs = 1, z.seqs[0].n_tokens = 1;
     size_t lz = 0;
-    rcpt_encode(&z, b, sizeof b, &lz, NULL);
+    receipt_encode(&z, b, sizeof b, &lz, NULL);
     char hz[2 * 210 + 1], want[2 * 210 + 1] = "";
     sodium_bin2hex(hz, sizeof hz, b, lz);
     const char *parts[][2] = {{"52435031", "1"}, {"0100", "1"}, {"00", "16"},      {"00", "64"}, {"00000000", "1"},
@@ -198,7 +198,7 @@ static void test_encoding(void) {
                 {"one more sequence", 13},
                 {"one sequence fewer", 14}};
     for (size_t k = 0; k < sizeof muts / sizeof muts[0]; k++) {
-        rcpt_receipt m = r;
+        receipt_rec m = r;
         switch (muts[k].field) {
         case 0: m.version = 2; break;
         case 1: m.ring_id ^= 1ull << 63; break;
@@ -213,47 +213,47 @@ static void test_encoding(void) {
         case 10: m.seqs[1].seq_id = 10; break;
         case 11: m.seqs[0].pos++; break;
         case 12: m.seqs[1].n_tokens = 8; break;
-        case 13: m.seqs[2] = (rcpt_seq){.seq_id = 11, .pos = 0, .n_tokens = 1}, m.n_seqs = 3; break;
+        case 13: m.seqs[2] = (receipt_seq){.seq_id = 11, .pos = 0, .n_tokens = 1}, m.n_seqs = 3; break;
         case 14: m.n_seqs = 1; break;
         }
         size_t lm = 0;
-        int enc = rcpt_encode(&m, b, sizeof b, &lm, NULL);
+        int enc = receipt_encode(&m, b, sizeof b, &lm, NULL);
         bool differs = enc != 0 || lm != la || memcmp(a, b, la) != 0;
-        CHECK(differs && rcpt_verify_sig(&m, &err) != 0,
+        CHECK(differs && receipt_verify_sig(&m, &err) != 0,
               "changing the %s changes the bytes%s and fails the signature (%s)", muts[k].name,
               enc ? " (refused: no longer canonical)" : "", err.msg);
     }
-    rcpt_receipt s = r;
+    receipt_rec s = r;
     s.sig[5] ^= 1;
-    CHECK(rcpt_verify_sig(&s, NULL) != 0, "a flipped signature bit fails");
+    CHECK(receipt_verify_sig(&s, NULL) != 0, "a flipped signature bit fails");
 
     /* Non-canonical receipts are refused rather than signed. */
-    rcpt_receipt u = r;
+    receipt_rec u = r;
     u.seqs[0] = r.seqs[1], u.seqs[1] = r.seqs[0];
-    CHECK(rcpt_sign(&u, &ids[1], &err) != 0 && strstr(err.msg, "ascending"), "unsorted sequences are refused: %s",
+    CHECK(receipt_sign(&u, &ids[1], &err) != 0 && strstr(err.msg, "ascending"), "unsorted sequences are refused: %s",
           err.msg);
     u = r;
     u.seqs[1].seq_id = u.seqs[0].seq_id;
-    CHECK(rcpt_sign(&u, &ids[1], &err) != 0, "a repeated seq id is refused: %s", err.msg);
-    rcpt_seq dup[2] = {{1, 0, 1}, {1, 5, 1}};
-    CHECK(rcpt_set_seqs(&u, dup, 2, &err) != 0, "rcpt_set_seqs refuses a repeated seq id: %s", err.msg);
+    CHECK(receipt_sign(&u, &ids[1], &err) != 0, "a repeated seq id is refused: %s", err.msg);
+    receipt_seq dup[2] = {{1, 0, 1}, {1, 5, 1}};
+    CHECK(receipt_set_seqs(&u, dup, 2, &err) != 0, "receipt_set_seqs refuses a repeated seq id: %s", err.msg);
     u = r;
     u.layer_end = u.layer_start;
-    CHECK(rcpt_sign(&u, &ids[1], &err) != 0, "an empty layer range is refused: %s", err.msg);
+    CHECK(receipt_sign(&u, &ids[1], &err) != 0, "an empty layer range is refused: %s", err.msg);
     u = r;
     u.seqs[0].n_tokens = 0;
-    CHECK(rcpt_sign(&u, &ids[1], &err) != 0, "a sequence of 0 tokens is refused: %s", err.msg);
+    CHECK(receipt_sign(&u, &ids[1], &err) != 0, "a sequence of 0 tokens is refused: %s", err.msg);
 
     /* Wire form. */
-    uint8_t w[RCPT_MAX_PACKED];
+    uint8_t w[RECEIPT_MAX_PACKED];
     size_t lw = 0;
-    rcpt_receipt back;
-    CHECK(rcpt_pack(&r, w, sizeof w, &lw, &err) == 0 && lw == la + 64 && rcpt_unpack(&back, w, lw, &err) == 0 &&
-              rcpt_equal(&back, &r) && rcpt_verify_sig(&back, NULL) == 0,
+    receipt_rec back;
+    CHECK(receipt_pack(&r, w, sizeof w, &lw, &err) == 0 && lw == la + 64 && receipt_unpack(&back, w, lw, &err) == 0 &&
+              receipt_equal(&back, &r) && receipt_verify_sig(&back, NULL) == 0,
           "pack/unpack round trip (%zu bytes) keeps the signature valid", lw);
-    CHECK(rcpt_unpack(&back, w, lw - 1, &err) != 0, "a truncated wire receipt is refused: %s", err.msg);
+    CHECK(receipt_unpack(&back, w, lw - 1, &err) != 0, "a truncated wire receipt is refused: %s", err.msg);
     w[194] = 200; /* seq id of entry 0 above entry 1: not canonical */
-    CHECK(rcpt_unpack(&back, w, lw, &err) != 0 && strstr(err.msg, "canonical"),
+    CHECK(receipt_unpack(&back, w, lw, &err) != 0 && strstr(err.msg, "canonical"),
           "a non-canonical wire receipt is refused: %s", err.msg);
 }
 
@@ -262,16 +262,16 @@ static void test_json(void) {
     randombytes_buf(nonce, 32);
     trav t;
     make_trav(&t, 1, 6, UINT64_MAX, nonce);
-    rcpt_receipt r = t.rs[0];
+    receipt_rec r = t.rs[0];
     r.ring_id = UINT64_MAX - 1; /* above 2^53: JSON numbers would round it */
     r.seqs[1].seq_id = UINT64_MAX;
-    rcpt_sign(&r, &ids[0], NULL);
+    receipt_sign(&r, &ids[0], NULL);
     char *j1 = NULL, *j2 = NULL;
-    rcpt_receipt back;
+    receipt_rec back;
     rl_err err = {{0}};
-    int ok = rcpt_to_json(&r, &j1, &err) == 0 && !strchr(j1, '\n') && rcpt_from_json(&back, j1, &err) == 0 &&
-             rcpt_equal(&back, &r) && rcpt_to_json(&back, &j2, &err) == 0 && strcmp(j1, j2) == 0 &&
-             rcpt_verify_sig(&back, &err) == 0;
+    int ok = receipt_to_json(&r, &j1, &err) == 0 && !strchr(j1, '\n') && receipt_from_json(&back, j1, &err) == 0 &&
+             receipt_equal(&back, &r) && receipt_to_json(&back, &j2, &err) == 0 && strcmp(j1, j2) == 0 &&
+             receipt_verify_sig(&back, &err) == 0;
     CHECK(ok, "JSON round trip is exact, one line, u64 values above 2^53 included (%s)", err.msg);
     printf("# %s\n", j1 ? j1 : "");
     struct {
@@ -295,7 +295,7 @@ static void test_json(void) {
             const char *at = strstr(j1, bad[k].from);
             snprintf(line, sizeof line, "%.*s%s%s", (int)(at - j1), j1, bad[k].to, at + strlen(bad[k].from));
         }
-        int rc = rcpt_from_json(&back, line, &err);
+        int rc = receipt_from_json(&back, line, &err);
         CHECK(rc != 0 && strstr(err.msg, bad[k].msg), "JSON with %s is refused: %s", bad[k].what, err.msg);
     }
     free(j1);
@@ -303,41 +303,41 @@ static void test_json(void) {
 }
 
 static void test_book(void) {
-    rcpt_nonce_book b;
+    receipt_nonce_book b;
     rl_err err;
-    rcpt_book_init(&b, 4, &err);
+    receipt_book_init(&b, 4, &err);
     uint8_t n[6][32];
     for (int i = 0; i < 6; i++) randombytes_buf(n[i], 32);
     int added = 0;
-    for (int i = 0; i < 4; i++) added += rcpt_book_add(&b, n[i]);
-    CHECK(added == 4 && rcpt_book_add(&b, n[2]) == 0 && rcpt_book_has(&b, n[0]),
+    for (int i = 0; i < 4; i++) added += receipt_book_add(&b, n[i]);
+    CHECK(added == 4 && receipt_book_add(&b, n[2]) == 0 && receipt_book_has(&b, n[0]),
           "the nonce book remembers and refuses a repeat");
-    rcpt_book_add(&b, n[4]);
-    CHECK(!rcpt_book_has(&b, n[0]) && rcpt_book_has(&b, n[1]) && rcpt_book_has(&b, n[4]) && b.n == 4,
+    receipt_book_add(&b, n[4]);
+    CHECK(!receipt_book_has(&b, n[0]) && receipt_book_has(&b, n[1]) && receipt_book_has(&b, n[4]) && b.n == 4,
           "a full book forgets its oldest nonce first (FIFO)");
-    rcpt_book_free(&b);
+    receipt_book_free(&b);
 
     /* Churn: 200000 nonces through a book of 1000 (probing and backward-shift deletion stay consistent). */
     enum { CAP = 1000, TOTAL = 200000 };
-    rcpt_book_init(&b, CAP, &err);
+    receipt_book_init(&b, CAP, &err);
     uint8_t(*all)[32] = malloc((size_t)TOTAL * 32);
     for (int i = 0; i < TOTAL; i++) {
         randombytes_buf(all[i], 32);
-        rcpt_book_add(&b, all[i]);
+        receipt_book_add(&b, all[i]);
     }
     int wrong = 0;
-    for (int i = 0; i < TOTAL; i++) wrong += rcpt_book_has(&b, all[i]) != (i >= TOTAL - CAP);
+    for (int i = 0; i < TOTAL; i++) wrong += receipt_book_has(&b, all[i]) != (i >= TOTAL - CAP);
     CHECK(wrong == 0 && b.n == CAP, "after 200000 nonces a 1000-entry book holds exactly the last 1000 (%d wrong)",
           wrong);
     free(all);
-    rcpt_book_free(&b);
+    receipt_book_free(&b);
 }
 
 /* ---- traversal checks ---- */
 
 static void test_traversals(void) {
-    rcpt_nonce_book book;
-    rcpt_book_init(&book, 64, NULL);
+    receipt_nonce_book book;
+    receipt_book_init(&book, 64, NULL);
     uint8_t nonce[32];
     trav t;
     for (int n = 1; n <= 4; n *= 2) {
@@ -348,7 +348,7 @@ static void test_traversals(void) {
         CHECK(p.n == 0, "an honest %d-stage traversal verifies%s%s", n, p.n ? ": " : "", first_msg(&p));
         rl_err err = {{0}};
         t.e.seen = NULL;
-        CHECK(rcpt_check_traversal(t.rs, t.n, &t.e, &err) == 0, "rcpt_check_traversal agrees (%d stages)", n);
+        CHECK(receipt_check_traversal(t.rs, t.n, &t.e, &err) == 0, "receipt_check_traversal agrees (%d stages)", n);
     }
 
     randombytes_buf(nonce, 32);
@@ -474,10 +474,10 @@ static void test_traversals(void) {
     copy_trav(&t, &good);
     t.rs[1].layer_end = 7;
     resign(&t, 1, 1);
-    int rc = rcpt_check_traversal(t.rs, t.n, &t.e, &err);
-    CHECK(rc != 0 && strstr(err.msg, "more problem"), "rcpt_check_traversal returns the first problem and a count: %s",
+    int rc = receipt_check_traversal(t.rs, t.n, &t.e, &err);
+    CHECK(rc != 0 && strstr(err.msg, "more problem"), "receipt_check_traversal returns the first problem and a count: %s",
           err.msg);
-    rcpt_book_free(&book);
+    receipt_book_free(&book);
 }
 
 /* ---- manifest hashes ---- */
@@ -501,7 +501,7 @@ static int write_range(const mf_model *m, uint32_t a, uint32_t b, uint32_t L, co
     struct ggml_context *tctx = ggml_init(ip);
     for (int i = m->n_tensor - 1; i >= 0; i--) {
         const mf_tensor *t = &m->tensors[i];
-        if (!mfst_tensor_in_range(t->name, a, b, L)) continue;
+        if (!manifest_tensor_in_range(t->name, a, b, L)) continue;
         struct ggml_tensor *d = ggml_new_tensor(tctx, (enum ggml_type)t->type, 4, t->ne);
         ggml_set_name(d, t->name);
         gguf_add_tensor(g, d);
@@ -518,7 +518,7 @@ static int hash_file(const char *path, bool whole, uint32_t a, uint32_t b, uint8
     mf_model m;
     k3_hparams hp;
     if ((whole ? k3_open(&m, &hp, path, err) : k3_open_range(&m, &hp, path, a, b, err)) != 0) return -1;
-    int rc = mfst_range_hash(&m, &hp, a, b, out, err);
+    int rc = manifest_range_hash(&m, &hp, a, b, out, err);
     mf_close(&m);
     return rc;
 }
@@ -555,21 +555,21 @@ static void test_manifest(const char *dir) {
         uint32_t a = cuts[k][0], b = cuts[k][1];
         uint8_t hw[32], hr[32], hs[32];
         err.msg[0] = 0;
-        int ok = mfst_range_hash(&m, &hp, a, b, hw, &err) == 0 && write_range(&m, a, b, L, range, NULL, NULL) == 0 &&
+        int ok = manifest_range_hash(&m, &hp, a, b, hw, &err) == 0 && write_range(&m, a, b, L, range, NULL, NULL) == 0 &&
                  hash_file(range, false, a, b, hr, &err) == 0 && hash_file(split1, true, a, b, hs, &err) == 0;
         CHECK(ok && memcmp(hw, hr, 32) == 0 && memcmp(hw, hs, 32) == 0,
               "layers [%u, %u): the whole file, a 3-way split set and a range file give the same manifest hash (%s)", a,
               b, err.msg);
     }
     uint8_t h01[32], h12[32], h1t[32];
-    mfst_range_hash(&m, &hp, 0, 1, h01, NULL);
-    mfst_range_hash(&m, &hp, 1, 2, h12, NULL);
-    mfst_range_hash_threads(&m, &hp, 0, 1, 1, h1t, NULL);
+    manifest_range_hash(&m, &hp, 0, 1, h01, NULL);
+    manifest_range_hash(&m, &hp, 1, 2, h12, NULL);
+    manifest_range_hash_threads(&m, &hp, 0, 1, 1, h1t, NULL);
     CHECK(memcmp(h01, h12, 32) != 0 && memcmp(h01, h1t, 32) == 0, "other ranges hash differently; 1 thread == many");
 
     /* One metadata value changed: the hash changes. A ringlm.* key added: it does not. */
     uint8_t h24[32], hx[32];
-    mfst_range_hash(&m, &hp, 2, 4, h24, NULL);
+    manifest_range_hash(&m, &hp, 2, 4, h24, NULL);
     int ok = write_range(&m, 2, 4, L, alt, "general.name", "not the same model") == 0 &&
              hash_file(alt, false, 2, 4, hx, &err) == 0;
     CHECK(ok && memcmp(hx, h24, 32) != 0, "one metadata value changed changes the hash");
@@ -591,7 +591,7 @@ static void test_manifest(const char *dir) {
     if (fi) fclose(fi);
     if (fo) fclose(fo);
     uint8_t hb24[32], hb45[32], h45[32];
-    mfst_range_hash(&m, &hp, 4, 5, h45, NULL);
+    manifest_range_hash(&m, &hp, 4, 5, h45, NULL);
     ok = t && hash_file(alt, true, 2, 4, hb24, &err) == 0 && hash_file(alt, true, 4, 5, hb45, &err) == 0;
     CHECK(ok && memcmp(hb24, h24, 32) != 0 && memcmp(hb45, h45, 32) == 0,
           "one weight byte of %s changed changes the hash of [2, 4) and not of [4, 5)", t ? t->name : "?");
@@ -604,19 +604,19 @@ static void test_manifest(const char *dir) {
     int refused = 0;
     if (mf_open(&rm, range, &err) == 0) {
         rhp = hp;
-        refused = mfst_range_hash(&rm, &rhp, 2, 4, hh, &err) != 0;
+        refused = manifest_range_hash(&rm, &rhp, 2, 4, hh, &err) != 0;
         mf_close(&rm);
     }
     CHECK(refused && strstr(err.msg, "no tensor of layer 2"), "hashing layers a range file lacks fails: %s", err.msg);
-    CHECK(mfst_range_hash(&m, &hp, 4, 4, hh, &err) != 0 && mfst_range_hash(&m, &hp, 0, L + 1, hh, &err) != 0,
+    CHECK(manifest_range_hash(&m, &hp, 4, 4, hh, &err) != 0 && manifest_range_hash(&m, &hp, 0, L + 1, hh, &err) != 0,
           "empty and out-of-model ranges are refused: %s", err.msg);
 
     /* Cost: the whole tiny model's hash. */
     double t0 = now();
     int reps = 20;
-    for (int i = 0; i < reps; i++) mfst_range_hash(&m, &hp, 0, L, hh, NULL);
+    for (int i = 0; i < reps; i++) manifest_range_hash(&m, &hp, 0, L, hh, NULL);
     double dt = (now() - t0) / reps;
-    printf("# mfst_range_hash of the whole tiny model (%.1f MiB of tensors): %.2f ms (%.2f s per GB)\n",
+    printf("# manifest_range_hash of the whole tiny model (%.1f MiB of tensors): %.2f ms (%.2f s per GB)\n",
            (double)m.tensor_bytes / 1048576.0, dt * 1e3, dt / ((double)m.tensor_bytes / 1e9));
     mf_close(&m);
 }
@@ -629,20 +629,20 @@ static void bench_receipts(void) {
     randombytes_buf(nonce, 32);
     trav t;
     make_trav(&t, 1, 6, 1, nonce);
-    rcpt_receipt r = t.rs[0];
+    receipt_rec r = t.rs[0];
     int reps = 2000;
     double t0 = now();
     for (int i = 0; i < reps; i++) {
         state[0] = (uint8_t)i;
-        rcpt_hash(state, bytes, r.out_hash);
-        rcpt_sign(&r, &ids[0], NULL);
+        receipt_hash(state, bytes, r.out_hash);
+        receipt_sign(&r, &ids[0], NULL);
     }
     double sign_us = (now() - t0) / reps * 1e6;
     t0 = now();
-    for (int i = 0; i < reps; i++) rcpt_verify_sig(&r, NULL);
+    for (int i = 0; i < reps; i++) receipt_verify_sig(&r, NULL);
     double ver_us = (now() - t0) / reps * 1e6;
     t0 = now();
-    for (int i = 0; i < reps; i++) rcpt_sign(&r, &ids[0], NULL);
+    for (int i = 0; i < reps; i++) receipt_sign(&r, &ids[0], NULL);
     double sign_only = (now() - t0) / reps * 1e6;
     printf("# receipt: hash a %zu-byte boundary + encode + sign: %.1f us (sign alone %.1f us); verify: %.1f us\n",
            bytes, sign_us, sign_only, ver_us);
@@ -651,7 +651,7 @@ static void bench_receipts(void) {
 
 int main(void) {
     if (sodium_init() < 0) return 1;
-    for (int i = 0; i < N_NODES; i++) rk_generate(&ids[i], NULL);
+    for (int i = 0; i < N_NODES; i++) keys_generate(&ids[i], NULL);
     char dir[] = "/tmp/ringlm-rcpt-XXXXXX";
     if (!mkdtemp(dir)) return 1;
     test_encoding();

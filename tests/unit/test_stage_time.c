@@ -19,8 +19,8 @@ static void quiet(enum ggml_log_level level, const char *text, void *user) {
 
 /* One new greedy sequence of a token through the (whole-model, last) stage: 0 when it ran. */
 static int one_frame(ring_stage *s, uint64_t seq_id, rl_err *err) {
-    rf_header h = {.type = RF_FORWARD, .n_seqs = 1, .payload_bytes = 4};
-    h.seqs[0] = (rf_seq){.seq_id = seq_id, .n_tokens = 1, .flags = RF_SEQ_NEW, .smp = {.repeat_penalty = 1.0f, .top_p = 1.0f}};
+    frame_header h = {.type = FRAME_FORWARD, .n_seqs = 1, .payload_bytes = 4};
+    h.seqs[0] = (frame_seq){.seq_id = seq_id, .n_tokens = 1, .flags = FRAME_SEQ_NEW, .smp = {.repeat_penalty = 1.0f, .top_p = 1.0f}};
     const int32_t tok = 5;
     uint8_t *out = NULL;
     size_t out_len = 0;
@@ -61,7 +61,7 @@ int main(void) {
     CHECK(rc == 0 && sec[0] > 0 && sec[1] > 0 && sec[2] > 0, "1, 1 and 8 tokens timed: %.2f, %.2f, %.2f ms", sec[0] * 1e3,
           sec[1] * 1e3, sec[2] * 1e3);
     int left = 0;
-    for (int i = 0; i < RF_MAX_SEQS; i++) left += s.seqs[i].used;
+    for (int i = 0; i < FRAME_MAX_SEQS; i++) left += s.seqs[i].used;
     CHECK(left == 0, "the timing leaves no sequence behind (%d left)", left);
     rc = one_frame(&s, 7, &err);
     CHECK(rc == 0, "a real sequence then runs in the pool's one slot (%s)", rc ? err.msg : "ran");
