@@ -321,7 +321,7 @@ static int ring_open_plan(ring_coord *rc, const ring_ordering *ord, rl_err *err)
         if (rc->nodes[i].eng.cache_f32) cache_elem = 4;
     }
     plan_model pm;
-    ring_plan_model(&pm, rc->m, &rc->hp, o->n_seqs > 0 ? (uint32_t)o->n_seqs : 1, o->n_ctx, cache_elem, o->spec_block,
+    plan_model_read(&pm, rc->m, &rc->hp, o->n_seqs > 0 ? (uint32_t)o->n_seqs : 1, o->n_ctx, cache_elem, o->spec_block,
                     o->spec_block ? o->spec_depth : 0);
     uint64_t (*lack)[PLAN_MAX_LAYERS + 2] = o->manifest ? calloc((size_t)conf->n, sizeof *lack) : NULL;
     if (o->manifest && !lack) return rl_errf(err, "out of memory");

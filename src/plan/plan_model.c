@@ -6,7 +6,7 @@
 #include "../model/expert_cache.h"
 #include "../model/k3_memory.h"
 
-void ring_plan_model(plan_model *pm, const mf_model *m, const k3_hparams *hp, uint32_t n_seq, uint32_t n_ctx,
+void plan_model_read(plan_model *pm, const mf_model *m, const k3_hparams *hp, uint32_t n_seq, uint32_t n_ctx,
                      size_t cache_elem, uint32_t spec_block, int spec_depth) {
     memset(pm, 0, sizeof *pm);
     pm->n_layer = hp->n_layer;
