@@ -77,10 +77,12 @@ endef
 $(eval $(call variant,release))
 $(eval $(call variant,asan))
 
-# The adversarial node (tests only): the release build with node.c and cmd_node.c compiled again with
-# -DRINGLM_ADVERSARY, which adds `ringlm node --misbehave MODE` (src/node/node.c). Never shipped: only
+# The adversarial node (tests only): the release build with src/node/ and cmd_node.c compiled again with
+# -DRINGLM_ADVERSARY, which adds `ringlm node --misbehave MODE` (src/node/node_forward.c). Never shipped: only
 # tests/t_trust.sh runs it. Objects given before the library win over the library's own.
-ADV_OBJ := build/adv/src/node/node.o build/adv/src/cli/cmd_node.o
+# Every file of src/node/: the flag changes the node struct's layout (node_int.h), so none may come from the
+# library's build.
+ADV_OBJ := $(patsubst %.c,build/adv/%.o,$(wildcard src/node/*.c)) build/adv/src/cli/cmd_node.o
 build/adv/%.o: %.c $(GGML_MK)
 	@mkdir -p $(dir $@)
 	@echo "  CC [adv] $<"
