@@ -3,6 +3,10 @@
 #   check DESC CMD...        run CMD; count a pass if it exits 0, else a failure (the script goes on)
 #   check_fails DESC PATTERN CMD...   CMD must exit 1 (not crash) and print PATTERN (grep -E) on stderr
 #   check_eq DESC A B        A = B, and neither is empty (check_ne: A != B, neither empty)
+#   check_same DESC FILE_A FILE_B     the files hold the same bytes, and neither is missing or empty
+#   check_differ DESC FILE_A FILE_B   the files differ, and neither is missing or empty
+#   same_files A B / differ_files A B the same as commands (exit 1, why on stderr): for loops that count
+#                            and for `bash -c "..."` strings (exported)
 #   skip DESC                a check this machine cannot make: counted apart, never as a pass
 #   model NAME CONFIG TYPE [SEED]     path of a synthesized fixture, made once and cached in $MODELS
 #   finish                   prints the counts and exits non-zero if anything failed
@@ -57,6 +61,44 @@ check_cmp() {
         [ -z "$b" ] || { echo "    second:"; printf '%s\n' "${b:0:300}" | sed 's/^/        /'; }
     fi
 }
+
+# check_same DESC FILE_A FILE_B: the files are usually two runs' outputs (`cmd >file`), and a run that failed
+# leaves an empty file (or none, or an -o it never wrote): two failures would compare equal and pass, and with
+# check_differ one failure would differ from the other's output and pass. So a missing or empty file fails,
+# named; only two files that both hold something are compared (cmp), and the first differing lines are shown.
+check_same() { check_files same_files "$@"; }
+check_differ() { check_files differ_files "$@"; }
+check_files() {
+    local pred=$1 desc=$2; shift 2
+    if "$pred" "$@" >"$WORK/out" 2>&1; then
+        T_PASS=$((T_PASS + 1)); echo "ok - $desc"
+    else
+        T_FAIL=$((T_FAIL + 1)); echo "not ok - $desc ($(head -1 "$WORK/out"))"
+        tail -n +2 "$WORK/out" | head -20 | sed 's/^/    /'
+    fi
+}
+# same_files A B / differ_files A B: exit 0 when both files hold something and they are the same (differ);
+# else exit 1 with the reason on stderr's first line (and, for files that differ, their first differing lines).
+same_files() { files_cmp same "$@"; }
+differ_files() { files_cmp differ "$@"; }
+files_cmp() {
+    local want=$1 a=$2 b=$3 sa="" sb=""
+    [ -e "$a" ] || sa=missing; [ -n "$sa" ] || [ -s "$a" ] || sa=empty
+    [ -e "$b" ] || sb=missing; [ -n "$sb" ] || [ -s "$b" ] || sb=empty
+    if [ -n "$sa" ] && [ "$sa" = "$sb" ]; then echo "both files are $sa: $a, $b" >&2; return 1
+    elif [ -n "$sa" ] && [ -n "$sb" ]; then echo "the first file is $sa, the second $sb: $a, $b" >&2; return 1
+    elif [ -n "$sa" ]; then echo "the first file is $sa: $a" >&2; return 1
+    elif [ -n "$sb" ]; then echo "the second file is $sb: $b" >&2; return 1
+    fi
+    if cmp -s -- "$a" "$b"; then
+        [ "$want" = same ] && return 0
+        echo "the files are the same ($(wc -c <"$a") bytes): $a, $b" >&2; return 1
+    fi
+    [ "$want" = differ ] && return 0
+    { echo "the files differ: $(cmp -- "$a" "$b" 2>&1 | head -1)"; diff -- "$a" "$b" | head -12; } >&2
+    return 1
+}
+export -f same_files differ_files files_cmp
 
 # model NAME CONFIG TYPE [SEED]: synthesize once per (name, seed) with the release binary; later calls and
 # the sanitizer run reuse the file ($MODELS is keyed by a hash of the synth sources, see run.sh). TYPE "-"

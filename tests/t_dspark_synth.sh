@@ -41,10 +41,10 @@ for c in "${cases[@]}"; do
     # Same tokenizer metadata as the target (the draft only adds the mask id) and the same tokenization.
     grep '^kv tokenizer\.' "$T" >"$WORK/$cfg-t.tok"
     grep '^kv tokenizer\.' "$D" | grep -v '^kv tokenizer\.ggml\.mask_token_id ' >"$WORK/$cfg-d.tok"
-    check "$cfg: tokenizer metadata equals the target's" diff "$WORK/$cfg-t.tok" "$WORK/$cfg-d.tok"
+    check_same "$cfg: tokenizer metadata equals the target's" "$WORK/$cfg-t.tok" "$WORK/$cfg-d.tok"
     "$ORACLE" tokenize -m "$tgt" --file "$WORK/strings.txt" --special -o "$WORK/$cfg-t.ids"
     "$ORACLE" tokenize -m "$d" --file "$WORK/strings.txt" --special -o "$WORK/$cfg-d.ids"
-    check "$cfg: draft and target tokenize alike" cmp "$WORK/$cfg-t.ids" "$WORK/$cfg-d.ids"
+    check_same "$cfg: draft and target tokenize alike" "$WORK/$cfg-t.ids" "$WORK/$cfg-d.ids"
     # llama.cpp logs the taps and the Markov rank it found; arrays are not in the info dump.
     "$ORACLE" info --verbose -m "$d" >/dev/null 2>"$WORK/$cfg-d.log"
     check "$cfg: taps are [${taps//,/, }]" grep -qF "extract_layers = [${taps//,/, }]" "$WORK/$cfg-d.log"
@@ -62,9 +62,9 @@ check "split set of 3: llama.cpp loads the draft" "$ORACLE" info -m "$WORK/sp-00
 # Determinism.
 S -o "$WORK/a.gguf" --config tiny --draft dspark --seed 5
 S -o "$WORK/b.gguf" --config tiny --draft dspark --seed 5 --threads 1
-check "same seed, same bytes (any thread count)" cmp "$WORK/a.gguf" "$WORK/b.gguf"
+check_same "same seed, same bytes (any thread count)" "$WORK/a.gguf" "$WORK/b.gguf"
 S -o "$WORK/c.gguf" --config tiny --draft dspark --seed 6
-check "other seed, other bytes" bash -c "! cmp -s $WORK/a.gguf $WORK/c.gguf"
+check_differ "other seed, other bytes" "$WORK/a.gguf" "$WORK/c.gguf"
 
 # The loader really checks what the file says (so "llama.cpp loads it" above means something).
 "$TOOLS/gguf_edit" "$WORK/a.gguf" "$WORK/notaps.gguf" --del-key dflash.target_layers

@@ -54,8 +54,8 @@ for c in "f32 tiny f32" "q8 k3-lean q8_0"; do
         >"$WORK/local.ids" 2>/dev/null
     "$RINGLM" run --manifest "$M" --tokens "$p" -n 24 --temp 0 --ignore-eos --ids --ctx 256 --ring "$WORK/ring.conf" \
         "${K[@]}" --receipts "$WORK/rc.jsonl" >"$WORK/ring.ids" 2>"$WORK/ring.err" || cat "$WORK/ring.err"
-    check "$name: the coordinator holds only the manifest; same greedy tokens as one machine with the set" \
-        diff "$WORK/local.ids" "$WORK/ring.ids"
+    check_same "$name: the coordinator holds only the manifest; same greedy tokens as one machine with the set" \
+        "$WORK/local.ids" "$WORK/ring.ids"
     check "$name: the plan uses all three nodes, C streams what it lacks, and says which split files each stage needs" \
         sh -c 'grep -q "^    2  $1 .*streams .* it lacks" "$2" && grep -q "^stage 2 needs .*($1 holds 0 of" "$2" &&
                grep -q "^stage 0 needs sp-00001-of-00005.gguf.*holds" "$2"' _ "$(addr 3)" "$WORK/ring.err"
@@ -89,7 +89,7 @@ p=$(toks 5 700 12)
 "$RINGLM" run -m "$d/sp-00001-of-00005.gguf" --tokens "$p" -n 16 --temp 0 --ignore-eos --ids --ctx 256 >"$WORK/local2.ids" 2>/dev/null
 "$RINGLM" run --manifest "$M" --tokens "$p" -n 16 --temp 0 --ignore-eos --ids --ctx 256 --ring "$WORK/ring.conf" "${K[@]}" \
     >"$WORK/ring2.ids" 2>"$WORK/ring2.err" || cat "$WORK/ring2.err"
-check "restarted nodes: same greedy tokens" diff "$WORK/local2.ids" "$WORK/ring2.ids"
+check_same "restarted nodes: same greedy tokens" "$WORK/local2.ids" "$WORK/ring2.ids"
 check "restarted nodes: local tensors were verified before (0 checked now), C maps its store and pulls nothing" \
     sh -c 'grep -Eq "split files \(0 checked now, [1-9][0-9]* checked before\)" "$1" &&
            grep -Eq "[1-9][0-9]* from its store, 0 \(0.0 MiB\) pulled" "$2"' _ "$RING/n2.log" "$RING/n3.log"

@@ -214,7 +214,7 @@ for _ in $(seq 400); do [ "$(wc -c <"$WORK/run_kill.txt")" -gt 40 ] && break; sl
 kill -9 "${RING_PID[1]}"
 rc=0; wait $rpid || rc=$?
 check "run --ring: node 1 killed mid-run: exit 0, the same text as undisturbed, the ring re-formed" bash -c \
-    "test $rc = 0 && cmp -s '$WORK/run_base.txt' '$WORK/run_kill.txt' && grep -q 're-forming it over the' '$WORK/run_kill.err' ||
+    "test $rc = 0 && same_files '$WORK/run_base.txt' '$WORK/run_kill.txt' && grep -q 're-forming it over the' '$WORK/run_kill.err' ||
      { echo rc=$rc; tail -5 '$WORK/run_kill.err'; exit 1; }"
 ring_start 1 "$RING/models" || exit 1
 # ... and speculating (run --ring --draft): the block in flight is dropped, the sequence rebuilt up to its
@@ -232,8 +232,8 @@ for d in ngram "$f" "dspark:$WORK/ds.gguf"; do
     kill -9 "${RING_PID[2]}"
     rc=0; wait $rpid || rc=$?
     check "run --ring --draft ($name): node 2 killed mid-run: exit 0, plain greedy's text, the ring re-formed" bash -c \
-        "test $rc = 0 && cmp -s '$WORK/greedy.txt' '$WORK/spec_kill.txt' && grep -q 're-forming it over the' '$WORK/spec_kill.err' ||
-         { echo rc=$rc; tail -5 '$WORK/spec_kill.err'; cmp '$WORK/greedy.txt' '$WORK/spec_kill.txt'; exit 1; }"
+        "test $rc = 0 && same_files '$WORK/greedy.txt' '$WORK/spec_kill.txt' && grep -q 're-forming it over the' '$WORK/spec_kill.err' ||
+         { echo rc=$rc; tail -5 '$WORK/spec_kill.err'; exit 1; }"
     ring_start 2 "$RING/models" || exit 1
 done
 finish

@@ -31,7 +31,7 @@ for name in full-f32 small-f32 lean-q8_0; do
             "$RINGLM" compare "$WORK/local.bin" "$WORK/ring.bin" --tol 0
         "$RINGLM" run -m "$m" --tokens "$p" -n 24 --temp 0 --ignore-eos --ids --ring "$WORK/ring$n.conf" "${K[@]}" \
             >"$WORK/ring.ids" 2>"$WORK/ring.err"
-        check "$name, $n-node ring: same greedy tokens" diff "$WORK/local.ids" "$WORK/ring.ids"
+        check_same "$name, $n-node ring: same greedy tokens" "$WORK/local.ids" "$WORK/ring.ids"
     done
 done
 for n in 1 3; do
@@ -56,7 +56,7 @@ check "receipts: the run checked them" grep -q "receipts: 3[0-9] checked" "$WORK
 check "receipts: one per stage per traversal" test "$(wc -l <"$WORK/receipts.jsonl")" -ge 30
 check "receipts: the log verifies offline" "$RINGLM" receipts verify "$WORK/receipts.jsonl" --model "$m" --ring "$WORK/ring3.conf"
 "$RINGLM" run -m "$m" --tokens "$(toks 9 700 12)" -n 10 --temp 0 --ignore-eos --ids >"$WORK/rc-local.ids" 2>/dev/null
-check "receipts: same tokens as without them" diff "$WORK/rc-local.ids" "$WORK/rc.ids"
+check_same "receipts: same tokens as without them" "$WORK/rc-local.ids" "$WORK/rc.ids"
 # Logit biases ride to the last stage with the sequence's first frame (frame.h, 4th part); audits replay
 # that frame with them, so an honest ring stays honest.
 ids=$(cut -d, -f1,2 "$WORK/rc-local.ids")
@@ -64,8 +64,8 @@ lb=(--logit-bias "${ids%%,*}-inf" --logit-bias "${ids##*,}+2.5")
 "$RINGLM" run -m "$m" --tokens "$(toks 9 700 12)" -n 10 --temp 0 --ignore-eos --ids "${lb[@]}" >"$WORK/lb-local.ids" 2>/dev/null
 "$RINGLM" run -m "$m" --tokens "$(toks 9 700 12)" -n 10 --temp 0 --ignore-eos --ids "${lb[@]}" --ring "$WORK/ring3.conf" \
     "${K[@]}" --audit-rate 1 >"$WORK/lb-ring.ids" 2>"$WORK/lb-ring.err" || cat "$WORK/lb-ring.err"
-check "run --ring --logit-bias: the tokens of one machine with the same biases" diff "$WORK/lb-local.ids" "$WORK/lb-ring.ids"
-check "run --ring --logit-bias: the biases changed the tokens" bash -c "! diff -q '$WORK/lb-local.ids' '$WORK/rc-local.ids'"
+check_same "run --ring --logit-bias: the tokens of one machine with the same biases" "$WORK/lb-local.ids" "$WORK/lb-ring.ids"
+check_differ "run --ring --logit-bias: the biases changed the tokens" "$WORK/lb-local.ids" "$WORK/rc-local.ids"
 check "run --ring --logit-bias --audit-rate 1: every audit found the ring honest" \
     bash -c "grep -q 'audits: [1-9][0-9]* sequence(s) audited' '$WORK/lb-ring.err' && ! grep -qi 'faulty\|differs' '$WORK/lb-ring.err'"
 sed '2s/"in":"[0-9a-f]\{8\}/"in":"00000000/' "$WORK/receipts.jsonl" >"$WORK/tampered.jsonl"
@@ -100,7 +100,7 @@ check "node 1 still alive after garbage" kill -0 "${RING_PID[1]}"
 "$RINGLM" run -m "$m" --tokens "$(toks 5 700 12)" -n 8 --temp 0 --ignore-eos --ids --ring "$WORK/ring1.conf" "${K[@]}" \
     >"$WORK/after.ids" 2>/dev/null
 "$RINGLM" run -m "$m" --tokens "$(toks 5 700 12)" -n 8 --temp 0 --ignore-eos --ids >"$WORK/after-local.ids" 2>/dev/null
-check "node 1 still serves correctly after garbage" diff "$WORK/after-local.ids" "$WORK/after.ids"
+check_same "node 1 still serves correctly after garbage" "$WORK/after-local.ids" "$WORK/after.ids"
 
 # Malformed frames from an authenticated peer: each refused with a message, the node keeps answering.
 "$RINGLM" keygen -o "$RING/n6.key" >"$RING/n6.pub"
@@ -120,14 +120,14 @@ sleep 0.5
 kill -9 "${RING_PID[2]}"
 rc=0; wait $run_pid || rc=$?
 check "killed node: the run re-forms the ring and finishes (exit $rc), its tokens = one machine's" bash -c \
-    "test $rc = 0 && diff -q '$WORK/kill-local.ids' '$WORK/kill.ids'"
+    "test $rc = 0 && same_files '$WORK/kill-local.ids' '$WORK/kill.ids'"
 check "killed node: the log names it and the re-forming" bash -c \
     "grep -q '127.0.0.1:${RING_PORT[2]}' '$WORK/kill.err' && grep -q 're-forming it over the 2 node' '$WORK/kill.err'"
 check "the surviving nodes keep running" bash -c "kill -0 ${RING_PID[1]} && kill -0 ${RING_PID[3]}"
 check "the killed node restarts" ring_start 2 "$RING/models" # in this shell: it sets RING_PID[2]
 "$RINGLM" run -m "$m" --tokens "$(toks 5 700 12)" -n 8 --temp 0 --ignore-eos --ids --ring "$WORK/ring3.conf" "${K[@]}" \
     >"$WORK/again.ids" 2>"$WORK/again.err" || cat "$WORK/again.err"
-check "once the ring is whole again it serves the next request" diff "$WORK/after-local.ids" "$WORK/again.ids"
+check_same "once the ring is whole again it serves the next request" "$WORK/after-local.ids" "$WORK/again.ids"
 
 # A node without the model: the coordinator streams it its layers, it keeps them by content hash, and
 # the next run (even after a restart) uses the kept copy.

@@ -45,7 +45,7 @@ check "... saying what ring.conf's order costs, and how to keep it" grep -Eq \
     "reordered: ring.conf's order takes [0-9.]+ ms; --keep-order keeps it" "$WORK/ring.err"
 check "... the plan's stage 0 is the first node of the new order" grep -Eq "^ +0 +(${ADDR[2]}|${ADDR[3]}) " "$WORK/ring.err"
 check "... and the plan uses every node" sh -c '! grep -q "^not used" "$1"' _ "$WORK/ring.err"
-check "... the same greedy tokens as one machine" diff "$WORK/local.ids" "$WORK/ring.ids"
+check_same "... the same greedy tokens as one machine" "$WORK/local.ids" "$WORK/ring.ids"
 check "... the prediction printed at start" grep -Eq "^predicted \(ringlm plan's model, docs/plan.md\): decode [0-9.]+ tok/s greedy = 1 / \(hops [0-9.]+ ms measured" "$WORK/ring.err"
 check "... and next to what ran: decode" grep -Eq "^decode: [0-9.]+ tok/s greedy; the plan predicted [0-9.]+ \([-+][0-9]+%\)$" "$WORK/ring.err"
 check "... and time to first token" grep -Eq "^time to first token: [0-9.]+ s; the plan predicted [0-9.]+ \([-+][0-9]+%\)$" "$WORK/ring.err"
@@ -65,7 +65,7 @@ print(h)' "$WORK/m.json"
 rc=0; run_ring --keep-order >"$WORK/keep.ids" 2>"$WORK/keep.err" || rc=$?
 check "--keep-order keeps ring.conf's order" test $rc = 0
 check "... no delays measured, no reorder" sh -c '! grep -q "^ring order" "$1" && grep -Eq "^ +0 +$2 " "$1"' _ "$WORK/keep.err" "${ADDR[1]}"
-check "... the same tokens" diff "$WORK/local.ids" "$WORK/keep.ids"
+check_same "... the same tokens" "$WORK/local.ids" "$WORK/keep.ids"
 "$RINGLM" plan -m "$m" --ring "$WORK/ring.conf" "${K[@]}" 2>"$WORK/plan.err" >/dev/null
 check "plan --ring shows the order run would take" grep -Eq "^ring order \(delays measured; .*\): ($A23) ${ADDR[1]}$" "$WORK/plan.err"
 # Equal delays: nothing to gain, ring.conf's order kept (noise must not shuffle a ring).
@@ -81,7 +81,7 @@ RING_BIN=$ADV ring_start 3 "$RING/models" --misbehave noprobe || exit 1
 rc=0; run_ring >"$WORK/np.ids" 2>"$WORK/np.err" || rc=$?
 check "a node that cannot be probed: the ring runs in ring.conf's order" test $rc = 0
 check "... saying why" grep -Eq "^ring order: ring.conf's \(the delays could not be measured: node 127.0.0.1:[0-9]+: unexpected PEERS frame\)" "$WORK/np.err"
-check "... the same tokens" diff "$WORK/local.ids" "$WORK/np.ids"
+check_same "... the same tokens" "$WORK/local.ids" "$WORK/np.ids"
 # Nodes whose READY times a frame at -1 s (the test build's "badsteps"): the coordinator drops a node's timed
 # frames, all of them, when one is malformed (a prediction from half a list could mislead), and with no
 # stage's frames left predicts nothing from them (the honest rings above did); the ring runs.
@@ -97,6 +97,6 @@ check "... they did time their stages" sh -c 'grep -q "stage timed: a 1-token fr
     _ "$RING/n2.log" "$RING/n3.log"
 check "... the coordinator measured the delays" grep -Eq "^ring order \(delays measured" "$WORK/bs.err"
 check "... but no prediction comes from their frames" sh -c '! grep -q "^predicted from the stages" "$1"' _ "$WORK/bs.err"
-check "... the same tokens" diff "$WORK/local.ids" "$WORK/bs.ids"
+check_same "... the same tokens" "$WORK/local.ids" "$WORK/bs.ids"
 # (Malformed PEERS and PROBE, a PROBE_PING from a key not named, an absent peer: tests/tools/ring_bad_frames.c.)
 finish

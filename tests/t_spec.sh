@@ -40,7 +40,7 @@ for d in ngram "$self8" "dspark:$WORK/dspark.gguf"; do
             plain "$pr"
             "$RINGLM" run -m "$target" --tokens "$p" -n 20 --temp 0 --ignore-eos --ids --draft "$d" \
                 --ring "$WORK/ring$n.conf" "${K[@]}" --metrics-json "$WORK/m.json" >"$WORK/spec" 2>"$WORK/err" || cat "$WORK/err"
-            cmp -s "$WORK/plain" "$WORK/spec" && same=$((same + 1))
+            same_files "$WORK/plain" "$WORK/spec" && same=$((same + 1))
         done
         check "$name through a $n-node ring: 20/20 prompts give the plain greedy tokens ($same/20)" test $same = 20
     done
@@ -58,7 +58,7 @@ for dd in "2 ngram" "2 $self8" "2 dspark:$WORK/dspark.gguf" "3 ngram"; do
         plain "$pr"
         "$RINGLM" run -m "$target" --tokens "$p" -n 20 --temp 0 --ignore-eos --ids --draft "$d" --draft-depth "$depth" --draft-fixed \
             --ring "$WORK/ring3.conf" "${K[@]}" --metrics-json "$WORK/m.json" >"$WORK/spec" 2>"$WORK/err" || cat "$WORK/err"
-        cmp -s "$WORK/plain" "$WORK/spec" && same=$((same + 1))
+        same_files "$WORK/plain" "$WORK/spec" && same=$((same + 1))
         c=$(grep -o '"cancelled":[^,}]*' "$WORK/m.json" | tr -dc 0-9)
         cancelled=$((cancelled + ${c:-0}))
     done
@@ -79,7 +79,7 @@ plain 3
 "$RINGLM" run -m "$target" --tokens "$p" -n 20 --temp 0 --ignore-eos --ids --draft "$self8" \
     --ring "$WORK/ring3.conf" "${K[@]}" --receipts "$WORK/rc.jsonl" --metrics-json "$WORK/m.json" >"$WORK/spec" 2>"$WORK/err" ||
     cat "$WORK/err"
-check "speculation with receipts through a 3-node ring: the plain greedy tokens" cmp -s "$WORK/plain" "$WORK/spec"
+check_same "speculation with receipts through a 3-node ring: the plain greedy tokens" "$WORK/plain" "$WORK/spec"
 check "... every traversal's receipts checked live" grep -q "receipts: [1-9][0-9]* checked" "$WORK/err"
 check "... and the file verifies offline" bash -c "'$RINGLM' receipts verify '$WORK/rc.jsonl' --model '$target' \
     --ring '$WORK/ring3.conf' 2>&1 | grep -q '^ok: [1-9][0-9]* traversals'"
@@ -89,7 +89,7 @@ ok=0
 for seed in 1 2 3; do
     "$RINGLM" run -m "$target" --tokens "$p" -n 20 --temp 0 --ignore-eos --ids --draft ngram --draft-depth 2 \
         --ring "$WORK/ring3.conf" "${K[@]}" --receipts "$WORK/rc2.jsonl" --audit-rate 1 --audit-seed $seed >"$WORK/spec" \
-        2>"$WORK/err" && cmp -s "$WORK/plain" "$WORK/spec" && ok=$((ok + 1))
+        2>"$WORK/err" && same_files "$WORK/plain" "$WORK/spec" && ok=$((ok + 1))
 done
 check "pipelined blocks with receipts and audits: the plain greedy tokens, no false alarm ($ok/3 audit seeds)" test $ok = 3
 for k in acceptance_rate tokens_per_traversal draft_s verify_s; do
@@ -107,7 +107,7 @@ for where in local 3; do
     "$RINGLM" run -m "$self8" --tokens "$p" -n 40 --temp 0 --ignore-eos --ids --draft "$self8" "${ra[@]}" \
         --metrics-json "$WORK/twin-$where.json" >"$WORK/twin" 2>"$WORK/err" || cat "$WORK/err"
     check "q8_0 target as its own draft ($where): the greedy tokens, every draft accepted ($(grep -o '"acceptance_rate":[^,]*' "$WORK/twin-$where.json"))" \
-        bash -c "cmp -s '$WORK/plain8' '$WORK/twin' && grep -Eq '\"acceptance_rate\":[[:space:]]*1([,}]|$)' '$WORK/twin-$where.json'"
+        bash -c "same_files '$WORK/plain8' '$WORK/twin' && grep -Eq '\"acceptance_rate\":[[:space:]]*1([,}]|$)' '$WORK/twin-$where.json'"
 done
 # DSpark drafts depend on every tap: the same drafts (so the same acceptance and traversal count) on one
 # machine, through 1 node, and through 3 nodes whose stages each send some of the taps (one block at a time,
@@ -120,7 +120,7 @@ for where in local 1 3; do
         >"$WORK/ds-$where.sum"
 done
 check "DSpark drafts the same on one machine and through 1- and 3-node rings ($(cat "$WORK/ds-local.sum"))" \
-    bash -c "[ -s '$WORK/ds-local.sum' ] && cmp -s '$WORK/ds-local.sum' '$WORK/ds-1.sum' && cmp -s '$WORK/ds-local.sum' '$WORK/ds-3.sum'"
+    bash -c "same_files '$WORK/ds-local.sum' '$WORK/ds-1.sum' && same_files '$WORK/ds-local.sum' '$WORK/ds-3.sum'"
 "$RINGLM" synth --no-progress --config small --draft dspark -o "$WORK/other-ds.gguf"
 check_fails "a DSpark draft for another target is refused" "differs from the target" \
     "$RINGLM" run -m "$target" -p hi -n 4 --draft "dspark:$WORK/other-ds.gguf"

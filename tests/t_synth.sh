@@ -4,18 +4,18 @@
 S() { "$RINGLM" synth --no-progress "$@"; }
 
 check "same seed, same bytes" bash -c "$(printf '%q ' "$RINGLM") synth --no-progress -o $WORK/a.gguf --seed 5 &&
-    $(printf '%q ' "$RINGLM") synth --no-progress -o $WORK/b.gguf --seed 5 && cmp $WORK/a.gguf $WORK/b.gguf"
+    $(printf '%q ' "$RINGLM") synth --no-progress -o $WORK/b.gguf --seed 5 && same_files $WORK/a.gguf $WORK/b.gguf"
 S -o "$WORK/c.gguf" --seed 6
-check "other seed, other bytes" bash -c "! cmp -s $WORK/a.gguf $WORK/c.gguf"
+check_differ "other seed, other bytes" "$WORK/a.gguf" "$WORK/c.gguf"
 S -o "$WORK/a1.gguf" --seed 5 --threads 1
-check "thread count does not change the bytes" cmp "$WORK/a.gguf" "$WORK/a1.gguf"
+check_same "thread count does not change the bytes" "$WORK/a.gguf" "$WORK/a1.gguf"
 
 # A split set is the same model as one file: same tensors, same parameters, same metadata.
 S -o "$WORK/sp.gguf" --seed 5 --split 4
 check "split set of 4 files written" test -f "$WORK/sp-00004-of-00004.gguf"
 "$RINGLM" inspect --kv "$WORK/a.gguf" | grep -v '^n_kv' >"$WORK/one.kv"
 "$RINGLM" inspect --kv "$WORK/sp-00001-of-00004.gguf" | grep -v '^n_kv' >"$WORK/split.kv"
-check "split set inspects like the single file" diff "$WORK/one.kv" "$WORK/split.kv"
+check_same "split set inspects like the single file" "$WORK/one.kv" "$WORK/split.kv"
 check "llama.cpp loads the split set" "$ORACLE" info -m "$WORK/sp-00001-of-00004.gguf"
 check_eq "llama.cpp: split set has the single file's tensor count" \
     "$(grep '^n_params' "$WORK/out")" "$(grep '^n_params' "$WORK/one.kv")"

@@ -76,8 +76,8 @@ fa_prompt=$(toks 5 900 40)
     --flash-attn off --cache-type f32 >"$WORK/fa_local.ids" 2>/dev/null
 "$RINGLM" run -m "$small" --tokens "$fa_prompt" -n 24 --temp 0 --ignore-eos --ids \
     --ring "$WORK/honest.conf" "${K[@]}" >"$WORK/fa_ring.ids" 2>/dev/null
-check "a ring of softmax-path nodes gives one machine's greedy tokens in the same setting" \
-    bash -c "test -s '$WORK/fa_local.ids' && diff '$WORK/fa_local.ids' '$WORK/fa_ring.ids'"
+check_same "a ring of softmax-path nodes gives one machine's greedy tokens in the same setting" \
+    "$WORK/fa_local.ids" "$WORK/fa_ring.ids"
 # The audit log (what a stage keeps) is bounded: a tiny budget keeps nothing, and the audit says so.
 ring_stop
 for i in 1 3; do ring_start $i "$RING/models" || exit 1; done
@@ -120,7 +120,7 @@ liar skip 1
     --receipts "$WORK/skip.jsonl" >"$WORK/skip.ids" 2>"$WORK/skip.err"
 check "skipped layers pass every receipt check (each stage signs what it sent)..." grep -q "receipts: .* checked" "$WORK/skip.err"
 check "... and the offline verifier" "$RINGLM" receipts verify "$WORK/skip.jsonl" --model "$small" --ring "$WORK/liar.conf"
-check "... yet the output is wrong" bash -c "! diff -q $WORK/local.ids $WORK/skip.ids"
+check_differ "... yet the output is wrong" "$WORK/local.ids" "$WORK/skip.ids"
 check "a node that skips its layers is caught by an audit" caught_by_audit 1 "boundary state it sent differs"
 liar perturb 1
 check "a node that perturbs its output is caught by an audit" caught_by_audit 1 "boundary state it sent differs"
@@ -272,7 +272,7 @@ for mode in badtaps duptaps; do
     ok=0 named=0 same_drafts=0
     for pos in 0 1 2; do
         liar $mode $pos
-        dsrun "$mode$pos" "$WORK/liar.conf" && cmp -s "$WORK/g.ids" "$WORK/$mode$pos.ids" && ok=$((ok + 1))
+        dsrun "$mode$pos" "$WORK/liar.conf" && same_files "$WORK/g.ids" "$WORK/$mode$pos.ids" && ok=$((ok + 1))
         grep -q "node 127.0.0.1:${RING_PORT[4]} sent a \(malformed\|second\) TAPS" "$WORK/$mode$pos.err" &&
             grep -Eq '"taps_dropped":[[:space:]]*[1-9]' "$WORK/$mode$pos.json" && named=$((named + 1))
         [ -n "$(digest honest)" ] && [ "$(digest honest)" = "$(digest "$mode$pos")" ] && same_drafts=$((same_drafts + 1))
