@@ -1,4 +1,4 @@
-"""k3_model.py - the Kimi K3 forward pass in torch, for training (spec: ../shared/K3_ARCHITECTURE.md §5).
+"""k3_model.py - the Kimi K3 forward pass in torch, for training (spec: docs/k3-spec.md §5).
 
 The model is built from a GGUF that `ringlm synth --type f32` wrote: its metadata gives the shapes, its
 tensors the initial values, and `tensors()` hands back every trained value under the file's own names, in
