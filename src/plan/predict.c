@@ -73,7 +73,7 @@ static double predict_read_bytes(const k3_hparams *hp, double dense, double exps
 }
 
 /* A stage's reading and multiplying for a traversal of `tokens` tokens, seconds (its disk reads apart). A
- * verified block (verify) computes every column as a one-token step does, for the same bits (k3_forward.c,
+ * verified block (verify) computes every column as a one-token step does, for the same bits (k3_layers.c,
  * k3_mm_prec): on a CPU each column then reads the weights again. */
 static void predict_stage_parts(const k3_hparams *hp, const predict_stage_w *w, const predict_node *nd, double tokens, bool verify,
                            double *read_s, double *mul_s) {
