@@ -60,7 +60,7 @@ for c in "${cases[@]}"; do
         prompt=${toks%%,*}; prompt=$(echo "$toks" | cut -d, -f1-16)
         "$ORACLE" generate -m "$f" --tokens "$prompt" -n 64 >"$WORK/o.ids"
         "$RINGLM" run -m "$f" --tokens "$prompt" -n 64 --temp 0 --ignore-eos --ids --threads 2 >"$WORK/r.ids" 2>/dev/null
-        check "$name seed $seed: 64 greedy tokens identical" diff "$WORK/o.ids" "$WORK/r.ids"
+        check_same "$name seed $seed: 64 greedy tokens identical" "$WORK/o.ids" "$WORK/r.ids"
     done
 done
 echo "worst relative difference over all cases: $worst"

@@ -89,21 +89,21 @@ for c in "lean-f16 k3-lean f16" "full-f32 k3-full f32"; do
     f=$(model "$name" "$config" "$type" 2)
     gen "$f" 32 --device CPU >"$WORK/cpu.ids"
     gen "$f" 32 --device Vulkan0 >"$WORK/vk.ids"
-    check "$name: 32 greedy tokens on Vulkan0 equal the CPU's" diff "$WORK/cpu.ids" "$WORK/vk.ids"
+    check_same "$name: 32 greedy tokens on Vulkan0 equal the CPU's" "$WORK/cpu.ids" "$WORK/vk.ids"
 done
 cut -d, -f1-16 "$WORK/cpu.ids" >"$WORK/cpu16.ids" # full-f32's
 cut -d, -f1-8 "$WORK/cpu.ids" >"$WORK/cpu8.ids" # (8 tokens for the variants below: lavapipe decodes ~2 tok/s)
 gen "$f" 16 --device Vulkan0 --gpu-layers 3 --progress >"$WORK/split.ids"
-check "--gpu-layers 3 (3 of 6 layers on Vulkan0, the rest and the head on the CPU): the same tokens" \
-    diff "$WORK/cpu16.ids" "$WORK/split.ids"
+check_same "--gpu-layers 3 (3 of 6 layers on Vulkan0, the rest and the head on the CPU): the same tokens" \
+    "$WORK/cpu16.ids" "$WORK/split.ids"
 check "--progress draws a bar while the weights are copied into Vulkan0" grep -q "copying to Vulkan0.*100%" "$WORK/gen.err"
 gen "$f" 16 --device Vulkan0 --gpu-layers 0 >"$WORK/zero.ids"
-check "--gpu-layers 0: the same tokens" diff "$WORK/cpu16.ids" "$WORK/zero.ids"
+check_same "--gpu-layers 0: the same tokens" "$WORK/cpu16.ids" "$WORK/zero.ids"
 RINGLM_DEVICE=Vulkan0 gen "$f" 8 --n-cpu-moe 3 >"$WORK/moe.ids"
 check "RINGLM_DEVICE is the default --device (the suite sets CPU, tests/lib.sh)" grep -q "computing on Vulkan0" "$WORK/gen.err"
-check "--n-cpu-moe 3 (routed experts of layers 0-2 in RAM): the same tokens" diff "$WORK/cpu8.ids" "$WORK/moe.ids"
+check_same "--n-cpu-moe 3 (routed experts of layers 0-2 in RAM): the same tokens" "$WORK/cpu8.ids" "$WORK/moe.ids"
 gen "$f" 8 --device Vulkan0 --cpu-moe >"$WORK/moe.ids"
-check "--cpu-moe (every routed expert in RAM): the same tokens" diff "$WORK/cpu8.ids" "$WORK/moe.ids"
+check_same "--cpu-moe (every routed expert in RAM): the same tokens" "$WORK/cpu8.ids" "$WORK/moe.ids"
 # VRAM -> RAM -> disk: --mem with a device. With --vram 0.025 GB the full-f32 file's dense parts fit Vulkan0
 # and one layer's experts beside them; the default under --mem puts every layer there with the experts of the
 # first ones in RAM, read through the expert cache (--mem 0.004: room for a few). Logits equal the same split
@@ -115,7 +115,7 @@ cp "$WORK/gen.err" "$WORK/xc.err"
 ncm=$(sed -n 's/.*layers \[0, 6) and the output head.*routed experts of layers \[0, \([0-9]*\)) in RAM.*/\1/p' "$WORK/xc.err")
 check "--mem with Vulkan0 (--vram 0.025): dense parts on the device, the first layers' experts ($ncm) through the cache" \
     bash -c "[ -n '$ncm' ] && [ '$ncm' -gt 1 ] && [ '$ncm' -lt 6 ] && grep -q 'expert cache: ' '$WORK/xc.err'"
-check "... the CPU's greedy tokens" diff "$WORK/cpu8.ids" "$WORK/xc.ids"
+check_same "... the CPU's greedy tokens" "$WORK/cpu8.ids" "$WORK/xc.ids"
 check_fails "--mem below the least with a device: the error names the RAM it needs" \
     "too small for layers \[0, 6\): they keep .* resident in RAM.*the least that runs is --mem [0-9.]+" \
     "$RINGLM" run -m "$f" --tokens 5,6 -n 2 --device Vulkan0 --vram 0.025 --mem 0.0001
@@ -124,10 +124,10 @@ least=$(sed -n 's/.*the least that runs is --mem \([0-9.]*\).*/\1/p' "$WORK/err"
 # the host writes at each stop are read on the CPU.
 GGML_VK_DISABLE_FUSION=1 "$RINGLM" logits -m "$f" --tokens "$toks" --chunk 7 --device Vulkan0 --n-cpu-moe "${ncm:-1}" -o "$WORK/xa.bin" --threads 2 2>/dev/null
 GGML_VK_DISABLE_FUSION=1 "$RINGLM" logits -m "$f" --tokens "$toks" --chunk 7 --device Vulkan0 --vram 0.025 --mem "${least:-1}" -o "$WORK/xb.bin" --threads 2 2>/dev/null
-check "... logits (chunks of 7, --mem $least: in passes) = --n-cpu-moe $ncm without --mem, bit for bit (fusion off)" cmp "$WORK/xa.bin" "$WORK/xb.bin"
+check_same "... logits (chunks of 7, --mem $least: in passes) = --n-cpu-moe $ncm without --mem, bit for bit (fusion off)" "$WORK/xa.bin" "$WORK/xb.bin"
 gen "$f" 8 --device Vulkan0 --vram 0.012 --mem 0.012 >"$WORK/xc.ids"
 check "--mem with Vulkan0 (--vram 0.012): the first layers on the device, all experts through the cache, the CPU's tokens" \
-    bash -c "diff '$WORK/cpu8.ids' '$WORK/xc.ids' && grep -q 'layers \[0, [1-5]), .*on the CPU; routed experts of layers \[0, [1-5]) in RAM' '$WORK/gen.err' &&
+    bash -c "same_files '$WORK/cpu8.ids' '$WORK/xc.ids' && grep -q 'layers \[0, [1-5]), .*on the CPU; routed experts of layers \[0, [1-5]) in RAM' '$WORK/gen.err' &&
              grep -q 'expert cache: ' '$WORK/gen.err'"
 check_fails "a split that --vram cannot hold: a clear error naming both" "layers \[0, 6\) put .* MiB of weights on Vulkan0, more than --vram 0.0100 GB" \
     "$RINGLM" run -m "$f" --tokens 5,6 -n 2 --device Vulkan0 --gpu-layers 6 --vram 0.01
@@ -149,12 +149,12 @@ gen_once_more() { # OUT gen-args...: gen into OUT; again if a signal killed it
 }
 "$RINGLM" synth --no-progress -o "$WORK/dspark.gguf" --config "$ROOT/tests/configs/k3-full.json" --draft dspark --seed 3 >/dev/null
 GGML_VK_DISABLE_FUSION=1 gen_once_more "$WORK/spec.ids" "$f" 8 --device Vulkan0 --draft "dspark:$WORK/dspark.gguf"
-check "speculative decoding (DSpark: taps from Vulkan0, KDA rollback and the head on the device) gives the plain tokens" \
-    diff "$WORK/cpu8.ids" "$WORK/spec.ids"
+check_same "speculative decoding (DSpark: taps from Vulkan0, KDA rollback and the head on the device) gives the plain tokens" \
+    "$WORK/cpu8.ids" "$WORK/spec.ids"
 check "... and it ran speculatively, every layer and the head on the device" \
     bash -c "grep -q 'speculative (dspark:' '$WORK/gen.err' && grep -q 'layers \[0, 6) and the output head' '$WORK/gen.err'"
 GGML_VK_DISABLE_FUSION=1 gen_once_more "$WORK/spec.ids" "$f" 8 --device Vulkan0 --gpu-layers 5 --draft "dspark:$WORK/dspark.gguf"
-check "... and with layers 0-4 on Vulkan0, the last and the head on the CPU" diff "$WORK/cpu8.ids" "$WORK/spec.ids"
+check_same "... and with layers 0-4 on Vulkan0, the last and the head on the CPU" "$WORK/cpu8.ids" "$WORK/spec.ids"
 check "... and it ran speculatively" grep -q "speculative (dspark:" "$WORK/gen.err"
 
 # A 2-node ring, one node on Vulkan0 and one on the CPU: the same greedy tokens as one machine.
@@ -167,8 +167,8 @@ ring_start 1 "$RING/models" --device Vulkan0 --device-speed 20 && ring_start 2 "
 ring_conf "$WORK/ring.conf" 1 2
 "$RINGLM" run -m "$f" --tokens 5,6,7,8 -n 16 --temp 0 --ignore-eos --ids --ring "$WORK/ring.conf" \
     --key "$RING/coord.key" >"$WORK/ring.ids" 2>"$WORK/ring.err" || cat "$WORK/ring.err"
-check "a 2-node ring, node 1 on Vulkan0 and node 2 on the CPU: the tokens of one machine" \
-    diff "$WORK/cpu16.ids" "$WORK/ring.ids"
+check_same "a 2-node ring, node 1 on Vulkan0 and node 2 on the CPU: the tokens of one machine" \
+    "$WORK/cpu16.ids" "$WORK/ring.ids"
 check "the Vulkan node says it computes there" grep -q "computing on Vulkan0" "$RING/n1.log"
 check "the coordinator prints where each stage computes" \
     grep -q "stage .* computes on Vulkan0 (.*): layers \[" "$WORK/ring.err"
@@ -188,7 +188,7 @@ for v in "0.03 experts" "0.01 layers"; do
     RINGLM_DEVICE=$cdev "$RINGLM" run -m "$f" --tokens 5,6,7,8 -n 8 --temp 0 --ignore-eos --ids --ring "$WORK/ring1.conf" \
         --key "$RING/coord.key" --receipts "$WORK/rc.jsonl" --audit-rate 1 >"$WORK/ring1.ids" 2>"$WORK/ring1.err" || cat "$WORK/ring1.err"
     ring_stop
-    check "--vram $vram: the tokens of one machine" diff "$WORK/cpu8.ids" "$WORK/ring1.ids"
+    check_same "--vram $vram: the tokens of one machine" "$WORK/cpu8.ids" "$WORK/ring1.ids"
     grep -A1 '^audits:' "$WORK/ring1.err" || true
     if [ "$cdev" = CPU ]; then
         check "audits of a Vulkan stage from a CPU coordinator: on the CPU within the tolerance, and say so" \
@@ -222,7 +222,7 @@ ring_conf "$WORK/ring1.conf" 3
     --key "$RING/coord.key" >"$WORK/ring1.ids" 2>"$WORK/ring1.err" || cat "$WORK/ring1.err"
 ring_stop
 grep -o '(Vulkan0: layers .*' "$WORK/ring1.err" | head -1
-check "--vram 0.025 --mem 0.006 on a node: the tokens of one machine" diff "$WORK/cpu8.ids" "$WORK/ring1.ids"
+check_same "--vram 0.025 --mem 0.006 on a node: the tokens of one machine" "$WORK/cpu8.ids" "$WORK/ring1.ids"
 check "... the plan: every layer on Vulkan0, experts of the first in RAM, part of them read from disk" \
     grep -q "(Vulkan0: layers 0-5, their routed experts of 0-[0-5] in RAM; .*(experts in RAM [0-9]*% in memory, the rest from disk" "$WORK/ring1.err"
 check "... and the node computes it through its expert cache" \
@@ -239,10 +239,10 @@ check "--device Vulkan0,Vulkan1: logits within 1e-2 of one device's ($(rel_of "$
     "$RINGLM" compare "$WORK/vk-full-f32.bin" "$WORK/vk2.bin" --tol 1e-2
 RINGLM_DEVICE= gen "$f" 8 >"$WORK/two.ids"
 check "no --device with two GPUs: both used, the CPU's tokens" \
-    sh -c "diff '$WORK/cpu8.ids' '$WORK/two.ids' && grep -q 'computing on Vulkan0 .*layers \[0, 3).*; Vulkan1 .*layers \[3, 6) and the output head' '$WORK/gen.err'"
+    bash -c "same_files '$WORK/cpu8.ids' '$WORK/two.ids' && grep -q 'computing on Vulkan0 .*layers \[0, 3).*; Vulkan1 .*layers \[3, 6) and the output head' '$WORK/gen.err'"
 gen "$f" 8 --device Vulkan1,Vulkan0 --gpu-layers 4 --n-cpu-moe 2 >"$WORK/two.ids"
 check "--device Vulkan1,Vulkan0 --gpu-layers 4 --n-cpu-moe 2: in that order, the rest on the CPU, the CPU's tokens" \
-    sh -c "diff '$WORK/cpu8.ids' '$WORK/two.ids' && grep -q 'Vulkan1 .*layers \[0, 2).*; Vulkan0 .*layers \[2, 4).*layers \[4, 6) on the CPU; routed experts of layers \[0, 2) in RAM' '$WORK/gen.err'"
+    bash -c "same_files '$WORK/cpu8.ids' '$WORK/two.ids' && grep -q 'Vulkan1 .*layers \[0, 2).*; Vulkan0 .*layers \[2, 4).*layers \[4, 6) on the CPU; routed experts of layers \[0, 2) in RAM' '$WORK/gen.err'"
 check_fails "a device named twice: refused" "--device Vulkan0,Vulkan0 names Vulkan0 twice" \
     "$RINGLM" run -m "$f" --tokens 5,6 -n 2 --device Vulkan0,Vulkan0
 check_fails "the CPU in a device list: refused, saying why" "the CPU is not a device to split layers onto" \
@@ -259,7 +259,7 @@ ring_conf "$WORK/ring1.conf" 3
     --key "$RING/coord.key" >"$WORK/ring1.ids" 2>"$WORK/ring1.err" || cat "$WORK/ring1.err"
 ring_stop
 check "a node on two devices: planned as one tier (Vulkan0,Vulkan1), computes on both, the one-machine tokens" \
-    sh -c "diff '$WORK/cpu8.ids' '$WORK/ring1.ids' && grep -q 'on Vulkan0,Vulkan1, .* in RAM)' '$WORK/ring1.err' &&
+    bash -c "same_files '$WORK/cpu8.ids' '$WORK/ring1.ids' && grep -q 'on Vulkan0,Vulkan1, .* in RAM)' '$WORK/ring1.err' &&
            grep -q 'computes on Vulkan0 .*; Vulkan1 ' '$WORK/ring1.err'"
 # The printed plan says which layers each of the node's devices gets (split by their free memory, as the
 # node's engine splits them), and the node computes exactly that split.

@@ -90,7 +90,7 @@ check "llama.cpp on the split pruned set equals the unpruned model" "$RINGLM" co
 check "ringlm on the split pruned set equals the unpruned model" "$RINGLM" compare "$WORK/rsp.bin" "$WORK/full.bin" --tol 0
 check "pruning from the scores file writes the same bytes as calibrating" \
     "$RINGLM" reap -m "$f" --scores "$WORK/k3-dead.json" --keep 4 -o "$WORK/again.gguf"
-check "  (cmp)" cmp "$WORK/again.gguf" "$WORK/k3-dead.gguf"
+check_same "  (cmp)" "$WORK/again.gguf" "$WORK/k3-dead.gguf"
 
 g=$(model tiny-f32 tiny f32 1)
 "$RINGLM" reap -m "$g" --calib "$WORK/calib.txt" --tokens 2000 --scores "$WORK/tiny.json" --threads 2 >/dev/null
@@ -143,8 +143,8 @@ import json; d = json.load(open('$WORK/chat.json')); assert 20 < d['tokens'] < 2
 "$RINGLM" synth --no-progress --config tiny --draft dspark -o "$WORK/ds.gguf" --seed 4
 "$RINGLM" run -m "$WORK/r.gguf" --tokens 5,6,7,8 -n 24 --temp 0 --ignore-eos --ids --threads 2 >"$WORK/plain.ids" 2>/dev/null
 check "a DSpark draft drafts for the pruned target, greedy text unchanged" \
-    sh -c '"$1" run -m "$2" --tokens 5,6,7,8 -n 24 --temp 0 --ignore-eos --ids --threads 2 --draft "dspark:$3" >"$4" 2>"$5" &&
-           cmp "$4" "$6" && grep -q "draft" "$5"' _ "$RINGLM" "$WORK/r.gguf" "$WORK/ds.gguf" "$WORK/ds.ids" "$WORK/ds.err" "$WORK/plain.ids"
+    bash -c '"$1" run -m "$2" --tokens 5,6,7,8 -n 24 --temp 0 --ignore-eos --ids --threads 2 --draft "dspark:$3" >"$4" 2>"$5" &&
+             same_files "$4" "$6" && grep -q "draft" "$5"' _ "$RINGLM" "$WORK/r.gguf" "$WORK/ds.gguf" "$WORK/ds.ids" "$WORK/ds.err" "$WORK/plain.ids"
 
 # ---- over a ring: each stage scores its own layers -------------------------------------------------------
 mkdir -p "$RING/models"
@@ -164,7 +164,7 @@ for la, lb in zip(a['layers'], b['layers']):
     for k in ('count', 'sum_gate_norm', 'sum_gate', 'sum_norm', 'saliency'):
         assert la[k] == lb[k], (la['layer'], k, la[k], lb[k])
 PY
-check "pruning from the ring's scores writes the same file" sh -c '"$1" reap -m "$2" --scores "$3" --keep 5 -o "$4" && cmp "$4" "$5"' \
+check "pruning from the ring's scores writes the same file" bash -c '"$1" reap -m "$2" --scores "$3" --keep 5 -o "$4" && same_files "$4" "$5"' \
     _ "$RINGLM" "$g" "$WORK/ring.json" "$WORK/ringmean.gguf" "$WORK/mean.gguf"
 check "reap --ring without --key is a usage error" usage_fails "needs --key" "$RINGLM" reap -m "$g" --calib "$WORK/calib.txt" --scores "$WORK/x.json" --ring "$RING/ring.conf"
 # A node that sends malformed or duplicated routing fails the scoring, named (scores are data, not hints).

@@ -48,8 +48,8 @@ check "every MoE layer's expert load on held-out text sums to 1" \
 # The training itself is Python on torch and does not depend on the ringlm variant: once, in the release pass.
 if [ "$RINGLM_BUILD" = build/release ]; then
     dir2=$(build "$WORK/again" 2>"$WORK/build2.log") || { cat "$WORK/build2.log"; exit 1; }
-    check "a second build (another folder) writes the same target bytes" cmp "$T" "$dir2/target.gguf"
-    check "... and the same draft bytes" cmp "$D" "$dir2/draft.gguf"
+    check_same "a second build (another folder) writes the same target bytes" "$T" "$dir2/target.gguf"
+    check_same "... and the same draft bytes" "$D" "$dir2/draft.gguf"
     check_eq "... and the same held-out perplexity" "$(j "$dir2/target.json" heldout_ppl)" "$ppl"
     rm -rf "$WORK/again"
 fi
@@ -71,7 +71,7 @@ done
 short=$(echo "$prompt" | cut -d, -f1-24)
 "$ORACLE" generate -m "$T" --tokens "$short" -n 32 >"$WORK/o.ids"
 "$RINGLM" run -m "$T" --tokens "$short" -n 32 --temp 0 --ignore-eos --ids --threads 2 >"$WORK/r.ids" 2>/dev/null
-check "32 greedy tokens identical to llama.cpp's" diff "$WORK/o.ids" "$WORK/r.ids"
+check_same "32 greedy tokens identical to llama.cpp's" "$WORK/o.ids" "$WORK/r.ids"
 
 # ---- the trainer's function is ringlm's ------------------------------------------------------------------
 "$RINGLM" logits -m "$T" --tokens "$prompt" -o "$WORK/r32.bin" --threads 2 --flash-attn off --cache-type f32
@@ -93,7 +93,7 @@ acc() { # DRAFT: mean acceptance over the prompts; every speculative run must gi
         "$RINGLM" run -m "$T" --tokens "$p" -n 32 --temp 0 --ignore-eos --ids --threads 2 >"$WORK/g$i.ids" 2>/dev/null
         "$RINGLM" run -m "$T" --tokens "$p" -n 32 --temp 0 --ignore-eos --ids --threads 2 --draft "dspark:$d" \
             --metrics-json "$WORK/m.json" >"$WORK/s$i.ids" 2>/dev/null
-        cmp -s "$WORK/g$i.ids" "$WORK/s$i.ids" || { echo "prompt $i: speculative ids differ" >&2; return 1; }
+        same_files "$WORK/g$i.ids" "$WORK/s$i.ids" || { echo "prompt $i: speculative ids differ (or are missing)" >&2; return 1; }
         sum=$(awk -v s="$sum" -v a="$(j "$WORK/m.json" acceptance_rate)" 'BEGIN { print s + a }')
     done
     awk -v s="$sum" 'BEGIN { printf "%.4f\n", s / 6 }'
