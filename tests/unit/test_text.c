@@ -1400,6 +1400,25 @@ static void test_utf8(void) {
     CHECK(ok == n, "utf8_len: %d of %d sequences judged as the WHATWG decoder does (lengths, maximal subparts)", ok, n);
 }
 
+/* chat_gram_caps_get: what constrained output a model can honour - all of it on synth's K3 vocabulary; no
+ * sections in a K2 format; nothing to end a grammar with when no token ends generation (the server answers
+ * response_format with a 400 then), each lack named. */
+static void test_gram_caps(const tok_tokenizer *t) {
+    chat_gram_caps c;
+    chat_gram_caps_get(t, CHAT_FMT_K3, &c);
+    CHECK(c.sections && c.eog && !c.lacks[0], "caps: synth's K3 vocabulary honours tool calls and response_format");
+    chat_gram_caps_get(t, CHAT_FMT_K2, &c);
+    CHECK(!c.sections && c.eog && strstr(c.lacks, "section markers"), "caps: a K2 format has no sections: %s", c.lacks);
+    tok_tokenizer no_end = *t; /* the same vocabulary, no token ending generation */
+    uint8_t *zero = calloc((size_t)t->n_vocab, 1);
+    if (!zero) return;
+    no_end.eog = zero;
+    chat_gram_caps_get(&no_end, CHAT_FMT_K3, &c);
+    CHECK(c.sections && !c.eog && strstr(c.lacks, "an end-of-generation token"), "caps: no end-of-generation token is named: %s",
+          c.lacks);
+    free(zero);
+}
+
 int main(void) {
     rl_err err;
     sv_vocab v;
@@ -1431,6 +1450,7 @@ int main(void) {
     test_grammar_wire();
     test_tools_grammar_auto();
     test_utf8();
+    test_gram_caps(&t);
     tok_free(&t);
     return check_done();
 }
