@@ -10,12 +10,14 @@
 #include "cli.h"
 
 static void logits_usage(FILE *f) {
-    fprintf(f, "usage: ringlm logits -m MODEL.gguf --tokens 1,2,3 [--mode batch|step] [--chunk N | --prefill N]\n"
+    fprintf(f, "usage: ringlm logits -m MODEL.gguf --tokens 1,2,3 [--mode batch|step] [--chunk N | --prefill N] [--split-invariant]\n"
                "                     [--threads N] [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--mem GB [--expert-copy DIR]]\n"
             "                  [--device NAME[,NAME...]] [--vram GB] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe] [--ring ring.conf --key coord.key [--wire f32|f16|bf16]] -o OUT.bin\n\n"
                "Writes the logits of every position (the oracle's file format, src/model/logits_file.h).\n"
                "batch: all tokens in one forward pass (or --chunk N tokens per pass); step: one token per pass;\n"
                "--prefill N: N tokens in one pass, then one token per pass (a prompt, then decode steps).\n"
+               "--split-invariant: passes of 2 or more tokens as serve reads prompts (the same bits for any such split;\n"
+               "docs/numerics.md), not llama.cpp's (whose flash attention rounds a pass under 64 tokens otherwise).\n"
                "--no-repack: every weight stays in the file mapping (llama.cpp's --no-repack); the default copies\n"
                "quantized matmul weights into the CPU's repacked layouts where llama.cpp would.\n"
                "--flash-attn on|off|auto, --cache-type f32|f16: MLA attention by flash attention over an f16 cache (the\n"
@@ -66,6 +68,7 @@ int cmd_logits(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *mode = "batch", *toks = NULL, *ring_path = NULL, *key_path = NULL;
     const char *wire = "f32", *manifest = NULL;
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), chunk = 0, prefill = 0;
+    bool split_inv = false;
     k3_engine_opts eo = {0}; /* llama.cpp's defaults */
     int bad = 0;
     const char *want = NULL;
@@ -96,6 +99,8 @@ int cmd_logits(int argc, char **argv) {
             i++;
         } else if (strcmp(a, "--threads") == 0 && v && cli_parse_int(v, &threads) == 0 && threads > 0) {
             i++;
+        } else if (strcmp(a, "--split-invariant") == 0) {
+            split_inv = true;
         } else if (cli_engine_flag(a, &eo)) {
         } else if (v && cli_parse_engine(a, v, &eo, &bad, &want)) {
             if (bad) return cli_bad_option("logits", a, v, true, want);
@@ -193,7 +198,8 @@ int cmd_logits(int argc, char **argv) {
         uint32_t nt = (uint32_t)per;
         int32_t *rows = malloc((size_t)per * sizeof *rows);
         for (int r = 0; r < per; r++) rows[r] = r;
-        k3_batch b = {.n_seqs = 1, .seqs = &sp, .n_tokens = &nt, .tokens = tokens + i, .n_logits = per, .logit_rows = rows};
+        k3_batch b = {.n_seqs = 1, .seqs = &sp, .n_tokens = &nt, .tokens = tokens + i, .n_logits = per, .logit_rows = rows,
+                      .split_invariant = split_inv};
         k3_output o;
         int frc = k3_forward(&e, &b, &o, &err);
         free(rows);

@@ -140,8 +140,10 @@ static int k3_seqs_group(k3_graph *g, const k3_batch *bt, rl_err *err) {
         sv->n = bt->n_tokens[s];
         off += sv->n;
         sv->n_kv = k3_n_kv(sv->st, sv->n);
+        const bool piece = g->split_invariant && sv->n >= 2; /* a prompt piece on the split-invariant path */
+        sv->n_q = piece && g->flash_attn && sv->n < K3_FA_TILE_Q ? K3_FA_TILE_Q : sv->n;
         k3_group *gr = g->n_groups ? &g->groups[g->n_groups - 1] : NULL;
-        if (gr && k3_joins(&g->seqs[gr->first], sv)) {
+        if (gr && !piece && k3_joins(&g->seqs[gr->first], sv)) {
             if (gr->slot0 >= 0 && sv->st->slot != gr->slot0 + gr->m) gr->slot0 = -1;
             gr->m++;
             if (sv->st->n_past + sv->n > gr->n_used) gr->n_used = sv->st->n_past + sv->n;
@@ -165,7 +167,7 @@ static void k3_seq_inputs_new(k3_graph *g, enum ggml_type mask_type) {
         if (gr->m == 1) {
             if (g->any_mla) {
                 k3_seq_view *sv = &g->seqs[gr->first];
-                sv->mask = ggml_new_tensor_2d(c, mask_type, sv->n_kv, sv->n);
+                sv->mask = ggml_new_tensor_2d(c, mask_type, sv->n_kv, sv->n_q);
                 ggml_set_input(sv->mask);
                 sv->kpos = ggml_new_tensor_1d(c, GGML_TYPE_I64, sv->n);
                 ggml_set_input(sv->kpos);
@@ -197,6 +199,7 @@ static int k3_build(k3_engine *e, const k3_batch *bt, int64_t T, k3_graph *g, rl
     }
     for (int s = 0; bt->keep_rollback && s < bt->n_seqs; s++) n_keep += bt->keep_rollback[s] != 0;
     *g = (k3_graph){.hp = hp, .n_seqs = bt->n_seqs, .T = T, .step_kernels = bt->step_kernels, .flash_attn = e->flash_attn,
+                    .split_invariant = bt->split_invariant,
                     .a = e->a, .b = e->b, .w = &e->w, .xc = e->xc, .any_mla = any_mla, .n_taps = bt->n_taps};
     g->seqs = calloc((size_t)bt->n_seqs, sizeof *g->seqs);
     g->groups = calloc((size_t)bt->n_seqs, sizeof *g->groups);
@@ -381,7 +384,9 @@ static int k3_inputs_set(const k3_batch *bt, const k3_graph *g, rl_err *err) {
         uint8_t *mk = mt->data;
         for (int i = 0; i < gr->m; i++) {
             const k3_state *st = g->seqs[gr->first + i].st;
-            k3_mask_rows(mk + (size_t)i * gr->n * n_kv * el, mt->type, n_kv, (size_t)st->n_past + 1, gr->n);
+            /* A padded piece's extra rows (k3_seq_view.n_q) see finite rows; their outputs are dropped. */
+            const uint32_t rows = gr->m == 1 ? g->seqs[gr->first].n_q : gr->n;
+            k3_mask_rows(mk + (size_t)i * gr->n * n_kv * el, mt->type, n_kv, (size_t)st->n_past + 1, rows);
         }
         if (gr->m == 1) {
             const k3_seq_view *sv = &g->seqs[gr->first];
@@ -512,6 +517,7 @@ static bool k3_kept_fits(const k3_engine *e, const k3_batch *bt) {
     if (!g || g->n_seqs != bt->n_seqs || !k3_keepable(e, bt)) return false;
     const int n_logits = e->b == e->hp.n_layer ? bt->n_logits : 0;
     if ((g->logits ? (int)g->logits->ne[1] : 0) != n_logits || bt->step_kernels != g->step_kernels ||
+        bt->split_invariant != g->split_invariant ||
         bt->n_taps != g->n_taps) {
         return false;
     }

@@ -100,6 +100,10 @@ const struct xc_stats *k3_engine_cache_stats(const k3_engine *e);
 /* Bytes of the engine's compute buffer: what its largest graph so far needed (activations, masks). */
 size_t k3_engine_compute_bytes(const k3_engine *e);
 
+/* ggml's CPU flash attention takes its tiled kernel for this many query rows or more, a row-by-row one below
+ * (GGML_FA_TILE_Q in the pinned release's ggml-cpu/common.h); the two round differently. */
+#define K3_FA_TILE_Q 64
+
 typedef struct k3_batch {
     int n_seqs;
     k3_state **seqs;          /* one state per sequence, all distinct, for this engine's range */
@@ -111,6 +115,13 @@ typedef struct k3_batch {
                                    * implies step_kernels */
     bool step_kernels;        /* every token's numbers bit for bit what a one-token step gives, not the
                                * batched GEMM's (docs/numerics.md): verified blocks reproduce greedy */
+    bool split_invariant;     /* every token of a piece of 2 or more tokens gets the bits it gets in any other
+                               * split of the same tokens into such pieces (a prompt read in other chunks, or
+                               * resumed from a cached prefix): flash attention always takes ggml's tiled
+                               * kernel (a piece shorter than K3_FA_TILE_Q gets padding query rows), and such
+                               * pieces of several sequences are not grouped. One-token steps are unchanged.
+                               * Not with repacked weights, whose GEMM groups a batch's rows by four
+                               * (docs/numerics.md, "Split invariance") */
     int n_logits;             /* b == n_layer: how many rows need logits */
     const int32_t *logit_rows;/* their indices in the batch (0 .. total-1) */
     int n_taps;               /* stream taps for a DSpark draft (docs/k3-spec.md §10.1.3): the stream h entering each */

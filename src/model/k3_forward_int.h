@@ -24,7 +24,9 @@ typedef struct k3_seq_view {
     bool keep_rb;    /* keep rollback copies of this block */
     uint32_t off, n; /* token range in the batch */
     uint32_t n_kv;   /* cache rows attention reads: n_past + n, padded (k3_n_kv) */
-    struct ggml_tensor *mask; /* [n_kv, n] f32, 0 or -inf (MLA causal mask) */
+    uint32_t n_q;    /* query rows of its flash attention: n, or K3_FA_TILE_Q when a split-invariant batch pads
+                      * a short piece (k3_batch.split_invariant); the mask has as many rows */
+    struct ggml_tensor *mask; /* [n_kv, n_q] f32, 0 or -inf (MLA causal mask) */
     struct ggml_tensor *kpos; /* [n] I64: the cache rows this batch's keys go to, n_past .. n_past+n-1 (an
                                * input, as llama.cpp's k_idxs, not a view at n_past: the graph of the next
                                * step is then this one's, and is kept; e->kept) */
@@ -73,6 +75,8 @@ typedef struct k3_graph {
     struct ggml_tensor *stack; /* banked checkpoints [d, n_ckpt, T], NULL while empty */
     bool step_kernels; /* every matmul column computed as a one-token step computes it (k3_mm) */
     bool flash_attn;   /* MLA attention as one ggml_flash_attn_ext per sequence or group (k3_fa) */
+    bool split_invariant; /* k3_batch.split_invariant: pieces of 2 or more tokens never grouped, short ones
+                           * padded to K3_FA_TILE_Q query rows */
     struct ggml_tensor *(*route)[3]; /* k3_batch.routes: per layer of the range, ids / weights / norms */
     int rel;                         /* the layer being built, relative to the range */
     uint32_t a, b;                   /* the range */

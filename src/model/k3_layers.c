@@ -412,11 +412,16 @@ static struct ggml_tensor *k3_fa(k3_graph *g, const k3_layer_w *L, struct ggml_t
                                  struct ggml_tensor *v, struct ggml_tensor *mask, int64_t n_out) {
     struct ggml_context *c = g->ctx;
     const k3_hparams *hp = g->hp;
-    const int64_t H = hp->n_head, dv = hp->mla_v_dim;
+    const int64_t H = hp->n_head, dv = hp->mla_v_dim, n = q->ne[1];
     if (k->type == GGML_TYPE_F32) k = ggml_cast(c, k, GGML_TYPE_F16);
     if (v->type == GGML_TYPE_F32) v = ggml_cast(c, v, GGML_TYPE_F16);
+    /* A split-invariant piece shorter than ggml's query tile gets zero query rows up to it (the mask has as
+     * many rows), so that ggml takes the tiled kernel a longer piece takes: the real rows come out as they
+     * would in any longer piece, the padding rows are dropped. */
+    if (mask && mask->ne[1] > n && q->ne[3] == 1) q = ggml_pad(c, q, 0, (int)(mask->ne[1] - n), 0, 0);
     struct ggml_tensor *o = ggml_flash_attn_ext(c, q, k, v, mask, 1.0f / sqrtf((float)hp->mla_k_dim), 0.0f, 0.0f);
     ggml_flash_attn_ext_set_prec(o, GGML_PREC_F32);
+    if (o->ne[2] > n) o = ggml_view_3d(c, o, o->ne[0], o->ne[1], n, o->nb[1], o->nb[2], 0); /* [rkv, H, n] */
     o = k3_mm(g, L->v_b, ggml_permute(c, o, 0, 2, 1, 3)); /* [dv, n, H, m] */
     return ggml_reshape_2d(c, ggml_cont(c, ggml_permute(c, o, 0, 2, 1, 3)), dv * H, n_out);
 }

@@ -326,6 +326,38 @@ int k3_state_copy(k3_state *dst, const k3_state *src, rl_err *err) {
     return 0;
 }
 
+size_t k3_state_kda_bytes(const k3_state *s) { return k3_kda_bytes(s); }
+
+size_t k3_state_rows_bytes(const k3_state *s, uint32_t n) {
+    size_t b = 0;
+    for (uint32_t i = 0; i < s->b - s->a; i++) {
+        if (s->kcache[i]) b += (size_t)n * s->kcache[i]->nb[1];
+    }
+    return b;
+}
+
+int k3_state_rows_get(const k3_state *s, uint32_t n, uint8_t *dst, rl_err *err) {
+    if (n > s->n_ctx) return rl_errf(err, "%u cache rows asked of a state holding %u", n, s->n_ctx);
+    for (uint32_t i = 0; i < s->b - s->a; i++) {
+        if (!s->kcache[i]) continue;
+        const size_t len = (size_t)n * s->kcache[i]->nb[1]; /* rows are contiguous, position-major */
+        ggml_backend_tensor_get(s->kcache[i], dst, 0, len);
+        dst += len;
+    }
+    return 0;
+}
+
+int k3_state_rows_set(k3_state *s, uint32_t n, const uint8_t *src, rl_err *err) {
+    if (n > s->n_ctx) return rl_errf(err, "%u cache rows given to a state holding %u", n, s->n_ctx);
+    for (uint32_t i = 0; i < s->b - s->a; i++) {
+        if (!s->kcache[i]) continue;
+        const size_t len = (size_t)n * s->kcache[i]->nb[1];
+        ggml_backend_tensor_set(s->kcache[i], src, 0, len);
+        src += len;
+    }
+    return 0;
+}
+
 int k3_state_snapshot(const k3_state *s, k3_snapshot *snap, rl_err *err) {
     size_t need = k3_kda_bytes(s);
     if (snap->n_bytes != need) {

@@ -121,6 +121,16 @@ void k3_state_rb_forget(k3_state *s, uint32_t pos);
 int k3_state_restore(k3_state *s, const k3_snapshot *snap, rl_err *err);
 void k3_snapshot_free(k3_snapshot *snap);
 
+/* The MLA cache rows [0, n) of every MLA layer of the range, concatenated layer after layer: what a cached
+ * prompt prefix keeps besides the KDA snapshot at n (serve's prompt cache). k3_state_rows_bytes says how many
+ * bytes n rows take; get copies them out of the state, set into it (n <= n_ctx; set does not move n_past:
+ * restore the snapshot too). */
+size_t k3_state_rows_bytes(const k3_state *s, uint32_t n);
+int k3_state_rows_get(const k3_state *s, uint32_t n, uint8_t *dst, rl_err *err);
+int k3_state_rows_set(k3_state *s, uint32_t n, const uint8_t *src, rl_err *err);
+/* Bytes of a snapshot of this state (k3_snapshot.n_bytes): its KDA layers' conv and delta tensors. */
+size_t k3_state_kda_bytes(const k3_state *s);
+
 /* For the forward pass: picks the block slot a block of n tokens at n_past will be kept in (after the kept
  * ones when it continues them, else the first) and grows its buffers; k3_state_rb_commit records it once
  * the pass has run (keep false: a step without rollback, which forgets every kept block). */

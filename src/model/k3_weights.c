@@ -50,6 +50,37 @@ size_t k3_range_repack_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a
     return n;
 }
 
+bool k3_range_split_invariant(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, bool no_repack,
+                              char *why, size_t why_len) {
+    if (hp->n_dev > 0) {
+        snprintf(why, why_len, "layers computed on a device (split invariance is measured on the CPU only)");
+        return false;
+    }
+    wp_list l;
+    wp_list_cpu(&l, !no_repack);
+    for (int i = 0; i < m->n_tensor; i++) {
+        const mf_tensor *t = &m->tensors[i];
+        uint32_t il;
+        bool in = sscanf(t->name, "blk.%u.", &il) == 1 ? il >= a && il < b : strcmp(t->name, "output.weight") == 0 && b == hp->n_layer;
+        const wp_use use = k3_weight_use(t->name);
+        if (!in || use == WP_USE_OTHER) continue;
+        const enum ggml_type ty = (enum ggml_type)t->type;
+        const bool measured = ty == GGML_TYPE_F32 || ty == GGML_TYPE_F16 || ty == GGML_TYPE_BF16 || ty == GGML_TYPE_Q8_0 ||
+                              ty == GGML_TYPE_Q4_0 || ty == GGML_TYPE_Q2_K || ty == GGML_TYPE_Q4_K || ty == GGML_TYPE_IQ4_NL;
+        if (!measured) {
+            snprintf(why, why_len, "%s is %s, whose kernels round a token by the piece it is in", t->name, ggml_type_name(ty));
+            return false;
+        }
+        if (ty != GGML_TYPE_Q4_0 && wp_choose(&l, (int)t->type, t->ne, use, (int)hp->n_expert_used) >= 0) {
+            snprintf(why, why_len, "%s is %s repacked for this CPU, whose GEMM rounds a batch's last rows apart "
+                     "(--no-repack makes it exact)", t->name, ggml_type_name(ty));
+            return false;
+        }
+    }
+    snprintf(why, why_len, "every matmul weight's kernels are split-invariant");
+    return true;
+}
+
 /* Creates the descriptor of a file tensor where the placement puts it: in the mapping (zero-copy, bound
  * here) or in an extra buffer type's context (allocated and filled by k3_weights_copy). NULL if absent. */
 static struct ggml_tensor *k3_bind(k3_weights *w, const mf_model *m, const char *name, wp_use use, int n_ids, int dev) {

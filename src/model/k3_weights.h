@@ -69,6 +69,14 @@ wp_use k3_weight_use(const char *name);
  * none with --no-repack). Resident RAM, not evictable file pages. */
 size_t k3_range_repack_bytes(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b);
 
+/* Whether [a, b)'s matmuls give every token of a prompt piece of 2 or more tokens the same bits for any split
+ * of the prompt into such pieces (k3_batch.split_invariant; docs/numerics.md, "Split invariance"): true
+ * when every matmul weight is of a type whose CPU kernels were measured so (f32, f16, bf16, q8_0, q4_0, q2_K,
+ * q4_K, iq4_nl) and none but q4_0 is repacked (the repacked GEMM rounds a batch's last rows apart from the
+ * rest). Else false, with the first offending weight named in why. Layers on a device: not measured, false. */
+bool k3_range_split_invariant(const mf_model *m, const k3_hparams *hp, uint32_t a, uint32_t b, bool no_repack,
+                              char *why, size_t why_len);
+
 /* Bytes copied out of the mapping (repacked, or into a device), over every buffer type. */
 size_t k3_weights_copied_bytes(const k3_weights *w);
 void k3_weights_free(k3_weights *w);

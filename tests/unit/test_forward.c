@@ -243,6 +243,64 @@ static float *run_sizes(k3_engine *e, k3_state *st, const int32_t *tok, const ui
     return all;
 }
 
+/* Split invariance (docs/numerics.md, "Split invariance"): with k3_batch.split_invariant a 300-token prompt read
+ * in one batch, in pieces of 150, 64, 37, 5 and 2 tokens gives the same logits bit for bit, whenever
+ * k3_range_split_invariant says the model's weights allow it (so the measured list of types in k3_weights.c
+ * cannot claim a type whose kernels are not). The prompt crosses the 256-row padding of the cache it reads.
+ * Control: with flash attention and an f32 model, pieces of 37 without the flag differ from one batch (ggml's
+ * row-by-row kernel under 64 queries), so the check can fail. */
+static float *run_split(k3_engine *e, const k3_hparams *hp, const int32_t *tok, int n, int piece, bool inv) {
+    rl_err err;
+    k3_state st;
+    if (k3_state_init(&st, hp, 0, hp->n_layer, 512, &err) != 0) return NULL;
+    const uint32_t V = hp->n_vocab;
+    float *all = malloc((size_t)n * V * sizeof(float));
+    int32_t *rows = malloc((size_t)n * sizeof *rows);
+    for (int i = 0; i < n; i++) rows[i] = i;
+    k3_state *sp = &st;
+    for (int i = 0; i < n; i += piece) {
+        uint32_t nt = (uint32_t)(i + piece > n ? n - i : piece);
+        k3_batch b = {.n_seqs = 1, .seqs = &sp, .n_tokens = &nt, .tokens = tok + i, .n_logits = (int)nt, .logit_rows = rows,
+                      .split_invariant = inv};
+        k3_output o;
+        forward_ok(e, &b, &o);
+        memcpy(all + (size_t)i * V, o.logits, (size_t)nt * V * sizeof(float));
+        k3_output_free(&o);
+    }
+    free(rows);
+    k3_state_free(&st);
+    return all;
+}
+
+static void test_split_invariant(fx *f, const char *cfg_name, const char *type, bool fa) {
+    const k3_hparams *hp = &f->hp;
+    enum { N = 300 };
+    int32_t tok[N];
+    for (int i = 0; i < N; i++) tok[i] = (int32_t)(((uint64_t)i * 7919u + 13u) % hp->n_vocab); /* not rnd_tok: the tests after keep their inputs */
+    char why[256];
+    const bool exact = k3_range_split_invariant(&f->m, hp, 0, hp->n_layer, false, why, sizeof why);
+    float *ref = run_split(&f->e, hp, tok, N, N, true);
+    static const int pieces[] = {150, 64, 37, 5, 2};
+    for (size_t k = 0; k < sizeof pieces / sizeof *pieces; k++) {
+        float *got = run_split(&f->e, hp, tok, N, pieces[k], true);
+        const bool same = memcmp(ref, got, (size_t)N * hp->n_vocab * sizeof(float)) == 0;
+        if (exact) {
+            CHECK(same, "%s/%s: split-invariant pieces of %d == one batch of %d, bit for bit", cfg_name, type, pieces[k], N);
+        } else {
+            printf("  %s/%s: not split-invariant (%s): pieces of %d %s one batch\n", cfg_name, type, why, pieces[k],
+                   same ? "equal" : "differ from");
+        }
+        free(got);
+    }
+    if (fa && strcmp(type, "f32+fa") == 0) {
+        float *plain = run_split(&f->e, hp, tok, N, 37, false);
+        CHECK(memcmp(ref, plain, (size_t)N * hp->n_vocab * sizeof(float)) != 0,
+              "%s/%s: the control: pieces of 37 without split invariance differ from one batch", cfg_name, type);
+        free(plain);
+    }
+    free(ref);
+}
+
 /* Step kernels (docs/numerics.md): after a 20-token prefill, 12 tokens as one batch, as batches of 5+4+3, and
  * as a rollback-keeping block (a speculative verification) give the bits of 12 single steps, for every
  * weight type; so do two pooled sequences verified together as one group (the 4-D attention matmuls, per-head
@@ -373,6 +431,7 @@ static void test_model_opts(const char *cfg_name, const char *type_arg, const ch
     /* Exact for every type: the grouped graph runs the same kernels on the same per-sequence shapes. */
     test_pooled(&f, cfg_name, type, tok);
     test_step_kernels(&f, cfg_name, type, tok, tok2);
+    test_split_invariant(&f, cfg_name, type, fa);
 
     /* Chunked prefill, several chunk sizes, and token by token. */
     int chunks[] = {1, 3, 7, 16};
