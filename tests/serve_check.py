@@ -35,6 +35,13 @@ def is_error(d):
     e = d["error"]
     return set(e) == {"message", "type", "param", "code"} and isinstance(e["message"], str) and e["message"] \
         and isinstance(e["type"], str)
+def usage(u):
+    """A usage object without prompt_tokens_details (the prompt cache's count, checked on its own), after checking
+    the details are there with a count."""
+    assert isinstance(u.get('prompt_tokens_details', {}).get('cached_tokens'), int), u
+    return {k: v for k, v in u.items() if k != 'prompt_tokens_details'}
+
+
 def ref_logprobs(name, n_prompt):
     """Log-softmax rows of a `ringlm logits` file in the work folder, for the positions after the prompt:
     [(token id generated there, {id: logprob})], from the file's tokens (prompt, then the generated ones)."""

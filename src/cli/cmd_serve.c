@@ -15,6 +15,7 @@ static void serve_usage(FILE *f) {
     fprintf(f,
             "usage: ringlm serve -m MODEL.gguf [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
             "                    [--parallel N] [--ctx N] [--queue N] [--threads N] [--chunk N]\n"
+            "                    [--cache-ram MIB] [--ctx-checkpoints N] [--checkpoint-every N]\n"
             "                    [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16] [--mem GB [--expert-copy DIR]]\n"
             "                    [--device NAME[,NAME...]] [--vram GB] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe]\n"
             "                    [--max-body BYTES] [--drain SECONDS] [--header-timeout S] [--idle-timeout S]\n"
@@ -37,6 +38,13 @@ static void serve_usage(FILE *f) {
             "  --queue N      requests that may wait for a free sequence (default 16); more get 429\n"
             "  --threads N    compute threads on this machine (default: all cores; not used with --ring)\n"
             "  --chunk N      prompt tokens per step over all new requests (default 256)\n"
+            "  --cache-ram MIB  host RAM for the prompt cache (default 8192; 0: prefixes stay in the slots only):\n"
+            "                 a request that starts with tokens an earlier one read (a conversation's next turn,\n"
+            "                 an agent's next call) reads only what follows; \"cache_prompt\": false turns it off\n"
+            "                 per request (docs/serve.md, \"Prompt cache\"; not used with --ring yet)\n"
+            "  --ctx-checkpoints N  checkpoints of the recurrent state kept per slot (default 8; 0: no prompt\n"
+            "                 cache at all), taken at the end of each prompt and every --checkpoint-every\n"
+            "                 prompt tokens (default 4096; 0: only at the end)\n"
             "  --no-repack    keep every weight in the file mapping (default: quantized matmul weights are\n"
             "                 copied into the CPU's repacked layouts where llama.cpp would; not used with --ring)\n"
             "  --flash-attn on|off|auto, --cache-type f32|f16  MLA attention by flash attention over an f16 cache,\n"
@@ -94,7 +102,8 @@ int cmd_serve(int argc, char **argv) {
     serve_opts o = {.host = "127.0.0.1", .port = 8080, .aliases = alias, .parallel = 4, .ctx = 4096, .queue = 16,
                     .chunk = 256, .drain = 30, .header_timeout = 10, .idle_timeout = 120, .per_ip = 32,
                     .threads = (int)sysconf(_SC_NPROCESSORS_ONLN), .progress = isatty(2), .draft = "none",
-                    .draft_n = 7, .wire = K3_WIRE_F32};
+                    .draft_n = 7, .wire = K3_WIRE_F32, .cache_ram = (size_t)8192 << 20, .ctx_checkpoints = 8,
+                    .ckpt_every = 4096};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -144,6 +153,14 @@ int cmd_serve(int argc, char **argv) {
             bad = cli_parse_int(v, &o.threads) || o.threads < 1, want = "a number, at least 1";
         } else if (strcmp(a, "--chunk") == 0) {
             bad = cli_parse_int(v, &o.chunk) || o.chunk < 1, want = "a number of tokens, at least 1";
+        } else if (strcmp(a, "--cache-ram") == 0) {
+            int mib = 0;
+            bad = cli_parse_int(v, &mib) || mib < 0, want = "MiB, 0 or more";
+            o.cache_ram = (size_t)mib << 20;
+        } else if (strcmp(a, "--ctx-checkpoints") == 0) {
+            bad = cli_parse_int(v, &o.ctx_checkpoints) || o.ctx_checkpoints < 0 || o.ctx_checkpoints > 1024, want = "a number, 0 to 1024";
+        } else if (strcmp(a, "--checkpoint-every") == 0) {
+            bad = cli_parse_int(v, &o.ckpt_every) || o.ckpt_every < 0, want = "a number of tokens, 0 or more";
         } else if (strcmp(a, "--draft") == 0) {
             o.draft = v;
         } else if (strcmp(a, "--draft-threads") == 0) {

@@ -3,10 +3,17 @@
 #include "../base/clock.h"
 
 #include "../speculate/accept.h"
+#include "prompt_cache.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* A checkpoint of a slot's sequence: its KDA state after pos tokens (the MLA rows before pos stay in the slot). */
+typedef struct bl_ckpt {
+    uint32_t pos;
+    k3_snapshot snap;
+} bl_ckpt;
 
 typedef struct sch_local {
     k3_engine *e;
@@ -28,11 +35,262 @@ typedef struct sch_local {
     uint32_t taps[16];
     float *feat;
     size_t feat_cap;         /* floats */
+    float *feat_held;        /* a split step's first pass's features (sch_local_step) */
     sch_node_stat node;
+    /* The prompt cache (sch_local_cache_on; off: cache false and the rest unused). */
+    bool cache, exact;
+    uint32_t n_ctx;
+    int max_ck;          /* checkpoints per slot */
+    bl_ckpt *ck;         /* [n_slots * max_ck], slot i's at i * max_ck, oldest first */
+    int *n_ck;           /* [n_slots] */
+    int32_t *held;       /* [n_slots * n_ctx]: the token at each position a slot's state has read (valid[] of them) */
+    pc_cache host;       /* --cache-ram: prefixes kept after their slot moved on */
+    uint32_t *reread;    /* [n_slots]: where an idle re-read of generated tokens ends (0: none; sch_local_idle) */
+    uint32_t chunk;      /* tokens per idle re-read piece */
 } sch_local;
 
+static int32_t *bl_held(sch_local *L, int slot) { return L->held + (size_t)slot * L->n_ctx; }
+static bl_ckpt *bl_cks(sch_local *L, int slot) { return L->ck + (size_t)slot * (size_t)L->max_ck; }
+
+/* Forgets slot's checkpoints from index i on. */
+static void bl_ck_drop(sch_local *L, int slot, int i) {
+    bl_ckpt *c = bl_cks(L, slot);
+    for (int k = i; k < L->n_ck[slot]; k++) k3_snapshot_free(&c[k].snap);
+    if (i < L->n_ck[slot]) L->n_ck[slot] = i;
+}
+
+/* Keeps a checkpoint of slot's state where it stands (after a prompt piece), the oldest dropped past max_ck. */
+static int bl_ck_take(sch_local *L, int slot, rl_err *err) {
+    bl_ckpt *c = bl_cks(L, slot);
+    const uint32_t pos = L->st[slot].n_past;
+    if (L->n_ck[slot] > 0 && c[L->n_ck[slot] - 1].pos >= pos) bl_ck_drop(L, slot, L->n_ck[slot] - 1);
+    if (L->n_ck[slot] == L->max_ck) {
+        k3_snapshot_free(&c[0].snap);
+        memmove(c, c + 1, (size_t)(L->max_ck - 1) * sizeof *c);
+        L->n_ck[slot]--;
+    }
+    bl_ckpt *k = &c[L->n_ck[slot]];
+    memset(k, 0, sizeof *k);
+    if (k3_state_snapshot(&L->st[slot], &k->snap, err) != 0) return -1;
+    k->pos = pos;
+    L->n_ck[slot]++;
+    return 0;
+}
+
+static uint32_t bl_common(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
+    size_t i = 0;
+    while (i < na && i < nb && a[i] == b[i]) i++;
+    return (uint32_t)i;
+}
+
+/* The most a resume may restore of an n-token prompt: what follows must be a piece of two or more tokens. */
+static uint32_t bl_limit(size_t n) { return n >= 3 ? (uint32_t)(n - 2) : 0; }
+
+/* Index of slot's latest checkpoint at or before max (-1: none). */
+static int bl_ck_best(sch_local *L, int slot, uint32_t max) {
+    const bl_ckpt *c = bl_cks(L, slot);
+    for (int k = L->n_ck[slot] - 1; k >= 0; k--) {
+        if (c[k].pos > 0 && c[k].pos <= max) return k;
+    }
+    return -1;
+}
+
+static uint32_t sch_local_match(void *impl, int slot, const int32_t *tokens, size_t n) {
+    sch_local *L = impl;
+    if (!L->cache) return 0;
+    uint32_t lcp = bl_common(bl_held(L, slot), L->valid[slot], tokens, n), lim = bl_limit(n);
+    int k = bl_ck_best(L, slot, lcp < lim ? lcp : lim);
+    return k < 0 ? 0 : bl_cks(L, slot)[k].pos;
+}
+
+/* Keeps slot's latest checkpoint in the host cache (its KDA state and the MLA rows before it), unless it is
+ * there already. A failure (the budget, memory) only loses the entry. */
+static void bl_keep(sch_local *L, int slot) {
+    if (L->host.budget == 0 || L->n_ck[slot] == 0) return;
+    const bl_ckpt *c = &bl_cks(L, slot)[L->n_ck[slot] - 1];
+    const int32_t *toks = bl_held(L, slot);
+    if (c->pos > L->valid[slot] || pc_has(&L->host, toks, c->pos)) return;
+    const size_t rows = k3_state_rows_bytes(&L->st[slot], c->pos), len = c->snap.n_bytes + rows;
+    uint8_t *blob = malloc(len ? len : 1);
+    rl_err e;
+    if (!blob) return;
+    memcpy(blob, c->snap.kda, c->snap.n_bytes);
+    if (k3_state_rows_get(&L->st[slot], c->pos, blob + c->snap.n_bytes, &e) != 0) {
+        free(blob);
+        return;
+    }
+    if (pc_put(&L->host, toks, c->pos, blob, len, &e) != 0) {
+        fprintf(stderr, "ringlm serve: a prompt prefix was not kept: %s\n", e.msg);
+    }
+}
+
+static int sch_local_resume(void *impl, int slot, const int32_t *tokens, size_t n, bool reuse, uint32_t *n_cached,
+                            rl_err *err) {
+    sch_local *L = impl;
+    *n_cached = 0;
+    if (slot < 0 || slot >= L->n_slots) return rl_errf(err, "slot %d out of range", slot);
+    if (!L->cache) return 0;
+    L->reread[slot] = 0; /* what an idle re-read reached is checkpointed; the rest is not needed now */
+    k3_state *st = &L->st[slot];
+    if (st->n_past > L->valid[slot] && k3_state_rollback(st, L->valid[slot], err) != 0) {
+        bl_ck_drop(L, slot, 0); /* its rows past valid are a rejected draft's; the checkpoints stand */
+        L->valid[slot] = 0;
+        return -1;
+    }
+    const uint32_t lim = reuse ? bl_limit(n) : 0;
+    const uint32_t lcp = bl_common(bl_held(L, slot), L->valid[slot], tokens, n);
+    const int k = bl_ck_best(L, slot, lcp < lim ? lcp : lim);
+    const uint32_t own = k < 0 ? 0 : bl_cks(L, slot)[k].pos;
+    const int h = lim > own && L->host.budget > 0 ? pc_find(&L->host, tokens, n, lim) : -1;
+    const uint32_t q = h >= 0 && L->host.e[h].n > own ? L->host.e[h].n : own;
+    /* What the slot holds past q is about to be overwritten: keep its latest prefix first. */
+    if (L->n_ck[slot] > 0 && bl_cks(L, slot)[L->n_ck[slot] - 1].pos > q) bl_keep(L, slot);
+    if (q == 0) {
+        bl_ck_drop(L, slot, 0);
+        L->valid[slot] = 0;
+        return 0; /* the begin entry resets the state */
+    }
+    if (q == own) {
+        if (k3_state_restore(st, &bl_cks(L, slot)[k].snap, err) != 0) goto fail;
+        bl_ck_drop(L, slot, k + 1);
+    } else {
+        const pc_entry *e = &L->host.e[h];
+        const size_t kda = k3_state_kda_bytes(st);
+        if (e->len != kda + k3_state_rows_bytes(st, e->n)) {
+            rl_errf(err, "a cached prefix of %u tokens has %zu bytes, this state takes %zu", e->n, e->len,
+                    kda + k3_state_rows_bytes(st, e->n));
+            goto fail;
+        }
+        const k3_snapshot snap = {.n_past = e->n, .n_bytes = kda, .kda = e->blob};
+        if (k3_state_rows_set(st, e->n, e->blob + kda, err) != 0 || k3_state_restore(st, &snap, err) != 0) goto fail;
+        bl_ck_drop(L, slot, 0);
+        memcpy(bl_held(L, slot), tokens, (size_t)e->n * sizeof *tokens);
+        if (bl_ck_take(L, slot, err) != 0) goto fail; /* so the next turn finds it in the slot */
+    }
+    L->valid[slot] = q;
+    *n_cached = q;
+    return 0;
+fail:
+    bl_ck_drop(L, slot, 0);
+    L->valid[slot] = 0;
+    k3_state_reset(st);
+    return -1;
+}
+
+/* Idle work (nothing runs): a slot whose sequence ends in tokens it generated holds state no fresh prompt
+ * read reproduces (a one-token step rounds differently from a prompt piece), so a next turn could resume only
+ * from the checkpoint before them and read them again. While the server is idle they are read again here, as
+ * prompt pieces from that checkpoint, a checkpoint after each: the next turn then reads only its new tokens.
+ * One piece per call, so a request that arrives waits for one piece at most. Returns 1 when it did one. */
+static int sch_local_idle(void *impl) {
+    sch_local *L = impl;
+    for (int i = 0; L->cache && i < L->n_slots; i++) {
+        k3_state *st = &L->st[i];
+        if (L->reread[i] == 0) { /* a sequence that ends past its last checkpoint: re-read from there */
+            const int k = L->n_ck[i] - 1;
+            if (k < 0 || L->valid[i] < bl_cks(L, i)[k].pos + 2) continue;
+            rl_err e;
+            if (k3_state_restore(st, &bl_cks(L, i)[k].snap, &e) != 0) continue;
+            L->reread[i] = L->valid[i];
+            L->valid[i] = st->n_past;
+        }
+        const uint32_t end = L->reread[i], at = st->n_past;
+        uint32_t n = end - at < L->chunk ? end - at : L->chunk;
+        if (end - at - n == 1) n--; /* never leave one token (scheduler.c, sch_piece) */
+        k3_state *sp = st;
+        const int32_t *toks = bl_held(L, i) + at;
+        k3_batch b = {.n_seqs = 1, .seqs = &sp, .n_tokens = &n, .tokens = toks, .split_invariant = true};
+        k3_output o;
+        rl_err e;
+        if (k3_forward(L->e, &b, &o, &e) != 0) { /* the slot keeps what it had read so far */
+            fprintf(stderr, "ringlm serve: re-reading a finished sequence failed: %s\n", e.msg);
+            L->reread[i] = 0;
+            return 1;
+        }
+        k3_output_free(&o);
+        L->valid[i] = st->n_past;
+        if (bl_ck_take(L, i, &e) != 0) fprintf(stderr, "ringlm serve: no prompt checkpoint kept: %s\n", e.msg);
+        if (st->n_past >= end) L->reread[i] = 0;
+        return 1;
+    }
+    return 0;
+}
+
+static void sch_local_cache_stats(void *impl, sch_cache_stat *out) {
+    sch_local *L = impl;
+    memset(out, 0, sizeof *out);
+    for (int i = 0; L->cache && i < L->n_slots; i++) {
+        for (int k = 0; k < L->n_ck[i]; k++) out->ckpt_bytes += bl_cks(L, i)[k].snap.n_bytes;
+        out->ckpts += (uint64_t)L->n_ck[i];
+    }
+    out->entries = (uint64_t)L->host.n;
+    out->host_bytes = L->host.bytes;
+    out->host_budget = L->host.budget;
+    out->stored = L->host.stored;
+    out->evicted = L->host.evicted;
+    out->corrupt = L->host.corrupt;
+    out->exact = L->exact;
+}
+
+static int sch_local_pass(sch_local *L, sch_step *steps, int n, rl_err *err);
+
+/* One step. A speculative entry keeps rollback copies, which puts the whole forward pass on step kernels
+ * (k3_batch.keep_rollback): a prompt piece in the same pass would be read token by token and round as no other
+ * split of its prompt does (docs/numerics.md), so its text would depend on what else ran. Such a step runs as
+ * two passes: the speculative entries (with the decode tokens), then the prompt pieces. */
 static int sch_local_step(void *impl, sch_step *steps, int n, rl_err *err) {
     sch_local *L = impl;
+    int n_spec = 0, n_piece = 0;
+    for (int i = 0; i < n; i++) {
+        n_spec += steps[i].n_draft > 0;
+        n_piece += steps[i].n_draft == 0 && steps[i].n_tokens >= 2;
+    }
+    if (n_spec == 0 || n_piece == 0) return sch_local_pass(L, steps, n, err);
+    sch_step *sub = malloc((size_t)n * sizeof *sub);
+    int *at = malloc((size_t)n * sizeof *at);
+    float *held = NULL;
+    int rc = -1;
+    if (!sub || !at) {
+        rl_errf(err, "out of memory splitting a step");
+        goto out;
+    }
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (!(steps[i].n_draft == 0 && steps[i].n_tokens >= 2)) at[k] = i, sub[k++] = steps[i];
+    }
+    const int n1 = k;
+    if (sch_local_pass(L, sub, n1, err) != 0) goto out;
+    /* The first pass's features live in L->feat, which the second pass reuses: keep a copy. */
+    size_t n_feat = 0;
+    const size_t row = (size_t)L->n_taps * L->e->hp.n_embd;
+    for (int j = 0; j < n1; j++) n_feat += sub[j].feat ? sub[j].n_tokens * row : 0;
+    if (n_feat && !(held = malloc(n_feat * sizeof *held))) {
+        rl_errf(err, "out of memory splitting a step");
+        goto out;
+    }
+    for (int j = 0, off = 0; j < n1; j++) {
+        if (!sub[j].feat) continue;
+        memcpy(held + off, sub[j].feat, sub[j].n_tokens * row * sizeof *held);
+        sub[j].feat = held + off;
+        off += (int)(sub[j].n_tokens * row);
+    }
+    for (int i = 0; i < n; i++) {
+        if (steps[i].n_draft == 0 && steps[i].n_tokens >= 2) at[k] = i, sub[k++] = steps[i];
+    }
+    if (sch_local_pass(L, sub + n1, k - n1, err) != 0) goto out;
+    for (int j = 0; j < k; j++) steps[at[j]] = sub[j];
+    free(L->feat_held);
+    L->feat_held = held; /* valid until the next step, as L->feat is */
+    held = NULL;
+    rc = 0;
+out:
+    free(held);
+    free(sub);
+    free(at);
+    return rc;
+}
+
+static int sch_local_pass(sch_local *L, sch_step *steps, int n, rl_err *err) {
     const int32_t n_vocab = (int32_t)L->e->hp.n_vocab;
     size_t total = 0;
     for (int i = 0; i < n; i++) total += steps[i].n_tokens;
@@ -49,11 +307,18 @@ static int sch_local_step(void *impl, sch_step *steps, int n, rl_err *err) {
         sch_step *sp = &steps[i];
         if (sp->slot < 0 || sp->slot >= L->n_slots) return rl_errf(err, "slot %d out of range", sp->slot);
         if (sp->begin) {
-            k3_state_reset(&L->st[sp->slot]);
+            if (sp->n_cached == 0 || !L->cache || L->st[sp->slot].n_past != sp->n_cached) {
+                if (sp->n_cached > 0) return rl_errf(err, "slot %d begins after %u cached tokens it does not hold", sp->slot, sp->n_cached);
+                k3_state_reset(&L->st[sp->slot]);
+                L->valid[sp->slot] = 0;
+                if (L->cache) bl_ck_drop(L, sp->slot, 0);
+            }
             if (L->has_smp[sp->slot]) smp_free(&L->smp[sp->slot]);
             L->has_smp[sp->slot] = false;
             if (smp_init(&L->smp[sp->slot], sp->smp, n_vocab, err) != 0) return -1;
             L->has_smp[sp->slot] = true;
+            /* The cached prefix is part of the sequence: its tokens enter the penalty history first. */
+            for (uint32_t t = 0; t < sp->n_cached; t++) smp_accept(&L->smp[sp->slot], bl_held(L, sp->slot)[t]);
         } else if (!L->has_smp[sp->slot]) {
             return rl_errf(err, "slot %d continues a sequence that never began", sp->slot);
         } else if (L->st[sp->slot].n_past > L->valid[sp->slot] &&
@@ -64,6 +329,10 @@ static int sch_local_step(void *impl, sch_step *steps, int n, rl_err *err) {
             return rl_errf(err, "slot %d: a speculative entry of %u tokens with %d drafts", sp->slot, sp->n_tokens, sp->n_draft);
         }
         L->seqs[i] = &L->st[sp->slot];
+        if (L->cache) { /* the tokens the slot's state reads, by position (what a later prompt is matched with) */
+            const uint32_t p0 = L->st[sp->slot].n_past;
+            for (uint32_t t = 0; t < sp->n_tokens && p0 + t < L->n_ctx; t++) bl_held(L, sp->slot)[p0 + t] = sp->tokens[t];
+        }
         L->ntok[i] = sp->n_tokens;
         L->keep[i] = sp->n_draft > 0;
         memcpy(L->tokens + off, sp->tokens, sp->n_tokens * sizeof(int32_t));
@@ -76,7 +345,10 @@ static int sch_local_step(void *impl, sch_step *steps, int n, rl_err *err) {
     }
     bool want_taps = false;
     for (int i = 0; i < n; i++) want_taps = want_taps || (L->n_taps > 0 && steps[i].taps);
+    /* Prompt pieces take the split-invariant path: a prompt gives the same bits however the steps cut it, and
+     * whether or not its start came from the prompt cache (docs/numerics.md). */
     k3_batch b = {.n_seqs = n, .seqs = L->seqs, .n_tokens = L->ntok, .tokens = L->tokens, .keep_rollback = L->keep,
+                  .split_invariant = true,
                   .n_logits = n_rows, .logit_rows = L->rows, .n_taps = want_taps ? L->n_taps : 0, .tap_layers = L->taps};
     k3_output o;
     double t0 = rl_clock_now();
@@ -108,6 +380,10 @@ static int sch_local_step(void *impl, sch_step *steps, int n, rl_err *err) {
         sch_step *sp = &steps[i];
         smp_sampler *smp = &L->smp[sp->slot];
         L->valid[sp->slot] = L->st[sp->slot].n_past;
+        if (sp->ckpt && L->cache && sp->n_draft == 0 && sp->n_tokens >= 2) {
+            rl_err e;
+            if (bl_ck_take(L, sp->slot, &e) != 0) fprintf(stderr, "ringlm serve: no prompt checkpoint kept: %s\n", e.msg);
+        }
         if (sp->n_draft > 0) { /* spec_accept takes the inputs into the penalty history as it judges them */
             sp->n_out = spec_accept(smp, o.logits + (size_t)r * (size_t)n_vocab, n_vocab, sp->tokens, sp->n_draft, NULL,
                                     sp->out);
@@ -155,6 +431,12 @@ static void sch_local_free(void *impl) {
         if (L->st && L->st[i].ctx) k3_state_free(&L->st[i]);
         if (L->has_smp && L->has_smp[i]) smp_free(&L->smp[i]);
     }
+    for (int i = 0; L->n_ck && i < L->n_slots; i++) bl_ck_drop(L, i, 0);
+    free(L->ck);
+    free(L->n_ck);
+    free(L->held);
+    free(L->reread);
+    pc_free(&L->host);
     k3_state_pool_free(&L->pool);
     free(L->st);
     free(L->smp);
@@ -166,6 +448,7 @@ static void sch_local_free(void *impl) {
     free(L->rows);
     free(L->tokens);
     free(L->feat);
+    free(L->feat_held);
     free(L);
 }
 
@@ -177,7 +460,12 @@ static int sch_local_fork(void *impl, int src, int dst, const smp_params *smp, r
     if (L->st[src].n_past > L->valid[src] && k3_state_rollback(&L->st[src], L->valid[src], err) != 0) return -1;
     if (L->has_smp[dst]) smp_free(&L->smp[dst]);
     L->has_smp[dst] = false;
+    if (L->cache) {
+        bl_ck_drop(L, dst, 0);
+        L->valid[dst] = 0;
+    }
     if (k3_state_copy(&L->st[dst], &L->st[src], err) != 0) return -1;
+    if (L->cache) memcpy(bl_held(L, dst), bl_held(L, src), (size_t)L->st[src].n_past * sizeof(int32_t));
     if (smp_init(&L->smp[dst], smp, (int32_t)L->e->hp.n_vocab, err) != 0) return -1;
     smp_accept_history(&L->smp[dst], &L->smp[src]);
     L->has_smp[dst] = true;
@@ -233,6 +521,7 @@ int sch_backend_local(sch_backend *be, k3_engine *e, int n_slots, uint32_t n_ctx
     L->node.layer_a = 0;
     L->node.layer_b = e->hp.n_layer;
     L->node.up = true;
+    L->n_ctx = n_ctx;
     be->impl = L;
     be->n_slots = n_slots;
     be->n_ctx = n_ctx;
@@ -246,4 +535,41 @@ int sch_backend_local(sch_backend *be, k3_engine *e, int n_slots, uint32_t n_ctx
     be->set_taps = sch_local_set_taps;
     be->fork = sch_local_fork;
     return 0;
+}
+
+int sch_local_cache_on(sch_backend *be, const sch_local_cache_opts *o, rl_err *err) {
+    sch_local *L = be->impl;
+    if (!L || be->step != sch_local_step) return rl_errf(err, "not a local backend");
+    if (o->ctx_checkpoints < 1) return rl_errf(err, "--ctx-checkpoints must be at least 1 (got %d)", o->ctx_checkpoints);
+    /* The host cache must hold one prefix at full context, else it could never keep a long conversation. */
+    const size_t one = pc_entry_bytes(L->n_ctx, k3_state_kda_bytes(&L->st[0]) + k3_state_rows_bytes(&L->st[0], L->n_ctx));
+    if (o->ram_bytes > 0 && o->ram_bytes < one) {
+        return rl_errf(err, "--cache-ram %.1f MiB cannot hold one cached prefix at full context (%u tokens): it needs "
+                       "%.1f MiB (or 0 to keep prefixes in the slots only)", (double)o->ram_bytes / 1048576.0, L->n_ctx,
+                       (double)one / 1048576.0);
+    }
+    L->ck = calloc((size_t)L->n_slots * (size_t)o->ctx_checkpoints, sizeof *L->ck);
+    L->n_ck = calloc((size_t)L->n_slots, sizeof *L->n_ck);
+    L->held = malloc((size_t)L->n_slots * L->n_ctx * sizeof *L->held);
+    L->reread = calloc((size_t)L->n_slots, sizeof *L->reread);
+    if (!L->ck || !L->n_ck || !L->held || !L->reread) {
+        free(L->ck), free(L->n_ck), free(L->held), free(L->reread);
+        L->ck = NULL, L->n_ck = NULL, L->held = NULL, L->reread = NULL;
+        return rl_errf(err, "out of memory for the prompt cache's index");
+    }
+    L->max_ck = o->ctx_checkpoints;
+    pc_init(&L->host, o->ram_bytes);
+    L->exact = o->exact;
+    L->chunk = o->reread_chunk >= 2 ? o->reread_chunk : 256;
+    L->cache = true;
+    be->idle = sch_local_idle;
+    be->resume = sch_local_resume;
+    be->match = sch_local_match;
+    be->cache_stats = sch_local_cache_stats;
+    return 0;
+}
+
+size_t sch_local_ckpt_bytes(const sch_backend *be) {
+    const sch_local *L = be->impl;
+    return k3_state_kda_bytes(&L->st[0]);
 }

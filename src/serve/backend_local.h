@@ -17,4 +17,19 @@
  * backend. */
 int sch_backend_local(sch_backend *be, k3_engine *e, int n_slots, uint32_t n_ctx, rl_err *err);
 
+/* The prompt cache (docs/serve.md, "Prompt cache"): every slot keeps up to ctx_checkpoints checkpoints of its
+ * sequence (at each prompt's end, and every sch_config.ckpt_every tokens), and prefixes a slot is about to
+ * overwrite go to a host-RAM cache of ram_bytes (0: none), least recently used out first. A budget that
+ * cannot hold one prefix at full context is refused, with the size it needs. exact: the model is split
+ * invariant (k3_range_split_invariant), so a resumed prompt gives the bits of a fresh read; reported only. */
+typedef struct sch_local_cache_opts {
+    size_t ram_bytes;
+    int ctx_checkpoints;
+    bool exact;
+    uint32_t reread_chunk; /* tokens per piece when idle slots re-read what they generated (0: 256) */
+} sch_local_cache_opts;
+int sch_local_cache_on(sch_backend *be, const sch_local_cache_opts *o, rl_err *err);
+/* Bytes of one checkpoint (the KDA state of the whole model; MLA rows stay in the slot). */
+size_t sch_local_ckpt_bytes(const sch_backend *be);
+
 #endif

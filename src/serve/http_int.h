@@ -48,6 +48,7 @@ typedef struct http_strs {
 
 typedef struct http_job {
     bool chat, stream, include_usage;
+    bool token_ids;    /* return_token_ids (vLLM's field): each choice lists its generated token ids */
     const char *model; /* the name the request used (one of h->names), echoed in the response */
     sch_params p;
     int n_prompts;     /* 1, or a completions prompt array's length */
@@ -73,6 +74,7 @@ typedef struct http_run {
     rl_buf text, lps; /* not streamed: the text so far, the smp_logprob entries as bytes */
     rl_buf reasoning; /* not streamed: the reasoning so far (chat) */
     rl_buf tools;     /* the raw tool-call section so far (chat_out.h CHAT_CH_TOOLS) */
+    rl_buf ids;       /* return_token_ids: generated token ids (int32) not yet sent (streamed) or all (not) */
     bool parse_tools;   /* ... parsed into tool_calls (else shown as text) */
     int calls_sent;     /* streamed: the tool calls already sent as deltas */
     size_t lp_off;      /* completions' text_offset: the choice's text bytes so far */
@@ -89,6 +91,7 @@ typedef struct http_stream {
     int n_runs, per_prompt;
     int fd;
     bool chat, include_usage, ended;
+    bool token_ids; /* each content chunk lists the ids of its tokens (http_job.token_ids) */
     int top_logprobs; /* -1: none asked */
     const char *model; /* one of h->names */
     char id[64];

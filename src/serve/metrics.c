@@ -147,6 +147,30 @@ enum MHD_Result http_metrics(http_conn *hc, struct MHD_Connection *c) {
     http_family(&b, "ringlm_prompt_tokens_shared_total", "counter",
                 "Prompt tokens not read again: the choices of an n > 1 request share one reading of the prompt.");
     rl_buf_printf(&b, "ringlm_prompt_tokens_shared_total %llu\n", (unsigned long long)m.prompt_shared);
+    if (m.has_cache) { /* the prompt cache (docs/serve.md, "Prompt cache") */
+        http_family(&b, "ringlm_prompt_tokens_cached_total", "counter",
+                    "Prompt tokens not read again: restored from the prompt cache (usage.prompt_tokens_details.cached_tokens).");
+        rl_buf_printf(&b, "ringlm_prompt_tokens_cached_total %llu\n", (unsigned long long)m.prompt_cached);
+        const struct { const char *name, *type, *help; double v; } pc[] = {
+            {"ringlm_prompt_cache_hits_total", "counter", "Requests that started from a cached prefix.", (double)m.cache_hits},
+            {"ringlm_prompt_cache_misses_total", "counter", "Requests that looked for a cached prefix and found none.",
+             (double)m.cache_misses},
+            {"ringlm_prompt_cache_checkpoints", "gauge", "Checkpoints of recurrent state held in the slots.", (double)m.cache.ckpts},
+            {"ringlm_prompt_cache_checkpoint_bytes", "gauge", "Bytes of those checkpoints.", (double)m.cache.ckpt_bytes},
+            {"ringlm_prompt_cache_entries", "gauge", "Prefixes held in the host-RAM cache (--cache-ram).", (double)m.cache.entries},
+            {"ringlm_prompt_cache_bytes", "gauge", "Bytes the host-RAM cache holds.", (double)m.cache.host_bytes},
+            {"ringlm_prompt_cache_budget_bytes", "gauge", "Bytes the host-RAM cache may hold.", (double)m.cache.host_budget},
+            {"ringlm_prompt_cache_stored_total", "counter", "Prefixes stored in the host-RAM cache.", (double)m.cache.stored},
+            {"ringlm_prompt_cache_evicted_total", "counter", "Prefixes evicted from it for room.", (double)m.cache.evicted},
+            {"ringlm_prompt_cache_corrupt_total", "counter", "Prefixes dropped because their checksum failed.", (double)m.cache.corrupt},
+            {"ringlm_prompt_cache_exact", "gauge", "1 when a resumed prompt gives the bits of a fresh read (docs/numerics.md).",
+             m.cache.exact ? 1.0 : 0.0},
+        };
+        for (size_t i = 0; i < sizeof pc / sizeof pc[0]; i++) {
+            http_family(&b, pc[i].name, pc[i].type, pc[i].help);
+            rl_buf_printf(&b, "%s %.0f\n", pc[i].name, pc[i].v);
+        }
+    }
     http_family(&b, "ringlm_generated_tokens_total", "counter", "Tokens generated.");
     rl_buf_printf(&b, "ringlm_generated_tokens_total %llu\n", (unsigned long long)m.gen_tokens);
     http_hist(&b, "ringlm_time_to_first_token_seconds", "From a request's arrival to its first generated token.",

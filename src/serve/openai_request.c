@@ -215,6 +215,12 @@ static int http_parse_common(const http_server *h, const cJSON *j, http_job *jb,
     if (!jb->chat && ll == 0) jb->p.max_tokens = 16; /* OpenAI's default for /v1/completions */
     if (http_get_bool(j, "ignore_eos", &jb->p.ignore_eos, f) != 0) return -1;
     if (http_get_bool(j, "stream", &jb->stream, f) != 0) return -1;
+    /* The prompt cache is on unless a request turns it off (llama-server's field); vLLM's return_token_ids. */
+    bool cache_prompt = true;
+    if (http_get_bool(j, "cache_prompt", &cache_prompt, f) != 0) return -1;
+    jb->p.no_cache = !cache_prompt;
+    if (http_get_bool(j, "return_token_ids", &jb->token_ids, f) != 0) return -1;
+    jb->p.token_ids = jb->token_ids;
     /* ringlm's own field: the signed receipts of the request's traversals, in the response. */
     if (http_get_bool(j, "receipts", &jb->p.receipts, f) != 0) return -1;
     if (jb->p.receipts && !h->s->be.receipts) {

@@ -30,6 +30,8 @@ static cJSON *http_usage(const sch_update *up) {
     cJSON_AddNumberToObject(u, "prompt_tokens", up->n_prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", up->n_gen);
     cJSON_AddNumberToObject(u, "total_tokens", up->n_prompt + up->n_gen);
+    /* OpenAI's field for prompt tokens served from its prompt cache: here, restored instead of read. */
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens", up->n_cached);
     if (up->drafted > 0) {
         cJSON *d = cJSON_AddObjectToObject(u, "completion_tokens_details");
         cJSON_AddNumberToObject(d, "accepted_prediction_tokens", up->accepted);
@@ -216,6 +218,7 @@ static void http_runs_free(http_run *rs, int n) {
         free(rs[i].lps.p);
         free(rs[i].reasoning.p);
         free(rs[i].tools.p);
+        free(rs[i].ids.p);
         free(rs[i].echo);
     }
 }
@@ -237,6 +240,7 @@ static bool http_runs_wait(http_run *rs, int n, int timeout_ms, sch_update *u, i
                     rs[i].end = *u;
                     rs[i].end.text = NULL; /* the caller's */
                     rs[i].end.lp = NULL;
+                    rs[i].end.ids = NULL;
                     rs[i].end.reasoning = NULL;
                     u->receipts = NULL; /* kept in end */
                 }
@@ -264,6 +268,7 @@ static cJSON *http_runs_usage(const http_run *rs, int n_runs, int per_prompt) {
     sch_update sum = {0};
     for (int i = 0; i < n_runs; i++) {
         if (i % per_prompt == 0) sum.n_prompt += rs[i].end.n_prompt;
+        if (i % per_prompt == 0) sum.n_cached += rs[i].end.n_cached;
         sum.n_gen += rs[i].score_only ? 0 : rs[i].end.n_gen; /* echo with max_tokens 0: nothing generated is shown */
         sum.drafted += rs[i].end.drafted;
         sum.accepted += rs[i].end.accepted;
@@ -299,7 +304,18 @@ static void http_sse_chunk(http_stream *st, int index, bool role, const char *te
                            cJSON *lp) {
     cJSON *j = http_envelope(st->model, st->id, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
     cJSON *ch = cJSON_AddArrayToObject(j, "choices");
-    cJSON_AddItemToArray(ch, http_choice(index, st->chat, true, role, text, len, finish, lp));
+    cJSON *c = http_choice(index, st->chat, true, role, text, len, finish, lp);
+    http_run *rn = &st->runs[index];
+    if (st->token_ids && rn->ids.len > 0) { /* the ids of the tokens this chunk's text came from, and any held back */
+        cJSON *a = cJSON_AddArrayToObject(c, "token_ids");
+        for (size_t i = 0; i < rn->ids.len / sizeof(int32_t); i++) {
+            int32_t v;
+            memcpy(&v, rn->ids.p + i * sizeof v, sizeof v);
+            cJSON_AddItemToArray(a, cJSON_CreateNumber(v));
+        }
+        rn->ids.len = 0;
+    }
+    cJSON_AddItemToArray(ch, c);
     http_sse(st, j);
 }
 
@@ -383,6 +399,8 @@ static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max) 
                 }
                 free(u.tools);
             }
+            if (u.ids) rl_buf_add(&rn->ids, (const char *)u.ids, u.n_ids * sizeof *u.ids);
+            free(u.ids);
             size_t skip = 0; /* logprob entries already shown (the prompt's) */
             if (rn->echo && !rn->echoed) { /* echo: the prompt (and its entries) first, in a chunk of its own */
                 rn->echoed = true;
@@ -546,7 +564,7 @@ enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, bool ch
             goto fail;
         }
         *st = (http_stream){.h = h, .n_runs = n_runs, .per_prompt = jb.n, .fd = http_conn_fd(c), .chat = chat,
-                            .include_usage = jb.include_usage, .top_logprobs = jb.p.logprobs ? jb.top_logprobs : -1,
+                            .include_usage = jb.include_usage, .token_ids = jb.token_ids, .top_logprobs = jb.p.logprobs ? jb.top_logprobs : -1,
                             .model = jb.model, .created = created, .t0 = t0};
         memcpy(st->runs, runs, sizeof runs); /* the stream owns them now */
         memset(runs, 0, sizeof runs);
@@ -568,7 +586,7 @@ enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, bool ch
 
     /* Not streamed: wait for every choice's whole text, watching for the client to hang up meanwhile. */
     int fd = http_conn_fd(c);
-    const bool want_lp = jb.p.logprobs;
+    const bool want_lp = jb.p.logprobs, want_ids = jb.token_ids;
     const int top_lp = jb.top_logprobs, per_prompt = jb.n;
     const char *model = jb.model;
     http_job_free(&jb);
@@ -582,6 +600,8 @@ enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, bool ch
             if (u.tools) rl_buf_add(&runs[k].tools, u.tools, u.tools_len);
             free(u.tools);
             if (u.lp) rl_buf_add(&runs[k].lps, (const char *)u.lp, u.n_lp * sizeof *u.lp);
+            if (u.ids) rl_buf_add(&runs[k].ids, (const char *)u.ids, u.n_ids * sizeof *u.ids);
+            free(u.ids);
             free(u.text);
             free(u.lp);
         }
@@ -640,6 +660,14 @@ enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, bool ch
         if (chat && rn->reasoning.len) {
             cJSON_AddItemToObject(cJSON_GetObjectItemCaseSensitive(c1, "message"), "reasoning_content",
                                   http_text_item(rn->reasoning.p, rn->reasoning.len));
+        }
+        if (want_ids) {
+            cJSON *a = cJSON_AddArrayToObject(c1, "token_ids");
+            for (size_t i = 0; i < rn->ids.len / sizeof(int32_t); i++) {
+                int32_t v;
+                memcpy(&v, rn->ids.p + i * sizeof v, sizeof v);
+                cJSON_AddItemToArray(a, cJSON_CreateNumber(v));
+            }
         }
         cJSON_AddItemToArray(ch, c1);
         n_gen += rn->end.n_gen;

@@ -95,6 +95,7 @@ static void sch_request_destroy(sch_request *r) {
     rl_buf_free(&r->rout);
     rl_buf_free(&r->tout);
     free(r->lp);
+    free(r->ids);
     free(r->plp);
     free(r->receipts);
     rl_buf_free(&r->hold);
@@ -150,10 +151,17 @@ bool sch_request_wait(sch_request *r, int timeout_ms, sch_update *u) {
         r->lp = NULL;
         r->n_lp = r->cap_lp = 0;
     }
+    if (news && r->n_ids > 0) {
+        u->ids = r->ids;
+        u->n_ids = r->n_ids;
+        r->ids = NULL;
+        r->n_ids = r->cap_ids = 0;
+    }
     if (r->out.len > 0) u->text = rl_buf_take(&r->out, &u->len);
     u->fin = r->fin;
     u->n_prompt = (int)r->n_prompt;
     u->n_gen = r->n_gen;
+    u->n_cached = (int)r->n_cached;
     u->drafted = r->drafted;
     u->accepted = r->accepted;
     memcpy(u->err, r->err, sizeof u->err);
@@ -260,6 +268,7 @@ static void sch_finish_req(sch_sched *s, sch_request *r, sch_finish fin, const c
         if (r->p.receipts && s->be.receipts && !r->receipts) r->receipts = s->be.receipts(s->be.impl, r->slot);
         s->be.end(s->be.impl, r->slot);
         s->slots[r->slot] = NULL;
+        s->freed[r->slot] = ++s->n_freed;
         s->n_active--;
         r->slot = -1;
     }
@@ -305,9 +314,29 @@ static sch_request *sch_leader(sch_sched *s, const sch_request *r) {
     return NULL;
 }
 
-static void sch_admit(sch_sched *s) {
-    for (int i = 0; i < s->be.n_slots && s->q_head; i++) {
+/* Whether request r may start from a cached prefix: not when it needs every prompt position computed (the
+ * prompt's log-probabilities, receipts of every traversal, DSpark features of every position). */
+static bool sch_may_resume(const sch_sched *s, const sch_request *r) {
+    return s->be.resume && !r->p.no_cache && !r->p.prompt_logprobs && !r->p.receipts && !r->p.draft_dspark;
+}
+
+/* The free slot for r: the one holding the longest prefix of its prompt (a conversation goes back to its slot),
+ * else the one idle longest, whose state is the least likely to be asked for again. -1: none free. */
+static int sch_pick_slot(sch_sched *s, const sch_request *r) {
+    int best = -1;
+    uint32_t best_m = 0;
+    for (int i = 0; i < s->be.n_slots; i++) {
         if (s->slots[i]) continue;
+        uint32_t m = s->be.match && sch_may_resume(s, r) ? s->be.match(s->be.impl, i, r->prompt, r->n_prompt) : 0;
+        if (best < 0 || m > best_m || (m == best_m && s->freed[i] < s->freed[best])) best = i, best_m = m;
+    }
+    return best;
+}
+
+static void sch_admit(sch_sched *s) {
+    while (s->q_head) {
+        int i = sch_pick_slot(s, s->q_head);
+        if (i < 0) break;
         sch_request *r = s->q_head;
         s->q_head = r->next;
         if (!s->q_head) s->q_tail = NULL;
@@ -315,6 +344,9 @@ static void sch_admit(sch_sched *s) {
         s->n_queued--;
         r->slot = i;
         r->n_fed = 0;
+        r->n_cached = 0;
+        r->n_ckpt = 0;
+        r->begun = false;
         r->n_hist = 0;
         if (r->p.draft_model && !s->cfg.draft) r->p.draft_n = 0; /* http refuses it; a direct caller too */
         if (r->p.draft_dspark && !s->cfg.dspark) r->p.draft_n = 0;
@@ -331,6 +363,7 @@ static void sch_admit(sch_sched *s) {
             r->follow = sch_leader(s, r) != NULL;
             r->lead = !r->follow;
         }
+        r->resume = s->be.resume && !r->follow; /* also with reuse off: the slot's old state is kept first */
         r->gs_on = false;
         if (r->p.draft_n > 0 && r->p.smp.grammar) { /* without its state (no memory) it goes undrafted */
             gr_state_free(&r->gs);
@@ -373,6 +406,14 @@ static void sch_on_token(sch_sched *s, sch_request *r, int32_t id, const smp_log
     if (!r->p.ignore_eos && tok_is_eog(s->tok, id)) {
         sch_finish_req(s, r, SCH_FIN_STOP, NULL, true);
         return;
+    }
+    if (r->p.token_ids) { /* without room the id is lost, never the text */
+        if (r->n_ids == r->cap_ids) {
+            size_t c = r->cap_ids ? 2 * r->cap_ids : 32;
+            int32_t *ni = realloc(r->ids, c * sizeof *ni);
+            if (ni) r->ids = ni, r->cap_ids = c;
+        }
+        if (r->n_ids < r->cap_ids) r->ids[r->n_ids++] = id;
     }
     if (r->p.logprobs && lp) { /* without room the entry is lost, never the text */
         if (r->n_lp == r->cap_lp) {
@@ -454,6 +495,45 @@ static bool sch_idle(sch_sched *s) {
     return true;
 }
 
+/* Prompt cache lookups of the requests just admitted (backend.resume), outside the mutex like forks: restoring
+ * a long prefix copies its state. A lookup that fails costs the request its cached prefix, nothing more.
+ * Called and returns with the mutex held. */
+static void sch_resumes(sch_sched *s) {
+    int nr = 0;
+    for (int i = 0; i < s->be.n_slots; i++) {
+        sch_request *r = s->slots[i];
+        if (r && r->resume) s->f_src[nr++] = i;
+    }
+    if (nr == 0) return;
+    pthread_mutex_unlock(&s->mu);
+    for (int k = 0; k < nr; k++) {
+        sch_request *r = s->slots[s->f_src[k]];
+        uint32_t got = 0;
+        rl_err e;
+        /* A leader of n > 1 choices reads all but the last token, which must then be a piece of two or more
+         * too: it resumes within the prompt less that token. */
+        const size_t n = r->lead && r->n_prompt > 1 ? r->n_prompt - 1 : r->n_prompt;
+        if (s->be.resume(s->be.impl, r->slot, r->prompt, n, sch_may_resume(s, r), &got, &e) != 0) {
+            fprintf(stderr, "ringlm serve: the prompt cache could not restore a prefix, the request reads its whole "
+                            "prompt: %s\n", e.msg);
+            got = 0;
+        }
+        s->f_dst[k] = (int)got;
+    }
+    pthread_mutex_lock(&s->mu);
+    for (int k = 0; k < nr; k++) {
+        sch_request *r = s->slots[s->f_src[k]];
+        const bool looked = sch_may_resume(s, r);
+        r->resume = false;
+        r->n_cached = (uint32_t)s->f_dst[k];
+        r->n_fed = r->n_cached;
+        r->n_ckpt = r->n_cached;
+        s->m.prompt_cached += r->n_cached;
+        if (looked && r->n_cached > 0) s->m.cache_hits++;
+        else if (looked) s->m.cache_misses++;
+    }
+}
+
 /* Forks: a request waiting for its group's first to read all but the last prompt token gets a copy of that
  * state (outside the mutex: a ring's fork is a round trip; only this thread touches slots). One whose first
  * went away reads its prompt itself. Called and returns with the mutex held. */
@@ -479,9 +559,22 @@ static void sch_forks(sch_sched *s) {
         sch_request *r = s->slots[s->f_dst[k]];
         r->follow = false;
         if (s->f_src[k] < 0) continue;
+        r->begun = true;
         r->n_fed = r->n_prompt - 1;
         s->m.prompt_shared += r->n_fed;
     }
+}
+
+/* The next prompt piece of a request with `left` tokens to read and `budget` left in this step: at most the
+ * budget, never one token out of several, never leaving one behind. 0: none this step. With the whole budget
+ * (full) a piece is always given, going one or two tokens over a budget under 3 rather than never ending. */
+static uint32_t sch_piece(size_t left, uint32_t budget, bool full) {
+    if (left <= 1) return (uint32_t)left;
+    uint32_t k = left < budget ? (uint32_t)left : budget;
+    if (left - k == 1) k--;             /* leave two or none */
+    if (k >= 2) return k;
+    if (!full) return 0;
+    return left == 3 ? 3 : 2;           /* a budget of 1 or 2 */
 }
 
 /* The step's batch, under the mutex: decode tokens first (every generating sequence moves each step, with
@@ -537,11 +630,27 @@ static int sch_batch(sch_sched *s, int *nd_model, int *nd_ds) {
         uint32_t k = left < budget ? (uint32_t)left : budget;
         if (best->p.prompt_logprobs) k = (uint32_t)left; /* one step: every row scores the next token */
         if (best->lead && left > 1 && k > left - 1) k = (uint32_t)(left - 1); /* the others fork from here */
-        s->steps[n] = (sch_step){.slot = best->slot, .begin = best->n_fed == 0, .smp = &best->p.smp,
+        /* Pieces of one token round differently from longer ones (a matmul of one column takes another
+         * kernel), so a prompt is read in pieces of two or more and never leaves a single token for later:
+         * then any split of it gives the same bits, and a prompt resumed from a cache checkpoint equals one
+         * read whole (docs/numerics.md, "Split invariance"). A 1-token prompt is one piece of one. */
+        if (!best->lead && !best->p.prompt_logprobs) k = sch_piece(left, budget, budget == s->cfg.chunk);
+        if (k == 0) break; /* waits for a step with more of the budget left */
+        const bool end = best->n_fed + k == best->n_prompt;
+        /* Checkpoints where a prompt (or a leader's part of it) ends, and every ckpt_every tokens; only after a
+         * piece of two or more tokens, whose state a fresh read of any split reproduces (a one-token piece's
+         * does not: it is a leader's followers' last token, or a one-token prompt). */
+        const bool lead_end = best->lead && best->n_fed + k + 1 == best->n_prompt;
+        const bool ckpt = s->be.resume && k >= 2 &&
+                          (end || lead_end || (s->cfg.ckpt_every > 0 && best->n_fed + k - best->n_ckpt >= s->cfg.ckpt_every));
+        if (ckpt) best->n_ckpt = best->n_fed + k;
+        s->steps[n] = (sch_step){.slot = best->slot, .begin = !best->begun, .n_cached = best->n_cached,
+                                 .ckpt = ckpt, .smp = &best->p.smp,
                                  .receipts = best->p.receipts, .taps = best->ds_ok,
                                  .n_tokens = k, .tokens = best->prompt + best->n_fed,
-                                 .sample = best->n_fed + k == best->n_prompt, .logprobs = best->p.logprobs,
+                                 .sample = end, .logprobs = best->p.logprobs,
                                  .prompt_lp = best->p.prompt_logprobs, .plp = best->plp};
+        best->begun = true;
         s->step_req[n++] = best;
         budget = k >= budget ? 0 : budget - k;
     }
@@ -670,6 +779,7 @@ static void *sch_main(void *arg) {
             if (!sch_idle(s)) break;
             continue;
         }
+        sch_resumes(s);
         sch_forks(s);
         int nd_model, nd_ds;
         int n = sch_batch(s, &nd_model, &nd_ds);
@@ -685,9 +795,12 @@ static void *sch_main(void *arg) {
         int n_nodes = s->be.nodes(s->be.impl, nodes, SCH_MAX_NODES);
         sch_ring_stat rs = {0};
         if (s->be.ring_stats) s->be.ring_stats(s->be.impl, &rs);
+        sch_cache_stat cs = {0};
+        if (s->be.cache_stats) s->be.cache_stats(s->be.impl, &cs);
 
         pthread_mutex_lock(&s->mu);
         sch_ring_take(s, &rs);
+        if (s->be.cache_stats) s->m.has_cache = true, s->m.cache = cs;
         s->m.steps++;
         s->m.busy_s += t1 - t0;
         if (s->be.xc) s->m.has_xc = true, s->m.xc = *s->be.xc;
@@ -720,6 +833,7 @@ static void sch_free_scratch(sch_sched *s) {
     free(s->s_k);
     free(s->f_src);
     free(s->f_dst);
+    free(s->freed);
 }
 
 int sch_init(sch_sched *s, const sch_backend *be, const tok_tokenizer *tok, const sch_config *cfg, rl_err *err) {
@@ -746,7 +860,8 @@ int sch_init(sch_sched *s, const sch_backend *be, const tok_tokenizer *tok, cons
     s->s_k = calloc(ns, sizeof *s->s_k);
     s->f_src = calloc(ns, sizeof *s->f_src);
     s->f_dst = calloc(ns, sizeof *s->f_dst);
-    if (!s->f_src || !s->f_dst || !s->slots || !s->steps || !s->step_req || !s->blocks || !s->d_entry || !s->d_slot || !s->d_k || !s->d_n ||
+    s->freed = calloc(ns, sizeof *s->freed);
+    if (!s->freed || !s->f_src || !s->f_dst || !s->slots || !s->steps || !s->step_req || !s->blocks || !s->d_entry || !s->d_slot || !s->d_k || !s->d_n ||
         !s->d_hist || !s->d_nhist || !s->d_out || !s->s_entry || !s->s_k) {
         sch_free_scratch(s);
         return rl_errf(err, "out of memory");
@@ -774,6 +889,10 @@ int sch_init(sch_sched *s, const sch_backend *be, const tok_tokenizer *tok, cons
     s->m.queue_cap = s->cfg.queue_cap;
     s->m.backend = be->kind;
     s->m.n_nodes = be->nodes(be->impl, s->m.nodes, SCH_MAX_NODES);
+    if (be->cache_stats) {
+        s->m.has_cache = true;
+        be->cache_stats(be->impl, &s->m.cache);
+    }
     return 0;
 }
 

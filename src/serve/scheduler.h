@@ -68,6 +68,11 @@
 typedef struct sch_step {
     int slot;
     bool begin;
+    uint32_t n_cached;     /* with begin: the slot already holds the state after the first n_cached prompt tokens
+                            * (resume() put it there); tokens are the ones after them, and those n_cached enter
+                            * the fresh sampler's penalty history first */
+    bool ckpt;             /* keep a checkpoint of the slot's state after this entry (a prompt piece), which
+                            * resume() can return to */
     const smp_params *smp; /* read when begin */
     bool receipts;         /* read when begin: keep this sequence's receipts (sch_backend.receipts) */
     uint32_t n_tokens;
@@ -110,6 +115,16 @@ typedef struct sch_ring_stat {
     double recovery_s;
 } sch_ring_stat;
 
+/* A backend's prompt cache (sch_backend.cache_stats). */
+typedef struct sch_cache_stat {
+    uint64_t ckpts;          /* checkpoints held in slots now */
+    size_t ckpt_bytes;       /* their bytes (KDA state; MLA rows stay in the slot) */
+    uint64_t entries;        /* host-RAM cache entries now, their bytes, and its budget */
+    size_t host_bytes, host_budget;
+    uint64_t stored, evicted, corrupt; /* host entries stored, evicted for room, dropped as corrupt */
+    bool exact;              /* a resumed prompt gives the bits a fresh read gives (docs/numerics.md) */
+} sch_cache_stat;
+
 typedef struct sch_backend {
     void *impl;
     int n_slots;
@@ -134,6 +149,19 @@ typedef struct sch_backend {
      * fresh sampler built from *smp whose penalty history is src's; dst's next entry continues it (no
      * `begin`). The scheduler forks a prompt read once into the slots of the other choices (n > 1). */
     int (*fork)(void *impl, int src, int dst, const smp_params *smp, rl_err *err);
+    /* Optional (a prompt cache, docs/serve.md): makes `slot` hold the state after the longest prefix of
+     * tokens[0 .. n) the backend can restore exactly (the slot's own checkpoints or its host-RAM cache), at most
+     * n - 2 tokens (what follows is read as a piece of two tokens or more, which split invariance needs), and
+     * says how long in *n_cached (0: none; the slot then begins empty). What the slot held before is kept in
+     * the host cache first when it is worth keeping. reuse false (cache_prompt: false): nothing is restored,
+     * but what the slot held is still kept. The slot's next entry has begin and n_cached. Errors only on
+     * failure to restore (the request then reads its whole prompt: *n_cached is 0). */
+    int (*resume)(void *impl, int slot, const int32_t *tokens, size_t n, bool reuse, uint32_t *n_cached, rl_err *err);
+    /* Optional, with resume: how many tokens of tokens[0 .. n) a resume into this (free) slot would restore from
+     * the slot itself, so that a request goes to the slot that holds its conversation. */
+    uint32_t (*match)(void *impl, int slot, const int32_t *tokens, size_t n);
+    /* Optional, with resume: the cache's counters (scheduler thread). */
+    void (*cache_stats)(void *impl, struct sch_cache_stat *out);
     /* Optional (a ring): its recovery counters, read with nodes(). */
     void (*ring_stats)(void *impl, sch_ring_stat *out);
     /* Optional: from now on, fail whatever the backend waits for at once (a ring waiting on a node that
@@ -180,6 +208,8 @@ typedef struct sch_params {
                               * choices of one n > 1 request) may read the prompt once: the first admitted reads
                               * all but its last token, the others are forked from it (backend.fork) and each
                               * reads that last token itself. Not with prompt_logprobs, receipts or DSpark. */
+    bool no_cache;           /* cache_prompt: false: read the whole prompt (its state is still cached for others) */
+    bool token_ids;          /* keep the generated token ids (sch_update.ids; return_token_ids) */
 } sch_params;
 
 struct sch_sched;
@@ -205,12 +235,18 @@ typedef struct sch_request {
     smp_logprob *lp;         /* p.logprobs: the generated tokens' log-probabilities not yet taken, in order */
     smp_logprob *plp;        /* p.prompt_logprobs: where the backend puts the prompt's (n_prompt entries) */
     size_t n_lp, cap_lp;
+    int32_t *ids;            /* p.token_ids: the generated tokens' ids not yet taken */
+    size_t n_ids, cap_ids;
     int n_gen;               /* completion tokens so far */
+    uint32_t n_cached;       /* prompt tokens restored from the prompt cache instead of read */
     int drafted, accepted;   /* speculative draft tokens verified for it, and kept */
     struct sch_request *next;/* queue link */
     /* scheduler only */
     int slot;                /* -1 while queued */
-    size_t n_fed;            /* prompt tokens given to the backend so far */
+    size_t n_fed;            /* prompt tokens given to the backend so far (or restored: n_cached) */
+    bool resume;             /* admitted, its prompt cache lookup (backend.resume) still to do */
+    bool begun;              /* its first entry went to the backend (or it was forked) */
+    size_t n_ckpt;           /* where its last checkpoint was taken (sch_step.ckpt) */
     int32_t last;            /* the last sampled token (fed at the next step) */
     double t_last;           /* when the last token was sampled */
     tok_stream ts;
@@ -240,6 +276,10 @@ typedef struct sch_update {
     size_t tools_len;
     sch_finish fin;
     int n_prompt, n_gen;
+    int n_cached;     /* prompt tokens restored from the prompt cache (usage.prompt_tokens_details.cached_tokens) */
+    int32_t *ids;     /* with p.token_ids: the ids of the tokens generated since the last update (an end-of-generation
+                       * token that ends it left out, as from the text), n_ids of them, malloc'ed (caller frees) */
+    size_t n_ids;
     int drafted, accepted; /* speculative draft tokens verified, and kept (0, 0 without drafts) */
     char err[256];
     bool unavailable; /* with SCH_FIN_ERROR: the model could not be reached (answer 503) */
@@ -258,6 +298,8 @@ struct spec_drafter;
 typedef struct sch_config {
     int queue_cap;  /* requests that may wait for a slot; more are refused (SCH_QUEUE_FULL) */
     uint32_t chunk; /* prompt tokens per step, over all prefilling sequences */
+    uint32_t ckpt_every; /* with a prompt cache: a checkpoint also every this many prompt tokens (0: only at the
+                          * end of each prompt) */
     struct spec_pool *draft; /* a draft model with a state per slot, for draft_model requests (NULL: none);
                               * the caller's, used by the scheduler thread alone while it runs */
     struct spec_drafter *dspark; /* [n_slots] DSpark drafters (spec_drafter_open "dspark:..."), one per
@@ -278,6 +320,10 @@ typedef struct sch_hist {
 typedef struct sch_metrics {
     uint64_t prompt_tokens, gen_tokens;  /* processed / sampled, in total */
     uint64_t prompt_shared;              /* prompt tokens not read again: forked from another choice's */
+    uint64_t prompt_cached;              /* prompt tokens not read again: restored from the prompt cache */
+    uint64_t cache_hits, cache_misses;   /* requests that restored a prefix, and those that looked and found none */
+    bool has_cache;                      /* the backend has a prompt cache: cache below is its state */
+    sch_cache_stat cache;
     uint64_t steps, step_tokens;         /* forward passes, and the tokens they carried */
     uint64_t drafted, accepted;          /* speculative drafts sent, and kept */
     uint64_t draft_refused;              /* drafts cut before verification: the request's grammar refused them */
@@ -317,7 +363,8 @@ typedef struct sch_sched {
     const int32_t **d_hist;
     size_t *d_nhist;
     int32_t (*d_out)[SCH_MAX_DRAFT];
-    int *f_src, *f_dst;                  /* [n_slots]: the step's forks (p.share) */
+    int *f_src, *f_dst;                  /* [n_slots]: the step's forks (p.share), or its cache lookups */
+    uint64_t *freed, n_freed;            /* [n_slots]: when each slot was last freed (a count of frees) */
 } sch_sched;
 
 /* Takes over the backend (sch_free frees it). tok must outlive the scheduler. */

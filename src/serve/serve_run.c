@@ -97,7 +97,21 @@ static int serve_local_open(const serve_opts *o, serve_state *st, rl_err *err) {
     if (k3_engine_init(&st->e, &st->m, &st->hp, 0, st->hp.n_layer, &eo, err) != 0) return -1;
     st->have_engine = true;
     k3_weights_prefault(&st->e.w, o->progress && st->m.tensor_bytes > (64u << 20));
-    return sch_backend_local(&st->be, &st->e, o->parallel, (uint32_t)o->ctx, err);
+    if (sch_backend_local(&st->be, &st->e, o->parallel, (uint32_t)o->ctx, err) != 0) return -1;
+    if (o->ctx_checkpoints <= 0) return 0; /* no prompt cache */
+    char why[256];
+    sch_local_cache_opts co = {.ram_bytes = o->cache_ram, .ctx_checkpoints = o->ctx_checkpoints,
+                               .reread_chunk = (uint32_t)o->chunk};
+    co.exact = k3_range_split_invariant(&st->m, &st->hp, 0, st->hp.n_layer, o->eo.no_repack, why, sizeof why);
+    if (sch_local_cache_on(&st->be, &co, err) != 0) {
+        st->be.free(st->be.impl);
+        return -1;
+    }
+    fprintf(stderr, "ringlm serve: prompt cache: %d checkpoints per slot (%.2f MiB each), %.0f MiB of host RAM; %s (%s)\n",
+            o->ctx_checkpoints, (double)sch_local_ckpt_bytes(&st->be) / 1048576.0, (double)o->cache_ram / 1048576.0,
+            co.exact ? "a resumed prompt gives the bits of a fresh read" : "a resumed prompt may differ from a fresh read in the last bits",
+            why);
+    return 0;
 }
 
 /* The line that says the server is up, and where. */
@@ -181,7 +195,7 @@ int serve_run(const serve_opts *o, rl_err *err) {
         }
         st.have_dpool = true;
     }
-    sch_config sc = {.queue_cap = o->queue, .chunk = (uint32_t)o->chunk, .draft = draft_model ? &st.dpool : NULL,
+    sch_config sc = {.queue_cap = o->queue, .chunk = (uint32_t)o->chunk, .ckpt_every = (uint32_t)o->ckpt_every, .draft = draft_model ? &st.dpool : NULL,
                      .dspark = st.dspark};
     if (sch_init(&st.s, &st.be, &st.tok, &sc, err) != 0) {
         st.be.free(st.be.impl);

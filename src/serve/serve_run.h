@@ -26,6 +26,10 @@ typedef struct serve_opts {
     bool quiet;              /* no log line per request */
     int parallel, ctx, queue, chunk; /* sequences at once, context of each, requests waiting, prompt tokens per step */
     int drain;               /* seconds running requests may take to finish after the first signal */
+    /* The prompt cache (one machine; docs/serve.md): host RAM for prefixes slots moved on from (0: none),
+     * checkpoints per slot (0: no prompt cache at all), and a checkpoint every this many prompt tokens. */
+    size_t cache_ram;
+    int ctx_checkpoints, ckpt_every;
     int threads;             /* compute threads here (the engine's; the draft model's unless draft_threads) */
     bool progress;           /* show loading progress on stderr */
     k3_engine_opts eo;       /* all but n_threads and progress (set from threads and progress here) */

@@ -129,8 +129,8 @@ int main(void) {
     ok = ok && be.step(be.impl, ts, 2, &err) == 0 && ts[0].feat && ts[1].feat && ts[0].n_out == 2;
     if (ok) memcpy(fp + N_PROMPT * row, ts[0].feat, 4 * row * sizeof *fp);
     CHECK(ok, "a speculative entry with taps gets a row per token (%d committed)", ts[0].n_out);
-    /* The reference: slot 0's tokens through a state of their own, the same way (a prefill, then a block kept
-     * for rollback). */
+    /* The reference: slot 0's tokens through a state of their own, the same way (a split-invariant prefill, then
+     * a block kept for rollback). */
     k3_state ref_st;
     float worst = 0, scale = 0;
     if (ok && k3_state_init(&ref_st, &e.hp, 0, hp.n_layer, 128, &err) == 0) {
@@ -141,7 +141,8 @@ int main(void) {
             uint8_t keep = c == 1;
             int32_t lrow = (int32_t)lens[c] - 1;
             k3_batch b = {.n_seqs = 1, .seqs = &rs, .n_tokens = &lens[c], .tokens = chunks[c], .keep_rollback = &keep,
-                          .n_logits = 1, .logit_rows = &lrow, .n_taps = 2, .tap_layers = taps};
+                          .n_logits = 1, .logit_rows = &lrow, .n_taps = 2, .tap_layers = taps,
+                          .split_invariant = true}; /* as the backend reads prompt pieces */
             k3_output o;
             ok = k3_forward(&e, &b, &o, &err) == 0;
             for (uint32_t t = 0; ok && t < lens[c]; t++) {

@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""A multi-turn conversation against `ringlm serve` for tests/t_serve_cache.sh (Python stdlib only).
+
+Turn 1 is a seeded prompt of --size token ids; each later turn is the previous prompt, the token ids the
+server generated for it (return_token_ids), and --new seeded ids. Every turn after the first is sent twice:
+with the prompt cache (the default) and with "cache_prompt": false (a fresh read), so the caller can
+compare the two. Writes one JSON object to stdout:
+
+  {"turns": [{"prompt": n, "cached": R, "fresh": R}, ...]}   (turn 1 has no "fresh")
+  R = {"ids": [...], "logprobs": [...], "cached_tokens": n, "text": "..."}   (per choice: "choices": [R, ...])
+With --evict an unrelated prompt goes before each later turn (on a one-slot server the turn then finds its
+prefix in the host-RAM cache, not in the slot).
+"""
+import argparse
+import json
+import random
+import sys
+import time
+import urllib.request
+
+
+def post(url, body, stream):
+    req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        if not stream:
+            return json.loads(r.read())
+        # SSE: gather every choice's text and token ids, and the usage chunk
+        choices, usage = {}, None
+        for line in r:
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            j = json.loads(line[6:])
+            if j.get("usage"):
+                usage = j["usage"]
+            for c in j.get("choices", []):
+                d = choices.setdefault(c["index"], {"text": "", "token_ids": [], "logprobs": None})
+                d["text"] += c.get("text") or ""
+                d["token_ids"] += c.get("token_ids") or []
+        return {"choices": [choices[k] for k in sorted(choices)], "usage": usage}
+
+
+def result(j):
+    cs = []
+    for c in j["choices"]:
+        lp = c.get("logprobs")
+        cs.append({"ids": c.get("token_ids"), "text": c.get("text"),
+                   "logprobs": lp.get("token_logprobs") if isinstance(lp, dict) else None})
+    u = j.get("usage") or {}
+    cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens")
+    r = dict(cs[0])
+    r["cached_tokens"] = cached
+    r["choices"] = cs
+    return r
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--size", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--reply", type=int, default=16)
+    ap.add_argument("--new", type=int, default=24)
+    ap.add_argument("--vocab", type=int, default=1000, help="ids are drawn from [3, vocab)")
+    ap.add_argument("--think", type=float, default=0.0, help="seconds between turns")
+    ap.add_argument("--stream", action="store_true")
+    ap.add_argument("--no-fresh", action="store_true", help="do not send the cache_prompt:false copy")
+    ap.add_argument("--extra", default="{}", help="JSON merged into every request body")
+    ap.add_argument("--evict", action="store_true",
+                    help="before each later turn, an unrelated prompt (on a one-slot server it takes the slot)")
+    a = ap.parse_args()
+    rnd = random.Random(a.seed)
+    extra = json.loads(a.extra)
+    prompt = [rnd.randrange(3, a.vocab) for _ in range(a.size)]
+    turns = []
+    for t in range(a.turns):
+        if t > 0 and a.evict:
+            other = [rnd.randrange(3, a.vocab) for _ in range(a.size)]
+            post(a.url, {"prompt": other, "max_tokens": 2, "temperature": 0, "ignore_eos": True}, False)
+        body = {"prompt": prompt, "max_tokens": a.reply, "temperature": 0, "ignore_eos": True,
+                "return_token_ids": True, "stream": a.stream}
+        if a.stream:
+            body["stream_options"] = {"include_usage": True}
+        else:
+            body["logprobs"] = 1
+        body.update(extra)
+        turn = {"prompt": len(prompt), "cached": result(post(a.url, body, a.stream))}
+        if t > 0 and not a.no_fresh:
+            turn["fresh"] = result(post(a.url, dict(body, cache_prompt=False), a.stream))
+        turns.append(turn)
+        prompt = prompt + (turn["cached"]["ids"] or []) + [rnd.randrange(3, a.vocab) for _ in range(a.new)]
+        if a.think > 0:
+            time.sleep(a.think)
+    json.dump({"turns": turns}, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
