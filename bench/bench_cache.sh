@@ -162,7 +162,7 @@ snapshot() {
         for k in ringlm llama-server; do
             if [ $k = ringlm ]; then [ $run_ringlm = 1 ] || continue; p=$rpid; else [ $run_llama = 1 ] || continue; p=$lpid; fi
             # the process under `timeout`: its only child
-            p=$(pgrep -P "$p" | head -1)
+            p=$(pgrep -P "$p" | head -1 || true)
             printf '"%s": {"rss_kib": %s, "hwm_kib": %s},\n' "$k" \
                 "$(awk '/^VmRSS/ { print $2 }' "/proc/$p/status" 2>/dev/null || echo null)" \
                 "$(awk '/^VmHWM/ { print $2 }' "/proc/$p/status" 2>/dev/null || echo null)"
