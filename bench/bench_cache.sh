@@ -5,8 +5,12 @@
 # file, same threads, same context.
 #
 #   bench/bench_cache.sh [--model FILE] [--sizes "1024 4096 16384"] [--convs N] [--turns N] [--reply N]
-#                        [--new N] [--uncached-convs N] [--threads N] [--ctx N] [--servers "ringlm llama-server"]
+#                        [--new N] [--think S] [--uncached-convs N] [--threads N] [--ctx N] [--servers "ringlm llama-server"]
 #                        [--timeout S] [--out PREFIX] [--keep] [--no-build]
+#
+# --think S: a pause of S seconds between a turn's last token and the next turn (a person reading the reply,
+# an agent running a tool; default 0, turns back to back). ringlm re-reads a finished reply while idle
+# (docs/serve.md, "Prompt cache"), which a pause lets finish before the next turn arrives.
 #
 # Defaults: build/bench/small-32k.gguf, synthesized once: the `small` preset at seed 1, as bench_serve.sh
 # makes build/bench/small.gguf, with a trained context of 32768 tokens in place of 4096 (llama-server caps
@@ -44,7 +48,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 argv=; [ $# -eq 0 ] || argv=$(printf ' %q' "$@")
-model=build/bench/small-32k.gguf sizes="1024 4096 16384" convs=3 turns=3 reply=32 new=32 uncached_convs=1
+model=build/bench/small-32k.gguf sizes="1024 4096 16384" convs=3 turns=3 reply=32 new=32 uncached_convs=1 think=0
 threads=2 ctx=0 servers="ringlm llama-server" timeout_s=300 out=bench/results/cache keep=0 build=1
 while [ $# -gt 0 ]; do
     case $1 in
@@ -53,6 +57,7 @@ while [ $# -gt 0 ]; do
         --convs) convs=$2; shift 2 ;;
         --turns) turns=$2; shift 2 ;;
         --reply) reply=$2; shift 2 ;;
+        --think) think=$2; shift 2 ;;
         --new) new=$2; shift 2 ;;
         --uncached-convs) uncached_convs=$2; shift 2 ;;
         --threads) threads=$2; shift 2 ;;
@@ -67,6 +72,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 positive_ints convs:convs turns:turns reply:reply new:new threads:threads timeout_s:timeout
+[[ $think =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--think wants seconds, got '$think'"
 [[ $uncached_convs =~ ^[0-9]+$ ]] || die "--uncached-convs must be a count, got '$uncached_convs'"
 [[ $ctx =~ ^[0-9]+$ ]] || die "--ctx must be a count, got '$ctx'"
 [ "$turns" -ge 2 ] || die "--turns must be at least 2 (turn 1 is never cached)"
@@ -141,7 +147,7 @@ conv() {
     [ "$4" = 1 ] && extra=(--uncached)
     local f=$work/$name-s$s-c$i
     timeout -k 5 $((timeout_s + 30)) python3 bench/tools/load_turns.py conv --api "$api" --port "$port" \
-        --prompt-file "$work/ids-s$s-c$i-t1" --new-files "$newfiles" --reply "$reply" --ban-file "$work/bans.json" \
+        --prompt-file "$work/ids-s$s-c$i-t1" --new-files "$newfiles" --reply "$reply" --think "$think" --ban-file "$work/bans.json" \
         --timeout "$timeout_s" "${extra[@]+"${extra[@]}"}" >"$f.json" 2>"$f.err" || rc=$?
     if [ $rc != 0 ]; then
         cat "$f.err" >&2
@@ -220,7 +226,7 @@ grep -aE 'checkpoint|cache|n_past|selected slot|prompt eval' "$work/llama-server
 grep -aiE 'error|fail|abort|panic' "$work/ringlm.log" >"$work/ringlm-errors.txt" 2>/dev/null || true
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
 SB_WORK=$work SB_OUT=$out SB_MODEL=$model SB_WEIGHTS=$weights SB_CTX_TRAIN=${n_ctx_train:-0} SB_SIZES=$sizes \
-SB_CONVS=$convs SB_TURNS=$turns SB_REPLY=$reply SB_NEW=$new SB_UNCACHED=$uncached_convs SB_THREADS=$threads \
+SB_CONVS=$convs SB_TURNS=$turns SB_REPLY=$reply SB_NEW=$new SB_UNCACHED=$uncached_convs SB_THREADS=$threads SB_THINK=$think \
 SB_CTX=$ctx SB_SERVERS=$servers SB_COMMAND="bench/bench_cache.sh$argv" SB_CPU=$cpu SB_CORES=$(nproc) \
 SB_LOAD=$(cut -d' ' -f1 /proc/loadavg) SB_LLAMA_BIN=$B python3 - <<'PY'
 import json, os, time
@@ -272,7 +278,7 @@ if both:
 errlog = open(w + "/ringlm-errors.txt").read().strip().splitlines() if os.path.exists(w + "/ringlm-errors.txt") else []
 llama_lines = open(w + "/llama-cache-lines.txt").read().strip().splitlines() if os.path.exists(w + "/llama-cache-lines.txt") else []
 doc = {"benchmark": "prompt cache: multi-turn TTFT, ringlm serve (one machine) vs llama-server at its defaults",
-       "command": e["SB_COMMAND"], "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+       "command": e["SB_COMMAND"], "think_s": float(e["SB_THINK"]), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
        "machine": {"cpu": e["SB_CPU"], "cores": int(e["SB_CORES"]), "load_avg_at_end": float(e["SB_LOAD"])},
        "model": {"file": e["SB_MODEL"], "weight_bytes": int(e["SB_WEIGHTS"]), "n_ctx_train": int(e["SB_CTX_TRAIN"])},
        "settings": {"sizes": sizes, "conversations_per_size": convs, "turns": turns, "reply_tokens": int(e["SB_REPLY"]),
@@ -292,9 +298,11 @@ L = ["# Prompt cache: multi-turn time to first token, `ringlm serve` vs llama-se
      "seeded token ids (a seed per conversation), each server generates %s tokens greedily (temperature 0, "
      "ignore_eos, streamed), turn k+1 = turn k's prompt + the ids that server generated + %s new seeded ids. "
      "One sequence slot each (`--parallel 1` / `-np 1`), context %s, %s threads; both servers up side by side, "
-     "one idle while the other works; each conversation runs on both, the first of the pair alternating." % (
+     "one idle while the other works; each conversation runs on both, the first of the pair alternating. "
+     "Pause between turns: %s s%s." % (
      os.path.basename(e["SB_MODEL"]), int(e["SB_WEIGHTS"]) / 1048576, e["SB_CTX_TRAIN"], convs, turns,
-     e["SB_REPLY"], e["SB_NEW"], e["SB_CTX"], e["SB_THREADS"]), "",
+     e["SB_REPLY"], e["SB_NEW"], e["SB_CTX"], e["SB_THREADS"], e["SB_THINK"],
+     " (turns back to back)" if float(e["SB_THINK"]) == 0 else ""), "",
      "Settings: ringlm serve at its defaults; llama-server as shipped (`cache_prompt` on, its context checkpoints, "
      "its host-RAM prompt cache, `-fa auto`, f16 cache), given only `-m`, `--host`, `--port`, `-np`, `-c`, `-t`.", "",
      "TTFT in ms per conversation (c1 / c2 / ...), median; *read* = prompt tokens the server says it read "

@@ -130,6 +130,7 @@ def conv(a):
             t["turn"] = k + 1
             out["turns"].append(t)
             if k < len(news): ids = ids + t["generated"] + news[k]
+            if k < len(news) and a.think > 0: time.sleep(a.think)  # a person reading, a tool running
         if a.uncached:
             for k in range(1, len(prompts)):
                 t = turn(a, prompts[k], False, bans, deadline)
@@ -159,6 +160,7 @@ def main():
     c.add_argument("--reply", type=int, default=32)
     c.add_argument("--ban-file")
     c.add_argument("--uncached", action="store_true")
+    c.add_argument("--think", type=float, default=0.0, help="seconds between a turn's end and the next turn")
     c.add_argument("--timeout", type=float, default=600)
     c.add_argument("--model")
     a = p.parse_args()
