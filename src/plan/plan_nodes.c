@@ -6,6 +6,7 @@
 
 #include <cJSON.h>
 
+#include "../model/k3_memory.h"
 #include "plan_model.h"
 #include "ring_order.h"
 
@@ -36,6 +37,14 @@ static int plan_nodes_plan_once(const mf_model *m, const k3_hparams *hp, const n
     r->spec_block = spec_block;
     for (uint32_t il = 0; il < pm.n_layer; il++) r->rollback_bytes += (uint64_t)pm.n_seq * pm.layer_host[il];
     if (plan_make(&pm, r->pnodes, c->n, 0.10, &r->plan, err) != 0) return -1;
+    r->ckpt_bytes = k3_range_kda_state_bytes(hp, 0, hp->n_layer);
+    r->token_bytes = k3_range_mla_bytes_per_token(hp, 0, hp->n_layer, 2);
+    for (int s = 0; s < r->plan.n_stages; s++) {
+        const plan_stage *ps = &r->plan.stages[s];
+        const plan_node *pn = &r->pnodes[ps->node];
+        const uint64_t have = pn->mem_bytes + pn->ram_bytes;
+        if (have > ps->mem_bytes) r->spare_bytes += have - ps->mem_bytes;
+    }
     /* The hops of the stages the plan uses (a node it leaves out is not on the way). */
     predict_node pr[PLAN_MAX_NODES];
     int prev = -1;
@@ -121,6 +130,14 @@ void plan_nodes_print(const plan_nodes_result *r, const nodes_conf_file *c, cons
     fprintf(f, "  aggregate, %3u streams  %8.2f tok/s\n", po->parallel ? po->parallel : 1, p->parallel_tok_s);
     fprintf(f, "  network floor           %8.2f tok/s   (hops alone%s", p->floor_tok_s, po->acceptance > 0 ? "; " : ")\n");
     if (po->acceptance > 0) fprintf(f, "%.2f with speculation)\n", p->spec_floor_tok_s);
+    /* What cached conversations cost (docs/serve.md, "Prompt cache"): each slot's checkpoints, and a cached
+     * prefix's MLA rows; what the plan leaves free would hold this much. */
+    const double gib = 1073741824.0, conv = 8.0 * (double)r->ckpt_bytes + 32768.0 * (double)r->token_bytes;
+    fprintf(f, "prompt cache: a checkpoint %.1f MiB (KDA state), a cached token %.1f KiB (MLA rows, f16); the %.1f GiB the "
+            "plan leaves free hold %.0f checkpoints, or %.1f cached 32k-token conversations of 8 checkpoints (%.2f GiB each)\n",
+            (double)r->ckpt_bytes / 1048576.0, (double)r->token_bytes / 1024.0, (double)r->spare_bytes / gib,
+            r->ckpt_bytes ? (double)r->spare_bytes / (double)r->ckpt_bytes : 0.0, conv > 0 ? (double)r->spare_bytes / conv : 0.0,
+            conv / gib);
 }
 
 cJSON *plan_nodes_json(const plan_nodes_result *r, const nodes_conf_file *c, const predict_opts *po) {

@@ -26,6 +26,9 @@ typedef struct plan_nodes_result {
      * memory already. */
     uint32_t spec_block;
     uint64_t rollback_bytes;
+    /* The prompt cache (docs/serve.md): a checkpoint (the KDA state of every layer), a cached token (its MLA
+     * rows, f16), and the memory the plan leaves free on the stages' nodes, which cached prefixes could use. */
+    uint64_t ckpt_bytes, token_bytes, spare_bytes;
 } plan_nodes_result;
 
 int plan_nodes_plan(const mf_model *m, const k3_hparams *hp, const nodes_conf_file *c, uint32_t n_ctx, const predict_opts *po,
