@@ -5,7 +5,7 @@
 # request with "cache_prompt": false, bit for bit (flash attention over an f16 cache, and softmax over f32);
 # the reply is re-read while the server is idle, so the next turn reads only its new tokens; prefixes evicted
 # from a one-slot server come back from the host cache; a budget that evicts still serves exact state; n > 1,
-# speculative drafts and streaming work on cached prefixes; usage.prompt_tokens_details.cached_tokens and
+# speculative drafts, a grammar (json_object) and streaming work on cached prefixes; usage.prompt_tokens_details.cached_tokens and
 # /metrics count it; a model whose kernels are not split-invariant says so; bad options and a budget too
 # small for one prefix are refused by name.
 . "$(dirname "$0")/lib.sh"
@@ -48,6 +48,9 @@ check "streamed: the usage chunk counts the cached tokens" \
 conv --url "$U" --size 120 --seed 6 --turns 2 --extra '{"n": 2, "draft": "ngram"}' >"$WORK/c6.json"
 check "n = 2 with n-gram drafts on a cached prefix: equal to fresh reads" equal "$WORK/c6.json"
 check "n = 2: both choices there" py "$WORK/c6.json" "all(len(t['cached']['choices']) == 2 for t in d['turns'])"
+conv --url "$U" --size 120 --seed 9 --turns 3 --reply 24 --extra '{"ignore_eos": false, "response_format": {"type": "json_object"}}' >"$WORK/c9.json"
+check "json_object (a grammar) on a cached prefix: equal to fresh reads" equal "$WORK/c9.json"
+check "json_object: every turn's text is a JSON object" py "$WORK/c9.json" "all(isinstance(__import__('json').loads(t['cached']['text']), dict) for t in d['turns'])"
 hits=$(metric "$U" ringlm_prompt_cache_hits_total)
 cached=$(metric "$U" ringlm_prompt_tokens_cached_total)
 check "/metrics counts hits (at least the 2 + 2 + 1 resumed turns)" test "${hits:-0}" -ge 5

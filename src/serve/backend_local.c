@@ -46,6 +46,7 @@ typedef struct sch_local {
     int32_t *held;       /* [n_slots * n_ctx]: the token at each position a slot's state has read (valid[] of them) */
     pc_cache host;       /* --cache-ram: prefixes kept after their slot moved on */
     uint32_t *reread;    /* [n_slots]: where an idle re-read of generated tokens ends (0: none; sch_local_idle) */
+    double *ended;       /* [n_slots]: when the slot's last sequence ended (rl_clock_now) */
     uint32_t chunk;      /* tokens per idle re-read piece */
 } sch_local;
 
@@ -177,18 +178,30 @@ fail:
     return -1;
 }
 
+/* A client that sends its next turn at once (an agent's loop, a benchmark) comes within this many seconds
+ * of the end of its last; an idle re-read waits that long first, so that such a turn reads the reply with its
+ * new tokens in one piece instead of waiting for a re-read piece and then reading its own. */
+#define BL_REREAD_GRACE_S 0.1
+
 /* Idle work (nothing runs): a slot whose sequence ends in tokens it generated holds state no fresh prompt
  * read reproduces (a one-token step rounds differently from a prompt piece), so a next turn could resume only
  * from the checkpoint before them and read them again. While the server is idle they are read again here, as
  * prompt pieces from that checkpoint, a checkpoint after each: the next turn then reads only its new tokens.
- * One piece per call, so a request that arrives waits for one piece at most. Returns 1 when it did one. */
+ * One piece per call, so a request that arrives waits for one piece at most. Returns 1 when it did one, 0
+ * when there is none to do, -ms when one will be due after the grace above. */
 static int sch_local_idle(void *impl) {
     sch_local *L = impl;
+    double due = -1;
     for (int i = 0; L->cache && i < L->n_slots; i++) {
         k3_state *st = &L->st[i];
         if (L->reread[i] == 0) { /* a sequence that ends past its last checkpoint: re-read from there */
             const int k = L->n_ck[i] - 1;
             if (k < 0 || L->valid[i] < bl_cks(L, i)[k].pos + 2) continue;
+            const double wait = L->ended[i] + BL_REREAD_GRACE_S - rl_clock_now();
+            if (wait > 0) {
+                if (due < 0 || wait < due) due = wait;
+                continue;
+            }
             rl_err e;
             if (k3_state_restore(st, &bl_cks(L, i)[k].snap, &e) != 0) continue;
             L->reread[i] = L->valid[i];
@@ -213,7 +226,7 @@ static int sch_local_idle(void *impl) {
         if (st->n_past >= end) L->reread[i] = 0;
         return 1;
     }
-    return 0;
+    return due < 0 ? 0 : -(int)(due * 1000.0 + 1.0);
 }
 
 static void sch_local_cache_stats(void *impl, sch_cache_stat *out) {
@@ -413,8 +426,8 @@ static int sch_local_pass(sch_local *L, sch_step *steps, int n, rl_err *err) {
 }
 
 static void sch_local_end(void *impl, int slot) {
-    (void)impl;
-    (void)slot; /* states are reused: the next begin resets them */
+    sch_local *L = impl; /* states are reused: the next begin resets them */
+    if (L->cache && slot >= 0 && slot < L->n_slots) L->ended[slot] = rl_clock_now();
 }
 
 static int sch_local_nodes(void *impl, sch_node_stat *out, int max) {
@@ -436,6 +449,7 @@ static void sch_local_free(void *impl) {
     free(L->n_ck);
     free(L->held);
     free(L->reread);
+    free(L->ended);
     pc_free(&L->host);
     k3_state_pool_free(&L->pool);
     free(L->st);
@@ -552,9 +566,10 @@ int sch_local_cache_on(sch_backend *be, const sch_local_cache_opts *o, rl_err *e
     L->n_ck = calloc((size_t)L->n_slots, sizeof *L->n_ck);
     L->held = malloc((size_t)L->n_slots * L->n_ctx * sizeof *L->held);
     L->reread = calloc((size_t)L->n_slots, sizeof *L->reread);
-    if (!L->ck || !L->n_ck || !L->held || !L->reread) {
-        free(L->ck), free(L->n_ck), free(L->held), free(L->reread);
-        L->ck = NULL, L->n_ck = NULL, L->held = NULL, L->reread = NULL;
+    L->ended = calloc((size_t)L->n_slots, sizeof *L->ended);
+    if (!L->ck || !L->n_ck || !L->held || !L->reread || !L->ended) {
+        free(L->ck), free(L->n_ck), free(L->held), free(L->reread), free(L->ended);
+        L->ck = NULL, L->n_ck = NULL, L->held = NULL, L->reread = NULL, L->ended = NULL;
         return rl_errf(err, "out of memory for the prompt cache's index");
     }
     L->max_ck = o->ctx_checkpoints;

@@ -483,13 +483,16 @@ static bool sch_idle(sch_sched *s) {
     sch_ring_take(s, &rs);
     s->m.n_nodes = n_nodes; /* idle work may have found a node gone or back: /health shows it */
     memcpy(s->m.nodes, nodes, (size_t)n_nodes * sizeof *nodes);
-    if (did) return true; /* maybe more, unless requests came meanwhile (the loop admits them first) */
+    if (did > 0) return true; /* maybe more, unless requests came meanwhile (the loop admits them first) */
     /* Nothing now: sleep until a request, a cancel or stop, but call idle() again within a second (the
-     * backend paces its own background checks). */
+     * backend paces its own background checks), or when it said it will have work. */
     if (!s->stopping) {
+        const long ms = did < 0 && -did < 1000 ? -did : 1000;
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += 1;
+        until.tv_nsec += ms * 1000000L;
+        until.tv_sec += until.tv_nsec / 1000000000L;
+        until.tv_nsec %= 1000000000L;
         pthread_cond_timedwait(&s->cond, &s->mu, &until);
     }
     return true;

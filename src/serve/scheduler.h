@@ -135,8 +135,10 @@ typedef struct sch_backend {
     void (*end)(void *impl, int slot);
     int (*nodes)(void *impl, sch_node_stat *out, int max);
     void (*free)(void *impl);
-    /* Optional: background work while nothing runs (the ring's audits). Called on the scheduler thread
-     * without the mutex; returns 1 when it did something (it is called again), 0 when there is nothing. */
+    /* Optional: background work while nothing runs (the ring's audits, the prompt cache's re-reads). Called on
+     * the scheduler thread without the mutex; returns 1 when it did something (it is called again), 0 when
+     * there is nothing, or -ms when there will be something in ms milliseconds (it is called again then, or
+     * when a request comes). */
     int (*idle)(void *impl);
     /* Optional (a ring with receipts): the signed receipts of every traversal that carried the slot's
      * sequence, as a malloc'ed JSON array (docs/receipts.md's objects); called once as the sequence ends,
