@@ -115,7 +115,7 @@ test: ringlm units_release oracle adversary
 # `make check-full` still runs every test against both builds. RINGLM_TEST_QUICK=1 makes test_forward run
 # its tiny configs only under the sanitizers: the same paths, fewer shapes.
 ASAN_TESTS = test_ fuzz_ =t_hostile =t_corrupt =t_transport =t_serve_clients =t_relay =t_manifest \
-             =t_receipts =t_layout =t_synth =t_tokenizer =t_run =t_plan
+             =t_receipts =t_layout =t_synth =t_tokenizer =t_run =t_plan =t_serve_cache
 check:
 	$(MAKE) test
 	$(MAKE) asan
