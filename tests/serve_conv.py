@@ -70,6 +70,7 @@ def main():
     ap.add_argument("--extra", default="{}", help="JSON merged into every request body")
     ap.add_argument("--evict", action="store_true",
                     help="before each later turn, an unrelated prompt (on a one-slot server it takes the slot)")
+    ap.add_argument("--evict-size", type=int, default=0, help="tokens of that prompt (default --size)")
     a = ap.parse_args()
     rnd = random.Random(a.seed)
     extra = json.loads(a.extra)
@@ -77,7 +78,7 @@ def main():
     turns = []
     for t in range(a.turns):
         if t > 0 and a.evict:
-            other = [rnd.randrange(3, a.vocab) for _ in range(a.size)]
+            other = [rnd.randrange(3, a.vocab) for _ in range(a.evict_size or a.size)]
             post(a.url, {"prompt": other, "max_tokens": 2, "temperature": 0, "ignore_eos": True}, False)
         body = {"prompt": prompt, "max_tokens": a.reply, "temperature": 0, "ignore_eos": True,
                 "return_token_ids": True, "stream": a.stream}

@@ -81,6 +81,12 @@ serve_start tight -m "$f" --threads 1 --parallel 1 --ctx 1024 --cache-ram 1
 conv --url "${SRV_URL[tight]}" --size 300 --seed 4 --turns 3 --evict >"$WORK/c4.json"
 check "a budget of 1 MiB: still equal to fresh reads" equal "$WORK/c4.json"
 check "a budget of 1 MiB: entries were evicted for room" test "$(metric "${SRV_URL[tight]}" ringlm_prompt_cache_evicted_total)" -ge 1
+# Prefixes of 700+ tokens: 1 MiB holds one. Before each turn a longer prompt takes the slot; the turn finds
+# its prefix in the host cache, and keeping the slot's (longer) prefix then evicts that entry: it must be
+# restored first, never be replaced under the lookup by the entry that takes its place.
+conv --url "${SRV_URL[tight]}" --size 700 --evict-size 760 --seed 10 --turns 3 --evict >"$WORK/c10.json"
+check "a budget of one prefix, which the slot's own keeping evicts: equal to fresh reads" equal "$WORK/c10.json"
+check "... and each turn restored its previous prompt from the host cache first" resumed "$WORK/c10.json"
 kill -9 "${SRV_PID[tight]}"; unset 'SRV_PID[tight]'
 
 # ---- no prompt cache at all --------------------------------------------------------------------------------

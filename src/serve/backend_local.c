@@ -104,25 +104,45 @@ static uint32_t sch_local_match(void *impl, int slot, const int32_t *tokens, siz
     return k < 0 ? 0 : bl_cks(L, slot)[k].pos;
 }
 
-/* Keeps slot's latest checkpoint in the host cache (its KDA state and the MLA rows before it), unless it is
- * there already. A failure (the budget, memory) only loses the entry. */
-static void bl_keep(sch_local *L, int slot) {
-    if (L->host.budget == 0 || L->n_ck[slot] == 0) return;
+/* A prefix to keep in the host cache: its tokens and its state (the format sch_local_resume restores). */
+typedef struct bl_kept {
+    int32_t *tokens;
+    uint32_t n;
+    uint8_t *blob;
+    size_t len;
+} bl_kept;
+
+/* Copies slot's latest checkpoint out (its KDA state and the MLA rows before it), unless the host cache has
+ * it already; false when there is nothing to keep (or no memory: the entry is only lost). */
+static bool bl_keep_copy(sch_local *L, int slot, bl_kept *k) {
+    memset(k, 0, sizeof *k);
+    if (L->host.budget == 0 || L->n_ck[slot] == 0) return false;
     const bl_ckpt *c = &bl_cks(L, slot)[L->n_ck[slot] - 1];
     const int32_t *toks = bl_held(L, slot);
-    if (c->pos > L->valid[slot] || pc_has(&L->host, toks, c->pos)) return;
-    const size_t rows = k3_state_rows_bytes(&L->st[slot], c->pos), len = c->snap.n_bytes + rows;
-    uint8_t *blob = malloc(len ? len : 1);
+    if (c->pos > L->valid[slot] || pc_has(&L->host, toks, c->pos)) return false;
+    k->len = c->snap.n_bytes + k3_state_rows_bytes(&L->st[slot], c->pos);
+    k->n = c->pos;
+    k->blob = malloc(k->len ? k->len : 1);
+    k->tokens = malloc((c->pos ? c->pos : 1) * sizeof *k->tokens);
     rl_err e;
-    if (!blob) return;
-    memcpy(blob, c->snap.kda, c->snap.n_bytes);
-    if (k3_state_rows_get(&L->st[slot], c->pos, blob + c->snap.n_bytes, &e) != 0) {
-        free(blob);
-        return;
+    if (!k->blob || !k->tokens || k3_state_rows_get(&L->st[slot], c->pos, k->blob + c->snap.n_bytes, &e) != 0) {
+        free(k->blob), free(k->tokens);
+        memset(k, 0, sizeof *k);
+        return false;
     }
-    if (pc_put(&L->host, toks, c->pos, blob, len, &e) != 0) {
+    memcpy(k->blob, c->snap.kda, c->snap.n_bytes);
+    memcpy(k->tokens, toks, (size_t)c->pos * sizeof *toks);
+    return true;
+}
+
+/* Stores what bl_keep_copy copied (the cache takes the blob; a failure only loses the entry). */
+static void bl_keep_put(sch_local *L, bl_kept *k) {
+    rl_err e;
+    if (k->blob && pc_put(&L->host, k->tokens, k->n, k->blob, k->len, &e) != 0) {
         fprintf(stderr, "ringlm serve: a prompt prefix was not kept: %s\n", e.msg);
     }
+    free(k->tokens);
+    memset(k, 0, sizeof *k);
 }
 
 static int sch_local_resume(void *impl, int slot, const int32_t *tokens, size_t n, bool reuse, uint32_t *n_cached,
@@ -134,7 +154,7 @@ static int sch_local_resume(void *impl, int slot, const int32_t *tokens, size_t 
     L->reread[slot] = 0; /* what an idle re-read reached is checkpointed; the rest is not needed now */
     k3_state *st = &L->st[slot];
     if (st->n_past > L->valid[slot] && k3_state_rollback(st, L->valid[slot], err) != 0) {
-        bl_ck_drop(L, slot, 0); /* its rows past valid are a rejected draft's; the checkpoints stand */
+        bl_ck_drop(L, slot, 0); /* the state is in doubt: nothing of it is used */
         L->valid[slot] = 0;
         return -1;
     }
@@ -142,13 +162,18 @@ static int sch_local_resume(void *impl, int slot, const int32_t *tokens, size_t 
     const uint32_t lcp = bl_common(bl_held(L, slot), L->valid[slot], tokens, n);
     const int k = bl_ck_best(L, slot, lcp < lim ? lcp : lim);
     const uint32_t own = k < 0 ? 0 : bl_cks(L, slot)[k].pos;
+    /* What the slot holds past its own usable checkpoint is about to be overwritten: its latest prefix is
+     * copied out now and stored once the host entry found below has been restored (storing may evict it). */
+    bl_kept kept;
+    if (!(L->n_ck[slot] > 0 && bl_cks(L, slot)[L->n_ck[slot] - 1].pos > own && bl_keep_copy(L, slot, &kept))) {
+        memset(&kept, 0, sizeof kept);
+    }
     const int h = lim > own && L->host.budget > 0 ? pc_find(&L->host, tokens, n, lim) : -1;
     const uint32_t q = h >= 0 && L->host.e[h].n > own ? L->host.e[h].n : own;
-    /* What the slot holds past q is about to be overwritten: keep its latest prefix first. */
-    if (L->n_ck[slot] > 0 && bl_cks(L, slot)[L->n_ck[slot] - 1].pos > q) bl_keep(L, slot);
     if (q == 0) {
         bl_ck_drop(L, slot, 0);
         L->valid[slot] = 0;
+        bl_keep_put(L, &kept);
         return 0; /* the begin entry resets the state */
     }
     if (q == own) {
@@ -170,11 +195,13 @@ static int sch_local_resume(void *impl, int slot, const int32_t *tokens, size_t 
     }
     L->valid[slot] = q;
     *n_cached = q;
+    bl_keep_put(L, &kept);
     return 0;
 fail:
     bl_ck_drop(L, slot, 0);
     L->valid[slot] = 0;
     k3_state_reset(st);
+    bl_keep_put(L, &kept);
     return -1;
 }
 
