@@ -71,6 +71,8 @@ def main():
     ap.add_argument("--evict", action="store_true",
                     help="before each later turn, an unrelated prompt (on a one-slot server it takes the slot)")
     ap.add_argument("--evict-size", type=int, default=0, help="tokens of that prompt (default --size)")
+    ap.add_argument("--regenerate", action="store_true",
+                    help="after the last turn (and --think), its prompt once more, as a client's regenerate")
     a = ap.parse_args()
     rnd = random.Random(a.seed)
     extra = json.loads(a.extra)
@@ -91,9 +93,15 @@ def main():
         if t > 0 and not a.no_fresh:
             turn["fresh"] = result(post(a.url, dict(body, cache_prompt=False), a.stream))
         turns.append(turn)
+        last = prompt
         prompt = prompt + (turn["cached"]["ids"] or []) + [rnd.randrange(3, a.vocab) for _ in range(a.new)]
         if a.think > 0:
             time.sleep(a.think)
+    if a.regenerate:
+        body = dict(body, prompt=last)
+        turn = {"prompt": len(last), "regenerate": True, "cached": result(post(a.url, body, a.stream))}
+        turn["fresh"] = result(post(a.url, dict(body, cache_prompt=False), a.stream))
+        turns.append(turn)
     json.dump({"turns": turns}, sys.stdout)
 
 

@@ -3,7 +3,8 @@
 # (each turn the previous prompt, the ids the server generated and new tokens) resume from the slot's
 # checkpoints or the host-RAM cache, and every resumed turn's greedy ids and log-probabilities equal the same
 # request with "cache_prompt": false, bit for bit (flash attention over an f16 cache, and softmax over f32);
-# the reply is re-read while the server is idle, so the next turn reads only its new tokens; prefixes evicted
+# the reply is re-read while the server is idle, so the next turn reads only its new tokens, and a checkpoint is
+# made two tokens before the prompt's end, so the same prompt resent (regenerate) reads two; prefixes evicted
 # from a one-slot server come back from the host cache; a budget that evicts still serves exact state; n > 1,
 # speculative drafts, a grammar (json_object) and streaming work on cached prefixes; usage.prompt_tokens_details.cached_tokens and
 # /metrics count it; a model whose kernels are not split-invariant says so; bad options and a budget too
@@ -37,6 +38,9 @@ check "FA/f16: each turn restored at least the previous prompt" resumed "$WORK/c
 # (the last generated token was never fed, so it is read too).
 check "after an idle pause only the new tokens are read (cached = previous prompt + reply - 1)" \
     py "$WORK/c1.json" "all(d['turns'][i]['cached']['cached_tokens'] == d['turns'][i - 1]['prompt'] + 16 - 1 for i in (1, 2))"
+conv --url "$U" --size 180 --seed 11 --turns 2 --think 1.5 --regenerate >"$WORK/c11.json"
+check "regenerate (the last prompt resent) after a pause: equal to a fresh read" equal "$WORK/c11.json"
+check "... reading only the prompt's last two tokens" py "$WORK/c11.json" "d['turns'][-1]['regenerate'] and d['turns'][-1]['cached']['cached_tokens'] == d['turns'][-1]['prompt'] - 2"
 conv --url "$U" --size 150 --seed 5 --turns 3 >"$WORK/c5.json"
 check "FA/f16, turns sent back to back: equal to fresh reads" equal "$WORK/c5.json"
 check "turn 1 restored nothing" py "$WORK/c5.json" "d['turns'][0]['cached']['cached_tokens'] == 0"

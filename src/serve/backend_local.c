@@ -12,6 +12,7 @@
 /* A checkpoint of a slot's sequence: its KDA state after pos tokens (the MLA rows before pos stay in the slot). */
 typedef struct bl_ckpt {
     uint32_t pos;
+    bool end; /* taken where a prompt ended */
     k3_snapshot snap;
 } bl_ckpt;
 
@@ -60,21 +61,34 @@ static void bl_ck_drop(sch_local *L, int slot, int i) {
     if (i < L->n_ck[slot]) L->n_ck[slot] = i;
 }
 
-/* Keeps a checkpoint of slot's state where it stands (after a prompt piece), the oldest dropped past max_ck. */
+/* Keeps a checkpoint of slot's state where it stands (after a prompt piece), in position order (one at the
+ * same position is replaced), the oldest dropped past max_ck. */
 static int bl_ck_take(sch_local *L, int slot, rl_err *err) {
     bl_ckpt *c = bl_cks(L, slot);
     const uint32_t pos = L->st[slot].n_past;
-    if (L->n_ck[slot] > 0 && c[L->n_ck[slot] - 1].pos >= pos) bl_ck_drop(L, slot, L->n_ck[slot] - 1);
+    int at = L->n_ck[slot];
+    while (at > 0 && c[at - 1].pos >= pos) at--;
+    if (at < L->n_ck[slot] && c[at].pos == pos) { /* the same position: a fresh copy in its place */
+        k3_snapshot_free(&c[at].snap);
+        memmove(c + at, c + at + 1, (size_t)(L->n_ck[slot] - at - 1) * sizeof *c);
+        L->n_ck[slot]--;
+    }
     if (L->n_ck[slot] == L->max_ck) {
+        if (at == 0) return 0; /* older than every one kept: not worth a place */
         k3_snapshot_free(&c[0].snap);
         memmove(c, c + 1, (size_t)(L->max_ck - 1) * sizeof *c);
         L->n_ck[slot]--;
+        at--;
     }
-    bl_ckpt *k = &c[L->n_ck[slot]];
+    memmove(c + at + 1, c + at, (size_t)(L->n_ck[slot] - at) * sizeof *c);
+    bl_ckpt *k = &c[at];
     memset(k, 0, sizeof *k);
-    if (k3_state_snapshot(&L->st[slot], &k->snap, err) != 0) return -1;
-    k->pos = pos;
     L->n_ck[slot]++;
+    if (k3_state_snapshot(&L->st[slot], &k->snap, err) != 0) {
+        bl_ck_drop(L, slot, at); /* (it and the later ones: their order is no longer sure) */
+        return -1;
+    }
+    k->pos = pos;
     return 0;
 }
 
@@ -253,6 +267,41 @@ static int sch_local_idle(void *impl) {
         if (st->n_past >= end) L->reread[i] = 0;
         return 1;
     }
+    /* Then a prompt resent as it was (a client's "regenerate", retries) must resume at most two tokens
+     * before its end, where no checkpoint is: one is made there from the checkpoint before it when that is
+     * one piece away (a later turn's prompt: its new tokens; a first turn's long prompt is not read again).
+     * Not while a re-read waits out its grace: a turn sent at once must not wait for this either. */
+    for (int i = 0; L->cache && due < 0 && i < L->n_slots; i++) {
+        if (L->ended[i] + BL_REREAD_GRACE_S > rl_clock_now()) {
+            due = L->ended[i] + BL_REREAD_GRACE_S - rl_clock_now();
+            break;
+        }
+        const bl_ckpt *c = bl_cks(L, i);
+        int e = L->n_ck[i] - 1;
+        while (e >= 0 && !c[e].end) e--;
+        if (e < 0 || c[e].pos < 3 || L->reread[i] != 0) continue;
+        const uint32_t target = c[e].pos - 2;
+        int b = e - 1;
+        while (b >= 0 && c[b].pos > target) b--;
+        const uint32_t from = b >= 0 ? c[b].pos : 0;
+        if (from == target || target - from < 2 || target - from > L->chunk || L->valid[i] < target) continue;
+        k3_state *st = &L->st[i];
+        rl_err err;
+        if (b >= 0 ? k3_state_restore(st, &c[b].snap, &err) != 0 : (k3_state_reset(st), 0)) continue;
+        uint32_t n = target - from;
+        k3_state *sp = st;
+        k3_batch bt = {.n_seqs = 1, .seqs = &sp, .n_tokens = &n, .tokens = bl_held(L, i) + from, .split_invariant = true};
+        k3_output o;
+        if (k3_forward(L->e, &bt, &o, &err) != 0) {
+            fprintf(stderr, "ringlm serve: a checkpoint before a prompt's end was not made: %s\n", err.msg);
+            bl_ck_drop(L, i, 0); /* the slot's state is in doubt */
+            L->valid[i] = 0;
+            return 1;
+        }
+        k3_output_free(&o);
+        if (bl_ck_take(L, i, &err) != 0) fprintf(stderr, "ringlm serve: no prompt checkpoint kept: %s\n", err.msg);
+        return 1;
+    }
     return due < 0 ? 0 : -(int)(due * 1000.0 + 1.0);
 }
 
@@ -423,6 +472,7 @@ static int sch_local_pass(sch_local *L, sch_step *steps, int n, rl_err *err) {
         if (sp->ckpt && L->cache && sp->n_draft == 0 && sp->n_tokens >= 2) {
             rl_err e;
             if (bl_ck_take(L, sp->slot, &e) != 0) fprintf(stderr, "ringlm serve: no prompt checkpoint kept: %s\n", e.msg);
+            else if (sp->sample) bl_cks(L, sp->slot)[L->n_ck[sp->slot] - 1].end = true;
         }
         if (sp->n_draft > 0) { /* spec_accept takes the inputs into the penalty history as it judges them */
             sp->n_out = spec_accept(smp, o.logits + (size_t)r * (size_t)n_vocab, n_vocab, sp->tokens, sp->n_draft, NULL,
