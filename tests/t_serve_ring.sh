@@ -78,12 +78,13 @@ R="one two three one two three one two three one two"
 "$RINGLM" run -m "$f" -p "$R" -n 12 --temp 0 --ignore-eos --ids --threads 1 >"$WORK/lp.ids" 2>/dev/null
 rids=$("$RINGLM" tokenize -m "$f" "$R")
 n_r=$(echo "$rids" | awk -F, '{ print NF }')
-"$RINGLM" logits -m "$f" --tokens "$rids,$(cat "$WORK/lp.ids")" --prefill "$n_r" --threads 1 -o "$WORK/lp_ref.bin"
+"$RINGLM" logits -m "$f" --tokens "$rids,$(cat "$WORK/lp.ids")" --prefill "$n_r" --threads 1 --split-invariant -o "$WORK/lp_ref.bin"
 post lp "$(greedy "$R" 12 ',"logprobs":3')"
 check "logprobs through the ring: each token's and its top 3 = one machine's log-softmax" \
     py "$WORK/lp.json" "lp_match(d['choices'][0]['logprobs'], ref_logprobs('lp_ref.bin', $n_r), 3)"
 
-"$RINGLM" logits -m "$f" --tokens "$rids" --threads 1 -o "$WORK/lpp_ref.bin"
+# (--split-invariant: serve reads prompt pieces so, through the ring too: FRAME_SEQ_SPLIT_INV)
+"$RINGLM" logits -m "$f" --tokens "$rids" --threads 1 --split-invariant -o "$WORK/lpp_ref.bin"
 post echo0 "{\"prompt\":\"$R\",\"max_tokens\":0,\"echo\":true,\"logprobs\":2}"
 check "echo through the ring (FRAME_SEQ_PROMPT_LP): the prompt's entries = one machine's log-softmax" py "$WORK/echo0.json" \
     "(lambda l: l['token_logprobs'][0] is None and lp_match({'token_logprobs': l['token_logprobs'][1:], 'top_logprobs': l['top_logprobs'][1:]}, ref_logprobs('lpp_ref.bin', 1), 2))(d['choices'][0]['logprobs'])"

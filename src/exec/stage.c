@@ -612,11 +612,13 @@ static int stage_exec(ring_stage *s, const frame_header *h, const uint8_t *in, s
         if (stage_prepare(s, hb, tb, rp, sin, stand, qv2, states, ntok, keep, rows, &n_rows, err) != 0) goto out;
         for (uint32_t i = 0, j = 0; i < h->n_seqs; i++) qv[i] = stale[i] ? NULL : qv2[j++];
         bool step = false; /* FRAME_SEQ_STEP: a rebuilt sequence's decoded tokens, as their steps computed them */
+        bool split = false; /* FRAME_SEQ_SPLIT_INV: serve's prompt pieces */
         for (uint32_t k = 0; k < hb->n_seqs; k++) step = step || (hb->seqs[k].flags & FRAME_SEQ_STEP);
+        for (uint32_t k = 0; k < hb->n_seqs; k++) split = split || (hb->seqs[k].flags & FRAME_SEQ_SPLIT_INV);
         k3_batch b = {.n_seqs = (int)hb->n_seqs, .seqs = states, .n_tokens = ntok, .tokens = tb,
                       .in = e->a > 0 ? bb : NULL, .keep_rollback = keep, .n_logits = last ? n_rows : 0,
                       .logit_rows = rows, .n_taps = want_taps ? s->n_taps : 0, .tap_layers = s->taps,
-                      .step_kernels = step, .routes = want_routes};
+                      .step_kernels = step, .split_invariant = split, .routes = want_routes};
         if (k3_forward(e, &b, &o, err) != 0) goto out;
     }
     if (want_taps && stage_keep_taps(s, h, stale, ran, o.taps, err) != 0) goto out; /* states moved: see stage.h */

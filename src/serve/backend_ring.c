@@ -596,6 +596,9 @@ static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
             q->lp_cap = SCH_MAX_DRAFT + 1;
         }
         if (e->n_draft > 0) q->flags |= FRAME_SEQ_VERIFY; /* the last stage accepts; the stages roll back after */
+        /* Prompt pieces read as the one-machine backend reads them, so that the ring's text is its text. */
+        if (!(q->flags & (FRAME_SEQ_VERIFY | FRAME_SEQ_STEP)) && q->n >= 2) q->flags |= FRAME_SEQ_SPLIT_INV;
+        if (n0 > 0 && B->reqs0[n0 - 1].seq_id == q->seq_id && B->reqs0[n0 - 1].n >= 2) B->reqs0[n0 - 1].flags |= FRAME_SEQ_SPLIT_INV;
         if (B->taps && e->taps) q->flags |= FRAME_SEQ_TAPS;
         q->token = -1;
     }

@@ -126,6 +126,8 @@ enum {
     FRAME_SEQ_STEP = 2048,    /* compute the frame with step kernels (k3_batch.step_kernels): each token's numbers
                             * what a one-token step gives - how a rebuilt sequence replays its decoded tokens */
     FRAME_SEQ_ROUTES = 4096,  /* stages holding MoE layers send this sequence's routing (ROUTES) */
+    FRAME_SEQ_SPLIT_INV = 8192, /* a prompt piece on the split-invariant path (k3_batch.split_invariant): serve reads
+                            * every prompt so, on one machine and through the ring alike (docs/numerics.md) */
 };
 
 #define FRAME_LOGPROB_BYTES 168 /* one token's entry in a RESULT (smp_logprob's layout: 2 + 2 x 20 four-byte fields) */
