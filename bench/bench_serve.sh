@@ -270,7 +270,8 @@ L += ["Notes:", "",
       "- Aggregate tok/s = completion tokens of all requests in the batch / wall time of the batch (first request sent to last "
       "stream ended). TTFT = request sent to first content chunk; inter-token latency = between successive content chunks "
       "(ringlm holds back an incomplete UTF-8 character, so one chunk may carry two tokens).",
-      "- ringlm is driven through `POST /v1/completions` (`stream`, `stream_options.include_usage`, token-id prompt). "
+      "- ringlm is driven through `POST /v1/completions` (`stream`, `stream_options.include_usage`, token-id prompt, "
+      "`cache_prompt: false`: every request sends the same prompt, and this measures batching, not the prompt cache). "
       "llama-server through its native `POST /completion` (token-id prompt, `n_predict`, `cache_prompt: false`): both its "
       "endpoints end every stream with a 500 \"The model produced output that does not match the expected Content-only "
       "format\" as soon as this random-weight model emits a byte token that is not valid UTF-8 by itself, so for llama-server "

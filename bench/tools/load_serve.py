@@ -79,8 +79,10 @@ def main():
                    help="openai: POST /v1/completions, ends with [DONE]; llama: llama-server's /completion")
     a = p.parse_args()
     ids = [int(x) for x in a.prompt_ids.split(",")]
+    # Every request sends the same prompt: both servers are told not to reuse it (cache_prompt false, as
+    # llama-server gets below), so the load is continuous batching, not the prompt cache (bench_cache.sh's).
     req = {"prompt": ids, "max_tokens": a.max_tokens, "temperature": 0, "stream": True, "ignore_eos": True,
-           "stream_options": {"include_usage": True}}
+           "stream_options": {"include_usage": True}, "cache_prompt": False}
     if a.model: req["model"] = a.model
     if a.extra: req.update(json.loads(a.extra))
     if a.api == "llama":
