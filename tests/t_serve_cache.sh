@@ -93,6 +93,19 @@ check "a budget of one prefix, which the slot's own keeping evicts: equal to fre
 check "... and each turn restored its previous prompt from the host cache first" resumed "$WORK/c10.json"
 kill -9 "${SRV_PID[tight]}"; unset 'SRV_PID[tight]'
 
+# ---- split invariance end to end: the same request under other --chunk budgets gives the same ids ------------
+# (a 100-token prompt: one tiled flash-attention piece at --chunk 256, short padded ones below; pieces of 2 or 3
+# tokens, never one out of a longer prompt: scheduler.c sch_piece; a budget of 1 still ends)
+for ch in 256 2 1 7; do
+    serve_start "ch$ch" -m "$f" --threads 1 --parallel 1 --ctx 512 --chunk "$ch"
+    conv --url "${SRV_URL[ch$ch]}" --size 100 --seed 12 --turns 2 --no-fresh >"$WORK/ch$ch.json"
+    kill -9 "${SRV_PID[ch$ch]}"; unset "SRV_PID[ch$ch]"
+done
+for ch in 2 1 7; do
+    check "--chunk $ch: the same greedy ids and log-probabilities as --chunk 256 (a prompt read in other pieces)" \
+        py "$WORK/ch$ch.json" "[t['cached']['choices'] for t in d['turns']] == [t['cached']['choices'] for t in __import__('json').load(open('$WORK/ch256.json'))['turns']] and d['turns'][0]['cached']['ids']"
+done
+
 # ---- no prompt cache at all --------------------------------------------------------------------------------
 serve_start off -m "$f" --threads 1 --parallel 1 --ctx 512 --ctx-checkpoints 0
 conv --url "${SRV_URL[off]}" --size 100 --seed 7 --turns 2 --no-fresh >"$WORK/c7.json"
