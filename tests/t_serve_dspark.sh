@@ -66,7 +66,8 @@ check "the reference drafts keep some tokens, so a wrong feature would show ($ke
     test "$kept_total" -gt 0
 
 # ---- one machine ----------------------------------------------------------------------------------------
-serve_start local -m "$f" --draft "dspark:$ds" --parallel 4 --threads 1
+# (--draft-fallback off: every step drafts, as run does, so that the drafts can be compared with run's)
+serve_start local -m "$f" --draft "dspark:$ds" --parallel 4 --threads 1 --draft-fallback off
 URL=${SRV_URL[local]}
 check "the server names its DSpark draft" grep -q "drafts: dspark:" "$WORK/local.log"
 alone_and_together local "one machine"
@@ -89,7 +90,7 @@ serve_stop local
 ring_keys 3
 for i in 1 2 3; do ring_start $i "$RING/models" || exit 1; done
 ring_conf "$WORK/ring.conf" 1 2 3
-serve_start ring -m "$f" --ring "$WORK/ring.conf" --key "$RING/coord.key" --draft "dspark:$ds" --parallel 4 --threads 1
+serve_start ring -m "$f" --ring "$WORK/ring.conf" --key "$RING/coord.key" --draft "dspark:$ds" --parallel 4 --threads 1 --draft-fallback off
 URL=${SRV_URL[ring]}
 alone_and_together ring "3-node ring"
 

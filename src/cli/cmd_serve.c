@@ -20,7 +20,7 @@ static void serve_usage(FILE *f) {
             "                    [--device NAME[,NAME...]] [--vram GB] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe]\n"
             "                    [--max-body BYTES] [--drain SECONDS] [--header-timeout S] [--idle-timeout S]\n"
             "                    [--max-conn-per-ip N] [--alias NAME]... [--quiet]\n"
-            "                    [--draft ngram|none|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-threads N]]\n"
+            "                    [--draft ngram|none|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-threads N] [--draft-fallback on|off]]\n"
             "                    [--ring ring.conf --key coord.key [--manifest M instead of -m] [--wire f32|f16|bf16] [--keep-order] [--receipts FILE]\n"
             "                     [--audit-rate R [--audit-seed S] [--audit-tol T]] [--node-timeout S]]\n\n"
             "Serves the model over an OpenAI-compatible HTTP API (docs/serve.md):\n"
@@ -74,6 +74,10 @@ static void serve_usage(FILE *f) {
             "                 (default 7) are verified in the request's step; the output is unchanged at\n"
             "                 temperature 0 and keeps its distribution otherwise\n"
             "  --draft-threads N  compute threads of the draft model (default: --threads)\n"
+            "  --draft-fallback on|off  on (default): a request whose drafts are not paying (fewer than 1 in 10\n"
+            "                 kept over 16) decodes plainly for 32 steps, then probes again, the pause doubling\n"
+            "                 while they keep failing (to 1024); /metrics ringlm_spec_fallbacks_total. off: every\n"
+            "                 step drafts, as ringlm run does\n"
             "  --ring FILE    run the model on the nodes in FILE (\"HOST:PORT PUBKEY_HEX [mem=GB]\" per line)\n"
             "                 as their coordinator with identity --key: every step is one frame through the\n"
             "                 ring carrying every running request; a ring that breaks answers 503 and is\n"
@@ -163,6 +167,9 @@ int cmd_serve(int argc, char **argv) {
             bad = cli_parse_int(v, &o.ckpt_every) || o.ckpt_every < 0, want = "a number of tokens, 0 or more";
         } else if (strcmp(a, "--draft") == 0) {
             o.draft = v;
+        } else if (strcmp(a, "--draft-fallback") == 0) {
+            bad = !v || (strcmp(v, "on") != 0 && strcmp(v, "off") != 0), want = "on or off";
+            o.no_draft_fallback = v && strcmp(v, "off") == 0;
         } else if (strcmp(a, "--draft-threads") == 0) {
             bad = cli_parse_int(v, &o.draft_threads) || o.draft_threads < 1, want = "a number, at least 1";
         } else if (strcmp(a, "--draft-n") == 0) {

@@ -185,6 +185,11 @@ enum MHD_Result http_metrics(http_conn *hc, struct MHD_Connection *c) {
     rl_buf_printf(&b, "ringlm_spec_accepted_tokens_total %llu\n", (unsigned long long)m.accepted);
     http_family(&b, "ringlm_spec_acceptance_ratio", "gauge", "Accepted / drafted tokens so far (0 without drafts).");
     rl_buf_printf(&b, "ringlm_spec_acceptance_ratio %.6f\n", m.drafted ? (double)m.accepted / (double)m.drafted : 0.0);
+    http_family(&b, "ringlm_spec_fallbacks_total", "counter",
+                "Times a request's drafts were paused for plain decoding: fewer than 1 in 10 kept over 16 drafted.");
+    rl_buf_printf(&b, "ringlm_spec_fallbacks_total %llu\n", (unsigned long long)m.spec_fallbacks);
+    http_family(&b, "ringlm_spec_paused_steps_total", "counter", "Decode steps requests took without drafts while paused.");
+    rl_buf_printf(&b, "ringlm_spec_paused_steps_total %llu\n", (unsigned long long)m.spec_paused_steps);
     http_family(&b, "ringlm_spec_grammar_refused_tokens_total", "counter",
                 "Draft tokens cut before verification because the request's grammar refused them.");
     rl_buf_printf(&b, "ringlm_spec_grammar_refused_tokens_total %llu\n", (unsigned long long)m.draft_refused);

@@ -364,6 +364,8 @@ static void sch_admit(sch_sched *s) {
             r->lead = !r->follow;
         }
         r->resume = s->be.resume && !r->follow; /* also with reuse off: the slot's old state is kept first */
+        r->sp_win_d = r->sp_win_a = r->sp_pause = 0;
+        r->sp_next = SCH_SPEC_PAUSE;
         r->gs_on = false;
         if (r->p.draft_n > 0 && r->p.smp.grammar) { /* without its state (no memory) it goes undrafted */
             gr_state_free(&r->gs);
@@ -599,6 +601,11 @@ static int sch_batch(sch_sched *s, int *nd_model, int *nd_ds) {
         if (r->p.max_tokens > 0 && r->p.max_tokens - r->n_gen - 1 < k) k = r->p.max_tokens - r->n_gen - 1;
         int64_t room = (int64_t)s->be.n_ctx - (int64_t)(r->n_prompt + (size_t)r->n_gen);
         if (room < k) k = (int)room;
+        if (k > 0 && r->sp_pause > 0) { /* drafts paused: they were not paying (SCH_SPEC_*) */
+            r->sp_pause--;
+            s->m.spec_paused_steps++;
+            k = 0;
+        }
         if (k > 0 && r->p.draft_model) { /* drafted by sch_drafts, for all such requests at once */
             s->d_entry[*nd_model] = n;
             s->d_slot[*nd_model] = i;
@@ -761,6 +768,18 @@ static void sch_take(sch_sched *s, int k, int rc, const rl_err *err, double now)
         s->m.accepted += (uint64_t)(sp->n_out - 1);
         r->drafted += sp->n_draft;
         r->accepted += sp->n_out - 1;
+        r->sp_win_d += sp->n_draft;
+        r->sp_win_a += sp->n_out - 1;
+        if (r->sp_win_d >= SCH_SPEC_WINDOW) { /* judge the window: too few kept, and plain decoding is cheaper */
+            if (r->sp_win_a * SCH_SPEC_MIN_KEPT < r->sp_win_d && !s->cfg.no_draft_fallback) {
+                r->sp_pause = r->sp_next;
+                r->sp_next = r->sp_next * 2 < SCH_SPEC_PAUSE_MAX ? r->sp_next * 2 : SCH_SPEC_PAUSE_MAX;
+                s->m.spec_fallbacks++;
+            } else {
+                r->sp_next = SCH_SPEC_PAUSE;
+            }
+            r->sp_win_d = r->sp_win_a = 0;
+        }
         for (int t = 0; t < sp->n_out && r->fin == SCH_RUNNING; t++) {
             sch_on_token(s, r, sp->out[t], sp->logprobs ? &sp->lp[t] : NULL, now);
         }

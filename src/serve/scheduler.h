@@ -59,6 +59,16 @@
  *
  * All three are called from the scheduler thread only, never concurrently. */
 #define SCH_STEP_UNAVAILABLE (-2)
+/* Speculation that does not pay falls back to plain decoding, per request: every SCH_SPEC_WINDOW drafted
+ * tokens, if fewer than one in SCH_SPEC_MIN_KEPT was kept, the request decodes SCH_SPEC_PAUSE steps without
+ * drafts, then drafts again (a probe); each probe that fails again doubles the pause, up to
+ * SCH_SPEC_PAUSE_MAX, and one that pays resets it. A verified block costs more than a plain step (its drafts
+ * run, with step kernels and rollback copies), and under one kept draft in ten it commits barely more than
+ * one token; a probe's cost (a draft model catching up, then drafting) is spread over the pause. */
+#define SCH_SPEC_WINDOW 16
+#define SCH_SPEC_MIN_KEPT 10
+#define SCH_SPEC_PAUSE 32
+#define SCH_SPEC_PAUSE_MAX 1024
 #define SCH_MAX_DRAFT 16
 
 /* Speculative entries (n_draft > 0): tokens are [last, d1 .. dk], the drafts after the last sampled token;
@@ -259,6 +269,9 @@ typedef struct sch_request {
     bool lead;               /* p.share: others may be forked from it once it has read all but its last prompt token */
     bool follow;             /* p.share: waits for such a request of its group, to be forked from it */
     int32_t *hist;           /* prompt and sampled tokens, for drafting (draft_n > 0) */
+    int sp_win_d, sp_win_a;  /* drafts verified and kept since the last judgement (SCH_SPEC_WINDOW) */
+    int sp_pause;            /* decode steps left without drafts (a fallback to plain decoding) */
+    int sp_next;             /* the pause after the next failed window (doubles, SCH_SPEC_*) */
     bool gs_on;              /* drafting with p.smp.grammar: gs follows the output, so drafts it refuses are cut
                               * before they are verified (smp_grammar_prefix); gtry is scratch */
     gr_state gs, gtry;
@@ -304,6 +317,7 @@ typedef struct sch_config {
                           * end of each prompt) */
     struct spec_pool *draft; /* a draft model with a state per slot, for draft_model requests (NULL: none);
                               * the caller's, used by the scheduler thread alone while it runs */
+    bool no_draft_fallback;  /* drafts never paused (SCH_SPEC_*): every step drafts, as `ringlm run` does */
     struct spec_drafter *dspark; /* [n_slots] DSpark drafters (spec_drafter_open "dspark:..."), one per
                               * slot, for draft_dspark requests (NULL: none); the backend must have
                               * set_taps. The caller's, like draft */
@@ -330,6 +344,8 @@ typedef struct sch_metrics {
     uint64_t drafted, accepted;          /* speculative drafts sent, and kept */
     uint64_t draft_refused;              /* drafts cut before verification: the request's grammar refused them */
     double draft_s;                      /* seconds the draft model spent drafting */
+    uint64_t spec_fallbacks;             /* times a request's drafts were paused: too few kept (SCH_SPEC_*) */
+    uint64_t spec_paused_steps;          /* decode steps a request took undrafted while paused */
     uint64_t finished[SCH_FIN_ERROR + 1];/* requests by finish reason */
     double busy_s;                       /* seconds inside backend steps */
     int active, queued, n_slots, queue_cap;

@@ -195,7 +195,8 @@ int serve_run(const serve_opts *o, rl_err *err) {
         }
         st.have_dpool = true;
     }
-    sch_config sc = {.queue_cap = o->queue, .chunk = (uint32_t)o->chunk, .ckpt_every = (uint32_t)o->ckpt_every, .draft = draft_model ? &st.dpool : NULL,
+    sch_config sc = {.queue_cap = o->queue, .chunk = (uint32_t)o->chunk, .ckpt_every = (uint32_t)o->ckpt_every,
+                     .no_draft_fallback = o->no_draft_fallback, .draft = draft_model ? &st.dpool : NULL,
                      .dspark = st.dspark};
     if (sch_init(&st.s, &st.be, &st.tok, &sc, err) != 0) {
         st.be.free(st.be.impl);

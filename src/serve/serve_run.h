@@ -36,6 +36,7 @@ typedef struct serve_opts {
     /* Drafts: "none", "ngram", a draft model's file or dspark:FILE. */
     const char *draft;
     int draft_n, draft_threads; /* draft_threads 0: threads */
+    bool no_draft_fallback;  /* --draft-fallback off: drafts never paused for plain decoding */
     /* The ring (ring_path NULL: this machine computes). */
     const char *ring_path, *key_path;
     int wire;                /* enum k3_wire_dtype of boundary states between nodes */
