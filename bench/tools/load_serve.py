@@ -5,7 +5,7 @@ load_serve.py --port P --concurrency C --requests R --max-tokens N --prompt-ids 
 C client threads each send R streamed requests one after another (temperature 0, ignore_eos).
 Prints one JSON object: aggregate tok/s (completion tokens / wall time of the batch), p50/p99 TTFT and
 inter-token latency (ms), failed requests with the reason of each."""
-import argparse, http.client, json, socket, sys, threading, time
+import argparse, http.client, json, os, socket, sys, threading, time
 
 def pct(xs, p):
     if not xs: return None
@@ -90,13 +90,9 @@ def main():
         # format" once a random-weight model emits a lone byte token (text not valid UTF-8); ringlm holds such
         # bytes back or writes U+FFFD. So llama-server gets every token whose text alone is not valid UTF-8
         # banned via logit_bias (found with its /detokenize): same token count, different tokens.
-        c = http.client.HTTPConnection("127.0.0.1", a.port, timeout=30)
-        c.request("GET", "/props"); c.getresponse().read()
-        bad = []
-        for t in range(a.n_vocab):
-            c.request("POST", "/detokenize", json.dumps({"tokens": [t]}))
-            if "\ufffd" in json.loads(c.getresponse().read())["content"]: bad.append(t)
-        c.close()
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from load_turns import find_bans  # (one copy of the ban search, shared with bench_cache.sh's client)
+        bad = find_bans(a.port, a.n_vocab)
         req = {"prompt": ids, "n_predict": a.max_tokens, "temperature": 0, "stream": True, "ignore_eos": True,
                "cache_prompt": False, "logit_bias": [[t, False] for t in bad]}
     body = json.dumps(req)

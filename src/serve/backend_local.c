@@ -224,6 +224,24 @@ fail:
  * new tokens in one piece instead of waiting for a re-read piece and then reading its own. */
 #define BL_REREAD_GRACE_S 0.1
 
+/* Idle work's one piece: the slot reads n of the tokens it holds, from where its state stands, as a prompt
+ * piece (split-invariant), and keeps a checkpoint after them. On failure no state moved (k3_forward) and the
+ * checkpoints stand; what is logged says which job (`what`) it was. */
+static bool bl_read_piece(sch_local *L, int slot, uint32_t n, const char *what) {
+    k3_state *sp = &L->st[slot];
+    k3_batch b = {.n_seqs = 1, .seqs = &sp, .n_tokens = &n, .tokens = bl_held(L, slot) + sp->n_past,
+                  .split_invariant = true};
+    k3_output o;
+    rl_err e;
+    if (k3_forward(L->e, &b, &o, &e) != 0) {
+        fprintf(stderr, "ringlm serve: %s failed: %s\n", what, e.msg);
+        return false;
+    }
+    k3_output_free(&o);
+    if (bl_ck_take(L, slot, &e) != 0) fprintf(stderr, "ringlm serve: no prompt checkpoint kept: %s\n", e.msg);
+    return true;
+}
+
 /* Idle work (nothing runs): a slot whose sequence ends in tokens it generated holds state no fresh prompt
  * read reproduces (a one-token step rounds differently from a prompt piece), so a next turn could resume only
  * from the checkpoint before them and read them again. While the server is idle they are read again here, as
@@ -251,20 +269,9 @@ static int sch_local_idle(void *impl) {
         const uint32_t end = L->reread[i], at = st->n_past;
         uint32_t n = end - at < L->chunk ? end - at : L->chunk;
         if (end - at - n == 1) n--; /* never leave one token (scheduler.c, sch_piece) */
-        k3_state *sp = st;
-        const int32_t *toks = bl_held(L, i) + at;
-        k3_batch b = {.n_seqs = 1, .seqs = &sp, .n_tokens = &n, .tokens = toks, .split_invariant = true};
-        k3_output o;
-        rl_err e;
-        if (k3_forward(L->e, &b, &o, &e) != 0) { /* the slot keeps what it had read so far */
-            fprintf(stderr, "ringlm serve: re-reading a finished sequence failed: %s\n", e.msg);
-            L->reread[i] = 0;
-            return 1;
-        }
-        k3_output_free(&o);
-        L->valid[i] = st->n_past;
-        if (bl_ck_take(L, i, &e) != 0) fprintf(stderr, "ringlm serve: no prompt checkpoint kept: %s\n", e.msg);
-        if (st->n_past >= end) L->reread[i] = 0;
+        bl_read_piece(L, i, n, "re-reading a finished sequence");
+        L->valid[i] = st->n_past; /* what it read so far (all of the piece, or, failing, none) */
+        if (st->n_past == at || st->n_past >= end) L->reread[i] = 0;
         return 1;
     }
     /* Then a prompt resent as it was (a client's "regenerate", retries) must resume at most two tokens
@@ -285,21 +292,10 @@ static int sch_local_idle(void *impl) {
         while (b >= 0 && c[b].pos > target) b--;
         const uint32_t from = b >= 0 ? c[b].pos : 0;
         if (from == target || target - from < 2 || target - from > L->chunk || L->valid[i] < target) continue;
-        k3_state *st = &L->st[i];
         rl_err err;
-        if (b >= 0 ? k3_state_restore(st, &c[b].snap, &err) != 0 : (k3_state_reset(st), 0)) continue;
-        uint32_t n = target - from;
-        k3_state *sp = st;
-        k3_batch bt = {.n_seqs = 1, .seqs = &sp, .n_tokens = &n, .tokens = bl_held(L, i) + from, .split_invariant = true};
-        k3_output o;
-        if (k3_forward(L->e, &bt, &o, &err) != 0) {
-            fprintf(stderr, "ringlm serve: a checkpoint before a prompt's end was not made: %s\n", err.msg);
-            bl_ck_drop(L, i, 0); /* the slot's state is in doubt */
-            L->valid[i] = 0;
-            return 1;
-        }
-        k3_output_free(&o);
-        if (bl_ck_take(L, i, &err) != 0) fprintf(stderr, "ringlm serve: no prompt checkpoint kept: %s\n", err.msg);
+        if (b >= 0 ? k3_state_restore(&L->st[i], &c[b].snap, &err) != 0 : (k3_state_reset(&L->st[i]), 0)) continue;
+        /* (failing, the prompt's end stops asking for it: idle work is never retried in a loop) */
+        if (!bl_read_piece(L, i, target - from, "making a checkpoint before a prompt's end")) bl_cks(L, i)[e].end = false;
         return 1;
     }
     return due < 0 ? 0 : -(int)(due * 1000.0 + 1.0);

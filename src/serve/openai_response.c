@@ -300,6 +300,16 @@ static void http_sse(http_stream *st, cJSON *j) {
     free(s);
 }
 
+/* return_token_ids: the int32 ids held in b as the choice's "token_ids" array. */
+static void http_add_ids(cJSON *choice, const rl_buf *b) {
+    cJSON *a = cJSON_AddArrayToObject(choice, "token_ids");
+    for (size_t i = 0; i < b->len / sizeof(int32_t); i++) {
+        int32_t v;
+        memcpy(&v, b->p + i * sizeof v, sizeof v);
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(v));
+    }
+}
+
 static void http_sse_chunk(http_stream *st, int index, bool role, const char *text, size_t len, const char *finish,
                            cJSON *lp) {
     cJSON *j = http_envelope(st->model, st->id, st->chat ? "chat.completion.chunk" : "text_completion", st->created);
@@ -307,12 +317,7 @@ static void http_sse_chunk(http_stream *st, int index, bool role, const char *te
     cJSON *c = http_choice(index, st->chat, true, role, text, len, finish, lp);
     http_run *rn = &st->runs[index];
     if (st->token_ids && rn->ids.len > 0) { /* the ids of the tokens this chunk's text came from, and any held back */
-        cJSON *a = cJSON_AddArrayToObject(c, "token_ids");
-        for (size_t i = 0; i < rn->ids.len / sizeof(int32_t); i++) {
-            int32_t v;
-            memcpy(&v, rn->ids.p + i * sizeof v, sizeof v);
-            cJSON_AddItemToArray(a, cJSON_CreateNumber(v));
-        }
+        http_add_ids(c, &rn->ids);
         rn->ids.len = 0;
     }
     cJSON_AddItemToArray(ch, c);
@@ -661,14 +666,7 @@ enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, bool ch
             cJSON_AddItemToObject(cJSON_GetObjectItemCaseSensitive(c1, "message"), "reasoning_content",
                                   http_text_item(rn->reasoning.p, rn->reasoning.len));
         }
-        if (want_ids) {
-            cJSON *a = cJSON_AddArrayToObject(c1, "token_ids");
-            for (size_t i = 0; i < rn->ids.len / sizeof(int32_t); i++) {
-                int32_t v;
-                memcpy(&v, rn->ids.p + i * sizeof v, sizeof v);
-                cJSON_AddItemToArray(a, cJSON_CreateNumber(v));
-            }
-        }
+        if (want_ids) http_add_ids(c1, &rn->ids);
         cJSON_AddItemToArray(ch, c1);
         n_gen += rn->end.n_gen;
     }
