@@ -52,16 +52,64 @@ ggml_variant() {
                 AMX_INT8) has amx_int8 && score=$((score + 2048)) || ok=0 ;;
             esac
         done
+        # RINGLM_X86_VARIANT=NAME: that variant, whatever this CPU has (a build for another machine, such as
+        # bench/device/gpu_check.sh's portable haswell one).
+        if [ -n "${RINGLM_X86_VARIANT:-}" ]; then [ "$name" = "$RINGLM_X86_VARIANT" ] && best=$v; continue; fi
         if [ $ok = 1 ] && [ $score -gt $best_score ]; then best=$v; best_score=$score; fi
     done
     echo "$best"
 }
+# aarch64: llama.cpp's linux-arm64 build (the oracle there) ships one CPU backend per "armv*" variant and
+# loads the best this CPU has (ggml-cpu/arch/arm/cpu-feats.cpp scores them); as on x86 we build the same
+# variant's -march (ggml/src/ggml-cpu/CMakeLists.txt writes it from the features), read from the Features
+# line of /proc/cpuinfo, or for a cross build (RINGLM_CROSS=aarch64) named by RINGLM_ARM_VARIANT (default
+# armv8.6_2: GB10's Cortex-X925/A725 and Graviton 3/4 have it; tests/t_arm64.sh gives qemu that CPU).
+ggml_arm_variant() {
+    local feats
+    feats=" $(grep -m1 '^Features' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+    has() { [[ $feats == *" $1 "* ]]; }
+    local v=armv8.0_1
+    if has asimddp; then
+        v=armv8.2_1
+        if has asimdhp; then
+            v=armv8.2_2
+            if has sve; then
+                v=armv8.2_3
+                if has i8mm; then v=armv8.6_1; has sve2 && v=armv8.6_2; has sme && { has sve2 && v=armv9.2_2 || v=armv9.2_1; }; fi
+            fi
+        fi
+    fi
+    echo "$v"
+}
+# ggml_arm_march VARIANT: the -march ggml's CMake gives that variant (its feature list, in its order).
+ggml_arm_march() {
+    case $1 in
+        armv8.0_1) echo armv8-a ;;
+        armv8.2_1) echo armv8.2-a+dotprod ;;
+        armv8.2_2) echo armv8.2-a+dotprod+fp16 ;;
+        armv8.2_3) echo armv8.2-a+dotprod+fp16+sve ;;
+        armv8.6_1) echo armv8.6-a+dotprod+fp16+sve+i8mm ;;
+        armv8.6_2) echo armv8.6-a+dotprod+fp16+sve+i8mm+sve2 ;;
+        armv9.2_1) echo armv9.2-a+dotprod+fp16+sve+i8mm+sme ;;
+        armv9.2_2) echo armv9.2-a+dotprod+fp16+sve+i8mm+sve2+sme ;;
+        *) return 1 ;;
+    esac
+}
+# The target: this machine, or RINGLM_CROSS (aarch64, the only cross target so far).
+target_arch=${RINGLM_CROSS:-$(uname -m)}
 cmake_cpu=(-DGGML_NATIVE=ON)
 variant=native
-if [ "${RINGLM_GGML_NATIVE:-0}" != 1 ] && [ "$(uname -m)" = x86_64 ] && [ -r /proc/cpuinfo ]; then
+if [ "${RINGLM_GGML_NATIVE:-0}" != 1 ] && [ "$target_arch" = x86_64 ] && [ -r /proc/cpuinfo ]; then
     read -ra _ggml_feats <<<"$(ggml_variant)"
+    [ ${#_ggml_feats[@]} -gt 0 ] || { echo "ggml-variant.sh: no x86 variant named '${RINGLM_X86_VARIANT:-}'" >&2; exit 1; }
     variant=${_ggml_feats[0]}
     cmake_cpu=(-DGGML_NATIVE=OFF)
     for f in "${_ggml_feats[@]:1}"; do cmake_cpu+=("-DGGML_$f=ON"); done
     unset _ggml_feats f
+elif [ "$target_arch" = aarch64 ] && { [ -n "${RINGLM_CROSS:-}" ] || [ "${RINGLM_GGML_NATIVE:-0}" != 1 ]; }; then
+    if [ -n "${RINGLM_CROSS:-}" ]; then variant=${RINGLM_ARM_VARIANT:-armv8.6_2}; else variant=${RINGLM_ARM_VARIANT:-$(ggml_arm_variant)}; fi
+    _march=$(ggml_arm_march "$variant") || { echo "ggml-variant.sh: unknown aarch64 variant '$variant' (armv8.0_1 .. armv9.2_2)" >&2; exit 1; }
+    cmake_cpu=(-DGGML_NATIVE=OFF -DGGML_CPU_ARM_ARCH="$_march")
+    variant=arm64-$variant
+    unset _march
 fi

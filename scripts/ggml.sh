@@ -30,13 +30,29 @@ fi
 # from llama.cpp's by ~1e-5 (and, through routing, by percents on quantized models) while with GCC 11 they
 # are bit for bit equal. So ggml is built with gcc-11/g++-11 where installed (Debian: g++-11), else with
 # the default compiler (noted in the cache name). RINGLM_GGML_CC / RINGLM_GGML_CXX choose another pair.
+# On aarch64 the oracle (llama.cpp's linux-arm64 build) was compiled by clang (21; its .comment says so),
+# which contracts a*b+c into an FMA only within one expression where GCC contracts across statements: with
+# GCC 12 our aarch64 logits differed from llama.cpp's by ~1e-5 relative, with Debian's clang (14) they are
+# bit for bit equal. So aarch64 builds take clang where installed (clang++ for ggml's C++). RINGLM_CROSS=
+# aarch64 builds for aarch64 from here (Debian: clang, crossbuild-essential-arm64 for the sysroot).
 ggml_cc=${RINGLM_GGML_CC:-} ggml_cxx=${RINGLM_GGML_CXX:-}
-if [ -z "$ggml_cc" ] && command -v gcc-11 >/dev/null && command -v g++-11 >/dev/null; then ggml_cc=gcc-11 ggml_cxx=g++-11; fi
 cc_tag=""
 cc_args=()
+if [ -n "${RINGLM_CROSS:-}" ]; then
+    [ "$RINGLM_CROSS" = aarch64 ] || { echo "ggml.sh: RINGLM_CROSS=$RINGLM_CROSS: the only cross target is aarch64" >&2; exit 1; }
+    ggml_cc=${ggml_cc:-clang} ggml_cxx=${ggml_cxx:-clang++}
+    command -v "$ggml_cc" >/dev/null || { echo "ggml.sh: no $ggml_cc (Debian: apt-get install clang)" >&2; exit 1; }
+    [ -d /usr/aarch64-linux-gnu ] || { echo "ggml.sh: no aarch64 sysroot (Debian: apt-get install crossbuild-essential-arm64)" >&2; exit 1; }
+    cc_args=(-DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64
+             -DCMAKE_C_COMPILER_TARGET=aarch64-linux-gnu -DCMAKE_CXX_COMPILER_TARGET=aarch64-linux-gnu)
+elif [ -z "$ggml_cc" ] && [ "$target_arch" = x86_64 ] && command -v gcc-11 >/dev/null && command -v g++-11 >/dev/null; then
+    ggml_cc=gcc-11 ggml_cxx=g++-11
+elif [ -z "$ggml_cc" ] && [ "$target_arch" = aarch64 ] && command -v clang >/dev/null && command -v clang++ >/dev/null; then
+    ggml_cc=clang ggml_cxx=clang++
+fi
 if [ -n "$ggml_cc" ]; then
     cc_tag="-$(basename "$ggml_cc")"
-    cc_args=(-DCMAKE_C_COMPILER="$ggml_cc" -DCMAKE_CXX_COMPILER="${ggml_cxx:-$ggml_cc}")
+    cc_args+=(-DCMAKE_C_COMPILER="$ggml_cc" -DCMAKE_CXX_COMPILER="${ggml_cxx:-$ggml_cc}")
 fi
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/ringlm/ggml-$NLC_VERSION-$LLAMA_COMMIT-$variant$cc_tag"
 if [ ! -f "$cache/.done" ]; then
@@ -65,4 +81,5 @@ echo "GGML_INC := $cache/include"
 # (scripts/ggml-backends.sh) call into it.
 echo "GGML_LIBS := $cache/lib/libggml.a $cache/lib/libggml-cpu.a -Wl,--whole-archive $cache/lib/libggml-base.a -Wl,--no-whole-archive -lstdc++ -fopenmp -ldl"
 echo "LLAMA_SRC := $cache/llama.cpp"
-echo "GGML_BACKEND_DIR := $("$here/ggml-backends.sh")"
+# GPU backend modules: x86-64 only so far (the prebuilt Vulkan one; scripts/ggml-cuda.sh's CUDA one).
+if [ -z "${RINGLM_CROSS:-}" ]; then echo "GGML_BACKEND_DIR := $("$here/ggml-backends.sh")"; else echo "GGML_BACKEND_DIR :="; fi

@@ -29,6 +29,19 @@ not_installed() {
     local p
     for p in "$@"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"; done
 }
+# The aarch64 build, cross-compiled here and run under qemu-user (make arm64, tests/t_arm64.sh), on an x86-64
+# machine: Debian's arm64 packages of the same libraries (multiarch), installed beside the native ones.
+arm_pkgs=(
+    clang                        # compiles ggml for aarch64: llama.cpp's arm64 build is clang's, and GCC rounds otherwise (scripts/ggml.sh)
+    crossbuild-essential-arm64   # the aarch64 GCC for our code, its sysroot for clang
+    qemu-user-static             # runs the aarch64 binaries here
+    libsodium-dev:arm64 libzmq3-dev:arm64 libmicrohttpd-dev:arm64 libcjson-dev:arm64 libpcre2-dev:arm64
+    libgomp1:arm64               # OpenMP's runtime, which the aarch64 link names
+)
+if [ "$(dpkg --print-architecture)" = amd64 ] && [ "${RINGLM_NO_ARM64:-0}" != 1 ]; then
+    dpkg --print-foreign-architectures | grep -qx arm64 || { dpkg --add-architecture arm64 && echo "install-deps: added the arm64 architecture" >&2; }
+    pkgs+=("${arm_pkgs[@]}")
+fi
 mapfile -t missing < <(not_installed "${pkgs[@]}")
 # node/npm may come from elsewhere (nvm, nodesource): accept working binaries.
 if command -v node >/dev/null && command -v npm >/dev/null; then

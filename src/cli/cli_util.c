@@ -94,7 +94,7 @@ int cli_parse_engine(const char *a, const char *v, k3_engine_opts *eo, int *bad,
 
 static const char *cli_trust_want(const char *a) {
     if (strcmp(a, "--audit-rate") == 0) return "a probability, 0 to 1";
-    if (strcmp(a, "--audit-tol") == 0) return "a relative tolerance above 0";
+    if (strcmp(a, "--audit-tol") == 0 || strcmp(a, "--audit-tol-arch") == 0) return "a relative tolerance above 0";
     if (strcmp(a, "--audit-seed") == 0) return "a non-negative integer";
     if (strcmp(a, "--node-timeout") == 0) return "seconds, 0.5 to 86400";
     return NULL;
@@ -119,6 +119,8 @@ int cli_parse_trust(const char *a, const char *v, ring_trust *t, int *bad) {
         *bad = cli_parse_double(v, &t->audit_rate) || !(t->audit_rate >= 0 && t->audit_rate <= 1);
     } else if (strcmp(a, "--audit-tol") == 0) {
         *bad = cli_parse_double(v, &t->audit_tol) || !(t->audit_tol > 0);
+    } else if (strcmp(a, "--audit-tol-arch") == 0) {
+        *bad = cli_parse_double(v, &t->audit_tol_arch) || !(t->audit_tol_arch > 0);
     } else if (strcmp(a, "--audit-seed") == 0) {
         *bad = cli_parse_u64(v, &t->audit_seed) != 0;
     } else if (strcmp(a, "--node-timeout") == 0) {

@@ -24,7 +24,7 @@ static void run_usage(FILE *f) {
             "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16] [--keep-order] [--manifest M instead of -m]]\n"
             "                  [--draft none|ngram|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-fixed]\n"
             "                  [--draft-p-min P] [--draft-depth D]] [--receipts FILE]\n"
-            "                  [--audit-rate R [--audit-seed S] [--audit-tol T]] [--node-timeout S]\n\n"
+            "                  [--audit-rate R [--audit-seed S] [--audit-tol T] [--audit-tol-arch T]] [--node-timeout S]\n\n"
             "Streams the generated text to stdout, then prints one metrics line on stderr.\n"
             "  -n N          tokens to generate (default 128; -1 = until the context is full)\n"
             "  --tokens @FILE  the prompt's ids from FILE (comma-separated; a long prompt does not fit a command line)\n"
@@ -71,7 +71,8 @@ static void run_usage(FILE *f) {
             "  --audit-rate R  (ring) audit each finished sequence with probability R (0..1; receipts on): this\n"
             "                machine recomputes one stage, drawn from --audit-seed, and compares its output with\n"
             "                what the node sent, within --audit-tol (relative, default 0.01); a mismatch names the\n"
-            "                node faulty and fails the run\n"
+            "                node faulty and fails the run; a CPU stage on another CPU architecture than this one\n"
+            "                is compared within --audit-tol-arch (default 0.05: other kernels round otherwise)\n"
             "  --node-timeout S  (ring) a node that answers nothing for S seconds while a step waits on it is\n"
             "                declared dead (default 60; measured from the first unanswered ping)\n");
 }

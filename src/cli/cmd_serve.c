@@ -22,7 +22,7 @@ static void serve_usage(FILE *f) {
             "                    [--max-conn-per-ip N] [--alias NAME]... [--quiet]\n"
             "                    [--draft ngram|none|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-threads N] [--draft-fallback on|off]]\n"
             "                    [--ring ring.conf --key coord.key [--manifest M instead of -m] [--wire f32|f16|bf16] [--keep-order] [--receipts FILE]\n"
-            "                     [--audit-rate R [--audit-seed S] [--audit-tol T]] [--node-timeout S]]\n\n"
+            "                     [--audit-rate R [--audit-seed S] [--audit-tol T] [--audit-tol-arch T]] [--node-timeout S]]\n\n"
             "Serves the model over an OpenAI-compatible HTTP API (docs/serve.md):\n"
             "  POST /v1/chat/completions, POST /v1/completions (streamed with \"stream\": true),\n"
             "  GET /v1/models, GET /health, GET /metrics (Prometheus), GET / (a chat page).\n"
@@ -95,7 +95,8 @@ static void serve_usage(FILE *f) {
             "                 declared dead (default 60; measured from the first unanswered ping)\n"
             "  --audit-rate R audit each finished request with probability R (receipts on): this machine\n"
             "                 recomputes one stage for it (drawn from --audit-seed) and compares within\n"
-            "                 --audit-tol (default 0.01); a node that fails is left out of the ring, and\n"
+            "                 --audit-tol (default 0.01; a CPU stage on another CPU architecture than this\n"
+            "                 one within --audit-tol-arch, default 0.05); a node that fails is left out of the ring, and\n"
             "                 /health and /metrics say so (docs/receipts.md)\n");
 }
 

@@ -147,6 +147,8 @@ static void ring_info_read(ring_coord *rc, int from, const cJSON *j) {
             snprintf(rc->nodes[from].dev_reg, sizeof rc->nodes[from].dev_reg, "%s", br);
         }
     }
+    const char *ar = j ? rl_json_str(j, "arch") : NULL;
+    snprintf(rc->nodes[from].arch, sizeof rc->nodes[from].arch, "%s", ar ? ar : "");
     const cJSON *dv = j ? cJSON_GetObjectItemCaseSensitive(j, "device") : NULL;
     const char *dn = rl_json_str(dv, "name");
     const double db = rl_json_num(dv, "mem_bytes", 0), dsp = rl_json_num(dv, "speed_bps", 0), dfl = rl_json_num(dv, "flops", 0);

@@ -72,6 +72,7 @@ typedef struct ring_opts {
     double audit_rate;
     uint64_t audit_seed;
     double audit_tol;     /* 0 = 1e-2 */
+    double audit_tol_arch; /* for a CPU stage on another CPU architecture than this one's (0 = 5e-2) */
     int audit_keep;       /* traversals remembered for audits (0 = 4096) */
     int audit_threads;    /* threads of the auditing engine (0 = 1) */
     const bool *exclude;  /* per ring.conf node (or NULL): leave it out of the plan (a node found faulty) */
@@ -118,7 +119,7 @@ int ring_opts_check_taps(const ring_opts *o, const uint32_t *layers, int n, rl_e
  * by each as it needs (run writes a new one, serve appends), so it is a path here. */
 typedef struct ring_trust {
     const char *receipts;   /* NULL: no receipts */
-    double audit_rate, audit_tol;
+    double audit_rate, audit_tol, audit_tol_arch;
     unsigned long long audit_seed;
     double node_timeout;    /* ring_opts.dead_s; 0 = the default */
 } ring_trust;
@@ -142,6 +143,7 @@ typedef struct ring_node_state {
                         * recompute on a device of that backend here if there is one (coord_audit.c) */
     uint64_t dev_bytes;
     double dev_speed, dev_flops;
+    char arch[16]; /* INFO "arch": its CPU architecture (uname's machine), "" if it did not say */
     /* READY "steps": its stage's own timed frames at the last ASSIGN (node.c), for the prediction
      * (predict.h predict_stage_calibrate); n_steps 0: none (the probe's figures stand) */
     int n_steps;
@@ -210,7 +212,8 @@ typedef struct ring_coord {
     const mf_model *m;
     audit_draws audit;             /* which finished sequences are audited, and where (coord/audit.h) */
     void *aud_eng[PLAN_MAX_NODES]; /* k3_engine *, per stage, made at its first audit */
-    char aud_where[PLAN_MAX_NODES][96]; /* where each stage's audits recompute, and so how they compare */
+    char aud_where[PLAN_MAX_NODES][128]; /* where each stage's audits recompute, and so how they compare */
+    bool aud_arch[PLAN_MAX_NODES];       /* ... on another CPU architecture than the node's: --audit-tol-arch */
     tok_tokenizer aud_tok;         /* the last stage's audits: the vocabulary its constrained sampling follows */
     smp_vocab *aud_vocab;          /* (made at the first such audit; NULL before) */
     bool faulty[PLAN_MAX_NODES];   /* per ring.conf node: caught by a receipt check or an audit */

@@ -25,6 +25,7 @@ static ring_opts prompt_ring_opts(const prompt_opts *o, const manifest_file *mf,
     if (o->trust.node_timeout > 0) ro.dead_s = o->trust.node_timeout;
     ro.audit_seed = o->trust.audit_seed;
     ro.audit_tol = o->trust.audit_tol;
+    ro.audit_tol_arch = o->trust.audit_tol_arch;
     ro.manifest = mf;
     ro.manifest_path = o->manifest;
     if (drafter) { /* blocks of up to k_max drafts and the token before them, depth of them in flight */
@@ -54,9 +55,14 @@ static void prompt_ring_print(const prompt_opts *o, const ring_coord *rc, bool s
                 rc->ledger.checked, o->trust.receipts);
     }
     if (o->trust.audit_rate > 0) {
+        bool arch = false;
+        for (int s = 0; s < rc->plan.n_stages; s++) arch = arch || rc->aud_arch[s];
+        char other[64] = "";
+        if (arch) snprintf(other, sizeof other, ", %.2g for another architecture's stage",
+                           o->trust.audit_tol_arch > 0 ? o->trust.audit_tol_arch : 5e-2);
         fprintf(stderr, "audits: %ld sequence(s) audited, %ld frame(s) recomputed in %.0f ms, largest difference "
-                "%.2g (tolerance %.2g); none failed\n", rc->audits, rc->audit_frames, rc->audit_s * 1e3,
-                rc->audit_max_diff, o->trust.audit_tol > 0 ? o->trust.audit_tol : 1e-2);
+                "%.2g (tolerance %.2g%s); none failed\n", rc->audits, rc->audit_frames, rc->audit_s * 1e3,
+                rc->audit_max_diff, o->trust.audit_tol > 0 ? o->trust.audit_tol : 1e-2, other);
         for (int s = 0; s < rc->plan.n_stages; s++) {
             if (rc->aud_where[s][0]) fprintf(stderr, "  stage %d recomputed %s\n", s + 1, rc->aud_where[s]);
         }

@@ -2,6 +2,8 @@
  * serves at a time. */
 #include "node_int.h"
 
+#include <sys/utsname.h>
+
 void node_log(const node *n, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -78,6 +80,9 @@ static void node_info(node *n) {
         cJSON_AddItemToArray(ds, dj);
     }
     cJSON_AddStringToObject(j, "backend", n->dev_name[0] ? n->dev_name : "CPU");
+    /* Its CPU architecture: an auditor on another one recomputes with other kernels (docs/numerics.md). */
+    struct utsname un;
+    if (uname(&un) == 0) cJSON_AddStringToObject(j, "arch", un.machine);
     if (n->dev_name[0]) {
         cJSON *dj = cJSON_AddObjectToObject(j, "device");
         cJSON_AddStringToObject(dj, "name", n->dev_name);
@@ -262,8 +267,12 @@ int node_run(const node_opts *o, rl_err *err) {
     /* Only a node with a budget reads experts from disk (without --mem its weights are not capped). */
     if (o->eng.mem_bytes > 0) n->disk = o->disk_gbs > 0 ? o->disk_gbs * 1e9 : node_probe_disk(o->models_dir);
     if (node_probe_device(n, err) != 0) goto done_sock;
-    node_log(n, "ready: key %s, %d model(s), %.1f GB/s matrix-vector, %.3f TFLOPS matrix-matrix, %d threads%s", o->id.pk_hex,
-             n->n_models, n->speed / 1e9, n->flops / 1e12, o->threads, n->disk > 0 ? ", experts from disk past --mem" : "");
+    /* The CPU architecture: a ring may mix them, and their kernels round differently (docs/numerics.md). */
+    struct utsname un;
+    if (uname(&un) != 0) snprintf(un.machine, sizeof un.machine, "unknown");
+    node_log(n, "ready: key %s, %d model(s), %.1f GB/s matrix-vector, %.3f TFLOPS matrix-matrix, %d threads, %s%s", o->id.pk_hex,
+             n->n_models, n->speed / 1e9, n->flops / 1e12, o->threads, un.machine,
+             n->disk > 0 ? ", experts from disk past --mem" : "");
     while (!node_stop_pending()) {
         /* The router's monitor is drained on every pass, messages or not: its events queue up otherwise. */
         zmq_pollitem_t items[3] = {{n->router, 0, ZMQ_POLLIN, 0}, {n->next, 0, ZMQ_POLLIN, 0},

