@@ -32,17 +32,60 @@ static void dv_note(char *why, size_t why_len, const char *fmt, const char *a, c
     if (n + 1 < why_len) snprintf(why + n, why_len - n, fmt, a, b);
 }
 
-int dv_load(const char *dir, char *why, size_t why_len, rl_err *err) {
+/* What a module's failed load means, from the dynamic loader's message: a missing driver or runtime library
+ * named as such (a machine with the CUDA module and no NVIDIA driver is the usual case: the module is built
+ * ahead, on a machine without a GPU, scripts/ggml-cuda.sh), anything else in the loader's words. */
+static void dv_explain(const char *path, const char *dl, char *out, size_t len) {
+    static const struct {
+        const char *lib, *what;
+    } known[] = {
+        {"libcuda.so", "no NVIDIA driver on this machine (%s not found); the CUDA module %s needs one"},
+        {"libcudart.so", "the CUDA runtime is not installed (%s not found), which the CUDA module %s needs"},
+        {"libcublas", "cuBLAS is not installed (%s not found), which the CUDA module %s needs"},
+        {"libvulkan.so", "no Vulkan loader on this machine (%s not found; Debian: libvulkan1), which %s needs"},
+    };
+    if (!dl) dl = "unknown error";
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        const char *at = strstr(dl, known[i].lib);
+        const char *colon = at ? strchr(at, ':') : NULL;
+        if (at && colon && strstr(dl, "cannot open shared object file")) {
+            char lib[128];
+            snprintf(lib, sizeof lib, "%.*s", (int)(colon - at), at);
+            snprintf(out, len, known[i].what, lib, path);
+            return;
+        }
+    }
+    snprintf(out, len, "%s", dl);
+}
+
+static int dv_load_dir(const char *dir, bool named, char *why, size_t why_len, rl_err *err);
+
+int dv_load(const char *dirs, char *why, size_t why_len, rl_err *err) {
     if (why && why_len) why[0] = 0;
-    const bool named = dir != NULL;
-    if (!dir) dir = getenv("RINGLM_BACKEND_DIR");
-    if (!dir) dir = RINGLM_BACKEND_DIR;
-    if (!*dir) return 0; /* a CPU-only build */
+    const bool named = dirs != NULL;
+    if (!dirs) dirs = getenv("RINGLM_BACKEND_DIR");
+    if (!dirs) dirs = RINGLM_BACKEND_DIR;
     /* The Vulkan backend reorders a graph's nodes for concurrency (ggml_vk_graph_optimize). On K3's graph
      * that made Mesa's lavapipe crash in every run (in its worker thread, under the whole graph; run node
      * by node, which leaves nothing to reorder, it does not), and the graph in its built order runs right.
      * Set before the module reads it; a user's own setting wins. */
     setenv("GGML_VK_DISABLE_GRAPH_OPTIMIZE", "1", 0);
+    /* Directories separated by ':' (the Vulkan module the build fetched, and scripts/ggml-cuda.sh's CUDA
+     * one, say); empty: a CPU-only build. */
+    for (const char *p = dirs; *p;) {
+        const char *end = strchr(p, ':');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        char dir[4096];
+        if (n >= sizeof dir) return rl_errf(err, "backend module directory too long: %.64s...", p);
+        memcpy(dir, p, n);
+        dir[n] = 0;
+        if (n && dv_load_dir(dir, named, why, why_len, err) != 0) return -1;
+        p += n + (end ? 1 : 0);
+    }
+    return 0;
+}
+
+static int dv_load_dir(const char *dir, bool named, char *why, size_t why_len, rl_err *err) {
     DIR *d = opendir(dir);
     if (!d) {
         if (named) return rl_errf(err, "cannot read the backend module directory %s", dir);
@@ -71,8 +114,14 @@ int dv_load(const char *dir, char *why, size_t why_len, rl_err *err) {
             dv_note(why, why_len, "%s: ggml could not initialize %s\n", name, path);
         } else {
             h = dlopen(path, RTLD_LAZY | RTLD_LOCAL);
-            dv_note(why, why_len, "%s: %s\n", name, h ? "ggml could not initialize it" : dlerror());
-            if (h) dlclose(h);
+            if (h) {
+                dv_note(why, why_len, "%s: %s\n", name, "ggml could not initialize it");
+                dlclose(h);
+            } else {
+                char plain[1024];
+                dv_explain(path, dlerror(), plain, sizeof plain);
+                dv_note(why, why_len, "%s: %s\n", name, plain);
+            }
         }
     }
     closedir(d);
@@ -120,7 +169,8 @@ int dv_pick(const char *names, struct ggml_backend_device **devs, int max, int *
     if (!names || !names[0]) names = getenv("RINGLM_DEVICE");
     if (names && !names[0]) names = NULL;
     if (names && strcmp(names, "CPU") == 0) return 0;
-    if (dv_load(NULL, NULL, 0, err) != 0) return -1;
+    char why[1024];
+    if (dv_load(NULL, why, sizeof why, err) != 0) return -1;
     if (!names) { /* every GPU, as llama.cpp splits layers over all it finds */
         for (size_t i = 0; i < ggml_backend_dev_count() && *n < max; i++) {
             ggml_backend_dev_t d = ggml_backend_dev_get(i);
@@ -134,7 +184,19 @@ int dv_pick(const char *names, struct ggml_backend_device **devs, int max, int *
     snprintf(list, sizeof list, "%s", names);
     for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         ggml_backend_dev_t d;
-        if (dv_find(tok, &d, err) != 0) return -1;
+        if (dv_find(tok, &d, err) != 0) {
+            /* A module that did not load is likely why (CUDA0 on a machine without the NVIDIA driver). */
+            if (why[0]) {
+                char msg[sizeof err->msg];
+                snprintf(msg, sizeof msg, "%s", err->msg);
+                size_t k = strlen(why);
+                while (k && why[k - 1] == '\n') why[--k] = 0;
+                for (char *c = why; *c; c++)
+                    if (*c == '\n') *c = ';';
+                rl_errf(err, "%s; not loaded: %s", msg, why);
+            }
+            return -1;
+        }
         if (ggml_backend_dev_type(d) == GGML_BACKEND_DEVICE_TYPE_CPU) {
             if (strchr(names, ',')) return rl_errf(err, "--device %s: the CPU is not a device to split layers onto "
                                                        "(layers not on the devices run there anyway: --gpu-layers)", names);

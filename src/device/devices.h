@@ -18,11 +18,12 @@
 
 struct ggml_backend_device;
 
-/* Loads every backend module of the directory (NULL: the default above) that is not loaded yet. A module
- * that cannot load (its driver library missing, say) is not an error: its reason is written, one line per
- * module, into `why` (when not NULL, cut to why_len), and the CPU still works. Fails only when the
- * directory is named explicitly and cannot be read. */
-int dv_load(const char *dir, char *why, size_t why_len, rl_err *err);
+/* Loads every backend module of the directories (separated by ':'; NULL: the default above) that is not
+ * loaded yet. A module that cannot load (its driver library missing, say) is not an error: its reason is
+ * written, one line per module, into `why` (when not NULL, cut to why_len; a missing driver or runtime
+ * library is named as such), and the CPU still works. Fails only when a directory is named explicitly and
+ * cannot be read. */
+int dv_load(const char *dirs, char *why, size_t why_len, rl_err *err);
 
 /* One device as `ringlm devices` lists it. */
 typedef struct dv_info {

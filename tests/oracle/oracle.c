@@ -277,14 +277,18 @@ static int init_backend(rl_err *err) {
     for (struct dirent *de = d ? readdir(d) : NULL; de; de = readdir(d)) {
         const char *n = de->d_name;
         size_t len = strlen(n);
-        if (strncmp(n, "libggml-cpu-", 12) != 0 || len < 4 || strcmp(n + len - 3, ".so") != 0) continue;
+        /* libggml-cpu-<variant>.so, or the one libggml-cpu.so of a build without GGML_CPU_ALL_VARIANTS
+         * (scripts/ggml-cuda.sh's). */
+        if (strncmp(n, "libggml-cpu", 11) != 0 || (n[11] != '-' && n[11] != '.') || len < 4 ||
+            strcmp(n + len - 3, ".so") != 0)
+            continue;
         if (strstr(n, "sapphirerapids")) continue;
         char path[sizeof best];
         snprintf(path, sizeof path, "%s/%s", dir, n);
         void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
         if (!h) continue;
         int (*score)(void) = (int (*)(void))dlsym(h, "ggml_backend_score");
-        int sc = score ? score() : 0;
+        int sc = score ? score() : 1; /* a lone libggml-cpu.so does not score itself */
         dlclose(h);
         if (sc > best_score) {
             best_score = sc;
