@@ -11,7 +11,8 @@
 #   modules/  libggml-cuda.so, and the empty libggml-base.so stand-in (as scripts/ggml-backends.sh does for
 #             Vulkan: the module's ggml symbols resolve to the one copy the ringlm binary exports);
 #   oracle/   llama.cpp's own CUDA build: libllama.so, libggml*.so (its CPU backend for portable AVX2
-#             x86-64), the same libggml-cuda.so, and llama-bench, the speed peer.
+#             x86-64; on aarch64, this CPU's variant), the same libggml-cuda.so, and llama-bench, the speed peer.
+# On aarch64 with CUDA (GB10, Grace Hopper, Jetson) run it there: nvcc here targets x86-64 hosts only.
 # It needs the CUDA toolkit (nvcc, cudart, cuBLAS) to build and the NVIDIA driver (libcuda.so.1) only to
 # run: without one `ringlm devices` says so.
 #
@@ -33,6 +34,14 @@ if [ -z "${RINGLM_CUDA_ARCHS:-}" ]; then
 fi
 src=$(GGML_PREFIX='' "$here/ggml.sh" | sed -n 's/^LLAMA_SRC := //p')
 [ -f "$src/ggml/src/ggml-cuda/CMakeLists.txt" ] || { echo "ggml-cuda.sh: no pinned llama.cpp source at '$src'" >&2; exit 1; }
+# The oracle tree's CPU backend: on x86-64 the portable AVX2 set (ggml's haswell variant: the tree travels to
+# the GPU machine), on aarch64 (GB10, Grace, Jetson: build it there) this machine's variant.
+if [ "$(uname -m)" = x86_64 ]; then
+    cpu_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
+else
+    . "$here/ggml-variant.sh"
+    cpu_flags=("${cmake_cpu[@]}")
+fi
 tag=$(tr ';' '_' <<<"$RINGLM_CUDA_ARCHS")
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/ringlm/cuda-$NLC_VERSION-$LLAMA_COMMIT-$tag"
 if [ "${1:-}" = --where ]; then
@@ -48,7 +57,7 @@ if [ ! -f "$cache/.done" ]; then
         cmake -S "$src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$nvcc" \
             -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$RINGLM_CUDA_ARCHS" \
             -DGGML_BACKEND_DL=ON -DBUILD_SHARED_LIBS=ON \
-            -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+            "${cpu_flags[@]}" \
             -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF \
             -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TOOLS=ON >"$cache/cmake.log" 2>&1 \
             || { echo "ggml-cuda.sh: cmake configure failed, see $cache/cmake.log" >&2; exit 1; }
