@@ -38,6 +38,8 @@ arm_pkgs=(
     libsodium-dev:arm64 libzmq3-dev:arm64 libmicrohttpd-dev:arm64 libcjson-dev:arm64 libpcre2-dev:arm64
     libgomp1:arm64               # OpenMP's runtime, which the aarch64 link names
 )
+# On an aarch64 machine itself: clang, which compiles ggml there as llama.cpp's arm64 build was (scripts/ggml.sh).
+[ "$(dpkg --print-architecture)" = arm64 ] && pkgs+=(clang)
 if [ "$(dpkg --print-architecture)" = amd64 ] && [ "${RINGLM_NO_ARM64:-0}" != 1 ]; then
     dpkg --print-foreign-architectures | grep -qx arm64 || { dpkg --add-architecture arm64 && echo "install-deps: added the arm64 architecture" >&2; }
     pkgs+=("${arm_pkgs[@]}")
