@@ -191,10 +191,12 @@ static int ring_audit_one(ring_coord *rc, uint64_t seq, int stage, rl_err *err) 
              * ones a last-bit difference can flip a rounding and a routing choice (docs/numerics.md). */
             struct utsname un;
             const char *here = uname(&un) == 0 ? un.machine : "";
-            if (ns->arch[0] && here[0] && strcmp(ns->arch, here) != 0) {
+            char arch[sizeof ns->arch]; /* (a copy: it and `where` both live in rc) */
+            memcpy(arch, ns->arch, sizeof arch);
+            if (arch[0] && here[0] && strcmp(arch, here) != 0) {
                 snprintf(where, sizeof rc->aud_where[stage],
                          "on the CPU (the node's is %s, this one %s: other kernels, within --audit-tol-arch %.2g)",
-                         ns->arch, here, rc->o.audit_tol_arch > 0 ? rc->o.audit_tol_arch : 5e-2);
+                         arch, here, rc->o.audit_tol_arch > 0 ? rc->o.audit_tol_arch : 5e-2);
                 rc->aud_arch[stage] = true;
             } else {
                 snprintf(where, sizeof rc->aud_where[stage], "on the CPU (as the node)");
