@@ -124,6 +124,9 @@ for name in full-f32 full-q8_0; do
         "grep -q 'audits: 1 sequence(s) audited' '$WORK/ring.err' && grep -q 'none failed' '$WORK/ring.err' &&
          grep -q 'stage 1 recomputed on the CPU (the node.s is aarch64, this one x86_64' '$WORK/ring.err'"
     grep -h "audits:" "$WORK/ring.err" | sed "s/^/# $name: /"
+    check "$name, mixed ring: the plan names each stage's architecture" bash -c \
+        "grep -q 'stage 1 (127.0.0.1:${RING_PORT[2]}, aarch64) computes on CPU' '$WORK/ring.err' &&
+         grep -q 'stage 2 (127.0.0.1:${RING_PORT[1]}, x86_64) computes on CPU' '$WORK/ring.err'"
     check "$name, mixed ring: the receipts verify offline" "$RINGLM" receipts verify "$WORK/r-$name.jsonl" --model "$m" \
         --ring "$WORK/mixed.conf" --key "$RING/coord.pub"
 done

@@ -480,7 +480,9 @@ static void ring_ready_read(ring_coord *rc, int s, const zs_parts *p) {
     cJSON *rj = p->n >= 2 ? cJSON_ParseWithLength(p->data[1], p->len[1]) : NULL;
     const cJSON *wh = rj ? cJSON_GetObjectItemCaseSensitive(rj, "where") : NULL;
     if (!rc->o.quiet && cJSON_IsString(wh)) {
-        fprintf(stderr, "stage %d (%s) computes on %s\n", s + 1, rc->conf.nodes[st->node].addr, wh->valuestring);
+        const char *arch = rc->nodes[st->node].arch; /* a ring may mix CPU architectures (docs/numerics.md) */
+        fprintf(stderr, "stage %d (%s%s%s) computes on %s\n", s + 1, rc->conf.nodes[st->node].addr, arch[0] ? ", " : "",
+                arch, wh->valuestring);
     }
     ring_node_state *ns = &rc->nodes[st->node];
     ns->n_steps = 0;
