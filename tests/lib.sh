@@ -9,6 +9,7 @@
 #                            and for `bash -c "..."` strings (exported)
 #   skip DESC                a check this machine cannot make: counted apart, never as a pass
 #   model NAME CONFIG TYPE [SEED]     path of a synthesized fixture, made once and cached in $MODELS
+#   toks SEED VOCAB N        N comma-separated token ids below VOCAB from a seeded LCG (no $RANDOM)
 #   finish                   prints the counts and exits non-zero if anything failed
 set -euo pipefail
 : "${RINGLM:?run through tests/run.sh}"
@@ -122,6 +123,9 @@ model() {
 skip() {
     T_SKIP=$((T_SKIP + 1)); echo "ok - # SKIP $1"
 }
+
+toks() { awk -v s="$1" -v v="$2" -v n="$3" 'BEGIN { x = s; for (i = 0; i < n; i++) {
+             x = (x * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), int(x / 65536) % v } }'; }
 
 finish() {
     if [ "$T_SKIP" -gt 0 ]; then echo "$T_PASS passed, $T_FAIL failed, $T_SKIP skipped"

@@ -51,8 +51,6 @@ for u in "$ARM"/unit/*; do
 done
 
 # 2. Against llama.cpp's arm64 build.
-toks() { awk -v s="$1" -v v="$2" -v n="$3" 'BEGIN { x = s; for (i = 0; i < n; i++) {
-             x = (x * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), int(x / 65536) % v } }'; }
 worst_x86=0
 for c in "full-f32 k3-full f32" "lean-f16 k3-lean f16" "full-q8_0 k3-full q8_0" "lean-q4_0 k3-lean q4_0" \
          "small-q4_K small q4_K" "full-iq4_nl k3-full iq4_nl"; do

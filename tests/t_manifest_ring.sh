@@ -14,8 +14,6 @@ export PYTHONPATH=$ROOT/tests/tools
 trap 'serve_stop_all; ring_stop; [ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"' EXIT
 ring_keys 3
 K=(--key "$RING/coord.key")
-toks() { awk -v s="$1" -v v="$2" -v n="$3" 'BEGIN { x = s; for (i = 0; i < n; i++) {
-             x = (x * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), int(x / 65536) % v } }'; }
 addr() { echo "127.0.0.1:${RING_PORT[$1]}"; }
 
 # ring_conf with memory caps: A and B offer a third of the weights each, C what it has.

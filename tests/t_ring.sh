@@ -14,8 +14,6 @@ ring_keys 4
 for i in 1 2 3 4; do ring_start $i "$RING/models" || exit 1; done
 K=(--key "$RING/coord.key")
 
-toks() { awk -v s="$1" -v v="$2" -v n="$3" 'BEGIN { x = s; for (i = 0; i < n; i++) {
-             x = (x * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), int(x / 65536) % v } }'; }
 
 for name in full-f32 small-f32 lean-q8_0; do
     m=$RING/models/$name.gguf

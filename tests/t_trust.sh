@@ -28,8 +28,6 @@ only_errors() {
     return $rc
 }
 
-toks() { awk -v s="$1" -v v="$2" -v n="$3" 'BEGIN { x = s; for (i = 0; i < n; i++) {
-             x = (x * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), int(x / 65536) % v } }'; }
 
 # --- An honest ring, every sequence audited: no false alarm, greedy and sampled, with and without drafts.
 honest_runs() {
@@ -146,6 +144,9 @@ check "a node that hands the auditor other bytes than it signed is caught" caugh
 check "--audit-rate or --receipts without a ring: exit 2, saying they need one" bash -c \
     "for o in '--audit-rate 0.5' '--receipts $WORK/x.jsonl'; do \"$RINGLM\" run -m $small -p hi \$o 2>$WORK/nr.err;
          [ \$? = 2 ] && grep -q 'for a ring' $WORK/nr.err || exit 1; done"
+check "--audit-tol and --audit-tol-arch not above 0: exit 2, naming the option and what it wants" bash -c \
+    "for o in --audit-tol --audit-tol-arch; do for v in 0 -1 x; do \"$RINGLM\" run -m $small -p hi \$o \$v 2>$WORK/tol.err;
+         [ \$? = 2 ] && grep -q \"bad value '\$v' for \$o: want a relative tolerance above 0\" $WORK/tol.err || exit 1; done; done"
 
 # --- serve, honest: 3 nodes, every request audited, 8 at a time (batched in shared frames), greedy and
 # sampled, long enough that prompts and decode steps share frames. An audit replays each frame whole, the

@@ -53,6 +53,14 @@ bool ring_names(const char *msg, const char *addr);
 /* ring.conf: one node per line, "HOST:PORT PUBLIC_KEY_HEX [mem=GB] [standby]"; '#' starts a comment. */
 int ring_conf_load(ring_conf *c, const char *path, rl_err *err);
 
+/* Audits' default tolerances (relative): a stage recomputed with the node's kernels, and a CPU stage of a
+ * node on another CPU architecture, whose kernels round otherwise (docs/numerics.md). */
+#define RING_AUDIT_TOL 1e-2
+#define RING_AUDIT_TOL_ARCH 5e-2
+/* ring_opts' tolerances with their defaults filled in. */
+#define RING_AUDIT_TOL_OF(o) ((o)->audit_tol > 0 ? (o)->audit_tol : RING_AUDIT_TOL)
+#define RING_AUDIT_TOL_ARCH_OF(o) ((o)->audit_tol_arch > 0 ? (o)->audit_tol_arch : RING_AUDIT_TOL_ARCH)
+
 typedef struct ring_opts {
     uint32_t n_ctx;       /* per-sequence context on every node */
     int n_seqs;           /* sequences every node must hold state for at once (a server's --parallel; 0 = 1):
@@ -71,8 +79,8 @@ typedef struct ring_opts {
      * the coordinator recomputes that stage's layers for the sequence and compares within audit_tol. */
     double audit_rate;
     uint64_t audit_seed;
-    double audit_tol;     /* 0 = 1e-2 */
-    double audit_tol_arch; /* for a CPU stage on another CPU architecture than this one's (0 = 5e-2) */
+    double audit_tol;     /* 0 = RING_AUDIT_TOL */
+    double audit_tol_arch; /* for a CPU stage on another CPU architecture than this one's (0 = RING_AUDIT_TOL_ARCH) */
     int audit_keep;       /* traversals remembered for audits (0 = 4096) */
     int audit_threads;    /* threads of the auditing engine (0 = 1) */
     const bool *exclude;  /* per ring.conf node (or NULL): leave it out of the plan (a node found faulty) */

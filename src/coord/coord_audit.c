@@ -196,7 +196,7 @@ static int ring_audit_one(ring_coord *rc, uint64_t seq, int stage, rl_err *err) 
             if (arch[0] && here[0] && strcmp(arch, here) != 0) {
                 snprintf(where, sizeof rc->aud_where[stage],
                          "on the CPU (the node's is %s, this one %s: other kernels, within --audit-tol-arch %.2g)",
-                         arch, here, rc->o.audit_tol_arch > 0 ? rc->o.audit_tol_arch : 5e-2);
+                         arch, here, RING_AUDIT_TOL_ARCH_OF(&rc->o));
                 rc->aud_arch[stage] = true;
             } else {
                 snprintf(where, sizeof rc->aud_where[stage], "on the CPU (as the node)");
@@ -222,12 +222,12 @@ static int ring_audit_one(ring_coord *rc, uint64_t seq, int stage, rl_err *err) 
     }
     if (rc_ == 0) {
         audit_report rep;
-        double tol = rc->o.audit_tol > 0 ? rc->o.audit_tol : 1e-2;
+        double tol = RING_AUDIT_TOL_OF(&rc->o);
         /* A CPU stage of a node on another CPU architecture: its kernels round otherwise, and on quantized
          * weights a last-bit difference now and then crosses the 8-bit requantization's rounding: an honest
          * aarch64 stage of 2-3 layers measured 0.0115 from x86's recomputation on q8_0 and q4_0 files
          * (2.5e-6 on f32; docs/numerics.md). Such an audit catches gross lies, not the last percent. */
-        if (rc->aud_arch[stage]) tol = fmax(tol, rc->o.audit_tol_arch > 0 ? rc->o.audit_tol_arch : 5e-2);
+        if (rc->aud_arch[stage]) tol = fmax(tol, RING_AUDIT_TOL_ARCH_OF(&rc->o));
         if (audit_replay_seq(rc->aud_eng[stage], rc->o.n_ctx, rc->o.wire, rc->aud_vocab, seq, fr, n, tol, &rep, err) != 0) {
             rc_ = -1;
         } else {

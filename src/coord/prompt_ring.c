@@ -59,10 +59,10 @@ static void prompt_ring_print(const prompt_opts *o, const ring_coord *rc, bool s
         for (int s = 0; s < rc->plan.n_stages; s++) arch = arch || rc->aud_arch[s];
         char other[64] = "";
         if (arch) snprintf(other, sizeof other, ", %.2g for another architecture's stage",
-                           o->trust.audit_tol_arch > 0 ? o->trust.audit_tol_arch : 5e-2);
+                           RING_AUDIT_TOL_ARCH_OF(&rc->o));
         fprintf(stderr, "audits: %ld sequence(s) audited, %ld frame(s) recomputed in %.0f ms, largest difference "
                 "%.2g (tolerance %.2g%s); none failed\n", rc->audits, rc->audit_frames, rc->audit_s * 1e3,
-                rc->audit_max_diff, o->trust.audit_tol > 0 ? o->trust.audit_tol : 1e-2, other);
+                rc->audit_max_diff, RING_AUDIT_TOL_OF(&rc->o), other);
         for (int s = 0; s < rc->plan.n_stages; s++) {
             if (rc->aud_where[s][0]) fprintf(stderr, "  stage %d recomputed %s\n", s + 1, rc->aud_where[s]);
         }

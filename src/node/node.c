@@ -81,8 +81,7 @@ static void node_info(node *n) {
     }
     cJSON_AddStringToObject(j, "backend", n->dev_name[0] ? n->dev_name : "CPU");
     /* Its CPU architecture: an auditor on another one recomputes with other kernels (docs/numerics.md). */
-    struct utsname un;
-    if (uname(&un) == 0) cJSON_AddStringToObject(j, "arch", un.machine);
+    if (n->arch[0]) cJSON_AddStringToObject(j, "arch", n->arch);
     if (n->dev_name[0]) {
         cJSON *dj = cJSON_AddObjectToObject(j, "device");
         cJSON_AddStringToObject(dj, "name", n->dev_name);
@@ -269,9 +268,9 @@ int node_run(const node_opts *o, rl_err *err) {
     if (node_probe_device(n, err) != 0) goto done_sock;
     /* The CPU architecture: a ring may mix them, and their kernels round differently (docs/numerics.md). */
     struct utsname un;
-    if (uname(&un) != 0) snprintf(un.machine, sizeof un.machine, "unknown");
+    snprintf(n->arch, sizeof n->arch, "%s", uname(&un) == 0 ? un.machine : "");
     node_log(n, "ready: key %s, %d model(s), %.1f GB/s matrix-vector, %.3f TFLOPS matrix-matrix, %d threads, %s%s", o->id.pk_hex,
-             n->n_models, n->speed / 1e9, n->flops / 1e12, o->threads, un.machine,
+             n->n_models, n->speed / 1e9, n->flops / 1e12, o->threads, n->arch[0] ? n->arch : "architecture unknown",
              n->disk > 0 ? ", experts from disk past --mem" : "");
     while (!node_stop_pending()) {
         /* The router's monitor is drained on every pass, messages or not: its events queue up otherwise. */

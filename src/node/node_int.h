@@ -109,6 +109,7 @@ typedef struct node {
     /* The GPU its engines compute on (docs/devices.md), offered to the planner as a tier before RAM (and,
      * under --mem, RAM before disk): dev_name empty when it computes on the CPU. */
     char dev_name[64]; /* "Vulkan0", or "CUDA0,CUDA1" for several */
+    char arch[32];         /* its CPU architecture (uname; "" if unknown), said in INFO and the ready line */
     uint64_t dev_bytes;
     double dev_speed, dev_flops;
     uint32_t gpu_layers, n_cpu_moe; /* the split the coordinator assigned (ASSIGN), or UINT32_MAX: none */
