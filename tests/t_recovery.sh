@@ -24,10 +24,10 @@ trap 'serve_stop_all; kill -CONT "${RING_PID[@]}" 2>/dev/null; ring_stop || true
 ring_keys 4
 for i in 1 2 3 4; do ring_start $i "$RING/models" || exit 1; done
 # mem=: 2 nodes hold the model and 8 sequences of 1024 tokens (with the rollback copies of their drafted
-# blocks), 1 does not (the shrink below)
+# blocks and the prompt cache's 8 checkpoints each), 1 does not (the shrink below)
 : >"$WORK/ring.conf"
 for i in 1 2 3 4; do
-    echo "127.0.0.1:${RING_PORT[$i]} $(cat "$RING/n$i.pub") mem=0.055$([ $i = 4 ] && echo ' standby')" >>"$WORK/ring.conf"
+    echo "127.0.0.1:${RING_PORT[$i]} $(cat "$RING/n$i.pub") mem=0.07$([ $i = 4 ] && echo ' standby')" >>"$WORK/ring.conf"
 done
 serve_start srv -m "$f" --ring "$WORK/ring.conf" --key "$RING/coord.key" --parallel 8 --chunk 16 --ctx 1024 \
     --draft "$f" --threads 1 --receipts "$WORK/rcpt.jsonl" --audit-rate 1 --audit-seed 5

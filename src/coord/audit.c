@@ -140,7 +140,7 @@ static int audit_compare(const k3_engine *e, const audit_frame *f, int idx, uint
     return 0;
 }
 
-int audit_replay_seq(k3_engine *e, uint32_t n_ctx, int wire, const struct smp_vocab *vocab, uint64_t seq_id,
+int audit_replay_seq(k3_engine *e, uint32_t n_ctx, int wire, int n_ckpt, const struct smp_vocab *vocab, uint64_t seq_id,
                      const audit_frame *frames, int n, double tol, audit_report *rep, rl_err *err) {
     memset(rep, 0, sizeof *rep);
     rep->match = true;
@@ -149,6 +149,7 @@ int audit_replay_seq(k3_engine *e, uint32_t n_ctx, int wire, const struct smp_vo
     if (!st) return rl_errf(err, "out of memory");
     stage_init(st, e, n_ctx, 0, wire); /* (states of their own: a group computes what each sequence alone does) */
     st->vocab = vocab;
+    st->max_ck = n_ckpt; /* the node's, so that its checkpoints land where they did there (k3_ckpt.h) */
     int rc = 0;
     bool started = false;
     for (int fi = 0; fi < n && rep->match && rc == 0; fi++) {

@@ -41,11 +41,11 @@ typedef struct audit_report {
 } audit_report;
 
 /* Replays sequence seq_id's share of frames[0..n) through a fresh stage on engine e (bound to the audited
- * stage's layers, n_ctx and wire as the node's) and compares. vocab: the last stage's (ring_stage.vocab),
+ * stage's layers, n_ctx, wire and checkpoints per sequence as the node's) and compares. vocab: the last stage's (ring_stage.vocab),
  * for sequences with constrained output; NULL elsewhere. Frames without the sequence are skipped;
  * the first one that has it must start it (FRAME_SEQ_NEW). Returns 0 with rep filled (match or not), -1 when
  * the audit could not be run (malformed input: err says why). */
-int audit_replay_seq(k3_engine *e, uint32_t n_ctx, int wire, const struct smp_vocab *vocab, uint64_t seq_id,
+int audit_replay_seq(k3_engine *e, uint32_t n_ctx, int wire, int n_ckpt, const struct smp_vocab *vocab, uint64_t seq_id,
                      const audit_frame *frames, int n, double tol, audit_report *rep, rl_err *err);
 
 /* Which finished sequences are audited, and at which stage: seeded draws (splitmix64), so a run's audits

@@ -324,7 +324,7 @@ static int ring_open_plan(ring_coord *rc, const ring_ordering *ord, rl_err *err)
     }
     plan_model pm;
     plan_model_read(&pm, rc->m, &rc->hp, o->n_seqs > 0 ? (uint32_t)o->n_seqs : 1, o->n_ctx, cache_elem, o->spec_block,
-                    o->spec_block ? o->spec_depth : 0);
+                    o->spec_block ? o->spec_depth : 0, o->ctx_checkpoints);
     uint64_t (*lack)[PLAN_MAX_LAYERS + 2] = o->manifest ? calloc((size_t)conf->n, sizeof *lack) : NULL;
     if (o->manifest && !lack) return rl_errf(err, "out of memory");
     for (int i = 0; i < conf->n; i++) {
@@ -453,6 +453,7 @@ static char *ring_assign_json(const ring_coord *rc, int s, cJSON **holders) {
     cJSON_AddNumberToObject(j, "n_seqs", o->n_seqs > 0 ? o->n_seqs : 1); /* the node pools their states */
     cJSON_AddStringToObject(j, "wire", o->wire == 1 ? "f16" : o->wire == 2 ? "bf16" : "f32");
     if (o->spec_block > 0 && o->spec_depth > 0) cJSON_AddNumberToObject(j, "rollback_blocks", o->spec_depth);
+    if (o->ctx_checkpoints > 0) cJSON_AddNumberToObject(j, "ctx_checkpoints", o->ctx_checkpoints);
     if (o->n_taps > 0) {
         cJSON *ta = cJSON_AddArrayToObject(j, "taps");
         for (int k = 0; k < o->n_taps; k++) cJSON_AddItemToArray(ta, cJSON_CreateNumber(o->taps[k]));

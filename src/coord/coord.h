@@ -115,6 +115,9 @@ typedef struct ring_opts {
      * in each sequence's state (k3_range_rollback_bytes). */
     uint32_t spec_block;
     int spec_depth;
+    /* serve's prompt cache through this ring: the checkpoints every stage keeps per sequence (ASSIGN's
+     * ctx_checkpoints, FRAME_SEQ_CKPT; the plan counts their KDA state in each sequence's). 0: none. */
+    int ctx_checkpoints;
 } ring_opts;
 
 ring_opts ring_opts_default(void);

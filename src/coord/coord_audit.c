@@ -228,7 +228,7 @@ static int ring_audit_one(ring_coord *rc, uint64_t seq, int stage, rl_err *err) 
          * aarch64 stage of 2-3 layers measured 0.0115 from x86's recomputation on q8_0 and q4_0 files
          * (2.5e-6 on f32; docs/numerics.md). Such an audit catches gross lies, not the last percent. */
         if (rc->aud_arch[stage]) tol = fmax(tol, RING_AUDIT_TOL_ARCH_OF(&rc->o));
-        if (audit_replay_seq(rc->aud_eng[stage], rc->o.n_ctx, rc->o.wire, rc->aud_vocab, seq, fr, n, tol, &rep, err) != 0) {
+        if (audit_replay_seq(rc->aud_eng[stage], rc->o.n_ctx, rc->o.wire, rc->o.ctx_checkpoints, rc->aud_vocab, seq, fr, n, tol, &rep, err) != 0) {
             rc_ = -1;
         } else {
             rc->audit_frames += rep.frames;

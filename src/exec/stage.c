@@ -22,6 +22,8 @@ void stage_init(ring_stage *s, k3_engine *e, uint32_t n_ctx, int n_pool, int wir
 
 static void stage_seq_free(stage_seq *q) {
     k3_state_free(&q->st);
+    k3_ckpts_free(&q->ck);
+    free(q->toks);
     if (q->has_smp) smp_free(&q->smp);
     gr_free(q->gram);
     memset(q, 0, sizeof *q);
@@ -223,6 +225,46 @@ static int stage_smp_parse(const frame_header *h, const uint8_t *q, size_t q_len
     return 0;
 }
 
+/* A fresh last-stage sampler for sequence q from its frame entry and the 4th part's inputs (logit biases,
+ * grammar). */
+static int stage_new_sampler(ring_stage *s, stage_seq *q, const frame_seq *sq, const stage_smp_in *in, rl_err *err) {
+    const k3_engine *e = s->e;
+    if (q->has_smp) smp_free(&q->smp);
+    smp_params sp = {.seed = sq->smp.seed, .temperature = sq->smp.temperature, .top_k = sq->smp.top_k,
+                     .top_p = sq->smp.top_p, .min_p = sq->smp.min_p,
+                     .repeat_penalty = sq->smp.repeat_penalty,
+                     .frequency_penalty = sq->smp.frequency_penalty,
+                     .presence_penalty = sq->smp.presence_penalty,
+                     .penalty_last_n = sq->smp.penalty_last_n};
+    smp_bias *bl = NULL;
+    if (in->nb > 0) {
+        if (!(bl = malloc(in->nb * sizeof *bl))) return rl_errf(err, "out of memory");
+        memcpy(bl, in->bias, in->nb * sizeof *bl);
+        sp.bias = bl;
+        sp.n_bias = (int32_t)in->nb;
+    }
+    gr_free(q->gram);
+    q->gram = NULL;
+    if (in->gram) { /* constrained output: this stage needs the tokens' bytes to follow it */
+        if (!s->vocab) {
+            free(bl);
+            return rl_errf(err, "sequence %" PRIu64 ": constrained output, but this stage has no vocabulary",
+                           sq->seq_id);
+        }
+        if (!(q->gram = gr_decode(in->gram, in->gram_len, err))) {
+            free(bl);
+            return rl_errf(err, "sequence %" PRIu64 ": %s", sq->seq_id, err->msg);
+        }
+        sp.grammar = q->gram;
+        sp.budget = in->budget;
+        sp.vocab = s->vocab;
+    }
+    q->has_smp = smp_init(&q->smp, &sp, (int32_t)e->hp.n_vocab, err) == 0;
+    free(bl);
+    if (!q->has_smp) return rl_errf(err, "sequence %" PRIu64 ": %s", sq->seq_id, err->msg);
+    return 0;
+}
+
 /* Gets every sequence of the frame ready: finds or creates its state, rolls back a partly accepted
  * block, checks its position; fills states/ntok/keep, qv (each sequence's entry) and, on the last stage,
  * the logit rows. In a replay (rp) every other sequence gets a stand-in from stand[i]: a fresh state just
@@ -237,7 +279,10 @@ static int stage_prepare(ring_stage *s, const frame_header *h, const int32_t *to
     for (uint32_t i = 0; i < h->n_seqs; i++) {
         const frame_seq *sq = &h->seqs[i];
         bool standin = stage_standin(rp, sq);
-        stage_seq *q = standin ? &stand[i] : stage_find(s, sq->seq_id, (sq->flags & FRAME_SEQ_NEW) != 0);
+        /* FRAME_SEQ_NEW with FRAME_SEQ_RESTORE begins the sequence again from one of its checkpoints: it exists */
+        const bool restore = !standin && (sq->flags & FRAME_SEQ_RESTORE);
+        const bool fresh = standin || ((sq->flags & FRAME_SEQ_NEW) && !restore);
+        stage_seq *q = standin ? &stand[i] : stage_find(s, sq->seq_id, fresh);
         for (uint32_t k = 0; k < i && q; k++) {
             if (h->seqs[k].seq_id == sq->seq_id) q = NULL; /* listed twice */
         }
@@ -245,7 +290,16 @@ static int stage_prepare(ring_stage *s, const frame_header *h, const int32_t *to
             return rl_errf(err, "sequence %" PRIu64 " is unknown here, listed twice, or no slot is free", sq->seq_id);
         }
         qv[i] = q;
-        if (standin || (sq->flags & FRAME_SEQ_NEW)) {
+        if (!standin && (sq->flags & (FRAME_SEQ_CKPT | FRAME_SEQ_RESTORE))) {
+            if (s->max_ck < 1) {
+                return rl_errf(err, "sequence %" PRIu64 ": a prompt cache checkpoint, but this stage keeps none "
+                               "(ASSIGN's ctx_checkpoints is 0)", sq->seq_id);
+            }
+            if ((sq->flags & FRAME_SEQ_CKPT) && (sq->flags & FRAME_SEQ_VERIFY)) {
+                return rl_errf(err, "sequence %" PRIu64 ": a checkpoint after a VERIFY block", sq->seq_id);
+            }
+        }
+        if (fresh) {
             if (!standin && sq->pos != 0) return rl_errf(err, "new sequence %" PRIu64 " must start at position 0", sq->seq_id);
             const int slot = standin ? -1 : (int)(q - s->seqs);
             if (q->st.ctx) {
@@ -272,40 +326,23 @@ static int stage_prepare(ring_stage *s, const frame_header *h, const int32_t *to
             }
             q->used = true;
             q->id = sq->seq_id;
-            if (last) {
-                if (q->has_smp) smp_free(&q->smp);
-                smp_params sp = {.seed = sq->smp.seed, .temperature = sq->smp.temperature, .top_k = sq->smp.top_k,
-                                 .top_p = sq->smp.top_p, .min_p = sq->smp.min_p,
-                                 .repeat_penalty = sq->smp.repeat_penalty,
-                                 .frequency_penalty = sq->smp.frequency_penalty,
-                                 .presence_penalty = sq->smp.presence_penalty,
-                                 .penalty_last_n = sq->smp.penalty_last_n};
-                smp_bias *bl = NULL;
-                if (in[i].nb > 0) {
-                    if (!(bl = malloc(in[i].nb * sizeof *bl))) return rl_errf(err, "out of memory");
-                    memcpy(bl, in[i].bias, in[i].nb * sizeof *bl);
-                    sp.bias = bl;
-                    sp.n_bias = (int32_t)in[i].nb;
-                }
-                gr_free(q->gram);
-                q->gram = NULL;
-                if (in[i].gram) { /* constrained output: this stage needs the tokens' bytes to follow it */
-                    if (!s->vocab) {
-                        free(bl);
-                        return rl_errf(err, "sequence %" PRIu64 ": constrained output, but this stage has no vocabulary",
-                                       sq->seq_id);
-                    }
-                    if (!(q->gram = gr_decode(in[i].gram, in[i].gram_len, err))) {
-                        free(bl);
-                        return rl_errf(err, "sequence %" PRIu64 ": %s", sq->seq_id, err->msg);
-                    }
-                    sp.grammar = q->gram;
-                    sp.budget = in[i].budget;
-                    sp.vocab = s->vocab;
-                }
-                q->has_smp = smp_init(&q->smp, &sp, (int32_t)e->hp.n_vocab, err) == 0;
-                free(bl);
-                if (!q->has_smp) return rl_errf(err, "sequence %" PRIu64 ": %s", sq->seq_id, err->msg);
+            k3_ckpts_drop(&q->ck, 0);
+            if (last && !standin && s->max_ck > 0 && !q->toks && !(q->toks = malloc((size_t)s->n_ctx * sizeof *q->toks))) {
+                return rl_errf(err, "out of memory");
+            }
+            if (last && stage_new_sampler(s, q, sq, &in[i], err) != 0) return -1;
+        } else if (restore) {
+            const int k = k3_ckpts_at(&q->ck, sq->pos);
+            if (k < 0) return rl_errf(err, "sequence %" PRIu64 " has no checkpoint at position %u here", sq->seq_id, sq->pos);
+            if (k3_state_restore(&q->st, &q->ck.c[k].snap, err) != 0) {
+                return rl_errf(err, "sequence %" PRIu64 ": %s", sq->seq_id, err->msg);
+            }
+            k3_ckpts_drop(&q->ck, k + 1);
+            q->has_commit = false;
+            if (last && (sq->flags & FRAME_SEQ_NEW)) {
+                if (!q->toks) return rl_errf(err, "sequence %" PRIu64 ": no tokens kept to begin again from", sq->seq_id);
+                if (stage_new_sampler(s, q, sq, &in[i], err) != 0) return -1;
+                for (uint32_t t = 0; t < sq->pos; t++) smp_accept(&q->smp, q->toks[t]); /* as a fresh read would */
             }
         } else if (sq->pos < q->st.n_past) {
             /* Speculation: the last verified block was only partly accepted; drop the rest. */
@@ -326,6 +363,9 @@ static int stage_prepare(ring_stage *s, const frame_header *h, const int32_t *to
                 rows[(*n_rows)++] = (int32_t)(off + sq->n_tokens - 1);
             }
             if (!(sq->flags & FRAME_SEQ_VERIFY)) q->has_commit = false;
+            if (q->toks && sq->pos <= s->n_ctx && sq->n_tokens <= s->n_ctx - sq->pos) {
+                memcpy(q->toks + sq->pos, tokens + off, (size_t)sq->n_tokens * sizeof *tokens);
+            }
             /* Penalty history follows the inputs; a VERIFY block's inputs are accepted as they are judged. */
             if (q->has_smp && !(sq->flags & FRAME_SEQ_VERIFY)) {
                 for (uint32_t t = 0; t < sq->n_tokens; t++) smp_accept(&q->smp, tokens[off + t]);
@@ -620,6 +660,15 @@ static int stage_exec(ring_stage *s, const frame_header *h, const uint8_t *in, s
                       .logit_rows = rows, .n_taps = want_taps ? s->n_taps : 0, .tap_layers = s->taps,
                       .step_kernels = step, .split_invariant = split, .routes = want_routes};
         if (k3_forward(e, &b, &o, err) != 0) goto out;
+        /* The checkpoints asked for (the states moved: a failure here fails the frame as stage.h says). */
+        for (uint32_t k = 0; k < hb->n_seqs; k++) {
+            if (!(hb->seqs[k].flags & FRAME_SEQ_CKPT) || stage_standin(rp, &hb->seqs[k])) continue;
+            stage_seq *cq = qv2[k];
+            if ((cq->ck.max == 0 && k3_ckpts_init(&cq->ck, s->max_ck, err) != 0) || k3_ckpts_take(&cq->ck, &cq->st, err) != 0) {
+                rl_err_prefix(err, "sequence %" PRIu64 ": a checkpoint", hb->seqs[k].seq_id);
+                goto out;
+            }
+        }
     }
     if (want_taps && stage_keep_taps(s, h, stale, ran, o.taps, err) != 0) goto out; /* states moved: see stage.h */
     if (want_routes && stage_keep_routes(s, h, stale, &o.routes, err) != 0) goto out;

@@ -7,8 +7,9 @@
  * A node runs every frame it receives through stage_run; an auditor (coord/audit.h) runs a copy of a
  * node's frames through its own stage to check what the node sent. Both must do exactly the same thing,
  * which is why this is one function: per-sequence state (created on FRAME_SEQ_NEW, rolled back when a frame
- * starts behind it after a partly accepted VERIFY block), the layers, and on the last stage the sampling
- * and the acceptance of drafted blocks. Payload formats: wire/frame.h. */
+ * starts behind it after a partly accepted VERIFY block, kept as a checkpoint and returned to for a prompt
+ * that shares its prefix), the layers, and on the last stage the sampling and the acceptance of drafted
+ * blocks. Payload formats: wire/frame.h. */
 #ifndef RINGLM_STAGE_H
 #define RINGLM_STAGE_H
 
@@ -17,6 +18,7 @@
 #include <stdint.h>
 
 #include "../base/err.h"
+#include "../model/k3_ckpt.h"
 #include "../model/k3_forward.h"
 #include "../text/sampler.h"
 #include "../wire/frame.h"
@@ -36,6 +38,11 @@ typedef struct stage_seq {
     bool has_commit;
     uint32_t valid_end;
     int32_t next_tok;
+    /* The prompt cache (FRAME_SEQ_CKPT, FRAME_SEQ_RESTORE): its checkpoints, and on the last stage the token at
+     * each position it has read (a sequence that begins again from a checkpoint gets them as its sampler's
+     * penalty history). */
+    k3_ckpts ck;
+    int32_t *toks; /* [n_ctx], last stage, allocated with the first checkpoint */
 } stage_seq;
 
 typedef struct ring_stage {
@@ -53,6 +60,9 @@ typedef struct ring_stage {
     /* Blocks each sequence keeps for rollback: the coordinator's speculative blocks in flight (ASSIGN's
      * rollback_blocks), so that a node holds the copies it can need and no more; 0: K3_RB_BLOCKS. */
     int rb_blocks;
+    /* Checkpoints each sequence keeps (ASSIGN's ctx_checkpoints; 0: FRAME_SEQ_CKPT is refused). The coordinator
+     * and an auditor place them alike (k3_ckpt.h), so it must be the same number everywhere. */
+    int max_ck;
     k3_state_pool pool;
     /* DSpark taps this stage computes (the listed layers it holds: a < layer <= b) for FRAME_SEQ_TAPS
      * sequences; after stage_run, tap_rows holds them, [tap][row][n_embd], n_tap_rows rows (node: FRAME_TAPS) */

@@ -9,6 +9,7 @@ static void node_drop_seqs(node *n) {
     stage_init(&n->stage_rt, &n->e, n->n_ctx, n->n_seqs, n->wire);
     stage_set_taps(&n->stage_rt, n->taps, n->n_taps);
     n->stage_rt.rb_blocks = n->rb_blocks;
+    n->stage_rt.max_ck = n->max_ck;
     n->stage_rt.vocab = n->vocab;
 }
 
@@ -462,8 +463,11 @@ static void node_assign_stage(node *n, const cJSON *j, const node_assignment *as
     n->wire = wire && strcmp(wire, "f16") == 0 ? K3_WIRE_F16 : wire && strcmp(wire, "bf16") == 0 ? K3_WIRE_BF16 : K3_WIRE_F32;
     const double rb = rl_json_num(j, "rollback_blocks", 0);
     n->rb_blocks = rb >= 1 && rb <= K3_RB_BLOCKS ? (int)rb : 0;
+    const double ck = rl_json_num(j, "ctx_checkpoints", 0);
+    n->max_ck = ck >= 1 && ck <= 1024 ? (int)ck : 0;
     stage_init(&n->stage_rt, &n->e, n->n_ctx, n->n_seqs, n->wire); /* no sequence: node_drop_seqs above */
     n->stage_rt.rb_blocks = n->rb_blocks;
+    n->stage_rt.max_ck = n->max_ck;
     n->stage_rt.vocab = n->vocab;
     n->n_taps = 0;
     const cJSON *taps = cJSON_GetObjectItemCaseSensitive(j, "taps"), *tv;
@@ -522,13 +526,17 @@ static int node_assign_links(node *n, uint64_t step, const node_assignment *as) 
 
 /* Step 6: READY, with the range, where it computes, and the stage's own timed frames (node_time_stage). */
 static void node_assign_ready(node *n, uint64_t step) {
-    char spec[96] = "";
+    char spec[96] = "", ck[128] = "";
     if (n->rb_blocks > 0) { /* what a sequence's rollback copies come to, at most (k3_memory.h) */
         snprintf(spec, sizeof spec, "; %d speculative block%s in flight kept for rollback", n->rb_blocks,
                  n->rb_blocks > 1 ? "s" : "");
     }
-    node_log(n, "stage %d of %d: layers [%u, %u) of %.12s..., %s%s", n->stage + 1, n->n_stages, n->a, n->b, n->hash,
-             n->next ? "forwarding downstream" : "last stage, returning to the coordinator", spec);
+    if (n->max_ck > 0) { /* serve's prompt cache: each a copy of the range's KDA state */
+        snprintf(ck, sizeof ck, "; up to %d prompt-cache checkpoints per sequence (%.2f MiB each)", n->max_ck,
+                 (double)k3_range_kda_state_bytes(&n->hp, n->a, n->b) / 1048576.0);
+    }
+    node_log(n, "stage %d of %d: layers [%u, %u) of %.12s..., %s%s%s", n->stage + 1, n->n_stages, n->a, n->b, n->hash,
+             n->next ? "forwarding downstream" : "last stage, returning to the coordinator", spec, ck);
     node_time_stage(n);
     cJSON *r = cJSON_CreateObject();
     cJSON_AddNumberToObject(r, "a", n->a);

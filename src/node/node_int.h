@@ -133,6 +133,7 @@ typedef struct node {
     tok_tokenizer tok;   /* last stage: the model's vocabulary, so it can sample constrained output */
     smp_vocab *vocab;    /* ... (tok's bytes per token; NULL: not the last stage, or the file has no vocabulary) */
     int rb_blocks;       /* ASSIGN "rollback_blocks": blocks a sequence keeps for rollback (0: K3_RB_BLOCKS) */
+    int max_ck;          /* ASSIGN "ctx_checkpoints": prompt-cache checkpoints a sequence keeps (0: none) */
     uint32_t taps[16];   /* the ring's DSpark tap layers (ASSIGN "taps"); the stage keeps those it holds */
     int n_taps;
     /* A manifest ring (docs/ring.md, "Manifest rings"): the range was put together from parts under the

@@ -13,8 +13,9 @@
 
 /* Per-layer weights, bytes a token reads, state of n_seq sequences at n_ctx with cache elements of cache_elem
  * bytes (and, when they speculate in blocks of up to spec_block tokens, spec_depth in flight, the copies they
- * keep for rollback), embedding and head. */
+ * keep for rollback; with n_ckpt > 0, that many prompt-cache checkpoints of their KDA state each), embedding
+ * and head. */
 void plan_model_read(plan_model *pm, const mf_model *m, const k3_hparams *hp, uint32_t n_seq, uint32_t n_ctx,
-                     size_t cache_elem, uint32_t spec_block, int spec_depth);
+                     size_t cache_elem, uint32_t spec_block, int spec_depth, int n_ckpt);
 
 #endif

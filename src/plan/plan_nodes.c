@@ -33,7 +33,7 @@ static int plan_nodes_plan_once(const mf_model *m, const k3_hparams *hp, const n
     }
     plan_model pm;
     plan_model_read(&pm, m, hp, po->parallel ? po->parallel : 1, n_ctx, 2, spec_block,
-                    po->draft_depth > 1 ? po->draft_depth : 1);
+                    po->draft_depth > 1 ? po->draft_depth : 1, 0);
     r->spec_block = spec_block;
     for (uint32_t il = 0; il < pm.n_layer; il++) r->rollback_bytes += (uint64_t)pm.n_seq * pm.layer_host[il];
     if (plan_make(&pm, r->pnodes, c->n, 0.10, &r->plan, err) != 0) return -1;

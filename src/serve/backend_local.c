@@ -4,17 +4,11 @@
 
 #include "../speculate/accept.h"
 #include "prompt_cache.h"
+#include "../model/k3_ckpt.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* A checkpoint of a slot's sequence: its KDA state after pos tokens (the MLA rows before pos stay in the slot). */
-typedef struct bl_ckpt {
-    uint32_t pos;
-    bool end; /* taken where a prompt ended */
-    k3_snapshot snap;
-} bl_ckpt;
 
 typedef struct sch_local {
     k3_engine *e;
@@ -41,9 +35,7 @@ typedef struct sch_local {
     /* The prompt cache (sch_local_cache_on; off: cache false and the rest unused). */
     bool cache, exact;
     uint32_t n_ctx;
-    int max_ck;          /* checkpoints per slot */
-    bl_ckpt *ck;         /* [n_slots * max_ck], slot i's at i * max_ck, oldest first */
-    int *n_ck;           /* [n_slots] */
+    k3_ckpts *ck;        /* [n_slots]: each slot's checkpoints (its KDA state; the MLA rows before them stay in the slot) */
     int32_t *held;       /* [n_slots * n_ctx]: the token at each position a slot's state has read (valid[] of them) */
     pc_cache host;       /* --cache-ram: prefixes kept after their slot moved on */
     uint32_t *reread;    /* [n_slots]: where an idle re-read of generated tokens ends (0: none; sch_local_idle) */
@@ -52,45 +44,6 @@ typedef struct sch_local {
 } sch_local;
 
 static int32_t *bl_held(sch_local *L, int slot) { return L->held + (size_t)slot * L->n_ctx; }
-static bl_ckpt *bl_cks(sch_local *L, int slot) { return L->ck + (size_t)slot * (size_t)L->max_ck; }
-
-/* Forgets slot's checkpoints from index i on. */
-static void bl_ck_drop(sch_local *L, int slot, int i) {
-    bl_ckpt *c = bl_cks(L, slot);
-    for (int k = i; k < L->n_ck[slot]; k++) k3_snapshot_free(&c[k].snap);
-    if (i < L->n_ck[slot]) L->n_ck[slot] = i;
-}
-
-/* Keeps a checkpoint of slot's state where it stands (after a prompt piece), in position order (one at the
- * same position is replaced), the oldest dropped past max_ck. */
-static int bl_ck_take(sch_local *L, int slot, rl_err *err) {
-    bl_ckpt *c = bl_cks(L, slot);
-    const uint32_t pos = L->st[slot].n_past;
-    int at = L->n_ck[slot];
-    while (at > 0 && c[at - 1].pos >= pos) at--;
-    if (at < L->n_ck[slot] && c[at].pos == pos) { /* the same position: a fresh copy in its place */
-        k3_snapshot_free(&c[at].snap);
-        memmove(c + at, c + at + 1, (size_t)(L->n_ck[slot] - at - 1) * sizeof *c);
-        L->n_ck[slot]--;
-    }
-    if (L->n_ck[slot] == L->max_ck) {
-        if (at == 0) return 0; /* older than every one kept: not worth a place */
-        k3_snapshot_free(&c[0].snap);
-        memmove(c, c + 1, (size_t)(L->max_ck - 1) * sizeof *c);
-        L->n_ck[slot]--;
-        at--;
-    }
-    memmove(c + at + 1, c + at, (size_t)(L->n_ck[slot] - at) * sizeof *c);
-    bl_ckpt *k = &c[at];
-    memset(k, 0, sizeof *k);
-    L->n_ck[slot]++;
-    if (k3_state_snapshot(&L->st[slot], &k->snap, err) != 0) {
-        bl_ck_drop(L, slot, at); /* (it and the later ones: their order is no longer sure) */
-        return -1;
-    }
-    k->pos = pos;
-    return 0;
-}
 
 static uint32_t bl_common(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
     size_t i = 0;
@@ -101,21 +54,12 @@ static uint32_t bl_common(const int32_t *a, size_t na, const int32_t *b, size_t 
 /* The most a resume may restore of an n-token prompt: what follows must be a piece of two or more tokens. */
 static uint32_t bl_limit(size_t n) { return n >= 3 ? (uint32_t)(n - 2) : 0; }
 
-/* Index of slot's latest checkpoint at or before max (-1: none). */
-static int bl_ck_best(sch_local *L, int slot, uint32_t max) {
-    const bl_ckpt *c = bl_cks(L, slot);
-    for (int k = L->n_ck[slot] - 1; k >= 0; k--) {
-        if (c[k].pos > 0 && c[k].pos <= max) return k;
-    }
-    return -1;
-}
-
 static uint32_t sch_local_match(void *impl, int slot, const int32_t *tokens, size_t n) {
     sch_local *L = impl;
     if (!L->cache) return 0;
     uint32_t lcp = bl_common(bl_held(L, slot), L->valid[slot], tokens, n), lim = bl_limit(n);
-    int k = bl_ck_best(L, slot, lcp < lim ? lcp : lim);
-    return k < 0 ? 0 : bl_cks(L, slot)[k].pos;
+    int k = k3_ckpts_best(&L->ck[slot], lcp < lim ? lcp : lim);
+    return k < 0 ? 0 : L->ck[slot].c[k].pos;
 }
 
 /* A prefix to keep in the host cache: its tokens and its state (the format sch_local_resume restores). */
@@ -130,8 +74,8 @@ typedef struct bl_kept {
  * it already; false when there is nothing to keep (or no memory: the entry is only lost). */
 static bool bl_keep_copy(sch_local *L, int slot, bl_kept *k) {
     memset(k, 0, sizeof *k);
-    if (L->host.budget == 0 || L->n_ck[slot] == 0) return false;
-    const bl_ckpt *c = &bl_cks(L, slot)[L->n_ck[slot] - 1];
+    if (L->host.budget == 0 || L->ck[slot].n == 0) return false;
+    const k3_ckpt *c = &L->ck[slot].c[L->ck[slot].n - 1];
     const int32_t *toks = bl_held(L, slot);
     if (c->pos > L->valid[slot] || pc_has(&L->host, toks, c->pos)) return false;
     k->len = c->snap.n_bytes + k3_state_rows_bytes(&L->st[slot], c->pos);
@@ -168,31 +112,31 @@ static int sch_local_resume(void *impl, int slot, const int32_t *tokens, size_t 
     L->reread[slot] = 0; /* what an idle re-read reached is checkpointed; the rest is not needed now */
     k3_state *st = &L->st[slot];
     if (st->n_past > L->valid[slot] && k3_state_rollback(st, L->valid[slot], err) != 0) {
-        bl_ck_drop(L, slot, 0); /* the state is in doubt: nothing of it is used */
+        k3_ckpts_drop(&L->ck[slot], 0); /* the state is in doubt: nothing of it is used */
         L->valid[slot] = 0;
         return -1;
     }
     const uint32_t lim = reuse ? bl_limit(n) : 0;
     const uint32_t lcp = bl_common(bl_held(L, slot), L->valid[slot], tokens, n);
-    const int k = bl_ck_best(L, slot, lcp < lim ? lcp : lim);
-    const uint32_t own = k < 0 ? 0 : bl_cks(L, slot)[k].pos;
+    const int k = k3_ckpts_best(&L->ck[slot], lcp < lim ? lcp : lim);
+    const uint32_t own = k < 0 ? 0 : L->ck[slot].c[k].pos;
     /* What the slot holds past its own usable checkpoint is about to be overwritten: its latest prefix is
      * copied out now and stored once the host entry found below has been restored (storing may evict it). */
     bl_kept kept;
-    if (!(L->n_ck[slot] > 0 && bl_cks(L, slot)[L->n_ck[slot] - 1].pos > own && bl_keep_copy(L, slot, &kept))) {
+    if (!(L->ck[slot].n > 0 && L->ck[slot].c[L->ck[slot].n - 1].pos > own && bl_keep_copy(L, slot, &kept))) {
         memset(&kept, 0, sizeof kept);
     }
     const int h = lim > own && L->host.budget > 0 ? pc_find(&L->host, tokens, n, lim) : -1;
     const uint32_t q = h >= 0 && L->host.e[h].n > own ? L->host.e[h].n : own;
     if (q == 0) {
-        bl_ck_drop(L, slot, 0);
+        k3_ckpts_drop(&L->ck[slot], 0);
         L->valid[slot] = 0;
         bl_keep_put(L, &kept);
         return 0; /* the begin entry resets the state */
     }
     if (q == own) {
-        if (k3_state_restore(st, &bl_cks(L, slot)[k].snap, err) != 0) goto fail;
-        bl_ck_drop(L, slot, k + 1);
+        if (k3_state_restore(st, &L->ck[slot].c[k].snap, err) != 0) goto fail;
+        k3_ckpts_drop(&L->ck[slot], k + 1);
     } else {
         const pc_entry *e = &L->host.e[h];
         const size_t kda = k3_state_kda_bytes(st);
@@ -203,16 +147,16 @@ static int sch_local_resume(void *impl, int slot, const int32_t *tokens, size_t 
         }
         const k3_snapshot snap = {.n_past = e->n, .n_bytes = kda, .kda = e->blob};
         if (k3_state_rows_set(st, e->n, e->blob + kda, err) != 0 || k3_state_restore(st, &snap, err) != 0) goto fail;
-        bl_ck_drop(L, slot, 0);
+        k3_ckpts_drop(&L->ck[slot], 0);
         memcpy(bl_held(L, slot), tokens, (size_t)e->n * sizeof *tokens);
-        if (bl_ck_take(L, slot, err) != 0) goto fail; /* so the next turn finds it in the slot */
+        if (k3_ckpts_take(&L->ck[slot], &L->st[slot], err) != 0) goto fail; /* so the next turn finds it in the slot */
     }
     L->valid[slot] = q;
     *n_cached = q;
     bl_keep_put(L, &kept);
     return 0;
 fail:
-    bl_ck_drop(L, slot, 0);
+    k3_ckpts_drop(&L->ck[slot], 0);
     L->valid[slot] = 0;
     k3_state_reset(st);
     bl_keep_put(L, &kept);
@@ -238,7 +182,7 @@ static bool bl_read_piece(sch_local *L, int slot, uint32_t n, const char *what) 
         return false;
     }
     k3_output_free(&o);
-    if (bl_ck_take(L, slot, &e) != 0) fprintf(stderr, "ringlm serve: no prompt checkpoint kept: %s\n", e.msg);
+    if (k3_ckpts_take(&L->ck[slot], &L->st[slot], &e) != 0) fprintf(stderr, "ringlm serve: no prompt checkpoint kept: %s\n", e.msg);
     return true;
 }
 
@@ -254,15 +198,15 @@ static int sch_local_idle(void *impl) {
     for (int i = 0; L->cache && i < L->n_slots; i++) {
         k3_state *st = &L->st[i];
         if (L->reread[i] == 0) { /* a sequence that ends past its last checkpoint: re-read from there */
-            const int k = L->n_ck[i] - 1;
-            if (k < 0 || L->valid[i] < bl_cks(L, i)[k].pos + 2) continue;
+            const int k = L->ck[i].n - 1;
+            if (k < 0 || L->valid[i] < L->ck[i].c[k].pos + 2) continue;
             const double wait = L->ended[i] + BL_REREAD_GRACE_S - rl_clock_now();
             if (wait > 0) {
                 if (due < 0 || wait < due) due = wait;
                 continue;
             }
             rl_err e;
-            if (k3_state_restore(st, &bl_cks(L, i)[k].snap, &e) != 0) continue;
+            if (k3_state_restore(st, &L->ck[i].c[k].snap, &e) != 0) continue;
             L->reread[i] = L->valid[i];
             L->valid[i] = st->n_past;
         }
@@ -283,8 +227,8 @@ static int sch_local_idle(void *impl) {
             due = L->ended[i] + BL_REREAD_GRACE_S - rl_clock_now();
             break;
         }
-        const bl_ckpt *c = bl_cks(L, i);
-        int e = L->n_ck[i] - 1;
+        const k3_ckpt *c = L->ck[i].c;
+        int e = L->ck[i].n - 1;
         while (e >= 0 && !c[e].end) e--;
         if (e < 0 || c[e].pos < 3 || L->reread[i] != 0) continue;
         const uint32_t target = c[e].pos - 2;
@@ -295,7 +239,7 @@ static int sch_local_idle(void *impl) {
         rl_err err;
         if (b >= 0 ? k3_state_restore(&L->st[i], &c[b].snap, &err) != 0 : (k3_state_reset(&L->st[i]), 0)) continue;
         /* (failing, the prompt's end stops asking for it: idle work is never retried in a loop) */
-        if (!bl_read_piece(L, i, target - from, "making a checkpoint before a prompt's end")) bl_cks(L, i)[e].end = false;
+        if (!bl_read_piece(L, i, target - from, "making a checkpoint before a prompt's end")) L->ck[i].c[e].end = false;
         return 1;
     }
     return due < 0 ? 0 : -(int)(due * 1000.0 + 1.0);
@@ -305,8 +249,8 @@ static void sch_local_cache_stats(void *impl, sch_cache_stat *out) {
     sch_local *L = impl;
     memset(out, 0, sizeof *out);
     for (int i = 0; L->cache && i < L->n_slots; i++) {
-        for (int k = 0; k < L->n_ck[i]; k++) out->ckpt_bytes += bl_cks(L, i)[k].snap.n_bytes;
-        out->ckpts += (uint64_t)L->n_ck[i];
+        for (int k = 0; k < L->ck[i].n; k++) out->ckpt_bytes += L->ck[i].c[k].snap.n_bytes;
+        out->ckpts += (uint64_t)L->ck[i].n;
     }
     out->entries = (uint64_t)L->host.n;
     out->host_bytes = L->host.bytes;
@@ -396,7 +340,7 @@ static int sch_local_pass(sch_local *L, sch_step *steps, int n, rl_err *err) {
                 if (sp->n_cached > 0) return rl_errf(err, "slot %d begins after %u cached tokens it does not hold", sp->slot, sp->n_cached);
                 k3_state_reset(&L->st[sp->slot]);
                 L->valid[sp->slot] = 0;
-                if (L->cache) bl_ck_drop(L, sp->slot, 0);
+                if (L->cache) k3_ckpts_drop(&L->ck[sp->slot], 0);
             }
             if (L->has_smp[sp->slot]) smp_free(&L->smp[sp->slot]);
             L->has_smp[sp->slot] = false;
@@ -467,8 +411,12 @@ static int sch_local_pass(sch_local *L, sch_step *steps, int n, rl_err *err) {
         L->valid[sp->slot] = L->st[sp->slot].n_past;
         if (sp->ckpt && L->cache && sp->n_draft == 0 && sp->n_tokens >= 2) {
             rl_err e;
-            if (bl_ck_take(L, sp->slot, &e) != 0) fprintf(stderr, "ringlm serve: no prompt checkpoint kept: %s\n", e.msg);
-            else if (sp->sample) bl_cks(L, sp->slot)[L->n_ck[sp->slot] - 1].end = true;
+            if (k3_ckpts_take(&L->ck[sp->slot], &L->st[sp->slot], &e) != 0) {
+                fprintf(stderr, "ringlm serve: no prompt checkpoint kept: %s\n", e.msg);
+            } else if (sp->sample) { /* (it may have been too old to keep) */
+                const int k = k3_ckpts_at(&L->ck[sp->slot], L->st[sp->slot].n_past);
+                if (k >= 0) L->ck[sp->slot].c[k].end = true;
+            }
         }
         if (sp->n_draft > 0) { /* spec_accept takes the inputs into the penalty history as it judges them */
             sp->n_out = spec_accept(smp, o.logits + (size_t)r * (size_t)n_vocab, n_vocab, sp->tokens, sp->n_draft, NULL,
@@ -517,9 +465,8 @@ static void sch_local_free(void *impl) {
         if (L->st && L->st[i].ctx) k3_state_free(&L->st[i]);
         if (L->has_smp && L->has_smp[i]) smp_free(&L->smp[i]);
     }
-    for (int i = 0; L->n_ck && i < L->n_slots; i++) bl_ck_drop(L, i, 0);
+    for (int i = 0; L->ck && i < L->n_slots; i++) k3_ckpts_free(&L->ck[i]);
     free(L->ck);
-    free(L->n_ck);
     free(L->held);
     free(L->reread);
     free(L->ended);
@@ -548,7 +495,7 @@ static int sch_local_fork(void *impl, int src, int dst, const smp_params *smp, r
     if (L->has_smp[dst]) smp_free(&L->smp[dst]);
     L->has_smp[dst] = false;
     if (L->cache) {
-        bl_ck_drop(L, dst, 0);
+        k3_ckpts_drop(&L->ck[dst], 0);
         L->valid[dst] = 0;
     }
     if (k3_state_copy(&L->st[dst], &L->st[src], err) != 0) return -1;
@@ -635,17 +582,24 @@ int sch_local_cache_on(sch_backend *be, const sch_local_cache_opts *o, rl_err *e
                        "%.1f MiB (or 0 to keep prefixes in the slots only)", (double)o->ram_bytes / 1048576.0, L->n_ctx,
                        (double)one / 1048576.0);
     }
-    L->ck = calloc((size_t)L->n_slots * (size_t)o->ctx_checkpoints, sizeof *L->ck);
-    L->n_ck = calloc((size_t)L->n_slots, sizeof *L->n_ck);
+    L->ck = calloc((size_t)L->n_slots, sizeof *L->ck);
+    for (int i = 0; L->ck && i < L->n_slots; i++) {
+        if (k3_ckpts_init(&L->ck[i], o->ctx_checkpoints, err) != 0) {
+            for (int k = 0; k < i; k++) k3_ckpts_free(&L->ck[k]);
+            free(L->ck);
+            L->ck = NULL;
+            return -1;
+        }
+    }
     L->held = malloc((size_t)L->n_slots * L->n_ctx * sizeof *L->held);
     L->reread = calloc((size_t)L->n_slots, sizeof *L->reread);
     L->ended = calloc((size_t)L->n_slots, sizeof *L->ended);
-    if (!L->ck || !L->n_ck || !L->held || !L->reread || !L->ended) {
-        free(L->ck), free(L->n_ck), free(L->held), free(L->reread), free(L->ended);
-        L->ck = NULL, L->n_ck = NULL, L->held = NULL, L->reread = NULL, L->ended = NULL;
+    if (!L->ck || !L->held || !L->reread || !L->ended) {
+        for (int i = 0; L->ck && i < L->n_slots; i++) k3_ckpts_free(&L->ck[i]);
+        free(L->ck), free(L->held), free(L->reread), free(L->ended);
+        L->ck = NULL, L->held = NULL, L->reread = NULL, L->ended = NULL;
         return rl_errf(err, "out of memory for the prompt cache's index");
     }
-    L->max_ck = o->ctx_checkpoints;
     pc_init(&L->host, o->ram_bytes);
     L->exact = o->exact;
     L->chunk = o->reread_chunk >= 2 ? o->reread_chunk : 256;

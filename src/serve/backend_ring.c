@@ -1,6 +1,8 @@
 /* backend_ring.c - the scheduler's backend on a ring of nodes (see backend_ring.h). */
 #include "backend_ring.h"
 #include "../base/clock.h"
+#include "../model/k3_ckpt.h"
+#include "../model/k3_memory.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -33,6 +35,13 @@ typedef struct ring_slot {
     bool want_receipts; /* the request asked for its receipts: kept here as JSON objects, comma-separated */
     char *rcpt;
     size_t receipt_len, receipt_cap;
+    /* The prompt cache (B->cache): the checkpoints every stage holds for seq_id, positions only (k3_ckpt.h
+     * places them as the stages do); hist[0 .. n_hist) are the tokens its state has read. */
+    k3_ckpts ck;
+    bool restore;      /* the next frame begins seq_id again from its checkpoint at n_hist (a resumed request) */
+    bool running;      /* a request holds the slot (from its begin to end()) */
+    double ended;      /* when its last request ended (rl_clock_now) */
+    uint32_t reread;   /* idle re-read of what it generated: where it ends (0: none under way) */
 } ring_slot;
 
 typedef struct sch_ring {
@@ -70,6 +79,7 @@ typedef struct sch_ring {
     uint64_t recoveries;          /* rings re-formed under a running step, the seconds that took, and the */
     double recovery_s;
     uint64_t replayed;            /* ... tokens replayed to rebuild sequences on them */
+    bool cache;                   /* the prompt cache (cfg.opts.ctx_checkpoints > 0; backend_ring.h) */
 } sch_ring;
 
 /* How long the TCP probe waits for a node that neither accepts nor refuses (a host that is off). */
@@ -82,6 +92,8 @@ typedef struct sch_ring {
 #define RING_BACKOFF_S 2.0
 /* A failed step is run again on a re-formed ring this many times (each failure names a node, left out). */
 #define RING_MAX_RETRIES 4
+
+static void ring_drop_seq(sch_ring *B, ring_slot *S);
 
 /* ---- which node a message names -------------------------------------------------------------------- */
 
@@ -437,12 +449,100 @@ static void ring_idle_probe(sch_ring *B) {
     if (ring_reopen(B, false, &e) != 0) fprintf(stderr, "ringlm serve: ring: still broken: %s\n", e.msg);
 }
 
+/* ---- the prompt cache (backend_ring.h) ---------------------------------------------------------------- */
+
+/* A client that sends its next turn at once comes within this many seconds of the end of its last; the idle
+ * re-read waits that long first (as on one machine: backend_local.c, BL_REREAD_GRACE_S). */
+#define RING_REREAD_GRACE_S 0.1
+
+/* The most a resume may restore of an n-token prompt: what follows must be a piece of two or more tokens. */
+static uint32_t ring_limit(size_t n) { return n >= 3 ? (uint32_t)(n - 2) : 0; }
+
+static uint32_t ring_be_match(void *impl, int slot, const int32_t *tokens, size_t n) {
+    sch_ring *B = impl;
+    if (!B->cache || slot < 0 || slot >= B->cfg.n_slots) return 0;
+    const ring_slot *S = &B->slots[slot];
+    if (!S->seq_id || !B->open || S->gen != B->gen || S->running) return 0; /* nothing of it on this ring */
+    uint32_t lcp = 0;
+    while (lcp < S->n_hist && lcp < n && S->hist[lcp] == tokens[lcp]) lcp++;
+    const uint32_t lim = ring_limit(n);
+    const int k = k3_ckpts_best(&S->ck, lcp < lim ? lcp : lim);
+    return k < 0 ? 0 : S->ck.c[k].pos;
+}
+
+/* Nothing moves here: the request's first frame restores the checkpoint on every stage (FRAME_SEQ_RESTORE), so
+ * a stage that lost it fails that frame and the step runs again on a re-formed ring, from the whole prompt. */
+static int ring_be_resume(void *impl, int slot, const int32_t *tokens, size_t n, bool reuse, uint32_t *n_cached,
+                          rl_err *err) {
+    sch_ring *B = impl;
+    *n_cached = 0;
+    if (slot < 0 || slot >= B->cfg.n_slots) return rl_errf(err, "slot %d out of range", slot);
+    B->slots[slot].reread = 0; /* what a re-read reached is checkpointed; the rest is not needed now */
+    if (reuse) *n_cached = ring_be_match(impl, slot, tokens, n);
+    return 0;
+}
+
+static void ring_be_cache_stats(void *impl, sch_cache_stat *out) {
+    sch_ring *B = impl;
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < B->cfg.n_slots; i++) {
+        const ring_slot *S = &B->slots[i];
+        if (S->seq_id && B->open && S->gen == B->gen) out->ckpts += (uint64_t)S->ck.n;
+    }
+    /* Held on the nodes, each stage its layers' share: the whole model's KDA state per checkpoint. */
+    out->ckpt_bytes = (size_t)out->ckpts * k3_range_kda_state_bytes(B->cfg.hp, 0, B->cfg.hp->n_layer);
+    out->exact = B->cfg.exact;
+}
+
+/* Idle work: a sequence that ends in tokens it generated holds state no fresh read reproduces (decode steps
+ * round differently from a prompt piece), so a next turn could resume only from its prompt's checkpoint and
+ * read the reply again. While the server is idle the reply is read again here, as prompt pieces from the
+ * latest checkpoint (restored on every stage), a checkpoint after each. One piece per call. Returns 1 when
+ * it sent one, 0 when there is none to do, -ms when one will be due after the grace. */
+static int ring_reread(sch_ring *B) {
+    if (!B->cache || !B->open) return 0;
+    const uint32_t chunk = B->cfg.reread_chunk >= 4 ? B->cfg.reread_chunk : 256;
+    double due = -1;
+    const double now = rl_clock_now();
+    for (int i = 0; i < B->cfg.n_slots; i++) {
+        ring_slot *S = &B->slots[i];
+        if (S->running || !S->seq_id || S->gen != B->gen || S->ck.n == 0) continue;
+        const uint32_t from = S->ck.c[S->ck.n - 1].pos, end = S->reread ? S->reread : S->n_hist;
+        if (from + 2 > end) {
+            S->reread = 0;
+            continue;
+        }
+        if (!S->reread) {
+            const double wait = S->ended + RING_REREAD_GRACE_S - now;
+            if (wait > 0) {
+                if (due < 0 || wait < due) due = wait;
+                continue;
+            }
+            S->reread = end;
+        }
+        uint32_t m = end - from < chunk ? end - from : chunk;
+        if (end - from - m == 1) m--; /* never leave one token (scheduler.c, sch_piece) */
+        ring_seq_req q = {.seq_id = S->seq_id, .pos = from, .n = m, .tokens = S->hist + from, .smp = S->smp, .token = -1,
+                          .flags = FRAME_SEQ_RESTORE | FRAME_SEQ_NO_SAMPLE | FRAME_SEQ_SPLIT_INV | FRAME_SEQ_CKPT};
+        rl_err e;
+        if (ring_step(B->rc, &q, 1, &e) != 0) {
+            fprintf(stderr, "ringlm serve: re-reading a finished sequence failed: %s\n", e.msg);
+            ring_break(B, e.msg);
+            return 1;
+        }
+        k3_ckpts_place(&S->ck, from + m);
+        if (from + m >= end) S->reread = 0;
+        return 1;
+    }
+    return due < 0 ? 0 : -(int)(due * 1000.0 + 1.0);
+}
+
 static int ring_be_idle(void *impl) {
     sch_ring *B = impl;
     ring_flush_frees(B);
     if (ring_audit_now(B)) return 1;
     ring_idle_probe(B);
-    return 0;
+    return ring_reread(B);
 }
 
 /* Every checked traversal: its receipts go to each slot whose sequence it carried and that wants them. */
@@ -564,6 +664,8 @@ static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
             S->seq_id = B->next_seq++;
             S->gen = B->gen;
             S->pos = 0;
+            S->restore = false; /* (a cached prefix on a lost ring: it is in hist, replayed with the rest) */
+            k3_ckpts_drop(&S->ck, 0);
             const uint32_t fl = FRAME_SEQ_NEW | (S->n_bias ? FRAME_SEQ_HAS_BIAS : 0) | (S->gram ? FRAME_SEQ_HAS_GRAMMAR : 0);
             *q = (ring_seq_req){.seq_id = S->seq_id, .pos = 0, .n = S->n_hist + e->n_tokens, .tokens = S->hist,
                                 .flags = fl, .smp = S->smp, .bias = S->bias, .n_bias = S->n_bias, .gram = S->gram,
@@ -580,6 +682,14 @@ static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
                                     .tokens = S->hist + S->gen0, .flags = FRAME_SEQ_RESUME | FRAME_SEQ_STEP, .smp = S->smp,
                                     .gen_start = 0};
             }
+        } else if (S->restore) {
+            /* A request resuming a cached prefix: the slot's sequence begins again from its checkpoint at pos,
+             * with this request's sampler (its penalty history the prefix, as the stage keeps it). */
+            const uint32_t fl = FRAME_SEQ_NEW | FRAME_SEQ_RESTORE | (S->n_bias ? FRAME_SEQ_HAS_BIAS : 0) |
+                                (S->gram ? FRAME_SEQ_HAS_GRAMMAR : 0);
+            *q = (ring_seq_req){.seq_id = S->seq_id, .pos = S->pos, .n = e->n_tokens, .tokens = e->tokens, .flags = fl,
+                                .smp = S->smp, .bias = S->bias, .n_bias = S->n_bias, .gram = S->gram,
+                                .gram_len = (uint32_t)S->gram_len, .budget = S->budget};
         } else {
             *q = (ring_seq_req){.seq_id = S->seq_id, .pos = S->pos, .n = e->n_tokens, .tokens = e->tokens,
                                 .smp = S->smp};
@@ -600,6 +710,8 @@ static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
         if (!(q->flags & (FRAME_SEQ_VERIFY | FRAME_SEQ_STEP)) && q->n >= 2) q->flags |= FRAME_SEQ_SPLIT_INV;
         if (n0 > 0 && B->reqs0[n0 - 1].seq_id == q->seq_id && B->reqs0[n0 - 1].n >= 2) B->reqs0[n0 - 1].flags |= FRAME_SEQ_SPLIT_INV;
         if (B->taps && e->taps) q->flags |= FRAME_SEQ_TAPS;
+        /* A checkpoint where the scheduler asks (prompt ends, every --checkpoint-every tokens): a prompt piece. */
+        if (B->cache && e->ckpt && !(q->flags & (FRAME_SEQ_VERIFY | FRAME_SEQ_STEP)) && q->n >= 2) q->flags |= FRAME_SEQ_CKPT;
         q->token = -1;
     }
     uint64_t step_id, step0 = 0;
@@ -641,6 +753,8 @@ static int ring_run(sch_ring *B, sch_step *steps, int n, rl_err *err) {
         sch_step *e = &steps[i];
         ring_slot *S = &B->slots[e->slot];
         S->pos = B->reqs[i].pos + B->reqs[i].n;
+        S->restore = false;
+        if (B->reqs[i].flags & FRAME_SEQ_CKPT) k3_ckpts_place(&S->ck, S->pos); /* where every stage now has one */
         if (e->n_draft > 0) { /* valid up to the committed tokens: the next frame starts there */
             e->n_out = B->reqs[i].token;
             memcpy(e->out, B->reqs[i].committed, (size_t)e->n_out * sizeof *e->out);
@@ -674,9 +788,20 @@ static int ring_be_step(void *impl, sch_step *steps, int n, rl_err *err) {
         if (e->slot < 0 || e->slot >= B->cfg.n_slots) return rl_errf(err, "slot %d out of range", e->slot);
         ring_slot *S = &B->slots[e->slot];
         if (e->begin) {
-            S->seq_id = 0;
+            S->running = true;
+            S->reread = 0;
+            if (e->n_cached > 0) { /* resume() found the prefix: the slot's sequence continues from there */
+                const int k = B->cache && S->seq_id ? k3_ckpts_at(&S->ck, e->n_cached) : -1;
+                if (k < 0 || S->n_hist < e->n_cached) {
+                    return rl_errf(err, "slot %d begins after %u cached tokens it does not hold", e->slot, e->n_cached);
+                }
+                k3_ckpts_drop(&S->ck, k + 1);
+                S->n_hist = S->pos = e->n_cached;
+                S->restore = true;
+            } else {
+                ring_drop_seq(B, S);
+            }
             S->sampled = false;
-            S->n_hist = 0;
             S->smp = ring_sampling(e->smp);
             free(S->bias);
             S->bias = NULL;
@@ -729,13 +854,10 @@ static int ring_be_step(void *impl, sch_step *steps, int n, rl_err *err) {
     }
 }
 
-static void ring_be_end(void *impl, int slot) {
-    sch_ring *B = impl;
-    if (slot < 0 || slot >= B->cfg.n_slots) return;
-    ring_slot *S = &B->slots[slot];
-    /* Free it on the nodes when it lives on the ring that is open: now if stage 0 takes the frame at once,
-     * else at the next step (a FREE waits for its link, and this runs under the scheduler's mutex, which
-     * /health and every request need). A ring that closes meanwhile drops it anyway. */
+/* The slot's sequence is no longer wanted: free it on the nodes when it lives on the ring that is open (now if
+ * stage 0 takes the frame at once, else at the next step: a FREE waits for its link, and this may run under
+ * the scheduler's mutex, which /health and every request need; a ring that closes meanwhile drops it anyway). */
+static void ring_drop_seq(sch_ring *B, ring_slot *S) {
     if (S->seq_id && B->open && S->gen == B->gen) {
         rl_err e;
         if (!ring_node_writable_wait(B->rc, ring_plan_get(B->rc)->stages[0].node, 0)) {
@@ -745,10 +867,24 @@ static void ring_be_end(void *impl, int slot) {
         }
     }
     S->seq_id = 0;
-    S->sampled = false;
     S->n_hist = 0;
+    S->restore = false;
+    S->reread = 0;
+    k3_ckpts_drop(&S->ck, 0);
+}
+
+static void ring_be_end(void *impl, int slot) {
+    sch_ring *B = impl;
+    if (slot < 0 || slot >= B->cfg.n_slots) return;
+    ring_slot *S = &B->slots[slot];
+    S->running = false;
+    S->ended = rl_clock_now();
     S->want_receipts = false;
     S->receipt_len = 0;
+    /* With the prompt cache a sequence with a checkpoint on the open ring stays there for the slot's next
+     * request (resume, match); it is freed when the slot takes another conversation. */
+    if (!(B->cache && S->seq_id && B->open && S->gen == B->gen && S->ck.n > 0)) ring_drop_seq(B, S);
+    S->sampled = false;
 }
 
 static void ring_be_node(const sch_ring *B, int node, uint32_t a, uint32_t b, int stage, sch_node_stat *o) {
@@ -811,7 +947,11 @@ static void ring_be_free(void *impl) {
     sch_ring *B = impl;
     if (!B) return;
     if (B->rc) ring_shut(B);
-    for (int i = 0; B->slots && i < B->cfg.n_slots; i++) free(B->slots[i].hist), free(B->slots[i].rcpt), free(B->slots[i].bias), free(B->slots[i].gram);
+    for (int i = 0; B->slots && i < B->cfg.n_slots; i++) {
+        ring_slot *S = &B->slots[i];
+        free(S->hist), free(S->rcpt), free(S->bias), free(S->gram);
+        k3_ckpts_free(&S->ck);
+    }
     free(B->slots);
     free(B->reqs);
     free(B->reqs0);
@@ -846,6 +986,13 @@ int sch_backend_ring(sch_backend *be, const sch_ring_config *cfg, rl_err *err) {
         return rl_errf(err, "out of memory");
     }
     for (int i = 0; i < cfg->conf->n; i++) B->up[i] = true;
+    B->cache = cfg->opts.ctx_checkpoints > 0;
+    for (int i = 0; B->cache && i < cfg->n_slots; i++) {
+        if (k3_ckpts_init(&B->slots[i].ck, cfg->opts.ctx_checkpoints, err) != 0) {
+            ring_be_free(B);
+            return -1;
+        }
+    }
     ring_choose(B, false); /* standbys stand by */
     if (ring_try_open(B, err) != 0) {
         ring_be_free(B);
@@ -866,5 +1013,10 @@ int sch_backend_ring(sch_backend *be, const sch_ring_config *cfg, rl_err *err) {
     be->set_taps = ring_be_set_taps;
     be->abort = ring_be_abort;
     if (cfg->opts.receipts || cfg->opts.audit_rate > 0) be->receipts = ring_be_receipts;
+    if (B->cache) {
+        be->resume = ring_be_resume;
+        be->match = ring_be_match;
+        be->cache_stats = ring_be_cache_stats;
+    }
     return 0;
 }

@@ -8,6 +8,7 @@
 
 #include "../coord/target.h"
 #include "../base/clock.h"
+#include "../model/k3_memory.h"
 #include "../speculate/draft_pool.h"
 #include "../speculate/drafter.h"
 #include "backend_local.h"
@@ -80,6 +81,14 @@ static int serve_ring_open(const serve_opts *o, serve_state *st, rl_err *err) {
         rcfg.opts.n_taps = spec_drafter_taps(&st->dspark[0], &layers);
         memcpy(rcfg.opts.taps, layers, (size_t)rcfg.opts.n_taps * sizeof *layers);
     }
+    /* The prompt cache: checkpoints on every stage, per slot's sequence (backend_ring.h). Whether a resumed
+     * prompt is exact depends on the nodes' kernels; they repack weights by default, so it is judged so. */
+    char why[256] = "";
+    if (o->ctx_checkpoints > 0) {
+        rcfg.opts.ctx_checkpoints = o->ctx_checkpoints;
+        rcfg.reread_chunk = (uint32_t)o->chunk;
+        rcfg.exact = k3_range_split_invariant(&st->m, &st->hp, 0, st->hp.n_layer, false, why, sizeof why);
+    }
     if (o->trust.receipts) {
         st->rfile = fopen(o->trust.receipts, "a");
         if (!st->rfile) return rl_errf(err, "cannot open %s for appending: %s", o->trust.receipts, strerror(errno));
@@ -87,7 +96,15 @@ static int serve_ring_open(const serve_opts *o, serve_state *st, rl_err *err) {
         rcfg.opts.receipts = true;
         rcfg.opts.receipts_out = st->rfile;
     }
-    return sch_backend_ring(&st->be, &rcfg, err);
+    if (sch_backend_ring(&st->be, &rcfg, err) != 0) return -1;
+    if (o->ctx_checkpoints > 0) {
+        fprintf(stderr, "ringlm serve: prompt cache: %d checkpoints per slot on every stage (%.2f MiB each over the "
+                        "ring), in the slots only (--cache-ram is not used with --ring); %s (%s)\n",
+                o->ctx_checkpoints, (double)k3_range_kda_state_bytes(&st->hp, 0, st->hp.n_layer) / 1048576.0,
+                rcfg.exact ? "a resumed prompt gives the bits of a fresh read" : "a resumed prompt may differ from a fresh read in the last bits",
+                why);
+    }
+    return 0;
 }
 
 /* The backend on this machine: an engine for the whole model. */

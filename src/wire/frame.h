@@ -128,6 +128,13 @@ enum {
     FRAME_SEQ_ROUTES = 4096,  /* stages holding MoE layers send this sequence's routing (ROUTES) */
     FRAME_SEQ_SPLIT_INV = 8192, /* a prompt piece on the split-invariant path (k3_batch.split_invariant): serve reads
                             * every prompt so, on one machine and through the ring alike (docs/numerics.md) */
+    FRAME_SEQ_CKPT = 16384,   /* after this entry, keep a checkpoint of the sequence's state (its layers' KDA state;
+                            * the MLA rows stay): serve's prompt cache. Up to ASSIGN's ctx_checkpoints per sequence,
+                            * which ones as model/k3_ckpt.h places them, so the coordinator knows without asking */
+    FRAME_SEQ_RESTORE = 32768, /* before this entry, return the sequence to its checkpoint at pos (exactly; the later
+                            * ones are dropped). With FRAME_SEQ_NEW the sequence begins again from there: the last
+                            * stage makes a fresh sampler whose penalty history is the sequence's tokens before pos
+                            * (a next request resuming a cached prefix). A stage without that checkpoint fails */
 };
 
 #define FRAME_LOGPROB_BYTES 168 /* one token's entry in a RESULT (smp_logprob's layout: 2 + 2 x 20 four-byte fields) */

@@ -188,7 +188,7 @@ static void test_model(const char *cfg_name, const char *type, const char *dir, 
         for (int st = 0; st < 2; st++) {
             k3_engine *e = st ? &e1 : &e0;
             audit_report rep;
-            int rc = audit_replay_seq(e, n_ctx, K3_WIRE_F32, NULL, (uint64_t)q, st ? fr1 : fr0, n_frames, 0.0, &rep, &err);
+            int rc = audit_replay_seq(e, n_ctx, K3_WIRE_F32, 0, NULL, (uint64_t)q, st ? fr1 : fr0, n_frames, 0.0, &rep, &err);
             if (rc != 0 || !rep.match) {
                 printf("    sequence %d, stage %d: %s\n", q, st, rc ? err.msg : rep.what);
                 exact = 0;
@@ -251,7 +251,7 @@ static void test_model(const char *cfg_name, const char *type, const char *dir, 
         memcpy(odd[6][1] + 1 + at, &f, 4);
         audit_report rep;
         uint64_t q = r->h.seqs[r->h.n_seqs - 1].seq_id; /* the last rows of the frame are its last sequence's */
-        int rc = audit_replay_seq(&e0, n_ctx, K3_WIRE_F32, NULL, q, fr0, n_frames, 1e-6, &rep, &err);
+        int rc = audit_replay_seq(&e0, n_ctx, K3_WIRE_F32, 0, NULL, q, fr0, n_frames, 1e-6, &rep, &err);
         CHECK(rc == 0 && !rep.match && rep.bad_frame == 6 && strstr(rep.what, "boundary state"),
               "%s/%s: a changed float in frame 6 is caught in that frame: %s", cfg_name, type, rc ? err.msg : rep.what);
     }
