@@ -24,6 +24,11 @@
 #                            and the loopback hops)
 # and the goal is a cached TTFT at D within 1.5x of that floor (the median over conversations). The client is
 # bench/tools/load_turns.py (--uncached: each later turn sent again at once with cache_prompt false).
+#
+# Byte tokens whose text alone is not valid UTF-8 are banned (logit_bias; found with llama-server's
+# /detokenize, as bench_cache.sh does): a stream holds such a token's text back until the next token completes
+# it, so a reply starting with one would show its first chunk a decode step later - on a ring, one more
+# traversal, which is not what this measures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -67,6 +72,8 @@ if [ $build = 1 ]; then make -s ringlm || die "building ringlm failed (--no-buil
 RINGLM=$PWD/ringlm
 [ -x "$RINGLM" ] || die "no ./ringlm after make"
 need_subcommands serve node relay keygen inspect
+B=$(scripts/llama-tools.sh) || die "scripts/llama-tools.sh could not build llama.cpp's tools"
+[ -x "$B/llama-server" ] || die "missing $B/llama-server (scripts/llama-tools.sh)"
 mkdir -p "$(dirname "$out")" build/bench
 if [ ! -f "$model" ]; then
     [ "$model" = build/bench/small-32k.gguf ] || die "no model file $model"
@@ -77,7 +84,8 @@ fi
 model=$(cd "$(dirname "$model")" && pwd)/$(basename "$model")
 kv=$("$RINGLM" inspect --kv "$model")
 weights=$(echo "$kv" | awk '$1 == "weight_bytes" { print $2 }')
-[ -n "$weights" ] || die "ringlm inspect could not read $model"
+V=$(echo "$kv" | awk '$1 == "n_vocab" { print $2 }') # (seeded_ids draws below it)
+[ -n "$weights" ] && [ -n "$V" ] || die "ringlm inspect could not read $model"
 
 work=$(mktemp -d "$PWD/build/bench/cache-ring.XXXXXX")
 cp "$RINGLM" "$work/ringlm" && RINGLM=$work/ringlm
@@ -88,6 +96,14 @@ harness_traps
 mkdir -p "$work/models"
 ln -s "$model" "$work/models/$(basename "$model")"
 cat "$model" >/dev/null
+# the byte tokens to ban (llama-server's /detokenize, then it stops)
+lport=$(free_port)
+timeout -k 5 600 "$B/llama-server" -m "$model" --host 127.0.0.1 --port "$lport" -np 1 -c 512 -t 2 >"$work/llama-server.log" 2>&1 &
+lpid=$!; pids+=("$lpid")
+wait_health "$lport" "$lpid" 300 || { tail -20 "$work/llama-server.log" >&2; die "llama-server did not start"; }
+timeout -k 5 120 python3 bench/tools/load_turns.py bans --port "$lport" --n-vocab "$V" >"$work/bans.json" \
+    || die "finding the byte tokens with llama-server's /detokenize failed"
+stop_pids "$lpid"; pids=()
 start_nodes "$nodes" 1 300
 echo "bench_cache_ring: $nodes nodes up; work dir $work" >&2
 
@@ -95,7 +111,7 @@ echo "bench_cache_ring: $nodes nodes up; work dir $work" >&2
 conv() {
     local f=$work/$1 rc=0
     timeout -k 5 $((timeout_s + 30)) python3 bench/tools/load_turns.py conv --api openai --port "$rport" \
-        --prompt-file "$work/ids-s$2-c$3-t1" --new-files "$newfiles" --reply "$reply" --think "$think" --uncached \
+        --prompt-file "$work/ids-s$2-c$3-t1" --new-files "$newfiles" --reply "$reply" --think "$think" --uncached --ban-file "$work/bans.json" \
         --timeout "$timeout_s" >"$f.json" 2>"$f.err" || rc=$?
     [ $rc = 0 ] || { cat "$f.err" >&2; die "$1 failed (exit $rc): $(head -c 400 "$f.json")"; }
     echo "bench_cache_ring: $1: $(python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
@@ -119,7 +135,7 @@ for d in $delays; do
     seeded_ids 64 99991 >"$work/ids-warm"; seeded_ids "$new" 99992 >"$work/ids-warm-t2"
     newfiles=$work/ids-warm-t2
     timeout -k 5 300 python3 bench/tools/load_turns.py conv --api openai --port "$rport" --prompt-file "$work/ids-warm" \
-        --new-files "$newfiles" --reply "$reply" --timeout 240 >"$work/warm-d$d.json" 2>&1 || die "warm-up failed (delay $d)"
+        --new-files "$newfiles" --reply "$reply" --ban-file "$work/bans.json" --timeout 240 >"$work/warm-d$d.json" 2>&1 || die "warm-up failed (delay $d)"
     g=0
     for s in $sizes; do
         for i in $(seq "$convs"); do
@@ -136,7 +152,7 @@ for d in $delays; do
     done
     curl -s --max-time 10 "http://127.0.0.1:$rport/metrics" | grep '^ringlm_prompt' >"$work/metrics-d$d.txt" || true
     stop_pids "$spid" "${relays[@]}"
-    keep=(); for p in "${pids[@]}"; do [[ " $spid ${relays[*]} " == *" $p "* ]] || keep+=("$p"); done; pids=("${keep[@]}")
+    left=(); for p in "${pids[@]}"; do [[ " $spid ${relays[*]} " == *" $p "* ]] || left+=("$p"); done; pids=("${left[@]}")
 done
 
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')

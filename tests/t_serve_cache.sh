@@ -49,6 +49,12 @@ check "streamed: token_ids over the chunks equal the non-streamed ids" \
     py "$WORK/c5s.json" "[t['cached']['ids'] for t in d['turns']] == [t['cached']['ids'] for t in __import__('json').load(open('$WORK/c5.json'))['turns']]"
 check "streamed: the usage chunk counts the cached tokens" \
     py "$WORK/c5s.json" "all(t['cached']['cached_tokens'] >= 150 for t in d['turns'][1:])"
+# A token whose text is empty (a control token, forced here by its logit bias) still sends its id at once: a client
+# resending the ids (and a benchmark timing the first one) must not wait for the next token with text.
+E=$("$RINGLM" tokenize -m "$f" --decode --file <(seq 0 $((V - 1))) 2>/dev/null | awk 'length($0) == 0 { print NR - 1; exit }')
+curl -sN --max-time 30 "$U/v1/completions" -H 'Content-Type: application/json' -d "{\"prompt\":[5,6,7,8],\"max_tokens\":3,\"temperature\":0,\"ignore_eos\":true,\"stream\":true,\"return_token_ids\":true,\"logit_bias\":{\"$E\":100}}" >"$WORK/empty.sse"
+check "tokens with empty text (id $E): a chunk per token, each with its id" \
+    py "$WORK/empty.sse" "[c['choices'][0].get('token_ids') for c in [__import__('json').loads(l[6:]) for l in raw.decode().splitlines() if l.startswith('data: {')] if c['choices'] and c['choices'][0].get('token_ids')] == [[$E]] * 3"
 conv --url "$U" --size 120 --seed 6 --turns 2 --extra '{"n": 2, "draft": "ngram"}' >"$WORK/c6.json"
 check "n = 2 with n-gram drafts on a cached prefix: equal to fresh reads" equal "$WORK/c6.json"
 check "n = 2: both choices there" py "$WORK/c6.json" "all(len(t['cached']['choices']) == 2 for t in d['turns'])"

@@ -4,8 +4,8 @@
 # (FRAME_SEQ_CKPT, FRAME_SEQ_RESTORE) and sends only the tokens after it. Through a 2-node loopback ring:
 # every resumed turn's greedy ids and log-probabilities equal the same request with "cache_prompt": false,
 # bit for bit (flash attention over an f16 cache, and softmax over f32), and the one-machine server's; after
-# an idle pause the reply was re-read on the ring, so a turn reads only its new tokens; a grammar and n-gram
-# drafts on a cached prefix; a node restarted between turns (its checkpoints gone) costs the cached prefix,
+# an idle pause the reply was re-read on the ring, so a turn reads only its new tokens; a grammar, n-gram
+# drafts and n = 2 on a cached prefix; a node restarted between turns (its checkpoints gone) costs the cached prefix,
 # never the request; audits of sequences that resumed pass (the auditor restores the same checkpoints) and
 # their receipts verify offline;
 # /metrics counts it; --ctx-checkpoints 0 turns it off.
@@ -53,6 +53,9 @@ check "json_object (a grammar) on a cached prefix: equal to fresh reads" equal "
 check "json_object: every turn's text is a JSON object" py "$WORK/c9.json" "all(isinstance(__import__('json').loads(t['cached']['text']), dict) for t in d['turns'])"
 conv --url "$U" --size 120 --seed 6 --turns 2 --extra '{"draft": "ngram"}' >"$WORK/c6.json"
 check "n-gram drafts (VERIFY blocks) on a cached prefix: equal to fresh reads" equal "$WORK/c6.json"
+conv --url "$U" --size 110 --seed 8 --turns 2 --extra '{"n": 2}' >"$WORK/c8.json"
+check "n = 2 (each choice a sequence of its own on the ring): equal to fresh reads" equal "$WORK/c8.json"
+check "n = 2: both choices there" py "$WORK/c8.json" "all(len(t['cached']['choices']) == 2 for t in d['turns'])"
 hits=$(metric "$U" ringlm_prompt_cache_hits_total)
 cached=$(metric "$U" ringlm_prompt_tokens_cached_total)
 check "/metrics counts hits (at least 2 + 2 + 2 + 1 resumed turns)" test "${hits:-0}" -ge 7

@@ -415,7 +415,9 @@ static ssize_t http_stream_read(void *cls, uint64_t pos, char *buf, size_t max) 
                                                   : NULL;
                 http_sse_chunk(st, k, false, rn->echo, strlen(rn->echo), NULL, lp);
             }
-            if ((u.text || u.n_lp > skip) && !rn->score_only) {
+            /* A token whose text is empty (a control token) or held back (a partial UTF-8 sequence) still sends
+             * its id at once when ids are asked: a client that resends them must not wait a step for them. */
+            if ((u.text || u.n_lp > skip || (st->token_ids && rn->ids.len > 0)) && !rn->score_only) {
                 cJSON *lp = st->top_logprobs >= 0
                                 ? http_logprobs(st->h, st->chat, u.lp + skip, u.n_lp - skip, st->top_logprobs, &rn->lp_off, -1)
                                 : NULL;

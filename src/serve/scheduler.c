@@ -138,10 +138,11 @@ bool sch_request_wait(sch_request *r, int timeout_ms, sch_update *u) {
     dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
     if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
     pthread_mutex_lock(&s->mu);
-    while (r->out.len == 0 && r->rout.len == 0 && r->tout.len == 0 && r->fin == SCH_RUNNING) {
+    /* (ids count as news on their own: a token whose text is empty or held back still reaches the client) */
+    while (r->out.len == 0 && r->rout.len == 0 && r->tout.len == 0 && r->n_ids == 0 && r->fin == SCH_RUNNING) {
         if (pthread_cond_timedwait(&r->cond, &s->mu, &dl) == ETIMEDOUT) break;
     }
-    bool news = r->out.len > 0 || r->rout.len > 0 || r->tout.len > 0 || r->fin != SCH_RUNNING;
+    bool news = r->out.len > 0 || r->rout.len > 0 || r->tout.len > 0 || r->n_ids > 0 || r->fin != SCH_RUNNING;
     /* Hand over the buffers themselves; the scheduler starts new ones. */
     if (r->tout.len > 0) u->tools = rl_buf_take(&r->tout, &u->tools_len);
     if (r->rout.len > 0) u->reasoning = rl_buf_take(&r->rout, &u->reasoning_len);
@@ -416,6 +417,7 @@ static void sch_on_token(sch_sched *s, sch_request *r, int32_t id, const smp_log
             if (ni) r->ids = ni, r->cap_ids = c;
         }
         if (r->n_ids < r->cap_ids) r->ids[r->n_ids++] = id;
+        pthread_cond_signal(&r->cond);
     }
     if (r->p.logprobs && lp) { /* without room the entry is lost, never the text */
         if (r->n_lp == r->cap_lp) {
