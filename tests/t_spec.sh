@@ -2,7 +2,8 @@
 # Speculative decoding through the ring: for 20 prompts, each drafter (n-gram; a draft model that agrees
 # often: the target's own q8_0 copy; a DSpark draft, fed the target's taps by the stages that hold them)
 # and rings of 1 and 3 nodes, greedy output equals plain greedy decoding on one machine. Also: metrics keys,
-# DSpark taps through the ring equal the taps on one machine, and bad drafts are refused with a message.
+# DSpark taps through the ring equal the taps on one machine, drafts that never agree fall back to plain steps
+# (greedy's tokens still), and bad drafts are refused with a message.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/ring_lib.sh"
 
@@ -109,6 +110,32 @@ for where in local 3; do
     check "q8_0 target as its own draft ($where): the greedy tokens, every draft accepted ($(grep -o '"acceptance_rate":[^,]*' "$WORK/twin-$where.json"))" \
         bash -c "same_files '$WORK/plain8' '$WORK/twin' && grep -Eq '\"acceptance_rate\":[[:space:]]*1([,}]|$)' '$WORK/twin-$where.json'"
 done
+# Drafts that never agree (another seed of the same shapes: every draft rejected) pause, are probed again, and
+# the text stays greedy's, on one machine and through 3 nodes (speculate/spec_gen.h SPEC_FALLBACK_*); the
+# target drafting for itself never pauses; --draft-fallback off drafts every step.
+other=$(model full-f32 k3-full f32 2)
+ln -sf "$other" "$RING/models/other.gguf"
+p=$(prompt 12)
+"$RINGLM" run -m "$target" --tokens "$p" -n 160 --temp 0 --ignore-eos --ids >"$WORK/plain160" 2>/dev/null
+fb() { python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print(d['fallbacks'], d['paused_steps'], d['traversals'])" "$1"; }
+for where in local 3; do
+    ra=(); [ $where = local ] || ra=(--ring "$WORK/ring$where.conf" "${K[@]}")
+    "$RINGLM" run -m "$target" --tokens "$p" -n 160 --temp 0 --ignore-eos --ids --draft "$other" "${ra[@]}" \
+        --metrics-json "$WORK/fb-$where.json" >"$WORK/fb" 2>"$WORK/err" || cat "$WORK/err"
+    read -r nf np nt <<<"$(fb "$WORK/fb-$where.json")"
+    check "a draft that never agrees ($where): greedy's tokens; paused $nf times, $np of $nt steps without drafts" \
+        bash -c "same_files '$WORK/plain160' '$WORK/fb' && test $nf -ge 2 && test $np -ge 80"
+done
+"$RINGLM" run -m "$target" --tokens "$p" -n 160 --temp 0 --ignore-eos --ids --draft "$other" --draft-fallback off \
+    --metrics-json "$WORK/fb-off.json" >"$WORK/fb" 2>"$WORK/err" || cat "$WORK/err"
+read -r nf np nt <<<"$(fb "$WORK/fb-off.json")"
+check "--draft-fallback off: drafts every step (no pause), greedy's tokens" bash -c "same_files '$WORK/plain160' '$WORK/fb' && test $nf = 0 && test $np = 0"
+"$RINGLM" run -m "$target" --tokens "$p" -n 160 --temp 0 --ignore-eos --ids --draft "$target" \
+    --metrics-json "$WORK/fb-self.json" >"$WORK/fb" 2>"$WORK/err" || cat "$WORK/err"
+read -r nf np nt <<<"$(fb "$WORK/fb-self.json")"
+check "the target as its own draft: never paused, greedy's tokens" bash -c "same_files '$WORK/plain160' '$WORK/fb' && test $nf = 0"
+rc=0; "$RINGLM" run -m "$target" -p hi -n 4 --draft ngram --draft-fallback maybe 2>"$WORK/err" >/dev/null || rc=$?
+check "--draft-fallback maybe: exit 2, saying what it wants" bash -c "test $rc = 2 && grep -q \"bad value 'maybe' for --draft-fallback: want on or off\" '$WORK/err'"
 # DSpark drafts depend on every tap: the same drafts (so the same acceptance and traversal count) on one
 # machine, through 1 node, and through 3 nodes whose stages each send some of the taps (one block at a time,
 # as on one machine).

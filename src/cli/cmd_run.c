@@ -23,7 +23,7 @@ static void run_usage(FILE *f) {
             "                  [--device NAME[,NAME...]] [--vram GB] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe] [--ctx N] [--chunk N] [--ignore-eos] [--ids] [--metrics-json FILE] [--progress] [--warmup]\n"
             "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16] [--keep-order] [--manifest M instead of -m]]\n"
             "                  [--draft none|ngram|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-fixed]\n"
-            "                  [--draft-p-min P] [--draft-depth D]] [--receipts FILE]\n"
+            "                  [--draft-p-min P] [--draft-depth D] [--draft-fallback on|off]] [--receipts FILE]\n"
             "                  [--audit-rate R [--audit-seed S] [--audit-tol T] [--audit-tol-arch T]] [--node-timeout S]\n\n"
             "Streams the generated text to stdout, then prints one metrics line on stderr.\n"
             "  -n N          tokens to generate (default 128; -1 = until the context is full)\n"
@@ -65,7 +65,9 @@ static void run_usage(FILE *f) {
             "                states); up to --draft-n tokens (default 7) verified per target pass; --draft-p-min P\n"
             "                stops a DSpark block at the first token its confidence head rates below P;\n"
             "                --draft-depth D (ring) keeps up to D blocks in flight, each drafted assuming the\n"
-            "                ones before it are accepted (default 2; at most 3)\n"
+            "                ones before it are accepted (default 2; at most 3); --draft-fallback on (default):\n"
+            "                drafts that are not paying (fewer than 1 in 10 kept over 16) pause for 32 plain steps,\n"
+            "                then are tried again (the pause doubling while they still do not pay); off: always draft\n"
             "  --receipts F  (ring) every stage signs a receipt per traversal; each traversal is checked as it\n"
             "                returns and its receipts are written to F as JSON lines (ringlm receipts verify)\n"
             "  --audit-rate R  (ring) audit each finished sequence with probability R (0..1; receipts on): this\n"
@@ -171,6 +173,9 @@ static int run_parse(int argc, char **argv, run_args *args) {
         } else if (cli_parse_trust(opt, v, &a->trust, &bad)) {
         } else if (strcmp(opt, "--draft-p-min") == 0) {
             bad = parse_float(v, &a->draft_p_min) || a->draft_p_min < 0 || a->draft_p_min > 1, want = "a probability, 0 to 1";
+        } else if (strcmp(opt, "--draft-fallback") == 0) {
+            bad = strcmp(v, "on") != 0 && strcmp(v, "off") != 0, want = "on or off";
+            a->draft_no_fallback = strcmp(v, "off") == 0;
         } else if (strcmp(opt, "--draft-depth") == 0) {
             bad = cli_parse_int(v, &a->draft_depth) || a->draft_depth < 1 || a->draft_depth > SPEC_MAX_DEPTH, want = "blocks in flight, 1 to the most supported";
         } else if (strcmp(opt, "--draft-n") == 0) {

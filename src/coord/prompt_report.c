@@ -43,9 +43,9 @@ void prompt_report_print(const prompt_opts *o, const gen_metrics *gm, const spec
             (double)gm->peak_rss_bytes / 1048576.0, gm->stop_reason);
     if (smx) {
         fprintf(stderr, "[ringlm] speculative (%s): acceptance %.1f%%, %.2f tokens per target pass (%ld passes), "
-                        "draft %.3f s, verify %.3f s\n",
+                        "draft %.3f s, verify %.3f s, fallbacks %ld (%ld steps without drafts)\n",
                 o->draft, 100 * smx->acceptance_rate, smx->tokens_per_traversal, smx->traversals, smx->draft_s,
-                smx->verify_s);
+                smx->verify_s, smx->fallbacks, smx->paused_steps);
     }
     if (po->xc) {
         xc_stats d = xc_stats_sub(po->xc, &po->xc_prefill);
@@ -82,6 +82,8 @@ int prompt_report_write(const char *path, const gen_metrics *m, cJSON *ring, con
         cJSON_AddNumberToObject(j, "drafted", (double)sm->drafted);
         cJSON_AddNumberToObject(j, "accepted", (double)sm->accepted);
         cJSON_AddNumberToObject(j, "cancelled", (double)sm->cancelled);
+        cJSON_AddNumberToObject(j, "fallbacks", (double)sm->fallbacks);
+        cJSON_AddNumberToObject(j, "paused_steps", (double)sm->paused_steps);
         char dg[17];
         snprintf(dg, sizeof dg, "%016llx", (unsigned long long)sm->draft_digest);
         cJSON_AddStringToObject(j, "draft_digest", dg);

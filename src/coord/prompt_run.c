@@ -79,7 +79,8 @@ int prompt_run(const prompt_opts *o, rl_err *err) {
     memset(&drafter, 0, sizeof drafter);
     if (spec && spec_drafter_open(&drafter, o->draft, &m, &hp, (uint32_t)o->ctx, o->threads, &o->gp.smp, err) != 0) goto out;
     drafter.min_conf = o->draft_p_min;
-    spec_params spp = {.k_max = o->draft_n, .adaptive = !o->draft_fixed, .depth = o->draft_depth};
+    spec_params spp = {.k_max = o->draft_n, .adaptive = !o->draft_fixed, .depth = o->draft_depth,
+                       .no_fallback = o->draft_no_fallback};
     int grc;
     if (o->ring_path) {
         grc = prompt_ring_generate(o, &m, &hp, o->manifest ? &mf : NULL, &tok, spec ? &drafter : NULL, &spp, toks,

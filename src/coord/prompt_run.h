@@ -34,6 +34,7 @@ typedef struct prompt_opts {
     int draft_n, draft_depth;
     float draft_p_min;
     bool draft_fixed;        /* always draft_n drafts (by default the length adapts to acceptance) */
+    bool draft_no_fallback;  /* draft every step, paying or not (spec_gen.h SPEC_FALLBACK_*) */
     /* The ring (ring_path NULL: this machine computes). */
     const char *ring_path, *key_path;
     int wire;                /* enum k3_wire_dtype of boundary states between nodes */

@@ -34,6 +34,7 @@
 #include "../base/err.h"
 #include "../model/expert_cache.h"
 #include "../model/k3_forward.h"
+#include "../speculate/spec_gen.h"
 #include "../text/chat_out.h"
 #include "../text/sampler.h"
 #include "../text/tokenizer.h"
@@ -59,16 +60,13 @@
  *
  * All three are called from the scheduler thread only, never concurrently. */
 #define SCH_STEP_UNAVAILABLE (-2)
-/* Speculation that does not pay falls back to plain decoding, per request: every SCH_SPEC_WINDOW drafted
- * tokens, if fewer than one in SCH_SPEC_MIN_KEPT was kept, the request decodes SCH_SPEC_PAUSE steps without
- * drafts, then drafts again (a probe); each probe that fails again doubles the pause, up to
- * SCH_SPEC_PAUSE_MAX, and one that pays resets it. A verified block costs more than a plain step (its drafts
- * run, with step kernels and rollback copies), and under one kept draft in ten it commits barely more than
- * one token; a probe's cost (a draft model catching up, then drafting) is spread over the pause. */
-#define SCH_SPEC_WINDOW 16
-#define SCH_SPEC_MIN_KEPT 10
-#define SCH_SPEC_PAUSE 32
-#define SCH_SPEC_PAUSE_MAX 1024
+/* Speculation that does not pay falls back to plain decoding, per request, as `run` does (speculate/spec_gen.h,
+ * SPEC_FALLBACK_*: the same window, threshold and pauses); a probe's cost (a draft model catching up, then
+ * drafting) is spread over the pause. */
+#define SCH_SPEC_WINDOW SPEC_FALLBACK_WINDOW
+#define SCH_SPEC_MIN_KEPT SPEC_FALLBACK_MIN_KEPT
+#define SCH_SPEC_PAUSE SPEC_FALLBACK_PAUSE
+#define SCH_SPEC_PAUSE_MAX SPEC_FALLBACK_PAUSE_MAX
 #define SCH_MAX_DRAFT 16
 
 /* Speculative entries (n_draft > 0): tokens are [last, d1 .. dk], the drafts after the last sampled token;

@@ -94,6 +94,8 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
     out[0] = last;
     bool stop = false, more = true; /* more: the next block's first token is known (z can grow) */
     double acc_s = 1, acc_f = 1, t_trav = 0, t_draft = 0; /* what the draft length adapts to */
+    long win_d = 0, win_a = 0;                 /* the fallback's window: drafted, kept (SPEC_FALLBACK_*) */
+    int pause = 0, pause_next = SPEC_FALLBACK_PAUSE; /* plain steps left, and the next pause */
     while (!stop) {
         /* Emit what was just committed. */
         for (int i = 0; i < n_out && !stop; i++) {
@@ -128,7 +130,10 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
             int64_t left = p->n_predict >= 0 ? (int64_t)p->n_predict - m->generated_tokens - (int64_t)(n_z - n_hist) - 1 : kk;
             if (left < kk) kk = (int)left;
             if ((int64_t)p->n_ctx - (int64_t)bpos - 1 < kk) kk = (int)((int64_t)p->n_ctx - (int64_t)bpos - 1);
+            const bool paused = kk > 0 && pause > 0; /* drafts not paying: a plain step (a block of no drafts) */
+            if (paused) kk = 0;
             if (kk < 0 || (kk == 0 && n_fl > 0)) break;
+            if (paused) pause--, sm->paused_steps++;
             /* A block sent ahead pays only if the one before it is likely wholly accepted, its guess too:
              * stale blocks still cost every stage but the last their compute. */
             const double alpha = acc_s / (acc_s + acc_f);
@@ -209,6 +214,20 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
              * back past them when it arrives. */
             n_z = n_hist + (size_t)n_out;
             more = true;
+        }
+        if (b0.n > 1 && !sp->no_fallback) { /* judge a window of drafts: too few kept, plain decoding is cheaper */
+            win_d += b0.n - 1;
+            win_a += n_out - 1;
+            if (win_d >= SPEC_FALLBACK_WINDOW) {
+                if (win_a * SPEC_FALLBACK_MIN_KEPT < win_d) {
+                    pause = pause_next;
+                    pause_next = pause_next * 2 < SPEC_FALLBACK_PAUSE_MAX ? pause_next * 2 : SPEC_FALLBACK_PAUSE_MAX;
+                    sm->fallbacks++;
+                } else {
+                    pause_next = SPEC_FALLBACK_PAUSE;
+                }
+                win_d = win_a = 0;
+            }
         }
         if (sp->adaptive && b0.n > 1) {
             /* Per-draft acceptance as successes / trials over a decaying window: a block of n drafts with a

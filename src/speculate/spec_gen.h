@@ -47,15 +47,29 @@ typedef struct spec_verifier {
 
 #define SPEC_MAX_DEPTH 3 /* blocks in flight; every stage can roll back into K3_RB_BLOCKS of them */
 
+/* Speculation that does not pay falls back to plain decoding (`run`, and per request in `serve`): every
+ * SPEC_FALLBACK_WINDOW drafted tokens, if fewer than one in SPEC_FALLBACK_MIN_KEPT was kept, SPEC_FALLBACK_PAUSE
+ * steps run without drafts, then drafts are tried again (a probe); each probe that fails again doubles the
+ * pause, up to SPEC_FALLBACK_PAUSE_MAX, and one that pays resets it. A verified block costs more than a plain
+ * step (its drafts run, with step kernels and rollback copies; a draft model's steps), and under one kept draft
+ * in ten it commits barely more than one token. Greedy output is unchanged: a plain step is a block of no
+ * drafts. */
+#define SPEC_FALLBACK_WINDOW 16
+#define SPEC_FALLBACK_MIN_KEPT 10
+#define SPEC_FALLBACK_PAUSE 32
+#define SPEC_FALLBACK_PAUSE_MAX 1024
+
 typedef struct spec_params {
     int k_max;     /* longest draft (<= SPEC_MAX_DRAFT) */
     bool adaptive; /* adapt the draft length to the acceptance */
     int depth;     /* blocks in flight (pipelining, where the verifier can): 1 = draft, verify, repeat */
+    bool no_fallback; /* draft every step, paying or not (SPEC_FALLBACK_*) */
 } spec_params;
 
 typedef struct spec_metrics {
     long drafted, accepted, traversals, committed;
     long cancelled;              /* blocks sent ahead and found stale (pipelining) */
+    long fallbacks, paused_steps; /* drafting paused for not paying, and the steps decoded plainly meanwhile */
     double draft_s, verify_s;
     double acceptance_rate;      /* accepted / drafted */
     double tokens_per_traversal; /* committed / verifier passes (the prefill's pass not counted) */
