@@ -575,6 +575,12 @@ pids=()
 for i in 1 2; do
     curl -s -N --max-time 60 -o /dev/null -H 'Content-Type: application/json' --data-binary "$long" "$URL/v1/completions" &
     pids+=($!)
+    if [ $i = 1 ]; then # one slot free: the 2 choices of one request get both slots or none (sch_submit_all)
+        until_metric ringlm_sequences_active 1 || true
+        post n2busy /v1/completions '{"prompt":"x","max_tokens":4,"n":2}'
+        check "n = 2 with one slot free: 429 for the whole request, no choice started" bash -c \
+            "grep -qx 429 '$WORK/n2busy.code' && test \"\$(curl -s --max-time 10 '$URL/metrics' | awk '/^ringlm_requests_finished_total/ { s += \$2 } END { print s + 0 }')\" = 0"
+    fi
 done
 check "two long streams hold both slots" until_metric ringlm_sequences_active 2
 post busy /v1/completions '{"prompt":"x","max_tokens":4}'

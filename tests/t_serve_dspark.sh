@@ -29,7 +29,7 @@ for i in 0 1 2 3; do
     "$RINGLM" run -m "$f" -p "${prompts[$i]}" -n $N --temp 0 --ignore-eos --threads 1 2>/dev/null |
         python3 -c 'import sys, json; json.dump(sys.stdin.buffer.read().decode("utf-8", "replace"), sys.stdout)' >"$WORK/want$i.exp"
     "$RINGLM" run -m "$f" -p "${prompts[$i]}" -n $N --temp 0 --ignore-eos --threads 1 --draft "dspark:$ds" --draft-fixed \
-        --draft-depth 1 --draft-n 7 --metrics-json "$WORK/run$i.json" >/dev/null 2>"$WORK/run$i.err" || cat "$WORK/run$i.err"
+        --draft-depth 1 --draft-n 7 --draft-fallback off --metrics-json "$WORK/run$i.json" >/dev/null 2>"$WORK/run$i.err" || cat "$WORK/run$i.err"
     python3 -c 'import json, sys; m = json.load(open(sys.argv[1])); print(m["accepted"], m["drafted"] - m["accepted"])' \
         "$WORK/run$i.json" >"$WORK/want$i.cnt"
 done

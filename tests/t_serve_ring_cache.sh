@@ -35,7 +35,10 @@ ring_conf "$WORK/ring.conf" 1 2
 R=(--ring "$WORK/ring.conf" --key "$RING/coord.key")
 
 # ---- flash attention over an f16 cache (the defaults) --------------------------------------------------------
-serve_start fa -m "$f" "${R[@]}" --parallel 2 --ctx 1024
+# --chunk 512: both choices of an n = 2 turn read their prompts in one step, cached or not, so their decode
+# steps share a batch alike both times (a decode row next to a prompt piece takes the tiled attention path and
+# rounds otherwise: docs/serve.md; sch_submit_all admits the choices together).
+serve_start fa -m "$f" "${R[@]}" --parallel 2 --ctx 1024 --chunk 512
 U=${SRV_URL[fa]}
 check "start-up line: checkpoints on every stage, exact on this f32 model" \
     grep -q "prompt cache: 8 checkpoints per slot on every stage.*gives the bits of a fresh read" "$WORK/fa.log"

@@ -881,6 +881,16 @@ int ring_step(ring_coord *rc, ring_seq_req *reqs, int n_reqs, rl_err *err) {
 }
 
 int ring_free_seqs(ring_coord *rc, const uint64_t *ids, int n, rl_err *err) {
+    int r = ring_forget_seqs(rc, ids, n, err);
+    ring_audit_finished(rc, ids, n);
+    return r;
+}
+
+void ring_audit_finished(ring_coord *rc, const uint64_t *ids, int n) {
+    rc->audits_skipped += audit_draws_finished(&rc->audit, rc->o.audit_rate, ids, n); /* which get audited */
+}
+
+int ring_forget_seqs(ring_coord *rc, const uint64_t *ids, int n, rl_err *err) {
     frame_header *h = calloc(1, sizeof *h);
     if (!h) return rl_errf(err, "out of memory");
     h->type = FRAME_FREE;
@@ -892,7 +902,6 @@ int ring_free_seqs(ring_coord *rc, const uint64_t *ids, int n, rl_err *err) {
     frame_stamps_encode(NULL, 0, sb);
     int r = ring_send(rc, rc->plan.stages[0].node, FRAME_FREE, h->step_id, h, NULL, 0, sb, frame_stamps_size(0), err);
     free(h);
-    rc->audits_skipped += audit_draws_finished(&rc->audit, rc->o.audit_rate, ids, n); /* which get audited */
     return r;
 }
 

@@ -299,8 +299,13 @@ int ring_receipts_finish(ring_coord *rc, double timeout_s, rl_err *err);
 
 /* Forgets sequences on every node (and, with audits on, draws which of them to audit). */
 int ring_free_seqs(ring_coord *rc, const uint64_t *ids, int n, rl_err *err);
+/* The two halves of ring_free_seqs, for a caller that keeps a sequence on the ring after its request ended
+ * (serve's prompt cache): its audit is drawn when the request ends, not when the sequence is forgotten later
+ * (which may be never, or after many requests), and forgetting it then draws nothing. */
+void ring_audit_finished(ring_coord *rc, const uint64_t *ids, int n);
+int ring_forget_seqs(ring_coord *rc, const uint64_t *ids, int n, rl_err *err);
 
-/* Runs the audits drawn so far (ring_free_seqs): for each, asks the audited stage's node for what it
+/* Runs the audits drawn so far (ring_free_seqs, ring_audit_finished): for each, asks the audited stage's node for what it
  * received and sent in that sequence's traversals, checks those bytes against its signed receipts, and
  * recomputes them. Returns 0 when all pass (or when steps are still in flight: it waits for a quiet
  * ring), -1 on a failed audit: the node is marked in rc->faulty / rc->fault and err names it. */

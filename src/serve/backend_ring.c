@@ -42,6 +42,7 @@ typedef struct ring_slot {
     bool running;      /* a request holds the slot (from its begin to end()) */
     double ended;      /* when its last request ended (rl_clock_now) */
     uint32_t reread;   /* idle re-read of what it generated: where it ends (0: none under way) */
+    bool drawn;        /* its audit was drawn when its last request ended (kept by the cache): none at its free */
 } ring_slot;
 
 typedef struct sch_ring {
@@ -389,7 +390,7 @@ static void ring_check_links(sch_ring *B) {
 static void ring_flush_frees(sch_ring *B) {
     if (!B->open || B->n_to_free == 0) return;
     rl_err e;
-    if (ring_free_seqs(B->rc, B->to_free, B->n_to_free, &e) != 0) {
+    if (ring_forget_seqs(B->rc, B->to_free, B->n_to_free, &e) != 0) { /* their audits were drawn (ring_drop_seq) */
         fprintf(stderr, "ringlm serve: ring: cannot free %d finished sequences: %s\n", B->n_to_free, e.msg);
     }
     B->n_to_free = 0;
@@ -801,6 +802,7 @@ static int ring_be_step(void *impl, sch_step *steps, int n, rl_err *err) {
             } else {
                 ring_drop_seq(B, S);
             }
+            S->drawn = false; /* this request's traversals are not drawn yet */
             S->sampled = false;
             S->smp = ring_sampling(e->smp);
             free(S->bias);
@@ -860,9 +862,10 @@ static int ring_be_step(void *impl, sch_step *steps, int n, rl_err *err) {
 static void ring_drop_seq(sch_ring *B, ring_slot *S) {
     if (S->seq_id && B->open && S->gen == B->gen) {
         rl_err e;
+        if (!S->drawn) ring_audit_finished(B->rc, &S->seq_id, 1); /* else drawn when its last request ended */
         if (!ring_node_writable_wait(B->rc, ring_plan_get(B->rc)->stages[0].node, 0)) {
             if (B->n_to_free < B->cfg.n_slots) B->to_free[B->n_to_free++] = S->seq_id;
-        } else if (ring_free_seqs(B->rc, &S->seq_id, 1, &e) != 0) {
+        } else if (ring_forget_seqs(B->rc, &S->seq_id, 1, &e) != 0) {
             fprintf(stderr, "ringlm serve: ring: cannot free sequence %llu: %s\n", (unsigned long long)S->seq_id, e.msg);
         }
     }
@@ -870,6 +873,7 @@ static void ring_drop_seq(sch_ring *B, ring_slot *S) {
     S->n_hist = 0;
     S->restore = false;
     S->reread = 0;
+    S->drawn = false;
     k3_ckpts_drop(&S->ck, 0);
 }
 
@@ -883,7 +887,15 @@ static void ring_be_end(void *impl, int slot) {
     S->receipt_len = 0;
     /* With the prompt cache a sequence with a checkpoint on the open ring stays there for the slot's next
      * request (resume, match); it is freed when the slot takes another conversation. */
-    if (!(B->cache && S->seq_id && B->open && S->gen == B->gen && S->ck.n > 0)) ring_drop_seq(B, S);
+    if (!(B->cache && S->seq_id && B->open && S->gen == B->gen && S->ck.n > 0)) {
+        ring_drop_seq(B, S);
+    } else {
+        /* Its audit is drawn now, as a freed sequence's is: the request's traversals were all it holds. A later
+         * request that resumes it is drawn again at its end (an audit replays the whole sequence from its
+         * start); what the idle re-read adds before it is dropped delivered nothing, so nothing is drawn then. */
+        ring_audit_finished(B->rc, &S->seq_id, 1);
+        S->drawn = true;
+    }
     S->sampled = false;
 }
 

@@ -550,7 +550,11 @@ enum MHD_Result http_completion(http_conn *hc, struct MHD_Connection *c, bool ch
             http_failf(&f, 500, "server_error", NULL, NULL, "%s", err.msg);
             goto fail;
         }
-        switch (sch_submit(h->s, runs[k].r, &err)) {
+    }
+    { /* all the choices at once: admitted together (a choice's bits depend on what shares its steps) */
+        sch_request *rs[HTTP_MAX_CHOICES];
+        for (int k = 0; k < n_runs; k++) rs[k] = runs[k].r;
+        switch (sch_submit_all(h->s, rs, n_runs, &err)) {
         case SCH_OK: break;
         case SCH_QUEUE_FULL: http_failf(&f, 429, "rate_limit_error", "queue_full", NULL, "server busy: %s", err.msg); goto fail;
         case SCH_CLOSED: http_failf(&f, 503, "server_error", "shutting_down", NULL, "%s", err.msg); goto fail;

@@ -980,20 +980,25 @@ void sch_free(sch_sched *s) {
     memset(s, 0, sizeof *s);
 }
 
-sch_submit_rc sch_submit(sch_sched *s, sch_request *r, rl_err *err) {
-    if (r->n_prompt == 0) {
-        rl_errf(err, "the prompt is empty");
-        return SCH_BAD_PROMPT;
-    }
-    if (r->n_prompt >= s->be.n_ctx) {
-        rl_errf(err, "the prompt has %zu tokens but the context holds %u (and at least one must be generated)",
-                r->n_prompt, s->be.n_ctx);
-        return SCH_BAD_PROMPT;
-    }
-    for (size_t i = 0; i < r->n_prompt; i++) {
-        if (r->prompt[i] < 0 || (uint32_t)r->prompt[i] >= s->be.n_vocab) {
-            rl_errf(err, "token id %d at position %zu is outside the vocabulary of %u", r->prompt[i], i, s->be.n_vocab);
+sch_submit_rc sch_submit(sch_sched *s, sch_request *r, rl_err *err) { return sch_submit_all(s, &r, 1, err); }
+
+sch_submit_rc sch_submit_all(sch_sched *s, sch_request *const *rs, int n, rl_err *err) {
+    for (int k = 0; k < n; k++) {
+        const sch_request *r = rs[k];
+        if (r->n_prompt == 0) {
+            rl_errf(err, "the prompt is empty");
             return SCH_BAD_PROMPT;
+        }
+        if (r->n_prompt >= s->be.n_ctx) {
+            rl_errf(err, "the prompt has %zu tokens but the context holds %u (and at least one must be generated)",
+                    r->n_prompt, s->be.n_ctx);
+            return SCH_BAD_PROMPT;
+        }
+        for (size_t i = 0; i < r->n_prompt; i++) {
+            if (r->prompt[i] < 0 || (uint32_t)r->prompt[i] >= s->be.n_vocab) {
+                rl_errf(err, "token id %d at position %zu is outside the vocabulary of %u", r->prompt[i], i, s->be.n_vocab);
+                return SCH_BAD_PROMPT;
+            }
         }
     }
     pthread_mutex_lock(&s->mu);
@@ -1004,19 +1009,23 @@ sch_submit_rc sch_submit(sch_sched *s, sch_request *r, rl_err *err) {
     }
     /* Full when every slot is taken and the queue too. Counting slots not yet claimed by the scheduler
      * thread keeps the answer independent of how quickly it picks requests up. */
-    if (s->n_active + s->n_queued >= s->be.n_slots + s->cfg.queue_cap) {
+    if (s->n_active + s->n_queued + n > s->be.n_slots + s->cfg.queue_cap) {
         pthread_mutex_unlock(&s->mu);
-        rl_errf(err, "all %d sequence slots are busy and %d requests are already waiting", s->be.n_slots,
-                s->n_queued);
+        rl_errf(err, "all %d sequence slots are busy and %d requests are already waiting%s", s->be.n_slots,
+                s->n_queued, n > 1 ? " (no room for all the choices)" : "");
         return SCH_QUEUE_FULL;
     }
-    r->s = s;
-    r->refs++;
-    r->t_arrival = rl_clock_now();
-    if (s->q_tail) s->q_tail->next = r;
-    else s->q_head = r;
-    s->q_tail = r;
-    s->n_queued++;
+    const double now = rl_clock_now();
+    for (int k = 0; k < n; k++) {
+        sch_request *r = rs[k];
+        r->s = s;
+        r->refs++;
+        r->t_arrival = now;
+        if (s->q_tail) s->q_tail->next = r;
+        else s->q_head = r;
+        s->q_tail = r;
+        s->n_queued++;
+    }
     pthread_cond_signal(&s->cond);
     pthread_mutex_unlock(&s->mu);
     return SCH_OK;

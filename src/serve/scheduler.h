@@ -408,6 +408,10 @@ typedef enum sch_submit_rc { SCH_OK = 0, SCH_QUEUE_FULL, SCH_CLOSED, SCH_BAD_PRO
  * context to generate (err says which).
  * On anything but SCH_OK the request was not taken; the caller still releases it. */
 sch_submit_rc sch_submit(sch_sched *s, sch_request *r, rl_err *err);
+/* Queues n requests at once, all or none (the choices of one request): they arrive together, so the scheduler
+ * admits them in the same step when slots are free, and a queue without room for all of them refuses them all.
+ * Their prompts then share steps alike every time, which their bits depend on (docs/serve.md). */
+sch_submit_rc sch_submit_all(sch_sched *s, sch_request *const *rs, int n, rl_err *err);
 
 /* Waits up to timeout_ms for new text or the end; returns true when *u holds something new (text, or
  * u->fin set), false on timeout. After fin is reported, further calls report it again at once. */
