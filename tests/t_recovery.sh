@@ -5,7 +5,7 @@
 #     exactly the undisturbed run's (sampled ones too: the sampler resumes; only a sampled request with
 #     drafts may differ, its drafts in flight being dropped - it completes);
 #   - the killed nodes restarted: taken back in while idle (/health: roles, generation);
-#   - a stage stopped (SIGSTOP: its heartbeats stop, the link closes within 5 s): the same;
+#   - a stage stopped (SIGSTOP: its heartbeats stop, the coordinator calls its link down within --link-timeout, 0.5 s): the same;
 #   - a stage killed and restarted at once (back while the server recovers from its death): the same;
 #   - two nodes killed 0.3 s apart (the second during the first recovery): the same;
 #   - the ring shrunk below the model's memory (ring.conf mem= caps): clean 503s naming what is short and

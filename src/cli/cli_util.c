@@ -97,6 +97,7 @@ static const char *cli_trust_want(const char *a) {
     if (strcmp(a, "--audit-tol") == 0 || strcmp(a, "--audit-tol-arch") == 0) return "a relative tolerance above 0";
     if (strcmp(a, "--audit-seed") == 0) return "a non-negative integer";
     if (strcmp(a, "--node-timeout") == 0) return "seconds, 0.5 to 86400";
+    if (strcmp(a, "--link-timeout") == 0) return "seconds, 0.1 to 600";
     return NULL;
 }
 
@@ -125,6 +126,8 @@ int cli_parse_trust(const char *a, const char *v, ring_trust *t, int *bad) {
         *bad = cli_parse_u64(v, &t->audit_seed) != 0;
     } else if (strcmp(a, "--node-timeout") == 0) {
         *bad = cli_parse_double(v, &t->node_timeout) || !(t->node_timeout >= 0.5 && t->node_timeout <= 86400);
+    } else if (strcmp(a, "--link-timeout") == 0) {
+        *bad = cli_parse_double(v, &t->link_timeout) || !(t->link_timeout >= 0.1 && t->link_timeout <= 600);
     } else {
         return 0;
     }
@@ -132,9 +135,10 @@ int cli_parse_trust(const char *a, const char *v, ring_trust *t, int *bad) {
 }
 
 int cli_trust_check(const ring_trust *t, int have_ring, const char *cmd) {
-    if (have_ring || (!t->receipts && t->audit_rate <= 0 && t->node_timeout <= 0)) return 0;
-    if (t->node_timeout > 0) {
-        fprintf(stderr, "ringlm %s: --node-timeout is for a ring (--ring): one machine waits on no node\n", cmd);
+    if (have_ring || (!t->receipts && t->audit_rate <= 0 && t->node_timeout <= 0 && t->link_timeout <= 0)) return 0;
+    if (t->node_timeout > 0 || t->link_timeout > 0) {
+        fprintf(stderr, "ringlm %s: --%s-timeout is for a ring (--ring): one machine waits on no node\n", cmd,
+                t->node_timeout > 0 ? "node" : "link");
     } else {
         fprintf(stderr, "ringlm %s: --receipts and --audit-rate are for a ring (--ring): one machine signs nothing\n", cmd);
     }

@@ -24,7 +24,7 @@ static void run_usage(FILE *f) {
             "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16] [--keep-order] [--manifest M instead of -m]]\n"
             "                  [--draft none|ngram|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-fixed]\n"
             "                  [--draft-p-min P] [--draft-depth D] [--draft-fallback on|off]] [--receipts FILE]\n"
-            "                  [--audit-rate R [--audit-seed S] [--audit-tol T] [--audit-tol-arch T]] [--node-timeout S]\n\n"
+            "                  [--audit-rate R [--audit-seed S] [--audit-tol T] [--audit-tol-arch T]] [--node-timeout S] [--link-timeout S]\n\n"
             "Streams the generated text to stdout, then prints one metrics line on stderr.\n"
             "  -n N          tokens to generate (default 128; -1 = until the context is full)\n"
             "  --tokens @FILE  the prompt's ids from FILE (comma-separated; a long prompt does not fit a command line)\n"
@@ -76,7 +76,10 @@ static void run_usage(FILE *f) {
             "                node faulty and fails the run; a CPU stage on another CPU architecture than this one\n"
             "                is compared within --audit-tol-arch (default 0.05: other kernels round otherwise)\n"
             "  --node-timeout S  (ring) a node that answers nothing for S seconds while a step waits on it is\n"
-            "                declared dead (default 60; measured from the first unanswered ping)\n");
+            "                declared dead (default 60; measured from the first unanswered ping)\n"
+            "  --link-timeout S  (ring) a link gone silent (a cable pulled, a router dropping: no reset ever\n"
+            "                comes) is declared down within S seconds or 3 of its measured round trips, whichever\n"
+            "                is longer (default 0.5; ZeroMQ heartbeats), and the step runs again without it\n");
 }
 
 static int parse_float(const char *s, float *out) {

@@ -100,6 +100,8 @@ static int ring_open_model_id(ring_coord *rc, rl_err *err) {
     return rc->o.manifest ? coord_manifest_begin(rc, err) : fh_model_hash(rc->m, rc->model_hash, err);
 }
 
+static int ring_node_connect(ring_coord *rc, int i, double link_s, const char *rid, rl_err *err);
+
 /* A CURVE socket to every node of ring.conf, each with a monitor of its link. */
 static int ring_open_connect(ring_coord *rc, rl_err *err) {
     const ring_conf *conf = &rc->conf;
@@ -111,14 +113,71 @@ static int ring_open_connect(ring_coord *rc, rl_err *err) {
     char rid[80];
     snprintf(rid, sizeof rid, "coord-%.16s-%016" PRIx64 "-%08x", rc->id->pk_hex, rc->o.session, randombytes_random());
     for (int i = 0; i < conf->n; i++) {
-        rc->nodes[i].sock = zs_client(rc->zctx, conf->nodes[i].addr, rc->id, conf->nodes[i].key.curve_pk_z85, rid, err);
-        if (!rc->nodes[i].sock) {
-            rl_err_prefix(err, "node %s", conf->nodes[i].addr);
-            return -1;
+        /* generous until the round trips are known (ring_links_fit) */
+        if (ring_node_connect(rc, i, ZS_LINK_SLOW_S, rid, err) != 0) return -1;
+    }
+    return 0;
+}
+
+/* Node i's socket, with a link bound of link_s (zs_client), replacing the one it had. */
+static int ring_node_connect(ring_coord *rc, int i, double link_s, const char *rid, rl_err *err) {
+    const ring_conf *conf = &rc->conf;
+    if (rc->nodes[i].sock) {
+        zmq_socket_monitor(rc->nodes[i].sock, NULL, 0);
+        zs_monitor_stop(&rc->nodes[i].mon);
+        zmq_close(rc->nodes[i].sock);
+    }
+    rc->nodes[i].sock = zs_client(rc->zctx, conf->nodes[i].addr, rc->id, conf->nodes[i].key.curve_pk_z85, rid, link_s, err);
+    if (!rc->nodes[i].sock) {
+        rl_err_prefix(err, "node %s", conf->nodes[i].addr);
+        return -1;
+    }
+    rc->nodes[i].link_s = link_s;
+    char name[16];
+    snprintf(name, sizeof name, "n%d", i);
+    zs_monitor_start(&rc->nodes[i].mon, rc->zctx, rc->nodes[i].sock, name, err);
+    return 0;
+}
+
+/* Once the round trips are known (measured for the order, else a few PINGs now): every link is opened again
+ * with its bound (3 round trips, at least --link-timeout), so a silent node is noticed that soon, and a
+ * healthy slow link is never cut. Until then the links had the generous ZS_LINK_SLOW_S. A node serves the
+ * connection its coordinator last spoke on and is freed when that one closes (node.c, node_admit), so the
+ * new link carries a PING and its PONG before the old one closes. */
+static int ring_links_fit(ring_coord *rc, rl_err *err) {
+    bool use[PLAN_MAX_NODES];
+    for (int i = 0; i < rc->conf.n; i++) use[i] = !(rc->o.exclude && rc->o.exclude[i]);
+    if (!rc->have_delays && ring_coord_rtts(rc, use, err) != 0) return -1;
+    char rid[80];
+    snprintf(rid, sizeof rid, "coord-%.16s-%016" PRIx64 "-%08x", rc->id->pk_hex, rc->o.session, randombytes_random());
+    for (int i = 0; i < rc->conf.n; i++) {
+        if (!use[i]) continue;
+        void *old = rc->nodes[i].sock;
+        zs_monitor old_mon = rc->nodes[i].mon;
+        rc->nodes[i].sock = NULL;
+        const double bound = zs_link_bound(rc->o.link_s, 2 * rc->coord_delay_s[i]);
+        if (bound > zs_link_bound(rc->o.link_s, 0) * 1.001 && !rc->o.quiet) {
+            fprintf(stderr, "link to %s: round trip %.0f ms, declared down after %.2f s of silence\n",
+                    rc->conf.nodes[i].addr, 2000 * rc->coord_delay_s[i], bound);
         }
-        char name[16];
-        snprintf(name, sizeof name, "n%d", i);
-        zs_monitor_start(&rc->nodes[i].mon, rc->zctx, rc->nodes[i].sock, name, err);
+        int r = ring_node_connect(rc, i, bound, rid, err);
+        if (r == 0 && !zs_wait_writable(rc->nodes[i].sock, 10000)) {
+            r = rl_errf(err, "node %s: the link opened again for its %.0f ms round trip did not come up in 10 s",
+                        rc->conf.nodes[i].addr, 2000 * rc->coord_delay_s[i]);
+        }
+        const uint64_t step = 0x6c696e6b00000000ull; /* "link" */
+        if (r == 0) r = ring_send(rc, i, FRAME_PING, step, NULL, NULL, 0, NULL, 0, err);
+        for (zs_parts p; r == 0;) {
+            frame_header h;
+            int from;
+            if ((r = ring_wait(rc, FRAME_PONG, i, 10, NULL, &from, &p, &h, err)) != 0) break;
+            zs_parts_free(&p);
+            if (h.step_id == step) break;
+        }
+        zmq_socket_monitor(old, NULL, 0);
+        zs_monitor_stop(&old_mon);
+        zmq_close(old);
+        if (r != 0) return -1;
     }
     return 0;
 }
@@ -282,7 +341,13 @@ typedef struct ring_ordering {
 
 /* The order: measured (coord_probe.c) unless ring.conf's is to be kept; ring.conf's, said so, when the
  * delays cannot be measured. */
+static int ring_open_order_pick(ring_coord *rc, ring_ordering *ord, rl_err *err);
 static int ring_open_order(ring_coord *rc, ring_ordering *ord, rl_err *err) {
+    if (ring_open_order_pick(rc, ord, err) != 0) return -1;
+    return ring_links_fit(rc, err);
+}
+
+static int ring_open_order_pick(ring_coord *rc, ring_ordering *ord, rl_err *err) {
     const ring_conf *conf = &rc->conf;
     const ring_opts *o = &rc->o;
     bool use[PLAN_MAX_NODES];
@@ -468,6 +533,12 @@ static char *ring_assign_json(const ring_coord *rc, int s, cJSON **holders) {
         cJSON *nj = cJSON_AddObjectToObject(j, "next");
         cJSON_AddStringToObject(nj, "addr", nx->addr);
         cJSON_AddStringToObject(nj, "pubkey", nx->key.pk_hex);
+        /* how soon the stage must call that link down when it goes silent: 3 of its measured round trips */
+        const int a = st->node, b = rc->plan.stages[s + 1].node;
+        /* measured; else at most the way through the coordinator (its own round trips are always known) */
+        double rtt = rc->have_delays && rc->delay_s[a][b] < 100 ? 2 * rc->delay_s[a][b] : 0;
+        if (rtt <= 0) rtt = 2 * (rc->coord_delay_s[a] + rc->coord_delay_s[b]);
+        cJSON_AddNumberToObject(nj, "link_s", zs_link_bound(o->link_s, rtt));
     }
     char *js = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);

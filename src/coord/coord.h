@@ -69,6 +69,8 @@ typedef struct ring_opts {
     double connect_s;     /* how long to wait for INFO from every node */
     double load_s;        /* how long to wait for every node to load its range */
     double dead_s;        /* a node silent this long is declared dead */
+    double link_s;        /* a silent link (no RST: a cable pulled) is declared down within max(link_s, 3 round
+                           * trips) (0: ZS_LINK_S); the coordinator's links and each stage's to the next */
     double step_s;        /* no result for this long fails the request */
     bool no_fetch;        /* refuse to stream layers to nodes that lack the model */
     bool receipts;        /* every stage signs a receipt per traversal; each traversal is checked */
@@ -133,6 +135,7 @@ typedef struct ring_trust {
     double audit_rate, audit_tol, audit_tol_arch;
     unsigned long long audit_seed;
     double node_timeout;    /* ring_opts.dead_s; 0 = the default */
+    double link_timeout;    /* ring_opts.link_s; 0 = the default */
 } ring_trust;
 
 typedef struct ring_stage_stats {
@@ -143,6 +146,7 @@ typedef struct ring_stage_stats {
 typedef struct ring_node_state {
     void *sock;
     zs_monitor mon;
+    double link_s;     /* the silence after which sock's link is declared down (zs_client) */
     uint64_t mem_bytes;
     double speed;
     double flops;      /* INFO "flops" (0: not reported) */

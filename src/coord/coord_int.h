@@ -60,6 +60,9 @@ void ring_audit_free(ring_coord *rc);
  * measured (probe.h) into rc->delay_s / coord_delay_s; -1 with err when a node cannot be asked (an older
  * node, a node that does not answer): the caller keeps ring.conf's order. */
 int ring_probe(ring_coord *rc, const bool *use, rl_err *err);
+/* The coordinator's own round trips to the nodes in use (coord_delay_s: half of each), a few PINGs each; part
+ * of ring_probe. */
+int ring_coord_rtts(ring_coord *rc, const bool *use, rl_err *err);
 /* Orders the nodes use[] marks by the measured delays (ring_order.h) into order[0..*n); *cycle_s its round
  * trip, *conf_cycle_s that of ring.conf's order. */
 int ring_order_measured(const ring_coord *rc, const bool *use, int *order, int *n, double *cycle_s,

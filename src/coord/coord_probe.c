@@ -27,24 +27,11 @@ static int cp_send_json(ring_coord *rc, int node, int type, cJSON *j, rl_err *er
     return r;
 }
 
-int ring_probe(ring_coord *rc, const bool *use, rl_err *err) {
+int ring_coord_rtts(ring_coord *rc, const bool *use, rl_err *err) {
     const ring_conf *conf = &rc->conf;
     zs_parts p;
     frame_header h;
     int from;
-    /* Who may probe whom: every node, the others. */
-    for (int i = 0; i < conf->n; i++) {
-        if (!use[i]) continue;
-        cJSON *j = cJSON_CreateObject();
-        cJSON *a = j ? cJSON_AddArrayToObject(j, "peers") : NULL;
-        for (int k = 0; a && k < conf->n; k++) {
-            if (use[k] && k != i) cJSON_AddItemToArray(a, cJSON_CreateString(conf->nodes[k].key.pk_hex));
-        }
-        if (cp_send_json(rc, i, FRAME_PEERS, j, err) != 0 || ring_wait(rc, FRAME_PEERS_OK, i, 10, NULL, &from, &p, &h, err) != 0) {
-            return -1;
-        }
-        zs_parts_free(&p);
-    }
     /* The coordinator's own round trips, PB_ROUNDS PINGs each (step ids of their own: a late PONG of an
      * earlier round is not taken for this one's). */
     for (int i = 0; i < conf->n; i++) {
@@ -64,6 +51,28 @@ int ring_probe(ring_coord *rc, const bool *use, rl_err *err) {
         }
         rc->coord_delay_s[i] = best / 2;
     }
+    return 0;
+}
+
+int ring_probe(ring_coord *rc, const bool *use, rl_err *err) {
+    const ring_conf *conf = &rc->conf;
+    zs_parts p;
+    frame_header h;
+    int from;
+    /* Who may probe whom: every node, the others. */
+    for (int i = 0; i < conf->n; i++) {
+        if (!use[i]) continue;
+        cJSON *j = cJSON_CreateObject();
+        cJSON *a = j ? cJSON_AddArrayToObject(j, "peers") : NULL;
+        for (int k = 0; a && k < conf->n; k++) {
+            if (use[k] && k != i) cJSON_AddItemToArray(a, cJSON_CreateString(conf->nodes[k].key.pk_hex));
+        }
+        if (cp_send_json(rc, i, FRAME_PEERS, j, err) != 0 || ring_wait(rc, FRAME_PEERS_OK, i, 10, NULL, &from, &p, &h, err) != 0) {
+            return -1;
+        }
+        zs_parts_free(&p);
+    }
+    if (ring_coord_rtts(rc, use, err) != 0) return -1;
     /* Each node's round trips to the others, one node at a time (the pinged ones must be free to answer). */
     for (int i = 0; i < conf->n; i++) {
         if (!use[i]) continue;

@@ -23,6 +23,7 @@ static ring_opts prompt_ring_opts(const prompt_opts *o, const manifest_file *mf,
     if (ro.n_taps > 0) memcpy(ro.taps, taps, (size_t)ro.n_taps * sizeof *taps);
     ro.audit_rate = o->trust.audit_rate;
     if (o->trust.node_timeout > 0) ro.dead_s = o->trust.node_timeout;
+    ro.link_s = o->trust.link_timeout;
     ro.audit_seed = o->trust.audit_seed;
     ro.audit_tol = o->trust.audit_tol;
     ro.audit_tol_arch = o->trust.audit_tol_arch;

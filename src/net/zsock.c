@@ -149,13 +149,29 @@ void zs_auth_forget(zs_auth *a, const char *label) {
 
 /* ---- sockets ----------------------------------------------------------------------------------- */
 
-static void zs_common(void *s) {
+/* ZMTP heartbeats: a link whose peer went silent (a process stopped, a cable pulled, a router that drops: no
+ * RST ever comes) is closed by the side that pings. A server pings every second and gives up after 5 s: the
+ * dialling side (the coordinator, the upstream stage) is the one that must notice fast, and a server that
+ * gave up early on a slow link would cut a healthy one. A client pings every link_s / 5 and gives up link_s *
+ * 0.6 after a ping that got no traffic back, so a silent peer is noticed within link_s of its last word
+ * (with the 0.1 s polls of the waits that watch the monitor); its TTL asks the server to wait 10 s. */
+static void zs_common(void *s, double link_s) {
     int zero = 0, ivl = 1000, ttl = 10000, tmo = 5000;
+    if (link_s > 0) {
+        ivl = (int)(link_s * 1000 / 5 + 0.5);
+        tmo = (int)(link_s * 1000 * 0.6 + 0.5);
+        if (ivl < 10) ivl = 10;
+        if (tmo < 30) tmo = 30;
+    }
     zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
-    /* ZMTP heartbeats: a dead peer is noticed within a few seconds even when no data flows. */
     zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
     zmq_setsockopt(s, ZMQ_HEARTBEAT_TTL, &ttl, sizeof ttl);
     zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &tmo, sizeof tmo);
+}
+
+double zs_link_bound(double floor_s, double rtt_s) {
+    double b = floor_s > 0 ? floor_s : ZS_LINK_S;
+    return 3 * rtt_s > b ? 3 * rtt_s : b;
 }
 
 void *zs_server(void *zctx, const char *host_port, const keys_identity *id, rl_err *err) {
@@ -164,7 +180,7 @@ void *zs_server(void *zctx, const char *host_port, const keys_identity *id, rl_e
         rl_errf(err, "cannot create a socket: %s", zmq_strerror(errno));
         return NULL;
     }
-    zs_common(s);
+    zs_common(s, 0);
     int one = 1;
     int64_t max = (int64_t)2 << 30; /* frames above 2 GiB are refused before they are read */
     zmq_setsockopt(s, ZMQ_CURVE_SERVER, &one, sizeof one);
@@ -187,13 +203,13 @@ void *zs_server(void *zctx, const char *host_port, const keys_identity *id, rl_e
 }
 
 void *zs_client(void *zctx, const char *host_port, const keys_identity *id, const char *server_curve_z85,
-                const char *routing_id, rl_err *err) {
+                const char *routing_id, double link_s, rl_err *err) {
     void *s = zmq_socket(zctx, ZMQ_DEALER);
     if (!s) {
         rl_errf(err, "cannot create a socket: %s", zmq_strerror(errno));
         return NULL;
     }
-    zs_common(s);
+    zs_common(s, link_s > 0 ? link_s : ZS_LINK_S);
     int one = 1;
     zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, server_curve_z85, 40);
     zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, id->curve_pk_z85, 40);

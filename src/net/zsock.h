@@ -51,9 +51,19 @@ void zs_auth_forget(zs_auth *a, const char *label);
 
 /* A ROUTER bound to "tcp://HOST:PORT", CURVE server with the given identity. */
 void *zs_server(void *zctx, const char *host_port, const keys_identity *id, rl_err *err);
-/* A DEALER connected to "tcp://HOST:PORT", CURVE client that expects server_curve_z85. */
+/* A DEALER connected to "tcp://HOST:PORT", CURVE client that expects server_curve_z85. Its peer going silent
+ * (no RST: a cable pulled) closes the link within link_s seconds (ZMTP heartbeats; <= 0: ZS_LINK_S), which the
+ * link's monitor reports (zs_monitor). */
 void *zs_client(void *zctx, const char *host_port, const keys_identity *id, const char *server_curve_z85,
-                const char *routing_id, rl_err *err);
+                const char *routing_id, double link_s, rl_err *err);
+
+/* A silent link is declared down within this many seconds by default (issue #53: max(0.5 s, 3 round trips)). */
+#define ZS_LINK_S 0.5
+/* ... and before a link's round trip is known (and for bulk transfers): the heartbeats' old 5 s. */
+#define ZS_LINK_SLOW_S 5.0
+/* The bound for a link of round trip rtt_s: 3 round trips, at least floor_s (<= 0: ZS_LINK_S): a ping's answer
+ * must have time to come back, with room for a busy peer. */
+double zs_link_bound(double floor_s, double rtt_s);
 
 /* Multipart send/receive of up to 4 frames. zs_recv allocates each part (free with zs_parts_free). */
 typedef struct zs_parts {

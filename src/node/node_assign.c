@@ -504,7 +504,9 @@ static int node_assign_links(node *n, uint64_t step, const node_assignment *as) 
      * claim one id (a re-assigned ring connects again while the old link may still be registered). */
     char rid[80];
     snprintf(rid, sizeof rid, "node-%.16s-%08x", n->o->id.pk_hex, randombytes_random());
-    n->next = zs_client(n->zctx, addr, &n->o->id, down.curve_pk_z85, rid, &err);
+    const cJSON *ls = cJSON_GetObjectItemCaseSensitive(as->next, "link_s"); /* 3 round trips of this hop */
+    n->next = zs_client(n->zctx, addr, &n->o->id, down.curve_pk_z85, rid,
+                        cJSON_IsNumber(ls) && ls->valuedouble > 0 && ls->valuedouble < 3600 ? ls->valuedouble : 0, &err);
     snprintf(n->next_addr, sizeof n->next_addr, "%s", addr);
     if (!n->next) {
         node_error(n, step, "next hop %s: %s", addr, err.msg);

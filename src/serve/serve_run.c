@@ -72,6 +72,7 @@ static int serve_ring_open(const serve_opts *o, serve_state *st, rl_err *err) {
     rcfg.opts.audit_tol = o->trust.audit_tol;
     rcfg.opts.audit_tol_arch = o->trust.audit_tol_arch;
     if (o->trust.node_timeout > 0) rcfg.opts.dead_s = o->trust.node_timeout;
+    rcfg.opts.link_s = o->trust.link_timeout;
     if (strcmp(o->draft, "none") != 0) { /* each step verifies a block of up to draft_n drafts per sequence */
         rcfg.opts.spec_block = (uint32_t)o->draft_n + 1;
         rcfg.opts.spec_depth = 1;
