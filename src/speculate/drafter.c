@@ -53,6 +53,8 @@ int spec_drafter_open(spec_drafter *d, const char *spec, const mf_model *target,
 void spec_drafter_close(spec_drafter *d) {
     if (d->kind == SPEC_DSPARK) dspark_close(&d->ds);
     if (d->kind == SPEC_MODEL) {
+        free(d->row0);
+        k3_snapshot_free(&d->snap);
         smp_free(&d->smp);
         k3_state_free(&d->st);
         k3_engine_free(&d->e);
@@ -87,7 +89,8 @@ static int spec_feed(spec_drafter *d, const int32_t *t, uint32_t n, bool steps, 
 static int spec_seek(spec_drafter *d, int m, const int32_t *hist, rl_err *err) {
     const uint32_t pos = d->base + (uint32_t)m;
     rl_err e2 = {"nothing kept"};
-    if (pos == d->st.n_past || (m > 0 && k3_state_rollback(&d->st, pos, &e2) == 0)) {
+    if (pos == d->st.n_past || (m > 0 && k3_state_rollback(&d->st, pos, &e2) == 0) ||
+        (d->have_snap && pos == d->snap.n_past && k3_state_restore(&d->st, &d->snap, &e2) == 0)) {
         d->n_fed = m;
         return 0;
     }
@@ -124,9 +127,25 @@ int spec_drafter_begin(spec_drafter *d, const int32_t *prompt, size_t n, uint64_
     smp_reset(&d->smp);
     for (size_t i = 0; i < n; i++) smp_accept(&d->smp, prompt[i]);
     d->pending = n ? prompt[n - 1] : -1;
-    d->base = d->n_prompt = n ? (uint32_t)(n - 1) : 0;
+    d->base = n ? (uint32_t)(n - 1) : 0;
+    d->n_prompt = 0;
     d->n_fed = 0;
-    if (n > 1) return spec_feed(d, prompt, (uint32_t)(n - 1), false, false, NULL, err);
+    free(d->row0);
+    d->row0 = NULL;
+    d->have_snap = false;
+    if (n < 2) return 0;
+    /* The whole prompt in one batch, as the target reads it: its last token then rounds as the target's did
+     * (a prompt of 64 or more tokens takes flash attention's tiled path for every row; read as 63 and a step,
+     * the twin disagreed with itself from the first draft on). Its last row gives the first draft; a snapshot
+     * at its end is where a first block rejected whole returns. */
+    if (spec_feed(d, prompt, (uint32_t)n, false, false, &d->row0, err) != 0 || k3_state_snapshot(&d->st, &d->snap, err) != 0) {
+        d->pending = -1;
+        return -1;
+    }
+    d->have_snap = true;
+    d->n_prompt = (uint32_t)n;
+    d->fed[0] = prompt[n - 1];
+    d->n_fed = 1;
     return 0;
 }
 
@@ -190,14 +209,21 @@ int spec_drafter_propose(spec_drafter *d, const int32_t *history, size_t n, size
     if (k <= 0) return 0;
     int j = 0;
     while (j < d->n_fed && (size_t)j < L && d->fed[j] == need[j]) j++;
-    /* need[L - 1] runs again even when it ran already: its logits are what the first draft comes from. */
-    const int from = (size_t)j < L ? j : (int)L - 1;
     float *row = NULL;
-    if (spec_seek(d, from, history, err) != 0 ||
-        spec_feed(d, need + from, (uint32_t)(L - (size_t)from), true, true, &row, err) != 0) {
-        return -1;
+    if (d->row0 && L == 1 && j == 1 && d->st.n_past == d->n_prompt) {
+        row = d->row0; /* right after begin: the prompt batch's last row */
+        d->row0 = NULL;
+    } else {
+        free(d->row0);
+        d->row0 = NULL;
+        /* need[L - 1] runs again even when it ran already: its logits are what the first draft comes from. */
+        const int from = (size_t)j < L ? j : (int)L - 1;
+        if (spec_seek(d, from, history, err) != 0 ||
+            spec_feed(d, need + from, (uint32_t)(L - (size_t)from), true, true, &row, err) != 0) {
+            return -1;
+        }
+        memcpy(d->fed + from, need + from, (L - (size_t)from) * sizeof *need);
     }
-    memcpy(d->fed + from, need + from, (L - (size_t)from) * sizeof *need);
     d->n_fed = (int)L;
     int32_t t = need[L - 1];
     const bool sampling = d->smp.p.temperature > 0.0f;
@@ -267,8 +293,14 @@ int spec_drafter_commit(spec_drafter *d, const int32_t *committed, int n, rl_err
         if (spec_feed(d, buf, (uint32_t)m, true, false, NULL, err) != 0) return -1;
         d->n_fed = 0;
     }
+    free(d->row0);
+    d->row0 = NULL;
     d->base += (uint32_t)n;
     d->pending = committed[n - 1];
+    if (d->have_snap && d->base > d->snap.n_past) { /* nothing returns before base any more */
+        k3_snapshot_free(&d->snap);
+        d->have_snap = false;
+    }
     k3_state_rb_forget(&d->st, d->base); /* spec_seek returns only past base */
     return 0;
 }

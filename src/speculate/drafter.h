@@ -41,7 +41,11 @@ typedef struct spec_drafter {
     smp_sampler smp;
     int32_t pending;     /* the last committed token (-1: none), at position base */
     uint32_t base;       /* committed tokens before pending: the state is at base + n_fed */
-    uint32_t n_prompt;   /* the prompt's tokens but its last: prefilled with the batched kernels */
+    uint32_t n_prompt;   /* the prompt's tokens read in one batch at begin, as the target reads them (all of them:
+                          * a draft that is the target then holds its very bits; a 1-token prompt: none) */
+    float *row0;         /* the logits after the prompt's last token, for the first draft (NULL once used) */
+    k3_snapshot snap;    /* the state at the prompt's end: a rollback there, which no kept block reaches */
+    bool have_snap;
     int n_fed;           /* tokens run past base (pending first, then drafts and guesses of blocks in flight) */
     int32_t fed[SPEC_MAX_FED];
     unsigned reruns;     /* times the state had to be rebuilt from the history (not in spec_run's use) */
