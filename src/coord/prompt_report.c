@@ -43,9 +43,12 @@ void prompt_report_print(const prompt_opts *o, const gen_metrics *gm, const spec
             (double)gm->peak_rss_bytes / 1048576.0, gm->stop_reason);
     if (smx) {
         fprintf(stderr, "[ringlm] speculative (%s): acceptance %.1f%%, %.2f tokens per target pass (%ld passes), "
-                        "draft %.3f s, verify %.3f s, fallbacks %ld (%ld steps without drafts)\n",
+                        "draft %.3f s, verify %.3f s, fallbacks %ld (%ld steps without drafts); blocks of %.2f drafts, "
+                        "%.2f in flight on average (at most %d, %ld stale)\n",
                 o->draft, 100 * smx->acceptance_rate, smx->tokens_per_traversal, smx->traversals, smx->draft_s,
-                smx->verify_s, smx->fallbacks, smx->paused_steps);
+                smx->verify_s, smx->fallbacks, smx->paused_steps,
+                smx->blocks ? (double)smx->sent_drafts / (double)smx->blocks : 0.0,
+                smx->blocks ? (double)smx->depth_sum / (double)smx->blocks : 0.0, smx->depth_max, smx->cancelled);
     }
     if (po->xc) {
         xc_stats d = xc_stats_sub(po->xc, &po->xc_prefill);
@@ -84,6 +87,10 @@ int prompt_report_write(const char *path, const gen_metrics *m, cJSON *ring, con
         cJSON_AddNumberToObject(j, "cancelled", (double)sm->cancelled);
         cJSON_AddNumberToObject(j, "fallbacks", (double)sm->fallbacks);
         cJSON_AddNumberToObject(j, "paused_steps", (double)sm->paused_steps);
+        cJSON_AddNumberToObject(j, "blocks", (double)sm->blocks);
+        cJSON_AddNumberToObject(j, "mean_block_drafts", sm->blocks ? (double)sm->sent_drafts / (double)sm->blocks : 0.0);
+        cJSON_AddNumberToObject(j, "mean_depth", sm->blocks ? (double)sm->depth_sum / (double)sm->blocks : 0.0);
+        cJSON_AddNumberToObject(j, "max_depth", sm->depth_max);
         char dg[17];
         snprintf(dg, sizeof dg, "%016llx", (unsigned long long)sm->draft_digest);
         cJSON_AddStringToObject(j, "draft_digest", dg);

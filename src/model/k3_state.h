@@ -35,6 +35,8 @@ typedef struct k3_rb_block {
  * blocks in flight, and a rejection in the oldest invalidates the ones run after it. A draft model, which
  * runs one kept block per drafted token, asks for more (k3_state_keep_blocks). */
 #define K3_RB_BLOCKS 4
+/* The most a sequence may be asked to keep (speculate/spec_gen.h SPEC_MAX_DEPTH blocks in flight, with room). */
+#define K3_RB_MAX 16
 
 typedef struct k3_state {
     uint32_t a, b;    /* layer range */

@@ -462,7 +462,7 @@ static void node_assign_stage(node *n, const cJSON *j, const node_assignment *as
     const char *wire = rl_json_str(j, "wire");
     n->wire = wire && strcmp(wire, "f16") == 0 ? K3_WIRE_F16 : wire && strcmp(wire, "bf16") == 0 ? K3_WIRE_BF16 : K3_WIRE_F32;
     const double rb = rl_json_num(j, "rollback_blocks", 0);
-    n->rb_blocks = rb >= 1 && rb <= K3_RB_BLOCKS ? (int)rb : 0;
+    n->rb_blocks = rb >= 1 && rb <= K3_RB_MAX ? (int)rb : 0;
     const double ck = rl_json_num(j, "ctx_checkpoints", 0);
     n->max_ck = ck >= 1 && ck <= 1024 ? (int)ck : 0;
     stage_init(&n->stage_rt, &n->e, n->n_ctx, n->n_seqs, n->wire); /* no sequence: node_drop_seqs above */

@@ -16,23 +16,27 @@ static int spec_push_features(spec_verifier *v, spec_drafter *d, int n_taps, uin
     return spec_drafter_features(d, rows, n, err);
 }
 
-/* Whether a block of k drafts is worth sending another behind (pipelining): only if it is likely wholly
- * accepted, its bonus-token guess too (a stale block still costs every stage but the last its compute). */
-static bool spec_ahead(double alpha, int k, int depth) {
-    return depth > 1 && pow(alpha, k + 1) >= 0.25;
-}
+/* Blocks sent ahead (pipelining) pay only while the chain they assume is likely: a block is run on what every
+ * block in flight before it drafted, their bonus-token guesses included, so it is useful with the probability
+ * that all of those are wholly accepted: alpha^(drafts + 1) per block. Another block is sent behind while that
+ * chance stays at least SPEC_AHEAD_MIN (a stale block still costs every stage but the last its compute), up to
+ * the depth the stages keep rollback copies for. With a slow link and a draft that agrees the chain runs deep
+ * (up to SPEC_MAX_DEPTH); with a draft that rarely agrees no block goes ahead at all. */
+#define SPEC_AHEAD_MIN 0.25
+
+static double spec_chain(double alpha, int n_drafts) { return pow(alpha, n_drafts + 1); }
 
 /* The draft length with the most committed tokens per second: a block of k drafts, each accepted with
  * probability alpha once the ones before it were, commits (1 - alpha^(k+1)) / (1 - alpha) tokens on average;
- * it costs a traversal plus k draft steps, or with blocks in flight, whichever of a traversal's share and
- * the drafting is longer (drafting then overlaps the traversals). */
-static int spec_pick_k(double alpha, double t_trav, double t_draft, int depth, int k_max) {
+ * it costs a traversal plus k draft steps, or with blocks in flight (deff on average), whichever of a
+ * traversal's share and the drafting is longer (drafting then overlaps the traversals). */
+static int spec_pick_k(double alpha, double t_trav, double t_draft, double deff, int k_max) {
     if (alpha > 0.999) alpha = 0.999;
     int best = 1;
     double best_rate = -1;
     for (int k = 1; k <= k_max; k++) {
         double gain = (1 - pow(alpha, k + 1)) / (1 - alpha);
-        double cost = spec_ahead(alpha, k, depth) ? fmax(t_trav / depth, k * t_draft) : t_trav + k * t_draft;
+        double cost = deff > 1 && spec_chain(alpha, k) >= SPEC_AHEAD_MIN ? fmax(t_trav / deff, k * t_draft) : t_trav + k * t_draft;
         double rate = gain / (cost > 1e-9 ? cost : 1e-9);
         if (rate > best_rate * 1.0001) best_rate = rate, best = k;
     }
@@ -94,6 +98,7 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
     out[0] = last;
     bool stop = false, more = true; /* more: the next block's first token is known (z can grow) */
     double acc_s = 1, acc_f = 1, t_trav = 0, t_draft = 0; /* what the draft length adapts to */
+    double deff = depth;                       /* blocks in flight when one is sent, a decaying mean */
     long win_d = 0, win_a = 0;                 /* the fallback's window: drafted, kept (SPEC_FALLBACK_*) */
     int pause = 0, pause_next = SPEC_FALLBACK_PAUSE; /* plain steps left, and the next pause */
     while (!stop) {
@@ -134,15 +139,19 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
             if (paused) kk = 0;
             if (kk < 0 || (kk == 0 && n_fl > 0)) break;
             if (paused) pause--, sm->paused_steps++;
-            /* A block sent ahead pays only if the one before it is likely wholly accepted, its guess too:
-             * stale blocks still cost every stage but the last their compute. */
+            /* A block sent ahead pays only if the ones in flight before it are likely wholly accepted, their
+             * guesses too (SPEC_AHEAD_MIN): stale blocks still cost every stage but the last their compute. */
             const double alpha = acc_s / (acc_s + acc_f);
-            if (n_fl > 0 && sp->adaptive && !spec_ahead(alpha, fl[n_fl - 1].n - 1, depth)) break;
+            double chain = 1;
+            for (int i = 0; i < n_fl; i++) chain *= spec_chain(alpha, fl[i].n - 1);
+            if (n_fl > 0 && sp->adaptive && chain < SPEC_AHEAD_MIN) break;
             int32_t block[SPEC_MAX_DRAFT + 2];
             int n_draft = 0;
             const spec_q *qs = NULL;
             /* One more, the guess that starts the next block, if one will follow it. */
-            const bool ahead = kk > 0 && depth > 1 && (!sp->adaptive || spec_ahead(alpha, kk, depth));
+            /* (its own chance only: whether a block is then sent behind it is judged when it would be sent,
+             * over the blocks in flight at that time) */
+            const bool ahead = kk > 0 && depth > 1 && (!sp->adaptive || spec_chain(alpha, kk) >= SPEC_AHEAD_MIN);
             const int want = ahead ? kk + 1 : kk;
             double td = rl_clock_now();
             if (want > 0 && spec_drafter_propose(d, z, n_z, n_hist, want, block + 1, &n_draft, &qs, err) != 0) {
@@ -171,6 +180,11 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
             if (depth == 1) t_trav = t_trav > 0 ? 0.8 * t_trav + 0.2 * (rl_clock_now() - tv) : rl_clock_now() - tv;
             fl[n_fl++] = (struct spec_flight){.pos = bpos, .n = n_draft + 1, .t_sent = tv};
             sm->drafted += n_draft;
+            sm->blocks++;
+            sm->sent_drafts += n_draft;
+            sm->depth_sum += n_fl; /* blocks in flight with it */
+            if (n_fl > sm->depth_max) sm->depth_max = n_fl;
+            deff = 0.9 * deff + 0.1 * n_fl;
             memcpy(z + n_z, block + 1, (size_t)(n_draft + (guess ? 1 : 0)) * sizeof *z);
             n_z += (size_t)n_draft + (guess ? 1 : 0);
             more = guess;
@@ -234,7 +248,7 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
              * accepted shows a successes and, if a < n, one failure. */
             acc_s = 0.9 * acc_s + (n_out - 1);
             acc_f = 0.9 * acc_f + (n_out < b0.n);
-            k = spec_pick_k(acc_s / (acc_s + acc_f), t_trav, t_draft, depth, sp->k_max);
+            k = spec_pick_k(acc_s / (acc_s + acc_f), t_trav, t_draft, depth > 1 ? fmax(deff, 2) : 1, sp->k_max);
         }
     }
 drain: /* results of blocks still in flight (stale, or past the end) are collected and dropped */

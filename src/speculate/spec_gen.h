@@ -45,7 +45,7 @@ typedef struct spec_verifier {
     int (*collect)(void *ctx, int32_t *out, int *n_out, rl_err *err);
 } spec_verifier;
 
-#define SPEC_MAX_DEPTH 3 /* blocks in flight; every stage can roll back into K3_RB_BLOCKS of them */
+#define SPEC_MAX_DEPTH 8 /* blocks in flight; the stages keep rollback copies for that many (ASSIGN rollback_blocks) */
 
 /* Speculation that does not pay falls back to plain decoding (`run`, and per request in `serve`): every
  * SPEC_FALLBACK_WINDOW drafted tokens, if fewer than one in SPEC_FALLBACK_MIN_KEPT was kept, SPEC_FALLBACK_PAUSE
@@ -62,7 +62,8 @@ typedef struct spec_verifier {
 typedef struct spec_params {
     int k_max;     /* longest draft (<= SPEC_MAX_DRAFT) */
     bool adaptive; /* adapt the draft length to the acceptance */
-    int depth;     /* blocks in flight (pipelining, where the verifier can): 1 = draft, verify, repeat */
+    int depth;     /* the most blocks in flight (pipelining, where the verifier can): 1 = draft, verify, repeat;
+                    * adaptive: fewer while the chain they assume is unlikely (spec_gen.c, SPEC_AHEAD_MIN) */
     bool no_fallback; /* draft every step, paying or not (SPEC_FALLBACK_*) */
 } spec_params;
 
@@ -70,6 +71,9 @@ typedef struct spec_metrics {
     long drafted, accepted, traversals, committed;
     long cancelled;              /* blocks sent ahead and found stale (pipelining) */
     long fallbacks, paused_steps; /* drafting paused for not paying, and the steps decoded plainly meanwhile */
+    long blocks, depth_sum;      /* blocks sent, and the blocks in flight counted at each send (itself too) */
+    long sent_drafts;            /* drafts those blocks carried (stale ones too: drafted counts only the others) */
+    int depth_max;               /* the most blocks ever in flight at once */
     double draft_s, verify_s;
     double acceptance_rate;      /* accepted / drafted */
     double tokens_per_traversal; /* committed / verifier passes (the prefill's pass not counted) */
