@@ -141,7 +141,9 @@ with open(out + ".md", "w") as f:
             "each cut drops every packet on both ends of its veth pair (`blackhole` qdisc: no RST, no ICMP) while "
             "`ringlm run --ring` generates; the time from the cut to the run's line naming node 2 (\"lost node\"). The goal: within "
             "max(0.5 s, 3 round trips) - the veth's round trips are under a millisecond, so the bound is "
-            "max(0.5 s, --link-timeout).\n\n")
+            "max(0.5 s, --link-timeout). No peer: llama.cpp's RPC has no silent-link detection to compare; ringlm runs at "
+            "its defaults but for `--link-timeout` (the table's column) and `--keep-order`, nodes with 1 thread each "
+            "and ring.conf `mem=` at half the model, so node 2 always holds a stage.\n\n")
     f.write("| --link-timeout | cuts | median | min | max | bound | goal |\n|---|---|---|---|---|---|---|\n")
     for r in res:
         f.write(f"| {r['link_timeout_s']:g} s | {len(r['times_s'])} | {r['median_s']:.3f} s | {r['min_s']:.3f} s | "

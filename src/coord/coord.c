@@ -102,6 +102,13 @@ static int ring_open_model_id(ring_coord *rc, rl_err *err) {
 
 static int ring_node_connect(ring_coord *rc, int i, double link_s, const char *rid, rl_err *err);
 
+/* A routing id for a new set of the coordinator's connections: "coord-<key>-<session>-<connection>" (a node
+ * serves one session at a time: node.c, node_admit; each set's id is new, so no node's ROUTER sees two
+ * connections claim one id). */
+static void ring_conn_rid(const ring_coord *rc, char *rid, size_t n) {
+    snprintf(rid, n, "coord-%.16s-%016" PRIx64 "-%08x", rc->id->pk_hex, rc->o.session, randombytes_random());
+}
+
 /* A CURVE socket to every node of ring.conf, each with a monitor of its link. */
 static int ring_open_connect(ring_coord *rc, rl_err *err) {
     const ring_conf *conf = &rc->conf;
@@ -111,7 +118,7 @@ static int ring_open_connect(ring_coord *rc, rl_err *err) {
      * each connection's id is new, so no node's ROUTER ever sees two connections claim one id. */
     if (rc->o.session == 0) randombytes_buf(&rc->o.session, sizeof rc->o.session);
     char rid[80];
-    snprintf(rid, sizeof rid, "coord-%.16s-%016" PRIx64 "-%08x", rc->id->pk_hex, rc->o.session, randombytes_random());
+    ring_conn_rid(rc, rid, sizeof rid);
     for (int i = 0; i < conf->n; i++) {
         /* generous until the round trips are known (ring_links_fit) */
         if (ring_node_connect(rc, i, ZS_LINK_SLOW_S, rid, err) != 0) return -1;
@@ -149,7 +156,7 @@ static int ring_links_fit(ring_coord *rc, rl_err *err) {
     for (int i = 0; i < rc->conf.n; i++) use[i] = !(rc->o.exclude && rc->o.exclude[i]);
     if (!rc->have_delays && ring_coord_rtts(rc, use, err) != 0) return -1;
     char rid[80];
-    snprintf(rid, sizeof rid, "coord-%.16s-%016" PRIx64 "-%08x", rc->id->pk_hex, rc->o.session, randombytes_random());
+    ring_conn_rid(rc, rid, sizeof rid);
     for (int i = 0; i < rc->conf.n; i++) {
         if (!use[i]) continue;
         void *old = rc->nodes[i].sock;
@@ -165,15 +172,7 @@ static int ring_links_fit(ring_coord *rc, rl_err *err) {
             r = rl_errf(err, "node %s: the link opened again for its %.0f ms round trip did not come up in 10 s",
                         rc->conf.nodes[i].addr, 2000 * rc->coord_delay_s[i]);
         }
-        const uint64_t step = 0x6c696e6b00000000ull; /* "link" */
-        if (r == 0) r = ring_send(rc, i, FRAME_PING, step, NULL, NULL, 0, NULL, 0, err);
-        for (zs_parts p; r == 0;) {
-            frame_header h;
-            int from;
-            if ((r = ring_wait(rc, FRAME_PONG, i, 10, NULL, &from, &p, &h, err)) != 0) break;
-            zs_parts_free(&p);
-            if (h.step_id == step) break;
-        }
+        if (r == 0) r = ring_ping(rc, i, 0x6c696e6b00000000ull /* "link" */, err);
         zmq_socket_monitor(old, NULL, 0);
         zs_monitor_stop(&old_mon);
         zmq_close(old);

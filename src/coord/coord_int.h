@@ -63,6 +63,8 @@ int ring_probe(ring_coord *rc, const bool *use, rl_err *err);
 /* The coordinator's own round trips to the nodes in use (coord_delay_s: half of each), a few PINGs each; part
  * of ring_probe. */
 int ring_coord_rtts(ring_coord *rc, const bool *use, rl_err *err);
+/* A PING to a node with this step id, and the wait (10 s at most) for its PONG; other PONGs are dropped. */
+int ring_ping(ring_coord *rc, int node, uint64_t step, rl_err *err);
 /* Orders the nodes use[] marks by the measured delays (ring_order.h) into order[0..*n); *cycle_s its round
  * trip, *conf_cycle_s that of ring.conf's order. */
 int ring_order_measured(const ring_coord *rc, const bool *use, int *order, int *n, double *cycle_s,

@@ -27,11 +27,20 @@ static int cp_send_json(ring_coord *rc, int node, int type, cJSON *j, rl_err *er
     return r;
 }
 
+int ring_ping(ring_coord *rc, int node, uint64_t step, rl_err *err) {
+    if (ring_send(rc, node, FRAME_PING, step, NULL, NULL, 0, NULL, 0, err) != 0) return -1;
+    for (;;) {
+        zs_parts p;
+        frame_header h;
+        int from;
+        if (ring_wait(rc, FRAME_PONG, node, 10, NULL, &from, &p, &h, err) != 0) return -1;
+        zs_parts_free(&p);
+        if (h.step_id == step) return 0;
+    }
+}
+
 int ring_coord_rtts(ring_coord *rc, const bool *use, rl_err *err) {
     const ring_conf *conf = &rc->conf;
-    zs_parts p;
-    frame_header h;
-    int from;
     /* The coordinator's own round trips, PB_ROUNDS PINGs each (step ids of their own: a late PONG of an
      * earlier round is not taken for this one's). */
     for (int i = 0; i < conf->n; i++) {
@@ -40,12 +49,7 @@ int ring_coord_rtts(ring_coord *rc, const bool *use, rl_err *err) {
         for (int r = 0; r < PB_ROUNDS; r++) {
             uint64_t step = 0x70726f6265000000ull + (uint64_t)r; /* "probe" */
             double t0 = rl_clock_now();
-            if (ring_send(rc, i, FRAME_PING, step, NULL, NULL, 0, NULL, 0, err) != 0) return -1;
-            for (;;) {
-                if (ring_wait(rc, FRAME_PONG, i, 10, NULL, &from, &p, &h, err) != 0) return -1;
-                zs_parts_free(&p);
-                if (h.step_id == step) break;
-            }
+            if (ring_ping(rc, i, step, err) != 0) return -1;
             double rtt = rl_clock_now() - t0;
             if (best < 0 || rtt < best) best = rtt;
         }
