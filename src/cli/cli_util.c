@@ -126,6 +126,8 @@ int cli_parse_trust(const char *a, const char *v, ring_trust *t, int *bad) {
         *bad = cli_parse_u64(v, &t->audit_seed) != 0;
     } else if (strcmp(a, "--node-timeout") == 0) {
         *bad = cli_parse_double(v, &t->node_timeout) || !(t->node_timeout >= 0.5 && t->node_timeout <= 86400);
+    } else if (strcmp(a, "--relay-listen") == 0) {
+        t->relay_listen = v;
     } else if (strcmp(a, "--link-timeout") == 0) {
         *bad = cli_parse_double(v, &t->link_timeout) || !(t->link_timeout >= 0.1 && t->link_timeout <= 600);
     } else {
@@ -135,8 +137,10 @@ int cli_parse_trust(const char *a, const char *v, ring_trust *t, int *bad) {
 }
 
 int cli_trust_check(const ring_trust *t, int have_ring, const char *cmd) {
-    if (have_ring || (!t->receipts && t->audit_rate <= 0 && t->node_timeout <= 0 && t->link_timeout <= 0)) return 0;
-    if (t->node_timeout > 0 || t->link_timeout > 0) {
+    if (have_ring || (!t->receipts && t->audit_rate <= 0 && t->node_timeout <= 0 && t->link_timeout <= 0 && !t->relay_listen)) return 0;
+    if (t->relay_listen) {
+        fprintf(stderr, "ringlm %s: --relay-listen is for a ring (--ring): its nodes behind NATs dial out to it\n", cmd);
+    } else if (t->node_timeout > 0 || t->link_timeout > 0) {
         fprintf(stderr, "ringlm %s: --%s-timeout is for a ring (--ring): one machine waits on no node\n", cmd,
                 t->node_timeout > 0 ? "node" : "link");
     } else {

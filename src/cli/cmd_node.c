@@ -10,7 +10,8 @@
 #include "cli.h"
 
 static void node_usage(FILE *f) {
-    fprintf(f, "usage: ringlm node --listen HOST:PORT --key node.key --allow COORD_PUBKEY_HEX[,...]\n"
+    fprintf(f, "usage: ringlm node (--listen HOST:PORT | --dial RELAY_HOST:PORT) --key node.key --allow COORD_PUBKEY_HEX[,...]\n"
+               "                   [--relay-listen HOST:PORT]\n"
                "                   [--models DIR] [--cache DIR] [--mem GB [--disk GB/s] [--expert-copy DIR]] [--speed GB/s] [--tflops T] [--threads N]\n"
                "                   [--audit-keep MB] [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16]\n"
                "                   [--device NAME[,NAME...]] [--vram GB] [--device-speed GB/s] [--gpu-layers N] [--n-cpu-moe N | --cpu-moe]\n"
@@ -35,7 +36,11 @@ static void node_usage(FILE *f) {
                "that device's memory (--vram GB, default its free memory less 256 MiB) at its speed (--device-speed,\n"
                "or measured at start) before its RAM: the plan then says which layers, and which layers' routed\n"
                "experts, sit on the device and which in RAM. --gpu-layers / --n-cpu-moe given here fix that split\n"
-               "for this node whatever the plan says.\n");
+               "for this node whatever the plan says.\n"
+               "Behind a home router (NAT), --dial RELAY_HOST:PORT keeps connections open to a relay instead of\n"
+               "listening (the coordinator's --relay-listen, or a public node's); ring.conf then writes the node\n"
+               "relay:RELAY_HOST:PORT PUBKEY. --relay-listen runs such a relay on a node with a public address:\n"
+               "it copies encrypted bytes and sees nothing else (docs/ring.md, \"Behind a NAT\").\n");
 }
 
 int cmd_node(int argc, char **argv) {
@@ -63,6 +68,8 @@ int cmd_node(int argc, char **argv) {
         }
         i++;
         if (strcmp(a, "--listen") == 0) o.listen = v;
+        else if (strcmp(a, "--dial") == 0) o.dial = v;
+        else if (strcmp(a, "--relay-listen") == 0) o.relay_listen = v;
         else if (strcmp(a, "--key") == 0) key = v;
         else if (strcmp(a, "--allow") == 0) allow = v;
         else if (strcmp(a, "--models") == 0) o.models_dir = v;
@@ -92,7 +99,7 @@ int cmd_node(int argc, char **argv) {
             return 2;
         }
     }
-    if (!o.listen || !key || !allow) {
+    if ((!o.listen && !o.dial) || !key || !allow) {
         node_usage(stderr);
         return 2;
     }

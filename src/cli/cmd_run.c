@@ -24,7 +24,8 @@ static void run_usage(FILE *f) {
             "                  [--ring ring.conf --key coord.key [--wire f32|f16|bf16] [--keep-order] [--manifest M instead of -m]]\n"
             "                  [--draft none|ngram|DRAFT.gguf|dspark:DRAFT.gguf [--draft-n K] [--draft-fixed]\n"
             "                  [--draft-p-min P] [--draft-depth D] [--draft-fallback on|off]] [--receipts FILE]\n"
-            "                  [--audit-rate R [--audit-seed S] [--audit-tol T] [--audit-tol-arch T]] [--node-timeout S] [--link-timeout S]\n\n"
+            "                  [--audit-rate R [--audit-seed S] [--audit-tol T] [--audit-tol-arch T]] [--node-timeout S] [--link-timeout S]\n"
+            "                  [--relay-listen HOST:PORT]\n\n"
             "Streams the generated text to stdout, then prints one metrics line on stderr.\n"
             "  -n N          tokens to generate (default 128; -1 = until the context is full)\n"
             "  --tokens @FILE  the prompt's ids from FILE (comma-separated; a long prompt does not fit a command line)\n"
@@ -80,7 +81,9 @@ static void run_usage(FILE *f) {
             "                declared dead (default 60; measured from the first unanswered ping)\n"
             "  --link-timeout S  (ring) a link gone silent (a cable pulled, a router dropping: no reset ever\n"
             "                comes) is declared down within S seconds or 3 of its measured round trips, whichever\n"
-            "                is longer (default 0.5; ZeroMQ heartbeats), and the step runs again without it\n");
+            "                is longer (default 0.5; ZeroMQ heartbeats), and the step runs again without it\n"
+            "  --relay-listen HOST:PORT  (ring) run a relay for ring.conf's nodes behind NATs: they dial out to it\n"
+            "                (ringlm node --dial HOST:PORT) and ring.conf writes them relay:HOST:PORT (docs/ring.md)\n");
 }
 
 static int parse_float(const char *s, float *out) {

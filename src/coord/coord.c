@@ -114,6 +114,7 @@ static int ring_open_connect(ring_coord *rc, rl_err *err) {
     const ring_conf *conf = &rc->conf;
     rc->zctx = zmq_ctx_new();
     if (!rc->zctx) return rl_errf(err, "cannot create a ZeroMQ context");
+    if (!(rc->tn = tn_connector_new(err))) return -1; /* for nodes behind NATs (relay: in ring.conf) */
     /* "coord-<key>-<session>-<connection>": a node serves one session at a time (node.c: node_admit), and
      * each connection's id is new, so no node's ROUTER ever sees two connections claim one id. */
     if (rc->o.session == 0) randombytes_buf(&rc->o.session, sizeof rc->o.session);
@@ -134,7 +135,7 @@ static int ring_node_connect(ring_coord *rc, int i, double link_s, const char *r
         zs_monitor_stop(&rc->nodes[i].mon);
         zmq_close(rc->nodes[i].sock);
     }
-    rc->nodes[i].sock = zs_client(rc->zctx, conf->nodes[i].addr, rc->id, conf->nodes[i].key.curve_pk_z85, rid, link_s, err);
+    rc->nodes[i].sock = zs_client(rc->zctx, rc->tn, conf->nodes[i].addr, rc->id, conf->nodes[i].key.curve_pk_z85, rid, link_s, err);
     if (!rc->nodes[i].sock) {
         rl_err_prefix(err, "node %s", conf->nodes[i].addr);
         return -1;
@@ -286,8 +287,12 @@ static int ring_open_info(ring_coord *rc, rl_err *err) {
                 if (got[i]) continue;
                 zs_monitor_poll(&rc->nodes[i].mon);
                 bool refused = strstr(rc->nodes[i].mon.last, "refused our key") != NULL;
+                char why[300]; /* a relayed node: what its relay said (no node with that key has dialled it) */
+                tn_connector_why(rc->tn, conf->nodes[i].key.curve_pk, why, sizeof why);
+                /* (the relay's refusal first: our connector closing the local connection looks to ZeroMQ
+                 * like a failed handshake) */
                 rl_errf(err, "node %s did not answer within %.0f s: %s%s%s", conf->nodes[i].addr, o->connect_s,
-                        rc->nodes[i].mon.last[0] ? rc->nodes[i].mon.last : "unreachable",
+                        why[0] ? why : rc->nodes[i].mon.last[0] ? rc->nodes[i].mon.last : "unreachable",
                         refused ? ": start it with --allow " : "", refused ? rc->id->pk_hex : "");
                 break;
             }
@@ -444,6 +449,21 @@ static void ring_open_print(const ring_coord *rc, const ring_ordering *ord) {
         fprintf(stderr, "\n");
     }
     plan_print(&rc->plan, rc->pnodes, stderr);
+    for (int s = 0; s < rc->plan.n_stages; s++) { /* the stages behind NATs, and what reaching them costs */
+        int i = rc->plan.stages[s].node, by, up = s > 0 ? rc->plan.stages[s - 1].node : -1;
+        char via[128];
+        ring_reach_kind k = ring_reach(conf, i, rc->o.relay_addr, via, sizeof via, &by);
+        if (k == RING_REACH_DIRECT) continue;
+        char who[200] = "";
+        if (by >= 0) snprintf(who, sizeof who, ", run by %s", conf->nodes[by].addr);
+        bool up_runs = up >= 0 && by == up; /* its upstream runs that relay: its hop is a connection it holds */
+        const char *coord_hop = k == RING_REACH_DIALOUT ? "our link to it is its own connection (no extra hop)"
+                                                        : "our link to it crosses the relay (+1 hop)";
+        const char *up_hop = s == 0 ? "" : up_runs ? "; its upstream runs that relay (no extra hop)"
+                                                   : "; its upstream's link to it crosses the relay (+1 hop)";
+        fprintf(stderr, "reach: stage %d (%s) dialled out to %s %s%s: %s%s\n", s, conf->nodes[i].addr,
+                k == RING_REACH_DIALOUT ? "this coordinator's relay" : "relay", via, who, coord_hop, up_hop);
+    }
     predict_result pred;
     if (ring_prediction(rc, 1, 1, &pred) == 0) {
         fprintf(stderr, "predicted (ringlm plan's model, docs/plan.md): decode %.2f tok/s greedy = 1 / (hops %.1f ms measured + "
@@ -664,6 +684,8 @@ void ring_close(ring_coord *rc) {
     }
     if (rc->zctx) zmq_ctx_term(rc->zctx);
     rc->zctx = NULL;
+    tn_connector_free(rc->tn);
+    rc->tn = NULL;
 }
 
 int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *step_id, rl_err *err) {

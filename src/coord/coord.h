@@ -35,7 +35,7 @@
 #include "../net/zsock.h"
 
 typedef struct ring_node_conf {
-    char addr[128];  /* HOST:PORT */
+    char addr[128];  /* HOST:PORT, or "relay:HOST:PORT/<key's first 8 hex>" for a node reached through a relay */
     keys_peer key;
     double mem_gb;   /* optional cap from ring.conf (0 = what the node reports) */
     bool standby;    /* `standby`: kept out of plans while every other node is there; stands in for one lost */
@@ -46,11 +46,33 @@ typedef struct ring_conf {
     ring_node_conf nodes[PLAN_MAX_NODES];
 } ring_conf;
 
+/* The relay a coordinator runs for ring.conf's nodes behind NATs (run/serve --relay-listen HOST:PORT): they
+ * dial out to it (`ringlm node --dial`), ring.conf writes them relay:HOST:PORT, and it admits ring.conf's keys
+ * only. listen NULL: none (0). conf must outlive it. */
+typedef struct ring_relay {
+    tn_relay *relay;
+} ring_relay;
+int ring_relay_start(ring_relay *r, const char *listen, const ring_conf *conf, rl_err *err);
+void ring_relay_stop(ring_relay *r);
+const char *ring_relay_addr(const ring_relay *r); /* where it listens (NULL: none) */
+/* A node behind a relay (its ring.conf address relay:...): asks the relay whether the node is there (a
+ * connection of it waiting, heard from lately): 0, or -1 with err saying why not. 1: not a relayed node. */
+int ring_relay_query(const ring_node_conf *nc, double timeout_s, rl_err *err);
+
+/* How ring.conf's node i is reached (docs/ring.md, "Behind a NAT"): listening where it is (direct); dialled out to
+ * this coordinator's relay (own_relay: its address, or NULL), whose link to it is then the node's own
+ * connection; or dialled out to another relay (a public node's: by = that node's index in conf, else -1),
+ * which every link to it crosses (+1 hop). via: the relay's HOST:PORT ("" when direct). */
+typedef enum { RING_REACH_DIRECT, RING_REACH_DIALOUT, RING_REACH_RELAYED } ring_reach_kind;
+ring_reach_kind ring_reach(const ring_conf *conf, int i, const char *own_relay, char *via, size_t via_n, int *by);
+const char *ring_reach_name(ring_reach_kind k); /* "direct", "dial-out", "relayed" */
+
 /* Does a coordinator's message name node address addr, as a whole token ("127.0.0.1:80" is not named by
  * "127.0.0.1:8080")? Which node a failure is blamed on (serve's ring backend, run --ring's recovery). */
 bool ring_names(const char *msg, const char *addr);
 
-/* ring.conf: one node per line, "HOST:PORT PUBLIC_KEY_HEX [mem=GB] [standby]"; '#' starts a comment. */
+/* ring.conf: one node per line, "HOST:PORT PUBLIC_KEY_HEX [mem=GB] [standby]"; '#' starts a comment. A node
+ * behind a NAT that dials out to a relay is "relay:RELAY_HOST:PORT PUBLIC_KEY_HEX ..." (docs/ring.md). */
 int ring_conf_load(ring_conf *c, const char *path, rl_err *err);
 
 /* Audits' default tolerances (relative): a stage recomputed with the node's kernels, and a CPU stage of a
@@ -120,6 +142,9 @@ typedef struct ring_opts {
     /* serve's prompt cache through this ring: the checkpoints every stage keeps per sequence (ASSIGN's
      * ctx_checkpoints, FRAME_SEQ_CKPT; the plan counts their KDA state in each sequence's). 0: none. */
     int ctx_checkpoints;
+    /* The coordinator's own relay (ring_relay_start; NULL: none), for telling ring.conf's relayed nodes that
+     * dialled out to it from those behind another relay (ring_reach). */
+    const char *relay_addr;
 } ring_opts;
 
 ring_opts ring_opts_default(void);
@@ -136,6 +161,7 @@ typedef struct ring_trust {
     unsigned long long audit_seed;
     double node_timeout;    /* ring_opts.dead_s; 0 = the default */
     double link_timeout;    /* ring_opts.link_s; 0 = the default */
+    const char *relay_listen; /* --relay-listen HOST:PORT: a relay for nodes behind NATs (ring_relay_start) */
 } ring_trust;
 
 typedef struct ring_stage_stats {
@@ -181,6 +207,7 @@ typedef struct ring_node_state {
 
 typedef struct ring_coord {
     void *zctx;
+    tn_connector *tn;         /* carries the links to relayed nodes ("relay:" in ring.conf; net/tunnel.h) */
     const keys_identity *id;
     ring_conf conf;
     ring_opts o;

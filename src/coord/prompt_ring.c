@@ -78,17 +78,22 @@ int prompt_ring_generate(const prompt_opts *o, mf_model *m, k3_hparams *hp, cons
     keys_identity id;
     ring_coord rc;
     if (ring_conf_load(&conf, o->ring_path, err) != 0 || keys_load(&id, o->key_path, err) != 0) return -1;
+    ring_relay relay; /* before the ring opens: its nodes behind NATs wait there */
+    if (ring_relay_start(&relay, o->trust.relay_listen, &conf, err) != 0) return -1;
     FILE *rf = NULL;
     if (o->trust.receipts) {
         rf = fopen(o->trust.receipts, "w");
         if (!rf) {
             rl_errf(err, "cannot create %s", o->trust.receipts);
+            ring_relay_stop(&relay);
             return -1;
         }
     }
     ring_opts ro = prompt_ring_opts(o, mf, rf, drafter, spp);
+    ro.relay_addr = ring_relay_addr(&relay);
     if (ring_open(&rc, &conf, &id, m, hp, &ro, err) != 0) {
         if (rf) fclose(rf);
+        ring_relay_stop(&relay);
         return -1;
     }
     int grc;
@@ -106,6 +111,7 @@ int prompt_ring_generate(const prompt_opts *o, mf_model *m, k3_hparams *hp, cons
         *ring_json = ring_stats_json(&rc);
     }
     ring_close(&rc);
+    ring_relay_stop(&relay);
     if (rf && fclose(rf) != 0 && grc == 0) grc = rl_errf(err, "cannot write %s", o->trust.receipts);
     return grc;
 }

@@ -21,7 +21,7 @@ int ring_conf_load(ring_conf *c, const char *path, rl_err *err) {
         int k = sscanf(line, "%255s %255s %255s %255s %7s", addr, key, extra[0], extra[1], more);
         if (k <= 0) continue;
         if (k < 2 || k > 4) {
-            rc = rl_errf(err, "%s:%d: expected \"HOST:PORT PUBLIC_KEY_HEX [mem=GB] [standby]\"", path, lineno);
+            rc = rl_errf(err, "%s:%d: expected \"HOST:PORT PUBLIC_KEY_HEX [mem=GB] [standby]\" (relay:HOST:PORT for a node that dials out)", path, lineno);
             break;
         }
         if (c->n == PLAN_MAX_NODES) {
@@ -37,6 +37,16 @@ int ring_conf_load(ring_conf *c, const char *path, rl_err *err) {
         if (keys_peer_parse(&nc->key, key, err) != 0) {
             rc = rl_err_prefix(err, "%s:%d", path, lineno);
             break;
+        }
+        char relay[128];
+        if (strncmp(addr, "relay:", 6) == 0) { /* one relay serves many nodes: the key's start tells them apart */
+            if (!tn_addr_relay(addr, relay, sizeof relay) || strchr(addr, '/') || strlen(addr) + 10 > sizeof nc->addr) {
+                rc = rl_errf(err, "%s:%d: bad relay address '%s' (relay:HOST:PORT)", path, lineno, addr);
+                break;
+            }
+            char tag[9];
+            memcpy(tag, nc->key.pk_hex, 8), tag[8] = 0;
+            snprintf(nc->addr, sizeof nc->addr, "relay:%s/%s", relay, tag);
         }
         for (int x = 0; x + 2 < k && rc == 0; x++) {
             char *end;
@@ -62,4 +72,40 @@ bool ring_names(const char *msg, const char *addr) {
         if (left && !isalnum((unsigned char)p[n])) return true;
     }
     return false;
+}
+
+/* HOST:PORT into host and port (brackets of [V6] dropped); the port "" when there is none. */
+static void ring_host_port(const char *hp, char *host, size_t hn, const char **port) {
+    const char *c = strrchr(hp, ':');
+    size_t n = c ? (size_t)(c - hp) : strlen(hp);
+    if (n >= 2 && hp[0] == '[' && hp[n - 1] == ']') hp++, n -= 2;
+    snprintf(host, hn, "%.*s", (int)n, hp);
+    *port = c ? c + 1 : "";
+}
+
+ring_reach_kind ring_reach(const ring_conf *conf, int i, const char *own_relay, char *via, size_t via_n, int *by) {
+    char relay[128], h[128], oh[128];
+    *by = -1;
+    via[0] = 0;
+    if (!tn_addr_relay(conf->nodes[i].addr, relay, sizeof relay)) return RING_REACH_DIRECT;
+    snprintf(via, via_n, "%s", relay);
+    const char *p, *op;
+    ring_host_port(relay, h, sizeof h, &p);
+    if (own_relay) { /* ours if the port is ours and the host is ours (or we listen on every address) */
+        ring_host_port(own_relay, oh, sizeof oh, &op);
+        bool any = !oh[0] || strcmp(oh, "0.0.0.0") == 0 || strcmp(oh, "::") == 0 || strcmp(oh, "*") == 0;
+        if (strcmp(p, op) == 0 && (any || strcmp(h, oh) == 0)) return RING_REACH_DIALOUT;
+    }
+    for (int j = 0; j < conf->n; j++) {
+        char nh[128];
+        const char *np;
+        if (j == i || strncmp(conf->nodes[j].addr, "relay:", 6) == 0) continue;
+        ring_host_port(conf->nodes[j].addr, nh, sizeof nh, &np);
+        if (strcmp(nh, h) == 0) *by = j;
+    }
+    return RING_REACH_RELAYED;
+}
+
+const char *ring_reach_name(ring_reach_kind k) {
+    return k == RING_REACH_DIRECT ? "direct" : k == RING_REACH_DIALOUT ? "dial-out" : "relayed";
 }

@@ -22,7 +22,7 @@ static int probe_send_ping(void *sock, uint64_t step, rl_err *err) {
     return zs_send(sock, parts, lens, 2, true, err);
 }
 
-int probe_measure(void *zctx, const keys_identity *id, const probe_peer *peers, int n, double timeout_s, double *rtt_s,
+int probe_measure(void *zctx, tn_connector *tn, const keys_identity *id, const probe_peer *peers, int n, double timeout_s, double *rtt_s,
                rl_err *err) {
     void *socks[PB_MAX_PEERS] = {0};
     double sent[PB_MAX_PEERS];
@@ -34,7 +34,7 @@ int probe_measure(void *zctx, const keys_identity *id, const probe_peer *peers, 
     for (int i = 0; i < n && rc == 0; i++) {
         rtt_s[i] = -1;
         round[i] = 0;
-        socks[i] = zs_client(zctx, peers[i].addr, id, peers[i].key.curve_pk_z85, rid, ZS_LINK_SLOW_S, err); /* round trips unknown yet */
+        socks[i] = zs_client(zctx, tn, peers[i].addr, id, peers[i].key.curve_pk_z85, rid, ZS_LINK_SLOW_S, err); /* round trips unknown yet */
         if (!socks[i]) rc = rl_err_prefix(err, "probe: node %s", peers[i].addr);
     }
     /* Every peer at once: the first ping is queued until its handshake is done, so the first round trip

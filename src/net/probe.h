@@ -12,6 +12,7 @@
 
 #include "../base/err.h"
 #include "../trust/keys.h"
+#include "tunnel.h"
 
 #define PB_ROUNDS 4
 /* A ring's other nodes: as many as a plan has (PLAN_MAX_NODES, src/plan/plan.h; coord_probe.c checks the
@@ -23,9 +24,9 @@ typedef struct probe_peer {
     keys_peer key;
 } probe_peer;
 
-/* Times PB_ROUNDS round trips to each of peers[0..n) (DEALER sockets under id, on zctx); rtt_s[i] the
+/* Times PB_ROUNDS round trips to each of peers[0..n) (DEALER sockets under id, on zctx; relayed peers through tn); rtt_s[i] the
  * fastest, or -1 if peer i did not answer within timeout_s. Fails only on a local error (a socket). */
-int probe_measure(void *zctx, const keys_identity *id, const probe_peer *peers, int n, double timeout_s, double *rtt_s,
+int probe_measure(void *zctx, tn_connector *tn, const keys_identity *id, const probe_peer *peers, int n, double timeout_s, double *rtt_s,
                rl_err *err);
 
 #endif

@@ -202,8 +202,19 @@ void *zs_server(void *zctx, const char *host_port, const keys_identity *id, rl_e
     return s;
 }
 
-void *zs_client(void *zctx, const char *host_port, const keys_identity *id, const char *server_curve_z85,
-                const char *routing_id, double link_s, rl_err *err) {
+void *zs_client(void *zctx, tn_connector *tn, const char *host_port, const keys_identity *id,
+                const char *server_curve_z85, const char *routing_id, double link_s, rl_err *err) {
+    char relay[128], local[80];
+    if (tn_addr_relay(host_port, relay, sizeof relay)) { /* a node behind a NAT: through our connector */
+        uint8_t pk[32];
+        if (!tn) {
+            rl_errf(err, "%s is reached through a relay, and this process has no relay connector", host_port);
+            return NULL;
+        }
+        if (!zmq_z85_decode(pk, server_curve_z85) || tn_connector_endpoint(tn, relay, pk, local, sizeof local, err) != 0)
+            return NULL;
+        host_port = local;
+    }
     void *s = zmq_socket(zctx, ZMQ_DEALER);
     if (!s) {
         rl_errf(err, "cannot create a socket: %s", zmq_strerror(errno));

@@ -17,6 +17,7 @@
 
 #include "../base/err.h"
 #include "../trust/keys.h"
+#include "tunnel.h"
 
 #define ZS_MAX_ALLOW 192 /* a coordinator, an upstream, a ring's fetchers and its probers */
 
@@ -51,11 +52,11 @@ void zs_auth_forget(zs_auth *a, const char *label);
 
 /* A ROUTER bound to "tcp://HOST:PORT", CURVE server with the given identity. */
 void *zs_server(void *zctx, const char *host_port, const keys_identity *id, rl_err *err);
-/* A DEALER connected to "tcp://HOST:PORT", CURVE client that expects server_curve_z85. Its peer going silent
+/* A DEALER connected to "tcp://HOST:PORT" (a relayed node's "relay:HOST:PORT/TAG" through tn: tunnel.h), CURVE client that expects server_curve_z85. Its peer going silent
  * (no RST: a cable pulled) closes the link within link_s seconds (ZMTP heartbeats; <= 0: ZS_LINK_S), which the
  * link's monitor reports (zs_monitor). */
-void *zs_client(void *zctx, const char *host_port, const keys_identity *id, const char *server_curve_z85,
-                const char *routing_id, double link_s, rl_err *err);
+void *zs_client(void *zctx, tn_connector *tn, const char *host_port, const keys_identity *id,
+                const char *server_curve_z85, const char *routing_id, double link_s, rl_err *err);
 
 /* A silent link is declared down within this many seconds by default (issue #53: max(0.5 s, 3 round trips)). */
 #define ZS_LINK_S 0.5

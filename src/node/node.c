@@ -7,7 +7,7 @@
 void node_log(const node *n, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "ringlm node %s: ", n->o->listen);
+    fprintf(stderr, "ringlm node %s: ", n->name);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
@@ -41,7 +41,7 @@ void node_error_at(node *n, uint64_t step, const char *lost, const char *msg) {
     node_log(n, "error: %s", msg);
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "msg", msg);
-    cJSON_AddStringToObject(j, "node", n->o->listen);
+    cJSON_AddStringToObject(j, "node", n->name);
     if (lost) cJSON_AddStringToObject(j, "lost", lost);
     char *s = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
@@ -65,6 +65,9 @@ static void node_info(node *n) {
     uint64_t mem = n->o->mem_gb > 0 ? (uint64_t)(n->o->mem_gb * 1073741824.0) : node_mem_available();
     cJSON_AddNumberToObject(j, "mem_bytes", (double)mem);
     cJSON_AddNumberToObject(j, "threads", n->o->threads);
+    /* How it is reached: where it listens, or the relay it dialled out to (net/tunnel.h); and a relay it runs. */
+    cJSON_AddStringToObject(j, "reach", n->dial ? "dial-out" : "listen");
+    if (n->relay) cJSON_AddStringToObject(j, "relay", tn_relay_addr(n->relay));
     /* The devices this machine has and the one its engine computes on (docs/devices.md): that one's memory
      * and speed are offered as a tier before the RAM above (plan.h). */
     cJSON *ds = cJSON_AddArrayToObject(j, "devices");
@@ -217,7 +220,7 @@ static bool node_admit(node *n, const zs_parts *p, const frame_header *h) {
     }
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "msg", msg);
-    cJSON_AddStringToObject(j, "node", n->o->listen);
+    cJSON_AddStringToObject(j, "node", n->name);
     if (n->owned) cJSON_AddBoolToObject(j, "busy", true);
     char *js = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
@@ -225,6 +228,30 @@ static bool node_admit(node *n, const zs_parts *p, const frame_header *h) {
     node_reply_to(n, p->data[0], p->len[0], FRAME_ERROR, h->step_id, js, js ? strlen(js) : 0, &e2);
     free(js);
     return false;
+}
+
+/* ---- how it is reached ------------------------------------------------------------------------- */
+
+/* The connector for relayed peers; with --dial, our connections waiting at the relay, spliced to the
+ * router's loopback port; with --relay-listen, the relay we run for others (any key that proves itself may
+ * wait there: what reaches it is a CURVE stream the relayed node's own allowlist judges). */
+static int node_reach_start(node *n, rl_err *err) {
+    const node_opts *o = n->o;
+    snprintf(n->name, sizeof n->name, "%s", o->listen ? o->listen : "");
+    if (!(n->tn = tn_connector_new(err))) return -1;
+    if (o->dial) {
+        char ep[256];
+        size_t len = sizeof ep;
+        if (zmq_getsockopt(n->router, ZMQ_LAST_ENDPOINT, ep, &len) != 0 || strncmp(ep, "tcp://", 6) != 0)
+            return rl_errf(err, "cannot tell where our router listens");
+        if (!(n->dial = tn_dialout_start(o->dial, &o->id, ep + 6, o->join_token, true, err))) return -1;
+        if (!o->listen) snprintf(n->name, sizeof n->name, "dial-out to %s", o->dial);
+    }
+    if (o->relay_listen) {
+        if (!(n->relay = tn_relay_start(o->relay_listen, NULL, NULL, o->verbose, err))) return -1;
+        node_log(n, "relay for nodes that dial out: listening on %s", tn_relay_addr(n->relay));
+    }
+    return 0;
 }
 
 /* ---- main loop --------------------------------------------------------------------------------- */
@@ -249,12 +276,10 @@ int node_run(const node_opts *o, rl_err *err) {
     }
     if (zs_auth_start(&n->auth, n->zctx, err) != 0) goto done_ctx;
     for (int i = 0; i < o->n_allow; i++) zs_auth_allow(&n->auth, o->allow[i].curve_pk, "coordinator", o->allow[i].pk_hex);
-    n->router = zs_server(n->zctx, o->listen, &o->id, err);
+    n->router = zs_server(n->zctx, o->listen ? o->listen : "127.0.0.1:*", &o->id, err);
     if (!n->router) goto done_auth;
-    if (zs_monitor_start_gone(&n->router_mon, n->zctx, n->router, "router", err) != 0) {
-        zmq_close(n->router);
-        goto done_auth;
-    }
+    if (node_reach_start(n, err) != 0) goto done_reach;
+    if (zs_monitor_start_gone(&n->router_mon, n->zctx, n->router, "router", err) != 0) goto done_reach;
     const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     if (o->cache_dir) snprintf(n->cache_dir, sizeof n->cache_dir, "%s", o->cache_dir);
     else if (xdg) snprintf(n->cache_dir, sizeof n->cache_dir, "%s/ringlm/node-%.16s", xdg, o->id.pk_hex);
@@ -370,6 +395,10 @@ done_sock:
     node_close_next(n);
     zmq_socket_monitor(n->router, NULL, 0);
     zs_monitor_stop(&n->router_mon);
+done_reach:
+    tn_dialout_stop(n->dial);
+    tn_relay_stop(n->relay);
+    tn_connector_free(n->tn);
     zmq_close(n->router);
 done_auth:
     zs_auth_stop(&n->auth);

@@ -22,7 +22,10 @@
 #define NODE_MAX_ALLOW 16
 
 typedef struct node_opts {
-    const char *listen;      /* HOST:PORT */
+    const char *listen;      /* HOST:PORT (NULL with dial: a loopback port of its own) */
+    const char *dial;        /* --dial HOST:PORT: behind a NAT, keep connections waiting at this relay (net/tunnel.h) */
+    const char *join_token;  /* --join: presented to the relay (its coordinator admits the keys it issued tokens to) */
+    const char *relay_listen; /* --relay-listen HOST:PORT: run a relay for nodes that dial out */
     keys_identity id;
     keys_peer allow[NODE_MAX_ALLOW];
     int n_allow;

@@ -123,9 +123,9 @@ static int node_open_parts(node *n, const zs_parts *p, const cJSON *j, const cha
             if (cJSON_IsNumber(fv) && fv->valuedouble >= 0 && fv->valuedouble < n_files) h->files[(uint32_t)fv->valuedouble] = true;
         }
     }
-    parts_opts ro = {.models_dir = n->o->models_dir, .cache_dir = n->cache_dir, .id = &n->o->id, .zctx = n->zctx,
+    parts_opts ro = {.models_dir = n->o->models_dir, .cache_dir = n->cache_dir, .id = &n->o->id, .zctx = n->zctx, .tn = n->tn,
                   .holders = hold, .n_holders = n_hold, .ring_id = n->cur_ring, .n_threads = n->o->threads,
-                  .log_name = n->o->listen};
+                  .log_name = n->name};
     parts_stats st;
     double t0 = rl_clock_now();
     if (parts_assemble(&n->mf, a, b, &ro, &n->m, &st, err) != 0) goto out;
@@ -221,7 +221,7 @@ void node_probe(node *n, uint64_t step, const zs_parts *p) {
         snprintf(peers[np++].addr, sizeof peers[0].addr, "%s", addr);
     }
     cJSON_Delete(j);
-    if (probe_measure(n->zctx, &n->o->id, peers, np, 5.0, rtt, &err) != 0) {
+    if (probe_measure(n->zctx, n->tn, &n->o->id, peers, np, 5.0, rtt, &err) != 0) {
         node_error(n, step, "%s", err.msg);
         return;
     }
@@ -505,7 +505,7 @@ static int node_assign_links(node *n, uint64_t step, const node_assignment *as) 
     char rid[80];
     snprintf(rid, sizeof rid, "node-%.16s-%08x", n->o->id.pk_hex, randombytes_random());
     const cJSON *ls = cJSON_GetObjectItemCaseSensitive(as->next, "link_s"); /* 3 round trips of this hop */
-    n->next = zs_client(n->zctx, addr, &n->o->id, down.curve_pk_z85, rid,
+    n->next = zs_client(n->zctx, n->tn, addr, &n->o->id, down.curve_pk_z85, rid,
                         cJSON_IsNumber(ls) && ls->valuedouble > 0 && ls->valuedouble < 3600 ? ls->valuedouble : 0, &err);
     snprintf(n->next_addr, sizeof n->next_addr, "%s", addr);
     if (!n->next) {

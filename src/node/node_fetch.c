@@ -70,7 +70,7 @@ void node_fetch_data(node *n, uint64_t step, const zs_parts *p) {
     int pct = (int)(100.0 * (double)f->written / (double)f->expect);
     if (pct / 10 != f->last_pct / 10) {
         f->last_pct = pct;
-        fprintf(stderr, "\rringlm node %s: receiving [%-20.*s] %3d%%", n->o->listen, pct / 5, "####################", pct);
+        fprintf(stderr, "\rringlm node %s: receiving [%-20.*s] %3d%%", n->name, pct / 5, "####################", pct);
         if (pct == 100) fputc('\n', stderr);
     }
     node_reply(n, FRAME_FETCH_ACK, step, NULL, 0);

@@ -77,6 +77,10 @@ typedef struct node_fetch {
 typedef struct node {
     const node_opts *o;
     void *zctx;
+    char name[200];    /* how its log lines and errors name it: --listen, or "dial-out to relay HOST:PORT" */
+    tn_connector *tn;  /* reaches relayed nodes (next stage, probes, pulls): net/tunnel.h */
+    tn_dialout *dial;  /* --dial: our connections waiting at a relay (NULL: we listen where we are reachable) */
+    tn_relay *relay;   /* --relay-listen: the relay we run for others (NULL: none) */
     zs_auth auth;
     void *router, *next;
     zs_monitor next_mon; /* the downstream link's events, while next is open: a forward stops waiting once it closed */

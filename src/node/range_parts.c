@@ -105,7 +105,7 @@ static int parts_pull(const parts_opts *o, const manifest_file *f, const parts_h
     if (!l->sock) {
         char rid[80];
         snprintf(rid, sizeof rid, "pull-%.16s-%08x", o->id->pk_hex, randombytes_random());
-        l->sock = zs_client(o->zctx, h->addr, o->id, h->key.curve_pk_z85, rid, ZS_LINK_SLOW_S, err); /* a bulk transfer: no hurry */
+        l->sock = zs_client(o->zctx, o->tn, h->addr, o->id, h->key.curve_pk_z85, rid, ZS_LINK_SLOW_S, err); /* a bulk transfer: no hurry */
         if (!l->sock) return rl_err_prefix(err, "node %s", h->addr);
         l->next_step = 1;
         if (!zs_wait_writable(l->sock, 10000)) {

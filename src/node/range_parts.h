@@ -17,6 +17,7 @@
 #include "../gguf/model_file.h"
 #include "../trust/keys.h"
 #include "../trust/manifest_file.h"
+#include "../net/tunnel.h"
 
 #define PARTS_MAX_HOLDERS 64
 
@@ -31,6 +32,7 @@ typedef struct parts_opts {
     const char *cache_dir;  /* its store (tensors/) and what it verified (verified-tensors) */
     const keys_identity *id;  /* the fetcher's identity, for the links to holders */
     void *zctx;
+    tn_connector *tn; /* relayed holders (net/tunnel.h) */
     const parts_holder *holders;
     int n_holders;
     uint64_t ring_id;       /* carried by the PULLs (a holder's errors name it) */

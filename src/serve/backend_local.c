@@ -552,6 +552,7 @@ int sch_backend_local(sch_backend *be, k3_engine *e, int n_slots, uint32_t n_ctx
     }
     snprintf(L->node.name, sizeof L->node.name, "local");
     snprintf(L->node.addr, sizeof L->node.addr, "local");
+    snprintf(L->node.reach, sizeof L->node.reach, "local");
     L->node.layer_a = 0;
     L->node.layer_b = e->hp.n_layer;
     L->node.up = true;

@@ -240,17 +240,24 @@ static int ring_split(const char *addr, char *host, size_t hl, char *port, size_
 
 /* A plain TCP connection to every ring.conf node at once, for at most timeout_s. ring_open waits its whole
  * connect_s (5 s) for a node that is not there; this answers "connection refused" at once, so requests
- * while a node is down get their 503 quickly. Marks B->up; returns 0 when every node accepted, else -1
- * with a message naming the first that did not. */
+ * while a node is down get their 503 quickly. A node behind a relay is asked of its relay instead (one
+ * after another, each within timeout_s: ring_relay_query). Marks B->up; returns 0 when every node accepted,
+ * else -1 with a message naming the first that did not. */
 static int ring_probe(sch_ring *B, double timeout_s, rl_err *err) {
     const ring_conf *c = B->cfg.conf;
     int fd[PLAN_MAX_NODES];
-    char why[PLAN_MAX_NODES][96];
+    char why[PLAN_MAX_NODES][200];
     for (int i = 0; i < c->n; i++) {
         fd[i] = -1;
         why[i][0] = 0;
         if (B->faulty[i]) { /* left out of the ring: whether it answers does not matter */
             snprintf(why[i], sizeof why[i], "ok");
+            continue;
+        }
+        rl_err qe = {{0}};
+        int q = ring_relay_query(&c->nodes[i], timeout_s, &qe); /* behind a relay: does the relay have it? */
+        if (q <= 0) {
+            snprintf(why[i], sizeof why[i], "%s", q == 0 ? "ok" : qe.msg);
             continue;
         }
         char host[128], port[16];
@@ -911,6 +918,9 @@ static void ring_be_node(const sch_ring *B, int node, uint32_t a, uint32_t b, in
     o->faulty = B->faulty[node];
     o->stage = B->open ? stage : -1;
     o->standby = B->cfg.conf->nodes[node].standby;
+    int by;
+    snprintf(o->reach, sizeof o->reach, "%s",
+             ring_reach_name(ring_reach(B->cfg.conf, node, B->cfg.opts.relay_addr, o->relay, sizeof o->relay, &by)));
     snprintf(o->fault, sizeof o->fault, "%s", B->fault[node]);
     o->audits = B->audits[node];
     o->audit_s = B->audit_s[node];

@@ -46,6 +46,8 @@ enum MHD_Result http_health(http_conn *hc, struct MHD_Connection *c) {
         const sch_node_stat *ns = &m.nodes[i];
         cJSON_AddStringToObject(n, "role", ns->faulty ? "faulty" : !ns->up ? "down" : ns->stage >= 0 ? "stage" : "standby");
         if (ns->up && !ns->faulty && ns->stage >= 0) cJSON_AddNumberToObject(n, "stage", ns->stage);
+        cJSON_AddStringToObject(n, "reach", ns->reach); /* direct, dial-out, relayed (docs/ring.md, "Behind a NAT") */
+        if (ns->relay[0]) cJSON_AddStringToObject(n, "relay", ns->relay);
         if (m.nodes[i].faulty) cJSON_AddStringToObject(n, "fault", m.nodes[i].fault);
         if (m.nodes[i].audits) cJSON_AddNumberToObject(n, "audits", (double)m.nodes[i].audits);
         cJSON_AddItemToArray(nodes, n);
@@ -231,6 +233,15 @@ enum MHD_Result http_metrics(http_conn *hc, struct MHD_Connection *c) {
     for (int i = 0; i < m.n_nodes; i++) {
         http_node_series(&b, "ringlm_node_up", &m.nodes[i], true);
         rl_buf_printf(&b, ",stage=\"%d\",layers=\"%u-%u\"} %d\n", i, m.nodes[i].layer_a, m.nodes[i].layer_b, m.nodes[i].up);
+    }
+    http_family(&b, "ringlm_node_reach", "gauge", "1 for how the node is reached (direct, dial-out to this server's relay, relayed by another).");
+    for (int i = 0; i < m.n_nodes; i++) {
+        http_node_series(&b, "ringlm_node_reach", &m.nodes[i], true);
+        rl_buf_add(&b, ",reach=\"", 8);
+        http_label(&b, m.nodes[i].reach);
+        rl_buf_add(&b, "\",relay=\"", 9);
+        http_label(&b, m.nodes[i].relay);
+        rl_buf_add(&b, "\"} 1\n", 5);
     }
     http_family(&b, "ringlm_node_role", "gauge", "1 for the node's part now (/health's role: stage, standby, down, faulty).");
     for (int i = 0; i < m.n_nodes; i++) {

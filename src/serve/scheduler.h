@@ -109,6 +109,8 @@ typedef struct sch_node_stat {
     bool faulty;           /* caught lying (a receipt check or an audit): out of the ring for good */
     int stage;             /* its stage in the ring that is open, -1 when it holds none (a standby, or down) */
     bool standby;          /* ring.conf calls it a standby */
+    char reach[12];        /* "direct", "dial-out" (to this server's relay), "relayed" (another's): coord.h ring_reach */
+    char relay[128];       /* the relay it dialled out to ("" when direct) */
     char fault[256];       /* what was caught */
     uint64_t audits;       /* audits of this node, and the seconds they took */
     double audit_s;

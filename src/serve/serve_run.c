@@ -26,6 +26,7 @@ typedef struct serve_state {
     k3_engine e;
     sch_backend be;
     ring_conf rconf;
+    ring_relay relay;       /* --relay-listen: for rconf's nodes behind NATs */
     keys_identity rid;
     FILE *rfile;            /* --receipts, appended to */
     sch_sched s;
@@ -59,7 +60,9 @@ static int serve_dspark_open(const serve_opts *o, serve_state *st, rl_err *err) 
 /* The backend on the ring: the model file stays mapped here for its hash, its tokenizer and the layers
  * streamed to nodes that lack it; the nodes compute. */
 static int serve_ring_open(const serve_opts *o, serve_state *st, rl_err *err) {
-    if (ring_conf_load(&st->rconf, o->ring_path, err) != 0 || keys_load(&st->rid, o->key_path, err) != 0) return -1;
+    if (ring_conf_load(&st->rconf, o->ring_path, err) != 0 || keys_load(&st->rid, o->key_path, err) != 0 ||
+        ring_relay_start(&st->relay, o->trust.relay_listen, &st->rconf, err) != 0)
+        return -1;
     sch_ring_config rcfg = {.conf = &st->rconf, .id = &st->rid, .m = &st->m, .hp = &st->hp,
                             .opts = ring_opts_default(), .n_slots = o->parallel};
     rcfg.opts.n_ctx = (uint32_t)o->ctx;
@@ -73,6 +76,7 @@ static int serve_ring_open(const serve_opts *o, serve_state *st, rl_err *err) {
     rcfg.opts.audit_tol_arch = o->trust.audit_tol_arch;
     if (o->trust.node_timeout > 0) rcfg.opts.dead_s = o->trust.node_timeout;
     rcfg.opts.link_s = o->trust.link_timeout;
+    rcfg.opts.relay_addr = ring_relay_addr(&st->relay);
     if (strcmp(o->draft, "none") != 0) { /* each step verifies a block of up to draft_n drafts per sequence */
         rcfg.opts.spec_block = (uint32_t)o->draft_n + 1;
         rcfg.opts.spec_depth = 1;
@@ -184,6 +188,7 @@ static int serve_state_free(serve_state *st, const serve_opts *o, int rc, rl_err
     for (int i = 0; i < st->n_dspark; i++) spec_drafter_close(&st->dspark[i]);
     free(st->dspark);
     if (st->have_engine) k3_engine_free(&st->e);
+    ring_relay_stop(&st->relay); /* after the ring's backend: its links ran through it */
     if (st->rfile && fclose(st->rfile) != 0 && rc == 0) rc = rl_errf(err, "cannot write %s", o->trust.receipts);
     if (st->have_tok) tok_free(&st->tok);
     ring_target_close(&st->m, &st->mf);

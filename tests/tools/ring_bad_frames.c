@@ -283,7 +283,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     void *ctx = zmq_ctx_new();
-    void *s = zs_client(ctx, node, &id, peer.curve_pk_z85, "coord-bad", ZS_LINK_SLOW_S, &err);
+    void *s = zs_client(ctx, NULL, node, &id, peer.curve_pk_z85, "coord-bad", ZS_LINK_SLOW_S, &err);
     frame_header info = {.type = FRAME_INFO_REQ};
     send_hdr(s, &info, NULL, 0, 0); /* introduces us as the coordinator: an INFO request takes a free node */
     char msg[1024];
