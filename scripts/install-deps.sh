@@ -11,6 +11,7 @@ pkgs=(
     libcjson-dev       # JSON: configs, API bodies, metrics
     libpcre2-dev       # tokenizer pre-split
     python3            # test helpers
+    iproute2 iptables  # tests/t_partition.sh, tests/t_nat.sh: network namespaces, veth pairs, MASQUERADE home routers
     python3-jsonschema # tests/t_serve.sh: structured output validated against its JSON schema
     chromium           # tests/t_serve_clients.sh: loads the `ringlm serve` chat page headless and checks the streamed reply
     libvulkan1 mesa-vulkan-drivers # the Vulkan loader for the Vulkan backend module, and Mesa's software Vulkan device (tests/t_gpu.sh)
