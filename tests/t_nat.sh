@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Nodes behind home routers (issue #53): a node that cannot be dialled dials out to a relay (the coordinator's
 # --relay-listen, or a public node's) and is reached through it; the ring's text is greedy's.
-#   Loopback part (any user): what is refused, by name: a ring.conf key nobody dialled in with, a node the
-#   coordinator's ring.conf does not list, a --dial to something that is no relay.
+#   Loopback part (any user): a node that dialled out, and one started with nothing but a join token
+#   (`ringlm join-token`, `ringlm node --join`), serve stages with greedy's text; what is refused, by name: a
+#   ring.conf key nobody dialled in with, a node the coordinator's ring.conf does not list, an expired, an
+#   altered and a foreign (another coordinator's) join token, a --dial to something that is no relay.
 #   Namespace part (root): two "home routers" (network namespaces doing iptables MASQUERADE, no port forwarded,
 #   both homes on 192.168.1.0/24), 3 nodes behind them (two in one home, one in the other) and 1 public node
 #   here, the server here with its relay; the public node runs a relay too. Greedy text over the ring equals one
@@ -65,13 +67,43 @@ timeout 120 "$RINGLM" run -m "$f" -p "$prompt" -n 8 --temp 0 --ignore-eos --thre
 check "a node that dialled out to the coordinator's relay serves its stage: greedy's text" \
     bash -c "test $rc = 0 && cmp -s '$WORK/want8.txt' '$WORK/lo.txt' || { tail -5 '$WORK/lo.err'; exit 1; }"
 check "... and the plan says how it is reached" grep -q "reach: stage [01] (relay:127.0.0.1:$rp/$(head -c 8 "$RING/n1.pub")) dialled out to this coordinator's relay" "$WORK/lo.err"
+# ---- join tokens: one line for the node ----
+"$RINGLM" keygen -o "$WORK/other.key" >/dev/null
+cp "$WORK/lo.conf" "$WORK/join.conf"
+tok=$("$RINGLM" join-token --key "$RING/coord.key" --relay "127.0.0.1:$rp" --append "$WORK/join.conf" 2>"$WORK/jt.err")
+check "join-token prints a token and appends the node's line to ring.conf" bash -c \
+    "[[ '$tok' == rlj1-* ]] && test \$(wc -l <'$WORK/join.conf') = 3 && grep -q '^relay:127.0.0.1:$rp [0-9a-f]\{64\}\$' '$WORK/join.conf'"
+# node_join I TOKEN: node I started with nothing but the token (and where its models are)
+node_join() {
+    "$RINGLM" node --join "$2" --models "$RING/models" --threads 1 --speed 10 --cache "$RING/node-cache$1" >"$RING/n$1.log" 2>&1 &
+    RING_PID[$1]=$!
+}
+node_join 6 "$tok"
+wait_log "$RING/n6.log" "ready:" || { cat "$RING/n6.log"; exit 1; }
+rc=0
+timeout 120 "$RINGLM" run -m "$f" -p "$prompt" -n 8 --temp 0 --ignore-eos --threads 1 --ring "$WORK/join.conf" \
+    --key "$RING/coord.key" --relay-listen "127.0.0.1:$rp" >"$WORK/join.txt" 2>"$WORK/join.err" || rc=$?
+check "a node started with only --join TOKEN serves a stage: greedy's text" \
+    bash -c "test $rc = 0 && cmp -s '$WORK/want8.txt' '$WORK/join.txt' && test \$(grep -c '^reach: stage' '$WORK/join.err') = 2 || { tail -5 '$WORK/join.err'; exit 1; }"
+short=$("$RINGLM" join-token --key "$RING/coord.key" --relay "127.0.0.1:$rp" --ttl 0.0001 2>/dev/null)
+sleep 1
+rc=0; "$RINGLM" node --join "$short" --models "$RING/models" 2>"$WORK/expired.err" || rc=$?
+check "an expired join token is refused by name" bash -c "test $rc = 1 && grep -q 'the join token expired at' '$WORK/expired.err'"
+bad=${tok:0:40}$([ "${tok:40:1}" = A ] && echo B || echo A)${tok:41}
+rc=0; "$RINGLM" node --join "$bad" --models "$RING/models" 2>"$WORK/altered.err" || rc=$?
+check "an altered join token is refused by name" bash -c "test $rc = 1 && grep -q 'join token' '$WORK/altered.err' && cat '$WORK/altered.err'"
+foreign=$("$RINGLM" join-token --key "$WORK/other.key" --relay "127.0.0.1:$rp" 2>/dev/null)
+node_join 7 "$foreign" # dials our relay with another coordinator's token: refused during the run below
 rc=0
 timeout 120 "$RINGLM" run -m "$f" -p "$prompt" -n 8 --temp 0 --ignore-eos --threads 1 --ring "$WORK/lo-missing.conf" \
     --key "$RING/coord.key" --relay-listen "127.0.0.1:$rp" >/dev/null 2>"$WORK/lo-missing.err" || rc=$?
 check "a relayed node that never dialled in: the run fails naming it and what the relay said" bash -c \
     "test $rc != 0 && grep -q 'node relay:127.0.0.1:$rp/$(head -c 8 "$RING/n4.pub") did not answer within .*no node with that key has dialled this relay' '$WORK/lo-missing.err' || { cat '$WORK/lo-missing.err'; exit 1; }"
+
 check "a node ring.conf does not list is refused by the coordinator's relay, and says so" \
     wait_log "$RING/n3.log" "relay 127.0.0.1:$rp: the relay refused: this coordinator's ring.conf does not list that key"
+check "a foreign join token is refused by the coordinator's relay, by name" \
+    wait_log "$RING/n7.log" "the relay refused: its join token was issued by another coordinator"
 node_up 5 "" --dial "127.0.0.1:$pp" # node 2's ZeroMQ port: no relay
 check "a --dial to something that is no relay is named so" wait_log "$RING/n5.log" "dial-out to relay 127.0.0.1:$pp: .*not a ringlm relay"
 rc=0

@@ -19,6 +19,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_keygen(int argc, char **argv);
+int cmd_join_token(int argc, char **argv);
 int cmd_devices(int argc, char **argv);
 int cmd_node(int argc, char **argv);
 int cmd_relay(int argc, char **argv);

@@ -2,15 +2,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
+
+#include <sodium.h>
 
 #include "../base/heap.h"
 #include "../model/k3_forward.h"
 #include "../node/node.h"
+#include "../trust/join_token.h"
 #include "cli.h"
 
 static void node_usage(FILE *f) {
     fprintf(f, "usage: ringlm node (--listen HOST:PORT | --dial RELAY_HOST:PORT) --key node.key --allow COORD_PUBKEY_HEX[,...]\n"
+               "       ringlm node --join TOKEN   (the token from the coordinator's `ringlm join-token` gives all three)\n"
                "                   [--relay-listen HOST:PORT]\n"
                "                   [--models DIR] [--cache DIR] [--mem GB [--disk GB/s] [--expert-copy DIR]] [--speed GB/s] [--tflops T] [--threads N]\n"
                "                   [--audit-keep MB] [--no-repack] [--flash-attn on|off|auto] [--cache-type f32|f16]\n"
@@ -40,7 +45,9 @@ static void node_usage(FILE *f) {
                "Behind a home router (NAT), --dial RELAY_HOST:PORT keeps connections open to a relay instead of\n"
                "listening (the coordinator's --relay-listen, or a public node's); ring.conf then writes the node\n"
                "relay:RELAY_HOST:PORT PUBKEY. --relay-listen runs such a relay on a node with a public address:\n"
-               "it copies encrypted bytes and sees nothing else (docs/ring.md, \"Behind a NAT\").\n");
+               "it copies encrypted bytes and sees nothing else (docs/ring.md, \"Behind a NAT\"). --join TOKEN\n"
+               "(from `ringlm join-token` on the coordinator) is --key, --dial and --allow in one: the node's key,\n"
+               "its relay and its coordinator; an expired token is refused.\n");
 }
 
 int cmd_node(int argc, char **argv) {
@@ -69,6 +76,7 @@ int cmd_node(int argc, char **argv) {
         i++;
         if (strcmp(a, "--listen") == 0) o.listen = v;
         else if (strcmp(a, "--dial") == 0) o.dial = v;
+        else if (strcmp(a, "--join") == 0) o.join_token = v;
         else if (strcmp(a, "--relay-listen") == 0) o.relay_listen = v;
         else if (strcmp(a, "--key") == 0) key = v;
         else if (strcmp(a, "--allow") == 0) allow = v;
@@ -99,16 +107,37 @@ int cmd_node(int argc, char **argv) {
             return 2;
         }
     }
-    if ((!o.listen && !o.dial) || !key || !allow) {
+    jt_token jt;
+    if (o.join_token) { /* the token is the key, the relay and the coordinator */
+        if (key || o.dial) {
+            fprintf(stderr, "ringlm node: --join gives the node its key and relay: no --key or --dial with it\n");
+            return 2;
+        }
+        if (jt_parse(o.join_token, &jt, &err) != 0 || jt_check_expiry(&jt, (uint64_t)time(NULL), &err) != 0 ||
+            keys_from_seed(&o.id, jt.seed, &err) != 0) {
+            fprintf(stderr, "ringlm node: --join: %s\n", err.msg);
+            return 1;
+        }
+    }
+    if ((!o.listen && !o.dial && !o.join_token) || (!key && !o.join_token) || (!allow && !o.join_token)) {
         node_usage(stderr);
         return 2;
     }
-    if (keys_load(&o.id, key, &err) != 0) {
+    if (!o.join_token && keys_load(&o.id, key, &err) != 0) {
         fprintf(stderr, "ringlm node: %s\n", err.msg);
         return 1;
     }
     char list[4096];
-    snprintf(list, sizeof list, "%s", allow);
+    if (o.join_token) { /* its coordinator first, then any --allow */
+        char hex[65];
+        sodium_bin2hex(hex, sizeof hex, jt.coord_pk, 32);
+        snprintf(list, sizeof list, "%s%s%s", hex, allow ? "," : "", allow ? allow : "");
+        o.dial = jt.relay;
+        fprintf(stderr, "ringlm node: joining with a token: key %s, dialling out to relay %s, serving coordinator %.16s...\n",
+                o.id.pk_hex, jt.relay, hex);
+    } else {
+        snprintf(list, sizeof list, "%s", allow);
+    }
     for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         if (o.n_allow == NODE_MAX_ALLOW || keys_peer_parse(&o.allow[o.n_allow], tok, &err) != 0) {
             fprintf(stderr, "ringlm node: --allow: %s\n", o.n_allow == NODE_MAX_ALLOW ? "too many keys" : err.msg);

@@ -20,6 +20,7 @@ static const cli_cmd cli_cmds[] = {
     {"serve", cmd_serve, "serve an OpenAI-compatible HTTP API (continuous batching)"},
     {"node", cmd_node, "serve a share of a model to a trusted coordinator"},
     {"keygen", cmd_keygen, "make a node or coordinator identity"},
+    {"join-token", cmd_join_token, "make a one-line join for a node behind a NAT"},
     {"devices", cmd_devices, "list the devices this machine can compute on (CPU, GPUs) with their memory"},
     {"synth", cmd_synth, "write a kimi-k3 GGUF with seeded random weights"},
     {"inspect", cmd_inspect, "print a model file's architecture, sizes and memory needs"},

@@ -51,8 +51,11 @@ typedef struct ring_conf {
  * only. listen NULL: none (0). conf must outlive it. */
 typedef struct ring_relay {
     tn_relay *relay;
+    const ring_conf *conf;
+    uint8_t coord_pk[32]; /* a join token a node presents must be this coordinator's (trust/join_token.h) */
 } ring_relay;
-int ring_relay_start(ring_relay *r, const char *listen, const ring_conf *conf, rl_err *err);
+/* r must stay where it is until ring_relay_stop (the relay's threads read it). */
+int ring_relay_start(ring_relay *r, const char *listen, const ring_conf *conf, const keys_identity *id, rl_err *err);
 void ring_relay_stop(ring_relay *r);
 const char *ring_relay_addr(const ring_relay *r); /* where it listens (NULL: none) */
 /* A node behind a relay (its ring.conf address relay:...): asks the relay whether the node is there (a

@@ -79,7 +79,7 @@ int prompt_ring_generate(const prompt_opts *o, mf_model *m, k3_hparams *hp, cons
     ring_coord rc;
     if (ring_conf_load(&conf, o->ring_path, err) != 0 || keys_load(&id, o->key_path, err) != 0) return -1;
     ring_relay relay; /* before the ring opens: its nodes behind NATs wait there */
-    if (ring_relay_start(&relay, o->trust.relay_listen, &conf, err) != 0) return -1;
+    if (ring_relay_start(&relay, o->trust.relay_listen, &conf, &id, err) != 0) return -1;
     FILE *rf = NULL;
     if (o->trust.receipts) {
         rf = fopen(o->trust.receipts, "w");

@@ -30,6 +30,7 @@
 #include "../base/err.h"
 #include "../trust/keys.h"
 
+#define TN_TOKEN_MAX 1024 /* a join token a node presents, at most */
 #define TN_POOL 2          /* connections a node keeps waiting at its relay */
 #define TN_PING_S 2.0      /* a waiting connection pings this often (home routers forget idle mappings; and
                             * the relay can tell a live node from one gone silent: tn_query) */

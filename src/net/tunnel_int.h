@@ -13,7 +13,6 @@
 
 #define TN_MAGIC "RLT1"
 #define TN_SIGN_CTX "ringlm tunnel v1"
-#define TN_TOKEN_MAX 1024
 
 /* Every thread of one relay, dial-out or connector: started detached, counted, and told to stop; the
  * owner's stop waits until the count is back to zero (each thread polls at most TN_TICK_MS at a time). */

@@ -61,7 +61,7 @@ static int serve_dspark_open(const serve_opts *o, serve_state *st, rl_err *err) 
  * streamed to nodes that lack it; the nodes compute. */
 static int serve_ring_open(const serve_opts *o, serve_state *st, rl_err *err) {
     if (ring_conf_load(&st->rconf, o->ring_path, err) != 0 || keys_load(&st->rid, o->key_path, err) != 0 ||
-        ring_relay_start(&st->relay, o->trust.relay_listen, &st->rconf, err) != 0)
+        ring_relay_start(&st->relay, o->trust.relay_listen, &st->rconf, &st->rid, err) != 0)
         return -1;
     sch_ring_config rcfg = {.conf = &st->rconf, .id = &st->rid, .m = &st->m, .hp = &st->hp,
                             .opts = ring_opts_default(), .n_slots = o->parallel};

@@ -28,6 +28,13 @@ int keys_generate(keys_identity *id, rl_err *err) {
     return keys_derive(id, err);
 }
 
+int keys_from_seed(keys_identity *id, const uint8_t seed[32], rl_err *err) {
+    if (sodium_init() < 0) return rl_errf(err, "libsodium failed to initialise");
+    memset(id, 0, sizeof *id);
+    crypto_sign_seed_keypair(id->sign_pk, id->sign_sk, seed);
+    return keys_derive(id, err);
+}
+
 int keys_save(const keys_identity *id, const char *path, rl_err *err) {
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
     if (fd < 0) {

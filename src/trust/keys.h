@@ -20,6 +20,8 @@ typedef struct keys_identity {
 } keys_identity;
 
 int keys_generate(keys_identity *id, rl_err *err);
+/* The identity whose Ed25519 seed is seed (a join token's node key: trust/join_token.h). */
+int keys_from_seed(keys_identity *id, const uint8_t seed[32], rl_err *err);
 int keys_save(const keys_identity *id, const char *path, rl_err *err); /* refuses to overwrite */
 int keys_load(keys_identity *id, const char *path, rl_err *err);
 
