@@ -12,7 +12,7 @@
 
 static void plan_usage(FILE *f) {
     fprintf(f, "usage: ringlm plan (-m MODEL.gguf | --manifest MODEL.manifest) --ring ring.conf --key coord.key\n"
-               "                   [--ctx N] [--parallel N]\n"
+               "                   [--ctx N] [--parallel N] [--relay-listen HOST:PORT (its nodes behind NATs dial there)]\n"
                "       ringlm plan (-m MODEL.gguf | --manifest MODEL.manifest) --nodes nodes.conf [--ctx N] [--parallel N]\n"
                "                   [--prompt N] [--chunk N] [--acceptance A [--draft-n K] [--draft DRAFT.gguf]\n"
                "                   [--draft-depth D]] [--json]\n"
@@ -35,6 +35,7 @@ static void plan_usage(FILE *f) {
 
 int cmd_plan(int argc, char **argv) {
     const char *model = NULL, *manifest = NULL, *ring_path = NULL, *key_path = NULL, *nodes_path = NULL, *draft = NULL;
+    const char *relay_listen = NULL;
     int ctx = 4096, parallel = 1, prompt = 512, chunk = 256, draft_n = 0, draft_depth = 2;
     double acceptance = 0;
     bool json = false;
@@ -58,6 +59,7 @@ int cmd_plan(int argc, char **argv) {
         else if (strcmp(a, "--manifest") == 0) manifest = v;
         else if (strcmp(a, "--ring") == 0) ring_path = v;
         else if (strcmp(a, "--key") == 0) key_path = v;
+        else if (strcmp(a, "--relay-listen") == 0) relay_listen = v;
         else if (strcmp(a, "--nodes") == 0) nodes_path = v;
         else if (strcmp(a, "--draft") == 0) draft = v;
         else if (strcmp(a, "--prompt") == 0) {
@@ -139,8 +141,12 @@ int cmd_plan(int argc, char **argv) {
     ring_coord rc;
     int rc_ = 1;
     if (ring_target_open(model, manifest, &m, &hp, &mf, &err) != 0) goto out_noclose;
-    if (ring_conf_load(&conf, ring_path, &err) != 0 || keys_load(&id, key_path, &err) != 0) goto out;
+    ring_relay relay = {0}; /* ring.conf's nodes behind NATs that dial this coordinator's relay */
+    if (ring_conf_load(&conf, ring_path, &err) != 0 || keys_load(&id, key_path, &err) != 0 ||
+        ring_relay_start(&relay, relay_listen, &conf, &id, &err) != 0)
+        goto out;
     ring_opts o = ring_opts_default();
+    o.relay_addr = ring_relay_addr(&relay);
     o.n_ctx = (uint32_t)ctx;
     o.n_seqs = parallel;
     o.manifest = manifest ? &mf : NULL;
@@ -154,6 +160,7 @@ int cmd_plan(int argc, char **argv) {
     ring_close(&rc);
     rc_ = 0;
 out:
+    ring_relay_stop(&relay);
     ring_target_close(&m, &mf);
 out_noclose:
     if (rc_ != 0) fprintf(stderr, "ringlm plan: %s\n", err.msg);
