@@ -119,6 +119,7 @@ for d in delays:
         row[key] = {"direct": a, "relayed": b, "direct_median": statistics.median(a), "relayed_median": statistics.median(b),
                     "ratio_median": statistics.median([y / x for x, y in zip(a, b)])}
     res.append(row)
+m0 = json.load(open(f"{work}/direct-{delays[0]}-1.json"))
 commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 doc = {"bench": "bench_nat.sh" + argv, "commit": commit, "date": datetime.date.today().isoformat(), "reps": reps,
        "gen": gen, "results": res}
@@ -129,7 +130,7 @@ with open(out + ".md", "w") as f:
             "`small` test model), every hop behind a `ringlm relay` adding the delay one way; **direct**: every node "
             "listens where the ring reaches it; **relayed**: node 3 dialled out to node 4's relay (`--dial`, "
             "`--relay-listen`), so the hop into it crosses that relay (two delayed legs). `ringlm run --ring --keep-order`, "
-            f"greedy, {gen} tokens after a 4-token prompt, {reps} alternating pairs; both print the same text. Ratios: the "
+            f"greedy, {gen} tokens after a {m0['prompt_tokens']}-token prompt, {reps} alternating pairs; both print the same text. Ratios: the "
             "median of each pair's relayed / direct. A traversal is 5 one-way delays direct and 6 relayed, so decode "
             "tends to 5/6 = 0.83 of direct as the delay grows past the stages' compute. No peer: llama.cpp's RPC has no "
             "relay (a node behind a NAT cannot join it at all).\n\n")
