@@ -129,23 +129,27 @@ print('ok')
 PY
 # Blocks in flight (--draft-depth, default 2 as run --ring's): a block likely to stand whole (a^(k+1) >= 0.25)
 # has the next one behind it, g / ((1 - q) T + q I); one that is not, and depth 1, g / T.
-for d in 1 2 3; do
+for d in 1 2 3 8; do
     for a in 0.3 0.9; do
         "${P[@]}" --nodes "$WORK/c1.conf" --acceptance $a --draft-n 2 --draft-depth $d --draft "$WORK/dk3.gguf" --json >"$WORK/dd$d-$a.json"
     done
 done
-check "pipelined blocks: g / ((1 - q) T + q I) once a block likely stands, g / T otherwise" python3 - "$WORK" <<'PY'
+check "pipelined blocks: g / ((1 - q) T + q I) once a block likely stands, g / T otherwise; D' in flight as adaptive depth keeps" python3 - "$WORK" <<'PY'
 import json, sys
 L = lambda n: json.load(open('%s/%s.json' % (sys.argv[1], n)))['predict']
-for d in (1, 2, 3):
+for d in (1, 2, 3, 8):
     for a in (0.3, 0.9):
         p = L('dd%d-%s' % (d, a))
         g, T, I, q = p['tokens_per_traversal'], p['block_s'], p['interval_s'], a ** 3
         assert p['draft_depth'] == d and p['draft_k'] == 2
+        deff = 1                      # one more in flight only while all n in flight likely stand: q^n >= 0.25
+        while deff < d and q ** deff >= 0.25:
+            deff += 1
         if d == 1 or q < 0.25:
             assert I == 0 and abs(p['spec_tok_s'] - g / T) < 1e-9, p
         else:
-            assert I >= T / d - 1e-12 and I < T and abs(p['spec_tok_s'] - g / ((1 - q) * T + q * I)) < 1e-9, p
+            assert I >= T / deff - 1e-12 and I < T and abs(p['spec_tok_s'] - g / ((1 - q) * T + q * I)) < 1e-9, p
+assert L('dd8-0.9')['interval_s'] >= L('dd8-0.9')['block_s'] / 5 - 1e-12   # a^3 = 0.729: 5 in flight, not 8
 assert L('dd2-0.9')['spec_tok_s'] > L('dd1-0.9')['spec_tok_s']                  # pipelining pays when blocks stand
 assert L('dd2-0.3')['spec_tok_s'] == L('dd1-0.3')['spec_tok_s']                  # and is not used when they do not
 print('ok')

@@ -20,7 +20,7 @@ static void plan_usage(FILE *f) {
                "--nodes: a ring that does not exist yet, of machines described by their figures (nodes.conf: node,\n"
                "delay and coordinator lines; src/plan/nodes_conf.h, docs/plan.md): chooses the ring order with the\n"
                "shortest round trip, cuts the layers, and predicts decode tok/s (greedy, and speculative at acceptance\n"
-               "A with K drafted, chosen when not given, D blocks in flight as run --ring's --draft-depth, default 2;\n"
+               "A with K drafted, chosen when not given, up to D blocks in flight as run --ring's --draft-depth, default 2;\n"
                "with --draft, drafting on the coordinator is counted), time to first token of an N-token prompt,\n"
                "aggregate tok/s of --parallel streams and the network floor, saying which term dominates.\n"
                "--devices lists the catalog of devices nodes.conf may name.\n\n"
@@ -69,7 +69,7 @@ int cmd_plan(int argc, char **argv) {
         } else if (strcmp(a, "--draft-n") == 0) {
             if (cli_parse_int(v, &draft_n) != 0 || draft_n < 1 || draft_n > 16) return cli_bad_option("plan", a, v, true, "1 to 16 tokens");
         } else if (strcmp(a, "--draft-depth") == 0) {
-            if (cli_parse_int(v, &draft_depth) != 0 || draft_depth < 1 || draft_depth > 3) return cli_bad_option("plan", a, v, true, "1 to 3 blocks in flight");
+            if (cli_parse_int(v, &draft_depth) != 0 || draft_depth < 1 || draft_depth > 8) return cli_bad_option("plan", a, v, true, "1 to 8 blocks in flight");
         } else if (strcmp(a, "--acceptance") == 0) {
             char *end;
             acceptance = strtod(v, &end);

@@ -45,7 +45,7 @@ ring_opts ring_opts_default(void) {
 }
 
 
-int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, predict_result *r) {
+int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, const predict_opts *spec, predict_result *r) {
     if (!rc->have_delays) return -1;
     predict_node nodes[PLAN_MAX_NODES];
     double hop_s[PLAN_MAX_NODES + 1];
@@ -71,6 +71,10 @@ int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, predi
     }
     hop_s[rc->plan.n_stages] = prev >= 0 ? rc->coord_delay_s[prev] : 0;
     predict_opts po = {.prompt = prompt ? prompt : 1, .chunk = chunk ? chunk : 512, .parallel = 1};
+    if (spec) { /* speculation's figures: the caller's (measured, after a run) */
+        po.acceptance = spec->acceptance, po.draft_k = spec->draft_k, po.draft_depth = spec->draft_depth;
+        po.draft = spec->draft, po.draft_block_s = spec->draft_block_s;
+    }
     rl_err e2;
     return predict_predict(rc->m, &rc->hp, &rc->plan, nodes, hop_s, &po, r, &e2);
 }
@@ -465,7 +469,7 @@ static void ring_open_print(const ring_coord *rc, const ring_ordering *ord) {
                 k == RING_REACH_DIALOUT ? "this coordinator's relay" : "relay", via, who, coord_hop, up_hop);
     }
     predict_result pred;
-    if (ring_prediction(rc, 1, 1, &pred) == 0) {
+    if (ring_prediction(rc, 1, 1, NULL, &pred) == 0) {
         fprintf(stderr, "predicted (ringlm plan's model, docs/plan.md): decode %.2f tok/s greedy = 1 / (hops %.1f ms measured + "
                         "compute %.1f ms at the nodes' speeds and FLOPs)\n", pred.greedy_tok_s, pred.hops_s * 1e3,
                 pred.compute_s * 1e3);
@@ -630,7 +634,7 @@ static void ring_open_print_timed(const ring_coord *rc) {
     bool timed = false;
     for (int s = 0; s < rc->plan.n_stages; s++) timed |= rc->nodes[rc->plan.stages[s].node].n_steps > 0;
     predict_result pred;
-    if (!rc->o.quiet && timed && ring_prediction(rc, 1, 1, &pred) == 0) {
+    if (!rc->o.quiet && timed && ring_prediction(rc, 1, 1, NULL, &pred) == 0) {
         fprintf(stderr, "predicted from the stages' own timed frames: decode %.2f tok/s greedy = 1 / (hops %.1f ms + "
                         "compute %.1f ms)\n", pred.greedy_tok_s, pred.hops_s * 1e3, pred.compute_s * 1e3);
     }
@@ -1043,7 +1047,7 @@ cJSON *ring_stats_json(const ring_coord *rc) {
     cJSON_AddNumberToObject(o, "taps_dropped", (double)rc->taps_dropped);
     cJSON_AddBoolToObject(o, "delays_measured", rc->have_delays);
     predict_result pred;
-    if (ring_prediction(rc, 1, 1, &pred) == 0) {
+    if (ring_prediction(rc, 1, 1, NULL, &pred) == 0) {
         cJSON *pj = cJSON_AddObjectToObject(o, "predicted");
         cJSON_AddNumberToObject(pj, "greedy_tok_s", pred.greedy_tok_s);
         cJSON_AddNumberToObject(pj, "hops_ms", 1e3 * pred.hops_s);

@@ -275,10 +275,12 @@ typedef struct ring_coord {
 } ring_coord;
 
 struct predict_result;
+struct predict_opts;
 /* What `ringlm plan`'s model predicts for this ring as planned (predict.h): from the nodes' INFO speeds and
  * FLOPs and the measured delays, for a prompt of `prompt` tokens in `chunk`-token chunks; transfers are
  * not counted (link bandwidths are not measured). -1 when the delays were not measured. */
-int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, struct predict_result *r);
+int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, const struct predict_opts *spec,
+                    struct predict_result *r);
 
 /* Connects, asks every node for INFO, plans, prints the plan, assigns ranges and waits until all are
  * loaded. Fails with a message naming the node and the reason (unreachable, refused our key, lacks the

@@ -38,17 +38,38 @@ static ring_opts prompt_ring_opts(const prompt_opts *o, const manifest_file *mf,
 
 /* After a good run: the per-stage table, what ran next to what the planner predicted, the receipts checked
  * and the audits run. */
-static void prompt_ring_print(const prompt_opts *o, const ring_coord *rc, bool spec, const gen_metrics *gm) {
+/* What the plan's model predicts for this speculative run from what it measured (predict.h): its acceptance,
+ * mean block, depth and drafting time per block, the ring's measured delays and calibrated stages. Judges
+ * the model (issue #54: within 25%), not the drafter. -1 when there is nothing to judge. */
+static int prompt_ring_spec_prediction(const ring_coord *rc, const spec_params *spp, const spec_metrics *smx,
+                                       const gen_metrics *gm, const prompt_opts *o, predict_result *pr) {
+    if (!smx || smx->blocks <= 0 || smx->drafted <= 0) return -1;
+    predict_opts po = {.acceptance = smx->acceptance_rate > 0 ? smx->acceptance_rate : 1e-6,
+                       .draft_k = (int)((double)smx->sent_drafts / (double)smx->blocks + 0.5),
+                       .draft_depth = spp->depth, .draft_block_s = smx->draft_s / (double)smx->blocks};
+    if (po.draft_k < 1) po.draft_k = 1;
+    return ring_prediction(rc, (uint32_t)gm->prompt_tokens, (uint32_t)o->chunk, &po, pr);
+}
+
+static void prompt_ring_print(const prompt_opts *o, const ring_coord *rc, bool spec, const gen_metrics *gm,
+                              const spec_params *spp, const spec_metrics *smx) {
     fprintf(stderr, "\n");
     ring_print_stats(rc, stderr);
     predict_result pr;
-    if (ring_prediction(rc, (uint32_t)gm->prompt_tokens, (uint32_t)o->chunk, &pr) == 0) {
+    if (ring_prediction(rc, (uint32_t)gm->prompt_tokens, (uint32_t)o->chunk, NULL, &pr) == 0) {
         /* What ran next to what the planner predicted for it (docs/plan.md). */
         fprintf(stderr, "time to first token: %.3f s; the plan predicted %.3f (%+.0f%%)\n", gm->ttft_s, pr.ttft_s,
                 100 * (pr.ttft_s / gm->ttft_s - 1));
         if (!spec && gm->generated_tokens > 1) {
             fprintf(stderr, "decode: %.2f tok/s greedy; the plan predicted %.2f (%+.0f%%)\n", gm->decode_tok_s,
                     pr.greedy_tok_s, 100 * (pr.greedy_tok_s / gm->decode_tok_s - 1));
+        }
+        predict_result ps;
+        if (spec && gm->generated_tokens > 1 && prompt_ring_spec_prediction(rc, spp, smx, gm, o, &ps) == 0) {
+            fprintf(stderr, "decode: %.2f tok/s speculative; the plan predicted %.2f (%+.0f%%) at what ran: acceptance "
+                            "%.2f, %d drafts a block, up to %d in flight, %.1f ms drafting a block\n", gm->decode_tok_s,
+                    ps.spec_tok_s, 100 * (ps.spec_tok_s / gm->decode_tok_s - 1), smx->acceptance_rate, ps.draft_k,
+                    spp->depth, ps.draft_s * 1e3);
         }
     }
     if (o->trust.receipts) {
@@ -107,8 +128,11 @@ int prompt_ring_generate(const prompt_opts *o, mf_model *m, k3_hparams *hp, cons
     if (grc == 0 && rc.o.receipts) grc = ring_receipts_finish(&rc, 10.0, err); /* the last steps' receipts */
     if (grc == 0 && o->trust.audit_rate > 0) grc = ring_audit_pending(&rc, err);
     if (grc == 0) {
-        prompt_ring_print(o, &rc, drafter != NULL, gm);
+        prompt_ring_print(o, &rc, drafter != NULL, gm, spp, smx);
         *ring_json = ring_stats_json(&rc);
+        predict_result ps; /* --metrics-json: the speculative prediction beside what ran (bench_spec.sh) */
+        if (*ring_json && drafter && prompt_ring_spec_prediction(&rc, spp, smx, gm, o, &ps) == 0)
+            cJSON_AddNumberToObject(*ring_json, "predicted_spec_tok_s", ps.spec_tok_s);
     }
     ring_close(&rc);
     ring_relay_stop(&relay);

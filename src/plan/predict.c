@@ -296,15 +296,17 @@ int predict_predict(const mf_model *m, const k3_hparams *hp, const plan_result *
         int k_lo = o->draft_k > 0 ? o->draft_k : 1, k_hi = o->draft_k > 0 ? o->draft_k : 16;
         for (int k = k_lo; k <= k_hi; k++) {
             double g = (1.0 - pow(a, k + 1)) / (1.0 - a);
-            double ds = predict_draft_time(&o->draft, k, a);
+            double ds = o->draft_block_s > 0 ? o->draft_block_s : predict_draft_time(&o->draft, k, a);
             double tk = predict_traversal(hp, plan, w, nodes, hop_s, k + 1, true, &h, &c, &x, &dk, &slowest) + ds;
             double q = pow(a, k + 1), iv = 0, rate = g / tk;
             if (o->draft_depth > 1 && q >= 0.25) {
                 /* The next block left while this one travelled: it stands with probability q (this one whole,
                  * its bonus guessed), and then costs only the interval. The pipeline is as fast as its slowest
                  * part: a stage, the drafting of a block (and its bonus guess), or D blocks per traversal. */
-                double dn = predict_draft_time(&o->draft, k + 1, 0);
-                iv = tk / o->draft_depth;
+                double dn = o->draft_block_s > 0 ? o->draft_block_s : predict_draft_time(&o->draft, k + 1, 0);
+                int deff = 1; /* run's adaptive depth: n blocks in flight only while q^n >= 0.25 */
+                while (deff < o->draft_depth && pow(q, deff) >= 0.25) deff++;
+                iv = tk / deff;
                 if (slowest > iv) iv = slowest;
                 if (dn > iv) iv = dn;
                 rate = g / ((1 - q) * tk + q * iv);

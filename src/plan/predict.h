@@ -18,8 +18,10 @@
  *                          per block at acceptance a, k drafted (chosen to maximize it when not given), one
  *                          block in flight; with D > 1 blocks in flight (run's --draft-depth), once a block
  *                          is likely to stand whole (q = a^(k+1) >= 0.25, as spec_gen.c decides), the next
- *                          is already on its way: g / ((1 - q) T + q I), I = max(T / D, the slowest stage,
- *                          drafting k + 1) the interval between pipelined blocks
+ *                          is already on its way: g / ((1 - q) T + q I), I = max(T / D', the slowest stage,
+ *                          drafting k + 1) the interval between pipelined blocks, D' <= D the blocks in
+ *                          flight run's adaptive depth keeps: one more goes ahead only while every block in
+ *                          flight is likely to stand, q^n >= 0.25 for n of them
  *   time to first token   the prompt in chunks, pipelined: one trip at the chunk size plus (chunks - 1) times
  *                          the slowest stage; stages on one host (predict_node.host) compute at most host_slots
  *                          chunks at once, the others waiting for a slot
@@ -76,6 +78,8 @@ typedef struct predict_opts {
     double acceptance; /* per drafted token, 0..1 (0: no speculation figures) */
     int draft_depth;   /* blocks in flight (0 or 1: one) */
     predict_draft draft;    /* bytes == 0: drafting is free (an n-gram drafter, or not known) */
+    double draft_block_s;   /* > 0: drafting a block takes this long (measured: run's prediction after the
+                             * fact), whatever draft says */
 } predict_opts;
 
 /* A draft file's predict_draft bytes and elems (node left zero): architecture `k3` (a K3 draft) or `dflash`,
