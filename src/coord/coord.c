@@ -139,7 +139,9 @@ static int ring_node_connect(ring_coord *rc, int i, double link_s, const char *r
         zs_monitor_stop(&rc->nodes[i].mon);
         zmq_close(rc->nodes[i].sock);
     }
-    rc->nodes[i].sock = zs_client(rc->zctx, rc->tn, conf->nodes[i].addr, rc->id, conf->nodes[i].key.curve_pk_z85, rid, link_s, err);
+    char addr[160];
+    ring_dial_addr(conf, i, rc->o.relay_addr, addr, sizeof addr);
+    rc->nodes[i].sock = zs_client(rc->zctx, rc->tn, addr, rc->id, conf->nodes[i].key.curve_pk_z85, rid, link_s, err);
     if (!rc->nodes[i].sock) {
         rl_err_prefix(err, "node %s", conf->nodes[i].addr);
         return -1;

@@ -69,6 +69,10 @@ int ring_relay_query(const ring_node_conf *nc, double timeout_s, rl_err *err);
 typedef enum { RING_REACH_DIRECT, RING_REACH_DIALOUT, RING_REACH_RELAYED } ring_reach_kind;
 ring_reach_kind ring_reach(const ring_conf *conf, int i, const char *own_relay, char *via, size_t via_n, int *by);
 const char *ring_reach_name(ring_reach_kind k); /* "direct", "dial-out", "relayed" */
+/* The address this coordinator dials node i at: ring.conf's, except for a node that dialled out to our own
+ * relay, reached at that relay's own socket (loopback when it listens on every address), not through the
+ * public address ring.conf names, which a coordinator behind a forwarded port may not reach from inside. */
+void ring_dial_addr(const ring_conf *conf, int i, const char *own_relay, char *out, size_t n);
 
 /* Does a coordinator's message name node address addr, as a whole token ("127.0.0.1:80" is not named by
  * "127.0.0.1:8080")? Which node a failure is blamed on (serve's ring backend, run --ring's recovery). */

@@ -109,3 +109,18 @@ ring_reach_kind ring_reach(const ring_conf *conf, int i, const char *own_relay, 
 const char *ring_reach_name(ring_reach_kind k) {
     return k == RING_REACH_DIRECT ? "direct" : k == RING_REACH_DIALOUT ? "dial-out" : "relayed";
 }
+
+void ring_dial_addr(const ring_conf *conf, int i, const char *own_relay, char *out, size_t n) {
+    char via[128], h[128];
+    int by;
+    const char *addr = conf->nodes[i].addr, *p, *tag = strchr(addr, '/');
+    snprintf(out, n, "%s", addr);
+    if (ring_reach(conf, i, own_relay, via, sizeof via, &by) != RING_REACH_DIALOUT || !tag) return;
+    ring_host_port(own_relay, h, sizeof h, &p);
+    const char *host = !h[0] || strcmp(h, "0.0.0.0") == 0 || strcmp(h, "*") == 0 ? "127.0.0.1"
+                       : strcmp(h, "::") == 0                                     ? "[::1]"
+                       : strchr(h, ':')                                           ? NULL
+                                                                                  : h;
+    if (host) snprintf(out, n, "relay:%s:%s%s", host, p, tag);
+    else snprintf(out, n, "relay:[%s]:%s%s", h, p, tag);
+}
