@@ -1,4 +1,5 @@
 /* prompt_run on a ring (prompt_int.h): this machine is the coordinator. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -42,12 +43,25 @@ static ring_opts prompt_ring_opts(const prompt_opts *o, const manifest_file *mf,
  * mean block, depth and drafting time per block, the ring's measured delays and calibrated stages. Judges
  * the model (issue #54: within 25%), not the drafter. -1 when there is nothing to judge. */
 static int prompt_ring_spec_prediction(const ring_coord *rc, const spec_params *spp, const spec_metrics *smx,
-                                       const gen_metrics *gm, const prompt_opts *o, predict_result *pr) {
+                                       const gen_metrics *gm, const prompt_opts *o, predict_result *pr, double *acceptance) {
     if (!smx || smx->blocks <= 0 || smx->drafted <= 0) return -1;
-    predict_opts po = {.acceptance = smx->acceptance_rate > 0 ? smx->acceptance_rate : 1e-6,
-                       .draft_k = (int)((double)smx->sent_drafts / (double)smx->blocks + 0.5),
-                       .draft_depth = spp->depth, .draft_block_s = smx->draft_s / (double)smx->blocks};
+    predict_opts po = {.draft_k = (int)((double)smx->sent_drafts / (double)smx->blocks + 0.5),
+                       .draft_depth = spp->depth, .draft_block_s = smx->draft_s / (double)smx->blocks,
+                       .gen = (uint32_t)gm->generated_tokens};
     if (po.draft_k < 1) po.draft_k = 1;
+    /* The model's acceptance is per drafted token, independent; real drafts are not (a block stands whole or
+     * breaks at a hard token, and a reply's end rejects the drafts past it). So it is fed the acceptance
+     * that gives the tokens a kept traversal committed, g(a, k) = (1 - a^(k+1)) / (1 - a): what `ringlm plan
+     * --acceptance` means to a user who measured tokens per traversal. */
+    long kept = smx->traversals - smx->cancelled;
+    double g = kept > 0 ? (double)smx->committed / (double)kept : 1, lo = 0, hi = 0.999999;
+    for (int i = 0; i < 60; i++) {
+        double a = (lo + hi) / 2, ga = (1 - pow(a, po.draft_k + 1)) / (1 - a);
+        if (ga < g) lo = a;
+        else hi = a;
+    }
+    po.acceptance = lo > 1e-6 ? lo : 1e-6;
+    if (acceptance) *acceptance = po.acceptance;
     return ring_prediction(rc, (uint32_t)gm->prompt_tokens, (uint32_t)o->chunk, &po, pr);
 }
 
@@ -65,11 +79,12 @@ static void prompt_ring_print(const prompt_opts *o, const ring_coord *rc, bool s
                     pr.greedy_tok_s, 100 * (pr.greedy_tok_s / gm->decode_tok_s - 1));
         }
         predict_result ps;
-        if (spec && gm->generated_tokens > 1 && prompt_ring_spec_prediction(rc, spp, smx, gm, o, &ps) == 0) {
-            fprintf(stderr, "decode: %.2f tok/s speculative; the plan predicted %.2f (%+.0f%%) at what ran: acceptance "
-                            "%.2f, %d drafts a block, up to %d in flight, %.1f ms drafting a block\n", gm->decode_tok_s,
-                    ps.spec_tok_s, 100 * (ps.spec_tok_s / gm->decode_tok_s - 1), smx->acceptance_rate, ps.draft_k,
-                    spp->depth, ps.draft_s * 1e3);
+        double a = 0;
+        if (spec && gm->generated_tokens > 1 && prompt_ring_spec_prediction(rc, spp, smx, gm, o, &ps, &a) == 0) {
+            fprintf(stderr, "decode: %.2f tok/s speculative; the plan predicted %.2f (%+.0f%%) at what ran: %.2f tokens "
+                            "a kept traversal (acceptance %.3f in the plan's terms), %d drafts a block, up to %d in flight, "
+                            "%.1f ms drafting a block\n", gm->decode_tok_s, ps.spec_tok_s,
+                    100 * (ps.spec_tok_s / gm->decode_tok_s - 1), ps.g, a, ps.draft_k, spp->depth, ps.draft_s * 1e3);
         }
     }
     if (o->trust.receipts) {
@@ -131,7 +146,7 @@ int prompt_ring_generate(const prompt_opts *o, mf_model *m, k3_hparams *hp, cons
         prompt_ring_print(o, &rc, drafter != NULL, gm, spp, smx);
         *ring_json = ring_stats_json(&rc);
         predict_result ps; /* --metrics-json: the speculative prediction beside what ran (bench_spec.sh) */
-        if (*ring_json && drafter && prompt_ring_spec_prediction(&rc, spp, smx, gm, o, &ps) == 0)
+        if (*ring_json && drafter && prompt_ring_spec_prediction(&rc, spp, smx, gm, o, &ps, NULL) == 0)
             cJSON_AddNumberToObject(*ring_json, "predicted_spec_tok_s", ps.spec_tok_s);
     }
     ring_close(&rc);

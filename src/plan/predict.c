@@ -311,6 +311,10 @@ int predict_predict(const mf_model *m, const k3_hparams *hp, const plan_result *
                 if (dn > iv) iv = dn;
                 rate = g / ((1 - q) * tk + q * iv);
             }
+            if (o->gen > 0) { /* a reply of gen tokens: the first block pays its whole traversal */
+                double nb = o->gen / g, per = g / rate;
+                rate = o->gen / (tk + (nb > 1 ? (nb - 1) * per : 0));
+            }
             if (rate > r->spec_tok_s) {
                 r->spec_tok_s = rate, r->draft_k = k, r->g = g, r->draft_s = ds, r->block_s = tk, r->interval_s = iv;
             }

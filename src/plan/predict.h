@@ -21,7 +21,8 @@
  *                          is already on its way: g / ((1 - q) T + q I), I = max(T / D', the slowest stage,
  *                          drafting k + 1) the interval between pipelined blocks, D' <= D the blocks in
  *                          flight run's adaptive depth keeps: one more goes ahead only while every block in
- *                          flight is likely to stand, q^n >= 0.25 for n of them
+ *                          flight is likely to stand, q^n >= 0.25 for n of them; over a reply of N tokens
+ *                          (predict_opts.gen) the first block costs T, the N / g - 1 after it (1 - q) T + q I
  *   time to first token   the prompt in chunks, pipelined: one trip at the chunk size plus (chunks - 1) times
  *                          the slowest stage; stages on one host (predict_node.host) compute at most host_slots
  *                          chunks at once, the others waiting for a slot
@@ -80,6 +81,8 @@ typedef struct predict_opts {
     predict_draft draft;    /* bytes == 0: drafting is free (an n-gram drafter, or not known) */
     double draft_block_s;   /* > 0: drafting a block takes this long (measured: run's prediction after the
                              * fact), whatever draft says */
+    uint32_t gen;           /* > 0: a reply of this many tokens: the pipeline of blocks fills once, the first
+                             * block costs its whole traversal (0: the steady state, a long reply) */
 } predict_opts;
 
 /* A draft file's predict_draft bytes and elems (node left zero): architecture `k3` (a K3 draft) or `dflash`,
