@@ -73,7 +73,7 @@ int ring_prediction(const ring_coord *rc, uint32_t prompt, uint32_t chunk, const
     predict_opts po = {.prompt = prompt ? prompt : 1, .chunk = chunk ? chunk : 512, .parallel = 1};
     if (spec) { /* speculation's figures: the caller's (measured, after a run) */
         po.acceptance = spec->acceptance, po.draft_k = spec->draft_k, po.draft_depth = spec->draft_depth;
-        po.draft = spec->draft, po.draft_block_s = spec->draft_block_s;
+        po.draft = spec->draft, po.draft_block_s = spec->draft_block_s, po.gen = spec->gen;
     }
     rl_err e2;
     return predict_predict(rc->m, &rc->hp, &rc->plan, nodes, hop_s, &po, r, &e2);
