@@ -4,6 +4,7 @@
 #                                    logging to $WORK/NAME.log; waits for /health; sets SRV_PID[NAME] and
 #                                    SRV_URL[NAME]; exits the test with the log if it does not come up
 #   serve_stop_all                   kill -9 every server started (for the EXIT trap)
+#   sse_completed SSE WANT           a streamed completion gave WANT's text (a JSON string) and finished for length
 #   py FILE EXPR                     tests/serve_check.py: EXPR over d (FILE's JSON) and raw (its bytes);
 #                                    also at $WORK/check.py, for `bash -c` strings
 declare -A SRV_PID SRV_URL
@@ -25,3 +26,19 @@ serve_start() {
 }
 
 py() { python3 "$WORK/check.py" "$@"; }
+
+# sse_completed SSE WANT: a streamed completion (SSE) whose text is WANT's (a JSON string) and that finished
+# for its length (the requests tests cut a node under, t_partition and t_nat)
+sse_completed() {
+    python3 -c '
+import json, sys
+text, fin = "", None
+for line in open(sys.argv[1], encoding="utf-8"):
+    if line.startswith("data: {"):
+        d = json.loads(line[6:])
+        for c in d.get("choices", []):
+            text += c.get("text", "")
+            fin = c.get("finish_reason") or fin
+want = json.load(open(sys.argv[2]))
+sys.exit(0 if text == want and fin == "length" else 1)' "$1" "$2"
+}

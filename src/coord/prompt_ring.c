@@ -61,12 +61,12 @@ static int prompt_ring_spec_prediction(const ring_coord *rc, const spec_params *
         else hi = a;
     }
     po.acceptance = lo > 1e-6 ? lo : 1e-6;
-    if (acceptance) *acceptance = po.acceptance;
+    *acceptance = po.acceptance;
     return ring_prediction(rc, (uint32_t)gm->prompt_tokens, (uint32_t)o->chunk, &po, pr);
 }
 
 static void prompt_ring_print(const prompt_opts *o, const ring_coord *rc, bool spec, const gen_metrics *gm,
-                              const spec_params *spp, const spec_metrics *smx) {
+                              const spec_params *spp, const predict_result *ps, double a) {
     fprintf(stderr, "\n");
     ring_print_stats(rc, stderr);
     predict_result pr;
@@ -78,13 +78,11 @@ static void prompt_ring_print(const prompt_opts *o, const ring_coord *rc, bool s
             fprintf(stderr, "decode: %.2f tok/s greedy; the plan predicted %.2f (%+.0f%%)\n", gm->decode_tok_s,
                     pr.greedy_tok_s, 100 * (pr.greedy_tok_s / gm->decode_tok_s - 1));
         }
-        predict_result ps;
-        double a = 0;
-        if (spec && gm->generated_tokens > 1 && prompt_ring_spec_prediction(rc, spp, smx, gm, o, &ps, &a) == 0) {
+        if (ps) {
             fprintf(stderr, "decode: %.2f tok/s speculative; the plan predicted %.2f (%+.0f%%) at what ran: %.2f tokens "
                             "a kept traversal (acceptance %.3f in the plan's terms), %d drafts a block, up to %d in flight, "
-                            "%.1f ms drafting a block\n", gm->decode_tok_s, ps.spec_tok_s,
-                    100 * (ps.spec_tok_s / gm->decode_tok_s - 1), ps.g, a, ps.draft_k, spp->depth, ps.draft_s * 1e3);
+                            "%.1f ms drafting a block\n", gm->decode_tok_s, ps->spec_tok_s,
+                    100 * (ps->spec_tok_s / gm->decode_tok_s - 1), ps->g, a, ps->draft_k, spp->depth, ps->draft_s * 1e3);
         }
     }
     if (o->trust.receipts) {
@@ -143,11 +141,13 @@ int prompt_ring_generate(const prompt_opts *o, mf_model *m, k3_hparams *hp, cons
     if (grc == 0 && rc.o.receipts) grc = ring_receipts_finish(&rc, 10.0, err); /* the last steps' receipts */
     if (grc == 0 && o->trust.audit_rate > 0) grc = ring_audit_pending(&rc, err);
     if (grc == 0) {
-        prompt_ring_print(o, &rc, drafter != NULL, gm, spp, smx);
+        /* The speculative prediction at what ran: printed, and in --metrics-json beside it (bench_spec.sh). */
+        predict_result ps;
+        double a = 0;
+        bool have_ps = drafter && gm->generated_tokens > 1 && prompt_ring_spec_prediction(&rc, spp, smx, gm, o, &ps, &a) == 0;
+        prompt_ring_print(o, &rc, drafter != NULL, gm, spp, have_ps ? &ps : NULL, a);
         *ring_json = ring_stats_json(&rc);
-        predict_result ps; /* --metrics-json: the speculative prediction beside what ran (bench_spec.sh) */
-        if (*ring_json && drafter && prompt_ring_spec_prediction(&rc, spp, smx, gm, o, &ps, NULL) == 0)
-            cJSON_AddNumberToObject(*ring_json, "predicted_spec_tok_s", ps.spec_tok_s);
+        if (*ring_json && have_ps) cJSON_AddNumberToObject(*ring_json, "predicted_spec_tok_s", ps.spec_tok_s);
     }
     ring_close(&rc);
     ring_relay_stop(&relay);
