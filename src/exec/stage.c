@@ -353,7 +353,9 @@ static int stage_prepare(ring_stage *s, const frame_header *h, const int32_t *to
             return rl_errf(err, "sequence %" PRIu64 " is at position %u here, the frame says %u", sq->seq_id,
                            q->st.n_past, sq->pos);
         }
-        keep[i] = (sq->flags & FRAME_SEQ_VERIFY) != 0;
+        /* A one-token VERIFY block (speculation paused) commits its token: nothing in it is ever rolled back
+         * (frame.h), and without copies the step keeps its graph for the next, as a plain step does. */
+        keep[i] = (sq->flags & FRAME_SEQ_VERIFY) && sq->n_tokens > 1;
         states[i] = &q->st;
         ntok[i] = sq->n_tokens;
         if (last) {

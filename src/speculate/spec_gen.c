@@ -29,14 +29,22 @@ static double spec_chain(double alpha, int n_drafts) { return pow(alpha, n_draft
 /* The draft length with the most committed tokens per second: a block of k drafts, each accepted with
  * probability alpha once the ones before it were, commits (1 - alpha^(k+1)) / (1 - alpha) tokens on average;
  * it costs a traversal plus k draft steps, or with blocks in flight (deff on average), whichever of a
- * traversal's share and the drafting is longer (drafting then overlaps the traversals). */
-static int spec_pick_k(double alpha, double t_trav, double t_draft, double deff, int k_max) {
+ * traversal's share and the drafting is longer (drafting then overlaps the traversals).
+ *
+ * The traversal's cost depends on the block: t_step (a plain step's traversal, measured) plus t_tok per draft
+ * it carries (measured: on a CPU every verified token is another token's compute, on a GPU almost nothing).
+ * Where t_step is known, k = 0 (a plain step, 1 token per t_step) competes too: the result 0 says drafting
+ * does not pay here now. Where it is not (no plain step measured yet), the traversal is priced at t_trav,
+ * whatever the block, and k >= 1. */
+int spec_len_pick(double alpha, double t_trav, double t_step, double t_tok, double t_draft, double deff, int k_max) {
     if (alpha > 0.999) alpha = 0.999;
-    int best = 1;
-    double best_rate = -1;
+    const bool priced = t_step > 0;
+    int best = priced ? 0 : 1;
+    double best_rate = priced ? 1 / t_step : -1;
     for (int k = 1; k <= k_max; k++) {
         double gain = (1 - pow(alpha, k + 1)) / (1 - alpha);
-        double cost = deff > 1 && spec_chain(alpha, k) >= SPEC_AHEAD_MIN ? fmax(t_trav / deff, k * t_draft) : t_trav + k * t_draft;
+        double trav = priced ? t_step + k * t_tok : t_trav;
+        double cost = deff > 1 && spec_chain(alpha, k) >= SPEC_AHEAD_MIN ? fmax(trav / deff, k * t_draft) : trav + k * t_draft;
         double rate = gain / (cost > 1e-9 ? cost : 1e-9);
         if (rate > best_rate * 1.0001) best_rate = rate, best = k;
     }
@@ -64,6 +72,10 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
     gen_out_begin(&emit, tok, p, cb, user, m);
     int rc = 0, k = sp->k_max > SPEC_MAX_DRAFT ? SPEC_MAX_DRAFT : sp->k_max;
     if (k < 1) k = 1;
+    /* Adaptive: the first block is short (SPEC_FIRST_K) until the acceptance says more: a draft that never
+     * agrees costs every stage k tokens' compute in it (on a CPU ring as much as k plain steps), one that
+     * agrees reaches k_max after one wholly accepted block. */
+    if (sp->adaptive && k > SPEC_FIRST_K) k = SPEC_FIRST_K;
     int32_t last;
     const uint32_t *taps;
     int n_taps = spec_drafter_taps(d, &taps);
@@ -89,6 +101,7 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
         int n;     /* tokens of the block: the first, then n - 1 drafts */
         bool stale;/* an earlier block was not wholly accepted: its result is discarded */
         double t_sent;
+        bool alone; /* sent with nothing else in flight: its time measures its own cost (t_step, t_tok) */
     } fl[SPEC_MAX_DEPTH];
     int n_fl = 0;
     int32_t *const z = hist;
@@ -101,6 +114,13 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
     double deff = depth;                       /* blocks in flight when one is sent, a decaying mean */
     long win_d = 0, win_a = 0;                 /* the fallback's window: drafted, kept (SPEC_FALLBACK_*) */
     int pause = 0, pause_next = SPEC_FALLBACK_PAUSE; /* plain steps left, and the next pause */
+    /* What a block costs (adaptive, fallback on): a plain step's traversal and each draft's share, measured
+     * on blocks sent alone; 0 = not measured yet. A drafted block's time waits in pend_* until a plain step
+     * has been timed. `measure`: the next step is plain, to time one (it costs nothing against plain decoding). */
+    const bool priced = sp->adaptive && !sp->no_fallback;
+    double t_step = 0, t_tok = -1, pend_t = 0;
+    int pend_n = 0;
+    bool measure = false;
     while (!stop) {
         /* Emit what was just committed. */
         for (int i = 0; i < n_out && !stop; i++) {
@@ -135,10 +155,15 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
             int64_t left = p->n_predict >= 0 ? (int64_t)p->n_predict - m->generated_tokens - (int64_t)(n_z - n_hist) - 1 : kk;
             if (left < kk) kk = (int)left;
             if ((int64_t)p->n_ctx - (int64_t)bpos - 1 < kk) kk = (int)((int64_t)p->n_ctx - (int64_t)bpos - 1);
-            const bool paused = kk > 0 && pause > 0; /* drafts not paying: a plain step (a block of no drafts) */
+            /* drafts not paying, or a plain step to time: a block of no drafts */
+            const bool paused = kk > 0 && (pause > 0 || (measure && n_fl == 0));
             if (paused) kk = 0;
             if (kk < 0 || (kk == 0 && n_fl > 0)) break;
-            if (paused) pause--, sm->paused_steps++;
+            if (paused) {
+                if (pause > 0) pause--;
+                else measure = false;
+                sm->paused_steps++;
+            }
             /* A block sent ahead pays only if the ones in flight before it are likely wholly accepted, their
              * guesses too (SPEC_AHEAD_MIN): stale blocks still cost every stage but the last their compute. */
             const double alpha = acc_s / (acc_s + acc_f);
@@ -178,7 +203,8 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
             }
             sm->verify_s += rl_clock_now() - tv;
             if (depth == 1) t_trav = t_trav > 0 ? 0.8 * t_trav + 0.2 * (rl_clock_now() - tv) : rl_clock_now() - tv;
-            fl[n_fl++] = (struct spec_flight){.pos = bpos, .n = n_draft + 1, .t_sent = tv};
+            fl[n_fl] = (struct spec_flight){.pos = bpos, .n = n_draft + 1, .t_sent = tv, .alone = n_fl == 0};
+            n_fl++;
             sm->drafted += n_draft;
             sm->blocks++;
             sm->sent_drafts += n_draft;
@@ -229,18 +255,20 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
             n_z = n_hist + (size_t)n_out;
             more = true;
         }
-        if (b0.n > 1 && !sp->no_fallback) { /* judge a window of drafts: too few kept, plain decoding is cheaper */
-            win_d += b0.n - 1;
-            win_a += n_out - 1;
-            if (win_d >= SPEC_FALLBACK_WINDOW) {
-                if (win_a * SPEC_FALLBACK_MIN_KEPT < win_d) {
-                    pause = pause_next;
-                    pause_next = pause_next * 2 < SPEC_FALLBACK_PAUSE_MAX ? pause_next * 2 : SPEC_FALLBACK_PAUSE_MAX;
-                    sm->fallbacks++;
-                } else {
-                    pause_next = SPEC_FALLBACK_PAUSE;
-                }
-                win_d = win_a = 0;
+        bool priced_now = false; /* this block completed what t_tok needs */
+        if (priced && b0.alone) { /* what this block cost: a plain step's time, or each draft's share */
+            const double dt = rl_clock_now() - b0.t_sent;
+            if (b0.n == 1) {
+                t_step = t_step > 0 ? 0.7 * t_step + 0.3 * dt : dt;
+            } else {
+                pend_t = dt;
+                pend_n = b0.n - 1;
+            }
+            if (t_step > 0 && pend_n > 0) {
+                const double x = fmax(0, (pend_t - t_step) / pend_n);
+                t_tok = t_tok >= 0 ? 0.7 * t_tok + 0.3 * x : x;
+                pend_n = 0;
+                priced_now = true;
             }
         }
         if (sp->adaptive && b0.n > 1) {
@@ -248,7 +276,42 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
              * accepted shows a successes and, if a < n, one failure. */
             acc_s = 0.9 * acc_s + (n_out - 1);
             acc_f = 0.9 * acc_f + (n_out < b0.n);
-            k = spec_pick_k(acc_s / (acc_s + acc_f), t_trav, t_draft, depth > 1 ? fmax(deff, 2) : 1, sp->k_max);
+        }
+        const double alpha = acc_s / (acc_s + acc_f);
+        const double dpipe = depth > 1 ? fmax(deff, 2) : 1;
+        /* Does drafting pay? Two judges; either pauses it. A window of SPEC_FALLBACK_WINDOW drafts with fewer
+         * than one in SPEC_FALLBACK_MIN_KEPT kept (counts only: the same on every machine). And, adaptive, the
+         * cost model live: once a plain step and a drafted block have been timed, drafting pays while some
+         * draft length commits more tokens a second than plain steps do (spec_len_pick; on a CPU ring each
+         * verified draft costs every stage a token's compute, so a draft needs a high acceptance there). A
+         * drafted block not wholly accepted before any plain step was timed makes the next step a plain one. */
+        bool judged = false, unpaid = false;
+        if (b0.n > 1 && !sp->no_fallback) {
+            win_d += b0.n - 1;
+            win_a += n_out - 1;
+            if (win_d >= SPEC_FALLBACK_WINDOW) {
+                judged = true;
+                unpaid = win_a * SPEC_FALLBACK_MIN_KEPT < win_d;
+                win_d = win_a = 0;
+            }
+            if (priced && n_out < b0.n && t_step <= 0) measure = true;
+        }
+        if (priced && pause == 0 && !unpaid && t_step > 0 && t_tok >= 0 && (b0.n > 1 || priced_now)) {
+            judged = true;
+            unpaid = spec_len_pick(alpha, t_trav, t_step, t_tok, t_draft, dpipe, sp->k_max) == 0;
+        }
+        if (unpaid) {
+            pause = pause_next;
+            pause_next = pause_next * 2 < SPEC_FALLBACK_PAUSE_MAX ? pause_next * 2 : SPEC_FALLBACK_PAUSE_MAX;
+            sm->fallbacks++;
+            win_d = win_a = 0;
+        } else if (judged) {
+            pause_next = SPEC_FALLBACK_PAUSE; /* it paid: a later fallback pauses briefly again */
+        }
+        if (sp->adaptive && b0.n > 1) {
+            const bool cost_known = priced && t_step > 0 && t_tok >= 0;
+            const int kb = spec_len_pick(alpha, t_trav, cost_known ? t_step : 0, t_tok, t_draft, dpipe, sp->k_max);
+            k = kb > 0 ? kb : 1; /* 0: paused above; the probe after the pause drafts one */
         }
     }
 drain: /* results of blocks still in flight (stale, or past the end) are collected and dropped */

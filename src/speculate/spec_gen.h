@@ -52,12 +52,25 @@ typedef struct spec_verifier {
  * steps run without drafts, then drafts are tried again (a probe); each probe that fails again doubles the
  * pause, up to SPEC_FALLBACK_PAUSE_MAX, and one that pays resets it. A verified block costs more than a plain
  * step (its drafts run, with step kernels and rollback copies; a draft model's steps), and under one kept draft
- * in ten it commits barely more than one token. Greedy output is unchanged: a plain step is a block of no
- * drafts. */
+ * in ten it commits barely more than one token. Adaptive drafting in `run` (not --draft-fixed) also pauses
+ * when its cost model, fed live, says plain steps commit more tokens a second: a plain step's traversal and
+ * each verified draft's extra time are measured (spec_len_pick), so a draft that agrees half the time
+ * pays over a slow network and not on a CPU ring whose stages spend a token's compute on every draft. Serve
+ * judges by the count alone (its verified drafts share frames with other requests' steps). Greedy output is
+ * unchanged: a plain step is a block of no drafts. */
 #define SPEC_FALLBACK_WINDOW 16
 #define SPEC_FALLBACK_MIN_KEPT 10
 #define SPEC_FALLBACK_PAUSE 32
 #define SPEC_FALLBACK_PAUSE_MAX 1024
+/* Adaptive drafting (`run`): the first block's draft length, before any acceptance is known (spec_gen.c). */
+#define SPEC_FIRST_K 3
+
+/* The draft length (0..k_max) that commits the most tokens a second, drafts accepted with probability alpha
+ * each: a block costs t_step (a plain step's traversal, seconds) + t_tok per draft it carries + t_draft per
+ * draft drafted, or with blocks in flight (deff on average, while the chain is likely) the larger of its share
+ * of a traversal and its drafting. 0: plain steps commit more. t_step <= 0 (not measured): every block is
+ * priced at t_trav and the answer is at least 1. */
+int spec_len_pick(double alpha, double t_trav, double t_step, double t_tok, double t_draft, double deff, int k_max);
 
 typedef struct spec_params {
     int k_max;     /* longest draft (<= SPEC_MAX_DRAFT) */

@@ -114,7 +114,10 @@ enum {
     FRAME_SEQ_ALL_LOGITS = 2, /* return the logits of every position of this sequence, not a token */
     FRAME_SEQ_NO_SAMPLE = 4,  /* prefill chunk: no token wanted */
     FRAME_SEQ_VERIFY = 8,     /* the tokens are [last, drafts...]: keep rollback copies; the last stage accepts
-                            * the longest matching prefix and returns the committed tokens */
+                            * the longest matching prefix and returns the committed tokens. A block of one token
+                            * (no drafts: speculation paused) commits that token whatever is sampled, so it keeps
+                            * no copies and runs as a plain step (its graph kept for the next); it must not be
+                            * sent behind another block in flight (it could then be stale and need rolling back) */
     FRAME_SEQ_HAS_Q = 16,     /* the drafts' distributions travel in an extra part (speculative sampling) */
     FRAME_SEQ_TAPS = 32,      /* stages holding DSpark tap layers (ASSIGN "taps") send this sequence's rows */
     FRAME_SEQ_HAS_BIAS = 64,  /* with FRAME_SEQ_NEW: the sampler's logit biases travel in the 4th part */

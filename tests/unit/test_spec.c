@@ -85,7 +85,26 @@ static int ref_drafts(k3_engine *e, const k3_hparams *hp, const int32_t *h, uint
     return rc;
 }
 
+/* The cost model of adaptive drafting (spec_len_pick), on figures measured through 4 CPU nodes at 10 ms a hop
+ * (bench/results/spec-depth-10: a plain step's traversal 124 ms, each verified draft +70 ms of the stages'
+ * compute, 6 ms drafting one) and on a slow link; every expected value worked out by hand in the comment. */
+static void test_len_pick(void) {
+    /* alpha 0.3, k = 1: 1.3 tokens in 0.200 s = 6.5/s < 1 / 0.124 = 8.06/s, and longer blocks worse: plain */
+    CHECK(spec_len_pick(0.3, 0, 0.124, 0.070, 0.006, 1, 7) == 0, "a CPU ring, a draft kept 3 times in 10: plain steps pay more (0)");
+    /* alpha 0.95, k = 7: (1 - 0.95^8) / 0.05 = 6.73 tokens in 0.124 + 7 * 0.076 = 0.656 s: 10.3/s > 8.06/s */
+    CHECK(spec_len_pick(0.95, 0, 0.124, 0.070, 0.006, 1, 7) >= 1, "the same ring, a draft kept 95%% of the time: drafting pays");
+    /* verified drafts nearly free (a GPU): alpha 0.3, k = 1: 1.3 / 0.131 = 9.9/s > 8.06/s */
+    CHECK(spec_len_pick(0.3, 0, 0.124, 0.001, 0.006, 1, 7) >= 1, "drafts nearly free to verify: a 30%% draft pays");
+    /* a 500 ms traversal, +10 ms a verified draft, 2 ms drafting one, alpha 0.5: tokens a second by k:
+     * 1: 1.5/0.512 = 2.93, 2: 1.75/0.524 = 3.34, 3: 1.875/0.536 = 3.50, 4: 1.9375/0.548 = 3.536,
+     * 5: 1.96875/0.560 = 3.516: 4 */
+    CHECK(spec_len_pick(0.5, 0, 0.5, 0.010, 0.002, 1, 7) == 4, "a slow link, a draft kept half the time: 4 drafts a block");
+    /* no plain step timed: every block costs t_trav, and the answer is never 0 */
+    CHECK(spec_len_pick(0.01, 0.124, 0, 0, 0.006, 1, 7) >= 1, "no plain step timed yet: at least one draft");
+}
+
 int main(void) {
+    test_len_pick();
     char dir[] = "/tmp/ringlm-spec-XXXXXX";
     if (!mkdtemp(dir)) return 1;
     char target[128], self8[128], small[128], dsp[128], dspark[140];
