@@ -148,12 +148,16 @@ gen_once_more() { # OUT gen-args...: gen into OUT; again if a signal killed it
     return $rc
 }
 "$RINGLM" synth --no-progress -o "$WORK/dspark.gguf" --config "$ROOT/tests/configs/k3-full.json" --draft dspark --seed 3 >/dev/null
-GGML_VK_DISABLE_FUSION=1 gen_once_more "$WORK/spec.ids" "$f" 8 --device Vulkan0 --draft "dspark:$WORK/dspark.gguf"
+# Every step drafts whole blocks (--draft-fixed --draft-fallback off): what is checked is the device's taps and
+# rollback, so every block should carry drafts; adaptive drafting would pause this random draft after its first
+# block on a device this slow (its cost model, docs/spec.md).
+DS=(--draft-fixed --draft-fallback off)
+GGML_VK_DISABLE_FUSION=1 gen_once_more "$WORK/spec.ids" "$f" 8 --device Vulkan0 --draft "dspark:$WORK/dspark.gguf" "${DS[@]}"
 check_same "speculative decoding (DSpark: taps from Vulkan0, KDA rollback and the head on the device) gives the plain tokens" \
     "$WORK/cpu8.ids" "$WORK/spec.ids"
 check "... and it ran speculatively, every layer and the head on the device" \
     bash -c "grep -q 'speculative (dspark:' '$WORK/gen.err' && grep -q 'layers \[0, 6) and the output head' '$WORK/gen.err'"
-GGML_VK_DISABLE_FUSION=1 gen_once_more "$WORK/spec.ids" "$f" 8 --device Vulkan0 --gpu-layers 5 --draft "dspark:$WORK/dspark.gguf"
+GGML_VK_DISABLE_FUSION=1 gen_once_more "$WORK/spec.ids" "$f" 8 --device Vulkan0 --gpu-layers 5 --draft "dspark:$WORK/dspark.gguf" "${DS[@]}"
 check_same "... and with layers 0-4 on Vulkan0, the last and the head on the CPU" "$WORK/cpu8.ids" "$WORK/spec.ids"
 check "... and it ran speculatively" grep -q "speculative (dspark:" "$WORK/gen.err"
 

@@ -92,7 +92,7 @@ acc() { # DRAFT: mean acceptance over the prompts; every speculative run must gi
         p=$(sed -n "${i}p" "$dir/heldout.ids" | cut -d, -f1-20)
         "$RINGLM" run -m "$T" --tokens "$p" -n 32 --temp 0 --ignore-eos --ids --threads 2 >"$WORK/g$i.ids" 2>/dev/null
         "$RINGLM" run -m "$T" --tokens "$p" -n 32 --temp 0 --ignore-eos --ids --threads 2 --draft "dspark:$d" \
-            --draft-fallback off --metrics-json "$WORK/m.json" >"$WORK/s$i.ids" 2>/dev/null
+            --draft-fixed --draft-fallback off --metrics-json "$WORK/m.json" >"$WORK/s$i.ids" 2>/dev/null
         same_files "$WORK/g$i.ids" "$WORK/s$i.ids" || { echo "prompt $i: speculative ids differ (or are missing)" >&2; return 1; }
         sum=$(awk -v s="$sum" -v a="$(j "$WORK/m.json" acceptance_rate)" 'BEGIN { print s + a }')
     done

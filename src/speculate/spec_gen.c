@@ -311,8 +311,9 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
         if (sp->adaptive && b0.n > 1) {
             const bool cost_known = priced && t_step > 0 && t_tok >= 0;
             const int kb = spec_len_pick(alpha, t_trav, cost_known ? t_step : 0, t_tok, t_draft, dpipe, sp->k_max);
-            k = kb > 0 ? kb : 1; /* 0: paused above; the probe after the pause drafts one */
+            k = kb > 0 ? kb : 1;
         }
+        if (unpaid && sp->adaptive) k = 1; /* the probe after the pause: one draft says whether it agrees now */
     }
 drain: /* results of blocks still in flight (stale, or past the end) are collected and dropped */
     while (depth > 1 && n_fl > 0) {

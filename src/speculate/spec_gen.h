@@ -63,7 +63,7 @@ typedef struct spec_verifier {
 #define SPEC_FALLBACK_PAUSE 32
 #define SPEC_FALLBACK_PAUSE_MAX 1024
 /* Adaptive drafting (`run`): the first block's draft length, before any acceptance is known (spec_gen.c). */
-#define SPEC_FIRST_K 3
+#define SPEC_FIRST_K 2
 
 /* The draft length (0..k_max) that commits the most tokens a second, drafts accepted with probability alpha
  * each: a block costs t_step (a plain step's traversal, seconds) + t_tok per draft it carries + t_draft per
