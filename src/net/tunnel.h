@@ -37,6 +37,8 @@
 #define TN_SILENT_S 10.0   /* ... and is dropped (both ends) after this long without a word */
 #define TN_ALIVE_S 5.0     /* tn_query: a node heard from this recently is there */
 #define TN_HANDSHAKE_S 5.0 /* the relay's greeting and the answers to it */
+#define TN_RELAY_CONNS 512 /* a relay's connections in a handshake or carried at once: past it new ones are
+                           * closed at once (a flood of connections must not become a flood of threads) */
 #define TN_CLAIM_S 2.0     /* a client waits this long for a waiting connection of its node (and for its 'A') */
 
 /* Is addr a relayed node address ("relay:HOST:PORT" or "relay:HOST:PORT/TAG")? Fills relay with HOST:PORT. */

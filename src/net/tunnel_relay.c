@@ -20,8 +20,6 @@
 
 #define TN_RELAY_KEYS 256 /* nodes one relay serves */
 #define TN_RELAY_POOL 8   /* waiting connections kept per node (a node keeps TN_POOL; more after reconnects) */
-#define TN_RELAY_THREADS 512 /* connections in a handshake or carried at once: past it new ones are closed (a
-                              * flood of connections must not become a flood of threads) */
 
 typedef struct tn_reg {
     uint8_t curve_pk[32], sign_pk[32];
@@ -236,7 +234,7 @@ static void *tn_relay_accept_main(void *arg) {
         c->r = r;
         c->fd = tn_accept(r->lfd, c->peer, sizeof c->peer);
         pthread_mutex_lock(&r->th.mu);
-        bool full = r->th.live >= TN_RELAY_THREADS;
+        bool full = r->th.live >= TN_RELAY_CONNS;
         pthread_mutex_unlock(&r->th.mu);
         if (c->fd < 0 || full || tn_threads_spawn(&r->th, tn_relay_conn_main, c, NULL) != 0) {
             if (c->fd >= 0) close(c->fd);

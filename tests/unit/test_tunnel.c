@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -168,7 +169,14 @@ int main(void) {
     tn_relay_stats_get(r, &st);
     CHECK(st.spliced == 11 && st.refused >= 1, "the relay counts what it handed over (%ld) and refused (%ld)", st.spliced, st.refused);
 
-    CHECK(tn_query(ra, a.curve_pk, 2, &err) == 0, "a query for a registered node: there");
+    /* (its waiting connections were just used: there once its dial-out has put one back, at once here, a
+     * while under emulation) */
+    bool there = false;
+    for (int k = 0; k < 100 && !there; k++) {
+        there = tn_query(ra, a.curve_pk, 2, &err) == 0;
+        if (!there) sleep_ms(100);
+    }
+    CHECK(there, "a query for a registered node: there");
     CHECK(tn_query(ra, b.curve_pk, 2, &err) != 0 && strstr(err.msg, "no node with that key has dialled this relay"),
           "a query for a refused key: not there, by name (%s)", err.msg);
     char ep3[80], cwhy[300] = "";
@@ -197,6 +205,41 @@ int main(void) {
     CHECK(tn_read_greeting(zfd, hello, NULL, &gerr) != 0 && strstr(gerr.msg, "not a ringlm relay"),
           "something that is no relay is named so (%s)", gerr.msg);
     close(zfd);
+
+    /* A flood: connections that read the greeting and say nothing, each holding one of the relay's threads for
+     * up to TN_HANDSHAKE_S. Past TN_RELAY_CONNS the relay closes new ones at once; once the flood closes,
+     * the relayed node is reached again. The test holds both ends of every connection: it needs the fds. */
+    struct rlimit rl;
+    const rlim_t want = 2 * TN_RELAY_CONNS + 256;
+    bool fds = getrlimit(RLIMIT_NOFILE, &rl) == 0 &&
+               (rl.rlim_cur >= want || (rl.rlim_max >= want && (rl.rlim_cur = want, setrlimit(RLIMIT_NOFILE, &rl) == 0)));
+    if (!fds) {
+        SKIP("a flood of %d connections at the relay: this process may open only %ld files", TN_RELAY_CONNS + 1,
+             (long)rl.rlim_max);
+    } else {
+        int *flood = malloc((TN_RELAY_CONNS + 8) * sizeof *flood);
+        int n_greeted = 0, refused_at = -1;
+        rl_err ferr = {{0}};
+        for (int k = 0; flood && k < TN_RELAY_CONNS + 8; k++) {
+            flood[k] = tn_dial(ra, 5, NULL, &ferr);
+            if (flood[k] < 0) break;
+            if (tn_read_greeting(flood[k], hello, NULL, &ferr) != 0) {
+                refused_at = k;
+                close(flood[k]);
+                break;
+            }
+            n_greeted++;
+        }
+        /* a few threads of the connections carried above may still be ending: at most TN_POOL + 6 */
+        CHECK(refused_at >= 0 && n_greeted <= TN_RELAY_CONNS && n_greeted >= TN_RELAY_CONNS - 8,
+              "a flood of silent connections: %d greeted, the next closed at once (%s; at most %d at a time)", n_greeted,
+              ferr.msg, TN_RELAY_CONNS);
+        for (int k = 0; k < n_greeted; k++) close(flood[k]);
+        free(flood);
+        bool back = false;
+        for (int k = 0; k < 100 && !back; k++, sleep_ms(50)) back = round_trip(ep, "after the flood");
+        CHECK(back, "... and once it closes, the relayed node is reached again");
+    }
 
     tn_connector_free(c);
     tn_dialout_stop(da);
