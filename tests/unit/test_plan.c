@@ -538,7 +538,7 @@ int main(void) {
     CHECK(bad_stages == 0, "ties: the fewest stages (%d wrong)", bad_stages);
     CHECK(bad_share == 0, "ties: the most even memory (%d wrong)", bad_share);
 
-    /* property: large cases stay valid, and the worst case is quick */
+    /* property: large cases stay valid (and how long the worst case takes) */
     int big_bad = 0, big_fit = 0;
     clock_t t0 = clock();
     for (int it = 0; it < 60; it++) {
@@ -561,7 +561,9 @@ int main(void) {
     clock_t t1 = clock();
     rc = plan_make(&m, nodes, PLAN_MAX_NODES, 0.1, &r, &err);
     double sec = (double)(clock() - t1) / CLOCKS_PER_SEC;
-    CHECK(rc == 0 && check_valid(&m, nodes, PLAN_MAX_NODES, 0.1, &r) == NULL && sec < 2.0,
+    /* (the times are printed, not asserted: tests assert no timing, and under qemu or a loaded CI machine a
+     * bound would be a coin toss) */
+    CHECK(rc == 0 && check_valid(&m, nodes, PLAN_MAX_NODES, 0.1, &r) == NULL,
           "256 layers on 64 nodes: %d stages in %.3f s (random large cases %.3f s)", r.n_stages, sec,
           (double)(t1 - t0) / CLOCKS_PER_SEC);
 

@@ -413,12 +413,12 @@ int main(void) {
 
     check_gguf(&v[0]);
 
-    /* the largest size synth is expected to use: must stay fast */
+    /* the largest size synth is expected to use (its time printed, not asserted: tests assert no timing) */
     sv_vocab big = {0};
     double t0 = now_s();
     int rc = sv_build(&big, 32768, &err);
     double dt = now_s() - t0;
-    check(rc == 0 && dt < 2.0, "n=32768: built in %.3f s, %d merges, %d fillers", dt, big.n_merges,
+    check(rc == 0, "n=32768: built in %.3f s, %d merges, %d fillers", dt, big.n_merges,
           big.base - 256 - big.n_merges);
     if (rc == 0) check_layout(&big, 32768);
     sv_free(&big);
