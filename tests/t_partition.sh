@@ -6,6 +6,8 @@
 #   a `blackhole` qdisc on both ends (every packet dropped, nothing answered: no RST, no ICMP). The test prints
 #   how long the server took to call the link down (bench material, not asserted: tests assert no timing).
 #   Needs root and `ip netns` (CI runs as root); skipped otherwise.
+# Also (loopback): a slow link is measured, not cut; a stuck stage (its link up, its work never ending) is
+# named by the traversal's deadline within seconds, and the request completes over the others.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/ring_lib.sh"
 . "$(dirname "$0")/serve_lib.sh"
@@ -25,13 +27,15 @@ N=160
 prompt="the partition test"
 "$RINGLM" run -m "$f" -p "$prompt" -n $N --temp 0 --ignore-eos --threads 1 2>/dev/null |
     python3 -c 'import sys, json; json.dump(sys.stdin.buffer.read().decode("utf-8", "replace"), sys.stdout)' >"$WORK/want.exp"
-# node_at I HOST [NETNS]: node I listening on HOST (inside NETNS when given)
+# node_at I HOST [NETNS [ARGS...]]: node I listening on HOST (inside NETNS when not empty), with ARGS;
+# NODE_BIN: the binary (default $RINGLM)
 node_at() {
     local i=$1 host=$2 ns=${3:-} pre=()
+    shift 2; [ $# -gt 0 ] && shift
     [ -n "$ns" ] && pre=(ip netns exec "$ns")
     RING_PORT[$i]=$(ring_free_port)
-    "${pre[@]}" "$RINGLM" node --listen "$host:${RING_PORT[$i]}" --key "$RING/n$i.key" --allow "$(cat "$RING/coord.pub")" \
-        --models "$RING/models" --threads 1 --speed 10 --cache "$RING/node-cache$i" >"$RING/n$i.log" 2>&1 &
+    "${pre[@]}" "${NODE_BIN:-$RINGLM}" node --listen "$host:${RING_PORT[$i]}" --key "$RING/n$i.key" --allow "$(cat "$RING/coord.pub")" \
+        --models "$RING/models" --threads 1 --speed 10 --cache "$RING/node-cache$i" "$@" >"$RING/n$i.log" 2>&1 &
     RING_PID[$i]=$!
     for _ in $(seq 100); do
         grep -qs "ready:" "$RING/n$i.log" && return 0
@@ -67,6 +71,29 @@ done
 check "... the coordinator opened that link again with 3 round trips' bound" \
     grep -q "link to 127.0.0.1:$rport: round trip [0-9]* ms, declared down after 1\.[0-9]* s" "$WORK/slow.err"
 kill "$RELAY_PID" 2>/dev/null; wait "$RELAY_PID" 2>/dev/null || true
+ring_stop
+
+# ---- a stuck stage: its link stays up (heartbeats answered), its work never ends (a hung GPU, a swap storm).
+# Node 2 (the test build's --misbehave stall@20) stops computing after 20 frames. The traversal misses its
+# deadline (every hop carries it: frame.h budget_ms; RING_DL_MIN_S 5 s here, not --node-timeout's 60 s), the
+# server names the node that stopped answering its pings, re-forms the ring over the other two, and the
+# streamed request completes with greedy's text.
+node_at 1 127.0.0.1
+NODE_BIN=$ROOT/build/adv/ringlm node_at 2 127.0.0.1 "" --misbehave stall@20
+node_at 3 127.0.0.1
+for i in 1 2 3; do echo "127.0.0.1:${RING_PORT[$i]} $(cat "$RING/n$i.pub")"; done >"$WORK/stuck.conf"
+serve_start stuck -m "$f" --ring "$WORK/stuck.conf" --key "$RING/coord.key" --keep-order --parallel 1 --threads 1
+t0=$(date +%s.%N)
+curl -s -N --max-time 50 -H 'Content-Type: application/json' \
+    --data-binary "{\"prompt\":\"$prompt\",\"max_tokens\":$N,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}" \
+    "${SRV_URL[stuck]}/v1/completions" >"$WORK/stuck.sse" || true
+echo "    the request took $(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')") s with a stage stuck"
+check "node 2 stalled mid-stream" grep -q "stalling" "$RING/n2.log"
+check "the server named it: the step missed its deadline, node 2 not answering" \
+    grep -q "missed its deadline of [0-9.]* s: node 127.0.0.1:${RING_PORT[2]} has not answered" "$WORK/stuck.log"
+check "the streamed request completed over the 2 nodes left (within 50 s: --node-timeout is 60), with greedy's text" \
+    sse_completed "$WORK/stuck.sse" "$WORK/want.exp"
+serve_stop_all
 ring_stop
 
 if [ "$(id -u)" != 0 ] || ! ip netns add "$NS" 2>/dev/null; then

@@ -595,6 +595,10 @@ static void ring_ready_read(ring_coord *rc, int s, const zs_parts *p) {
     }
     if (ns->n_steps < 0) ns->n_steps = 0;
     ns->step_a = st->a, ns->step_b = st->b;
+    for (int i = 0; i < ns->n_steps; i++) { /* the deadlines' first figures for this stage */
+        if (ns->step_tok[i] <= RING_DL_SMALL) rc->dl_step[s] = fmax(rc->dl_step[s], ns->step_s[i]);
+        else rc->dl_tok[s] = fmax(rc->dl_tok[s], ns->step_s[i] / ns->step_tok[i]);
+    }
     cJSON_Delete(rj);
 }
 
@@ -694,6 +698,34 @@ void ring_close(ring_coord *rc) {
     rc->tn = NULL;
 }
 
+/* What a frame of t tokens is expected to cost stage s (ring_coord.dl_*): 0 when not known. */
+static double ring_stage_expect(const ring_coord *rc, int s, uint32_t t) {
+    const double step = rc->dl_step[s], tok = rc->dl_tok[s];
+    if (t <= RING_DL_SMALL) return fmax(step > 0 ? step : tok * RING_DL_SMALL, tok * t);
+    return fmax(step, tok > 0 ? tok * t : step * t);
+}
+
+/* The deadline of frame pd, about to be sent behind the frames in flight (frame.h budget_ms, RING_DL_*): the
+ * compute every stage is expected to spend on all of them, then this one, times RING_DL_MULT, plus twice the
+ * hops' delays, at least RING_DL_MIN_S. 0 (none) while any stage's costs are unknown, or when it would reach
+ * dead_s, which bounds a silent node anyway. */
+static double ring_frame_budget(const ring_coord *rc, const struct ring_pending *pd) {
+    double work = 0, hops = 0;
+    int prev = -1;
+    for (int s = 0; s < rc->plan.n_stages; s++) {
+        double e = ring_stage_expect(rc, s, pd->tokens);
+        if (!(e > 0)) return 0;
+        for (int i = 0; i < rc->n_pending; i++) e += ring_stage_expect(rc, s, rc->pending[i].tokens);
+        work += e;
+        const int nd = rc->plan.stages[s].node;
+        if (rc->have_delays) hops += prev < 0 ? rc->coord_delay_s[nd] : rc->delay_s[prev][nd];
+        prev = nd;
+    }
+    if (rc->have_delays && prev >= 0) hops += rc->coord_delay_s[prev];
+    const double b = fmax(RING_DL_MIN_S, RING_DL_MULT * work + 2 * hops);
+    return b < rc->o.dead_s && b < 4e6 ? b : 0;
+}
+
 int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *step_id, rl_err *err) {
     if (n_reqs < 1 || n_reqs > FRAME_MAX_SEQS) return rl_errf(err, "bad number of sequences %d", n_reqs);
     if (rc->n_pending == (int)(sizeof rc->pending / sizeof rc->pending[0])) {
@@ -748,6 +780,9 @@ int ring_submit(ring_coord *rc, const ring_seq_req *reqs, int n_reqs, uint64_t *
         }
     }
     pd->step_id = h->step_id;
+    pd->tokens = (uint32_t)total;
+    pd->budget_s = ring_frame_budget(rc, pd);
+    h->budget_ms = (uint32_t)ceil(pd->budget_s * 1e3);
     pd->t_send_real = frame_now();
     pd->t_send_mono = rl_clock_now();
     for (int i = 0; rc->o.n_taps > 0 && i < n_reqs; i++) pd->tap_rows += (reqs[i].flags & FRAME_SEQ_TAPS) ? reqs[i].n : 0;
@@ -831,12 +866,37 @@ void ring_account(ring_coord *rc, const zs_parts *p, const struct ring_pending *
         ring_stage_stats *ss = &rc->stats[s];
         ss->queue_s += st[s].t_start - st[s].t_recv;
         ss->compute_s += st[s].t_end - st[s].t_start;
+        /* the deadlines' figures: the slowest lately, decaying (a first frame's page faults fade) */
+        const double c = st[s].t_end - st[s].t_start;
+        if (c > 0 && c < 3600 && st[s].n_tokens > 0) {
+            if (st[s].n_tokens <= RING_DL_SMALL) rc->dl_step[s] = fmax(0.98 * rc->dl_step[s], c);
+            else rc->dl_tok[s] = fmax(0.98 * rc->dl_tok[s], c / st[s].n_tokens);
+        }
         ss->wire_s += fmax(0.0, st[s].t_recv - prev_send);
         ss->n++;
         prev_send = st[s].t_send;
     }
     rc->stats[ns].wire_s += fmax(0.0, t_recv_real - prev_send);
     rc->stats[ns].n++;
+}
+
+/* A traversal not back by its deadline: which node is it stuck at? The one that has left the coordinator's
+ * pings (ring_wait sends one a second) unanswered the longest: a stage that is working answers when its
+ * frame is done, one that is stuck never. The message names it, so a server leaves it out of the next ring. */
+static int ring_deadline_err(ring_coord *rc, const struct ring_pending *pd, const bool *watch, rl_err *err) {
+    const double now = rl_clock_now();
+    int worst = -1;
+    double silent = 1.0; /* at least a ping's interval unanswered */
+    for (int i = 0; i < rc->conf.n; i++) {
+        const ring_node_state *ns = &rc->nodes[i];
+        if (watch[i] && ns->ping_since > ns->last_seen && now - ns->ping_since >= silent) silent = now - ns->ping_since, worst = i;
+    }
+    if (worst < 0) {
+        return rl_errf(err, "step %" PRIu64 " missed its deadline of %.1f s, yet every node answers: the frame was lost on "
+                       "the way", pd->step_id, pd->budget_s);
+    }
+    return rl_errf(err, "step %" PRIu64 " missed its deadline of %.1f s: node %s has not answered for %.1f s (stuck, "
+                   "its link up)", pd->step_id, pd->budget_s, rc->conf.nodes[worst].addr, silent);
 }
 
 int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_reqs, rl_err *err) {
@@ -849,7 +909,12 @@ int ring_collect(ring_coord *rc, uint64_t step_id, ring_seq_req *reqs, int n_req
     if (!rh) return rl_errf(err, "out of memory");
     while (!pd->done) {
         zs_parts p;
-        if (ring_wait(rc, FRAME_RESULT, last, rc->o.step_s, watch, &from, &p, rh, err) != 0) {
+        /* Until the traversal's deadline; one past it is still read once (its result may be waiting: the
+         * coordinator may have been busy drafting or auditing) before it is called late. */
+        double wait_s = rc->o.step_s;
+        if (pd->budget_s > 0) wait_s = fmax(0.05, fmin(wait_s, pd->t_send_mono + pd->budget_s - rl_clock_now()));
+        if (ring_wait(rc, FRAME_RESULT, last, wait_s, watch, &from, &p, rh, err) != 0) {
+            if (pd->budget_s > 0 && rc->wait_timed_out) ring_deadline_err(rc, pd, watch, err);
             free(rh);
             return -1;
         }

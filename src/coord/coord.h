@@ -82,6 +82,16 @@ bool ring_names(const char *msg, const char *addr);
  * behind a NAT that dials out to a relay is "relay:RELAY_HOST:PORT PUBLIC_KEY_HEX ..." (docs/ring.md). */
 int ring_conf_load(ring_conf *c, const char *path, rl_err *err);
 
+/* Deadlines (frame.h budget_ms): a traversal has max(RING_DL_MIN_S, RING_DL_MULT x the compute the frames in
+ * flight, itself included, are expected to cost the stages, + twice the hops' measured delays). A stage that
+ * makes no progress while its link stays up (a hung GPU, a swap storm: its heartbeats still answer) is then
+ * called out within seconds, not after --node-timeout (default 60 s): the coordinator names the node that has
+ * not answered its pings the longest. No deadline while a stage's costs are unknown (before its first frame)
+ * or when the budget would reach --node-timeout. */
+#define RING_DL_MIN_S 5.0
+#define RING_DL_MULT 8.0
+#define RING_DL_SMALL 8 /* a frame of at most this many tokens costs a stage about a decode step */
+
 /* Audits' default tolerances (relative): a stage recomputed with the node's kernels, and a CPU stage of a
  * node on another CPU architecture, whose kernels round otherwise (docs/numerics.md). */
 #define RING_AUDIT_TOL 1e-2
@@ -228,6 +238,12 @@ typedef struct ring_coord {
     uint64_t ring_id, next_step, next_seq;
     double last_ping;
     ring_stage_stats stats[PLAN_MAX_NODES + 1]; /* [n_stages] = the return hop */
+    /* Deadlines (frame.h budget_ms; coord.c ring_frame_budget): per stage, what a frame costs it, learnt from
+     * the stamps of returned frames (seeded by its timed frames at ASSIGN): dl_step the slowest frame of at
+     * most RING_DL_SMALL tokens lately, dl_tok the most per token of a larger one (a decaying maximum; 0 not
+     * known). wait_timed_out: ring_wait's last return was its timeout. */
+    double dl_step[PLAN_MAX_NODES], dl_tok[PLAN_MAX_NODES];
+    bool wait_timed_out;
     /* Receipts (trust/ledger.h): traversals whose receipts are still arriving (each stage sends its own
      * after forwarding), checked when complete while the coordinator waits for the ring anyway; a failure
      * is kept there and fails the next step (or ring_receipts_finish), and the node it blames is marked
@@ -238,6 +254,8 @@ typedef struct ring_coord {
     struct ring_pending {
         uint64_t step_id;
         double t_send_real, t_send_mono;
+        double budget_s;       /* its deadline (t_send_mono + budget_s), 0: none */
+        uint32_t tokens;       /* tokens it carries (every sequence's) */
         bool done;
         zs_parts parts;
         float *taps;           /* FRAME_SEQ_TAPS rows of the frame, [row][tap][n_embd], as they arrive */

@@ -79,9 +79,13 @@ int ring_wait(ring_coord *rc, int want, int only, double timeout_s, const bool *
               frame_header *h, rl_err *err) {
     double t0 = rl_clock_now();
     bool checked_after_read = false;
+    rc->wait_timed_out = false;
     for (;;) {
         double now = rl_clock_now();
-        if (now - t0 > timeout_s) return rl_errf(err, "no %s within %.0f s", frame_type_name(want), timeout_s);
+        if (now - t0 > timeout_s) {
+            rc->wait_timed_out = true;
+            return rl_errf(err, "no %s within %.0f s", frame_type_name(want), timeout_s);
+        }
         if (watch && now - rc->last_ping >= 1.0) {
             rc->last_ping = now;
             for (int i = 0; i < rc->conf.n; i++) {

@@ -256,7 +256,7 @@ static int node_reach_start(node *n, rl_err *err) {
 
 /* ---- main loop --------------------------------------------------------------------------------- */
 
-static bool node_stop_pending(void) {
+bool node_stop_pending(void) {
     sigset_t pend;
     return sigpending(&pend) == 0 && (sigismember(&pend, SIGINT) || sigismember(&pend, SIGTERM));
 }

@@ -320,7 +320,29 @@ void node_forward(node *n, const zs_parts *p, const frame_header *h) {
         return;
     }
     want_receipt = want_receipt == 0;
+#ifdef RINGLM_ADVERSARY
+    if (node_adv_is(n, "stall")) { /* computes nothing from here on, yet its link stays up (heartbeats) */
+        node_log(n, "stalling (--misbehave stall)");
+        while (!node_stop_pending()) {
+            struct timespec ts = {0, 50 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        return;
+    }
+#endif
+    /* The traversal's deadline (frame.h budget_ms): what its stamps show was spent before this stage, and
+     * here, already used it up? Then the coordinator has given it up (its own clock counts the links too):
+     * say so instead of computing it. */
     double t_start = frame_now();
+    if (h->budget_ms > 0) {
+        const double spent = frame_budget_spent(stamps, n_stamps, t_recv, t_start);
+        if (spent * 1e3 >= h->budget_ms) {
+            node_error(n, h->step_id, "step %" PRIu64 " reached stage %d past its deadline: %.0f ms of its %u ms spent "
+                       "before it could run (%.0f ms waiting here)", h->step_id, n->stage + 1, spent * 1e3, h->budget_ms,
+                       (t_start - t_recv) * 1e3);
+            return;
+        }
+    }
     uint8_t *payload = NULL;
     size_t plen = 0;
     if (stage_run(&n->stage_rt, h, p->data[2], p->len[2], p->n > 4 ? p->data[4] : NULL, p->n > 4 ? p->len[4] : 0,

@@ -190,6 +190,8 @@ typedef struct node {
 
 /* ---- node.c ---- */
 
+/* SIGINT or SIGTERM is pending (blocked in the node's threads, read at each pass of its loop). */
+bool node_stop_pending(void);
 void node_error(node *n, uint64_t step, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void node_error_at(node *n, uint64_t step, const char *lost, const char *msg);
 void node_log(const node *n, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -41,7 +41,7 @@ static double getd(const uint8_t *p) {
     return d;
 }
 
-#define FRAME_FIXED 40   /* magic .. payload_bytes */
+#define FRAME_FIXED 44   /* magic .. budget_ms */
 #define FRAME_SEQ_SIZE 60
 
 size_t frame_header_size(uint32_t n_seqs) { return FRAME_FIXED + (size_t)n_seqs * FRAME_SEQ_SIZE; }
@@ -55,6 +55,7 @@ void frame_header_encode(const frame_header *h, uint8_t *b) {
     put32(b + 24, h->flags);
     put32(b + 28, h->n_seqs);
     put64(b + 32, h->payload_bytes);
+    put32(b + 40, h->budget_ms);
     for (uint32_t i = 0; i < h->n_seqs; i++) {
         uint8_t *p = b + FRAME_FIXED + (size_t)i * FRAME_SEQ_SIZE;
         const frame_seq *s = &h->seqs[i];
@@ -89,6 +90,7 @@ int frame_header_decode(frame_header *h, const uint8_t *b, size_t len, rl_err *e
     h->flags = get32(b + 24);
     h->n_seqs = get32(b + 28);
     h->payload_bytes = get64(b + 32);
+    h->budget_ms = get32(b + 40);
     if (h->n_seqs > FRAME_MAX_SEQS) return rl_errf(err, "frame lists %u sequences (limit %d)", h->n_seqs, FRAME_MAX_SEQS);
     if (len != frame_header_size(h->n_seqs)) {
         return rl_errf(err, "frame header is %zu bytes, %u sequences need %zu", len, h->n_seqs, frame_header_size(h->n_seqs));
@@ -202,4 +204,10 @@ void frame_receipts_encode(const frame_receipts *r, const uint8_t *extra, size_t
         put32(b + off, (uint32_t)extra_len);
         memcpy(b + off + 4, extra, extra_len);
     }
+}
+
+double frame_budget_spent(const frame_stamp *s, uint32_t n, double t_recv, double now) {
+    double spent = now > t_recv ? now - t_recv : 0;
+    for (uint32_t i = 0; i < n; i++) spent += s[i].t_send > s[i].t_recv ? s[i].t_send - s[i].t_recv : 0;
+    return spent;
 }

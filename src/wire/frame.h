@@ -9,7 +9,13 @@
  * of the wrong size, magic, version, type or counts is refused with a message, never trusted.
  *
  *   header: "RLM1" | u16 version | u16 type | u64 ring_id | u64 step_id | u32 flags | u32 n_seqs
- *           | u64 payload_bytes | then n_seqs x frame_seq (below)
+ *           | u64 payload_bytes | u32 budget_ms | then n_seqs x frame_seq (below)
+ *
+ * budget_ms (FORWARD, RESULT): the deadline every hop carries, in milliseconds from the coordinator's send
+ * (0: none). The coordinator gives the traversal up when it is not back by then (coord.c ring_collect), so a
+ * stage that receives it later, by the time its stamps show was spent before it (queue, compute and send at
+ * each earlier stage: links not counted, so never an overestimate), refuses it instead of computing a step
+ * nobody waits for (node_forward: an ERROR saying so).
  *
  * Types and payloads:
  *   INFO_REQ   coord -> node    (empty)
@@ -71,7 +77,7 @@
 
 #include "../base/err.h"
 
-#define FRAME_VERSION 1
+#define FRAME_VERSION 2 /* 2: budget_ms */
 #define FRAME_MAX_SEQS 256
 #define FRAME_MAX_STAMPS 64
 
@@ -163,6 +169,7 @@ typedef struct frame_header {
     uint32_t flags;
     uint32_t n_seqs;
     uint64_t payload_bytes;
+    uint32_t budget_ms; /* FORWARD: the traversal's deadline, ms from the coordinator's send; 0 none (above) */
     frame_seq seqs[FRAME_MAX_SEQS];
 } frame_header;
 
@@ -181,6 +188,10 @@ int frame_header_decode(frame_header *h, const uint8_t *buf, size_t len, rl_err 
 size_t frame_stamps_size(uint32_t n);
 void frame_stamps_encode(const frame_stamp *s, uint32_t n, uint8_t *buf);
 int frame_stamps_decode(frame_stamp *s, uint32_t *n, const uint8_t *buf, size_t len, rl_err *err);
+/* Seconds of a traversal's budget (budget_ms) spent by the time a stage starts on it: queue, compute and send
+ * at each earlier stage (its n stamps: local durations, comparable across machines), then its own wait since
+ * t_recv (now - t_recv). The links are not counted: never more than the coordinator's own clock says. */
+double frame_budget_spent(const frame_stamp *s, uint32_t n, double t_recv, double now);
 
 /* The stamps part may carry an extension after the stamps, asking for receipts (trust/receipt.h):
  *   "RCX1" | 32-byte nonce (fresh from the coordinator) | u32 n | n x (u32 len | packed receipt)

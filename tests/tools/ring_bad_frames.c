@@ -234,7 +234,7 @@ static void fuzz_frames(void *s, long n, uint64_t seed, const char *hash, uint32
             case 3: np = 1 + (int)(fz_next(&x) % 4); break; /* too few or too many parts */
             case 4: /* a header field set to a random value: type, n_seqs, payload_bytes, a seq's counts */
                 if (hl >= 36) {
-                    static const int offs[] = {4, 6, 24, 28, 32, 40, 48, 52, 56};
+                    static const int offs[] = {4, 6, 24, 28, 32, 40, 44, 52, 56, 60}; /* version, type, flags, n_seqs, payload_bytes, budget_ms, a sequence's id, pos, count, flags */
                     int o = offs[fz_next(&x) % (sizeof offs / sizeof offs[0])];
                     uint32_t v = (uint32_t)fz_next(&x);
                     if (fz_next(&x) % 2) v %= 300;
@@ -298,7 +298,7 @@ int main(int argc, char **argv) {
     send_parts(s, d2, l2, 2);
     expect(s, "a 3-byte header", "too short");
     memcpy(raw, "XXXX", 4);
-    l2[0] = 40;
+    l2[0] = frame_header_size(0); /* a whole header's length, with another magic */
     send_parts(s, d2, l2, 2);
     expect(s, "bad magic", "bad magic");
 
