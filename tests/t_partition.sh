@@ -27,15 +27,13 @@ N=160
 prompt="the partition test"
 "$RINGLM" run -m "$f" -p "$prompt" -n $N --temp 0 --ignore-eos --threads 1 2>/dev/null |
     python3 -c 'import sys, json; json.dump(sys.stdin.buffer.read().decode("utf-8", "replace"), sys.stdout)' >"$WORK/want.exp"
-# node_at I HOST [NETNS [ARGS...]]: node I listening on HOST (inside NETNS when not empty), with ARGS;
-# NODE_BIN: the binary (default $RINGLM)
+# node_at I HOST [NETNS]: node I listening on HOST (inside NETNS when given)
 node_at() {
     local i=$1 host=$2 ns=${3:-} pre=()
-    shift 2; [ $# -gt 0 ] && shift
     [ -n "$ns" ] && pre=(ip netns exec "$ns")
     RING_PORT[$i]=$(ring_free_port)
-    "${pre[@]}" "${NODE_BIN:-$RINGLM}" node --listen "$host:${RING_PORT[$i]}" --key "$RING/n$i.key" --allow "$(cat "$RING/coord.pub")" \
-        --models "$RING/models" --threads 1 --speed 10 --cache "$RING/node-cache$i" "$@" >"$RING/n$i.log" 2>&1 &
+    "${pre[@]}" "$RINGLM" node --listen "$host:${RING_PORT[$i]}" --key "$RING/n$i.key" --allow "$(cat "$RING/coord.pub")" \
+        --models "$RING/models" --threads 1 --speed 10 --cache "$RING/node-cache$i" >"$RING/n$i.log" 2>&1 &
     RING_PID[$i]=$!
     for _ in $(seq 100); do
         grep -qs "ready:" "$RING/n$i.log" && return 0
@@ -78,10 +76,9 @@ ring_stop
 # deadline (every hop carries it: frame.h budget_ms; RING_DL_MIN_S 5 s here, not --node-timeout's 60 s), the
 # server names the node that stopped answering its pings, re-forms the ring over the other two, and the
 # streamed request completes with greedy's text.
-node_at 1 127.0.0.1
-NODE_BIN=$ROOT/build/adv/ringlm node_at 2 127.0.0.1 "" --misbehave stall@20
-node_at 3 127.0.0.1
-for i in 1 2 3; do echo "127.0.0.1:${RING_PORT[$i]} $(cat "$RING/n$i.pub")"; done >"$WORK/stuck.conf"
+ring_start 1 "$RING/models" && RING_BIN=$ROOT/build/adv/ringlm ring_start 2 "$RING/models" --misbehave stall@20 &&
+    ring_start 3 "$RING/models" || exit 1
+ring_conf "$WORK/stuck.conf" 1 2 3
 serve_start stuck -m "$f" --ring "$WORK/stuck.conf" --key "$RING/coord.key" --keep-order --parallel 1 --threads 1
 t0=$(date +%s.%N)
 curl -s -N --max-time 50 -H 'Content-Type: application/json' \
