@@ -7,7 +7,8 @@
 #   how long the server took to call the link down (bench material, not asserted: tests assert no timing).
 #   Needs root and `ip netns` (CI runs as root); skipped otherwise.
 # Also (loopback): a slow link is measured, not cut; a stuck stage (its link up, its work never ending) is
-# named by the traversal's deadline within seconds, and the request completes over the others.
+# named by the traversal's deadline within seconds, and the request completes over the others; a frame lost on
+# the way (every node answering) misses its deadline too, is called lost naming no node, and is replayed.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/ring_lib.sh"
 . "$(dirname "$0")/serve_lib.sh"
@@ -90,6 +91,24 @@ check "the server named it: the step missed its deadline, node 2 not answering" 
     grep -q "missed its deadline of [0-9.]* s: node 127.0.0.1:${RING_PORT[2]} has not answered" "$WORK/stuck.log"
 check "the streamed request completed over the 2 nodes left (within 50 s: --node-timeout is 60), with greedy's text" \
     sse_completed "$WORK/stuck.sse" "$WORK/want.exp"
+serve_stop_all
+ring_stop
+
+# ---- a frame lost on the way, every node answering: node 2 (the test build's --misbehave drop@20) discards
+# its 21st frame and goes on. The traversal misses its deadline with no node silent: the server says the frame
+# was lost, re-forms the ring over the same three and replays; the request completes with greedy's text.
+ring_start 1 "$RING/models" && RING_BIN=$ROOT/build/adv/ringlm ring_start 2 "$RING/models" --misbehave drop@20 &&
+    ring_start 3 "$RING/models" || exit 1
+ring_conf "$WORK/lost.conf" 1 2 3
+serve_start lost -m "$f" --ring "$WORK/lost.conf" --key "$RING/coord.key" --keep-order --parallel 1 --threads 1
+curl -s -N --max-time 50 -H 'Content-Type: application/json' \
+    --data-binary "{\"prompt\":\"$prompt\",\"max_tokens\":$N,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}" \
+    "${SRV_URL[lost]}/v1/completions" >"$WORK/lost.sse" || true
+check "node 2 dropped a frame" grep -q "dropping step" "$RING/n2.log"
+check "the server said the frame was lost, naming no node" \
+    grep -q "missed its deadline of [0-9.]* s, yet every node answers: the frame was lost" "$WORK/lost.log"
+check "the streamed request completed over the same 3 nodes, with greedy's text" sse_completed "$WORK/lost.sse" "$WORK/want.exp"
+check "... no node was left out" bash -c "! grep -q 'left out' '$WORK/lost.log' || { grep 'left out' '$WORK/lost.log'; exit 1; }"
 serve_stop_all
 ring_stop
 

@@ -329,6 +329,11 @@ void node_forward(node *n, const zs_parts *p, const frame_header *h) {
         }
         return;
     }
+    if (node_adv_is(n, "drop") && !n->adv_dropped) { /* loses this one frame (and only it): nothing runs or is sent */
+        n->adv_dropped = true;
+        node_log(n, "dropping step %" PRIu64 " (--misbehave drop)", h->step_id);
+        return;
+    }
 #endif
     /* The traversal's deadline (frame.h budget_ms): what its stamps show was spent before this stage, and
      * here, already used it up? Then the coordinator has given it up (its own clock counts the links too):

@@ -181,6 +181,7 @@ typedef struct node {
     int n_rjobs, cap_rjobs;
 #ifdef RINGLM_ADVERSARY
     long adv_forwards;  /* FORWARD frames run so far */
+    bool adv_dropped;   /* drop: the one frame it loses is lost */
     uint8_t *adv_old;   /* replay: the first receipt this node signed (packed) */
     size_t adv_old_len;
     keys_identity adv_other; /* wrongkey: a key of its own making */

@@ -351,6 +351,31 @@ int main(int argc, char **argv) {
     f.payload_bytes = 4;
     send_hdr(s, &f, &tok, 3, 1); /* payload shorter than announced */
     expect(s, "FORWARD whose payload is not the announced size", "does not fit");
+    /* A frame whose deadline (budget_ms) was spent before it could run here: an earlier stage's stamp shows
+     * 2 s of its 1 s budget gone (the coordinator has given it up), so the node refuses it rather than compute. */
+    {
+        frame_header late = f;
+        late.seqs[0].seq_id = 70;
+        late.budget_ms = 1000;
+        const double now = frame_now();
+        frame_stamp st = {.stage = 0, .n_tokens = 1, .t_recv = now - 3, .t_start = now - 3, .t_end = now - 1, .t_send = now - 1};
+        uint8_t lhb[2048], lsb[256];
+        frame_header_encode(&late, lhb);
+        frame_stamps_encode(&st, 1, lsb);
+        const void *ld[3] = {lhb, &tok, lsb};
+        size_t ll[3] = {frame_header_size(late.n_seqs), 4, frame_stamps_size(1)};
+        send_parts(s, ld, ll, 3);
+        expect(s, "a FORWARD whose deadline was spent before it reached this stage", "past its deadline");
+        late.budget_ms = 60000; /* the same with time to spare runs (and answers RESULT) */
+        late.seqs[0].seq_id = 71;
+        frame_header_encode(&late, lhb);
+        send_parts(s, ld, ll, 3);
+        size_t rl0 = 0;
+        uint8_t *r0 = result_payload(s, &rl0);
+        printf("%s - the same frame within its deadline runs\n", r0 ? "ok" : "not ok");
+        r0 ? n_pass++ : n_fail++;
+        free(r0);
+    }
     frame_header g = f;
     g.seqs[0].flags = 0;
     g.seqs[0].seq_id = 42;
