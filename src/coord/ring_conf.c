@@ -1,5 +1,6 @@
 /* ring_conf.c - ring.conf: the nodes of a ring, one per line (coord.h). */
 #include "coord.h"
+#include "../net/addr.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -74,13 +75,13 @@ bool ring_names(const char *msg, const char *addr) {
     return false;
 }
 
-/* HOST:PORT into host and port (brackets of [V6] dropped); the port "" when there is none. */
-static void ring_host_port(const char *hp, char *host, size_t hn, const char **port) {
-    const char *c = strrchr(hp, ':');
-    size_t n = c ? (size_t)(c - hp) : strlen(hp);
-    if (n >= 2 && hp[0] == '[' && hp[n - 1] == ']') hp++, n -= 2;
-    snprintf(host, hn, "%.*s", (int)n, hp);
-    *port = c ? c + 1 : "";
+/* HOST:PORT into host and port (net_addr_split); an address without a port is all host, the port "". */
+static void ring_host_port(const char *hp, char *host, size_t hn, char *port, size_t pn) {
+    rl_err e;
+    if (net_addr_split(hp, host, hn, port, pn, &e) != 0) {
+        snprintf(host, hn, "%s", hp);
+        port[0] = 0;
+    }
 }
 
 ring_reach_kind ring_reach(const ring_conf *conf, int i, const char *own_relay, char *via, size_t via_n, int *by) {
@@ -89,18 +90,17 @@ ring_reach_kind ring_reach(const ring_conf *conf, int i, const char *own_relay, 
     via[0] = 0;
     if (!tn_addr_relay(conf->nodes[i].addr, relay, sizeof relay)) return RING_REACH_DIRECT;
     snprintf(via, via_n, "%s", relay);
-    const char *p, *op;
-    ring_host_port(relay, h, sizeof h, &p);
+    char p[16], op[16];
+    ring_host_port(relay, h, sizeof h, p, sizeof p);
     if (own_relay) { /* ours if the port is ours and the host is ours (or we listen on every address) */
-        ring_host_port(own_relay, oh, sizeof oh, &op);
+        ring_host_port(own_relay, oh, sizeof oh, op, sizeof op);
         bool any = !oh[0] || strcmp(oh, "0.0.0.0") == 0 || strcmp(oh, "::") == 0 || strcmp(oh, "*") == 0;
         if (strcmp(p, op) == 0 && (any || strcmp(h, oh) == 0)) return RING_REACH_DIALOUT;
     }
     for (int j = 0; j < conf->n; j++) {
-        char nh[128];
-        const char *np;
+        char nh[128], np[16];
         if (j == i || strncmp(conf->nodes[j].addr, "relay:", 6) == 0) continue;
-        ring_host_port(conf->nodes[j].addr, nh, sizeof nh, &np);
+        ring_host_port(conf->nodes[j].addr, nh, sizeof nh, np, sizeof np);
         if (strcmp(nh, h) == 0) *by = j;
     }
     return RING_REACH_RELAYED;
@@ -111,12 +111,12 @@ const char *ring_reach_name(ring_reach_kind k) {
 }
 
 void ring_dial_addr(const ring_conf *conf, int i, const char *own_relay, char *out, size_t n) {
-    char via[128], h[128];
+    char via[128], h[128], p[16];
     int by;
-    const char *addr = conf->nodes[i].addr, *p, *tag = strchr(addr, '/');
+    const char *addr = conf->nodes[i].addr, *tag = strchr(addr, '/');
     snprintf(out, n, "%s", addr);
     if (ring_reach(conf, i, own_relay, via, sizeof via, &by) != RING_REACH_DIALOUT || !tag) return;
-    ring_host_port(own_relay, h, sizeof h, &p);
+    ring_host_port(own_relay, h, sizeof h, p, sizeof p);
     const char *host = !h[0] || strcmp(h, "0.0.0.0") == 0 || strcmp(h, "*") == 0 ? "127.0.0.1"
                        : strcmp(h, "::") == 0                                     ? "[::1]"
                        : strchr(h, ':')                                           ? NULL

@@ -2,6 +2,7 @@
  * connector share (tunnel_int.h). */
 #include "tunnel_int.h"
 #include "tunnel.h"
+#include "addr.h"
 #include "../base/clock.h"
 
 #include <arpa/inet.h>
@@ -78,20 +79,6 @@ static bool tn_stopping(const tn_threads *t) { return t && atomic_load(&((tn_thr
 
 /* ---- sockets ---- */
 
-/* HOST:PORT (or [V6]:PORT) into its parts. */
-static int tn_split(const char *hp, char *host, size_t hn, char *port, size_t pn) {
-    const char *c = strrchr(hp, ':');
-    if (!c || !c[1]) return -1;
-    const char *h = hp;
-    size_t n = (size_t)(c - hp);
-    if (n >= 2 && h[0] == '[' && h[n - 1] == ']') h++, n -= 2;
-    if (n >= hn || strlen(c + 1) >= pn) return -1;
-    memcpy(host, h, n);
-    host[n] = 0;
-    snprintf(port, pn, "%s", c + 1);
-    return 0;
-}
-
 void tn_sock_setup(int fd) {
     int one = 1, idle = 10, intvl = 5, cnt = 3;
     unsigned tmo = 20000;
@@ -106,10 +93,7 @@ void tn_sock_setup(int fd) {
 
 static struct addrinfo *tn_resolve(const char *host_port, bool passive, rl_err *err) {
     char host[256], port[16];
-    if (tn_split(host_port, host, sizeof host, port, sizeof port) != 0) {
-        rl_errf(err, "bad address '%s' (HOST:PORT)", host_port);
-        return NULL;
-    }
+    if (net_addr_split(host_port, host, sizeof host, port, sizeof port, err) != 0) return NULL;
     struct addrinfo hints = {0}, *res = NULL;
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;

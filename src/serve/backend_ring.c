@@ -3,6 +3,7 @@
 #include "../base/clock.h"
 #include "../model/k3_ckpt.h"
 #include "../model/k3_memory.h"
+#include "../net/addr.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -224,20 +225,6 @@ static void ring_outs(const sch_ring *B, char *buf, size_t cap) {
     }
 }
 
-/* HOST:PORT (or [V6]:PORT) into its parts. */
-static int ring_split(const char *addr, char *host, size_t hl, char *port, size_t pl) {
-    const char *c = strrchr(addr, ':');
-    if (!c || !c[1]) return -1;
-    const char *h = addr;
-    size_t n = (size_t)(c - addr);
-    if (n >= 2 && h[0] == '[' && h[n - 1] == ']') h++, n -= 2;
-    if (n == 0 || n >= hl || strlen(c + 1) >= pl) return -1;
-    memcpy(host, h, n);
-    host[n] = 0;
-    snprintf(port, pl, "%s", c + 1);
-    return 0;
-}
-
 /* A plain TCP connection to every ring.conf node at once, for at most timeout_s. ring_open waits its whole
  * connect_s (5 s) for a node that is not there; this answers "connection refused" at once, so requests
  * while a node is down get their 503 quickly. A node behind a relay is asked of its relay instead (one
@@ -262,8 +249,9 @@ static int ring_probe(sch_ring *B, double timeout_s, rl_err *err) {
         }
         char host[128], port[16];
         struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
-        if (ring_split(c->nodes[i].addr, host, sizeof host, port, sizeof port) != 0) {
-            snprintf(why[i], sizeof why[i], "not HOST:PORT");
+        rl_err ae;
+        if (net_addr_split(c->nodes[i].addr, host, sizeof host, port, sizeof port, &ae) != 0 || !host[0]) {
+            snprintf(why[i], sizeof why[i], "%s", host[0] ? ae.msg : "no host");
             continue;
         }
         int g = getaddrinfo(host, port, &hints, &ai);

@@ -12,6 +12,7 @@
  * With edges we keep "readable"/"writable" flags per socket, set by events and cleared by EAGAIN, and any
  * code that stops before EAGAIN (queue full, fairness cap) arranges to come back by itself. */
 #include "relay.h"
+#include "../net/addr.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -124,33 +125,9 @@ static void addr_str(const struct sockaddr *sa, socklen_t len, char *out, size_t
     snprintf(out, cap, sa->sa_family == AF_INET6 ? "[%s]:%s" : "%s:%s", h, p);
 }
 
-int relay_split_hostport(const char *s, char *host, size_t host_cap, char *port, size_t port_cap, rl_err *err) {
-    const char *h = s, *he, *p;
-    if (s[0] == '[') {
-        h = s + 1;
-        he = strchr(h, ']');
-        if (!he || he[1] != ':') return rl_errf(err, "bad address '%s': want [HOST]:PORT", s);
-        p = he + 2;
-    } else {
-        he = strrchr(s, ':');
-        if (!he) return rl_errf(err, "bad address '%s': want HOST:PORT", s);
-        p = he + 1;
-    }
-    size_t hl = (size_t)(he - h), pl = strlen(p);
-    if (hl >= host_cap) return rl_errf(err, "bad address '%s': host name too long", s);
-    char *end = (char *)p;
-    long v = pl && pl < 6 ? strtol(p, &end, 10) : -1;
-    if (v < 0 || v > 65535 || *end || p[0] < '0' || p[0] > '9' || pl >= port_cap)
-        return rl_errf(err, "bad address '%s': the port must be a number 0-65535", s);
-    memcpy(host, h, hl);
-    host[hl] = 0;
-    memcpy(port, p, pl + 1);
-    return 0;
-}
-
 static int resolve(const char *s, bool passive, struct addrinfo **out, rl_err *err) {
     char host[256], port[8];
-    if (relay_split_hostport(s, host, sizeof host, port, sizeof port, err)) return -1;
+    if (net_addr_split(s, host, sizeof host, port, sizeof port, err)) return -1;
     struct addrinfo hints = {0};
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);

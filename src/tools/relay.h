@@ -29,7 +29,4 @@ typedef struct relay_opts {
  * address, port in use) or the event loop itself fails; a failing connection only closes that connection. */
 int relay_run(const relay_opts *o, rl_err *err);
 
-/* Splits "HOST:PORT" / "[HOST]:PORT" / ":PORT" into host (empty for ":PORT") and a numeric port. */
-int relay_split_hostport(const char *s, char *host, size_t host_cap, char *port, size_t port_cap, rl_err *err);
-
 #endif

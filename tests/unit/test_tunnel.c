@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "net/addr.h"
 #include "net/tunnel.h"
 #include "net/tunnel_int.h"
 
@@ -116,6 +117,29 @@ static bool refuse_b(void *ctx, const uint8_t sign_pk[32], const uint8_t *token,
 int main(void) {
     if (sodium_init() < 0) return 1;
     char relay[128];
+    /* HOST:PORT, as every address is split (net/addr.h) */
+    {
+        char h[64], pt[8];
+        rl_err ae;
+        CHECK(net_addr_split("10.0.0.1:7700", h, sizeof h, pt, sizeof pt, &ae) == 0 && strcmp(h, "10.0.0.1") == 0 &&
+                  strcmp(pt, "7700") == 0, "HOST:PORT split");
+        CHECK(net_addr_split("[::1]:9", h, sizeof h, pt, sizeof pt, &ae) == 0 && strcmp(h, "::1") == 0 && strcmp(pt, "9") == 0,
+              "[V6]:PORT split, brackets dropped");
+        CHECK(net_addr_split("::1:80", h, sizeof h, pt, sizeof pt, &ae) == 0 && strcmp(h, "::1") == 0 && strcmp(pt, "80") == 0,
+              "an unbracketed V6 address: the port after the last colon");
+        CHECK(net_addr_split(":7", h, sizeof h, pt, sizeof pt, &ae) == 0 && h[0] == 0 && strcmp(pt, "7") == 0,
+              ":PORT: the host empty (every address)");
+        const char *bad[][2] = {{"example.org", "want HOST:PORT"}, {"h:", "port must be"}, {"h:65536", "port must be"},
+                                {"h:8x", "port must be"}, {"h:-1", "port must be"}, {"[::1", "want [HOST]:PORT"},
+                                {"[::1]80", "want [HOST]:PORT"}};
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            CHECK(net_addr_split(bad[i][0], h, sizeof h, pt, sizeof pt, &ae) != 0 && strstr(ae.msg, bad[i][1]) &&
+                      strstr(ae.msg, bad[i][0]), "'%s' refused: %s", bad[i][0], ae.msg);
+        }
+        char tiny[4];
+        CHECK(net_addr_split("abcd:1", tiny, sizeof tiny, pt, sizeof pt, &ae) != 0 && strstr(ae.msg, "too long"),
+              "a host longer than its buffer refused");
+    }
     CHECK(tn_addr_relay("relay:10.0.0.1:7700/ab12cd34", relay, sizeof relay) && strcmp(relay, "10.0.0.1:7700") == 0,
           "relay:HOST:PORT/TAG names its relay");
     CHECK(tn_addr_relay("relay:[::1]:7700", relay, sizeof relay) && strcmp(relay, "[::1]:7700") == 0, "... and without a tag, IPv6");
