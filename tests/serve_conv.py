@@ -10,6 +10,10 @@ compare the two. Writes one JSON object to stdout:
   R = {"ids": [...], "logprobs": [...], "cached_tokens": n, "text": "..."}   (per choice: "choices": [R, ...])
 With --evict an unrelated prompt goes before each later turn (on a one-slot server the turn then finds its
 prefix in the host-RAM cache, not in the slot).
+With --branches, not a conversation: turn 1 is the prompt P, then requests that branch off P (one system
+prompt, many questions): P + a, P + b, P + c (two tokens each), P + a + --new tokens (its prefix P + a comes
+back from the host cache), then P + d and P + e (--new tokens each), back to back; their fresh copies are sent
+after all of them, so that none disturbs the slot between the branches.
 """
 import argparse
 import json
@@ -73,11 +77,23 @@ def main():
     ap.add_argument("--evict-size", type=int, default=0, help="tokens of that prompt (default --size)")
     ap.add_argument("--regenerate", action="store_true",
                     help="after the last turn (and --think), its prompt once more, as a client's regenerate")
+    ap.add_argument("--branches", action="store_true", help="requests that branch off one prompt (above)")
     a = ap.parse_args()
     rnd = random.Random(a.seed)
     extra = json.loads(a.extra)
     prompt = [rnd.randrange(3, a.vocab) for _ in range(a.size)]
     turns = []
+    if a.branches:
+        ids = lambda n: [rnd.randrange(3, a.vocab) for _ in range(n)]
+        sa, sb, sc = ids(2), ids(2), ids(2)
+        bodies = [dict({"prompt": prompt + x, "max_tokens": a.reply, "temperature": 0, "ignore_eos": True,
+                        "return_token_ids": True, "logprobs": 1}, **extra)
+                  for x in ([], sa, sb, sc, sa + ids(a.new), ids(a.new), ids(a.new))]
+        turns = [{"prompt": len(b["prompt"]), "cached": result(post(a.url, b, False))} for b in bodies]
+        for t, b in zip(turns[1:], bodies[1:]):
+            t["fresh"] = result(post(a.url, dict(b, cache_prompt=False), False))
+        json.dump({"turns": turns}, sys.stdout)
+        return
     for t in range(a.turns):
         if t > 0 and a.evict:
             other = [rnd.randrange(3, a.vocab) for _ in range(a.evict_size or a.size)]

@@ -81,6 +81,13 @@ conv --url "${SRV_URL[one]}" --size 200 --seed 3 --turns 3 --evict >"$WORK/c3.js
 check "one slot, another prompt between turns: equal to fresh reads" equal "$WORK/c3.json"
 check "one slot: each turn restored its previous prompt from the host cache" resumed "$WORK/c3.json"
 check "/metrics: prefixes were stored in the host cache" test "$(metric "${SRV_URL[one]}" ringlm_prompt_cache_stored_total)" -ge 2
+# Requests that branch off one prompt P (a system prompt, then many questions): after P + a came back from the
+# host cache (dropping the slot's own checkpoints past P), P + d and P + e must still start from P - the slot's
+# checkpoint at P is kept, not dropped with the rest.
+conv --url "${SRV_URL[one]}" --size 200 --seed 12 --branches >"$WORK/c12.json"
+check "one slot, branches off one prompt: equal to fresh reads" equal "$WORK/c12.json"
+check "... every branch restored at least the shared prompt (P + a: P + a, from the host cache)" \
+    py "$WORK/c12.json" "all(t['cached']['cached_tokens'] >= 200 for t in d['turns'][1:]) and d['turns'][4]['cached']['cached_tokens'] >= 202"
 kill -9 "${SRV_PID[one]}"; unset 'SRV_PID[one]'
 
 # ---- a budget too small for one prefix is refused; one that holds two evicts and stays exact -----------------

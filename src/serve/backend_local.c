@@ -147,7 +147,10 @@ static int sch_local_resume(void *impl, int slot, const int32_t *tokens, size_t 
         }
         const k3_snapshot snap = {.n_past = e->n, .n_bytes = kda, .kda = e->blob};
         if (k3_state_rows_set(st, e->n, e->blob + kda, err) != 0 || k3_state_restore(st, &snap, err) != 0) goto fail;
-        k3_ckpts_drop(&L->ck[slot], 0);
+        /* The slot's own checkpoints up to `own` are prefixes of these tokens too (own <= the common prefix):
+         * they stay, so that a later request branching off before e->n still finds one (a system prompt, then
+         * questions). Those past it held other tokens. */
+        k3_ckpts_drop(&L->ck[slot], k + 1);
         memcpy(bl_held(L, slot), tokens, (size_t)e->n * sizeof *tokens);
         if (k3_ckpts_take(&L->ck[slot], &L->st[slot], err) != 0) goto fail; /* so the next turn finds it in the slot */
     }
