@@ -250,8 +250,9 @@ static int ring_probe(sch_ring *B, double timeout_s, rl_err *err) {
         char host[128], port[16];
         struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
         rl_err ae;
-        if (net_addr_split(c->nodes[i].addr, host, sizeof host, port, sizeof port, &ae) != 0 || !host[0]) {
-            snprintf(why[i], sizeof why[i], "%s", host[0] ? ae.msg : "no host");
+        const bool bad = net_addr_split(c->nodes[i].addr, host, sizeof host, port, sizeof port, &ae) != 0;
+        if (bad || !host[0]) {
+            snprintf(why[i], sizeof why[i], "%s", bad ? ae.msg : "no host");
             continue;
         }
         int g = getaddrinfo(host, port, &hints, &ai);
