@@ -1,5 +1,5 @@
 /* Folder src/serve/: the OpenAI-compatible HTTP server, the continuous-batching scheduler, the chat page. May
- * include: base, model, text, speculate, coord. (README "Layout"; tests/t_layout.sh checks both.)
+ * include: base, model, text, speculate, coord, net. (README "Layout"; tests/t_layout.sh checks both.)
  */
 /* scheduler.h - continuous batching: many generation requests share one model, one forward pass per step.
  *

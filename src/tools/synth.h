@@ -1,5 +1,5 @@
 /* Folder src/tools/: synth (configs, vocabulary, weights, writer), inspect, logits comparison, the latency
- * relay. May include: base, gguf, model. (README "Layout"; tests/t_layout.sh checks both.)
+ * relay. May include: base, gguf, model, net. (README "Layout"; tests/t_layout.sh checks both.)
  */
 /* synth.h - writes a kimi-k3 GGUF with seeded random weights (`ringlm synth`).
  *
