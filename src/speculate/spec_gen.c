@@ -185,6 +185,10 @@ int spec_run(spec_verifier *v, spec_drafter *d, const tok_tokenizer *tok, const 
             }
             sm->draft_s += rl_clock_now() - td;
             if (want > 0) t_draft = 0.8 * t_draft + 0.2 * (rl_clock_now() - td) / want;
+            /* A block the drafter found nothing for is one token, and a one-token VERIFY block keeps no
+             * rollback copies on the stages (it commits its token; frame.h): never behind another, which may
+             * yet make it stale. Nothing is sent; the block goes when the ones in flight are back. */
+            if (n_draft == 0 && n_fl > 0) break;
             const bool guess = ahead && n_draft == want;
             if (n_draft > kk) n_draft = kk;
             for (int i = 0; i < n_draft; i++) {
