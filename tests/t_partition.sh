@@ -77,14 +77,19 @@ ring_stop
 # deadline (every hop carries it: frame.h budget_ms; RING_DL_MIN_S 5 s here, not --node-timeout's 60 s), the
 # server names the node that stopped answering its pings, re-forms the ring over the other two, and the
 # streamed request completes with greedy's text.
-ring_start 1 "$RING/models" && RING_BIN=$ROOT/build/adv/ringlm ring_start 2 "$RING/models" --misbehave stall@20 &&
-    ring_start 3 "$RING/models" || exit 1
-ring_conf "$WORK/stuck.conf" 1 2 3
-serve_start stuck -m "$f" --ring "$WORK/stuck.conf" --key "$RING/coord.key" --keep-order --parallel 1 --threads 1
+# misbehaving_stream NAME MODE: nodes 1 and 3 honest, node 2 the test build's `--misbehave MODE`, a server over
+# the three (log $WORK/NAME.log), one streamed request into $WORK/NAME.sse (curl gives up at 50 s)
+misbehaving_stream() {
+    ring_start 1 "$RING/models" && RING_BIN=$ROOT/build/adv/ringlm ring_start 2 "$RING/models" --misbehave "$2" &&
+        ring_start 3 "$RING/models" || exit 1
+    ring_conf "$WORK/$1.conf" 1 2 3
+    serve_start "$1" -m "$f" --ring "$WORK/$1.conf" --key "$RING/coord.key" --keep-order --parallel 1 --threads 1
+    curl -s -N --max-time 50 -H 'Content-Type: application/json' \
+        --data-binary "{\"prompt\":\"$prompt\",\"max_tokens\":$N,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}" \
+        "${SRV_URL[$1]}/v1/completions" >"$WORK/$1.sse" || true
+}
 t0=$(date +%s.%N)
-curl -s -N --max-time 50 -H 'Content-Type: application/json' \
-    --data-binary "{\"prompt\":\"$prompt\",\"max_tokens\":$N,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}" \
-    "${SRV_URL[stuck]}/v1/completions" >"$WORK/stuck.sse" || true
+misbehaving_stream stuck stall@20
 echo "    the request took $(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')") s with a stage stuck"
 check "node 2 stalled mid-stream" grep -q "stalling" "$RING/n2.log"
 check "the server named it: the step missed its deadline, node 2 not answering" \
@@ -97,13 +102,7 @@ ring_stop
 # ---- a frame lost on the way, every node answering: node 2 (the test build's --misbehave drop@20) discards
 # its 21st frame and goes on. The traversal misses its deadline with no node silent: the server says the frame
 # was lost, re-forms the ring over the same three and replays; the request completes with greedy's text.
-ring_start 1 "$RING/models" && RING_BIN=$ROOT/build/adv/ringlm ring_start 2 "$RING/models" --misbehave drop@20 &&
-    ring_start 3 "$RING/models" || exit 1
-ring_conf "$WORK/lost.conf" 1 2 3
-serve_start lost -m "$f" --ring "$WORK/lost.conf" --key "$RING/coord.key" --keep-order --parallel 1 --threads 1
-curl -s -N --max-time 50 -H 'Content-Type: application/json' \
-    --data-binary "{\"prompt\":\"$prompt\",\"max_tokens\":$N,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}" \
-    "${SRV_URL[lost]}/v1/completions" >"$WORK/lost.sse" || true
+misbehaving_stream lost drop@20
 check "node 2 dropped a frame" grep -q "dropping step" "$RING/n2.log"
 check "the server said the frame was lost, naming no node" \
     grep -q "missed its deadline of [0-9.]* s, yet every node answers: the frame was lost" "$WORK/lost.log"

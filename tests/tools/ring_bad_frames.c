@@ -54,13 +54,19 @@ static void send_parts(void *s, const void *const *d, const size_t *l, int n) {
     if (zs_wait_writable(s, 5000)) zs_send(s, d, l, n, true, &e);
 }
 
-static void send_hdr(void *s, const frame_header *h, const void *payload, size_t plen, int with_stamps) {
-    uint8_t hb[2048], sb[8];
+/* The header, the payload and (n_stamps >= 0) the stamps part with those n_stamps stamps. */
+static void send_stamped(void *s, const frame_header *h, const void *payload, size_t plen, const frame_stamp *st,
+                         int n_stamps) {
+    uint8_t hb[2048], sb[256];
     frame_header_encode(h, hb);
-    frame_stamps_encode(NULL, 0, sb);
+    frame_stamps_encode(st, n_stamps > 0 ? (uint32_t)n_stamps : 0, sb);
     const void *d[3] = {hb, payload ? payload : "", sb};
-    size_t l[3] = {frame_header_size(h->n_seqs), plen, frame_stamps_size(0)};
-    send_parts(s, d, l, with_stamps ? 3 : 2);
+    size_t l[3] = {frame_header_size(h->n_seqs), plen, frame_stamps_size(n_stamps > 0 ? (uint32_t)n_stamps : 0)};
+    send_parts(s, d, l, n_stamps >= 0 ? 3 : 2);
+}
+
+static void send_hdr(void *s, const frame_header *h, const void *payload, size_t plen, int with_stamps) {
+    send_stamped(s, h, payload, plen, NULL, with_stamps ? 0 : -1);
 }
 
 /* A FORWARD with the last stage's sampler part (the 4th). */
@@ -359,17 +365,11 @@ int main(int argc, char **argv) {
         late.budget_ms = 1000;
         const double now = frame_now();
         frame_stamp st = {.stage = 0, .n_tokens = 1, .t_recv = now - 3, .t_start = now - 3, .t_end = now - 1, .t_send = now - 1};
-        uint8_t lhb[2048], lsb[256];
-        frame_header_encode(&late, lhb);
-        frame_stamps_encode(&st, 1, lsb);
-        const void *ld[3] = {lhb, &tok, lsb};
-        size_t ll[3] = {frame_header_size(late.n_seqs), 4, frame_stamps_size(1)};
-        send_parts(s, ld, ll, 3);
+        send_stamped(s, &late, &tok, 4, &st, 1);
         expect(s, "a FORWARD whose deadline was spent before it reached this stage", "past its deadline");
         late.budget_ms = 60000; /* the same with time to spare runs (and answers RESULT) */
         late.seqs[0].seq_id = 71;
-        frame_header_encode(&late, lhb);
-        send_parts(s, ld, ll, 3);
+        send_stamped(s, &late, &tok, 4, &st, 1);
         size_t rl0 = 0;
         uint8_t *r0 = result_payload(s, &rl0);
         printf("%s - the same frame within its deadline runs\n", r0 ? "ok" : "not ok");
